@@ -1,0 +1,236 @@
+#pragma once
+// Typed run configuration. YAML is parsed once, in src/config/, into these
+// structs; nothing below the config layer sees a YAML node.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "anvil/config/schema.h"
+
+namespace anvil::config {
+
+struct ModelConfig {
+  std::string family = "gpt2";
+  std::string from;  // HF-layout folder to start from (weights + config.json)
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 128;
+  int64_t hidden_size = 128;
+  int64_t num_layers = 4;
+  int64_t num_heads = 4;
+  int64_t intermediate_size = 0;
+  double dropout = 0.0;
+  double layer_norm_eps = 1e-5;
+  double initializer_range = 0.02;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("family", family, "Model family (registered architectures).", one_of({"gpt2"}));
+    v.field("from", from,
+            "HF-layout folder (config.json + model.safetensors, e.g. an Anvil checkpoint) to "
+            "initialise from. When set, the shape keys below are taken from its config.json.");
+    v.field("vocab_size", vocab_size, "Vocabulary size; 0 = the tokenizer's.", non_negative());
+    v.field("max_position_embeddings", max_position_embeddings, "Longest sequence the model accepts.",
+            positive());
+    v.field("hidden_size", hidden_size, "Width of the residual stream (GPT-2 n_embd).", positive());
+    v.field("num_layers", num_layers, "Transformer blocks (GPT-2 n_layer).", positive());
+    v.field("num_heads", num_heads, "Attention heads; must divide hidden_size.", positive());
+    v.field("intermediate_size", intermediate_size, "MLP width; 0 = 4 * hidden_size.", non_negative());
+    v.field("dropout", dropout, "Dropout on embeddings, attention and residuals (GPT-2 *_pdrop).",
+            in_open_unit_interval());
+    v.field("layer_norm_eps", layer_norm_eps, "LayerNorm epsilon.", positive());
+    v.field("initializer_range", initializer_range, "Std of the normal init (GPT-2: 0.02).", positive());
+  }
+};
+
+struct TokenizerConfig {
+  std::string type = "sentencepiece";
+  std::string path;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("type", type, "Tokenizer kind.", one_of({"sentencepiece"}));
+    v.field("path", path, "Tokenizer file (SentencePiece .model). Required unless model.from has one.");
+  }
+};
+
+struct DataConfig {
+  std::string train_file;
+  std::string eval_file;
+  std::string prompt_field = "prompt";
+  std::string response_field = "response";
+  int64_t max_length = 0;
+  std::string on_overflow = "truncate";
+
+  template <class V>
+  void visit(V& v) {
+    v.field("train_file", train_file, "JSONL training data, one {prompt, response} object a line.",
+            required());
+    v.field("eval_file", eval_file, "JSONL held-out data in the same format; empty = no eval.");
+    v.field("prompt_field", prompt_field, "JSON field holding the prompt.");
+    v.field("response_field", response_field, "JSON field holding the response.");
+    v.field("max_length", max_length,
+            "Longest tokenized sample (prompt + response + EOS); 0 = model.max_position_embeddings.",
+            non_negative());
+    v.field("on_overflow", on_overflow,
+            "Samples longer than max_length: truncate them (from the right) or drop them; both are "
+            "counted and reported.",
+            one_of({"truncate", "drop"}));
+  }
+};
+
+struct OptimizerConfig {
+  std::string name = "adamw";
+  double lr = 3e-4;
+  std::vector<double> betas = {0.9, 0.999};
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("name", name, "Optimizer.", one_of({"adamw"}));
+    v.field("lr", lr, "Peak learning rate.", positive());
+    v.field("betas", betas, "Adam betas [beta1, beta2], each in [0, 1).", in_open_unit_interval());
+    v.field("eps", eps, "Adam epsilon.", positive());
+    v.field("weight_decay", weight_decay, "Decoupled weight decay (AdamW).", non_negative());
+  }
+};
+
+struct ScheduleConfig {
+  int64_t warmup_steps = 0;
+  std::string decay = "cosine";
+  double min_lr_ratio = 0.0;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("warmup_steps", warmup_steps, "Linear warmup from 0 to optimizer.lr.", non_negative());
+    v.field("decay", decay, "Decay after warmup, down to min_lr_ratio * lr at train.max_steps.",
+            one_of({"cosine", "linear", "constant"}));
+    v.field("min_lr_ratio", min_lr_ratio, "Final lr as a fraction of optimizer.lr.", in_unit_interval());
+  }
+};
+
+struct TrainConfig {
+  int64_t max_steps = 0;
+  int64_t micro_batch_size = 8;
+  int64_t grad_accum_steps = 1;
+  double grad_clip = 1.0;
+  int64_t seed = 1234;
+  int64_t save_every = 0;
+  int64_t eval_every = 0;
+  int64_t log_every = 10;
+  int64_t keep_checkpoints = 2;
+  std::string device = "cpu";
+  int64_t threads = 0;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("max_steps", max_steps, "Optimizer steps to train for.", positive());
+    v.field("micro_batch_size", micro_batch_size, "Samples per forward/backward pass.", positive());
+    v.field("grad_accum_steps", grad_accum_steps,
+            "Micro-batches per optimizer step; the loss is normalised by the step's total number "
+            "of target tokens.",
+            positive());
+    v.field("grad_clip", grad_clip, "Max global gradient L2 norm; 0 disables clipping.", non_negative());
+    v.field("seed", seed, "Seed for init, data order and dropout.", non_negative());
+    v.field("save_every", save_every, "Checkpoint every N steps (and always at the end); 0 = end only.",
+            non_negative());
+    v.field("eval_every", eval_every, "Evaluate every N steps (and at the end); 0 = end only.",
+            non_negative());
+    v.field("log_every", log_every, "Console progress every N steps.", positive());
+    v.field("keep_checkpoints", keep_checkpoints, "Most recent checkpoints kept; 0 keeps all.",
+            non_negative());
+    v.field("device", device, "Device: cpu, cuda or cuda:N.");
+    v.field("threads", threads, "Intra-op CPU threads; 0 = LibTorch's default.", non_negative());
+  }
+};
+
+struct EvalConfig {
+  int64_t batch_size = 16;
+  int64_t max_batches = 0;
+  int64_t generate_samples = 64;
+  int64_t max_new_tokens = 32;
+  int64_t table_rows = 4;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("batch_size", batch_size, "Samples per eval forward pass.", positive());
+    v.field("max_batches", max_batches, "Eval-loss batches per eval; 0 = the whole eval set.",
+            non_negative());
+    v.field("generate_samples", generate_samples,
+            "Eval prompts answered greedily for eval/exact_match; 0 disables generation.",
+            non_negative());
+    v.field("max_new_tokens", max_new_tokens, "Generation budget per eval prompt.", positive());
+    v.field("table_rows", table_rows, "Prompt / generated / reference rows printed per eval.",
+            non_negative());
+  }
+};
+
+struct LoggingConfig {
+  std::string level = "info";
+
+  template <class V>
+  void visit(V& v) {
+    v.field("level", level, "Console log level.", one_of({"debug", "info", "warn", "error"}));
+  }
+};
+
+/// Options of the `sft` algorithm.
+struct SftConfig {
+  bool train_on_prompt = false;
+  bool add_eos = true;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("train_on_prompt", train_on_prompt, "Also compute the loss on prompt tokens.");
+    v.field("add_eos", add_eos, "Append EOS to every response (and train on it) so the model learns to stop.");
+  }
+};
+
+struct RunConfig {
+  std::string output_dir;
+  std::string algorithm = "sft";
+  ModelConfig model;
+  TokenizerConfig tokenizer;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  TrainConfig train;
+  EvalConfig eval;
+  LoggingConfig logging;
+  SftConfig sft;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("output_dir", output_dir,
+            "Run folder: checkpoints, metrics.jsonl and config.yaml. Re-running with the same "
+            "output_dir resumes from its latest complete checkpoint.",
+            required());
+    v.field("algorithm", algorithm, "Training objective.", one_of({"sft"}));
+    v.section("model", model, "Model architecture.");
+    v.section("tokenizer", tokenizer, "Tokenizer.");
+    v.section("data", data, "Datasets.");
+    v.section("optimizer", optimizer, "Optimizer.");
+    v.section("schedule", schedule, "Learning-rate schedule.");
+    v.section("train", train, "Training loop.");
+    v.section("eval", eval, "Evaluation.");
+    v.section("logging", logging, "Logging.");
+    v.section("sft", sft, "Supervised fine-tuning (algorithm: sft).");
+  }
+};
+
+/// Where each config value came from, for messages that point at it.
+class ConfigSources;
+
+/// Loads, merges (later wins) and validates config files and `key.path=value`
+/// overrides. Throws ConfigError naming file:line, the key and what was
+/// expected, before any work starts.
+RunConfig load_config(const std::vector<std::string>& files, const std::vector<std::string>& overrides);
+
+/// The resolved config as YAML (every key, defaults included).
+std::string to_yaml(RunConfig cfg);
+
+/// Markdown reference of every key: type, default, allowed values, doc.
+std::string reference_markdown();
+
+}  // namespace anvil::config

@@ -1,0 +1,39 @@
+#pragma once
+// Validation rules attached to config fields. A config struct lists its
+// fields once, in `template <class V> void visit(V& v)`, with key, doc and
+// rule; the same list drives parsing, --print-config and the reference docs.
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace anvil::config {
+
+/// What a value must satisfy, with the words used in "expected ..." messages.
+struct Rule {
+  std::string expected;                  // e.g. "a positive number"
+  std::function<bool(double)> number;    // for numeric fields (and each list element)
+  std::vector<std::string> choices;      // for string fields; empty = any
+  bool required = false;                 // must be set by some config source
+};
+
+inline Rule any() { return {}; }
+inline Rule required() { Rule r; r.required = true; r.expected = "a value"; return r; }
+inline Rule positive() { return {"a positive number", [](double x) { return x > 0; }, {}}; }
+inline Rule non_negative() { return {"a number >= 0", [](double x) { return x >= 0; }, {}}; }
+inline Rule at_least(double lo, std::string expected) {
+  return {std::move(expected), [lo](double x) { return x >= lo; }, {}};
+}
+inline Rule in_unit_interval() {
+  return {"a number in [0, 1]", [](double x) { return x >= 0 && x <= 1; }, {}};
+}
+inline Rule in_open_unit_interval() {
+  return {"a number in [0, 1)", [](double x) { return x >= 0 && x < 1; }, {}};
+}
+inline Rule one_of(std::vector<std::string> choices) {
+  std::string e = "one of";
+  for (size_t i = 0; i < choices.size(); ++i) e += (i ? ", " : " ") + choices[i];
+  return {e, {}, std::move(choices)};
+}
+
+}  // namespace anvil::config

@@ -1,0 +1,46 @@
+#pragma once
+// Training checkpoints: `<output_dir>/checkpoint-<step>/` holds the model in
+// HF layout (config.json, model.safetensors, tokenizer files, loadable by
+// transformers as is) and, beside it, the trainer state: trainer_state.json
+// (step, data position), optimizer.pt, rng_state.safetensors and the run's
+// config.yaml. A checkpoint is written to a temp folder, fsynced and renamed
+// into place, so a folder named checkpoint-<step> is always complete.
+
+#include <torch/optim/optimizer.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "anvil/models/causal_lm.h"
+#include "anvil/tokenizer/tokenizer.h"
+
+namespace anvil::io {
+
+struct TrainerState {
+  int64_t step = 0;
+  nlohmann::json data;  // the batch source's position
+};
+
+struct CheckpointParts {
+  models::CausalLM* model = nullptr;
+  const tokenizer::Tokenizer* tokenizer = nullptr;
+  torch::optim::Optimizer* optimizer = nullptr;
+  TrainerState state;
+  std::string run_config_yaml;
+};
+
+/// Writes checkpoint-<step> atomically and keeps only the newest `keep_last`
+/// (0 = all). Returns the checkpoint's folder.
+std::filesystem::path save_checkpoint(const std::filesystem::path& output_dir, const CheckpointParts& parts,
+                                      int64_t keep_last);
+
+/// The complete checkpoint with the highest step, if any.
+std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& output_dir);
+
+/// Restores weights, optimizer state and RNG state; returns the trainer state.
+TrainerState load_checkpoint(const std::filesystem::path& dir, models::CausalLM& model,
+                             torch::optim::Optimizer& optimizer);
+
+}  // namespace anvil::io

@@ -1,0 +1,113 @@
+#pragma once
+// GPT-2 (Radford et al. 2019) with Hugging Face parameter names and layouts,
+// so an HF checkpoint loads by a rename-free walk. HF's Conv1D keeps weights
+// as (in, out); we store them the same way.
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+#include "anvil/models/causal_lm.h"
+
+namespace anvil::models::gpt2 {
+
+struct GPT2Options {
+  TORCH_ARG(int64_t, vocab_size) = 50257;
+  TORCH_ARG(int64_t, n_positions) = 1024;
+  TORCH_ARG(int64_t, n_embd) = 768;
+  TORCH_ARG(int64_t, n_layer) = 12;
+  TORCH_ARG(int64_t, n_head) = 12;
+  /// MLP width; 0 means 4 * n_embd.
+  TORCH_ARG(int64_t, n_inner) = 0;
+  TORCH_ARG(double, resid_pdrop) = 0.1;
+  TORCH_ARG(double, embd_pdrop) = 0.1;
+  TORCH_ARG(double, attn_pdrop) = 0.1;
+  TORCH_ARG(double, layer_norm_epsilon) = 1e-5;
+  TORCH_ARG(double, initializer_range) = 0.02;
+
+
+ public:
+  int64_t inner() const { return n_inner_ > 0 ? n_inner_ : 4 * n_embd_; }
+};
+
+/// HF's Conv1D: y = x @ W + b with W stored as (in, out).
+class Conv1DImpl : public torch::nn::Module {
+ public:
+  Conv1DImpl(int64_t in_features, int64_t out_features);
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight, bias;
+};
+TORCH_MODULE(Conv1D);
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const GPT2Options& o);
+  /// x: (B, T, C). `k_cache`/`v_cache` (B, H, T_past, D) are extended in place.
+  at::Tensor forward(const at::Tensor& x, at::Tensor* k_cache, at::Tensor* v_cache);
+
+  Conv1D c_attn, c_proj;
+  torch::nn::Dropout resid_dropout;
+  int64_t n_head, n_embd;
+  double attn_pdrop;
+};
+TORCH_MODULE(Attention);
+
+class MLPImpl : public torch::nn::Module {
+ public:
+  explicit MLPImpl(const GPT2Options& o);
+  at::Tensor forward(const at::Tensor& x);
+  Conv1D c_fc, c_proj;
+  torch::nn::Dropout dropout;
+};
+TORCH_MODULE(MLP);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const GPT2Options& o);
+  at::Tensor forward(const at::Tensor& x, at::Tensor* k_cache, at::Tensor* v_cache);
+  // Declaration order = registration order = HF's parameter order.
+  torch::nn::LayerNorm ln_1;
+  Attention attn;
+  torch::nn::LayerNorm ln_2;
+  MLP mlp;
+};
+TORCH_MODULE(Block);
+
+/// The trunk: HF's `transformer` submodule.
+class GPT2ModelImpl : public torch::nn::Module {
+ public:
+  explicit GPT2ModelImpl(const GPT2Options& o);
+  /// (B, T) ids -> (B, T, C) final hidden states.
+  at::Tensor forward(const at::Tensor& input_ids, KVCache* cache);
+  torch::nn::Embedding wte, wpe;
+  torch::nn::Dropout drop;
+  torch::nn::ModuleList h;
+  torch::nn::LayerNorm ln_f;
+};
+TORCH_MODULE(GPT2Model);
+
+/// GPT2LMHeadModel: the LM head is tied to `transformer.wte.weight`.
+class GPT2LMHeadModel final : public CausalLM {
+ public:
+  explicit GPT2LMHeadModel(const GPT2Options& o);
+
+  at::Tensor forward(const at::Tensor& input_ids, KVCache* cache = nullptr) override;
+  std::string family() const override { return "gpt2"; }
+  int64_t vocab_size() const override { return options.vocab_size(); }
+  int64_t max_positions() const override { return options.n_positions(); }
+  int64_t num_layers() const override { return options.n_layer(); }
+  nlohmann::json hf_config() const override;
+  bool ignorable_checkpoint_key(const std::string& name) const override;
+
+  /// GPT-2's init: N(0, initializer_range), residual projections scaled by
+  /// 1/sqrt(2 * n_layer), zero biases, unit LayerNorm.
+  void reset_parameters();
+
+  GPT2Options options;
+  GPT2Model transformer{nullptr};
+};
+
+}  // namespace anvil::models::gpt2

@@ -1,0 +1,29 @@
+#pragma once
+// Model families by name. Each family registers itself with one line in
+// src/models/registry.cpp; shared code never switches on the architecture.
+
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "anvil/config/config.h"
+#include "anvil/models/causal_lm.h"
+
+namespace anvil::models {
+
+struct ModelFamily {
+  std::string name;        // our config's model.family
+  std::string model_type;  // HF config.json "model_type"
+  /// Random-init model from our typed config (vocab_size already resolved).
+  std::function<std::shared_ptr<CausalLM>(const config::ModelConfig&)> from_config;
+  /// Model shaped by an HF config.json; `where` names the file for errors.
+  std::function<std::shared_ptr<CausalLM>(const nlohmann::json&, const std::string& where)> from_hf_config;
+};
+
+const ModelFamily& family_by_name(const std::string& name);
+const ModelFamily& family_by_hf_model_type(const std::string& model_type, const std::string& where);
+std::vector<std::string> family_names();
+
+}  // namespace anvil::models

@@ -1,0 +1,39 @@
+#pragma once
+// The shared training loop.
+
+#include <atomic>
+#include <vector>
+
+#include "anvil/config/config.h"
+#include "anvil/core/metrics.h"
+#include "anvil/models/causal_lm.h"
+#include "anvil/train/objective.h"
+
+namespace anvil::train {
+
+/// The loss of one optimizer step and what it consumed.
+struct StepStats {
+  double loss = 0;  // summed loss / total target units of the step
+  int64_t num_targets = 0;
+  int64_t num_tokens = 0;
+};
+
+/// Forward + backward over one optimizer step's micro-batches. Each
+/// micro-batch's summed loss is divided by the target count of the whole step,
+/// so accumulating N micro-batches equals one batch of all their samples.
+StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, const std::vector<Batch>& batches);
+
+struct TrainResult {
+  int64_t step = 0;          // steps completed
+  bool interrupted = false;  // stopped early by SIGTERM/SIGINT
+  Metrics last_eval;
+};
+
+/// Runs (or resumes, from the latest complete checkpoint in output_dir) a
+/// training run. SIGTERM/SIGINT finish the current step, save and return.
+TrainResult run_training(const config::RunConfig& cfg);
+
+/// Asks a running loop to save and stop after the current step.
+void request_stop();
+
+}  // namespace anvil::train

@@ -1,0 +1,343 @@
+// YAML -> typed RunConfig. The only place that sees yaml-cpp.
+#include "anvil/config/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "anvil/core/error.h"
+
+namespace anvil::config {
+namespace {
+
+// A leaf value from some source; later sources replace earlier ones.
+struct Entry {
+  YAML::Node node;
+  std::string where;  // "configs/a.yaml:12" or "command line (train.lr=3e-4)"
+};
+using FlatConfig = std::map<std::string, Entry>;
+
+std::string where_of(const std::string& file, const YAML::Node& node) {
+  const auto mark = node.Mark();
+  if (mark.line < 0) return file;
+  return concat(file, ":", mark.line + 1);
+}
+
+void flatten(const YAML::Node& node, const std::string& prefix, const std::string& file, FlatConfig& out) {
+  if (node.IsMap()) {
+    for (const auto& kv : node) {
+      const auto key = kv.first.as<std::string>();
+      const auto path = prefix.empty() ? key : prefix + "." + key;
+      // A later map replaces an earlier scalar at the same path, and vice versa.
+      out.erase(path);
+      flatten(kv.second, path, file, out);
+    }
+    return;
+  }
+  for (auto it = out.lower_bound(prefix + "."); it != out.end() && it->first.rfind(prefix + ".", 0) == 0;)
+    it = out.erase(it);
+  out[prefix] = Entry{node, where_of(file, node)};
+}
+
+std::string describe(const YAML::Node& node) {
+  if (!node.IsDefined() || node.IsNull()) return "nothing (null)";
+  if (node.IsMap()) return "a map";
+  if (node.IsSequence()) return "a list";
+  return concat("\"", node.Scalar(), "\"");
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string format_double(double x) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof(buf), x);
+  std::string s(buf, res.ptr);
+  // Keep floats recognisable as floats in YAML ("1" would read back as an int).
+  if (s.find_first_of(".eE") == std::string::npos && s.find("inf") == std::string::npos &&
+      s.find("nan") == std::string::npos)
+    s += ".0";
+  return s;
+}
+
+// ---- type traits: how a field type reads from YAML and how it is named -----
+
+template <class T> struct TypeInfo;
+template <> struct TypeInfo<bool> {
+  static constexpr const char* name = "true or false";
+  static bool read(const YAML::Node& n) { return n.as<bool>(); }
+  static std::string show(bool v) { return v ? "true" : "false"; }
+};
+template <> struct TypeInfo<int64_t> {
+  static constexpr const char* name = "an integer";
+  static int64_t read(const YAML::Node& n) { return n.as<int64_t>(); }
+  static std::string show(int64_t v) { return std::to_string(v); }
+};
+template <> struct TypeInfo<double> {
+  static constexpr const char* name = "a number";
+  static double read(const YAML::Node& n) { return n.as<double>(); }
+  static std::string show(double v) { return format_double(v); }
+};
+template <> struct TypeInfo<std::string> {
+  static constexpr const char* name = "a string";
+  static std::string read(const YAML::Node& n) {
+    if (!n.IsScalar()) throw YAML::BadConversion(n.Mark());
+    return n.Scalar();
+  }
+  static std::string show(const std::string& v) { return v.empty() ? "\"\"" : v; }
+};
+template <> struct TypeInfo<std::vector<double>> {
+  static constexpr const char* name = "a list of numbers";
+  static std::vector<double> read(const YAML::Node& n) {
+    if (!n.IsSequence()) throw YAML::BadConversion(n.Mark());
+    std::vector<double> out;
+    for (const auto& e : n) out.push_back(e.as<double>());
+    return out;
+  }
+  static std::string show(const std::vector<double>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + format_double(v[i]);
+    return s + "]";
+  }
+};
+
+bool passes(const Rule& rule, double x) { return !rule.number || rule.number(x); }
+bool passes(const Rule& rule, int64_t x) { return passes(rule, static_cast<double>(x)); }
+bool passes(const Rule& rule, bool) { return true; }
+bool passes(const Rule& rule, const std::string& s) {
+  if (rule.choices.empty()) return true;
+  return std::find(rule.choices.begin(), rule.choices.end(), s) != rule.choices.end();
+}
+bool passes(const Rule& rule, const std::vector<double>& v) {
+  return std::all_of(v.begin(), v.end(), [&](double x) { return passes(rule, x); });
+}
+
+// ---- visitors -------------------------------------------------------------
+
+class Parser {
+ public:
+  explicit Parser(FlatConfig flat, std::string sources) : flat_(std::move(flat)), sources_(std::move(sources)) {}
+
+  template <class T>
+  void field(const char* key, T& value, const char* /*doc*/, const Rule& rule = {}) {
+    const auto path = prefix_ + key;
+    known_.insert(path);
+    auto it = flat_.find(path);
+    if (it == flat_.end()) {
+      if (rule.required)
+        throw ConfigError(concat(sources_, ": ", path, ": required key is missing; expected ",
+                                 TypeInfo<T>::name, " (set it in a config file or as ", path, "=...)"));
+      return;
+    }
+    const auto& [node, where] = it->second;
+    T parsed{};
+    try {
+      if (!node.IsDefined() || node.IsNull()) throw YAML::BadConversion(node.Mark());
+      parsed = TypeInfo<T>::read(node);
+    } catch (const YAML::Exception&) {
+      throw ConfigError(concat(where, ": ", path, ": expected ", TypeInfo<T>::name, ", got ", describe(node)));
+    }
+    if (!passes(rule, parsed))
+      throw ConfigError(concat(where, ": ", path, ": expected ", rule.expected, ", got ", describe(node)));
+    value = std::move(parsed);
+  }
+
+  template <class S>
+  void section(const char* key, S& s, const char* /*doc*/) {
+    const auto saved = prefix_;
+    const auto path = prefix_ + key;
+    known_.insert(path);
+    if (auto it = flat_.find(path); it != flat_.end() && !it->second.node.IsNull())
+      throw ConfigError(concat(it->second.where, ": ", path, ": expected a map of ", path,
+                               ".* keys, got ", describe(it->second.node)));
+    prefix_ = path + ".";
+    s.visit(*this);
+    prefix_ = saved;
+  }
+
+  void reject_unknown() const {
+    for (const auto& [path, entry] : flat_) {
+      if (known_.count(path)) continue;
+      std::string best;
+      size_t best_d = 4;
+      for (const auto& k : known_) {
+        const auto d = edit_distance(path, k);
+        if (d < best_d) best_d = d, best = k;
+      }
+      throw ConfigError(concat(entry.where, ": ", path, ": unknown key",
+                               best.empty() ? std::string() : concat("; did you mean ", best, "?")));
+    }
+  }
+
+  const FlatConfig& flat() const { return flat_; }
+
+ private:
+  FlatConfig flat_;
+  std::string sources_;
+  std::string prefix_;
+  std::set<std::string> known_;
+};
+
+class Printer {
+ public:
+  Printer() { out_ << YAML::BeginMap; }
+  template <class T>
+  void field(const char* key, T& value, const char*, const Rule& = {}) {
+    out_ << YAML::Key << key << YAML::Value;
+    if constexpr (std::is_same_v<T, std::vector<double>>) {
+      out_ << YAML::Flow << YAML::BeginSeq;
+      for (double x : value) out_ << format_double(x);
+      out_ << YAML::EndSeq;
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      out_ << YAML::DoubleQuoted << value;
+    } else {
+      out_ << TypeInfo<T>::show(value);
+    }
+  }
+  template <class S>
+  void section(const char* key, S& s, const char*) {
+    out_ << YAML::Key << key << YAML::Value << YAML::BeginMap;
+    s.visit(*this);
+    out_ << YAML::EndMap;
+  }
+  std::string str() {
+    out_ << YAML::EndMap;
+    return std::string(out_.c_str()) + "\n";
+  }
+
+ private:
+  YAML::Emitter out_;
+};
+
+class Reference {
+ public:
+  template <class T>
+  void field(const char* key, T& value, const char* doc, const Rule& rule = {}) {
+    std::string allowed = rule.required ? "required" : rule.expected;
+    rows_ << "| `" << prefix_ << key << "` | " << TypeInfo<T>::name << " | `" << TypeInfo<T>::show(value)
+          << "` | " << allowed << " | " << doc << " |\n";
+  }
+  template <class S>
+  void section(const char* key, S& s, const char* doc) {
+    const auto saved = prefix_;
+    prefix_ += std::string(key) + ".";
+    rows_ << "| **`" << prefix_.substr(0, prefix_.size() - 1) << "`** | section | | | " << doc << " |\n";
+    s.visit(*this);
+    prefix_ = saved;
+  }
+  std::string str() const {
+    return "| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n" + rows_.str();
+  }
+
+ private:
+  std::string prefix_;
+  std::ostringstream rows_;
+};
+
+// ---- cross-field checks ------------------------------------------------------
+
+void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sources) {
+  auto fail = [&](const std::string& key, const std::string& what) {
+    auto it = flat.find(key);
+    const auto& where = it == flat.end() ? sources : it->second.where;
+    throw ConfigError(concat(where, ": ", key, ": ", what));
+  };
+  if (c.model.from.empty() && c.model.hidden_size % c.model.num_heads != 0)
+    fail("model.num_heads", concat("expected a divisor of model.hidden_size (", c.model.hidden_size, "), got ",
+                                   c.model.num_heads));
+  if (c.optimizer.betas.size() != 2)
+    fail("optimizer.betas", concat("expected a list of 2 numbers, got ", c.optimizer.betas.size()));
+  if (c.schedule.warmup_steps > c.train.max_steps)
+    fail("schedule.warmup_steps", concat("expected at most train.max_steps (", c.train.max_steps, "), got ",
+                                         c.schedule.warmup_steps));
+  if (c.model.from.empty() && c.tokenizer.path.empty())
+    fail("tokenizer.path", "required key is missing; expected a tokenizer file (or set model.from)");
+  const auto& d = c.train.device;
+  if (!(d == "cpu" || d == "cuda" || d.rfind("cuda:", 0) == 0))
+    fail("train.device", concat("expected cpu, cuda or cuda:N, got \"", d, "\""));
+}
+
+FlatConfig read_sources(const std::vector<std::string>& files, const std::vector<std::string>& overrides) {
+  FlatConfig flat;
+  for (const auto& file : files) {
+    YAML::Node root;
+    try {
+      root = YAML::LoadFile(file);
+    } catch (const YAML::BadFile&) {
+      throw ConfigError(concat(file, ": cannot read config file"));
+    } catch (const YAML::ParserException& e) {
+      throw ConfigError(concat(file, ":", e.mark.line + 1, ": invalid YAML: ", e.msg));
+    }
+    if (root.IsNull()) continue;  // an empty file
+    if (!root.IsMap()) throw ConfigError(concat(file, ": expected a map of keys at the top level"));
+    flatten(root, "", file, flat);
+  }
+  for (const auto& ov : overrides) {
+    const auto eq = ov.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw ConfigError(concat("command line: \"", ov, "\": expected key.path=value"));
+    const auto key = ov.substr(0, eq);
+    YAML::Node value;
+    try {
+      value = YAML::Load(ov.substr(eq + 1));
+    } catch (const YAML::ParserException& e) {
+      throw ConfigError(concat("command line (", ov, "): ", key, ": invalid YAML value: ", e.msg));
+    }
+    const auto where = concat("command line (", ov, ")");
+    if (value.IsMap()) {
+      FlatConfig sub;
+      flatten(value, key, where, sub);
+      for (auto& [k, e] : sub) flat[k] = Entry{e.node, where};
+    } else {
+      flatten(value, key, where, flat);
+      flat[key].where = where;
+    }
+  }
+  return flat;
+}
+
+std::string describe_sources(const std::vector<std::string>& files) {
+  if (files.empty()) return "config";
+  std::string s;
+  for (size_t i = 0; i < files.size(); ++i) s += (i ? " + " : "") + files[i];
+  return s;
+}
+
+}  // namespace
+
+RunConfig load_config(const std::vector<std::string>& files, const std::vector<std::string>& overrides) {
+  Parser parser(read_sources(files, overrides), describe_sources(files));
+  RunConfig cfg;
+  cfg.visit(parser);
+  parser.reject_unknown();
+  validate(cfg, parser.flat(), describe_sources(files));
+  return cfg;
+}
+
+std::string to_yaml(RunConfig cfg) {
+  Printer p;
+  cfg.visit(p);
+  return p.str();
+}
+
+std::string reference_markdown() {
+  RunConfig cfg;
+  Reference r;
+  cfg.visit(r);
+  return r.str();
+}
+
+}  // namespace anvil::config

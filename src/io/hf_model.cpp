@@ -1,0 +1,101 @@
+#include "anvil/io/hf_model.h"
+
+#include <ATen/ATen.h>
+
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "anvil/core/error.h"
+#include "anvil/core/fs.h"
+#include "anvil/io/safetensors.h"
+#include "anvil/models/registry.h"
+
+namespace anvil::io {
+namespace {
+
+namespace stdfs = std::filesystem;
+
+nlohmann::json read_json(const stdfs::path& path) {
+  auto j = nlohmann::json::parse(fs::read_file(path), nullptr, false);
+  if (j.is_discarded()) throw CheckpointError(concat(path.string(), ": not valid JSON"));
+  return j;
+}
+
+/// The safetensors files of a folder: the index's shards, or model.safetensors.
+std::vector<stdfs::path> weight_files(const stdfs::path& dir) {
+  const auto index = dir / "model.safetensors.index.json";
+  if (stdfs::exists(index)) {
+    auto j = read_json(index);
+    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+      throw CheckpointError(concat(index.string(), ": weight_map: expected an object of tensor -> file"));
+    std::set<std::string> files;
+    for (const auto& [_, f] : j["weight_map"].items()) {
+      if (!f.is_string()) throw CheckpointError(concat(index.string(), ": weight_map values must be file names"));
+      files.insert(f.get<std::string>());
+    }
+    std::vector<stdfs::path> out;
+    for (const auto& f : files) out.push_back(dir / f);
+    return out;
+  }
+  const auto single = dir / "model.safetensors";
+  if (!stdfs::exists(single))
+    throw CheckpointError(concat(dir.string(), ": no model.safetensors or model.safetensors.index.json"));
+  return {single};
+}
+
+}  // namespace
+
+void save_model_dir(const stdfs::path& dir, models::CausalLM& model, const tokenizer::Tokenizer* tokenizer) {
+  TensorMap tensors;
+  for (const auto& p : model.named_parameters()) tensors.emplace(p.key(), p.value());
+  save_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
+  fs::write_file_atomic(dir / "config.json", model.hf_config().dump(2) + "\n");
+  nlohmann::json gen = {{"_from_model_config", true}};
+  if (model.special_tokens.bos >= 0) gen["bos_token_id"] = model.special_tokens.bos;
+  if (model.special_tokens.eos >= 0) gen["eos_token_id"] = model.special_tokens.eos;
+  if (model.special_tokens.pad >= 0) gen["pad_token_id"] = model.special_tokens.pad;
+  fs::write_file_atomic(dir / "generation_config.json", gen.dump(2) + "\n");
+  if (tokenizer) tokenizer->save(dir);
+}
+
+void load_weights(models::CausalLM& model, const stdfs::path& dir) {
+  std::map<std::string, at::Tensor> params;
+  for (const auto& p : model.named_parameters()) params.emplace(p.key(), p.value());
+  std::set<std::string> loaded;
+  at::NoGradGuard no_grad;
+  for (const auto& file : weight_files(dir)) {
+    SafetensorsFile f(file);
+    for (const auto& name : f.names()) {
+      auto it = params.find(name);
+      if (it == params.end()) {
+        if (model.ignorable_checkpoint_key(name)) continue;
+        throw CheckpointError(concat(file.string(), ": tensor \"", name, "\" is not a parameter of this ",
+                                     model.family(), " model"));
+      }
+      const auto shape = f.shape(name);
+      if (at::IntArrayRef(shape) != it->second.sizes())
+        throw CheckpointError(concat(file.string(), ": tensor \"", name, "\" has shape ", at::IntArrayRef(shape),
+                                     ", the model expects ", it->second.sizes()));
+      it->second.copy_(f.get(name));
+      loaded.insert(name);
+    }
+  }
+  for (const auto& [name, _] : params)
+    if (!loaded.count(name))
+      throw CheckpointError(concat(dir.string(), ": parameter \"", name, "\" is missing from the weights"));
+}
+
+std::shared_ptr<models::CausalLM> load_model_dir(const stdfs::path& dir) {
+  const auto cfg_path = dir / "config.json";
+  if (!stdfs::exists(cfg_path))
+    throw CheckpointError(concat(dir.string(), ": not a model folder (no config.json)"));
+  const auto j = read_json(cfg_path);
+  if (!j.contains("model_type") || !j["model_type"].is_string())
+    throw CheckpointError(concat(cfg_path.string(), ": model_type: expected a string"));
+  const auto& family = models::family_by_hf_model_type(j["model_type"].get<std::string>(), cfg_path.string());
+  auto model = family.from_hf_config(j, cfg_path.string());
+  load_weights(*model, dir);
+  return model;
+}
+
+}  // namespace anvil::io

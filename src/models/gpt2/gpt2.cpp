@@ -1,0 +1,183 @@
+#include "anvil/models/gpt2.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/nn/init.h>
+
+#include <cmath>
+
+#include "anvil/core/error.h"
+
+namespace anvil::models::gpt2 {
+
+Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features) {
+  weight = register_parameter("weight", at::empty({in_features, out_features}));
+  bias = register_parameter("bias", at::zeros({out_features}));
+}
+
+at::Tensor Conv1DImpl::forward(const at::Tensor& x) {
+  auto out_shape = x.sizes().vec();
+  out_shape.back() = weight.size(1);
+  return at::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(out_shape);
+}
+
+AttentionImpl::AttentionImpl(const GPT2Options& o)
+    : c_attn(register_module("c_attn", Conv1D(o.n_embd(), 3 * o.n_embd()))),
+      c_proj(register_module("c_proj", Conv1D(o.n_embd(), o.n_embd()))),
+      resid_dropout(register_module("resid_dropout", torch::nn::Dropout(o.resid_pdrop()))),
+      n_head(o.n_head()),
+      n_embd(o.n_embd()),
+      attn_pdrop(o.attn_pdrop()) {}
+
+at::Tensor AttentionImpl::forward(const at::Tensor& x, at::Tensor* k_cache, at::Tensor* v_cache) {
+  const auto B = x.size(0), T = x.size(1), D = n_embd / n_head;
+  auto qkv = c_attn(x).split(n_embd, -1);                      // 3 x (B, T, C)
+  auto q = qkv[0].view({B, T, n_head, D}).transpose(1, 2);     // (B, H, T, D)
+  auto k = qkv[1].view({B, T, n_head, D}).transpose(1, 2);
+  auto v = qkv[2].view({B, T, n_head, D}).transpose(1, 2);
+  int64_t past = 0;
+  if (k_cache != nullptr) {
+    if (k_cache->defined()) {
+      past = k_cache->size(2);
+      k = at::cat({*k_cache, k}, 2);
+      v = at::cat({*v_cache, v}, 2);
+    }
+    *k_cache = k;
+    *v_cache = v;
+  }
+  const double p = is_training() ? attn_pdrop : 0.0;
+  at::Tensor y;
+  if (past == 0) {
+    y = at::scaled_dot_product_attention(q, k, v, {}, p, /*is_causal=*/true);
+  } else if (T == 1) {
+    y = at::scaled_dot_product_attention(q, k, v, {}, p, /*is_causal=*/false);  // sees all cached keys
+  } else {
+    // Query i (absolute position past + i) sees keys 0..past + i.
+    auto qi = at::arange(T, x.options().dtype(at::kLong)).unsqueeze(1) + past;
+    auto kj = at::arange(past + T, x.options().dtype(at::kLong)).unsqueeze(0);
+    y = at::scaled_dot_product_attention(q, k, v, kj <= qi, p, false);
+  }
+  y = y.transpose(1, 2).contiguous().view({B, T, n_embd});    // (B, T, C)
+  return resid_dropout(c_proj(y));
+}
+
+MLPImpl::MLPImpl(const GPT2Options& o)
+    : c_fc(register_module("c_fc", Conv1D(o.n_embd(), o.inner()))),
+      c_proj(register_module("c_proj", Conv1D(o.inner(), o.n_embd()))),
+      dropout(register_module("dropout", torch::nn::Dropout(o.resid_pdrop()))) {}
+
+at::Tensor MLPImpl::forward(const at::Tensor& x) {
+  return dropout(c_proj(at::gelu(c_fc(x), "tanh")));  // HF "gelu_new"
+}
+
+BlockImpl::BlockImpl(const GPT2Options& o)
+    : ln_1(register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()})
+                                                           .eps(o.layer_norm_epsilon())))),
+      attn(register_module("attn", Attention(o))),
+      ln_2(register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()})
+                                                           .eps(o.layer_norm_epsilon())))),
+      mlp(register_module("mlp", MLP(o))) {}
+
+at::Tensor BlockImpl::forward(const at::Tensor& x, at::Tensor* k_cache, at::Tensor* v_cache) {
+  auto h = x + attn(ln_1(x), k_cache, v_cache);
+  return h + mlp(ln_2(h));
+}
+
+GPT2ModelImpl::GPT2ModelImpl(const GPT2Options& o)
+    : wte(register_module("wte", torch::nn::Embedding(o.vocab_size(), o.n_embd()))),
+      wpe(register_module("wpe", torch::nn::Embedding(o.n_positions(), o.n_embd()))),
+      drop(register_module("drop", torch::nn::Dropout(o.embd_pdrop()))),
+      h(register_module("h", torch::nn::ModuleList())),
+      ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()})
+                                                           .eps(o.layer_norm_epsilon())))) {
+  for (int64_t i = 0; i < o.n_layer(); ++i) h->push_back(Block(o));
+}
+
+at::Tensor GPT2ModelImpl::forward(const at::Tensor& input_ids, KVCache* cache) {
+  const auto T = input_ids.size(1);
+  const int64_t past = cache ? cache->length() : 0;
+  TORCH_CHECK(past + T <= wpe->weight.size(0), "sequence of ", past + T,
+              " tokens exceeds n_positions=", wpe->weight.size(0));
+  if (cache && cache->keys.size() != h->size()) {
+    cache->keys.assign(h->size(), at::Tensor());
+    cache->values.assign(h->size(), at::Tensor());
+  }
+  auto pos = at::arange(past, past + T, input_ids.options().dtype(at::kLong));  // (T)
+  auto x = drop(wte(input_ids) + wpe(pos));                                      // (B, T, C)
+  for (size_t i = 0; i < h->size(); ++i) {
+    at::Tensor* k = cache ? &cache->keys[i] : nullptr;
+    at::Tensor* v = cache ? &cache->values[i] : nullptr;
+    x = h[i]->as<Block>()->forward(x, k, v);
+  }
+  return ln_f(x);
+}
+
+GPT2LMHeadModel::GPT2LMHeadModel(const GPT2Options& o) : options(o) {
+  TORCH_CHECK(o.n_embd() % o.n_head() == 0, "n_embd must be divisible by n_head");
+  transformer = register_module("transformer", GPT2Model(o));
+  reset_parameters();
+}
+
+at::Tensor GPT2LMHeadModel::forward(const at::Tensor& input_ids, KVCache* cache) {
+  auto hidden = transformer->forward(input_ids, cache);                // (B, T, C)
+  return torch::nn::functional::linear(hidden, transformer->wte->weight);  // (B, T, V)
+}
+
+void GPT2LMHeadModel::reset_parameters() {
+  at::NoGradGuard no_grad;
+  const double std = options.initializer_range();
+  const double proj_std = std / std::sqrt(2.0 * options.n_layer());
+  for (auto& p : named_parameters()) {
+    const auto& name = p.key();
+    auto& t = p.value();
+    const bool is_ln = name.find(".ln_") != std::string::npos || name.rfind("transformer.ln_f", 0) == 0;
+    if (is_ln) {
+      name.size() >= 6 && name.compare(name.size() - 6, 6, "weight") == 0 ? t.fill_(1.0) : t.zero_();
+    } else if (name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0) {
+      t.zero_();
+    } else if (name.find("c_proj.weight") != std::string::npos) {
+      t.normal_(0.0, proj_std);
+    } else {
+      t.normal_(0.0, std);
+    }
+  }
+}
+
+nlohmann::json GPT2LMHeadModel::hf_config() const {
+  const auto& o = options;
+  nlohmann::json j = {
+      {"architectures", {"GPT2LMHeadModel"}},
+      {"model_type", "gpt2"},
+      {"vocab_size", o.vocab_size()},
+      {"n_positions", o.n_positions()},
+      {"n_ctx", o.n_positions()},
+      {"n_embd", o.n_embd()},
+      {"n_layer", o.n_layer()},
+      {"n_head", o.n_head()},
+      {"n_inner", o.n_inner() > 0 ? nlohmann::json(o.n_inner()) : nlohmann::json(nullptr)},
+      {"activation_function", "gelu_new"},
+      {"resid_pdrop", o.resid_pdrop()},
+      {"embd_pdrop", o.embd_pdrop()},
+      {"attn_pdrop", o.attn_pdrop()},
+      {"layer_norm_epsilon", o.layer_norm_epsilon()},
+      {"initializer_range", o.initializer_range()},
+      {"scale_attn_weights", true},
+      {"tie_word_embeddings", true},
+      {"torch_dtype", "float32"},
+  };
+  if (special_tokens.bos >= 0) j["bos_token_id"] = special_tokens.bos;
+  if (special_tokens.eos >= 0) j["eos_token_id"] = special_tokens.eos;
+  if (special_tokens.pad >= 0) j["pad_token_id"] = special_tokens.pad;
+  return j;
+}
+
+bool GPT2LMHeadModel::ignorable_checkpoint_key(const std::string& name) const {
+  auto ends_with = [&](const char* s) {
+    const std::string suf(s);
+    return name.size() >= suf.size() && name.compare(name.size() - suf.size(), suf.size(), suf) == 0;
+  };
+  // Tied head; causal-mask buffers older transformers versions saved.
+  return name == "lm_head.weight" || ends_with(".attn.bias") || ends_with(".attn.masked_bias");
+}
+
+}  // namespace anvil::models::gpt2

@@ -1,0 +1,13 @@
+// The algorithm registry: one line per objective.
+#include "anvil/core/error.h"
+#include "anvil/train/objective.h"
+#include "anvil/train/sft.h"
+
+namespace anvil::train {
+
+std::unique_ptr<Objective> make_objective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
+  if (cfg.algorithm == "sft") return std::make_unique<SftObjective>(cfg, tok);
+  throw ConfigError(concat("algorithm: unknown algorithm \"", cfg.algorithm, "\""));
+}
+
+}  // namespace anvil::train
