@@ -13,7 +13,10 @@ int main(int argc, char** argv) {
                "overrides win. Re-running with the same output_dir resumes."};
   std::vector<std::string> configs, overrides;
   bool print_config = false, print_reference = false;
-  app.add_option("--config,-c", configs, "YAML config file (repeatable)");
+  app.add_option("--config,-c", configs, "YAML config file (repeatable)")
+      ->expected(1)
+      ->allow_extra_args(false)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("overrides", overrides, "key.path=value overrides");
   app.add_flag("--print-config", print_config, "Print the merged, validated config and exit");
   app.add_flag("--print-config-reference", print_reference, "Print the reference of every config key (Markdown)");

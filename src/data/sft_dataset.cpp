@@ -46,14 +46,14 @@ SftDataset SftDataset::load(const std::filesystem::path& path, const tokenizer::
     };
     ++ds.stats_.lines;
     auto s = make_sft_sample(tok, field(opt.prompt_field), field(opt.response_field), opt);
-    if (opt.max_length > 0 && static_cast<int64_t>(s.input_ids.size()) > opt.max_length) {
+    const bool overflow = opt.max_length > 0 && static_cast<int64_t>(s.input_ids.size()) > opt.max_length;
+    if (overflow) {
       if (opt.drop_overflow) {
         ++ds.stats_.dropped_overflow;
         continue;
       }
       s.input_ids.resize(opt.max_length);
       s.labels.resize(opt.max_length);
-      ++ds.stats_.truncated;
     }
     // Only labels from position 1 on are predicted (the first token has no context).
     bool has_target = false;
@@ -62,6 +62,7 @@ SftDataset SftDataset::load(const std::filesystem::path& path, const tokenizer::
       ++ds.stats_.dropped_no_target;
       continue;
     }
+    ds.stats_.truncated += overflow;
     ds.samples_.push_back(std::move(s));
   }
   if (ds.samples_.empty())

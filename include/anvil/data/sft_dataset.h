@@ -35,7 +35,7 @@ struct SftOptions {
 /// What loading did to the data, reported to the user.
 struct SftStats {
   int64_t lines = 0;
-  int64_t truncated = 0;
+  int64_t truncated = 0;          // kept, cut to max_length
   int64_t dropped_overflow = 0;
   int64_t dropped_no_target = 0;  // nothing left to train on after truncation
 };

@@ -1,0 +1,129 @@
+#include "anvil/config/config.h"
+
+#include <gtest/gtest.h>
+
+#include "anvil/core/error.h"
+#include "test_util.h"
+
+namespace anvil::config {
+namespace {
+
+using anvil::testing::TempDir;
+using anvil::testing::write_text;
+
+const char* kBase = R"(output_dir: /tmp/x
+tokenizer:
+  path: data/tokenizer.model
+data:
+  train_file: data/sft_train.jsonl
+train:
+  max_steps: 10
+)";
+
+std::string error_of(const std::vector<std::string>& files, const std::vector<std::string>& overrides) {
+  try {
+    load_config(files, overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ = (dir_ / "base.yaml").string();
+    write_text(base_, kBase);
+  }
+  std::string write(const std::string& name, const std::string& text) {
+    auto p = (dir_ / name).string();
+    write_text(p, text);
+    return p;
+  }
+  TempDir dir_;
+  std::string base_;
+};
+
+TEST_F(ConfigTest, LoadsTypedValuesWithDefaults) {
+  auto c = load_config({base_}, {});
+  EXPECT_EQ(c.output_dir, "/tmp/x");
+  EXPECT_EQ(c.train.max_steps, 10);
+  EXPECT_EQ(c.train.micro_batch_size, 8);  // default
+  EXPECT_EQ(c.optimizer.betas, (std::vector<double>{0.9, 0.999}));
+}
+
+TEST_F(ConfigTest, LaterFilesAndOverridesWin) {
+  auto second = write("b.yaml", "train:\n  max_steps: 20\n  seed: 7\n");
+  auto c = load_config({base_, second}, {"train.seed=9", "optimizer.betas=[0.8, 0.95]"});
+  EXPECT_EQ(c.train.max_steps, 20);
+  EXPECT_EQ(c.train.seed, 9);
+  EXPECT_EQ(c.optimizer.betas, (std::vector<double>{0.8, 0.95}));
+}
+
+TEST_F(ConfigTest, WrongTypeNamesFileLineKeyAndExpectation) {
+  auto bad = write("bad.yaml", "optimizer:\n  lr: fast\n");
+  EXPECT_EQ(error_of({base_, bad}, {}), bad + ":2: optimizer.lr: expected a number, got \"fast\"");
+}
+
+TEST_F(ConfigTest, OutOfRangeValue) {
+  auto bad = write("bad.yaml", "train:\n  micro_batch_size: 0\n");
+  EXPECT_EQ(error_of({base_, bad}, {}), bad + ":2: train.micro_batch_size: expected a positive number, got \"0\"");
+  EXPECT_EQ(error_of({base_}, {"optimizer.lr=-1"}),
+            "command line (optimizer.lr=-1): optimizer.lr: expected a positive number, got \"-1\"");
+}
+
+TEST_F(ConfigTest, UnknownKeySuggestsTheClosestKnownOne) {
+  auto bad = write("bad.yaml", "# comment\ntrain:\n  max_step: 5\n");
+  EXPECT_EQ(error_of({base_, bad}, {}), bad + ":3: train.max_step: unknown key; did you mean train.max_steps?");
+  EXPECT_EQ(error_of({base_}, {"bogus.key=1"}), "command line (bogus.key=1): bogus.key: unknown key");
+}
+
+TEST_F(ConfigTest, ChoiceAndListValues) {
+  EXPECT_EQ(error_of({base_}, {"schedule.decay=exp"}),
+            "command line (schedule.decay=exp): schedule.decay: expected one of cosine, linear, constant, got \"exp\"");
+  EXPECT_EQ(error_of({base_}, {"optimizer.betas=0.9"}),
+            "command line (optimizer.betas=0.9): optimizer.betas: expected a list of numbers, got \"0.9\"");
+  EXPECT_EQ(error_of({base_}, {"optimizer.betas=[0.9, 1.5]"}),
+            "command line (optimizer.betas=[0.9, 1.5]): optimizer.betas: expected a number in [0, 1), got a list");
+}
+
+TEST_F(ConfigTest, MissingRequiredKey) {
+  auto f = write("noout.yaml", "data:\n  train_file: x\ntrain:\n  max_steps: 1\ntokenizer:\n  path: t\n");
+  EXPECT_EQ(error_of({f}, {}),
+            f + ": output_dir: required key is missing; expected a string (set it in a config file or as output_dir=...)");
+}
+
+TEST_F(ConfigTest, CrossFieldChecksNameTheKey) {
+  auto bad = write("bad.yaml", "model:\n  hidden_size: 100\n  num_heads: 3\n");
+  EXPECT_EQ(error_of({base_, bad}, {}), bad + ":3: model.num_heads: expected a divisor of model.hidden_size (100), got 3");
+  EXPECT_EQ(error_of({base_}, {"train.device=tpu"}),
+            "command line (train.device=tpu): train.device: expected cpu, cuda or cuda:N, got \"tpu\"");
+}
+
+TEST_F(ConfigTest, InvalidYamlAndMissingFile) {
+  auto bad = write("bad.yaml", "train:\n  max_steps: [1,\n");
+  EXPECT_NE(error_of({bad}, {}).find(bad + ":3: invalid YAML"), std::string::npos) << error_of({bad}, {});
+  EXPECT_EQ(error_of({(dir_ / "nope.yaml").string()}, {}), (dir_ / "nope.yaml").string() + ": cannot read config file");
+  EXPECT_EQ(error_of({base_}, {"train.seed"}), "command line: \"train.seed\": expected key.path=value");
+}
+
+TEST_F(ConfigTest, SectionGivenAScalar) {
+  EXPECT_EQ(error_of({base_}, {"train=3"}), "command line (train=3): train: expected a map of train.* keys, got \"3\"");
+}
+
+TEST_F(ConfigTest, PrintedConfigLoadsBackToTheSameConfig) {
+  auto c = load_config({base_}, {"optimizer.lr=0.1", "schedule.warmup_steps=3"});
+  auto printed = write("printed.yaml", to_yaml(c));
+  auto again = load_config({printed}, {});
+  EXPECT_EQ(to_yaml(again), to_yaml(c));
+  EXPECT_DOUBLE_EQ(again.optimizer.lr, 0.1);
+}
+
+TEST_F(ConfigTest, ReferenceListsEveryContractKey) {
+  const auto ref = reference_markdown();
+  for (const char* key : {"`output_dir`", "`train.max_steps`", "`train.save_every`", "`train.eval_every`", "`train.seed`"})
+    EXPECT_NE(ref.find(key), std::string::npos) << key;
+}
+
+}  // namespace
+}  // namespace anvil::config

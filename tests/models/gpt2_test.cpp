@@ -1,0 +1,103 @@
+#include "anvil/models/gpt2.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/utils.h>
+
+#include "anvil/io/hf_model.h"
+#include "anvil/models/registry.h"
+#include "test_util.h"
+
+namespace anvil::models::gpt2 {
+namespace {
+
+GPT2Options tiny() {
+  GPT2Options o;
+  o.vocab_size(50).n_positions(16).n_embd(32).n_layer(2).n_head(4).resid_pdrop(0).embd_pdrop(0).attn_pdrop(0);
+  return o;
+}
+
+TEST(GPT2, ParameterNamesAndShapesAreHuggingFaces) {
+  GPT2LMHeadModel m(tiny());
+  std::vector<std::pair<std::string, std::vector<int64_t>>> got;
+  for (const auto& p : m.named_parameters()) got.emplace_back(p.key(), p.value().sizes().vec());
+  std::vector<std::pair<std::string, std::vector<int64_t>>> want = {
+      {"transformer.wte.weight", {50, 32}}, {"transformer.wpe.weight", {16, 32}}};
+  for (int i = 0; i < 2; ++i) {
+    const auto h = "transformer.h." + std::to_string(i) + ".";
+    want.push_back({h + "ln_1.weight", {32}});
+    want.push_back({h + "ln_1.bias", {32}});
+    want.push_back({h + "attn.c_attn.weight", {32, 96}});  // Conv1D: (in, out)
+    want.push_back({h + "attn.c_attn.bias", {96}});
+    want.push_back({h + "attn.c_proj.weight", {32, 32}});
+    want.push_back({h + "attn.c_proj.bias", {32}});
+    want.push_back({h + "ln_2.weight", {32}});
+    want.push_back({h + "ln_2.bias", {32}});
+    want.push_back({h + "mlp.c_fc.weight", {32, 128}});
+    want.push_back({h + "mlp.c_fc.bias", {128}});
+    want.push_back({h + "mlp.c_proj.weight", {128, 32}});
+    want.push_back({h + "mlp.c_proj.bias", {32}});
+  }
+  want.push_back({"transformer.ln_f.weight", {32}});
+  want.push_back({"transformer.ln_f.bias", {32}});
+  EXPECT_EQ(got, want);
+}
+
+TEST(GPT2, LogitsShapeAndTiedHead) {
+  GPT2LMHeadModel m(tiny());
+  auto ids = at::randint(0, 50, {3, 7}, at::kLong);
+  auto logits = m.forward(ids);
+  EXPECT_EQ(logits.sizes(), (at::IntArrayRef{3, 7, 50}));
+  // Tied: the output projection is the token embedding.
+  auto h = m.transformer->forward(ids, nullptr);
+  EXPECT_TRUE(at::allclose(logits, at::matmul(h, m.transformer->wte->weight.t()), 1e-5, 1e-5));
+}
+
+TEST(GPT2, InitFollowsGPT2) {
+  torch::manual_seed(0);
+  GPT2Options o = tiny();
+  o.n_embd(256).n_layer(8).vocab_size(1000);
+  GPT2LMHeadModel m(o);
+  auto params = m.named_parameters();
+  EXPECT_NEAR(params["transformer.wte.weight"].std().item<double>(), 0.02, 0.001);
+  EXPECT_NEAR(params["transformer.h.0.attn.c_proj.weight"].std().item<double>(), 0.02 / std::sqrt(16.0), 0.0005);
+  EXPECT_NEAR(params["transformer.h.0.mlp.c_proj.weight"].std().item<double>(), 0.02 / std::sqrt(16.0), 0.0005);
+  EXPECT_TRUE(params["transformer.h.0.attn.c_attn.bias"].eq(0).all().item<bool>());
+  EXPECT_TRUE(params["transformer.h.0.ln_1.weight"].eq(1).all().item<bool>());
+}
+
+TEST(GPT2, CausalityFutureTokensDoNotChangeThePast) {
+  GPT2LMHeadModel m(tiny());
+  auto a = at::randint(0, 50, {1, 10}, at::kLong);
+  auto b = a.clone();
+  b.index_put_({0, at::indexing::Slice(6, at::indexing::None)}, 7);
+  auto la = m.forward(a), lb = m.forward(b);
+  EXPECT_TRUE(at::allclose(la.narrow(1, 0, 6), lb.narrow(1, 0, 6), 1e-6, 1e-6));
+}
+
+TEST(GPT2, KVCacheMatchesFullRecompute) {
+  GPT2LMHeadModel m(tiny());
+  m.eval();
+  auto ids = at::randint(0, 50, {2, 12}, at::kLong);
+  auto full = m.forward(ids);
+  KVCache cache;
+  auto first = m.forward(ids.narrow(1, 0, 5), &cache);   // prefill
+  auto chunk = m.forward(ids.narrow(1, 5, 3), &cache);   // several tokens with a past
+  std::vector<at::Tensor> steps = {first, chunk};
+  for (int64_t t = 8; t < 12; ++t) steps.push_back(m.forward(ids.narrow(1, t, 1), &cache));
+  EXPECT_EQ(cache.length(), 12);
+  EXPECT_TRUE(at::allclose(at::cat(steps, 1), full, 1e-5, 1e-5));
+}
+
+TEST(GPT2, SavedFolderReloadsIdentically) {
+  anvil::testing::TempDir dir;
+  auto m = std::make_shared<GPT2LMHeadModel>(tiny());
+  io::save_model_dir(dir.path(), *m, nullptr);
+  auto back = io::load_model_dir(dir.path());
+  EXPECT_EQ(back->family(), "gpt2");
+  auto ids = at::randint(0, 50, {2, 9}, at::kLong);
+  EXPECT_TRUE(at::equal(back->forward(ids), m->forward(ids)));
+}
+
+}  // namespace
+}  // namespace anvil::models::gpt2

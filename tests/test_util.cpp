@@ -1,0 +1,66 @@
+#include "test_util.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+namespace anvil::testing {
+
+TempDir::TempDir() {
+  std::random_device rd;
+  path_ = std::filesystem::temp_directory_path() / ("anvil-test-" + std::to_string(::getpid()) + "-" +
+                                                    std::to_string(rd()));
+  std::filesystem::create_directories(path_);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+void write_text(const std::filesystem::path& p, const std::string& text) {
+  std::ofstream(p, std::ios::binary) << text;
+}
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+int run(const std::string& cmd, std::string* out) {
+  FILE* pipe = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!pipe) return -1;
+  std::array<char, 4096> buf{};
+  std::string text;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) text.append(buf.data(), n);
+  const int status = ::pclose(pipe);
+  if (out) *out = text;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string source_dir() { return ANVIL_SOURCE_DIR; }
+std::string trainer_bin() { return ANVIL_TRAINER_BIN; }
+std::string cli_bin() { return ANVIL_CLI_BIN; }
+std::string python_bin() { return ANVIL_PYTHON; }
+
+std::vector<std::pair<int64_t, double>> read_losses(const std::filesystem::path& metrics) {
+  std::vector<std::pair<int64_t, double>> out;
+  std::ifstream in(metrics);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    out.emplace_back(j["step"].get<int64_t>(), j["loss"].get<double>());
+  }
+  return out;
+}
+
+}  // namespace anvil::testing
