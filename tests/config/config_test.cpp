@@ -127,3 +127,15 @@ TEST_F(ConfigTest, ReferenceListsEveryContractKey) {
 
 }  // namespace
 }  // namespace anvil::config
+
+namespace anvil::config {
+namespace {
+
+TEST(ConfigDocs, DocsConfigMdHoldsTheCurrentReference) {
+  const auto doc = anvil::testing::read_text(anvil::testing::source_dir() + "/docs/config.md");
+  EXPECT_NE(doc.find(reference_markdown()), std::string::npos)
+      << "docs/config.md is stale: regenerate its table with `build/bin/trainer --print-config-reference`";
+}
+
+}  // namespace
+}  // namespace anvil::config

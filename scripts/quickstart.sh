@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Set up (idempotent), build, and train the quickstart: a small GPT-2 learns
+# four string/arithmetic tasks on CPU, then reports held-out exact-match
+# accuracy. Re-running resumes/finishes the same run in runs/quickstart.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+bash scripts/setup.sh
+bash scripts/build.sh trainer anvil_cli
+
+OUT="${OUTPUT_DIR:-runs/quickstart}"
+start=$(date +%s)
+build/bin/trainer --config configs/quickstart.yaml output_dir="$OUT" "$@"
+echo "[quickstart] training took $(( $(date +%s) - start )) s"
+
+.venv/bin/python - "$OUT/metrics.jsonl" <<'PY'
+import json, sys
+last = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][-1]
+acc = last.get("eval/exact_match")
+print(f"[quickstart] step {last['step']}: held-out exact-match accuracy {acc:.1%}, eval loss {last['eval/loss']:.4f}")
+PY
+ckpt=$(ls -d "$OUT"/checkpoint-* | sort -t- -k2 -n | tail -1)
+echo "[quickstart] try it: build/bin/anvil generate --model $ckpt --prompt 'reverse: anvil\n' --prompt 'add: 19+23\n'"
+build/bin/anvil generate --model "$ckpt" --prompt 'reverse: anvil\n' --prompt 'add: 19+23\n'
