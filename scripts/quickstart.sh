@@ -6,7 +6,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup.sh
-bash scripts/build.sh trainer anvil_cli
+bash scripts/build.sh --target trainer anvil_cli
 
 OUT="${OUTPUT_DIR:-runs/quickstart}"
 start=$(date +%s)
