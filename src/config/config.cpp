@@ -255,6 +255,16 @@ void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sou
     const auto& where = it == flat.end() ? sources : it->second.where;
     throw ConfigError(concat(where, ": ", key, ": ", what));
   };
+  if (!c.model.from.empty()) {
+    // The shape of a loaded model is its config.json's; a second source of
+    // truth would be silently ignored.
+    for (const char* k : {"model.vocab_size", "model.max_position_embeddings", "model.hidden_size",
+                          "model.num_layers", "model.num_heads", "model.intermediate_size", "model.dropout",
+                          "model.layer_norm_eps", "model.initializer_range"})
+      if (flat.count(k))
+        fail(k, concat("cannot be set together with model.from (the model's shape and dropout come from ",
+                       c.model.from, "/config.json)"));
+  }
   if (c.model.from.empty() && c.model.hidden_size % c.model.num_heads != 0)
     fail("model.num_heads", concat("expected a divisor of model.hidden_size (", c.model.hidden_size, "), got ",
                                    c.model.num_heads));

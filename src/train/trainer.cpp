@@ -184,6 +184,9 @@ TrainResult run_training(const config::RunConfig& cfg) {
     log::info("saved ", dir.string());
   };
 
+  if (step >= cfg.train.max_steps)
+    log::info("the run in ", out_dir.string(), " is already complete (step ", step, " of ", cfg.train.max_steps,
+              "); raise train.max_steps to train further");
   SignalScope signals;
   TrainResult result;
   auto params = model->parameters();

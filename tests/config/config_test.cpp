@@ -100,6 +100,13 @@ TEST_F(ConfigTest, CrossFieldChecksNameTheKey) {
             "command line (train.device=tpu): train.device: expected cpu, cuda or cuda:N, got \"tpu\"");
 }
 
+TEST_F(ConfigTest, ShapeKeysConflictWithModelFrom) {
+  auto f = write("from.yaml", "model:\n  from: runs/x/checkpoint-10\n  hidden_size: 64\n");
+  EXPECT_EQ(error_of({base_, f}, {}),
+            f + ":3: model.hidden_size: cannot be set together with model.from (the model's shape and dropout come "
+                "from runs/x/checkpoint-10/config.json)");
+}
+
 TEST_F(ConfigTest, InvalidYamlAndMissingFile) {
   auto bad = write("bad.yaml", "train:\n  max_steps: [1,\n");
   EXPECT_NE(error_of({bad}, {}).find(bad + ":3: invalid YAML"), std::string::npos) << error_of({bad}, {});

@@ -28,7 +28,7 @@ struct ModelConfig {
     v.field("family", family, "Model family (registered architectures).", one_of({"gpt2"}));
     v.field("from", from,
             "HF-layout folder (config.json + model.safetensors, e.g. an Anvil checkpoint) to "
-            "initialise from. When set, the shape keys below are taken from its config.json.");
+            "initialise from. Its config.json then defines the model: the keys below may not be set.");
     v.field("vocab_size", vocab_size, "Vocabulary size; 0 = the tokenizer's.", non_negative());
     v.field("max_position_embeddings", max_position_embeddings, "Longest sequence the model accepts.",
             positive());
