@@ -30,7 +30,8 @@ if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   "$PY" -m venv .venv
 fi
-stamp=".venv/.anvil-deps-${TORCH_VERSION}"
+# The stamp names the package list, so editing the list reinstalls.
+stamp=".venv/.anvil-deps-$(printf '%s\n' "${PY_PACKAGES[@]}" | md5sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   log "installing Python packages into .venv: ${PY_PACKAGES[*]}"
   .venv/bin/python -m pip install -q --upgrade pip

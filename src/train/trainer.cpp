@@ -46,7 +46,7 @@ struct SignalScope {
   void (*prev_int)(int);
 };
 
-std::string fmt(double x, int precision = 4) {
+std::string format_number(double x, int precision = 4) {
   std::ostringstream os;
   os << std::setprecision(precision) << x;
   return os.str();
@@ -75,7 +75,7 @@ std::string progress_line(int64_t step, int64_t max_steps, const Metrics& m, dou
 void print_eval(int64_t step, const EvalResult& r) {
   std::ostringstream os;
   os << "eval @ step " << step << ":";
-  for (const auto& [k, v] : r.metrics) os << " " << k << "=" << fmt(v);
+  for (const auto& [k, v] : r.metrics) os << " " << k << "=" << format_number(v);
   log::info(os.str());
   if (r.samples.empty()) return;
   auto clip = [](std::string s) {
@@ -173,7 +173,7 @@ TrainResult run_training(const config::RunConfig& cfg) {
 
   int64_t n_params = 0;
   for (const auto& p : model->parameters()) n_params += p.numel();
-  log::info("model: ", model->family(), ", ", fmt(n_params / 1e6, 3), "M parameters on ", device.str(),
+  log::info("model: ", model->family(), ", ", format_number(n_params / 1e6, 3), "M parameters on ", device.str(),
             "; ", cfg.algorithm, " for ", cfg.train.max_steps, " steps of ", cfg.train.micro_batch_size, " x ",
             cfg.train.grad_accum_steps, " samples");
 
