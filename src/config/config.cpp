@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <sstream>
@@ -275,6 +276,18 @@ void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sou
                                          c.schedule.warmup_steps));
   if (c.model.from.empty() && c.tokenizer.path.empty())
     fail("tokenizer.path", "required key is missing; expected a tokenizer file (or set model.from)");
+  auto must_exist = [&](const char* key, const std::string& path, bool dir) {
+    if (path.empty()) return;
+    std::error_code ec;
+    const bool ok = dir ? std::filesystem::is_directory(path, ec) : std::filesystem::is_regular_file(path, ec);
+    if (!ok)
+      fail(key, concat("expected an existing ", dir ? "folder" : "file", ", got \"", path,
+                       "\" (paths are relative to the working directory)"));
+  };
+  must_exist("data.train_file", c.data.train_file, false);
+  must_exist("data.eval_file", c.data.eval_file, false);
+  must_exist("tokenizer.path", c.tokenizer.path, false);
+  must_exist("model.from", c.model.from, true);
   const auto& d = c.train.device;
   if (!(d == "cpu" || d == "cuda" || d.rfind("cuda:", 0) == 0))
     fail("train.device", concat("expected cpu, cuda or cuda:N, got \"", d, "\""));

@@ -11,14 +11,11 @@ namespace {
 using anvil::testing::TempDir;
 using anvil::testing::write_text;
 
-const char* kBase = R"(output_dir: /tmp/x
-tokenizer:
-  path: data/tokenizer.model
-data:
-  train_file: data/sft_train.jsonl
-train:
-  max_steps: 10
-)";
+std::string base_yaml() {
+  const auto src = anvil::testing::source_dir();
+  return "output_dir: /tmp/x\ntokenizer:\n  path: " + src + "/data/tokenizer.model\ndata:\n  train_file: " + src +
+         "/data/sft_train.jsonl\ntrain:\n  max_steps: 10\n";
+}
 
 std::string error_of(const std::vector<std::string>& files, const std::vector<std::string>& overrides) {
   try {
@@ -33,7 +30,7 @@ class ConfigTest : public ::testing::Test {
  protected:
   void SetUp() override {
     base_ = (dir_ / "base.yaml").string();
-    write_text(base_, kBase);
+    write_text(base_, base_yaml());
   }
   std::string write(const std::string& name, const std::string& text) {
     auto p = (dir_ / name).string();
@@ -88,7 +85,7 @@ TEST_F(ConfigTest, ChoiceAndListValues) {
 }
 
 TEST_F(ConfigTest, MissingRequiredKey) {
-  auto f = write("noout.yaml", "data:\n  train_file: x\ntrain:\n  max_steps: 1\ntokenizer:\n  path: t\n");
+  auto f = write("noout.yaml", "train:\n  max_steps: 1\n");
   EXPECT_EQ(error_of({f}, {}),
             f + ": output_dir: required key is missing; expected a string (set it in a config file or as output_dir=...)");
 }
@@ -101,10 +98,21 @@ TEST_F(ConfigTest, CrossFieldChecksNameTheKey) {
 }
 
 TEST_F(ConfigTest, ShapeKeysConflictWithModelFrom) {
-  auto f = write("from.yaml", "model:\n  from: runs/x/checkpoint-10\n  hidden_size: 64\n");
+  const auto from = dir_.path().string();
+  auto f = write("from.yaml", "model:\n  from: " + from + "\n  hidden_size: 64\n");
   EXPECT_EQ(error_of({base_, f}, {}),
             f + ":3: model.hidden_size: cannot be set together with model.from (the model's shape and dropout come "
-                "from runs/x/checkpoint-10/config.json)");
+                "from " + from + "/config.json)");
+}
+
+TEST_F(ConfigTest, MissingDataOrTokenizerFilesFailBeforeAnyWork) {
+  auto f = write("paths.yaml", "data:\n  eval_file: nowhere/eval.jsonl\n");
+  EXPECT_EQ(error_of({base_, f}, {}),
+            f + ":2: data.eval_file: expected an existing file, got \"nowhere/eval.jsonl\" (paths are relative to "
+                "the working directory)");
+  EXPECT_EQ(error_of({base_}, {"model.from=no/such/dir"}),
+            "command line (model.from=no/such/dir): model.from: expected an existing folder, got \"no/such/dir\" "
+            "(paths are relative to the working directory)");
 }
 
 TEST_F(ConfigTest, InvalidYamlAndMissingFile) {
