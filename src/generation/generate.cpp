@@ -17,9 +17,9 @@ int64_t sample_next(const at::Tensor& logits_in, const SamplingOptions& opt, at:
   }
   if (opt.top_p < 1.0) {
     auto [sorted, idx] = logits.sort(/*dim=*/0, /*descending=*/true);
-    auto cum = sorted.softmax(0).cumsum(0);
+    auto p = sorted.softmax(0);
     // Drop tokens once the mass before them already reaches top_p (the first always stays).
-    auto drop_sorted = (cum - sorted.softmax(0)) >= opt.top_p;
+    auto drop_sorted = (p.cumsum(0) - p) >= opt.top_p;
     auto drop = at::zeros_like(drop_sorted).scatter(0, idx, drop_sorted);
     logits = logits.masked_fill(drop, -INFINITY);
   }

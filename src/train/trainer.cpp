@@ -135,13 +135,14 @@ StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, co
   }
   TORCH_CHECK(s.num_targets > 0, "accumulate_gradients: the step has no target tokens");
   const double scale = 1.0 / static_cast<double>(s.num_targets);
-  double total = 0;
+  at::Tensor total;  // summed on the device: one host sync per step, not per micro-batch
   for (const auto& b : batches) {
     auto loss = objective.loss_sum(model, b);
     (loss * scale).backward();
-    total += loss.item<double>();
+    auto detached = loss.detach().to(at::kDouble);
+    total = total.defined() ? total + detached : detached;
   }
-  s.loss = total * scale;
+  s.loss = total.item<double>() * scale;
   return s;
 }
 

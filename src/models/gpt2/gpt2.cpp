@@ -132,8 +132,8 @@ void GPT2LMHeadModel::reset_parameters() {
     auto& t = p.value();
     const bool is_ln = name.find(".ln_") != std::string::npos || name.rfind("transformer.ln_f", 0) == 0;
     if (is_ln) {
-      name.size() >= 6 && name.compare(name.size() - 6, 6, "weight") == 0 ? t.fill_(1.0) : t.zero_();
-    } else if (name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0) {
+      name.ends_with("weight") ? t.fill_(1.0) : t.zero_();
+    } else if (name.ends_with("bias")) {
       t.zero_();
     } else if (name.find("c_proj.weight") != std::string::npos) {
       t.normal_(0.0, proj_std);
@@ -172,12 +172,8 @@ nlohmann::json GPT2LMHeadModel::hf_config() const {
 }
 
 bool GPT2LMHeadModel::ignorable_checkpoint_key(const std::string& name) const {
-  auto ends_with = [&](const char* s) {
-    const std::string suf(s);
-    return name.size() >= suf.size() && name.compare(name.size() - suf.size(), suf.size(), suf) == 0;
-  };
   // Tied head; causal-mask buffers older transformers versions saved.
-  return name == "lm_head.weight" || ends_with(".attn.bias") || ends_with(".attn.masked_bias");
+  return name == "lm_head.weight" || name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
 }
 
 }  // namespace anvil::models::gpt2
