@@ -259,16 +259,22 @@ void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sou
   if (!c.model.from.empty()) {
     // The shape of a loaded model is its config.json's; a second source of
     // truth would be silently ignored.
-    for (const char* k : {"model.vocab_size", "model.max_position_embeddings", "model.hidden_size",
-                          "model.num_layers", "model.num_heads", "model.intermediate_size", "model.dropout",
-                          "model.layer_norm_eps", "model.initializer_range"})
-      if (flat.count(k))
+    for (const auto& [k, entry] : flat)
+      if (k.rfind("model.", 0) == 0 && k != "model.from" && k != "model.family")
         fail(k, concat("cannot be set together with model.from (the model's shape and dropout come from ",
                        c.model.from, "/config.json)"));
   }
   if (c.model.from.empty() && c.model.hidden_size % c.model.num_heads != 0)
     fail("model.num_heads", concat("expected a divisor of model.hidden_size (", c.model.hidden_size, "), got ",
                                    c.model.num_heads));
+  if (c.model.from.empty() && c.model.num_kv_heads > 0 && c.model.num_heads % c.model.num_kv_heads != 0)
+    fail("model.num_kv_heads", concat("expected a divisor of model.num_heads (", c.model.num_heads, "), got ",
+                                      c.model.num_kv_heads));
+  if (c.model.from.empty() && c.model.family == "gpt2" && c.model.tie_embeddings == "false")
+    fail("model.tie_embeddings", "GPT-2's output head is always tied to its embedding; expected auto or true");
+  if (c.model.from.empty() && c.model.family == "gpt2" && c.model.activation != "auto" &&
+      c.model.activation != "gelu_new")
+    fail("model.activation", concat("GPT-2 supports only gelu_new (or auto), got ", c.model.activation));
   if (c.optimizer.betas.size() != 2)
     fail("optimizer.betas", concat("expected a list of 2 numbers, got ", c.optimizer.betas.size()));
   if (c.schedule.warmup_steps > c.train.max_steps)

@@ -4,53 +4,126 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
+
 namespace anvil::generation {
 
-int64_t sample_next(const at::Tensor& logits_in, const SamplingOptions& opt, at::Generator& gen) {
-  auto logits = logits_in.to(at::kCPU, at::kFloat);  // (V)
-  if (opt.greedy || opt.temperature <= 0) return logits.argmax().item<int64_t>();
+at::Tensor sample(const at::Tensor& logits_in, const SamplingOptions& opt, at::Generator& gen) {
+  auto logits = logits_in.to(at::kCPU, at::kFloat);  // (B, V)
+  if (opt.greedy || opt.temperature <= 0) return logits.argmax(-1);
   logits = logits / opt.temperature;
-  const auto V = logits.size(0);
+  const auto V = logits.size(-1);
   if (opt.top_k > 0 && opt.top_k < V) {
-    auto kth = std::get<0>(logits.topk(opt.top_k)).min();
+    auto kth = std::get<0>(logits.topk(opt.top_k, -1)).narrow(-1, opt.top_k - 1, 1);  // (B, 1)
     logits = logits.masked_fill(logits < kth, -INFINITY);
   }
   if (opt.top_p < 1.0) {
-    auto [sorted, idx] = logits.sort(/*dim=*/0, /*descending=*/true);
-    auto p = sorted.softmax(0);
+    auto [sorted, idx] = logits.sort(/*dim=*/-1, /*descending=*/true);
+    auto p = sorted.softmax(-1);
     // Drop tokens once the mass before them already reaches top_p (the first always stays).
-    auto drop_sorted = (p.cumsum(0) - p) >= opt.top_p;
-    auto drop = at::zeros_like(drop_sorted).scatter(0, idx, drop_sorted);
+    auto drop_sorted = (p.cumsum(-1) - p) >= opt.top_p;
+    auto drop = at::zeros_like(drop_sorted).scatter(-1, idx, drop_sorted);
     logits = logits.masked_fill(drop, -INFINITY);
   }
-  auto probs = logits.softmax(0);
-  return at::multinomial(probs, 1, /*replacement=*/false, gen).item<int64_t>();
+  return at::multinomial(logits.softmax(-1), 1, /*replacement=*/false, gen).squeeze(-1);
 }
+
+int64_t sample_next(const at::Tensor& logits, const SamplingOptions& opt, at::Generator& gen) {
+  return sample(logits.unsqueeze(0), opt, gen)[0].item<int64_t>();
+}
+
+namespace {
+
+/// Decodes one batch of prompts; appends each one's new tokens to `out`.
+void generate_batch(models::CausalLM& model, const std::vector<const std::vector<int64_t>*>& prompts,
+                    const SamplingOptions& opt, at::Generator& gen, std::vector<std::vector<int64_t>>& out) {
+  const auto device = model.parameters().front().device();
+  const auto B = static_cast<int64_t>(prompts.size());
+  int64_t L = 0;
+  for (const auto* p : prompts) L = std::max<int64_t>(L, static_cast<int64_t>(p->size()));
+  const int64_t steps = std::min<int64_t>(opt.max_new_tokens, model.max_positions() - L);
+  if (steps <= 0) return;
+
+  // Left-pad into (B, L); padding is never attended to.
+  std::vector<int64_t> ids(static_cast<size_t>(B * L), 0);
+  std::vector<int64_t> lengths(static_cast<size_t>(B));
+  std::vector<uint8_t> valid(static_cast<size_t>(B * L), 0);
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& p = *prompts[static_cast<size_t>(b)];
+    const auto n = static_cast<int64_t>(p.size());
+    lengths[static_cast<size_t>(b)] = n;
+    std::copy(p.begin(), p.end(), ids.begin() + b * L + (L - n));
+    std::fill(valid.begin() + b * L + (L - n), valid.begin() + (b + 1) * L, 1);
+  }
+  const auto long_opts = at::TensorOptions().dtype(at::kLong).device(device);
+  auto input = at::tensor(ids, at::kLong).view({B, L}).to(device);                    // (B, L)
+  auto key_valid = at::tensor(valid, at::kByte).view({B, L}).to(at::kBool).to(device);  // (B, S)
+  auto next_pos = at::tensor(lengths, at::kLong).to(device).unsqueeze(1);              // (B, 1)
+
+  models::KVCache cache;
+  cache.reserve = L + steps;
+  models::ForwardArgs args;
+  args.cache = &cache;
+  args.position_ids = (key_valid.to(at::kLong).cumsum(1) - 1).clamp_min(0);  // (B, L)
+  const bool padded = !key_valid.all().item<bool>();
+  if (padded) {
+    auto causal = at::ones({L, L}, key_valid.options()).tril();
+    // A pad query sees itself, so no attention row is empty.
+    args.attention_mask = (causal & key_valid.view({B, 1, 1, L})) | at::eye(L, key_valid.options());
+  }
+
+  std::vector<int64_t> row_of(static_cast<size_t>(B));  // batch row -> prompt index
+  for (int64_t b = 0; b < B; ++b) row_of[static_cast<size_t>(b)] = b;
+  std::vector<std::vector<int64_t>> produced(static_cast<size_t>(B));
+  for (int64_t step = 0; step < steps && !row_of.empty(); ++step) {
+    auto logits = model.forward(input, args);                             // (B', T, V)
+    auto next = sample(logits.select(1, logits.size(1) - 1), opt, gen);  // (B')
+    const auto* next_ptr = next.data_ptr<int64_t>();
+    std::vector<int64_t> keep;
+    for (size_t r = 0; r < row_of.size(); ++r) {
+      produced[static_cast<size_t>(row_of[r])].push_back(next_ptr[r]);
+      if (next_ptr[r] != opt.eos_id) keep.push_back(static_cast<int64_t>(r));
+    }
+    if (step + 1 == steps || keep.empty()) break;
+    // The new token: valid, at the next position, seeing every valid key.
+    key_valid = at::cat({key_valid, at::ones({key_valid.size(0), 1}, key_valid.options())}, 1);
+    input = next.to(device).unsqueeze(1);  // (B', 1)
+    args.position_ids = next_pos;
+    next_pos = next_pos + 1;
+    if (keep.size() != row_of.size()) {  // finished sequences leave the batch
+      auto index = at::tensor(keep, at::kLong).to(device);
+      cache.select_rows(index);
+      key_valid = key_valid.index_select(0, index);
+      input = input.index_select(0, index);
+      args.position_ids = args.position_ids.index_select(0, index);
+      next_pos = next_pos.index_select(0, index);
+      std::vector<int64_t> rows;
+      for (auto r : keep) rows.push_back(row_of[static_cast<size_t>(r)]);
+      row_of = std::move(rows);
+    }
+    if (padded) args.attention_mask = key_valid.view({key_valid.size(0), 1, 1, key_valid.size(1)});
+  }
+  for (auto& p : produced) out.push_back(std::move(p));
+}
+
+}  // namespace
 
 std::vector<std::vector<int64_t>> generate(models::CausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
                                            const SamplingOptions& opt) {
+  for (const auto& p : prompts) TORCH_CHECK(!p.empty(), "generate: empty prompt");
   const bool was_training = model.is_training();
   model.eval();
   torch::NoGradGuard no_grad;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed);
-  const auto device = model.parameters().front().device();
   std::vector<std::vector<int64_t>> out;
   out.reserve(prompts.size());
-  for (const auto& prompt : prompts) {
-    TORCH_CHECK(!prompt.empty(), "generate: empty prompt");
-    std::vector<int64_t> produced;
-    models::KVCache cache;
-    auto input = at::tensor(prompt, at::kLong).unsqueeze(0).to(device);  // (1, T)
-    const int64_t budget = std::min<int64_t>(opt.max_new_tokens,
-                                             model.max_positions() - static_cast<int64_t>(prompt.size()));
-    for (int64_t i = 0; i < budget; ++i) {
-      auto logits = model.forward(input, &cache);  // (1, T, V)
-      const auto next = sample_next(logits[0][-1], opt, gen);
-      produced.push_back(next);
-      if (next == opt.eos_id) break;
-      input = at::full({1, 1}, next, at::TensorOptions().dtype(at::kLong).device(device));
-    }
-    out.push_back(std::move(produced));
+  const size_t batch = opt.batch_size > 0 ? static_cast<size_t>(opt.batch_size) : std::max<size_t>(prompts.size(), 1);
+  for (size_t start = 0; start < prompts.size(); start += batch) {
+    std::vector<const std::vector<int64_t>*> chunk;
+    for (size_t i = start; i < std::min(prompts.size(), start + batch); ++i) chunk.push_back(&prompts[i]);
+    const auto before = out.size();
+    generate_batch(model, chunk, opt, gen, out);
+    out.resize(before + chunk.size());  // a batch with no budget yields empty outputs
   }
   if (was_training) model.train();
   return out;

@@ -65,18 +65,20 @@ void load_weights(models::CausalLM& model, const stdfs::path& dir) {
   at::NoGradGuard no_grad;
   for (const auto& file : weight_files(dir)) {
     SafetensorsFile f(file);
-    for (const auto& name : f.names()) {
+    for (const auto& stored : f.names()) {
+      const auto name = model.checkpoint_key(stored);
+      if (name.empty()) continue;  // tied head, legacy buffer
       auto it = params.find(name);
-      if (it == params.end()) {
-        if (model.ignorable_checkpoint_key(name)) continue;
-        throw CheckpointError(concat(file.string(), ": tensor \"", name, "\" is not a parameter of this ",
+      if (it == params.end())
+        throw CheckpointError(concat(file.string(), ": tensor \"", stored, "\" is not a parameter of this ",
                                      model.family(), " model"));
-      }
-      const auto shape = f.shape(name);
+      if (loaded.count(name))
+        throw CheckpointError(concat(file.string(), ": tensor \"", stored, "\" duplicates parameter \"", name, "\""));
+      const auto shape = f.shape(stored);
       if (at::IntArrayRef(shape) != it->second.sizes())
-        throw CheckpointError(concat(file.string(), ": tensor \"", name, "\" has shape ", at::IntArrayRef(shape),
+        throw CheckpointError(concat(file.string(), ": tensor \"", stored, "\" has shape ", at::IntArrayRef(shape),
                                      ", the model expects ", it->second.sizes()));
-      it->second.copy_(f.get(name));
+      it->second.copy_(f.get(stored));
       loaded.insert(name);
     }
   }

@@ -4,12 +4,16 @@
 
 namespace anvil::models {
 namespace gpt2 { ModelFamily family(); }
+namespace llama { ModelFamily family(); }
+namespace neox { ModelFamily family(); }
 
 namespace {
 // One line per family.
 const std::vector<ModelFamily>& families() {
   static const std::vector<ModelFamily> all = {
       gpt2::family(),
+      llama::family(),
+      neox::family(),
   };
   return all;
 }

@@ -114,6 +114,7 @@ EvalResult SftObjective::evaluate(models::CausalLM& model) {
     g.max_new_tokens = eval_cfg_.max_new_tokens;
     g.greedy = true;
     g.eos_id = tok_.eos_id();
+    g.batch_size = eval_cfg_.batch_size;
     const auto outs = generation::generate(model, prompts, g);
     int64_t exact = 0;
     for (int64_t i = 0; i < n; ++i) {

@@ -10,6 +10,27 @@
 
 namespace anvil::config {
 
+/// LLaMA-3.1 rotary frequency scaling (HF rope_type "llama3").
+struct RopeScalingConfig {
+  std::string type = "none";
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("type", type, "none, or llama3 (LLaMA 3.1 long-context scaling).", one_of({"none", "llama3"}));
+    v.field("factor", factor, "Slow-down of the long wavelengths.", positive());
+    v.field("low_freq_factor", low_freq_factor, "Wavelengths above original / low_freq_factor are scaled.",
+            positive());
+    v.field("high_freq_factor", high_freq_factor, "Wavelengths below original / high_freq_factor are kept.",
+            positive());
+    v.field("original_max_position_embeddings", original_max_position_embeddings,
+            "Context length the frequencies were trained for.", positive());
+  }
+};
+
 struct ModelConfig {
   std::string family = "gpt2";
   std::string from;  // HF-layout folder to start from (weights + config.json)
@@ -18,28 +39,60 @@ struct ModelConfig {
   int64_t hidden_size = 128;
   int64_t num_layers = 4;
   int64_t num_heads = 4;
+  int64_t num_kv_heads = 0;
   int64_t intermediate_size = 0;
+  std::string activation = "auto";
   double dropout = 0.0;
   double layer_norm_eps = 1e-5;
   double initializer_range = 0.02;
+  std::string tie_embeddings = "auto";
+  bool attention_bias = false;
+  double rope_theta = 10000.0;
+  RopeScalingConfig rope_scaling;
+  double rotary_pct = 1.0;
+  bool parallel_residual = true;
 
   template <class V>
   void visit(V& v) {
-    v.field("family", family, "Model family (registered architectures).", one_of({"gpt2"}));
+    v.field("family", family, "Model family: gpt2, llama or neox (GPT-NeoX / Pythia). See docs/models.md.",
+            one_of({"gpt2", "llama", "neox"}));
     v.field("from", from,
-            "HF-layout folder (config.json + model.safetensors, e.g. an Anvil checkpoint) to "
-            "initialise from. Its config.json then defines the model: the keys below may not be set.");
+            "HF-layout folder (config.json + model.safetensors, e.g. an Anvil checkpoint or a downloaded "
+            "Hugging Face model) to initialise from. Its config.json then defines the model: the shape keys "
+            "below may not be set.");
     v.field("vocab_size", vocab_size, "Vocabulary size; 0 = the tokenizer's.", non_negative());
     v.field("max_position_embeddings", max_position_embeddings, "Longest sequence the model accepts.",
             positive());
     v.field("hidden_size", hidden_size, "Width of the residual stream (GPT-2 n_embd).", positive());
     v.field("num_layers", num_layers, "Transformer blocks (GPT-2 n_layer).", positive());
-    v.field("num_heads", num_heads, "Attention heads; must divide hidden_size.", positive());
-    v.field("intermediate_size", intermediate_size, "MLP width; 0 = 4 * hidden_size.", non_negative());
+    v.field("num_heads", num_heads, "Attention (query) heads; must divide hidden_size.", positive());
+    v.field("num_kv_heads", num_kv_heads,
+            "llama: key/value heads for grouped-query attention; must divide num_heads. 0 = num_heads.",
+            non_negative());
+    v.field("intermediate_size", intermediate_size,
+            "MLP width; 0 = the family's default (gpt2, neox: 4 * hidden_size; llama: 8/3 * hidden_size "
+            "rounded up to a multiple of 256).",
+            non_negative());
+    v.field("activation", activation,
+            "MLP activation by its HF name; auto = the family's (gpt2: gelu_new, llama: silu, neox: gelu). "
+            "GPT-2 supports only gelu_new.",
+            one_of({"auto", "gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "relu"}));
     v.field("dropout", dropout, "Dropout on embeddings, attention and residuals (GPT-2 *_pdrop).",
             in_open_unit_interval());
-    v.field("layer_norm_eps", layer_norm_eps, "LayerNorm epsilon.", positive());
-    v.field("initializer_range", initializer_range, "Std of the normal init (GPT-2: 0.02).", positive());
+    v.field("layer_norm_eps", layer_norm_eps, "LayerNorm / RMSNorm epsilon.", positive());
+    v.field("initializer_range", initializer_range, "Std of the normal init (0.02 in all three families).",
+            positive());
+    v.field("tie_embeddings", tie_embeddings,
+            "Output head shares the input embedding: true, false, or auto (gpt2: true, llama and neox: "
+            "false). GPT-2 is always tied.",
+            one_of({"auto", "true", "false"}));
+    v.field("attention_bias", attention_bias, "llama: biases on q/k/v/o projections (Qwen-style).");
+    v.field("rope_theta", rope_theta, "llama, neox: rotary base.", positive());
+    v.section("rope_scaling", rope_scaling, "llama: rotary frequency scaling.");
+    v.field("rotary_pct", rotary_pct, "neox: fraction of each head's dims that rotate (Pythia: 0.25).",
+            Rule{"a number in (0, 1]", [](double x) { return x > 0 && x <= 1; }, {}});
+    v.field("parallel_residual", parallel_residual,
+            "neox: x + attn(ln1(x)) + mlp(ln2(x)) when true, sequential residuals when false.");
   }
 };
 

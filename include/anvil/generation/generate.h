@@ -1,5 +1,5 @@
 #pragma once
-// Autoregressive decoding with a KV cache.
+// Autoregressive decoding with a KV cache, many prompts at once.
 
 #include <cstdint>
 #include <vector>
@@ -14,15 +14,23 @@ struct SamplingOptions {
   double temperature = 1.0;
   int64_t top_k = 0;     // 0 = off
   double top_p = 1.0;    // 1 = off
-  int64_t eos_id = -1;   // stop when produced (kept in the output)
+  int64_t eos_id = -1;   // stop a sequence when produced (kept in its output)
   uint64_t seed = 0;     // sampling RNG; the global RNG is never touched
+  int64_t batch_size = 0;  // prompts decoded together; 0 = all
 };
 
-/// Continues each prompt; returns only the new tokens of each. The model is
-/// put in eval mode for the call and restored afterwards.
+/// Continues each prompt; returns only the new tokens of each. Prompts of
+/// different lengths are left-padded into one batch (positions start at 0 for
+/// every prompt, padding is masked out), decoded with a preallocated KV cache;
+/// finished sequences leave the batch. A batch's budget is also capped by the
+/// model's max_positions minus its longest prompt. The model is put in eval
+/// mode for the call and restored afterwards.
 std::vector<std::vector<int64_t>> generate(models::CausalLM& model,
                                            const std::vector<std::vector<int64_t>>& prompts,
                                            const SamplingOptions& opt);
+
+/// Picks the next token of each row of (B, V) logits per the options -> (B) int64 on the CPU.
+at::Tensor sample(const at::Tensor& logits, const SamplingOptions& opt, at::Generator& gen);
 
 /// Picks the next token from (V) logits per the options.
 int64_t sample_next(const at::Tensor& logits, const SamplingOptions& opt, at::Generator& gen);

@@ -5,15 +5,39 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace anvil::models {
 
-/// Per-layer attention keys/values of the tokens seen so far. (B, H, T, D)
+/// Per-layer attention keys/values of the tokens seen so far, (B, H_kv, S, D)
+/// each. Buffers are allocated once for `reserve` positions (generation sets
+/// prompt + new tokens) and written in place; without a reservation they grow
+/// by doubling.
 struct KVCache {
   std::vector<at::Tensor> keys;
   std::vector<at::Tensor> values;
-  int64_t length() const { return keys.empty() || !keys[0].defined() ? 0 : keys[0].size(2); }
+  int64_t length = 0;   // positions already cached (same for all layers)
+  int64_t reserve = 0;  // positions to allocate on first use
+
+  /// Stores the new keys/values of `layer` at [length, length + T) and returns
+  /// views of everything cached for that layer, (B, H_kv, length + T, D).
+  std::pair<at::Tensor, at::Tensor> update(size_t layer, const at::Tensor& k, const at::Tensor& v);
+  /// Called by the model once every layer has stored its T new positions.
+  void advance(int64_t t) { length += t; }
+  /// Keeps only the rows in `index` (B' <= B), e.g. after finished sequences leave a batch.
+  void select_rows(const at::Tensor& index);
+};
+
+/// Inputs beyond the token ids. Defaults mean: positions continue after the
+/// cache, causal attention over every cached and new token.
+struct ForwardArgs {
+  /// (B, T) int64 positions (left-padded batches, packed documents).
+  at::Tensor position_ids;
+  /// (B, 1, T, S) bool, true = may attend; S = cached + new positions. It
+  /// replaces the causal mask, so it must be causal itself.
+  at::Tensor attention_mask;
+  KVCache* cache = nullptr;
 };
 
 /// Token ids the model's config.json records.
@@ -27,20 +51,34 @@ class CausalLM : public torch::nn::Module {
  public:
   using torch::nn::Module::Module;
 
-  /// (B, T) token ids -> (B, T, V) logits. With `cache`, positions continue
-  /// after the cached tokens and the cache is extended.
-  virtual at::Tensor forward(const at::Tensor& input_ids, KVCache* cache = nullptr) = 0;
+  /// (B, T) token ids -> (B, T, C) final (normalised) hidden states.
+  virtual at::Tensor hidden_states(const at::Tensor& input_ids, const ForwardArgs& args) = 0;
+  /// (..., C) hidden states -> (..., V) logits.
+  virtual at::Tensor logits(const at::Tensor& hidden) = 0;
+
+  /// (B, T) token ids -> (B, T, V) logits.
+  at::Tensor forward(const at::Tensor& input_ids, const ForwardArgs& args) {
+    return logits(hidden_states(input_ids, args));
+  }
+  /// With `cache`, positions continue after the cached tokens and the cache is extended.
+  at::Tensor forward(const at::Tensor& input_ids, KVCache* cache = nullptr) {
+    ForwardArgs args;
+    args.cache = cache;
+    return forward(input_ids, args);
+  }
 
   virtual std::string family() const = 0;
   virtual int64_t vocab_size() const = 0;
+  virtual int64_t hidden_size() const = 0;
   virtual int64_t max_positions() const = 0;
   virtual int64_t num_layers() const = 0;
 
   /// Hugging Face config.json for this model (architectures, model_type, ...).
   virtual nlohmann::json hf_config() const = 0;
-  /// Checkpoint keys that may be present in HF files but are not parameters
-  /// here (tied heads, legacy buffers).
-  virtual bool ignorable_checkpoint_key(const std::string& name) const { return false; }
+  /// Maps a tensor name found in an HF file to our parameter name: "" means
+  /// the tensor is not a parameter here but may be skipped (tied heads, legacy
+  /// buffers); a name that is neither is an error at load.
+  virtual std::string checkpoint_key(const std::string& name) const { return name; }
 
   SpecialTokens special_tokens;
 };

@@ -45,8 +45,8 @@ TORCH_MODULE(Conv1D);
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const GPT2Options& o);
-  /// x: (B, T, C). `k_cache`/`v_cache` (B, H, T_past, D) are extended in place.
-  at::Tensor forward(const at::Tensor& x, at::Tensor* k_cache, at::Tensor* v_cache);
+  /// x: (B, T, C); keys/values go to args.cache under `layer`.
+  at::Tensor forward(const at::Tensor& x, const ForwardArgs& args, size_t layer);
 
   Conv1D c_attn, c_proj;
   torch::nn::Dropout resid_dropout;
@@ -67,7 +67,7 @@ TORCH_MODULE(MLP);
 class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const GPT2Options& o);
-  at::Tensor forward(const at::Tensor& x, at::Tensor* k_cache, at::Tensor* v_cache);
+  at::Tensor forward(const at::Tensor& x, const ForwardArgs& args, size_t layer);
   // Declaration order = registration order = HF's parameter order.
   torch::nn::LayerNorm ln_1;
   Attention attn;
@@ -81,7 +81,7 @@ class GPT2ModelImpl : public torch::nn::Module {
  public:
   explicit GPT2ModelImpl(const GPT2Options& o);
   /// (B, T) ids -> (B, T, C) final hidden states.
-  at::Tensor forward(const at::Tensor& input_ids, KVCache* cache);
+  at::Tensor forward(const at::Tensor& input_ids, const ForwardArgs& args);
   torch::nn::Embedding wte, wpe;
   torch::nn::Dropout drop;
   torch::nn::ModuleList h;
@@ -94,13 +94,15 @@ class GPT2LMHeadModel final : public CausalLM {
  public:
   explicit GPT2LMHeadModel(const GPT2Options& o);
 
-  at::Tensor forward(const at::Tensor& input_ids, KVCache* cache = nullptr) override;
+  at::Tensor hidden_states(const at::Tensor& input_ids, const ForwardArgs& args) override;
+  at::Tensor logits(const at::Tensor& hidden) override;
   std::string family() const override { return "gpt2"; }
   int64_t vocab_size() const override { return options.vocab_size(); }
+  int64_t hidden_size() const override { return options.n_embd(); }
   int64_t max_positions() const override { return options.n_positions(); }
   int64_t num_layers() const override { return options.n_layer(); }
   nlohmann::json hf_config() const override;
-  bool ignorable_checkpoint_key(const std::string& name) const override;
+  std::string checkpoint_key(const std::string& name) const override;
 
   /// GPT-2's init: N(0, initializer_range), residual projections scaled by
   /// 1/sqrt(2 * n_layer), zero biases, unit LayerNorm.

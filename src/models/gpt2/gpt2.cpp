@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "anvil/core/error.h"
+#include "anvil/models/layers.h"
 
 namespace anvil::models::gpt2 {
 
@@ -29,35 +30,13 @@ AttentionImpl::AttentionImpl(const GPT2Options& o)
       n_embd(o.n_embd()),
       attn_pdrop(o.attn_pdrop()) {}
 
-at::Tensor AttentionImpl::forward(const at::Tensor& x, at::Tensor* k_cache, at::Tensor* v_cache) {
+at::Tensor AttentionImpl::forward(const at::Tensor& x, const ForwardArgs& args, size_t layer) {
   const auto B = x.size(0), T = x.size(1), D = n_embd / n_head;
   auto qkv = c_attn(x).split(n_embd, -1);                      // 3 x (B, T, C)
   auto q = qkv[0].view({B, T, n_head, D}).transpose(1, 2);     // (B, H, T, D)
   auto k = qkv[1].view({B, T, n_head, D}).transpose(1, 2);
   auto v = qkv[2].view({B, T, n_head, D}).transpose(1, 2);
-  int64_t past = 0;
-  if (k_cache != nullptr) {
-    if (k_cache->defined()) {
-      past = k_cache->size(2);
-      k = at::cat({*k_cache, k}, 2);
-      v = at::cat({*v_cache, v}, 2);
-    }
-    *k_cache = k;
-    *v_cache = v;
-  }
-  const double p = is_training() ? attn_pdrop : 0.0;
-  at::Tensor y;
-  if (past == 0) {
-    y = at::scaled_dot_product_attention(q, k, v, {}, p, /*is_causal=*/true);
-  } else if (T == 1) {
-    y = at::scaled_dot_product_attention(q, k, v, {}, p, /*is_causal=*/false);  // sees all cached keys
-  } else {
-    // Query i (absolute position past + i) sees keys 0..past + i.
-    auto qi = at::arange(T, x.options().dtype(at::kLong)).unsqueeze(1) + past;
-    auto kj = at::arange(past + T, x.options().dtype(at::kLong)).unsqueeze(0);
-    y = at::scaled_dot_product_attention(q, k, v, kj <= qi, p, false);
-  }
-  y = y.transpose(1, 2).contiguous().view({B, T, n_embd});    // (B, T, C)
+  auto y = layers::attention(q, k, v, args, layer, is_training() ? attn_pdrop : 0.0);  // (B, T, C)
   return resid_dropout(c_proj(y));
 }
 
@@ -78,8 +57,8 @@ BlockImpl::BlockImpl(const GPT2Options& o)
                                                            .eps(o.layer_norm_epsilon())))),
       mlp(register_module("mlp", MLP(o))) {}
 
-at::Tensor BlockImpl::forward(const at::Tensor& x, at::Tensor* k_cache, at::Tensor* v_cache) {
-  auto h = x + attn(ln_1(x), k_cache, v_cache);
+at::Tensor BlockImpl::forward(const at::Tensor& x, const ForwardArgs& args, size_t layer) {
+  auto h = x + attn(ln_1(x), args, layer);
   return h + mlp(ln_2(h));
 }
 
@@ -93,22 +72,15 @@ GPT2ModelImpl::GPT2ModelImpl(const GPT2Options& o)
   for (int64_t i = 0; i < o.n_layer(); ++i) h->push_back(Block(o));
 }
 
-at::Tensor GPT2ModelImpl::forward(const at::Tensor& input_ids, KVCache* cache) {
-  const auto T = input_ids.size(1);
-  const int64_t past = cache ? cache->length() : 0;
+at::Tensor GPT2ModelImpl::forward(const at::Tensor& input_ids, const ForwardArgs& args) {
+  const auto B = input_ids.size(0), T = input_ids.size(1);
+  const int64_t past = args.cache ? args.cache->length : 0;
   TORCH_CHECK(past + T <= wpe->weight.size(0), "sequence of ", past + T,
               " tokens exceeds n_positions=", wpe->weight.size(0));
-  if (cache && cache->keys.size() != h->size()) {
-    cache->keys.assign(h->size(), at::Tensor());
-    cache->values.assign(h->size(), at::Tensor());
-  }
-  auto pos = at::arange(past, past + T, input_ids.options().dtype(at::kLong));  // (T)
-  auto x = drop(wte(input_ids) + wpe(pos));                                      // (B, T, C)
-  for (size_t i = 0; i < h->size(); ++i) {
-    at::Tensor* k = cache ? &cache->keys[i] : nullptr;
-    at::Tensor* v = cache ? &cache->values[i] : nullptr;
-    x = h[i]->as<Block>()->forward(x, k, v);
-  }
+  auto pos = layers::positions(args, B, T, input_ids.device());  // (B, T)
+  auto x = drop(wte(input_ids) + wpe(pos));                       // (B, T, C)
+  for (size_t i = 0; i < h->size(); ++i) x = h[i]->as<Block>()->forward(x, args, i);
+  if (args.cache) args.cache->advance(T);
   return ln_f(x);
 }
 
@@ -118,9 +90,12 @@ GPT2LMHeadModel::GPT2LMHeadModel(const GPT2Options& o) : options(o) {
   reset_parameters();
 }
 
-at::Tensor GPT2LMHeadModel::forward(const at::Tensor& input_ids, KVCache* cache) {
-  auto hidden = transformer->forward(input_ids, cache);                // (B, T, C)
-  return torch::nn::functional::linear(hidden, transformer->wte->weight);  // (B, T, V)
+at::Tensor GPT2LMHeadModel::hidden_states(const at::Tensor& input_ids, const ForwardArgs& args) {
+  return transformer->forward(input_ids, args);  // (B, T, C)
+}
+
+at::Tensor GPT2LMHeadModel::logits(const at::Tensor& hidden) {
+  return torch::nn::functional::linear(hidden, transformer->wte->weight);  // (B, T, V), tied head
 }
 
 void GPT2LMHeadModel::reset_parameters() {
@@ -171,9 +146,10 @@ nlohmann::json GPT2LMHeadModel::hf_config() const {
   return j;
 }
 
-bool GPT2LMHeadModel::ignorable_checkpoint_key(const std::string& name) const {
+std::string GPT2LMHeadModel::checkpoint_key(const std::string& name) const {
   // Tied head; causal-mask buffers older transformers versions saved.
-  return name == "lm_head.weight" || name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
+  if (name == "lm_head.weight" || name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")) return "";
+  return name;
 }
 
 }  // namespace anvil::models::gpt2

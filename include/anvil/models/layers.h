@@ -1,0 +1,71 @@
+#pragma once
+// Building blocks shared by the families: RMSNorm, rotary embeddings (with
+// partial rotary and LLaMA-3 frequency scaling), activations and attention
+// over a KV cache with grouped-query heads. Numerics follow Hugging Face's
+// implementations so logits match transformers to float32 round-off.
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <string>
+
+#include "anvil/models/causal_lm.h"
+
+namespace anvil::models::layers {
+
+struct RMSNormOptions {
+  RMSNormOptions(int64_t dim) : dim_(dim) {}  // NOLINT: implicit like torch's options
+  TORCH_ARG(int64_t, dim);
+  TORCH_ARG(double, eps) = 1e-6;
+};
+
+/// y = w * x / sqrt(mean(x^2) + eps), computed in float32 (LlamaRMSNorm).
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  explicit RMSNormImpl(const RMSNormOptions& o);
+  at::Tensor forward(const at::Tensor& x);
+  RMSNormOptions options;
+  at::Tensor weight;
+};
+TORCH_MODULE(RMSNorm);
+
+/// Rotary position embedding parameters, as HF's `rope_parameters`.
+struct RopeOptions {
+  TORCH_ARG(int64_t, head_dim) = 64;
+  /// Leading dims of each head that rotate (GPT-NeoX rotary_pct * head_dim).
+  TORCH_ARG(int64_t, rotary_dim) = 64;
+  TORCH_ARG(double, theta) = 10000.0;
+  /// "default" or "llama3".
+  TORCH_ARG(std::string, type) = "default";
+  // llama3 scaling.
+  TORCH_ARG(double, factor) = 8.0;
+  TORCH_ARG(double, low_freq_factor) = 1.0;
+  TORCH_ARG(double, high_freq_factor) = 4.0;
+  TORCH_ARG(int64_t, original_max_positions) = 8192;
+};
+
+/// Inverse frequencies (rotary_dim / 2), float32, scaled per the rope type.
+at::Tensor rope_inv_freq(const RopeOptions& o);
+
+/// cos, sin of shape (B, 1, T, rotary_dim) for (B, T) positions.
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, const at::Tensor& position_ids,
+                                               at::ScalarType dtype);
+
+/// Rotates the first rotary_dim features of x (B, H, T, D) in place of HF's
+/// apply_rotary_pos_emb (rotate_half convention).
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+/// HF activation by its config name: gelu, gelu_new, gelu_pytorch_tanh, silu, relu.
+at::Tensor activation(const at::Tensor& x, const std::string& name);
+bool is_supported_activation(const std::string& name);
+
+/// (B, T) positions for `args`: args.position_ids or past .. past + T - 1.
+at::Tensor positions(const ForwardArgs& args, int64_t batch, int64_t seq, const at::Device& device);
+
+/// Scaled dot-product attention of new queries q (B, Hq, T, D) over the
+/// cached and new keys/values k, v (B, Hkv, T, D) with Hkv dividing Hq; stores
+/// k, v in args.cache (layer `layer`). Returns (B, T, Hq * D).
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ForwardArgs& args,
+                     size_t layer, double dropout_p);
+
+}  // namespace anvil::models::layers

@@ -1,0 +1,131 @@
+#pragma once
+// Reading a Hugging Face config.json into a family's options, with messages
+// that name the file and the key. Internal to src/models/.
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "anvil/core/error.h"
+#include "anvil/models/causal_lm.h"
+#include "anvil/models/layers.h"
+
+namespace anvil::models {
+
+class HfConfigReader {
+ public:
+  HfConfigReader(const nlohmann::json& j, std::string where, std::string family)
+      : j_(j), where_(std::move(where)), family_(std::move(family)) {}
+
+  /// The value under `key`, or nullptr when missing or null.
+  const nlohmann::json* find(const char* key) const {
+    auto it = j_.find(key);
+    return it == j_.end() || it->is_null() ? nullptr : &*it;
+  }
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw CheckpointError(concat(where_, ": ", key, ": ", what));
+  }
+  /// Required when `def` is nullopt.
+  int64_t integer(const char* key, std::optional<int64_t> def = std::nullopt) const {
+    const auto* v = find(key);
+    if (!v) {
+      if (!def) fail(key, concat("required ", family_, " field is missing"));
+      return *def;
+    }
+    if (!v->is_number_integer()) fail(key, concat("expected an integer, got ", v->dump()));
+    return v->get<int64_t>();
+  }
+  double number(const char* key, double def) const {
+    const auto* v = find(key);
+    if (!v) return def;
+    if (!v->is_number()) fail(key, concat("expected a number, got ", v->dump()));
+    return v->get<double>();
+  }
+  bool boolean(const char* key, bool def) const {
+    const auto* v = find(key);
+    if (!v) return def;
+    if (!v->is_boolean()) fail(key, concat("expected true or false, got ", v->dump()));
+    return v->get<bool>();
+  }
+  std::string string(const char* key, const std::string& def) const {
+    const auto* v = find(key);
+    if (!v) return def;
+    if (!v->is_string()) fail(key, concat("expected a string, got ", v->dump()));
+    return v->get<std::string>();
+  }
+  /// bos/eos/pad ids; a list of EOS ids (LLaMA 3) keeps its first.
+  SpecialTokens special_tokens() const {
+    auto id = [&](const char* key) -> int64_t {
+      const auto* v = find(key);
+      if (!v) return -1;
+      if (v->is_array() && !v->empty() && (*v)[0].is_number_integer()) return (*v)[0].get<int64_t>();
+      if (!v->is_number_integer()) fail(key, concat("expected a token id, got ", v->dump()));
+      return v->get<int64_t>();
+    };
+    return {id("bos_token_id"), id("eos_token_id"), id("pad_token_id")};
+  }
+  /// Rotary settings from transformers 5's `rope_parameters` or the older
+  /// rope_theta / rope_scaling / rotary_pct / rotary_emb_base fields.
+  layers::RopeOptions rope(int64_t head_dim, double default_theta, double default_partial) const {
+    layers::RopeOptions o;
+    o.head_dim(head_dim);
+    double theta = number("rope_theta", number("rotary_emb_base", default_theta));
+    double partial = number("partial_rotary_factor", number("rotary_pct", default_partial));
+    const nlohmann::json* scaling = find("rope_parameters");
+    std::string key = "rope_parameters";
+    if (!scaling) scaling = find("rope_scaling"), key = "rope_scaling";
+    if (scaling) {
+      if (!scaling->is_object()) fail(key, concat("expected an object, got ", scaling->dump()));
+      HfConfigReader sub(*scaling, concat(where_, ": ", key), family_);
+      theta = sub.number("rope_theta", theta);
+      partial = sub.number("partial_rotary_factor", partial);
+      const auto type = sub.string("rope_type", sub.string("type", "default"));
+      if (type == "llama3") {
+        o.type("llama3")
+            .factor(sub.number("factor", 8.0))
+            .low_freq_factor(sub.number("low_freq_factor", 1.0))
+            .high_freq_factor(sub.number("high_freq_factor", 4.0))
+            .original_max_positions(sub.integer("original_max_position_embeddings", 8192));
+      } else if (type != "default") {
+        fail(key + ".rope_type", concat("\"", type, "\" is not supported; supported: default, llama3"));
+      }
+    }
+    if (!(partial > 0 && partial <= 1)) fail("rotary_pct", concat("expected a fraction in (0, 1], got ", partial));
+    o.theta(theta).rotary_dim(static_cast<int64_t>(static_cast<double>(head_dim) * partial));
+    if (o.rotary_dim() % 2 != 0) fail("rotary_pct", concat("gives an odd rotary dimension ", o.rotary_dim()));
+    return o;
+  }
+
+ private:
+  const nlohmann::json& j_;
+  std::string where_;
+  std::string family_;
+};
+
+/// Writes both transformers 5's `rope_parameters` and the older keys, so the
+/// folder loads in either generation of transformers.
+inline void write_hf_rope(nlohmann::json& j, const layers::RopeOptions& o, bool write_partial) {
+  nlohmann::json params = {{"rope_type", o.type()}, {"rope_theta", o.theta()}};
+  if (write_partial)
+    params["partial_rotary_factor"] = static_cast<double>(o.rotary_dim()) / static_cast<double>(o.head_dim());
+  j["rope_theta"] = o.theta();
+  j["rope_scaling"] = nullptr;
+  if (o.type() == "llama3") {
+    nlohmann::json s = {{"rope_type", "llama3"},
+                        {"factor", o.factor()},
+                        {"low_freq_factor", o.low_freq_factor()},
+                        {"high_freq_factor", o.high_freq_factor()},
+                        {"original_max_position_embeddings", o.original_max_positions()}};
+    j["rope_scaling"] = s;
+    params.update(s);
+  }
+  j["rope_parameters"] = params;
+}
+
+inline void write_hf_special_tokens(nlohmann::json& j, const SpecialTokens& t) {
+  if (t.bos >= 0) j["bos_token_id"] = t.bos;
+  if (t.eos >= 0) j["eos_token_id"] = t.eos;
+  if (t.pad >= 0) j["pad_token_id"] = t.pad;
+}
+
+}  // namespace anvil::models

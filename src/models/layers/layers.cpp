@@ -1,0 +1,141 @@
+#include "anvil/models/layers.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace anvil::models {
+
+std::pair<at::Tensor, at::Tensor> KVCache::update(size_t layer, const at::Tensor& k, const at::Tensor& v) {
+  if (keys.size() <= layer) {
+    keys.resize(layer + 1);
+    values.resize(layer + 1);
+  }
+  const int64_t T = k.size(2), need = length + T;
+  auto& K = keys[layer];
+  auto& V = values[layer];
+  if (!K.defined() || K.size(2) < need) {
+    // First use, or an unreserved cache outgrowing its buffer: reallocate and copy.
+    const int64_t cap = std::max({need, reserve, K.defined() ? 2 * K.size(2) : int64_t{0}});
+    auto grown_k = at::empty({k.size(0), k.size(1), cap, k.size(3)}, k.options());
+    auto grown_v = at::empty({v.size(0), v.size(1), cap, v.size(3)}, v.options());
+    if (K.defined() && length > 0) {
+      grown_k.narrow(2, 0, length).copy_(K.narrow(2, 0, length));
+      grown_v.narrow(2, 0, length).copy_(V.narrow(2, 0, length));
+    }
+    K = grown_k;
+    V = grown_v;
+  }
+  K.narrow(2, length, T).copy_(k);
+  V.narrow(2, length, T).copy_(v);
+  return {K.narrow(2, 0, need), V.narrow(2, 0, need)};
+}
+
+void KVCache::select_rows(const at::Tensor& index) {
+  for (auto& t : keys)
+    if (t.defined()) t = t.index_select(0, index);
+  for (auto& t : values)
+    if (t.defined()) t = t.index_select(0, index);
+}
+
+namespace layers {
+
+RMSNormImpl::RMSNormImpl(const RMSNormOptions& o) : options(o) {
+  weight = register_parameter("weight", at::ones({o.dim()}));
+}
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  if (x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat)
+    return at::rms_norm(x, {options.dim()}, weight, options.eps());  // one fused kernel
+  // HF: normalise in float32, cast back, then scale in the input dtype.
+  auto h = x.to(at::kFloat);
+  h = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + options.eps());
+  return weight * h.to(x.scalar_type());
+}
+
+at::Tensor rope_inv_freq(const RopeOptions& o) {
+  TORCH_CHECK(o.rotary_dim() % 2 == 0 && o.rotary_dim() <= o.head_dim(), "rotary_dim ", o.rotary_dim(),
+              " must be even and at most head_dim ", o.head_dim());
+  // As HF: base ** (arange(0, dim, 2) / dim), in float32.
+  auto exponent = at::arange(0, o.rotary_dim(), 2, at::kLong).to(at::kFloat) / static_cast<double>(o.rotary_dim());
+  auto inv_freq = 1.0 / at::pow(o.theta(), exponent);
+  if (o.type() == "default") return inv_freq;
+  TORCH_CHECK(o.type() == "llama3", "unsupported rope type ", o.type());
+  // LLaMA 3.1: long wavelengths slowed by `factor`, short ones kept, a smooth
+  // blend in between (HF _compute_llama3_parameters).
+  const double old_len = static_cast<double>(o.original_max_positions());
+  const double low_wavelen = old_len / o.low_freq_factor();
+  const double high_wavelen = old_len / o.high_freq_factor();
+  auto wavelen = 2 * M_PI / inv_freq;
+  auto scaled = at::where(wavelen > low_wavelen, inv_freq / o.factor(), inv_freq);
+  auto smooth = (old_len / wavelen - o.low_freq_factor()) / (o.high_freq_factor() - o.low_freq_factor());
+  auto smoothed = (1 - smooth) * scaled / o.factor() + smooth * scaled;
+  auto medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
+  return at::where(medium, smoothed, scaled);
+}
+
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, const at::Tensor& position_ids,
+                                               at::ScalarType dtype) {
+  auto freqs = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq.to(position_ids.device());  // (B, T, R/2)
+  auto emb = at::cat({freqs, freqs}, -1).unsqueeze(1);                                        // (B, 1, T, R)
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t R = cos.size(-1), D = x.size(-1);
+  auto rot = R == D ? x : x.narrow(-1, 0, R);
+  auto halves = rot.chunk(2, -1);
+  auto rotated = at::cat({-halves[1], halves[0]}, -1);  // HF rotate_half
+  auto out = rot * cos + rotated * sin;
+  return R == D ? out : at::cat({out, x.narrow(-1, R, D - R)}, -1);
+}
+
+bool is_supported_activation(const std::string& name) {
+  return name == "gelu" || name == "gelu_new" || name == "gelu_pytorch_tanh" || name == "silu" ||
+         name == "swish" || name == "relu";
+}
+
+at::Tensor activation(const at::Tensor& x, const std::string& name) {
+  if (name == "silu" || name == "swish") return at::silu(x);
+  if (name == "gelu") return at::gelu(x);
+  if (name == "gelu_new" || name == "gelu_pytorch_tanh") return at::gelu(x, "tanh");
+  if (name == "relu") return at::relu(x);
+  TORCH_CHECK(false, "unsupported activation ", name);
+}
+
+at::Tensor positions(const ForwardArgs& args, int64_t batch, int64_t seq, const at::Device& device) {
+  if (args.position_ids.defined()) {
+    TORCH_CHECK(args.position_ids.size(0) == batch && args.position_ids.size(1) == seq,
+                "position_ids must be (B, T) = (", batch, ", ", seq, ")");
+    return args.position_ids;
+  }
+  const int64_t past = args.cache ? args.cache->length : 0;
+  return at::arange(past, past + seq, at::TensorOptions().dtype(at::kLong).device(device)).expand({batch, seq});
+}
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new, const ForwardArgs& args,
+                     size_t layer, double dropout_p) {
+  const int64_t B = q.size(0), Hq = q.size(1), T = q.size(2), D = q.size(3);
+  TORCH_CHECK(Hq % k_new.size(1) == 0, "key/value heads must divide query heads");
+  at::Tensor k = k_new, v = v_new;
+  const int64_t past = args.cache ? args.cache->length : 0;
+  if (args.cache) std::tie(k, v) = args.cache->update(layer, k_new, v_new);
+  const bool gqa = k.size(1) != Hq;
+  at::Tensor y;
+  if (args.attention_mask.defined()) {
+    y = at::scaled_dot_product_attention(q, k, v, args.attention_mask, dropout_p, false, std::nullopt, gqa);
+  } else if (past == 0 || T == 1) {
+    // No past: plain causal. One new token: it sees everything cached.
+    y = at::scaled_dot_product_attention(q, k, v, {}, dropout_p, /*is_causal=*/past == 0 && T > 1, std::nullopt,
+                                         gqa);
+  } else {
+    // Query i (absolute position past + i) sees keys 0 .. past + i.
+    auto qi = at::arange(T, q.options().dtype(at::kLong)).unsqueeze(1) + past;
+    auto kj = at::arange(past + T, q.options().dtype(at::kLong)).unsqueeze(0);
+    y = at::scaled_dot_product_attention(q, k, v, kj <= qi, dropout_p, false, std::nullopt, gqa);
+  }
+  return y.transpose(1, 2).reshape({B, T, Hq * D});  // (B, T, Hq * D)
+}
+
+}  // namespace layers
+}  // namespace anvil::models

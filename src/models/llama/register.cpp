@@ -1,0 +1,78 @@
+// LLaMA's entry in the model registry: our typed config and HF config.json
+// both map onto LlamaOptions.
+#include "../hf_config_reader.h"
+#include "anvil/models/llama.h"
+#include "anvil/models/registry.h"
+
+namespace anvil::models::llama {
+namespace {
+
+/// Meta's SwiGLU width: 2/3 of 4h, rounded up to a multiple of 256.
+int64_t default_intermediate(int64_t hidden) { return 256 * ((8 * hidden / 3 + 255) / 256); }
+
+std::shared_ptr<CausalLM> from_config(const config::ModelConfig& c) {
+  layers::RopeOptions rope;
+  rope.theta(c.rope_theta);
+  if (c.rope_scaling.type == "llama3")
+    rope.type("llama3")
+        .factor(c.rope_scaling.factor)
+        .low_freq_factor(c.rope_scaling.low_freq_factor)
+        .high_freq_factor(c.rope_scaling.high_freq_factor)
+        .original_max_positions(c.rope_scaling.original_max_position_embeddings);
+  LlamaOptions o;
+  o.vocab_size(c.vocab_size)
+      .hidden_size(c.hidden_size)
+      .intermediate_size(c.intermediate_size > 0 ? c.intermediate_size : default_intermediate(c.hidden_size))
+      .num_hidden_layers(c.num_layers)
+      .num_attention_heads(c.num_heads)
+      .num_key_value_heads(c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads)
+      .max_position_embeddings(c.max_position_embeddings)
+      .rms_norm_eps(c.layer_norm_eps)
+      .rope(rope)
+      .attention_bias(c.attention_bias)
+      .tie_word_embeddings(c.tie_embeddings == "true")
+      .hidden_act(c.activation == "auto" ? "silu" : c.activation)
+      .attention_dropout(c.dropout)
+      .initializer_range(c.initializer_range);
+  return std::make_shared<LlamaForCausalLM>(o);
+}
+
+std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::string& where) {
+  HfConfigReader r(j, where, "LLaMA");
+  LlamaOptions o;
+  o.vocab_size(r.integer("vocab_size"))
+      .hidden_size(r.integer("hidden_size"))
+      .intermediate_size(r.integer("intermediate_size"))
+      .num_hidden_layers(r.integer("num_hidden_layers"))
+      .num_attention_heads(r.integer("num_attention_heads"));
+  o.num_key_value_heads(r.integer("num_key_value_heads", o.num_attention_heads()))
+      .head_dim(r.integer("head_dim", 0))
+      .max_position_embeddings(r.integer("max_position_embeddings", 2048))
+      .rms_norm_eps(r.number("rms_norm_eps", 1e-6))
+      .attention_bias(r.boolean("attention_bias", false))
+      .mlp_bias(r.boolean("mlp_bias", false))
+      .tie_word_embeddings(r.boolean("tie_word_embeddings", false))
+      .hidden_act(r.string("hidden_act", "silu"))
+      .attention_dropout(r.number("attention_dropout", 0.0))
+      .initializer_range(r.number("initializer_range", 0.02));
+  if (o.hidden_size() % o.num_attention_heads() != 0 && o.head_dim() == 0)
+    r.fail("num_attention_heads", concat(o.num_attention_heads(), " does not divide hidden_size ", o.hidden_size(),
+                                         " and no head_dim is given"));
+  if (o.num_attention_heads() % o.num_key_value_heads() != 0)
+    r.fail("num_key_value_heads", concat(o.num_key_value_heads(), " must divide num_attention_heads ",
+                                         o.num_attention_heads()));
+  if (!layers::is_supported_activation(o.hidden_act()))
+    r.fail("hidden_act", concat("\"", o.hidden_act(), "\" is not supported"));
+  auto rope = r.rope(o.dim_per_head(), 10000.0, 1.0);
+  if (rope.rotary_dim() != o.dim_per_head()) r.fail("partial_rotary_factor", "partial rotary is not supported for LLaMA");
+  o.rope(rope);
+  auto model = std::make_shared<LlamaForCausalLM>(o);
+  model->special_tokens = r.special_tokens();
+  return model;
+}
+
+}  // namespace
+
+ModelFamily family() { return {"llama", "llama", from_config, from_hf_config}; }
+
+}  // namespace anvil::models::llama

@@ -1,0 +1,115 @@
+"""Reference outputs from Hugging Face transformers itself, for the C++ parity
+tests (tests/models/hf_parity_test.cpp).
+
+For each random-init config below, writes WORKDIR/<name>/ as saved by
+save_pretrained, plus:
+  reference.safetensors  ids (B, T), logits (B, T, V), loss (), and
+                         grad.<checkpoint name> for every parameter, where
+                         loss = transformers' causal-LM loss with labels = ids
+  generate.json          {"prompts", "max_new_tokens", "outputs"}: greedy
+                         generate(do_sample=False), one prompt at a time
+and WORKDIR/index.json listing {name, family}.
+
+usage: make_hf_references.py WORKDIR [FAMILY]   (FAMILY: gpt2, llama or neox; default all)
+"""
+import json
+import os
+import sys
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import (GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig,
+                          LlamaForCausalLM)
+
+# Wider init than 0.02 so that greedy argmaxes are not near-ties.
+STD = 0.1
+
+
+def configs():
+    yield "gpt2-tiny", "gpt2", GPT2LMHeadModel(GPT2Config(
+        vocab_size=97, n_positions=64, n_embd=48, n_layer=3, n_head=4, initializer_range=STD))
+    yield "gpt2-inner", "gpt2", GPT2LMHeadModel(GPT2Config(
+        vocab_size=61, n_positions=32, n_embd=32, n_layer=2, n_head=2, n_inner=80, layer_norm_epsilon=1e-6,
+        initializer_range=STD))
+    yield "llama-gqa", "llama", LlamaForCausalLM(LlamaConfig(
+        vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, max_position_embeddings=64, initializer_range=STD))
+    yield "llama-tied-bias", "llama", LlamaForCausalLM(LlamaConfig(
+        vocab_size=89, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, attention_bias=True, mlp_bias=True, tie_word_embeddings=True, rms_norm_eps=1e-5,
+        max_position_embeddings=64, initializer_range=STD))
+    yield "llama3-rope-scaling", "llama", LlamaForCausalLM(LlamaConfig(
+        vocab_size=113, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=32, max_position_embeddings=256, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 16},
+        initializer_range=STD))
+    yield "pythia-parallel", "neox", GPTNeoXForCausalLM(GPTNeoXConfig(
+        vocab_size=103, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        rotary_pct=0.25, use_parallel_residual=True, max_position_embeddings=64, initializer_range=STD))
+    yield "neox-sequential", "neox", GPTNeoXForCausalLM(GPTNeoXConfig(
+        vocab_size=71, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=3,
+        rotary_pct=0.5, rotary_emb_base=1000, use_parallel_residual=False, hidden_act="gelu_new",
+        tie_word_embeddings=True, max_position_embeddings=64, initializer_range=STD))
+
+
+def checkpoint_names(model, model_dir):
+    """Parameter name -> the name save_pretrained wrote (transformers 5 renames some on save)."""
+    with safe_open(os.path.join(model_dir, "model.safetensors"), "pt") as f:
+        saved = set(f.keys())
+    out = {}
+    for n, _ in model.named_parameters():
+        if n in saved:
+            out[n] = n
+        elif n == "lm_head.weight" and "embed_out.weight" in saved:
+            out[n] = "embed_out.weight"
+        else:
+            raise SystemExit(f"cannot find {n} among the saved tensors {sorted(saved)}")
+    return out
+
+
+def main():
+    work = sys.argv[1]
+    only = sys.argv[2] if len(sys.argv) > 2 else None
+    index = []
+    for i, (name, family, model) in enumerate(configs()):
+        if only and family != only:
+            continue
+        torch.manual_seed(i)
+        d = os.path.join(work, name)
+        model.eval()
+        # Non-trivial norm weights and biases, not just the init's 1 and 0.
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n.endswith("bias") or "norm" in n or ".ln_" in n:
+                    p.add_(0.2 * torch.randn_like(p))
+        model.save_pretrained(d)
+        names = checkpoint_names(model, d)
+        vocab = model.config.vocab_size
+        ids = torch.randint(0, vocab, (3, 17))
+        out = model(ids, labels=ids)
+        out.loss.backward()
+        tensors = {"ids": ids, "logits": out.logits.detach().contiguous(), "loss": out.loss.detach()}
+        for n, p in model.named_parameters():
+            tensors["grad." + names[n]] = p.grad.detach().contiguous()
+        save_file(tensors, os.path.join(d, "reference.safetensors"))
+
+        prompts = [torch.randint(0, vocab, (n,)).tolist() for n in (5, 9, 3, 1)]
+        outputs = []
+        with torch.no_grad():
+            for p in prompts:
+                g = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                   do_sample=False, max_new_tokens=12, min_new_tokens=12, eos_token_id=None,
+                                   pad_token_id=0)
+                outputs.append(g[0, len(p):].tolist())
+        with open(os.path.join(d, "generate.json"), "w") as f:
+            json.dump({"prompts": prompts, "max_new_tokens": 12, "outputs": outputs}, f)
+        index.append({"name": name, "family": family})
+        print(f"{name}: loss {out.loss.item():.4f}")
+    with open(os.path.join(work, "index.json"), "w") as f:
+        json.dump(index, f)
+
+
+if __name__ == "__main__":
+    main()
