@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 #include <set>
+#include <unistd.h>
 
 #include "anvil/core/error.h"
 #include "anvil/core/fs.h"
@@ -49,7 +50,12 @@ void save_model_dir(const stdfs::path& dir, models::CausalLM& model, const token
   TensorMap tensors;
   for (const auto& p : model.named_parameters()) tensors.emplace(p.key(), p.value());
   save_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
-  fs::write_file_atomic(dir / "config.json", model.hf_config().dump(2) + "\n");
+  auto config = model.hf_config();
+  const auto dtype = model.parameters().front().scalar_type();
+  const char* dtype_name = dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
+  config["torch_dtype"] = dtype_name;  // transformers 4
+  config["dtype"] = dtype_name;        // transformers 5
+  fs::write_file_atomic(dir / "config.json", config.dump(2) + "\n");
   nlohmann::json gen = {{"_from_model_config", true}};
   if (model.special_tokens.bos >= 0) gen["bos_token_id"] = model.special_tokens.bos;
   if (model.special_tokens.eos >= 0) gen["eos_token_id"] = model.special_tokens.eos;
@@ -85,6 +91,34 @@ void load_weights(models::CausalLM& model, const stdfs::path& dir) {
   for (const auto& [name, _] : params)
     if (!loaded.count(name))
       throw CheckpointError(concat(dir.string(), ": parameter \"", name, "\" is missing from the weights"));
+}
+
+void export_model_dir(const stdfs::path& checkpoint, const stdfs::path& output, const std::string& dtype) {
+  at::ScalarType type;
+  if (dtype == "float32") type = at::kFloat;
+  else if (dtype == "bfloat16") type = at::kBFloat16;
+  else if (dtype == "float16") type = at::kHalf;
+  else throw ConfigError(concat("--dtype: expected float32, bfloat16 or float16, got \"", dtype, "\""));
+  if (stdfs::exists(output) && !(stdfs::is_directory(output) && stdfs::is_empty(output)))
+    throw IoError(concat(output.string(), ": already exists and is not an empty folder; choose a new path"));
+  auto model = load_model_dir(checkpoint);
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  if (tokenizer::has_tokenizer(checkpoint)) tok = tokenizer::load_tokenizer_from_model_dir(checkpoint);
+  model->to(type);
+  const auto abs_out = stdfs::absolute(output);
+  const auto tmp = abs_out.parent_path() / concat(".", abs_out.filename().string(), ".tmp-", ::getpid());
+  stdfs::remove_all(tmp);
+  stdfs::create_directories(tmp);
+  try {
+    save_model_dir(tmp, *model, tok.get());
+    fs::fsync_tree(tmp);
+    if (stdfs::exists(abs_out)) stdfs::remove(abs_out);  // the empty folder
+    stdfs::rename(tmp, abs_out);
+    fs::fsync_path(abs_out.parent_path());
+  } catch (...) {
+    stdfs::remove_all(tmp);
+    throw;
+  }
 }
 
 std::shared_ptr<models::CausalLM> load_model_dir(const stdfs::path& dir) {

@@ -65,6 +65,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& type, const std::fi
   throw ConfigError(concat("tokenizer.type: unknown tokenizer type \"", type, "\"; expected sentencepiece"));
 }
 
+bool has_tokenizer(const std::filesystem::path& dir) { return std::filesystem::exists(dir / kModelFile); }
+
 std::unique_ptr<Tokenizer> load_tokenizer_from_model_dir(const std::filesystem::path& dir) {
   const auto sp = dir / kModelFile;
   if (std::filesystem::exists(sp)) return std::make_unique<SentencePieceTokenizer>(sp);

@@ -19,6 +19,14 @@ void save_model_dir(const std::filesystem::path& dir, models::CausalLM& model,
 /// Builds the model described by `dir`/config.json and loads its weights.
 std::shared_ptr<models::CausalLM> load_model_dir(const std::filesystem::path& dir);
 
+/// Writes the model folder of `checkpoint` (an Anvil checkpoint-N/ or any
+/// supported HF folder) as a standalone HF folder at `output`, optionally cast
+/// to `dtype` (float32, bfloat16, float16). The model is fully loaded and
+/// validated first; `output` must not exist or be empty, and appears
+/// atomically (written beside it, fsynced, renamed).
+void export_model_dir(const std::filesystem::path& checkpoint, const std::filesystem::path& output,
+                      const std::string& dtype = "float32");
+
 /// Copies the weights in `dir` into an already built model; every parameter
 /// must be present with its shape, and no unknown tensor may be left over.
 void load_weights(models::CausalLM& model, const std::filesystem::path& dir);

@@ -36,4 +36,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& type, const std::fi
 /// Finds the tokenizer of a model folder (tokenizer.model); throws if none.
 std::unique_ptr<Tokenizer> load_tokenizer_from_model_dir(const std::filesystem::path& dir);
 
+/// Whether `dir` holds tokenizer files load_tokenizer_from_model_dir can read.
+bool has_tokenizer(const std::filesystem::path& dir);
+
 }  // namespace anvil::tokenizer
