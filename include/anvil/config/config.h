@@ -138,6 +138,7 @@ struct OptimizerConfig {
   std::vector<double> betas = {0.9, 0.999};
   double eps = 1e-8;
   double weight_decay = 0.0;
+  bool fused = true;
 
   template <class V>
   void visit(V& v) {
@@ -146,6 +147,9 @@ struct OptimizerConfig {
     v.field("betas", betas, "Adam betas [beta1, beta2], each in [0, 1).", in_open_unit_interval());
     v.field("eps", eps, "Adam epsilon.", positive());
     v.field("weight_decay", weight_decay, "Decoupled weight decay (AdamW).", non_negative());
+    v.field("fused", fused,
+            "One fused multi-tensor AdamW kernel per step (CPU and CUDA); false = torch::optim::AdamW's "
+            "per-tensor ops. Same state either way, so a run may switch on resume.");
   }
 };
 

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs the CPU benchmarks and prints their JSON lines plus the ratios quoted in
+# docs/benchmarks.md. The training-step comparison alternates Anvil and the
+# transformers peer (ABAB...) in the same run; each program reports the median
+# of its timed steps, and the ratio uses the median over rounds.
+# usage: bench/run.sh [rounds=3]
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+ROUNDS="${1:-3}"
+scripts/build.sh --target benchmarks >/dev/null
+PY=.venv/bin/python
+OUT="$(mktemp -d)"
+echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p')"
+# Two batch shapes: 8 x 256 tokens (GEMM-bound) and 1 x 128 (overhead-bound).
+for shape in "8 256" "1 128"; do
+  set -- $shape
+  tag="b$1_t$2"
+  for r in $(seq "$ROUNDS"); do
+    build/bin/bench_train_step --batch "$1" --seq "$2" --steps 12 | tee -a "$OUT/anvil_$tag.jsonl"
+    $PY bench/train_step_hf.py --batch "$1" --seq "$2" --steps 12 2>/dev/null | tee -a "$OUT/hf_$tag.jsonl"
+  done
+  build/bin/bench_train_step --batch "$1" --seq "$2" --steps 12 --fused 0 | tee -a "$OUT/unfused_$tag.jsonl"
+done
+for b in 1 8; do build/bin/bench_kv_cache_decode --batch "$b" | tee -a "$OUT/kv.jsonl"; done
+$PY - "$OUT" <<'PYEOF'
+import json, statistics, sys
+d = sys.argv[1]
+med = lambda f: statistics.median(json.loads(l)["tokens_per_s"] for l in open(f"{d}/{f}"))
+for tag in ("b8_t256", "b1_t128"):
+    a, h, u = med(f"anvil_{tag}.jsonl"), med(f"hf_{tag}.jsonl"), med(f"unfused_{tag}.jsonl")
+    print(f"train step {tag}: tokens/s anvil {a:.0f}, transformers {h:.0f}, ratio {a / h:.2f}x "
+          f"(anvil with torch::optim::AdamW: {u:.0f}, {u / h:.2f}x)")
+for l in open(f"{d}/kv.jsonl"):
+    k = json.loads(l)
+    print(f"KV-cache decode, batch {k['batch']}, {k['new_tokens']} new tokens: {k['speedup']:.1f}x faster than "
+          f"recompute ({k['kv_cache_tokens_per_s']:.0f} vs {k['recompute_tokens_per_s']:.0f} tokens/s)")
+PYEOF

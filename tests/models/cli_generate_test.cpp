@@ -1,0 +1,90 @@
+// The `anvil generate` (ids and text), `anvil chat` and EOS handling from the
+// command line, on a tiny LLaMA saved with the bundled tokenizer.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "anvil/generation/generate.h"
+#include "anvil/io/hf_model.h"
+#include "anvil/models/llama.h"
+#include "anvil/tokenizer/tokenizer.h"
+#include "test_util.h"
+
+namespace anvil::generation {
+namespace {
+
+using anvil::testing::run;
+
+class CliGenerate : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    at::manual_seed(5);
+    models::llama::LlamaOptions o;
+    o.vocab_size(326).hidden_size(32).intermediate_size(64).num_hidden_layers(2).num_attention_heads(4)
+        .num_key_value_heads(2).max_position_embeddings(48).initializer_range(0.2);
+    model_ = std::make_shared<models::llama::LlamaForCausalLM>(o);
+    model_->special_tokens = {1, 2, 3};
+    auto tok = tokenizer::load_tokenizer("sentencepiece", anvil::testing::source_dir() + "/data/tokenizer.model");
+    io::save_model_dir(dir_.path(), *model_, tok.get());
+    anvil::testing::write_text(dir_ / "ids.json", "[[5, 6, 7, 8, 9], [10], [11, 12, 13]]");
+  }
+  std::string generate(const std::string& flags) {
+    std::string out;
+    const auto cmd = anvil::testing::cli_bin() + " generate --model " + dir_.path().string() + " --input " +
+                     (dir_ / "ids.json").string() + " --output " + (dir_ / "out.json").string() + " " + flags;
+    EXPECT_EQ(run(cmd, &out), 0) << out;
+    return anvil::testing::read_text(dir_ / "out.json");
+  }
+  anvil::testing::TempDir dir_;
+  std::shared_ptr<models::CausalLM> model_;
+};
+
+TEST_F(CliGenerate, IdsInIdsOutMatchTheLibraryAndSamplingIsSeeded) {
+  const auto greedy = nlohmann::json::parse(generate("--max-new-tokens 7 --eos-id -1"));
+  SamplingOptions opt;
+  opt.max_new_tokens = 7;
+  EXPECT_EQ(greedy.get<std::vector<std::vector<int64_t>>>(),
+            anvil::generation::generate(*model_, {{5, 6, 7, 8, 9}, {10}, {11, 12, 13}}, opt));
+  const auto a = generate("--max-new-tokens 7 --eos-id -1 --temperature 1.5 --top-k 50 --top-p 0.95 --seed 1");
+  const auto b = generate("--max-new-tokens 7 --eos-id -1 --temperature 1.5 --top-k 50 --top-p 0.95 --seed 1");
+  const auto c = generate("--max-new-tokens 7 --eos-id -1 --temperature 1.5 --top-k 50 --top-p 0.95 --seed 2");
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  for (const auto& row : nlohmann::json::parse(a)) EXPECT_EQ(row.size(), 7u);
+}
+
+TEST_F(CliGenerate, EosStopsEachSequenceAndIsKept) {
+  // Take the first greedy token of prompt 0 as "EOS": that row stops at once,
+  // the others go on until they produce it or run out of budget.
+  const auto free_run = nlohmann::json::parse(generate("--max-new-tokens 6 --eos-id -1"));
+  const int64_t eos = free_run[0][0].get<int64_t>();
+  const auto stopped = nlohmann::json::parse(generate("--max-new-tokens 6 --eos-id " + std::to_string(eos)));
+  ASSERT_EQ(stopped.size(), 3u);
+  EXPECT_EQ(stopped[0], nlohmann::json::array({eos}));
+  for (size_t r = 1; r < 3; ++r) {
+    std::vector<int64_t> want;
+    for (const auto& t : free_run[r]) {
+      want.push_back(t.get<int64_t>());
+      if (want.back() == eos) break;
+    }
+    EXPECT_EQ(stopped[r].get<std::vector<int64_t>>(), want) << r;
+  }
+}
+
+TEST_F(CliGenerate, ChatAnswersEveryLineAndBadIdsAreReported) {
+  std::string out;
+  const auto chat = "printf 'reverse: abc\\nupper: hi\\n' | " + anvil::testing::cli_bin() + " chat --model " +
+                    dir_.path().string() + " --max-new-tokens 5 2>/dev/null";
+  ASSERT_EQ(run(chat, &out), 0) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2) << out;
+
+  anvil::testing::write_text(dir_ / "bad.json", "[[1, 2], [3, 999]]");
+  const auto bad = anvil::testing::cli_bin() + " generate --model " + dir_.path().string() + " --input " +
+                   (dir_ / "bad.json").string() + " --output " + (dir_ / "o.json").string();
+  EXPECT_EQ(run(bad, &out), 2);
+  EXPECT_NE(out.find("bad.json: entry 1: token id 999 is outside [0, 326)"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace anvil::generation
