@@ -47,7 +47,7 @@ struct RopeOptions {
 /// Inverse frequencies (rotary_dim / 2), float32, scaled per the rope type.
 at::Tensor rope_inv_freq(const RopeOptions& o);
 
-/// cos, sin of shape (B, 1, T, rotary_dim) for (B, T) positions.
+/// cos, sin of shape (B, 1, T, rotary_dim) for (B, T) positions (B may be 1).
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, const at::Tensor& position_ids,
                                                at::ScalarType dtype);
 
@@ -59,7 +59,8 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 at::Tensor activation(const at::Tensor& x, const std::string& name);
 bool is_supported_activation(const std::string& name);
 
-/// (B, T) positions for `args`: args.position_ids or past .. past + T - 1.
+/// Positions for `args`: args.position_ids (B, T), or past .. past + T - 1 as
+/// (1, T), which broadcasts over the batch.
 at::Tensor positions(const ForwardArgs& args, int64_t batch, int64_t seq, const at::Device& device);
 
 /// Scaled dot-product attention of new queries q (B, Hq, T, D) over the

@@ -110,7 +110,8 @@ at::Tensor positions(const ForwardArgs& args, int64_t batch, int64_t seq, const 
     return args.position_ids;
   }
   const int64_t past = args.cache ? args.cache->length : 0;
-  return at::arange(past, past + seq, at::TensorOptions().dtype(at::kLong).device(device)).expand({batch, seq});
+  // (1, T): broadcasts over the batch, so embeddings and rotary tables are computed once.
+  return at::arange(past, past + seq, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0);
 }
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new, const ForwardArgs& args,
