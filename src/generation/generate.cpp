@@ -65,7 +65,7 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
   models::ForwardArgs args;
   args.cache = &cache;
   args.position_ids = (key_valid.to(at::kLong).cumsum(1) - 1).clamp_min(0);  // (B, L)
-  const bool padded = !key_valid.all().item<bool>();
+  const bool padded = std::any_of(lengths.begin(), lengths.end(), [L](int64_t n) { return n < L; });
   if (padded) {
     auto causal = at::ones({L, L}, key_valid.options()).tril();
     // A pad query sees itself, so no attention row is empty.

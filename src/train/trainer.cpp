@@ -174,7 +174,9 @@ TrainResult run_training(const config::RunConfig& cfg) {
 
   int64_t n_params = 0;
   for (const auto& p : model->parameters()) n_params += p.numel();
-  log::info("model: ", model->family(), ", ", format_number(n_params / 1e6, 3), "M parameters on ", device.str(),
+  const auto params_str = n_params >= 1e9 ? format_number(n_params / 1e9, 3) + "B"
+                                          : format_number(n_params / 1e6, 3) + "M";
+  log::info("model: ", model->family(), ", ", params_str, " parameters on ", device.str(),
             "; ", cfg.algorithm, " for ", cfg.train.max_steps, " steps of ", cfg.train.micro_batch_size, " x ",
             cfg.train.grad_accum_steps, " samples");
 

@@ -56,6 +56,11 @@ TEST(Export, Bfloat16ExportAndRefusalToOverwrite) {
   SafetensorsFile f(bf16 / "model.safetensors");
   EXPECT_EQ(f.get("model.norm.weight").scalar_type(), at::kBFloat16);
   EXPECT_NE(anvil::testing::read_text(bf16 / "config.json").find("\"bfloat16\""), std::string::npos);
+  // bf16 weights load back (converted to the model's float32).
+  anvil::testing::write_text(dir / "ids.json", "[[1, 2, 3]]");
+  ASSERT_EQ(run(anvil::testing::cli_bin() + " logits --model " + bf16.string() + " --input " +
+                    (dir / "ids.json").string() + " --output " + (dir / "l.safetensors").string(), &out), 0) << out;
+  EXPECT_EQ(SafetensorsFile(dir / "l.safetensors").get("logits").sizes(), at::IntArrayRef({1, 3, 326}));
 
   // An existing non-empty folder is never overwritten; nothing half-written is left.
   EXPECT_EQ(run(anvil::testing::cli_bin() + " export --checkpoint " + ckpt + " --output " + bf16.string(), &out), 2);

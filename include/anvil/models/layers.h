@@ -47,7 +47,8 @@ struct RopeOptions {
 /// Inverse frequencies (rotary_dim / 2), float32, scaled per the rope type.
 at::Tensor rope_inv_freq(const RopeOptions& o);
 
-/// cos, sin of shape (B, 1, T, rotary_dim) for (B, T) positions (B may be 1).
+/// cos, sin of shape (B, 1, T, rotary_dim) for (B, T) positions (B may be 1);
+/// inv_freq must be on the positions' device.
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, const at::Tensor& position_ids,
                                                at::ScalarType dtype);
 

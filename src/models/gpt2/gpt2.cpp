@@ -8,6 +8,7 @@
 
 #include "anvil/core/error.h"
 #include "anvil/models/layers.h"
+#include "../hf_config_reader.h"
 
 namespace anvil::models::gpt2 {
 
@@ -140,9 +141,7 @@ nlohmann::json GPT2LMHeadModel::hf_config() const {
       {"tie_word_embeddings", true},
       {"torch_dtype", "float32"},
   };
-  if (special_tokens.bos >= 0) j["bos_token_id"] = special_tokens.bos;
-  if (special_tokens.eos >= 0) j["eos_token_id"] = special_tokens.eos;
-  if (special_tokens.pad >= 0) j["pad_token_id"] = special_tokens.pad;
+  write_hf_special_tokens(j, special_tokens);
   return j;
 }
 

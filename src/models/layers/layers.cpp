@@ -76,7 +76,7 @@ at::Tensor rope_inv_freq(const RopeOptions& o) {
 
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, const at::Tensor& position_ids,
                                                at::ScalarType dtype) {
-  auto freqs = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq.to(position_ids.device());  // (B, T, R/2)
+  auto freqs = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;  // (B, T, R/2)
   auto emb = at::cat({freqs, freqs}, -1).unsqueeze(1);                                        // (B, 1, T, R)
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
 }
