@@ -8,7 +8,7 @@ cd "$ROOT"
 TORCH_VERSION="2.11.0"
 DEB_PACKAGES=(build-essential cmake ninja-build ccache pkg-config
   libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev libgtest-dev
-  libsentencepiece-dev nlohmann-json3-dev python3-venv)
+  libsentencepiece-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev python3-venv)
 PY_PACKAGES=("torch==${TORCH_VERSION}" "numpy" "transformers" "tokenizers"
   "sentencepiece" "safetensors")
 

@@ -6,6 +6,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -13,6 +15,9 @@
 #include "anvil/core/error.h"
 #include "anvil/generation/generate.h"
 #include "anvil/core/fs.h"
+#include "anvil/data/chat.h"
+#include "anvil/data/jsonl.h"
+#include "anvil/data/token_shards.h"
 #include "anvil/io/hf_model.h"
 #include "anvil/io/safetensors.h"
 #include "anvil/tokenizer/tokenizer.h"
@@ -65,14 +70,16 @@ int cmd_generate(const std::string& model_dir, const std::vector<std::string>& p
 }
 
 /// Reads user turns from stdin; each reply continues the conversation so far.
-int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions opt, bool keep_history) {
+int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions opt, bool keep_history,
+             const std::string& template_name, const std::string& system) {
   auto model = anvil::io::load_model_dir(model_dir);
   auto tok = anvil::tokenizer::load_tokenizer_from_model_dir(model_dir);
-  opt.eos_id = tok->eos_id();
+  const auto& tmpl = anvil::data::ChatTemplate::get(template_name);
+  opt.eos_id = tmpl.end_of_turn_id(*tok);
   const bool tty = ::isatty(STDIN_FILENO) != 0;
-  if (tty) std::cerr << "anvil chat: " << model->family() << " from " << model_dir
-                     << ". Empty line or /quit ends, /reset forgets the conversation.\n";
-  std::vector<int64_t> history;
+  if (tty) std::cerr << "anvil chat: " << model->family() << " from " << model_dir << " (" << template_name
+                     << " format). Empty line or /quit ends, /reset forgets the conversation.\n";
+  std::vector<anvil::data::Message> history;
   std::string line;
   while (true) {
     if (tty) std::cerr << "> " << std::flush;
@@ -81,20 +88,26 @@ int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions op
       history.clear();
       continue;
     }
-    // Plain format (as the SFT data): the user's text and a newline, then the reply and EOS.
-    auto turn = tok->encode(line + "\n");
-    std::vector<int64_t> prompt = keep_history ? history : std::vector<int64_t>{};
-    prompt.insert(prompt.end(), turn.begin(), turn.end());
+    if (!keep_history) history.clear();
+    // The plain format's prompts end with a newline, as in the SFT data.
+    history.push_back({"user", template_name == "plain" ? line + "\n" : line});
     // Keep at least half the context for the prompt; generate() caps the reply to what is left.
     const auto room = std::max(model->max_positions() / 2, model->max_positions() - opt.max_new_tokens);
-    if (static_cast<int64_t>(prompt.size()) > room)  // forget the oldest tokens
-      prompt.erase(prompt.begin(), prompt.end() - room);
+    std::vector<int64_t> prompt;
+    while (true) {  // forget the oldest turns until the prompt fits
+      std::vector<anvil::data::Message> msgs;
+      if (!system.empty()) msgs.push_back({"system", system});
+      msgs.insert(msgs.end(), history.begin(), history.end());
+      prompt = tmpl.encode_prompt(*tok, msgs);
+      if (static_cast<int64_t>(prompt.size()) <= room || history.size() <= 1) break;
+      history.erase(history.begin(), history.begin() + std::min<size_t>(2, history.size() - 1));
+    }
+    if (static_cast<int64_t>(prompt.size()) > room) prompt.erase(prompt.begin(), prompt.end() - room);
     auto reply = anvil::generation::generate(*model, {prompt}, opt)[0];
-    std::vector<int64_t> text = reply;
-    if (!text.empty() && text.back() == opt.eos_id) text.pop_back();
-    std::cout << tok->decode(text) << std::endl;
-    history = prompt;
-    history.insert(history.end(), reply.begin(), reply.end());
+    if (!reply.empty() && reply.back() == opt.eos_id) reply.pop_back();
+    const auto text = tok->decode(reply);
+    std::cout << text << std::endl;
+    history.push_back({"assistant", text});
   }
   return 0;
 }
@@ -113,9 +126,8 @@ int cmd_logits(const std::string& model_dir, const std::string& input, const std
 }
 
 int cmd_tokenize(const std::string& tok_path, const std::string& type, const std::string& input,
-                 const std::string& output, bool decode) {
-  auto tok = std::filesystem::is_directory(tok_path) ? anvil::tokenizer::load_tokenizer_from_model_dir(tok_path)
-                                                      : anvil::tokenizer::load_tokenizer(type, tok_path);
+                 const std::string& output, bool decode, bool keep_special) {
+  auto tok = anvil::tokenizer::load_tokenizer(type, tok_path);
   std::ifstream in(input);
   if (!in) throw anvil::Error(anvil::concat(input, ": cannot open"));
   std::ofstream out(output);
@@ -129,10 +141,58 @@ int cmd_tokenize(const std::string& tok_path, const std::string& type, const std
       continue;
     }
     auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_array())
+    if (j.is_discarded() || !j.is_array() || !std::all_of(j.begin(), j.end(), [](const auto& v) { return v.is_number_integer(); }))
       throw anvil::DataError(anvil::concat(input, ":", lineno, ": expected a JSON list of token ids"));
-    out << tok->decode(j.get<std::vector<int64_t>>()) << "\n";
+    out << tok->decode(j.get<std::vector<int64_t>>(), !keep_special) << "\n";
   }
+  return 0;
+}
+
+/// Text (JSONL records or plain lines) -> memory-mapped token shards.
+int cmd_prepare(const std::string& tok_path, const std::string& type, const std::vector<std::string>& inputs,
+                const std::string& output, const std::vector<std::string>& text_fields, int64_t shard_tokens, bool no_eos,
+                const std::string& on_error) {
+  auto tok = anvil::tokenizer::load_tokenizer(type, tok_path);
+  anvil::data::ShardWriterOptions wo;
+  wo.shard_tokens = shard_tokens;
+  wo.append_eos = !no_eos;
+  anvil::data::ShardWriter writer(output, tok->vocab_size(), tok->eos_id(), wo);
+  const auto policy = anvil::data::parse_on_error(on_error);
+  int64_t skipped = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t bytes = 0;
+  for (const auto& input : inputs) {
+    if (std::filesystem::path(input).extension() == ".jsonl") {
+      auto st = anvil::data::read_jsonl(input, policy, [&](const anvil::data::Record& r) {
+        std::string text;
+        for (const auto& f : text_fields) text += r.string(f);
+        bytes += static_cast<int64_t>(text.size());
+        auto ids = tok->encode(text);
+        if (tok->add_bos() && tok->bos_id() >= 0) ids.insert(ids.begin(), tok->bos_id());
+        writer.add(ids);
+      });
+      skipped += st.skipped;
+      for (const auto& e : st.first_errors) std::cerr << "skipped: " << e << "\n";
+      continue;
+    }
+    std::ifstream in(input);
+    if (!in) throw anvil::DataError(anvil::concat(input, ": cannot open"));
+    std::string line;
+    while (std::getline(in, line)) {  // one document per non-blank line
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      bytes += static_cast<int64_t>(line.size());
+      auto ids = tok->encode(line);
+      if (tok->add_bos() && tok->bos_id() >= 0) ids.insert(ids.begin(), tok->bos_id());
+      writer.add(ids);
+    }
+  }
+  const auto docs = writer.num_docs();
+  const auto tokens = writer.num_tokens();
+  writer.finish(tok->kind(), inputs);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::cout << "prepared " << output << ": " << docs << " documents, " << tokens << " tokens"
+            << (skipped ? anvil::concat(", ", skipped, " malformed lines skipped") : std::string()) << " ("
+            << static_cast<double>(bytes) / 1e6 / std::max(s, 1e-9) << " MB/s)\n";
   return 0;
 }
 
@@ -173,8 +233,12 @@ int main(int argc, char** argv) {
 
   auto* chat = app.add_subcommand("chat", "Talk to a model folder: one user turn per line on stdin");
   bool no_history = false;
+  std::string chat_template = "plain", system;
   chat->add_option("--model", model_dir, "Model folder with its tokenizer")->required();
   chat->add_flag("--no-history", no_history, "Answer each line on its own, forgetting earlier turns");
+  chat->add_option("--template", chat_template, "Chat format the model was trained with: plain, chatml, llama3, oasst")
+      ->capture_default_str();
+  chat->add_option("--system", system, "System prompt (not for the plain format)");
   add_sampling(chat);
 
   auto* exp = app.add_subcommand("export", "Write a checkpoint's model as a standalone Hugging Face folder");
@@ -190,13 +254,31 @@ int main(int argc, char** argv) {
   logc->add_option("--output", logits_out, "out.safetensors with float32 `logits` [batch, seq, vocab]")->required();
 
   auto* tokc = app.add_subcommand("tokenize", "Tokenize (or --decode) one line at a time");
-  std::string tok_path, tok_type = "sentencepiece", input, output;
-  bool decode = false;
-  tokc->add_option("--tokenizer", tok_path, "Tokenizer file or model folder")->required();
-  tokc->add_option("--type", tok_type, "Tokenizer type of a file")->capture_default_str();
+  std::string tok_path, tok_type = "auto", input, output;
+  bool decode = false, keep_special = false;
+  tokc->add_option("--tokenizer", tok_path, "Tokenizer file (tokenizer.json, .model) or a folder holding one")->required();
+  tokc->add_option("--type", tok_type, "auto, hf or sentencepiece")->capture_default_str();
   tokc->add_option("--input", input, "Text lines (or JSON id lists with --decode)")->required();
-  tokc->add_option("--output", output, "ids.jsonl (or text with --decode)")->required();
+  tokc->add_option("--output", output, "ids.jsonl: one JSON list of ids per line (or text with --decode)")->required();
   tokc->add_flag("--decode", decode, "Decode JSON id lists back to text");
+  tokc->add_flag("--keep-special-tokens", keep_special, "With --decode: keep special tokens (BOS, EOS, ...)");
+
+  auto* prep = app.add_subcommand("prepare", "Tokenize pretraining text into memory-mapped token shards");
+  std::vector<std::string> prep_in;
+  std::string prep_out, on_error = "fail";
+  std::vector<std::string> text_fields;
+  int64_t shard_tokens = int64_t{1} << 28;
+  bool no_eos = false;
+  prep->add_option("--tokenizer", tok_path, "Tokenizer file or a folder holding one")->required();
+  prep->add_option("--type", tok_type, "auto, hf or sentencepiece")->capture_default_str();
+  prep->add_option("--input", prep_in, "A .jsonl file (one {text} document a line) or a text file (one document "
+                                       "a line); repeatable")->required();
+  prep->add_option("--output", prep_out, "New folder for meta.json and the shards")->required();
+  prep->add_option("--text-field", text_fields, "JSONL field holding the text (default text; repeat to join several "
+                                               "fields, e.g. --text-field prompt --text-field response)");
+  prep->add_option("--shard-tokens", shard_tokens, "Tokens per shard")->capture_default_str();
+  prep->add_flag("--no-eos", no_eos, "Do not end each document with EOS");
+  prep->add_option("--on-error", on_error, "Malformed JSONL lines: fail or skip")->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -211,14 +293,18 @@ int main(int argc, char** argv) {
       if (geos->count() > 0) opt.eos_id = eos_id;
       return cmd_generate(model_dir, prompts, gen_in, gen_out, opt, geos->count() > 0);
     }
-    if (chat->parsed()) return cmd_chat(model_dir, opt, !no_history);
+    if (chat->parsed()) return cmd_chat(model_dir, opt, !no_history, chat_template, system);
     if (exp->parsed()) {
       anvil::io::export_model_dir(ckpt, exp_out, exp_dtype);
       std::cout << "exported " << ckpt << " to " << exp_out << " (" << exp_dtype << ")\n";
       return 0;
     }
     if (logc->parsed()) return cmd_logits(model_dir, logits_in, logits_out);
-    if (tokc->parsed()) return cmd_tokenize(tok_path, tok_type, input, output, decode);
+    if (tokc->parsed()) return cmd_tokenize(tok_path, tok_type, input, output, decode, keep_special);
+    if (prep->parsed())
+      return cmd_prepare(tok_path, tok_type, prep_in, prep_out,
+                         text_fields.empty() ? std::vector<std::string>{"text"} : text_fields, shard_tokens, no_eos,
+                         on_error);
   } catch (const anvil::Error& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;

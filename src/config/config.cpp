@@ -19,6 +19,7 @@ namespace {
 struct Entry {
   YAML::Node node;
   std::string where;  // "configs/a.yaml:12" or "command line (train.lr=3e-4)"
+  std::string file;   // the source alone, for entries nested in a list
 };
 using FlatConfig = std::map<std::string, Entry>;
 
@@ -41,7 +42,7 @@ void flatten(const YAML::Node& node, const std::string& prefix, const std::strin
   }
   for (auto it = out.lower_bound(prefix + "."); it != out.end() && it->first.rfind(prefix + ".", 0) == 0;)
     it = out.erase(it);
-  out[prefix] = Entry{node, where_of(file, node)};
+  out[prefix] = Entry{node, where_of(file, node), file};
 }
 
 std::string describe(const YAML::Node& node) {
@@ -143,7 +144,8 @@ class Parser {
                                  TypeInfo<T>::name, " (set it in a config file or as ", path, "=...)"));
       return;
     }
-    const auto& [node, where] = it->second;
+    const auto& node = it->second.node;
+    const auto& where = it->second.where;
     T parsed{};
     try {
       if (!node.IsDefined() || node.IsNull()) throw YAML::BadConversion(node.Mark());
@@ -167,6 +169,35 @@ class Parser {
     prefix_ = path + ".";
     s.visit(*this);
     prefix_ = saved;
+  }
+
+  /// A list of maps, each parsed with S's own fields: data.train[0].path, ...
+  template <class S>
+  void list(const char* key, std::vector<S>& items, const char* /*doc*/) {
+    const auto path = prefix_ + key;
+    known_.insert(path);
+    auto it = flat_.find(path);
+    if (it == flat_.end()) return;
+    const auto& [node, where, file] = it->second;
+    if (!node.IsSequence())
+      throw ConfigError(concat(where, ": ", path, ": expected a list of maps (- key: value), got ", describe(node)));
+    std::vector<S> parsed;
+    for (size_t i = 0; i < node.size(); ++i) {
+      const auto item_path = concat(path, "[", i, "]");
+      if (!node[i].IsMap())
+        throw ConfigError(concat(where_of(file, node[i]), ": ", item_path, ": expected a map, got ", describe(node[i])));
+      FlatConfig sub;
+      flatten(node[i], item_path, file, sub);
+      for (auto& [k, e] : sub)
+        if (file.rfind("command line", 0) == 0) e.where = where;
+      Parser p(std::move(sub), where);
+      p.prefix_ = item_path + ".";
+      S item;
+      item.visit(p);
+      p.reject_unknown();
+      parsed.push_back(std::move(item));
+    }
+    items = std::move(parsed);
   }
 
   void reject_unknown() const {
@@ -214,6 +245,16 @@ class Printer {
     s.visit(*this);
     out_ << YAML::EndMap;
   }
+  template <class S>
+  void list(const char* key, std::vector<S>& items, const char*) {
+    out_ << YAML::Key << key << YAML::Value << YAML::BeginSeq;
+    for (auto& item : items) {
+      out_ << YAML::BeginMap;
+      item.visit(*this);
+      out_ << YAML::EndMap;
+    }
+    out_ << YAML::EndSeq;
+  }
   std::string str() {
     out_ << YAML::EndMap;
     return std::string(out_.c_str()) + "\n";
@@ -239,6 +280,15 @@ class Reference {
     s.visit(*this);
     prefix_ = saved;
   }
+  template <class S>
+  void list(const char* key, std::vector<S>&, const char* doc) {
+    const auto saved = prefix_;
+    prefix_ += std::string(key) + "[].";
+    rows_ << "| **`" << prefix_.substr(0, prefix_.size() - 1) << "`** | list of maps | `[]` | | " << doc << " |\n";
+    S item;
+    item.visit(*this);
+    prefix_ = saved;
+  }
   std::string str() const {
     return "| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n" + rows_.str();
   }
@@ -253,7 +303,18 @@ class Reference {
 void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sources) {
   auto fail = [&](const std::string& key, const std::string& what) {
     auto it = flat.find(key);
-    const auto& where = it == flat.end() ? sources : it->second.where;
+    auto where = it == flat.end() ? sources : it->second.where;
+    // A key inside a list item (data.train[1].path): point at the item's line.
+    if (const auto lb = key.find('['); it == flat.end() && lb != std::string::npos) {
+      if (auto base = flat.find(key.substr(0, lb)); base != flat.end() && base->second.node.IsSequence()) {
+        const auto idx = std::stoul(key.substr(lb + 1));
+        const auto dot = key.find("].");
+        const YAML::Node item = base->second.node[idx];
+        YAML::Node n = item;
+        if (dot != std::string::npos && item.IsMap() && item[key.substr(dot + 2)]) n = item[key.substr(dot + 2)];
+        where = base->second.file.rfind("command line", 0) == 0 ? base->second.where : where_of(base->second.file, n);
+      }
+    }
     throw ConfigError(concat(where, ": ", key, ": ", what));
   };
   if (!c.model.from.empty()) {
@@ -290,8 +351,28 @@ void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sou
       fail(key, concat("expected an existing ", dir ? "folder" : "file", ", got \"", path,
                        "\" (paths are relative to the working directory)"));
   };
-  must_exist("data.train_file", c.data.train_file, false);
-  must_exist("data.eval_file", c.data.eval_file, false);
+  if (c.data.train.empty())
+    fail("data.train", "required key is missing; expected a list of datasets (- path: train.jsonl)");
+  auto check_list = [&](const char* key, const std::vector<DatasetConfig>& list, bool train) {
+    size_t weighted = 0;
+    for (size_t i = 0; i < list.size(); ++i) {
+      const auto& d = list[i];
+      const auto item = concat(key, "[", i, "]");
+      std::error_code ec;
+      if (!std::filesystem::exists(d.path, ec))
+        fail(item + ".path", concat("expected an existing file or folder, got \"", d.path,
+                                    "\" (paths are relative to the working directory)"));
+      const int modes = (d.fraction > 0) + (d.size > 0) + (d.weight > 0);
+      if (train && modes > 1)
+        fail(item + ".fraction", "set at most one of fraction, size and weight for a dataset");
+      weighted += d.weight > 0;
+    }
+    if (train && weighted > 0 && weighted != list.size())
+      fail(concat(key, "[0].weight"), concat("either every dataset of ", key,
+                                             " has a weight or none has; ", weighted, " of ", list.size(), " do"));
+  };
+  check_list("data.train", c.data.train, true);
+  check_list("data.eval", c.data.eval, false);
   must_exist("tokenizer.path", c.tokenizer.path, false);
   must_exist("model.from", c.model.from, true);
   const auto& d = c.train.device;
@@ -329,7 +410,7 @@ FlatConfig read_sources(const std::vector<std::string>& files, const std::vector
     if (value.IsMap()) {
       FlatConfig sub;
       flatten(value, key, where, sub);
-      for (auto& [k, e] : sub) flat[k] = Entry{e.node, where};
+      for (auto& [k, e] : sub) flat[k] = Entry{e.node, where, where};
     } else {
       flatten(value, key, where, flat);
       flat[key].where = where;

@@ -6,8 +6,8 @@
 
 namespace anvil::data {
 
-SftBatch collate_sft(const std::vector<const SftSample*>& samples, int64_t pad_id) {
-  TORCH_CHECK(!samples.empty(), "collate_sft: empty batch");
+LmBatch collate_unpacked(const std::vector<const LmSample*>& samples, int64_t pad_id) {
+  TORCH_CHECK(!samples.empty(), "collate_unpacked: empty batch");
   size_t T = 0;
   for (const auto* s : samples) T = std::max(T, s->input_ids.size());
   const auto B = static_cast<int64_t>(samples.size());
@@ -15,7 +15,7 @@ SftBatch collate_sft(const std::vector<const SftSample*>& samples, int64_t pad_i
   auto labels = at::full({B, static_cast<int64_t>(T)}, kIgnoreIndex, at::kLong);
   auto ia = ids.accessor<int64_t, 2>();
   auto la = labels.accessor<int64_t, 2>();
-  SftBatch out;
+  LmBatch out;
   for (int64_t b = 0; b < B; ++b) {
     const auto& s = *samples[static_cast<size_t>(b)];
     for (size_t t = 0; t < s.input_ids.size(); ++t) {
@@ -28,6 +28,51 @@ SftBatch collate_sft(const std::vector<const SftSample*>& samples, int64_t pad_i
   out.input_ids = ids;
   out.labels = labels;
   return out;
+}
+
+LmBatch collate_packed(const std::vector<std::vector<const LmSample*>>& rows, int64_t row_len, int64_t pad_id) {
+  TORCH_CHECK(!rows.empty(), "collate_packed: empty batch");
+  const auto B = static_cast<int64_t>(rows.size());
+  auto ids = at::full({B, row_len}, pad_id < 0 ? 0 : pad_id, at::kLong);
+  auto labels = at::full({B, row_len}, kIgnoreIndex, at::kLong);
+  auto pos = at::zeros({B, row_len}, at::kLong);
+  auto doc = at::full({B, row_len}, -1, at::kLong);
+  auto ia = ids.accessor<int64_t, 2>();
+  auto la = labels.accessor<int64_t, 2>();
+  auto pa = pos.accessor<int64_t, 2>();
+  auto da = doc.accessor<int64_t, 2>();
+  LmBatch out;
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t t = 0, d = -1, p = 0;
+    for (const auto* s : rows[static_cast<size_t>(b)]) {
+      const auto n = static_cast<int64_t>(s->input_ids.size());
+      TORCH_CHECK(t + n <= row_len, "collate_packed: samples overflow the row (", t + n, " > ", row_len, ")");
+      size_t next_doc = 0;
+      for (int64_t i = 0; i < n; ++i, ++t) {
+        const bool starts = next_doc < s->doc_starts.size() && s->doc_starts[next_doc] == i;
+        if (starts) ++next_doc, ++d, p = 0;
+        ia[b][t] = s->input_ids[static_cast<size_t>(i)];
+        // A document's first token has no context of its own: never a target.
+        la[b][t] = starts ? kIgnoreIndex : s->labels[static_cast<size_t>(i)];
+        pa[b][t] = p++;
+        da[b][t] = d;
+        if (t > 0 && la[b][t] != kIgnoreIndex) ++out.num_targets;
+      }
+      out.num_tokens += n;
+    }
+  }
+  out.input_ids = ids;
+  out.labels = labels;
+  out.position_ids = pos;
+  out.doc_ids = doc;
+  return out;
+}
+
+at::Tensor document_causal_mask(const at::Tensor& doc_ids) {
+  const auto T = doc_ids.size(1);
+  auto same = doc_ids.unsqueeze(2).eq(doc_ids.unsqueeze(1));                                 // (B, T, T)
+  auto causal = at::ones({T, T}, doc_ids.options().dtype(at::kBool)).tril();                // (T, T)
+  return same.logical_and(causal).unsqueeze(1);                                             // (B, 1, T, T)
 }
 
 }  // namespace anvil::data

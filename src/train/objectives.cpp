@@ -6,7 +6,7 @@
 namespace anvil::train {
 
 std::unique_ptr<Objective> make_objective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
-  if (cfg.algorithm == "sft") return std::make_unique<SftObjective>(cfg, tok);
+  if (cfg.algorithm == "sft" || cfg.algorithm == "pretrain") return std::make_unique<LmObjective>(cfg, tok);
   throw ConfigError(concat("algorithm: unknown algorithm \"", cfg.algorithm, "\""));
 }
 

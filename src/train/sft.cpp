@@ -3,40 +3,61 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
+#include <deque>
+#include <filesystem>
+
+#include "anvil/core/error.h"
 #include "anvil/core/logging.h"
-#include "anvil/data/collate.h"
+#include "anvil/data/token_shards.h"
 #include "anvil/generation/generate.h"
 
 namespace anvil::train {
 namespace {
 
-data::SftOptions sft_options(const config::RunConfig& cfg, int64_t max_length) {
-  data::SftOptions o;
-  o.prompt_field = cfg.data.prompt_field;
-  o.response_field = cfg.data.response_field;
-  o.max_length = max_length;
+data::ReadOptions read_options(const config::RunConfig& cfg, const config::DatasetConfig& d) {
+  data::ReadOptions o;
+  o.prompt_field = d.prompt_field;
+  o.response_field = d.response_field;
+  o.template_name = cfg.data.template_name;
+  o.max_length = cfg.data.max_length;
   o.drop_overflow = cfg.data.on_overflow == "drop";
   o.train_on_prompt = cfg.sft.train_on_prompt;
   o.add_eos = cfg.sft.add_eos;
+  o.on_error = data::parse_on_error(cfg.data.on_error);
   return o;
 }
 
-std::shared_ptr<const data::SftDataset> load_reported(const std::string& path, const tokenizer::Tokenizer& tok,
-                                                      const data::SftOptions& o) {
-  auto ds = std::make_shared<data::SftDataset>(data::SftDataset::load(path, tok, o));
-  const auto& s = ds->stats();
-  log::info(path, ": ", ds->size(), " samples from ", s.lines, " lines (truncated ", s.truncated,
-            ", dropped as too long ", s.dropped_overflow, ", dropped with no target left ", s.dropped_no_target, ")");
-  return ds;
+std::string resolve_format(const config::RunConfig& cfg, const config::DatasetConfig& d, const std::string& key) {
+  auto f = d.format;
+  if (f == "auto") f = std::filesystem::is_directory(d.path) ? "pretrain" : cfg.algorithm == "pretrain" ? "" : "sft";
+  if (f.empty())
+    throw ConfigError(concat(key, ".path: algorithm pretrain reads token shards; \"", d.path,
+                             "\" is a file (convert it with anvil prepare, see docs/data.md)"));
+  if (f != "sft" && f != "pretrain")
+    throw ConfigError(concat(key, ".format: algorithm ", cfg.algorithm, " reads sft or pretrain data, got ", f));
+  if (f == "sft" && cfg.algorithm == "pretrain")
+    throw ConfigError(concat(key, ".format: algorithm pretrain reads token shards (format pretrain), got sft"));
+  return f;
 }
 
-Batch to_batch(data::SftBatch b) {
-  Batch out;
-  out.tensors["input_ids"] = std::move(b.input_ids);
-  out.tensors["labels"] = std::move(b.labels);
-  out.num_targets = b.num_targets;
-  out.num_tokens = b.num_tokens;
-  return out;
+std::shared_ptr<const data::LmDataset> load_one(const config::RunConfig& cfg, const config::DatasetConfig& d,
+                                                const std::string& key, const tokenizer::Tokenizer& tok) {
+  if (resolve_format(cfg, d, key) == "pretrain") {
+    auto shards = data::TokenShards::open(d.path);
+    if (shards->vocab_size() > tok.vocab_size())
+      throw DataError(concat(d.path, ": shards were written with a vocabulary of ", shards->vocab_size(),
+                             " tokens, the tokenizer has ", tok.vocab_size()));
+    auto ds = std::make_shared<data::PretrainDataset>(shards, cfg.data.max_length, d.path);
+    log::info(d.path, ": ", ds->size(), " windows of ", cfg.data.max_length, " tokens (", shards->num_tokens(),
+              " tokens, ", shards->num_docs(), " documents, ", shards->shards().size(), " shards)");
+    return ds;
+  }
+  auto ds = std::make_shared<data::SftDataset>(data::SftDataset::load(d.path, tok, read_options(cfg, d)));
+  const auto& s = ds->stats();
+  log::info(d.path, ": ", ds->size(), " samples (", s.summary(), ")");
+  for (const auto& e : s.first_errors) log::warn("skipped: ", e);
+  return ds;
 }
 
 }  // namespace
@@ -48,82 +69,199 @@ at::Tensor causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels
   return at::cross_entropy_loss(shift_logits, shift_labels, {}, at::Reduction::Sum, data::kIgnoreIndex);
 }
 
-SftBatchSource::SftBatchSource(std::shared_ptr<const data::SftDataset> ds, int64_t micro_batch_size, uint64_t seed,
-                               int64_t pad_id)
-    : ds_(std::move(ds)), sampler_(ds_->size(), seed), micro_batch_size_(micro_batch_size), pad_id_(pad_id) {}
-
-Batch SftBatchSource::next() {
-  std::vector<const data::SftSample*> samples;
-  samples.reserve(static_cast<size_t>(micro_batch_size_));
-  for (int64_t i = 0; i < micro_batch_size_; ++i) samples.push_back(&(*ds_)[sampler_.next()]);
-  return to_batch(data::collate_sft(samples, pad_id_));
-}
-
-nlohmann::json SftBatchSource::state() const {
-  return {{"epoch", sampler_.state().epoch}, {"offset", sampler_.state().offset}};
-}
-
-void SftBatchSource::restore(const nlohmann::json& state) {
-  sampler_.set_state({state.at("epoch").get<int64_t>(), state.at("offset").get<int64_t>()});
-}
-
-SftObjective::SftObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)
-    : eval_cfg_(cfg.eval), tok_(tok) {
-  const auto max_len = cfg.data.max_length > 0 ? cfg.data.max_length : cfg.model.max_position_embeddings;
-  const auto opts = sft_options(cfg, max_len);
-  auto train = load_reported(cfg.data.train_file, tok, opts);
-  if (!cfg.data.eval_file.empty()) eval_ = load_reported(cfg.data.eval_file, tok, opts);
-  source_ = std::make_unique<SftBatchSource>(train, cfg.train.micro_batch_size,
-                                             static_cast<uint64_t>(cfg.train.seed), tok.pad_id());
-}
-
-at::Tensor SftObjective::loss_sum(models::CausalLM& model, const Batch& batch) {
+at::Tensor lm_batch_loss_sum(models::CausalLM& model, const Batch& batch) {
   const auto device = model.parameters().front().device();
   auto ids = batch.tensors.at("input_ids").to(device);
   auto labels = batch.tensors.at("labels").to(device);
-  return causal_lm_loss_sum(model.forward(ids), labels);
+  models::ForwardArgs args;
+  if (auto it = batch.tensors.find("doc_ids"); it != batch.tensors.end()) {
+    args.position_ids = batch.tensors.at("position_ids").to(device);
+    args.attention_mask = data::document_causal_mask(it->second.to(device));
+  }
+  return causal_lm_loss_sum(model.forward(ids, args), labels);
 }
 
-EvalResult SftObjective::evaluate(models::CausalLM& model) {
+Batch to_batch(data::LmBatch b) {
+  Batch out;
+  out.tensors["input_ids"] = std::move(b.input_ids);
+  out.tensors["labels"] = std::move(b.labels);
+  if (b.doc_ids.defined()) {
+    out.tensors["position_ids"] = std::move(b.position_ids);
+    out.tensors["doc_ids"] = std::move(b.doc_ids);
+  }
+  out.num_targets = b.num_targets;
+  out.num_tokens = b.num_tokens;
+  return out;
+}
+
+LmBatchSource::LmBatchSource(std::vector<std::shared_ptr<const data::LmDataset>> datasets,
+                             data::MixtureSampler sampler, Options opt)
+    : datasets_(std::move(datasets)), sampler_(std::move(sampler)), opt_(opt) {
+  TORCH_CHECK(opt_.world >= 1 && opt_.rank >= 0 && opt_.rank < opt_.world, "LmBatchSource: bad rank/world");
+  TORCH_CHECK(!opt_.packing || opt_.max_length > 0, "LmBatchSource: packing needs max_length");
+}
+
+Batch LmBatchSource::next() {
+  const auto m = opt_.micro_batch_size;
+  auto length = [&](const data::SampleRef& r) { return datasets_[static_cast<size_t>(r.dataset)]->length(r.index); };
+  std::vector<std::vector<data::SampleRef>> mine;
+  for (int64_t g = 0; g < opt_.world * m; ++g) {
+    std::vector<data::SampleRef> row{sampler_.next()};
+    if (opt_.packing) {
+      int64_t used = length(row[0]);
+      while (used + length(sampler_.peek()) <= opt_.max_length) {
+        row.push_back(sampler_.next());
+        used += length(row.back());
+      }
+    }
+    if (g / m == opt_.rank) mine.push_back(std::move(row));
+  }
+  std::deque<data::LmSample> store;  // stable addresses
+  std::vector<std::vector<const data::LmSample*>> rows;
+  for (const auto& refs : mine) {
+    rows.emplace_back();
+    for (const auto& r : refs) {
+      datasets_[static_cast<size_t>(r.dataset)]->get(r.index, store.emplace_back());
+      rows.back().push_back(&store.back());
+    }
+  }
+  if (opt_.packing) return to_batch(data::collate_packed(rows, opt_.max_length, opt_.pad_id));
+  std::vector<const data::LmSample*> flat;
+  for (const auto& r : rows) flat.push_back(r[0]);
+  return to_batch(data::collate_unpacked(flat, opt_.pad_id));
+}
+
+nlohmann::json LmBatchSource::state() const {
+  return {{"epoch", sampler_.state().epoch}, {"offset", sampler_.state().offset},
+          {"epoch_length", sampler_.epoch_length()}};
+}
+
+void LmBatchSource::restore(const nlohmann::json& state) {
+  sampler_.set_state({state.at("epoch").get<int64_t>(), state.at("offset").get<int64_t>()});
+  if (state.contains("epoch_length") && state["epoch_length"].get<int64_t>() != sampler_.epoch_length())
+    log::warn("the data changed since the checkpoint (an epoch held ", state["epoch_length"].get<int64_t>(),
+              " samples, now ", sampler_.epoch_length(), "): the stream continues at the saved position of the new data");
+}
+
+LmData load_lm_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
+  LmData out;
+  const auto seed = static_cast<uint64_t>(cfg.train.seed);
+  for (size_t i = 0; i < cfg.data.train.size(); ++i) {
+    const auto& d = cfg.data.train[i];
+    const auto key = concat("data.train[", i, "]");
+    auto ds = load_one(cfg, d, key, tok);
+    data::MixtureSpec spec;
+    spec.size = ds->size();
+    spec.fraction = d.fraction;
+    spec.take = d.size;
+    spec.weight = d.weight;
+    if (d.eval_fraction > 0) {
+      const auto n = ds->size();
+      const auto k = std::max<int64_t>(1, std::llround(d.eval_fraction * static_cast<double>(n)));
+      if (k >= n)
+        throw ConfigError(concat(key, ".eval_fraction: holding out ", k, " of ", n, " samples leaves none to train on"));
+      const auto perm = data::permutation(n, seed * 0x9E3779B97F4A7C15ull + 0xE7A1 + i);
+      spec.indices.assign(perm.begin() + k, perm.end());
+      std::sort(spec.indices.begin(), spec.indices.end());
+      std::vector<int64_t> held(perm.begin(), perm.begin() + k);
+      std::sort(held.begin(), held.end());
+      for (auto h : held) out.eval.push_back({static_cast<int32_t>(out.eval_sets.size()), h});
+      out.eval_sets.push_back(ds);
+      log::info(d.path, ": ", k, " samples held out for eval (eval_fraction ", d.eval_fraction, ")");
+    }
+    out.train.push_back(ds);
+    out.mixture.push_back(std::move(spec));
+  }
+  for (size_t i = 0; i < cfg.data.eval.size(); ++i) {
+    auto ds = load_one(cfg, cfg.data.eval[i], concat("data.eval[", i, "]"), tok);
+    for (int64_t j = 0; j < ds->size(); ++j) out.eval.push_back({static_cast<int32_t>(out.eval_sets.size()), j});
+    out.eval_sets.push_back(ds);
+  }
+  return out;
+}
+
+LmObjective::LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)
+    : name_(cfg.algorithm), eval_cfg_(cfg.eval), tok_(tok) {
+  if (cfg.data.max_length <= 0) throw ConfigError("data.max_length: expected a positive row length");
+  data_ = load_lm_data(cfg, tok);
+  if (cfg.algorithm == "sft") stop_id_ = data::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok);
+  data::MixtureSampler sampler(data_.mixture, static_cast<uint64_t>(cfg.train.seed));
+  if (data_.train.size() > 1) {
+    std::vector<int64_t> per(data_.train.size(), 0);
+    for (const auto& r : sampler.plan()) ++per[static_cast<size_t>(r.dataset)];
+    std::string parts;
+    for (size_t i = 0; i < per.size(); ++i) parts += concat(i ? ", " : "", data_.train[i]->name(), " ", per[i]);
+    log::info("mixture: an epoch is ", sampler.epoch_length(), " samples (", parts, ")");
+  }
+  LmBatchSource::Options o;
+  o.micro_batch_size = cfg.train.micro_batch_size;
+  o.max_length = cfg.data.max_length;
+  o.packing = cfg.data.packing;
+  packing_ = cfg.data.packing;
+  o.pad_id = tok.pad_id() >= 0 ? tok.pad_id() : std::max<int64_t>(0, tok.eos_id());
+  source_ = std::make_unique<LmBatchSource>(data_.train, std::move(sampler), o);
+}
+
+at::Tensor LmObjective::loss_sum(models::CausalLM& model, const Batch& batch) {
+  return lm_batch_loss_sum(model, batch);
+}
+
+EvalResult LmObjective::evaluate(models::CausalLM& model) {
   EvalResult r;
-  if (!eval_) return r;
+  if (data_.eval.empty()) return r;
   const bool was_training = model.is_training();
   model.eval();
+  const auto pad = tok_.pad_id() >= 0 ? tok_.pad_id() : std::max<int64_t>(0, tok_.eos_id());
+  const auto n_eval = static_cast<int64_t>(data_.eval.size());
   {
     torch::NoGradGuard no_grad;
     double loss = 0;
     int64_t targets = 0, batches = 0;
-    for (int64_t i = 0; i < eval_->size(); i += eval_cfg_.batch_size) {
+    for (int64_t i = 0; i < n_eval; i += eval_cfg_.batch_size) {
       if (eval_cfg_.max_batches > 0 && batches++ >= eval_cfg_.max_batches) break;
-      std::vector<const data::SftSample*> samples;
-      for (int64_t j = i; j < std::min(eval_->size(), i + eval_cfg_.batch_size); ++j) samples.push_back(&(*eval_)[j]);
-      auto b = to_batch(data::collate_sft(samples, tok_.pad_id()));
+      std::deque<data::LmSample> store;
+      std::vector<const data::LmSample*> samples;
+      for (int64_t j = i; j < std::min(n_eval, i + eval_cfg_.batch_size); ++j) {
+        const auto& ref = data_.eval[static_cast<size_t>(j)];
+        data_.eval_sets[static_cast<size_t>(ref.dataset)]->get(ref.index, store.emplace_back());
+        samples.push_back(&store.back());
+      }
+      // Packed runs are evaluated as they train: documents inside a sample
+      // (pretraining windows) restart positions and do not see each other.
+      size_t longest = 0;
+      for (const auto* smp : samples) longest = std::max(longest, smp->input_ids.size());
+      std::vector<std::vector<const data::LmSample*>> rows;
+      for (const auto* smp : samples) rows.push_back({smp});
+      auto b = packing_ ? to_batch(data::collate_packed(rows, static_cast<int64_t>(longest), pad))
+                        : to_batch(data::collate_unpacked(samples, pad));
       loss += loss_sum(model, b).item<double>();
       targets += b.num_targets;
     }
     r.metrics["eval/loss"] = loss / static_cast<double>(std::max<int64_t>(1, targets));
   }
-  const auto n = std::min(eval_->size(), eval_cfg_.generate_samples);
-  if (n > 0) {
+  // Greedy answers to held-out prompts (SFT data only).
+  std::vector<const data::SftSample*> gen;
+  for (const auto& ref : data_.eval) {
+    if (static_cast<int64_t>(gen.size()) >= eval_cfg_.generate_samples) break;
+    if (auto* sft = dynamic_cast<const data::SftDataset*>(data_.eval_sets[static_cast<size_t>(ref.dataset)].get()))
+      gen.push_back(&(*sft)[ref.index]);
+  }
+  if (!gen.empty()) {
     std::vector<std::vector<int64_t>> prompts;
-    for (int64_t i = 0; i < n; ++i) {
-      const auto& s = (*eval_)[i];
-      prompts.emplace_back(s.input_ids.begin(), s.input_ids.begin() + s.prompt_tokens);
-    }
+    for (const auto* s : gen) prompts.emplace_back(s->input_ids.begin(), s->input_ids.begin() + s->prompt_tokens);
     generation::SamplingOptions g;
     g.max_new_tokens = eval_cfg_.max_new_tokens;
     g.greedy = true;
-    g.eos_id = tok_.eos_id();
+    g.eos_id = stop_id_;
     g.batch_size = eval_cfg_.batch_size;
     const auto outs = generation::generate(model, prompts, g);
     int64_t exact = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const auto& s = (*eval_)[i];
-      auto text = tok_.decode(outs[static_cast<size_t>(i)]);
-      exact += text == s.response;
-      if (i < eval_cfg_.table_rows) r.samples.push_back({s.prompt, text, s.response});
+    for (size_t i = 0; i < gen.size(); ++i) {
+      auto text = tok_.decode(outs[i]);
+      exact += text == gen[i]->response;
+      if (static_cast<int64_t>(i) < eval_cfg_.table_rows) r.samples.push_back({gen[i]->prompt, text, gen[i]->response});
     }
-    r.metrics["eval/exact_match"] = static_cast<double>(exact) / static_cast<double>(n);
+    r.metrics["eval/exact_match"] = static_cast<double>(exact) / static_cast<double>(gen.size());
   }
   if (was_training) model.train();
   return r;

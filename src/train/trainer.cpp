@@ -159,7 +159,13 @@ TrainResult run_training(const config::RunConfig& cfg) {
   auto model = build_model(cfg, *tok);
   model->to(device);
   model->train();
-  auto objective = make_objective(cfg, *tok);
+  // data.max_length defaults to the model's context, which model.from only knows once loaded.
+  auto data_cfg = cfg;
+  if (data_cfg.data.max_length == 0) data_cfg.data.max_length = model->max_positions();
+  if (data_cfg.data.max_length > model->max_positions())
+    throw ConfigError(concat("data.max_length: ", data_cfg.data.max_length, " exceeds the model's ",
+                             model->max_positions(), " positions"));
+  auto objective = make_objective(data_cfg, *tok);
   auto optimizer = optim::make_optimizer(cfg.optimizer, model->parameters());
 
   int64_t step = 0;

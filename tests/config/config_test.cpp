@@ -13,7 +13,7 @@ using anvil::testing::write_text;
 
 std::string base_yaml() {
   const auto src = anvil::testing::source_dir();
-  return "output_dir: /tmp/x\ntokenizer:\n  path: " + src + "/data/tokenizer.model\ndata:\n  train_file: " + src +
+  return "output_dir: /tmp/x\ntokenizer:\n  path: " + src + "/data/tokenizer.model\ndata:\n  train:\n    - path: " + src +
          "/data/sft_train.jsonl\ntrain:\n  max_steps: 10\n";
 }
 
@@ -106,13 +106,38 @@ TEST_F(ConfigTest, ShapeKeysConflictWithModelFrom) {
 }
 
 TEST_F(ConfigTest, MissingDataOrTokenizerFilesFailBeforeAnyWork) {
-  auto f = write("paths.yaml", "data:\n  eval_file: nowhere/eval.jsonl\n");
+  auto f = write("paths.yaml", "data:\n  eval:\n    - path: nowhere/eval.jsonl\n");
   EXPECT_EQ(error_of({base_, f}, {}),
-            f + ":2: data.eval_file: expected an existing file, got \"nowhere/eval.jsonl\" (paths are relative to "
-                "the working directory)");
+            f + ":3: data.eval[0].path: expected an existing file or folder, got \"nowhere/eval.jsonl\" (paths are "
+                "relative to the working directory)");
   EXPECT_EQ(error_of({base_}, {"model.from=no/such/dir"}),
             "command line (model.from=no/such/dir): model.from: expected an existing folder, got \"no/such/dir\" "
             "(paths are relative to the working directory)");
+}
+
+TEST_F(ConfigTest, DatasetListsAreCheckedItemByItem) {
+  const auto train = anvil::testing::source_dir() + "/data/sft_train.jsonl";
+  auto typo = write("typo.yaml", "data:\n  train:\n    - path: " + train + "\n      fracton: 0.5\n");
+  EXPECT_EQ(error_of({base_, typo}, {}),
+            typo + ":4: data.train[0].fracton: unknown key; did you mean data.train[0].fraction?");
+  auto two = write("two.yaml", "data:\n  train:\n    - path: " + train + "\n      fraction: 0.5\n      size: 10\n");
+  EXPECT_EQ(error_of({base_, two}, {}),
+            two + ":4: data.train[0].fraction: set at most one of fraction, size and weight for a dataset");
+  auto mixed = write("mixed.yaml", "data:\n  train:\n    - path: " + train + "\n      weight: 2\n    - path: " + train +
+                                       "\n");
+  EXPECT_EQ(error_of({base_, mixed}, {}),
+            mixed + ":4: data.train[0].weight: either every dataset of data.train has a weight or none has; 1 of 2 do");
+  auto scalar = write("scalar.yaml", "data:\n  train: " + train + "\n");
+  EXPECT_EQ(error_of({base_, scalar}, {}),
+            scalar + ":2: data.train: expected a list of maps (- key: value), got \"" + train + "\"");
+  auto neg = write("neg.yaml", "data:\n  train:\n    - path: " + train + "\n      size: -3\n");
+  EXPECT_EQ(error_of({base_, neg}, {}), neg + ":4: data.train[0].size: expected a number >= 0, got \"-3\"");
+  // A whole list from the command line.
+  auto cfg = load_config({base_}, {"data.train=[{path: " + train + ", fraction: 0.25}, {path: " + train + "}]"});
+  ASSERT_EQ(cfg.data.train.size(), 2u);
+  EXPECT_EQ(cfg.data.train[0].fraction, 0.25);
+  EXPECT_EQ(cfg.data.train[1].path, train);
+  EXPECT_NE(to_yaml(cfg).find("fraction: 0.25"), std::string::npos) << to_yaml(cfg);
 }
 
 TEST_F(ConfigTest, InvalidYamlAndMissingFile) {

@@ -29,8 +29,8 @@ struct SftLossOnly final : Objective {
   FixedSource source;
 };
 
-Batch to_batch(const std::vector<const data::SftSample*>& samples) {
-  auto b = data::collate_sft(samples, 0);
+Batch to_batch(const std::vector<const data::LmSample*>& samples) {
+  auto b = data::collate_unpacked(samples, 0);
   Batch out;
   out.tensors = {{"input_ids", b.input_ids}, {"labels", b.labels}};
   out.num_targets = b.num_targets;
@@ -46,16 +46,16 @@ void check_accumulation(at::ScalarType dtype) {
   model->to(dtype);
 
   // 8 samples of very different lengths and target counts.
-  std::vector<data::SftSample> samples;
+  std::vector<data::LmSample> samples;
   for (int i = 0; i < 8; ++i) {
-    data::SftSample s;
+    data::LmSample s;
     const int len = 4 + 3 * i, prompt = 2 + i % 3;
     for (int t = 0; t < len; ++t) s.input_ids.push_back((7 * i + 3 * t) % 40);
     s.labels = s.input_ids;
     for (int t = 0; t < prompt; ++t) s.labels[t] = data::kIgnoreIndex;
     samples.push_back(s);
   }
-  std::vector<const data::SftSample*> all;
+  std::vector<const data::LmSample*> all;
   for (const auto& s : samples) all.push_back(&s);
 
   SftLossOnly objective;

@@ -22,7 +22,7 @@ namespace stdfs = std::filesystem;
 const char* kTinyRun = R"(
 model: {family: gpt2, max_position_embeddings: 32, hidden_size: 64, num_layers: 2, num_heads: 4, dropout: 0.1}
 tokenizer: {path: data/tokenizer.model}
-data: {train_file: data/sft_train.jsonl}
+data: {train: [{path: data/sft_train.jsonl}]}
 optimizer: {lr: 1.0e-3, weight_decay: 0.01}
 schedule: {warmup_steps: 5, decay: cosine}
 train: {max_steps: 100, micro_batch_size: 8, grad_accum_steps: 2, save_every: 7, log_every: 1000, threads: 1,

@@ -97,38 +97,91 @@ struct ModelConfig {
 };
 
 struct TokenizerConfig {
-  std::string type = "sentencepiece";
+  std::string type = "auto";
   std::string path;
 
   template <class V>
   void visit(V& v) {
-    v.field("type", type, "Tokenizer kind.", one_of({"sentencepiece"}));
-    v.field("path", path, "Tokenizer file (SentencePiece .model). Required unless model.from has one.");
+    v.field("type", type,
+            "Tokenizer kind: hf (tokenizer.json), sentencepiece (.model), or auto (a folder is searched for "
+            "tokenizer.json then tokenizer.model; a .json file is hf).",
+            one_of({"auto", "hf", "sentencepiece"}));
+    v.field("path", path,
+            "Tokenizer file or a folder holding one (with tokenizer_config.json for BOS/EOS/PAD). Required unless "
+            "model.from has one.");
+  }
+};
+
+/// One dataset of a mixture (data.train[i] / data.eval[i]).
+struct DatasetConfig {
+  std::string path;
+  std::string format = "auto";
+  double fraction = 0;
+  int64_t size = 0;
+  double weight = 0;
+  double eval_fraction = 0;
+  std::string prompt_field = "prompt";
+  std::string response_field = "response";
+
+  template <class V>
+  void visit(V& v) {
+    v.field("path", path,
+            "JSONL file, or a folder of token shards written by `anvil prepare` (format pretrain).", required());
+    v.field("format", format,
+            "Record format (docs/data.md): sft ({prompt, response} or {messages}), preference ({prompt, chosen, "
+            "rejected[, margin]}), prompts ({prompt}), offline_rl ({prompt, response, reward}), pretrain (token "
+            "shards). auto = a shard folder is pretrain, a file is what the algorithm reads.",
+            one_of({"auto", "sft", "preference", "prompts", "offline_rl", "pretrain"}));
+    v.field("fraction", fraction,
+            "Share of this dataset used per epoch, a fresh random subset every epoch (above 1 repeats it); "
+            "0 = not set (1 unless size or weight is).",
+            non_negative());
+    v.field("size", size, "Samples drawn from this dataset per epoch, a fresh random subset every epoch; 0 = not set.",
+            non_negative());
+    v.field("weight", weight,
+            "Sampling weight: every sample of an epoch comes from dataset i with probability weight_i / sum; an "
+            "epoch is as long as all datasets together. All datasets of a list use weights or none does.",
+            non_negative());
+    v.field("eval_fraction", eval_fraction,
+            "Held out of training (a fixed random subset) and added to the eval set.",
+            Rule{"a number in [0, 1)", [](double x) { return x >= 0 && x < 1; }, {}});
+    v.field("prompt_field", prompt_field, "JSON field holding the prompt.");
+    v.field("response_field", response_field, "JSON field holding the response (sft, offline_rl).");
   }
 };
 
 struct DataConfig {
-  std::string train_file;
-  std::string eval_file;
-  std::string prompt_field = "prompt";
-  std::string response_field = "response";
+  std::vector<DatasetConfig> train;
+  std::vector<DatasetConfig> eval;
+  std::string template_name = "plain";
   int64_t max_length = 0;
   std::string on_overflow = "truncate";
+  std::string on_error = "fail";
+  bool packing = false;
 
   template <class V>
   void visit(V& v) {
-    v.field("train_file", train_file, "JSONL training data, one {prompt, response} object a line.",
-            required());
-    v.field("eval_file", eval_file, "JSONL held-out data in the same format; empty = no eval.");
-    v.field("prompt_field", prompt_field, "JSON field holding the prompt.");
-    v.field("response_field", response_field, "JSON field holding the response.");
+    v.list("train", train, "Training datasets: one or more, mixed as their fraction / size / weight say.");
+    v.list("eval", eval, "Held-out datasets (same keys; fraction, size and weight are ignored).");
+    v.field("template", template_name,
+            "Chat format that turns prompts and messages into tokens: plain (prompt + response + EOS), chatml, "
+            "llama3, oasst (Open-Assistant). Only assistant turns are trained.",
+            one_of({"plain", "chatml", "llama3", "oasst"}));
     v.field("max_length", max_length,
-            "Longest tokenized sample (prompt + response + EOS); 0 = model.max_position_embeddings.",
+            "Longest tokenized sample (prompt + response + EOS), and the row length when packing; "
+            "0 = model.max_position_embeddings.",
             non_negative());
     v.field("on_overflow", on_overflow,
             "Samples longer than max_length: truncate them (from the right) or drop them; both are "
             "counted and reported.",
             one_of({"truncate", "drop"}));
+    v.field("on_error", on_error,
+            "A malformed line (bad JSON, missing field, wrong type): fail names file, line and field and stops; "
+            "skip counts and reports such lines and goes on.",
+            one_of({"fail", "skip"}));
+    v.field("packing", packing,
+            "Pack several samples into each max_length row; positions restart and attention stops at every "
+            "document boundary, so the loss equals unpacked training.");
   }
 };
 
@@ -263,7 +316,10 @@ struct RunConfig {
             "Run folder: checkpoints, metrics.jsonl and config.yaml. Re-running with the same "
             "output_dir resumes from its latest complete checkpoint.",
             required());
-    v.field("algorithm", algorithm, "Training objective.", one_of({"sft"}));
+    v.field("algorithm", algorithm,
+            "Training objective: sft (supervised fine-tuning, loss on responses) or pretrain (loss on every "
+            "token of token shards or text).",
+            one_of({"sft", "pretrain"}));
     v.section("model", model, "Model architecture.");
     v.section("tokenizer", tokenizer, "Tokenizer.");
     v.section("data", data, "Datasets.");

@@ -1,23 +1,36 @@
 #pragma once
-// Padding a list of samples into batch tensors.
+// Samples -> batch tensors, unpacked (one sample per right-padded row) or
+// packed (several samples per fixed-length row, documents kept apart).
 
 #include <ATen/core/Tensor.h>
 
 #include <vector>
 
-#include "anvil/data/sft_dataset.h"
+#include "anvil/data/datasets.h"
 
 namespace anvil::data {
 
-struct SftBatch {
-  at::Tensor input_ids;  // (B, T) int64, right-padded with pad_id
-  at::Tensor labels;     // (B, T) int64, kIgnoreIndex on prompt and padding
+struct LmBatch {
+  at::Tensor input_ids;     // (B, T) int64, padded with pad_id
+  at::Tensor labels;        // (B, T) int64, kIgnoreIndex on untrained tokens and padding
+  at::Tensor position_ids;  // (B, T) int64, restarting at every document; packed only
+  at::Tensor doc_ids;       // (B, T) int64, document number within the row (-1 = padding); packed only
   int64_t num_targets = 0;  // labels[:, 1:] != kIgnoreIndex: the tokens the loss counts
   int64_t num_tokens = 0;   // non-padding input tokens
 };
 
-/// Right-pads to the longest sample. Right padding never changes what a
-/// causal model computes at real positions, so no attention mask is needed.
-SftBatch collate_sft(const std::vector<const SftSample*>& samples, int64_t pad_id);
+/// One sample per row, right-padded to the longest. Right padding never
+/// changes what a causal model computes at real positions, so no mask is needed.
+LmBatch collate_unpacked(const std::vector<const LmSample*>& samples, int64_t pad_id);
+
+/// Each row holds the samples of rows[b] end to end, padded to `row_len`.
+/// Every document (a sample, or a document inside a sample) gets positions
+/// from 0 and a doc id; its first token is not a target, so the loss equals
+/// running each document on its own.
+LmBatch collate_packed(const std::vector<std::vector<const LmSample*>>& rows, int64_t row_len, int64_t pad_id);
+
+/// The block-diagonal causal mask of packed rows: (B, 1, T, T) bool, true
+/// where query i may attend key j (same document, j <= i).
+at::Tensor document_causal_mask(const at::Tensor& doc_ids);
 
 }  // namespace anvil::data

@@ -1,9 +1,11 @@
 #pragma once
-// The tokenizer interface every backend implements.
+// The tokenizer interface every backend implements: SentencePiece `.model`
+// files and Hugging Face `tokenizer.json` (byte-level BPE).
 
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -14,26 +16,45 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
-  /// Text -> ids, without BOS/EOS. encode(a) + encode(b) decodes to a + b for
-  /// the bundled tokenizers (no dummy prefix).
+  /// Text -> ids, exactly as Hugging Face's `encode(text, add_special_tokens=False)`
+  /// (or sentencepiece's `encode`): added and special tokens written in the
+  /// text are recognised, no BOS/EOS is added.
   virtual std::vector<int64_t> encode(std::string_view text) const = 0;
-  /// Ids -> text; special tokens (BOS, EOS, PAD) are dropped.
-  virtual std::string decode(const std::vector<int64_t>& ids) const = 0;
+  /// Ids -> text. With `skip_special_tokens`, special tokens (BOS, EOS, PAD
+  /// and added tokens marked special) are dropped.
+  virtual std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const = 0;
+  std::string decode(const std::vector<int64_t>& ids) const { return decode(ids, true); }
 
   virtual int64_t vocab_size() const = 0;
   virtual int64_t bos_id() const = 0;  // -1 when the tokenizer has none
   virtual int64_t eos_id() const = 0;
   virtual int64_t pad_id() const = 0;
+  /// Whether the model expects BOS in front of every sequence (LLaMA does,
+  /// GPT-2 does not): tokenizer_config.json's add_bos_token or the
+  /// tokenizer.json post-processor.
+  virtual bool add_bos() const = 0;
+
+  /// The id of a token written as its vocabulary string (e.g. "<|im_start|>"),
+  /// or nothing when the vocabulary has no such single token.
+  virtual std::optional<int64_t> token_to_id(std::string_view token) const = 0;
+  /// Which backend this is: "sentencepiece" or "hf".
+  virtual std::string kind() const = 0;
 
   /// Copies the tokenizer's files into a model folder, so the folder is
-  /// self-contained (HF layout: tokenizer.model for SentencePiece).
+  /// self-contained (HF layout: tokenizer.model or tokenizer.json, plus
+  /// tokenizer_config.json when the source had one).
   virtual void save(const std::filesystem::path& dir) const = 0;
 };
 
-/// Loads a tokenizer of `type` ("sentencepiece") from `path`.
+/// Loads a tokenizer from a file or a folder. `type` is "auto" (a folder is
+/// searched as by load_tokenizer_from_model_dir, a `.json` file is a Hugging
+/// Face tokenizer.json, anything else a SentencePiece model), "hf" or
+/// "sentencepiece". Errors name the file and what was expected.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& type, const std::filesystem::path& path);
 
-/// Finds the tokenizer of a model folder (tokenizer.model); throws if none.
+/// Finds the tokenizer of a model folder: tokenizer.json first, then
+/// tokenizer.model; tokenizer_config.json / special_tokens_map.json beside
+/// them set BOS/EOS/PAD and add_bos_token. Throws if there is none.
 std::unique_ptr<Tokenizer> load_tokenizer_from_model_dir(const std::filesystem::path& dir);
 
 /// Whether `dir` holds tokenizer files load_tokenizer_from_model_dir can read.

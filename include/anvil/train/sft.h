@@ -1,10 +1,13 @@
 #pragma once
-// Supervised fine-tuning: next-token cross-entropy on response tokens (+EOS).
+// Causal language modelling: supervised fine-tuning (loss on responses, +EOS)
+// and pretraining (loss on every token), over a mixture of datasets, packed
+// or not.
 
 #include <memory>
 
-#include "anvil/data/sampler.h"
-#include "anvil/data/sft_dataset.h"
+#include "anvil/data/collate.h"
+#include "anvil/data/datasets.h"
+#include "anvil/data/mixture.h"
 #include "anvil/train/objective.h"
 
 namespace anvil::train {
@@ -13,34 +16,69 @@ namespace anvil::train {
 /// logits (B, T, V), labels (B, T) aligned with the inputs.
 at::Tensor causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels);
 
-class SftBatchSource final : public BatchSource {
+/// The summed loss of an LM batch (input_ids, labels and, when packed,
+/// position_ids + doc_ids for the block-diagonal mask).
+at::Tensor lm_batch_loss_sum(models::CausalLM& model, const Batch& batch);
+
+Batch to_batch(data::LmBatch b);
+
+/// A resumable stream of micro-batches over a mixture. Every rank walks the
+/// same global stream: a global micro-batch is `world * micro_batch_size`
+/// rows and rank r gets rows [r * m, (r + 1) * m). The state is the global
+/// position, so it is the same on every rank and for any world size.
+class LmBatchSource final : public BatchSource {
  public:
-  SftBatchSource(std::shared_ptr<const data::SftDataset> ds, int64_t micro_batch_size, uint64_t seed,
-                 int64_t pad_id);
+  struct Options {
+    int64_t micro_batch_size = 8;
+    int64_t max_length = 0;  // row length when packing
+    bool packing = false;
+    int64_t pad_id = 0;
+    int64_t rank = 0;
+    int64_t world = 1;
+  };
+  LmBatchSource(std::vector<std::shared_ptr<const data::LmDataset>> datasets, data::MixtureSampler sampler,
+                Options opt);
   Batch next() override;
   nlohmann::json state() const override;
   void restore(const nlohmann::json& state) override;
+  const data::MixtureSampler& sampler() const { return sampler_; }
 
  private:
-  std::shared_ptr<const data::SftDataset> ds_;
-  data::EpochSampler sampler_;
-  int64_t micro_batch_size_;
-  int64_t pad_id_;
+  std::vector<std::shared_ptr<const data::LmDataset>> datasets_;
+  data::MixtureSampler sampler_;
+  Options opt_;
 };
 
-class SftObjective final : public Objective {
+/// The train and eval sides of an LM run, as the config describes them.
+struct LmData {
+  std::vector<std::shared_ptr<const data::LmDataset>> train;
+  std::vector<data::MixtureSpec> mixture;
+  /// Held-out samples: (dataset, index) over `eval_sets`.
+  std::vector<std::shared_ptr<const data::LmDataset>> eval_sets;
+  std::vector<data::SampleRef> eval;
+};
+
+/// Loads every dataset of data.train / data.eval (logging what loading did)
+/// and splits off eval_fraction held-out samples.
+LmData load_lm_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
+
+/// algorithm: sft and algorithm: pretrain.
+class LmObjective final : public Objective {
  public:
-  SftObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
-  std::string name() const override { return "sft"; }
+  LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
+  std::string name() const override { return name_; }
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch) override;
   EvalResult evaluate(models::CausalLM& model) override;
   BatchSource& train_source() override { return *source_; }
 
  private:
+  std::string name_;
   config::EvalConfig eval_cfg_;
   const tokenizer::Tokenizer& tok_;
-  std::shared_ptr<const data::SftDataset> eval_;
-  std::unique_ptr<SftBatchSource> source_;
+  int64_t stop_id_ = -1;  // end of an assistant turn
+  bool packing_ = false;
+  LmData data_;
+  std::unique_ptr<LmBatchSource> source_;
 };
 
 }  // namespace anvil::train

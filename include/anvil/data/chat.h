@@ -1,0 +1,79 @@
+#pragma once
+// Chat templates: conversations -> token ids with labels on assistant turns
+// only. Built-in named formats (no Jinja): plain, chatml, llama3, oasst.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "anvil/tokenizer/tokenizer.h"
+
+namespace anvil::data {
+
+/// Label value that the loss ignores (HF / PyTorch convention).
+constexpr int64_t kIgnoreIndex = -100;
+
+struct Message {
+  std::string role;  // system, user or assistant
+  std::string content;
+};
+
+/// A rendered conversation. labels[i] = input_ids[i] where trained,
+/// kIgnoreIndex elsewhere.
+struct TokenizedChat {
+  std::vector<int64_t> input_ids;
+  std::vector<int64_t> labels;
+  int64_t prompt_tokens = 0;  // tokens before the first trained one
+};
+
+class ChatTemplate {
+ public:
+  /// plain, chatml, llama3 or oasst; throws ConfigError otherwise.
+  static const ChatTemplate& get(const std::string& name);
+
+  /// Every turn; assistant turns (content + end of turn) are trained, and
+  /// with `train_on_prompt` everything is. Throws Error when the template's
+  /// markers are not single tokens of `tok`.
+  virtual TokenizedChat encode(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                               bool train_on_prompt) const;
+  /// The conversation so far plus the header of the assistant's reply: what
+  /// generation continues from.
+  virtual std::vector<int64_t> encode_prompt(const tokenizer::Tokenizer& tok,
+                                             const std::vector<Message>& messages) const;
+  /// An assistant reply as it follows encode_prompt: content + end of turn.
+  std::vector<int64_t> encode_reply(const tokenizer::Tokenizer& tok, const std::string& content) const;
+  /// The token that ends an assistant turn (generation stops on it).
+  int64_t end_of_turn_id(const tokenizer::Tokenizer& tok) const;
+
+  const std::string& name() const { return name_; }
+  virtual ~ChatTemplate() = default;
+
+  /// A piece of rendered text: literal text, or a marker that must be a
+  /// single token (id resolved from `text`, or `id` when >= 0).
+  struct Piece {
+    std::string text;
+    bool marker = false;
+    bool trained = false;
+    int64_t id = -1;
+  };
+
+ protected:
+  explicit ChatTemplate(std::string name) : name_(std::move(name)) {}
+  /// The pieces of `messages`, then the assistant header when `generation_prompt`.
+  virtual std::vector<Piece> render(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                                    bool generation_prompt) const = 0;
+  virtual Piece end_of_turn(const tokenizer::Tokenizer& tok) const = 0;
+  /// What the template does to a message's content (llama3 trims it).
+  virtual std::string content(const std::string& c) const { return c; }
+  TokenizedChat tokenize(const tokenizer::Tokenizer& tok, const std::vector<Piece>& pieces,
+                         bool train_on_prompt) const;
+
+ private:
+  std::string name_;
+};
+
+/// The plain format for one prompt/response pair: prompt + response (+ EOS).
+TokenizedChat encode_plain(const tokenizer::Tokenizer& tok, const std::string& prompt, const std::string& response,
+                           bool add_eos, bool train_on_prompt);
+
+}  // namespace anvil::data

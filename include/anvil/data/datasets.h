@@ -1,0 +1,162 @@
+#pragma once
+// JSONL datasets, tokenized once at load: SFT, preference pairs, prompts
+// (for RL) and offline RL. Formats and options: docs/data.md.
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "anvil/data/chat.h"
+#include "anvil/data/jsonl.h"
+#include "anvil/tokenizer/tokenizer.h"
+
+namespace anvil::data {
+
+/// A language-modelling sample: ids, labels (kIgnoreIndex = not trained) and
+/// where documents start inside it ({0} for one document).
+struct LmSample {
+  std::vector<int64_t> input_ids;
+  std::vector<int64_t> labels;
+  std::vector<int64_t> doc_starts{0};
+};
+
+/// What the causal-LM batch source reads: SFT samples or token-shard windows.
+class LmDataset {
+ public:
+  virtual ~LmDataset() = default;
+  virtual int64_t size() const = 0;
+  virtual int64_t length(int64_t i) const = 0;  // tokens in sample i
+  virtual void get(int64_t i, LmSample& out) const = 0;
+  virtual std::string name() const = 0;
+};
+
+/// Options shared by the JSONL readers.
+struct ReadOptions {
+  std::string prompt_field = "prompt";
+  std::string response_field = "response";
+  std::string template_name = "plain";
+  int64_t max_length = 0;      // 0 = unlimited
+  bool drop_overflow = false;  // else truncate (responses from the right)
+  bool train_on_prompt = false;
+  bool add_eos = true;  // plain template: EOS after each response
+  OnError on_error = OnError::fail;
+};
+
+/// What loading did to the data, reported to the user.
+struct DatasetStats {
+  int64_t lines = 0;
+  int64_t skipped_errors = 0;     // malformed lines skipped (on_error: skip)
+  int64_t truncated = 0;          // kept, cut to max_length
+  int64_t dropped_overflow = 0;   // longer than max_length with on_overflow: drop
+  int64_t dropped_no_target = 0;  // nothing left to train on (all masked or truncated away)
+  std::vector<std::string> first_errors;
+  std::string summary() const;
+};
+
+/// A conversation from a record: `messages` ([{role, content}, ...]) when
+/// present, else [{user: prompt}] (+ [{assistant: response}] when given).
+std::vector<Message> record_messages(const Record& r, const std::string& prompt_field,
+                                     const std::string& response_field, bool with_response);
+
+struct SftSample {
+  std::vector<int64_t> input_ids;
+  std::vector<int64_t> labels;  // aligned with input_ids; kIgnoreIndex where not trained
+  int64_t prompt_tokens = 0;    // tokens before the first trained one
+  std::string prompt;           // text of the prompt (or the conversation before the last reply)
+  std::string response;         // text of the last reply
+};
+
+class SftDataset final : public LmDataset {
+ public:
+  /// {prompt, response} or {messages} lines. Throws DataError naming file,
+  /// line and field of a malformed record (unless on_error: skip).
+  static SftDataset load(const std::filesystem::path& path, const tokenizer::Tokenizer& tok, const ReadOptions& opt);
+
+  int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
+  int64_t length(int64_t i) const override { return static_cast<int64_t>(samples_[static_cast<size_t>(i)].input_ids.size()); }
+  void get(int64_t i, LmSample& out) const override;
+  std::string name() const override { return name_; }
+  const SftSample& operator[](int64_t i) const { return samples_[static_cast<size_t>(i)]; }
+  const DatasetStats& stats() const { return stats_; }
+
+ private:
+  std::vector<SftSample> samples_;
+  DatasetStats stats_;
+  std::string name_;
+};
+
+/// Tokenizes one sample as the dataset does (shared with tests): the
+/// template's rendering, then max_length handling. Returns nothing when the
+/// sample is dropped (and counts why in `stats`).
+std::optional<SftSample> make_sft_sample(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                                         const ReadOptions& opt, DatasetStats& stats);
+
+/// {prompt, chosen, rejected[, margin]}: prompt is a string or a messages
+/// list; chosen and rejected are the competing assistant replies.
+struct PreferenceSample {
+  std::vector<int64_t> prompt_ids;    // rendered prompt with the assistant header
+  std::vector<int64_t> chosen_ids;    // reply + end of turn
+  std::vector<int64_t> rejected_ids;
+  std::optional<double> margin;
+  std::string prompt, chosen, rejected;
+};
+
+class PreferenceDataset {
+ public:
+  /// prompt + reply longer than max_length: the reply is truncated from the
+  /// right (or the pair dropped); a prompt that leaves no room drops the pair.
+  static PreferenceDataset load(const std::filesystem::path& path, const tokenizer::Tokenizer& tok,
+                                const ReadOptions& opt);
+  int64_t size() const { return static_cast<int64_t>(samples_.size()); }
+  const PreferenceSample& operator[](int64_t i) const { return samples_[static_cast<size_t>(i)]; }
+  const DatasetStats& stats() const { return stats_; }
+
+ private:
+  std::vector<PreferenceSample> samples_;
+  DatasetStats stats_;
+};
+
+/// {prompt}: prompts for on-policy RL, rendered with the generation header.
+struct PromptSample {
+  std::vector<int64_t> prompt_ids;
+  std::string prompt;
+};
+
+class PromptDataset {
+ public:
+  /// Prompts longer than max_length are dropped (truncating a prompt changes the question).
+  static PromptDataset load(const std::filesystem::path& path, const tokenizer::Tokenizer& tok, const ReadOptions& opt);
+  int64_t size() const { return static_cast<int64_t>(samples_.size()); }
+  const PromptSample& operator[](int64_t i) const { return samples_[static_cast<size_t>(i)]; }
+  const DatasetStats& stats() const { return stats_; }
+
+ private:
+  std::vector<PromptSample> samples_;
+  DatasetStats stats_;
+};
+
+/// {prompt, response, reward}: logged interactions for offline RL (ILQL).
+struct OfflineRlSample {
+  std::vector<int64_t> input_ids;  // prompt + response + end of turn
+  std::vector<int64_t> labels;     // response tokens (+ end of turn), kIgnoreIndex elsewhere
+  int64_t prompt_tokens = 0;
+  double reward = 0;
+  std::string prompt, response;
+};
+
+class OfflineRlDataset {
+ public:
+  static OfflineRlDataset load(const std::filesystem::path& path, const tokenizer::Tokenizer& tok,
+                               const ReadOptions& opt);
+  int64_t size() const { return static_cast<int64_t>(samples_.size()); }
+  const OfflineRlSample& operator[](int64_t i) const { return samples_[static_cast<size_t>(i)]; }
+  const DatasetStats& stats() const { return stats_; }
+
+ private:
+  std::vector<OfflineRlSample> samples_;
+  DatasetStats stats_;
+};
+
+}  // namespace anvil::data

@@ -1,0 +1,92 @@
+#pragma once
+// Pretraining data as memory-mapped token shards, written once by
+// `anvil prepare` and streamed by the trainer without loading into RAM.
+//
+// A shard folder holds meta.json and, per shard, NAME.bin (token ids,
+// little-endian uint16 or uint32) and NAME.idx (int64 document start
+// offsets, one per document plus the end). Documents end with EOS.
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "anvil/data/datasets.h"
+
+namespace anvil::data {
+
+struct ShardWriterOptions {
+  int64_t shard_tokens = int64_t{1} << 28;  // a new shard after this many tokens
+  bool append_eos = true;
+};
+
+/// Writes into a temporary folder beside `dir` and renames it into place on
+/// finish(), so a dying prepare never leaves a half-written dataset.
+class ShardWriter {
+ public:
+  ShardWriter(std::filesystem::path dir, int64_t vocab_size, int64_t eos_id, ShardWriterOptions opt = {});
+  ~ShardWriter();
+  void add(const std::vector<int64_t>& doc);
+  /// Closes the last shard, writes meta.json (with `extra` keys) and renames.
+  void finish(const std::string& tokenizer_kind, const std::vector<std::string>& sources);
+  int64_t num_docs() const { return total_docs_; }
+  int64_t num_tokens() const { return total_tokens_; }
+
+ private:
+  void close_shard();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int64_t total_docs_ = 0, total_tokens_ = 0;
+};
+
+/// The shards of a folder, memory-mapped (read-only).
+class TokenShards {
+ public:
+  /// Validates meta.json and every file's size; errors name the file.
+  static std::shared_ptr<const TokenShards> open(const std::filesystem::path& dir);
+  ~TokenShards();
+
+  struct Shard {
+    std::filesystem::path bin;
+    int64_t tokens = 0;
+    int64_t docs = 0;
+    const void* data = nullptr;       // tokens
+    const int64_t* starts = nullptr;  // docs + 1 offsets
+    size_t bin_bytes = 0, idx_bytes = 0;
+  };
+  const std::vector<Shard>& shards() const { return shards_; }
+  int64_t num_tokens() const { return num_tokens_; }
+  int64_t num_docs() const { return num_docs_; }
+  int64_t vocab_size() const { return vocab_size_; }
+  int token_bytes() const { return token_bytes_; }
+  int64_t token(const Shard& s, int64_t i) const;
+
+ private:
+  TokenShards() = default;
+  std::filesystem::path dir_;
+  std::vector<Shard> shards_;
+  int64_t num_tokens_ = 0, num_docs_ = 0, vocab_size_ = 0;
+  int token_bytes_ = 2;
+};
+
+/// Fixed windows of `seq_len` tokens over each shard (the tail that does not
+/// fill a window is unused); every token is a target. doc_starts mark where
+/// documents begin inside a window (used when packing is on).
+class PretrainDataset final : public LmDataset {
+ public:
+  PretrainDataset(std::shared_ptr<const TokenShards> shards, int64_t seq_len, std::string name);
+  int64_t size() const override { return total_; }
+  int64_t length(int64_t) const override { return seq_len_; }
+  void get(int64_t i, LmSample& out) const override;
+  std::string name() const override { return name_; }
+
+ private:
+  std::shared_ptr<const TokenShards> shards_;
+  int64_t seq_len_;
+  std::vector<int64_t> first_window_;  // per shard, prefix sums of window counts
+  int64_t total_ = 0;
+  std::string name_;
+};
+
+}  // namespace anvil::data

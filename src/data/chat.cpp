@@ -1,0 +1,233 @@
+#include "anvil/data/chat.h"
+
+#include <map>
+#include <memory>
+
+#include "anvil/core/error.h"
+
+namespace anvil::data {
+namespace {
+
+using Piece = ChatTemplate::Piece;
+
+Piece text(std::string s, bool trained = false) { return {std::move(s), false, trained, -1}; }
+Piece marker(std::string s, bool trained = false) { return {std::move(s), true, trained, -1}; }
+Piece token(int64_t id, std::string name, bool trained) { return {std::move(name), true, trained, id}; }
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\n\r");
+  if (b == std::string::npos) return "";
+  const auto e = s.find_last_not_of(" \t\n\r");
+  return s.substr(b, e - b + 1);
+}
+
+void check_role(const std::string& role) {
+  if (role != "system" && role != "user" && role != "assistant")
+    throw DataError(concat("message role \"", role, "\": expected system, user or assistant"));
+}
+
+Piece eos_piece(const tokenizer::Tokenizer& tok, bool trained) {
+  if (tok.eos_id() < 0) throw Error("the tokenizer has no EOS token, which this chat template needs");
+  return token(tok.eos_id(), "<eos>", trained);
+}
+
+// prompt + response + EOS: the format of the bundled quickstart data.
+class Plain final : public ChatTemplate {
+ public:
+  Plain() : ChatTemplate("plain") {}
+
+ protected:
+  std::vector<Piece> render(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                            bool) const override {
+    std::vector<Piece> out;
+    if (tok.add_bos() && tok.bos_id() >= 0) out.push_back(token(tok.bos_id(), "<bos>", false));
+    for (const auto& m : messages) {
+      check_role(m.role);
+      if (m.role != "assistant") {
+        out.push_back(text(m.content));
+        continue;
+      }
+      out.push_back(text(m.content, true));
+      out.push_back(eos_piece(tok, true));
+    }
+    return out;
+  }
+  Piece end_of_turn(const tokenizer::Tokenizer& tok) const override { return eos_piece(tok, true); }
+};
+
+// <|im_start|>role\ncontent<|im_end|>\n
+class ChatML final : public ChatTemplate {
+ public:
+  ChatML() : ChatTemplate("chatml") {}
+
+ protected:
+  std::vector<Piece> render(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                            bool generation_prompt) const override {
+    std::vector<Piece> out;
+    if (tok.add_bos() && tok.bos_id() >= 0) out.push_back(token(tok.bos_id(), "<bos>", false));
+    for (const auto& m : messages) {
+      check_role(m.role);
+      const bool a = m.role == "assistant";
+      out.push_back(marker("<|im_start|>"));
+      out.push_back(text(m.role + "\n"));
+      out.push_back(text(m.content, a));
+      out.push_back(marker("<|im_end|>", a));
+      out.push_back(text("\n"));
+    }
+    if (generation_prompt) {
+      out.push_back(marker("<|im_start|>"));
+      out.push_back(text("assistant\n"));
+    }
+    return out;
+  }
+  Piece end_of_turn(const tokenizer::Tokenizer&) const override { return marker("<|im_end|>", true); }
+};
+
+// <|begin_of_text|><|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>
+// (Meta's template, which trims each message's content).
+class Llama3 final : public ChatTemplate {
+ public:
+  Llama3() : ChatTemplate("llama3") {}
+
+ protected:
+  std::vector<Piece> render(const tokenizer::Tokenizer&, const std::vector<Message>& messages,
+                            bool generation_prompt) const override {
+    std::vector<Piece> out{marker("<|begin_of_text|>")};
+    auto header = [&](const std::string& role) {
+      out.push_back(marker("<|start_header_id|>"));
+      out.push_back(text(role));
+      out.push_back(marker("<|end_header_id|>"));
+      out.push_back(text("\n\n"));
+    };
+    for (const auto& m : messages) {
+      check_role(m.role);
+      const bool a = m.role == "assistant";
+      header(m.role);
+      out.push_back(text(content(m.content), a));
+      out.push_back(marker("<|eot_id|>", a));
+    }
+    if (generation_prompt) header("assistant");
+    return out;
+  }
+  Piece end_of_turn(const tokenizer::Tokenizer&) const override { return marker("<|eot_id|>", true); }
+  std::string content(const std::string& c) const override { return trim(c); }
+};
+
+// Open-Assistant: <|prompter|>text</s><|assistant|>text</s> (</s> = the EOS token).
+class OpenAssistant final : public ChatTemplate {
+ public:
+  OpenAssistant() : ChatTemplate("oasst") {}
+
+ protected:
+  std::vector<Piece> render(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                            bool generation_prompt) const override {
+    static const std::map<std::string, std::string> kMarker = {
+        {"system", "<|system|>"}, {"user", "<|prompter|>"}, {"assistant", "<|assistant|>"}};
+    std::vector<Piece> out;
+    if (tok.add_bos() && tok.bos_id() >= 0) out.push_back(token(tok.bos_id(), "<bos>", false));
+    for (const auto& m : messages) {
+      check_role(m.role);
+      const bool a = m.role == "assistant";
+      out.push_back(marker(kMarker.at(m.role)));
+      out.push_back(text(m.content, a));
+      out.push_back(eos_piece(tok, a));
+    }
+    if (generation_prompt) out.push_back(marker("<|assistant|>"));
+    return out;
+  }
+  Piece end_of_turn(const tokenizer::Tokenizer& tok) const override { return eos_piece(tok, true); }
+};
+
+int64_t marker_id(const tokenizer::Tokenizer& tok, const Piece& p, const std::string& tmpl) {
+  if (p.id >= 0) return p.id;
+  if (auto id = tok.token_to_id(p.text)) return *id;
+  throw Error(concat("data.template ", tmpl, ": the tokenizer has no single token \"", p.text,
+                     "\", which this template needs (use a tokenizer that has the template's special tokens, "
+                     "or data.template: plain)"));
+}
+
+}  // namespace
+
+const ChatTemplate& ChatTemplate::get(const std::string& name) {
+  static const Plain plain;
+  static const ChatML chatml;
+  static const Llama3 llama3;
+  static const OpenAssistant oasst;
+  if (name == "plain") return plain;
+  if (name == "chatml") return chatml;
+  if (name == "llama3") return llama3;
+  if (name == "oasst") return oasst;
+  throw ConfigError(concat("data.template: unknown chat template \"", name, "\"; expected plain, chatml, llama3 or oasst"));
+}
+
+TokenizedChat ChatTemplate::tokenize(const tokenizer::Tokenizer& tok, const std::vector<Piece>& pieces,
+                                     bool train_on_prompt) const {
+  TokenizedChat out;
+  // Consecutive text pieces with the same `trained` flag are encoded as one
+  // string, so the ids equal encoding the rendered text whole wherever the
+  // pre-tokenizer splits at markers and at the prompt/answer boundary.
+  std::string run;
+  bool run_trained = false;
+  int64_t first_trained = -1;
+  auto emit = [&](const std::vector<int64_t>& ids, bool trained) {
+    if (trained && first_trained < 0) first_trained = static_cast<int64_t>(out.input_ids.size());
+    for (auto id : ids) {
+      out.input_ids.push_back(id);
+      out.labels.push_back(trained || train_on_prompt ? id : kIgnoreIndex);
+    }
+  };
+  auto flush = [&] {
+    if (!run.empty()) emit(tok.encode(run), run_trained);
+    run.clear();
+  };
+  for (const auto& p : pieces) {
+    if (p.marker) {
+      flush();
+      emit({marker_id(tok, p, name())}, p.trained);
+      continue;
+    }
+    if (p.trained != run_trained) flush();
+    run_trained = p.trained;
+    run += p.text;
+  }
+  flush();
+  out.prompt_tokens = first_trained < 0 ? static_cast<int64_t>(out.input_ids.size()) : first_trained;
+  return out;
+}
+
+TokenizedChat ChatTemplate::encode(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                                   bool train_on_prompt) const {
+  return tokenize(tok, render(tok, messages, false), train_on_prompt);
+}
+
+std::vector<int64_t> ChatTemplate::encode_prompt(const tokenizer::Tokenizer& tok,
+                                                 const std::vector<Message>& messages) const {
+  return tokenize(tok, render(tok, messages, true), false).input_ids;
+}
+
+std::vector<int64_t> ChatTemplate::encode_reply(const tokenizer::Tokenizer& tok, const std::string& c) const {
+  return tokenize(tok, {text(content(c), true), end_of_turn(tok)}, false).input_ids;
+}
+
+int64_t ChatTemplate::end_of_turn_id(const tokenizer::Tokenizer& tok) const {
+  return marker_id(tok, end_of_turn(tok), name());
+}
+
+TokenizedChat encode_plain(const tokenizer::Tokenizer& tok, const std::string& prompt, const std::string& response,
+                           bool add_eos, bool train_on_prompt) {
+  TokenizedChat out;
+  std::vector<int64_t> p;
+  if (tok.add_bos() && tok.bos_id() >= 0) p.push_back(tok.bos_id());
+  const auto pe = tok.encode(prompt);
+  p.insert(p.end(), pe.begin(), pe.end());
+  auto r = tok.encode(response);
+  if (add_eos) r.push_back(tok.eos_id());
+  out.prompt_tokens = static_cast<int64_t>(p.size());
+  out.input_ids = p;
+  out.input_ids.insert(out.input_ids.end(), r.begin(), r.end());
+  out.labels = train_on_prompt ? p : std::vector<int64_t>(p.size(), kIgnoreIndex);
+  out.labels.insert(out.labels.end(), r.begin(), r.end());
+  return out;
+}
+
+}  // namespace anvil::data

@@ -1,0 +1,32 @@
+#pragma once
+// The tokenizer backends behind anvil/tokenizer/tokenizer.h's factory, and
+// the special-token settings a model folder keeps beside its tokenizer file.
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "anvil/tokenizer/tokenizer.h"
+
+namespace anvil::tokenizer::detail {
+
+/// tokenizer_config.json / special_tokens_map.json beside a tokenizer file.
+/// Each token comes from tokenizer_config.json, or from special_tokens_map.json
+/// when tokenizer_config.json does not name it.
+struct SpecialTokenConfig {
+  std::optional<std::string> bos, eos, pad;  // token strings
+  std::optional<bool> add_bos, add_eos;
+  std::filesystem::path source;  // the file they came from, for messages ("" if none)
+};
+
+/// Reads `dir`/tokenizer_config.json and `dir`/special_tokens_map.json; either
+/// may be missing. Throws Error naming the file and key on malformed content.
+SpecialTokenConfig read_special_token_config(const std::filesystem::path& dir);
+
+std::unique_ptr<Tokenizer> make_hf_tokenizer(const std::filesystem::path& tokenizer_json,
+                                             const SpecialTokenConfig& cfg);
+std::unique_ptr<Tokenizer> make_sentencepiece_tokenizer(const std::filesystem::path& model_file,
+                                                        const SpecialTokenConfig& cfg);
+
+}  // namespace anvil::tokenizer::detail

@@ -1,0 +1,1382 @@
+// Hugging Face tokenizer.json backend for byte-level BPE (GPT-2, GPT-NeoX,
+// LLaMA-3, Qwen, ...), id for id what the `tokenizers` library gives. The
+// pipeline is the library's: added tokens are cut out of the raw text; the
+// pieces between are normalized and cut again on added tokens that match
+// normalized text; pre-tokenizers split those into words; BPE merges each
+// word. Words are kept as raw bytes throughout: the byte-level alphabet
+// (bytes_to_unicode) only matters for reading the vocabulary and merges.
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <utf8proc.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <cctype>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <queue>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "anvil/core/error.h"
+#include "anvil/core/fs.h"
+#include "backends.h"
+
+namespace anvil::tokenizer {
+namespace {
+
+namespace stdfs = std::filesystem;
+using nlohmann::json;
+
+// ---------------------------------------------------------------- UTF-8
+
+// Length of the well-formed UTF-8 sequence at s[i]; 0 when ill-formed, with
+// *bad the length of its maximal invalid subpart: what one U+FFFD replaces in
+// Rust's from_utf8_lossy (HF's decode) and Python's errors="replace".
+size_t utf8_sequence(std::string_view s, size_t i, size_t* bad) {
+  const auto b0 = static_cast<unsigned char>(s[i]);
+  if (b0 < 0x80) return 1;
+  size_t n;
+  unsigned char lo = 0x80, hi = 0xBF;
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    n = 2;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    n = 3;
+    if (b0 == 0xE0) lo = 0xA0;
+    if (b0 == 0xED) hi = 0x9F;  // no surrogates
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    n = 4;
+    if (b0 == 0xF0) lo = 0x90;
+    if (b0 == 0xF4) hi = 0x8F;
+  } else {
+    *bad = 1;
+    return 0;
+  }
+  size_t k = 1;
+  for (; k < n && i + k < s.size(); ++k) {
+    const auto b = static_cast<unsigned char>(s[i + k]);
+    if (b < lo || b > hi) break;
+    lo = 0x80, hi = 0xBF;
+  }
+  if (k == n) return n;
+  *bad = k;
+  return 0;
+}
+
+bool is_valid_utf8(std::string_view s) {
+  size_t i = 0, bad = 0;
+  while (i < s.size()) {
+    if (static_cast<unsigned char>(s[i]) < 0x80) {
+      ++i;
+      continue;
+    }
+    const size_t n = utf8_sequence(s, i, &bad);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
+std::string to_valid_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0, bad = 0;
+  while (i < s.size()) {
+    const size_t n = utf8_sequence(s, i, &bad);
+    if (n) {
+      out.append(s.substr(i, n));
+      i += n;
+    } else {
+      out += "\xEF\xBF\xBD";  // U+FFFD
+      i += bad;
+    }
+  }
+  return out;
+}
+
+size_t utf8_length(unsigned char lead) { return lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4; }
+
+// The code point at s[i] of valid UTF-8; advances i past it.
+char32_t next_code_point(std::string_view s, size_t& i) {
+  const auto b0 = static_cast<unsigned char>(s[i]);
+  const size_t n = utf8_length(b0);
+  char32_t c = n == 1 ? b0 : n == 2 ? b0 & 0x1F : n == 3 ? b0 & 0x0F : b0 & 0x07;
+  for (size_t k = 1; k < n; ++k) c = (c << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  i += n;
+  return c;
+}
+
+char32_t last_code_point(std::string_view s) {
+  size_t i = s.size() - 1;
+  while (i > 0 && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) --i;
+  return next_code_point(s, i);
+}
+
+void append_utf8(std::string& out, char32_t c) {
+  if (c < 0x80) {
+    out += static_cast<char>(c);
+  } else if (c < 0x800) {
+    out += static_cast<char>(0xC0 | (c >> 6));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  } else if (c < 0x10000) {
+    out += static_cast<char>(0xE0 | (c >> 12));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (c >> 18));
+    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  }
+}
+
+// ---------------------------------------------------------------- Unicode classes
+
+struct CodeRange {
+  char32_t first, last;
+};
+
+// HF's regex engine (Oniguruma) and Rust know Unicode 16; Debian's PCRE2 10.42
+// knows Unicode 14 and utf8proc 2.8 Unicode 15. These are the letters (L) and
+// numbers (N) of Unicode 16 that PCRE2 10.42 lacks, measured by matching every
+// code point with tokenizers 0.23.3 and with PCRE2.
+constexpr CodeRange kNewerLetters[] = {
+    {0x1C89, 0x1C8A},   {0xA7CB, 0xA7CD},   {0xA7DA, 0xA7DC},   {0x105C0, 0x105F3}, {0x10D4A, 0x10D65},
+    {0x10D6F, 0x10D85}, {0x10EC2, 0x10EC4}, {0x1123F, 0x11240}, {0x11380, 0x11389}, {0x1138B, 0x1138B},
+    {0x1138E, 0x1138E}, {0x11390, 0x113B5}, {0x113B7, 0x113B7}, {0x113D1, 0x113D1}, {0x113D3, 0x113D3},
+    {0x11BC0, 0x11BE0}, {0x11F02, 0x11F02}, {0x11F04, 0x11F10}, {0x11F12, 0x11F33}, {0x1342F, 0x1342F},
+    {0x13441, 0x13446}, {0x13460, 0x143FA}, {0x16100, 0x1611D}, {0x16D40, 0x16D6C}, {0x18CFF, 0x18CFF},
+    {0x1B132, 0x1B132}, {0x1B155, 0x1B155}, {0x1DF25, 0x1DF2A}, {0x1E030, 0x1E06D}, {0x1E4D0, 0x1E4EB},
+    {0x1E5D0, 0x1E5ED}, {0x1E5F0, 0x1E5F0}, {0x2B739, 0x2B739}, {0x2EBF0, 0x2EE5D}, {0x31350, 0x323AF}};
+constexpr CodeRange kNewerNumbers[] = {
+    {0x10D40, 0x10D49}, {0x116D0, 0x116E3}, {0x11BF0, 0x11BF9}, {0x11F50, 0x11F59}, {0x16130, 0x16139},
+    {0x16D70, 0x16D79}, {0x1CCF0, 0x1CCF9}, {0x1D2C0, 0x1D2D3}, {0x1E4F0, 0x1E4F9}, {0x1E5F1, 0x1E5FA}};
+// Unicode White_Space: \s in Oniguruma and in Rust's regex (PCRE2 10.42 also
+// counts U+180E).
+constexpr CodeRange kWhiteSpace[] = {{0x09, 0x0D}, {0x20, 0x20},     {0x85, 0x85},     {0xA0, 0xA0},
+                                     {0x1680, 0x1680}, {0x2000, 0x200A}, {0x2028, 0x2029}, {0x202F, 0x202F},
+                                     {0x205F, 0x205F}, {0x3000, 0x3000}};
+// Other_Alphabetic symbols (circled and squared Latin letters) that Rust's \w
+// counts and a general-category test does not.
+constexpr CodeRange kAlphabeticSymbols[] = {
+    {0x24B6, 0x24E9}, {0x1F130, 0x1F149}, {0x1F150, 0x1F169}, {0x1F170, 0x1F189}};
+
+template <size_t N>
+bool in_ranges(char32_t c, const CodeRange (&ranges)[N]) {
+  for (const auto& r : ranges)
+    if (c >= r.first && c <= r.last) return true;
+  return false;
+}
+
+bool is_white_space(char32_t c) { return in_ranges(c, kWhiteSpace); }
+
+// Rust's char::is_numeric (the Digits pre-tokenizer): general category N*.
+bool is_numeric(char32_t c) {
+  if (c < 0x80) return c >= '0' && c <= '9';
+  const auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
+  return cat == UTF8PROC_CATEGORY_ND || cat == UTF8PROC_CATEGORY_NL || cat == UTF8PROC_CATEGORY_NO ||
+         in_ranges(c, kNewerNumbers);
+}
+
+// Rust regex's Unicode \w (single_word added tokens): Alphabetic, marks,
+// decimal digits, connector punctuation, joiners.
+bool is_word_char(char32_t c) {
+  if (c < 0x80) return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+  switch (utf8proc_category(static_cast<utf8proc_int32_t>(c))) {
+    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT: case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_MN: case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_PC:
+      return true;
+    case UTF8PROC_CATEGORY_CN:  // unassigned before Unicode 16, whose new numbers are all decimal digits
+      return in_ranges(c, kNewerLetters) || in_ranges(c, kNewerNumbers);
+    default:
+      return c == 0x200C || c == 0x200D || in_ranges(c, kAlphabeticSymbols);
+  }
+}
+
+// ---------------------------------------------------------------- byte-level alphabet
+
+// GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the
+// other 68 bytes for U+0100.. in byte order.
+class ByteAlphabet {
+ public:
+  ByteAlphabet() {
+    byte_of_.fill(-1);
+    char32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      const char32_t c = printable ? static_cast<char32_t>(b) : next++;
+      byte_of_[c] = static_cast<int16_t>(b);
+      append_utf8(utf8_[b], c);
+    }
+  }
+  // The raw bytes a byte-level string stands for; false when it has a
+  // character outside the alphabet.
+  bool to_bytes(std::string_view s, std::string& out) const {
+    out.clear();
+    for (size_t i = 0; i < s.size();) {
+      const char32_t c = next_code_point(s, i);
+      if (c >= byte_of_.size() || byte_of_[c] < 0) return false;
+      out += static_cast<char>(byte_of_[c]);
+    }
+    return true;
+  }
+  std::string to_chars(std::string_view bytes) const {
+    std::string out;
+    out.reserve(bytes.size() * 2);
+    for (const char b : bytes) out += utf8_[static_cast<unsigned char>(b)];
+    return out;
+  }
+  const std::string& char_of(unsigned char b) const { return utf8_[b]; }
+
+ private:
+  std::array<std::string, 256> utf8_;
+  std::array<int16_t, 324> byte_of_;  // U+0000..U+0143
+};
+
+const ByteAlphabet& byte_alphabet() {
+  static const ByteAlphabet alphabet;
+  return alphabet;
+}
+
+// ---------------------------------------------------------------- regular expressions
+
+std::string class_ranges(const CodeRange* begin, const CodeRange* end) {
+  std::string out;
+  char buf[40];
+  for (auto r = begin; r != end; ++r) {
+    std::snprintf(buf, sizeof buf, "\\x{%X}-\\x{%X}", static_cast<unsigned>(r->first), static_cast<unsigned>(r->last));
+    out += buf;
+  }
+  return out;
+}
+
+// Rewrites an Oniguruma (Ruby syntax) pattern as HF compiles it into PCRE2
+// with the same meaning: \p{L}, \p{N} and \s get Unicode 16's members, \h is
+// Ruby's hex digit, \uHHHH becomes \x{HHHH}.
+std::string onig_to_pcre2(std::string_view p) {
+  static const std::string letters = class_ranges(std::begin(kNewerLetters), std::end(kNewerLetters));
+  static const std::string numbers = class_ranges(std::begin(kNewerNumbers), std::end(kNewerNumbers));
+  static const std::string space = class_ranges(std::begin(kWhiteSpace), std::end(kWhiteSpace));
+  static const std::string hex = "0-9a-fA-F";
+  std::string out;
+  bool in_class = false;
+  const auto set = [&](const std::string& members, bool negated) {
+    out += in_class ? members : concat(negated ? "[^" : "[", members, "]");
+  };
+  for (size_t i = 0; i < p.size(); ++i) {
+    const char c = p[i];
+    if (c == '\\' && i + 1 < p.size()) {
+      const char e = p[i + 1];
+      if ((e == 'p' || e == 'P') && i + 2 < p.size() && p[i + 2] == '{') {
+        const auto close = p.find('}', i + 3);
+        const auto name = close == std::string_view::npos ? std::string_view() : p.substr(i + 3, close - i - 3);
+        const std::string* extra = name == "L" ? &letters : name == "N" ? &numbers : nullptr;
+        if (extra && !(e == 'P' && in_class)) {  // a negated property inside a class cannot take ranges
+          set(concat("\\p{", name, "}", *extra), e == 'P');
+          i = close;
+          continue;
+        }
+      } else if (e == 's' || (e == 'S' && !in_class)) {
+        set(space, e == 'S');
+        ++i;
+        continue;
+      } else if (e == 'h' || (e == 'H' && !in_class)) {
+        set(hex, e == 'H');
+        ++i;
+        continue;
+      } else if (e == 'u' && i + 5 < p.size() &&
+                 std::all_of(p.begin() + i + 2, p.begin() + i + 6, [](char h) { return std::isxdigit(h); })) {
+        out += concat("\\x{", p.substr(i + 2, 4), "}");
+        i += 5;
+        continue;
+      }
+      out += c;
+      out += e;
+      ++i;
+      continue;
+    }
+    if (in_class) {
+      if (c == '[' && i + 1 < p.size() && p[i + 1] == ':') {  // POSIX class [:alpha:]
+        const auto close = p.find(":]", i + 2);
+        if (close != std::string_view::npos) {
+          out += p.substr(i, close + 2 - i);
+          i = close + 1;
+          continue;
+        }
+      } else if (c == ']') {
+        in_class = false;
+      }
+    } else if (c == '[') {
+      in_class = true;
+      out += c;
+      if (i + 1 < p.size() && p[i + 1] == '^') out += p[++i];
+      if (i + 1 < p.size() && p[i + 1] == ']') out += p[++i];  // a leading ']' is literal
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+std::string regex_escape(std::string_view literal) {
+  std::string out;
+  for (const char c : literal) {
+    if (static_cast<unsigned char>(c) < 0x80 && !std::isalnum(static_cast<unsigned char>(c))) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+// Per-thread PCRE2 match state: patterns are shared, match data is not.
+struct MatchState {
+  MatchState()
+      : data(pcre2_match_data_create(1, nullptr)),
+        context(pcre2_match_context_create(nullptr)),
+        stack(pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr)) {
+    if (!data || !context || !stack) throw std::bad_alloc();
+    pcre2_jit_stack_assign(context, nullptr, stack);
+  }
+  ~MatchState() {
+    pcre2_jit_stack_free(stack);
+    pcre2_match_context_free(context);
+    pcre2_match_data_free(data);
+  }
+  pcre2_match_data* data;
+  pcre2_match_context* context;
+  pcre2_jit_stack* stack;
+};
+
+class Regex {
+ public:
+  Regex(std::string_view onig_pattern, const std::string& where) {
+    const auto pattern = onig_to_pcre2(onig_pattern);
+    int err = 0;
+    PCRE2_SIZE offset = 0;
+    // Ruby syntax, which HF's Oniguruma uses: ^ and $ match at line breaks.
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                          PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE, &err, &offset, nullptr);
+    if (!code_) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof msg);
+      throw Error(concat(where, ": cannot compile regex \"", onig_pattern, "\": ", reinterpret_cast<char*>(msg)));
+    }
+    jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
+  }
+  ~Regex() { pcre2_code_free(code_); }
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+
+  // The first match at or after `from` (s is valid UTF-8).
+  bool find(std::string_view s, size_t from, size_t* begin, size_t* end) const {
+    thread_local MatchState state;
+    const auto subject = reinterpret_cast<PCRE2_SPTR>(s.data());
+    const int rc = jit_ ? pcre2_jit_match(code_, subject, s.size(), from, 0, state.data, state.context)
+                        : pcre2_match(code_, subject, s.size(), from, PCRE2_NO_UTF_CHECK, state.data, state.context);
+    if (rc == PCRE2_ERROR_NOMATCH) return false;
+    if (rc < 0) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(rc, msg, sizeof msg);
+      throw Error(concat("tokenizer regex match failed: ", reinterpret_cast<char*>(msg)));
+    }
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(state.data);
+    *begin = ov[0];
+    *end = ov[1];
+    return true;
+  }
+
+  // Every match, as Oniguruma's find_iter gives them: an empty match right
+  // where the previous match ended is skipped by one character.
+  template <class F>
+  void for_each_match(std::string_view s, F&& f) const {
+    size_t from = 0, b = 0, e = 0;
+    bool matched_before = false;
+    size_t last_match_end = 0;
+    while (from <= s.size() && find(s, from, &b, &e)) {
+      if (b == e && matched_before && last_match_end == e) {
+        if (from >= s.size()) break;
+        from += utf8_length(static_cast<unsigned char>(s[from]));
+        continue;
+      }
+      from = last_match_end = e;
+      matched_before = true;
+      f(b, e);
+    }
+  }
+
+ private:
+  pcre2_code* code_ = nullptr;
+  bool jit_ = false;
+};
+
+// ---------------------------------------------------------------- normalizer
+
+// NFC / NFD / NFKC / NFKD in sequence (utf8proc).
+class Normalizer {
+ public:
+  void add(utf8proc_option_t form, bool nfc) { forms_.push_back({form, nfc}); }
+  bool empty() const { return forms_.empty(); }
+
+  // Writes the normalized form of s to out; false (out untouched) when s is
+  // already normalized by every form.
+  bool apply(std::string_view s, std::string& out) const {
+    if (forms_.empty()) return false;
+    const bool ascii = std::all_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; });
+    if (ascii) return false;  // ASCII is invariant under all four
+    // Below U+0300 nothing composes or decomposes canonically: NFC leaves it.
+    const bool below_combining =
+        std::all_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0xCC; });
+    bool changed = false;
+    for (const auto& f : forms_) {
+      if (f.nfc && below_combining && !changed) continue;
+      const std::string_view in = changed ? std::string_view(out) : s;
+      utf8proc_uint8_t* dst = nullptr;
+      const auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(in.data()),
+                                  static_cast<utf8proc_ssize_t>(in.size()), &dst, f.options);
+      if (n < 0) throw Error(concat("unicode normalization failed: ", utf8proc_errmsg(n)));
+      std::string result(reinterpret_cast<char*>(dst), static_cast<size_t>(n));
+      std::free(dst);
+      out = std::move(result);
+      changed = true;
+    }
+    return changed;
+  }
+
+ private:
+  struct Form {
+    utf8proc_option_t options;
+    bool nfc;
+  };
+  std::vector<Form> forms_;
+};
+
+// ---------------------------------------------------------------- added tokens
+
+struct AddedToken {
+  std::string content;
+  int32_t id = -1;
+  bool special = false, lstrip = false, rstrip = false, single_word = false, normalized = true;
+};
+
+// Byte trie over added-token contents with HF's Aho-Corasick LeftmostLongest
+// semantics: the match starting first wins, the longest among those; matches
+// never overlap.
+class TokenTrie {
+ public:
+  void add(std::string_view key, int32_t value) {
+    if (key.empty()) return;
+    first_[static_cast<unsigned char>(key[0])] = true;
+    int32_t node = 0;
+    for (const char c : key) {
+      int32_t child = find_child(node, static_cast<unsigned char>(c));
+      if (child < 0) {
+        child = static_cast<int32_t>(nodes_.size());
+        nodes_[node].children.emplace_back(static_cast<unsigned char>(c), child);
+        nodes_.emplace_back();
+      }
+      node = child;
+    }
+    nodes_[node].value = value;
+  }
+  bool empty() const { return nodes_.size() == 1; }
+
+  template <class F>
+  void for_each_match(std::string_view s, F&& f) const {
+    for (size_t i = 0; i < s.size();) {
+      if (!first_[static_cast<unsigned char>(s[i])]) {
+        ++i;
+        continue;
+      }
+      int32_t node = 0, value = -1;
+      size_t end = 0;
+      for (size_t j = i; j < s.size(); ++j) {
+        node = find_child(node, static_cast<unsigned char>(s[j]));
+        if (node < 0) break;
+        if (nodes_[node].value >= 0) value = nodes_[node].value, end = j + 1;
+      }
+      if (value < 0) {
+        ++i;
+        continue;
+      }
+      f(i, end, value);
+      i = end;
+    }
+  }
+
+ private:
+  int32_t find_child(int32_t node, unsigned char c) const {
+    for (const auto& [byte, child] : nodes_[node].children)
+      if (byte == c) return child;
+    return -1;
+  }
+  struct Node {
+    std::vector<std::pair<unsigned char, int32_t>> children;
+    int32_t value = -1;
+  };
+  std::vector<Node> nodes_{1};
+  std::array<bool, 256> first_{};
+};
+
+// ---------------------------------------------------------------- BPE merges
+
+// (left id, right id) -> (rank, merged id), open addressing.
+class MergeMap {
+ public:
+  static constexpr uint64_t kNone = ~0ull;
+
+  void reserve(size_t n) {
+    size_t cap = 16;
+    while (cap < 2 * n) cap *= 2;
+    slots_.assign(cap, Slot{kEmpty, 0, 0});
+    shift_ = 64 - static_cast<int>(std::countr_zero(cap));
+  }
+  // A later duplicate overrides an earlier one, as in HF's HashMap collect.
+  void insert(uint32_t left, uint32_t right, uint32_t rank, uint32_t merged) {
+    const uint64_t key = pack(left, right);
+    for (size_t i = home(key);; i = (i + 1) & (slots_.size() - 1)) {
+      if (slots_[i].key == kEmpty || slots_[i].key == key) {
+        slots_[i] = {key, rank, merged};
+        return;
+      }
+    }
+  }
+  // (rank << 32 | merged id), or kNone: ordering by the packed value orders by rank.
+  uint64_t find(uint32_t left, uint32_t right) const {
+    const uint64_t key = pack(left, right);
+    for (size_t i = home(key);; i = (i + 1) & (slots_.size() - 1)) {
+      const Slot& s = slots_[i];
+      if (s.key == key) return (static_cast<uint64_t>(s.rank) << 32) | s.merged;
+      if (s.key == kEmpty) return kNone;
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~0ull;
+  struct Slot {
+    uint64_t key;
+    uint32_t rank, merged;
+  };
+  static uint64_t pack(uint32_t left, uint32_t right) { return (static_cast<uint64_t>(left) << 32) | right; }
+  size_t home(uint64_t key) const { return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> shift_); }
+  std::vector<Slot> slots_;
+  int shift_ = 60;
+};
+
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
+template <class V>
+using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
+
+// Word (raw bytes) -> ids, per thread and per tokenizer.
+struct WordCache {
+  uint64_t owner = 0;
+  StringMap<std::vector<int32_t>> words;
+};
+constexpr size_t kMaxCachedWordBytes = 256;  // as HF's BPE cache
+constexpr size_t kCacheCapacity = 1 << 16;   // words; the cache starts over when full
+
+// ---------------------------------------------------------------- pre-tokenizers
+
+enum class Behavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
+
+struct PreTokenizerStep {
+  enum class Kind { kSplit, kDigits, kByteLevel } kind = Kind::kSplit;
+  std::unique_ptr<Regex> regex;  // kSplit, and kByteLevel with use_regex
+  Behavior behavior = Behavior::kIsolated;
+  bool invert = false;
+  bool add_prefix_space = false;  // kByteLevel
+};
+
+struct Span {
+  size_t begin, end;
+  bool flag;  // a match (before the fold), or to remove (after)
+};
+
+// The spans of HF's Pattern::find_matches: matches and the gaps between them.
+template <class F>
+void for_each_span(const PreTokenizerStep& step, std::string_view s, F&& f) {
+  size_t prev = 0;
+  if (step.kind == PreTokenizerStep::Kind::kDigits) {
+    for (size_t i = 0; i < s.size();) {
+      const size_t b = i;
+      if (is_numeric(next_code_point(s, i))) {
+        if (prev < b) f(prev, b, false);
+        f(b, i, true);
+        prev = i;
+      }
+    }
+  } else {
+    step.regex->for_each_match(s, [&](size_t b, size_t e) {
+      if (prev != b) f(prev, b, false);
+      f(b, e, true);
+      prev = e;
+    });
+  }
+  if (prev != s.size()) f(prev, s.size(), false);
+}
+
+// HF's NormalizedString::split: the pieces `step` cuts s into.
+template <class F>
+void split_by(const PreTokenizerStep& step, std::string_view s, F&& emit) {
+  if (step.behavior == Behavior::kIsolated) {  // every span is a piece: no need to collect them
+    for_each_span(step, s, [&](size_t b, size_t e, bool) {
+      if (e > b) emit(s.substr(b, e - b));
+    });
+    return;
+  }
+  std::vector<Span> spans;
+  for_each_span(step, s, [&](size_t b, size_t e, bool m) { spans.push_back({b, e, m != step.invert}); });
+  std::vector<Span> out;
+  bool prev = false;
+  switch (step.behavior) {
+    case Behavior::kRemoved:
+      out = std::move(spans);
+      break;
+    case Behavior::kContiguous:
+      for (const auto& sp : spans) {
+        if (sp.flag == prev && !out.empty()) out.back().end = sp.end;
+        else out.push_back({sp.begin, sp.end, false});
+        prev = sp.flag;
+      }
+      break;
+    case Behavior::kMergedWithPrevious:
+      for (const auto& sp : spans) {
+        if (sp.flag && !prev && !out.empty()) out.back().end = sp.end;
+        else out.push_back({sp.begin, sp.end, false});
+        prev = sp.flag;
+      }
+      break;
+    case Behavior::kMergedWithNext:
+      for (auto it = spans.rbegin(); it != spans.rend(); ++it) {
+        if (it->flag && !prev && !out.empty()) out.back().begin = it->begin;
+        else out.push_back({it->begin, it->end, false});
+        prev = it->flag;
+      }
+      std::reverse(out.begin(), out.end());
+      break;
+    case Behavior::kIsolated:
+      break;
+  }
+  for (const auto& sp : out)
+    if (!sp.flag && sp.end > sp.begin) emit(s.substr(sp.begin, sp.end - sp.begin));
+}
+
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+// ---------------------------------------------------------------- the tokenizer
+
+class HfTokenizer final : public Tokenizer {
+ public:
+  HfTokenizer(const stdfs::path& file, const detail::SpecialTokenConfig& cfg);
+
+  std::vector<int64_t> encode(std::string_view text) const override;
+  std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const override;
+
+  int64_t vocab_size() const override { return static_cast<int64_t>(id_bytes_.size()); }
+  int64_t bos_id() const override { return bos_; }
+  int64_t eos_id() const override { return eos_; }
+  int64_t pad_id() const override { return pad_; }
+  bool add_bos() const override { return add_bos_; }
+  std::optional<int64_t> token_to_id(std::string_view token) const override;
+  std::string kind() const override { return "hf"; }
+  void save(const stdfs::path& dir) const override;
+
+ private:
+  struct EncodeState {
+    WordCache& cache;
+    std::vector<int64_t>& out;
+  };
+
+  std::string where(const std::string& key) const { return concat(file_.string(), ": ", key); }
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw Error(concat(where(key), ": ", what));
+  }
+  void parse_model(const json& model);
+  void parse_merges(const json& merges);
+  void parse_normalizer(const json& j, const std::string& key);
+  void parse_pre_tokenizer(const json& j, const std::string& key);
+  void parse_added_tokens(const json& j);
+  void parse_decoder(const json& j);
+  std::optional<std::string> post_processor_bos(const json& j, const std::string& key, int64_t* id) const;
+  void build_decode_table();
+  void resolve_special_tokens(const json& post_processor, const detail::SpecialTokenConfig& cfg);
+
+  WordCache& cache() const;
+  template <class F>
+  void split_added(std::string_view s, const TokenTrie& trie, F&& f) const;
+  void encode_between_added(std::string_view piece, EncodeState& st) const;
+  template <class Sink>
+  void pre_tokenize(size_t step, std::string_view piece, bool byte_chars, Sink& sink) const;
+  void encode_word(std::string_view word, EncodeState& st) const;
+  void merge(std::vector<int32_t>& ids) const;
+  void merge_long(std::vector<int32_t>& ids) const;
+
+  stdfs::path file_;
+  stdfs::path config_dir_;
+  uint64_t instance_;
+
+  // model
+  StringMap<int32_t> vocab_;        // as written (byte-level characters)
+  StringMap<int32_t> bytes_vocab_;  // raw bytes -> id (ignore_merges)
+  std::array<int32_t, 256> byte_ids_{};
+  MergeMap merges_;
+  int32_t unk_id_ = -1;
+  bool fuse_unk_ = false;
+  bool ignore_merges_ = false;
+
+  Normalizer normalizer_;
+  std::vector<PreTokenizerStep> steps_;
+  bool has_byte_level_ = false;
+
+  std::vector<AddedToken> added_;
+  StringMap<int32_t> added_ids_;
+  TokenTrie raw_trie_, normalized_trie_;  // values: index into added_
+
+  std::vector<std::string> id_bytes_;  // what each id decodes to (before UTF-8 repair)
+  std::vector<uint8_t> id_flags_;      // kKnown | kSpecial
+  static constexpr uint8_t kKnown = 1, kSpecial = 2;
+
+  int64_t bos_ = -1, eos_ = -1, pad_ = -1;
+  bool add_bos_ = false;
+};
+
+// ------------------------------------------------ loading
+
+const json& need(const json& obj, const char* key, const std::string& where, const stdfs::path& file) {
+  const auto it = obj.find(key);
+  if (it == obj.end()) throw Error(concat(file.string(), ": ", where.empty() ? "" : where + ".", key, ": missing"));
+  return *it;
+}
+
+bool bool_or(const json& obj, const char* key, bool fallback, const std::string& where, const stdfs::path& file) {
+  const auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return fallback;
+  if (!it->is_boolean()) throw Error(concat(file.string(), ": ", where, ".", key, ": expected true or false"));
+  return it->get<bool>();
+}
+
+// j[key] when it is a string, else "".
+std::string string_field(const json& j, const char* key) {
+  if (!j.is_object()) return {};
+  const auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+std::string type_of(const json& j, const std::string& where, const stdfs::path& file) {
+  if (!j.is_object()) throw Error(concat(file.string(), ": ", where, ": expected an object or null"));
+  const auto it = j.find("type");
+  if (it == j.end() || !it->is_string()) throw Error(concat(file.string(), ": ", where, ".type: expected a string"));
+  return it->get<std::string>();
+}
+
+HfTokenizer::HfTokenizer(const stdfs::path& file, const detail::SpecialTokenConfig& cfg)
+    : file_(file), config_dir_(file.parent_path()) {
+  static std::atomic<uint64_t> next_instance{1};
+  instance_ = next_instance++;
+  if (!stdfs::is_regular_file(file)) throw Error(concat(file.string(), ": tokenizer file not found"));
+  json j;
+  try {
+    j = json::parse(fs::read_file(file));
+  } catch (const json::exception& e) {
+    throw Error(concat(file.string(), ": not valid JSON: ", e.what()));
+  }
+  if (!j.is_object()) throw Error(concat(file.string(), ": expected a JSON object (a Hugging Face tokenizer.json)"));
+  parse_model(need(j, "model", "", file_));
+  const auto normalizer = j.find("normalizer");
+  if (normalizer != j.end()) parse_normalizer(*normalizer, "normalizer");
+  const auto pre = j.find("pre_tokenizer");
+  if (pre != j.end()) parse_pre_tokenizer(*pre, "pre_tokenizer");
+  if (!has_byte_level_)
+    fail("pre_tokenizer", "no ByteLevel pre-tokenizer; only byte-level BPE tokenizers are supported");
+  const auto added = j.find("added_tokens");
+  if (added != j.end() && !added->is_null()) parse_added_tokens(*added);
+  const auto decoder = j.find("decoder");
+  if (decoder != j.end()) parse_decoder(*decoder);
+  build_decode_table();
+  const auto post = j.find("post_processor");
+  resolve_special_tokens(post != j.end() ? *post : json(), cfg);
+}
+
+void HfTokenizer::parse_model(const json& model) {
+  if (!model.is_object()) fail("model", "expected an object");
+  const auto type = model.find("type");
+  if (type != model.end()) {
+    if (!type->is_string()) fail("model.type", "expected a string");
+    if (*type != "BPE")
+      fail("model.type", concat("unsupported model \"", type->get<std::string>(), "\"; expected BPE"));
+  }
+  const auto& vocab = need(model, "vocab", "model", file_);
+  if (!vocab.is_object()) fail("model.vocab", "expected an object of token -> id");
+  const auto& alphabet = byte_alphabet();
+  std::string bytes;
+  vocab_.reserve(vocab.size());
+  for (const auto& [token, id] : vocab.items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+      fail("model.vocab", concat("entry \"", token, "\": expected a non-negative integer id"));
+    vocab_.emplace(token, id.get<int32_t>());
+    if (alphabet.to_bytes(token, bytes)) bytes_vocab_.emplace(bytes, id.get<int32_t>());
+  }
+  for (int b = 0; b < 256; ++b) {
+    const auto it = vocab_.find(alphabet.char_of(static_cast<unsigned char>(b)));
+    byte_ids_[b] = it == vocab_.end() ? -1 : it->second;
+  }
+
+  const auto dropout = model.find("dropout");
+  if (dropout != model.end() && !dropout->is_null() && !(dropout->is_number() && dropout->get<double>() == 0.0))
+    fail("model.dropout", "BPE dropout is not supported; expected null or 0");
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    const auto it = model.find(key);
+    if (it != model.end() && !it->is_null() && !(it->is_string() && it->get<std::string>().empty()))
+      fail(concat("model.", key), "not supported by byte-level BPE; expected null or \"\"");
+  }
+  if (bool_or(model, "byte_fallback", false, "model", file_))
+    fail("model.byte_fallback", "byte_fallback is not supported (it is for SentencePiece-style BPE); expected false");
+  fuse_unk_ = bool_or(model, "fuse_unk", false, "model", file_);
+  ignore_merges_ = bool_or(model, "ignore_merges", false, "model", file_);
+  const auto unk = model.find("unk_token");
+  if (unk != model.end() && !unk->is_null()) {
+    if (!unk->is_string()) fail("model.unk_token", "expected a string or null");
+    const auto it = vocab_.find(unk->get<std::string>());
+    unk_id_ = it == vocab_.end() ? -1 : it->second;  // HF only complains once it needs it
+  }
+  parse_merges(need(model, "merges", "model", file_));
+}
+
+void HfTokenizer::parse_merges(const json& merges) {
+  if (!merges.is_array()) fail("model.merges", "expected a list of merges (\"a b\" strings or [\"a\", \"b\"] pairs)");
+  merges_.reserve(merges.size());
+  uint32_t rank = 0;
+  std::string left, right;
+  for (size_t i = 0; i < merges.size(); ++i) {
+    const auto& m = merges[i];
+    const auto key = concat("model.merges[", i, "]");
+    if (m.is_string()) {
+      const auto& s = m.get_ref<const std::string&>();
+      if (s.rfind("#version", 0) == 0) continue;  // merges.txt header, skipped by HF too
+      const auto space = s.find(' ');
+      if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
+        fail(key, concat("expected \"left right\" with one space, got \"", s, "\""));
+      left = s.substr(0, space);
+      right = s.substr(space + 1);
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      left = m[0].get<std::string>();
+      right = m[1].get<std::string>();
+    } else {
+      fail(key, "expected \"left right\" or [\"left\", \"right\"]");
+    }
+    const auto l = vocab_.find(left), r = vocab_.find(right), merged = vocab_.find(left + right);
+    if (l == vocab_.end()) fail(key, concat("\"", left, "\" is not in model.vocab"));
+    if (r == vocab_.end()) fail(key, concat("\"", right, "\" is not in model.vocab"));
+    if (merged == vocab_.end()) fail(key, concat("the merged token \"", left + right, "\" is not in model.vocab"));
+    merges_.insert(l->second, r->second, rank++, merged->second);
+  }
+}
+
+void HfTokenizer::parse_normalizer(const json& j, const std::string& key) {
+  if (j.is_null()) return;
+  const auto type = type_of(j, key, file_);
+  if (type == "Sequence") {
+    const auto& list = need(j, "normalizers", key, file_);
+    if (!list.is_array()) fail(key + ".normalizers", "expected a list");
+    for (size_t i = 0; i < list.size(); ++i) parse_normalizer(list[i], concat(key, ".normalizers[", i, "]"));
+  } else if (type == "NFC") {
+    normalizer_.add(static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE), true);
+  } else if (type == "NFD") {
+    normalizer_.add(static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE), false);
+  } else if (type == "NFKC") {
+    normalizer_.add(static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT), false);
+  } else if (type == "NFKD") {
+    normalizer_.add(static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT), false);
+  } else {
+    fail(key + ".type", concat("unsupported normalizer \"", type, "\"; expected NFC, NFKC, NFD, NFKD or Sequence"));
+  }
+}
+
+void HfTokenizer::parse_pre_tokenizer(const json& j, const std::string& key) {
+  if (j.is_null()) return;
+  const auto type = type_of(j, key, file_);
+  PreTokenizerStep step;
+  if (type == "Sequence") {
+    const auto& list = need(j, "pretokenizers", key, file_);
+    if (!list.is_array()) fail(key + ".pretokenizers", "expected a list");
+    for (size_t i = 0; i < list.size(); ++i) parse_pre_tokenizer(list[i], concat(key, ".pretokenizers[", i, "]"));
+    return;
+  } else if (type == "ByteLevel") {
+    if (has_byte_level_) fail(key, "a second ByteLevel pre-tokenizer is not supported");
+    has_byte_level_ = true;
+    step.kind = PreTokenizerStep::Kind::kByteLevel;
+    step.add_prefix_space = bool_or(j, "add_prefix_space", true, key, file_);
+    if (bool_or(j, "use_regex", true, key, file_)) step.regex = std::make_unique<Regex>(kGpt2Pattern, where(key));
+  } else if (type == "Split") {
+    const auto& pattern = need(j, "pattern", key, file_);
+    const auto regex = pattern.is_object() ? pattern.find("Regex") : pattern.end();
+    const auto literal = pattern.is_object() ? pattern.find("String") : pattern.end();
+    if (regex != pattern.end() && regex->is_string()) {
+      step.regex = std::make_unique<Regex>(regex->get<std::string>(), where(key + ".pattern.Regex"));
+    } else if (literal != pattern.end() && literal->is_string()) {
+      step.regex = std::make_unique<Regex>(regex_escape(literal->get<std::string>()), where(key + ".pattern.String"));
+    } else {
+      fail(key + ".pattern", "expected {\"Regex\": \"...\"} or {\"String\": \"...\"}");
+    }
+    const auto& behavior = need(j, "behavior", key, file_);
+    static const std::pair<const char*, Behavior> kBehaviors[] = {
+        {"Removed", Behavior::kRemoved},
+        {"Isolated", Behavior::kIsolated},
+        {"MergedWithPrevious", Behavior::kMergedWithPrevious},
+        {"MergedWithNext", Behavior::kMergedWithNext},
+        {"Contiguous", Behavior::kContiguous}};
+    const auto found = std::find_if(std::begin(kBehaviors), std::end(kBehaviors),
+                                    [&](const auto& b) { return behavior.is_string() && behavior == b.first; });
+    if (found == std::end(kBehaviors))
+      fail(key + ".behavior", concat("unsupported behavior ", behavior.dump(),
+                                     "; expected Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous"));
+    step.behavior = found->second;
+    step.invert = bool_or(j, "invert", false, key, file_);
+  } else if (type == "Digits") {
+    step.kind = PreTokenizerStep::Kind::kDigits;
+    step.behavior = bool_or(j, "individual_digits", false, key, file_) ? Behavior::kIsolated : Behavior::kContiguous;
+  } else {
+    fail(key + ".type", concat("unsupported pre-tokenizer \"", type, "\"; expected ByteLevel, Split, Digits or Sequence"));
+  }
+  steps_.push_back(std::move(step));
+}
+
+void HfTokenizer::parse_added_tokens(const json& list) {
+  if (!list.is_array()) fail("added_tokens", "expected a list");
+  const auto model_size = static_cast<int32_t>(vocab_.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    const auto& t = list[i];
+    const auto key = concat("added_tokens[", i, "]");
+    if (!t.is_object()) fail(key, "expected an object");
+    const auto& content = need(t, "content", key, file_);
+    const auto& id = need(t, "id", key, file_);
+    if (!content.is_string()) fail(key + ".content", "expected a string");
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+      fail(key + ".id", "expected a non-negative integer");
+    AddedToken a;
+    a.content = content.get<std::string>();
+    a.special = bool_or(t, "special", false, key, file_);
+    a.lstrip = bool_or(t, "lstrip", false, key, file_);
+    a.rstrip = bool_or(t, "rstrip", false, key, file_);
+    a.single_word = bool_or(t, "single_word", false, key, file_);
+    a.normalized = bool_or(t, "normalized", !a.special, key, file_);
+    if (a.content.empty()) continue;  // HF ignores these
+    if (const auto seen = added_ids_.find(a.content); seen != added_ids_.end()) {  // the later flags win
+      const auto prev = std::find_if(added_.begin(), added_.end(), [&](const auto& x) { return x.id == seen->second; });
+      a.id = prev->id;
+      *prev = std::move(a);
+      continue;
+    }
+    // HF does not read the ids: it adds the tokens one by one, giving a
+    // vocabulary entry's content that entry's id and anything else the next
+    // id after the model's vocabulary (counted as entries) and earlier added
+    // tokens. For a consistent file this is the id written there.
+    if (const auto in_vocab = vocab_.find(a.content); in_vocab != vocab_.end()) {
+      a.id = in_vocab->second;
+    } else if (added_.empty()) {
+      a.id = model_size;
+    } else {
+      const int32_t max_added = std::max_element(added_.begin(), added_.end(), [](const auto& x, const auto& y) {
+                                  return x.id < y.id;
+                                })->id;
+      a.id = max_added >= model_size || model_size == 0 ? max_added + 1 : model_size;
+    }
+    added_ids_.emplace(a.content, a.id);
+    added_.push_back(std::move(a));
+  }
+  // HF's tries list special tokens first, then the others; contents are
+  // unique, so leftmost-longest does not depend on that order.
+  for (size_t i = 0; i < added_.size(); ++i) {
+    const auto& a = added_[i];
+    if (!a.normalized) {
+      raw_trie_.add(a.content, static_cast<int32_t>(i));
+    } else {
+      std::string normalized;
+      normalized_trie_.add(normalizer_.apply(a.content, normalized) ? normalized : a.content, static_cast<int32_t>(i));
+    }
+  }
+}
+
+void HfTokenizer::parse_decoder(const json& j) {
+  if (j.is_null()) return;  // HF would join the raw token strings with spaces; byte-level decoding is what is meant
+  const auto type = type_of(j, "decoder", file_);
+  if (type == "ByteLevel") return;
+  if (type == "Sequence") {
+    const auto list = j.find("decoders");
+    if (list != j.end() && list->is_array())
+      for (const auto& d : *list)
+        if (string_field(d, "type") == "ByteLevel") return;
+    fail("decoder.decoders", "expected a ByteLevel decoder in the sequence");
+  }
+  fail("decoder.type", concat("unsupported decoder \"", type, "\"; expected ByteLevel"));
+}
+
+void HfTokenizer::build_decode_table() {
+  int32_t max_id = -1;
+  for (const auto& [token, id] : vocab_) max_id = std::max(max_id, id);
+  for (const auto& a : added_) max_id = std::max(max_id, a.id);
+  id_bytes_.assign(static_cast<size_t>(max_id + 1), {});
+  id_flags_.assign(static_cast<size_t>(max_id + 1), 0);
+  // HF's ByteLevel decoder maps a token's characters back to bytes, or keeps
+  // the token's own UTF-8 when a character is outside the alphabet.
+  const auto& alphabet = byte_alphabet();
+  const auto set = [&](int32_t id, const std::string& token) {
+    if (!alphabet.to_bytes(token, id_bytes_[id])) id_bytes_[id] = token;
+    id_flags_[id] = kKnown;
+  };
+  for (const auto& [token, id] : vocab_) set(id, token);
+  std::string normalized;
+  for (const auto& a : added_) {
+    // An added token's content wins over the vocabulary entry; HF decodes one
+    // that matches normalized text in its normalized form.
+    set(a.id, a.normalized && normalizer_.apply(a.content, normalized) ? normalized : a.content);
+    if (a.special) id_flags_[a.id] |= kSpecial;
+  }
+}
+
+// The token a TemplateProcessing post-processor puts in front of a single
+// sequence (LLaMA's BOS), with its id in *id.
+std::optional<std::string> HfTokenizer::post_processor_bos(const json& j, const std::string& key, int64_t* id) const {
+  if (!j.is_object()) return std::nullopt;
+  const auto type = string_field(j, "type");
+  if (type == "Sequence") {
+    const auto list = j.find("processors");
+    if (list == j.end() || !list->is_array()) return std::nullopt;
+    for (size_t i = 0; i < list->size(); ++i)
+      if (auto bos = post_processor_bos((*list)[i], concat(key, ".processors[", i, "]"), id)) return bos;
+    return std::nullopt;
+  }
+  if (type != "TemplateProcessing") return std::nullopt;  // ByteLevel, BertProcessing, RobertaProcessing: no BOS
+  const auto single = j.find("single");
+  if (single == j.end() || !single->is_array() || single->empty()) return std::nullopt;
+  const auto first = single->front().find("SpecialToken");
+  if (first == single->front().end()) return std::nullopt;
+  const auto name = string_field(*first, "id");
+  if (name.empty()) fail(key + ".single[0].SpecialToken.id", "expected a token string");
+  // The ids the template writes for it, else the token's own id.
+  const auto specials = j.find("special_tokens");
+  if (specials != j.end() && specials->is_object() && specials->contains(name)) {
+    const auto& entry = specials->at(name);
+    const auto ids = entry.find("ids");
+    if (ids != entry.end() && ids->is_array() && !ids->empty() && ids->front().is_number_integer()) {
+      *id = ids->front().get<int64_t>();
+      return name;
+    }
+  }
+  const auto resolved = token_to_id(name);
+  if (!resolved) fail(key + ".single[0]", concat("special token \"", name, "\" is not in the vocabulary"));
+  *id = *resolved;
+  return name;
+}
+
+void HfTokenizer::resolve_special_tokens(const json& post_processor, const detail::SpecialTokenConfig& cfg) {
+  const auto resolve = [&](const std::optional<std::string>& token, const char* key) -> int64_t {
+    if (!token) return -1;
+    const auto id = token_to_id(*token);
+    if (!id)
+      throw Error(concat(cfg.source.string(), ": ", key, ": token \"", *token, "\" is not in the vocabulary of ",
+                         file_.string()));
+    return *id;
+  };
+  int64_t template_bos = -1;
+  const bool template_adds_bos = post_processor_bos(post_processor, "post_processor", &template_bos).has_value();
+  bos_ = cfg.bos ? resolve(cfg.bos, "bos_token") : template_bos;
+  eos_ = cfg.eos ? resolve(cfg.eos, "eos_token") : token_to_id("<|endoftext|>").value_or(-1);
+  pad_ = resolve(cfg.pad, "pad_token");
+  add_bos_ = cfg.add_bos.value_or(template_adds_bos);
+  if (add_bos_ && bos_ < 0)
+    throw Error(concat(cfg.source.string(), ": add_bos_token: true, but no bos_token is set"));
+  for (const int64_t id : {bos_, eos_, pad_})
+    if (id >= 0 && id < vocab_size()) id_flags_[id] |= kSpecial;
+}
+
+// ------------------------------------------------ encoding
+
+WordCache& HfTokenizer::cache() const {
+  // One cache per thread serves the last two tokenizers used on it.
+  thread_local std::array<WordCache, 2> slots;
+  thread_local size_t victim = 0;
+  for (auto& s : slots)
+    if (s.owner == instance_) return s;
+  auto& s = slots[victim];
+  victim = (victim + 1) % slots.size();
+  s.owner = instance_;
+  s.words.clear();
+  return s;
+}
+
+// HF's AddedVocabulary::find_matches: f(begin, end, added index or -1) over
+// pieces covering s, with lstrip / rstrip / single_word applied.
+template <class F>
+void HfTokenizer::split_added(std::string_view s, const TokenTrie& trie, F&& f) const {
+  size_t start_offset = 0;
+  trie.for_each_match(s, [&](size_t start, size_t stop, int32_t index) {
+    const auto& a = added_[index];
+    if (a.single_word) {
+      const bool space_before = start == 0 || !is_word_char(last_code_point(s.substr(0, start)));
+      size_t after = stop;
+      const bool space_after = stop == s.size() || !is_word_char(next_code_point(s, after));
+      if (!space_before || !space_after) return;
+    }
+    if (a.lstrip) {
+      size_t b = start;
+      while (b > 0) {
+        size_t p = b - 1;
+        while (p > 0 && (static_cast<unsigned char>(s[p]) & 0xC0) == 0x80) --p;
+        size_t q = p;
+        if (!is_white_space(next_code_point(s, q))) break;
+        b = p;
+      }
+      start = std::max(b, start_offset);
+    }
+    if (a.rstrip) {
+      for (size_t q = stop; q < s.size() && is_white_space(next_code_point(s, q));) stop = q;
+    }
+    if (start_offset < start) f(start_offset, start, -1);
+    f(start, stop, index);
+    start_offset = stop;
+  });
+  if (start_offset != s.size()) f(start_offset, s.size(), -1);
+}
+
+std::vector<int64_t> HfTokenizer::encode(std::string_view text) const {
+  std::vector<int64_t> out;
+  out.reserve(text.size() / 3 + 4);
+  std::string repaired;
+  if (!is_valid_utf8(text)) text = repaired = to_valid_utf8(text);  // as Python would decode it, errors="replace"
+  EncodeState st{cache(), out};
+  if (raw_trie_.empty()) {
+    encode_between_added(text, st);
+    return out;
+  }
+  split_added(text, raw_trie_, [&](size_t b, size_t e, int32_t index) {
+    if (e <= b) return;
+    if (index >= 0) out.push_back(added_[index].id);
+    else encode_between_added(text.substr(b, e - b), st);
+  });
+  return out;
+}
+
+// Normalizes text that holds no raw-matched added token, cuts out the added
+// tokens that match normalized text, and pre-tokenizes and BPEs the rest.
+void HfTokenizer::encode_between_added(std::string_view piece, EncodeState& st) const {
+  std::string normalized;
+  if (normalizer_.apply(piece, normalized)) piece = normalized;
+  const auto words = [&](std::string_view word) { encode_word(word, st); };
+  if (normalized_trie_.empty()) {
+    pre_tokenize(0, piece, false, words);
+    return;
+  }
+  split_added(piece, normalized_trie_, [&](size_t b, size_t e, int32_t index) {
+    if (e <= b) return;
+    if (index >= 0) st.out.push_back(added_[index].id);
+    else pre_tokenize(0, piece.substr(b, e - b), false, words);
+  });
+}
+
+// Runs pre-tokenizer steps [step, end) on piece, depth first so that words
+// come out in order. After the ByteLevel step, later steps see byte-level
+// characters (byte_chars), as in HF; words reach the sink as raw bytes.
+template <class Sink>
+void HfTokenizer::pre_tokenize(size_t step, std::string_view piece, bool byte_chars, Sink& sink) const {
+  if (piece.empty()) return;
+  if (step == steps_.size()) {
+    if (!byte_chars) {
+      sink(piece);
+      return;
+    }
+    std::string bytes;
+    byte_alphabet().to_bytes(piece, bytes);
+    sink(std::string_view(bytes));
+    return;
+  }
+  const auto& st = steps_[step];
+  if (st.kind != PreTokenizerStep::Kind::kByteLevel) {
+    split_by(st, piece, [&](std::string_view sub) { pre_tokenize(step + 1, sub, byte_chars, sink); });
+    return;
+  }
+  std::string prefixed;
+  if (st.add_prefix_space && piece.front() != ' ') {
+    prefixed.reserve(piece.size() + 1);
+    prefixed += ' ';
+    prefixed += piece;
+    piece = prefixed;
+  }
+  const auto next = [&](std::string_view word) {
+    if (step + 1 == steps_.size()) {
+      sink(word);
+    } else {
+      const auto chars = byte_alphabet().to_chars(word);
+      pre_tokenize(step + 1, chars, true, sink);
+    }
+  };
+  if (st.regex) split_by(st, piece, next);
+  else next(piece);
+}
+
+void HfTokenizer::encode_word(std::string_view word, EncodeState& st) const {
+  if (ignore_merges_) {  // LLaMA-3: a word that is a token is that token
+    const auto it = bytes_vocab_.find(word);
+    if (it != bytes_vocab_.end()) {
+      st.out.push_back(it->second);
+      return;
+    }
+  }
+  const bool cacheable = word.size() < kMaxCachedWordBytes;
+  if (cacheable) {
+    const auto it = st.cache.words.find(word);
+    if (it != st.cache.words.end()) {
+      st.out.insert(st.out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  std::vector<int32_t> ids;
+  ids.reserve(word.size());
+  bool pending_unk = false;  // HF's merge_word: unknown characters become unk_token (fused if fuse_unk)
+  for (const char c : word) {
+    const int32_t id = byte_ids_[static_cast<unsigned char>(c)];
+    if (id >= 0) {
+      if (pending_unk) ids.push_back(unk_id_);
+      pending_unk = false;
+      ids.push_back(id);
+    } else if (unk_id_ >= 0) {
+      if (pending_unk && !fuse_unk_) ids.push_back(unk_id_);
+      pending_unk = true;
+    }
+  }
+  if (pending_unk) ids.push_back(unk_id_);
+  merge(ids);
+  st.out.insert(st.out.end(), ids.begin(), ids.end());
+  if (cacheable) {
+    if (st.cache.words.size() >= kCacheCapacity) st.cache.words.clear();
+    st.cache.words.emplace(std::string(word), std::move(ids));
+  }
+}
+
+// Applies the lowest-ranked merge, leftmost first, until none applies: the
+// order of HF's priority queue on (rank, position).
+void HfTokenizer::merge(std::vector<int32_t>& ids) const {
+  constexpr size_t kShort = 48;
+  if (ids.size() > kShort) {
+    merge_long(ids);
+    return;
+  }
+  if (ids.size() < 2) return;
+  std::array<uint64_t, kShort> best;  // best[i]: merge of (ids[i], ids[i + 1])
+  size_t n = ids.size();
+  for (size_t i = 0; i + 1 < n; ++i) best[i] = merges_.find(ids[i], ids[i + 1]);
+  while (n > 1) {
+    size_t at = 0;
+    for (size_t i = 1; i + 1 < n; ++i)
+      if (best[i] < best[at]) at = i;
+    if (best[at] == MergeMap::kNone) break;
+    ids[at] = static_cast<int32_t>(best[at] & 0xFFFFFFFFu);
+    std::copy(ids.begin() + at + 2, ids.begin() + n, ids.begin() + at + 1);
+    if (at + 2 < n) std::copy(best.begin() + at + 2, best.begin() + n - 1, best.begin() + at + 1);
+    --n;
+    if (at + 1 < n) best[at] = merges_.find(ids[at], ids[at + 1]);
+    if (at > 0) best[at - 1] = merges_.find(ids[at - 1], ids[at]);
+  }
+  ids.resize(n);
+}
+
+// Long words (runs of digits, CJK, repeated characters): HF's algorithm, a
+// priority queue over a linked list, O(n log n).
+void HfTokenizer::merge_long(std::vector<int32_t>& ids) const {
+  struct Symbol {
+    int32_t id;
+    int32_t prev, next;
+    bool alive;
+  };
+  struct Candidate {
+    uint64_t merge;  // rank << 32 | merged id
+    uint32_t pos;
+    bool operator>(const Candidate& o) const {
+      return (merge >> 32) != (o.merge >> 32) ? (merge >> 32) > (o.merge >> 32) : pos > o.pos;
+    }
+  };
+  const auto n = static_cast<int32_t>(ids.size());
+  std::vector<Symbol> sym(ids.size());
+  for (int32_t i = 0; i < n; ++i) sym[i] = {ids[i], i - 1, i + 1 < n ? i + 1 : -1, true};
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue;
+  for (int32_t i = 0; i + 1 < n; ++i) {
+    const auto m = merges_.find(ids[i], ids[i + 1]);
+    if (m != MergeMap::kNone) queue.push({m, static_cast<uint32_t>(i)});
+  }
+  while (!queue.empty()) {
+    const auto top = queue.top();
+    queue.pop();
+    Symbol& left = sym[top.pos];
+    if (!left.alive || left.next < 0) continue;
+    Symbol& right = sym[left.next];
+    // Stale entry: the pair at pos changed since it was queued.
+    if (merges_.find(left.id, right.id) != top.merge) continue;
+    left.id = static_cast<int32_t>(top.merge & 0xFFFFFFFFu);
+    right.alive = false;
+    left.next = right.next;
+    if (right.next >= 0) sym[right.next].prev = static_cast<int32_t>(top.pos);
+    if (left.prev >= 0) {
+      const auto m = merges_.find(sym[left.prev].id, left.id);
+      if (m != MergeMap::kNone) queue.push({m, static_cast<uint32_t>(left.prev)});
+    }
+    if (left.next >= 0) {
+      const auto m = merges_.find(left.id, sym[left.next].id);
+      if (m != MergeMap::kNone) queue.push({m, top.pos});
+    }
+  }
+  ids.clear();
+  for (const auto& s : sym)
+    if (s.alive) ids.push_back(s.id);
+}
+
+// ------------------------------------------------ the rest of the interface
+
+std::string HfTokenizer::decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
+  std::string bytes;
+  for (const auto id : ids) {
+    if (id < 0 || id >= vocab_size()) continue;  // HF drops ids it has no token for
+    const auto flags = id_flags_[id];
+    if (!(flags & kKnown) || (skip_special_tokens && (flags & kSpecial))) continue;
+    bytes += id_bytes_[id];
+  }
+  return is_valid_utf8(bytes) ? bytes : to_valid_utf8(bytes);
+}
+
+std::optional<int64_t> HfTokenizer::token_to_id(std::string_view token) const {
+  if (const auto it = added_ids_.find(token); it != added_ids_.end()) return it->second;
+  if (const auto it = vocab_.find(token); it != vocab_.end()) return it->second;
+  return std::nullopt;
+}
+
+void HfTokenizer::save(const stdfs::path& dir) const {
+  stdfs::create_directories(dir);
+  const auto copy = [&](const stdfs::path& src, const stdfs::path& dst) {
+    if (stdfs::exists(dst) && stdfs::equivalent(src, dst)) return;
+    stdfs::copy_file(src, dst, stdfs::copy_options::overwrite_existing);
+  };
+  copy(file_, dir / "tokenizer.json");
+  for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"})
+    if (stdfs::is_regular_file(config_dir_ / name)) copy(config_dir_ / name, dir / name);
+}
+
+}  // namespace
+
+namespace detail {
+
+std::unique_ptr<Tokenizer> make_hf_tokenizer(const std::filesystem::path& tokenizer_json,
+                                             const SpecialTokenConfig& cfg) {
+  return std::make_unique<HfTokenizer>(tokenizer_json, cfg);
+}
+
+}  // namespace detail
+}  // namespace anvil::tokenizer

@@ -1,0 +1,110 @@
+// The public tokenizer factory: picks a backend for a file or model folder and
+// reads the special-token settings saved beside it.
+#include <nlohmann/json.hpp>
+
+#include "anvil/core/error.h"
+#include "anvil/core/fs.h"
+#include "anvil/tokenizer/tokenizer.h"
+#include "backends.h"
+
+namespace anvil::tokenizer {
+namespace {
+
+namespace stdfs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kHfFile = "tokenizer.json";
+constexpr const char* kSentencePieceFile = "tokenizer.model";
+constexpr const char* kConfigFile = "tokenizer_config.json";
+constexpr const char* kSpecialTokensMapFile = "special_tokens_map.json";
+
+json read_json_object(const stdfs::path& file) {
+  json j;
+  try {
+    j = json::parse(fs::read_file(file));
+  } catch (const json::exception& e) {
+    throw Error(concat(file.string(), ": not valid JSON: ", e.what()));
+  }
+  if (!j.is_object()) throw Error(concat(file.string(), ": expected a JSON object"));
+  return j;
+}
+
+// A token is written as a string, as an AddedToken object {"content": ...},
+// or as null (none).
+std::optional<std::string> token_entry(const json& j, const char* key, const stdfs::path& file) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object()) {
+    const auto c = it->find("content");
+    if (c != it->end() && c->is_string()) return c->get<std::string>();
+  }
+  throw Error(concat(file.string(), ": ", key, ": expected a token string, an object with \"content\", or null"));
+}
+
+std::optional<bool> bool_entry(const json& j, const char* key, const stdfs::path& file) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean()) throw Error(concat(file.string(), ": ", key, ": expected true, false or null"));
+  return it->get<bool>();
+}
+
+std::unique_ptr<Tokenizer> load_hf_file(const stdfs::path& file) {
+  return detail::make_hf_tokenizer(file, detail::read_special_token_config(file.parent_path()));
+}
+
+std::unique_ptr<Tokenizer> load_sentencepiece_file(const stdfs::path& file) {
+  return detail::make_sentencepiece_tokenizer(file, detail::read_special_token_config(file.parent_path()));
+}
+
+}  // namespace
+
+namespace detail {
+
+SpecialTokenConfig read_special_token_config(const stdfs::path& dir) {
+  SpecialTokenConfig cfg;
+  const auto config_file = dir / kConfigFile;
+  const auto map_file = dir / kSpecialTokensMapFile;
+  const bool has_config = stdfs::is_regular_file(config_file);
+  const bool has_map = stdfs::is_regular_file(map_file);
+  const json config = has_config ? read_json_object(config_file) : json::object();
+  const json map = has_map ? read_json_object(map_file) : json::object();
+  cfg.source = has_config ? config_file : (has_map ? map_file : stdfs::path());
+  const auto token = [&](const char* key) {
+    auto v = token_entry(config, key, config_file);
+    return v ? v : token_entry(map, key, map_file);
+  };
+  cfg.bos = token("bos_token");
+  cfg.eos = token("eos_token");
+  cfg.pad = token("pad_token");
+  cfg.add_bos = bool_entry(config, "add_bos_token", config_file);
+  cfg.add_eos = bool_entry(config, "add_eos_token", config_file);
+  return cfg;
+}
+
+}  // namespace detail
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& type, const stdfs::path& path) {
+  if (type != "auto" && type != "hf" && type != "sentencepiece")
+    throw ConfigError(concat("tokenizer.type: unknown tokenizer type \"", type,
+                             "\"; expected auto, hf or sentencepiece"));
+  if (!stdfs::exists(path)) throw Error(concat(path.string(), ": tokenizer file or folder not found"));
+  const bool dir = stdfs::is_directory(path);
+  if (type == "hf") return load_hf_file(dir ? path / kHfFile : path);
+  if (type == "sentencepiece") return load_sentencepiece_file(dir ? path / kSentencePieceFile : path);
+  if (dir) return load_tokenizer_from_model_dir(path);
+  if (path.extension() == ".json") return load_hf_file(path);
+  return load_sentencepiece_file(path);
+}
+
+bool has_tokenizer(const stdfs::path& dir) {
+  return stdfs::is_regular_file(dir / kHfFile) || stdfs::is_regular_file(dir / kSentencePieceFile);
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer_from_model_dir(const stdfs::path& dir) {
+  if (stdfs::is_regular_file(dir / kHfFile)) return load_hf_file(dir / kHfFile);
+  if (stdfs::is_regular_file(dir / kSentencePieceFile)) return load_sentencepiece_file(dir / kSentencePieceFile);
+  throw Error(concat(dir.string(), ": no tokenizer found (expected ", kHfFile, " or ", kSentencePieceFile, ")"));
+}
+
+}  // namespace anvil::tokenizer

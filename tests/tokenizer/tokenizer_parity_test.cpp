@@ -1,0 +1,280 @@
+// Parity with Hugging Face `tokenizers` and `sentencepiece` themselves:
+// tests/parity/make_tokenizer_references.py trains five tokenizers with those
+// libraries and records, for every line of a multilingual corpus, the ids
+// they encode it to and the text they decode those ids to. We load the same
+// files and must agree line for line. Then the loader's error messages.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "anvil/core/error.h"
+#include "anvil/core/fs.h"
+#include "anvil/tokenizer/tokenizer.h"
+#include "test_util.h"
+
+namespace anvil::tokenizer {
+namespace {
+
+namespace stdfs = std::filesystem;
+using nlohmann::json;
+
+// The references, made once for every test in this file.
+struct References {
+  References() {
+    const auto cmd = anvil::testing::python_bin() + " " + anvil::testing::source_dir() +
+                     "/tests/parity/make_tokenizer_references.py " + dir.path().string();
+    ok = anvil::testing::run(cmd, &log) == 0;
+    if (!ok) return;
+    const auto corpus = fs::read_file(dir / "corpus.txt");
+    for (size_t begin = 0, end; begin < corpus.size(); begin = end + 1) {  // '\n' only: lines hold \r, U+2028
+      end = corpus.find('\n', begin);
+      if (end == std::string::npos) end = corpus.size();
+      lines.push_back(corpus.substr(begin, end - begin));
+    }
+  }
+  anvil::testing::TempDir dir;
+  bool ok = false;
+  std::string log;
+  std::vector<std::string> lines;
+};
+
+const References& references() {
+  static References refs;
+  return refs;
+}
+
+std::string ids_text(const std::vector<int64_t>& ids) { return json(ids).dump(); }
+std::string quoted(const std::string& s) { return json(s).dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// `tied_orderings`: Debian's libsentencepiece (0.1.97) and PyPI's
+// sentencepiece (0.2.x) break exact Viterbi ties differently in unigram
+// models: the same pieces, in another order, with the same score. Such a line
+// still has to decode to the same text.
+void check_parity(const std::string& name, const std::string& load_path, bool tied_orderings = false) {
+  const auto& refs = references();
+  ASSERT_TRUE(refs.ok) << refs.log;
+  const auto dir = refs.dir / name;
+  const auto tok = load_tokenizer("auto", refs.dir / load_path);
+
+  std::vector<json> expected;
+  const auto jsonl = fs::read_file(dir / "expected.jsonl");
+  for (size_t begin = 0, end; (end = jsonl.find('\n', begin)) != std::string::npos; begin = end + 1)
+    expected.push_back(json::parse(jsonl.substr(begin, end - begin)));
+  ASSERT_EQ(expected.size(), refs.lines.size());
+
+  size_t id_mismatches = 0, decode_mismatches = 0, ties = 0, round_trips = 0;
+  for (size_t i = 0; i < refs.lines.size(); ++i) {
+    const auto& line = refs.lines[i];
+    const auto want = expected[i]["ids"].get<std::vector<int64_t>>();
+    const auto want_text = expected[i]["decoded"].get<std::string>();
+    const auto got = tok->encode(line);
+    if (got != want) {
+      auto a = got, b = want;
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      if (tied_orderings && a == b && tok->decode(got, false) == want_text) {
+        ++ties;
+      } else if (id_mismatches++ == 0) {
+        ADD_FAILURE() << name << ": first id mismatch at corpus line " << i + 1 << ": " << quoted(line)
+                      << "\n  reference: " << ids_text(want) << "\n  anvil:     " << ids_text(got);
+      }
+    }
+    const auto decoded = tok->decode(want, /*skip_special_tokens=*/false);
+    if (decoded != want_text && decode_mismatches++ == 0)
+      ADD_FAILURE() << name << ": first decode mismatch at corpus line " << i + 1 << " " << ids_text(want)
+                    << "\n  reference: " << quoted(want_text) << "\n  anvil:     " << quoted(decoded);
+    if (want_text == line) {  // the reference round-trips this line, so must we
+      ++round_trips;
+      EXPECT_EQ(tok->decode(got, false), line) << name << ": round trip of corpus line " << i + 1;
+    }
+  }
+  EXPECT_EQ(id_mismatches, 0u) << name << ": lines whose ids differ";
+  EXPECT_EQ(decode_mismatches, 0u) << name << ": lines whose decoded text differs";
+  EXPECT_LE(ties, refs.lines.size() / 50) << name << ": too many tied segmentations to be ties";
+  EXPECT_GT(round_trips, refs.lines.size() / 10) << name << ": the corpus should mostly round-trip";
+  ::testing::Test::RecordProperty("tied_segmentations", static_cast<int>(ties));
+
+  const auto meta = json::parse(fs::read_file(dir / "meta.json"));
+  EXPECT_EQ(tok->bos_id(), meta["bos"].get<int64_t>()) << name;
+  EXPECT_EQ(tok->eos_id(), meta["eos"].get<int64_t>()) << name;
+  EXPECT_EQ(tok->pad_id(), meta["pad"].get<int64_t>()) << name;
+  EXPECT_EQ(tok->add_bos(), meta["add_bos"].get<bool>()) << name;
+}
+
+TEST(TokenizerParity, Gpt2ByteLevel) {
+  check_parity("gpt2", "gpt2");
+  const auto tok = load_tokenizer("auto", references().dir / "gpt2");
+  EXPECT_EQ(tok->kind(), "hf");
+  const auto im_start = tok->token_to_id("<|im_start|>");
+  ASSERT_TRUE(im_start.has_value());
+  auto expected = tok->encode("user");
+  expected.insert(expected.begin(), *im_start);
+  EXPECT_EQ(tok->encode("<|im_start|>user"), expected);
+  // Special added tokens are dropped by decode(ids) (skip_special_tokens),
+  // the non-special <tool> is not.
+  EXPECT_EQ(tok->decode(tok->encode("a<|im_start|>b<|endoftext|> <tool>")), "ab<tool>");
+  EXPECT_FALSE(tok->token_to_id("no such token").has_value());
+}
+
+TEST(TokenizerParity, NeoxNfc) { check_parity("neox", "neox"); }
+
+TEST(TokenizerParity, Llama3Split) {
+  check_parity("llama3", "llama3/tokenizer.json");
+  const auto tok = load_tokenizer("hf", references().dir / "llama3");
+  EXPECT_TRUE(tok->add_bos());
+  EXPECT_EQ(tok->bos_id(), *tok->token_to_id("<|begin_of_text|>"));
+}
+
+TEST(TokenizerParity, SentencePieceUnigram) {
+  check_parity("sp_unigram", "sp_unigram/tokenizer.model", /*tied_orderings=*/true);
+}
+
+TEST(TokenizerParity, SentencePieceBpe) {
+  check_parity("sp_bpe", "sp_bpe/tokenizer.model");
+  const auto tok = load_tokenizer("sentencepiece", references().dir / "sp_bpe");
+  EXPECT_EQ(tok->kind(), "sentencepiece");
+  // Control pieces are dropped by default and kept as their piece text on request.
+  const auto ids = tok->encode("Hello world");
+  auto framed = ids;
+  framed.insert(framed.begin(), tok->bos_id());
+  framed.push_back(tok->eos_id());
+  EXPECT_EQ(tok->decode(framed), tok->decode(ids));
+  EXPECT_EQ(tok->decode(framed, false), "<s>" + tok->decode(ids) + "</s>");
+  EXPECT_EQ(tok->token_to_id("<s>"), tok->bos_id());
+  EXPECT_EQ(tok->token_to_id("<unk>"), 0);
+  EXPECT_FALSE(tok->token_to_id("certainly not a piece").has_value());
+}
+
+// ---------------------------------------------------------------- loading without the references
+
+// A minimal byte-level BPE tokenizer.json: "a" + "b" merge, one added token.
+json tiny_tokenizer() {
+  return json::parse(R"({
+    "added_tokens": [{"id": 4, "content": "<|endoftext|>", "special": true, "normalized": false,
+                      "lstrip": false, "rstrip": false, "single_word": false}],
+    "normalizer": null,
+    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+    "decoder": {"type": "ByteLevel"},
+    "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2, "Ġ": 3}, "merges": ["a b"]}
+  })");
+}
+
+void write_json(const stdfs::path& file, const json& j) { anvil::testing::write_text(file, j.dump()); }
+
+std::string load_error(const std::string& type, const stdfs::path& path) {
+  try {
+    load_tokenizer(type, path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(TokenizerLoading, DefaultsWithoutConfigSaveAndReload) {
+  anvil::testing::TempDir dir, copy;
+  write_json(dir / "tokenizer.json", tiny_tokenizer());
+  const auto tok = load_tokenizer("auto", dir.path());
+  EXPECT_EQ(tok->encode("ab a<|endoftext|>"), (std::vector<int64_t>{2, 3, 0, 4}));
+  EXPECT_EQ(tok->eos_id(), 4);  // <|endoftext|> when nothing says otherwise
+  EXPECT_EQ(tok->bos_id(), -1);
+  EXPECT_EQ(tok->pad_id(), -1);
+  EXPECT_FALSE(tok->add_bos());
+  EXPECT_EQ(tok->vocab_size(), 5);
+  // Invalid UTF-8 is read as Python would decode it with errors="replace".
+  EXPECT_EQ(tok->encode("a\xff"), tok->encode("a\xef\xbf\xbd"));
+
+  write_json(dir / "tokenizer_config.json", {{"bos_token", "a"}, {"eos_token", {{"content", "b"}}},
+                                             {"pad_token", nullptr}, {"add_bos_token", true}});
+  anvil::testing::write_text(dir / "tokenizer.model", "not read: tokenizer.json comes first");
+  EXPECT_TRUE(has_tokenizer(dir.path()));
+  const auto configured = load_tokenizer_from_model_dir(dir.path());
+  EXPECT_EQ(configured->kind(), "hf");
+  EXPECT_EQ(configured->bos_id(), 0);
+  EXPECT_EQ(configured->eos_id(), 1);
+  EXPECT_TRUE(configured->add_bos());
+  EXPECT_EQ(configured->decode({0, 2, 1, 4}), "ab");  // BOS, EOS and special added tokens dropped
+  EXPECT_EQ(configured->decode({0, 2, 1, 4}, false), "aabb<|endoftext|>");
+
+  configured->save(copy.path());
+  configured->save(dir.path());  // onto itself: nothing to do
+  EXPECT_TRUE(stdfs::exists(copy / "tokenizer.json"));
+  EXPECT_TRUE(stdfs::exists(copy / "tokenizer_config.json"));
+  const auto reloaded = load_tokenizer_from_model_dir(copy.path());
+  EXPECT_EQ(reloaded->bos_id(), 0);
+  EXPECT_EQ(reloaded->encode("ab a"), configured->encode("ab a"));
+}
+
+TEST(TokenizerErrors, MessagesNameFileAndKey) {
+  anvil::testing::TempDir dir;
+  const auto file = (dir / "tokenizer.json").string();
+  const auto expect_error = [&](const json& spec, const std::string& what) {
+    write_json(dir / "tokenizer.json", spec);
+    const auto msg = load_error("hf", dir.path());
+    EXPECT_NE(msg.find(file + ": " + what), std::string::npos) << msg;
+  };
+
+  anvil::testing::write_text(dir / "tokenizer.json", "{\"model\": ");
+  EXPECT_NE(load_error("auto", dir / "tokenizer.json").find(file + ": not valid JSON"), std::string::npos);
+
+  auto spec = tiny_tokenizer();
+  spec["model"]["type"] = "WordPiece";
+  expect_error(spec, "model.type: unsupported model \"WordPiece\"; expected BPE");
+
+  spec = tiny_tokenizer();
+  spec["pre_tokenizer"] = json::parse(R"({"type": "Sequence", "pretokenizers": [{"type": "Metaspace"}]})");
+  expect_error(spec, "pre_tokenizer.pretokenizers[0].type: unsupported pre-tokenizer \"Metaspace\"; "
+                     "expected ByteLevel, Split, Digits or Sequence");
+
+  spec = tiny_tokenizer();
+  spec["model"].erase("merges");
+  expect_error(spec, "model.merges: missing");
+
+  spec = tiny_tokenizer();
+  spec["model"]["merges"] = {"a c"};
+  expect_error(spec, "model.merges[0]: \"c\" is not in model.vocab");
+
+  spec = tiny_tokenizer();
+  spec["normalizer"] = {{"type", "Lowercase"}};
+  expect_error(spec, "normalizer.type: unsupported normalizer \"Lowercase\"");
+
+  spec = tiny_tokenizer();
+  spec["model"]["byte_fallback"] = true;
+  expect_error(spec, "model.byte_fallback: ");
+
+  spec = tiny_tokenizer();
+  spec["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
+  expect_error(spec, "pre_tokenizer.pattern.Regex: cannot compile regex");
+
+  write_json(dir / "tokenizer.json", tiny_tokenizer());
+  write_json(dir / "tokenizer_config.json", {{"eos_token", "<|nope|>"}});
+  const auto msg = load_error("auto", dir.path());
+  EXPECT_NE(msg.find((dir / "tokenizer_config.json").string() + ": eos_token: token \"<|nope|>\" is not in the vocabulary"),
+            std::string::npos)
+      << msg;
+
+  try {
+    load_tokenizer("tiktoken", dir.path());
+    ADD_FAILURE() << "unknown type accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "tokenizer.type: unknown tokenizer type \"tiktoken\"; expected auto, hf or sentencepiece");
+  }
+  anvil::testing::TempDir empty;
+  EXPECT_FALSE(has_tokenizer(empty.path()));
+  EXPECT_NE(load_error("auto", empty.path()).find("no tokenizer found"), std::string::npos);
+}
+
+TEST(TokenizerErrors, SentencePieceConfigNamesFileAndKey) {
+  const auto& refs = references();
+  ASSERT_TRUE(refs.ok) << refs.log;
+  anvil::testing::TempDir dir;
+  stdfs::copy_file(refs.dir / "sp_bpe" / "tokenizer.model", dir / "tokenizer.model");
+  write_json(dir / "tokenizer_config.json", {{"pad_token", "<pad-nowhere>"}});
+  const auto msg = load_error("auto", dir.path());
+  EXPECT_NE(msg.find((dir / "tokenizer_config.json").string() + ": pad_token: token \"<pad-nowhere>\" is not in the vocabulary"),
+            std::string::npos)
+      << msg;
+}
+
+}  // namespace
+}  // namespace anvil::tokenizer
