@@ -81,5 +81,42 @@ TEST(Pretrain, PrepareReportsBadLinesOrSkipsThem) {
   EXPECT_EQ(data::TokenShards::open(dir / "b")->num_docs(), 2);
 }
 
+// The trainer saves the global sample position and restores it: a packed
+// mixture resumed from a checkpoint continues with exactly the batches (and
+// so the losses) of an uninterrupted run.
+TEST(DataResume, PackedMixtureResumesWithTheUninterruptedLosses) {
+  TempDir dir;
+  const auto src = anvil::testing::source_dir();
+  const auto base = anvil::testing::trainer_bin() + " --config " + src + "/configs/quickstart.yaml" +
+                    " 'data.train=[{path: " + src + "/data/sft_train.jsonl, size: 150}, {path: " + src +
+                    "/data/sft_eval.jsonl, fraction: 0.5}]' data.packing=true train.micro_batch_size=8"
+                    " schedule.warmup_steps=0 schedule.decay=constant train.save_every=4 train.eval_every=0"
+                    " eval.generate_samples=0 train.threads=2 train.log_every=100 train.keep_checkpoints=0";
+  std::string out;
+  ASSERT_EQ(anvil::testing::run(base + " output_dir=" + (dir / "straight").string() + " train.max_steps=45 2>&1", &out), 0)
+      << out;
+  EXPECT_NE(out.find("mixture: an epoch is 350 samples"), std::string::npos) << out;
+  // Stop mid-epoch (step 13), again just after the first epoch ended (about 10 samples a step), then run on.
+  auto epoch_at = [&](const std::string& run, int step) {
+    const auto st = nlohmann::json::parse(
+        anvil::testing::read_text(dir / run / ("checkpoint-" + std::to_string(step)) / "trainer_state.json"));
+    return st["data"]["epoch"].get<int64_t>();
+  };
+  for (int stop : {13, 37, 45})
+    ASSERT_EQ(anvil::testing::run(base + " output_dir=" + (dir / "resumed").string() +
+                                      " train.max_steps=" + std::to_string(stop) + " 2>&1",
+                                  &out),
+              0)
+        << out;
+  EXPECT_NE(out.find("resumed from"), std::string::npos) << out;
+  EXPECT_EQ(epoch_at("resumed", 13), 0);
+  EXPECT_EQ(epoch_at("resumed", 37), 1);
+  const auto a = anvil::testing::read_losses(dir / "straight" / "metrics.jsonl");
+  const auto b = anvil::testing::read_losses(dir / "resumed" / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 45u);
+  ASSERT_EQ(b.size(), 45u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+}
+
 }  // namespace
 }  // namespace anvil::train
