@@ -40,7 +40,9 @@ int main(int argc, char** argv) {
   for (bool packing : {false, true}) {
     auto c = cfg;
     c.data.packing = packing;
-    train::LmObjective obj(c, *tok);
+    const double t_load = bench::now_s();
+    train::LmObjective obj(c, *tok);  // reads and tokenizes every dataset once
+    if (!packing) out["load_and_tokenize_s"] = bench::now_s() - t_load;
     std::vector<double> per_batch;
     int64_t tokens = 0;
     for (int i = 0; i < n_loader; ++i) {
