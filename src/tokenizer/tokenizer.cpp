@@ -4,6 +4,7 @@
 
 #include "anvil/core/error.h"
 #include "anvil/core/fs.h"
+#include "anvil/core/logging.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "backends.h"
 
@@ -102,8 +103,19 @@ bool has_tokenizer(const stdfs::path& dir) {
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer_from_model_dir(const stdfs::path& dir) {
-  if (stdfs::is_regular_file(dir / kHfFile)) return load_hf_file(dir / kHfFile);
-  if (stdfs::is_regular_file(dir / kSentencePieceFile)) return load_sentencepiece_file(dir / kSentencePieceFile);
+  const bool has_sp = stdfs::is_regular_file(dir / kSentencePieceFile);
+  if (stdfs::is_regular_file(dir / kHfFile)) {
+    if (!has_sp) return load_hf_file(dir / kHfFile);
+    // LLaMA-1/2 folders ship both; their tokenizer.json is a SentencePiece
+    // conversion (Metaspace, byte fallback) that the byte-level backend does
+    // not read, while tokenizer.model is the original.
+    try {
+      return load_hf_file(dir / kHfFile);
+    } catch (const Error& e) {
+      log::warn("using ", (dir / kSentencePieceFile).string(), " because ", e.what());
+    }
+  }
+  if (has_sp) return load_sentencepiece_file(dir / kSentencePieceFile);
   throw Error(concat(dir.string(), ": no tokenizer found (expected ", kHfFile, " or ", kSentencePieceFile, ")"));
 }
 

@@ -191,6 +191,25 @@ TEST(TokenizerLoading, DefaultsWithoutConfigSaveAndReload) {
   EXPECT_EQ(reloaded->encode("ab a"), configured->encode("ab a"));
 }
 
+TEST(TokenizerLoading, FolderWithANonByteLevelTokenizerJsonFallsBackToTokenizerModel) {
+  anvil::testing::TempDir dir;
+  // A LLaMA-2 style folder: tokenizer.json is a SentencePiece conversion.
+  anvil::testing::write_text(dir / "tokenizer.json",
+                             R"({"model": {"type": "BPE", "vocab": {}, "merges": [], "byte_fallback": true},)"
+                             R"( "pre_tokenizer": {"type": "Metaspace"}, "added_tokens": []})");
+  std::string err;
+  try {
+    load_tokenizer_from_model_dir(dir.path());
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  EXPECT_NE(err.find("tokenizer.json"), std::string::npos) << err;  // alone, its error is reported
+  stdfs::copy_file(anvil::testing::source_dir() + "/data/tokenizer.model", dir / "tokenizer.model");
+  auto tok = load_tokenizer_from_model_dir(dir.path());
+  EXPECT_EQ(tok->kind(), "sentencepiece");
+  EXPECT_EQ(tok->decode(tok->encode("reverse: abc")), "reverse: abc");
+}
+
 TEST(TokenizerErrors, MessagesNameFileAndKey) {
   anvil::testing::TempDir dir;
   const auto file = (dir / "tokenizer.json").string();
