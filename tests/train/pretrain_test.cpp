@@ -51,7 +51,7 @@ TEST(Pretrain, PrepareThenTrainPackedOnShardsLearns) {
   ASSERT_EQ(anvil::testing::run(anvil::testing::trainer_bin() + " --config " + src + "/configs/pretrain_tiny.yaml" +
                                     " output_dir=" + run_dir + " 'data.train=[{path: " + shards +
                                     ", eval_fraction: 0.02}]' train.max_steps=150 train.eval_every=150"
-                                    " train.save_every=150 train.threads=2 2>&1",
+                                    " train.save_every=150 train.threads=1 2>&1",
                                 &out),
             0)
       << out;
@@ -91,7 +91,7 @@ TEST(DataResume, PackedMixtureResumesWithTheUninterruptedLosses) {
                     " 'data.train=[{path: " + src + "/data/sft_train.jsonl, size: 150}, {path: " + src +
                     "/data/sft_eval.jsonl, fraction: 0.5}]' data.packing=true train.micro_batch_size=8"
                     " schedule.warmup_steps=0 schedule.decay=constant train.save_every=4 train.eval_every=0"
-                    " eval.generate_samples=0 train.threads=2 train.log_every=100 train.keep_checkpoints=0";
+                    " eval.generate_samples=0 train.threads=1 train.log_every=100 train.keep_checkpoints=0";
   std::string out;
   ASSERT_EQ(anvil::testing::run(base + " output_dir=" + (dir / "straight").string() + " train.max_steps=45 2>&1", &out), 0)
       << out;
