@@ -37,28 +37,35 @@ std::string DatasetStats::summary() const {
                 ", dropped as too long ", dropped_overflow, ", dropped with no target left ", dropped_no_target);
 }
 
+namespace {
+
+// A list of {role, content} objects in field `name` of a record.
+std::vector<Message> message_list(const Record& r, const std::string& name) {
+  const auto& m = r.at(name);
+  if (!m.is_array() || m.empty()) r.fail(name, concat("expected a non-empty list of {role, content}, got ", m.type_name()));
+  std::vector<Message> out;
+  for (size_t i = 0; i < m.size(); ++i) {
+    const auto field = concat(name, "[", i, "]");
+    if (!m[i].is_object()) r.fail(field, concat("expected an object {role, content}, got ", m[i].type_name()));
+    for (const char* key : {"role", "content"})
+      if (!m[i].contains(key) || !m[i][key].is_string())
+        r.fail(concat(field, ".", key),
+               m[i].contains(key) ? concat("expected a string, got ", m[i][key].type_name()) : "missing");
+    Message msg{m[i]["role"].get<std::string>(), m[i]["content"].get<std::string>()};
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant")
+      r.fail(field + ".role", concat("expected system, user or assistant, got \"", msg.role, "\""));
+    out.push_back(std::move(msg));
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<Message> record_messages(const Record& r, const std::string& prompt_field,
                                      const std::string& response_field, bool with_response) {
-  std::vector<Message> out;
-  if (r.has("messages")) {
-    const auto& m = r.at("messages");
-    if (!m.is_array() || m.empty()) r.fail("messages", concat("expected a non-empty list of {role, content}, got ", m.type_name()));
-    for (size_t i = 0; i < m.size(); ++i) {
-      const auto field = concat("messages[", i, "]");
-      if (!m[i].is_object()) r.fail(field, concat("expected an object {role, content}, got ", m[i].type_name()));
-      for (const char* key : {"role", "content"})
-        if (!m[i].contains(key) || !m[i][key].is_string())
-          r.fail(concat(field, ".", key), m[i].contains(key) ? concat("expected a string, got ", m[i][key].type_name())
-                                                             : "missing");
-      Message msg{m[i]["role"].get<std::string>(), m[i]["content"].get<std::string>()};
-      if (msg.role != "system" && msg.role != "user" && msg.role != "assistant")
-        r.fail(field + ".role", concat("expected system, user or assistant, got \"", msg.role, "\""));
-      out.push_back(std::move(msg));
-    }
-    return out;
-  }
-  if (r.at(prompt_field).is_array()) return record_messages(Record(nlohmann::json{{"messages", r.at(prompt_field)}}, r.where()), "", "", false);
-  out.push_back({"user", r.string(prompt_field)});
+  if (r.has("messages")) return message_list(r, "messages");
+  auto out = r.at(prompt_field).is_array() ? message_list(r, prompt_field)
+                                           : std::vector<Message>{{"user", r.string(prompt_field)}};
   if (with_response) out.push_back({"assistant", r.string(response_field)});
   return out;
 }
@@ -136,8 +143,12 @@ PreferenceDataset PreferenceDataset::load(const std::filesystem::path& path, con
     if (opt.max_length > 0) {
       const auto room = opt.max_length - static_cast<int64_t>(s.prompt_ids.size());
       const bool over = static_cast<int64_t>(std::max(s.chosen_ids.size(), s.rejected_ids.size())) > room;
-      if (over && (opt.drop_overflow || room < 1)) {
-        ++(room < 1 && !opt.drop_overflow ? ds.stats_.dropped_no_target : ds.stats_.dropped_overflow);
+      if (over && opt.drop_overflow) {
+        ++ds.stats_.dropped_overflow;
+        return;
+      }
+      if (over && room < 1) {  // the prompt alone fills max_length
+        ++ds.stats_.dropped_no_target;
         return;
       }
       if (over) {

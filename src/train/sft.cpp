@@ -198,7 +198,8 @@ LmObjective::LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenize
   o.max_length = cfg.data.max_length;
   o.packing = cfg.data.packing;
   packing_ = cfg.data.packing;
-  o.pad_id = tok.pad_id() >= 0 ? tok.pad_id() : std::max<int64_t>(0, tok.eos_id());
+  pad_id_ = tok.pad_id() >= 0 ? tok.pad_id() : std::max<int64_t>(0, tok.eos_id());
+  o.pad_id = pad_id_;
   source_ = std::make_unique<LmBatchSource>(data_.train, std::move(sampler), o);
 }
 
@@ -211,7 +212,6 @@ EvalResult LmObjective::evaluate(models::CausalLM& model) {
   if (data_.eval.empty()) return r;
   const bool was_training = model.is_training();
   model.eval();
-  const auto pad = tok_.pad_id() >= 0 ? tok_.pad_id() : std::max<int64_t>(0, tok_.eos_id());
   const auto n_eval = static_cast<int64_t>(data_.eval.size());
   {
     torch::NoGradGuard no_grad;
@@ -232,8 +232,8 @@ EvalResult LmObjective::evaluate(models::CausalLM& model) {
       for (const auto* smp : samples) longest = std::max(longest, smp->input_ids.size());
       std::vector<std::vector<const data::LmSample*>> rows;
       for (const auto* smp : samples) rows.push_back({smp});
-      auto b = packing_ ? to_batch(data::collate_packed(rows, static_cast<int64_t>(longest), pad))
-                        : to_batch(data::collate_unpacked(samples, pad));
+      auto b = packing_ ? to_batch(data::collate_packed(rows, static_cast<int64_t>(longest), pad_id_))
+                        : to_batch(data::collate_unpacked(samples, pad_id_));
       loss += loss_sum(model, b).item<double>();
       targets += b.num_targets;
     }

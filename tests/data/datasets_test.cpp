@@ -217,6 +217,24 @@ TEST(ChatTemplates, MissingMarkersAndUntrainableSamplesAreReported) {
   EXPECT_EQ(ds[0].prompt, "hi");
 }
 
+TEST(ChatTemplates, PromptGivenAsMessagesKeepsTheResponse) {
+  auto tok = tokenizer::load_tokenizer("auto", chat_refs() / "tok");
+  TempDir dir;
+  write_text(dir / "d.jsonl",
+             "{\"prompt\": [{\"role\": \"system\", \"content\": \"Be terse.\"}, {\"role\": \"user\", "
+             "\"content\": \"hi\"}], \"response\": \"yo\"}\n");
+  ReadOptions o;
+  o.template_name = "chatml";
+  auto ds = SftDataset::load(dir / "d.jsonl", *tok, o);
+  ASSERT_EQ(ds.size(), 1);
+  const std::vector<Message> conv{{"system", "Be terse."}, {"user", "hi"}, {"assistant", "yo"}};
+  EXPECT_EQ(ds[0].input_ids, ChatTemplate::get("chatml").encode(*tok, conv, false).input_ids);
+  EXPECT_EQ(ds[0].response, "yo");
+  write_text(dir / "d.jsonl", "{\"prompt\": [{\"role\": \"bot\", \"content\": \"x\"}], \"response\": \"y\"}\n");
+  EXPECT_EQ(error_of([&] { SftDataset::load(dir / "d.jsonl", *tok, o); }),
+            "d.jsonl:1: field \"prompt[0].role\": expected system, user or assistant, got \"bot\"");
+}
+
 // ---- other formats ---------------------------------------------------------------
 
 TEST(Formats, PreferencePromptsAndOfflineRl) {

@@ -28,7 +28,8 @@ class ShardWriter {
   ShardWriter(std::filesystem::path dir, int64_t vocab_size, int64_t eos_id, ShardWriterOptions opt = {});
   ~ShardWriter();
   void add(const std::vector<int64_t>& doc);
-  /// Closes the last shard, writes meta.json (with `extra` keys) and renames.
+  /// Closes the last shard, writes meta.json (tokenizer kind and source files
+  /// recorded) and renames the folder into place.
   void finish(const std::string& tokenizer_kind, const std::vector<std::string>& sources);
   int64_t num_docs() const { return total_docs_; }
   int64_t num_tokens() const { return total_tokens_; }

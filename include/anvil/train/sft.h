@@ -77,6 +77,7 @@ class LmObjective final : public Objective {
   const tokenizer::Tokenizer& tok_;
   int64_t stop_id_ = -1;  // end of an assistant turn
   bool packing_ = false;
+  int64_t pad_id_ = 0;  // the tokenizer's PAD, else EOS
   LmData data_;
   std::unique_ptr<LmBatchSource> source_;
 };
