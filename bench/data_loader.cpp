@@ -65,7 +65,8 @@ int main(int argc, char** argv) {
   for (int i = 0; i < n_steps + 3; ++i) {
     auto b = obj.train_source().next();
     const double t0 = bench::now_s();
-    auto loss = obj.loss_sum(*model, b) / static_cast<double>(b.num_targets);
+    train::Sums sums;
+    auto loss = obj.loss_sum(*model, b, sums) / static_cast<double>(b.num_targets);
     loss.backward();
     torch::nn::utils::clip_grad_norm_(model->parameters(), cfg.train.grad_clip);
     opt->step();

@@ -16,6 +16,7 @@
 #include "anvil/generation/generate.h"
 #include "anvil/core/fs.h"
 #include "anvil/data/chat.h"
+#include "anvil/data/datasets.h"
 #include "anvil/data/jsonl.h"
 #include "anvil/data/token_shards.h"
 #include "anvil/io/hf_model.h"
@@ -122,6 +123,94 @@ int cmd_logits(const std::string& model_dir, const std::string& input, const std
   auto ids = at::tensor(flat, at::kLong).view({static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())});
   auto logits = model->forward(ids).to(at::kFloat);  // (B, T, V)
   anvil::io::save_safetensors(output, {{"logits", logits}});
+  return 0;
+}
+
+/// Scores every reply of every line with a reward model; one JSON line out per line in.
+int cmd_score(const std::string& model_dir, const std::string& input, const std::string& template_name,
+              int64_t batch_size) {
+  auto model = anvil::io::load_model_dir(model_dir);
+  if (!model->has_score_head())
+    throw anvil::ConfigError(anvil::concat("--model: ", model_dir, " is not a reward model (its config.json names ",
+                                           model->hf_config()["architectures"][0].get<std::string>(),
+                                           "; expected a ...ForSequenceClassification folder from algorithm: reward)"));
+  auto tok = anvil::tokenizer::load_tokenizer_from_model_dir(model_dir);
+  const auto& tmpl = anvil::data::ChatTemplate::get(template_name);
+  const int64_t pad = model->special_tokens.pad >= 0 ? model->special_tokens.pad : tok->eos_id();
+  model->eval();
+  torch::NoGradGuard no_grad;
+  struct Line {
+    int64_t number;
+    std::vector<std::vector<int64_t>> rows;  // prompt + reply, one per reply
+    bool pair;
+  };
+  std::vector<Line> lines;
+  int64_t line_no = 0;
+  anvil::data::read_jsonl(input, anvil::data::OnError::fail, [&](const anvil::data::Record& r) {
+    Line l{++line_no, {}, false};
+    std::vector<std::string> replies;
+    if (r.has("ranked")) {
+      const auto& list = r.at("ranked");
+      if (!list.is_array() || list.empty()) r.fail("ranked", "expected a list of replies");
+      for (size_t i = 0; i < list.size(); ++i) {
+        if (!list[i].is_string()) r.fail(anvil::concat("ranked[", i, "]"), "expected a string");
+        replies.push_back(list[i].get<std::string>());
+      }
+    } else if (r.has("chosen") || r.has("rejected")) {
+      replies = {r.string("chosen"), r.string("rejected")};
+      l.pair = true;
+    } else {
+      replies = {r.string("response")};
+    }
+    const auto prompt = tmpl.encode_prompt(*tok, anvil::data::record_messages(r, "prompt", "", false));
+    for (const auto& text : replies) {
+      auto row = prompt;
+      const auto reply = tmpl.encode_reply(*tok, text);
+      row.insert(row.end(), reply.begin(), reply.end());
+      if (static_cast<int64_t>(row.size()) > model->max_positions())
+        throw anvil::DataError(anvil::concat(r.where(), ": prompt + reply is ", row.size(),
+                                             " tokens; the model reads at most ", model->max_positions()));
+      l.rows.push_back(std::move(row));
+    }
+    lines.push_back(std::move(l));
+  });
+  // Score in batches of rows, right-padded as in training.
+  std::vector<const std::vector<int64_t>*> all;
+  for (const auto& l : lines)
+    for (const auto& r : l.rows) all.push_back(&r);
+  std::vector<float> scores;
+  for (size_t i = 0; i < all.size(); i += static_cast<size_t>(batch_size)) {
+    const auto end = std::min(all.size(), i + static_cast<size_t>(batch_size));
+    size_t T = 0;
+    for (size_t j = i; j < end; ++j) T = std::max(T, all[j]->size());
+    auto ids = at::full({static_cast<int64_t>(end - i), static_cast<int64_t>(T)}, pad, at::kLong);
+    for (size_t j = i; j < end; ++j)
+      std::copy(all[j]->begin(), all[j]->end(), ids.data_ptr<int64_t>() + (j - i) * T);
+    auto s = model->score(model->hidden_states(ids, {}), anvil::models::last_non_pad_index(ids, pad)).contiguous();
+    scores.insert(scores.end(), s.data_ptr<float>(), s.data_ptr<float>() + s.numel());
+  }
+  size_t k = 0;
+  int64_t pairs = 0, correct = 0;
+  for (const auto& l : lines) {
+    std::vector<double> r(scores.begin() + static_cast<std::ptrdiff_t>(k),
+                          scores.begin() + static_cast<std::ptrdiff_t>(k + l.rows.size()));
+    k += l.rows.size();
+    nlohmann::json out = {{"line", l.number}, {"rewards", r}};
+    if (l.pair) {
+      out["chosen"] = r[0];
+      out["rejected"] = r[1];
+    }
+    for (size_t a = 0; a < r.size(); ++a)
+      for (size_t b = a + 1; b < r.size(); ++b) {
+        ++pairs;
+        correct += r[a] > r[b];
+      }
+    std::cout << out.dump() << "\n";
+  }
+  if (pairs > 0)
+    std::cerr << "anvil score: " << lines.size() << " lines; replies ranked as listed (best first) in " << correct
+              << " of " << pairs << " pairs (" << 100.0 * static_cast<double>(correct) / static_cast<double>(pairs)
+              << "%)\n";
   return 0;
 }
 
@@ -253,6 +342,16 @@ int main(int argc, char** argv) {
   logc->add_option("--input", logits_in, "ids.json: a JSON list of equal-length token-id lists")->required();
   logc->add_option("--output", logits_out, "out.safetensors with float32 `logits` [batch, seq, vocab]")->required();
 
+  auto* scorec = app.add_subcommand("score", "Score replies with a reward model: one JSON line of rewards per input line");
+  std::string score_in, score_template = "plain";
+  int64_t score_batch = 64;
+  scorec->add_option("--model", model_dir, "Reward-model folder (a checkpoint or export of algorithm: reward)")->required();
+  scorec->add_option("--input", score_in, "JSONL: {prompt, chosen, rejected}, {prompt, ranked: [...]} or "
+                                          "{prompt, response} per line")->required();
+  scorec->add_option("--template", score_template, "Chat format the model was trained with: plain, chatml, llama3, oasst")
+      ->capture_default_str();
+  scorec->add_option("--batch-size", score_batch, "Replies scored together")->capture_default_str();
+
   auto* tokc = app.add_subcommand("tokenize", "Tokenize (or --decode) one line at a time");
   std::string tok_path, tok_type = "auto", input, output;
   bool decode = false, keep_special = false;
@@ -300,6 +399,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (logc->parsed()) return cmd_logits(model_dir, logits_in, logits_out);
+    if (scorec->parsed()) return cmd_score(model_dir, score_in, score_template, std::max<int64_t>(1, score_batch));
     if (tokc->parsed()) return cmd_tokenize(tok_path, tok_type, input, output, decode, keep_special);
     if (prep->parsed())
       return cmd_prepare(tok_path, tok_type, prep_in, prep_out,

@@ -375,6 +375,10 @@ void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sou
   check_list("data.eval", c.data.eval, false);
   must_exist("tokenizer.path", c.tokenizer.path, false);
   must_exist("model.from", c.model.from, true);
+  if (c.algorithm == "dpo" && c.dpo.label_smoothing > 0 && (c.dpo.loss_type == "ipo" || c.dpo.loss_type == "hinge"))
+    fail("dpo.label_smoothing", concat("applies to loss_type sigmoid (cDPO) and robust; ", c.dpo.loss_type,
+                                       " takes 0, got ", c.dpo.label_smoothing));
+  must_exist("dpo.reference", c.dpo.reference, true);
   const auto& d = c.train.device;
   if (!(d == "cpu" || d == "cuda" || d.rfind("cuda:", 0) == 0))
     fail("train.device", concat("expected cpu, cuda or cuda:N, got \"", d, "\""));

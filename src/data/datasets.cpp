@@ -132,17 +132,28 @@ PreferenceDataset PreferenceDataset::load(const std::filesystem::path& path, con
   const auto r = read_jsonl(path, opt.on_error, [&](const Record& rec) {
     PreferenceSample s;
     const auto msgs = record_messages(rec, opt.prompt_field, "", false);
-    s.chosen = rec.string("chosen");
-    s.rejected = rec.string("rejected");
+    if (rec.has("ranked")) {
+      if (rec.has("chosen") || rec.has("rejected"))
+        rec.fail("ranked", "expected either ranked or chosen + rejected, not both");
+      const auto& list = rec.at("ranked");
+      if (!list.is_array() || list.size() < 2)
+        rec.fail("ranked", concat("expected a list of at least 2 replies, best first, got ", list.dump()));
+      for (size_t i = 0; i < list.size(); ++i) {
+        if (!list[i].is_string()) rec.fail(concat("ranked[", i, "]"), concat("expected a string, got ", list[i].dump()));
+        s.reply_texts.push_back(list[i].get<std::string>());
+      }
+    } else {
+      s.reply_texts = {rec.string("chosen"), rec.string("rejected")};
+    }
     s.margin = rec.optional_number("margin");
     s.prompt = message_text(msgs, msgs.size());
     s.prompt_ids = tmpl.encode_prompt(tok, msgs);
-    auto reply = [&](const std::string& text) { return tmpl.encode_reply(tok, text); };
-    s.chosen_ids = reply(s.chosen);
-    s.rejected_ids = reply(s.rejected);
+    for (const auto& text : s.reply_texts) s.replies.push_back(tmpl.encode_reply(tok, text));
     if (opt.max_length > 0) {
       const auto room = opt.max_length - static_cast<int64_t>(s.prompt_ids.size());
-      const bool over = static_cast<int64_t>(std::max(s.chosen_ids.size(), s.rejected_ids.size())) > room;
+      size_t longest = 0;
+      for (const auto& ids : s.replies) longest = std::max(longest, ids.size());
+      const bool over = static_cast<int64_t>(longest) > room;
       if (over && opt.drop_overflow) {
         ++ds.stats_.dropped_overflow;
         return;
@@ -152,8 +163,8 @@ PreferenceDataset PreferenceDataset::load(const std::filesystem::path& path, con
         return;
       }
       if (over) {
-        for (auto* ids : {&s.chosen_ids, &s.rejected_ids})
-          if (static_cast<int64_t>(ids->size()) > room) ids->resize(static_cast<size_t>(room));
+        for (auto& ids : s.replies)
+          if (static_cast<int64_t>(ids.size()) > room) ids.resize(static_cast<size_t>(room));
         ++ds.stats_.truncated;
       }
     }

@@ -44,13 +44,42 @@ std::vector<stdfs::path> weight_files(const stdfs::path& dir) {
   return {single};
 }
 
+/// GPT2LMHeadModel -> GPT2ForSequenceClassification, LlamaForCausalLM ->
+/// LlamaForSequenceClassification, GPTNeoXForCausalLM -> GPTNeoXForSequenceClassification.
+std::string sequence_classification_class(const nlohmann::json& config) {
+  auto arch = config.at("architectures").at(0).get<std::string>();
+  for (const std::string suffix : {"LMHeadModel", "ForCausalLM"})
+    if (arch.ends_with(suffix)) return arch.substr(0, arch.size() - suffix.size()) + "ForSequenceClassification";
+  throw CheckpointError(concat("no sequence-classification class for architecture ", arch));
+}
+
+bool is_sequence_classification(const nlohmann::json& config) {
+  if (!config.contains("architectures") || !config["architectures"].is_array() || config["architectures"].empty())
+    return false;
+  const auto& a = config["architectures"][0];
+  return a.is_string() && a.get<std::string>().ends_with("ForSequenceClassification");
+}
+
 }  // namespace
 
 void save_model_dir(const stdfs::path& dir, models::CausalLM& model, const tokenizer::Tokenizer* tokenizer) {
+  // A reward model is saved as HF's ...ForSequenceClassification: the score
+  // head, no LM head, one label, and the pad id that locates the scored token.
+  const bool reward = model.has_score_head();
+  std::set<std::string> omit;
+  if (reward)
+    for (const auto& n : model.lm_head_parameters()) omit.insert(n);
   TensorMap tensors;
-  for (const auto& p : model.named_parameters()) tensors.emplace(p.key(), p.value());
+  for (const auto& p : model.named_parameters())
+    if (!omit.count(p.key())) tensors.emplace(p.key(), p.value());
   save_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
   auto config = model.hf_config();
+  if (reward) {
+    config["architectures"] = {sequence_classification_class(config)};
+    config["num_labels"] = 1;
+    config["id2label"] = {{"0", "LABEL_0"}};
+    config["label2id"] = {{"LABEL_0", 0}};
+  }
   const auto dtype = model.parameters().front().scalar_type();
   const char* dtype_name = dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
   config["torch_dtype"] = dtype_name;  // transformers 4
@@ -88,8 +117,12 @@ void load_weights(models::CausalLM& model, const stdfs::path& dir) {
       loaded.insert(name);
     }
   }
+  // A sequence-classification folder has no LM head; the reward model never uses it.
+  std::set<std::string> optional;
+  if (model.has_score_head())
+    for (const auto& n : model.lm_head_parameters()) optional.insert(n);
   for (const auto& [name, _] : params)
-    if (!loaded.count(name))
+    if (!loaded.count(name) && !optional.count(name))
       throw CheckpointError(concat(dir.string(), ": parameter \"", name, "\" is missing from the weights"));
 }
 
@@ -130,6 +163,15 @@ std::shared_ptr<models::CausalLM> load_model_dir(const stdfs::path& dir) {
     throw CheckpointError(concat(cfg_path.string(), ": model_type: expected a string"));
   const auto& family = models::family_by_hf_model_type(j["model_type"].get<std::string>(), cfg_path.string());
   auto model = family.from_hf_config(j, cfg_path.string());
+  if (is_sequence_classification(j)) {
+    const auto labels = j.contains("id2label") && j["id2label"].is_object() ? j["id2label"].size()
+                        : j.contains("num_labels") && j["num_labels"].is_number_integer() ? j["num_labels"].get<size_t>()
+                                                                                          : 2;
+    if (labels != 1)
+      throw CheckpointError(concat(cfg_path.string(), ": a sequence-classification model with ", labels,
+                                   " labels; Anvil reads reward models (num_labels 1)"));
+    model->add_score_head();
+  }
   load_weights(*model, dir);
   return model;
 }

@@ -1,5 +1,7 @@
 #include "anvil/models/registry.h"
 
+#include <ATen/ATen.h>
+
 #include "anvil/core/error.h"
 
 namespace anvil::models {
@@ -39,6 +41,21 @@ std::vector<std::string> family_names() {
   std::vector<std::string> out;
   for (const auto& f : families()) out.push_back(f.name);
   return out;
+}
+
+std::shared_ptr<CausalLM> clone_model(CausalLM& model) {
+  const auto config = model.hf_config();
+  auto copy = family_by_hf_model_type(config.at("model_type").get<std::string>(), "clone_model")
+                  .from_hf_config(config, "clone_model");
+  if (model.has_score_head()) copy->add_score_head();
+  const auto ref = model.parameters().front();
+  copy->to(ref.device(), ref.scalar_type());
+  auto src = model.named_parameters();
+  at::NoGradGuard no_grad;
+  for (auto& p : copy->named_parameters()) p.value().copy_(src[p.key()]);
+  copy->special_tokens = model.special_tokens;
+  copy->train(model.is_training());
+  return copy;
 }
 
 }  // namespace anvil::models

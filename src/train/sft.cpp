@@ -131,16 +131,53 @@ Batch LmBatchSource::next() {
   return to_batch(data::collate_unpacked(flat, opt_.pad_id));
 }
 
-nlohmann::json LmBatchSource::state() const {
-  return {{"epoch", sampler_.state().epoch}, {"offset", sampler_.state().offset},
-          {"epoch_length", sampler_.epoch_length()}};
+nlohmann::json sampler_state(const data::MixtureSampler& sampler) {
+  return {{"epoch", sampler.state().epoch}, {"offset", sampler.state().offset},
+          {"epoch_length", sampler.epoch_length()}};
 }
 
-void LmBatchSource::restore(const nlohmann::json& state) {
-  sampler_.set_state({state.at("epoch").get<int64_t>(), state.at("offset").get<int64_t>()});
-  if (state.contains("epoch_length") && state["epoch_length"].get<int64_t>() != sampler_.epoch_length())
+void restore_sampler(data::MixtureSampler& sampler, const nlohmann::json& state) {
+  sampler.set_state({state.at("epoch").get<int64_t>(), state.at("offset").get<int64_t>()});
+  if (state.contains("epoch_length") && state["epoch_length"].get<int64_t>() != sampler.epoch_length())
     log::warn("the data changed since the checkpoint (an epoch held ", state["epoch_length"].get<int64_t>(),
-              " samples, now ", sampler_.epoch_length(), "): the stream continues at the saved position of the new data");
+              " samples, now ", sampler.epoch_length(), "): the stream continues at the saved position of the new data");
+}
+
+nlohmann::json LmBatchSource::state() const { return sampler_state(sampler_); }
+
+void LmBatchSource::restore(const nlohmann::json& state) { restore_sampler(sampler_, state); }
+
+EvalSplit split_eval(int64_t n, double eval_fraction, uint64_t seed, size_t dataset_index, const std::string& key) {
+  const auto k = std::max<int64_t>(1, std::llround(eval_fraction * static_cast<double>(n)));
+  if (k >= n)
+    throw ConfigError(concat(key, ".eval_fraction: holding out ", k, " of ", n, " samples leaves none to train on"));
+  const auto perm = data::permutation(n, seed * 0x9E3779B97F4A7C15ull + 0xE7A1 + dataset_index);
+  EvalSplit out;
+  out.train.assign(perm.begin() + k, perm.end());
+  out.held.assign(perm.begin(), perm.begin() + k);
+  std::sort(out.train.begin(), out.train.end());
+  std::sort(out.held.begin(), out.held.end());
+  return out;
+}
+
+void exact_match_eval(models::CausalLM& model, const tokenizer::Tokenizer& tok, const config::EvalConfig& eval,
+                      int64_t stop_id, const std::vector<std::vector<int64_t>>& prompts,
+                      const std::vector<std::string>& prompt_texts, const std::vector<std::string>& references,
+                      EvalResult& r) {
+  if (prompts.empty()) return;
+  generation::SamplingOptions g;
+  g.max_new_tokens = eval.max_new_tokens;
+  g.greedy = true;
+  g.eos_id = stop_id;
+  g.batch_size = eval.batch_size;
+  const auto outs = generation::generate(model, prompts, g);
+  int64_t exact = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto text = tok.decode(outs[i]);
+    exact += text == references[i];
+    if (static_cast<int64_t>(i) < eval.table_rows) r.samples.push_back({prompt_texts[i], text, references[i]});
+  }
+  r.metrics["eval/exact_match"] = static_cast<double>(exact) / static_cast<double>(prompts.size());
 }
 
 LmData load_lm_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
@@ -156,18 +193,11 @@ LmData load_lm_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& to
     spec.take = d.size;
     spec.weight = d.weight;
     if (d.eval_fraction > 0) {
-      const auto n = ds->size();
-      const auto k = std::max<int64_t>(1, std::llround(d.eval_fraction * static_cast<double>(n)));
-      if (k >= n)
-        throw ConfigError(concat(key, ".eval_fraction: holding out ", k, " of ", n, " samples leaves none to train on"));
-      const auto perm = data::permutation(n, seed * 0x9E3779B97F4A7C15ull + 0xE7A1 + i);
-      spec.indices.assign(perm.begin() + k, perm.end());
-      std::sort(spec.indices.begin(), spec.indices.end());
-      std::vector<int64_t> held(perm.begin(), perm.begin() + k);
-      std::sort(held.begin(), held.end());
-      for (auto h : held) out.eval.push_back({static_cast<int32_t>(out.eval_sets.size()), h});
+      auto split = split_eval(ds->size(), d.eval_fraction, seed, i, key);
+      spec.indices = std::move(split.train);
+      for (auto h : split.held) out.eval.push_back({static_cast<int32_t>(out.eval_sets.size()), h});
       out.eval_sets.push_back(ds);
-      log::info(d.path, ": ", k, " samples held out for eval (eval_fraction ", d.eval_fraction, ")");
+      log::info(d.path, ": ", split.held.size(), " samples held out for eval (eval_fraction ", d.eval_fraction, ")");
     }
     out.train.push_back(ds);
     out.mixture.push_back(std::move(spec));
@@ -203,7 +233,14 @@ LmObjective::LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenize
   source_ = std::make_unique<LmBatchSource>(data_.train, std::move(sampler), o);
 }
 
-at::Tensor LmObjective::loss_sum(models::CausalLM& model, const Batch& batch) {
+void LmObjective::prepare(models::CausalLM& model, const RunContext&) {
+  if (model.has_score_head())
+    throw ConfigError(concat("model.from: algorithm ", name_,
+                             " trains a language model, but the model is a reward model (it has a score head and no "
+                             "LM head); start from a causal LM"));
+}
+
+at::Tensor LmObjective::loss_sum(models::CausalLM& model, const Batch& batch, Sums&) {
   return lm_batch_loss_sum(model, batch);
 }
 
@@ -234,7 +271,7 @@ EvalResult LmObjective::evaluate(models::CausalLM& model) {
       for (const auto* smp : samples) rows.push_back({smp});
       auto b = packing_ ? to_batch(data::collate_packed(rows, static_cast<int64_t>(longest), pad_id_))
                         : to_batch(data::collate_unpacked(samples, pad_id_));
-      loss += loss_sum(model, b).item<double>();
+      loss += lm_batch_loss_sum(model, b).item<double>();
       targets += b.num_targets;
     }
     r.metrics["eval/loss"] = loss / static_cast<double>(std::max<int64_t>(1, targets));
@@ -246,23 +283,14 @@ EvalResult LmObjective::evaluate(models::CausalLM& model) {
     if (auto* sft = dynamic_cast<const data::SftDataset*>(data_.eval_sets[static_cast<size_t>(ref.dataset)].get()))
       gen.push_back(&(*sft)[ref.index]);
   }
-  if (!gen.empty()) {
-    std::vector<std::vector<int64_t>> prompts;
-    for (const auto* s : gen) prompts.emplace_back(s->input_ids.begin(), s->input_ids.begin() + s->prompt_tokens);
-    generation::SamplingOptions g;
-    g.max_new_tokens = eval_cfg_.max_new_tokens;
-    g.greedy = true;
-    g.eos_id = stop_id_;
-    g.batch_size = eval_cfg_.batch_size;
-    const auto outs = generation::generate(model, prompts, g);
-    int64_t exact = 0;
-    for (size_t i = 0; i < gen.size(); ++i) {
-      auto text = tok_.decode(outs[i]);
-      exact += text == gen[i]->response;
-      if (static_cast<int64_t>(i) < eval_cfg_.table_rows) r.samples.push_back({gen[i]->prompt, text, gen[i]->response});
-    }
-    r.metrics["eval/exact_match"] = static_cast<double>(exact) / static_cast<double>(gen.size());
+  std::vector<std::vector<int64_t>> prompts;
+  std::vector<std::string> prompt_texts, references;
+  for (const auto* s : gen) {
+    prompts.emplace_back(s->input_ids.begin(), s->input_ids.begin() + s->prompt_tokens);
+    prompt_texts.push_back(s->prompt);
+    references.push_back(s->response);
   }
+  exact_match_eval(model, tok_, eval_cfg_, stop_id_, prompts, prompt_texts, references, r);
   if (was_training) model.train();
   return r;
 }

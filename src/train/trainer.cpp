@@ -127,6 +127,12 @@ bool every(int64_t step, int64_t n) { return n > 0 && step % n == 0; }
 
 void request_stop() { g_stop.store(true); }
 
+void add_sum(Sums& sums, const std::string& key, const at::Tensor& value) {
+  auto v = value.detach().to(at::kDouble);
+  auto [it, fresh] = sums.emplace(key, v);
+  if (!fresh) it->second = it->second + v;
+}
+
 StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, const std::vector<Batch>& batches) {
   StepStats s;
   for (const auto& b : batches) {
@@ -137,7 +143,7 @@ StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, co
   const double scale = 1.0 / static_cast<double>(s.num_targets);
   at::Tensor total;  // summed on the device: one host sync per step, not per micro-batch
   for (const auto& b : batches) {
-    auto loss = objective.loss_sum(model, b);
+    auto loss = objective.loss_sum(model, b, s.sums);
     (loss * scale).backward();
     auto detached = loss.detach().to(at::kDouble);
     total = total.defined() ? total + detached : detached;
@@ -166,6 +172,7 @@ TrainResult run_training(const config::RunConfig& cfg) {
     throw ConfigError(concat("data.max_length: ", data_cfg.data.max_length, " exceeds the model's ",
                              model->max_positions(), " positions"));
   auto objective = make_objective(data_cfg, *tok);
+  objective->prepare(*model, {out_dir, device});
   auto optimizer = optim::make_optimizer(cfg.optimizer, model->parameters());
 
   int64_t step = 0;
@@ -210,6 +217,7 @@ TrainResult run_training(const config::RunConfig& cfg) {
     optimizer->zero_grad();
     const auto s = accumulate_gradients(*objective, *model, batches);
     Metrics m{{"loss", s.loss}, {"lr", lr}, {"num_targets", static_cast<double>(s.num_targets)}};
+    for (const auto& [k, v] : objective->step_metrics(s.sums)) m[k] = v;
     if (cfg.train.grad_clip > 0) m["grad_norm"] = torch::nn::utils::clip_grad_norm_(params, cfg.train.grad_clip);
     optimizer->step();
     ++step;

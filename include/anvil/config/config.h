@@ -297,6 +297,57 @@ struct SftConfig {
   }
 };
 
+/// Options of the `reward` algorithm (reward-model training).
+struct RewardConfig {
+  double center_rewards_coefficient = 0;
+  bool disable_dropout = true;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("center_rewards_coefficient", center_rewards_coefficient,
+            "Adds c * mean((r_i + r_j)^2) over each example's pairs, keeping rewards centred on 0 (TRL's "
+            "center_rewards_coefficient; 0 = off).",
+            non_negative());
+    v.field("disable_dropout", disable_dropout, "Run the model without dropout while training (as TRL does).");
+  }
+};
+
+/// Options of the `dpo` algorithm (direct preference optimisation).
+struct DpoConfig {
+  double beta = 0.1;
+  std::string loss_type = "sigmoid";
+  double label_smoothing = 0;
+  double rpo_alpha = 0;
+  std::string reference;
+  bool precompute_reference = false;
+  bool disable_dropout = true;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("beta", beta, "Strength of the implicit KL penalty to the reference (IPO: the regulariser tau).",
+            positive());
+    v.field("loss_type", loss_type,
+            "sigmoid (DPO), ipo (IPO, on length-normalised log-probs), hinge (SLiC) or robust (robust DPO for "
+            "noisy labels).",
+            one_of({"sigmoid", "ipo", "hinge", "robust"}));
+    v.field("label_smoothing", label_smoothing,
+            "Probability that a pair's preference is flipped (cDPO for sigmoid, robust DPO for robust); "
+            "0 = clean labels.",
+            Rule{"a number in [0, 0.5)", [](double x) { return x >= 0 && x < 0.5; }, {}});
+    v.field("rpo_alpha", rpo_alpha,
+            "Adds alpha * the chosen reply's mean token NLL to each pair's loss (RPO; TRL's rpo_alpha). It keeps "
+            "DPO from lowering the chosen replies' likelihood; 0 = plain DPO.",
+            non_negative());
+    v.field("reference", reference,
+            "Reference model folder (HF layout). Empty = model.from, or a frozen copy of the initial weights "
+            "when model.from is empty.");
+    v.field("precompute_reference", precompute_reference,
+            "Compute the reference log-probs of every pair once before training, cache them in "
+            "output_dir/reference_logps.safetensors and free the reference model.");
+    v.field("disable_dropout", disable_dropout, "Run the policy without dropout while training (as TRL does).");
+  }
+};
+
 struct RunConfig {
   std::string output_dir;
   std::string algorithm = "sft";
@@ -309,6 +360,8 @@ struct RunConfig {
   EvalConfig eval;
   LoggingConfig logging;
   SftConfig sft;
+  RewardConfig reward;
+  DpoConfig dpo;
 
   template <class V>
   void visit(V& v) {
@@ -317,9 +370,10 @@ struct RunConfig {
             "output_dir resumes from its latest complete checkpoint.",
             required());
     v.field("algorithm", algorithm,
-            "Training objective: sft (supervised fine-tuning, loss on responses) or pretrain (loss on every "
-            "token of token shards or text).",
-            one_of({"sft", "pretrain"}));
+            "Training objective: sft (supervised fine-tuning, loss on responses), pretrain (loss on every "
+            "token of token shards), reward (reward model on preference pairs or ranked replies) or dpo "
+            "(direct preference optimisation). docs/algorithms.md.",
+            one_of({"sft", "pretrain", "reward", "dpo"}));
     v.section("model", model, "Model architecture.");
     v.section("tokenizer", tokenizer, "Tokenizer.");
     v.section("data", data, "Datasets.");
@@ -329,6 +383,8 @@ struct RunConfig {
     v.section("eval", eval, "Evaluation.");
     v.section("logging", logging, "Logging.");
     v.section("sft", sft, "Supervised fine-tuning (algorithm: sft).");
+    v.section("reward", reward, "Reward-model training (algorithm: reward).");
+    v.section("dpo", dpo, "Direct preference optimisation (algorithm: dpo).");
   }
 };
 

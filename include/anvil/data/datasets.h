@@ -93,14 +93,18 @@ class SftDataset final : public LmDataset {
 std::optional<SftSample> make_sft_sample(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
                                          const ReadOptions& opt, DatasetStats& stats);
 
-/// {prompt, chosen, rejected[, margin]}: prompt is a string or a messages
-/// list; chosen and rejected are the competing assistant replies.
+/// {prompt, chosen, rejected[, margin]} or {prompt, ranked: [best, ..., worst]}:
+/// prompt is a string or a messages list; the replies are competing assistant
+/// turns, best first.
 struct PreferenceSample {
-  std::vector<int64_t> prompt_ids;    // rendered prompt with the assistant header
-  std::vector<int64_t> chosen_ids;    // reply + end of turn
-  std::vector<int64_t> rejected_ids;
+  std::vector<int64_t> prompt_ids;              // rendered prompt with the assistant header
+  std::vector<std::vector<int64_t>> replies;    // each reply + end of turn, best first (K >= 2)
   std::optional<double> margin;
-  std::string prompt, chosen, rejected;
+  std::string prompt;
+  std::vector<std::string> reply_texts;
+  const std::vector<int64_t>& chosen_ids() const { return replies.front(); }
+  const std::vector<int64_t>& rejected_ids() const { return replies.back(); }
+  bool is_pair() const { return replies.size() == 2; }
 };
 
 class PreferenceDataset {

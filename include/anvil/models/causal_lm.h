@@ -2,6 +2,7 @@
 // What every decoder-only family provides to trainers and generation.
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
 
 #include <nlohmann/json.hpp>
 #include <string>
@@ -80,7 +81,28 @@ class CausalLM : public torch::nn::Module {
   /// buffers); a name that is neither is an error at load.
   virtual std::string checkpoint_key(const std::string& name) const { return name; }
 
+  /// Names of the LM output head's parameters (empty when tied to the
+  /// embedding); a sequence-classification folder does not store them.
+  virtual std::vector<std::string> lm_head_parameters() const { return {}; }
+
+  /// Turns the model into a reward model: a scalar head on the final hidden
+  /// state, Hugging Face's `...ForSequenceClassification` "score"
+  /// (Linear(C -> 1), no bias, weights ~ N(0, init_std)). Saved folders then
+  /// use that layout (score.weight, no LM head). No-op when already present.
+  void add_score_head(double init_std = 0.02);
+  bool has_score_head() const { return !score_head_.is_empty(); }
+  /// (B, T, C) hidden states and (B) positions -> (B) float32 scores read at
+  /// each row's position.
+  at::Tensor score(const at::Tensor& hidden, const at::Tensor& positions);
+
   SpecialTokens special_tokens;
+
+ private:
+  torch::nn::Linear score_head_{nullptr};
 };
+
+/// HF's rule for the token a sequence-classification head reads: each row's
+/// rightmost token that is not `pad_id` (right or left padding), (B) int64.
+at::Tensor last_non_pad_index(const at::Tensor& input_ids, int64_t pad_id);
 
 }  // namespace anvil::models

@@ -99,6 +99,9 @@ class LlamaForCausalLM final : public CausalLM {
   int64_t num_layers() const override { return options.num_hidden_layers(); }
   nlohmann::json hf_config() const override;
   std::string checkpoint_key(const std::string& name) const override;
+  std::vector<std::string> lm_head_parameters() const override {
+    return options.tie_word_embeddings() ? std::vector<std::string>{} : std::vector<std::string>{"lm_head.weight"};
+  }
 
   /// HF's init: N(0, initializer_range) for linear and embedding weights, zero
   /// biases, unit RMSNorm weights.

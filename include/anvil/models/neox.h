@@ -99,6 +99,9 @@ class GPTNeoXForCausalLM final : public CausalLM {
   int64_t num_layers() const override { return options.num_hidden_layers(); }
   nlohmann::json hf_config() const override;
   std::string checkpoint_key(const std::string& name) const override;
+  std::vector<std::string> lm_head_parameters() const override {
+    return options.tie_word_embeddings() ? std::vector<std::string>{} : std::vector<std::string>{"embed_out.weight"};
+  }
 
   /// HF's init: N(0, initializer_range) weights, zero biases, unit LayerNorm.
   void reset_parameters();

@@ -26,4 +26,8 @@ const ModelFamily& family_by_name(const std::string& name);
 const ModelFamily& family_by_hf_model_type(const std::string& model_type, const std::string& where);
 std::vector<std::string> family_names();
 
+/// An independent copy of `model` (same family, shape, heads, weights, device
+/// and dtype), e.g. DPO's frozen reference.
+std::shared_ptr<CausalLM> clone_model(CausalLM& model);
+
 }  // namespace anvil::models

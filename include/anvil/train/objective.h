@@ -4,8 +4,10 @@
 // owns accumulation, clipping, stepping, eval scheduling and checkpoints.
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <array>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -43,13 +45,41 @@ struct EvalResult {
   std::vector<std::array<std::string, 3>> samples;
 };
 
+/// Additive statistics of micro-batches (detached scalar tensors, e.g. the
+/// count of correctly ranked pairs): the loop sums them over a step's
+/// micro-batches and hands the totals to Objective::step_metrics.
+using Sums = std::map<std::string, at::Tensor>;
+
+/// Adds `value` (detached) into `sums[key]`.
+void add_sum(Sums& sums, const std::string& key, const at::Tensor& value);
+
+/// What an objective may need from the run before training starts.
+struct RunContext {
+  std::filesystem::path output_dir;
+  at::Device device = at::kCPU;
+};
+
 class Objective {
  public:
   virtual ~Objective() = default;
   virtual std::string name() const = 0;
 
-  /// The loss summed over the batch's `num_targets` units (not averaged).
-  virtual at::Tensor loss_sum(models::CausalLM& model, const Batch& batch) = 0;
+  /// Called once the model is built, before the optimizer and before a
+  /// checkpoint is restored: add heads, freeze a reference copy, fill caches.
+  /// Throws ConfigError when the model does not suit the objective.
+  virtual void prepare(models::CausalLM& model, const RunContext& ctx) {
+    (void)model;
+    (void)ctx;
+  }
+
+  /// The loss summed over the batch's `num_targets` units (not averaged);
+  /// statistics for the step's metrics go into `sums`.
+  virtual at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) = 0;
+  /// Train-time metrics (no prefix) from a step's summed statistics.
+  virtual Metrics step_metrics(const Sums& sums) const {
+    (void)sums;
+    return {};
+  }
   /// Evaluates on held-out data; an empty result when there is none.
   virtual EvalResult evaluate(models::CausalLM& model) = 0;
   virtual BatchSource& train_source() = 0;

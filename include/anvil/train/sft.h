@@ -49,6 +49,25 @@ class LmBatchSource final : public BatchSource {
   Options opt_;
 };
 
+/// A sampler's position as stored in trainer_state.json, and back (a data
+/// change since the checkpoint is logged, not fatal). Shared by batch sources.
+nlohmann::json sampler_state(const data::MixtureSampler& sampler);
+void restore_sampler(data::MixtureSampler& sampler, const nlohmann::json& state);
+
+/// The held-out split of a dataset with `eval_fraction`: a seeded choice of
+/// round(fraction * n) samples (at least 1, at most n - 1), both sides sorted.
+struct EvalSplit {
+  std::vector<int64_t> train, held;
+};
+EvalSplit split_eval(int64_t n, double eval_fraction, uint64_t seed, size_t dataset_index, const std::string& key);
+
+/// Greedy answers to `prompts`, compared with `references` after decoding:
+/// sets eval/exact_match and the first eval.table_rows sample rows of `r`.
+void exact_match_eval(models::CausalLM& model, const tokenizer::Tokenizer& tok, const config::EvalConfig& eval,
+                      int64_t stop_id, const std::vector<std::vector<int64_t>>& prompts,
+                      const std::vector<std::string>& prompt_texts, const std::vector<std::string>& references,
+                      EvalResult& r);
+
 /// The train and eval sides of an LM run, as the config describes them.
 struct LmData {
   std::vector<std::shared_ptr<const data::LmDataset>> train;
@@ -67,7 +86,8 @@ class LmObjective final : public Objective {
  public:
   LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
   std::string name() const override { return name_; }
-  at::Tensor loss_sum(models::CausalLM& model, const Batch& batch) override;
+  void prepare(models::CausalLM& model, const RunContext& ctx) override;
+  at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override;
   EvalResult evaluate(models::CausalLM& model) override;
   BatchSource& train_source() override { return *source_; }
 

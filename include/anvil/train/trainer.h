@@ -16,6 +16,7 @@ struct StepStats {
   double loss = 0;  // summed loss / total target units of the step
   int64_t num_targets = 0;
   int64_t num_tokens = 0;
+  Sums sums;  // the objective's statistics, summed over the micro-batches
 };
 
 /// Forward + backward over one optimizer step's micro-batches. Each

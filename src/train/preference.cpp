@@ -1,0 +1,571 @@
+#include "anvil/train/preference.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <iomanip>
+#include <sstream>
+
+#include "anvil/core/error.h"
+#include "anvil/core/logging.h"
+#include "anvil/io/hf_model.h"
+#include "anvil/io/safetensors.h"
+#include "anvil/models/registry.h"
+#include "anvil/train/sft.h"
+
+namespace anvil::train {
+namespace {
+
+namespace stdfs = std::filesystem;
+
+/// Runs the model without dropout for a scope (gradients still flow).
+class NoDropout {
+ public:
+  NoDropout(models::CausalLM& m, bool active) : m_(m), restore_(active && m.is_training()) {
+    if (restore_) m_.eval();
+  }
+  ~NoDropout() {
+    if (restore_) m_.train();
+  }
+
+ private:
+  models::CausalLM& m_;
+  bool restore_;
+};
+
+/// Restores train mode after an evaluation.
+class EvalMode {
+ public:
+  explicit EvalMode(models::CausalLM& m) : m_(m), was_(m.is_training()) { m_.eval(); }
+  ~EvalMode() { m_.train(was_); }
+
+ private:
+  models::CausalLM& m_;
+  bool was_;
+};
+
+double total(const Sums& s, const std::string& key) {
+  auto it = s.find(key);
+  return it == s.end() ? 0.0 : it->second.item<double>();
+}
+
+int64_t resolve_pad(const tokenizer::Tokenizer& tok) {
+  return tok.pad_id() >= 0 ? tok.pad_id() : std::max<int64_t>(0, tok.eos_id());
+}
+
+std::shared_ptr<const data::PreferenceDataset> load_set(const config::RunConfig& cfg, const config::DatasetConfig& d,
+                                                        const std::string& key, const tokenizer::Tokenizer& tok) {
+  if (d.format != "auto" && d.format != "preference")
+    throw ConfigError(concat(key, ".format: algorithm ", cfg.algorithm, " reads preference data, got ", d.format));
+  if (stdfs::is_directory(d.path))
+    throw ConfigError(concat(key, ".path: algorithm ", cfg.algorithm,
+                             " reads a preference JSONL file, got the folder \"", d.path, "\""));
+  data::ReadOptions o;
+  o.prompt_field = d.prompt_field;
+  o.template_name = cfg.data.template_name;
+  o.max_length = cfg.data.max_length;
+  o.drop_overflow = cfg.data.on_overflow == "drop";
+  o.on_error = data::parse_on_error(cfg.data.on_error);
+  auto ds = std::make_shared<data::PreferenceDataset>(data::PreferenceDataset::load(d.path, tok, o));
+  const auto& s = ds->stats();
+  int64_t ranked = 0;
+  for (int64_t i = 0; i < ds->size(); ++i) ranked += !(*ds)[i].is_pair();
+  log::info(d.path, ": ", ds->size(), " examples", ranked ? concat(", ", ranked, " with more than 2 ranked replies") : "",
+            " (", s.summary(), ")");
+  for (const auto& e : s.first_errors) log::warn("skipped: ", e);
+  return ds;
+}
+
+/// Runs `fn(batch)` over every example of `sets` in order, `batch_size` at a time.
+template <class Fn>
+void for_each_batch(const std::vector<std::shared_ptr<const data::PreferenceDataset>>& sets,
+                    const std::vector<data::SampleRef>& refs, int64_t batch_size, int64_t pad_id, Fn&& fn) {
+  for (size_t i = 0; i < refs.size(); i += static_cast<size_t>(batch_size)) {
+    std::vector<const data::PreferenceSample*> ex;
+    std::vector<data::SampleRef> part;
+    for (size_t j = i; j < std::min(refs.size(), i + static_cast<size_t>(batch_size)); ++j) {
+      ex.push_back(&(*sets[static_cast<size_t>(refs[j].dataset)])[refs[j].index]);
+      part.push_back(refs[j]);
+    }
+    fn(collate_preferences(ex, part, pad_id));
+  }
+}
+
+std::vector<data::SampleRef> all_refs(const std::vector<std::shared_ptr<const data::PreferenceDataset>>& sets) {
+  std::vector<data::SampleRef> out;
+  for (size_t d = 0; d < sets.size(); ++d)
+    for (int64_t i = 0; i < sets[d]->size(); ++i) out.push_back({static_cast<int32_t>(d), i});
+  return out;
+}
+
+}  // namespace
+
+// ---- formulas ------------------------------------------------------------------
+
+std::pair<at::Tensor, at::Tensor> sequence_logps(const at::Tensor& logits, const at::Tensor& labels) {
+  const auto T = logits.size(1);
+  auto shift_logits = logits.narrow(1, 0, T - 1).to(at::kFloat);  // (B, T-1, V)
+  auto shift_labels = labels.narrow(1, 1, T - 1);                 // (B, T-1)
+  auto mask = shift_labels.ne(data::kIgnoreIndex);
+  auto safe = at::where(mask, shift_labels, at::zeros_like(shift_labels));
+  auto logp = shift_logits.log_softmax(-1).gather(-1, safe.unsqueeze(-1)).squeeze(-1);
+  return {(logp * mask).sum(-1), mask.sum(-1)};
+}
+
+at::Tensor dpo_logps(const at::Tensor& sums, const at::Tensor& counts, const std::string& loss_type) {
+  // TRL length-normalises the log-probs for IPO (the paper's average log-likelihood).
+  return loss_type == "ipo" ? sums / counts.to(sums.scalar_type()) : sums;
+}
+
+DpoLossOutput dpo_loss(const at::Tensor& policy_chosen, const at::Tensor& policy_rejected,
+                       const at::Tensor& ref_chosen, const at::Tensor& ref_rejected, const DpoLossOptions& opt) {
+  const double beta = opt.beta, eps = opt.label_smoothing;
+  auto logits = (policy_chosen - policy_rejected) - (ref_chosen - ref_rejected);
+  at::Tensor losses;
+  if (opt.loss_type == "sigmoid") {
+    losses = -at::log_sigmoid(beta * logits) * (1 - eps) - at::log_sigmoid(-beta * logits) * eps;
+  } else if (opt.loss_type == "robust") {
+    losses = (-at::log_sigmoid(beta * logits) * (1 - eps) + at::log_sigmoid(-beta * logits) * eps) / (1 - 2 * eps);
+  } else if (opt.loss_type == "hinge") {
+    losses = at::relu(1 - beta * logits);
+  } else if (opt.loss_type == "ipo") {
+    losses = (logits - 1 / (2 * beta)).pow(2);
+  } else {
+    TORCH_CHECK(false, "dpo_loss: unknown loss_type ", opt.loss_type);
+  }
+  return {losses, (beta * (policy_chosen - ref_chosen)).detach(), (beta * (policy_rejected - ref_rejected)).detach()};
+}
+
+void add_dpo_sums(const DpoLossOutput& out, const at::Tensor& policy_chosen, const at::Tensor& policy_rejected,
+                  Sums& sums) {
+  const auto& c = out.chosen_rewards;
+  const auto& r = out.rejected_rewards;
+  add_sum(sums, "pairs", at::scalar_tensor(static_cast<double>(c.size(0)), at::kDouble));
+  add_sum(sums, "rewards/chosen", c.sum());
+  add_sum(sums, "rewards/rejected", r.sum());
+  add_sum(sums, "rewards/accuracies", c.gt(r).sum());
+  add_sum(sums, "rewards/margins", (c - r).sum());
+  add_sum(sums, "logps/chosen", policy_chosen.detach().sum());
+  add_sum(sums, "logps/rejected", policy_rejected.detach().sum());
+}
+
+Metrics dpo_metrics(const Sums& sums, const std::string& prefix) {
+  const double n = total(sums, "pairs");
+  if (n <= 0) return {};
+  Metrics m;
+  for (const char* k : {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+                        "logps/chosen", "logps/rejected"})
+    m[prefix + k] = total(sums, k) / n;
+  if (sums.count("nll_loss")) m[prefix + "nll_loss"] = total(sums, "nll_loss") / n;
+  return m;
+}
+
+RankingPairs ranking_pairs(const std::vector<int64_t>& replies_per_example,
+                           const std::vector<std::optional<double>>& margins) {
+  TORCH_CHECK(margins.size() == replies_per_example.size(), "ranking_pairs: one margin per example");
+  std::vector<int64_t> better, worse;
+  std::vector<double> margin, weight;
+  int64_t start = 0;
+  for (size_t e = 0; e < replies_per_example.size(); ++e) {
+    const auto k = replies_per_example[e];
+    TORCH_CHECK(k >= 2, "ranking_pairs: an example needs at least 2 replies, got ", k);
+    const double w = 2.0 / static_cast<double>(k * (k - 1));
+    for (int64_t i = 0; i < k; ++i)
+      for (int64_t j = i + 1; j < k; ++j) {
+        better.push_back(start + i);
+        worse.push_back(start + j);
+        margin.push_back(margins[e].value_or(0.0));
+        weight.push_back(w);
+      }
+    start += k;
+  }
+  auto longs = [](const std::vector<int64_t>& v) { return at::tensor(v, at::kLong); };
+  auto floats = [](const std::vector<double>& v) { return at::tensor(v, at::kDouble).to(at::kFloat); };
+  return {longs(better), longs(worse), floats(margin), floats(weight)};
+}
+
+at::Tensor ranking_loss_sum(const at::Tensor& rewards, const RankingPairs& pairs, double center_coefficient) {
+  const auto dev = rewards.device();
+  const auto type = rewards.scalar_type();
+  auto rb = rewards.index_select(0, pairs.better.to(dev));
+  auto rw = rewards.index_select(0, pairs.worse.to(dev));
+  auto term = -at::log_sigmoid(rb - rw - pairs.margin.to(dev, type));
+  if (center_coefficient > 0) term = term + center_coefficient * (rb + rw).pow(2);
+  return (term * pairs.weight.to(dev, type)).sum();
+}
+
+void add_ranking_sums(const at::Tensor& rewards, const RankingPairs& pairs, Sums& sums) {
+  auto r = rewards.detach();
+  auto rb = r.index_select(0, pairs.better.to(r.device()));
+  auto rw = r.index_select(0, pairs.worse.to(r.device()));
+  add_sum(sums, "pairs", at::scalar_tensor(static_cast<double>(rb.size(0)), at::kDouble));
+  add_sum(sums, "correct", rb.gt(rw).sum());
+  add_sum(sums, "margin", (rb - rw).sum());
+  add_sum(sums, "replies", at::scalar_tensor(static_cast<double>(r.size(0)), at::kDouble));
+  add_sum(sums, "reward", r.sum());
+  add_sum(sums, "reward_sq", r.pow(2).sum());
+}
+
+Metrics ranking_metrics(const Sums& sums, const std::string& prefix) {
+  const double pairs = total(sums, "pairs"), n = total(sums, "replies");
+  if (pairs <= 0 || n <= 0) return {};
+  const double mean = total(sums, "reward") / n;
+  return {{prefix + "accuracy", total(sums, "correct") / pairs},
+          {prefix + "margin", total(sums, "margin") / pairs},
+          {prefix + "rewards/mean", mean},
+          {prefix + "rewards/std", std::sqrt(std::max(0.0, total(sums, "reward_sq") / n - mean * mean))}};
+}
+
+// ---- data ----------------------------------------------------------------------
+
+Batch collate_preferences(const std::vector<const data::PreferenceSample*>& examples,
+                          const std::vector<data::SampleRef>& refs, int64_t pad_id) {
+  TORCH_CHECK(!examples.empty() && refs.size() == examples.size(), "collate_preferences: bad batch");
+  int64_t rows = 0, T = 0;
+  for (const auto* e : examples)
+    for (const auto& r : e->replies) {
+      ++rows;
+      T = std::max<int64_t>(T, static_cast<int64_t>(e->prompt_ids.size() + r.size()));
+    }
+  auto ids = at::full({rows, T}, pad_id, at::kLong);
+  auto labels = at::full({rows, T}, data::kIgnoreIndex, at::kLong);
+  auto* pi = ids.data_ptr<int64_t>();
+  auto* pl = labels.data_ptr<int64_t>();
+  std::vector<int64_t> per, dataset, index;
+  std::vector<std::optional<double>> margins;
+  Batch b;
+  int64_t row = 0;
+  for (size_t e = 0; e < examples.size(); ++e) {
+    const auto& ex = *examples[e];
+    const auto P = static_cast<int64_t>(ex.prompt_ids.size());
+    for (const auto& reply : ex.replies) {
+      std::copy(ex.prompt_ids.begin(), ex.prompt_ids.end(), pi + row * T);
+      std::copy(reply.begin(), reply.end(), pi + row * T + P);
+      std::copy(reply.begin(), reply.end(), pl + row * T + P);
+      b.num_tokens += P + static_cast<int64_t>(reply.size());
+      ++row;
+    }
+    per.push_back(static_cast<int64_t>(ex.replies.size()));
+    margins.push_back(ex.margin);
+    dataset.push_back(refs[e].dataset);
+    index.push_back(refs[e].index);
+  }
+  const auto pairs = ranking_pairs(per, margins);
+  b.tensors["input_ids"] = ids;
+  b.tensors["labels"] = labels;
+  b.tensors["replies"] = at::tensor(per, at::kLong);
+  b.tensors["better"] = pairs.better;
+  b.tensors["worse"] = pairs.worse;
+  b.tensors["margin"] = pairs.margin;
+  b.tensors["weight"] = pairs.weight;
+  b.tensors["dataset"] = at::tensor(dataset, at::kLong);
+  b.tensors["index"] = at::tensor(index, at::kLong);
+  b.num_targets = static_cast<int64_t>(examples.size());
+  return b;
+}
+
+PreferenceData load_preference_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
+  PreferenceData out;
+  const auto seed = static_cast<uint64_t>(cfg.train.seed);
+  for (size_t i = 0; i < cfg.data.train.size(); ++i) {
+    const auto& d = cfg.data.train[i];
+    const auto key = concat("data.train[", i, "]");
+    auto ds = load_set(cfg, d, key, tok);
+    data::MixtureSpec spec;
+    spec.size = ds->size();
+    spec.fraction = d.fraction;
+    spec.take = d.size;
+    spec.weight = d.weight;
+    if (d.eval_fraction > 0) {
+      auto split = split_eval(ds->size(), d.eval_fraction, seed, i, key);
+      spec.indices = std::move(split.train);
+      for (auto h : split.held) out.eval.push_back({static_cast<int32_t>(out.eval_sets.size()), h});
+      out.eval_sets.push_back(ds);
+      log::info(d.path, ": ", split.held.size(), " examples held out for eval (eval_fraction ", d.eval_fraction, ")");
+    }
+    out.train.push_back(ds);
+    out.mixture.push_back(std::move(spec));
+  }
+  for (size_t i = 0; i < cfg.data.eval.size(); ++i) {
+    auto ds = load_set(cfg, cfg.data.eval[i], concat("data.eval[", i, "]"), tok);
+    for (int64_t j = 0; j < ds->size(); ++j) out.eval.push_back({static_cast<int32_t>(out.eval_sets.size()), j});
+    out.eval_sets.push_back(ds);
+  }
+  return out;
+}
+
+PreferenceBatchSource::PreferenceBatchSource(std::vector<std::shared_ptr<const data::PreferenceDataset>> datasets,
+                                             data::MixtureSampler sampler, int64_t micro_batch_size, int64_t pad_id,
+                                             int64_t rank, int64_t world)
+    : datasets_(std::move(datasets)),
+      sampler_(std::move(sampler)),
+      micro_batch_size_(micro_batch_size),
+      pad_id_(pad_id),
+      rank_(rank),
+      world_(world) {
+  TORCH_CHECK(world_ >= 1 && rank_ >= 0 && rank_ < world_, "PreferenceBatchSource: bad rank/world");
+}
+
+Batch PreferenceBatchSource::next() {
+  std::vector<const data::PreferenceSample*> ex;
+  std::vector<data::SampleRef> refs;
+  for (int64_t g = 0; g < world_ * micro_batch_size_; ++g) {
+    const auto r = sampler_.next();
+    if (g / micro_batch_size_ != rank_) continue;
+    ex.push_back(&(*datasets_[static_cast<size_t>(r.dataset)])[r.index]);
+    refs.push_back(r);
+  }
+  return collate_preferences(ex, refs, pad_id_);
+}
+
+nlohmann::json PreferenceBatchSource::state() const { return sampler_state(sampler_); }
+
+void PreferenceBatchSource::restore(const nlohmann::json& state) { restore_sampler(sampler_, state); }
+
+// ---- reward --------------------------------------------------------------------
+
+RewardObjective::RewardObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)
+    : cfg_(cfg), pad_id_(resolve_pad(tok)), data_(load_preference_data(cfg, tok)) {
+  data::MixtureSampler sampler(data_.mixture, static_cast<uint64_t>(cfg.train.seed));
+  source_ = std::make_unique<PreferenceBatchSource>(data_.train, std::move(sampler), cfg.train.micro_batch_size, pad_id_);
+}
+
+void RewardObjective::prepare(models::CausalLM& model, const RunContext&) {
+  if (!model.has_score_head()) {
+    model.add_score_head();
+    log::info("reward: added a score head (", model.hidden_size(), " -> 1) to the ", model.family(), " model");
+  }
+  // The scored token is the last non-pad one (HF's rule), so the saved
+  // config.json must name the pad id this run uses.
+  if (model.special_tokens.pad < 0) model.special_tokens.pad = pad_id_;
+  if (model.special_tokens.pad != pad_id_)
+    throw ConfigError(concat("model.from: the model's pad_token_id ", model.special_tokens.pad,
+                             " differs from the tokenizer's pad id ", pad_id_,
+                             "; a reward model reads its score at the last non-pad token, so they must agree"));
+}
+
+at::Tensor RewardObjective::rewards(models::CausalLM& model, const Batch& batch) const {
+  const auto device = model.parameters().front().device();
+  auto ids = batch.tensors.at("input_ids").to(device);
+  auto hidden = model.hidden_states(ids, {});
+  return model.score(hidden, models::last_non_pad_index(ids, pad_id_));
+}
+
+at::Tensor RewardObjective::loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) {
+  NoDropout guard(model, cfg_.reward.disable_dropout);
+  auto r = rewards(model, batch);
+  RankingPairs pairs{batch.tensors.at("better"), batch.tensors.at("worse"), batch.tensors.at("margin"),
+                     batch.tensors.at("weight")};
+  add_ranking_sums(r, pairs, sums);
+  return ranking_loss_sum(r, pairs, cfg_.reward.center_rewards_coefficient);
+}
+
+EvalResult RewardObjective::evaluate(models::CausalLM& model) {
+  EvalResult result;
+  if (data_.eval.empty()) return result;
+  EvalMode mode(model);
+  torch::NoGradGuard no_grad;
+  Sums sums;
+  double loss = 0;
+  int64_t examples = 0;
+  for_each_batch(data_.eval_sets, data_.eval, cfg_.eval.batch_size, pad_id_, [&](const Batch& b) {
+    loss += loss_sum(model, b, sums).item<double>();
+    examples += b.num_targets;
+  });
+  result.metrics = ranking_metrics(sums, "eval/");
+  result.metrics["eval/loss"] = loss / static_cast<double>(examples);
+  return result;
+}
+
+// ---- DPO -----------------------------------------------------------------------
+
+DpoObjective::DpoObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)
+    : cfg_(cfg),
+      tok_(tok),
+      pad_id_(resolve_pad(tok)),
+      stop_id_(data::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok)),
+      loss_opt_{cfg.dpo.loss_type, cfg.dpo.beta, cfg.dpo.label_smoothing},
+      data_(load_preference_data(cfg, tok)) {
+  auto check_pairs = [&](const std::vector<std::shared_ptr<const data::PreferenceDataset>>& sets, const char* key) {
+    for (size_t d = 0; d < sets.size(); ++d)
+      for (int64_t i = 0; i < sets[d]->size(); ++i)
+        if (!(*sets[d])[i].is_pair())
+          throw DataError(concat(key, ": example ", i + 1, " (prompt \"", (*sets[d])[i].prompt, "\") ranks ",
+                                 (*sets[d])[i].replies.size(),
+                                 " replies; DPO trains on chosen/rejected pairs (ranked lists are for algorithm: reward)"));
+  };
+  check_pairs(data_.train, "data.train");
+  check_pairs(data_.eval_sets, "data.eval");
+  data::MixtureSampler sampler(data_.mixture, static_cast<uint64_t>(cfg.train.seed));
+  source_ = std::make_unique<PreferenceBatchSource>(data_.train, std::move(sampler), cfg.train.micro_batch_size, pad_id_);
+}
+
+void DpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
+  if (model.has_score_head())
+    throw ConfigError("model.from: algorithm dpo trains a language model, but the model is a reward model");
+  const auto& path = !cfg_.dpo.reference.empty() ? cfg_.dpo.reference : cfg_.model.from;
+  if (!path.empty()) {
+    // Identify the reference by its folder and weight files, for the cache.
+    reference_desc_ = concat("folder ", stdfs::weakly_canonical(path).string());
+    for (const auto& f : stdfs::directory_iterator(path))
+      if (f.path().extension() == ".safetensors")
+        reference_desc_ += concat(";", f.path().filename().string(), ":", stdfs::file_size(f.path()), ":",
+                                  stdfs::last_write_time(f.path()).time_since_epoch().count());
+  } else {
+    reference_desc_ = concat("initial weights, seed ", cfg_.train.seed, ", ", model.hf_config().dump());
+  }
+  const auto cache = ctx.output_dir / "reference_logps.safetensors";
+  if (cfg_.dpo.precompute_reference && stdfs::exists(cache)) {
+    io::SafetensorsFile f(cache);
+    const auto it = f.metadata().find("fingerprint");
+    if (it != f.metadata().end() && it->second == fingerprint()) {
+      for (size_t d = 0; d < data_.train.size(); ++d) cached_train_.push_back(f.get(concat("train.", d)));
+      for (size_t d = 0; d < data_.eval_sets.size(); ++d) cached_eval_.push_back(f.get(concat("eval.", d)));
+      log::info("dpo: reference log-probs read from ", cache.string());
+      return;
+    }
+    log::info("dpo: ", cache.string(), " was computed for other data or another reference; recomputing");
+  }
+  if (!path.empty()) {
+    reference_ = io::load_model_dir(path);
+    if (reference_->has_score_head())
+      throw ConfigError(concat("dpo.reference: ", path, " is a reward model; the reference must be a causal LM"));
+    if (reference_->vocab_size() != model.vocab_size())
+      throw ConfigError(concat("dpo.reference: ", path, " has a vocabulary of ", reference_->vocab_size(),
+                               " tokens, the policy ", model.vocab_size()));
+    reference_->to(ctx.device);
+  } else {
+    reference_ = models::clone_model(model);
+  }
+  reference_->eval();
+  for (auto& p : reference_->parameters()) p.set_requires_grad(false);
+  log::info("dpo: reference model from ", path.empty() ? std::string("the initial weights") : path,
+            cfg_.dpo.precompute_reference ? " (precomputing its log-probs)" : " (kept in memory)");
+  if (cfg_.dpo.precompute_reference) precompute(ctx);
+}
+
+std::string DpoObjective::fingerprint() const {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the reference and every token
+  auto mix = [&](uint64_t x) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (x >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  for (char c : reference_desc_) mix(static_cast<uint8_t>(c));
+  for (const auto* sets : {&data_.train, &data_.eval_sets})
+    for (const auto& ds : *sets) {
+      mix(static_cast<uint64_t>(ds->size()));
+      for (int64_t i = 0; i < ds->size(); ++i) {
+        const auto& s = (*ds)[i];
+        for (auto t : s.prompt_ids) mix(static_cast<uint64_t>(t));
+        for (const auto& r : s.replies) {
+          mix(~0ull);
+          for (auto t : r) mix(static_cast<uint64_t>(t));
+        }
+      }
+    }
+  std::ostringstream os;
+  os << std::hex << std::setw(16) << std::setfill('0') << h;
+  return os.str();
+}
+
+void DpoObjective::precompute(const RunContext& ctx) {
+  torch::NoGradGuard no_grad;
+  io::TensorMap tensors;
+  auto run = [&](const std::vector<std::shared_ptr<const data::PreferenceDataset>>& sets, const char* name,
+                 std::vector<at::Tensor>& into) {
+    for (const auto& ds : sets) into.push_back(at::zeros({ds->size(), 2}, at::kFloat));
+    for_each_batch(sets, all_refs(sets), cfg_.eval.batch_size, pad_id_, [&](const Batch& b) {
+      const auto device = reference_->parameters().front().device();
+      auto logits = reference_->forward(b.tensors.at("input_ids").to(device));
+      auto sums = sequence_logps(logits, b.tensors.at("labels").to(device)).first.cpu().view({-1, 2});
+      const auto d = b.tensors.at("dataset"), i = b.tensors.at("index");
+      for (int64_t e = 0; e < d.size(0); ++e)
+        into[static_cast<size_t>(d[e].item<int64_t>())].select(0, i[e].item<int64_t>()).copy_(sums[e]);
+    });
+    for (size_t d = 0; d < into.size(); ++d) tensors[concat(name, ".", d)] = into[d];
+  };
+  run(data_.train, "train", cached_train_);
+  run(data_.eval_sets, "eval", cached_eval_);
+  const auto cache = ctx.output_dir / "reference_logps.safetensors";
+  io::save_safetensors(cache, tensors, {{"fingerprint", fingerprint()}});
+  log::info("dpo: reference log-probs of ", all_refs(data_.train).size() + all_refs(data_.eval_sets).size(),
+            " pairs cached in ", cache.string(), "; the reference model is freed");
+  reference_.reset();
+}
+
+at::Tensor DpoObjective::reference_sums(const Batch& batch, bool eval) {
+  if (!reference_) {
+    const auto& cache = eval ? cached_eval_ : cached_train_;
+    const auto d = batch.tensors.at("dataset"), i = batch.tensors.at("index");
+    std::vector<at::Tensor> rows;
+    for (int64_t e = 0; e < d.size(0); ++e)
+      rows.push_back(cache[static_cast<size_t>(d[e].item<int64_t>())][i[e].item<int64_t>()]);
+    return at::stack(rows).view({-1});  // (E * 2): chosen, rejected per example
+  }
+  torch::NoGradGuard no_grad;
+  const auto device = reference_->parameters().front().device();
+  auto logits = reference_->forward(batch.tensors.at("input_ids").to(device));
+  return sequence_logps(logits, batch.tensors.at("labels").to(device)).first;
+}
+
+at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) {
+  const auto device = model.parameters().front().device();
+  at::Tensor policy_sums, counts;
+  {
+    NoDropout guard(model, cfg_.dpo.disable_dropout);
+    auto logits = model.forward(batch.tensors.at("input_ids").to(device));
+    std::tie(policy_sums, counts) = sequence_logps(logits, batch.tensors.at("labels").to(device));
+  }
+  // Rows alternate chosen, rejected (every example is a pair).
+  const bool eval = !model.is_training();
+  auto ref_sums = reference_sums(batch, eval).to(device, policy_sums.scalar_type());
+  auto policy = dpo_logps(policy_sums, counts, loss_opt_.loss_type).view({-1, 2});
+  auto ref = dpo_logps(ref_sums, counts, loss_opt_.loss_type).view({-1, 2});
+  auto pc = policy.select(1, 0), pr = policy.select(1, 1);
+  auto out = dpo_loss(pc, pr, ref.select(1, 0), ref.select(1, 1), loss_opt_);
+  add_dpo_sums(out, pc, pr, sums);
+  if (cfg_.dpo.rpo_alpha > 0) {
+    // RPO: the chosen reply's mean token NLL, per pair.
+    auto chosen = policy_sums.view({-1, 2}).select(1, 0) / counts.view({-1, 2}).select(1, 0).to(at::kFloat);
+    add_sum(sums, "nll_loss", -chosen.detach().sum());
+    return (out.losses - cfg_.dpo.rpo_alpha * chosen).sum();
+  }
+  return out.losses.sum();
+}
+
+EvalResult DpoObjective::evaluate(models::CausalLM& model) {
+  EvalResult result;
+  if (data_.eval.empty()) return result;
+  EvalMode mode(model);
+  {
+    torch::NoGradGuard no_grad;
+    Sums sums;
+    double loss = 0;
+    int64_t pairs = 0;
+    for_each_batch(data_.eval_sets, data_.eval, cfg_.eval.batch_size, pad_id_, [&](const Batch& b) {
+      loss += loss_sum(model, b, sums).item<double>();
+      pairs += b.num_targets;
+    });
+    result.metrics = dpo_metrics(sums, "eval/");
+    result.metrics["eval/loss"] = loss / static_cast<double>(pairs);
+  }
+  // Greedy answers to held-out prompts against the chosen reply.
+  std::vector<std::vector<int64_t>> prompts;
+  std::vector<std::string> texts, references;
+  for (const auto& ref : data_.eval) {
+    if (static_cast<int64_t>(prompts.size()) >= cfg_.eval.generate_samples) break;
+    const auto& s = (*data_.eval_sets[static_cast<size_t>(ref.dataset)])[ref.index];
+    prompts.push_back(s.prompt_ids);
+    texts.push_back(s.prompt);
+    references.push_back(s.reply_texts.front());
+  }
+  exact_match_eval(model, tok_, cfg_.eval, stop_id_, prompts, texts, references, result);
+  return result;
+}
+
+}  // namespace anvil::train
