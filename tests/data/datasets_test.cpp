@@ -252,10 +252,10 @@ TEST(Formats, PreferencePromptsAndOfflineRl) {
   EXPECT_FALSE(pref[1].margin.has_value());
   // prompt + chosen is exactly the conversation the SFT path would render.
   auto full = pref[0].prompt_ids;
-  full.insert(full.end(), pref[0].chosen_ids.begin(), pref[0].chosen_ids.end());
+  full.insert(full.end(), pref[0].chosen_ids().begin(), pref[0].chosen_ids().end());
   auto conv = ChatTemplate::get("chatml").encode(*tok, pair("What is 2+2?", "4"), false).input_ids;
   EXPECT_EQ(full, std::vector<int64_t>(conv.begin(), conv.end() - 1));  // conv ends with the "\n" after <|im_end|>
-  EXPECT_EQ(pref[0].rejected_ids.back(), *tok->token_to_id("<|im_end|>"));
+  EXPECT_EQ(pref[0].rejected_ids().back(), *tok->token_to_id("<|im_end|>"));
 
   write_text(dir / "bad.jsonl", "{\"prompt\": \"q\", \"chosen\": \"a\", \"rejected\": \"b\", \"margin\": \"big\"}\n");
   EXPECT_NE(error_of([&] { PreferenceDataset::load(dir / "bad.jsonl", *tok, o); })
@@ -265,6 +265,24 @@ TEST(Formats, PreferencePromptsAndOfflineRl) {
   EXPECT_NE(error_of([&] { PreferenceDataset::load(dir / "bad2.jsonl", *tok, o); })
                 .find("2.jsonl:1: missing field \"rejected\""),
             std::string::npos);
+
+  // Ranked replies (K-wise), best first.
+  write_text(dir / "k.jsonl", "{\"prompt\": \"What is 2+2?\", \"ranked\": [\"4\", \"5\", \"22\"]}\n");
+  auto ranked = PreferenceDataset::load(dir / "k.jsonl", *tok, o);
+  ASSERT_EQ(ranked[0].replies.size(), 3u);
+  EXPECT_FALSE(ranked[0].is_pair());
+  EXPECT_EQ(ranked[0].prompt_ids, pref[0].prompt_ids);
+  EXPECT_EQ(ranked[0].chosen_ids(), pref[0].chosen_ids());
+  EXPECT_EQ(ranked[0].replies[1], pref[0].rejected_ids());
+  EXPECT_EQ(ranked[0].reply_texts[2], "22");
+  for (const auto& [line, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"{\"prompt\": \"q\", \"ranked\": [\"a\"]}", "field \"ranked\": expected a list of at least 2 replies"},
+           {"{\"prompt\": \"q\", \"ranked\": [\"a\", 3]}", "field \"ranked[1]\": expected a string, got 3"},
+           {"{\"prompt\": \"q\", \"ranked\": [\"a\", \"b\"], \"chosen\": \"a\"}", "not both"}}) {
+    write_text(dir / "k2.jsonl", line + "\n");
+    EXPECT_NE(error_of([&] { PreferenceDataset::load(dir / "k2.jsonl", *tok, o); }).find(expected), std::string::npos)
+        << line;
+  }
 
   write_text(dir / "q.jsonl", "{\"prompt\": \"What is 2+2?\"}\n{\"prompt\": \"Hi\"}\n");
   auto prompts = PromptDataset::load(dir / "q.jsonl", *tok, o);
