@@ -57,7 +57,7 @@ def fallback(prompt, correct, rng):
     raise AssertionError(prompt)
 
 
-def pairs_for(prompts, anvil, model, sp, rng, samples):
+def pairs_for(prompts, anvil, model, sp, rng, samples, use_fallback=True):
     correct = [SOLVERS[parse(p)[0]](parse(p)[1]) for p in prompts]
     rejected = [None] * len(prompts)
     greedy = generate(anvil, model, prompts, sp, ["--greedy"])
@@ -75,6 +75,8 @@ def pairs_for(prompts, anvil, model, sp, rng, samples):
     kinds = {"greedy": 0, "sampled": 0, "corruption": 0}
     rows = []
     for i, p in enumerate(prompts):
+        if rejected[i] is None and not use_fallback:
+            continue
         if rejected[i] is None:
             rejected[i] = fallback(p, correct[i], rng)
             kinds["corruption"] += 1
@@ -93,6 +95,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--train-pairs", type=int, default=8000)
     ap.add_argument("--samples", type=int, default=4, help="sampling rounds looking for a wrong answer")
+    ap.add_argument("--no-fallback", action="store_true",
+                    help="train pairs only where the model made a mistake (no corruptions)")
     ap.add_argument("--out-dir", default=HERE)
     args = ap.parse_args()
     sp = spm.SentencePieceProcessor(model_file=os.path.join(args.model, "tokenizer.model"))
@@ -109,7 +113,8 @@ def main():
 
     os.makedirs(args.out_dir, exist_ok=True)
     for name, prompts in (("dpo_train.jsonl", train_prompts), ("dpo_eval.jsonl", eval_prompts)):
-        rows, kinds = pairs_for(prompts, args.anvil, args.model, sp, rng, args.samples)
+        rows, kinds = pairs_for(prompts, args.anvil, args.model, sp, rng, args.samples,
+                                use_fallback=not (args.no_fallback and name == "dpo_train.jsonl"))
         path = os.path.join(args.out_dir, name)
         write_jsonl(path, rows)
         print(f"wrote {len(rows)} pairs to {path}; rejected = greedy mistake {kinds['greedy']}, "

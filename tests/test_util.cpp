@@ -36,7 +36,8 @@ std::string read_text(const std::filesystem::path& p) {
 }
 
 int run(const std::string& cmd, std::string* out) {
-  FILE* pipe = ::popen((cmd + " 2>&1").c_str(), "r");
+  // A group, so that redirections inside `cmd` apply to it as written.
+  FILE* pipe = ::popen(("{ " + cmd + "\n} 2>&1").c_str(), "r");
   if (!pipe) return -1;
   std::array<char, 4096> buf{};
   std::string text;

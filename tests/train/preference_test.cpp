@@ -147,6 +147,14 @@ TEST(PreferenceLogps, OnlyReplyTokensCount) {
   EXPECT_NEAR(k.weight[0].item<double>(), 1.0 / 3, 1e-7);
 }
 
+std::vector<nlohmann::json> metric_lines(const stdfs::path& p) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(p);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
 std::string tiny_run(const std::string& algorithm, const std::string& train, const std::string& extra = "") {
   return anvil::concat("algorithm: ", algorithm, R"(
 tokenizer: {path: data/tokenizer.model}
@@ -220,12 +228,30 @@ TEST(RewardModel, ExportLoadsInTransformersWithTheSameScores) {
   EXPECT_NE(out.find("is not a reward model"), std::string::npos) << out;
 }
 
-std::vector<nlohmann::json> metric_lines(const stdfs::path& p) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(p);
-  std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
+
+// A LLaMA reward model (untied LM head, which its checkpoints leave out)
+// resumed from step 2 continues with the uninterrupted run's losses.
+TEST(RewardModel, ResumedRunMatchesTheUninterruptedOne) {
+  TempDir dir;
+  const auto src = anvil::testing::source_dir();
+  std::string out;
+  anvil::testing::write_text(dir / "rm.yaml", tiny_run("reward", "data/pref_ranked_train.jsonl"));
+  auto train = [&](const std::string& name, const std::string& extra) {
+    return run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config " + (dir / "rm.yaml").string() +
+                   " --config configs/models/llama-debug.yaml output_dir=" + (dir / name).string() +
+                   " reward.center_rewards_coefficient=0.01 " + extra, &out);
+  };
+  ASSERT_EQ(train("straight", ""), 0) << out;
+  ASSERT_EQ(train("resumed", "train.max_steps=2"), 0) << out;
+  ASSERT_EQ(train("resumed", ""), 0) << out;
+  EXPECT_NE(out.find("resumed from"), std::string::npos) << out;
+  const auto a = metric_lines(dir / "straight" / "metrics.jsonl"), b = metric_lines(dir / "resumed" / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << "step " << i + 1;
+    EXPECT_EQ(a[i]["accuracy"].get<double>(), b[i]["accuracy"].get<double>()) << "step " << i + 1;
+  }
 }
 
 TEST(Dpo, PrecomputedReferenceGivesTheInProcessLosses) {
@@ -272,7 +298,7 @@ TEST(PreferenceLearning, RewardModelRanksHeldOutPairs) {
   std::string out;
   const auto src = anvil::testing::source_dir();
   ASSERT_EQ(run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config configs/rm_tiny.yaml output_dir=" +
-                    dir.path().string() + " model.from=" + sft_checkpoint().string() + " train.eval_every=0", &out), 0)
+                    dir.path().string() + " model.from=" + sft_checkpoint().string() + " train.eval_every=0 train.threads=1", &out), 0)
       << out;
   const auto last = metric_lines(dir / "metrics.jsonl").back();
   EXPECT_GE(last["eval/accuracy"].get<double>(), 0.9) << last.dump();
@@ -297,7 +323,7 @@ TEST(PreferenceLearning, DpoRaisesHeldOutRewardAccuracy) {
   const auto src = anvil::testing::source_dir();
   const auto sft = metric_lines(stdfs::path(ANVIL_FIXTURE_DIR) / "quickstart-sft" / "metrics.jsonl").back();
   ASSERT_EQ(run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config configs/dpo_tiny.yaml output_dir=" +
-                    dir.path().string() + " model.from=" + sft_checkpoint().string() + " train.eval_every=0", &out), 0)
+                    dir.path().string() + " model.from=" + sft_checkpoint().string() + " train.eval_every=0 train.threads=1", &out), 0)
       << out;
   const auto last = metric_lines(dir / "metrics.jsonl").back();
   EXPECT_GE(last["eval/rewards/accuracies"].get<double>(), 0.8) << last.dump();
