@@ -268,33 +268,8 @@ Batch collate_preferences(const std::vector<const data::PreferenceSample*>& exam
 }
 
 PreferenceData load_preference_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
-  PreferenceData out;
-  const auto seed = static_cast<uint64_t>(cfg.train.seed);
-  for (size_t i = 0; i < cfg.data.train.size(); ++i) {
-    const auto& d = cfg.data.train[i];
-    const auto key = concat("data.train[", i, "]");
-    auto ds = load_set(cfg, d, key, tok);
-    data::MixtureSpec spec;
-    spec.size = ds->size();
-    spec.fraction = d.fraction;
-    spec.take = d.size;
-    spec.weight = d.weight;
-    if (d.eval_fraction > 0) {
-      auto split = split_eval(ds->size(), d.eval_fraction, seed, i, key);
-      spec.indices = std::move(split.train);
-      for (auto h : split.held) out.eval.push_back({static_cast<int32_t>(out.eval_sets.size()), h});
-      out.eval_sets.push_back(ds);
-      log::info(d.path, ": ", split.held.size(), " examples held out for eval (eval_fraction ", d.eval_fraction, ")");
-    }
-    out.train.push_back(ds);
-    out.mixture.push_back(std::move(spec));
-  }
-  for (size_t i = 0; i < cfg.data.eval.size(); ++i) {
-    auto ds = load_set(cfg, cfg.data.eval[i], concat("data.eval[", i, "]"), tok);
-    for (int64_t j = 0; j < ds->size(); ++j) out.eval.push_back({static_cast<int32_t>(out.eval_sets.size()), j});
-    out.eval_sets.push_back(ds);
-  }
-  return out;
+  return load_mixture<data::PreferenceDataset>(
+      cfg, [&](const config::DatasetConfig& d, const std::string& key) { return load_set(cfg, d, key, tok); });
 }
 
 PreferenceBatchSource::PreferenceBatchSource(std::vector<std::shared_ptr<const data::PreferenceDataset>> datasets,

@@ -14,6 +14,7 @@
 #include "anvil/data/datasets.h"
 #include "anvil/data/mixture.h"
 #include "anvil/train/objective.h"
+#include "anvil/train/sft.h"
 
 namespace anvil::train {
 
@@ -86,12 +87,7 @@ Batch collate_preferences(const std::vector<const data::PreferenceSample*>& exam
                           const std::vector<data::SampleRef>& refs, int64_t pad_id);
 
 /// Preference datasets of data.train / data.eval, with eval_fraction splits.
-struct PreferenceData {
-  std::vector<std::shared_ptr<const data::PreferenceDataset>> train;
-  std::vector<data::MixtureSpec> mixture;
-  std::vector<std::shared_ptr<const data::PreferenceDataset>> eval_sets;
-  std::vector<data::SampleRef> eval;
-};
+using PreferenceData = MixtureData<data::PreferenceDataset>;
 PreferenceData load_preference_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
 
 /// Micro-batches of `micro_batch_size` examples; like LmBatchSource, every

@@ -7,6 +7,8 @@
 
 #include "anvil/data/collate.h"
 #include "anvil/data/datasets.h"
+#include "anvil/core/error.h"
+#include "anvil/core/logging.h"
 #include "anvil/data/mixture.h"
 #include "anvil/train/objective.h"
 
@@ -68,14 +70,51 @@ void exact_match_eval(models::CausalLM& model, const tokenizer::Tokenizer& tok, 
                       const std::vector<std::string>& prompt_texts, const std::vector<std::string>& references,
                       EvalResult& r);
 
-/// The train and eval sides of an LM run, as the config describes them.
-struct LmData {
-  std::vector<std::shared_ptr<const data::LmDataset>> train;
+/// The train and eval sides of a run over datasets of type `Set`, as
+/// data.train / data.eval describe them.
+template <class Set>
+struct MixtureData {
+  std::vector<std::shared_ptr<const Set>> train;
   std::vector<data::MixtureSpec> mixture;
   /// Held-out samples: (dataset, index) over `eval_sets`.
-  std::vector<std::shared_ptr<const data::LmDataset>> eval_sets;
+  std::vector<std::shared_ptr<const Set>> eval_sets;
   std::vector<data::SampleRef> eval;
 };
+using LmData = MixtureData<data::LmDataset>;
+
+/// Loads every dataset of data.train / data.eval with
+/// `load(const config::DatasetConfig&, const std::string& key)` and splits off
+/// each train dataset's eval_fraction as held-out samples.
+template <class Set, class Load>
+MixtureData<Set> load_mixture(const config::RunConfig& cfg, Load&& load) {
+  MixtureData<Set> out;
+  const auto seed = static_cast<uint64_t>(cfg.train.seed);
+  for (size_t i = 0; i < cfg.data.train.size(); ++i) {
+    const auto& d = cfg.data.train[i];
+    const auto key = concat("data.train[", i, "]");
+    std::shared_ptr<const Set> ds = load(d, key);
+    data::MixtureSpec spec;
+    spec.size = ds->size();
+    spec.fraction = d.fraction;
+    spec.take = d.size;
+    spec.weight = d.weight;
+    if (d.eval_fraction > 0) {
+      auto split = split_eval(ds->size(), d.eval_fraction, seed, i, key);
+      spec.indices = std::move(split.train);
+      for (auto h : split.held) out.eval.push_back({static_cast<int32_t>(out.eval_sets.size()), h});
+      out.eval_sets.push_back(ds);
+      log::info(d.path, ": ", split.held.size(), " samples held out for eval (eval_fraction ", d.eval_fraction, ")");
+    }
+    out.train.push_back(ds);
+    out.mixture.push_back(std::move(spec));
+  }
+  for (size_t i = 0; i < cfg.data.eval.size(); ++i) {
+    std::shared_ptr<const Set> ds = load(cfg.data.eval[i], concat("data.eval[", i, "]"));
+    for (int64_t j = 0; j < ds->size(); ++j) out.eval.push_back({static_cast<int32_t>(out.eval_sets.size()), j});
+    out.eval_sets.push_back(ds);
+  }
+  return out;
+}
 
 /// Loads every dataset of data.train / data.eval (logging what loading did)
 /// and splits off eval_fraction held-out samples.
