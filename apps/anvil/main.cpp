@@ -50,9 +50,19 @@ std::vector<std::vector<int64_t>> read_id_lists(const std::string& input, bool e
   return rows;
 }
 
+/// generate, chat and logits need the LM head a reward model does not keep.
+std::shared_ptr<anvil::models::CausalLM> load_language_model(const std::string& dir) {
+  auto model = anvil::io::load_model_dir(dir);
+  if (model->has_score_head())
+    throw anvil::ConfigError(anvil::concat("--model: ", dir, " is a reward model (",
+                                           model->hf_config()["architectures"][0].get<std::string>(),
+                                           " with a score head, no LM head); score it with anvil score"));
+  return model;
+}
+
 int cmd_generate(const std::string& model_dir, const std::vector<std::string>& prompts, const std::string& input,
                  const std::string& output, anvil::generation::SamplingOptions opt, bool eos_given) {
-  auto model = anvil::io::load_model_dir(model_dir);
+  auto model = load_language_model(model_dir);
   if (!eos_given) opt.eos_id = model->special_tokens.eos;
   if (!input.empty()) {  // ids in, ids out
     auto ids = read_id_lists(input, /*equal_lengths=*/false, model->vocab_size());
@@ -73,7 +83,7 @@ int cmd_generate(const std::string& model_dir, const std::vector<std::string>& p
 /// Reads user turns from stdin; each reply continues the conversation so far.
 int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions opt, bool keep_history,
              const std::string& template_name, const std::string& system) {
-  auto model = anvil::io::load_model_dir(model_dir);
+  auto model = load_language_model(model_dir);
   auto tok = anvil::tokenizer::load_tokenizer_from_model_dir(model_dir);
   const auto& tmpl = anvil::data::ChatTemplate::get(template_name);
   opt.eos_id = tmpl.end_of_turn_id(*tok);
@@ -114,7 +124,7 @@ int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions op
 }
 
 int cmd_logits(const std::string& model_dir, const std::string& input, const std::string& output) {
-  auto model = anvil::io::load_model_dir(model_dir);
+  auto model = load_language_model(model_dir);
   model->eval();
   torch::NoGradGuard no_grad;
   const auto rows = read_id_lists(input, /*equal_lengths=*/true, model->vocab_size());

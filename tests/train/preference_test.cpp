@@ -218,6 +218,10 @@ TEST(RewardModel, ExportLoadsInTransformersWithTheSameScores) {
   EXPECT_NE(run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config " + (dir / "sft.yaml").string() +
                     " output_dir=" + (dir / "sft").string(), &out), 0);
   EXPECT_NE(out.find("is a reward model"), std::string::npos) << out;
+  // generate needs an LM head, which a reward model does not keep.
+  EXPECT_NE(run(anvil::testing::cli_bin() + " generate --model " + (dir / "export-gpt2-debug").string() +
+                    " --prompt 'add: 1+2\\n'", &out), 0);
+  EXPECT_NE(out.find("is a reward model"), std::string::npos) << out;
   // anvil score needs a reward model.
   ASSERT_EQ(run("cd " + src + " && " + anvil::testing::trainer_bin() +
                     " --config configs/quickstart.yaml --config configs/models/gpt2-debug.yaml output_dir=" +
