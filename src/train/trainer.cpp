@@ -15,6 +15,7 @@
 #include "anvil/core/error.h"
 #include "anvil/core/fs.h"
 #include "anvil/core/logging.h"
+#include "anvil/dist/env.h"
 #include "anvil/io/checkpoint.h"
 #include "anvil/io/hf_model.h"
 #include "anvil/models/registry.h"
@@ -154,6 +155,11 @@ StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, co
 
 TrainResult run_training(const config::RunConfig& cfg) {
   log::configure(log::parse_level(cfg.logging.level));
+  // Until sharded training lands, several processes would each train and
+  // write the same output_dir; refuse rather than race.
+  if (const auto proc = dist::discover_from_environment(); proc.world_size > 1)
+    throw ConfigError(concat("launched as rank ", proc.rank, " of ", proc.world_size, " by ", proc.launcher,
+                             ": multi-process training is not supported yet; run one process"));
   if (cfg.train.threads > 0) at::set_num_threads(static_cast<int>(cfg.train.threads));
   const auto device = parse_device(cfg.train.device);
   const stdfs::path out_dir = cfg.output_dir;
