@@ -94,6 +94,25 @@ void for_each_batch(const std::vector<std::shared_ptr<const data::PreferenceData
   }
 }
 
+/// An objective's summed loss per example and its statistics over the held-out
+/// examples (eval mode, no gradients; at most eval.max_batches batches).
+std::pair<double, Sums> eval_loss(Objective& objective, models::CausalLM& model, const PreferenceData& data,
+                                  const config::EvalConfig& eval, int64_t pad_id) {
+  EvalMode mode(model);
+  torch::NoGradGuard no_grad;
+  auto refs = data.eval;
+  if (eval.max_batches > 0 && static_cast<int64_t>(refs.size()) > eval.max_batches * eval.batch_size)
+    refs.resize(static_cast<size_t>(eval.max_batches * eval.batch_size));
+  Sums sums;
+  double loss = 0;
+  int64_t examples = 0;
+  for_each_batch(data.eval_sets, refs, eval.batch_size, pad_id, [&](const Batch& b) {
+    loss += objective.loss_sum(model, b, sums).item<double>();
+    examples += b.num_targets;
+  });
+  return {loss / static_cast<double>(examples), std::move(sums)};
+}
+
 std::vector<data::SampleRef> all_refs(const std::vector<std::shared_ptr<const data::PreferenceDataset>>& sets) {
   std::vector<data::SampleRef> out;
   for (size_t d = 0; d < sets.size(); ++d)
@@ -341,17 +360,9 @@ at::Tensor RewardObjective::loss_sum(models::CausalLM& model, const Batch& batch
 EvalResult RewardObjective::evaluate(models::CausalLM& model) {
   EvalResult result;
   if (data_.eval.empty()) return result;
-  EvalMode mode(model);
-  torch::NoGradGuard no_grad;
-  Sums sums;
-  double loss = 0;
-  int64_t examples = 0;
-  for_each_batch(data_.eval_sets, data_.eval, cfg_.eval.batch_size, pad_id_, [&](const Batch& b) {
-    loss += loss_sum(model, b, sums).item<double>();
-    examples += b.num_targets;
-  });
+  const auto [loss, sums] = eval_loss(*this, model, data_, cfg_.eval, pad_id_);
   result.metrics = ranking_metrics(sums, "eval/");
-  result.metrics["eval/loss"] = loss / static_cast<double>(examples);
+  result.metrics["eval/loss"] = loss;
   return result;
 }
 
@@ -516,19 +527,9 @@ at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
 EvalResult DpoObjective::evaluate(models::CausalLM& model) {
   EvalResult result;
   if (data_.eval.empty()) return result;
-  EvalMode mode(model);
-  {
-    torch::NoGradGuard no_grad;
-    Sums sums;
-    double loss = 0;
-    int64_t pairs = 0;
-    for_each_batch(data_.eval_sets, data_.eval, cfg_.eval.batch_size, pad_id_, [&](const Batch& b) {
-      loss += loss_sum(model, b, sums).item<double>();
-      pairs += b.num_targets;
-    });
-    result.metrics = dpo_metrics(sums, "eval/");
-    result.metrics["eval/loss"] = loss / static_cast<double>(pairs);
-  }
+  const auto [loss, sums] = eval_loss(*this, model, data_, cfg_.eval, pad_id_);
+  result.metrics = dpo_metrics(sums, "eval/");
+  result.metrics["eval/loss"] = loss;
   // Greedy answers to held-out prompts against the chosen reply.
   std::vector<std::vector<int64_t>> prompts;
   std::vector<std::string> texts, references;
