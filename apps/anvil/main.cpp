@@ -19,6 +19,7 @@
 #include "anvil/data/datasets.h"
 #include "anvil/data/jsonl.h"
 #include "anvil/data/token_shards.h"
+#include "anvil/dist/checkpoint.h"
 #include "anvil/io/hf_model.h"
 #include "anvil/io/safetensors.h"
 #include "anvil/tokenizer/tokenizer.h"
@@ -342,7 +343,7 @@ int main(int argc, char** argv) {
 
   auto* exp = app.add_subcommand("export", "Write a checkpoint's model as a standalone Hugging Face folder");
   std::string ckpt, exp_out, exp_dtype = "float32";
-  exp->add_option("--checkpoint", ckpt, "checkpoint-N/ folder (or any supported HF folder)")->required();
+  exp->add_option("--checkpoint", ckpt, "checkpoint-N/ folder, sharded or not (or any supported HF folder)")->required();
   exp->add_option("--output", exp_out, "New folder to write (must not exist or be empty)")->required();
   exp->add_option("--dtype", exp_dtype, "Weights dtype: float32, bfloat16 or float16")->capture_default_str();
 
@@ -404,8 +405,10 @@ int main(int argc, char** argv) {
     }
     if (chat->parsed()) return cmd_chat(model_dir, opt, !no_history, chat_template, system);
     if (exp->parsed()) {
-      anvil::io::export_model_dir(ckpt, exp_out, exp_dtype);
-      std::cout << "exported " << ckpt << " to " << exp_out << " (" << exp_dtype << ")\n";
+      const bool sharded = anvil::dist::is_sharded_checkpoint(ckpt);
+      if (sharded) anvil::dist::export_sharded_checkpoint(ckpt, exp_out, exp_dtype);
+      else anvil::io::export_model_dir(ckpt, exp_out, exp_dtype);
+      std::cout << "exported " << (sharded ? "(consolidated shards of) " : "") << ckpt << " to " << exp_out << " (" << exp_dtype << ")\n";
       return 0;
     }
     if (logc->parsed()) return cmd_logits(model_dir, logits_in, logits_out);

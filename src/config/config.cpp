@@ -336,6 +336,17 @@ void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sou
   if (c.model.from.empty() && c.model.family == "gpt2" && c.model.activation != "auto" &&
       c.model.activation != "gelu_new")
     fail("model.activation", concat("GPT-2 supports only gelu_new (or auto), got ", c.model.activation));
+  if (c.train.global_batch_size > 0) {
+    if (c.train.global_batch_size % c.train.micro_batch_size != 0)
+      fail("train.global_batch_size", concat("expected a multiple of train.micro_batch_size (", c.train.micro_batch_size,
+                                             "), got ", c.train.global_batch_size));
+    if (flat.count("train.grad_accum_steps") &&
+        c.train.grad_accum_steps * c.train.micro_batch_size != c.train.global_batch_size)
+      fail("train.grad_accum_steps", concat("conflicts with train.global_batch_size (", c.train.global_batch_size,
+                                            " samples = ", c.train.global_batch_size / c.train.micro_batch_size,
+                                            " micro-batches of ", c.train.micro_batch_size,
+                                            "); set one of the two"));
+  }
   if (c.optimizer.betas.size() != 2)
     fail("optimizer.betas", concat("expected a list of 2 numbers, got ", c.optimizer.betas.size()));
   if (c.schedule.warmup_steps > c.train.max_steps)

@@ -91,6 +91,12 @@ stdfs::path save_checkpoint(const stdfs::path& output_dir, const CheckpointParts
   fs::write_file_atomic(tmp / kStateFile, st.dump(2) + "\n");  // written last
   fs::fsync_tree(tmp);
 
+  publish_checkpoint(tmp, output_dir, step, keep_last);
+  return final_dir;
+}
+
+void publish_checkpoint(const stdfs::path& tmp, const stdfs::path& output_dir, int64_t step, int64_t keep_last) {
+  const auto final_dir = output_dir / concat("checkpoint-", step);
   // Replace an existing folder of the same step (e.g. a SIGTERM save that
   // lands on a save_every step) without ever leaving no complete copy.
   const auto old = output_dir / concat(".checkpoint-", step, ".old-", ::getpid());
@@ -109,7 +115,6 @@ stdfs::path save_checkpoint(const stdfs::path& output_dir, const CheckpointParts
     const auto name = e.path().filename().string();
     if (name.rfind(".checkpoint-", 0) == 0) stdfs::remove_all(e.path());
   }
-  return final_dir;
 }
 
 std::optional<stdfs::path> latest_checkpoint(const stdfs::path& output_dir) {
@@ -118,7 +123,27 @@ std::optional<stdfs::path> latest_checkpoint(const stdfs::path& output_dir) {
   return all.back().second;
 }
 
+nlohmann::json read_trainer_state(const stdfs::path& dir) {
+  const auto state_path = dir / kStateFile;
+  auto j = nlohmann::json::parse(fs::read_file(state_path), nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer())
+    throw CheckpointError(concat(state_path.string(), ": expected a JSON object with an integer \"step\""));
+  if (j.value("format_version", 0) != kFormatVersion)
+    throw CheckpointError(concat(state_path.string(), ": format_version ", j.value("format_version", 0),
+                                 " is not supported (expected ", kFormatVersion, ")"));
+  return j;
+}
+
+void write_trainer_state(const stdfs::path& dir, const TrainerState& state) {
+  nlohmann::json st = {{"format_version", kFormatVersion}, {"step", state.step}, {"data", state.data}};
+  fs::write_file_atomic(dir / kStateFile, st.dump(2) + "\n");
+}
+
 TrainerState load_checkpoint(const stdfs::path& dir, models::CausalLM& model, torch::optim::Optimizer& optimizer) {
+  if (stdfs::exists(dir / "sharding.json"))
+    throw CheckpointError(concat(dir.string(), ": written by a sharded run (see its sharding.json); resume it with "
+                                 "the same dist.sharding (on any number of ranks), or start a single-process run "
+                                 "from its consolidated export (anvil export)"));
   const auto state_path = dir / kStateFile;
   auto j = nlohmann::json::parse(fs::read_file(state_path), nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer())

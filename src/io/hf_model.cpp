@@ -60,19 +60,30 @@ bool is_sequence_classification(const nlohmann::json& config) {
   return a.is_string() && a.get<std::string>().ends_with("ForSequenceClassification");
 }
 
+at::ScalarType export_dtype(const std::string& dtype) {
+  if (dtype == "float32") return at::kFloat;
+  if (dtype == "bfloat16") return at::kBFloat16;
+  if (dtype == "float16") return at::kHalf;
+  throw ConfigError(concat("--dtype: expected float32, bfloat16 or float16, got \"", dtype, "\""));
+}
+
 }  // namespace
 
 void save_model_dir(const stdfs::path& dir, models::CausalLM& model, const tokenizer::Tokenizer* tokenizer) {
   // A reward model is saved as HF's ...ForSequenceClassification: the score
   // head, no LM head, one label, and the pad id that locates the scored token.
-  const bool reward = model.has_score_head();
   std::set<std::string> omit;
-  if (reward)
+  if (model.has_score_head())
     for (const auto& n : model.lm_head_parameters()) omit.insert(n);
   TensorMap tensors;
   for (const auto& p : model.named_parameters())
     if (!omit.count(p.key())) tensors.emplace(p.key(), p.value());
   save_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
+  save_model_config(dir, model, tokenizer);
+}
+
+void save_model_config(const stdfs::path& dir, models::CausalLM& model, const tokenizer::Tokenizer* tokenizer) {
+  const bool reward = model.has_score_head();
   auto config = model.hf_config();
   if (reward) {
     config["architectures"] = {sequence_classification_class(config)};
@@ -127,23 +138,29 @@ void load_weights(models::CausalLM& model, const stdfs::path& dir) {
 }
 
 void export_model_dir(const stdfs::path& checkpoint, const stdfs::path& output, const std::string& dtype) {
-  at::ScalarType type;
-  if (dtype == "float32") type = at::kFloat;
-  else if (dtype == "bfloat16") type = at::kBFloat16;
-  else if (dtype == "float16") type = at::kHalf;
-  else throw ConfigError(concat("--dtype: expected float32, bfloat16 or float16, got \"", dtype, "\""));
-  if (stdfs::exists(output) && !(stdfs::is_directory(output) && stdfs::is_empty(output)))
-    throw IoError(concat(output.string(), ": already exists and is not an empty folder; choose a new path"));
+  check_export_target(output, dtype);
   auto model = load_model_dir(checkpoint);
   std::unique_ptr<tokenizer::Tokenizer> tok;
   if (tokenizer::has_tokenizer(checkpoint)) tok = tokenizer::load_tokenizer_from_model_dir(checkpoint);
-  model->to(type);
+  write_model_dir_atomic(*model, tok.get(), output, dtype);
+}
+
+void check_export_target(const stdfs::path& output, const std::string& dtype) {
+  (void)export_dtype(dtype);
+  if (stdfs::exists(output) && !(stdfs::is_directory(output) && stdfs::is_empty(output)))
+    throw IoError(concat(output.string(), ": already exists and is not an empty folder; choose a new path"));
+}
+
+void write_model_dir_atomic(models::CausalLM& model, const tokenizer::Tokenizer* tok, const stdfs::path& output,
+                            const std::string& dtype) {
+  check_export_target(output, dtype);
+  model.to(export_dtype(dtype));
   const auto abs_out = stdfs::absolute(output);
   const auto tmp = abs_out.parent_path() / concat(".", abs_out.filename().string(), ".tmp-", ::getpid());
   stdfs::remove_all(tmp);
   stdfs::create_directories(tmp);
   try {
-    save_model_dir(tmp, *model, tok.get());
+    save_model_dir(tmp, model, tok);
     fs::fsync_tree(tmp);
     if (stdfs::exists(abs_out)) stdfs::remove(abs_out);  // the empty folder
     stdfs::rename(tmp, abs_out);
@@ -154,7 +171,7 @@ void export_model_dir(const stdfs::path& checkpoint, const stdfs::path& output, 
   }
 }
 
-std::shared_ptr<models::CausalLM> load_model_dir(const stdfs::path& dir) {
+std::shared_ptr<models::CausalLM> model_from_config(const stdfs::path& dir) {
   const auto cfg_path = dir / "config.json";
   if (!stdfs::exists(cfg_path))
     throw CheckpointError(concat(dir.string(), ": not a model folder (no config.json)"));
@@ -172,6 +189,14 @@ std::shared_ptr<models::CausalLM> load_model_dir(const stdfs::path& dir) {
                                    " labels; Anvil reads reward models (num_labels 1)"));
     model->add_score_head();
   }
+  return model;
+}
+
+std::shared_ptr<models::CausalLM> load_model_dir(const stdfs::path& dir) {
+  if (stdfs::exists(dir / "sharding.json") && !stdfs::exists(dir / "model.safetensors"))
+    throw CheckpointError(concat(dir.string(), ": a sharded checkpoint (written by a multi-process or sharded run); "
+                                 "consolidate it first with: anvil export --checkpoint ", dir.string(), " --out DIR"));
+  auto model = model_from_config(dir);
   load_weights(*model, dir);
   return model;
 }

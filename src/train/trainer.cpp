@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
 #include <torch/utils.h>
 
@@ -10,12 +11,17 @@
 #include <csignal>
 #include <filesystem>
 #include <iomanip>
+#include <optional>
+#include <set>
 #include <sstream>
 
 #include "anvil/core/error.h"
 #include "anvil/core/fs.h"
 #include "anvil/core/logging.h"
+#include "anvil/dist/checkpoint.h"
+#include "anvil/dist/comm.h"
 #include "anvil/dist/env.h"
+#include "anvil/dist/sharding.h"
 #include "anvil/io/checkpoint.h"
 #include "anvil/io/hf_model.h"
 #include "anvil/models/registry.h"
@@ -134,34 +140,89 @@ void add_sum(Sums& sums, const std::string& key, const at::Tensor& value) {
   if (!fresh) it->second = it->second + v;
 }
 
-StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, const std::vector<Batch>& batches) {
+StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, const std::vector<Batch>& batches,
+                               const AccumulateOptions& options) {
   StepStats s;
   for (const auto& b : batches) {
     s.num_targets += b.num_targets;
     s.num_tokens += b.num_tokens;
   }
+  if (options.step_targets > 0) s.num_targets = options.step_targets;
   TORCH_CHECK(s.num_targets > 0, "accumulate_gradients: the step has no target tokens");
   const double scale = 1.0 / static_cast<double>(s.num_targets);
   at::Tensor total;  // summed on the device: one host sync per step, not per micro-batch
-  for (const auto& b : batches) {
-    auto loss = objective.loss_sum(model, b, s.sums);
+  for (size_t i = 0; i < batches.size(); ++i) {
+    auto loss = objective.loss_sum(model, batches[i], s.sums);
+    if (options.before_backward) options.before_backward(i + 1 == batches.size());
     (loss * scale).backward();
+    if (options.after_backward) options.after_backward();
     auto detached = loss.detach().to(at::kDouble);
     total = total.defined() ? total + detached : detached;
   }
-  s.loss = total.item<double>() * scale;
+  s.loss = total.defined() ? total.item<double>() * scale : 0.0;
   return s;
 }
 
+namespace {
+
+/// Bytes of distinct storages among `tensors` (undefined ones skipped).
+int64_t storage_bytes(const std::vector<at::Tensor>& tensors, std::set<const void*>& seen) {
+  int64_t n = 0;
+  for (const auto& t : tensors) {
+    if (!t.defined()) continue;
+    const auto* st = t.storage().unsafeGetStorageImpl();
+    if (seen.insert(st).second) n += static_cast<int64_t>(st->nbytes());
+  }
+  return n;
+}
+
+int64_t optimizer_bytes(torch::optim::Optimizer& opt) {
+  std::vector<at::Tensor> ts;
+  for (auto& [key, st] : opt.state())
+    if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(st.get())) {
+      ts.push_back(a->exp_avg());
+      ts.push_back(a->exp_avg_sq());
+      if (a->max_exp_avg_sq().defined()) ts.push_back(a->max_exp_avg_sq());
+    }
+  std::set<const void*> seen;
+  return storage_bytes(ts, seen);
+}
+
+}  // namespace
+
 TrainResult run_training(const config::RunConfig& cfg) {
   log::configure(log::parse_level(cfg.logging.level));
-  // Until sharded training lands, several processes would each train and
-  // write the same output_dir; refuse rather than race.
-  if (const auto proc = dist::discover_from_environment(); proc.world_size > 1)
-    throw ConfigError(concat("launched as rank ", proc.rank, " of ", proc.world_size, " by ", proc.launcher,
-                             ": multi-process training is not supported yet; run one process"));
+  const auto proc = dist::discover_from_environment();
   if (cfg.train.threads > 0) at::set_num_threads(static_cast<int>(cfg.train.threads));
-  const auto device = parse_device(cfg.train.device);
+  auto device = parse_device(cfg.train.device);
+  if (device.is_cuda() && !device.has_index() && proc.world_size > 1)
+    device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(proc.local_rank));
+
+  // Sharded runs (several ranks, or a sharding strategy on one) go through
+  // dist::ShardedModel; a plain single-process run keeps HF-layout checkpoints.
+  const bool sharded_run = proc.world_size > 1 || cfg.dist.sharding != "no_shard";
+  std::shared_ptr<dist::Communicator> comm;
+  if (sharded_run) {
+    dist::CommOptions co;
+    co.backend = cfg.dist.backend;
+    co.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout_s * 1000));
+    comm = dist::make_communicator(proc, device, co);
+  }
+  const int64_t world = comm ? comm->world_size() : 1;
+  const int64_t rank = comm ? comm->rank() : 0;
+  const bool lead = rank == 0;
+  if (!lead) log::configure(log::Level::warn);  // one rank reports
+
+  // Batch math: the same global batch whatever the world size.
+  const int64_t micro_per_step = cfg.train.global_batch_size > 0
+                                     ? cfg.train.global_batch_size / cfg.train.micro_batch_size
+                                     : cfg.train.grad_accum_steps;
+  if (micro_per_step % world != 0)
+    throw ConfigError(concat(cfg.train.global_batch_size > 0 ? "train.global_batch_size" : "train.grad_accum_steps",
+                             ": a step of ", micro_per_step, " micro-batches of ", cfg.train.micro_batch_size,
+                             " samples does not divide among ", world, " ranks; expected a multiple of ",
+                             world * cfg.train.micro_batch_size, " samples per step"));
+
   const stdfs::path out_dir = cfg.output_dir;
   stdfs::create_directories(out_dir);
   const auto config_yaml = config::to_yaml(cfg);
@@ -179,31 +240,75 @@ TrainResult run_training(const config::RunConfig& cfg) {
                              model->max_positions(), " positions"));
   auto objective = make_objective(data_cfg, *tok);
   objective->prepare(*model, {out_dir, device});
-  auto optimizer = optim::make_optimizer(cfg.optimizer, model->parameters());
+
+  std::unique_ptr<dist::ShardedModel> sharded;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (sharded_run) {
+    dist::ShardingOptions so;
+    so.strategy = dist::parse_sharding(cfg.dist.sharding);
+    so.param_dtype = dist::parse_dtype(cfg.dist.param_dtype);
+    so.reduce_dtype = dist::parse_dtype(cfg.dist.reduce_dtype);
+    so.activation_checkpointing = cfg.train.activation_checkpointing;
+    sharded = std::make_unique<dist::ShardedModel>(model, comm, so);
+    optimizer = optim::make_optimizer(cfg.optimizer, sharded->master_parameters());
+  } else {
+    if (cfg.dist.param_dtype != "float32" || cfg.dist.reduce_dtype != "float32")
+      throw ConfigError("dist.param_dtype: mixed precision runs through the sharding engine; set dist.sharding "
+                        "(any strategy works on one process, e.g. full_shard)");
+    if (cfg.train.activation_checkpointing)
+      model->set_block_runner([](size_t, const at::Tensor& x, const models::BlockFn& block) {
+        return dist::checkpoint_block(block, x);
+      });
+    optimizer = optim::make_optimizer(cfg.optimizer, model->parameters());
+  }
 
   int64_t step = 0;
   if (auto ckpt = io::latest_checkpoint(out_dir)) {
-    auto st = io::load_checkpoint(*ckpt, *model, *optimizer);
+    io::TrainerState st;
+    if (sharded) {
+      if (!dist::is_sharded_checkpoint(*ckpt))
+        throw CheckpointError(concat(ckpt->string(), ": a single-process checkpoint cannot resume a sharded run; "
+                                     "start the sharded run from it with model.from in a new output_dir"));
+      st = dist::load_sharded_checkpoint(*ckpt, *sharded, *optimizer);
+    } else {
+      st = io::load_checkpoint(*ckpt, *model, *optimizer);
+    }
     objective->train_source().restore(st.data);
     step = st.step;
     log::info("resumed from ", ckpt->string(), " at step ", step);
   }
-  fs::write_file_atomic(out_dir / "config.yaml", config_yaml);
-  MetricsWriter metrics(out_dir / "metrics.jsonl", step);
+  if (lead) fs::write_file_atomic(out_dir / "config.yaml", config_yaml);
+  std::optional<MetricsWriter> metrics;
+  if (lead) metrics.emplace(out_dir / "metrics.jsonl", step);
 
   int64_t n_params = 0;
   for (const auto& p : model->parameters()) n_params += p.numel();
   const auto params_str = n_params >= 1e9 ? format_number(n_params / 1e9, 3) + "B"
                                           : format_number(n_params / 1e6, 3) + "M";
-  log::info("model: ", model->family(), ", ", params_str, " parameters on ", device.str(),
-            "; ", cfg.algorithm, " for ", cfg.train.max_steps, " steps of ", cfg.train.micro_batch_size, " x ",
-            cfg.train.grad_accum_steps, " samples");
+  log::info("model: ", model->family(), ", ", params_str, " parameters on ", device.str(), "; ", cfg.algorithm,
+            " for ", cfg.train.max_steps, " steps of ", micro_per_step * cfg.train.micro_batch_size, " samples (",
+            micro_per_step, " micro-batches of ", cfg.train.micro_batch_size, ")",
+            sharded ? concat("; ", world, " rank(s), ", comm->backend(), ", ", cfg.dist.sharding,
+                             cfg.dist.param_dtype != "float32" ? ", " + cfg.dist.param_dtype : std::string())
+                    : std::string());
 
   auto save = [&](int64_t at_step) {
-    io::CheckpointParts parts{model.get(), tok.get(), optimizer.get(),
-                              {at_step, objective->train_source().state()}, config_yaml};
-    const auto dir = io::save_checkpoint(out_dir, parts, cfg.train.keep_checkpoints);
+    io::TrainerState state{at_step, objective->train_source().state()};
+    stdfs::path dir;
+    if (sharded) {
+      dir = dist::save_sharded_checkpoint(out_dir, *sharded, *optimizer, tok.get(), state, config_yaml,
+                                          cfg.train.keep_checkpoints);
+    } else {
+      io::CheckpointParts parts{model.get(), tok.get(), optimizer.get(), state, config_yaml};
+      dir = io::save_checkpoint(out_dir, parts, cfg.train.keep_checkpoints);
+    }
     log::info("saved ", dir.string());
+  };
+  auto evaluate = [&] {
+    if (sharded) sharded->gather_full_parameters();
+    auto r = objective->evaluate(*model);
+    if (sharded) sharded->release_full_parameters();
+    return r;
   };
 
   if (step >= cfg.train.max_steps)
@@ -216,35 +321,82 @@ TrainResult run_training(const config::RunConfig& cfg) {
   const int64_t first_step = step;
   while (step < cfg.train.max_steps) {
     const auto t0 = std::chrono::steady_clock::now();
+    // Every rank reads the whole step (same order, same padding as on one
+    // rank) and keeps micro-batches rank, rank + world, ...
     std::vector<Batch> batches;
-    for (int64_t i = 0; i < cfg.train.grad_accum_steps; ++i) batches.push_back(objective->train_source().next());
+    int64_t step_targets = 0, step_tokens = 0;
+    for (int64_t i = 0; i < micro_per_step; ++i) {
+      auto b = objective->train_source().next();
+      step_targets += b.num_targets;
+      step_tokens += b.num_tokens;
+      if (i % world == rank) batches.push_back(std::move(b));
+    }
     const double lr = optim::lr_at(cfg.schedule, cfg.optimizer.lr, step, cfg.train.max_steps);
     optim::set_lr(*optimizer, lr);
     optimizer->zero_grad();
-    const auto s = accumulate_gradients(*objective, *model, batches);
-    Metrics m{{"loss", s.loss}, {"lr", lr}, {"num_targets", static_cast<double>(s.num_targets)}};
+    AccumulateOptions ao;
+    ao.step_targets = step_targets;
+    if (sharded) {
+      sharded->begin_step();
+      ao.before_backward = [&](bool last) { sharded->set_grad_sync(last); };
+      ao.after_backward = [&] { sharded->finish_backward(); };
+    }
+    auto s = accumulate_gradients(*objective, *model, batches, ao);
+    bool stop = g_stop.load();
+    if (comm && world > 1) {
+      // One reduction for the loss, the objective's sums and the stop flag.
+      std::vector<double> v{s.loss, stop ? 1.0 : 0.0};
+      for (const auto& [k, t] : s.sums) v.push_back(t.item<double>());
+      auto t = at::tensor(v, at::kDouble).to(device);
+      comm->all_reduce_sum(t, "step statistics");
+      t = t.cpu();
+      s.loss = t[0].item<double>();
+      stop = t[1].item<double>() > 0;
+      size_t i = 2;
+      for (auto& [k, sum] : s.sums) sum = t[static_cast<int64_t>(i++)].clone();
+    }
+    Metrics m{{"loss", s.loss}, {"lr", lr}, {"num_targets", static_cast<double>(step_targets)}};
     for (const auto& [k, v] : objective->step_metrics(s.sums)) m[k] = v;
-    if (cfg.train.grad_clip > 0) m["grad_norm"] = torch::nn::utils::clip_grad_norm_(params, cfg.train.grad_clip);
+    if (sharded) {
+      const double norm = sharded->clip_grad_norm(cfg.train.grad_clip);
+      if (cfg.train.grad_clip > 0) m["grad_norm"] = norm;
+    } else if (cfg.train.grad_clip > 0) {
+      m["grad_norm"] = torch::nn::utils::clip_grad_norm_(params, cfg.train.grad_clip);
+    }
     optimizer->step();
+    if (sharded) sharded->after_optimizer_step();
     ++step;
+
+    // Per-rank bytes of parameters, gradients and optimizer state held now.
+    if (sharded) {
+      const auto mem = sharded->memory();
+      m["memory/parameter_bytes"] = static_cast<double>(mem.parameters);
+      m["memory/gradient_bytes"] = static_cast<double>(mem.gradients);
+    } else {
+      std::set<const void*> seen;
+      std::vector<at::Tensor> grads;
+      for (const auto& p : params) grads.push_back(p.grad());
+      m["memory/parameter_bytes"] = static_cast<double>(storage_bytes(params, seen));
+      m["memory/gradient_bytes"] = static_cast<double>(storage_bytes(grads, seen));
+    }
+    m["memory/optimizer_bytes"] = static_cast<double>(optimizer_bytes(*optimizer));
 
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-    m["tokens_per_s"] = static_cast<double>(s.num_tokens) / dt;
+    m["tokens_per_s"] = static_cast<double>(step_tokens) / dt;
     if (every(step, cfg.train.log_every) || step == cfg.train.max_steps) {
       const double eta = elapsed / static_cast<double>(step - first_step) * static_cast<double>(cfg.train.max_steps - step);
       log::progress(progress_line(step, cfg.train.max_steps, m, m["tokens_per_s"], eta));
     }
     if (every(step, cfg.train.eval_every) || step == cfg.train.max_steps) {
-      auto r = objective->evaluate(*model);
+      auto r = evaluate();
       if (!r.metrics.empty()) {
-        print_eval(step, r);
+        if (lead) print_eval(step, r);
         m.insert(r.metrics.begin(), r.metrics.end());
         result.last_eval = r.metrics;
       }
     }
-    metrics.write(step, m);
-    const bool stop = g_stop.load();
+    if (metrics) metrics->write(step, m);
     if (every(step, cfg.train.save_every) || step == cfg.train.max_steps || stop) save(step);
     if (stop) {
       log::warn("stop requested: saved step ", step, " and exiting; re-run the same command to resume");

@@ -224,6 +224,8 @@ struct TrainConfig {
   int64_t max_steps = 0;
   int64_t micro_batch_size = 8;
   int64_t grad_accum_steps = 1;
+  int64_t global_batch_size = 0;
+  bool activation_checkpointing = false;
   double grad_clip = 1.0;
   int64_t seed = 1234;
   int64_t save_every = 0;
@@ -238,9 +240,18 @@ struct TrainConfig {
     v.field("max_steps", max_steps, "Optimizer steps to train for.", positive());
     v.field("micro_batch_size", micro_batch_size, "Samples per forward/backward pass.", positive());
     v.field("grad_accum_steps", grad_accum_steps,
-            "Micro-batches per optimizer step; the loss is normalised by the step's total number "
-            "of target tokens.",
+            "Micro-batches per optimizer step, summed over all ranks (each rank runs grad_accum_steps / "
+            "world_size); ignored when global_batch_size is set. The loss is normalised by the step's total "
+            "number of target tokens over all ranks.",
             positive());
+    v.field("global_batch_size", global_batch_size,
+            "Samples per optimizer step over all ranks (the math); 0 = micro_batch_size * grad_accum_steps. "
+            "Each rank accumulates global_batch_size / (micro_batch_size * world_size) micro-batches, so the "
+            "same config trains the same way on 1, 2 or 8 ranks.",
+            non_negative());
+    v.field("activation_checkpointing", activation_checkpointing,
+            "Recompute each transformer block in backward instead of keeping its activations (RNG state "
+            "restored, so dropout matches).");
     v.field("grad_clip", grad_clip, "Max global gradient L2 norm; 0 disables clipping.", non_negative());
     v.field("seed", seed, "Seed for init, data order and dropout.", non_negative());
     v.field("save_every", save_every, "Checkpoint every N steps (and always at the end); 0 = end only.",
@@ -252,6 +263,37 @@ struct TrainConfig {
             non_negative());
     v.field("device", device, "Device: cpu, cuda or cuda:N.");
     v.field("threads", threads, "Intra-op CPU threads; 0 = LibTorch's default.", non_negative());
+  }
+};
+
+struct DistConfig {
+  std::string sharding = "no_shard";
+  std::string backend = "auto";
+  double timeout_s = 600;
+  std::string param_dtype = "float32";
+  std::string reduce_dtype = "float32";
+
+  template <class V>
+  void visit(V& v) {
+    v.field("sharding", sharding,
+            "no_shard (every rank holds everything; gradients all-reduced, like DDP), shard_grad_op (ZeRO-2: "
+            "gradients and optimizer state sharded) or full_shard (ZeRO-3/FSDP: parameters too, gathered per "
+            "transformer block). docs/distributed.md.",
+            one_of({"no_shard", "shard_grad_op", "full_shard"}));
+    v.field("backend", backend,
+            "Collective library: nccl (GPUs, through c10d's ProcessGroupNCCL), mpi (CPU, OpenMPI under "
+            "mpirun) or auto (nccl on cuda, else mpi).",
+            one_of({"auto", "nccl", "mpi"}));
+    v.field("timeout_s", timeout_s,
+            "A collective that has not completed after this many seconds ends the rank with an error naming "
+            "the rank and the collective (a peer died or hangs).",
+            positive());
+    v.field("param_dtype", param_dtype,
+            "Dtype of the parameters the forward and backward run in; master weights and optimizer state "
+            "stay float32 (mixed precision when not float32).",
+            one_of({"float32", "bfloat16", "float16"}));
+    v.field("reduce_dtype", reduce_dtype, "Dtype gradients are reduced across ranks in.",
+            one_of({"float32", "bfloat16", "float16"}));
   }
 };
 
@@ -357,6 +399,7 @@ struct RunConfig {
   OptimizerConfig optimizer;
   ScheduleConfig schedule;
   TrainConfig train;
+  DistConfig dist;
   EvalConfig eval;
   LoggingConfig logging;
   SftConfig sft;
@@ -380,6 +423,7 @@ struct RunConfig {
     v.section("optimizer", optimizer, "Optimizer.");
     v.section("schedule", schedule, "Learning-rate schedule.");
     v.section("train", train, "Training loop.");
+    v.section("dist", dist, "Multi-process training (docs/distributed.md).");
     v.section("eval", eval, "Evaluation.");
     v.section("logging", logging, "Logging.");
     v.section("sft", sft, "Supervised fine-tuning (algorithm: sft).");

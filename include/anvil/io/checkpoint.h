@@ -36,6 +36,17 @@ struct CheckpointParts {
 std::filesystem::path save_checkpoint(const std::filesystem::path& output_dir, const CheckpointParts& parts,
                                       int64_t keep_last);
 
+/// Renames the finished folder `tmp` to `output_dir`/checkpoint-<step>
+/// (replacing one of the same step safely), keeps the newest `keep_last`
+/// checkpoints and removes leftovers of interrupted saves.
+void publish_checkpoint(const std::filesystem::path& tmp, const std::filesystem::path& output_dir, int64_t step,
+                        int64_t keep_last);
+
+/// trainer_state.json of a checkpoint folder, validated; written last, so its
+/// presence marks a complete checkpoint.
+nlohmann::json read_trainer_state(const std::filesystem::path& dir);
+void write_trainer_state(const std::filesystem::path& dir, const TrainerState& state);
+
 /// The complete checkpoint with the highest step, if any.
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& output_dir);
 

@@ -16,6 +16,22 @@ namespace anvil::io {
 void save_model_dir(const std::filesystem::path& dir, models::CausalLM& model,
                     const tokenizer::Tokenizer* tokenizer);
 
+/// Writes config.json, generation_config.json and the tokenizer's files (no weights).
+void save_model_config(const std::filesystem::path& dir, models::CausalLM& model,
+                       const tokenizer::Tokenizer* tokenizer);
+
+/// Builds the model `dir`/config.json describes, with freshly initialised weights.
+std::shared_ptr<models::CausalLM> model_from_config(const std::filesystem::path& dir);
+
+/// Throws unless `output` is a new (or empty) folder and `dtype` is float32,
+/// bfloat16 or float16.
+void check_export_target(const std::filesystem::path& output, const std::string& dtype);
+
+/// Writes `model` cast to `dtype` and `tok` as an HF folder at `output`
+/// (which must not exist or be empty) atomically: beside it, fsynced, renamed.
+void write_model_dir_atomic(models::CausalLM& model, const tokenizer::Tokenizer* tok,
+                            const std::filesystem::path& output, const std::string& dtype);
+
 /// Builds the model described by `dir`/config.json and loads its weights.
 std::shared_ptr<models::CausalLM> load_model_dir(const std::filesystem::path& dir);
 

@@ -4,6 +4,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -30,6 +31,17 @@ struct KVCache {
   void select_rows(const at::Tensor& index);
 };
 
+/// One transformer block applied to its input, (B, T, C) -> (B, T, C). It
+/// holds copies of what it needs (never references to the caller's locals), so
+/// activation checkpointing may call it again during backward.
+using BlockFn = std::function<at::Tensor(const at::Tensor&)>;
+
+/// Runs block `layer` on `x` by calling `block(x)`, with whatever it needs
+/// around the call: distributed sharding gathers the block's parameters,
+/// activation checkpointing recomputes it in backward. Installed on a model
+/// from outside (CausalLM::set_block_runner), so models know nothing of either.
+using BlockRunner = std::function<at::Tensor(size_t layer, const at::Tensor& x, const BlockFn& block)>;
+
 /// Inputs beyond the token ids. Defaults mean: positions continue after the
 /// cache, causal attention over every cached and new token.
 struct ForwardArgs {
@@ -39,6 +51,8 @@ struct ForwardArgs {
   /// replaces the causal mask, so it must be causal itself.
   at::Tensor attention_mask;
   KVCache* cache = nullptr;
+  /// Set by CausalLM::hidden_states from the model's installed runner.
+  const BlockRunner* block_runner = nullptr;
 };
 
 /// Token ids the model's config.json records.
@@ -53,7 +67,12 @@ class CausalLM : public torch::nn::Module {
   using torch::nn::Module::Module;
 
   /// (B, T) token ids -> (B, T, C) final (normalised) hidden states.
-  virtual at::Tensor hidden_states(const at::Tensor& input_ids, const ForwardArgs& args) = 0;
+  at::Tensor hidden_states(const at::Tensor& input_ids, const ForwardArgs& args) {
+    if (!block_runner_ || args.block_runner) return forward_hidden(input_ids, args);
+    auto a = args;
+    a.block_runner = &block_runner_;
+    return forward_hidden(input_ids, a);
+  }
   /// (..., C) hidden states -> (..., V) logits.
   virtual at::Tensor logits(const at::Tensor& hidden) = 0;
 
@@ -95,9 +114,24 @@ class CausalLM : public torch::nn::Module {
   /// each row's position.
   at::Tensor score(const at::Tensor& hidden, const at::Tensor& positions);
 
+  /// Names of transformer block `i`'s parameters start with block_prefix(i)
+  /// + "." (e.g. "transformer.h.3"): the units sharding and activation
+  /// checkpointing apply to, i in [0, num_layers()).
+  virtual std::string block_prefix(int64_t i) const = 0;
+
+  /// Installs (or, with an empty function, removes) the wrapper every block
+  /// call goes through.
+  void set_block_runner(BlockRunner runner) { block_runner_ = std::move(runner); }
+
   SpecialTokens special_tokens;
 
+ protected:
+  /// The family's forward to the final hidden states; blocks run through
+  /// layers::run_block(args, ...).
+  virtual at::Tensor forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) = 0;
+
  private:
+  BlockRunner block_runner_;
   torch::nn::Linear score_head_{nullptr};
 };
 

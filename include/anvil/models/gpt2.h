@@ -94,8 +94,8 @@ class GPT2LMHeadModel final : public CausalLM {
  public:
   explicit GPT2LMHeadModel(const GPT2Options& o);
 
-  at::Tensor hidden_states(const at::Tensor& input_ids, const ForwardArgs& args) override;
   at::Tensor logits(const at::Tensor& hidden) override;
+  std::string block_prefix(int64_t i) const override { return "transformer.h." + std::to_string(i); }
   std::string family() const override { return "gpt2"; }
   int64_t vocab_size() const override { return options.vocab_size(); }
   int64_t hidden_size() const override { return options.n_embd(); }
@@ -110,6 +110,8 @@ class GPT2LMHeadModel final : public CausalLM {
 
   GPT2Options options;
   GPT2Model transformer{nullptr};
+ protected:
+  at::Tensor forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) override;
 };
 
 }  // namespace anvil::models::gpt2

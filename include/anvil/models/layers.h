@@ -70,4 +70,9 @@ at::Tensor positions(const ForwardArgs& args, int64_t batch, int64_t seq, const 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ForwardArgs& args,
                      size_t layer, double dropout_p);
 
+/// Calls `block(x)` through the runner installed in `args`, if any.
+inline at::Tensor run_block(const ForwardArgs& args, size_t layer, const at::Tensor& x, const BlockFn& block) {
+  return args.block_runner && *args.block_runner ? (*args.block_runner)(layer, x, block) : block(x);
+}
+
 }  // namespace anvil::models::layers

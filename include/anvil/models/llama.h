@@ -90,8 +90,8 @@ class LlamaForCausalLM final : public CausalLM {
  public:
   explicit LlamaForCausalLM(const LlamaOptions& o);
 
-  at::Tensor hidden_states(const at::Tensor& input_ids, const ForwardArgs& args) override;
   at::Tensor logits(const at::Tensor& hidden) override;
+  std::string block_prefix(int64_t i) const override { return "model.layers." + std::to_string(i); }
   std::string family() const override { return "llama"; }
   int64_t vocab_size() const override { return options.vocab_size(); }
   int64_t hidden_size() const override { return options.hidden_size(); }
@@ -110,6 +110,8 @@ class LlamaForCausalLM final : public CausalLM {
   LlamaOptions options;
   LlamaModel model{nullptr};
   torch::nn::Linear lm_head{nullptr};  // null when tied to model.embed_tokens
+ protected:
+  at::Tensor forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) override;
 };
 
 }  // namespace anvil::models::llama

@@ -90,8 +90,8 @@ class GPTNeoXForCausalLM final : public CausalLM {
  public:
   explicit GPTNeoXForCausalLM(const NeoXOptions& o);
 
-  at::Tensor hidden_states(const at::Tensor& input_ids, const ForwardArgs& args) override;
   at::Tensor logits(const at::Tensor& hidden) override;
+  std::string block_prefix(int64_t i) const override { return "gpt_neox.layers." + std::to_string(i); }
   std::string family() const override { return "neox"; }
   int64_t vocab_size() const override { return options.vocab_size(); }
   int64_t hidden_size() const override { return options.hidden_size(); }
@@ -109,6 +109,8 @@ class GPTNeoXForCausalLM final : public CausalLM {
   NeoXOptions options;
   NeoXModel gpt_neox{nullptr};
   torch::nn::Linear embed_out{nullptr};  // null when tied to gpt_neox.embed_in
+ protected:
+  at::Tensor forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) override;
 };
 
 }  // namespace anvil::models::neox

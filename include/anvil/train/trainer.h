@@ -2,6 +2,7 @@
 // The shared training loop.
 
 #include <atomic>
+#include <functional>
 #include <vector>
 
 #include "anvil/config/config.h"
@@ -19,10 +20,20 @@ struct StepStats {
   Sums sums;  // the objective's statistics, summed over the micro-batches
 };
 
+/// What a sharded run adds around each micro-batch.
+struct AccumulateOptions {
+  /// Target units of the whole step over all ranks; 0 = those of `batches`.
+  int64_t step_targets = 0;
+  /// Called before each backward; `last` on the final micro-batch.
+  std::function<void(bool last)> before_backward;
+  std::function<void()> after_backward;
+};
+
 /// Forward + backward over one optimizer step's micro-batches. Each
 /// micro-batch's summed loss is divided by the target count of the whole step,
 /// so accumulating N micro-batches equals one batch of all their samples.
-StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, const std::vector<Batch>& batches);
+StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, const std::vector<Batch>& batches,
+                               const AccumulateOptions& options = {});
 
 struct TrainResult {
   int64_t step = 0;          // steps completed

@@ -80,7 +80,10 @@ at::Tensor GPT2ModelImpl::forward(const at::Tensor& input_ids, const ForwardArgs
               " tokens exceeds n_positions=", wpe->weight.size(0));
   auto pos = layers::positions(args, B, T, input_ids.device());  // (B, T)
   auto x = drop(wte(input_ids) + wpe(pos));                       // (B, T, C)
-  for (size_t i = 0; i < h->size(); ++i) x = h[i]->as<Block>()->forward(x, args, i);
+  for (size_t i = 0; i < h->size(); ++i) {
+    auto block = h[i]->as<Block>();
+    x = layers::run_block(args, i, x, [block, args, i](const at::Tensor& t) { return block->forward(t, args, i); });
+  }
   if (args.cache) args.cache->advance(T);
   return ln_f(x);
 }
@@ -91,7 +94,7 @@ GPT2LMHeadModel::GPT2LMHeadModel(const GPT2Options& o) : options(o) {
   reset_parameters();
 }
 
-at::Tensor GPT2LMHeadModel::hidden_states(const at::Tensor& input_ids, const ForwardArgs& args) {
+at::Tensor GPT2LMHeadModel::forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) {
   return transformer->forward(input_ids, args);  // (B, T, C)
 }
 

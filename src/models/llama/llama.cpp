@@ -79,7 +79,11 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& input_ids, const ForwardArg
   auto x = embed_tokens(input_ids);  // (B, T, C)
   auto [cos, sin] = layers::rope_cos_sin(inv_freq, layers::positions(args, B, T, input_ids.device()),
                                          x.scalar_type());  // (B, 1, T, D)
-  for (size_t i = 0; i < layers->size(); ++i) x = layers[i]->as<LlamaDecoderLayer>()->forward(x, cos, sin, args, i);
+  for (size_t i = 0; i < layers->size(); ++i) {
+    auto layer = layers[i]->as<LlamaDecoderLayer>();
+    x = layers::run_block(args, i, x,
+                          [layer, cos, sin, args, i](const at::Tensor& t) { return layer->forward(t, cos, sin, args, i); });
+  }
   if (args.cache) args.cache->advance(T);
   return norm(x);
 }
@@ -92,7 +96,7 @@ LlamaForCausalLM::LlamaForCausalLM(const LlamaOptions& o) : options(o) {
   reset_parameters();
 }
 
-at::Tensor LlamaForCausalLM::hidden_states(const at::Tensor& input_ids, const ForwardArgs& args) {
+at::Tensor LlamaForCausalLM::forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) {
   return model->forward(input_ids, args);
 }
 

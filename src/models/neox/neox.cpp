@@ -75,7 +75,11 @@ at::Tensor NeoXModelImpl::forward(const at::Tensor& input_ids, const ForwardArgs
   auto x = emb_dropout(embed_in(input_ids));  // (B, T, C)
   auto [cos, sin] = layers::rope_cos_sin(inv_freq, layers::positions(args, B, T, input_ids.device()),
                                          x.scalar_type());  // (B, 1, T, R)
-  for (size_t i = 0; i < layers->size(); ++i) x = layers[i]->as<NeoXLayer>()->forward(x, cos, sin, args, i);
+  for (size_t i = 0; i < layers->size(); ++i) {
+    auto layer = layers[i]->as<NeoXLayer>();
+    x = layers::run_block(args, i, x,
+                          [layer, cos, sin, args, i](const at::Tensor& t) { return layer->forward(t, cos, sin, args, i); });
+  }
   if (args.cache) args.cache->advance(T);
   return final_layer_norm(x);
 }
@@ -90,7 +94,7 @@ GPTNeoXForCausalLM::GPTNeoXForCausalLM(const NeoXOptions& o) : options(o) {
   reset_parameters();
 }
 
-at::Tensor GPTNeoXForCausalLM::hidden_states(const at::Tensor& input_ids, const ForwardArgs& args) {
+at::Tensor GPTNeoXForCausalLM::forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) {
   return gpt_neox->forward(input_ids, args);
 }
 

@@ -1,0 +1,151 @@
+#pragma once
+// FSDP-style sharding of a built model, applied from outside: the units are
+// the model's transformer blocks (CausalLM::block_prefix) plus one root unit
+// for everything else (embeddings, final norm, heads). Each unit's
+// parameters are flattened back to back into one buffer, padded to a multiple
+// of the world size; rank r owns elements [r * n, (r + 1) * n) of it.
+//
+//   no_shard       every rank keeps the whole flat buffer; gradients are
+//                  all-reduced once per optimizer step (DDP).
+//   shard_grad_op  parameters stay whole; gradients are reduce-scattered and
+//                  master weights and optimizer state are sharded; the updated
+//                  shards are all-gathered after each step (ZeRO-2).
+//   full_shard     only the shard stays between uses: a block's parameters are
+//                  all-gathered before its forward and freed after it,
+//                  gathered again before its backward, and its gradients are
+//                  reduce-scattered and freed as soon as its backward ends
+//                  (ZeRO-3 / FSDP). The root unit stays whole for the step.
+//
+// The optimizer steps float32 master shards (`master_parameters()`); forward
+// and backward run in `param_dtype` (mixed precision when not float32) and
+// gradients are reduced in `reduce_dtype`. The module's parameters become
+// views of the unit buffers, so the model's code is unchanged; freeing and
+// re-gathering swap the buffer's storage in place, which keeps the views
+// autograd saved valid. docs/distributed.md.
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "anvil/dist/comm.h"
+#include "anvil/models/causal_lm.h"
+
+namespace anvil::dist {
+
+enum class Sharding { NoShard, ShardGradOp, FullShard };
+
+/// "no_shard" | "shard_grad_op" | "full_shard".
+Sharding parse_sharding(const std::string& name);
+std::string to_string(Sharding s);
+/// "float32" | "bfloat16" | "float16".
+at::ScalarType parse_dtype(const std::string& name);
+
+struct ShardingOptions {
+  Sharding strategy = Sharding::NoShard;
+  at::ScalarType param_dtype = at::kFloat;
+  at::ScalarType reduce_dtype = at::kFloat;
+  bool activation_checkpointing = false;
+};
+
+/// One parameter's place in its unit's flat buffer.
+struct FlatParam {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+  int64_t numel = 0;
+};
+
+/// A unit: its name ("transformer.h.3" or "root") and parameters, back to back.
+struct UnitLayout {
+  std::string name;
+  std::vector<FlatParam> params;
+  int64_t numel = 0;
+};
+
+/// Byte counts of distinct tensor storages held right now.
+struct MemoryBytes {
+  int64_t parameters = 0;  // master shards and whole (gathered) parameters
+  int64_t gradients = 0;
+};
+
+class ShardedModel {
+ public:
+  /// Flattens `model`'s parameters (rank 0's values win: they are broadcast)
+  /// and installs the block runner. The model must already be on its device.
+  ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_ptr<Communicator> comm, ShardingOptions options);
+  ~ShardedModel();
+  ShardedModel(const ShardedModel&) = delete;
+  ShardedModel& operator=(const ShardedModel&) = delete;
+
+  models::CausalLM& model() { return *model_; }
+  Communicator& comm() { return *comm_; }
+  const ShardingOptions& options() const { return options_; }
+
+  /// The float32 master shards the optimizer steps, one per unit (layouts() order).
+  std::vector<at::Tensor> master_parameters() const;
+  const std::vector<UnitLayout>& layouts() const { return layouts_; }
+  /// This rank's elements [begin, end) of unit `u`'s flat parameters (clipped
+  /// to the unit's size, so the last ranks may hold fewer or none).
+  std::pair<int64_t, int64_t> shard_range(size_t u) const;
+
+  /// Before a step's first forward: zeroes master gradients (and, under
+  /// full_shard, gathers the root unit).
+  void begin_step();
+  /// Whether the coming backward reduces gradients across ranks. Under
+  /// no_shard and shard_grad_op the loop syncs only on a step's last
+  /// micro-batch (gradients accumulate locally before); full_shard always
+  /// syncs, since it keeps no whole gradients.
+  void set_grad_sync(bool sync) { sync_ = sync || options_.strategy == Sharding::FullShard; }
+  /// After each backward: reduces what the per-block hooks did not and waits
+  /// for every reduction; master gradients then hold the sum over ranks.
+  void finish_backward();
+  /// Global L2 norm of the master gradients (over all ranks); scales them to
+  /// `max_norm` when larger (0 = only measure).
+  double clip_grad_norm(double max_norm);
+  /// After the optimizer stepped the masters: refreshes whole parameters
+  /// (no_shard, shard_grad_op) or frees the root unit (full_shard).
+  void after_optimizer_step();
+
+  /// Makes every parameter whole until release_full_parameters() (eval,
+  /// saving a consolidated model); blocks are then neither gathered nor freed.
+  void gather_full_parameters();
+  void release_full_parameters();
+
+  /// Overwrites unit `u`'s master shard from `values` (the unit's whole flat
+  /// float32 parameters, numel() elements) and refreshes whole parameters.
+  void load_unit(size_t u, const at::Tensor& values);
+  /// This rank's slice of a whole flat per-unit tensor, padded to the shard size.
+  at::Tensor slice_for_rank(size_t u, const at::Tensor& whole) const;
+
+  MemoryBytes memory() const;
+
+ private:
+  struct Unit;
+  at::Tensor run_block(size_t layer, const at::Tensor& x, const models::BlockFn& block);
+  void gather(Unit& u);
+  void release(Unit& u);
+  void reduce_gradients(Unit& u);
+  void refresh_whole(Unit& u);
+  void on_block_backward_done(size_t layer);
+  friend struct PostBackwardAccess;
+
+  std::shared_ptr<models::CausalLM> model_;
+  std::shared_ptr<Communicator> comm_;
+  ShardingOptions options_;
+  std::vector<UnitLayout> layouts_;
+  std::vector<std::unique_ptr<Unit>> units_;  // blocks 0..L-1, then root
+  struct Pending;
+  std::vector<std::unique_ptr<Pending>> pending_;
+  bool sync_ = true;
+  bool pinned_ = false;
+};
+
+/// Runs `block(x)` keeping only `x`: the block is run again in backward, with
+/// the random-number state of the forward restored so dropout masks repeat.
+/// Without grad mode or when `x` needs no gradient, just calls the block.
+at::Tensor checkpoint_block(const models::BlockFn& block, const at::Tensor& x);
+
+}  // namespace anvil::dist

@@ -1,0 +1,266 @@
+#include "anvil/dist/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/Generator.h>
+#include <torch/optim/adamw.h>
+
+#include <iomanip>
+#include <mutex>
+#include <sstream>
+
+#include "anvil/core/error.h"
+#include "anvil/core/fs.h"
+#include "anvil/io/hf_model.h"
+#include "anvil/io/safetensors.h"
+
+namespace anvil::dist {
+namespace {
+
+namespace stdfs = std::filesystem;
+constexpr int kFormatVersion = 1;
+
+std::string five(int64_t n) {
+  std::ostringstream os;
+  os << std::setw(5) << std::setfill('0') << n;
+  return os.str();
+}
+
+stdfs::path shard_file(const stdfs::path& dir, int64_t s, int64_t n) {
+  return dir / "shards" / concat("shard-", five(s), "-of-", five(n), ".safetensors");
+}
+
+stdfs::path rng_file(const stdfs::path& dir, int64_t rank) { return dir / "rng" / concat("rank-", five(rank), ".safetensors"); }
+
+nlohmann::json read_meta(const stdfs::path& dir) {
+  const auto path = dir / "sharding.json";
+  auto j = nlohmann::json::parse(fs::read_file(path), nullptr, false);
+  if (j.is_discarded() || !j.is_object() || j.value("format_version", 0) != kFormatVersion || !j.contains("units") ||
+      !j.contains("shards") || !j["units"].is_array() || !j["shards"].is_array())
+    throw CheckpointError(concat(path.string(), ": expected a sharding.json of format_version ", kFormatVersion,
+                                 " with \"units\" and \"shards\""));
+  return j;
+}
+
+torch::optim::AdamWParamState* adam_state(torch::optim::Optimizer& opt, const at::Tensor& p) {
+  auto it = opt.state().find(p.unsafeGetTensorImpl());
+  if (it == opt.state().end()) return nullptr;
+  return dynamic_cast<torch::optim::AdamWParamState*>(it->second.get());
+}
+
+std::vector<at::Device> rng_devices(ShardedModel& m) {
+  std::vector<at::Device> d{at::Device(at::kCPU)};
+  const auto dev = m.master_parameters().front().device();
+  if (!dev.is_cpu()) d.push_back(dev);
+  return d;
+}
+
+}  // namespace
+
+bool is_sharded_checkpoint(const stdfs::path& dir) { return stdfs::exists(dir / "sharding.json"); }
+
+stdfs::path save_sharded_checkpoint(const stdfs::path& output_dir, ShardedModel& model,
+                                    torch::optim::Optimizer& optimizer, const tokenizer::Tokenizer* tokenizer,
+                                    const io::TrainerState& state, const std::string& run_config_yaml,
+                                    int64_t keep_last) {
+  auto& comm = model.comm();
+  const int64_t rank = comm.rank(), world = comm.world_size();
+  const auto tmp = output_dir / concat(".checkpoint-", state.step, ".tmp-sharded");
+  const auto step_tag = concat("checkpoint ", state.step);
+  if (rank == 0) {
+    stdfs::remove_all(tmp);
+    stdfs::create_directories(tmp / "shards");
+    stdfs::create_directories(tmp / "rng");
+  }
+  comm.barrier(concat(step_tag, ": folder created"));
+
+  // no_shard: every rank holds the same whole state, so rank 0 writes it.
+  const bool sharded = model.options().strategy != Sharding::NoShard;
+  const int64_t shards = sharded ? world : 1;
+  const auto masters = model.master_parameters();
+  int64_t adam_step = 0;
+  if (rank < shards) {
+    io::TensorMap tensors;
+    for (size_t u = 0; u < masters.size(); ++u) {
+      const auto [b, e] = model.shard_range(u);
+      if (e <= b) continue;
+      const auto& name = model.layouts()[u].name;
+      tensors.emplace(name + ".param", masters[u].narrow(0, 0, e - b).contiguous().cpu());
+      if (auto* st = adam_state(optimizer, masters[u])) {
+        tensors.emplace(name + ".exp_avg", st->exp_avg().narrow(0, 0, e - b).contiguous().cpu());
+        tensors.emplace(name + ".exp_avg_sq", st->exp_avg_sq().narrow(0, 0, e - b).contiguous().cpu());
+      }
+    }
+    io::save_safetensors(shard_file(tmp, rank, shards), tensors, {{"format", "pt"}});
+  }
+  if (auto* st = adam_state(optimizer, masters.front())) adam_step = st->step();
+  {
+    io::TensorMap rng;
+    for (const auto& d : rng_devices(model)) {
+      auto gen = at::globalContext().defaultGenerator(d);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      rng.emplace(d.is_cpu() ? "cpu" : "cuda", gen.get_state());
+    }
+    io::save_safetensors(rng_file(tmp, rank), rng);
+  }
+  comm.barrier(concat(step_tag, ": every rank wrote its shard"));
+
+  if (rank == 0) {
+    nlohmann::json units = nlohmann::json::array();
+    for (const auto& l : model.layouts()) {
+      nlohmann::json params = nlohmann::json::array();
+      for (const auto& p : l.params) params.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}});
+      units.push_back({{"name", l.name}, {"numel", l.numel}, {"params", params}});
+    }
+    // Element ranges per shard, as every rank computes them (the same rule).
+    nlohmann::json ranges = nlohmann::json::array();
+    for (int64_t s = 0; s < shards; ++s) {
+      nlohmann::json r = nlohmann::json::array();
+      for (size_t u = 0; u < model.layouts().size(); ++u) {
+        const int64_t numel = model.layouts()[u].numel;
+        if (!sharded) {
+          r.push_back({0, numel});
+          continue;
+        }
+        const int64_t per = (numel + world - 1) / world;
+        const int64_t b = std::min(s * per, numel);
+        r.push_back({b, std::min(b + per, numel)});
+      }
+      ranges.push_back({{"file", shard_file(tmp, s, shards).filename().string()}, {"ranges", r}});
+    }
+    nlohmann::json meta = {{"format_version", kFormatVersion},
+                           {"strategy", to_string(model.options().strategy)},
+                           {"world_size", world},
+                           {"optimizer_step", adam_step},
+                           {"units", units},
+                           {"shards", ranges}};
+    fs::write_file_atomic(tmp / "sharding.json", meta.dump(1) + "\n");
+    io::save_model_config(tmp, model.model(), tokenizer);
+    fs::write_file_atomic(tmp / "config.yaml", run_config_yaml);
+    io::write_trainer_state(tmp, state);  // last: marks the folder complete
+    fs::fsync_tree(tmp);
+    io::publish_checkpoint(tmp, output_dir, state.step, keep_last);
+  }
+  comm.barrier(concat(step_tag, ": published"));
+  return output_dir / concat("checkpoint-", state.step);
+}
+
+std::map<std::string, at::Tensor> read_sharded_units(const stdfs::path& dir, const std::string& kind) {
+  const auto meta = read_meta(dir);
+  std::map<std::string, at::Tensor> out;
+  std::vector<std::string> names;
+  for (const auto& u : meta["units"]) {
+    const auto name = u.at("name").get<std::string>();
+    names.push_back(name);
+    out.emplace(name, at::zeros({u.at("numel").get<int64_t>()}, at::kFloat));
+  }
+  for (const auto& shard : meta["shards"]) {
+    const auto path = dir / "shards" / shard.at("file").get<std::string>();
+    if (!stdfs::exists(path)) throw CheckpointError(concat(path.string(), ": shard file missing"));
+    io::SafetensorsFile f(path);
+    const auto& ranges = shard.at("ranges");
+    for (size_t u = 0; u < names.size(); ++u) {
+      const auto b = ranges.at(u).at(0).get<int64_t>(), e = ranges.at(u).at(1).get<int64_t>();
+      if (e <= b) continue;
+      const auto key = names[u] + "." + kind;
+      if (!f.contains(key)) {
+        if (kind == "param") throw CheckpointError(concat(path.string(), ": tensor \"", key, "\" missing"));
+        continue;  // no optimizer state yet
+      }
+      auto t = f.get(key);
+      if (t.numel() != e - b)
+        throw CheckpointError(concat(path.string(), ": tensor \"", key, "\" has ", t.numel(), " elements, ",
+                                     "sharding.json says ", e - b));
+      out[names[u]].narrow(0, b, e - b).copy_(t.reshape(-1));
+    }
+  }
+  return out;
+}
+
+io::TrainerState load_sharded_checkpoint(const stdfs::path& dir, ShardedModel& model,
+                                         torch::optim::Optimizer& optimizer) {
+  const auto j = io::read_trainer_state(dir);
+  const auto meta = read_meta(dir);
+  const auto& layouts = model.layouts();
+  const auto& units = meta["units"];
+  const auto meta_path = (dir / "sharding.json").string();
+  if (units.size() != layouts.size())
+    throw CheckpointError(concat(meta_path, ": ", units.size(), " units, this model has ", layouts.size()));
+  for (size_t u = 0; u < layouts.size(); ++u) {
+    const auto name = units[u].at("name").get<std::string>();
+    const auto numel = units[u].at("numel").get<int64_t>();
+    if (name != layouts[u].name || numel != layouts[u].numel)
+      throw CheckpointError(concat(meta_path, ": unit ", u, " is \"", name, "\" of ", numel,
+                                   " elements, this model's is \"", layouts[u].name, "\" of ", layouts[u].numel));
+  }
+  const auto params = read_sharded_units(dir, "param");
+  const auto m1 = read_sharded_units(dir, "exp_avg");
+  const auto m2 = read_sharded_units(dir, "exp_avg_sq");
+  const auto adam_step = meta.value("optimizer_step", int64_t{0});
+  const auto masters = model.master_parameters();
+  for (size_t u = 0; u < layouts.size(); ++u) {
+    const auto& name = layouts[u].name;
+    model.load_unit(u, params.at(name));
+    if (adam_step == 0) continue;
+    auto st = std::make_unique<torch::optim::AdamWParamState>();
+    st->step(adam_step);
+    st->exp_avg(model.slice_for_rank(u, m1.at(name)).to(masters[u].device()));
+    st->exp_avg_sq(model.slice_for_rank(u, m2.at(name)).to(masters[u].device()));
+    optimizer.state()[masters[u].unsafeGetTensorImpl()] = std::move(st);
+  }
+  // The same rank's generators when the world size matches; otherwise the
+  // generators start from rank 0's (dropout masks then differ from the old run).
+  auto path = rng_file(dir, model.comm().rank());
+  if (!stdfs::exists(path)) path = rng_file(dir, 0);
+  io::SafetensorsFile f(path);
+  for (const auto& d : rng_devices(model)) {
+    const std::string key = d.is_cpu() ? "cpu" : "cuda";
+    if (!f.contains(key)) throw CheckpointError(concat(path.string(), ": no RNG state for ", key));
+    auto gen = at::globalContext().defaultGenerator(d);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(f.get(key));
+  }
+  return {j["step"].get<int64_t>(), j.value("data", nlohmann::json::object())};
+}
+
+void export_sharded_checkpoint(const stdfs::path& dir, const stdfs::path& output, const std::string& dtype) {
+  io::check_export_target(output, dtype);
+  auto model = io::model_from_config(dir);
+  const auto meta = read_meta(dir);
+  const auto units = read_sharded_units(dir, "param");
+  std::map<std::string, at::Tensor> params;
+  for (const auto& p : model->named_parameters()) params.emplace(p.key(), p.value());
+  std::set<std::string> filled;
+  at::NoGradGuard no_grad;
+  for (const auto& u : meta["units"]) {
+    const auto& flat = units.at(u.at("name").get<std::string>());
+    for (const auto& p : u.at("params")) {
+      const auto name = p.at("name").get<std::string>();
+      auto it = params.find(name);
+      if (it == params.end())
+        throw CheckpointError(concat((dir / "sharding.json").string(), ": \"", name, "\" is not a parameter of the ",
+                                     model->family(), " model config.json describes"));
+      const auto shape = p.at("shape").get<std::vector<int64_t>>();
+      if (at::IntArrayRef(shape) != it->second.sizes())
+        throw CheckpointError(concat((dir / "sharding.json").string(), ": \"", name, "\" has shape ",
+                                     at::IntArrayRef(shape), ", config.json's model expects ", it->second.sizes()));
+      it->second.copy_(flat.narrow(0, p.at("offset").get<int64_t>(), it->second.numel()).view(shape));
+      filled.insert(name);
+    }
+  }
+  for (const auto& [name, _] : params)
+    if (!filled.count(name))
+      throw CheckpointError(concat(dir.string(), ": parameter \"", name, "\" is in none of the shards"));
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  if (tokenizer::has_tokenizer(dir)) tok = tokenizer::load_tokenizer_from_model_dir(dir);
+  if (auto gen = dir / "generation_config.json"; stdfs::exists(gen)) {
+    const auto g = nlohmann::json::parse(fs::read_file(gen), nullptr, false);
+    if (g.is_object()) {
+      model->special_tokens.bos = g.value("bos_token_id", int64_t{-1});
+      model->special_tokens.eos = g.value("eos_token_id", int64_t{-1});
+      model->special_tokens.pad = g.value("pad_token_id", int64_t{-1});
+    }
+  }
+  io::write_model_dir_atomic(*model, tok.get(), output, dtype);
+}
+
+}  // namespace anvil::dist

@@ -1,0 +1,432 @@
+#include "anvil/dist/sharding.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/Generator.h>
+#include <c10/core/StorageImpl.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+#include <mutex>
+#include <unordered_set>
+
+#include "anvil/core/error.h"
+
+namespace anvil::dist {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+Sharding parse_sharding(const std::string& name) {
+  if (name == "no_shard") return Sharding::NoShard;
+  if (name == "shard_grad_op") return Sharding::ShardGradOp;
+  if (name == "full_shard") return Sharding::FullShard;
+  throw ConfigError(concat("dist.sharding: expected no_shard, shard_grad_op or full_shard, got \"", name, "\""));
+}
+
+std::string to_string(Sharding s) {
+  switch (s) {
+    case Sharding::NoShard: return "no_shard";
+    case Sharding::ShardGradOp: return "shard_grad_op";
+    case Sharding::FullShard: return "full_shard";
+  }
+  return "?";
+}
+
+at::ScalarType parse_dtype(const std::string& name) {
+  if (name == "float32") return at::kFloat;
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float16") return at::kHalf;
+  throw ConfigError(concat("expected float32, bfloat16 or float16, got \"", name, "\""));
+}
+
+namespace {
+
+// Freeing a buffer swaps its storage's memory out in place (the storage
+// object, and so every view of it autograd saved, stays); gathering swaps
+// fresh memory back in before writing into it.
+void free_storage(const at::Tensor& t) {
+  auto* s = t.storage().unsafeGetStorageImpl();
+  if (s->nbytes() == 0) return;
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+
+void alloc_storage(const at::Tensor& t) {
+  auto* s = t.storage().unsafeGetStorageImpl();
+  const auto nbytes = static_cast<size_t>(t.numel()) * t.element_size();
+  if (s->nbytes() >= nbytes) return;
+  TORCH_CHECK(s->allocator() != nullptr, "sharding: buffer without an allocator");
+  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
+
+std::vector<at::Device> rng_devices(const at::Tensor& x) {
+  std::vector<at::Device> d{at::Device(at::kCPU)};
+  if (!x.device().is_cpu()) d.push_back(x.device());
+  return d;
+}
+
+std::vector<at::Tensor> get_rng(const std::vector<at::Device>& devices) {
+  std::vector<at::Tensor> out;
+  for (const auto& d : devices) {
+    auto gen = at::globalContext().defaultGenerator(d);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    out.push_back(gen.get_state());
+  }
+  return out;
+}
+
+void set_rng(const std::vector<at::Device>& devices, const std::vector<at::Tensor>& states) {
+  for (size_t i = 0; i < devices.size(); ++i) {
+    auto gen = at::globalContext().defaultGenerator(devices[i]);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(states[i]);
+  }
+}
+
+struct CheckpointState : torch::CustomClassHolder {
+  models::BlockFn block;
+  std::vector<at::Device> devices;
+  std::vector<at::Tensor> rng;
+};
+
+/// Keeps the block's input only; backward re-runs the block (with the RNG
+/// state of the forward) and back-propagates through the fresh graph, which
+/// accumulates the block's parameter gradients as a normal backward would.
+struct CheckpointBlock : public torch::autograd::Function<CheckpointBlock> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<CheckpointState> st) {
+    st->devices = rng_devices(x);
+    st->rng = get_rng(st->devices);
+    ctx->save_for_backward({x});
+    ctx->saved_data["state"] = c10::IValue::make_capsule(st);
+    return st->block(x);  // grad mode is off here: nothing is kept
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto st = c10::static_intrusive_pointer_cast<CheckpointState>(ctx->saved_data["state"].toCapsule());
+    const auto x = ctx->get_saved_variables()[0];
+    const auto now = get_rng(st->devices);
+    set_rng(st->devices, st->rng);
+    auto xd = x.detach().requires_grad_(true);
+    at::Tensor y;
+    {
+      at::AutoGradMode enable(true);
+      y = st->block(xd);
+    }
+    set_rng(st->devices, now);
+    torch::autograd::backward({y}, {grads[0]});
+    return {xd.grad(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor checkpoint_block(const models::BlockFn& block, const at::Tensor& x) {
+  if (!at::GradMode::is_enabled() || !x.requires_grad()) return block(x);
+  auto st = c10::make_intrusive<CheckpointState>();
+  st->block = block;
+  return CheckpointBlock::apply(x, st);
+}
+
+// ---- units ------------------------------------------------------------------
+
+struct ShardedModel::Unit {
+  size_t index = 0;
+  std::vector<at::Tensor> params;
+  int64_t numel = 0, padded = 0, shard = 0;  // shard = elements this rank owns (padded)
+  at::Tensor master;  // float32 (shard), the optimizer's parameter
+  at::Tensor whole;   // param_dtype (padded); the module's parameters are views of it
+  bool resident = true;
+  bool needs_reduce = false;
+};
+
+struct ShardedModel::Pending {
+  Work work;
+  at::Tensor in, out;
+  Unit* unit = nullptr;
+};
+
+struct PostBackwardAccess {
+  static void done(ShardedModel* m, size_t layer) { m->on_block_backward_done(layer); }
+};
+
+namespace {
+
+/// The identity on a block's input; its backward runs once the block's whole
+/// backward has (the input's gradient is the block's last one), which is
+/// when the block's parameter gradients are complete.
+struct PostBackward : public torch::autograd::Function<PostBackward> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t layer, int64_t model) {
+    ctx->saved_data["layer"] = layer;
+    ctx->saved_data["model"] = model;
+    return x;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto* m = reinterpret_cast<ShardedModel*>(static_cast<intptr_t>(ctx->saved_data["model"].toInt()));
+    PostBackwardAccess::done(m, static_cast<size_t>(ctx->saved_data["layer"].toInt()));
+    return {grads[0], at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_ptr<Communicator> comm,
+                           ShardingOptions options)
+    : model_(std::move(model)), comm_(std::move(comm)), options_(options) {
+  const int64_t world = comm_->world_size(), rank = comm_->rank();
+  const auto L = model_->num_layers();
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> members(static_cast<size_t>(L) + 1);
+  std::unordered_set<const void*> seen;
+  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;  // tied
+    size_t u = static_cast<size_t>(L);
+    for (int64_t i = 0; i < L; ++i)
+      if (item.key().rfind(model_->block_prefix(i) + ".", 0) == 0) {
+        u = static_cast<size_t>(i);
+        break;
+      }
+    members[u].emplace_back(item.key(), item.value());
+  }
+  const bool sharded = options_.strategy != Sharding::NoShard;
+  for (size_t u = 0; u < members.size(); ++u) {
+    UnitLayout layout;
+    layout.name = u < static_cast<size_t>(L) ? model_->block_prefix(static_cast<int64_t>(u)) : "root";
+    auto unit = std::make_unique<Unit>();
+    unit->index = u;
+    for (const auto& [name, p] : members[u]) {
+      layout.params.push_back({name, p.sizes().vec(), layout.numel, p.numel()});
+      layout.numel += p.numel();
+      unit->params.push_back(p);
+    }
+    unit->numel = layout.numel;
+    unit->padded = sharded ? (layout.numel + world - 1) / world * world : layout.numel;
+    unit->shard = sharded ? unit->padded / world : unit->padded;
+    const auto device = members[u].empty() ? model_->parameters().front().device() : members[u][0].second.device();
+    auto flat = at::zeros({unit->padded}, at::TensorOptions().dtype(at::kFloat).device(device));
+    {
+      at::NoGradGuard no_grad;
+      for (size_t k = 0; k < unit->params.size(); ++k)
+        flat.narrow(0, layout.params[k].offset, layout.params[k].numel).copy_(unit->params[k].reshape(-1));
+    }
+    comm_->broadcast(flat, 0, concat("initial parameters of ", layout.name));
+    unit->master = sharded ? flat.narrow(0, rank * unit->shard, unit->shard).clone() : flat;
+    unit->master.mutable_grad() = at::zeros_like(unit->master);
+    const bool alias = !sharded && options_.param_dtype == at::kFloat;
+    unit->whole = alias ? unit->master : flat.to(options_.param_dtype);
+    for (size_t k = 0; k < unit->params.size(); ++k) {
+      const auto& fp = layout.params[k];
+      unit->params[k].set_data(unit->whole.narrow(0, fp.offset, fp.numel).view(fp.shape));
+    }
+    layouts_.push_back(std::move(layout));
+    units_.push_back(std::move(unit));
+  }
+  if (options_.strategy == Sharding::FullShard)
+    for (auto& u : units_) release(*u);
+  model_->set_block_runner(
+      [this](size_t layer, const at::Tensor& x, const models::BlockFn& block) { return run_block(layer, x, block); });
+}
+
+ShardedModel::~ShardedModel() { model_->set_block_runner(nullptr); }
+
+std::vector<at::Tensor> ShardedModel::master_parameters() const {
+  std::vector<at::Tensor> out;
+  for (const auto& u : units_) out.push_back(u->master);
+  return out;
+}
+
+std::pair<int64_t, int64_t> ShardedModel::shard_range(size_t u) const {
+  const auto& unit = *units_.at(u);
+  if (options_.strategy == Sharding::NoShard) return {0, unit.numel};
+  const int64_t begin = std::min<int64_t>(comm_->rank() * unit.shard, unit.numel);
+  return {begin, std::min<int64_t>(begin + unit.shard, unit.numel)};
+}
+
+at::Tensor ShardedModel::slice_for_rank(size_t u, const at::Tensor& whole) const {
+  const auto& unit = *units_.at(u);
+  TORCH_CHECK(whole.numel() == unit.numel, "slice_for_rank: expected ", unit.numel, " elements for ",
+              layouts_[u].name, ", got ", whole.numel());
+  auto out = at::zeros({unit.shard}, whole.options());
+  const auto [b, e] = shard_range(u);
+  if (e > b) out.narrow(0, 0, e - b).copy_(whole.reshape(-1).narrow(0, b, e - b));
+  return out;
+}
+
+void ShardedModel::load_unit(size_t u, const at::Tensor& values) {
+  auto& unit = *units_.at(u);
+  at::NoGradGuard no_grad;
+  unit.master.copy_(slice_for_rank(u, values.to(unit.master.device(), at::kFloat)));
+  refresh_whole(unit);
+}
+
+void ShardedModel::gather(Unit& u) {
+  if (u.resident) return;
+  alloc_storage(u.whole);
+  at::NoGradGuard no_grad;
+  comm_->all_gather(u.whole, u.master.to(options_.param_dtype), concat("parameters of ", layouts_[u.index].name));
+  u.resident = true;
+}
+
+void ShardedModel::release(Unit& u) {
+  if (!u.resident || pinned_ || options_.strategy != Sharding::FullShard) return;
+  free_storage(u.whole);
+  u.resident = false;
+}
+
+void ShardedModel::refresh_whole(Unit& u) {
+  at::NoGradGuard no_grad;
+  switch (options_.strategy) {
+    case Sharding::NoShard:
+      if (!u.whole.is_same(u.master)) u.whole.copy_(u.master);
+      break;
+    case Sharding::ShardGradOp:
+      comm_->all_gather(u.whole, u.master.to(options_.param_dtype), concat("parameters of ", layouts_[u.index].name));
+      break;
+    case Sharding::FullShard:
+      if (u.resident) {
+        u.resident = false;  // stale: gather afresh
+        gather(u);
+      }
+      break;
+  }
+}
+
+at::Tensor ShardedModel::run_block(size_t layer, const at::Tensor& x, const models::BlockFn& block) {
+  auto& u = *units_.at(layer);
+  const bool grad = at::GradMode::is_enabled();
+  gather(u);
+  at::Tensor in = x;
+  if (grad && x.requires_grad())
+    in = PostBackward::apply(x, static_cast<int64_t>(layer), static_cast<int64_t>(reinterpret_cast<intptr_t>(this)));
+  auto y = grad && options_.activation_checkpointing ? checkpoint_block(block, in) : block(in);
+  if (grad) u.needs_reduce = true;
+  if (options_.strategy == Sharding::FullShard && !pinned_) {
+    release(u);
+    if (grad && y.requires_grad())
+      y.register_hook([this, layer](const at::Tensor& g) {
+        gather(*units_[layer]);  // before the block's backward
+        return g;
+      });
+  }
+  return y;
+}
+
+void ShardedModel::on_block_backward_done(size_t layer) {
+  auto& u = *units_.at(layer);
+  if (sync_ && u.needs_reduce) reduce_gradients(u);
+  if (options_.strategy == Sharding::FullShard) release(u);
+}
+
+void ShardedModel::reduce_gradients(Unit& u) {
+  const auto& layout = layouts_[u.index];
+  auto flat = at::zeros({u.padded}, u.master.options().dtype(options_.reduce_dtype));
+  {
+    at::NoGradGuard no_grad;
+    for (size_t k = 0; k < u.params.size(); ++k) {
+      auto& p = u.params[k];
+      if (!p.grad().defined()) continue;
+      flat.narrow(0, layout.params[k].offset, layout.params[k].numel).copy_(p.grad().reshape(-1));
+      p.mutable_grad().reset();
+    }
+  }
+  u.needs_reduce = false;
+  const auto what = concat("gradients of ", layout.name);
+  auto pending = std::make_unique<Pending>();
+  pending->unit = &u;
+  pending->in = flat;
+  if (options_.strategy == Sharding::NoShard) {
+    comm_->all_reduce_sum(flat, what);
+    pending->out = flat;
+  } else {
+    pending->out = at::empty({u.shard}, flat.options());
+    pending->work = comm_->reduce_scatter_sum(pending->out, flat, what);
+  }
+  pending_.push_back(std::move(pending));
+}
+
+void ShardedModel::begin_step() {
+  for (auto& u : units_) {
+    auto& g = u->master.mutable_grad();
+    if (g.defined()) g.zero_();
+    else g = at::zeros_like(u->master);  // the optimizer's zero_grad() drops it
+  }
+  if (options_.strategy == Sharding::FullShard) gather(*units_.back());
+}
+
+void ShardedModel::finish_backward() {
+  if (sync_) {
+    // Units whose post-backward hook did not run (e.g. a block whose input
+    // needs no gradient) and the root, always in the same order on every rank.
+    for (auto& u : units_)
+      if (u->needs_reduce || u.get() == units_.back().get()) reduce_gradients(*u);
+  }
+  at::NoGradGuard no_grad;
+  for (auto& p : pending_) {
+    p->work.wait();
+    p->unit->master.mutable_grad().add_(p->out.to(at::kFloat));
+  }
+  pending_.clear();
+  if (options_.strategy == Sharding::FullShard)
+    for (size_t i = 0; i + 1 < units_.size(); ++i) release(*units_[i]);
+}
+
+double ShardedModel::clip_grad_norm(double max_norm) {
+  at::NoGradGuard no_grad;
+  auto sq = at::zeros({1}, units_.front()->master.options().dtype(at::kDouble));
+  for (auto& u : units_) sq += u->master.grad().to(at::kDouble).pow(2).sum();
+  if (options_.strategy != Sharding::NoShard) comm_->all_reduce_sum(sq, "gradient norm");
+  const double norm = std::sqrt(sq.item<double>());
+  if (max_norm > 0) {
+    const double coef = max_norm / (norm + 1e-6);
+    if (coef < 1.0)
+      for (auto& u : units_) u->master.mutable_grad().mul_(coef);
+  }
+  return norm;
+}
+
+void ShardedModel::after_optimizer_step() {
+  if (options_.strategy == Sharding::FullShard) {
+    for (auto& u : units_)
+      if (u->resident) {
+        u->resident = false;  // its values are stale now
+        if (pinned_) gather(*u);
+        else free_storage(u->whole);
+      }
+    return;
+  }
+  for (auto& u : units_) refresh_whole(*u);
+}
+
+void ShardedModel::gather_full_parameters() {
+  for (auto& u : units_) gather(*u);
+  pinned_ = true;
+}
+
+void ShardedModel::release_full_parameters() {
+  pinned_ = false;
+  if (options_.strategy == Sharding::FullShard)
+    for (auto& u : units_) release(*u);
+}
+
+MemoryBytes ShardedModel::memory() const {
+  MemoryBytes m;
+  std::unordered_set<const void*> seen;
+  auto add = [&](const at::Tensor& t, int64_t& into) {
+    if (!t.defined()) return;
+    const auto* s = t.storage().unsafeGetStorageImpl();
+    if (!seen.insert(s).second) return;
+    into += static_cast<int64_t>(s->nbytes());
+  };
+  for (const auto& u : units_) {
+    add(u->master, m.parameters);
+    add(u->whole, m.parameters);
+    for (const auto& p : u->params) add(p, m.parameters);
+  }
+  for (const auto& u : units_) {
+    add(u->master.grad(), m.gradients);
+    for (const auto& p : u->params) add(p.grad(), m.gradients);
+  }
+  return m;
+}
+
+}  // namespace anvil::dist

@@ -1,0 +1,345 @@
+// Multi-process training on CPU: real ranks started by OpenMPI's mpirun,
+// collectives through MPI. Every strategy on 2 and 3 ranks must train like
+// one process on the same global batch; full_shard must hold about 1/N of the
+// state per rank; sharded checkpoints resume bit-identically on the same
+// world size and closely on another; a dead or hung rank must end the run.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "anvil/dist/sharding.h"
+#include "anvil/io/safetensors.h"
+#include "anvil/models/registry.h"
+#include "test_util.h"
+
+namespace anvil::dist {
+namespace {
+
+using anvil::testing::TempDir;
+namespace stdfs = std::filesystem;
+
+const char* kRun = R"(
+model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 2, num_heads: 4, dropout: 0.0}
+tokenizer: {path: data/tokenizer.model}
+data: {train: [{path: data/sft_train.jsonl}], eval: [{path: data/sft_eval.jsonl}]}
+optimizer: {lr: 3.0e-3, weight_decay: 0.01}
+schedule: {warmup_steps: 2}
+train: {max_steps: 20, micro_batch_size: 2, global_batch_size: 12, save_every: 10, eval_every: 10,
+        keep_checkpoints: 0, log_every: 1000, threads: 1}
+eval: {batch_size: 8, max_batches: 2, generate_samples: 2, max_new_tokens: 6, table_rows: 0}
+)";
+
+std::string mpirun(int ranks) {
+  // --oversubscribe: more ranks than this machine's cores; --bind-to none:
+  // ranks share the cores instead of each being pinned to one.
+  return "mpirun --allow-run-as-root --oversubscribe --bind-to none -np " + std::to_string(ranks) + " ";
+}
+
+/// Runs the trainer on `ranks` processes (0 = plain single process, no mpirun).
+int train(const stdfs::path& cfg, const stdfs::path& out, int ranks, const std::string& extra = "",
+          std::string* log = nullptr) {
+  const auto cmd = (ranks > 0 ? mpirun(ranks) : std::string()) + anvil::testing::trainer_bin() + " --config " +
+                   cfg.string() + " output_dir=" + out.string() + " " + extra;
+  std::string o;
+  const int rc = anvil::testing::run("cd " + anvil::testing::source_dir() + " && " + cmd, &o);
+  if (log) *log = o;
+  if (rc != 0) ADD_FAILURE() << cmd << "\n" << o;
+  return rc;
+}
+
+std::map<int64_t, nlohmann::json> read_metrics(const stdfs::path& path) {
+  std::map<int64_t, nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    out[j["step"].get<int64_t>()] = j;
+  }
+  return out;
+}
+
+void expect_close_losses(const std::map<int64_t, nlohmann::json>& want, const std::map<int64_t, nlohmann::json>& got,
+                         int64_t from, int64_t to, double rel, const std::string& what) {
+  for (int64_t s = from; s <= to; ++s) {
+    ASSERT_TRUE(want.count(s) && got.count(s)) << what << ": no metrics for step " << s;
+    for (const char* key : {"loss", "grad_norm", "eval/loss"}) {
+      if (!want.at(s).contains(key)) continue;
+      ASSERT_TRUE(got.at(s).contains(key)) << what << ": step " << s << " lacks " << key;
+      const double a = want.at(s)[key].get<double>(), b = got.at(s)[key].get<double>();
+      EXPECT_LE(std::abs(a - b), rel * std::abs(a)) << what << ", step " << s << ", " << key << ": " << a << " vs " << b;
+    }
+  }
+}
+
+/// Largest absolute difference between the same-named tensors of two files.
+double max_param_diff(const stdfs::path& a, const stdfs::path& b) {
+  auto ta = io::load_safetensors(a), tb = io::load_safetensors(b);
+  EXPECT_EQ(ta.size(), tb.size());
+  double worst = 0;
+  for (const auto& [name, t] : ta) {
+    EXPECT_TRUE(tb.count(name)) << name;
+    if (!tb.count(name)) continue;
+    worst = std::max(worst, (t.to(at::kDouble) - tb.at(name).to(at::kDouble)).abs().max().item<double>());
+  }
+  return worst;
+}
+
+double state_bytes(const nlohmann::json& m) {
+  return m["memory/parameter_bytes"].get<double>() + m["memory/gradient_bytes"].get<double>() +
+         m["memory/optimizer_bytes"].get<double>();
+}
+
+/// Runs shared by the tests below, trained once per test binary run.
+class DistRuns : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    anvil::testing::write_text(*dir_ / "run.yaml", kRun);
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static stdfs::path cfg() { return *dir_ / "run.yaml"; }
+  /// The output folder of `name`, trained on first use.
+  static stdfs::path run(const std::string& name, int ranks, const std::string& extra = "") {
+    const auto out = *dir_ / name;
+    if (!stdfs::exists(out / "checkpoint-20")) train(cfg(), out, ranks, extra);
+    return out;
+  }
+  static stdfs::path plain() { return run("plain", 0); }
+  static stdfs::path exported(const stdfs::path& out) {
+    const auto dst = out.string() + "-export";
+    if (!stdfs::exists(dst)) {
+      std::string o;
+      EXPECT_EQ(anvil::testing::run(anvil::testing::cli_bin() + " export --checkpoint " + (out / "checkpoint-20").string() +
+                                        " --output " + dst, &o),
+                0)
+          << o;
+    }
+    return dst;
+  }
+  static TempDir* dir_;
+};
+TempDir* DistRuns::dir_ = nullptr;
+
+TEST_F(DistRuns, EveryStrategyOnTwoAndThreeRanksTrainsLikeOneProcess) {
+  const auto base = read_metrics(plain() / "metrics.jsonl");
+  ASSERT_EQ(base.size(), 20u);
+  for (const int ranks : {2, 3})
+    for (const char* strategy : {"no_shard", "shard_grad_op", "full_shard"}) {
+      const auto name = std::string(strategy) + "-" + std::to_string(ranks);
+      const auto out = run(name, ranks, std::string("dist.sharding=") + strategy);
+      const auto got = read_metrics(out / "metrics.jsonl");
+      ASSERT_EQ(got.size(), 20u) << name;
+      expect_close_losses(base, got, 1, 20, 1e-5, name);
+      // Sharded checkpoints consolidate (anvil export) into the same weights.
+      ASSERT_TRUE(stdfs::exists(out / "checkpoint-20" / "sharding.json")) << name;
+      EXPECT_LE(max_param_diff(plain() / "checkpoint-20" / "model.safetensors",
+                               exported(out) / "model.safetensors"),
+                1e-5)
+          << name;
+    }
+}
+
+TEST_F(DistRuns, FullShardHoldsAboutOneNthOfTheStatePerRank) {
+  const double whole = state_bytes(read_metrics(plain() / "metrics.jsonl").at(20));
+  for (const int ranks : {2, 3}) {
+    const auto m = read_metrics(run("full_shard-" + std::to_string(ranks), ranks, "dist.sharding=full_shard") /
+                                "metrics.jsonl")
+                       .at(20);
+    const double ratio = state_bytes(m) / whole;
+    // Exactly 1/N but for padding each unit to a multiple of N elements.
+    EXPECT_GE(ratio, 1.0 / ranks) << ranks;
+    EXPECT_LE(ratio, 1.0 / ranks + 0.01) << ranks << " ranks: " << state_bytes(m) << " of " << whole << " bytes";
+  }
+  // shard_grad_op keeps whole parameters beside sharded float32 masters,
+  // gradients and moments: (1 + 4 / N) / 4 of the whole state.
+  const auto sgo = read_metrics(run("shard_grad_op-2", 2, "dist.sharding=shard_grad_op") / "metrics.jsonl").at(20);
+  EXPECT_NEAR(state_bytes(sgo) / whole, 0.75, 0.01);
+}
+
+TEST_F(DistRuns, ResumesBitIdenticallyOnTwoRanksAndWithinToleranceOnOneOrThree) {
+  const auto straight_dir = run("full_shard-2", 2, "dist.sharding=full_shard");
+  const auto straight = read_metrics(straight_dir / "metrics.jsonl");
+  auto resume = [&](const std::string& name, int ranks) {
+    const auto out = *dir_ / name;
+    stdfs::create_directories(out);
+    stdfs::copy(straight_dir / "checkpoint-10", out / "checkpoint-10", stdfs::copy_options::recursive);
+    train(cfg(), out, ranks, "dist.sharding=full_shard");
+    return read_metrics(out / "metrics.jsonl");
+  };
+  const auto same = resume("resume-2to2", 2);
+  ASSERT_EQ(same.size(), 10u);
+  for (int64_t s = 11; s <= 20; ++s) {
+    EXPECT_EQ(same.at(s)["loss"].get<double>(), straight.at(s)["loss"].get<double>()) << "step " << s;
+    EXPECT_EQ(same.at(s)["grad_norm"].get<double>(), straight.at(s)["grad_norm"].get<double>()) << "step " << s;
+  }
+  EXPECT_EQ(same.at(20)["eval/loss"].get<double>(), straight.at(20)["eval/loss"].get<double>());
+  expect_close_losses(straight, resume("resume-2to1", 1), 11, 20, 1e-5, "2 -> 1 rank");
+  expect_close_losses(straight, resume("resume-2to3", 3), 11, 20, 1e-5, "2 -> 3 ranks");
+}
+
+TEST_F(DistRuns, MixedPrecisionTrainsCloseToFloat32) {
+  const auto base = read_metrics(plain() / "metrics.jsonl");
+  const auto out = run("bf16-2", 2, "dist.sharding=full_shard dist.param_dtype=bfloat16");
+  const auto got = read_metrics(out / "metrics.jsonl");
+  ASSERT_EQ(got.size(), 20u);
+  for (int64_t s = 1; s <= 20; ++s)
+    EXPECT_NEAR(got.at(s)["loss"].get<double>(), base.at(s)["loss"].get<double>(), 0.03) << "step " << s;
+  // Master weights stay float32 in the checkpoint.
+  io::SafetensorsFile shard(out / "checkpoint-20" / "shards" / "shard-00000-of-00002.safetensors");
+  EXPECT_EQ(shard.get("root.param").scalar_type(), at::kFloat);
+}
+
+TEST_F(DistRuns, ActivationCheckpointingGivesTheSameLossesAndGradients) {
+  const auto base = read_metrics(run("full_shard-2", 2, "dist.sharding=full_shard") / "metrics.jsonl");
+  const auto ac = read_metrics(run("full_shard-2-ac", 2, "dist.sharding=full_shard train.activation_checkpointing=true") /
+                               "metrics.jsonl");
+  expect_close_losses(base, ac, 1, 20, 1e-6, "full_shard + activation checkpointing");
+}
+
+TEST_F(DistRuns, BadLaunchesFailWithAMessage) {
+  std::string log;
+  const auto out = *dir_ / "bad";
+  // 12 samples = 6 micro-batches of 2 do not split among 4 ranks.
+  const auto cmd = mpirun(4) + anvil::testing::trainer_bin() + " --config " + cfg().string() + " output_dir=" +
+                   out.string();
+  EXPECT_NE(anvil::testing::run("cd " + anvil::testing::source_dir() + " && " + cmd, &log), 0);
+  EXPECT_NE(log.find("train.global_batch_size: a step of 6 micro-batches of 2 samples does not divide among 4 ranks"),
+            std::string::npos)
+      << log;
+  // torchrun on CPU: the MPI backend needs mpirun.
+  const auto torchrun = stdfs::path(anvil::testing::python_bin()).parent_path() / "torchrun";
+  const auto cmd2 = torchrun.string() + " --no-python --nproc-per-node 2 " + anvil::testing::trainer_bin() +
+                    " --config " + cfg().string() + " output_dir=" + out.string();
+  EXPECT_NE(anvil::testing::run("cd " + anvil::testing::source_dir() + " && " + cmd2, &log), 0);
+  EXPECT_NE(log.find("dist.backend: mpi needs the ranks started by mpirun (this one came from torchrun)"),
+            std::string::npos)
+      << log;
+}
+
+/// Pid of the trainer process with OMPI_COMM_WORLD_RANK=`rank` writing to `out`.
+pid_t find_rank(int rank, const stdfs::path& out) {
+  for (const auto& e : stdfs::directory_iterator("/proc")) {
+    const auto name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream cmd(e.path() / "cmdline"), env(e.path() / "environ");
+    std::string c((std::istreambuf_iterator<char>(cmd)), {}), v((std::istreambuf_iterator<char>(env)), {});
+    if (c.find("output_dir=" + out.string()) == std::string::npos || c.find("mpirun") == 0) continue;
+    if (v.find("OMPI_COMM_WORLD_RANK=" + std::to_string(rank) + '\0') != std::string::npos)
+      return static_cast<pid_t>(std::stol(name));
+  }
+  return -1;
+}
+
+struct Outcome {
+  int rc = 0;
+  double seconds = 0;
+  std::string log;
+};
+
+/// Starts a long 2-rank run, does `to_rank1(pid)` once it trains, and times
+/// how long mpirun takes to end.
+Outcome fail_rank_one(const stdfs::path& cfg, const stdfs::path& out, int sig) {
+  const auto log = out.string() + ".log";
+  const auto cmd = "cd " + anvil::testing::source_dir() + " && exec " + mpirun(2) + anvil::testing::trainer_bin() +
+                   " --config " + cfg.string() + " output_dir=" + out.string() +
+                   " train.max_steps=100000 train.save_every=0 train.eval_every=0 dist.timeout_s=4 > " + log + " 2>&1";
+  const pid_t launcher = ::fork();
+  if (launcher == 0) {
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Wait until both ranks train (a few steps in metrics.jsonl).
+  pid_t victim = -1;
+  for (int i = 0; i < 600; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (read_metrics(out / "metrics.jsonl").size() >= 3 && (victim = find_rank(1, out)) > 0) break;
+  }
+  Outcome o;
+  EXPECT_GT(victim, 0) << "rank 1 never started training";
+  if (victim <= 0) {
+    ::kill(launcher, SIGKILL);
+    ::waitpid(launcher, nullptr, 0);
+    return o;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  ::kill(victim, sig);
+  int status = 0;
+  // Give up after 60 s (the survivors' timeout is 4 s).
+  for (int i = 0; i < 600 && ::waitpid(launcher, &status, WNOHANG) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (::waitpid(launcher, &status, WNOHANG) == 0) {
+    ADD_FAILURE() << "the run still hangs 60 s after rank 1 stopped";
+    ::kill(launcher, SIGKILL);
+    ::waitpid(launcher, &status, 0);
+  }
+  ::kill(victim, SIGKILL);  // a stopped rank that mpirun could not end
+  o.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  o.log = anvil::testing::read_text(log);
+  return o;
+}
+
+TEST_F(DistRuns, AHungRankMakesTheOthersExitWithAClearErrorWithinTheTimeout) {
+  const auto o = fail_rank_one(cfg(), *dir_ / "hung", SIGSTOP);
+  EXPECT_NE(o.rc, 0);
+  EXPECT_LT(o.seconds, 4 + 15) << o.log;
+  EXPECT_NE(o.log.find("rank 0 of 2: mpi "), std::string::npos) << o.log;
+  EXPECT_NE(o.log.find("did not complete within 4 s (dist.timeout_s): another rank died, hangs"), std::string::npos)
+      << o.log;
+}
+
+TEST_F(DistRuns, AKilledRankEndsTheRun) {
+  const auto o = fail_rank_one(cfg(), *dir_ / "killed", SIGKILL);
+  EXPECT_NE(o.rc, 0);
+  EXPECT_LT(o.seconds, 4 + 15) << o.log;
+  // mpirun names the rank that died and ends the others.
+  EXPECT_NE(o.log.find("process rank 1"), std::string::npos) << o.log;
+  EXPECT_NE(o.log.find("exited on signal 9"), std::string::npos) << o.log;
+}
+
+// Activation checkpointing in-process: the same gradients, dropout included
+// (the RNG state of the forward is restored for the recomputation).
+TEST(ActivationCheckpointing, SameGradientsWithDropout) {
+  for (const char* family : {"gpt2", "llama", "neox"}) {
+    config::ModelConfig mc;
+    mc.family = family;
+    mc.vocab_size = 50, mc.hidden_size = 32, mc.num_layers = 3, mc.num_heads = 4, mc.max_position_embeddings = 16;
+    mc.dropout = 0.2;
+    torch::manual_seed(3);
+    auto model = models::family_by_name(family).from_config(mc);
+    model->train();
+    auto ids = at::randint(50, {2, 12}, at::kLong);
+    auto grads = [&](bool checkpointed) {
+      if (checkpointed)
+        model->set_block_runner(
+            [](size_t, const at::Tensor& x, const models::BlockFn& block) { return checkpoint_block(block, x); });
+      else
+        model->set_block_runner(nullptr);
+      for (auto& p : model->parameters()) p.mutable_grad().reset();
+      torch::manual_seed(7);
+      auto logits = model->forward(ids);
+      logits.pow(2).mean().backward();
+      std::vector<at::Tensor> g;
+      for (auto& p : model->parameters()) g.push_back(p.grad().clone());
+      return std::make_pair(logits.detach(), g);
+    };
+    const auto [l0, g0] = grads(false);
+    const auto [l1, g1] = grads(true);
+    EXPECT_TRUE(at::equal(l0, l1)) << family;
+    ASSERT_EQ(g0.size(), g1.size());
+    for (size_t i = 0; i < g0.size(); ++i)
+      EXPECT_LE((g0[i] - g1[i]).abs().max().item<double>(), 1e-7) << family << " parameter " << i;
+  }
+}
+
+}  // namespace
+}  // namespace anvil::dist
