@@ -4,8 +4,11 @@
 // the watchdog covers the host waiting on them.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdlib>
 
 #include "anvil/core/error.h"
 #include "backends.h"
@@ -19,14 +22,21 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(const ProcessInfo& proc, const at::Device& device, std::chrono::milliseconds timeout)
       : rank_(static_cast<int>(proc.rank)), world_(static_cast<int>(proc.world_size)), device_(device) {
     c10::cuda::set_device(device.index());
+    // Under torchrun the elastic agent already serves a TCPStore at
+    // MASTER_ADDR:MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True) and every
+    // rank is its client, as torch.distributed does; otherwise rank 0 serves.
+    const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+    const bool agent_store = agent && std::string(agent) == "True";
     c10d::TCPStoreOptions so;
     so.port = static_cast<std::uint16_t>(proc.master_port);
-    so.isServer = rank_ == 0;
+    so.isServer = !agent_store && rank_ == 0;
+    so.multiTenant = so.isServer;
     so.numWorkers = world_;
     so.waitWorkers = true;
     so.timeout = timeout;
     try {
-      store_ = c10::make_intrusive<c10d::TCPStore>(proc.master_addr, so);
+      store_ = c10::make_intrusive<c10d::PrefixStore>(
+          "anvil/", c10::make_intrusive<c10d::TCPStore>(proc.master_addr, so));
     } catch (const std::exception& e) {
       throw ConfigError(concat("rendezvous at ", proc.master_addr, ":", proc.master_port,
                                " (MASTER_ADDR:MASTER_PORT) failed on rank ", rank_, ": ", e.what()));
@@ -84,7 +94,7 @@ class NcclCommunicator final : public Communicator {
  private:
   int rank_, world_;
   at::Device device_;
-  c10::intrusive_ptr<c10d::TCPStore> store_;
+  c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg_;
   std::unique_ptr<Watchdog> watchdog_;
 };

@@ -89,17 +89,25 @@ TEST(DistEnv, BadValuesNameTheVariable) {
             std::string::npos);
 }
 
-// Until sharded training exists, a multi-process launch is refused before it
-// writes anything (two processes would otherwise race on one output_dir).
-TEST(DistEnv, TrainerRefusesAMultiProcessLaunch) {
+// A launch the collective backend cannot serve fails before it writes
+// anything, saying what would work.
+TEST(DistEnv, TrainerRejectsALaunchItsBackendCannotServe) {
   anvil::testing::TempDir dir;
-  std::string out;
-  const auto cmd = "cd " + anvil::testing::source_dir() + " && RANK=1 WORLD_SIZE=2 MASTER_ADDR=localhost " +
-                   anvil::testing::trainer_bin() + " --config configs/quickstart.yaml output_dir=" +
-                   (dir / "run").string();
-  EXPECT_NE(anvil::testing::run(cmd, &out), 0);
-  EXPECT_NE(out.find("launched as rank 1 of 2 by torchrun"), std::string::npos) << out;
-  EXPECT_FALSE(std::filesystem::exists(dir / "run"));
+  auto launch = [&](const std::string& env, const std::string& extra) {
+    std::string out;
+    const auto cmd = "cd " + anvil::testing::source_dir() + " && " + env + " " + anvil::testing::trainer_bin() +
+                     " --config configs/quickstart.yaml output_dir=" + (dir / "run").string() + " " + extra;
+    EXPECT_NE(anvil::testing::run(cmd, &out), 0);
+    EXPECT_FALSE(std::filesystem::exists(dir / "run"));
+    return out;
+  };
+  auto out = launch("RANK=1 WORLD_SIZE=2 MASTER_ADDR=localhost", "");
+  EXPECT_NE(out.find("dist.backend: mpi needs the ranks started by mpirun (this one came from torchrun); "
+                     "e.g. mpirun -np 2 build/bin/trainer --config ..."),
+            std::string::npos)
+      << out;
+  out = launch("SLURM_PROCID=0 SLURM_NTASKS=2 SLURM_LOCALID=0 SLURM_JOB_NODELIST=n1", "dist.backend=nccl");
+  EXPECT_NE(out.find("dist.backend: nccl needs train.device cuda, got cpu"), std::string::npos) << out;
 }
 
 }  // namespace

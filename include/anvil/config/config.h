@@ -241,7 +241,7 @@ struct TrainConfig {
     v.field("micro_batch_size", micro_batch_size, "Samples per forward/backward pass.", positive());
     v.field("grad_accum_steps", grad_accum_steps,
             "Micro-batches per optimizer step, summed over all ranks (each rank runs grad_accum_steps / "
-            "world_size); ignored when global_batch_size is set. The loss is normalised by the step's total "
+            "world_size); when global_batch_size is also set, the two must agree. The loss is normalised by the step's total "
             "number of target tokens over all ranks.",
             positive());
     v.field("global_batch_size", global_batch_size,
