@@ -247,11 +247,12 @@ struct Outcome {
 
 /// Starts a long 2-rank run, does `to_rank1(pid)` once it trains, and times
 /// how long mpirun takes to end.
-Outcome fail_rank_one(const stdfs::path& cfg, const stdfs::path& out, int sig) {
+Outcome fail_rank_one(const stdfs::path& cfg, const stdfs::path& out, int sig, const std::string& extra = "") {
   const auto log = out.string() + ".log";
   const auto cmd = "cd " + anvil::testing::source_dir() + " && exec " + mpirun(2) + anvil::testing::trainer_bin() +
                    " --config " + cfg.string() + " output_dir=" + out.string() +
-                   " train.max_steps=100000 train.save_every=0 train.eval_every=0 dist.timeout_s=4 > " + log + " 2>&1";
+                   " train.max_steps=100000 train.save_every=0 train.eval_every=0 dist.timeout_s=4 " + extra + " > " + log +
+                   " 2>&1";
   const pid_t launcher = ::fork();
   if (launcher == 0) {
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
@@ -304,6 +305,47 @@ TEST_F(DistRuns, AKilledRankEndsTheRun) {
   // mpirun names the rank that died and ends the others.
   EXPECT_NE(o.log.find("process rank 1"), std::string::npos) << o.log;
   EXPECT_NE(o.log.find("exited on signal 9"), std::string::npos) << o.log;
+}
+
+TEST_F(DistRuns, SigtermOnOneRankStopsEveryRankAtOneSavedStep) {
+  const auto out = *dir_ / "term";
+  const auto o = fail_rank_one(cfg(), out, SIGTERM, "dist.sharding=full_shard");
+  EXPECT_EQ(o.rc, 0) << o.log;
+  const auto metrics = read_metrics(out / "metrics.jsonl");
+  ASSERT_FALSE(metrics.empty());
+  const auto ckpt = out / ("checkpoint-" + std::to_string(metrics.rbegin()->first));
+  EXPECT_TRUE(stdfs::exists(ckpt / "trainer_state.json")) << o.log;
+  EXPECT_TRUE(stdfs::exists(ckpt / "shards" / "shard-00000-of-00002.safetensors"));
+  EXPECT_TRUE(stdfs::exists(ckpt / "shards" / "shard-00001-of-00002.safetensors"));
+}
+
+// The reward and DPO objectives' statistics (accuracies, margins, rewards)
+// are summed over ranks like the loss.
+TEST_F(DistRuns, RewardAndDpoOnTwoRanksMatchOneProcess) {
+  for (const char* algorithm : {"reward", "dpo"}) {
+    const auto cfg_path = *dir_ / (std::string(algorithm) + ".yaml");
+    anvil::testing::write_text(cfg_path, std::string("algorithm: ") + algorithm + R"(
+model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 2, num_heads: 4, dropout: 0.0}
+tokenizer: {path: data/tokenizer.model}
+data: {train: [{path: data/pref_train.jsonl}], eval: [{path: data/pref_eval.jsonl}]}
+optimizer: {lr: 3.0e-3}
+train: {max_steps: 6, micro_batch_size: 2, global_batch_size: 8, eval_every: 3, log_every: 1000, threads: 1}
+eval: {batch_size: 8, max_batches: 2, generate_samples: 0}
+)");
+    const auto one = *dir_ / (std::string(algorithm) + "-1"), two = *dir_ / (std::string(algorithm) + "-2");
+    train(cfg_path, one, 0);
+    train(cfg_path, two, 2, "dist.sharding=full_shard");
+    const auto a = read_metrics(one / "metrics.jsonl"), b = read_metrics(two / "metrics.jsonl");
+    ASSERT_EQ(a.size(), 6u) << algorithm;
+    ASSERT_EQ(b.size(), 6u) << algorithm;
+    for (const auto& [step, m] : a)
+      for (const auto& [key, v] : m.items()) {
+        if (!v.is_number() || key == "tokens_per_s" || key.rfind("memory/", 0) == 0) continue;
+        ASSERT_TRUE(b.at(step).contains(key)) << algorithm << " step " << step << " lacks " << key;
+        const double x = v.get<double>(), y = b.at(step)[key].get<double>();
+        EXPECT_LE(std::abs(x - y), 1e-5 * std::abs(x) + 1e-6) << algorithm << " step " << step << " " << key;
+      }
+  }
 }
 
 // Activation checkpointing in-process: the same gradients, dropout included
