@@ -67,9 +67,10 @@ class SingleProcess final : public Communicator {
   int world_size() const override { return 1; }
   std::string backend() const override { return "single"; }
   void all_reduce_sum(const at::Tensor&, const std::string&) override {}
-  void all_gather(const at::Tensor& out, const at::Tensor& in, const std::string&) override {
+  Work all_gather(const at::Tensor& out, const at::Tensor& in, const std::string&) override {
     TORCH_CHECK(out.numel() == in.numel(), "all_gather: output must hold world_size x input elements");
     if (!out.is_same(in)) out.view(-1).copy_(in.view(-1));
+    return {};
   }
   Work reduce_scatter_sum(const at::Tensor& out, const at::Tensor& in, const std::string&) override {
     TORCH_CHECK(out.numel() == in.numel(), "reduce_scatter: input must hold world_size x output elements");

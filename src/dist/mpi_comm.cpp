@@ -86,7 +86,7 @@ class MpiCommunicator final : public Communicator {
           "all_reduce");
   }
 
-  void all_gather(const at::Tensor& out, const at::Tensor& in, const std::string& what) override {
+  Work all_gather(const at::Tensor& out, const at::Tensor& in, const std::string& what) override {
     check_cpu(out, "all_gather");
     check_cpu(in, "all_gather");
     TORCH_CHECK(out.numel() == in.numel() * world_ && out.scalar_type() == in.scalar_type(),
@@ -96,6 +96,7 @@ class MpiCommunicator final : public Communicator {
     const auto type = mpi_type(in.scalar_type());
     check(MPI_Allgather(in.data_ptr(), count(in), type, out.data_ptr(), count(in), type, MPI_COMM_WORLD),
           "all_gather");
+    return {};
   }
 
   Work reduce_scatter_sum(const at::Tensor& out, const at::Tensor& in, const std::string& what) override {

@@ -60,10 +60,19 @@ class NcclCommunicator final : public Communicator {
     std::vector<at::Tensor> v{t};
     pg_->allreduce(v)->wait();
   }
-  void all_gather(const at::Tensor& out, const at::Tensor& in, const std::string& what) override {
-    Watchdog::Scope scope(*watchdog_, "all_gather", what);
+  Work all_gather(const at::Tensor& out, const at::Tensor& in, const std::string& what) override {
     auto o = out, i = in;
-    pg_->_allgather_base(o, i)->wait();
+    c10::intrusive_ptr<c10d::Work> work;
+    {
+      Watchdog::Scope scope(*watchdog_, "all_gather", what);
+      work = pg_->_allgather_base(o, i);
+    }
+    // Runs on NCCL's stream (a prefetch overlaps the current block's
+    // compute); wait() orders the compute stream after it.
+    return Work([this, work, what] {
+      Watchdog::Scope scope(*watchdog_, "all_gather wait", what);
+      work->wait();
+    });
   }
   Work reduce_scatter_sum(const at::Tensor& out, const at::Tensor& in, const std::string& what) override {
     auto o = out, i = in;

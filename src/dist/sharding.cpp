@@ -139,6 +139,10 @@ struct ShardedModel::Unit {
   at::Tensor whole;   // param_dtype (padded); the module's parameters are views of it
   bool resident = true;
   bool needs_reduce = false;
+  // An all-gather in flight (a prefetch): its work and its input.
+  Work gather_work;
+  at::Tensor gather_src;
+  bool gathering = false;
 };
 
 struct ShardedModel::Pending {
@@ -259,15 +263,29 @@ void ShardedModel::load_unit(size_t u, const at::Tensor& values) {
   refresh_whole(unit);
 }
 
-void ShardedModel::gather(Unit& u) {
-  if (u.resident) return;
+void ShardedModel::start_gather(Unit& u) {
+  if (u.resident || u.gathering) return;
   alloc_storage(u.whole);
   at::NoGradGuard no_grad;
-  comm_->all_gather(u.whole, u.master.to(options_.param_dtype), concat("parameters of ", layouts_[u.index].name));
+  u.gather_src = u.master.to(options_.param_dtype);
+  u.gather_work = comm_->all_gather(u.whole, u.gather_src, concat("parameters of ", layouts_[u.index].name));
+  u.gathering = true;
+  int64_t held = 0;
+  for (const auto& v : units_) held += static_cast<int64_t>(v->whole.storage().nbytes());
+  peak_gathered_ = std::max(peak_gathered_, held);
+}
+
+void ShardedModel::gather(Unit& u) {
+  if (u.resident) return;
+  start_gather(u);
+  u.gather_work.wait();
+  u.gather_src = at::Tensor();
+  u.gathering = false;
   u.resident = true;
 }
 
 void ShardedModel::release(Unit& u) {
+  if (u.gathering) gather(u);  // never free memory a collective still writes
   if (!u.resident || pinned_ || options_.strategy != Sharding::FullShard) return;
   free_storage(u.whole);
   u.resident = false;
@@ -279,10 +297,13 @@ void ShardedModel::refresh_whole(Unit& u) {
     case Sharding::NoShard:
       if (!u.whole.is_same(u.master)) u.whole.copy_(u.master);
       break;
-    case Sharding::ShardGradOp:
-      comm_->all_gather(u.whole, u.master.to(options_.param_dtype), concat("parameters of ", layouts_[u.index].name));
+    case Sharding::ShardGradOp: {
+      const auto src = u.master.to(options_.param_dtype);
+      comm_->all_gather(u.whole, src, concat("parameters of ", layouts_[u.index].name)).wait();
       break;
+    }
     case Sharding::FullShard:
+      if (u.gathering) gather(u);
       if (u.resident) {
         u.resident = false;  // stale: gather afresh
         gather(u);
@@ -295,6 +316,9 @@ at::Tensor ShardedModel::run_block(size_t layer, const at::Tensor& x, const mode
   auto& u = *units_.at(layer);
   const bool grad = at::GradMode::is_enabled();
   gather(u);
+  // Prefetch: the next block's gather runs while this block computes.
+  const bool prefetch = options_.strategy == Sharding::FullShard && !pinned_;
+  if (prefetch && layer + 1 < layouts_.size() - 1) start_gather(*units_[layer + 1]);
   at::Tensor in = x;
   if (grad && x.requires_grad())
     in = PostBackward::apply(x, static_cast<int64_t>(layer), static_cast<int64_t>(reinterpret_cast<intptr_t>(this)));
@@ -305,6 +329,7 @@ at::Tensor ShardedModel::run_block(size_t layer, const at::Tensor& x, const mode
     if (grad && y.requires_grad())
       y.register_hook([this, layer](const at::Tensor& g) {
         gather(*units_[layer]);  // before the block's backward
+        if (layer > 0) start_gather(*units_[layer - 1]);  // the next block backward needs
         return g;
       });
   }
@@ -345,6 +370,8 @@ void ShardedModel::reduce_gradients(Unit& u) {
 }
 
 void ShardedModel::begin_step() {
+  peak_gathered_ = 0;
+  for (const auto& v : units_) peak_gathered_ += static_cast<int64_t>(v->whole.storage().nbytes());
   for (auto& u : units_) {
     auto& g = u->master.mutable_grad();
     if (g.defined()) g.zero_();
@@ -386,12 +413,14 @@ double ShardedModel::clip_grad_norm(double max_norm) {
 
 void ShardedModel::after_optimizer_step() {
   if (options_.strategy == Sharding::FullShard) {
-    for (auto& u : units_)
+    for (auto& u : units_) {
+      if (u->gathering) gather(*u);
       if (u->resident) {
         u->resident = false;  // its values are stale now
         if (pinned_) gather(*u);
         else free_storage(u->whole);
       }
+    }
     return;
   }
   for (auto& u : units_) refresh_whole(*u);
@@ -422,6 +451,7 @@ MemoryBytes ShardedModel::memory() const {
     add(u->whole, m.parameters);
     for (const auto& p : u->params) add(p, m.parameters);
   }
+  m.peak_gathered = peak_gathered_;
   for (const auto& u : units_) {
     add(u->master.grad(), m.gradients);
     for (const auto& p : u->params) add(p.grad(), m.gradients);

@@ -372,6 +372,7 @@ TrainResult run_training(const config::RunConfig& cfg) {
       const auto mem = sharded->memory();
       m["memory/parameter_bytes"] = static_cast<double>(mem.parameters);
       m["memory/gradient_bytes"] = static_cast<double>(mem.gradients);
+      m["memory/peak_gathered_parameter_bytes"] = static_cast<double>(mem.peak_gathered);
     } else {
       std::set<const void*> seen;
       std::vector<at::Tensor> grads;

@@ -26,7 +26,7 @@ using anvil::testing::TempDir;
 namespace stdfs = std::filesystem;
 
 const char* kRun = R"(
-model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 2, num_heads: 4, dropout: 0.0}
+model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 4, num_heads: 4, dropout: 0.0}
 tokenizer: {path: data/tokenizer.model}
 data: {train: [{path: data/sft_train.jsonl}], eval: [{path: data/sft_eval.jsonl}]}
 optimizer: {lr: 3.0e-3, weight_decay: 0.01}
@@ -159,6 +159,13 @@ TEST_F(DistRuns, FullShardHoldsAboutOneNthOfTheStatePerRank) {
     EXPECT_GE(ratio, 1.0 / ranks) << ranks;
     EXPECT_LE(ratio, 1.0 / ranks + 0.01) << ranks << " ranks: " << state_bytes(m) << " of " << whole << " bytes";
   }
+  // Between uses only the root unit (embeddings) stays whole; at most two of
+  // the four blocks are whole at once (the one running, the one prefetched).
+  const auto m2 = read_metrics(run("full_shard-2", 2, "dist.sharding=full_shard") / "metrics.jsonl").at(20);
+  const double params = read_metrics(plain() / "metrics.jsonl").at(20)["memory/parameter_bytes"].get<double>();
+  const double peak = m2["memory/peak_gathered_parameter_bytes"].get<double>();
+  const double block = 4.0 * (2 * 2 * 32 + 32 * 96 + 96 + 32 * 32 + 32 + 32 * 128 + 128 + 128 * 32 + 32);  // GPT-2 block
+  EXPECT_NEAR(peak, params - 2 * block, 4 * 2 * 64) << "peak whole bytes " << peak << " of " << params;
   // shard_grad_op keeps whole parameters beside sharded float32 masters,
   // gradients and moments: (1 + 4 / N) / 4 of the whole state.
   const auto sgo = read_metrics(run("shard_grad_op-2", 2, "dist.sharding=shard_grad_op") / "metrics.jsonl").at(20);

@@ -43,7 +43,8 @@ class Communicator {
   /// `t` <- elementwise sum of every rank's `t` (in place).
   virtual void all_reduce_sum(const at::Tensor& t, const std::string& what) = 0;
   /// `out` (world_size * n elements) <- every rank's `in` (n), in rank order.
-  virtual void all_gather(const at::Tensor& out, const at::Tensor& in, const std::string& what) = 0;
+  /// May return before it completes; `in` must live until then.
+  virtual Work all_gather(const at::Tensor& out, const at::Tensor& in, const std::string& what) = 0;
   /// `out` (n) <- sum over ranks of their `in`[rank * n, (rank + 1) * n);
   /// `in` holds world_size * n elements. May return before it completes.
   virtual Work reduce_scatter_sum(const at::Tensor& out, const at::Tensor& in, const std::string& what) = 0;

@@ -15,6 +15,9 @@
 //                  gathered again before its backward, and its gradients are
 //                  reduce-scattered and freed as soon as its backward ends
 //                  (ZeRO-3 / FSDP). The root unit stays whole for the step.
+//                  The next block's gather is issued before the current
+//                  block computes (forward and backward), so on NCCL it
+//                  overlaps compute.
 //
 // The optimizer steps float32 master shards (`master_parameters()`); forward
 // and backward run in `param_dtype` (mixed precision when not float32) and
@@ -69,6 +72,10 @@ struct UnitLayout {
 struct MemoryBytes {
   int64_t parameters = 0;  // master shards and whole (gathered) parameters
   int64_t gradients = 0;
+  /// The most bytes of whole (gathered) parameters held at once since the
+  /// last begin_step(): under full_shard, the root unit plus the block that
+  /// runs and the one being prefetched.
+  int64_t peak_gathered = 0;
 };
 
 class ShardedModel {
@@ -125,7 +132,8 @@ class ShardedModel {
  private:
   struct Unit;
   at::Tensor run_block(size_t layer, const at::Tensor& x, const models::BlockFn& block);
-  void gather(Unit& u);
+  void start_gather(Unit& u);  // issues the all-gather (async where the backend allows)
+  void gather(Unit& u);        // ... and waits for it
   void release(Unit& u);
   void reduce_gradients(Unit& u);
   void refresh_whole(Unit& u);
@@ -141,6 +149,7 @@ class ShardedModel {
   std::vector<std::unique_ptr<Pending>> pending_;
   bool sync_ = true;
   bool pinned_ = false;
+  int64_t peak_gathered_ = 0;
 };
 
 /// Runs `block(x)` keeping only `x`: the block is run again in backward, with
