@@ -232,6 +232,38 @@ TEST_F(DistRuns, BadLaunchesFailWithAMessage) {
       << log;
 }
 
+TEST_F(DistRuns, ShardedCheckpointsExplainWhatCannotReadThem) {
+  const auto src = run("full_shard-2", 2, "dist.sharding=full_shard") / "checkpoint-20";
+  std::string log;
+  // Generation needs a consolidated folder.
+  EXPECT_NE(anvil::testing::run(anvil::testing::cli_bin() + " generate --model " + src.string() + " --prompt hi", &log), 0);
+  EXPECT_NE(log.find("a sharded checkpoint (written by a multi-process or sharded run); consolidate it first with: "
+                     "anvil export --checkpoint"),
+            std::string::npos)
+      << log;
+  auto resume_from = [&](const std::string& name, int ranks, const std::string& extra) {
+    const auto out = *dir_ / name;
+    stdfs::create_directories(out);
+    stdfs::copy(src, out / "checkpoint-20", stdfs::copy_options::recursive);
+    const auto cmd = (ranks > 0 ? mpirun(ranks) : std::string()) + anvil::testing::trainer_bin() + " --config " +
+                     cfg().string() + " output_dir=" + out.string() + " train.max_steps=22 " + extra;
+    EXPECT_NE(anvil::testing::run("cd " + anvil::testing::source_dir() + " && " + cmd, &log), 0) << name;
+    return log;
+  };
+  // A plain single-process run cannot continue it, and says how.
+  log = resume_from("plain-from-sharded", 0, "");
+  EXPECT_NE(log.find("checkpoint-20: written by a sharded run (see its sharding.json); resume it with the same "
+                     "dist.sharding"),
+            std::string::npos)
+      << log;
+  // A different model shape is named by unit.
+  log = resume_from("wider-from-sharded", 2, "dist.sharding=full_shard model.hidden_size=64");
+  EXPECT_NE(log.find("sharding.json: unit 0 is \"transformer.h.0\" of 12704 elements, this model's is "
+                     "\"transformer.h.0\" of"),
+            std::string::npos)
+      << log;
+}
+
 /// Pid of the trainer process with OMPI_COMM_WORLD_RANK=`rank` writing to `out`.
 pid_t find_rank(int rank, const stdfs::path& out) {
   for (const auto& e : stdfs::directory_iterator("/proc")) {
