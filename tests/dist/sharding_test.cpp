@@ -210,6 +210,13 @@ TEST_F(DistRuns, ActivationCheckpointingGivesTheSameLossesAndGradients) {
   const auto ac = read_metrics(run("full_shard-2-ac", 2, "dist.sharding=full_shard train.activation_checkpointing=true") /
                                "metrics.jsonl");
   expect_close_losses(base, ac, 1, 20, 1e-6, "full_shard + activation checkpointing");
+  // One plain process with dropout: the recomputed blocks draw the same
+  // masks, so the runs are bit-identical.
+  const auto plain_drop = read_metrics(run("plain-dropout", 0, "model.dropout=0.1") / "metrics.jsonl");
+  const auto plain_drop_ac =
+      read_metrics(run("plain-dropout-ac", 0, "model.dropout=0.1 train.activation_checkpointing=true") / "metrics.jsonl");
+  for (int64_t s = 1; s <= 20; ++s)
+    EXPECT_EQ(plain_drop.at(s)["loss"].get<double>(), plain_drop_ac.at(s)["loss"].get<double>()) << "step " << s;
 }
 
 TEST_F(DistRuns, BadLaunchesFailWithAMessage) {
