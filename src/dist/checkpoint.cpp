@@ -222,6 +222,34 @@ io::TrainerState load_sharded_checkpoint(const stdfs::path& dir, ShardedModel& m
   return {j["step"].get<int64_t>(), j.value("data", nlohmann::json::object())};
 }
 
+void import_optimizer_state(ShardedModel& model, torch::optim::Optimizer& per_parameter,
+                            torch::optim::Optimizer& sharded_optimizer) {
+  std::map<std::string, at::Tensor> params;
+  for (const auto& p : model.model().named_parameters()) params.emplace(p.key(), p.value());
+  const auto masters = model.master_parameters();
+  for (size_t u = 0; u < masters.size(); ++u) {
+    const auto& layout = model.layouts()[u];
+    auto m1 = at::zeros({layout.numel}, at::kFloat), m2 = at::zeros({layout.numel}, at::kFloat);
+    int64_t step = -1;
+    for (const auto& fp : layout.params) {
+      auto* st = adam_state(per_parameter, params.at(fp.name));
+      if (!st) continue;
+      if (step >= 0 && st->step() != step)
+        throw CheckpointError(concat("optimizer state: parameter \"", fp.name, "\" has taken ", st->step(),
+                                     " steps, others of ", layout.name, " ", step));
+      step = st->step();
+      m1.narrow(0, fp.offset, fp.numel).copy_(st->exp_avg().reshape(-1));
+      m2.narrow(0, fp.offset, fp.numel).copy_(st->exp_avg_sq().reshape(-1));
+    }
+    if (step < 0) continue;  // never stepped
+    auto st = std::make_unique<torch::optim::AdamWParamState>();
+    st->step(step);
+    st->exp_avg(model.slice_for_rank(u, m1).to(masters[u].device()));
+    st->exp_avg_sq(model.slice_for_rank(u, m2).to(masters[u].device()));
+    sharded_optimizer.state()[masters[u].unsafeGetTensorImpl()] = std::move(st);
+  }
+}
+
 void export_sharded_checkpoint(const stdfs::path& dir, const stdfs::path& output, const std::string& dtype) {
   io::check_export_target(output, dtype);
   auto model = io::model_from_config(dir);

@@ -87,8 +87,7 @@ stdfs::path save_checkpoint(const stdfs::path& output_dir, const CheckpointParts
   }
   save_rng(tmp / "rng_state.safetensors", *parts.model);
   fs::write_file_atomic(tmp / "config.yaml", parts.run_config_yaml);
-  nlohmann::json st = {{"format_version", kFormatVersion}, {"step", step}, {"data", parts.state.data}};
-  fs::write_file_atomic(tmp / kStateFile, st.dump(2) + "\n");  // written last
+  write_trainer_state(tmp, parts.state);  // written last
   fs::fsync_tree(tmp);
 
   publish_checkpoint(tmp, output_dir, step, keep_last);
@@ -141,16 +140,9 @@ void write_trainer_state(const stdfs::path& dir, const TrainerState& state) {
 
 TrainerState load_checkpoint(const stdfs::path& dir, models::CausalLM& model, torch::optim::Optimizer& optimizer) {
   if (stdfs::exists(dir / "sharding.json"))
-    throw CheckpointError(concat(dir.string(), ": written by a sharded run (see its sharding.json); resume it with "
-                                 "the same dist.sharding (on any number of ranks), or start a single-process run "
-                                 "from its consolidated export (anvil export)"));
-  const auto state_path = dir / kStateFile;
-  auto j = nlohmann::json::parse(fs::read_file(state_path), nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer())
-    throw CheckpointError(concat(state_path.string(), ": expected a JSON object with an integer \"step\""));
-  if (j.value("format_version", 0) != kFormatVersion)
-    throw CheckpointError(concat(state_path.string(), ": format_version ", j.value("format_version", 0),
-                                 " is not supported (expected ", kFormatVersion, ")"));
+    throw CheckpointError(concat(dir.string(), ": written by a sharded run (see its sharding.json); "
+                                 "dist::load_sharded_checkpoint reads it"));
+  const auto j = read_trainer_state(dir);
   load_weights(model, dir);
   try {
     torch::serialize::InputArchive archive;

@@ -198,9 +198,13 @@ TrainResult run_training(const config::RunConfig& cfg) {
   if (device.is_cuda() && !device.has_index() && proc.world_size > 1)
     device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(proc.local_rank));
 
-  // Sharded runs (several ranks, or a sharding strategy on one) go through
-  // dist::ShardedModel; a plain single-process run keeps HF-layout checkpoints.
-  const bool sharded_run = proc.world_size > 1 || cfg.dist.sharding != "no_shard";
+  // Sharded runs (several ranks, a sharding strategy on one, or one resuming
+  // a sharded checkpoint) go through dist::ShardedModel; a plain
+  // single-process run keeps HF-layout checkpoints.
+  const stdfs::path out_dir = cfg.output_dir;
+  const auto latest = io::latest_checkpoint(out_dir);
+  const bool sharded_run = proc.world_size > 1 || cfg.dist.sharding != "no_shard" ||
+                           (latest && dist::is_sharded_checkpoint(*latest));
   std::shared_ptr<dist::Communicator> comm;
   if (sharded_run) {
     dist::CommOptions co;
@@ -223,7 +227,6 @@ TrainResult run_training(const config::RunConfig& cfg) {
                              " samples does not divide among ", world, " ranks; expected a multiple of ",
                              world * cfg.train.micro_batch_size, " samples per step"));
 
-  const stdfs::path out_dir = cfg.output_dir;
   stdfs::create_directories(out_dir);
   const auto config_yaml = config::to_yaml(cfg);
 
@@ -243,7 +246,16 @@ TrainResult run_training(const config::RunConfig& cfg) {
 
   std::unique_ptr<dist::ShardedModel> sharded;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::optional<io::TrainerState> resumed;
   if (sharded_run) {
+    // A plain checkpoint (a single-process run going multi-process) is read
+    // into the whole model and a per-parameter optimizer first; sharding then
+    // flattens both.
+    std::unique_ptr<torch::optim::Optimizer> plain;
+    if (latest && !dist::is_sharded_checkpoint(*latest)) {
+      plain = optim::make_optimizer(cfg.optimizer, model->parameters());
+      resumed = io::load_checkpoint(*latest, *model, *plain);
+    }
     dist::ShardingOptions so;
     so.strategy = dist::parse_sharding(cfg.dist.sharding);
     so.param_dtype = dist::parse_dtype(cfg.dist.param_dtype);
@@ -251,6 +263,8 @@ TrainResult run_training(const config::RunConfig& cfg) {
     so.activation_checkpointing = cfg.train.activation_checkpointing;
     sharded = std::make_unique<dist::ShardedModel>(model, comm, so);
     optimizer = optim::make_optimizer(cfg.optimizer, sharded->master_parameters());
+    if (plain) dist::import_optimizer_state(*sharded, *plain, *optimizer);
+    else if (latest) resumed = dist::load_sharded_checkpoint(*latest, *sharded, *optimizer);
   } else {
     if (cfg.dist.param_dtype != "float32" || cfg.dist.reduce_dtype != "float32")
       throw ConfigError("dist.param_dtype: mixed precision runs through the sharding engine; set dist.sharding "
@@ -260,19 +274,13 @@ TrainResult run_training(const config::RunConfig& cfg) {
         return dist::checkpoint_block(block, x);
       });
     optimizer = optim::make_optimizer(cfg.optimizer, model->parameters());
+    if (latest) resumed = io::load_checkpoint(*latest, *model, *optimizer);
   }
 
   int64_t step = 0;
-  if (auto ckpt = io::latest_checkpoint(out_dir)) {
-    io::TrainerState st;
-    if (sharded) {
-      if (!dist::is_sharded_checkpoint(*ckpt))
-        throw CheckpointError(concat(ckpt->string(), ": a single-process checkpoint cannot resume a sharded run; "
-                                     "start the sharded run from it with model.from in a new output_dir"));
-      st = dist::load_sharded_checkpoint(*ckpt, *sharded, *optimizer);
-    } else {
-      st = io::load_checkpoint(*ckpt, *model, *optimizer);
-    }
+  if (resumed) {
+    const auto& st = *resumed;
+    const auto& ckpt = latest;
     objective->train_source().restore(st.data);
     step = st.step;
     log::info("resumed from ", ckpt->string(), " at step ", step);

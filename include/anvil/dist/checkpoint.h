@@ -40,6 +40,12 @@ std::filesystem::path save_sharded_checkpoint(const std::filesystem::path& outpu
 io::TrainerState load_sharded_checkpoint(const std::filesystem::path& dir, ShardedModel& model,
                                          torch::optim::Optimizer& optimizer);
 
+/// Moves the AdamW state of a per-parameter optimizer over the model's own
+/// parameters (as restored from a single-process checkpoint) into
+/// `sharded_optimizer`, whose parameters are `model`'s master shards.
+void import_optimizer_state(ShardedModel& model, torch::optim::Optimizer& per_parameter,
+                            torch::optim::Optimizer& sharded_optimizer);
+
 /// The whole float32 flat parameters of every unit, by unit name.
 std::map<std::string, at::Tensor> read_sharded_units(const std::filesystem::path& dir, const std::string& kind);
 
