@@ -69,7 +69,7 @@ class SingleProcess final : public Communicator {
   void all_reduce_sum(const at::Tensor&, const std::string&) override {}
   Work all_gather(const at::Tensor& out, const at::Tensor& in, const std::string&) override {
     TORCH_CHECK(out.numel() == in.numel(), "all_gather: output must hold world_size x input elements");
-    if (!out.is_same(in)) out.view(-1).copy_(in.view(-1));
+    if (out.data_ptr() != in.data_ptr()) out.view(-1).copy_(in.view(-1));
     return {};
   }
   Work reduce_scatter_sum(const at::Tensor& out, const at::Tensor& in, const std::string&) override {

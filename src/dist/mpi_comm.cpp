@@ -94,7 +94,11 @@ class MpiCommunicator final : public Communicator {
     std::lock_guard<std::mutex> lock(mu_);
     Watchdog::Scope scope(*watchdog_, "all_gather", what);
     const auto type = mpi_type(in.scalar_type());
-    check(MPI_Allgather(in.data_ptr(), count(in), type, out.data_ptr(), count(in), type, MPI_COMM_WORLD),
+    // `in` may be this rank's own slice of `out` (an in-place gather).
+    const bool in_place = static_cast<const char*>(in.data_ptr()) ==
+                          static_cast<const char*>(out.data_ptr()) + rank_ * in.numel() * in.element_size();
+    check(MPI_Allgather(in_place ? MPI_IN_PLACE : in.data_ptr(), count(in), type, out.data_ptr(), count(in), type,
+                        MPI_COMM_WORLD),
           "all_gather");
     return {};
   }

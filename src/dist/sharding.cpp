@@ -214,10 +214,18 @@ ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_
         flat.narrow(0, layout.params[k].offset, layout.params[k].numel).copy_(unit->params[k].reshape(-1));
     }
     comm_->broadcast(flat, 0, concat("initial parameters of ", layout.name));
-    unit->master = sharded ? flat.narrow(0, rank * unit->shard, unit->shard).clone() : flat;
+    // Float32 whole parameters that stay between uses hold the master too:
+    // all of it (no_shard) or this rank's slice of it (shard_grad_op, whose
+    // all-gather then runs in place). full_shard frees the whole buffer, so
+    // its master is a copy.
+    const bool fp32 = options_.param_dtype == at::kFloat;
+    unit->whole = flat.to(options_.param_dtype);  // `flat` itself when float32
+    if (!sharded && fp32) unit->master = unit->whole;
+    else if (!sharded) unit->master = flat;
+    else if (fp32 && options_.strategy == Sharding::ShardGradOp)
+      unit->master = unit->whole.narrow(0, rank * unit->shard, unit->shard);
+    else unit->master = flat.narrow(0, rank * unit->shard, unit->shard).clone();
     unit->master.mutable_grad() = at::zeros_like(unit->master);
-    const bool alias = !sharded && options_.param_dtype == at::kFloat;
-    unit->whole = alias ? unit->master : flat.to(options_.param_dtype);
     for (size_t k = 0; k < unit->params.size(); ++k) {
       const auto& fp = layout.params[k];
       unit->params[k].set_data(unit->whole.narrow(0, fp.offset, fp.numel).view(fp.shape));
@@ -298,7 +306,8 @@ void ShardedModel::refresh_whole(Unit& u) {
       if (!u.whole.is_same(u.master)) u.whole.copy_(u.master);
       break;
     case Sharding::ShardGradOp: {
-      const auto src = u.master.to(options_.param_dtype);
+      // In place when the master is this rank's slice of the whole buffer.
+      const auto src = u.master.scalar_type() == options_.param_dtype ? u.master : u.master.to(options_.param_dtype);
       comm_->all_gather(u.whole, src, concat("parameters of ", layouts_[u.index].name)).wait();
       break;
     }
