@@ -60,33 +60,16 @@ class NcclCommunicator final : public Communicator {
     std::vector<at::Tensor> v{t};
     pg_->allreduce(v)->wait();
   }
+  // Both run on NCCL's stream: a prefetched gather overlaps the current
+  // block's compute, a gradient reduce-scatter the next block's backward.
+  // wait() orders the compute stream after them.
   Work all_gather(const at::Tensor& out, const at::Tensor& in, const std::string& what) override {
     auto o = out, i = in;
-    c10::intrusive_ptr<c10d::Work> work;
-    {
-      Watchdog::Scope scope(*watchdog_, "all_gather", what);
-      work = pg_->_allgather_base(o, i);
-    }
-    // Runs on NCCL's stream (a prefetch overlaps the current block's
-    // compute); wait() orders the compute stream after it.
-    return Work([this, work, what] {
-      Watchdog::Scope scope(*watchdog_, "all_gather wait", what);
-      work->wait();
-    });
+    return async("all_gather", what, [&] { return pg_->_allgather_base(o, i); });
   }
   Work reduce_scatter_sum(const at::Tensor& out, const at::Tensor& in, const std::string& what) override {
     auto o = out, i = in;
-    c10::intrusive_ptr<c10d::Work> work;
-    {
-      Watchdog::Scope scope(*watchdog_, "reduce_scatter", what);
-      work = pg_->_reduce_scatter_base(o, i);
-    }
-    // Runs on NCCL's stream while later backward kernels run on the compute
-    // stream; wait() orders the compute stream after it.
-    return Work([this, work, what] {
-      Watchdog::Scope scope(*watchdog_, "reduce_scatter wait", what);
-      work->wait();
-    });
+    return async("reduce_scatter", what, [&] { return pg_->_reduce_scatter_base(o, i); });
   }
   void broadcast(const at::Tensor& t, int root, const std::string& what) override {
     Watchdog::Scope scope(*watchdog_, "broadcast", what);
@@ -101,6 +84,19 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  template <class Issue>
+  Work async(const char* op, const std::string& what, Issue issue) {
+    c10::intrusive_ptr<c10d::Work> work;
+    {
+      Watchdog::Scope scope(*watchdog_, op, what);
+      work = issue();
+    }
+    return Work([this, work, op, what] {
+      Watchdog::Scope scope(*watchdog_, op, what + ", waiting");
+      work->wait();
+    });
+  }
+
   int rank_, world_;
   at::Device device_;
   c10::intrusive_ptr<c10d::Store> store_;
