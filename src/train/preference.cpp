@@ -97,20 +97,34 @@ void for_each_batch(const std::vector<std::shared_ptr<const data::PreferenceData
 /// An objective's summed loss per example and its statistics over the held-out
 /// examples (eval mode, no gradients; at most eval.max_batches batches).
 std::pair<double, Sums> eval_loss(Objective& objective, models::CausalLM& model, const PreferenceData& data,
-                                  const config::EvalConfig& eval, int64_t pad_id) {
+                                  const config::EvalConfig& eval, int64_t pad_id, const RankContext& ranks) {
   EvalMode mode(model);
   torch::NoGradGuard no_grad;
   auto refs = data.eval;
   if (eval.max_batches > 0 && static_cast<int64_t>(refs.size()) > eval.max_batches * eval.batch_size)
     refs.resize(static_cast<size_t>(eval.max_batches * eval.batch_size));
+  // Several ranks take every world-th batch (each takes one at least, so all
+  // hold the same statistics' keys) and sum.
+  const auto n_batches = static_cast<int64_t>((refs.size() + static_cast<size_t>(eval.batch_size) - 1) /
+                                              static_cast<size_t>(eval.batch_size));
+  const bool split = ranks.splits(n_batches);
   Sums sums;
-  double loss = 0;
-  int64_t examples = 0;
+  double loss = 0, examples = 0;
+  int64_t k = 0;
   for_each_batch(data.eval_sets, refs, eval.batch_size, pad_id, [&](const Batch& b) {
+    if (split && !ranks.mine(k++)) return;
     loss += objective.loss_sum(model, b, sums).item<double>();
-    examples += b.num_targets;
+    examples += static_cast<double>(b.num_targets);
   });
-  return {loss / static_cast<double>(examples), std::move(sums)};
+  if (split) {
+    std::vector<double> v{loss, examples};
+    for (const auto& [key, t] : sums) v.push_back(t.item<double>());
+    ranks.all_sum(v);
+    loss = v[0], examples = v[1];
+    size_t i = 2;
+    for (auto& [key, t] : sums) t = at::scalar_tensor(v[i++], at::kDouble);
+  }
+  return {loss / examples, std::move(sums)};
 }
 
 std::vector<data::SampleRef> all_refs(const std::vector<std::shared_ptr<const data::PreferenceDataset>>& sets) {
@@ -360,7 +374,7 @@ at::Tensor RewardObjective::loss_sum(models::CausalLM& model, const Batch& batch
 EvalResult RewardObjective::evaluate(models::CausalLM& model) {
   EvalResult result;
   if (data_.eval.empty()) return result;
-  const auto [loss, sums] = eval_loss(*this, model, data_, cfg_.eval, pad_id_);
+  const auto [loss, sums] = eval_loss(*this, model, data_, cfg_.eval, pad_id_, ranks_);
   result.metrics = ranking_metrics(sums, "eval/");
   result.metrics["eval/loss"] = loss;
   return result;
@@ -527,7 +541,7 @@ at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
 EvalResult DpoObjective::evaluate(models::CausalLM& model) {
   EvalResult result;
   if (data_.eval.empty()) return result;
-  const auto [loss, sums] = eval_loss(*this, model, data_, cfg_.eval, pad_id_);
+  const auto [loss, sums] = eval_loss(*this, model, data_, cfg_.eval, pad_id_, ranks_);
   result.metrics = dpo_metrics(sums, "eval/");
   result.metrics["eval/loss"] = loss;
   // Greedy answers to held-out prompts against the chosen reply.
@@ -540,7 +554,7 @@ EvalResult DpoObjective::evaluate(models::CausalLM& model) {
     texts.push_back(s.prompt);
     references.push_back(s.reply_texts.front());
   }
-  exact_match_eval(model, tok_, cfg_.eval, stop_id_, prompts, texts, references, result);
+  exact_match_eval(model, tok_, cfg_.eval, stop_id_, prompts, texts, references, result, ranks_);
   return result;
 }
 

@@ -163,21 +163,32 @@ EvalSplit split_eval(int64_t n, double eval_fraction, uint64_t seed, size_t data
 void exact_match_eval(models::CausalLM& model, const tokenizer::Tokenizer& tok, const config::EvalConfig& eval,
                       int64_t stop_id, const std::vector<std::vector<int64_t>>& prompts,
                       const std::vector<std::string>& prompt_texts, const std::vector<std::string>& references,
-                      EvalResult& r) {
+                      EvalResult& r, const RankContext& ranks) {
   if (prompts.empty()) return;
+  // Several ranks answer every world-th prompt each.
+  const bool split = ranks.splits(static_cast<int64_t>(prompts.size()));
+  std::vector<size_t> mine;
+  std::vector<std::vector<int64_t>> my_prompts;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    if (!split || ranks.mine(static_cast<int64_t>(i))) {
+      mine.push_back(i);
+      my_prompts.push_back(prompts[i]);
+    }
   generation::SamplingOptions g;
   g.max_new_tokens = eval.max_new_tokens;
   g.greedy = true;
   g.eos_id = stop_id;
   g.batch_size = eval.batch_size;
-  const auto outs = generation::generate(model, prompts, g);
-  int64_t exact = 0;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    auto text = tok.decode(outs[i]);
-    exact += text == references[i];
-    if (static_cast<int64_t>(i) < eval.table_rows) r.samples.push_back({prompt_texts[i], text, references[i]});
+  const auto outs = generation::generate(model, my_prompts, g);
+  std::vector<double> exact{0};
+  for (size_t k = 0; k < mine.size(); ++k) {
+    const auto i = mine[k];
+    auto text = tok.decode(outs[k]);
+    exact[0] += text == references[i];
+    if (static_cast<int64_t>(r.samples.size()) < eval.table_rows) r.samples.push_back({prompt_texts[i], text, references[i]});
   }
-  r.metrics["eval/exact_match"] = static_cast<double>(exact) / static_cast<double>(prompts.size());
+  if (split) ranks.all_sum(exact);
+  r.metrics["eval/exact_match"] = exact[0] / static_cast<double>(prompts.size());
 }
 
 LmData load_lm_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
@@ -227,10 +238,13 @@ EvalResult LmObjective::evaluate(models::CausalLM& model) {
   const auto n_eval = static_cast<int64_t>(data_.eval.size());
   {
     torch::NoGradGuard no_grad;
-    double loss = 0;
-    int64_t targets = 0, batches = 0;
-    for (int64_t i = 0; i < n_eval; i += eval_cfg_.batch_size) {
-      if (eval_cfg_.max_batches > 0 && batches++ >= eval_cfg_.max_batches) break;
+    int64_t n_batches = (n_eval + eval_cfg_.batch_size - 1) / eval_cfg_.batch_size;
+    if (eval_cfg_.max_batches > 0) n_batches = std::min(n_batches, eval_cfg_.max_batches);
+    const bool split = ranks_.splits(n_batches);  // several ranks take every world-th batch
+    std::vector<double> sums{0, 0};              // loss, targets
+    for (int64_t k = 0; k < n_batches; ++k) {
+      if (split && !ranks_.mine(k)) continue;
+      const int64_t i = k * eval_cfg_.batch_size;
       std::deque<data::LmSample> store;
       std::vector<const data::LmSample*> samples;
       for (int64_t j = i; j < std::min(n_eval, i + eval_cfg_.batch_size); ++j) {
@@ -246,10 +260,11 @@ EvalResult LmObjective::evaluate(models::CausalLM& model) {
       for (const auto* smp : samples) rows.push_back({smp});
       auto b = packing_ ? to_batch(data::collate_packed(rows, static_cast<int64_t>(longest), pad_id_))
                         : to_batch(data::collate_unpacked(samples, pad_id_));
-      loss += lm_batch_loss_sum(model, b).item<double>();
-      targets += b.num_targets;
+      sums[0] += lm_batch_loss_sum(model, b).item<double>();
+      sums[1] += static_cast<double>(b.num_targets);
     }
-    r.metrics["eval/loss"] = loss / static_cast<double>(std::max<int64_t>(1, targets));
+    if (split) ranks_.all_sum(sums);
+    r.metrics["eval/loss"] = sums[0] / std::max(1.0, sums[1]);
   }
   // Greedy answers to held-out prompts (SFT data only).
   std::vector<const data::SftSample*> gen;
@@ -265,7 +280,7 @@ EvalResult LmObjective::evaluate(models::CausalLM& model) {
     prompt_texts.push_back(s->prompt);
     references.push_back(s->response);
   }
-  exact_match_eval(model, tok_, eval_cfg_, stop_id_, prompts, prompt_texts, references, r);
+  exact_match_eval(model, tok_, eval_cfg_, stop_id_, prompts, prompt_texts, references, r, ranks_);
   if (was_training) model.train();
   return r;
 }

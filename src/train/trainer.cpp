@@ -242,6 +242,17 @@ TrainResult run_training(const config::RunConfig& cfg) {
     throw ConfigError(concat("data.max_length: ", data_cfg.data.max_length, " exceeds the model's ",
                              model->max_positions(), " positions"));
   auto objective = make_objective(data_cfg, *tok);
+  RankContext ranks;
+  ranks.rank = rank;
+  ranks.world = world;
+  if (comm && world > 1)
+    ranks.sum = [comm, device](std::vector<double>& v) {
+      auto t = at::tensor(v, at::kDouble).to(device);
+      comm->all_reduce_sum(t, "evaluation statistics");
+      t = t.cpu();
+      for (size_t i = 0; i < v.size(); ++i) v[i] = t[static_cast<int64_t>(i)].item<double>();
+    };
+  objective->set_ranks(ranks);
   objective->prepare(*model, {out_dir, device});
 
   std::unique_ptr<dist::ShardedModel> sharded;

@@ -17,6 +17,8 @@
 #include "anvil/dist/sharding.h"
 #include "anvil/io/safetensors.h"
 #include "anvil/models/registry.h"
+#include "anvil/tokenizer/tokenizer.h"
+#include "anvil/train/sft.h"
 #include "test_util.h"
 
 namespace anvil::dist {
@@ -68,7 +70,7 @@ void expect_close_losses(const std::map<int64_t, nlohmann::json>& want, const st
                          int64_t from, int64_t to, double rel, const std::string& what) {
   for (int64_t s = from; s <= to; ++s) {
     ASSERT_TRUE(want.count(s) && got.count(s)) << what << ": no metrics for step " << s;
-    for (const char* key : {"loss", "grad_norm", "eval/loss"}) {
+    for (const char* key : {"loss", "grad_norm", "eval/loss", "eval/exact_match"}) {
       if (!want.at(s).contains(key)) continue;
       ASSERT_TRUE(got.at(s).contains(key)) << what << ": step " << s << " lacks " << key;
       const double a = want.at(s)[key].get<double>(), b = got.at(s)[key].get<double>();
@@ -397,6 +399,48 @@ eval: {batch_size: 8, max_batches: 2, generate_samples: 0}
         EXPECT_LE(std::abs(x - y), 1e-5 * std::abs(x) + 1e-6) << algorithm << " step " << step << " " << key;
       }
   }
+}
+
+// Evaluation split among ranks: each answers every world-th prompt and the
+// counts are summed. Two ranks are simulated in one process (rank 1 runs
+// first and hands its count to rank 0's sum).
+TEST(RankSplitEval, ExactMatchCountsEveryPromptOnce) {
+  config::ModelConfig mc;
+  mc.family = "gpt2", mc.vocab_size = 0, mc.hidden_size = 32, mc.num_layers = 2, mc.num_heads = 4;
+  mc.max_position_embeddings = 32;
+  auto tok = tokenizer::load_tokenizer("auto", anvil::testing::source_dir() + "/data/tokenizer.model");
+  mc.vocab_size = tok->vocab_size();
+  torch::manual_seed(5);
+  auto model = models::family_by_name("gpt2").from_config(mc);
+  model->eval();
+  config::EvalConfig eval;
+  eval.max_new_tokens = 4;
+  eval.batch_size = 1;  // no padding: every split generates the same tokens
+  std::vector<std::vector<int64_t>> prompts;
+  std::vector<std::string> texts;
+  for (const char* p : {"reverse: abc\n", "upper: xy\n", "sort: dcba\n", "add: 3 4\n", "reverse: q\n"}) {
+    prompts.push_back(tok->encode(p));
+    texts.push_back(p);
+  }
+  // References: what the model says for prompts 0, 1 and 3, wrong for 2 and 4.
+  train::EvalResult probe;
+  std::vector<std::string> refs(prompts.size(), "\x01");
+  eval.table_rows = static_cast<int64_t>(prompts.size());
+  train::exact_match_eval(*model, *tok, eval, -1, prompts, texts, refs, probe);
+  for (size_t i : {0, 1, 3}) refs[i] = probe.samples[i][1];
+  eval.table_rows = 0;
+
+  train::EvalResult whole, rank0, rank1;
+  train::exact_match_eval(*model, *tok, eval, -1, prompts, texts, refs, whole);
+  EXPECT_DOUBLE_EQ(whole.metrics.at("eval/exact_match"), 3.0 / 5.0);
+  std::vector<double> from_rank1;
+  train::RankContext r1{1, 2, [&](std::vector<double>& v) { from_rank1 = v; }};
+  train::exact_match_eval(*model, *tok, eval, -1, prompts, texts, refs, rank1, r1);
+  ASSERT_EQ(from_rank1.size(), 1u);
+  EXPECT_EQ(from_rank1[0], 2.0);  // rank 1 answers prompts 1 and 3, both right
+  train::RankContext r0{0, 2, [&](std::vector<double>& v) { v[0] += from_rank1[0]; }};
+  train::exact_match_eval(*model, *tok, eval, -1, prompts, texts, refs, rank0, r0);
+  EXPECT_DOUBLE_EQ(rank0.metrics.at("eval/exact_match"), whole.metrics.at("eval/exact_match"));
 }
 
 // Activation checkpointing in-process: the same gradients, dropout included

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -53,6 +54,24 @@ using Sums = std::map<std::string, at::Tensor>;
 /// Adds `value` (detached) into `sums[key]`.
 void add_sum(Sums& sums, const std::string& key, const at::Tensor& value);
 
+/// This process's share of a multi-process run, for work the ranks split:
+/// evaluation batches and prompts are dealt out round-robin and their
+/// statistics summed over ranks.
+struct RankContext {
+  int64_t rank = 0;
+  int64_t world = 1;
+  /// Sums `values` over ranks, in place (a collective: every rank calls it
+  /// with as many values). Unset on one process.
+  std::function<void(std::vector<double>& values)> sum;
+
+  /// Whether items are split: several ranks and at least one item each.
+  bool splits(int64_t items) const { return world > 1 && items >= world; }
+  bool mine(int64_t item) const { return item % world == rank; }
+  void all_sum(std::vector<double>& values) const {
+    if (sum) sum(values);
+  }
+};
+
 /// What an objective may need from the run before training starts.
 struct RunContext {
   std::filesystem::path output_dir;
@@ -80,9 +99,16 @@ class Objective {
     (void)sums;
     return {};
   }
-  /// Evaluates on held-out data; an empty result when there is none.
+  /// Evaluates on held-out data; an empty result when there is none. In a
+  /// multi-process run every rank calls it and gets the same result.
   virtual EvalResult evaluate(models::CausalLM& model) = 0;
   virtual BatchSource& train_source() = 0;
+
+  /// Set by the loop before prepare(); evaluate() splits its work by it.
+  void set_ranks(RankContext ranks) { ranks_ = std::move(ranks); }
+
+ protected:
+  RankContext ranks_;
 };
 
 /// Builds the objective named by `cfg.algorithm` (one registration line each).

@@ -68,7 +68,7 @@ EvalSplit split_eval(int64_t n, double eval_fraction, uint64_t seed, size_t data
 void exact_match_eval(models::CausalLM& model, const tokenizer::Tokenizer& tok, const config::EvalConfig& eval,
                       int64_t stop_id, const std::vector<std::vector<int64_t>>& prompts,
                       const std::vector<std::string>& prompt_texts, const std::vector<std::string>& references,
-                      EvalResult& r);
+                      EvalResult& r, const RankContext& ranks = {});
 
 /// The train and eval sides of a run over datasets of type `Set`, as
 /// data.train / data.eval describe them.
