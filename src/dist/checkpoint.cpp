@@ -6,6 +6,7 @@
 
 #include <iomanip>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include "anvil/core/error.h"
@@ -61,7 +62,7 @@ bool is_sharded_checkpoint(const stdfs::path& dir) { return stdfs::exists(dir / 
 stdfs::path save_sharded_checkpoint(const stdfs::path& output_dir, ShardedModel& model,
                                     torch::optim::Optimizer& optimizer, const tokenizer::Tokenizer* tokenizer,
                                     const io::TrainerState& state, const std::string& run_config_yaml,
-                                    int64_t keep_last) {
+                                    int64_t keep_last, bool consolidated) {
   auto& comm = model.comm();
   const int64_t rank = comm.rank(), world = comm.world_size();
   const auto tmp = output_dir / concat(".checkpoint-", state.step, ".tmp-sharded");
@@ -102,6 +103,22 @@ stdfs::path save_sharded_checkpoint(const stdfs::path& output_dir, ShardedModel&
     }
     io::save_safetensors(rng_file(tmp, rank), rng);
   }
+  // The whole model in HF layout, gathered one unit at a time; only rank 0
+  // keeps (on the host) and writes it.
+  if (consolidated) {
+    std::set<std::string> omit;  // a reward model's folder has no LM head (as io::save_model_dir)
+    if (model.model().has_score_head())
+      for (const auto& n : model.model().lm_head_parameters()) omit.insert(n);
+    io::TensorMap whole;
+    for (size_t u = 0; u < masters.size(); ++u) {
+      const auto flat = model.gather_master(u);
+      if (rank != 0) continue;
+      const auto host = flat.cpu();
+      for (const auto& p : model.layouts()[u].params)
+        if (!omit.count(p.name)) whole.emplace(p.name, host.narrow(0, p.offset, p.numel).view(p.shape));
+    }
+    if (rank == 0) io::save_safetensors(tmp / "model.safetensors", whole, {{"format", "pt"}});
+  }
   comm.barrier(concat(step_tag, ": every rank wrote its shard"));
 
   if (rank == 0) {
@@ -134,7 +151,7 @@ stdfs::path save_sharded_checkpoint(const stdfs::path& output_dir, ShardedModel&
                            {"units", units},
                            {"shards", ranges}};
     fs::write_file_atomic(tmp / "sharding.json", meta.dump(1) + "\n");
-    io::save_model_config(tmp, model.model(), tokenizer);
+    io::save_model_config(tmp, model.model(), tokenizer, at::kFloat);
     fs::write_file_atomic(tmp / "config.yaml", run_config_yaml);
     io::write_trainer_state(tmp, state);  // last: marks the folder complete
     fs::fsync_tree(tmp);

@@ -264,6 +264,14 @@ at::Tensor ShardedModel::slice_for_rank(size_t u, const at::Tensor& whole) const
   return out;
 }
 
+at::Tensor ShardedModel::gather_master(size_t u) {
+  auto& unit = *units_.at(u);
+  if (options_.strategy == Sharding::NoShard) return unit.master.narrow(0, 0, unit.numel);
+  auto whole = at::empty({unit.padded}, unit.master.options());
+  comm_->all_gather(whole, unit.master, concat("master values of ", layouts_[u].name)).wait();
+  return whole.narrow(0, 0, unit.numel);
+}
+
 void ShardedModel::load_unit(size_t u, const at::Tensor& values) {
   auto& unit = *units_.at(u);
   at::NoGradGuard no_grad;

@@ -82,7 +82,8 @@ void save_model_dir(const stdfs::path& dir, models::CausalLM& model, const token
   save_model_config(dir, model, tokenizer);
 }
 
-void save_model_config(const stdfs::path& dir, models::CausalLM& model, const tokenizer::Tokenizer* tokenizer) {
+void save_model_config(const stdfs::path& dir, models::CausalLM& model, const tokenizer::Tokenizer* tokenizer,
+                       std::optional<at::ScalarType> dtype_override) {
   const bool reward = model.has_score_head();
   auto config = model.hf_config();
   if (reward) {
@@ -91,7 +92,7 @@ void save_model_config(const stdfs::path& dir, models::CausalLM& model, const to
     config["id2label"] = {{"0", "LABEL_0"}};
     config["label2id"] = {{"LABEL_0", 0}};
   }
-  const auto dtype = model.parameters().front().scalar_type();
+  const auto dtype = dtype_override.value_or(model.parameters().front().scalar_type());
   const char* dtype_name = dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
   config["torch_dtype"] = dtype_name;  // transformers 4
   config["dtype"] = dtype_name;        // transformers 5

@@ -316,7 +316,7 @@ TrainResult run_training(const config::RunConfig& cfg) {
     stdfs::path dir;
     if (sharded) {
       dir = dist::save_sharded_checkpoint(out_dir, *sharded, *optimizer, tok.get(), state, config_yaml,
-                                          cfg.train.keep_checkpoints);
+                                          cfg.train.keep_checkpoints, cfg.dist.consolidated_checkpoints);
     } else {
       io::CheckpointParts parts{model.get(), tok.get(), optimizer.get(), state, config_yaml};
       dir = io::save_checkpoint(out_dir, parts, cfg.train.keep_checkpoints);

@@ -147,6 +147,9 @@ TEST_F(DistRuns, EveryStrategyOnTwoAndThreeRanksTrainsLikeOneProcess) {
                                exported(out) / "model.safetensors"),
                 1e-5)
           << name;
+      // ... and the checkpoint's own consolidated model.safetensors holds them.
+      EXPECT_EQ(max_param_diff(out / "checkpoint-20" / "model.safetensors", exported(out) / "model.safetensors"), 0.0)
+          << name;
     }
 }
 
@@ -255,8 +258,25 @@ TEST_F(DistRuns, BadLaunchesFailWithAMessage) {
 TEST_F(DistRuns, ShardedCheckpointsExplainWhatCannotReadThem) {
   const auto src = run("full_shard-2", 2, "dist.sharding=full_shard") / "checkpoint-20";
   std::string log;
-  // Generation needs a consolidated folder.
-  EXPECT_NE(anvil::testing::run(anvil::testing::cli_bin() + " generate --model " + src.string() + " --prompt hi", &log), 0);
+  // A consolidated sharded checkpoint is a model folder too.
+  EXPECT_EQ(anvil::testing::run(anvil::testing::cli_bin() + " generate --model " + src.string() + " --prompt hi", &log), 0)
+      << log;
+  // ... and transformers loads it as is.
+  EXPECT_EQ(anvil::testing::run(anvil::testing::python_bin() +
+                                    " -c 'import sys, transformers; m = transformers.AutoModelForCausalLM."
+                                    "from_pretrained(sys.argv[1]); print(\"loaded\", type(m).__name__)' " +
+                                    src.string(),
+                                &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("loaded GPT2LMHeadModel"), std::string::npos) << log;
+  // Without the consolidated model, generation says to export first.
+  const auto shards_only =
+      run("full_shard-2-shards-only", 2, "dist.sharding=full_shard dist.consolidated_checkpoints=false") / "checkpoint-20";
+  EXPECT_FALSE(stdfs::exists(shards_only / "model.safetensors"));
+  EXPECT_NE(anvil::testing::run(anvil::testing::cli_bin() + " generate --model " + shards_only.string() + " --prompt hi",
+                                &log),
+            0);
   EXPECT_NE(log.find("a sharded checkpoint (written by a multi-process or sharded run); consolidate it first with: "
                      "anvil export --checkpoint"),
             std::string::npos)

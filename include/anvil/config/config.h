@@ -272,6 +272,7 @@ struct DistConfig {
   double timeout_s = 600;
   std::string param_dtype = "float32";
   std::string reduce_dtype = "float32";
+  bool consolidated_checkpoints = true;
 
   template <class V>
   void visit(V& v) {
@@ -294,6 +295,10 @@ struct DistConfig {
             one_of({"float32", "bfloat16", "float16"}));
     v.field("reduce_dtype", reduce_dtype, "Dtype gradients are reduced across ranks in.",
             one_of({"float32", "bfloat16", "float16"}));
+    v.field("consolidated_checkpoints", consolidated_checkpoints,
+            "Also write the whole model (float32 model.safetensors, HF layout) into each sharded checkpoint, so "
+            "it loads in transformers as is; rank 0 holds the whole model in host memory while saving. Turn off "
+            "for models too large for that (anvil export consolidates later).");
   }
 };
 

@@ -7,6 +7,8 @@
 //                            "<unit>.exp_avg", "<unit>.exp_avg_sq" (AdamW state)
 //   rng/rank-R.safetensors   each rank's random-number generator states
 //   config.json, generation_config.json, tokenizer files, config.yaml
+//   model.safetensors        the whole float32 model (unless turned off), so
+//                            the folder also loads in transformers as is
 //   trainer_state.json       step and data position; written last
 // Every rank writes its own shard into one temporary folder; once all have
 // (a barrier), rank 0 writes trainer_state.json, fsyncs and renames the folder
@@ -28,11 +30,15 @@ namespace anvil::dist {
 
 bool is_sharded_checkpoint(const std::filesystem::path& dir);
 
-/// Collective: every rank calls it. Returns the published folder.
+/// Collective: every rank calls it. Returns the published folder. With
+/// `consolidated`, rank 0 also writes the whole float32 model as
+/// model.safetensors (gathered unit by unit), so the folder is an HF model
+/// folder as well.
 std::filesystem::path save_sharded_checkpoint(const std::filesystem::path& output_dir, ShardedModel& model,
                                               torch::optim::Optimizer& optimizer,
                                               const tokenizer::Tokenizer* tokenizer, const io::TrainerState& state,
-                                              const std::string& run_config_yaml, int64_t keep_last);
+                                              const std::string& run_config_yaml, int64_t keep_last,
+                                              bool consolidated = true);
 
 /// Restores master weights, AdamW state and this rank's RNG (when the
 /// checkpoint has one for this rank) into a run of any world size and

@@ -124,6 +124,9 @@ class ShardedModel {
   /// Overwrites unit `u`'s master shard from `values` (the unit's whole flat
   /// float32 parameters, numel() elements) and refreshes whole parameters.
   void load_unit(size_t u, const at::Tensor& values);
+  /// Collective: unit `u`'s whole float32 master values (numel() elements,
+  /// on the masters' device), gathered from every rank's shard.
+  at::Tensor gather_master(size_t u);
   /// This rank's slice of a whole flat per-unit tensor, padded to the shard size.
   at::Tensor slice_for_rank(size_t u, const at::Tensor& whole) const;
 

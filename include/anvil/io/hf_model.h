@@ -4,6 +4,7 @@
 // checkpoint's model files are such a folder and load in transformers as is.
 
 #include <filesystem>
+#include <optional>
 #include <memory>
 
 #include "anvil/models/causal_lm.h"
@@ -16,9 +17,11 @@ namespace anvil::io {
 void save_model_dir(const std::filesystem::path& dir, models::CausalLM& model,
                     const tokenizer::Tokenizer* tokenizer);
 
-/// Writes config.json, generation_config.json and the tokenizer's files (no weights).
+/// Writes config.json, generation_config.json and the tokenizer's files (no
+/// weights). config.json's dtype is `dtype`, or the parameters' when undefined.
 void save_model_config(const std::filesystem::path& dir, models::CausalLM& model,
-                       const tokenizer::Tokenizer* tokenizer);
+                       const tokenizer::Tokenizer* tokenizer,
+                       std::optional<at::ScalarType> dtype = std::nullopt);
 
 /// Builds the model `dir`/config.json describes, with freshly initialised weights.
 std::shared_ptr<models::CausalLM> model_from_config(const std::filesystem::path& dir);
