@@ -198,12 +198,13 @@ TrainResult run_training(const config::RunConfig& cfg) {
   if (device.is_cuda() && !device.has_index() && proc.world_size > 1)
     device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(proc.local_rank));
 
-  // Sharded runs (several ranks, a sharding strategy on one, or one resuming
-  // a sharded checkpoint) go through dist::ShardedModel; a plain
-  // single-process run keeps HF-layout checkpoints.
+  // Sharded runs (several ranks, a sharding strategy or mixed precision on
+  // one, or one resuming a sharded checkpoint) go through
+  // dist::ShardedModel; a plain single-process run keeps HF-layout checkpoints.
   const stdfs::path out_dir = cfg.output_dir;
   const auto latest = io::latest_checkpoint(out_dir);
   const bool sharded_run = proc.world_size > 1 || cfg.dist.sharding != "no_shard" ||
+                           cfg.dist.param_dtype != "float32" || cfg.dist.reduce_dtype != "float32" ||
                            (latest && dist::is_sharded_checkpoint(*latest));
   std::shared_ptr<dist::Communicator> comm;
   if (sharded_run) {
@@ -277,9 +278,6 @@ TrainResult run_training(const config::RunConfig& cfg) {
     if (plain) dist::import_optimizer_state(*sharded, *plain, *optimizer);
     else if (latest) resumed = dist::load_sharded_checkpoint(*latest, *sharded, *optimizer);
   } else {
-    if (cfg.dist.param_dtype != "float32" || cfg.dist.reduce_dtype != "float32")
-      throw ConfigError("dist.param_dtype: mixed precision runs through the sharding engine; set dist.sharding "
-                        "(any strategy works on one process, e.g. full_shard)");
     if (cfg.train.activation_checkpointing)
       model->set_block_runner([](size_t, const at::Tensor& x, const models::BlockFn& block) {
         return dist::checkpoint_block(block, x);
