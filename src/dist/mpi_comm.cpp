@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <mpi.h>
 
+#include <exception>
 #include <mutex>
 
 #include "anvil/core/error.h"
@@ -61,6 +62,10 @@ class MpiCommunicator final : public Communicator {
   }
   ~MpiCommunicator() override {
     watchdog_.reset();
+    // Unwinding from an error on this rank alone: MPI_Finalize would wait
+    // for peers still blocked in a collective. Leave without it; mpirun then
+    // sees a rank exit unfinalized and ends the job at once.
+    if (std::uncaught_exceptions() > 0) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (owns_ && !finalized) MPI_Finalize();

@@ -298,6 +298,29 @@ TEST_F(DistRuns, ShardedCheckpointsExplainWhatCannotReadThem) {
       << log;
 }
 
+// An error on one rank alone (here: a bad data line only rank 1 reads, via
+// mpirun's MPMD form) ends the whole run at once, not after dist.timeout_s:
+// the failing rank leaves without MPI_Finalize, which would wait for peers
+// blocked in a collective.
+TEST_F(DistRuns, AnErrorOnOneRankEndsTheRunAtOnce) {
+  anvil::testing::write_text(*dir_ / "bad.jsonl", "{\"prompt\": \"a\", \"response\": \"b\"}\nnot json\n");
+  auto text = anvil::testing::read_text(cfg());
+  text.replace(text.find("data/sft_train.jsonl"), std::string("data/sft_train.jsonl").size(), (*dir_ / "bad.jsonl").string());
+  anvil::testing::write_text(*dir_ / "bad.yaml", text);
+  const auto out = (*dir_ / "mpmd").string();
+  const auto cmd = "cd " + anvil::testing::source_dir() + " && timeout 120 mpirun --allow-run-as-root --oversubscribe " +
+                   "--bind-to none -np 1 " + anvil::testing::trainer_bin() + " --config " + cfg().string() +
+                   " output_dir=" + out + " : -np 1 " + anvil::testing::trainer_bin() + " --config " +
+                   (*dir_ / "bad.yaml").string() + " output_dir=" + out;
+  std::string log;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = anvil::testing::run(cmd, &log);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(rc, 0);
+  EXPECT_LT(seconds, 30) << log;  // dist.timeout_s is 600
+  EXPECT_NE(log.find("bad.jsonl:2: not valid JSON"), std::string::npos) << log;
+}
+
 /// Pid of the trainer process with OMPI_COMM_WORLD_RANK=`rank` writing to `out`.
 pid_t find_rank(int rank, const stdfs::path& out) {
   for (const auto& e : stdfs::directory_iterator("/proc")) {
