@@ -48,13 +48,6 @@ torch::optim::AdamWParamState* adam_state(torch::optim::Optimizer& opt, const at
   return dynamic_cast<torch::optim::AdamWParamState*>(it->second.get());
 }
 
-std::vector<at::Device> rng_devices(ShardedModel& m) {
-  std::vector<at::Device> d{at::Device(at::kCPU)};
-  const auto dev = m.master_parameters().front().device();
-  if (!dev.is_cpu()) d.push_back(dev);
-  return d;
-}
-
 }  // namespace
 
 bool is_sharded_checkpoint(const stdfs::path& dir) { return stdfs::exists(dir / "sharding.json"); }
@@ -94,15 +87,7 @@ stdfs::path save_sharded_checkpoint(const stdfs::path& output_dir, ShardedModel&
     io::save_safetensors(shard_file(tmp, rank, shards), tensors, {{"format", "pt"}});
   }
   if (auto* st = adam_state(optimizer, masters.front())) adam_step = st->step();
-  {
-    io::TensorMap rng;
-    for (const auto& d : rng_devices(model)) {
-      auto gen = at::globalContext().defaultGenerator(d);
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      rng.emplace(d.is_cpu() ? "cpu" : "cuda", gen.get_state());
-    }
-    io::save_safetensors(rng_file(tmp, rank), rng);
-  }
+  io::save_rng_state(rng_file(tmp, rank), masters.front().device());
   // The whole model in HF layout, gathered one unit at a time; only rank 0
   // keeps (on the host) and writes it.
   if (consolidated) {
@@ -228,14 +213,7 @@ io::TrainerState load_sharded_checkpoint(const stdfs::path& dir, ShardedModel& m
   // generators start from rank 0's (dropout masks then differ from the old run).
   auto path = rng_file(dir, model.comm().rank());
   if (!stdfs::exists(path)) path = rng_file(dir, 0);
-  io::SafetensorsFile f(path);
-  for (const auto& d : rng_devices(model)) {
-    const std::string key = d.is_cpu() ? "cpu" : "cuda";
-    if (!f.contains(key)) throw CheckpointError(concat(path.string(), ": no RNG state for ", key));
-    auto gen = at::globalContext().defaultGenerator(d);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(f.get(key));
-  }
+  io::load_rng_state(path, model.master_parameters().front().device());
   return {j["step"].get<int64_t>(), j.value("data", nlohmann::json::object())};
 }
 

@@ -454,25 +454,30 @@ void ShardedModel::release_full_parameters() {
     for (auto& u : units_) release(*u);
 }
 
+int64_t storage_bytes(const std::vector<at::Tensor>& tensors, std::unordered_set<const void*>& seen) {
+  int64_t n = 0;
+  for (const auto& t : tensors) {
+    if (!t.defined()) continue;
+    const auto* st = t.storage().unsafeGetStorageImpl();
+    if (seen.insert(st).second) n += static_cast<int64_t>(st->nbytes());
+  }
+  return n;
+}
+
 MemoryBytes ShardedModel::memory() const {
-  MemoryBytes m;
+  std::vector<at::Tensor> params, grads;
+  for (const auto& u : units_) {
+    params.push_back(u->master);
+    params.push_back(u->whole);
+    params.insert(params.end(), u->params.begin(), u->params.end());
+    grads.push_back(u->master.grad());
+    for (const auto& p : u->params) grads.push_back(p.grad());
+  }
   std::unordered_set<const void*> seen;
-  auto add = [&](const at::Tensor& t, int64_t& into) {
-    if (!t.defined()) return;
-    const auto* s = t.storage().unsafeGetStorageImpl();
-    if (!seen.insert(s).second) return;
-    into += static_cast<int64_t>(s->nbytes());
-  };
-  for (const auto& u : units_) {
-    add(u->master, m.parameters);
-    add(u->whole, m.parameters);
-    for (const auto& p : u->params) add(p, m.parameters);
-  }
+  MemoryBytes m;
+  m.parameters = storage_bytes(params, seen);
+  m.gradients = storage_bytes(grads, seen);
   m.peak_gathered = peak_gathered_;
-  for (const auto& u : units_) {
-    add(u->master.grad(), m.gradients);
-    for (const auto& p : u->params) add(p.grad(), m.gradients);
-  }
   return m;
 }
 

@@ -42,32 +42,10 @@ std::vector<std::pair<int64_t, stdfs::path>> complete_checkpoints(const stdfs::p
   return out;
 }
 
-std::vector<at::Device> rng_devices(const models::CausalLM& model) {
+std::vector<at::Device> rng_devices(const at::Device& device) {
   std::vector<at::Device> devs = {at::Device(at::kCPU)};
-  const auto d = model.parameters().front().device();
-  if (!d.is_cpu()) devs.push_back(d);
+  if (!device.is_cpu()) devs.push_back(device);
   return devs;
-}
-
-void save_rng(const stdfs::path& path, const models::CausalLM& model) {
-  TensorMap states;
-  for (const auto& d : rng_devices(model)) {
-    auto gen = at::globalContext().defaultGenerator(d);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    states.emplace(d.str(), gen.get_state());
-  }
-  save_safetensors(path, states);
-}
-
-void load_rng(const stdfs::path& path, const models::CausalLM& model) {
-  SafetensorsFile f(path);
-  for (const auto& d : rng_devices(model)) {
-    if (!f.contains(d.str()))
-      throw CheckpointError(concat(path.string(), ": no RNG state for device ", d.str()));
-    auto gen = at::globalContext().defaultGenerator(d);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(f.get(d.str()));
-  }
 }
 
 }  // namespace
@@ -85,7 +63,7 @@ stdfs::path save_checkpoint(const stdfs::path& output_dir, const CheckpointParts
     parts.optimizer->save(archive);
     archive.save_to((tmp / "optimizer.pt").string());
   }
-  save_rng(tmp / "rng_state.safetensors", *parts.model);
+  save_rng_state(tmp / "rng_state.safetensors", parts.model->parameters().front().device());
   fs::write_file_atomic(tmp / "config.yaml", parts.run_config_yaml);
   write_trainer_state(tmp, parts.state);  // written last
   fs::fsync_tree(tmp);
@@ -113,6 +91,30 @@ void publish_checkpoint(const stdfs::path& tmp, const stdfs::path& output_dir, i
   for (const auto& e : stdfs::directory_iterator(output_dir)) {
     const auto name = e.path().filename().string();
     if (name.rfind(".checkpoint-", 0) == 0) stdfs::remove_all(e.path());
+  }
+}
+
+void save_rng_state(const stdfs::path& path, const at::Device& device) {
+  TensorMap states;
+  for (const auto& d : rng_devices(device)) {
+    auto gen = at::globalContext().defaultGenerator(d);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    states.emplace(d.str(), gen.get_state());
+  }
+  save_safetensors(path, states);
+}
+
+void load_rng_state(const stdfs::path& path, const at::Device& device) {
+  SafetensorsFile f(path);
+  for (const auto& d : rng_devices(device)) {
+    auto key = d.str();
+    if (!f.contains(key) && !d.is_cpu())  // another rank's file: its GPU had another index
+      for (const auto& name : f.names())
+        if (name.rfind(c10::DeviceTypeName(d.type(), /*lower_case=*/true), 0) == 0) key = name;
+    if (!f.contains(key)) throw CheckpointError(concat(path.string(), ": no RNG state for device ", d.str()));
+    auto gen = at::globalContext().defaultGenerator(d);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(f.get(key));
   }
 }
 
@@ -152,7 +154,7 @@ TrainerState load_checkpoint(const stdfs::path& dir, models::CausalLM& model, to
     throw CheckpointError(concat((dir / "optimizer.pt").string(), ": cannot restore optimizer state: ",
                                  e.what_without_backtrace()));
   }
-  load_rng(dir / "rng_state.safetensors", model);
+  load_rng_state(dir / "rng_state.safetensors", model.parameters().front().device());
   return {j["step"].get<int64_t>(), j.value("data", nlohmann::json::object())};
 }
 

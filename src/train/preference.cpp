@@ -117,12 +117,8 @@ std::pair<double, Sums> eval_loss(Objective& objective, models::CausalLM& model,
     examples += static_cast<double>(b.num_targets);
   });
   if (split) {
-    std::vector<double> v{loss, examples};
-    for (const auto& [key, t] : sums) v.push_back(t.item<double>());
-    ranks.all_sum(v);
-    loss = v[0], examples = v[1];
-    size_t i = 2;
-    for (auto& [key, t] : sums) t = at::scalar_tensor(v[i++], at::kDouble);
+    const auto head = sum_over_ranks(ranks, {loss, examples}, sums);
+    loss = head[0], examples = head[1];
   }
   return {loss / examples, std::move(sums)};
 }

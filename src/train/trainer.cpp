@@ -140,6 +140,17 @@ void add_sum(Sums& sums, const std::string& key, const at::Tensor& value) {
   if (!fresh) it->second = it->second + v;
 }
 
+std::vector<double> sum_over_ranks(const RankContext& ranks, std::vector<double> head, Sums& sums) {
+  if (!ranks.sum) return head;
+  const size_t n = head.size();
+  for (const auto& [key, t] : sums) head.push_back(t.item<double>());
+  ranks.all_sum(head);
+  size_t i = n;
+  for (auto& [key, t] : sums) t = at::scalar_tensor(head[i++], at::kDouble);
+  head.resize(n);
+  return head;
+}
+
 StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, const std::vector<Batch>& batches,
                                const AccumulateOptions& options) {
   StepStats s;
@@ -165,17 +176,6 @@ StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, co
 
 namespace {
 
-/// Bytes of distinct storages among `tensors` (undefined ones skipped).
-int64_t storage_bytes(const std::vector<at::Tensor>& tensors, std::set<const void*>& seen) {
-  int64_t n = 0;
-  for (const auto& t : tensors) {
-    if (!t.defined()) continue;
-    const auto* st = t.storage().unsafeGetStorageImpl();
-    if (seen.insert(st).second) n += static_cast<int64_t>(st->nbytes());
-  }
-  return n;
-}
-
 int64_t optimizer_bytes(torch::optim::Optimizer& opt) {
   std::vector<at::Tensor> ts;
   for (auto& [key, st] : opt.state())
@@ -184,8 +184,8 @@ int64_t optimizer_bytes(torch::optim::Optimizer& opt) {
       ts.push_back(a->exp_avg_sq());
       if (a->max_exp_avg_sq().defined()) ts.push_back(a->max_exp_avg_sq());
     }
-  std::set<const void*> seen;
-  return storage_bytes(ts, seen);
+  std::unordered_set<const void*> seen;
+  return dist::storage_bytes(ts, seen);
 }
 
 }  // namespace
@@ -249,7 +249,7 @@ TrainResult run_training(const config::RunConfig& cfg) {
   if (comm && world > 1)
     ranks.sum = [comm, device](std::vector<double>& v) {
       auto t = at::tensor(v, at::kDouble).to(device);
-      comm->all_reduce_sum(t, "evaluation statistics");
+      comm->all_reduce_sum(t, "step or evaluation statistics");
       t = t.cpu();
       for (size_t i = 0; i < v.size(); ++i) v[i] = t[static_cast<int64_t>(i)].item<double>();
     };
@@ -360,18 +360,10 @@ TrainResult run_training(const config::RunConfig& cfg) {
     }
     auto s = accumulate_gradients(*objective, *model, batches, ao);
     bool stop = g_stop.load();
-    if (comm && world > 1) {
-      // One reduction for the loss, the objective's sums and the stop flag.
-      std::vector<double> v{s.loss, stop ? 1.0 : 0.0};
-      for (const auto& [k, t] : s.sums) v.push_back(t.item<double>());
-      auto t = at::tensor(v, at::kDouble).to(device);
-      comm->all_reduce_sum(t, "step statistics");
-      t = t.cpu();
-      s.loss = t[0].item<double>();
-      stop = t[1].item<double>() > 0;
-      size_t i = 2;
-      for (auto& [k, sum] : s.sums) sum = t[static_cast<int64_t>(i++)].clone();
-    }
+    // One reduction for the loss, the objective's sums and the stop flag.
+    const auto head = sum_over_ranks(ranks, {s.loss, stop ? 1.0 : 0.0}, s.sums);
+    s.loss = head[0];
+    stop = head[1] > 0;
     Metrics m{{"loss", s.loss}, {"lr", lr}, {"num_targets", static_cast<double>(step_targets)}};
     for (const auto& [k, v] : objective->step_metrics(s.sums)) m[k] = v;
     if (sharded) {
@@ -391,11 +383,11 @@ TrainResult run_training(const config::RunConfig& cfg) {
       m["memory/gradient_bytes"] = static_cast<double>(mem.gradients);
       m["memory/peak_gathered_parameter_bytes"] = static_cast<double>(mem.peak_gathered);
     } else {
-      std::set<const void*> seen;
+      std::unordered_set<const void*> seen;
       std::vector<at::Tensor> grads;
       for (const auto& p : params) grads.push_back(p.grad());
-      m["memory/parameter_bytes"] = static_cast<double>(storage_bytes(params, seen));
-      m["memory/gradient_bytes"] = static_cast<double>(storage_bytes(grads, seen));
+      m["memory/parameter_bytes"] = static_cast<double>(dist::storage_bytes(params, seen));
+      m["memory/gradient_bytes"] = static_cast<double>(dist::storage_bytes(grads, seen));
     }
     m["memory/optimizer_bytes"] = static_cast<double>(optimizer_bytes(*optimizer));
 

@@ -30,6 +30,7 @@
 
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -77,6 +78,10 @@ struct MemoryBytes {
   /// runs and the one being prefetched.
   int64_t peak_gathered = 0;
 };
+
+/// Bytes of the distinct tensor storages among `tensors` that are not in
+/// `seen` yet (undefined tensors skipped); records them in `seen`.
+int64_t storage_bytes(const std::vector<at::Tensor>& tensors, std::unordered_set<const void*>& seen);
 
 class ShardedModel {
  public:

@@ -47,6 +47,13 @@ void publish_checkpoint(const std::filesystem::path& tmp, const std::filesystem:
 nlohmann::json read_trainer_state(const std::filesystem::path& dir);
 void write_trainer_state(const std::filesystem::path& dir, const TrainerState& state);
 
+/// Writes the default random generators' states, the CPU's and `device`'s
+/// (when not the CPU), to `path` (safetensors, keyed by device name).
+void save_rng_state(const std::filesystem::path& path, const at::Device& device);
+/// Restores them. A GPU state stored under another index (another rank's
+/// file) is used when this device's is absent.
+void load_rng_state(const std::filesystem::path& path, const at::Device& device);
+
 /// The complete checkpoint with the highest step, if any.
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& output_dir);
 

@@ -72,6 +72,11 @@ struct RankContext {
   }
 };
 
+/// Sums `head` and every value of `sums` over ranks in one collective (every
+/// rank must hold the same keys); returns the summed head. The identity on
+/// one process.
+std::vector<double> sum_over_ranks(const RankContext& ranks, std::vector<double> head, Sums& sums);
+
 /// What an objective may need from the run before training starts.
 struct RunContext {
   std::filesystem::path output_dir;
