@@ -57,34 +57,35 @@ def fallback(prompt, correct, rng):
     raise AssertionError(prompt)
 
 
-def pairs_for(prompts, anvil, model, sp, rng, samples, use_fallback=True):
+def pairs_for(prompts, anvil, model, sp, rng, samples, use_fallback=True, negatives=1):
+    """One pair per distinct wrong answer of the model, up to `negatives` per prompt: its greedy
+    answer first, then samples; a corruption where it made none (unless not use_fallback)."""
     correct = [SOLVERS[parse(p)[0]](parse(p)[1]) for p in prompts]
-    rejected = [None] * len(prompts)
+    wrong = [[] for _ in prompts]
     greedy = generate(anvil, model, prompts, sp, ["--greedy"])
     for i, g in enumerate(greedy):
         if g != correct[i] and valid(g):
-            rejected[i] = g
+            wrong[i].append(g)
     for s in range(samples):
-        todo = [i for i, r in enumerate(rejected) if r is None]
+        todo = [i for i, w in enumerate(wrong) if len(w) < negatives]
         if not todo:
             break
         outs = generate(anvil, model, [prompts[i] for i in todo], sp, ["--temperature", "1.0", "--seed", str(s + 1)])
         for i, o in zip(todo, outs):
-            if o != correct[i] and valid(o):
-                rejected[i] = o
+            if o != correct[i] and valid(o) and o not in wrong[i]:
+                wrong[i].append(o)
     kinds = {"greedy": 0, "sampled": 0, "corruption": 0}
     rows = []
     for i, p in enumerate(prompts):
-        if rejected[i] is None and not use_fallback:
+        if not wrong[i] and not use_fallback:
             continue
-        if rejected[i] is None:
-            rejected[i] = fallback(p, correct[i], rng)
+        if not wrong[i]:
+            wrong[i].append(fallback(p, correct[i], rng))
             kinds["corruption"] += 1
-        elif rejected[i] == greedy[i]:
-            kinds["greedy"] += 1
         else:
-            kinds["sampled"] += 1
-        rows.append({"prompt": p, "chosen": correct[i], "rejected": rejected[i]})
+            for w in wrong[i]:
+                kinds["greedy" if w == greedy[i] else "sampled"] += 1
+        rows.extend({"prompt": p, "chosen": correct[i], "rejected": w} for w in wrong[i])
     return rows, kinds
 
 
@@ -94,7 +95,9 @@ def main():
     ap.add_argument("--anvil", default=os.path.join(HERE, "..", "build", "bin", "anvil"))
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--train-pairs", type=int, default=8000)
-    ap.add_argument("--samples", type=int, default=4, help="sampling rounds looking for a wrong answer")
+    ap.add_argument("--samples", type=int, default=4, help="sampling rounds looking for wrong answers")
+    ap.add_argument("--negatives", type=int, default=1,
+                    help="train pairs per prompt: up to this many distinct wrong answers of the model")
     ap.add_argument("--no-fallback", action="store_true",
                     help="train pairs only where the model made a mistake (no corruptions)")
     ap.add_argument("--out-dir", default=HERE)
@@ -114,7 +117,8 @@ def main():
     os.makedirs(args.out_dir, exist_ok=True)
     for name, prompts in (("dpo_train.jsonl", train_prompts), ("dpo_eval.jsonl", eval_prompts)):
         rows, kinds = pairs_for(prompts, args.anvil, args.model, sp, rng, args.samples,
-                                use_fallback=not (args.no_fallback and name == "dpo_train.jsonl"))
+                                use_fallback=not (args.no_fallback and name == "dpo_train.jsonl"),
+                                negatives=args.negatives if name == "dpo_train.jsonl" else 1)
         path = os.path.join(args.out_dir, name)
         write_jsonl(path, rows)
         print(f"wrote {len(rows)} pairs to {path}; rejected = greedy mistake {kinds['greedy']}, "

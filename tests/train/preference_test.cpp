@@ -330,12 +330,15 @@ TEST(PreferenceLearning, DpoRaisesHeldOutRewardAccuracy) {
                     dir.path().string() + " model.from=" + sft_checkpoint().string() + " train.eval_every=0 train.threads=1", &out), 0)
       << out;
   const auto last = metric_lines(dir / "metrics.jsonl").back();
-  EXPECT_GE(last["eval/rewards/accuracies"].get<double>(), 0.8) << last.dump();
+  EXPECT_GE(last["eval/rewards/accuracies"].get<double>(), 0.85) << last.dump();
   EXPECT_GT(last["eval/rewards/margins"].get<double>(), 0.0) << last.dump();
+  // No likelihood displacement: rewards/chosen = beta (5) x the change in the held-out chosen
+  // replies' log-prob, which may fall by 0.05 nats at most (plain DPO at beta 0.1 loses 3.9).
+  EXPECT_GT(last["eval/rewards/chosen"].get<double>(), -0.25) << last.dump();
   // Greedy exact match on the held-out prompts, against the SFT model's.
   const double before = sft["eval/exact_match"].get<double>(), after = last["eval/exact_match"].get<double>();
   std::cout << "[dpo_tiny] held-out exact match: SFT " << before << " -> DPO " << after << "\n";
-  EXPECT_GE(after, before - 0.05) << last.dump();
+  EXPECT_GE(after, before - 0.03) << last.dump();
 }
 
 }  // namespace
