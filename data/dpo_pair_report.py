@@ -7,7 +7,8 @@ transformers, and counts the pairs whose implicit reward margin
 h = (pi_chosen - pi_rejected) - (ref_chosen - ref_rejected) is positive: the
 `rewards/accuracies` the trainer logs. Counts are split by quickstart task and
 by whether the reference already preferred the chosen reply. --task prints the
-pairs of that task that the policy gets wrong.
+pairs of that task that the policy gets wrong. It also prints each model's
+greedy exact match per task (the chosen reply is the correct answer).
 
 usage: dpo_pair_report.py --policy runs/dpo_tiny/checkpoint-600 \\
            --reference runs/quickstart/checkpoint-2400 [--pairs data/dpo_eval.jsonl] [--task sort]
@@ -45,6 +46,22 @@ def reply_logps(model_dir, rows, sp):
     return out
 
 
+def greedy_exact_match(model_dir, rows, sp):
+    """{task: (right, n)}: greedy answers (12 new tokens at most) equal to the chosen reply."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    counts = collections.defaultdict(lambda: [0, 0])
+    with torch.no_grad():
+        for r in rows:
+            prompt = sp.encode(r["prompt"])
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                                 eos_token_id=sp.eos_id(), pad_token_id=sp.eos_id())[0, len(prompt):].tolist()
+            answer = sp.decode([t for t in out if t != sp.eos_id()])
+            task = counts[parse(r["prompt"])[0]]
+            task[0] += answer == r["chosen"]
+            task[1] += 1
+    return counts
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policy", required=True, help="the DPO checkpoint folder")
@@ -73,6 +90,11 @@ def main():
         print(f"  {task:8s} {kind:27s} {n_right:4d}/{n}")
     for line in wrong:
         print(line)
+    for name, path in (("reference", args.reference), ("policy", args.policy)):
+        counts = greedy_exact_match(path, rows, sp)
+        right = sum(c[0] for c in counts.values())
+        print(f"{name} greedy exact match {right / len(rows):.4f}: " +
+              ", ".join(f"{task} {c[0]}/{c[1]}" for task, c in sorted(counts.items())))
 
 
 if __name__ == "__main__":
