@@ -214,7 +214,7 @@ io::TrainerState load_sharded_checkpoint(const stdfs::path& dir, ShardedModel& m
   auto path = rng_file(dir, model.comm().rank());
   if (!stdfs::exists(path)) path = rng_file(dir, 0);
   io::load_rng_state(path, model.master_parameters().front().device());
-  return {j["step"].get<int64_t>(), j.value("data", nlohmann::json::object())};
+  return io::trainer_state_of(j);
 }
 
 void import_optimizer_state(ShardedModel& model, torch::optim::Optimizer& per_parameter,

@@ -8,9 +8,13 @@
 #include <torch/utils.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
+#include <cstdlib>
+#include <map>
 #include <filesystem>
 #include <iomanip>
+#include <limits>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -129,6 +133,35 @@ std::unique_ptr<tokenizer::Tokenizer> build_tokenizer(const config::RunConfig& c
 }
 
 bool every(int64_t step, int64_t n) { return n > 0 && step % n == 0; }
+
+/// Testing hook for the non-finite guard (docs/reliability.md):
+/// ANVIL_TEST_NONFINITE="loss@3,grad@5" makes step 3's loss (on rank 0 only,
+/// so the ranks must agree through the reduction) and step 5's gradients
+/// (on every rank) infinite.
+std::map<int64_t, std::string> injected_nonfinite() {
+  std::map<int64_t, std::string> out;
+  const char* env = std::getenv("ANVIL_TEST_NONFINITE");
+  if (!env) return out;
+  std::stringstream ss(env);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto at = item.find('@');
+    const auto what = item.substr(0, at);
+    if (at == std::string::npos || (what != "loss" && what != "grad"))
+      throw ConfigError(concat("ANVIL_TEST_NONFINITE: expected loss@STEP or grad@STEP items, got \"", item, "\""));
+    out[std::stoll(item.substr(at + 1))] = what;
+  }
+  return out;
+}
+
+/// Global L2 norm of the gradients of `params`, clipped to `max_norm` when larger (0 = only measure).
+double clip_or_measure(const std::vector<at::Tensor>& params, double max_norm) {
+  if (max_norm > 0) return torch::nn::utils::clip_grad_norm_(params, max_norm);
+  double sq = 0;
+  for (const auto& p : params)
+    if (p.grad().defined()) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+  return std::sqrt(sq);
+}
 
 }  // namespace
 
@@ -309,8 +342,10 @@ TrainResult run_training(const config::RunConfig& cfg) {
                              cfg.dist.param_dtype != "float32" ? ", " + cfg.dist.param_dtype : std::string())
                     : std::string());
 
+  int64_t nonfinite_total = resumed ? resumed->nonfinite_steps : 0, nonfinite_in_a_row = 0;
+  const auto injected = injected_nonfinite();
   auto save = [&](int64_t at_step) {
-    io::TrainerState state{at_step, objective->train_source().state()};
+    io::TrainerState state{at_step, objective->train_source().state(), nonfinite_total};
     stdfs::path dir;
     if (sharded) {
       dir = dist::save_sharded_checkpoint(out_dir, *sharded, *optimizer, tok.get(), state, config_yaml,
@@ -359,6 +394,11 @@ TrainResult run_training(const config::RunConfig& cfg) {
       ao.after_backward = [&] { sharded->finish_backward(); };
     }
     auto s = accumulate_gradients(*objective, *model, batches, ao);
+    if (const auto it = injected.find(step + 1); it != injected.end()) {
+      at::NoGradGuard no_grad;
+      if (it->second == "loss" && lead) s.loss = std::numeric_limits<double>::infinity();
+      if (it->second == "grad") (sharded ? sharded->master_parameters() : params).front().mutable_grad().fill_(std::numeric_limits<float>::quiet_NaN());
+    }
     bool stop = g_stop.load();
     // One reduction for the loss, the objective's sums and the stop flag.
     const auto head = sum_over_ranks(ranks, {s.loss, stop ? 1.0 : 0.0}, s.sums);
@@ -366,15 +406,32 @@ TrainResult run_training(const config::RunConfig& cfg) {
     stop = head[1] > 0;
     Metrics m{{"loss", s.loss}, {"lr", lr}, {"num_targets", static_cast<double>(step_targets)}};
     for (const auto& [k, v] : objective->step_metrics(s.sums)) m[k] = v;
-    if (sharded) {
-      const double norm = sharded->clip_grad_norm(cfg.train.grad_clip);
-      if (cfg.train.grad_clip > 0) m["grad_norm"] = norm;
-    } else if (cfg.train.grad_clip > 0) {
-      m["grad_norm"] = torch::nn::utils::clip_grad_norm_(params, cfg.train.grad_clip);
+    // The loss is summed over ranks and the norm is global, so every rank takes the same decision.
+    const double norm = sharded ? sharded->clip_grad_norm(cfg.train.grad_clip)
+                                : clip_or_measure(params, cfg.train.grad_clip);
+    if (cfg.train.grad_clip > 0) m["grad_norm"] = norm;
+    if (std::isfinite(s.loss) && std::isfinite(norm)) {
+      optimizer->step();
+      nonfinite_in_a_row = 0;
+    } else {
+      const auto what = !std::isfinite(s.loss) ? concat("loss is ", s.loss) : concat("gradient norm is ", norm);
+      const auto kept = io::latest_checkpoint(out_dir);
+      const auto intact = kept ? concat("; the last checkpoint, ", kept->string(), ", is as it was")
+                               : std::string("; no checkpoint was written");
+      if (cfg.train.on_nonfinite == "stop")
+        throw Error(concat("step ", step + 1, ": the ", what, " (not finite); the step was not applied and "
+                           "nothing was saved from it", intact, ". Lower optimizer.lr or check the data; "
+                           "train.on_nonfinite: skip drops such steps instead"));
+      ++nonfinite_total;
+      if (++nonfinite_in_a_row >= cfg.train.max_nonfinite_in_a_row)
+        throw Error(concat("step ", step + 1, ": ", nonfinite_in_a_row, " non-finite steps in a row (the ", what,
+                           "; train.max_nonfinite_in_a_row is ", cfg.train.max_nonfinite_in_a_row,
+                           "); stopping without saving", intact));
+      log::warn("step ", step + 1, ": the ", what, "; step skipped (", nonfinite_total, " so far)");
     }
-    optimizer->step();
     if (sharded) sharded->after_optimizer_step();
     ++step;
+    if (cfg.train.on_nonfinite == "skip") m["nonfinite_steps"] = static_cast<double>(nonfinite_total);
 
     // Per-rank bytes of parameters, gradients and optimizer state held now.
     if (sharded) {

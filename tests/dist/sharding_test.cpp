@@ -255,6 +255,39 @@ TEST_F(DistRuns, BadLaunchesFailWithAMessage) {
       << log;
 }
 
+// The non-finite guard on 2 full_shard ranks: the fault hits rank 0's loss
+// only (ANVIL_TEST_NONFINITE), yet both ranks take the same decision through
+// the reduced loss; gradients go through the global norm (tests/train/nonfinite_test.cpp
+// for one process).
+TEST_F(DistRuns, NonFiniteStepsAreDecidedAlikeOnEveryRank) {
+  const auto mpi = [&](const std::string& name, const std::string& faults, const std::string& extra, std::string* log) {
+    const auto cmd = "cd " + anvil::testing::source_dir() + " && ANVIL_TEST_NONFINITE=" + faults + " timeout 300 " +
+                     mpirun(2) + anvil::testing::trainer_bin() + " --config " + cfg().string() + " output_dir=" +
+                     (*dir_ / name).string() + " dist.sharding=full_shard train.max_steps=6 train.save_every=2 " +
+                     "train.eval_every=0 " + extra;
+    return anvil::testing::run(cmd, log);
+  };
+  std::string log;
+  ASSERT_EQ(mpi("nf-skip", "loss@3,grad@4", "train.on_nonfinite=skip", &log), 0) << log;
+  const auto m = read_metrics(*dir_ / "nf-skip" / "metrics.jsonl");
+  ASSERT_EQ(m.size(), 6u);
+  EXPECT_EQ(m.at(2)["nonfinite_steps"].get<int64_t>(), 0);
+  EXPECT_EQ(m.at(3)["nonfinite_steps"].get<int64_t>(), 1);
+  EXPECT_EQ(m.at(6)["nonfinite_steps"].get<int64_t>(), 2);
+  // Both ranks skipped steps 3 and 4: the model gathered from their shards is step 2's.
+  std::string o;
+  const auto model = [&](int step) {
+    return (*dir_ / "nf-skip" / ("checkpoint-" + std::to_string(step)) / "model.safetensors").string();
+  };
+  EXPECT_EQ(anvil::testing::run("cmp " + model(2) + " " + model(4), &o), 0) << o;
+  EXPECT_NE(anvil::testing::run("cmp -s " + model(4) + " " + model(6), &o), 0);
+  EXPECT_NE(mpi("nf-stop", "loss@3", "", &log), 0);
+  EXPECT_NE(log.find("step 3: the loss is inf (not finite)"), std::string::npos) << log;
+  EXPECT_TRUE(stdfs::exists(*dir_ / "nf-stop" / "checkpoint-2" / "trainer_state.json"));
+  EXPECT_FALSE(stdfs::exists(*dir_ / "nf-stop" / "checkpoint-3"));
+  EXPECT_FALSE(stdfs::exists(*dir_ / "nf-stop" / "checkpoint-4"));
+}
+
 TEST_F(DistRuns, ShardedCheckpointsExplainWhatCannotReadThem) {
   const auto src = run("full_shard-2", 2, "dist.sharding=full_shard") / "checkpoint-20";
   std::string log;

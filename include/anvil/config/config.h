@@ -234,6 +234,8 @@ struct TrainConfig {
   int64_t keep_checkpoints = 2;
   std::string device = "cpu";
   int64_t threads = 0;
+  std::string on_nonfinite = "stop";
+  int64_t max_nonfinite_in_a_row = 10;
 
   template <class V>
   void visit(V& v) {
@@ -263,6 +265,13 @@ struct TrainConfig {
             non_negative());
     v.field("device", device, "Device: cpu, cuda or cuda:N.");
     v.field("threads", threads, "Intra-op CPU threads; 0 = LibTorch's default.", non_negative());
+    v.field("on_nonfinite", on_nonfinite,
+            "A step whose loss or gradient norm is NaN or infinite is never applied. stop: exit with an error "
+            "naming the step and the quantity, saving nothing from it (the last checkpoint stays as it was); "
+            "skip: drop the step, count it (nonfinite_steps in metrics.jsonl) and go on.",
+            one_of({"stop", "skip"}));
+    v.field("max_nonfinite_in_a_row", max_nonfinite_in_a_row,
+            "With on_nonfinite: skip, stop with an error after this many non-finite steps in a row.", positive());
   }
 };
 

@@ -2,7 +2,8 @@
 // Training checkpoints: `<output_dir>/checkpoint-<step>/` holds the model in
 // HF layout (config.json, model.safetensors, tokenizer files, loadable by
 // transformers as is) and, beside it, the trainer state: trainer_state.json
-// (step, data position), optimizer.pt, rng_state.safetensors and the run's
+// (step, data position), optimizer.safetensors + optimizer.json (AdamW moments
+// by parameter name and their step counts), rng_state.safetensors and the run's
 // config.yaml. A checkpoint is written to a temp folder, fsynced and renamed
 // into place, so a folder named checkpoint-<step> is always complete.
 
@@ -20,7 +21,8 @@ namespace anvil::io {
 
 struct TrainerState {
   int64_t step = 0;
-  nlohmann::json data;  // the batch source's position
+  nlohmann::json data;          // the batch source's position
+  int64_t nonfinite_steps = 0;  // steps skipped so far for a NaN/inf loss or gradient norm
 };
 
 struct CheckpointParts {
@@ -45,6 +47,8 @@ void publish_checkpoint(const std::filesystem::path& tmp, const std::filesystem:
 /// trainer_state.json of a checkpoint folder, validated; written last, so its
 /// presence marks a complete checkpoint.
 nlohmann::json read_trainer_state(const std::filesystem::path& dir);
+/// The TrainerState a validated trainer_state.json holds.
+TrainerState trainer_state_of(const nlohmann::json& j);
 void write_trainer_state(const std::filesystem::path& dir, const TrainerState& state);
 
 /// Writes the default random generators' states, the CPU's and `device`'s
