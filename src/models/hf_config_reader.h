@@ -2,6 +2,7 @@
 // Reading a Hugging Face config.json into a family's options, with messages
 // that name the file and the key. Internal to src/models/.
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -33,13 +34,26 @@ class HfConfigReader {
       return *def;
     }
     if (!v->is_number_integer()) fail(key, concat("expected an integer, got ", v->dump()));
-    return v->get<int64_t>();
+    // Sizes and counts: at least 1, or 0 where 0 is the field's "derive it" default.
+    const int64_t x = v->get<int64_t>(), lo = def && *def == 0 ? 0 : 1;
+    if (x < lo) fail(key, concat("expected an integer >= ", lo, ", got ", x));
+    return x;
   }
-  double number(const char* key, double def) const {
+  /// What a real-valued field may hold.
+  enum class Bound { non_negative, positive, probability };
+  double number(const char* key, double def, Bound bound = Bound::non_negative) const {
     const auto* v = find(key);
     if (!v) return def;
     if (!v->is_number()) fail(key, concat("expected a number, got ", v->dump()));
-    return v->get<double>();
+    const double x = v->get<double>();
+    const bool ok = std::isfinite(x) && (bound == Bound::positive ? x > 0 : x >= 0) &&
+                    (bound != Bound::probability || x < 1);
+    if (!ok)
+      fail(key, concat(bound == Bound::positive      ? "expected a number > 0"
+                       : bound == Bound::probability ? "expected a probability in [0, 1)"
+                                                     : "expected a number >= 0",
+                       ", got ", v->dump()));
+    return x;
   }
   bool boolean(const char* key, bool def) const {
     const auto* v = find(key);
@@ -69,7 +83,7 @@ class HfConfigReader {
   layers::RopeOptions rope(int64_t head_dim, double default_theta, double default_partial) const {
     layers::RopeOptions o;
     o.head_dim(head_dim);
-    double theta = number("rope_theta", number("rotary_emb_base", default_theta));
+    double theta = number("rope_theta", number("rotary_emb_base", default_theta, Bound::positive), Bound::positive);
     double partial = number("partial_rotary_factor", number("rotary_pct", default_partial));
     const nlohmann::json* scaling = find("rope_parameters");
     std::string key = "rope_parameters";
@@ -77,14 +91,14 @@ class HfConfigReader {
     if (scaling) {
       if (!scaling->is_object()) fail(key, concat("expected an object, got ", scaling->dump()));
       HfConfigReader sub(*scaling, concat(where_, ": ", key), family_);
-      theta = sub.number("rope_theta", theta);
+      theta = sub.number("rope_theta", theta, Bound::positive);
       partial = sub.number("partial_rotary_factor", partial);
       const auto type = sub.string("rope_type", sub.string("type", "default"));
       if (type == "llama3") {
         o.type("llama3")
-            .factor(sub.number("factor", 8.0))
-            .low_freq_factor(sub.number("low_freq_factor", 1.0))
-            .high_freq_factor(sub.number("high_freq_factor", 4.0))
+            .factor(sub.number("factor", 8.0, Bound::positive))
+            .low_freq_factor(sub.number("low_freq_factor", 1.0, Bound::positive))
+            .high_freq_factor(sub.number("high_freq_factor", 4.0, Bound::positive))
             .original_max_positions(sub.integer("original_max_position_embeddings", 8192));
       } else if (type != "default") {
         fail(key + ".rope_type", concat("\"", type, "\" is not supported; supported: default, llama3"));

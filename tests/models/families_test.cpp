@@ -148,5 +148,31 @@ TEST(HfImport, UnsupportedConfigsNameTheFileAndKey) {
             "config.json: hidden_size: expected an integer, got \"8\"");
 }
 
+// Damaged numbers stop at the file and key, never deep in torch
+// ("Trying to create tensor with negative dimension").
+TEST(HfImport, OutOfRangeNumbersNameTheFileAndKey) {
+  const std::string gpt2 = R"({"model_type": "gpt2", "vocab_size": 10, "n_embd": 8, "n_layer": 1, "n_head": 2)";
+  EXPECT_EQ(load_error(R"({"model_type": "gpt2", "vocab_size": 10, "n_embd": -64, "n_layer": 1, "n_head": 2})"),
+            "config.json: n_embd: expected an integer >= 1, got -64");
+  EXPECT_EQ(load_error(R"({"model_type": "gpt2", "vocab_size": 0, "n_embd": 8, "n_layer": 1, "n_head": 2})"),
+            "config.json: vocab_size: expected an integer >= 1, got 0");
+  EXPECT_EQ(load_error(gpt2 + R"(, "n_inner": -1})"), "config.json: n_inner: expected an integer >= 0, got -1");
+  EXPECT_EQ(load_error(gpt2 + R"(, "n_positions": 0})"), "config.json: n_positions: expected an integer >= 1, got 0");
+  EXPECT_EQ(load_error(gpt2 + R"(, "attn_pdrop": 1.5})"),
+            "config.json: attn_pdrop: expected a probability in [0, 1), got 1.5");
+  EXPECT_EQ(load_error(gpt2 + R"(, "layer_norm_epsilon": 0.0})"),
+            "config.json: layer_norm_epsilon: expected a number > 0, got 0.0");
+  EXPECT_EQ(load_error(gpt2 + R"(, "initializer_range": -0.02})"),
+            "config.json: initializer_range: expected a number >= 0, got -0.02");
+  const std::string llama = R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+      "num_hidden_layers": 1, "num_attention_heads": 2)";
+  EXPECT_EQ(load_error(llama + R"(, "num_key_value_heads": -2})"),
+            "config.json: num_key_value_heads: expected an integer >= 1, got -2");
+  EXPECT_EQ(load_error(llama + R"(, "rope_theta": -1.0})"), "config.json: rope_theta: expected a number > 0, got -1.0");
+  EXPECT_EQ(load_error(R"({"model_type": "gpt_neox", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+      "num_hidden_layers": 1, "num_attention_heads": 2, "hidden_dropout": -0.1})"),
+            "config.json: hidden_dropout: expected a probability in [0, 1), got -0.1");
+}
+
 }  // namespace
 }  // namespace anvil::models

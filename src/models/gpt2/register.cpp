@@ -37,10 +37,10 @@ std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::str
       .n_layer(r.integer("n_layer"))
       .n_head(r.integer("n_head"))
       .n_inner(r.integer("n_inner", 0))
-      .resid_pdrop(r.number("resid_pdrop", 0.1))
-      .embd_pdrop(r.number("embd_pdrop", 0.1))
-      .attn_pdrop(r.number("attn_pdrop", 0.1))
-      .layer_norm_epsilon(r.number("layer_norm_epsilon", 1e-5))
+      .resid_pdrop(r.number("resid_pdrop", 0.1, HfConfigReader::Bound::probability))
+      .embd_pdrop(r.number("embd_pdrop", 0.1, HfConfigReader::Bound::probability))
+      .attn_pdrop(r.number("attn_pdrop", 0.1, HfConfigReader::Bound::probability))
+      .layer_norm_epsilon(r.number("layer_norm_epsilon", 1e-5, HfConfigReader::Bound::positive))
       .initializer_range(r.number("initializer_range", 0.02));
   if (o.n_embd() % o.n_head() != 0)
     r.fail("n_head", concat(o.n_head(), " must divide n_embd (", o.n_embd(), ")"));

@@ -48,12 +48,12 @@ std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::str
   o.num_key_value_heads(r.integer("num_key_value_heads", o.num_attention_heads()))
       .head_dim(r.integer("head_dim", 0))
       .max_position_embeddings(r.integer("max_position_embeddings", 2048))
-      .rms_norm_eps(r.number("rms_norm_eps", 1e-6))
+      .rms_norm_eps(r.number("rms_norm_eps", 1e-6, HfConfigReader::Bound::positive))
       .attention_bias(r.boolean("attention_bias", false))
       .mlp_bias(r.boolean("mlp_bias", false))
       .tie_word_embeddings(r.boolean("tie_word_embeddings", false))
       .hidden_act(r.string("hidden_act", "silu"))
-      .attention_dropout(r.number("attention_dropout", 0.0))
+      .attention_dropout(r.number("attention_dropout", 0.0, HfConfigReader::Bound::probability))
       .initializer_range(r.number("initializer_range", 0.02));
   if (o.hidden_size() % o.num_attention_heads() != 0 && o.head_dim() == 0)
     r.fail("num_attention_heads", concat(o.num_attention_heads(), " does not divide hidden_size ", o.hidden_size(),

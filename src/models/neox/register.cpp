@@ -40,12 +40,12 @@ std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::str
       .num_hidden_layers(r.integer("num_hidden_layers"))
       .num_attention_heads(r.integer("num_attention_heads"))
       .max_position_embeddings(r.integer("max_position_embeddings", 2048))
-      .layer_norm_eps(r.number("layer_norm_eps", 1e-5))
+      .layer_norm_eps(r.number("layer_norm_eps", 1e-5, HfConfigReader::Bound::positive))
       .use_parallel_residual(r.boolean("use_parallel_residual", true))
       .hidden_act(r.string("hidden_act", "gelu"))
       .tie_word_embeddings(r.boolean("tie_word_embeddings", false))
-      .hidden_dropout(r.number("hidden_dropout", 0.0))
-      .attention_dropout(r.number("attention_dropout", 0.0))
+      .hidden_dropout(r.number("hidden_dropout", 0.0, HfConfigReader::Bound::probability))
+      .attention_dropout(r.number("attention_dropout", 0.0, HfConfigReader::Bound::probability))
       .initializer_range(r.number("initializer_range", 0.02));
   if (o.hidden_size() % o.num_attention_heads() != 0)
     r.fail("num_attention_heads", concat(o.num_attention_heads(), " does not divide hidden_size ", o.hidden_size()));
