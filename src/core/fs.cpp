@@ -43,10 +43,17 @@ void write_atomic(const std::filesystem::path& path, const std::function<void(st
   auto tmp = dir / (concat(".", path.filename().string(), ".tmp.", ::getpid()));
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw IoError(concat(tmp.string(), ": cannot open for writing"));
+    if (!out) throw IoError(concat(tmp.string(), ": cannot open for writing: ", std::strerror(errno)));
+    errno = 0;
     fill(out);
     out.flush();
-    if (!out) throw IoError(concat(tmp.string(), ": write failed"));
+    if (!out) {
+      // ENOSPC, EFBIG, EIO...: name the cause and leave nothing half-written behind.
+      const int err = errno;
+      out.close();
+      ::unlink(tmp.c_str());
+      throw IoError(concat(path.string(), ": write failed: ", err ? std::strerror(err) : "stream error"));
+    }
   }
   fsync_path(tmp);
   std::error_code ec;

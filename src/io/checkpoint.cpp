@@ -2,8 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/Generator.h>
-#include <torch/serialize/input-archive.h>
-#include <torch/serialize/output-archive.h>
+#include <torch/optim/adamw.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +21,11 @@ namespace {
 namespace stdfs = std::filesystem;
 constexpr const char* kStateFile = "trainer_state.json";
 constexpr int kFormatVersion = 1;
+// AdamW moments by HF parameter name, and the per-parameter step counts
+// beside them: no file of a checkpoint goes through torch's serializer, which
+// aborts the process on a short write and whose reader unpickles.
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kOptimizerMeta = "optimizer.json";
 
 std::optional<int64_t> checkpoint_step(const stdfs::path& p) {
   static const std::regex re("checkpoint-([0-9]+)");
@@ -48,6 +52,65 @@ std::vector<at::Device> rng_devices(const at::Device& device) {
   return devs;
 }
 
+torch::optim::AdamWParamState* adamw_state(torch::optim::Optimizer& optimizer, const at::Tensor& p) {
+  auto it = optimizer.state().find(p.unsafeGetTensorImpl());
+  return it == optimizer.state().end() ? nullptr : dynamic_cast<torch::optim::AdamWParamState*>(it->second.get());
+}
+
+void save_optimizer_state(const stdfs::path& dir, models::CausalLM& model, torch::optim::Optimizer& optimizer) {
+  TensorMap tensors;
+  nlohmann::json steps = nlohmann::json::object();
+  for (const auto& item : model.named_parameters()) {
+    auto* st = adamw_state(optimizer, item.value());
+    if (!st) continue;  // not stepped yet
+    tensors.emplace(item.key() + ".exp_avg", st->exp_avg());
+    tensors.emplace(item.key() + ".exp_avg_sq", st->exp_avg_sq());
+    if (st->max_exp_avg_sq().defined()) tensors.emplace(item.key() + ".max_exp_avg_sq", st->max_exp_avg_sq());
+    steps[item.key()] = st->step();
+  }
+  save_safetensors(dir / kOptimizerFile, tensors);
+  const nlohmann::json meta = {{"optimizer", "adamw"}, {"format_version", kFormatVersion}, {"steps", steps}};
+  fs::write_file_atomic(dir / kOptimizerMeta, meta.dump(2) + "\n");
+}
+
+void load_optimizer_state(const stdfs::path& dir, models::CausalLM& model, torch::optim::Optimizer& optimizer) {
+  if (!stdfs::exists(dir / kOptimizerFile)) {
+    if (stdfs::exists(dir / "optimizer.pt"))
+      throw CheckpointError(concat((dir / "optimizer.pt").string(),
+                                   ": optimizer state in torch's archive format (written by Anvil before "
+                                   "2026-11-23) is no longer read, since its reader deserializes pickled data. "
+                                   "Continue from this checkpoint's weights in a new output_dir with model.from=",
+                                   dir.string(), " (the optimizer state starts afresh)"));
+    throw CheckpointError(concat((dir / kOptimizerFile).string(), ": missing"));
+  }
+  const auto meta_path = dir / kOptimizerMeta;
+  const auto meta = nlohmann::json::parse(fs::read_file(meta_path), nullptr, false);
+  if (meta.is_discarded() || !meta.is_object() || !meta.contains("steps") || !meta["steps"].is_object())
+    throw CheckpointError(concat(meta_path.string(), ": expected a JSON object with a \"steps\" object"));
+  SafetensorsFile file(dir / kOptimizerFile);
+  for (const auto& item : model.named_parameters()) {
+    const auto& name = item.key();
+    const auto& p = item.value();
+    if (!file.contains(name + ".exp_avg")) continue;
+    const auto step = meta["steps"].find(name);
+    if (step == meta["steps"].end() || !step->is_number_integer() || step->get<int64_t>() < 0)
+      throw CheckpointError(concat(meta_path.string(), ": steps.", name, ": expected a step count >= 0"));
+    auto moment = [&](const std::string& suffix) {
+      auto t = file.get(name + suffix);
+      if (t.sizes() != p.sizes())
+        throw CheckpointError(concat(file.path().string(), ": tensor \"", name, suffix, "\" has shape ", t.sizes(),
+                                     ", expected ", p.sizes(), " (the parameter's)"));
+      return t.to(p.options());
+    };
+    auto st = std::make_unique<torch::optim::AdamWParamState>();
+    st->step(step->get<int64_t>());
+    st->exp_avg(moment(".exp_avg"));
+    st->exp_avg_sq(moment(".exp_avg_sq"));
+    if (file.contains(name + ".max_exp_avg_sq")) st->max_exp_avg_sq(moment(".max_exp_avg_sq"));
+    optimizer.state()[p.unsafeGetTensorImpl()] = std::move(st);
+  }
+}
+
 }  // namespace
 
 stdfs::path save_checkpoint(const stdfs::path& output_dir, const CheckpointParts& parts, int64_t keep_last) {
@@ -57,16 +120,21 @@ stdfs::path save_checkpoint(const stdfs::path& output_dir, const CheckpointParts
   stdfs::remove_all(tmp);
   stdfs::create_directories(tmp);
 
-  save_model_dir(tmp, *parts.model, parts.tokenizer);
-  {
-    torch::serialize::OutputArchive archive;
-    parts.optimizer->save(archive);
-    archive.save_to((tmp / "optimizer.pt").string());
+  try {
+    save_model_dir(tmp, *parts.model, parts.tokenizer);
+    save_optimizer_state(tmp, *parts.model, *parts.optimizer);
+    save_rng_state(tmp / "rng_state.safetensors", parts.model->parameters().front().device());
+    fs::write_file_atomic(tmp / "config.yaml", parts.run_config_yaml);
+    write_trainer_state(tmp, parts.state);  // written last
+    fs::fsync_tree(tmp);
+  } catch (const std::exception& e) {
+    // A full disk or an unwritable folder: the unfinished folder goes, the
+    // previous checkpoints stay as they were.
+    std::error_code ec;
+    stdfs::remove_all(tmp, ec);
+    throw CheckpointError(concat("saving checkpoint-", step, " in ", output_dir.string(), " failed (", e.what(),
+                                 "); the previous checkpoints are as they were"));
   }
-  save_rng_state(tmp / "rng_state.safetensors", parts.model->parameters().front().device());
-  fs::write_file_atomic(tmp / "config.yaml", parts.run_config_yaml);
-  write_trainer_state(tmp, parts.state);  // written last
-  fs::fsync_tree(tmp);
 
   publish_checkpoint(tmp, output_dir, step, keep_last);
   return final_dir;
@@ -136,7 +204,10 @@ nlohmann::json read_trainer_state(const stdfs::path& dir) {
 }
 
 void write_trainer_state(const stdfs::path& dir, const TrainerState& state) {
-  nlohmann::json st = {{"format_version", kFormatVersion}, {"step", state.step}, {"data", state.data}};
+  nlohmann::json st = {{"format_version", kFormatVersion},
+                       {"step", state.step},
+                       {"data", state.data},
+                       {"nonfinite_steps", state.nonfinite_steps}};
   fs::write_file_atomic(dir / kStateFile, st.dump(2) + "\n");
 }
 
@@ -146,16 +217,15 @@ TrainerState load_checkpoint(const stdfs::path& dir, models::CausalLM& model, to
                                  "dist::load_sharded_checkpoint reads it"));
   const auto j = read_trainer_state(dir);
   load_weights(model, dir);
-  try {
-    torch::serialize::InputArchive archive;
-    archive.load_from((dir / "optimizer.pt").string());
-    optimizer.load(archive);
-  } catch (const c10::Error& e) {
-    throw CheckpointError(concat((dir / "optimizer.pt").string(), ": cannot restore optimizer state: ",
-                                 e.what_without_backtrace()));
-  }
+  load_optimizer_state(dir, model, optimizer);
   load_rng_state(dir / "rng_state.safetensors", model.parameters().front().device());
-  return {j["step"].get<int64_t>(), j.value("data", nlohmann::json::object())};
+  return trainer_state_of(j);
+}
+
+TrainerState trainer_state_of(const nlohmann::json& j) {
+  const auto n = j.find("nonfinite_steps");  // absent in checkpoints older than the non-finite guard
+  return {j["step"].get<int64_t>(), j.value("data", nlohmann::json::object()),
+          n != j.end() && n->is_number_integer() ? n->get<int64_t>() : 0};
 }
 
 }  // namespace anvil::io

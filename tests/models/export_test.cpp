@@ -30,7 +30,8 @@ TEST(Export, TrainedModelsOfEveryFamilyLoadInTransformersWithTheSameLogits) {
     // A standalone folder: model, config, generation config and tokenizer, no trainer state.
     for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.model"})
       EXPECT_TRUE(std::filesystem::exists(exported / f)) << f;
-    EXPECT_FALSE(std::filesystem::exists(exported / "optimizer.pt"));
+    EXPECT_FALSE(std::filesystem::exists(exported / "optimizer.safetensors"));
+    EXPECT_FALSE(std::filesystem::exists(exported / "optimizer.json"));
     exports += " " + exported.string();
   }
   const auto cmd = anvil::testing::python_bin() + " " + src + "/tests/parity/logits_in_transformers.py " +

@@ -1,0 +1,93 @@
+// Checkpoint files: the optimizer state is safetensors + JSON (nothing goes
+// through torch's serializer, which aborts on a short write and whose reader
+// unpickles), old optimizer.pt checkpoints get a message saying what to do,
+// and a failed write names the file and the cause and leaves the previous
+// checkpoint as it was.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "anvil/io/safetensors.h"
+#include "test_util.h"
+
+namespace anvil::io {
+namespace {
+
+using anvil::testing::run;
+using anvil::testing::TempDir;
+namespace stdfs = std::filesystem;
+
+const char* kRun = R"(
+model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 2, num_heads: 4, dropout: 0.0}
+tokenizer: {path: data/tokenizer.model}
+data: {train: [{path: data/sft_train.jsonl}]}
+optimizer: {lr: 1.0e-3}
+schedule: {warmup_steps: 0}
+train: {max_steps: 2, micro_batch_size: 4, save_every: 2, keep_checkpoints: 0, log_every: 1000, threads: 1}
+eval: {generate_samples: 0}
+)";
+
+int train(const TempDir& dir, const std::string& extra, std::string* log, const std::string& prefix = "") {
+  anvil::testing::write_text(dir / "run.yaml", kRun);
+  return run("cd " + anvil::testing::source_dir() + " && " + prefix + anvil::testing::trainer_bin() + " --config " +
+                 (dir / "run.yaml").string() + " output_dir=" + (dir / "out").string() + " " + extra,
+             log);
+}
+
+TEST(CheckpointFiles, OptimizerStateIsSafetensorsByParameterName) {
+  TempDir dir;
+  std::string log;
+  ASSERT_EQ(train(dir, "", &log), 0) << log;
+  const auto ckpt = dir / "out" / "checkpoint-2";
+  EXPECT_FALSE(stdfs::exists(ckpt / "optimizer.pt"));
+  SafetensorsFile f(ckpt / "optimizer.safetensors");
+  EXPECT_TRUE(f.contains("transformer.wte.weight.exp_avg"));
+  EXPECT_TRUE(f.contains("transformer.h.1.mlp.c_proj.weight.exp_avg_sq"));
+  EXPECT_EQ(f.shape("transformer.wte.weight.exp_avg"), (std::vector<int64_t>{326, 32}));
+  const auto meta = nlohmann::json::parse(anvil::testing::read_text(ckpt / "optimizer.json"));
+  EXPECT_EQ(meta["steps"]["transformer.wte.weight"].get<int64_t>(), 2);
+  // Resuming reads it back (tests/train/resume_test.cpp checks the losses bit for bit).
+  ASSERT_EQ(train(dir, "train.max_steps=3", &log), 0) << log;
+  EXPECT_NE(log.find("resumed from"), std::string::npos) << log;
+}
+
+TEST(CheckpointFiles, AnOldOptimizerArchiveIsExplainedNotRead) {
+  TempDir dir;
+  std::string log;
+  ASSERT_EQ(train(dir, "", &log), 0) << log;
+  const auto ckpt = dir / "out" / "checkpoint-2";
+  stdfs::remove(ckpt / "optimizer.safetensors");
+  stdfs::remove(ckpt / "optimizer.json");
+  anvil::testing::write_text(ckpt / "optimizer.pt", "PK not really a torch archive");
+  EXPECT_NE(train(dir, "train.max_steps=3", &log), 0);
+  EXPECT_NE(log.find((ckpt / "optimizer.pt").string() +
+                     ": optimizer state in torch's archive format (written by Anvil before 2026-11-23) is no "
+                     "longer read"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("model.from=" + ckpt.string()), std::string::npos) << log;
+}
+
+// A file-size limit (ulimit -f, with SIGXFSZ ignored so write() fails with
+// EFBIG) stands in for a full disk: the save fails with the file and the
+// cause, publishes nothing, and the previous checkpoint still resumes.
+TEST(CheckpointFiles, AFailedWriteNamesTheFileAndKeepsThePreviousCheckpoint) {
+  TempDir dir;
+  std::string log;
+  ASSERT_EQ(train(dir, "", &log), 0) << log;
+  const auto model_bytes = stdfs::file_size(dir / "out" / "checkpoint-2" / "model.safetensors");
+  ASSERT_GT(model_bytes, 64u * 1024u);
+  EXPECT_NE(train(dir, "train.max_steps=4", &log, "trap '' XFSZ; ulimit -f 48; "), 0);
+  EXPECT_NE(log.find("saving checkpoint-4 in " + (dir / "out").string() + " failed ("), std::string::npos) << log;
+  EXPECT_NE(log.find("model.safetensors: write failed: File too large"), std::string::npos) << log;
+  EXPECT_NE(log.find("the previous checkpoints are as they were"), std::string::npos) << log;
+  for (const auto& e : stdfs::directory_iterator(dir / "out"))
+    EXPECT_NE(e.path().filename().string().rfind(".checkpoint-", 0), 0u) << "left behind: " << e.path();
+  EXPECT_FALSE(stdfs::exists(dir / "out" / "checkpoint-4"));
+  ASSERT_EQ(train(dir, "train.max_steps=4", &log), 0) << log;
+  EXPECT_NE(log.find("resumed from " + (dir / "out" / "checkpoint-2").string()), std::string::npos) << log;
+  EXPECT_TRUE(stdfs::exists(dir / "out" / "checkpoint-4" / "trainer_state.json"));
+}
+
+}  // namespace
+}  // namespace anvil::io
