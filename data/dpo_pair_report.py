@@ -11,7 +11,7 @@ pairs of that task that the policy gets wrong. It also prints each model's
 greedy exact match per task (the chosen reply is the correct answer).
 
 usage: dpo_pair_report.py --policy runs/dpo_tiny/checkpoint-600 \\
-           --reference runs/quickstart/checkpoint-4000 [--pairs data/dpo_eval.jsonl] [--task sort]
+           --reference runs/quickstart/checkpoint-1500 [--pairs data/dpo_eval.jsonl] [--task sort]
 """
 import argparse
 import collections

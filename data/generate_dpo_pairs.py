@@ -14,7 +14,7 @@ SFT eval prompt) and <out-dir>/dpo_eval.jsonl (the 400 SFT eval prompts, in
 order). Needs the SFT checkpoint (scripts/quickstart.sh) and build/bin/anvil;
 deterministic for a given model, --seed and anvil build.
 
-usage: generate_dpo_pairs.py --model runs/quickstart/checkpoint-4000 [--out-dir data]
+usage: generate_dpo_pairs.py --model runs/quickstart/checkpoint-1500 [--out-dir data]
 """
 import argparse
 import json

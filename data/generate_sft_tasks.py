@@ -9,6 +9,11 @@ per line: {"prompt": "...", "response": "..."}. Four tasks, mixed uniformly:
   add:     "add: 37+45\n"     -> "82"      (operands 0..99)
   sort:    "sort: dbca\n"     -> "abcd"    (distinct lowercase letters, length 3..6)
 
+Also writes <out-dir>/sft_add_train.jsonl: --add-train-size extra "add"
+examples from a stream of their own (seed + 1), so the quickstart can mix in
+more of the one task a small model learns slowly without changing the two
+files above.
+
 Deterministic for a given --seed. Eval prompts are unique, and no eval prompt
 appears in train. Standard library only.
 """
@@ -66,6 +71,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--train-size", type=int, default=20000)
     ap.add_argument("--eval-size", type=int, default=400)
+    ap.add_argument("--add-train-size", type=int, default=20000)
     ap.add_argument("--out-dir", default=here)
     args = ap.parse_args()
 
@@ -93,13 +99,23 @@ def main():
     for p, r in eval_rows + train_rows:
         assert p.endswith("\n") and r == r.strip() and r
 
+    add_rng = random.Random(args.seed + 1)
+    add_rows = []
+    while len(add_rows) < args.add_train_size:
+        p, r = task_add(add_rng)
+        if p not in eval_prompts:
+            add_rows.append((p, r))
+
     os.makedirs(args.out_dir, exist_ok=True)
     train_path = os.path.join(args.out_dir, "sft_train.jsonl")
     eval_path = os.path.join(args.out_dir, "sft_eval.jsonl")
     write_jsonl(train_path, train_rows)
     write_jsonl(eval_path, eval_rows)
+    add_path = os.path.join(args.out_dir, "sft_add_train.jsonl")
+    write_jsonl(add_path, add_rows)
     print(f"wrote {len(train_rows)} rows to {train_path}")
     print(f"wrote {len(eval_rows)} rows to {eval_path}")
+    print(f"wrote {len(add_rows)} rows to {add_path}")
 
 
 if __name__ == "__main__":

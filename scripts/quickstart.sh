@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up (idempotent), build, and train the quickstart: a small GPT-2 learns
+# Set up (idempotent), build, and train the quickstart: a small GPT-NeoX learns
 # four string/arithmetic tasks on CPU, then reports held-out exact-match
 # accuracy. Re-running resumes/finishes the same run in runs/quickstart.
 set -euo pipefail

@@ -295,7 +295,23 @@ TEST(Dpo, PrecomputedReferenceGivesTheInProcessLosses) {
 
 // ---- learning, from the quickstart SFT checkpoint (QuickstartLearning's fixture) ----
 
-stdfs::path sft_checkpoint() { return stdfs::path(ANVIL_FIXTURE_DIR) / "quickstart-sft" / "checkpoint-4000"; }
+// The checkpoint of the quickstart run the tiny configs name (model.from:
+// runs/quickstart/checkpoint-1000), taken from the fixture's run.
+stdfs::path sft_checkpoint() {
+  const auto from = anvil::config::load_config({anvil::testing::source_dir() + "/configs/dpo_tiny.yaml"}, {})
+                        .model.from;
+  return stdfs::path(ANVIL_FIXTURE_DIR) / "quickstart-sft" / stdfs::path(from).filename();
+}
+
+/// The fixture's metrics line of the step sft_checkpoint() was saved at.
+nlohmann::json sft_metrics() {
+  const auto name = sft_checkpoint().filename().string();
+  const auto step = std::stoll(name.substr(name.find('-') + 1));
+  for (const auto& m : metric_lines(stdfs::path(ANVIL_FIXTURE_DIR) / "quickstart-sft" / "metrics.jsonl"))
+    if (m["step"].get<int64_t>() == step) return m;
+  ADD_FAILURE() << "no metrics for step " << step << " in the quickstart fixture";
+  return {};
+}
 
 TEST(PreferenceLearning, RewardModelRanksHeldOutPairs) {
   ASSERT_TRUE(stdfs::exists(sft_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
@@ -328,7 +344,7 @@ TEST(PreferenceLearning, DpoRaisesHeldOutRewardAccuracyAndExactMatch) {
   const auto src = anvil::testing::source_dir();
   // The fixture is the quickstart as shipped, so its metrics are the SFT model's on the same
   // 400 held-out prompts the DPO run evaluates.
-  const auto sft = metric_lines(stdfs::path(ANVIL_FIXTURE_DIR) / "quickstart-sft" / "metrics.jsonl").back();
+  const auto sft = sft_metrics();
   const double beta = anvil::config::load_config({src + "/configs/dpo_tiny.yaml"},
                                                  {"model.from=" + sft_checkpoint().string()})
                           .dpo.beta;
