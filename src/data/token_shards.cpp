@@ -171,7 +171,9 @@ std::shared_ptr<const TokenShards> TokenShards::open(const stdfs::path& dir) {
   std::shared_ptr<TokenShards> ts(new TokenShards());
   ts->dir_ = dir;
   ts->token_bytes_ = dtype == "uint16" ? 2 : 4;
-  ts->vocab_size_ = meta.value("vocab_size", int64_t{0});
+  if (!meta.contains("vocab_size") || !meta["vocab_size"].is_number_integer() || meta["vocab_size"].get<int64_t>() < 1)
+    throw bad("vocab_size", "expected a positive integer");
+  ts->vocab_size_ = meta["vocab_size"].get<int64_t>();
   for (size_t i = 0; i < meta["shards"].size(); ++i) {
     const auto& j = meta["shards"][i];
     const auto key = concat("shards[", i, "]");
@@ -185,8 +187,15 @@ std::shared_ptr<const TokenShards> TokenShards::open(const stdfs::path& dir) {
     s.data = map_file(s.bin, static_cast<size_t>(s.tokens) * static_cast<size_t>(ts->token_bytes_), s.bin_bytes);
     const auto idx = dir / (j["name"].get<std::string>() + ".idx");
     s.starts = static_cast<const int64_t*>(map_file(idx, static_cast<size_t>(s.docs + 1) * 8, s.idx_bytes));
-    if (s.starts[0] != 0 || s.starts[s.docs] != s.tokens)
-      throw DataError(concat(idx.string(), ": document offsets do not span the shard's ", s.tokens, " tokens"));
+    if (s.starts[0] != 0 || s.starts[s.docs] != s.tokens || !std::is_sorted(s.starts, s.starts + s.docs + 1))
+      throw DataError(concat(idx.string(), ": document offsets do not span the shard's ", s.tokens,
+                             " tokens in order"));
+    // Every id is checked here, once, so a damaged or foreign shard is named
+    // before training instead of failing as an out-of-range index at step N.
+    for (int64_t i = 0; i < s.tokens; ++i)
+      if (const auto id = ts->token(s, i); id >= ts->vocab_size_)
+        throw DataError(concat(s.bin.string(), ": token ", i, " is id ", id, ", outside the vocabulary of ",
+                               ts->vocab_size_, " that meta.json declares; re-run anvil prepare"));
     ts->num_tokens_ += s.tokens;
     ts->num_docs_ += s.docs;
     ts->shards_.push_back(s);

@@ -551,5 +551,27 @@ TEST(TokenShards, WindowsCarryDocumentBoundariesAndDamageIsReported) {
   EXPECT_NE(error_of([&] { ShardWriter(dir / "shards", 100, 99); }).find("output exists"), std::string::npos);
 }
 
+// An id the vocabulary does not hold is reported when the shards are opened,
+// with the file, the position and the vocabulary size, not at step N.
+TEST(TokenShards, IdsOutsideTheVocabularyAreReportedOnOpen) {
+  TempDir dir;
+  ShardWriter w(dir / "shards", 100, 99);
+  w.add({1, 2, 3});
+  w.add({4, 5});
+  w.finish("test", {"synthetic"});
+  ASSERT_NO_THROW(TokenShards::open(dir / "shards"));
+  const auto bin = dir / "shards" / "shard_00000.bin";
+  {
+    std::fstream f(bin, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(2 * 4);  // token 4 (uint16): the first id of the second document
+    const uint16_t big = 4000;
+    f.write(reinterpret_cast<const char*>(&big), 2);
+  }
+  const auto err = error_of([&] { TokenShards::open(dir / "shards"); });
+  EXPECT_NE(err.find(bin.string() + ": token 4 is id 4000, outside the vocabulary of 100 that meta.json declares"),
+            std::string::npos)
+      << err;
+}
+
 }  // namespace
 }  // namespace anvil::data
