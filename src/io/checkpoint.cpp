@@ -152,8 +152,16 @@ void publish_checkpoint(const stdfs::path& tmp, const stdfs::path& output_dir, i
   if (had) stdfs::remove_all(old);
 
   if (keep_last > 0) {
+    // Renamed out of the checkpoint-<step> names first, in one atomic step: a
+    // kill in the middle of the removal leaves a hidden leftover (removed
+    // below, or by the next save), never a checkpoint-<step> folder with part
+    // of its files gone.
     auto all = complete_checkpoints(output_dir);
-    for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i) stdfs::remove_all(all[i].second);
+    for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i) {
+      const auto doomed = output_dir / concat(".checkpoint-", all[i].first, ".pruned-", ::getpid());
+      stdfs::rename(all[i].second, doomed);
+      stdfs::remove_all(doomed);
+    }
   }
   // Leftovers of runs killed mid-save.
   for (const auto& e : stdfs::directory_iterator(output_dir)) {
