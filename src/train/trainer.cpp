@@ -11,10 +11,10 @@
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
-#include <map>
 #include <filesystem>
 #include <iomanip>
 #include <limits>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -157,10 +157,13 @@ std::map<int64_t, std::string> injected_nonfinite() {
 /// Global L2 norm of the gradients of `params`, clipped to `max_norm` when larger (0 = only measure).
 double clip_or_measure(const std::vector<at::Tensor>& params, double max_norm) {
   if (max_norm > 0) return torch::nn::utils::clip_grad_norm_(params, max_norm);
-  double sq = 0;
-  for (const auto& p : params)
-    if (p.grad().defined()) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
-  return std::sqrt(sq);
+  at::Tensor sq;  // summed on the device: one host sync
+  for (const auto& p : params) {
+    if (!p.grad().defined()) continue;
+    auto t = p.grad().to(at::kDouble).pow(2).sum();
+    sq = sq.defined() ? sq + t : t;
+  }
+  return sq.defined() ? std::sqrt(sq.item<double>()) : 0.0;
 }
 
 }  // namespace
@@ -397,7 +400,8 @@ TrainResult run_training(const config::RunConfig& cfg) {
     if (const auto it = injected.find(step + 1); it != injected.end()) {
       at::NoGradGuard no_grad;
       if (it->second == "loss" && lead) s.loss = std::numeric_limits<double>::infinity();
-      if (it->second == "grad") (sharded ? sharded->master_parameters() : params).front().mutable_grad().fill_(std::numeric_limits<float>::quiet_NaN());
+      if (it->second == "grad")
+        (sharded ? sharded->master_parameters() : params).front().mutable_grad().fill_(NAN);
     }
     bool stop = g_stop.load();
     // One reduction for the loss, the objective's sums and the stop flag.
