@@ -53,6 +53,26 @@ std::string trainer_bin() { return ANVIL_TRAINER_BIN; }
 std::string cli_bin() { return ANVIL_CLI_BIN; }
 std::string python_bin() { return ANVIL_PYTHON; }
 
+std::string tiny_sft_run(int64_t max_steps, int64_t save_every) {
+  return "model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 2, num_heads: 4, "
+         "dropout: 0.0}\n"
+         "tokenizer: {path: data/tokenizer.model}\n"
+         "data: {train: [{path: data/sft_train.jsonl}]}\n"
+         "optimizer: {lr: 1.0e-3}\n"
+         "schedule: {warmup_steps: 0}\n"
+         "train: {max_steps: " + std::to_string(max_steps) + ", micro_batch_size: 4, save_every: " +
+         std::to_string(save_every) + ", keep_checkpoints: 0, log_every: 1000, threads: 1}\n"
+         "eval: {generate_samples: 0}\n";
+}
+
+int train_in(const TempDir& dir, const std::string& yaml, const std::string& extra, std::string* log,
+             const std::string& prefix) {
+  write_text(dir / "run.yaml", yaml);
+  return run("cd " + source_dir() + " && " + prefix + trainer_bin() + " --config " + (dir / "run.yaml").string() +
+                 " output_dir=" + (dir / "out").string() + " " + extra,
+             log);
+}
+
 std::vector<std::pair<int64_t, double>> read_losses(const std::filesystem::path& metrics) {
   std::vector<std::pair<int64_t, double>> out;
   std::ifstream in(metrics);

@@ -30,6 +30,16 @@ std::string trainer_bin();
 std::string cli_bin();
 std::string python_bin();
 
+/// A tiny GPT-2 SFT run on the bundled data (2 layers, 32 wide, micro-batches
+/// of 4, one thread, no eval generation), `max_steps` steps, saving every
+/// `save_every` and keeping every checkpoint.
+std::string tiny_sft_run(int64_t max_steps, int64_t save_every);
+
+/// Writes `yaml` to dir/run.yaml and runs `prefix` trainer --config it
+/// output_dir=dir/out `extra` from the source folder; returns the exit code.
+int train_in(const TempDir& dir, const std::string& yaml, const std::string& extra, std::string* log,
+             const std::string& prefix = "");
+
 /// The `loss` of every line of a metrics.jsonl, by step.
 std::vector<std::pair<int64_t, double>> read_losses(const std::filesystem::path& metrics);
 

@@ -17,21 +17,8 @@ using anvil::testing::run;
 using anvil::testing::TempDir;
 namespace stdfs = std::filesystem;
 
-const char* kRun = R"(
-model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 2, num_heads: 4, dropout: 0.0}
-tokenizer: {path: data/tokenizer.model}
-data: {train: [{path: data/sft_train.jsonl}]}
-optimizer: {lr: 1.0e-3}
-schedule: {warmup_steps: 0}
-train: {max_steps: 2, micro_batch_size: 4, save_every: 2, keep_checkpoints: 0, log_every: 1000, threads: 1}
-eval: {generate_samples: 0}
-)";
-
 int train(const TempDir& dir, const std::string& extra, std::string* log, const std::string& prefix = "") {
-  anvil::testing::write_text(dir / "run.yaml", kRun);
-  return run("cd " + anvil::testing::source_dir() + " && " + prefix + anvil::testing::trainer_bin() + " --config " +
-                 (dir / "run.yaml").string() + " output_dir=" + (dir / "out").string() + " " + extra,
-             log);
+  return anvil::testing::train_in(dir, anvil::testing::tiny_sft_run(2, 2), extra, log, prefix);
 }
 
 TEST(CheckpointFiles, OptimizerStateIsSafetensorsByParameterName) {

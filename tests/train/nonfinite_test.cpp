@@ -18,28 +18,15 @@ using anvil::testing::run;
 using anvil::testing::TempDir;
 namespace stdfs = std::filesystem;
 
-const char* kRun = R"(
-model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 2, num_heads: 4, dropout: 0.0}
-tokenizer: {path: data/tokenizer.model}
-data: {train: [{path: data/sft_train.jsonl}]}
-optimizer: {lr: 1.0e-3}
-schedule: {warmup_steps: 0}
-train: {max_steps: 6, micro_batch_size: 4, save_every: 2, keep_checkpoints: 0, log_every: 1000, threads: 1}
-eval: {generate_samples: 0}
-)";
-
 struct Run {
   int rc;
   std::string log;
 };
 
 Run train(const TempDir& dir, const std::string& faults, const std::string& extra = "") {
-  anvil::testing::write_text(dir / "run.yaml", kRun);
   Run r;
-  r.rc = run("cd " + anvil::testing::source_dir() + " && ANVIL_TEST_NONFINITE=" + faults + " " +
-                 anvil::testing::trainer_bin() + " --config " + (dir / "run.yaml").string() +
-                 " output_dir=" + (dir / "out").string() + " " + extra,
-             &r.log);
+  r.rc = anvil::testing::train_in(dir, anvil::testing::tiny_sft_run(6, 2), extra, &r.log,
+                                  "ANVIL_TEST_NONFINITE=" + faults + " ");
   return r;
 }
 
