@@ -13,6 +13,7 @@
 #include "anvil/core/fs.h"
 #include "anvil/io/hf_model.h"
 #include "anvil/io/safetensors.h"
+#include "anvil/optim/optimizer.h"
 
 namespace anvil::dist {
 namespace {
@@ -40,12 +41,6 @@ nlohmann::json read_meta(const stdfs::path& dir) {
     throw CheckpointError(concat(path.string(), ": expected a sharding.json of format_version ", kFormatVersion,
                                  " with \"units\" and \"shards\""));
   return j;
-}
-
-torch::optim::AdamWParamState* adam_state(torch::optim::Optimizer& opt, const at::Tensor& p) {
-  auto it = opt.state().find(p.unsafeGetTensorImpl());
-  if (it == opt.state().end()) return nullptr;
-  return dynamic_cast<torch::optim::AdamWParamState*>(it->second.get());
 }
 
 }  // namespace
@@ -79,14 +74,14 @@ stdfs::path save_sharded_checkpoint(const stdfs::path& output_dir, ShardedModel&
       if (e <= b) continue;
       const auto& name = model.layouts()[u].name;
       tensors.emplace(name + ".param", masters[u].narrow(0, 0, e - b).contiguous().cpu());
-      if (auto* st = adam_state(optimizer, masters[u])) {
+      if (auto* st = optim::adamw_state(optimizer, masters[u])) {
         tensors.emplace(name + ".exp_avg", st->exp_avg().narrow(0, 0, e - b).contiguous().cpu());
         tensors.emplace(name + ".exp_avg_sq", st->exp_avg_sq().narrow(0, 0, e - b).contiguous().cpu());
       }
     }
     io::save_safetensors(shard_file(tmp, rank, shards), tensors, {{"format", "pt"}});
   }
-  if (auto* st = adam_state(optimizer, masters.front())) adam_step = st->step();
+  if (auto* st = optim::adamw_state(optimizer, masters.front())) adam_step = st->step();
   io::save_rng_state(rng_file(tmp, rank), masters.front().device());
   // The whole model in HF layout, gathered one unit at a time; only rank 0
   // keeps (on the host) and writes it.
@@ -227,7 +222,7 @@ void import_optimizer_state(ShardedModel& model, torch::optim::Optimizer& per_pa
     auto m1 = at::zeros({layout.numel}, at::kFloat), m2 = at::zeros({layout.numel}, at::kFloat);
     int64_t step = -1;
     for (const auto& fp : layout.params) {
-      auto* st = adam_state(per_parameter, params.at(fp.name));
+      auto* st = optim::adamw_state(per_parameter, params.at(fp.name));
       if (!st) continue;
       if (step >= 0 && st->step() != step)
         throw CheckpointError(concat("optimizer state: parameter \"", fp.name, "\" has taken ", st->step(),

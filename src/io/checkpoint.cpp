@@ -14,6 +14,7 @@
 #include "anvil/core/logging.h"
 #include "anvil/io/hf_model.h"
 #include "anvil/io/safetensors.h"
+#include "anvil/optim/optimizer.h"
 
 namespace anvil::io {
 namespace {
@@ -52,16 +53,11 @@ std::vector<at::Device> rng_devices(const at::Device& device) {
   return devs;
 }
 
-torch::optim::AdamWParamState* adamw_state(torch::optim::Optimizer& optimizer, const at::Tensor& p) {
-  auto it = optimizer.state().find(p.unsafeGetTensorImpl());
-  return it == optimizer.state().end() ? nullptr : dynamic_cast<torch::optim::AdamWParamState*>(it->second.get());
-}
-
 void save_optimizer_state(const stdfs::path& dir, models::CausalLM& model, torch::optim::Optimizer& optimizer) {
   TensorMap tensors;
   nlohmann::json steps = nlohmann::json::object();
   for (const auto& item : model.named_parameters()) {
-    auto* st = adamw_state(optimizer, item.value());
+    auto* st = optim::adamw_state(optimizer, item.value());
     if (!st) continue;  // not stepped yet
     tensors.emplace(item.key() + ".exp_avg", st->exp_avg());
     tensors.emplace(item.key() + ".exp_avg_sq", st->exp_avg_sq());

@@ -57,4 +57,9 @@ void set_lr(torch::optim::Optimizer& opt, double lr) {
   for (auto& group : opt.param_groups()) group.options().set_lr(lr);
 }
 
+torch::optim::AdamWParamState* adamw_state(torch::optim::Optimizer& optimizer, const at::Tensor& p) {
+  auto it = optimizer.state().find(p.unsafeGetTensorImpl());
+  return it == optimizer.state().end() ? nullptr : dynamic_cast<torch::optim::AdamWParamState*>(it->second.get());
+}
+
 }  // namespace anvil::optim

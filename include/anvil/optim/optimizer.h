@@ -25,4 +25,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::OptimizerC
 
 void set_lr(torch::optim::Optimizer& opt, double lr);
 
+/// The AdamW state the optimizer holds for parameter `p`, or nullptr before its first step.
+torch::optim::AdamWParamState* adamw_state(torch::optim::Optimizer& optimizer, const at::Tensor& p);
+
 }  // namespace anvil::optim
