@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <fstream>
+#include <regex>
 #include <nlohmann/json.hpp>
 
 #include "anvil/config/config.h"
@@ -297,10 +298,14 @@ TEST(Dpo, PrecomputedReferenceGivesTheInProcessLosses) {
 
 // The checkpoint of the quickstart run the tiny configs name (model.from:
 // runs/quickstart/checkpoint-1000), taken from the fixture's run.
+// Read from the YAML text, not through load_config: that checks model.from
+// exists, and on a fresh clone runs/quickstart does not.
 stdfs::path sft_checkpoint() {
-  const auto from = anvil::config::load_config({anvil::testing::source_dir() + "/configs/dpo_tiny.yaml"}, {})
-                        .model.from;
-  return stdfs::path(ANVIL_FIXTURE_DIR) / "quickstart-sft" / stdfs::path(from).filename();
+  const auto yaml = anvil::testing::read_text(anvil::testing::source_dir() + "/configs/dpo_tiny.yaml");
+  std::smatch m;
+  if (!std::regex_search(yaml, m, std::regex(R"(\n  from: *(\S+))")))
+    throw std::runtime_error("configs/dpo_tiny.yaml: no model.from line");
+  return stdfs::path(ANVIL_FIXTURE_DIR) / "quickstart-sft" / stdfs::path(m[1].str()).filename();
 }
 
 /// The fixture's metrics line of the step sft_checkpoint() was saved at.
