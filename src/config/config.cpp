@@ -29,10 +29,20 @@ std::string where_of(const std::string& file, const YAML::Node& node) {
   return concat(file, ":", mark.line + 1);
 }
 
+std::string describe(const YAML::Node& node) {
+  if (!node.IsDefined() || node.IsNull()) return "nothing (null)";
+  if (node.IsMap()) return "a map";
+  if (node.IsSequence()) return "a list";
+  return concat("\"", node.Scalar(), "\"");
+}
+
 void flatten(const YAML::Node& node, const std::string& prefix, const std::string& file, FlatConfig& out) {
   if (node.IsMap()) {
     for (const auto& kv : node) {
-      const auto key = kv.first.as<std::string>();
+      if (!kv.first.IsScalar())  // `? [a, b] : 1` and `{a: 1}: 2` are YAML, but not config keys
+        throw ConfigError(concat(where_of(file, kv.first), ": ", prefix.empty() ? "" : prefix + ": ",
+                                 "expected a plain key name, got ", describe(kv.first)));
+      const auto key = kv.first.Scalar();
       const auto path = prefix.empty() ? key : prefix + "." + key;
       // A later map replaces an earlier scalar at the same path, and vice versa.
       out.erase(path);
@@ -45,12 +55,6 @@ void flatten(const YAML::Node& node, const std::string& prefix, const std::strin
   out[prefix] = Entry{node, where_of(file, node), file};
 }
 
-std::string describe(const YAML::Node& node) {
-  if (!node.IsDefined() || node.IsNull()) return "nothing (null)";
-  if (node.IsMap()) return "a map";
-  if (node.IsSequence()) return "a list";
-  return concat("\"", node.Scalar(), "\"");
-}
 
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
@@ -268,7 +272,8 @@ class Reference {
  public:
   template <class T>
   void field(const char* key, T& value, const char* doc, const Rule& rule = {}) {
-    std::string allowed = rule.required ? "required" : rule.expected;
+    std::string allowed = rule.expected;
+    if (rule.required) allowed = rule.number ? "required; " + rule.expected : "required";
     rows_ << "| `" << prefix_ << key << "` | " << TypeInfo<T>::name << " | `" << TypeInfo<T>::show(value)
           << "` | " << allowed << " | " << doc << " |\n";
   }

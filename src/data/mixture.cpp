@@ -126,6 +126,18 @@ SampleRef MixtureSampler::peek() {
   return plan_[static_cast<size_t>(state_.offset)];
 }
 
+SamplerState sampler_state_of(const nlohmann::json& j) {
+  const auto get = [&](const char* key) {
+    const auto it = j.find(key);
+    if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() < 0)
+      throw CheckpointError(concat("data.", key, ": expected a non-negative integer, got ",
+                                   it == j.end() ? std::string("nothing") : it->dump()));
+    return it->get<int64_t>();
+  };
+  if (!j.is_object()) throw CheckpointError(concat("data: expected an object, got ", j.dump()));
+  return {get("epoch"), get("offset")};
+}
+
 void MixtureSampler::set_state(const SamplerState& s) {
   if (s.epoch < 0 || s.offset < 0)
     throw CheckpointError(concat("sampler state (epoch ", s.epoch, ", offset ", s.offset, ") is invalid"));

@@ -164,8 +164,12 @@ std::shared_ptr<const TokenShards> TokenShards::open(const stdfs::path& dir) {
     return DataError(concat(meta_path.string(), ": ", key, ": ", what));
   };
   if (meta.is_discarded() || !meta.is_object()) throw bad("(file)", "expected a JSON object");
-  if (meta.value("format", "") != kFormat) throw bad("format", concat("expected \"", kFormat, "\""));
-  const auto dtype = meta.value("dtype", "");
+  const auto text = [&](const char* key) {
+    const auto it = meta.find(key);
+    return it != meta.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  if (text("format") != kFormat) throw bad("format", concat("expected \"", kFormat, "\""));
+  const auto dtype = text("dtype");
   if (dtype != "uint16" && dtype != "uint32") throw bad("dtype", "expected uint16 or uint32");
   if (!meta.contains("shards") || !meta["shards"].is_array()) throw bad("shards", "expected a list");
   std::shared_ptr<TokenShards> ts(new TokenShards());
@@ -180,12 +184,21 @@ std::shared_ptr<const TokenShards> TokenShards::open(const stdfs::path& dir) {
     if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains("tokens") ||
         !j["tokens"].is_number_integer() || !j.contains("docs") || !j["docs"].is_number_integer())
       throw bad(key, "expected {name, tokens, docs}");
+    // A file name inside this folder, and counts whose byte sizes fit a size_t.
+    const auto name = j["name"].get<std::string>();
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+        name.find('\0') != std::string::npos)
+      throw bad(key + ".name", concat("expected a file name inside the folder, got \"", name, "\""));
+    constexpr int64_t kMaxCount = int64_t{1} << 50;
+    for (const char* count : {"tokens", "docs"})
+      if (j[count].get<int64_t>() < 0 || j[count].get<int64_t>() > kMaxCount)
+        throw bad(concat(key, ".", count), concat("expected an integer in [0, 2^50], got ", j[count].dump()));
     Shard s;
     s.tokens = j["tokens"].get<int64_t>();
     s.docs = j["docs"].get<int64_t>();
-    s.bin = dir / (j["name"].get<std::string>() + ".bin");
+    s.bin = dir / (name + ".bin");
     s.data = map_file(s.bin, static_cast<size_t>(s.tokens) * static_cast<size_t>(ts->token_bytes_), s.bin_bytes);
-    const auto idx = dir / (j["name"].get<std::string>() + ".idx");
+    const auto idx = dir / (name + ".idx");
     s.starts = static_cast<const int64_t*>(map_file(idx, static_cast<size_t>(s.docs + 1) * 8, s.idx_bytes));
     if (s.starts[0] != 0 || s.starts[s.docs] != s.tokens || !std::is_sorted(s.starts, s.starts + s.docs + 1))
       throw DataError(concat(idx.string(), ": document offsets do not span the shard's ", s.tokens,

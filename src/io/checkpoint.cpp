@@ -20,7 +20,6 @@ namespace anvil::io {
 namespace {
 
 namespace stdfs = std::filesystem;
-constexpr const char* kStateFile = "trainer_state.json";
 constexpr int kFormatVersion = 1;
 // AdamW moments by HF parameter name, and the per-parameter step counts
 // beside them: no file of a checkpoint goes through torch's serializer, which
@@ -41,7 +40,7 @@ std::vector<std::pair<int64_t, stdfs::path>> complete_checkpoints(const stdfs::p
   if (!stdfs::is_directory(output_dir)) return out;
   for (const auto& e : stdfs::directory_iterator(output_dir)) {
     auto step = checkpoint_step(e.path());
-    if (step && e.is_directory() && stdfs::exists(e.path() / kStateFile)) out.emplace_back(*step, e.path());
+    if (step && e.is_directory() && stdfs::exists(e.path() / kTrainerStateFile)) out.emplace_back(*step, e.path());
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -196,25 +195,6 @@ std::optional<stdfs::path> latest_checkpoint(const stdfs::path& output_dir) {
   return all.back().second;
 }
 
-nlohmann::json read_trainer_state(const stdfs::path& dir) {
-  const auto state_path = dir / kStateFile;
-  auto j = nlohmann::json::parse(fs::read_file(state_path), nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer())
-    throw CheckpointError(concat(state_path.string(), ": expected a JSON object with an integer \"step\""));
-  if (j.value("format_version", 0) != kFormatVersion)
-    throw CheckpointError(concat(state_path.string(), ": format_version ", j.value("format_version", 0),
-                                 " is not supported (expected ", kFormatVersion, ")"));
-  return j;
-}
-
-void write_trainer_state(const stdfs::path& dir, const TrainerState& state) {
-  nlohmann::json st = {{"format_version", kFormatVersion},
-                       {"step", state.step},
-                       {"data", state.data},
-                       {"nonfinite_steps", state.nonfinite_steps}};
-  fs::write_file_atomic(dir / kStateFile, st.dump(2) + "\n");
-}
-
 TrainerState load_checkpoint(const stdfs::path& dir, models::CausalLM& model, torch::optim::Optimizer& optimizer) {
   if (stdfs::exists(dir / "sharding.json"))
     throw CheckpointError(concat(dir.string(), ": written by a sharded run (see its sharding.json); "
@@ -224,12 +204,6 @@ TrainerState load_checkpoint(const stdfs::path& dir, models::CausalLM& model, to
   load_optimizer_state(dir, model, optimizer);
   load_rng_state(dir / "rng_state.safetensors", model.parameters().front().device());
   return trainer_state_of(j);
-}
-
-TrainerState trainer_state_of(const nlohmann::json& j) {
-  const auto n = j.find("nonfinite_steps");  // absent in checkpoints older than the non-finite guard
-  return {j["step"].get<int64_t>(), j.value("data", nlohmann::json::object()),
-          n != j.end() && n->is_number_integer() ? n->get<int64_t>() : 0};
 }
 
 }  // namespace anvil::io

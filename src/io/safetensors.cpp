@@ -12,11 +12,10 @@
 
 #include "anvil/core/error.h"
 #include "anvil/core/fs.h"
+#include "anvil/io/safetensors_header.h"
 
 namespace anvil::io {
 namespace {
-
-constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // the format's own limit
 
 struct DtypeName {
   const char* name;
@@ -32,6 +31,12 @@ const char* dtype_name(at::ScalarType t) {
   for (const auto& d : kDtypes)
     if (d.type == t) return d.name;
   throw CheckpointError(concat("safetensors: unsupported dtype ", c10::toString(t)));
+}
+
+at::ScalarType scalar_type(const std::string& name) {
+  for (const auto& d : kDtypes)
+    if (name == d.name) return d.type;
+  throw CheckpointError(concat("safetensors: unsupported dtype ", name));
 }
 
 }  // namespace
@@ -74,9 +79,9 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
     throw CheckpointError(concat(where, ": cannot stat"));
   }
   size_ = static_cast<size_t>(st.st_size);
-  if (size_ < 8) {
+  if (size_ < 8) {  // mmap of an empty file fails; the parser says what is wrong
     ::close(fd);
-    throw CheckpointError(concat(where, ": not a safetensors file (", size_, " bytes, expected at least 8)"));
+    parse_safetensors_header("", size_, where);
   }
   void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
@@ -84,64 +89,11 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
   map_ = static_cast<const char*>(m);
 
   try {
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(map_[i]);
-    if (n > kMaxHeaderBytes || n > size_ - 8)
-      throw CheckpointError(concat(where, ": header length ", n, " exceeds the file (", size_, " bytes)"));
-    data_start_ = 8 + n;
-    auto header = nlohmann::json::parse(map_ + 8, map_ + 8 + n, nullptr, false);
-    if (header.is_discarded() || !header.is_object())
-      throw CheckpointError(concat(where, ": header is not a JSON object"));
-    const size_t data_size = size_ - data_start_;
-    std::vector<std::pair<size_t, size_t>> spans;
-    for (const auto& [name, e] : header.items()) {
-      if (name == "__metadata__") {
-        if (!e.is_object()) throw CheckpointError(concat(where, ": __metadata__ must be an object"));
-        for (const auto& [k, v] : e.items()) {
-          if (!v.is_string()) throw CheckpointError(concat(where, ": __metadata__.", k, " must be a string"));
-          metadata_[k] = v.get<std::string>();
-        }
-        continue;
-      }
-      const auto bad = [&](const std::string& what) {
-        return CheckpointError(concat(where, ": tensor \"", name, "\": ", what));
-      };
-      if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
-        throw bad("expected an object with dtype, shape and data_offsets");
-      if (!e["dtype"].is_string()) throw bad("dtype must be a string");
-      const auto dt = e["dtype"].get<std::string>();
-      const auto* found = std::find_if(std::begin(kDtypes), std::end(kDtypes),
-                                       [&](const DtypeName& d) { return dt == d.name; });
-      if (found == std::end(kDtypes)) throw bad(concat("unsupported dtype \"", dt, "\""));
-      Entry entry{found->type, {}, 0, 0};
-      if (!e["shape"].is_array()) throw bad("shape must be a list");
-      uint64_t numel = 1;
-      for (const auto& d : e["shape"]) {
-        if (!d.is_number_unsigned()) throw bad("shape entries must be non-negative integers");
-        const auto v = d.get<uint64_t>();
-        if (v > (1ull << 40)) throw bad("dimension too large");
-        entry.shape.push_back(static_cast<int64_t>(v));
-        numel *= v;
-        if (numel > (1ull << 48)) throw bad("too many elements");
-      }
-      const auto& off = e["data_offsets"];
-      if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-        throw bad("data_offsets must be [begin, end]");
-      entry.begin = off[0].get<size_t>();
-      entry.end = off[1].get<size_t>();
-      if (entry.begin > entry.end || entry.end > data_size)
-        throw bad(concat("data_offsets [", entry.begin, ", ", entry.end, "] outside the data section (", data_size,
-                         " bytes)"));
-      if (entry.end - entry.begin != numel * c10::elementSize(entry.dtype))
-        throw bad(concat("data_offsets span ", entry.end - entry.begin, " bytes, expected ",
-                         numel * c10::elementSize(entry.dtype), " for its dtype and shape"));
-      spans.emplace_back(entry.begin, entry.end);
-      entries_.emplace(name, std::move(entry));
-    }
-    std::sort(spans.begin(), spans.end());
-    for (size_t i = 1; i < spans.size(); ++i)
-      if (spans[i].first < spans[i - 1].second)
-        throw CheckpointError(concat(where, ": tensors overlap in the data section"));
+    auto header = parse_safetensors_header(map_, size_, where);
+    data_start_ = header.data_start;
+    metadata_ = std::move(header.metadata);
+    for (auto& [name, e] : header.entries)
+      entries_.emplace(name, Entry{scalar_type(e.dtype), std::move(e.shape), e.begin, e.end});
   } catch (...) {
     ::munmap(const_cast<char*>(map_), size_);
     map_ = nullptr;

@@ -16,7 +16,12 @@ class SentencePieceTokenizer final : public Tokenizer {
   SentencePieceTokenizer(const stdfs::path& path, const detail::SpecialTokenConfig& cfg) : path_(path) {
     if (!stdfs::is_regular_file(path))
       throw Error(concat(path.string(), ": tokenizer file not found (expected a SentencePiece .model file)"));
-    const auto status = sp_.Load(path.string());
+    sentencepiece::util::Status status;
+    try {
+      status = sp_.Load(path.string());
+    } catch (const std::exception& e) {  // the library's own checks throw on some damaged models
+      throw Error(concat(path.string(), ": not a valid SentencePiece model: ", e.what()));
+    }
     if (!status.ok()) throw Error(concat(path.string(), ": not a valid SentencePiece model: ", status.ToString()));
     bos_ = cfg.bos ? resolve(*cfg.bos, "bos_token", cfg) : sp_.bos_id();
     eos_ = cfg.eos ? resolve(*cfg.eos, "eos_token", cfg) : sp_.eos_id();

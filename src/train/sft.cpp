@@ -137,8 +137,9 @@ nlohmann::json sampler_state(const data::MixtureSampler& sampler) {
 }
 
 void restore_sampler(data::MixtureSampler& sampler, const nlohmann::json& state) {
-  sampler.set_state({state.at("epoch").get<int64_t>(), state.at("offset").get<int64_t>()});
-  if (state.contains("epoch_length") && state["epoch_length"].get<int64_t>() != sampler.epoch_length())
+  sampler.set_state(data::sampler_state_of(state));
+  if (state.contains("epoch_length") && state["epoch_length"].is_number_integer() &&
+      state["epoch_length"].get<int64_t>() != sampler.epoch_length())
     log::warn("the data changed since the checkpoint (an epoch held ", state["epoch_length"].get<int64_t>(),
               " samples, now ", sampler.epoch_length(), "): the stream continues at the saved position of the new data");
 }

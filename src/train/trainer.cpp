@@ -326,7 +326,11 @@ TrainResult run_training(const config::RunConfig& cfg) {
   if (resumed) {
     const auto& st = *resumed;
     const auto& ckpt = latest;
-    objective->train_source().restore(st.data);
+    try {
+      objective->train_source().restore(st.data);
+    } catch (const std::exception& e) {  // a user objective's restore may throw anything
+      throw CheckpointError(concat((*ckpt / io::kTrainerStateFile).string(), ": ", e.what()));
+    }
     step = st.step;
     log::info("resumed from ", ckpt->string(), " at step ", step);
   }

@@ -88,6 +88,17 @@ TEST_F(ConfigTest, MissingRequiredKey) {
   auto f = write("noout.yaml", "train:\n  max_steps: 1\n");
   EXPECT_EQ(error_of({f}, {}),
             f + ": output_dir: required key is missing; expected a string (set it in a config file or as output_dir=...)");
+  // A required number has no default to fall back on (found by fuzzing: a
+  // config without train.max_steps loaded as max_steps 0).
+  auto nosteps = write("nosteps.yaml", "output_dir: x\n");
+  EXPECT_EQ(error_of({nosteps}, {}), nosteps + ": train.max_steps: required key is missing; expected an integer "
+                                               "(set it in a config file or as train.max_steps=...)");
+}
+
+TEST_F(ConfigTest, KeysMustBePlainNames) {
+  // YAML allows a list or a map as a key; a config does not (found by fuzzing).
+  auto bad = write("complex.yaml", "train:\n  ? [max_steps, seed]\n  : 3\n");
+  EXPECT_EQ(error_of({base_, bad}, {}), bad + ":2: train: expected a plain key name, got a list");
 }
 
 TEST_F(ConfigTest, CrossFieldChecksNameTheKey) {

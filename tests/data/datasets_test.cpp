@@ -573,5 +573,29 @@ TEST(TokenShards, IdsOutsideTheVocabularyAreReportedOnOpen) {
       << err;
 }
 
+TEST(TokenShards, DamagedMetaFieldsAreNamed) {
+  // Cases the fuzzer found (fuzz/corpus/token_shards/regress-*) or that sit
+  // next to them: each is an error naming meta.json and the key.
+  TempDir dir;
+  ShardWriter w(dir / "shards", 100, 99);
+  w.add({1, 2, 3});
+  w.finish("test", {"synthetic"});
+  const auto meta_path = dir / "shards" / "meta.json";
+  const auto good = nlohmann::json::parse(anvil::testing::read_text(meta_path));
+  const auto with = [&](const std::function<void(nlohmann::json&)>& edit) {
+    auto m = good;
+    edit(m);
+    anvil::testing::write_text(meta_path, m.dump());
+    return error_of([&] { TokenShards::open(dir / "shards"); });
+  };
+  const auto m = meta_path.string();
+  EXPECT_EQ(with([](auto& j) { j["format"] = 7; }), m + ": format: expected \"anvil-token-shards\"");
+  EXPECT_EQ(with([](auto& j) { j["dtype"] = nullptr; }), m + ": dtype: expected uint16 or uint32");
+  EXPECT_EQ(with([](auto& j) { j["shards"][0]["docs"] = -1; }),
+            m + ": shards[0].docs: expected an integer in [0, 2^50], got -1");
+  EXPECT_EQ(with([](auto& j) { j["shards"][0]["name"] = "../shards/shard_00000"; }),
+            m + ": shards[0].name: expected a file name inside the folder, got \"../shards/shard_00000\"");
+}
+
 }  // namespace
 }  // namespace anvil::data

@@ -7,7 +7,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "anvil/core/error.h"
+#include "anvil/data/mixture.h"
 #include "anvil/io/safetensors.h"
+#include "anvil/io/trainer_state.h"
 #include "test_util.h"
 
 namespace anvil::io {
@@ -74,6 +77,31 @@ TEST(CheckpointFiles, AFailedWriteNamesTheFileAndKeepsThePreviousCheckpoint) {
   ASSERT_EQ(train(dir, "train.max_steps=4", &log), 0) << log;
   EXPECT_NE(log.find("resumed from " + (dir / "out" / "checkpoint-2").string()), std::string::npos) << log;
   EXPECT_TRUE(stdfs::exists(dir / "out" / "checkpoint-4" / "trainer_state.json"));
+}
+
+TEST(TrainerStateFile, DamagedFieldsAreNamed) {
+  // Every field a resume reads is type- and range-checked, with the file and
+  // key in the message (fuzz/corpus/trainer_state holds what the fuzzer found).
+  TempDir dir;
+  const auto file = (dir / kTrainerStateFile).string();
+  const auto error_of = [&](const std::string& text) -> std::string {
+    anvil::testing::write_text(file, text);
+    try {
+      (void)data::sampler_state_of(trainer_state_of(read_trainer_state(dir.path())).data);
+    } catch (const anvil::Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  EXPECT_EQ(error_of(R"({"format_version": 1, "step": 3, "data": {"epoch": 0, "offset": 2}})"), "(no error)");
+  EXPECT_EQ(error_of(R"({"format_version": "1", "step": 3})"),
+            file + ": format_version: expected a non-negative integer, got \"1\"");
+  EXPECT_EQ(error_of(R"({"format_version": 1, "step": -3})"), file + ": step: expected a non-negative integer, got -3");
+  EXPECT_EQ(error_of(R"({"format_version": 1})"), file + ": step: missing (expected a non-negative integer)");
+  EXPECT_EQ(error_of(R"({"format_version": 1, "step": 3, "data": []})"),
+            file + ": data: expected an object (the data stream's position), got []");
+  EXPECT_EQ(error_of(R"({"format_version": 1, "step": 3, "data": {"epoch": 0.5, "offset": 2}})"),
+            "data.epoch: expected a non-negative integer, got 0.5");
 }
 
 }  // namespace

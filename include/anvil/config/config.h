@@ -239,7 +239,7 @@ struct TrainConfig {
 
   template <class V>
   void visit(V& v) {
-    v.field("max_steps", max_steps, "Optimizer steps to train for.", positive());
+    v.field("max_steps", max_steps, "Optimizer steps to train for.", required(positive()));
     v.field("micro_batch_size", micro_batch_size, "Samples per forward/backward pass.", positive());
     v.field("grad_accum_steps", grad_accum_steps,
             "Micro-batches per optimizer step, summed over all ranks (each rank runs grad_accum_steps / "

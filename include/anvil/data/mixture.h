@@ -6,6 +6,7 @@
 // the stream does not depend on how many ranks read it.
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 namespace anvil::data {
@@ -30,6 +31,10 @@ struct SamplerState {
   int64_t epoch = 0;
   int64_t offset = 0;  // samples already taken in this epoch
 };
+
+/// The position a checkpoint's "data" object holds ({"epoch", "offset"}:
+/// non-negative integers); throws CheckpointError naming the key.
+SamplerState sampler_state_of(const nlohmann::json& j);
 
 class MixtureSampler {
  public:

@@ -14,16 +14,11 @@
 #include <optional>
 #include <string>
 
+#include "anvil/io/trainer_state.h"
 #include "anvil/models/causal_lm.h"
 #include "anvil/tokenizer/tokenizer.h"
 
 namespace anvil::io {
-
-struct TrainerState {
-  int64_t step = 0;
-  nlohmann::json data;          // the batch source's position
-  int64_t nonfinite_steps = 0;  // steps skipped so far for a NaN/inf loss or gradient norm
-};
 
 struct CheckpointParts {
   models::CausalLM* model = nullptr;
@@ -43,13 +38,6 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& output_dir, c
 /// checkpoints and removes leftovers of interrupted saves.
 void publish_checkpoint(const std::filesystem::path& tmp, const std::filesystem::path& output_dir, int64_t step,
                         int64_t keep_last);
-
-/// trainer_state.json of a checkpoint folder, validated; written last, so its
-/// presence marks a complete checkpoint.
-nlohmann::json read_trainer_state(const std::filesystem::path& dir);
-/// The TrainerState a validated trainer_state.json holds.
-TrainerState trainer_state_of(const nlohmann::json& j);
-void write_trainer_state(const std::filesystem::path& dir, const TrainerState& state);
 
 /// Writes the default random generators' states, the CPU's and `device`'s
 /// (when not the CPU), to `path` (safetensors, keyed by device name).

@@ -1,0 +1,27 @@
+#pragma once
+// trainer_state.json: the last file of a checkpoint folder (its presence marks
+// the folder complete). It holds the step, the batch source's position and the
+// non-finite step count. Torch-free, so the fuzz targets can link it alone.
+
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+namespace anvil::io {
+
+inline constexpr const char* kTrainerStateFile = "trainer_state.json";
+
+struct TrainerState {
+  int64_t step = 0;
+  nlohmann::json data;          // the batch source's position
+  int64_t nonfinite_steps = 0;  // steps skipped so far for a NaN/inf loss or gradient norm
+};
+
+/// trainer_state.json of a checkpoint folder, validated (types and ranges of
+/// every field read); throws CheckpointError naming the file and key.
+nlohmann::json read_trainer_state(const std::filesystem::path& dir);
+/// The TrainerState a JSON object read by read_trainer_state holds.
+TrainerState trainer_state_of(const nlohmann::json& j);
+void write_trainer_state(const std::filesystem::path& dir, const TrainerState& state);
+
+}  // namespace anvil::io

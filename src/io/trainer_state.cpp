@@ -1,0 +1,53 @@
+#include "anvil/io/trainer_state.h"
+
+#include "anvil/core/error.h"
+#include "anvil/core/fs.h"
+
+namespace anvil::io {
+namespace {
+
+constexpr int kFormatVersion = 1;
+
+}  // namespace
+
+nlohmann::json read_trainer_state(const std::filesystem::path& dir) {
+  const auto path = (dir / kTrainerStateFile).string();
+  auto j = nlohmann::json::parse(fs::read_file(path), nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    throw CheckpointError(concat(path, ": expected a JSON object with an integer \"step\""));
+  const auto integer = [&](const char* key, bool required) {
+    const auto it = j.find(key);
+    if (it == j.end()) {
+      if (required) throw CheckpointError(concat(path, ": ", key, ": missing (expected a non-negative integer)"));
+      return;
+    }
+    if (!it->is_number_integer() || it->get<int64_t>() < 0)
+      throw CheckpointError(concat(path, ": ", key, ": expected a non-negative integer, got ", it->dump()));
+  };
+  integer("step", true);
+  integer("format_version", true);
+  integer("nonfinite_steps", false);  // absent in checkpoints older than the non-finite guard
+  if (j["format_version"].get<int64_t>() != kFormatVersion)
+    throw CheckpointError(concat(path, ": format_version ", j["format_version"].get<int64_t>(),
+                                 " is not supported (expected ", kFormatVersion, ")"));
+  if (j.contains("data") && !j["data"].is_object())
+    throw CheckpointError(concat(path, ": data: expected an object (the data stream's position), got ",
+                                 j["data"].dump()));
+  return j;
+}
+
+TrainerState trainer_state_of(const nlohmann::json& j) {
+  const auto n = j.find("nonfinite_steps");
+  return {j.at("step").get<int64_t>(), j.value("data", nlohmann::json::object()),
+          n != j.end() && n->is_number_integer() ? n->get<int64_t>() : 0};
+}
+
+void write_trainer_state(const std::filesystem::path& dir, const TrainerState& state) {
+  nlohmann::json st = {{"format_version", kFormatVersion},
+                       {"step", state.step},
+                       {"data", state.data},
+                       {"nonfinite_steps", state.nonfinite_steps}};
+  fs::write_file_atomic(dir / kTrainerStateFile, st.dump(2) + "\n");
+}
+
+}  // namespace anvil::io
