@@ -7,10 +7,12 @@
 #include <charconv>
 #include <filesystem>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 
 #include "anvil/core/error.h"
+#include "anvil/core/logging.h"
 
 namespace anvil::config {
 namespace {
@@ -20,6 +22,28 @@ struct Entry {
   YAML::Node node;
   std::string where;  // "configs/a.yaml:12" or "command line (train.lr=3e-4)"
   std::string file;   // the source alone, for entries nested in a list
+  int order = 0;      // the source's place in the chain (files, then overrides)
+};
+
+/// The errors of one load, reported together (the first kMaxErrors of them).
+class Errors {
+ public:
+  static constexpr size_t kMaxErrors = 20;
+  void add(std::string message) {
+    if (std::find(list_.begin(), list_.end(), message) == list_.end()) list_.push_back(std::move(message));
+  }
+  bool empty() const { return list_.empty(); }
+  void throw_if_any() const {
+    if (list_.empty()) return;
+    if (list_.size() == 1) throw ConfigError(list_.front());
+    std::string msg = concat(list_.size(), " errors in the config:");
+    for (size_t i = 0; i < list_.size() && i < kMaxErrors; ++i) msg += "\n  " + list_[i];
+    if (list_.size() > kMaxErrors) msg += concat("\n  ... and ", list_.size() - kMaxErrors, " more");
+    throw ConfigError(msg);
+  }
+
+ private:
+  std::vector<std::string> list_;
 };
 using FlatConfig = std::map<std::string, Entry>;
 
@@ -36,7 +60,20 @@ std::string describe(const YAML::Node& node) {
   return concat("\"", node.Scalar(), "\"");
 }
 
-void flatten(const YAML::Node& node, const std::string& prefix, const std::string& file, FlatConfig& out) {
+void erase_subtree(FlatConfig& out, const std::string& prefix) {
+  out.erase(prefix);
+  for (auto it = out.lower_bound(prefix + "."); it != out.end() && it->first.rfind(prefix + ".", 0) == 0;)
+    it = out.erase(it);
+}
+
+void flatten(const YAML::Node& node, const std::string& prefix, const std::string& file, FlatConfig& out,
+             int order = 0) {
+  // `key: null` (or ~, or key=null on the command line) removes what an
+  // earlier source set there: the key falls back to its default.
+  if (node.IsNull() && !prefix.empty()) {
+    erase_subtree(out, prefix);
+    return;
+  }
   if (node.IsMap()) {
     for (const auto& kv : node) {
       if (!kv.first.IsScalar())  // `? [a, b] : 1` and `{a: 1}: 2` are YAML, but not config keys
@@ -46,13 +83,12 @@ void flatten(const YAML::Node& node, const std::string& prefix, const std::strin
       const auto path = prefix.empty() ? key : prefix + "." + key;
       // A later map replaces an earlier scalar at the same path, and vice versa.
       out.erase(path);
-      flatten(kv.second, path, file, out);
+      flatten(kv.second, path, file, out, order);
     }
     return;
   }
-  for (auto it = out.lower_bound(prefix + "."); it != out.end() && it->first.rfind(prefix + ".", 0) == 0;)
-    it = out.erase(it);
-  out[prefix] = Entry{node, where_of(file, node), file};
+  erase_subtree(out, prefix);
+  out[prefix] = Entry{node, where_of(file, node), file, order};
 }
 
 
@@ -135,7 +171,8 @@ bool passes(const Rule& rule, const std::vector<double>& v) {
 
 class Parser {
  public:
-  explicit Parser(FlatConfig flat, std::string sources) : flat_(std::move(flat)), sources_(std::move(sources)) {}
+  Parser(FlatConfig flat, std::string sources, Errors& errors)
+      : flat_(std::move(flat)), sources_(std::move(sources)), errors_(&errors) {}
 
   template <class T>
   void field(const char* key, T& value, const char* /*doc*/, const Rule& rule = {}) {
@@ -144,8 +181,8 @@ class Parser {
     auto it = flat_.find(path);
     if (it == flat_.end()) {
       if (rule.required)
-        throw ConfigError(concat(sources_, ": ", path, ": required key is missing; expected ",
-                                 TypeInfo<T>::name, " (set it in a config file or as ", path, "=...)"));
+        errors_->add(concat(sources_, ": ", path, ": required key is missing; expected ", TypeInfo<T>::name,
+                            " (set it in a config file or as ", path, "=...)"));
       return;
     }
     const auto& node = it->second.node;
@@ -155,10 +192,13 @@ class Parser {
       if (!node.IsDefined() || node.IsNull()) throw YAML::BadConversion(node.Mark());
       parsed = TypeInfo<T>::read(node);
     } catch (const YAML::Exception&) {
-      throw ConfigError(concat(where, ": ", path, ": expected ", TypeInfo<T>::name, ", got ", describe(node)));
+      errors_->add(concat(where, ": ", path, ": expected ", TypeInfo<T>::name, ", got ", describe(node)));
+      return;
     }
-    if (!passes(rule, parsed))
-      throw ConfigError(concat(where, ": ", path, ": expected ", rule.expected, ", got ", describe(node)));
+    if (!passes(rule, parsed)) {
+      errors_->add(concat(where, ": ", path, ": expected ", rule.expected, ", got ", describe(node)));
+      return;
+    }
     value = std::move(parsed);
   }
 
@@ -167,9 +207,11 @@ class Parser {
     const auto saved = prefix_;
     const auto path = prefix_ + key;
     known_.insert(path);
-    if (auto it = flat_.find(path); it != flat_.end() && !it->second.node.IsNull())
-      throw ConfigError(concat(it->second.where, ": ", path, ": expected a map of ", path,
-                               ".* keys, got ", describe(it->second.node)));
+    if (auto it = flat_.find(path); it != flat_.end() && !it->second.node.IsNull()) {
+      errors_->add(concat(it->second.where, ": ", path, ": expected a map of ", path, ".* keys, got ",
+                          describe(it->second.node)));
+      return;  // its keys would only add errors that follow from this one
+    }
     prefix_ = path + ".";
     s.visit(*this);
     prefix_ = saved;
@@ -182,19 +224,24 @@ class Parser {
     known_.insert(path);
     auto it = flat_.find(path);
     if (it == flat_.end()) return;
-    const auto& [node, where, file] = it->second;
-    if (!node.IsSequence())
-      throw ConfigError(concat(where, ": ", path, ": expected a list of maps (- key: value), got ", describe(node)));
+    const auto& [node, where, file, order] = it->second;
+    (void)order;
+    if (!node.IsSequence()) {
+      errors_->add(concat(where, ": ", path, ": expected a list of maps (- key: value), got ", describe(node)));
+      return;
+    }
     std::vector<S> parsed;
     for (size_t i = 0; i < node.size(); ++i) {
       const auto item_path = concat(path, "[", i, "]");
-      if (!node[i].IsMap())
-        throw ConfigError(concat(where_of(file, node[i]), ": ", item_path, ": expected a map, got ", describe(node[i])));
+      if (!node[i].IsMap()) {
+        errors_->add(concat(where_of(file, node[i]), ": ", item_path, ": expected a map, got ", describe(node[i])));
+        continue;
+      }
       FlatConfig sub;
       flatten(node[i], item_path, file, sub);
       for (auto& [k, e] : sub)
         if (file.rfind("command line", 0) == 0) e.where = where;
-      Parser p(std::move(sub), where);
+      Parser p(std::move(sub), where, *errors_);
       p.prefix_ = item_path + ".";
       S item;
       item.visit(p);
@@ -213,8 +260,15 @@ class Parser {
         const auto d = edit_distance(path, k);
         if (d < best_d) best_d = d, best = k;
       }
-      throw ConfigError(concat(entry.where, ": ", path, ": unknown key",
-                               best.empty() ? std::string() : concat("; did you mean ", best, "?")));
+      // A shortened name (train.micro_batch -> train.micro_batch_size): the
+      // shortest known key of the same section that it begins.
+      if (best.empty())
+        for (const auto& k : known_)
+          if (k.size() > path.size() && k.rfind(path, 0) == 0 && k.find('.', path.size()) == std::string::npos &&
+              (best.empty() || k.size() < best.size()))
+            best = k;
+      errors_->add(concat(entry.where, ": ", path, ": unknown key",
+                          best.empty() ? std::string() : concat("; did you mean ", best, "?")));
     }
   }
 
@@ -223,6 +277,7 @@ class Parser {
  private:
   FlatConfig flat_;
   std::string sources_;
+  Errors* errors_;
   std::string prefix_;
   std::set<std::string> known_;
 };
@@ -305,7 +360,7 @@ class Reference {
 
 // ---- cross-field checks ------------------------------------------------------
 
-void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sources) {
+void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sources, Errors& errors) {
   auto fail = [&](const std::string& key, const std::string& what) {
     auto it = flat.find(key);
     auto where = it == flat.end() ? sources : it->second.where;
@@ -320,7 +375,7 @@ void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sou
         where = base->second.file.rfind("command line", 0) == 0 ? base->second.where : where_of(base->second.file, n);
       }
     }
-    throw ConfigError(concat(where, ": ", key, ": ", what));
+    errors.add(concat(where, ": ", key, ": ", what));
   };
   if (!c.model.from.empty()) {
     // The shape of a loaded model is its config.json's; a second source of
@@ -359,13 +414,15 @@ void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sou
                                          c.schedule.warmup_steps));
   if (c.model.from.empty() && c.tokenizer.path.empty())
     fail("tokenizer.path", "required key is missing; expected a tokenizer file (or set model.from)");
-  auto must_exist = [&](const char* key, const std::string& path, bool dir) {
+  enum Kind { kFile, kFolder, kFileOrFolder };
+  auto must_exist = [&](const char* key, const std::string& path, Kind kind) {
     if (path.empty()) return;
     std::error_code ec;
-    const bool ok = dir ? std::filesystem::is_directory(path, ec) : std::filesystem::is_regular_file(path, ec);
+    const bool file = std::filesystem::is_regular_file(path, ec), folder = std::filesystem::is_directory(path, ec);
+    const bool ok = kind == kFile ? file : kind == kFolder ? folder : file || folder;
     if (!ok)
-      fail(key, concat("expected an existing ", dir ? "folder" : "file", ", got \"", path,
-                       "\" (paths are relative to the working directory)"));
+      fail(key, concat("expected an existing ", kind == kFile ? "file" : kind == kFolder ? "folder" : "file or folder",
+                       ", got \"", path, "\" (paths are relative to the working directory)"));
   };
   if (c.data.train.empty())
     fail("data.train", "required key is missing; expected a list of datasets (- path: train.jsonl)");
@@ -389,19 +446,52 @@ void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sou
   };
   check_list("data.train", c.data.train, true);
   check_list("data.eval", c.data.eval, false);
-  must_exist("tokenizer.path", c.tokenizer.path, false);
-  must_exist("model.from", c.model.from, true);
+  must_exist("tokenizer.path", c.tokenizer.path, kFileOrFolder);
+  must_exist("model.from", c.model.from, kFolder);
   if (c.algorithm == "dpo" && c.dpo.label_smoothing > 0 && (c.dpo.loss_type == "ipo" || c.dpo.loss_type == "hinge"))
     fail("dpo.label_smoothing", concat("applies to loss_type sigmoid (cDPO) and robust; ", c.dpo.loss_type,
                                        " takes 0, got ", c.dpo.label_smoothing));
-  must_exist("dpo.reference", c.dpo.reference, true);
+  must_exist("dpo.reference", c.dpo.reference, kFolder);
+  must_exist("train.resume_from", c.train.resume_from, kFolder);
+  if (!c.train.resume_from.empty() && c.train.resume == "never")
+    fail("train.resume_from", "cannot be set together with train.resume: never");
   const auto& d = c.train.device;
   if (!(d == "cpu" || d == "cuda" || d.rfind("cuda:", 0) == 0))
     fail("train.device", concat("expected cpu, cuda or cuda:N, got \"", d, "\""));
 }
 
+// `data.train[1].fraction=0.2`: sets one key of one item of a list that an
+// earlier source set (the names errors use). Returns false if `ov` is not of
+// that form.
+bool override_list_item(FlatConfig& flat, const std::string& key, const YAML::Node& value, const std::string& where,
+                        int order) {
+  static const std::regex item_re(R"(([A-Za-z0-9_.]+)\[([0-9]+)\](?:\.([A-Za-z0-9_]+))?)");
+  std::smatch m;
+  if (!std::regex_match(key, m, item_re)) return false;
+  const auto base = m[1].str();
+  const auto it = flat.find(base);
+  if (it == flat.end() || !it->second.node.IsSequence())
+    throw ConfigError(concat(where, ": ", base, ": no list to index (set ", base, " in a config file first)"));
+  const auto index = std::stoull(m[2].str());
+  YAML::Node list = YAML::Clone(it->second.node);
+  if (index >= list.size())
+    throw ConfigError(concat(where, ": ", base, "[", m[2].str(), "]: ", base, " has ", list.size(),
+                             list.size() == 1 ? " item" : " items", " (indices from 0)"));
+  if (m[3].matched) {
+    YAML::Node item = list[index];
+    if (!item.IsMap()) throw ConfigError(concat(where, ": ", base, "[", index, "]: expected a map, got a value"));
+    if (value.IsNull()) item.remove(m[3].str());
+    else item[m[3].str()] = value;
+  } else {
+    list[index] = value;
+  }
+  it->second = Entry{list, where, where, order};
+  return true;
+}
+
 FlatConfig read_sources(const std::vector<std::string>& files, const std::vector<std::string>& overrides) {
   FlatConfig flat;
+  int order = 0;
   for (const auto& file : files) {
     YAML::Node root;
     try {
@@ -411,9 +501,10 @@ FlatConfig read_sources(const std::vector<std::string>& files, const std::vector
     } catch (const YAML::ParserException& e) {
       throw ConfigError(concat(file, ":", e.mark.line + 1, ": invalid YAML: ", e.msg));
     }
+    ++order;
     if (root.IsNull()) continue;  // an empty file
     if (!root.IsMap()) throw ConfigError(concat(file, ": expected a map of keys at the top level"));
-    flatten(root, "", file, flat);
+    flatten(root, "", file, flat, order);
   }
   for (const auto& ov : overrides) {
     const auto eq = ov.find('=');
@@ -427,13 +518,36 @@ FlatConfig read_sources(const std::vector<std::string>& files, const std::vector
       throw ConfigError(concat("command line (", ov, "): ", key, ": invalid YAML value: ", e.msg));
     }
     const auto where = concat("command line (", ov, ")");
+    ++order;
+    if (override_list_item(flat, key, value, where, order)) continue;
     if (value.IsMap()) {
       FlatConfig sub;
-      flatten(value, key, where, sub);
-      for (auto& [k, e] : sub) flat[k] = Entry{e.node, where, where};
+      flatten(value, key, where, sub, order);
+      for (auto& [k, e] : sub) flat[k] = Entry{e.node, where, where, order};
     } else {
-      flatten(value, key, where, flat);
-      flat[key].where = where;
+      flatten(value, key, where, flat, order);
+      if (auto it = flat.find(key); it != flat.end()) it->second.where = where;
+    }
+  }
+  // model.from set later in the chain than shape keys (a base config, then a
+  // checkpoint to start from) replaces them: the folder's config.json holds
+  // the shape. Keys set with it or after it still conflict (validate says so).
+  if (const auto from = flat.find("model.from"); from != flat.end()) {
+    std::vector<std::string> replaced;
+    for (auto it = flat.begin(); it != flat.end();) {
+      if (it->first.rfind("model.", 0) == 0 && it->first != "model.from" && it->first != "model.family" &&
+          it->second.order < from->second.order) {
+        replaced.push_back(it->first);
+        it = flat.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (!replaced.empty()) {
+      std::string keys;
+      for (const auto& k : replaced) keys += (keys.empty() ? "" : ", ") + k;
+      log::info("model.from (", from->second.where, ") replaces ", keys,
+                " set earlier: the shape comes from its config.json");
     }
   }
   return flat;
@@ -449,11 +563,15 @@ std::string describe_sources(const std::vector<std::string>& files) {
 }  // namespace
 
 RunConfig load_config(const std::vector<std::string>& files, const std::vector<std::string>& overrides) {
-  Parser parser(read_sources(files, overrides), describe_sources(files));
+  Errors errors;
+  Parser parser(read_sources(files, overrides), describe_sources(files), errors);
   RunConfig cfg;
   cfg.visit(parser);
   parser.reject_unknown();
-  validate(cfg, parser.flat(), describe_sources(files));
+  // Cross-field checks read parsed values: only once every value parsed.
+  errors.throw_if_any();
+  validate(cfg, parser.flat(), describe_sources(files), errors);
+  errors.throw_if_any();
   return cfg;
 }
 
@@ -461,6 +579,48 @@ std::string to_yaml(RunConfig cfg) {
   Printer p;
   cfg.visit(p);
   return p.str();
+}
+
+std::vector<ConfigChange> config_changes(const std::string& before_yaml, const std::string& after_yaml) {
+  const auto flat_of = [](const std::string& text, const char* which) {
+    FlatConfig flat;
+    YAML::Node root;
+    try {
+      root = YAML::Load(text);
+    } catch (const YAML::Exception& e) {
+      throw ConfigError(concat(which, " config: invalid YAML: ", e.what()));
+    }
+    if (root.IsMap()) flatten(root, "", which, flat);
+    return flat;
+  };
+  const auto a = flat_of(before_yaml, "the saved"), b = flat_of(after_yaml, "the new");
+  // A key the saved config lacks (written by an older version) had its default.
+  const auto defaults = flat_of(to_yaml(RunConfig{}), "the default");
+  const auto text = [](const FlatConfig& f, const std::string& k) -> std::string {
+    const auto it = f.find(k);
+    if (it == f.end()) return "(absent)";
+    YAML::Emitter out;
+    out << YAML::Flow << it->second.node;
+    return out.c_str();
+  };
+  std::set<std::string> keys;
+  for (const auto& [k, e] : a) keys.insert(k);
+  for (const auto& [k, e] : b) keys.insert(k);
+  std::vector<ConfigChange> out;
+  for (const auto& k : keys)
+    if (const auto x = text(a.count(k) ? a : defaults, k), y = text(b, k); x != y) out.push_back({k, x, y});
+  return out;
+}
+
+bool may_change_on_resume(const std::string& key) {
+  static const std::set<std::string> keys = {
+      "train.max_steps",   "train.save_every",         "train.eval_every",          "train.log_every",
+      "train.keep_checkpoints", "train.threads",       "train.resume",              "train.resume_from",
+      "train.allow_config_change", "dist.timeout_s",   "output_dir",
+      // Where the run executes, not what it trains: a run may resume on
+      // another device, world size or sharding strategy (docs/distributed.md).
+      "train.device", "dist.sharding", "dist.backend", "dist.consolidated_checkpoints"};
+  return keys.count(key) || key.rfind("eval.", 0) == 0 || key.rfind("logging.", 0) == 0;
 }
 
 std::string reference_markdown() {

@@ -226,6 +226,55 @@ int64_t optimizer_bytes(torch::optim::Optimizer& opt) {
 
 }  // namespace
 
+namespace {
+
+/// The checkpoint a run continues from: train.resume_from, else output_dir's
+/// latest complete one (train.resume: auto), else none.
+std::optional<stdfs::path> checkpoint_to_resume(const config::RunConfig& cfg, const stdfs::path& out_dir) {
+  if (!cfg.train.resume_from.empty()) {
+    const stdfs::path from = cfg.train.resume_from;
+    if (!stdfs::exists(from / io::kTrainerStateFile))
+      throw ConfigError(concat("train.resume_from: ", from.string(), " is not a complete checkpoint (no ",
+                               io::kTrainerStateFile, ")"));
+    return from;
+  }
+  auto latest = io::latest_checkpoint(out_dir);
+  if (latest && cfg.train.resume == "never")
+    throw ConfigError(concat("train.resume: never, but ", out_dir.string(), " holds ", latest->filename().string(),
+                             "; use another output_dir, or train.resume: auto to continue that run"));
+  return latest;
+}
+
+/// A resume compares the new config with the checkpoint's: keys that extend
+/// or observe the run may change (each change logged); any other difference
+/// stops the run unless train.allow_config_change is set.
+void check_resume_config(const stdfs::path& ckpt, const std::string& config_yaml, const config::RunConfig& cfg) {
+  const auto saved_path = ckpt / "config.yaml";
+  if (!stdfs::exists(saved_path)) {
+    log::warn("resume: ", saved_path.string(), " is missing, so the config cannot be compared with the run's");
+    return;
+  }
+  std::vector<config::ConfigChange> blocked;
+  for (const auto& c : config::config_changes(fs::read_file(saved_path), config_yaml)) {
+    if (config::may_change_on_resume(c.key)) {
+      log::info("resume: ", c.key, " changes from ", c.before, " to ", c.after);
+    } else if (cfg.train.allow_config_change) {
+      log::warn("resume: ", c.key, " changes from ", c.before, " to ", c.after, " (train.allow_config_change)");
+    } else {
+      blocked.push_back(c);
+    }
+  }
+  if (blocked.empty()) return;
+  std::string list;
+  for (const auto& c : blocked) list += concat("\n  ", c.key, ": ", c.before, " -> ", c.after);
+  throw ConfigError(concat("resuming ", ckpt.string(), ": this config differs from the run's (", saved_path.string(),
+                           ") in keys that change training:", list,
+                           "\nStart a new run with another output_dir, or set train.allow_config_change=true to "
+                           "continue with the new values (each start's config is kept in output_dir/config-history/)."));
+}
+
+}  // namespace
+
 TrainResult run_training(const config::RunConfig& cfg) {
   log::configure(log::parse_level(cfg.logging.level));
   const auto proc = dist::discover_from_environment();
@@ -238,7 +287,9 @@ TrainResult run_training(const config::RunConfig& cfg) {
   // one, or one resuming a sharded checkpoint) go through
   // dist::ShardedModel; a plain single-process run keeps HF-layout checkpoints.
   const stdfs::path out_dir = cfg.output_dir;
-  const auto latest = io::latest_checkpoint(out_dir);
+  const auto config_yaml = config::to_yaml(cfg);
+  const auto latest = checkpoint_to_resume(cfg, out_dir);
+  if (latest) check_resume_config(*latest, config_yaml, cfg);
   const bool sharded_run = proc.world_size > 1 || cfg.dist.sharding != "no_shard" ||
                            cfg.dist.param_dtype != "float32" || cfg.dist.reduce_dtype != "float32" ||
                            (latest && dist::is_sharded_checkpoint(*latest));
@@ -265,7 +316,6 @@ TrainResult run_training(const config::RunConfig& cfg) {
                              world * cfg.train.micro_batch_size, " samples per step"));
 
   stdfs::create_directories(out_dir);
-  const auto config_yaml = config::to_yaml(cfg);
 
   torch::manual_seed(static_cast<uint64_t>(cfg.train.seed));
   auto tok = build_tokenizer(cfg);
@@ -334,7 +384,13 @@ TrainResult run_training(const config::RunConfig& cfg) {
     step = st.step;
     log::info("resumed from ", ckpt->string(), " at step ", step);
   }
-  if (lead) fs::write_file_atomic(out_dir / "config.yaml", config_yaml);
+  if (lead) {
+    // config.yaml is the run's current config; config-history/ keeps the one
+    // of every start and resume, by the step it started from.
+    fs::write_file_atomic(out_dir / "config.yaml", config_yaml);
+    stdfs::create_directories(out_dir / "config-history");
+    fs::write_file_atomic(out_dir / "config-history" / concat("step-", step, ".yaml"), config_yaml);
+  }
   std::optional<MetricsWriter> metrics;
   if (lead) metrics.emplace(out_dir / "metrics.jsonl", step);
 

@@ -116,6 +116,64 @@ TEST_F(ConfigTest, ShapeKeysConflictWithModelFrom) {
                 "from " + from + "/config.json)");
 }
 
+TEST_F(ConfigTest, ModelFromLaterInTheChainReplacesEarlierShapeKeys) {
+  // A base config with a shape, then a checkpoint to start from: the
+  // checkpoint's config.json decides the shape.
+  auto shaped = write("shaped.yaml", "model:\n  hidden_size: 64\n  num_heads: 4\n  dropout: 0.1\n");
+  const auto from = dir_.path().string();
+  auto c = load_config({base_, shaped}, {"model.from=" + from});
+  EXPECT_EQ(c.model.from, from);
+  EXPECT_EQ(c.model.hidden_size, RunConfig{}.model.hidden_size);
+  EXPECT_EQ(c.model.dropout, RunConfig{}.model.dropout);
+  // Set after model.from, a shape key still conflicts.
+  EXPECT_NE(error_of({base_}, {"model.from=" + from, "model.dropout=0.2"}).find("cannot be set together with model.from"),
+            std::string::npos);
+}
+
+TEST_F(ConfigTest, NullRemovesAKeyAnEarlierSourceSet) {
+  auto shaped = write("shaped.yaml", "model:\n  hidden_size: 64\n  num_heads: 4\n");
+  auto c = load_config({base_, shaped}, {"model.hidden_size=null"});
+  EXPECT_EQ(c.model.hidden_size, RunConfig{}.model.hidden_size);
+  EXPECT_EQ(c.model.num_heads, 4);
+  auto unset = write("unset.yaml", "model:\n  num_heads: ~\n");
+  c = load_config({base_, shaped, unset}, {});
+  EXPECT_EQ(c.model.hidden_size, 64);
+  EXPECT_EQ(c.model.num_heads, RunConfig{}.model.num_heads);
+}
+
+TEST_F(ConfigTest, ListItemsAreOverriddenInPlaceWithTheNamesErrorsUse) {
+  const auto src = anvil::testing::source_dir();
+  auto two = write("two.yaml", "data:\n  train:\n    - path: " + src + "/data/sft_train.jsonl\n      weight: 1\n" +
+                                   "    - path: " + src + "/data/sft_add_train.jsonl\n      weight: 0.5\n");
+  auto c = load_config({base_, two}, {"data.train[1].weight=2", "data.train[0].path=" + src + "/data/sft_eval.jsonl"});
+  ASSERT_EQ(c.data.train.size(), 2u);
+  EXPECT_EQ(c.data.train[0].path, src + "/data/sft_eval.jsonl");
+  EXPECT_EQ(c.data.train[0].weight, 1.0);
+  EXPECT_EQ(c.data.train[1].weight, 2.0);
+  EXPECT_EQ(error_of({base_, two}, {"data.train[2].weight=1"}),
+            "command line (data.train[2].weight=1): data.train[2]: data.train has 2 items (indices from 0)");
+  EXPECT_EQ(error_of({base_, two}, {"data.eval[0].path=x"}),
+            "command line (data.eval[0].path=x): data.eval: no list to index (set data.eval in a config file first)");
+  EXPECT_EQ(error_of({base_, two}, {"data.train[1].wieght=1"}),
+            "command line (data.train[1].wieght=1): data.train[1].wieght: unknown key; did you mean "
+            "data.train[1].weight?");
+}
+
+TEST_F(ConfigTest, TokenizerPathTakesAFolder) {
+  auto c = load_config({base_}, {"tokenizer.path=" + anvil::testing::source_dir() + "/data"});
+  EXPECT_EQ(c.tokenizer.path, anvil::testing::source_dir() + "/data");
+}
+
+TEST_F(ConfigTest, EveryErrorOfALoadIsReportedTogether) {
+  auto bad = write("bad.yaml", "train:\n  max_step: 3\n  micro_batch: 2\noptimizer:\n  lr: -1\n");
+  EXPECT_EQ(error_of({base_, bad}, {"schedule.decay=exp"}),
+            "4 errors in the config:\n"
+            "  " + bad + ":5: optimizer.lr: expected a positive number, got \"-1\"\n"
+            "  command line (schedule.decay=exp): schedule.decay: expected one of cosine, linear, constant, got \"exp\"\n"
+            "  " + bad + ":2: train.max_step: unknown key; did you mean train.max_steps?\n"
+            "  " + bad + ":3: train.micro_batch: unknown key; did you mean train.micro_batch_size?");
+}
+
 TEST_F(ConfigTest, MissingDataOrTokenizerFilesFailBeforeAnyWork) {
   auto f = write("paths.yaml", "data:\n  eval:\n    - path: nowhere/eval.jsonl\n");
   EXPECT_EQ(error_of({base_, f}, {}),

@@ -236,6 +236,9 @@ struct TrainConfig {
   int64_t threads = 0;
   std::string on_nonfinite = "stop";
   int64_t max_nonfinite_in_a_row = 10;
+  std::string resume = "auto";
+  std::string resume_from;
+  bool allow_config_change = false;
 
   template <class V>
   void visit(V& v) {
@@ -272,6 +275,18 @@ struct TrainConfig {
             one_of({"stop", "skip"}));
     v.field("max_nonfinite_in_a_row", max_nonfinite_in_a_row,
             "With on_nonfinite: skip, stop with an error after this many non-finite steps in a row.", positive());
+    v.field("resume", resume,
+            "auto: continue from output_dir's latest complete checkpoint when there is one; never: refuse to "
+            "start in an output_dir that holds checkpoints.",
+            one_of({"auto", "never"}));
+    v.field("resume_from", resume_from,
+            "A checkpoint folder to continue from (weights, optimizer, data position, step) instead of "
+            "output_dir's latest; new checkpoints go to output_dir.");
+    v.field("allow_config_change", allow_config_change,
+            "On resume, accept a config that differs from the checkpoint's in keys that change training (lr, "
+            "data, shape, ...); the change is logged and kept in output_dir/config-history/. Without it, such a "
+            "difference stops the run. Length, save/eval/log cadence, eval.*, logging.* and where it runs "
+            "(device, threads, dist.sharding, dist.backend) may always change.");
   }
 };
 
@@ -459,5 +474,22 @@ std::string to_yaml(RunConfig cfg);
 
 /// Markdown reference of every key: type, default, allowed values, doc.
 std::string reference_markdown();
+
+/// A key whose value differs between two configs (values as YAML text).
+struct ConfigChange {
+  std::string key, before, after;
+};
+
+/// The keys that differ between two config.yaml texts (to_yaml's output, a
+/// saved run's or a checkpoint's config.yaml). A key absent on one side (a
+/// config from an older version) counts as changed. Throws ConfigError if
+/// either text is not YAML.
+std::vector<ConfigChange> config_changes(const std::string& before_yaml, const std::string& after_yaml);
+
+/// Whether `key` may change when a run resumes without allow_config_change:
+/// keys that only extend or observe a run (max_steps, the save, eval and log
+/// cadence, kept checkpoints, eval.*, logging.*, the resume keys) or say where
+/// it runs (device, threads, sharding strategy, backend).
+bool may_change_on_resume(const std::string& key);
 
 }  // namespace anvil::config
