@@ -323,8 +323,11 @@ TEST_F(DistRuns, ShardedCheckpointsExplainWhatCannotReadThem) {
     EXPECT_NE(anvil::testing::run("cd " + anvil::testing::source_dir() + " && " + cmd, &log), 0) << name;
     return log;
   };
-  // A different model shape is named by unit.
+  // A different model shape: the resume's config check names the key first;
+  // allowed anyway, the sharded loader names the unit.
   log = resume_from("wider-from-sharded", 2, "dist.sharding=full_shard model.hidden_size=64");
+  EXPECT_NE(log.find("in keys that change training:\n  model.hidden_size: 32 -> 64\n"), std::string::npos) << log;
+  log = resume_from("wider-allowed", 2, "dist.sharding=full_shard model.hidden_size=64 train.allow_config_change=true");
   EXPECT_NE(log.find("sharding.json: unit 0 is \"transformer.h.0\" of 12704 elements, this model's is "
                      "\"transformer.h.0\" of"),
             std::string::npos)
