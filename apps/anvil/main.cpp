@@ -228,10 +228,18 @@ int cmd_score(const std::string& model_dir, const std::string& input, const std:
 int cmd_tokenize(const std::string& tok_path, const std::string& type, const std::string& input,
                  const std::string& output, bool decode, bool keep_special) {
   auto tok = anvil::tokenizer::load_tokenizer(type, tok_path);
-  std::ifstream in(input);
-  if (!in) throw anvil::Error(anvil::concat(input, ": cannot open"));
-  std::ofstream out(output);
-  if (!out) throw anvil::Error(anvil::concat(output, ": cannot open for writing"));
+  std::ifstream file;
+  if (input != "-") {
+    file.open(input);
+    if (!file) throw anvil::Error(anvil::concat(input, ": cannot open"));
+  }
+  std::istream& in = input == "-" ? std::cin : file;  // "-": standard input
+  std::ofstream file_out;
+  if (output != "-") {
+    file_out.open(output);
+    if (!file_out) throw anvil::Error(anvil::concat(output, ": cannot open for writing"));
+  }
+  std::ostream& out = output == "-" ? std::cout : file_out;
   std::string line;
   int64_t lineno = 0;
   while (std::getline(in, line)) {
@@ -368,8 +376,10 @@ int main(int argc, char** argv) {
   bool decode = false, keep_special = false;
   tokc->add_option("--tokenizer", tok_path, "Tokenizer file (tokenizer.json, .model) or a folder holding one")->required();
   tokc->add_option("--type", tok_type, "auto, hf or sentencepiece")->capture_default_str();
-  tokc->add_option("--input", input, "Text lines (or JSON id lists with --decode)")->required();
-  tokc->add_option("--output", output, "ids.jsonl: one JSON list of ids per line (or text with --decode)")->required();
+  tokc->add_option("--input", input, "Text lines (or JSON id lists with --decode); - reads standard input")->required();
+  tokc->add_option("--output", output,
+                   "ids.jsonl: one JSON list of ids per line (or text with --decode); - writes standard output")
+      ->required();
   tokc->add_flag("--decode", decode, "Decode JSON id lists back to text");
   tokc->add_flag("--keep-special-tokens", keep_special, "With --decode: keep special tokens (BOS, EOS, ...)");
 

@@ -148,6 +148,8 @@ int64_t marker_id(const tokenizer::Tokenizer& tok, const Piece& p, const std::st
 
 }  // namespace
 
+std::vector<std::string> ChatTemplate::names() { return {"plain", "chatml", "llama3", "oasst"}; }
+
 const ChatTemplate& ChatTemplate::get(const std::string& name) {
   static const Plain plain;
   static const ChatML chatml;

@@ -51,8 +51,15 @@ ReadStats read_jsonl(const std::filesystem::path& path, OnError on_error,
     ++stats.lines;
     const auto where = concat(path.string(), ":", lineno);
     try {
-      auto j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_discarded()) throw DataError(concat(where, ": not valid JSON"));
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(line);
+      } catch (const nlohmann::json::parse_error& e) {
+        // "[json.exception.parse_error.101] parse error at line 1, column 9: syntax error ..." -> the reason.
+        std::string reason = e.what();
+        if (const auto k = reason.find(": "); k != std::string::npos) reason = reason.substr(k + 2);
+        throw DataError(concat(where, ": not valid JSON at column ", e.byte, ": ", reason));
+      }
       if (!j.is_object()) throw DataError(concat(where, ": expected a JSON object, got ", j.type_name()));
       fn(Record(j, where));
     } catch (const DataError& e) {

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/cuda.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
@@ -22,6 +23,7 @@
 #include "anvil/core/error.h"
 #include "anvil/core/fs.h"
 #include "anvil/core/logging.h"
+#include "anvil/data/chat.h"
 #include "anvil/dist/checkpoint.h"
 #include "anvil/dist/comm.h"
 #include "anvil/dist/env.h"
@@ -102,11 +104,24 @@ void print_eval(int64_t step, const EvalResult& r) {
 }
 
 at::Device parse_device(const std::string& d) {
+  at::Device device(at::kCPU);
   try {
-    return at::Device(d);
+    device = at::Device(d);
   } catch (const c10::Error&) {
     throw ConfigError(concat("train.device: expected cpu, cuda or cuda:N, got \"", d, "\""));
   }
+  if (device.is_cuda()) {
+    const int n = torch::cuda::device_count();  // a DeviceIndex (int8): printed as a number
+    if (n == 0)
+      throw ConfigError(concat("train.device: ", d, ", but no usable CUDA GPU is visible (",
+                               at::hasCUDA() ? "check nvidia-smi and CUDA_VISIBLE_DEVICES"
+                                             : "this LibTorch has no CUDA support",
+                               "); use train.device=cpu to train on the CPU"));
+    if (device.has_index() && device.index() >= n)
+      throw ConfigError(concat("train.device: ", d, ", but ", n, n == 1 ? " GPU is" : " GPUs are",
+                               " visible (cuda:0", n > 1 ? concat(" to cuda:", n - 1) : std::string(), ")"));
+  }
+  return device;
 }
 
 /// Builds the model: from model.from (HF folder) or randomly initialised.
@@ -228,6 +243,42 @@ int64_t optimizer_bytes(torch::optim::Optimizer& opt) {
 
 namespace {
 
+/// Row 0 of a batch as text, trained tokens inside [[ ]]; trailing padding
+/// (untrained pad tokens) dropped.
+std::string render_first_row(const Batch& batch, const tokenizer::Tokenizer& tok) {
+  const auto ids_it = batch.tensors.find("input_ids"), labels_it = batch.tensors.find("labels");
+  if (ids_it == batch.tensors.end() || labels_it == batch.tensors.end()) return "(this objective's batches hold no input_ids/labels)";
+  const auto ids = ids_it->second[0].contiguous(), labels = labels_it->second[0].contiguous();
+  const auto* id = ids.data_ptr<int64_t>();
+  const auto* label = labels.data_ptr<int64_t>();
+  int64_t n = ids.numel();
+  const int64_t pad = tok.pad_id() >= 0 ? tok.pad_id() : std::max<int64_t>(0, tok.eos_id());
+  while (n > 0 && id[n - 1] == pad && label[n - 1] == data::kIgnoreIndex) --n;
+  std::string out;
+  for (int64_t i = 0; i < n;) {
+    const bool trained = label[i] != data::kIgnoreIndex;
+    std::vector<int64_t> span;
+    for (; i < n && (label[i] != data::kIgnoreIndex) == trained; ++i) span.push_back(id[i]);
+    const auto text = tok.decode(span, false);
+    out += trained ? "[[" + text + "]]" : text;
+  }
+  return out;
+}
+
+std::string format_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  return format_number(b, 3) + " " + units[u];
+}
+
+std::string format_seconds(double s) {
+  if (s < 60) return format_number(s, 3) + " s";
+  const auto m = static_cast<int64_t>(s / 60);
+  if (m < 60) return concat(m, " min ", static_cast<int64_t>(s) % 60, " s");
+  return concat(m / 60, " h ", m % 60, " min");
+}
+
 /// The checkpoint a run continues from: train.resume_from, else output_dir's
 /// latest complete one (train.resume: auto), else none.
 std::optional<stdfs::path> checkpoint_to_resume(const config::RunConfig& cfg, const stdfs::path& out_dir) {
@@ -275,7 +326,7 @@ void check_resume_config(const stdfs::path& ckpt, const std::string& config_yaml
 
 }  // namespace
 
-TrainResult run_training(const config::RunConfig& cfg) {
+TrainResult run_training(const config::RunConfig& cfg, const RunOptions& options) {
   log::configure(log::parse_level(cfg.logging.level));
   const auto proc = dist::discover_from_environment();
   if (cfg.train.threads > 0) at::set_num_threads(static_cast<int>(cfg.train.threads));
@@ -289,7 +340,8 @@ TrainResult run_training(const config::RunConfig& cfg) {
   const stdfs::path out_dir = cfg.output_dir;
   const auto config_yaml = config::to_yaml(cfg);
   const auto latest = checkpoint_to_resume(cfg, out_dir);
-  if (latest) check_resume_config(*latest, config_yaml, cfg);
+  // Evaluating a checkpoint continues nothing, so any config may evaluate it.
+  if (latest && !options.eval_only) check_resume_config(*latest, config_yaml, cfg);
   const bool sharded_run = proc.world_size > 1 || cfg.dist.sharding != "no_shard" ||
                            cfg.dist.param_dtype != "float32" || cfg.dist.reduce_dtype != "float32" ||
                            (latest && dist::is_sharded_checkpoint(*latest));
@@ -315,8 +367,6 @@ TrainResult run_training(const config::RunConfig& cfg) {
                              " samples does not divide among ", world, " ranks; expected a multiple of ",
                              world * cfg.train.micro_batch_size, " samples per step"));
 
-  stdfs::create_directories(out_dir);
-
   torch::manual_seed(static_cast<uint64_t>(cfg.train.seed));
   auto tok = build_tokenizer(cfg);
   auto model = build_model(cfg, *tok);
@@ -340,6 +390,44 @@ TrainResult run_training(const config::RunConfig& cfg) {
       for (size_t i = 0; i < v.size(); ++i) v[i] = t[static_cast<int64_t>(i)].item<double>();
     };
   objective->set_ranks(ranks);
+
+  if (options.dry_run) {
+    if (lead) {
+      int64_t n_params = 0;
+      for (const auto& p : model->parameters()) n_params += p.numel();
+      const int64_t samples_per_step = micro_per_step * cfg.train.micro_batch_size;
+      auto first = objective->train_source().next();
+      const auto sample = render_first_row(first, *tok);
+      const double tokens_per_sample =
+          static_cast<double>(first.num_tokens) / static_cast<double>(std::max<int64_t>(1, cfg.train.micro_batch_size));
+      std::ostringstream plan;
+      plan << "dry run: nothing is trained or written\n"
+           << "  model: " << model->family() << ", " << n_params << " parameters, " << model->max_positions()
+           << " positions, on " << device.str() << (world > 1 ? concat(", ", world, " ranks") : std::string()) << "\n"
+           << "  algorithm: " << cfg.algorithm << "; " << cfg.train.max_steps << " steps of " << samples_per_step
+           << " samples (" << micro_per_step << (micro_per_step == 1 ? " micro-batch" : " micro-batches") << " of "
+           << cfg.train.micro_batch_size << ")";
+      if (const auto epoch = objective->train_source().samples_per_epoch(); epoch > 0)
+        plan << " = " << format_number(static_cast<double>(cfg.train.max_steps * samples_per_step) /
+                                           static_cast<double>(epoch), 3)
+             << " epochs of " << epoch << " samples";
+      plan << "\n  tokens per step: about "
+           << std::llround(tokens_per_sample * static_cast<double>(samples_per_step))
+           << " (the first micro-batch holds " << first.num_tokens << " tokens, " << first.num_targets
+           << " of them trained)\n"
+           << "  memory: about " << format_bytes(16.0 * static_cast<double>(n_params))
+           << " for weights, gradients and AdamW state (fp32: 4 + 4 + 8 bytes per parameter"
+           << (world > 1 && cfg.dist.sharding != "no_shard" ? ", before sharding" : "") << "), plus activations\n"
+           << "  resume: "
+           << (latest ? concat("continues ", latest->string()) : std::string("starts fresh in ") + out_dir.string())
+           << "\n"
+           << "  first training sample (trained tokens in [[ ]]):\n" << sample << "\n";
+      log::info(plan.str());
+    }
+    return {};
+  }
+
+  stdfs::create_directories(out_dir);
   objective->prepare(*model, {out_dir, device});
 
   std::unique_ptr<dist::ShardedModel> sharded;
@@ -382,7 +470,36 @@ TrainResult run_training(const config::RunConfig& cfg) {
       throw CheckpointError(concat((*ckpt / io::kTrainerStateFile).string(), ": ", e.what()));
     }
     step = st.step;
-    log::info("resumed from ", ckpt->string(), " at step ", step);
+    log::info(options.eval_only ? "evaluating " : "resumed from ", ckpt->string(), " at step ", step);
+  }
+  auto evaluate = [&] {
+    if (sharded) sharded->gather_full_parameters();
+    auto r = objective->evaluate(*model);
+    if (sharded) sharded->release_full_parameters();
+    return r;
+  };
+  if (options.eval_only) {
+    // Reads the run, changes none of it: no metrics.jsonl, no config files.
+    if (!latest && cfg.model.from.empty())
+      log::warn("--eval-only: no checkpoint in ", out_dir.string(), " and no model.from; evaluating a freshly "
+                "initialised model");
+    auto r = evaluate();
+    if (r.metrics.empty()) throw ConfigError("--eval-only: the config has no evaluation data (data.eval or "
+                                             "data.train[].eval_fraction)");
+    if (lead) {
+      print_eval(step, r);
+      nlohmann::json j = {{"step", step}, {"checkpoint", latest ? latest->string() : cfg.model.from},
+                          {"metrics", r.metrics}, {"samples", nlohmann::json::array()}};
+      for (const auto& row : r.samples)
+        j["samples"].push_back({{"prompt", row[0]}, {"generated", row[1]}, {"reference", row[2]}});
+      const auto file = out_dir / concat("eval-step-", step, ".json");
+      fs::write_file_atomic(file, j.dump(2) + "\n");
+      log::info("wrote ", file.string());
+    }
+    TrainResult result;
+    result.step = step;
+    result.last_eval = r.metrics;
+    return result;
   }
   if (lead) {
     // config.yaml is the run's current config; config-history/ keeps the one
@@ -419,12 +536,6 @@ TrainResult run_training(const config::RunConfig& cfg) {
     }
     log::info("saved ", dir.string());
   };
-  auto evaluate = [&] {
-    if (sharded) sharded->gather_full_parameters();
-    auto r = objective->evaluate(*model);
-    if (sharded) sharded->release_full_parameters();
-    return r;
-  };
 
   if (step >= cfg.train.max_steps)
     log::info("the run in ", out_dir.string(), " is already complete (step ", step, " of ", cfg.train.max_steps,
@@ -434,6 +545,9 @@ TrainResult run_training(const config::RunConfig& cfg) {
   auto params = model->parameters();
   const auto t_start = std::chrono::steady_clock::now();
   const int64_t first_step = step;
+  double last_loss = NAN;
+  std::map<int64_t, double> eval_loss_at;  // for the best checkpoint of the summary
+  std::vector<int64_t> saved_steps;
   while (step < cfg.train.max_steps) {
     const auto t0 = std::chrono::steady_clock::now();
     // Every rank reads the whole step (same order, same padding as on one
@@ -515,6 +629,8 @@ TrainResult run_training(const config::RunConfig& cfg) {
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     m["tokens_per_s"] = static_cast<double>(step_tokens) / dt;
+    result.tokens += step_tokens;
+    last_loss = s.loss;
     if (every(step, cfg.train.log_every) || step == cfg.train.max_steps) {
       const double eta = elapsed / static_cast<double>(step - first_step) * static_cast<double>(cfg.train.max_steps - step);
       log::progress(progress_line(step, cfg.train.max_steps, m, m["tokens_per_s"], eta));
@@ -525,10 +641,14 @@ TrainResult run_training(const config::RunConfig& cfg) {
         if (lead) print_eval(step, r);
         m.insert(r.metrics.begin(), r.metrics.end());
         result.last_eval = r.metrics;
+        if (const auto it = r.metrics.find("eval/loss"); it != r.metrics.end()) eval_loss_at[step] = it->second;
       }
     }
     if (metrics) metrics->write(step, m);
-    if (every(step, cfg.train.save_every) || step == cfg.train.max_steps || stop) save(step);
+    if (every(step, cfg.train.save_every) || step == cfg.train.max_steps || stop) {
+      save(step);
+      saved_steps.push_back(step);
+    }
     if (stop) {
       log::warn("stop requested: saved step ", step, " and exiting; re-run the same command to resume");
       result.interrupted = true;
@@ -536,6 +656,25 @@ TrainResult run_training(const config::RunConfig& cfg) {
     }
   }
   result.step = step;
+  result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  double best = INFINITY;
+  for (const auto at_step : saved_steps)
+    if (const auto it = eval_loss_at.find(at_step); it != eval_loss_at.end() && it->second < best &&
+                                                    stdfs::exists(out_dir / concat("checkpoint-", at_step))) {
+      best = it->second;
+      result.best_checkpoint = (out_dir / concat("checkpoint-", at_step)).string();
+    }
+  if (lead && step > first_step) {
+    std::ostringstream os;
+    os << "run summary: steps " << first_step << " -> " << step << " in " << format_seconds(result.wall_s) << ", "
+       << format_number(static_cast<double>(result.tokens), 4) << " tokens ("
+       << format_number(static_cast<double>(result.tokens) / std::max(result.wall_s, 1e-9), 4)
+       << " tokens/s); final loss " << format_number(last_loss);
+    for (const auto& [k, v] : result.last_eval) os << ", " << k << " " << format_number(v);
+    if (!result.best_checkpoint.empty())
+      os << "; best checkpoint by eval/loss: " << result.best_checkpoint << " (" << format_number(best) << ")";
+    log::info(os.str());
+  }
   return result;
 }
 

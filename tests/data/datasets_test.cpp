@@ -95,7 +95,9 @@ TEST(Collate, UnpackedPadsRightAndCountsTargets) {
 }
 
 TEST(Datasets, BadLinesNameFileLineAndField) {
-  EXPECT_EQ(sft_error("{\"prompt\": \"a\", \"response\": \"b\"}\n{oops\n"), "d.jsonl:2: not valid JSON");
+  EXPECT_EQ(sft_error("{\"prompt\": \"a\", \"response\": \"b\"}\n{oops\n"),
+            "d.jsonl:2: not valid JSON at column 2: syntax error while parsing object key - invalid literal; last "
+            "read: '{o'; expected string literal");
   EXPECT_EQ(sft_error("\n{\"prompt\": \"a\"}\n"), "d.jsonl:2: missing field \"response\"");
   EXPECT_EQ(sft_error("{\"prompt\": 3, \"response\": \"b\"}\n"),
             "d.jsonl:1: field \"prompt\": expected a string, got number");

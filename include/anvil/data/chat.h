@@ -30,6 +30,8 @@ class ChatTemplate {
  public:
   /// plain, chatml, llama3 or oasst; throws ConfigError otherwise.
   static const ChatTemplate& get(const std::string& name);
+  /// The built-in templates' names, in get()'s order.
+  static std::vector<std::string> names();
 
   /// Every turn; assistant turns (content + end of turn) are trained, and
   /// with `train_on_prompt` everything is. Throws Error when the template's

@@ -37,6 +37,9 @@ class BatchSource {
   virtual Batch next() = 0;
   virtual nlohmann::json state() const = 0;
   virtual void restore(const nlohmann::json& state) = 0;
+  /// Samples in one pass over the training data (for plans and summaries);
+  /// 0 when the source does not know.
+  virtual int64_t samples_per_epoch() const { return 0; }
 };
 
 /// One evaluation's scalars (named "eval/...") and sample rows

@@ -100,6 +100,7 @@ class PreferenceBatchSource final : public BatchSource {
   Batch next() override;
   nlohmann::json state() const override;
   void restore(const nlohmann::json& state) override;
+  int64_t samples_per_epoch() const override { return sampler_.epoch_length(); }
 
  private:
   std::vector<std::shared_ptr<const data::PreferenceDataset>> datasets_;

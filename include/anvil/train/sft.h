@@ -43,6 +43,7 @@ class LmBatchSource final : public BatchSource {
   Batch next() override;
   nlohmann::json state() const override;
   void restore(const nlohmann::json& state) override;
+  int64_t samples_per_epoch() const override { return sampler_.epoch_length(); }
   const data::MixtureSampler& sampler() const { return sampler_; }
 
  private:

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "anvil/config/config.h"
@@ -39,11 +40,24 @@ struct TrainResult {
   int64_t step = 0;          // steps completed
   bool interrupted = false;  // stopped early by SIGTERM/SIGINT
   Metrics last_eval;
+  int64_t tokens = 0;        // input tokens of this run's steps
+  double wall_s = 0;         // of this run's steps
+  std::string best_checkpoint;  // the kept checkpoint with the lowest eval/loss ("" if none)
+};
+
+struct RunOptions {
+  /// Load config, tokenizer and data, build the model and print the plan
+  /// (parameters, batch, tokens per step, epochs, memory, the first training
+  /// sample with its trained tokens marked); train and write nothing.
+  bool dry_run = false;
+  /// Evaluate the model (output_dir's latest checkpoint, train.resume_from or
+  /// model.from) once, write <output_dir>/eval-step-<N>.json and return.
+  bool eval_only = false;
 };
 
 /// Runs (or resumes, from the latest complete checkpoint in output_dir) a
 /// training run. SIGTERM/SIGINT finish the current step, save and return.
-TrainResult run_training(const config::RunConfig& cfg);
+TrainResult run_training(const config::RunConfig& cfg, const RunOptions& options = {});
 
 /// Asks a running loop to save and stop after the current step.
 void request_stop();

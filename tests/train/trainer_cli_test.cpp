@@ -1,0 +1,111 @@
+// The trainer as a user meets it: usage and --help, --dry-run, --eval-only,
+// the end-of-run summary, a CUDA device that is not there, Ctrl-C during
+// start-up, and `anvil tokenize` on standard input.
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace anvil::train {
+namespace {
+
+using anvil::testing::run;
+using anvil::testing::TempDir;
+namespace stdfs = std::filesystem;
+
+std::string in_source(const std::string& cmd) { return "cd " + anvil::testing::source_dir() + " && " + cmd; }
+
+TEST(TrainerCli, NoArgumentsPrintsUsageAndHelpListsWhatExists) {
+  std::string out;
+  EXPECT_EQ(run(anvil::testing::trainer_bin(), &out), 2);
+  EXPECT_NE(out.find("--config"), std::string::npos) << out;
+  EXPECT_EQ(out.find("required key is missing"), std::string::npos) << out;
+  EXPECT_EQ(run(anvil::testing::trainer_bin() + " --help", &out), 0);
+  for (const char* s : {"--dry-run", "--eval-only", "sft, pretrain, reward, dpo", "plain, chatml, llama3, oasst",
+                        "gpt2", "llama", "neox", "docs/getting-started.md"})
+    EXPECT_NE(out.find(s), std::string::npos) << s << "\n" << out;
+}
+
+TEST(TrainerCli, DryRunPrintsThePlanAndWritesNothing) {
+  TempDir dir;
+  std::string log;
+  anvil::testing::write_text(dir / "run.yaml", anvil::testing::tiny_sft_run(10, 5));
+  ASSERT_EQ(run(in_source(anvil::testing::trainer_bin() + " --dry-run --config " + (dir / "run.yaml").string() +
+                          " output_dir=" + (dir / "out").string()),
+                &log),
+            0)
+      << log;
+  EXPECT_FALSE(stdfs::exists(dir / "out")) << log;
+  for (const char* s : {"dry run: nothing is trained or written", "model: gpt2, ", " parameters",
+                        "10 steps of 4 samples (1 micro-batch of 4) = ", " epochs of ", "tokens per step: about",
+                        "memory: about", "for weights, gradients and AdamW state", "starts fresh in",
+                        "first training sample (trained tokens in [[ ]]):"})
+    EXPECT_NE(log.find(s), std::string::npos) << s << "\n" << log;
+  // The plain template: prompt, then the trained response and EOS.
+  const auto sample = log.substr(log.find("[[ ]]):") + 8);
+  EXPECT_NE(sample.find("\n[["), std::string::npos) << sample;
+  EXPECT_NE(sample.find("]]"), std::string::npos) << sample;
+}
+
+TEST(TrainerCli, EvalOnlyEvaluatesTheLatestCheckpointAndChangesNothing) {
+  TempDir dir;
+  std::string log;
+  const std::string eval_data = "'data.eval=[{path: data/sft_eval.jsonl, size: 8}]'";
+  ASSERT_EQ(anvil::testing::train_in(dir, anvil::testing::tiny_sft_run(4, 2), eval_data, &log, ""), 0) << log;
+  EXPECT_NE(log.find("run summary: steps 0 -> 4 in "), std::string::npos) << log;
+  EXPECT_NE(log.find(" tokens/s); final loss "), std::string::npos) << log;
+  EXPECT_NE(log.find("; best checkpoint by eval/loss: " + (dir / "out").string() + "/checkpoint-"), std::string::npos)
+      << log;
+  const auto metrics_before = anvil::testing::read_text(dir / "out" / "metrics.jsonl");
+  ASSERT_EQ(run(in_source(anvil::testing::trainer_bin() + " --eval-only --config " + (dir / "run.yaml").string() +
+                          " output_dir=" + (dir / "out").string() + " eval.generate_samples=2 " + eval_data),
+                &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("evaluating " + (dir / "out" / "checkpoint-4").string() + " at step 4"), std::string::npos) << log;
+  const auto j = nlohmann::json::parse(anvil::testing::read_text(dir / "out" / "eval-step-4.json"));
+  EXPECT_EQ(j["step"], 4);
+  EXPECT_TRUE(j["metrics"].contains("eval/loss")) << j.dump();
+  EXPECT_EQ(j["samples"].size(), 2u) << j.dump();
+  EXPECT_EQ(anvil::testing::read_text(dir / "out" / "metrics.jsonl"), metrics_before);
+  EXPECT_EQ(log.find("run summary"), std::string::npos) << log;
+}
+
+TEST(TrainerCli, AMissingGpuIsNamed) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "a GPU is visible";
+  TempDir dir;
+  std::string log;
+  EXPECT_EQ(anvil::testing::train_in(dir, anvil::testing::tiny_sft_run(2, 2), "train.device=cuda", &log, ""), 2);
+  EXPECT_NE(log.find("error: train.device: cuda, but no usable CUDA GPU is visible ("), std::string::npos) << log;
+  EXPECT_NE(log.find("use train.device=cpu to train on the CPU"), std::string::npos) << log;
+}
+
+TEST(TrainerCli, CtrlCDuringStartUpSaysWhatHappened) {
+  TempDir dir;
+  std::string log;
+  EXPECT_EQ(anvil::testing::train_in(dir, anvil::testing::tiny_sft_run(2, 2), "", &log,
+                                     "ANVIL_TEST_SIGNAL_AT_STARTUP=INT "),
+            130);
+  EXPECT_NE(log.find("trainer: interrupted (SIGINT) outside the training loop; nothing was trained or saved since "
+                     "the last complete checkpoint"),
+            std::string::npos)
+      << log;
+}
+
+TEST(TrainerCli, TokenizeReadsStandardInput) {
+  std::string out;
+  ASSERT_EQ(run(in_source("printf 'add: 2+2\\nupper: abc\\n' | " + anvil::testing::cli_bin() +
+                          " tokenize --tokenizer data --input - --output -"),
+                &out),
+            0)
+      << out;
+  const auto nl = out.find('\n');
+  ASSERT_NE(nl, std::string::npos) << out;
+  EXPECT_TRUE(nlohmann::json::parse(out.substr(0, nl)).is_array()) << out;
+  EXPECT_TRUE(nlohmann::json::parse(out.substr(nl + 1, out.find('\n', nl + 1) - nl - 1)).is_array()) << out;
+}
+
+}  // namespace
+}  // namespace anvil::train
