@@ -7,7 +7,6 @@
 #include <charconv>
 #include <filesystem>
 #include <map>
-#include <regex>
 #include <set>
 #include <sstream>
 
@@ -465,23 +464,32 @@ void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sou
 // that form.
 bool override_list_item(FlatConfig& flat, const std::string& key, const YAML::Node& value, const std::string& where,
                         int order) {
-  static const std::regex item_re(R"(([A-Za-z0-9_.]+)\[([0-9]+)\](?:\.([A-Za-z0-9_]+))?)");
-  std::smatch m;
-  if (!std::regex_match(key, m, item_re)) return false;
-  const auto base = m[1].str();
+  // KEY[N] or KEY[N].FIELD, parsed by hand (std::regex recurses per character).
+  const auto lb = key.find('[');
+  const auto rb = key.find(']', lb == std::string::npos ? 0 : lb);
+  if (lb == std::string::npos || lb == 0 || rb == std::string::npos || rb == lb + 1 || rb - lb > 10) return false;
+  const auto digits = key.substr(lb + 1, rb - lb - 1);
+  if (digits.find_first_not_of("0123456789") != std::string::npos) return false;
+  std::string field;
+  if (rb + 1 < key.size()) {
+    if (key[rb + 1] != '.' || rb + 2 >= key.size()) return false;
+    field = key.substr(rb + 2);
+    if (field.find_first_of(".[]") != std::string::npos) return false;
+  }
+  const auto base = key.substr(0, lb);
   const auto it = flat.find(base);
   if (it == flat.end() || !it->second.node.IsSequence())
     throw ConfigError(concat(where, ": ", base, ": no list to index (set ", base, " in a config file first)"));
-  const auto index = std::stoull(m[2].str());
+  const auto index = std::stoull(digits);
   YAML::Node list = YAML::Clone(it->second.node);
   if (index >= list.size())
-    throw ConfigError(concat(where, ": ", base, "[", m[2].str(), "]: ", base, " has ", list.size(),
+    throw ConfigError(concat(where, ": ", base, "[", digits, "]: ", base, " has ", list.size(),
                              list.size() == 1 ? " item" : " items", " (indices from 0)"));
-  if (m[3].matched) {
+  if (!field.empty()) {
     YAML::Node item = list[index];
     if (!item.IsMap()) throw ConfigError(concat(where, ": ", base, "[", index, "]: expected a map, got a value"));
-    if (value.IsNull()) item.remove(m[3].str());
-    else item[m[3].str()] = value;
+    if (value.IsNull()) item.remove(field);
+    else item[field] = value;
   } else {
     list[index] = value;
   }
