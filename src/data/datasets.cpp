@@ -61,12 +61,44 @@ std::vector<Message> message_list(const Record& r, const std::string& name) {
 
 }  // namespace
 
+namespace {
+
+std::string field_names(const Record& r) {
+  std::string out;
+  for (const auto& [k, v] : r.json().items()) out += (out.empty() ? "\"" : ", \"") + k + "\"";
+  return out.empty() ? "none" : out;
+}
+
+// What an SFT line may hold, for the message of a line that holds none of it.
+[[noreturn]] void not_an_sft_record(const Record& r, const std::string& prompt_field, const std::string& response_field) {
+  throw DataError(concat(r.where(), ": expected an SFT record: {\"", prompt_field, "\", \"", response_field,
+                         "\"}", response_field == "response" ? " (or TRL's \"completion\")" : "",
+                         ", or {\"messages\": [{role, content}, ...]}; this line has fields ", field_names(r),
+                         ". data.train[].prompt_field and response_field map other names"));
+}
+
+}  // namespace
+
 std::vector<Message> record_messages(const Record& r, const std::string& prompt_field,
                                      const std::string& response_field, bool with_response) {
   if (r.has("messages")) return message_list(r, "messages");
+  if (!r.has(prompt_field)) {
+    if (with_response) not_an_sft_record(r, prompt_field, response_field);
+    r.at(prompt_field);  // "missing field" for prompt-only readers
+  }
   auto out = r.at(prompt_field).is_array() ? message_list(r, prompt_field)
                                            : std::vector<Message>{{"user", r.string(prompt_field)}};
-  if (with_response) out.push_back({"assistant", r.string(response_field)});
+  if (!with_response) return out;
+  // TRL's prompt-completion format: "completion", a string or a list of
+  // messages, when the default response field is absent.
+  const auto field = response_field == "response" && !r.has("response") && r.has("completion") ? "completion"
+                                                                                               : response_field;
+  if (!r.has(field)) not_an_sft_record(r, prompt_field, response_field);
+  if (r.at(field).is_array()) {
+    for (auto& m : message_list(r, field)) out.push_back(std::move(m));
+  } else {
+    out.push_back({"assistant", r.string(field)});
+  }
   return out;
 }
 
@@ -125,14 +157,73 @@ void SftDataset::get(int64_t i, LmSample& out) const {
   out.doc_starts.assign(1, 0);
 }
 
+namespace {
+
+// A reply: a string, or (TRL's conversational form) a list of one assistant message.
+std::string reply_text(const Record& r, const std::string& field) {
+  if (!r.at(field).is_array()) return r.string(field);
+  const auto msgs = message_list(r, field);
+  if (msgs.size() != 1 || msgs[0].role != "assistant")
+    r.fail(field, "expected a string or a list of one assistant message");
+  return msgs[0].content;
+}
+
+// TRL's extract_prompt: the prompt is where chosen and rejected first differ
+// (a space just before that point goes with the replies); on message lists,
+// the shared leading messages.
+void implicit_prompt(const Record& r, std::vector<Message>& prompt, std::vector<std::string>& replies) {
+  const auto& chosen = r.at("chosen");
+  const auto& rejected = r.at("rejected");
+  if (chosen.is_string() && rejected.is_string()) {
+    const auto a = chosen.get<std::string>(), b = rejected.get<std::string>();
+    const size_t n = std::min(a.size(), b.size());
+    size_t k = 0;
+    while (k < n && a[k] == b[k]) ++k;
+    if (k == n) r.fail("rejected", "chosen and rejected have no differing part to train on (implicit prompt)");
+    while (k > 0 && (static_cast<unsigned char>(a[k]) & 0xC0) == 0x80) --k;  // a whole UTF-8 character
+    if (k > 0 && a[k - 1] == ' ') --k;
+    if (k == 0) r.fail("chosen", "chosen and rejected share no prompt; expected a \"prompt\" field");
+    prompt = {{"user", a.substr(0, k)}};
+    replies = {a.substr(k), b.substr(k)};
+    return;
+  }
+  if (!chosen.is_array() || !rejected.is_array())
+    r.fail("chosen", "without a prompt field, expected chosen and rejected both strings or both message lists");
+  const auto c = message_list(r, "chosen"), j = message_list(r, "rejected");
+  size_t k = 0;
+  while (k < c.size() && k < j.size() && c[k].role == j[k].role && c[k].content == j[k].content) ++k;
+  if (k == 0) r.fail("chosen", "chosen and rejected share no leading messages; expected a \"prompt\" field");
+  if (k + 1 != c.size() || k + 1 != j.size() || c[k].role != "assistant" || j[k].role != "assistant")
+    r.fail("chosen", "expected the shared messages, then one assistant message each");
+  prompt.assign(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(k));
+  replies = {c[k].content, j[k].content};
+}
+
+}  // namespace
+
 PreferenceDataset PreferenceDataset::load(const std::filesystem::path& path, const tokenizer::Tokenizer& tok,
                                           const ReadOptions& opt) {
   PreferenceDataset ds;
   const auto& tmpl = ChatTemplate::get(opt.template_name);
   const auto r = read_jsonl(path, opt.on_error, [&](const Record& rec) {
     PreferenceSample s;
-    const auto msgs = record_messages(rec, opt.prompt_field, "", false);
-    if (rec.has("ranked")) {
+    const bool replies = rec.has("chosen") || rec.has("rejected") || rec.has("ranked");
+    if (!replies || (!rec.has(opt.prompt_field) && !(rec.has("chosen") && rec.has("rejected"))))
+      throw DataError(concat(rec.where(), ": expected a preference record: {\"", opt.prompt_field,
+                             "\", \"chosen\", \"rejected\"} or {\"", opt.prompt_field,
+                             "\", \"ranked\": [best, ..., worst]} (TRL's implicit-prompt {\"chosen\", \"rejected\"} "
+                             "too); this line has fields ", field_names(rec),
+                             ". data.train[].prompt_field maps another prompt name"));
+    std::vector<Message> msgs;
+    if (!rec.has(opt.prompt_field)) {
+      // TRL's implicit prompt: chosen and rejected hold it as a shared start.
+      implicit_prompt(rec, msgs, s.reply_texts);
+    } else {
+      msgs = record_messages(rec, opt.prompt_field, "", false);
+    }
+    if (!s.reply_texts.empty()) {
+      // filled by implicit_prompt
+    } else if (rec.has("ranked")) {
       if (rec.has("chosen") || rec.has("rejected"))
         rec.fail("ranked", "expected either ranked or chosen + rejected, not both");
       const auto& list = rec.at("ranked");
@@ -143,7 +234,7 @@ PreferenceDataset PreferenceDataset::load(const std::filesystem::path& path, con
         s.reply_texts.push_back(list[i].get<std::string>());
       }
     } else {
-      s.reply_texts = {rec.string("chosen"), rec.string("rejected")};
+      s.reply_texts = {reply_text(rec, "chosen"), reply_text(rec, "rejected")};
     }
     s.margin = rec.optional_number("margin");
     s.prompt = message_text(msgs, msgs.size());

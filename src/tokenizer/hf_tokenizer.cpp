@@ -487,6 +487,13 @@ void HfTokenizer::build_decode_table() {
   int32_t max_id = -1;
   for (const auto& [token, id] : vocab_) max_id = std::max(max_id, id);
   for (const auto& a : added_) max_id = std::max(max_id, a.id);
+  // Ids index a table: they must be (nearly) dense. Real vocabularies leave at
+  // most a few holes; an id far past the token count is a damaged file, and
+  // would otherwise size a table of billions of entries.
+  const auto tokens = static_cast<int64_t>(vocab_.size() + added_.size());
+  if (max_id >= 2 * tokens + 1024)
+    fail("model.vocab", concat("token id ", max_id, " is far past the ", tokens,
+                               " tokens the file defines; ids are expected to run from 0 without large gaps"));
   id_bytes_.assign(static_cast<size_t>(max_id + 1), {});
   id_flags_.assign(static_cast<size_t>(max_id + 1), 0);
   // HF's ByteLevel decoder maps a token's characters back to bytes, or keeps

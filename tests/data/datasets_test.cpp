@@ -98,7 +98,10 @@ TEST(Datasets, BadLinesNameFileLineAndField) {
   EXPECT_EQ(sft_error("{\"prompt\": \"a\", \"response\": \"b\"}\n{oops\n"),
             "d.jsonl:2: not valid JSON at column 2: syntax error while parsing object key - invalid literal; last "
             "read: '{o'; expected string literal");
-  EXPECT_EQ(sft_error("\n{\"prompt\": \"a\"}\n"), "d.jsonl:2: missing field \"response\"");
+  EXPECT_EQ(sft_error("\n{\"prompt\": \"a\"}\n"),
+            "d.jsonl:2: expected an SFT record: {\"prompt\", \"response\"} (or TRL's \"completion\"), or "
+            "{\"messages\": [{role, content}, ...]}; this line has fields \"prompt\". data.train[].prompt_field and "
+            "response_field map other names");
   EXPECT_EQ(sft_error("{\"prompt\": 3, \"response\": \"b\"}\n"),
             "d.jsonl:1: field \"prompt\": expected a string, got number");
   EXPECT_EQ(sft_error("[1, 2]\n"), "d.jsonl:1: expected a JSON object, got array");
@@ -127,7 +130,8 @@ TEST(Datasets, OnErrorSkipCountsAndReportsBadLines) {
   EXPECT_EQ(ds.stats().skipped_errors, 3);
   ASSERT_EQ(ds.stats().first_errors.size(), 3u);
   EXPECT_NE(ds.stats().first_errors[0].find("d.jsonl:2: not valid JSON"), std::string::npos);
-  EXPECT_NE(ds.stats().first_errors[2].find("d.jsonl:5: missing field \"prompt\""), std::string::npos);
+  EXPECT_NE(ds.stats().first_errors[2].find("d.jsonl:5: expected an SFT record: {\"prompt\", \"response\"}"),
+            std::string::npos);
 }
 
 TEST(Datasets, OverflowIsTruncatedOrDroppedAndCounted) {
@@ -285,6 +289,41 @@ TEST(Formats, PreferencePromptsAndOfflineRl) {
     EXPECT_NE(error_of([&] { PreferenceDataset::load(dir / "k2.jsonl", *tok, o); }).find(expected), std::string::npos)
         << line;
   }
+
+  // TRL's preference forms read as TRL defines them: conversational replies,
+  // and the implicit prompt (the shared start of chosen and rejected).
+  write_text(dir / "trl.jsonl",
+             "{\"prompt\": [{\"role\": \"user\", \"content\": \"What is 2+2?\"}], \"chosen\": [{\"role\": "
+             "\"assistant\", \"content\": \"4\"}], \"rejected\": [{\"role\": \"assistant\", \"content\": \"5\"}]}\n"
+             "{\"chosen\": [{\"role\": \"user\", \"content\": \"What is 2+2?\"}, {\"role\": \"assistant\", "
+             "\"content\": \"4\"}], \"rejected\": [{\"role\": \"user\", \"content\": \"What is 2+2?\"}, {\"role\": "
+             "\"assistant\", \"content\": \"5\"}]}\n"
+             "{\"chosen\": \"The sky is blue.\", \"rejected\": \"The sky is green.\"}\n");
+  auto trl = PreferenceDataset::load(dir / "trl.jsonl", *tok, o);
+  ASSERT_EQ(trl.size(), 3);
+  for (int64_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(trl[i].prompt_ids, pref[0].prompt_ids) << i;
+    EXPECT_EQ(trl[i].chosen_ids(), pref[0].chosen_ids()) << i;
+    EXPECT_EQ(trl[i].rejected_ids(), pref[0].rejected_ids()) << i;
+  }
+  EXPECT_EQ(trl[2].prompt, "The sky is");  // the space goes with the replies, as in TRL's extract_prompt
+  EXPECT_EQ(trl[2].reply_texts, (std::vector<std::string>{" blue.", " green."}));
+  write_text(dir / "sft.jsonl", "{\"prompt\": \"q\", \"response\": \"a\"}\n");
+  EXPECT_NE(error_of([&] { PreferenceDataset::load(dir / "sft.jsonl", *tok, o); })
+                .find("expected a preference record: {\"prompt\", \"chosen\", \"rejected\"} or {\"prompt\", "
+                      "\"ranked\": [best, ..., worst]} (TRL's implicit-prompt {\"chosen\", \"rejected\"} too); this "
+                      "line has fields \"prompt\", \"response\""),
+            std::string::npos);
+
+  // TRL's prompt-completion SFT format, standard and conversational.
+  write_text(dir / "pc.jsonl",
+             "{\"prompt\": \"What is 2+2?\", \"completion\": \"4\"}\n"
+             "{\"prompt\": [{\"role\": \"user\", \"content\": \"What is 2+2?\"}], \"completion\": [{\"role\": "
+             "\"assistant\", \"content\": \"4\"}]}\n");
+  auto pc = SftDataset::load(dir / "pc.jsonl", *tok, o);
+  ASSERT_EQ(pc.size(), 2);
+  EXPECT_EQ(pc[0].input_ids, conv);
+  EXPECT_EQ(pc[1].input_ids, conv);
 
   write_text(dir / "q.jsonl", "{\"prompt\": \"What is 2+2?\"}\n{\"prompt\": \"Hi\"}\n");
   auto prompts = PromptDataset::load(dir / "q.jsonl", *tok, o);
