@@ -59,6 +59,10 @@ ReadStats read_jsonl(const std::filesystem::path& path, OnError on_error,
         std::string reason = e.what();
         if (const auto k = reason.find(": "); k != std::string::npos) reason = reason.substr(k + 2);
         throw DataError(concat(where, ": not valid JSON at column ", e.byte, ": ", reason));
+      } catch (const nlohmann::json::exception& e) {  // e.g. a number too large for a double
+        std::string reason = e.what();
+        if (const auto k = reason.find("] "); k != std::string::npos) reason = reason.substr(k + 2);
+        throw DataError(concat(where, ": not valid JSON: ", reason));
       }
       if (!j.is_object()) throw DataError(concat(where, ": expected a JSON object, got ", j.type_name()));
       fn(Record(j, where));
