@@ -216,7 +216,8 @@ TEST(RewardModel, ExportLoadsInTransformersWithTheSameScores) {
   }
   // A reward model is not a language model: SFT from it is refused, with the reason.
   anvil::testing::write_text(dir / "sft.yaml", anvil::concat("model: {from: ", (dir / "export-gpt2-debug").string(),
-                                                      "}\ndata: {train: [{path: data/sft_train.jsonl}]}\n"));
+                                                      "}\ndata: {train: [{path: data/sft_train.jsonl}]}\n"
+                                                      "train: {max_steps: 1}\n"));
   EXPECT_NE(run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config " + (dir / "sft.yaml").string() +
                     " output_dir=" + (dir / "sft").string(), &out), 0);
   EXPECT_NE(out.find("is a reward model"), std::string::npos) << out;
