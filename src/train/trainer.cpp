@@ -413,8 +413,9 @@ TrainResult run_training(const config::RunConfig& cfg, const RunOptions& options
              << " epochs of " << epoch << " samples";
       plan << "\n  tokens per step: about "
            << std::llround(tokens_per_sample * static_cast<double>(samples_per_step))
-           << " (the first micro-batch holds " << first.num_tokens << " tokens, " << first.num_targets
-           << " of them trained)\n"
+           << " (the first micro-batch holds " << first.num_tokens << " tokens and " << first.num_targets
+           << (cfg.algorithm == "sft" || cfg.algorithm == "pretrain" ? " trained tokens" : " preference examples")
+           << ")\n"
            << "  memory: about " << format_bytes(16.0 * static_cast<double>(n_params))
            << " for weights, gradients and AdamW state (fp32: 4 + 4 + 8 bytes per parameter"
            << (world > 1 && cfg.dist.sharding != "no_shard" ? ", before sharding" : "") << "), plus activations\n"
