@@ -528,14 +528,11 @@ FlatConfig read_sources(const std::vector<std::string>& files, const std::vector
     const auto where = concat("command line (", ov, ")");
     ++order;
     if (override_list_item(flat, key, value, where, order)) continue;
-    if (value.IsMap()) {
-      FlatConfig sub;
-      flatten(value, key, where, sub, order);
-      for (auto& [k, e] : sub) flat[k] = Entry{e.node, where, where, order};
-    } else {
-      flatten(value, key, where, flat, order);
-      if (auto it = flat.find(key); it != flat.end()) it->second.where = where;
-    }
+    // A map merges key by key (its nulls remove keys, as in a file); every
+    // entry it set names the override, not a line of it.
+    flatten(value, key, where, flat, order);
+    for (auto it = flat.lower_bound(key); it != flat.end() && it->first.rfind(key, 0) == 0; ++it)
+      if (it->second.order == order) it->second.where = it->second.file = where;
   }
   // model.from set later in the chain than shape keys (a base config, then a
   // checkpoint to start from) replaces them: the folder's config.json holds

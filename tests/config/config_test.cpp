@@ -135,6 +135,10 @@ TEST_F(ConfigTest, NullRemovesAKeyAnEarlierSourceSet) {
   auto c = load_config({base_, shaped}, {"model.hidden_size=null"});
   EXPECT_EQ(c.model.hidden_size, RunConfig{}.model.hidden_size);
   EXPECT_EQ(c.model.num_heads, 4);
+  // Inside a map override too.
+  c = load_config({base_, shaped}, {"model={num_heads: null}"});
+  EXPECT_EQ(c.model.hidden_size, 64);
+  EXPECT_EQ(c.model.num_heads, RunConfig{}.model.num_heads);
   auto unset = write("unset.yaml", "model:\n  num_heads: ~\n");
   c = load_config({base_, shaped, unset}, {});
   EXPECT_EQ(c.model.hidden_size, 64);
