@@ -2,11 +2,15 @@
 # Set up (idempotent), build, and train the quickstart: a small GPT-NeoX learns
 # four string/arithmetic tasks on CPU, then reports held-out exact-match
 # accuracy. Re-running resumes/finishes the same run in runs/quickstart.
+# OUTPUT_DIR moves the run; extra arguments go to the trainer; SKIP_SETUP=1
+# skips setup and build (the docs test runs it on a built tree).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-bash scripts/setup.sh
-bash scripts/build.sh --target trainer anvil_cli
+if [ "${SKIP_SETUP:-0}" != 1 ]; then
+  bash scripts/setup.sh
+  bash scripts/build.sh --target trainer anvil_cli
+fi
 
 OUT="${OUTPUT_DIR:-runs/quickstart}"
 start=$(date +%s)

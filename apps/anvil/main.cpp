@@ -61,8 +61,27 @@ std::shared_ptr<anvil::models::CausalLM> load_language_model(const std::string& 
   return model;
 }
 
+/// How the chat tools pick a model folder's chat format.
+struct ChatFormatFlags {
+  std::string name;     // --template ("" = the folder's)
+  bool force = false;   // --force-template
+  std::string system;   // --system
+  bool show_ids = false;  // --show-prompt-ids
+};
+
+/// The folder's recorded format, unless --template names another: a
+/// contradiction is an error, or with --force-template a logged override.
+const anvil::data::ChatTemplate& folder_template(const anvil::tokenizer::Tokenizer& tok, const std::string& model_dir,
+                                                 const ChatFormatFlags& f) {
+  return anvil::data::ChatTemplate::get(anvil::data::resolve_chat_template(
+      tok, f.name.empty() ? "auto" : f.name, "--template", model_dir, f.force ? "" : "--force-template"));
+}
+
+void show_prompt_ids(const std::vector<int64_t>& ids) { std::cerr << "prompt ids: " << nlohmann::json(ids).dump() << "\n"; }
+
 int cmd_generate(const std::string& model_dir, const std::vector<std::string>& prompts, const std::string& input,
-                 const std::string& output, anvil::generation::SamplingOptions opt, bool eos_given) {
+                 const std::string& output, anvil::generation::SamplingOptions opt, bool eos_given, bool chat,
+                 const ChatFormatFlags& format) {
   auto model = load_language_model(model_dir);
   if (!eos_given) opt.eos_id = model->special_tokens.eos;
   if (!input.empty()) {  // ids in, ids out
@@ -74,22 +93,38 @@ int cmd_generate(const std::string& model_dir, const std::vector<std::string>& p
   auto tok = anvil::tokenizer::load_tokenizer_from_model_dir(model_dir);
   if (!eos_given) opt.eos_id = tok->eos_id();
   std::vector<std::vector<int64_t>> ids;
-  for (const auto& p : prompts) ids.push_back(tok->encode(p));
+  if (chat) {  // each prompt is one user turn in the folder's chat format
+    const auto& tmpl = folder_template(*tok, model_dir, format);
+    if (!eos_given) opt.eos_id = tmpl.end_of_turn_id(*tok);
+    for (const auto& p : prompts) {
+      std::vector<anvil::data::Message> msgs;
+      if (!format.system.empty()) msgs.push_back({"system", format.system});
+      msgs.push_back({"user", p});
+      ids.push_back(tmpl.encode_prompt(*tok, msgs));
+    }
+  } else {
+    for (const auto& p : prompts) ids.push_back(tok->encode(p));
+  }
+  if (format.show_ids)
+    for (const auto& p : ids) show_prompt_ids(p);
   auto outs = anvil::generation::generate(*model, ids, opt);
-  for (size_t i = 0; i < prompts.size(); ++i)
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (chat && !outs[i].empty() && outs[i].back() == opt.eos_id) outs[i].pop_back();
     std::cout << nlohmann::json({{"prompt", prompts[i]}, {"generated", tok->decode(outs[i])}}).dump() << "\n";
+  }
   return 0;
 }
 
 /// Reads user turns from stdin; each reply continues the conversation so far.
 int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions opt, bool keep_history,
-             const std::string& template_name, const std::string& system) {
+             const ChatFormatFlags& format) {
   auto model = load_language_model(model_dir);
   auto tok = anvil::tokenizer::load_tokenizer_from_model_dir(model_dir);
-  const auto& tmpl = anvil::data::ChatTemplate::get(template_name);
+  const auto& tmpl = folder_template(*tok, model_dir, format);
+  const auto& system = format.system;
   opt.eos_id = tmpl.end_of_turn_id(*tok);
   const bool tty = ::isatty(STDIN_FILENO) != 0;
-  if (tty) std::cerr << "anvil chat: " << model->family() << " from " << model_dir << " (" << template_name
+  if (tty) std::cerr << "anvil chat: " << model->family() << " from " << model_dir << " (" << tmpl.name()
                      << " format). Empty line or /quit ends, /reset forgets the conversation.\n";
   std::vector<anvil::data::Message> history;
   std::string line;
@@ -101,8 +136,7 @@ int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions op
       continue;
     }
     if (!keep_history) history.clear();
-    // The plain format's prompts end with a newline, as in the SFT data.
-    history.push_back({"user", template_name == "plain" ? line + "\n" : line});
+    history.push_back({"user", line});
     // Keep at least half the context for the prompt; generate() caps the reply to what is left.
     const auto room = std::max(model->max_positions() / 2, model->max_positions() - opt.max_new_tokens);
     std::vector<int64_t> prompt;
@@ -115,6 +149,7 @@ int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions op
       history.erase(history.begin(), history.begin() + std::min<size_t>(2, history.size() - 1));
     }
     if (static_cast<int64_t>(prompt.size()) > room) prompt.erase(prompt.begin(), prompt.end() - room);
+    if (format.show_ids) show_prompt_ids(prompt);
     auto reply = anvil::generation::generate(*model, {prompt}, opt)[0];
     if (!reply.empty() && reply.back() == opt.eos_id) reply.pop_back();
     const auto text = tok->decode(reply);
@@ -138,7 +173,7 @@ int cmd_logits(const std::string& model_dir, const std::string& input, const std
 }
 
 /// Scores every reply of every line with a reward model; one JSON line out per line in.
-int cmd_score(const std::string& model_dir, const std::string& input, const std::string& template_name,
+int cmd_score(const std::string& model_dir, const std::string& input, const ChatFormatFlags& format,
               int64_t batch_size) {
   auto model = anvil::io::load_model_dir(model_dir);
   if (!model->has_score_head())
@@ -146,7 +181,7 @@ int cmd_score(const std::string& model_dir, const std::string& input, const std:
                                            model->hf_config()["architectures"][0].get<std::string>(),
                                            "; expected a ...ForSequenceClassification folder from algorithm: reward)"));
   auto tok = anvil::tokenizer::load_tokenizer_from_model_dir(model_dir);
-  const auto& tmpl = anvil::data::ChatTemplate::get(template_name);
+  const auto& tmpl = folder_template(*tok, model_dir, format);
   const int64_t pad = model->special_tokens.pad >= 0 ? model->special_tokens.pad : tok->eos_id();
   model->eval();
   torch::NoGradGuard no_grad;
@@ -173,7 +208,10 @@ int cmd_score(const std::string& model_dir, const std::string& input, const std:
     } else {
       replies = {r.string("response")};
     }
-    const auto prompt = tmpl.encode_prompt(*tok, anvil::data::record_messages(r, "prompt", "", false));
+    // The prompt as the reward model was trained on it (anvil::data::PreferenceDataset).
+    const auto prompt = anvil::data::encode_record_prompt(*tok, tmpl, anvil::data::record_messages(r, "prompt", "", false),
+                                                          anvil::data::is_text_prompt(r, "prompt"));
+    if (format.show_ids) show_prompt_ids(prompt);
     for (const auto& text : replies) {
       auto row = prompt;
       const auto reply = tmpl.encode_reply(*tok, text);
@@ -335,18 +373,34 @@ int main(int argc, char** argv) {
   gin->needs(gout);
   gout->needs(gin);
   gp->excludes(gin);
-  auto* geos = gen->add_option("--eos-id", eos_id, "Stop token (default: the model's eos_token_id; -1 = none)");
+  auto* geos = gen->add_option("--eos-id", eos_id, "Stop token (default: the model's eos_token_id, or with --chat "
+                                                    "the format's end of turn; -1 = none)");
   gen->add_option("--batch-size", opt.batch_size, "Prompts decoded together (0 = all)");
+  bool gen_chat = false;
+  ChatFormatFlags fmt;
+  auto* gchat = gen->add_flag("--chat", gen_chat, "Each --prompt is a user turn in the folder's chat format");
+  gchat->needs(gp);
+  const auto add_format = [&](CLI::App* cmd, CLI::Option* needs) {
+    auto* t = cmd->add_option("--template", fmt.name, "Chat format: plain, chatml, llama3 or oasst (default: the one "
+                                                      "the folder's tokenizer_config.json records, else plain)");
+    auto* f = cmd->add_flag("--force-template", fmt.force, "Use --template even where it contradicts the folder's "
+                                                            "recorded format");
+    f->needs(t);
+    cmd->add_flag("--show-prompt-ids", fmt.show_ids, "Print each prompt's token ids (JSON) to stderr");
+    if (needs) {
+      t->needs(needs);
+    }
+  };
+  add_format(gen, gchat);
+  gen->add_option("--system", fmt.system, "With --chat: a system turn before each prompt")->needs(gchat);
   add_sampling(gen);
 
   auto* chat = app.add_subcommand("chat", "Talk to a model folder: one user turn per line on stdin");
   bool no_history = false;
-  std::string chat_template = "plain", system;
   chat->add_option("--model", model_dir, "Model folder with its tokenizer")->required();
   chat->add_flag("--no-history", no_history, "Answer each line on its own, forgetting earlier turns");
-  chat->add_option("--template", chat_template, "Chat format the model was trained with: plain, chatml, llama3, oasst")
-      ->capture_default_str();
-  chat->add_option("--system", system, "System prompt (not for the plain format)");
+  add_format(chat, nullptr);
+  chat->add_option("--system", fmt.system, "System prompt: a system turn first (plain: a line before the user's)");
   add_sampling(chat);
 
   auto* exp = app.add_subcommand("export", "Write a checkpoint's model as a standalone Hugging Face folder");
@@ -362,13 +416,12 @@ int main(int argc, char** argv) {
   logc->add_option("--output", logits_out, "out.safetensors with float32 `logits` [batch, seq, vocab]")->required();
 
   auto* scorec = app.add_subcommand("score", "Score replies with a reward model: one JSON line of rewards per input line");
-  std::string score_in, score_template = "plain";
+  std::string score_in;
   int64_t score_batch = 64;
   scorec->add_option("--model", model_dir, "Reward-model folder (a checkpoint or export of algorithm: reward)")->required();
   scorec->add_option("--input", score_in, "JSONL: {prompt, chosen, rejected}, {prompt, ranked: [...]} or "
                                           "{prompt, response} per line")->required();
-  scorec->add_option("--template", score_template, "Chat format the model was trained with: plain, chatml, llama3, oasst")
-      ->capture_default_str();
+  add_format(scorec, nullptr);
   scorec->add_option("--batch-size", score_batch, "Replies scored together")->capture_default_str();
 
   auto* tokc = app.add_subcommand("tokenize", "Tokenize (or --decode) one line at a time");
@@ -411,9 +464,9 @@ int main(int argc, char** argv) {
         for (size_t pos; (pos = p.find("\\n")) != std::string::npos;) p.replace(pos, 2, "\n");
       if (prompts.empty() && gen_in.empty()) throw anvil::ConfigError("generate: give --input/--output or --prompt");
       if (geos->count() > 0) opt.eos_id = eos_id;
-      return cmd_generate(model_dir, prompts, gen_in, gen_out, opt, geos->count() > 0);
+      return cmd_generate(model_dir, prompts, gen_in, gen_out, opt, geos->count() > 0, gen_chat, fmt);
     }
-    if (chat->parsed()) return cmd_chat(model_dir, opt, !no_history, chat_template, system);
+    if (chat->parsed()) return cmd_chat(model_dir, opt, !no_history, fmt);
     if (exp->parsed()) {
       const bool sharded = anvil::dist::is_sharded_checkpoint(ckpt);
       if (sharded) anvil::dist::export_sharded_checkpoint(ckpt, exp_out, exp_dtype);
@@ -422,7 +475,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (logc->parsed()) return cmd_logits(model_dir, logits_in, logits_out);
-    if (scorec->parsed()) return cmd_score(model_dir, score_in, score_template, std::max<int64_t>(1, score_batch));
+    if (scorec->parsed()) return cmd_score(model_dir, score_in, fmt, std::max<int64_t>(1, score_batch));
     if (tokc->parsed()) return cmd_tokenize(tok_path, tok_type, input, output, decode, keep_special);
     if (prep->parsed())
       return cmd_prepare(tok_path, tok_type, prep_in, prep_out,

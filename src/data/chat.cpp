@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "anvil/core/error.h"
+#include "anvil/core/logging.h"
 
 namespace anvil::data {
 namespace {
@@ -14,10 +15,12 @@ Piece text(std::string s, bool trained = false) { return {std::move(s), false, t
 Piece marker(std::string s, bool trained = false) { return {std::move(s), true, trained, -1}; }
 Piece token(int64_t id, std::string name, bool trained) { return {std::move(name), true, trained, id}; }
 
+// Jinja's trim (Python's str.strip) on ASCII whitespace.
 std::string trim(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t\n\r");
+  constexpr const char* kSpace = " \t\n\r\f\v";
+  const auto b = s.find_first_not_of(kSpace);
   if (b == std::string::npos) return "";
-  const auto e = s.find_last_not_of(" \t\n\r");
+  const auto e = s.find_last_not_of(kSpace);
   return s.substr(b, e - b + 1);
 }
 
@@ -31,20 +34,36 @@ Piece eos_piece(const tokenizer::Tokenizer& tok, bool trained) {
   return token(tok.eos_id(), "<eos>", trained);
 }
 
-// prompt + response + EOS: the format of the bundled quickstart data.
+bool adds_bos(const tokenizer::Tokenizer& tok) { return tok.add_bos() && tok.bos_id() >= 0; }
+
+// "{{ bos_token }}" where the tokenizer puts BOS first (apply_chat_template
+// tokenizes without adding special tokens).
+std::string jinja_bos(const tokenizer::Tokenizer& tok) { return adds_bos(tok) ? "{{ bos_token }}" : ""; }
+
+// Turns as written, each user or system turn ending in a newline (one is
+// added when the content does not end with one), each reply in EOS: the
+// format of the bundled quickstart data ({"prompt": "upper: abc\n", ...}).
 class Plain final : public ChatTemplate {
  public:
   Plain() : ChatTemplate("plain") {}
+
+  std::string jinja(const tokenizer::Tokenizer& tok) const override {
+    return jinja_bos(tok) +
+           R"({% for message in messages %}{% if message['role'] == 'assistant' %}{% generation %})"
+           R"({{ message['content'] + eos_token }}{% endgeneration %}{% else %}{{ message['content'] }})"
+           R"({% if not message['content'].endswith('\n') %}{{ '\n' }}{% endif %}{% endif %}{% endfor %})";
+  }
 
  protected:
   std::vector<Piece> render(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
                             bool) const override {
     std::vector<Piece> out;
-    if (tok.add_bos() && tok.bos_id() >= 0) out.push_back(token(tok.bos_id(), "<bos>", false));
+    if (adds_bos(tok)) out.push_back(token(tok.bos_id(), "<bos>", false));
     for (const auto& m : messages) {
       check_role(m.role);
       if (m.role != "assistant") {
-        out.push_back(text(m.content));
+        const bool ends_line = !m.content.empty() && m.content.back() == '\n';
+        out.push_back(text(ends_line ? m.content : m.content + "\n"));
         continue;
       }
       out.push_back(text(m.content, true));
@@ -60,11 +79,19 @@ class ChatML final : public ChatTemplate {
  public:
   ChatML() : ChatTemplate("chatml") {}
 
+  std::string jinja(const tokenizer::Tokenizer& tok) const override {
+    return jinja_bos(tok) +
+           R"({% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }})"
+           R"({% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }})"
+           R"({% endgeneration %}{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}{{ '\n' }}{% endfor %})"
+           R"({% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %})";
+  }
+
  protected:
   std::vector<Piece> render(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
                             bool generation_prompt) const override {
     std::vector<Piece> out;
-    if (tok.add_bos() && tok.bos_id() >= 0) out.push_back(token(tok.bos_id(), "<bos>", false));
+    if (adds_bos(tok)) out.push_back(token(tok.bos_id(), "<bos>", false));
     for (const auto& m : messages) {
       check_role(m.role);
       const bool a = m.role == "assistant";
@@ -88,6 +115,14 @@ class ChatML final : public ChatTemplate {
 class Llama3 final : public ChatTemplate {
  public:
   Llama3() : ChatTemplate("llama3") {}
+
+  std::string jinja(const tokenizer::Tokenizer&) const override {
+    return R"({{ '<|begin_of_text|>' }}{% for message in messages %})"
+           R"({{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }})"
+           R"({% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] | trim + '<|eot_id|>' }})"
+           R"({% endgeneration %}{% else %}{{ message['content'] | trim + '<|eot_id|>' }}{% endif %}{% endfor %})"
+           R"({% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %})";
+  }
 
  protected:
   std::vector<Piece> render(const tokenizer::Tokenizer&, const std::vector<Message>& messages,
@@ -118,13 +153,22 @@ class OpenAssistant final : public ChatTemplate {
  public:
   OpenAssistant() : ChatTemplate("oasst") {}
 
+  std::string jinja(const tokenizer::Tokenizer& tok) const override {
+    return jinja_bos(tok) +
+           R"({% for message in messages %}{% if message['role'] == 'assistant' %}{{ '<|assistant|>' }})"
+           R"({% generation %}{{ message['content'] + eos_token }}{% endgeneration %})"
+           R"({% elif message['role'] == 'user' %}{{ '<|prompter|>' + message['content'] + eos_token }})"
+           R"({% else %}{{ '<|system|>' + message['content'] + eos_token }}{% endif %}{% endfor %})"
+           R"({% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %})";
+  }
+
  protected:
   std::vector<Piece> render(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
                             bool generation_prompt) const override {
     static const std::map<std::string, std::string> kMarker = {
         {"system", "<|system|>"}, {"user", "<|prompter|>"}, {"assistant", "<|assistant|>"}};
     std::vector<Piece> out;
-    if (tok.add_bos() && tok.bos_id() >= 0) out.push_back(token(tok.bos_id(), "<bos>", false));
+    if (adds_bos(tok)) out.push_back(token(tok.bos_id(), "<bos>", false));
     for (const auto& m : messages) {
       check_role(m.role);
       const bool a = m.role == "assistant";
@@ -213,6 +257,41 @@ std::vector<int64_t> ChatTemplate::encode_reply(const tokenizer::Tokenizer& tok,
 
 int64_t ChatTemplate::end_of_turn_id(const tokenizer::Tokenizer& tok) const {
   return marker_id(tok, end_of_turn(tok), name());
+}
+
+RecordedChatFormat recorded_chat_format(const tokenizer::Tokenizer& tok) {
+  RecordedChatFormat out;
+  if (tok.chat_template().empty()) return out;
+  out.kind = RecordedChatFormat::Kind::custom;
+  for (const auto& name : ChatTemplate::names())
+    if (ChatTemplate::get(name).jinja(tok) == tok.chat_template()) {
+      out.kind = RecordedChatFormat::Kind::builtin;
+      out.name = name;
+    }
+  return out;
+}
+
+std::string resolve_chat_template(const tokenizer::Tokenizer& tok, const std::string& requested,
+                                  const std::string& what, const std::string& where,
+                                  const std::string& override_hint) {
+  const auto rec = recorded_chat_format(tok);
+  using Kind = RecordedChatFormat::Kind;
+  if (requested.empty() || requested == "auto") {
+    if (rec.kind == Kind::builtin) return rec.name;
+    if (rec.kind == Kind::none) return "plain";
+    throw ConfigError(concat(what, ": ", where, " records a chat_template (tokenizer_config.json) that is none of "
+                             "Anvil's built-in formats (plain, chatml, llama3, oasst); set ", what,
+                             " to the format to use"));
+  }
+  (void)ChatTemplate::get(requested);  // a known name
+  if (rec.kind != Kind::builtin || rec.name == requested) return requested;
+  if (override_hint.empty()) {
+    log::warn(what, ": ", requested, " replaces ", rec.name, ", the chat format recorded in ", where);
+    return requested;
+  }
+  throw ConfigError(concat(what, " ", requested, " contradicts ", where, ", which records the ", rec.name,
+                           " chat format (tokenizer_config.json's chat_template); leave ", what, " out to use ",
+                           rec.name, ", or add ", override_hint, " to use ", requested, " anyway"));
 }
 
 TokenizedChat encode_plain(const tokenizer::Tokenizer& tok, const std::string& prompt, const std::string& response,

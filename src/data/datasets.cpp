@@ -102,9 +102,36 @@ std::vector<Message> record_messages(const Record& r, const std::string& prompt_
   return out;
 }
 
+bool is_text_prompt(const Record& r, const std::string& prompt_field) {
+  if (r.has("messages")) return false;
+  if (r.has(prompt_field)) return r.at(prompt_field).is_string();
+  return r.has("chosen") && r.at("chosen").is_string();  // TRL's implicit prompt
+}
+
+namespace {
+// A text prompt and a text reply: TRL's (non-conversational) prompt-completion.
+bool is_text_pair(const Record& r, const ReadOptions& opt) {
+  if (!is_text_prompt(r, opt.prompt_field)) return false;
+  const auto field = opt.response_field == "response" && !r.has("response") && r.has("completion")
+                         ? std::string("completion")
+                         : opt.response_field;
+  return r.has(field) && r.at(field).is_string();
+}
+}  // namespace
+
+std::vector<int64_t> encode_record_prompt(const tokenizer::Tokenizer& tok, const ChatTemplate& tmpl,
+                                          const std::vector<Message>& messages, bool text_prompt) {
+  if (!(text_prompt && tmpl.name() == "plain" && messages.size() == 1)) return tmpl.encode_prompt(tok, messages);
+  std::vector<int64_t> ids;
+  if (tok.add_bos() && tok.bos_id() >= 0) ids.push_back(tok.bos_id());
+  const auto t = tok.encode(messages[0].content);
+  ids.insert(ids.end(), t.begin(), t.end());
+  return ids;
+}
+
 std::optional<SftSample> make_sft_sample(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
-                                         const ReadOptions& opt, DatasetStats& stats) {
-  const bool pair = messages.size() == 2 && messages[0].role == "user" && messages[1].role == "assistant";
+                                         const ReadOptions& opt, DatasetStats& stats, bool text_pair) {
+  const bool pair = text_pair && messages.size() == 2 && messages[0].role == "user" && messages[1].role == "assistant";
   const auto t = opt.template_name == "plain" && pair
                      ? encode_plain(tok, messages[0].content, messages[1].content, opt.add_eos, opt.train_on_prompt)
                      : ChatTemplate::get(opt.template_name).encode(tok, messages, opt.train_on_prompt);
@@ -142,7 +169,8 @@ SftDataset SftDataset::load(const std::filesystem::path& path, const tokenizer::
   SftDataset ds;
   ds.name_ = path.string();
   const auto r = read_jsonl(path, opt.on_error, [&](const Record& rec) {
-    auto s = make_sft_sample(tok, record_messages(rec, opt.prompt_field, opt.response_field, true), opt, ds.stats_);
+    auto s = make_sft_sample(tok, record_messages(rec, opt.prompt_field, opt.response_field, true), opt, ds.stats_,
+                             is_text_pair(rec, opt));
     if (s) ds.samples_.push_back(std::move(*s));
   });
   absorb(ds.stats_, r);
@@ -238,7 +266,7 @@ PreferenceDataset PreferenceDataset::load(const std::filesystem::path& path, con
     }
     s.margin = rec.optional_number("margin");
     s.prompt = message_text(msgs, msgs.size());
-    s.prompt_ids = tmpl.encode_prompt(tok, msgs);
+    s.prompt_ids = encode_record_prompt(tok, tmpl, msgs, is_text_prompt(rec, opt.prompt_field));
     for (const auto& text : s.reply_texts) s.replies.push_back(tmpl.encode_reply(tok, text));
     if (opt.max_length > 0) {
       const auto room = opt.max_length - static_cast<int64_t>(s.prompt_ids.size());
@@ -274,7 +302,7 @@ PromptDataset PromptDataset::load(const std::filesystem::path& path, const token
     const auto msgs = record_messages(rec, opt.prompt_field, "", false);
     PromptSample s;
     s.prompt = message_text(msgs, msgs.size());
-    s.prompt_ids = tmpl.encode_prompt(tok, msgs);
+    s.prompt_ids = encode_record_prompt(tok, tmpl, msgs, is_text_prompt(rec, opt.prompt_field));
     if (opt.max_length > 0 && static_cast<int64_t>(s.prompt_ids.size()) >= opt.max_length) {
       ++ds.stats_.dropped_overflow;
       return;
@@ -291,7 +319,8 @@ OfflineRlDataset OfflineRlDataset::load(const std::filesystem::path& path, const
   OfflineRlDataset ds;
   const auto r = read_jsonl(path, opt.on_error, [&](const Record& rec) {
     const auto reward = rec.number("reward");
-    auto s = make_sft_sample(tok, record_messages(rec, opt.prompt_field, opt.response_field, true), opt, ds.stats_);
+    auto s = make_sft_sample(tok, record_messages(rec, opt.prompt_field, opt.response_field, true), opt, ds.stats_,
+                             is_text_pair(rec, opt));
     if (!s) return;
     ds.samples_.push_back({std::move(s->input_ids), std::move(s->labels), s->prompt_tokens, reward,
                            std::move(s->prompt), std::move(s->response)});

@@ -185,6 +185,7 @@ class HfTokenizer final : public Tokenizer {
 
   stdfs::path file_;
   stdfs::path config_dir_;
+  std::string config_json_;
   uint64_t instance_;
 
   // model
@@ -242,7 +243,7 @@ std::string type_of(const json& j, const std::string& where, const stdfs::path& 
 }
 
 HfTokenizer::HfTokenizer(const stdfs::path& file, const detail::SpecialTokenConfig& cfg)
-    : file_(file), config_dir_(file.parent_path()) {
+    : file_(file), config_dir_(file.parent_path()), config_json_(cfg.config_json) {
   static std::atomic<uint64_t> next_instance{1};
   instance_ = next_instance++;
   if (!stdfs::is_regular_file(file)) throw Error(concat(file.string(), ": tokenizer file not found"));
@@ -745,8 +746,9 @@ void HfTokenizer::save(const stdfs::path& dir) const {
     stdfs::copy_file(src, dst, stdfs::copy_options::overwrite_existing);
   };
   copy(file_, dir / "tokenizer.json");
-  for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"})
-    if (stdfs::is_regular_file(config_dir_ / name)) copy(config_dir_ / name, dir / name);
+  if (stdfs::is_regular_file(config_dir_ / "special_tokens_map.json"))
+    copy(config_dir_ / "special_tokens_map.json", dir / "special_tokens_map.json");
+  detail::write_tokenizer_config(dir, *this, config_json_, "PreTrainedTokenizerFast");
 }
 
 }  // namespace

@@ -13,7 +13,8 @@ namespace stdfs = std::filesystem;
 
 class SentencePieceTokenizer final : public Tokenizer {
  public:
-  SentencePieceTokenizer(const stdfs::path& path, const detail::SpecialTokenConfig& cfg) : path_(path) {
+  SentencePieceTokenizer(const stdfs::path& path, const detail::SpecialTokenConfig& cfg)
+      : path_(path), config_json_(cfg.config_json) {
     if (!stdfs::is_regular_file(path))
       throw Error(concat(path.string(), ": tokenizer file not found (expected a SentencePiece .model file)"));
     sentencepiece::util::Status status;
@@ -86,10 +87,11 @@ class SentencePieceTokenizer final : public Tokenizer {
   void save(const stdfs::path& dir) const override {
     stdfs::create_directories(dir);
     copy_into(path_, dir / "tokenizer.model");  // the name load_tokenizer_from_model_dir looks for
-    for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"}) {
-      const auto src = path_.parent_path() / name;
-      if (stdfs::is_regular_file(src)) copy_into(src, dir / name);
-    }
+    const auto map = path_.parent_path() / "special_tokens_map.json";
+    if (stdfs::is_regular_file(map)) copy_into(map, dir / "special_tokens_map.json");
+    // transformers' SentencePieceBackend encodes as sentencepiece itself does
+    // (and needs no protobuf to convert the model).
+    detail::write_tokenizer_config(dir, *this, config_json_, "SentencePieceBackend");
   }
 
  private:
@@ -107,6 +109,7 @@ class SentencePieceTokenizer final : public Tokenizer {
   }
 
   stdfs::path path_;
+  std::string config_json_;
   sentencepiece::SentencePieceProcessor sp_;
   int64_t bos_ = -1, eos_ = -1, pad_ = -1;
   bool add_bos_ = false;

@@ -51,11 +51,33 @@ std::optional<bool> bool_entry(const json& j, const char* key, const stdfs::path
 }
 
 std::unique_ptr<Tokenizer> load_hf_file(const stdfs::path& file) {
-  return detail::make_hf_tokenizer(file, detail::read_special_token_config(file.parent_path()));
+  const auto cfg = detail::read_special_token_config(file.parent_path());
+  auto tok = detail::make_hf_tokenizer(file, cfg);
+  tok->set_chat_template(cfg.chat_template);
+  return tok;
 }
 
 std::unique_ptr<Tokenizer> load_sentencepiece_file(const stdfs::path& file) {
-  return detail::make_sentencepiece_tokenizer(file, detail::read_special_token_config(file.parent_path()));
+  const auto cfg = detail::read_special_token_config(file.parent_path());
+  auto tok = detail::make_sentencepiece_tokenizer(file, cfg);
+  tok->set_chat_template(cfg.chat_template);
+  return tok;
+}
+
+// chat_template: a string, or (transformers' multi-template form) a list of
+// {"name", "template"} of which "default" is the one used.
+std::string chat_template_entry(const json& j, const stdfs::path& file) {
+  const auto it = j.find("chat_template");
+  if (it == j.end() || it->is_null()) return "";
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_array()) {
+    for (const auto& t : *it)
+      if (t.is_object() && t.value("name", json()) == "default" && t.contains("template") && t["template"].is_string())
+        return t["template"].get<std::string>();
+    return "";
+  }
+  throw Error(concat(file.string(), ": chat_template: expected a Jinja template string or a list of "
+                                    "{\"name\", \"template\"}"));
 }
 
 }  // namespace
@@ -80,7 +102,30 @@ SpecialTokenConfig read_special_token_config(const stdfs::path& dir) {
   cfg.pad = token("pad_token");
   cfg.add_bos = bool_entry(config, "add_bos_token", config_file);
   cfg.add_eos = bool_entry(config, "add_eos_token", config_file);
+  if (has_config) cfg.config_json = config.dump();
+  cfg.chat_template = chat_template_entry(config, config_file);
+  // transformers >= 4.43 may keep the template in its own file.
+  if (cfg.chat_template.empty() && stdfs::is_regular_file(dir / "chat_template.jinja"))
+    cfg.chat_template = fs::read_file(dir / "chat_template.jinja");
   return cfg;
+}
+
+void write_tokenizer_config(const stdfs::path& dir, const Tokenizer& tok, const std::string& source_config,
+                            const char* default_class) {
+  json j = source_config.empty() ? json::object() : json::parse(source_config, nullptr, false);
+  if (!j.is_object()) j = json::object();  // checked when it was read
+  if (!j.contains("tokenizer_class") || !j["tokenizer_class"].is_string()) j["tokenizer_class"] = default_class;
+  const auto token = [&](const char* key, int64_t id) {
+    if (id >= 0) j[key] = tok.decode({id}, /*skip_special_tokens=*/false);
+  };
+  token("bos_token", tok.bos_id());
+  token("eos_token", tok.eos_id());
+  token("pad_token", tok.pad_id());
+  j["add_bos_token"] = tok.add_bos();
+  if (!j.contains("add_eos_token")) j["add_eos_token"] = false;
+  if (tok.chat_template().empty()) j.erase("chat_template");
+  else j["chat_template"] = tok.chat_template();
+  fs::write_file_atomic(dir / kConfigFile, j.dump(2) + "\n");
 }
 
 }  // namespace detail

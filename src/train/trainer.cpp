@@ -375,6 +375,24 @@ TrainResult run_training(const config::RunConfig& cfg, const RunOptions& options
   // data.max_length defaults to the model's context, which model.from only knows once loaded.
   auto data_cfg = cfg;
   if (data_cfg.data.max_length == 0) data_cfg.data.max_length = model->max_positions();
+  if (cfg.algorithm != "pretrain") {
+    // One chat format from data to checkpoint: the model folder's recorded
+    // one unless data.template names another, and the checkpoints record it.
+    // The model folder records it, else the tokenizer's own folder.
+    const bool from_model = !cfg.model.from.empty() && tokenizer::has_tokenizer(cfg.model.from);
+    const auto where = from_model ? cfg.model.from : cfg.tokenizer.path;
+    const auto recorder = from_model && !cfg.tokenizer.path.empty() ? tokenizer::load_tokenizer_from_model_dir(where)
+                                                                     : nullptr;
+    const auto& rec_tok = recorder ? *recorder : *tok;
+    data_cfg.data.template_name =
+        data::resolve_chat_template(rec_tok, cfg.data.template_name, "data.template", where, /*override_hint=*/"");
+    if (cfg.data.template_name == "auto")
+      log::info("data.template: ", data_cfg.data.template_name,
+                data::recorded_chat_format(rec_tok).kind == data::RecordedChatFormat::Kind::builtin
+                    ? concat(", the format recorded in ", where)
+                    : concat(" (", where, " records no chat format)"));
+    tok->set_chat_template(data::ChatTemplate::get(data_cfg.data.template_name).jinja(*tok));
+  }
   if (data_cfg.data.max_length > model->max_positions())
     throw ConfigError(concat("data.max_length: ", data_cfg.data.max_length, " exceeds the model's ",
                              model->max_positions(), " positions"));

@@ -171,7 +171,7 @@ const std::filesystem::path& chat_refs() {
 
 TEST(ChatTemplates, IdsAndTrainedTokensMatchTransformersApplyChatTemplate) {
   auto tok = tokenizer::load_tokenizer("auto", chat_refs() / "tok");
-  for (const std::string name : {"chatml", "llama3", "oasst"}) {
+  for (const std::string name : {"plain", "chatml", "llama3", "oasst"}) {
     std::ifstream in(chat_refs() / (name + ".jsonl"));
     std::string line;
     int n = 0;

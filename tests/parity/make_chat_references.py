@@ -3,7 +3,7 @@
 Usage: make_chat_references.py WORKDIR
 
 Trains a small byte-level BPE tokenizer (HF `tokenizers`) whose special tokens
-cover the ChatML, LLaMA-3 and Open-Assistant markers, saves it to
+cover the ChatML, LLaMA-3 and Open-Assistant markers (and whose EOS ends plain replies), saves it to
 WORKDIR/tok/, and for each template renders conversations with
 `apply_chat_template(..., return_assistant_tokens_mask=True)`, using Jinja
 templates that mark the trained part with {% generation %}. Writes
@@ -20,6 +20,14 @@ SPECIAL = ["</s>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_h
            "<|end_header_id|>", "<|eot_id|>", "<|prompter|>", "<|assistant|>", "<|system|>"]
 
 TEMPLATES = {
+    # Anvil's plain format as docs/data.md states it: turns as written, a user
+    # or system turn ending in a newline (added when missing), a reply in EOS.
+    "plain": (
+        "{% for m in messages %}"
+        "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] + eos_token }}{% endgeneration %}"
+        "{% elif m['content'][-1:] == '\n' %}{{ m['content'] }}"
+        "{% else %}{{ m['content'] + '\n' }}{% endif %}"
+        "{% endfor %}"),
     "chatml": (
         "{% for m in messages %}"
         "{% if m['role'] == 'assistant' %}"

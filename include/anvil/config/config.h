@@ -153,7 +153,7 @@ struct DatasetConfig {
 struct DataConfig {
   std::vector<DatasetConfig> train;
   std::vector<DatasetConfig> eval;
-  std::string template_name = "plain";
+  std::string template_name = "auto";
   int64_t max_length = 0;
   std::string on_overflow = "truncate";
   std::string on_error = "fail";
@@ -164,9 +164,11 @@ struct DataConfig {
     v.list("train", train, "Training datasets: one or more, mixed as their fraction / size / weight say.");
     v.list("eval", eval, "Held-out datasets (same keys; fraction, size and weight are ignored).");
     v.field("template", template_name,
-            "Chat format that turns prompts and messages into tokens: plain (prompt + response + EOS), chatml, "
-            "llama3, oasst (Open-Assistant). Only assistant turns are trained.",
-            one_of({"plain", "chatml", "llama3", "oasst"}));
+            "Chat format that turns prompts and messages into tokens: auto (the one recorded with the model's "
+            "tokenizer, else plain), plain (turns as written, user turns ending in a newline, replies in EOS), "
+            "chatml, llama3, oasst (Open-Assistant). Only assistant turns are trained; checkpoints record it as "
+            "tokenizer_config.json's chat_template.",
+            one_of({"auto", "plain", "chatml", "llama3", "oasst"}));
     v.field("max_length", max_length,
             "Longest tokenized sample (prompt + response + EOS), and the row length when packing; "
             "0 = model.max_position_embeddings.",

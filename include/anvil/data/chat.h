@@ -1,6 +1,9 @@
 #pragma once
 // Chat templates: conversations -> token ids with labels on assistant turns
-// only. Built-in named formats (no Jinja): plain, chatml, llama3, oasst.
+// only. Built-in named formats written in C++: plain, chatml, llama3, oasst.
+// Each also has a Jinja form, recorded as tokenizer_config.json's
+// chat_template, with which transformers' apply_chat_template renders the
+// same ids; a model folder's recorded format is found by matching it.
 
 #include <cstdint>
 #include <string>
@@ -46,6 +49,11 @@ class ChatTemplate {
   std::vector<int64_t> encode_reply(const tokenizer::Tokenizer& tok, const std::string& content) const;
   /// The token that ends an assistant turn (generation stops on it).
   int64_t end_of_turn_id(const tokenizer::Tokenizer& tok) const;
+  /// This template as Jinja for `tok` (BOS written when the tokenizer adds
+  /// one), for tokenizer_config.json's chat_template: apply_chat_template
+  /// renders encode()'s ids, {% generation %} marks the trained tokens, and
+  /// add_generation_prompt gives encode_prompt()'s.
+  virtual std::string jinja(const tokenizer::Tokenizer& tok) const = 0;
 
   const std::string& name() const { return name_; }
   virtual ~ChatTemplate() = default;
@@ -73,6 +81,24 @@ class ChatTemplate {
  private:
   std::string name_;
 };
+
+/// What a tokenizer records about its chat format (its chat_template).
+struct RecordedChatFormat {
+  enum class Kind { none, builtin, custom };
+  Kind kind = Kind::none;
+  std::string name;  // the built-in template's name when kind == builtin
+};
+RecordedChatFormat recorded_chat_format(const tokenizer::Tokenizer& tok);
+
+/// The template to use: `requested` ("auto", or a built-in name) against what
+/// `tok` records. "auto" takes the recorded format (plain when none is
+/// recorded; a Jinja template that is not built in is an error). A name that
+/// contradicts the recorded format is an error naming `what` and `where`,
+/// unless `override_hint` is empty (then it is logged and used); the error
+/// names `override_hint` as the way to insist.
+std::string resolve_chat_template(const tokenizer::Tokenizer& tok, const std::string& requested,
+                                  const std::string& what, const std::string& where,
+                                  const std::string& override_hint);
 
 /// The plain format for one prompt/response pair: prompt + response (+ EOS).
 TokenizedChat encode_plain(const tokenizer::Tokenizer& tok, const std::string& prompt, const std::string& response,

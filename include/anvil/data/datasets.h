@@ -60,6 +60,18 @@ struct DatasetStats {
 std::vector<Message> record_messages(const Record& r, const std::string& prompt_field,
                                      const std::string& response_field, bool with_response);
 
+/// Whether the record's prompt is text rather than a conversation (TRL's
+/// non-conversational formats): no `messages`, and a string prompt (or, with
+/// an implicit prompt, string replies). With the plain template such a prompt
+/// is used as written, where a conversation's user turns end in a newline.
+bool is_text_prompt(const Record& r, const std::string& prompt_field);
+
+/// A prompt to continue from, as every reader renders it: with `plain` and a
+/// text prompt, BOS (when the tokenizer adds one) + the text as written;
+/// otherwise the template's generation prompt for `messages`.
+std::vector<int64_t> encode_record_prompt(const tokenizer::Tokenizer& tok, const ChatTemplate& tmpl,
+                                          const std::vector<Message>& messages, bool text_prompt);
+
 struct SftSample {
   std::vector<int64_t> input_ids;
   std::vector<int64_t> labels;  // aligned with input_ids; kIgnoreIndex where not trained
@@ -90,8 +102,10 @@ class SftDataset final : public LmDataset {
 /// Tokenizes one sample as the dataset does (shared with tests): the
 /// template's rendering, then max_length handling. Returns nothing when the
 /// sample is dropped (and counts why in `stats`).
+/// `text_pair`: a text prompt and a text reply (not a conversation), which
+/// the plain template joins as written (prompt + response + EOS).
 std::optional<SftSample> make_sft_sample(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
-                                         const ReadOptions& opt, DatasetStats& stats);
+                                         const ReadOptions& opt, DatasetStats& stats, bool text_pair = false);
 
 /// {prompt, chosen, rejected[, margin]} or {prompt, ranked: [best, ..., worst]}:
 /// prompt is a string or a messages list; the replies are competing assistant

@@ -40,10 +40,20 @@ class Tokenizer {
   /// Which backend this is: "sentencepiece" or "hf".
   virtual std::string kind() const = 0;
 
-  /// Copies the tokenizer's files into a model folder, so the folder is
-  /// self-contained (HF layout: tokenizer.model or tokenizer.json, plus
-  /// tokenizer_config.json when the source had one).
+  /// Writes the tokenizer into a model folder, so the folder is self-contained
+  /// and loads in transformers' AutoTokenizer: tokenizer.model or
+  /// tokenizer.json, and a complete tokenizer_config.json (the source's keys,
+  /// plus tokenizer_class, the special tokens, add_bos_token and
+  /// chat_template).
   virtual void save(const std::filesystem::path& dir) const = 0;
+
+  /// The Jinja chat template recorded with the tokenizer (tokenizer_config.json's
+  /// `chat_template`), empty when there is none. save() writes it.
+  const std::string& chat_template() const { return chat_template_; }
+  void set_chat_template(std::string jinja) { chat_template_ = std::move(jinja); }
+
+ private:
+  std::string chat_template_;
 };
 
 /// Loads a tokenizer from a file or a folder. `type` is "auto" (a folder is
