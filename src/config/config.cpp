@@ -7,6 +7,7 @@
 #include <charconv>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -615,6 +616,58 @@ std::vector<ConfigChange> config_changes(const std::string& before_yaml, const s
   for (const auto& k : keys)
     if (const auto x = text(a.count(k) ? a : defaults, k), y = text(b, k); x != y) out.push_back({k, x, y});
   return out;
+}
+
+namespace {
+std::mutex& algorithm_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<std::string>& algorithm_list() {
+  static std::vector<std::string> names = {"sft", "pretrain", "reward", "dpo"};
+  return names;
+}
+}  // namespace
+
+namespace {
+std::vector<RegisteredSection>& section_list() {
+  static std::vector<RegisteredSection> sections;
+  return sections;
+}
+}  // namespace
+
+void register_section(RegisteredSection section) {
+  static const std::set<std::string> builtin = {"output_dir", "algorithm", "model", "tokenizer", "data",
+                                                "optimizer", "schedule", "train", "dist", "eval", "logging",
+                                                "sft", "reward", "dpo"};
+  std::lock_guard<std::mutex> lock(algorithm_mutex());
+  auto& list = section_list();
+  if (section.name.empty() || section.name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") !=
+                                  std::string::npos)
+    throw ConfigError(concat("register_section: \"", section.name, "\": expected a name of a-z, 0-9 and _"));
+  if (!section.make) throw ConfigError(concat("register_section: ", section.name, ": no maker given"));
+  if (builtin.count(section.name) ||
+      std::any_of(list.begin(), list.end(), [&](const RegisteredSection& s) { return s.name == section.name; }))
+    throw ConfigError(concat("config section \"", section.name, "\" is already registered"));
+  list.push_back(std::move(section));
+}
+
+std::vector<RegisteredSection> registered_sections() {
+  std::lock_guard<std::mutex> lock(algorithm_mutex());
+  return section_list();
+}
+
+std::vector<std::string> algorithm_names() {
+  std::lock_guard<std::mutex> lock(algorithm_mutex());
+  return algorithm_list();
+}
+
+void add_algorithm_name(const std::string& name) {
+  std::lock_guard<std::mutex> lock(algorithm_mutex());
+  auto& names = algorithm_list();
+  if (std::find(names.begin(), names.end(), name) != names.end())
+    throw ConfigError(concat("algorithm \"", name, "\" is already registered"));
+  names.push_back(name);
 }
 
 bool may_change_on_resume(const std::string& key) {

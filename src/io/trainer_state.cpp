@@ -27,6 +27,7 @@ nlohmann::json read_trainer_state(const std::filesystem::path& dir) {
   integer("step", true);
   integer("format_version", true);
   integer("nonfinite_steps", false);  // absent in checkpoints older than the non-finite guard
+  integer("iteration", false);        // absent in checkpoints older than Objective v2
   if (j["format_version"].get<int64_t>() != kFormatVersion)
     throw CheckpointError(concat(path, ": format_version ", j["format_version"].get<int64_t>(),
                                  " is not supported (expected ", kFormatVersion, ")"));
@@ -37,16 +38,26 @@ nlohmann::json read_trainer_state(const std::filesystem::path& dir) {
 }
 
 TrainerState trainer_state_of(const nlohmann::json& j) {
-  const auto n = j.find("nonfinite_steps");
-  return {j.at("step").get<int64_t>(), j.value("data", nlohmann::json::object()),
-          n != j.end() && n->is_number_integer() ? n->get<int64_t>() : 0};
+  const auto integer = [&](const char* key, int64_t fallback) {
+    const auto it = j.find(key);
+    return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : fallback;
+  };
+  TrainerState st;
+  st.step = j.at("step").get<int64_t>();
+  st.data = j.value("data", nlohmann::json::object());
+  st.nonfinite_steps = integer("nonfinite_steps", 0);
+  st.objective = j.value("objective", nlohmann::json());
+  st.iteration = integer("iteration", st.step);  // one step per iteration before Objective v2
+  return st;
 }
 
 void write_trainer_state(const std::filesystem::path& dir, const TrainerState& state) {
   nlohmann::json st = {{"format_version", kFormatVersion},
                        {"step", state.step},
                        {"data", state.data},
-                       {"nonfinite_steps", state.nonfinite_steps}};
+                       {"nonfinite_steps", state.nonfinite_steps},
+                       {"iteration", state.iteration}};
+  if (!state.objective.is_null()) st["objective"] = state.objective;
   fs::write_file_atomic(dir / kTrainerStateFile, st.dump(2) + "\n");
 }
 

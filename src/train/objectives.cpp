@@ -1,16 +1,61 @@
-// The algorithm registry: one line per objective.
+// The algorithm registry: the built-in objectives, one line each, and those a
+// linking program registers (register_objective).
+#include <map>
+#include <mutex>
+
 #include "anvil/core/error.h"
 #include "anvil/train/objective.h"
 #include "anvil/train/preference.h"
 #include "anvil/train/sft.h"
 
 namespace anvil::train {
+namespace {
+
+template <class T>
+ObjectiveFactory make() {
+  return [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) { return std::make_unique<T>(cfg, tok); };
+}
+
+struct Registry {
+  std::mutex mutex;
+  std::map<std::string, ObjectiveFactory> factories{
+      {"sft", make<LmObjective>()},
+      {"pretrain", make<LmObjective>()},
+      {"reward", make<RewardObjective>()},
+      {"dpo", make<DpoObjective>()},
+  };
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+}  // namespace
+
+void register_objective(const std::string& name, ObjectiveFactory factory) {
+  if (name.empty() || name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos)
+    throw ConfigError(concat("register_objective: \"", name, "\": expected a name of a-z, 0-9 and _"));
+  if (!factory) throw ConfigError(concat("register_objective: ", name, ": no factory given"));
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (r.factories.count(name)) throw ConfigError(concat("algorithm \"", name, "\" is already registered"));
+  config::add_algorithm_name(name);
+  r.factories.emplace(name, std::move(factory));
+}
 
 std::unique_ptr<Objective> make_objective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
-  if (cfg.algorithm == "sft" || cfg.algorithm == "pretrain") return std::make_unique<LmObjective>(cfg, tok);
-  if (cfg.algorithm == "reward") return std::make_unique<RewardObjective>(cfg, tok);
-  if (cfg.algorithm == "dpo") return std::make_unique<DpoObjective>(cfg, tok);
-  throw ConfigError(concat("algorithm: unknown algorithm \"", cfg.algorithm, "\""));
+  ObjectiveFactory factory;
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    const auto it = r.factories.find(cfg.algorithm);
+    if (it == r.factories.end()) throw ConfigError(concat("algorithm: unknown algorithm \"", cfg.algorithm, "\""));
+    factory = it->second;
+  }
+  auto objective = factory(cfg, tok);
+  if (!objective) throw ConfigError(concat("algorithm: ", cfg.algorithm, ": its factory built no objective"));
+  return objective;
 }
 
 }  // namespace anvil::train

@@ -169,18 +169,6 @@ std::map<int64_t, std::string> injected_nonfinite() {
   return out;
 }
 
-/// Global L2 norm of the gradients of `params`, clipped to `max_norm` when larger (0 = only measure).
-double clip_or_measure(const std::vector<at::Tensor>& params, double max_norm) {
-  if (max_norm > 0) return torch::nn::utils::clip_grad_norm_(params, max_norm);
-  at::Tensor sq;  // summed on the device: one host sync
-  for (const auto& p : params) {
-    if (!p.grad().defined()) continue;
-    auto t = p.grad().to(at::kDouble).pow(2).sum();
-    sq = sq.defined() ? sq + t : t;
-  }
-  return sq.defined() ? std::sqrt(sq.item<double>()) : 0.0;
-}
-
 }  // namespace
 
 void request_stop() { g_stop.store(true); }
@@ -225,21 +213,6 @@ StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, co
   return s;
 }
 
-namespace {
-
-int64_t optimizer_bytes(torch::optim::Optimizer& opt) {
-  std::vector<at::Tensor> ts;
-  for (auto& [key, st] : opt.state())
-    if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(st.get())) {
-      ts.push_back(a->exp_avg());
-      ts.push_back(a->exp_avg_sq());
-      if (a->max_exp_avg_sq().defined()) ts.push_back(a->max_exp_avg_sq());
-    }
-  std::unordered_set<const void*> seen;
-  return dist::storage_bytes(ts, seen);
-}
-
-}  // namespace
 
 namespace {
 
@@ -326,375 +299,399 @@ void check_resume_config(const stdfs::path& ckpt, const std::string& config_yaml
 
 }  // namespace
 
-TrainResult run_training(const config::RunConfig& cfg, const RunOptions& options) {
+namespace {
+
+/// What a run is made of, from its config to its objective.
+struct RunSetup {
+  stdfs::path out_dir;
+  std::string config_yaml;
+  std::optional<stdfs::path> latest;  // the checkpoint it continues (or evaluates)
+  at::Device device = at::kCPU;
+  std::shared_ptr<dist::Communicator> comm;  // set for sharded runs
+  RankContext ranks;
+  bool lead = true;
+  int64_t micro_per_step = 1;
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  std::shared_ptr<models::CausalLM> model;
+  std::unique_ptr<Objective> objective;
+};
+
+/// Sharded runs (several ranks, a sharding strategy or mixed precision on
+/// one, or one resuming a sharded checkpoint) get a communicator; a plain
+/// single-process run has none.
+std::shared_ptr<dist::Communicator> make_comm(const config::RunConfig& cfg, const dist::ProcessInfo& proc,
+                                              const at::Device& device, const std::optional<stdfs::path>& latest) {
+  const bool sharded = proc.world_size > 1 || cfg.dist.sharding != "no_shard" || cfg.dist.param_dtype != "float32" ||
+                       cfg.dist.reduce_dtype != "float32" || (latest && dist::is_sharded_checkpoint(*latest));
+  if (!sharded) return nullptr;
+  dist::CommOptions co;
+  co.backend = cfg.dist.backend;
+  co.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout_s * 1000));
+  return dist::make_communicator(proc, device, co);
+}
+
+/// One chat format from data to checkpoint: data.template, else the one
+/// recorded with model.from (else with the tokenizer's folder); the
+/// checkpoints record it. Returns the template's name.
+std::string resolve_template(const config::RunConfig& cfg, tokenizer::Tokenizer& tok) {
+  const bool from_model = !cfg.model.from.empty() && tokenizer::has_tokenizer(cfg.model.from);
+  const auto where = from_model ? cfg.model.from : cfg.tokenizer.path;
+  const auto recorder =
+      from_model && !cfg.tokenizer.path.empty() ? tokenizer::load_tokenizer_from_model_dir(where) : nullptr;
+  const auto& rec_tok = recorder ? *recorder : tok;
+  const auto name = data::resolve_chat_template(rec_tok, cfg.data.template_name, "data.template", where, "");
+  if (cfg.data.template_name == "auto")
+    log::info("data.template: ", name,
+              data::recorded_chat_format(rec_tok).kind == data::RecordedChatFormat::Kind::builtin
+                  ? concat(", the format recorded in ", where)
+                  : concat(" (", where, " records no chat format)"));
+  tok.set_chat_template(data::ChatTemplate::get(name).jinja(tok));
+  return name;
+}
+
+RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
   log::configure(log::parse_level(cfg.logging.level));
   const auto proc = dist::discover_from_environment();
   if (cfg.train.threads > 0) at::set_num_threads(static_cast<int>(cfg.train.threads));
-  auto device = parse_device(cfg.train.device);
-  if (device.is_cuda() && !device.has_index() && proc.world_size > 1)
-    device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(proc.local_rank));
-
-  // Sharded runs (several ranks, a sharding strategy or mixed precision on
-  // one, or one resuming a sharded checkpoint) go through
-  // dist::ShardedModel; a plain single-process run keeps HF-layout checkpoints.
-  const stdfs::path out_dir = cfg.output_dir;
-  const auto config_yaml = config::to_yaml(cfg);
-  const auto latest = checkpoint_to_resume(cfg, out_dir);
+  RunSetup r;
+  r.device = parse_device(cfg.train.device);
+  if (r.device.is_cuda() && !r.device.has_index() && proc.world_size > 1)
+    r.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(proc.local_rank));
+  r.out_dir = cfg.output_dir;
+  r.config_yaml = config::to_yaml(cfg);
+  r.latest = checkpoint_to_resume(cfg, r.out_dir);
   // Evaluating a checkpoint continues nothing, so any config may evaluate it.
-  if (latest && !options.eval_only) check_resume_config(*latest, config_yaml, cfg);
-  const bool sharded_run = proc.world_size > 1 || cfg.dist.sharding != "no_shard" ||
-                           cfg.dist.param_dtype != "float32" || cfg.dist.reduce_dtype != "float32" ||
-                           (latest && dist::is_sharded_checkpoint(*latest));
-  std::shared_ptr<dist::Communicator> comm;
-  if (sharded_run) {
-    dist::CommOptions co;
-    co.backend = cfg.dist.backend;
-    co.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout_s * 1000));
-    comm = dist::make_communicator(proc, device, co);
-  }
-  const int64_t world = comm ? comm->world_size() : 1;
-  const int64_t rank = comm ? comm->rank() : 0;
-  const bool lead = rank == 0;
-  if (!lead) log::configure(log::Level::warn);  // one rank reports
-
-  // Batch math: the same global batch whatever the world size.
-  const int64_t micro_per_step = cfg.train.global_batch_size > 0
-                                     ? cfg.train.global_batch_size / cfg.train.micro_batch_size
-                                     : cfg.train.grad_accum_steps;
-  if (micro_per_step % world != 0)
-    throw ConfigError(concat(cfg.train.global_batch_size > 0 ? "train.global_batch_size" : "train.grad_accum_steps",
-                             ": a step of ", micro_per_step, " micro-batches of ", cfg.train.micro_batch_size,
-                             " samples does not divide among ", world, " ranks; expected a multiple of ",
-                             world * cfg.train.micro_batch_size, " samples per step"));
-
-  torch::manual_seed(static_cast<uint64_t>(cfg.train.seed));
-  auto tok = build_tokenizer(cfg);
-  auto model = build_model(cfg, *tok);
-  model->to(device);
-  model->train();
-  // data.max_length defaults to the model's context, which model.from only knows once loaded.
-  auto data_cfg = cfg;
-  if (data_cfg.data.max_length == 0) data_cfg.data.max_length = model->max_positions();
-  if (cfg.algorithm != "pretrain") {
-    // One chat format from data to checkpoint: the model folder's recorded
-    // one unless data.template names another, and the checkpoints record it.
-    // The model folder records it, else the tokenizer's own folder.
-    const bool from_model = !cfg.model.from.empty() && tokenizer::has_tokenizer(cfg.model.from);
-    const auto where = from_model ? cfg.model.from : cfg.tokenizer.path;
-    const auto recorder = from_model && !cfg.tokenizer.path.empty() ? tokenizer::load_tokenizer_from_model_dir(where)
-                                                                     : nullptr;
-    const auto& rec_tok = recorder ? *recorder : *tok;
-    data_cfg.data.template_name =
-        data::resolve_chat_template(rec_tok, cfg.data.template_name, "data.template", where, /*override_hint=*/"");
-    if (cfg.data.template_name == "auto")
-      log::info("data.template: ", data_cfg.data.template_name,
-                data::recorded_chat_format(rec_tok).kind == data::RecordedChatFormat::Kind::builtin
-                    ? concat(", the format recorded in ", where)
-                    : concat(" (", where, " records no chat format)"));
-    tok->set_chat_template(data::ChatTemplate::get(data_cfg.data.template_name).jinja(*tok));
-  }
-  if (data_cfg.data.max_length > model->max_positions())
-    throw ConfigError(concat("data.max_length: ", data_cfg.data.max_length, " exceeds the model's ",
-                             model->max_positions(), " positions"));
-  auto objective = make_objective(data_cfg, *tok);
-  RankContext ranks;
-  ranks.rank = rank;
-  ranks.world = world;
-  if (comm && world > 1)
-    ranks.sum = [comm, device](std::vector<double>& v) {
+  if (r.latest && !options.eval_only) check_resume_config(*r.latest, r.config_yaml, cfg);
+  r.comm = make_comm(cfg, proc, r.device, r.latest);
+  r.ranks.world = r.comm ? r.comm->world_size() : 1;
+  r.ranks.rank = r.comm ? r.comm->rank() : 0;
+  r.lead = r.ranks.rank == 0;
+  if (!r.lead) log::configure(log::Level::warn);  // one rank reports
+  if (r.comm && r.ranks.world > 1)
+    r.ranks.sum = [comm = r.comm, device = r.device](std::vector<double>& v) {
       auto t = at::tensor(v, at::kDouble).to(device);
       comm->all_reduce_sum(t, "step or evaluation statistics");
       t = t.cpu();
       for (size_t i = 0; i < v.size(); ++i) v[i] = t[static_cast<int64_t>(i)].item<double>();
     };
-  objective->set_ranks(ranks);
 
-  if (options.dry_run) {
-    if (lead) {
-      int64_t n_params = 0;
-      for (const auto& p : model->parameters()) n_params += p.numel();
-      const int64_t samples_per_step = micro_per_step * cfg.train.micro_batch_size;
-      auto first = objective->train_source().next();
-      const auto sample = render_first_row(first, *tok);
-      const double tokens_per_sample =
-          static_cast<double>(first.num_tokens) / static_cast<double>(std::max<int64_t>(1, cfg.train.micro_batch_size));
-      std::ostringstream plan;
-      plan << "dry run: nothing is trained or written\n"
-           << "  model: " << model->family() << ", " << n_params << " parameters, " << model->max_positions()
-           << " positions, on " << device.str() << (world > 1 ? concat(", ", world, " ranks") : std::string()) << "\n"
-           << "  algorithm: " << cfg.algorithm << "; " << cfg.train.max_steps << " steps of " << samples_per_step
-           << " samples (" << micro_per_step << (micro_per_step == 1 ? " micro-batch" : " micro-batches") << " of "
-           << cfg.train.micro_batch_size << ")";
-      if (const auto epoch = objective->train_source().samples_per_epoch(); epoch > 0)
-        plan << " = " << format_number(static_cast<double>(cfg.train.max_steps * samples_per_step) /
-                                           static_cast<double>(epoch), 3)
-             << " epochs of " << epoch << " samples";
-      plan << "\n  tokens per step: about "
-           << std::llround(tokens_per_sample * static_cast<double>(samples_per_step))
-           << " (the first micro-batch holds " << first.num_tokens << " tokens and " << first.num_targets
-           << (cfg.algorithm == "sft" || cfg.algorithm == "pretrain" ? " trained tokens" : " preference examples")
-           << ")\n"
-           << "  memory: about " << format_bytes(16.0 * static_cast<double>(n_params))
-           << " for weights, gradients and AdamW state (fp32: 4 + 4 + 8 bytes per parameter"
-           << (world > 1 && cfg.dist.sharding != "no_shard" ? ", before sharding" : "") << "), plus activations\n"
-           << "  resume: "
-           << (latest ? concat("continues ", latest->string()) : std::string("starts fresh in ") + out_dir.string())
-           << "\n"
-           << "  first training sample (trained tokens in [[ ]]):\n" << sample << "\n";
-      log::info(plan.str());
-    }
-    return {};
-  }
+  // Batch math: the same global batch whatever the world size.
+  r.micro_per_step = cfg.train.global_batch_size > 0 ? cfg.train.global_batch_size / cfg.train.micro_batch_size
+                                                     : cfg.train.grad_accum_steps;
+  if (r.micro_per_step % r.ranks.world != 0)
+    throw ConfigError(concat(cfg.train.global_batch_size > 0 ? "train.global_batch_size" : "train.grad_accum_steps",
+                             ": a step of ", r.micro_per_step, " micro-batches of ", cfg.train.micro_batch_size,
+                             " samples does not divide among ", r.ranks.world, " ranks; expected a multiple of ",
+                             r.ranks.world * cfg.train.micro_batch_size, " samples per step"));
 
-  stdfs::create_directories(out_dir);
-  objective->prepare(*model, {out_dir, device});
+  torch::manual_seed(static_cast<uint64_t>(cfg.train.seed));
+  r.tok = build_tokenizer(cfg);
+  r.model = build_model(cfg, *r.tok);
+  r.model->to(r.device);
+  r.model->train();
+  // data.max_length defaults to the model's context, which model.from only knows once loaded.
+  auto data_cfg = cfg;
+  if (data_cfg.data.max_length == 0) data_cfg.data.max_length = r.model->max_positions();
+  if (data_cfg.data.max_length > r.model->max_positions())
+    throw ConfigError(concat("data.max_length: ", data_cfg.data.max_length, " exceeds the model's ",
+                             r.model->max_positions(), " positions"));
+  if (cfg.algorithm != "pretrain") data_cfg.data.template_name = resolve_template(cfg, *r.tok);
+  r.objective = make_objective(data_cfg, *r.tok);
+  r.objective->set_ranks(r.ranks);
+  return r;
+}
 
-  std::unique_ptr<dist::ShardedModel> sharded;
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-  std::optional<io::TrainerState> resumed;
-  if (sharded_run) {
-    // A plain checkpoint (a single-process run going multi-process) is read
-    // into the whole model and a per-parameter optimizer first; sharding then
-    // flattens both.
-    std::unique_ptr<torch::optim::Optimizer> plain;
-    if (latest && !dist::is_sharded_checkpoint(*latest)) {
-      plain = optim::make_optimizer(cfg.optimizer, model->parameters());
-      resumed = io::load_checkpoint(*latest, *model, *plain);
-    }
-    dist::ShardingOptions so;
-    so.strategy = dist::parse_sharding(cfg.dist.sharding);
-    so.param_dtype = dist::parse_dtype(cfg.dist.param_dtype);
-    so.reduce_dtype = dist::parse_dtype(cfg.dist.reduce_dtype);
-    so.activation_checkpointing = cfg.train.activation_checkpointing;
-    sharded = std::make_unique<dist::ShardedModel>(model, comm, so);
-    optimizer = optim::make_optimizer(cfg.optimizer, sharded->master_parameters());
-    if (plain) dist::import_optimizer_state(*sharded, *plain, *optimizer);
-    else if (latest) resumed = dist::load_sharded_checkpoint(*latest, *sharded, *optimizer);
-  } else {
-    if (cfg.train.activation_checkpointing)
-      model->set_block_runner([](size_t, const at::Tensor& x, const models::BlockFn& block) {
-        return dist::checkpoint_block(block, x);
-      });
-    optimizer = optim::make_optimizer(cfg.optimizer, model->parameters());
-    if (latest) resumed = io::load_checkpoint(*latest, *model, *optimizer);
-  }
-
-  int64_t step = 0;
-  if (resumed) {
-    const auto& st = *resumed;
-    const auto& ckpt = latest;
-    try {
-      objective->train_source().restore(st.data);
-    } catch (const std::exception& e) {  // a user objective's restore may throw anything
-      throw CheckpointError(concat((*ckpt / io::kTrainerStateFile).string(), ": ", e.what()));
-    }
-    step = st.step;
-    log::info(options.eval_only ? "evaluating " : "resumed from ", ckpt->string(), " at step ", step);
-  }
-  auto evaluate = [&] {
-    if (sharded) sharded->gather_full_parameters();
-    auto r = objective->evaluate(*model);
-    if (sharded) sharded->release_full_parameters();
-    return r;
-  };
-  if (options.eval_only) {
-    // Reads the run, changes none of it: no metrics.jsonl, no config files.
-    if (!latest && cfg.model.from.empty())
-      log::warn("--eval-only: no checkpoint in ", out_dir.string(), " and no model.from; evaluating a freshly "
-                "initialised model");
-    auto r = evaluate();
-    if (r.metrics.empty()) throw ConfigError("--eval-only: the config has no evaluation data (data.eval or "
-                                             "data.train[].eval_fraction)");
-    if (lead) {
-      print_eval(step, r);
-      nlohmann::json j = {{"step", step}, {"checkpoint", latest ? latest->string() : cfg.model.from},
-                          {"metrics", r.metrics}, {"samples", nlohmann::json::array()}};
-      for (const auto& row : r.samples)
-        j["samples"].push_back({{"prompt", row[0]}, {"generated", row[1]}, {"reference", row[2]}});
-      const auto file = out_dir / concat("eval-step-", step, ".json");
-      fs::write_file_atomic(file, j.dump(2) + "\n");
-      log::info("wrote ", file.string());
-    }
-    TrainResult result;
-    result.step = step;
-    result.last_eval = r.metrics;
-    return result;
-  }
-  if (lead) {
-    // config.yaml is the run's current config; config-history/ keeps the one
-    // of every start and resume, by the step it started from.
-    fs::write_file_atomic(out_dir / "config.yaml", config_yaml);
-    stdfs::create_directories(out_dir / "config-history");
-    fs::write_file_atomic(out_dir / "config-history" / concat("step-", step, ".yaml"), config_yaml);
-  }
-  std::optional<MetricsWriter> metrics;
-  if (lead) metrics.emplace(out_dir / "metrics.jsonl", step);
-
+/// --dry-run: the plan of the run, from the first micro-batch.
+void print_plan(RunSetup& r, const config::RunConfig& cfg) {
   int64_t n_params = 0;
-  for (const auto& p : model->parameters()) n_params += p.numel();
-  const auto params_str = n_params >= 1e9 ? format_number(n_params / 1e9, 3) + "B"
-                                          : format_number(n_params / 1e6, 3) + "M";
-  log::info("model: ", model->family(), ", ", params_str, " parameters on ", device.str(), "; ", cfg.algorithm,
-            " for ", cfg.train.max_steps, " steps of ", micro_per_step * cfg.train.micro_batch_size, " samples (",
-            micro_per_step, " micro-batches of ", cfg.train.micro_batch_size, ")",
-            sharded ? concat("; ", world, " rank(s), ", comm->backend(), ", ", cfg.dist.sharding,
-                             cfg.dist.param_dtype != "float32" ? ", " + cfg.dist.param_dtype : std::string())
-                    : std::string());
+  for (const auto& p : r.model->parameters()) n_params += p.numel();
+  const int64_t samples_per_step = r.micro_per_step * cfg.train.micro_batch_size;
+  auto first = r.objective->train_source().next();
+  const auto sample = render_first_row(first, *r.tok);
+  const double tokens_per_sample =
+      static_cast<double>(first.num_tokens) / static_cast<double>(std::max<int64_t>(1, cfg.train.micro_batch_size));
+  const int64_t world = r.ranks.world;
+  std::ostringstream plan;
+  plan << "dry run: nothing is trained or written\n"
+       << "  model: " << r.model->family() << ", " << n_params << " parameters, " << r.model->max_positions()
+       << " positions, on " << r.device.str() << (world > 1 ? concat(", ", world, " ranks") : std::string()) << "\n"
+       << "  algorithm: " << cfg.algorithm << "; " << cfg.train.max_steps << " steps of " << samples_per_step
+       << " samples (" << r.micro_per_step << (r.micro_per_step == 1 ? " micro-batch" : " micro-batches") << " of "
+       << cfg.train.micro_batch_size << ")";
+  if (const auto epoch = r.objective->train_source().samples_per_epoch(); epoch > 0)
+    plan << " = "
+         << format_number(static_cast<double>(cfg.train.max_steps * samples_per_step) / static_cast<double>(epoch), 3)
+         << " epochs of " << epoch << " samples";
+  plan << "\n  tokens per step: about " << std::llround(tokens_per_sample * static_cast<double>(samples_per_step))
+       << " (the first micro-batch holds " << first.num_tokens << " tokens and " << first.num_targets << " "
+       << r.objective->target_unit() << ")\n"
+       << "  memory: about " << format_bytes(16.0 * static_cast<double>(n_params))
+       << " for weights, gradients and AdamW state (fp32: 4 + 4 + 8 bytes per parameter"
+       << (world > 1 && cfg.dist.sharding != "no_shard" ? ", before sharding" : "") << "), plus activations\n"
+       << "  resume: "
+       << (r.latest ? concat("continues ", r.latest->string()) : std::string("starts fresh in ") + r.out_dir.string())
+       << "\n"
+       << "  first training sample (trained tokens in [[ ]]):\n"
+       << sample << "\n";
+  log::info(plan.str());
+}
 
-  int64_t nonfinite_total = resumed ? resumed->nonfinite_steps : 0, nonfinite_in_a_row = 0;
-  const auto injected = injected_nonfinite();
-  auto save = [&](int64_t at_step) {
-    io::TrainerState state{at_step, objective->train_source().state(), nonfinite_total};
-    stdfs::path dir;
-    if (sharded) {
-      dir = dist::save_sharded_checkpoint(out_dir, *sharded, *optimizer, tok.get(), state, config_yaml,
-                                          cfg.train.keep_checkpoints, cfg.dist.consolidated_checkpoints);
-    } else {
-      io::CheckpointParts parts{model.get(), tok.get(), optimizer.get(), state, config_yaml};
-      dir = io::save_checkpoint(out_dir, parts, cfg.train.keep_checkpoints);
-    }
-    log::info("saved ", dir.string());
-  };
+/// The objective's evaluation with the full weights gathered.
+EvalResult evaluate(Engine& engine, Objective& objective) {
+  auto whole = engine.gathered();
+  return objective.evaluate(engine.model());
+}
 
-  if (step >= cfg.train.max_steps)
-    log::info("the run in ", out_dir.string(), " is already complete (step ", step, " of ", cfg.train.max_steps,
-              "); raise train.max_steps to train further");
-  SignalScope signals;
+/// --eval-only: evaluates once and writes eval-step-<N>.json; the run's
+/// metrics and config files stay as they were.
+TrainResult evaluate_only(RunSetup& r, Engine& engine, const config::RunConfig& cfg, int64_t step) {
+  if (!r.latest && cfg.model.from.empty())
+    log::warn("--eval-only: no checkpoint in ", r.out_dir.string(), " and no model.from; evaluating a freshly "
+              "initialised model");
+  auto e = evaluate(engine, *r.objective);
+  if (e.metrics.empty())
+    throw ConfigError("--eval-only: the config has no evaluation data (data.eval or data.train[].eval_fraction)");
+  if (r.lead) {
+    print_eval(step, e);
+    nlohmann::json j = {{"step", step}, {"checkpoint", r.latest ? r.latest->string() : cfg.model.from},
+                        {"metrics", e.metrics}, {"samples", nlohmann::json::array()}};
+    for (const auto& row : e.samples)
+      j["samples"].push_back({{"prompt", row[0]}, {"generated", row[1]}, {"reference", row[2]}});
+    const auto file = r.out_dir / concat("eval-step-", step, ".json");
+    fs::write_file_atomic(file, j.dump(2) + "\n");
+    log::info("wrote ", file.string());
+  }
   TrainResult result;
-  auto params = model->parameters();
-  const auto t_start = std::chrono::steady_clock::now();
-  const int64_t first_step = step;
-  double last_loss = NAN;
-  std::map<int64_t, double> eval_loss_at;  // for the best checkpoint of the summary
-  std::vector<int64_t> saved_steps;
-  while (step < cfg.train.max_steps) {
+  result.step = step;
+  result.last_eval = e.metrics;
+  return result;
+}
+
+/// Whether a multiple of `every` lies in (from, to].
+bool crossed(int64_t from, int64_t to, int64_t every) { return every > 0 && from / every != to / every; }
+
+/// The training loop: iterations of the objective's steps, with eval, saving,
+/// the non-finite guard, progress and the end-of-run summary.
+class TrainLoop {
+ public:
+  TrainLoop(const config::RunConfig& cfg, RunSetup& run, Engine& engine, const std::optional<io::TrainerState>& resumed)
+      : cfg_(cfg), run_(run), engine_(engine), objective_(*run.objective), injected_(injected_nonfinite()) {
+    if (resumed) {
+      step_ = resumed->step;
+      iteration_ = resumed->iteration;
+      nonfinite_total_ = resumed->nonfinite_steps;
+    }
+    first_step_ = step_;
+    if (run_.lead) metrics_.emplace(run_.out_dir / "metrics.jsonl", step_);
+  }
+
+  TrainResult run() {
+    int64_t n_params = 0;
+    for (const auto& p : engine_.model().parameters()) n_params += p.numel();
+    const auto params_str = n_params >= 1e9 ? format_number(n_params / 1e9, 3) + "B"
+                                            : format_number(n_params / 1e6, 3) + "M";
+    const auto where = engine_.describe();
+    log::info("model: ", engine_.model().family(), ", ", params_str, " parameters on ", engine_.device().str(), "; ",
+              cfg_.algorithm, " for ", cfg_.train.max_steps, " steps of ",
+              run_.micro_per_step * cfg_.train.micro_batch_size, " samples (", run_.micro_per_step,
+              " micro-batches of ", cfg_.train.micro_batch_size, ")", where.empty() ? "" : "; " + where);
+    if (step_ >= cfg_.train.max_steps)
+      log::info("the run in ", run_.out_dir.string(), " is already complete (step ", step_, " of ",
+                cfg_.train.max_steps, "); raise train.max_steps to train further");
+    SignalScope signals;
+    t_start_ = std::chrono::steady_clock::now();
+    while (step_ < cfg_.train.max_steps && !stop_) run_iteration();
+    result_.step = step_;
+    result_.wall_s = seconds_since(t_start_);
+    summarize();
+    return result_;
+  }
+
+ private:
+  static double seconds_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  }
+
+  /// before_iteration, then the iteration's steps; eval and save at its end.
+  void run_iteration() {
+    const int64_t start = step_;
+    Metrics extra = objective_.before_iteration(engine_, iteration_, step_);
+    const int64_t n = std::min(std::max<int64_t>(1, objective_.steps_per_iteration()), cfg_.train.max_steps - step_);
+    Metrics m;
+    for (int64_t k = 0; k < n && !stop_; ++k) {
+      if (k > 0 && metrics_) metrics_->write(step_, m);  // all but the iteration's last line
+      m = train_step();
+      m.insert(extra.begin(), extra.end());
+      extra.clear();
+    }
+    ++iteration_;
+    const bool last = step_ == cfg_.train.max_steps;
+    if (crossed(start, step_, cfg_.train.eval_every) || last) {
+      auto e = evaluate(engine_, objective_);
+      if (!e.metrics.empty()) {
+        if (run_.lead) print_eval(step_, e);
+        m.insert(e.metrics.begin(), e.metrics.end());
+        result_.last_eval = e.metrics;
+        if (const auto it = e.metrics.find("eval/loss"); it != e.metrics.end()) eval_loss_at_[step_] = it->second;
+      }
+    }
+    if (metrics_) metrics_->write(step_, m);
+    if (crossed(start, step_, cfg_.train.save_every) || last || stop_) save();
+    if (stop_) {
+      log::warn("stop requested: saved step ", step_, " and exiting; re-run the same command to resume");
+      result_.interrupted = true;
+    }
+  }
+
+  /// One optimizer step over the next micro-batches; returns its metrics line.
+  Metrics train_step() {
     const auto t0 = std::chrono::steady_clock::now();
     // Every rank reads the whole step (same order, same padding as on one
     // rank) and keeps micro-batches rank, rank + world, ...
     std::vector<Batch> batches;
     int64_t step_targets = 0, step_tokens = 0;
-    for (int64_t i = 0; i < micro_per_step; ++i) {
-      auto b = objective->train_source().next();
+    for (int64_t i = 0; i < run_.micro_per_step; ++i) {
+      auto b = objective_.train_source().next();
       step_targets += b.num_targets;
       step_tokens += b.num_tokens;
-      if (i % world == rank) batches.push_back(std::move(b));
+      if (i % run_.ranks.world == run_.ranks.rank) batches.push_back(std::move(b));
     }
-    const double lr = optim::lr_at(cfg.schedule, cfg.optimizer.lr, step, cfg.train.max_steps);
-    optim::set_lr(*optimizer, lr);
-    optimizer->zero_grad();
-    AccumulateOptions ao;
-    ao.step_targets = step_targets;
-    if (sharded) {
-      sharded->begin_step();
-      ao.before_backward = [&](bool last) { sharded->set_grad_sync(last); };
-      ao.after_backward = [&] { sharded->finish_backward(); };
-    }
-    auto s = accumulate_gradients(*objective, *model, batches, ao);
-    if (const auto it = injected.find(step + 1); it != injected.end()) {
+    const double lr = optim::lr_at(cfg_.schedule, cfg_.optimizer.lr, step_, cfg_.train.max_steps);
+    engine_.set_lr(lr);
+    auto s = engine_.backward(objective_, batches, step_targets);
+    if (const auto it = injected_.find(step_ + 1); it != injected_.end()) {
       at::NoGradGuard no_grad;
-      if (it->second == "loss" && lead) s.loss = std::numeric_limits<double>::infinity();
-      if (it->second == "grad")
-        (sharded ? sharded->master_parameters() : params).front().mutable_grad().fill_(NAN);
+      if (it->second == "loss" && run_.lead) s.loss = std::numeric_limits<double>::infinity();
+      if (it->second == "grad") engine_.gradients().front().fill_(NAN);
     }
-    bool stop = g_stop.load();
     // One reduction for the loss, the objective's sums and the stop flag.
-    const auto head = sum_over_ranks(ranks, {s.loss, stop ? 1.0 : 0.0}, s.sums);
+    const auto head = sum_over_ranks(run_.ranks, {s.loss, g_stop.load() ? 1.0 : 0.0}, s.sums);
     s.loss = head[0];
-    stop = head[1] > 0;
+    stop_ = head[1] > 0;
     Metrics m{{"loss", s.loss}, {"lr", lr}, {"num_targets", static_cast<double>(step_targets)}};
-    for (const auto& [k, v] : objective->step_metrics(s.sums)) m[k] = v;
+    for (const auto& [k, v] : objective_.step_metrics(s.sums)) m[k] = v;
     // The loss is summed over ranks and the norm is global, so every rank takes the same decision.
-    const double norm = sharded ? sharded->clip_grad_norm(cfg.train.grad_clip)
-                                : clip_or_measure(params, cfg.train.grad_clip);
-    if (cfg.train.grad_clip > 0) m["grad_norm"] = norm;
-    if (std::isfinite(s.loss) && std::isfinite(norm)) {
-      optimizer->step();
-      nonfinite_in_a_row = 0;
-    } else {
-      const auto what = !std::isfinite(s.loss) ? concat("loss is ", s.loss) : concat("gradient norm is ", norm);
-      const auto kept = io::latest_checkpoint(out_dir);
-      const auto intact = kept ? concat("; the last checkpoint, ", kept->string(), ", is as it was")
-                               : std::string("; no checkpoint was written");
-      if (cfg.train.on_nonfinite == "stop")
-        throw Error(concat("step ", step + 1, ": the ", what, " (not finite); the step was not applied and "
-                           "nothing was saved from it", intact, ". Lower optimizer.lr or check the data; "
-                           "train.on_nonfinite: skip drops such steps instead"));
-      ++nonfinite_total;
-      if (++nonfinite_in_a_row >= cfg.train.max_nonfinite_in_a_row)
-        throw Error(concat("step ", step + 1, ": ", nonfinite_in_a_row, " non-finite steps in a row (the ", what,
-                           "; train.max_nonfinite_in_a_row is ", cfg.train.max_nonfinite_in_a_row,
-                           "); stopping without saving", intact));
-      log::warn("step ", step + 1, ": the ", what, "; step skipped (", nonfinite_total, " so far)");
+    const double norm = engine_.clip_grad_norm(cfg_.train.grad_clip);
+    if (cfg_.train.grad_clip > 0) m["grad_norm"] = norm;
+    const bool finite = std::isfinite(s.loss) && std::isfinite(norm);
+    if (!finite) guard_nonfinite(s.loss, norm);
+    engine_.finish_step(finite);
+    ++step_;
+    if (finite) objective_.after_step(engine_, step_);
+    if (finite) nonfinite_in_a_row_ = 0;
+    if (cfg_.train.on_nonfinite == "skip") m["nonfinite_steps"] = static_cast<double>(nonfinite_total_);
+    for (const auto& [k, v] : engine_.memory()) m[k] = v;
+    m["tokens_per_s"] = static_cast<double>(step_tokens) / seconds_since(t0);
+    result_.tokens += step_tokens;
+    last_loss_ = s.loss;
+    if (every(step_, cfg_.train.log_every) || step_ == cfg_.train.max_steps) {
+      const double eta = seconds_since(t_start_) / static_cast<double>(step_ - first_step_) *
+                         static_cast<double>(cfg_.train.max_steps - step_);
+      log::progress(progress_line(step_, cfg_.train.max_steps, m, m["tokens_per_s"], eta));
     }
-    if (sharded) sharded->after_optimizer_step();
-    ++step;
-    if (cfg.train.on_nonfinite == "skip") m["nonfinite_steps"] = static_cast<double>(nonfinite_total);
+    return m;
+  }
 
-    // Per-rank bytes of parameters, gradients and optimizer state held now.
-    if (sharded) {
-      const auto mem = sharded->memory();
-      m["memory/parameter_bytes"] = static_cast<double>(mem.parameters);
-      m["memory/gradient_bytes"] = static_cast<double>(mem.gradients);
-      m["memory/peak_gathered_parameter_bytes"] = static_cast<double>(mem.peak_gathered);
-    } else {
-      std::unordered_set<const void*> seen;
-      std::vector<at::Tensor> grads;
-      for (const auto& p : params) grads.push_back(p.grad());
-      m["memory/parameter_bytes"] = static_cast<double>(dist::storage_bytes(params, seen));
-      m["memory/gradient_bytes"] = static_cast<double>(dist::storage_bytes(grads, seen));
-    }
-    m["memory/optimizer_bytes"] = static_cast<double>(optimizer_bytes(*optimizer));
+  /// A non-finite loss or gradient norm: stop (on_nonfinite: stop, or too
+  /// many in a row), else count it; the step is not applied either way.
+  void guard_nonfinite(double loss, double norm) {
+    const auto what = !std::isfinite(loss) ? concat("loss is ", loss) : concat("gradient norm is ", norm);
+    const auto kept = io::latest_checkpoint(run_.out_dir);
+    const auto intact = kept ? concat("; the last checkpoint, ", kept->string(), ", is as it was")
+                             : std::string("; no checkpoint was written");
+    if (cfg_.train.on_nonfinite == "stop")
+      throw Error(concat("step ", step_ + 1, ": the ", what, " (not finite); the step was not applied and "
+                         "nothing was saved from it", intact, ". Lower optimizer.lr or check the data; "
+                         "train.on_nonfinite: skip drops such steps instead"));
+    ++nonfinite_total_;
+    if (++nonfinite_in_a_row_ >= cfg_.train.max_nonfinite_in_a_row)
+      throw Error(concat("step ", step_ + 1, ": ", nonfinite_in_a_row_, " non-finite steps in a row (the ", what,
+                         "; train.max_nonfinite_in_a_row is ", cfg_.train.max_nonfinite_in_a_row,
+                         "); stopping without saving", intact));
+    log::warn("step ", step_ + 1, ": the ", what, "; step skipped (", nonfinite_total_, " so far)");
+  }
 
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-    m["tokens_per_s"] = static_cast<double>(step_tokens) / dt;
-    result.tokens += step_tokens;
-    last_loss = s.loss;
-    if (every(step, cfg.train.log_every) || step == cfg.train.max_steps) {
-      const double eta = elapsed / static_cast<double>(step - first_step) * static_cast<double>(cfg.train.max_steps - step);
-      log::progress(progress_line(step, cfg.train.max_steps, m, m["tokens_per_s"], eta));
-    }
-    if (every(step, cfg.train.eval_every) || step == cfg.train.max_steps) {
-      auto r = evaluate();
-      if (!r.metrics.empty()) {
-        if (lead) print_eval(step, r);
-        m.insert(r.metrics.begin(), r.metrics.end());
-        result.last_eval = r.metrics;
-        if (const auto it = r.metrics.find("eval/loss"); it != r.metrics.end()) eval_loss_at[step] = it->second;
+  void save() {
+    io::TrainerState state;
+    state.step = step_;
+    state.data = objective_.train_source().state();
+    state.nonfinite_steps = nonfinite_total_;
+    state.objective = objective_.state();
+    state.iteration = iteration_;
+    const auto dir = engine_.save(run_.out_dir, state, run_.tok.get(), run_.config_yaml, cfg_.train.keep_checkpoints);
+    log::info("saved ", dir.string());
+    saved_steps_.push_back(step_);
+  }
+
+  void summarize() {
+    double best = INFINITY;
+    for (const auto at_step : saved_steps_) {
+      const auto it = eval_loss_at_.find(at_step);
+      const auto dir = run_.out_dir / concat("checkpoint-", at_step);
+      if (it != eval_loss_at_.end() && it->second < best && stdfs::exists(dir)) {
+        best = it->second;
+        result_.best_checkpoint = dir.string();
       }
     }
-    if (metrics) metrics->write(step, m);
-    if (every(step, cfg.train.save_every) || step == cfg.train.max_steps || stop) {
-      save(step);
-      saved_steps.push_back(step);
-    }
-    if (stop) {
-      log::warn("stop requested: saved step ", step, " and exiting; re-run the same command to resume");
-      result.interrupted = true;
-      break;
-    }
-  }
-  result.step = step;
-  result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  double best = INFINITY;
-  for (const auto at_step : saved_steps)
-    if (const auto it = eval_loss_at.find(at_step); it != eval_loss_at.end() && it->second < best &&
-                                                    stdfs::exists(out_dir / concat("checkpoint-", at_step))) {
-      best = it->second;
-      result.best_checkpoint = (out_dir / concat("checkpoint-", at_step)).string();
-    }
-  if (lead && step > first_step) {
+    if (!run_.lead || step_ <= first_step_) return;
     std::ostringstream os;
-    os << "run summary: steps " << first_step << " -> " << step << " in " << format_seconds(result.wall_s) << ", "
-       << format_number(static_cast<double>(result.tokens), 4) << " tokens ("
-       << format_number(static_cast<double>(result.tokens) / std::max(result.wall_s, 1e-9), 4)
-       << " tokens/s); final loss " << format_number(last_loss);
-    for (const auto& [k, v] : result.last_eval) os << ", " << k << " " << format_number(v);
-    if (!result.best_checkpoint.empty())
-      os << "; best checkpoint by eval/loss: " << result.best_checkpoint << " (" << format_number(best) << ")";
+    os << "run summary: steps " << first_step_ << " -> " << step_ << " in " << format_seconds(result_.wall_s)
+       << ", " << format_number(static_cast<double>(result_.tokens), 4) << " tokens ("
+       << format_number(static_cast<double>(result_.tokens) / std::max(result_.wall_s, 1e-9), 4)
+       << " tokens/s); final loss " << format_number(last_loss_);
+    for (const auto& [k, v] : result_.last_eval) os << ", " << k << " " << format_number(v);
+    if (!result_.best_checkpoint.empty())
+      os << "; best checkpoint by eval/loss: " << result_.best_checkpoint << " (" << format_number(best) << ")";
     log::info(os.str());
   }
-  return result;
+
+  const config::RunConfig& cfg_;
+  RunSetup& run_;
+  Engine& engine_;
+  Objective& objective_;
+  const std::map<int64_t, std::string> injected_;
+  std::optional<MetricsWriter> metrics_;
+  int64_t step_ = 0, iteration_ = 0, first_step_ = 0;
+  int64_t nonfinite_total_ = 0, nonfinite_in_a_row_ = 0;
+  bool stop_ = false;
+  double last_loss_ = NAN;
+  std::chrono::steady_clock::time_point t_start_;
+  std::map<int64_t, double> eval_loss_at_;  // for the best checkpoint of the summary
+  std::vector<int64_t> saved_steps_;
+  TrainResult result_;
+};
+
+}  // namespace
+
+TrainResult run_training(const config::RunConfig& cfg, const RunOptions& options) {
+  auto run = setup_run(cfg, options);
+  if (options.dry_run) {
+    if (run.lead) print_plan(run, cfg);
+    return {};
+  }
+  stdfs::create_directories(run.out_dir);
+  run.objective->prepare(*run.model, {run.out_dir, run.device});
+  auto start = make_engine(cfg, run.model, run.comm, *run.objective, run.latest);
+  int64_t step = 0;
+  if (start.resumed) {
+    try {
+      run.objective->train_source().restore(start.resumed->data);
+      run.objective->restore(start.resumed->objective);
+    } catch (const std::exception& e) {  // a user objective's restore may throw anything
+      throw CheckpointError(concat((*run.latest / io::kTrainerStateFile).string(), ": ", e.what()));
+    }
+    step = start.resumed->step;
+    log::info(options.eval_only ? "evaluating " : "resumed from ", run.latest->string(), " at step ", step);
+  }
+  if (options.eval_only) return evaluate_only(run, *start.engine, cfg, step);
+  if (run.lead) {
+    // config.yaml is the run's current config; config-history/ keeps the one
+    // of every start and resume, by the step it started from.
+    fs::write_file_atomic(run.out_dir / "config.yaml", run.config_yaml);
+    stdfs::create_directories(run.out_dir / "config-history");
+    fs::write_file_atomic(run.out_dir / "config-history" / concat("step-", step, ".yaml"), run.config_yaml);
+  }
+  return TrainLoop(cfg, run, *start.engine, start.resumed).run();
 }
 
 }  // namespace anvil::train

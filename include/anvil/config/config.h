@@ -3,6 +3,10 @@
 // structs; nothing below the config layer sees a YAML node.
 
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -421,6 +425,123 @@ struct DpoConfig {
   }
 };
 
+/// How a registered section lists its fields: `void visit(FieldVisitor& v)`
+/// calls v.field(key, value, doc, rule) for each, as built-in sections do.
+/// Fields are bool, int64_t, double, std::string or std::vector<double>.
+class FieldVisitor {
+ public:
+  virtual ~FieldVisitor() = default;
+  virtual void field(const char* key, bool& value, const char* doc, const Rule& rule) = 0;
+  virtual void field(const char* key, int64_t& value, const char* doc, const Rule& rule) = 0;
+  virtual void field(const char* key, double& value, const char* doc, const Rule& rule) = 0;
+  virtual void field(const char* key, std::string& value, const char* doc, const Rule& rule) = 0;
+  virtual void field(const char* key, std::vector<double>& value, const char* doc, const Rule& rule) = 0;
+  template <class T>
+  void field(const char* key, T& value, const char* doc) {
+    field(key, value, doc, Rule{});
+  }
+};
+
+/// A registered config section's values, held by RunConfig::extensions.
+class Extension {
+ public:
+  virtual ~Extension() = default;
+  virtual void visit(FieldVisitor& v) = 0;
+  virtual std::unique_ptr<Extension> clone() const = 0;
+};
+
+/// The Extension holding a `T` (a struct with `void visit(FieldVisitor&)`).
+template <class T>
+class ExtensionOf final : public Extension {
+ public:
+  T value;
+  void visit(FieldVisitor& v) override { value.visit(v); }
+  std::unique_ptr<Extension> clone() const override { return std::make_unique<ExtensionOf>(*this); }
+};
+
+/// A section a program registered: its name, doc line and a maker of its defaults.
+struct RegisteredSection {
+  std::string name;
+  std::string doc;
+  std::function<std::unique_ptr<Extension>()> make;
+};
+
+/// Registers the top-level config section `name`: its keys load from files
+/// and overrides, print, appear in the reference and are checked on resume
+/// like a built-in section's. Throws ConfigError when the name is taken.
+void register_section(RegisteredSection section);
+template <class T>
+void register_section(const std::string& name, const std::string& doc) {
+  register_section({name, doc, [] { return std::unique_ptr<Extension>(std::make_unique<ExtensionOf<T>>()); }});
+}
+std::vector<RegisteredSection> registered_sections();
+
+/// RunConfig's registered sections by name (deep-copied with the config).
+class Extensions {
+ public:
+  Extensions() = default;
+  Extensions(const Extensions& o) { *this = o; }
+  Extensions& operator=(const Extensions& o) {
+    if (this == &o) return *this;
+    sections_.clear();
+    for (const auto& [k, v] : o.sections_) sections_.emplace(k, v->clone());
+    return *this;
+  }
+  Extensions(Extensions&&) = default;
+  Extensions& operator=(Extensions&&) = default;
+
+  /// The section `name` (created with its defaults when missing).
+  Extension& at(const RegisteredSection& s) {
+    auto& e = sections_[s.name];
+    if (!e) e = s.make();
+    return *e;
+  }
+  /// The values of section `name` as a `T`; throws std::out_of_range when the
+  /// section is not registered or holds another type.
+  template <class T>
+  const T& get(const std::string& name) const {
+    const auto it = sections_.find(name);
+    const auto* e = it == sections_.end() ? nullptr : dynamic_cast<const ExtensionOf<T>*>(it->second.get());
+    if (!e) throw std::out_of_range("config section \"" + name + "\" is not registered with this type");
+    return e->value;
+  }
+
+ private:
+  std::map<std::string, std::unique_ptr<Extension>> sections_;
+};
+
+namespace detail {
+/// Gives a registered section's fields to one of the config layer's visitors.
+template <class V>
+class FieldVisitorFor final : public FieldVisitor {
+ public:
+  explicit FieldVisitorFor(V& v) : v_(v) {}
+  void field(const char* k, bool& x, const char* d, const Rule& r) override { v_.field(k, x, d, r); }
+  void field(const char* k, int64_t& x, const char* d, const Rule& r) override { v_.field(k, x, d, r); }
+  void field(const char* k, double& x, const char* d, const Rule& r) override { v_.field(k, x, d, r); }
+  void field(const char* k, std::string& x, const char* d, const Rule& r) override { v_.field(k, x, d, r); }
+  void field(const char* k, std::vector<double>& x, const char* d, const Rule& r) override { v_.field(k, x, d, r); }
+
+ private:
+  V& v_;
+};
+struct ExtensionShim {
+  Extension& ext;
+  template <class V>
+  void visit(V& v) {
+    FieldVisitorFor<V> a(v);
+    ext.visit(a);
+  }
+};
+}  // namespace detail
+
+/// The names `algorithm:` accepts: sft, pretrain, reward, dpo, and those a
+/// program registered through train::register_objective.
+std::vector<std::string> algorithm_names();
+/// Adds `name` to algorithm_names() (train::register_objective calls it);
+/// throws ConfigError when it is already there.
+void add_algorithm_name(const std::string& name);
+
 struct RunConfig {
   std::string output_dir;
   std::string algorithm = "sft";
@@ -436,6 +557,7 @@ struct RunConfig {
   SftConfig sft;
   RewardConfig reward;
   DpoConfig dpo;
+  Extensions extensions;  // the sections programs registered (register_section)
 
   template <class V>
   void visit(V& v) {
@@ -446,8 +568,9 @@ struct RunConfig {
     v.field("algorithm", algorithm,
             "Training objective: sft (supervised fine-tuning, loss on responses), pretrain (loss on every "
             "token of token shards), reward (reward model on preference pairs or ranked replies) or dpo "
-            "(direct preference optimisation). docs/algorithms.md.",
-            one_of({"sft", "pretrain", "reward", "dpo"}));
+            "(direct preference optimisation), or one a linking program registered (docs/library.md). "
+            "docs/algorithms.md.",
+            one_of(algorithm_names()));
     v.section("model", model, "Model architecture.");
     v.section("tokenizer", tokenizer, "Tokenizer.");
     v.section("data", data, "Datasets.");
@@ -460,6 +583,10 @@ struct RunConfig {
     v.section("sft", sft, "Supervised fine-tuning (algorithm: sft).");
     v.section("reward", reward, "Reward-model training (algorithm: reward).");
     v.section("dpo", dpo, "Direct preference optimisation (algorithm: dpo).");
+    for (const auto& s : registered_sections()) {
+      detail::ExtensionShim shim{extensions.at(s)};
+      v.section(s.name.c_str(), shim, s.doc.c_str());
+    }
   }
 };
 

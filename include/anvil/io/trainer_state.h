@@ -1,7 +1,7 @@
 #pragma once
 // trainer_state.json: the last file of a checkpoint folder (its presence marks
-// the folder complete). It holds the step, the batch source's position and the
-// non-finite step count. Torch-free, so the fuzz targets can link it alone.
+// the folder complete). It holds the step, the batch source's position, the
+// non-finite step count and the objective's own state (Objective::state()). Torch-free, so the fuzz targets can link it alone.
 
 #include <cstdint>
 #include <filesystem>
@@ -15,6 +15,8 @@ struct TrainerState {
   int64_t step = 0;
   nlohmann::json data;          // the batch source's position
   int64_t nonfinite_steps = 0;  // steps skipped so far for a NaN/inf loss or gradient norm
+  nlohmann::json objective;     // the objective's state (null when it keeps none)
+  int64_t iteration = 0;        // iterations completed (an iteration runs one or more steps)
 };
 
 /// trainer_state.json of a checkpoint folder, validated (types and ranges of

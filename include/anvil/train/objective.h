@@ -1,7 +1,11 @@
 #pragma once
 // An Objective is a training algorithm: it turns a batch into a loss and
-// knows how to evaluate. The loop (trainer.h) is shared by all of them and
-// owns accumulation, clipping, stepping, eval scheduling and checkpoints.
+// knows how to evaluate, and may hook the iteration (a rollout before it,
+// a target update after each step) and keep state in checkpoints. The loop
+// (trainer.h) is shared by all of them; the Engine (engine.h) owns
+// accumulation, clipping, stepping, gathered weights and checkpoints.
+// Objectives are registered by name (register_objective), the built-in ones
+// and a linking program's alike: docs/library.md.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -80,6 +84,8 @@ struct RankContext {
 /// one process.
 std::vector<double> sum_over_ranks(const RankContext& ranks, std::vector<double> head, Sums& sums);
 
+class Engine;
+
 /// What an objective may need from the run before training starts.
 struct RunContext {
   std::filesystem::path output_dir;
@@ -112,6 +118,45 @@ class Objective {
   virtual EvalResult evaluate(models::CausalLM& model) = 0;
   virtual BatchSource& train_source() = 0;
 
+  /// What `Batch::num_targets` counts, for plans and logs ("trained tokens",
+  /// "preference examples").
+  virtual std::string target_unit() const { return "trained tokens"; }
+
+  // ---- iteration hooks (Objective v2). The loop runs iterations: before
+  // each, before_iteration(); then steps_per_iteration() optimizer steps,
+  // each over train_source()'s micro-batches and followed by after_step().
+  // train.max_steps counts optimizer steps; eval and save happen at the end
+  // of an iteration whose steps reached their cadence.
+
+  /// Optimizer steps in one iteration (PPO: epochs x minibatches of a rollout).
+  virtual int64_t steps_per_iteration() const { return 1; }
+  /// Before iteration `iteration` (0-based), with `step` steps done: PPO
+  /// generates and scores its rollout here (engine.gathered() keeps sharded
+  /// weights whole meanwhile). The metrics returned join the iteration's
+  /// first step's line.
+  virtual Metrics before_iteration(Engine& engine, int64_t iteration, int64_t step) {
+    (void)engine;
+    (void)iteration;
+    (void)step;
+    return {};
+  }
+  /// After each applied optimizer step (`step` = steps done): ILQL's target
+  /// update, PPO's KL controller. A skipped (non-finite) step calls nothing.
+  virtual void after_step(Engine& engine, int64_t step) {
+    (void)engine;
+    (void)step;
+  }
+  /// The objective's own state, saved in every checkpoint (trainer_state.json
+  /// "objective") and given to restore() on resume; null when it keeps none.
+  virtual nlohmann::json state() const { return nullptr; }
+  virtual void restore(const nlohmann::json& state) { (void)state; }
+  /// Whether the optimizer trains the model parameter `name` (HF name). A
+  /// frozen parameter gets no gradient, no update and no weight decay.
+  virtual bool trains(const std::string& name) const {
+    (void)name;
+    return true;
+  }
+
   /// Set by the loop before prepare(); evaluate() splits its work by it.
   void set_ranks(RankContext ranks) { ranks_ = std::move(ranks); }
 
@@ -119,7 +164,18 @@ class Objective {
   RankContext ranks_;
 };
 
-/// Builds the objective named by `cfg.algorithm` (one registration line each).
+/// Builds an objective for a run (its config and tokenizer).
+using ObjectiveFactory =
+    std::function<std::unique_ptr<Objective>(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)>;
+
+/// Registers an algorithm: `algorithm: <name>` in a config builds it with
+/// `factory`. The built-in ones (sft, pretrain, reward, dpo) are registered
+/// the same way. A program that links libanvil registers its own before it
+/// loads a config (config::load_config accepts the name from then on).
+/// Throws ConfigError when the name is taken or not of a-z, 0-9 and _.
+void register_objective(const std::string& name, ObjectiveFactory factory);
+
+/// Builds the objective named by `cfg.algorithm`.
 std::unique_ptr<Objective> make_objective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
 
 }  // namespace anvil::train

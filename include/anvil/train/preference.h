@@ -116,6 +116,7 @@ class RewardObjective final : public Objective {
  public:
   RewardObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
   std::string name() const override { return "reward"; }
+  std::string target_unit() const override { return "preference examples"; }
   void prepare(models::CausalLM& model, const RunContext& ctx) override;
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override;
   Metrics step_metrics(const Sums& sums) const override { return ranking_metrics(sums); }
@@ -137,6 +138,7 @@ class DpoObjective final : public Objective {
  public:
   DpoObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
   std::string name() const override { return "dpo"; }
+  std::string target_unit() const override { return "preference examples"; }
   void prepare(models::CausalLM& model, const RunContext& ctx) override;
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override;
   Metrics step_metrics(const Sums& sums) const override { return dpo_metrics(sums); }

@@ -1,5 +1,7 @@
 #pragma once
-// The shared training loop.
+// The shared training loop: iterations of an Objective's optimizer steps
+// on an Engine (engine.h), with eval, checkpoints, resume and the
+// non-finite guard.
 
 #include <atomic>
 #include <functional>
@@ -9,17 +11,10 @@
 #include "anvil/config/config.h"
 #include "anvil/core/metrics.h"
 #include "anvil/models/causal_lm.h"
+#include "anvil/train/engine.h"
 #include "anvil/train/objective.h"
 
 namespace anvil::train {
-
-/// The loss of one optimizer step and what it consumed.
-struct StepStats {
-  double loss = 0;  // summed loss / total target units of the step
-  int64_t num_targets = 0;
-  int64_t num_tokens = 0;
-  Sums sums;  // the objective's statistics, summed over the micro-batches
-};
 
 /// What a sharded run adds around each micro-batch.
 struct AccumulateOptions {
@@ -61,5 +56,11 @@ TrainResult run_training(const config::RunConfig& cfg, const RunOptions& options
 
 /// Asks a running loop to save and stop after the current step.
 void request_stop();
+
+/// The `trainer` program: --config files, key=value overrides, --dry-run,
+/// --eval-only, --print-config, --help. A program that links libanvil and
+/// registers its own objectives (register_objective) first gets the same
+/// command line by calling it from main. Returns the exit code.
+int trainer_main(int argc, char** argv);
 
 }  // namespace anvil::train

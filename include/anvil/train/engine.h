@@ -1,0 +1,118 @@
+#pragma once
+// The Engine: what a training run needs around its model, whatever the
+// parallelism. It owns the device, the optimizer over the trained
+// parameters, gradient accumulation, clipping, the optimizer step, scopes
+// with sharded weights gathered whole, memory accounting, and checkpoints of
+// the model, the optimizer and the trainer state (objective state included).
+// make_engine picks the plain (one process, HF-layout checkpoints) or the
+// sharded implementation (distributed::ShardedModel); the loop never asks
+// which one it has. docs/library.md.
+
+#include <torch/optim/optimizer.h>
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "anvil/config/config.h"
+#include "anvil/core/metrics.h"
+#include "anvil/dist/comm.h"
+#include "anvil/io/trainer_state.h"
+#include "anvil/models/causal_lm.h"
+#include "anvil/tokenizer/tokenizer.h"
+#include "anvil/train/objective.h"
+
+namespace anvil::train {
+
+/// The loss of one optimizer step and what it consumed.
+struct StepStats {
+  double loss = 0;  // summed loss / total target units of the step
+  int64_t num_targets = 0;
+  int64_t num_tokens = 0;
+  Sums sums;  // the objective's statistics, summed over the micro-batches
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  /// The whole model (its parameters may be sharded outside gathered()).
+  virtual models::CausalLM& model() = 0;
+  virtual at::Device device() const = 0;
+  virtual int64_t rank() const = 0;
+  virtual int64_t world_size() const = 0;
+  /// Words for the log line: "" for one plain process, else the ranks,
+  /// backend and sharding.
+  virtual std::string describe() const = 0;
+
+  virtual torch::optim::Optimizer& optimizer() = 0;
+  /// Sets the learning rate of every parameter group.
+  void set_lr(double lr);
+
+  /// Forward + backward of this rank's micro-batches of one optimizer step,
+  /// each micro-batch's summed loss divided by `step_targets` (the target
+  /// units of the whole step, all ranks), so N micro-batches equal one batch.
+  /// Gradients are zeroed first.
+  virtual StepStats backward(Objective& objective, const std::vector<Batch>& batches, int64_t step_targets) = 0;
+  /// The global L2 norm of the trained parameters' gradients, clipped to
+  /// `max_norm` when larger (0: only measured).
+  virtual double clip_grad_norm(double max_norm) = 0;
+  /// Applies the optimizer step (`apply`), or discards the gradients of a
+  /// skipped one; either way the step is over.
+  virtual void finish_step(bool apply) = 0;
+  /// The trained parameters' gradients (as the optimizer sees them).
+  virtual std::vector<at::Tensor> gradients() = 0;
+
+  /// Bytes this process holds now (memory/... metrics).
+  virtual Metrics memory() = 0;
+
+  /// Keeps the full weights gathered on every rank while it lives (eval,
+  /// generation); nothing to do on a plain engine. Not reentrant.
+  class Gathered {
+   public:
+    explicit Gathered(Engine* e) : engine_(e) {}
+    Gathered(Gathered&& o) noexcept : engine_(o.engine_) { o.engine_ = nullptr; }
+    Gathered(const Gathered&) = delete;
+    Gathered& operator=(const Gathered&) = delete;
+    ~Gathered() {
+      if (engine_) engine_->release();
+    }
+
+   private:
+    Engine* engine_;
+  };
+  [[nodiscard]] Gathered gathered() {
+    gather();
+    return Gathered(this);
+  }
+
+  /// Writes checkpoint-<state.step> in `output_dir` atomically: the model in
+  /// HF layout (or its shards), the optimizer, the RNG and `state`; keeps the
+  /// newest `keep_last` (0 = all). Returns its folder.
+  virtual std::filesystem::path save(const std::filesystem::path& output_dir, const io::TrainerState& state,
+                                     const tokenizer::Tokenizer* tokenizer, const std::string& config_yaml,
+                                     int64_t keep_last) = 0;
+
+ protected:
+  virtual void gather() = 0;
+  virtual void release() = 0;
+};
+
+/// What make_engine built, and the trainer state of the checkpoint it
+/// restored (model, optimizer, RNG) when `resume_from` was given.
+struct EngineStart {
+  std::unique_ptr<Engine> engine;
+  std::optional<io::TrainerState> resumed;
+};
+
+/// Builds the engine for `model` (already on its device): sharded when
+/// `comm` is set, plain otherwise. The optimizer covers the parameters
+/// `objective.trains()`; the others are frozen (requires_grad false). Restores
+/// `resume_from` (a plain or a sharded checkpoint) when given.
+EngineStart make_engine(const config::RunConfig& cfg, std::shared_ptr<models::CausalLM> model,
+                        std::shared_ptr<dist::Communicator> comm, const Objective& objective,
+                        const std::optional<std::filesystem::path>& resume_from);
+
+}  // namespace anvil::train
