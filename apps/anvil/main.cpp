@@ -19,9 +19,10 @@
 #include "anvil/data/datasets.h"
 #include "anvil/data/jsonl.h"
 #include "anvil/data/token_shards.h"
-#include "anvil/dist/checkpoint.h"
+#include "anvil/distributed/checkpoint.h"
 #include "anvil/io/hf_model.h"
 #include "anvil/io/safetensors.h"
+#include "anvil/rewards/reward_model.h"
 #include "anvil/tokenizer/tokenizer.h"
 
 namespace {
@@ -175,25 +176,17 @@ int cmd_logits(const std::string& model_dir, const std::string& input, const std
 /// Scores every reply of every line with a reward model; one JSON line out per line in.
 int cmd_score(const std::string& model_dir, const std::string& input, const ChatFormatFlags& format,
               int64_t batch_size) {
-  auto model = anvil::io::load_model_dir(model_dir);
-  if (!model->has_score_head())
-    throw anvil::ConfigError(anvil::concat("--model: ", model_dir, " is not a reward model (its config.json names ",
-                                           model->hf_config()["architectures"][0].get<std::string>(),
-                                           "; expected a ...ForSequenceClassification folder from algorithm: reward)"));
-  auto tok = anvil::tokenizer::load_tokenizer_from_model_dir(model_dir);
-  const auto& tmpl = folder_template(*tok, model_dir, format);
-  const int64_t pad = model->special_tokens.pad >= 0 ? model->special_tokens.pad : tok->eos_id();
-  model->eval();
-  torch::NoGradGuard no_grad;
+  const auto rm = anvil::rewards::RewardModel::load(model_dir, format.name, format.force);
   struct Line {
     int64_t number;
-    std::vector<std::vector<int64_t>> rows;  // prompt + reply, one per reply
+    size_t replies;
     bool pair;
   };
   std::vector<Line> lines;
+  std::vector<std::vector<int64_t>> rows;  // prompt + reply, one per reply, in line order
   int64_t line_no = 0;
   anvil::data::read_jsonl(input, anvil::data::OnError::fail, [&](const anvil::data::Record& r) {
-    Line l{++line_no, {}, false};
+    Line l{++line_no, 0, false};
     std::vector<std::string> replies;
     if (r.has("ranked")) {
       const auto& list = r.at("ranked");
@@ -209,41 +202,26 @@ int cmd_score(const std::string& model_dir, const std::string& input, const Chat
       replies = {r.string("response")};
     }
     // The prompt as the reward model was trained on it (anvil::data::PreferenceDataset).
-    const auto prompt = anvil::data::encode_record_prompt(*tok, tmpl, anvil::data::record_messages(r, "prompt", "", false),
-                                                          anvil::data::is_text_prompt(r, "prompt"));
-    if (format.show_ids) show_prompt_ids(prompt);
-    for (const auto& text : replies) {
-      auto row = prompt;
-      const auto reply = tmpl.encode_reply(*tok, text);
-      row.insert(row.end(), reply.begin(), reply.end());
-      if (static_cast<int64_t>(row.size()) > model->max_positions())
+    const auto prompt = anvil::data::record_messages(r, "prompt", "", false);
+    const bool text = anvil::data::is_text_prompt(r, "prompt");
+    if (format.show_ids) show_prompt_ids(rm.encode_prompt(prompt, text));
+    for (const auto& reply : replies) {
+      auto row = rm.encode(prompt, text, reply);
+      if (static_cast<int64_t>(row.size()) > rm.model().max_positions())
         throw anvil::DataError(anvil::concat(r.where(), ": prompt + reply is ", row.size(),
-                                             " tokens; the model reads at most ", model->max_positions()));
-      l.rows.push_back(std::move(row));
+                                             " tokens; the model reads at most ", rm.model().max_positions()));
+      rows.push_back(std::move(row));
     }
-    lines.push_back(std::move(l));
+    l.replies = replies.size();
+    lines.push_back(l);
   });
-  // Score in batches of rows, right-padded as in training.
-  std::vector<const std::vector<int64_t>*> all;
-  for (const auto& l : lines)
-    for (const auto& r : l.rows) all.push_back(&r);
-  std::vector<float> scores;
-  for (size_t i = 0; i < all.size(); i += static_cast<size_t>(batch_size)) {
-    const auto end = std::min(all.size(), i + static_cast<size_t>(batch_size));
-    size_t T = 0;
-    for (size_t j = i; j < end; ++j) T = std::max(T, all[j]->size());
-    auto ids = at::full({static_cast<int64_t>(end - i), static_cast<int64_t>(T)}, pad, at::kLong);
-    for (size_t j = i; j < end; ++j)
-      std::copy(all[j]->begin(), all[j]->end(), ids.data_ptr<int64_t>() + (j - i) * T);
-    auto s = model->score(model->hidden_states(ids, {}), anvil::models::last_non_pad_index(ids, pad)).contiguous();
-    scores.insert(scores.end(), s.data_ptr<float>(), s.data_ptr<float>() + s.numel());
-  }
+  const auto scores = rm.score(rows, batch_size);
   size_t k = 0;
   int64_t pairs = 0, correct = 0;
   for (const auto& l : lines) {
     std::vector<double> r(scores.begin() + static_cast<std::ptrdiff_t>(k),
-                          scores.begin() + static_cast<std::ptrdiff_t>(k + l.rows.size()));
-    k += l.rows.size();
+                          scores.begin() + static_cast<std::ptrdiff_t>(k + l.replies));
+    k += l.replies;
     nlohmann::json out = {{"line", l.number}, {"rewards", r}};
     if (l.pair) {
       out["chosen"] = r[0];
@@ -468,8 +446,8 @@ int main(int argc, char** argv) {
     }
     if (chat->parsed()) return cmd_chat(model_dir, opt, !no_history, fmt);
     if (exp->parsed()) {
-      const bool sharded = anvil::dist::is_sharded_checkpoint(ckpt);
-      if (sharded) anvil::dist::export_sharded_checkpoint(ckpt, exp_out, exp_dtype);
+      const bool sharded = anvil::distributed::is_sharded_checkpoint(ckpt);
+      if (sharded) anvil::distributed::export_sharded_checkpoint(ckpt, exp_out, exp_dtype);
       else anvil::io::export_model_dir(ckpt, exp_out, exp_dtype);
       std::cout << "exported " << (sharded ? "(consolidated shards of) " : "") << ckpt << " to " << exp_out << " (" << exp_dtype << ")\n";
       return 0;

@@ -8,9 +8,13 @@
 
 namespace anvil::generation {
 
-at::Tensor sample(const at::Tensor& logits_in, const SamplingOptions& opt, at::Generator& gen) {
+namespace {
+
+/// The logits a token is drawn from: temperature-scaled and top-k / top-p
+/// filtered when sampling, as they are when greedy. (B, V) float on the CPU.
+at::Tensor final_logits(const at::Tensor& logits_in, const SamplingOptions& opt) {
   auto logits = logits_in.to(at::kCPU, at::kFloat);  // (B, V)
-  if (opt.greedy || opt.temperature <= 0) return logits.argmax(-1);
+  if (opt.greedy || opt.temperature <= 0) return logits;
   logits = logits / opt.temperature;
   const auto V = logits.size(-1);
   if (opt.top_k > 0 && opt.top_k < V) {
@@ -25,7 +29,18 @@ at::Tensor sample(const at::Tensor& logits_in, const SamplingOptions& opt, at::G
     auto drop = at::zeros_like(drop_sorted).scatter(-1, idx, drop_sorted);
     logits = logits.masked_fill(drop, -INFINITY);
   }
+  return logits;
+}
+
+at::Tensor choose(const at::Tensor& logits, const SamplingOptions& opt, at::Generator& gen) {
+  if (opt.greedy || opt.temperature <= 0) return logits.argmax(-1);
   return at::multinomial(logits.softmax(-1), 1, /*replacement=*/false, gen).squeeze(-1);
+}
+
+}  // namespace
+
+at::Tensor sample(const at::Tensor& logits_in, const SamplingOptions& opt, at::Generator& gen) {
+  return choose(final_logits(logits_in, opt), opt, gen);
 }
 
 int64_t sample_next(const at::Tensor& logits, const SamplingOptions& opt, at::Generator& gen) {
@@ -34,9 +49,12 @@ int64_t sample_next(const at::Tensor& logits, const SamplingOptions& opt, at::Ge
 
 namespace {
 
-/// Decodes one batch of prompts; appends each one's new tokens to `out`.
+/// Decodes one batch of prompts (the first is prompt `first` of the call);
+/// appends each one's new tokens to `out`, and their log-probabilities to
+/// `logprobs` when given.
 void generate_batch(models::CausalLM& model, const std::vector<const std::vector<int64_t>*>& prompts,
-                    const SamplingOptions& opt, at::Generator& gen, std::vector<std::vector<int64_t>>& out) {
+                    const SamplingOptions& opt, at::Generator& gen, std::vector<std::vector<int64_t>>& out,
+                    size_t first, std::vector<std::vector<float>>* logprobs) {
   const auto device = model.parameters().front().device();
   const auto B = static_cast<int64_t>(prompts.size());
   int64_t L = 0;
@@ -75,13 +93,32 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
   std::vector<int64_t> row_of(static_cast<size_t>(B));  // batch row -> prompt index
   for (int64_t b = 0; b < B; ++b) row_of[static_cast<size_t>(b)] = b;
   std::vector<std::vector<int64_t>> produced(static_cast<size_t>(B));
+  std::vector<std::vector<float>> produced_lp(static_cast<size_t>(B));
   for (int64_t step = 0; step < steps && !row_of.empty(); ++step) {
-    auto logits = model.forward(input, args);                             // (B', T, V)
-    auto next = sample(logits.select(1, logits.size(1) - 1), opt, gen);  // (B')
+    auto logits = model.forward(input, args);                                    // (B', T, V)
+    auto scores = logits.select(1, logits.size(1) - 1).to(at::kCPU, at::kFloat);  // (B', V)
+    if (!opt.logits_processors.empty()) {
+      std::vector<int64_t> index;
+      std::vector<std::vector<int64_t>> so_far;
+      for (auto r : row_of) {
+        index.push_back(static_cast<int64_t>(first) + r);
+        so_far.push_back(produced[static_cast<size_t>(r)]);
+      }
+      for (const auto& process : opt.logits_processors) {
+        scores = process(scores, index, so_far);
+        TORCH_CHECK(scores.dim() == 2 && scores.size(0) == static_cast<int64_t>(row_of.size()),
+                    "a logits processor must return (rows, vocab) scores");
+      }
+    }
+    const auto final = final_logits(scores, opt);
+    auto next = choose(final, opt, gen);  // (B')
+    at::Tensor lp;
+    if (logprobs) lp = final.log_softmax(-1).gather(-1, next.unsqueeze(-1)).squeeze(-1).contiguous();
     const auto* next_ptr = next.data_ptr<int64_t>();
     std::vector<int64_t> keep;
     for (size_t r = 0; r < row_of.size(); ++r) {
       produced[static_cast<size_t>(row_of[r])].push_back(next_ptr[r]);
+      if (logprobs) produced_lp[static_cast<size_t>(row_of[r])].push_back(lp.data_ptr<float>()[r]);
       if (next_ptr[r] != opt.eos_id) keep.push_back(static_cast<int64_t>(r));
     }
     if (step + 1 == steps || keep.empty()) break;
@@ -104,29 +141,42 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
     if (padded) args.attention_mask = key_valid.view({key_valid.size(0), 1, 1, key_valid.size(1)});
   }
   for (auto& p : produced) out.push_back(std::move(p));
+  if (logprobs)
+    for (auto& p : produced_lp) logprobs->push_back(std::move(p));
+}
+
+Generation run(models::CausalLM& model, const std::vector<std::vector<int64_t>>& prompts, const SamplingOptions& opt,
+               bool with_logprobs) {
+  for (const auto& p : prompts) TORCH_CHECK(!p.empty(), "generate: empty prompt");
+  const bool was_training = model.is_training();
+  model.eval();
+  torch::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed);
+  Generation g;
+  g.tokens.reserve(prompts.size());
+  const size_t batch = opt.batch_size > 0 ? static_cast<size_t>(opt.batch_size) : std::max<size_t>(prompts.size(), 1);
+  for (size_t start = 0; start < prompts.size(); start += batch) {
+    std::vector<const std::vector<int64_t>*> chunk;
+    for (size_t i = start; i < std::min(prompts.size(), start + batch); ++i) chunk.push_back(&prompts[i]);
+    const auto before = g.tokens.size();
+    generate_batch(model, chunk, opt, gen, g.tokens, start, with_logprobs ? &g.logprobs : nullptr);
+    g.tokens.resize(before + chunk.size());  // a batch with no budget yields empty outputs
+    if (with_logprobs) g.logprobs.resize(before + chunk.size());
+  }
+  if (was_training) model.train();
+  return g;
 }
 
 }  // namespace
 
 std::vector<std::vector<int64_t>> generate(models::CausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
                                            const SamplingOptions& opt) {
-  for (const auto& p : prompts) TORCH_CHECK(!p.empty(), "generate: empty prompt");
-  const bool was_training = model.is_training();
-  model.eval();
-  torch::NoGradGuard no_grad;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed);
-  std::vector<std::vector<int64_t>> out;
-  out.reserve(prompts.size());
-  const size_t batch = opt.batch_size > 0 ? static_cast<size_t>(opt.batch_size) : std::max<size_t>(prompts.size(), 1);
-  for (size_t start = 0; start < prompts.size(); start += batch) {
-    std::vector<const std::vector<int64_t>*> chunk;
-    for (size_t i = start; i < std::min(prompts.size(), start + batch); ++i) chunk.push_back(&prompts[i]);
-    const auto before = out.size();
-    generate_batch(model, chunk, opt, gen, out);
-    out.resize(before + chunk.size());  // a batch with no budget yields empty outputs
-  }
-  if (was_training) model.train();
-  return out;
+  return run(model, prompts, opt, false).tokens;
+}
+
+Generation generate_with_logprobs(models::CausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
+                                  const SamplingOptions& opt) {
+  return run(model, prompts, opt, true);
 }
 
 }  // namespace anvil::generation

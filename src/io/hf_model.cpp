@@ -22,6 +22,27 @@ nlohmann::json read_json(const stdfs::path& path) {
   return j;
 }
 
+/// Adds the named heads `dir`/heads.json lists (none when it is absent).
+void add_saved_heads(models::CausalLM& model, const stdfs::path& dir) {
+  const auto path = dir / kHeadsConfig;
+  if (!stdfs::exists(path)) return;
+  const auto j = read_json(path);
+  if (!j.is_object() || !j.contains("heads") || !j["heads"].is_object())
+    throw CheckpointError(concat(path.string(), ": expected {\"heads\": {name: {\"out_features\": N, \"bias\": "
+                                 "true|false}}}"));
+  for (const auto& [name, h] : j["heads"].items()) {
+    const auto where = concat(path.string(), ": heads.", name);
+    if (!h.is_object() || !h.contains("out_features") || !h["out_features"].is_number_integer() ||
+        h["out_features"].get<int64_t>() < 1 || h["out_features"].get<int64_t>() > (int64_t{1} << 24))
+      throw CheckpointError(concat(where, ".out_features: expected an integer in [1, 2^24]"));
+    if (h.contains("bias") && !h["bias"].is_boolean())
+      throw CheckpointError(concat(where, ".bias: expected true or false"));
+    if (name.empty() || name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos)
+      throw CheckpointError(concat(where, ": expected a head name of a-z, 0-9 and _"));
+    if (!model.has_head(name)) model.add_head(name, h["out_features"].get<int64_t>(), h.value("bias", true));
+  }
+}
+
 /// The safetensors files of a folder: the index's shards, or model.safetensors.
 std::vector<stdfs::path> weight_files(const stdfs::path& dir) {
   const auto index = dir / "model.safetensors.index.json";
@@ -75,10 +96,12 @@ void save_model_dir(const stdfs::path& dir, models::CausalLM& model, const token
   std::set<std::string> omit;
   if (model.has_score_head())
     for (const auto& n : model.lm_head_parameters()) omit.insert(n);
-  TensorMap tensors;
+  TensorMap tensors, heads;
   for (const auto& p : model.named_parameters())
-    if (!omit.count(p.key())) tensors.emplace(p.key(), p.value());
+    if (is_head_parameter(p.key())) heads.emplace(p.key(), p.value());
+    else if (!omit.count(p.key())) tensors.emplace(p.key(), p.value());
   save_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
+  if (!heads.empty()) save_safetensors(dir / kHeadsFile, heads, {{"format", "pt"}});
   save_model_config(dir, model, tokenizer);
 }
 
@@ -102,6 +125,14 @@ void save_model_config(const stdfs::path& dir, models::CausalLM& model, const to
   if (model.special_tokens.eos >= 0) gen["eos_token_id"] = model.special_tokens.eos;
   if (model.special_tokens.pad >= 0) gen["pad_token_id"] = model.special_tokens.pad;
   fs::write_file_atomic(dir / "generation_config.json", gen.dump(2) + "\n");
+  if (!model.head_names().empty()) {
+    nlohmann::json heads = nlohmann::json::object();
+    for (const auto& name : model.head_names()) {
+      const auto h = model.head_module(name);
+      heads[name] = {{"out_features", h->options.out_features()}, {"bias", h->options.bias()}};
+    }
+    fs::write_file_atomic(dir / kHeadsConfig, nlohmann::json({{"format_version", 1}, {"heads", heads}}).dump(2) + "\n");
+  }
   if (tokenizer) tokenizer->save(dir);
 }
 
@@ -110,7 +141,9 @@ void load_weights(models::CausalLM& model, const stdfs::path& dir) {
   for (const auto& p : model.named_parameters()) params.emplace(p.key(), p.value());
   std::set<std::string> loaded;
   at::NoGradGuard no_grad;
-  for (const auto& file : weight_files(dir)) {
+  auto files = weight_files(dir);
+  if (stdfs::exists(dir / kHeadsFile)) files.push_back(dir / kHeadsFile);
+  for (const auto& file : files) {
     SafetensorsFile f(file);
     for (const auto& stored : f.names()) {
       const auto name = model.checkpoint_key(stored);
@@ -190,6 +223,7 @@ std::shared_ptr<models::CausalLM> model_from_config(const stdfs::path& dir) {
                                    " labels; Anvil reads reward models (num_labels 1)"));
     model->add_score_head();
   }
+  add_saved_heads(*model, dir);
   return model;
 }
 

@@ -1,5 +1,5 @@
 // The two engines: one plain process (HF-layout checkpoints), and sharded
-// ranks over dist::ShardedModel. Everything the loop does to the model,
+// ranks over distributed::ShardedModel. Everything the loop does to the model,
 // the optimizer and the checkpoint goes through here.
 #include "anvil/train/engine.h"
 
@@ -10,8 +10,10 @@
 #include <unordered_set>
 
 #include "anvil/core/error.h"
-#include "anvil/dist/checkpoint.h"
-#include "anvil/dist/sharding.h"
+#include "anvil/core/tensor_bytes.h"
+#include "anvil/models/activation_checkpointing.h"
+#include "anvil/distributed/checkpoint.h"
+#include "anvil/distributed/sharding.h"
 #include "anvil/io/checkpoint.h"
 #include "anvil/optim/optimizer.h"
 #include "anvil/train/trainer.h"
@@ -30,7 +32,7 @@ int64_t optimizer_bytes(torch::optim::Optimizer& opt) {
       if (a->max_exp_avg_sq().defined()) ts.push_back(a->max_exp_avg_sq());
     }
   std::unordered_set<const void*> seen;
-  return dist::storage_bytes(ts, seen);
+  return storage_bytes(ts, seen);
 }
 
 /// Global L2 norm of the gradients of `params`, clipped to `max_norm` when larger (0 = only measure).
@@ -69,7 +71,7 @@ class PlainEngine final : public Engine {
       : model_(std::move(model)), device_(model_->parameters().front().device()) {
     if (cfg.train.activation_checkpointing)
       model_->set_block_runner([](size_t, const at::Tensor& x, const models::BlockFn& block) {
-        return dist::checkpoint_block(block, x);
+        return models::checkpoint_block(block, x);
       });
     params_ = trained_parameters(*model_, objective);
     optimizer_ = optim::make_optimizer(cfg.optimizer, params_);
@@ -101,8 +103,8 @@ class PlainEngine final : public Engine {
   Metrics memory() override {
     std::unordered_set<const void*> seen;
     const auto all = model_->parameters();
-    return {{"memory/parameter_bytes", static_cast<double>(dist::storage_bytes(all, seen))},
-            {"memory/gradient_bytes", static_cast<double>(dist::storage_bytes(gradients(), seen))},
+    return {{"memory/parameter_bytes", static_cast<double>(storage_bytes(all, seen))},
+            {"memory/gradient_bytes", static_cast<double>(storage_bytes(gradients(), seen))},
             {"memory/optimizer_bytes", static_cast<double>(optimizer_bytes(*optimizer_))}};
   }
   stdfs::path save(const stdfs::path& output_dir, const io::TrainerState& state, const tokenizer::Tokenizer* tok,
@@ -125,7 +127,7 @@ class PlainEngine final : public Engine {
 class ShardedEngine final : public Engine {
  public:
   ShardedEngine(const config::RunConfig& cfg, std::shared_ptr<models::CausalLM> model,
-                std::shared_ptr<dist::Communicator> comm, const Objective& objective,
+                std::shared_ptr<distributed::Communicator> comm, const Objective& objective,
                 const std::optional<stdfs::path>& resume_from, std::optional<io::TrainerState>& resumed)
       : model_(model),
         comm_(comm),
@@ -133,28 +135,24 @@ class ShardedEngine final : public Engine {
         sharding_(cfg.dist.sharding),
         param_dtype_(cfg.dist.param_dtype),
         consolidated_(cfg.dist.consolidated_checkpoints) {
-    for (const auto& p : model->named_parameters())
-      if (!objective.trains(p.key()))
-        throw ConfigError(concat("algorithm: ", objective.name(), " freezes parameter \"", p.key(),
-                                 "\", which the sharded engine does not support yet; train it on one process "
-                                 "(dist.sharding: no_shard, float32)"));
     // A plain checkpoint (a single-process run going multi-process) is read
     // into the whole model and a per-parameter optimizer first; sharding then
     // flattens both.
     std::unique_ptr<torch::optim::Optimizer> plain;
-    if (resume_from && !dist::is_sharded_checkpoint(*resume_from)) {
+    if (resume_from && !distributed::is_sharded_checkpoint(*resume_from)) {
       plain = optim::make_optimizer(cfg.optimizer, model->parameters());
       resumed = io::load_checkpoint(*resume_from, *model, *plain);
     }
-    dist::ShardingOptions so;
-    so.strategy = dist::parse_sharding(cfg.dist.sharding);
-    so.param_dtype = dist::parse_dtype(cfg.dist.param_dtype);
-    so.reduce_dtype = dist::parse_dtype(cfg.dist.reduce_dtype);
+    distributed::ShardingOptions so;
+    so.strategy = distributed::parse_sharding(cfg.dist.sharding);
+    so.param_dtype = distributed::parse_dtype(cfg.dist.param_dtype);
+    so.reduce_dtype = distributed::parse_dtype(cfg.dist.reduce_dtype);
     so.activation_checkpointing = cfg.train.activation_checkpointing;
-    sharded_ = std::make_unique<dist::ShardedModel>(model, comm, so);
+    sharded_ = std::make_unique<distributed::ShardedModel>(model, comm, so);
     optimizer_ = optim::make_optimizer(cfg.optimizer, sharded_->master_parameters());
-    if (plain) dist::import_optimizer_state(*sharded_, *plain, *optimizer_);
-    else if (resume_from) resumed = dist::load_sharded_checkpoint(*resume_from, *sharded_, *optimizer_);
+    if (plain) distributed::import_optimizer_state(*sharded_, *plain, *optimizer_);
+    else if (resume_from) resumed = distributed::load_sharded_checkpoint(*resume_from, *sharded_, *optimizer_);
+    freeze(objective);
   }
 
   models::CausalLM& model() override { return *model_; }
@@ -176,9 +174,23 @@ class ShardedEngine final : public Engine {
     ao.after_backward = [&] { sharded_->finish_backward(); };
     return accumulate_gradients(objective, *model_, batches, ao);
   }
-  double clip_grad_norm(double max_norm) override { return sharded_->clip_grad_norm(max_norm); }
+  double clip_grad_norm(double max_norm) override {
+    // Frozen slices carry no gradient, as frozen parameters have none on one process.
+    at::NoGradGuard no_grad;
+    const auto masters = sharded_->master_parameters();
+    for (const auto& f : frozen_)
+      if (masters[f.unit].grad().defined()) masters[f.unit].mutable_grad().narrow(0, f.offset, f.values.numel()).zero_();
+    return sharded_->clip_grad_norm(max_norm);
+  }
   void finish_step(bool apply) override {
     if (apply) optimizer_->step();
+    {
+      // AdamW's weight decay moves every element of a flat master shard; the
+      // frozen ones are put back exactly.
+      at::NoGradGuard no_grad;
+      const auto masters = sharded_->master_parameters();
+      for (const auto& f : frozen_) masters[f.unit].narrow(0, f.offset, f.values.numel()).copy_(f.values);
+    }
     sharded_->after_optimizer_step();
   }
   std::vector<at::Tensor> gradients() override {
@@ -195,7 +207,7 @@ class ShardedEngine final : public Engine {
   }
   stdfs::path save(const stdfs::path& output_dir, const io::TrainerState& state, const tokenizer::Tokenizer* tok,
                    const std::string& config_yaml, int64_t keep_last) override {
-    return dist::save_sharded_checkpoint(output_dir, *sharded_, *optimizer_, tok, state, config_yaml, keep_last,
+    return distributed::save_sharded_checkpoint(output_dir, *sharded_, *optimizer_, tok, state, config_yaml, keep_last,
                                          consolidated_);
   }
 
@@ -205,11 +217,31 @@ class ShardedEngine final : public Engine {
 
  private:
   std::shared_ptr<models::CausalLM> model_;
-  std::shared_ptr<dist::Communicator> comm_;
+  std::shared_ptr<distributed::Communicator> comm_;
   at::Device device_;
+  /// This rank's elements of the parameters the objective freezes: their
+  /// place in a unit's master shard and their values.
+  struct Frozen {
+    size_t unit;
+    int64_t offset;
+    at::Tensor values;
+  };
+  void freeze(const Objective& objective) {
+    const auto masters = sharded_->master_parameters();
+    for (size_t u = 0; u < sharded_->layouts().size(); ++u) {
+      const auto [b, e] = sharded_->shard_range(u);
+      for (const auto& p : sharded_->layouts()[u].params) {
+        if (objective.trains(p.name)) continue;
+        const int64_t lo = std::max(b, p.offset), hi = std::min(e, p.offset + p.numel);
+        if (hi > lo) frozen_.push_back({u, lo - b, masters[u].narrow(0, lo - b, hi - lo).detach().clone()});
+      }
+    }
+  }
+
+  std::vector<Frozen> frozen_;
   std::string sharding_, param_dtype_;
   bool consolidated_;
-  std::unique_ptr<dist::ShardedModel> sharded_;
+  std::unique_ptr<distributed::ShardedModel> sharded_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
 
@@ -218,7 +250,7 @@ class ShardedEngine final : public Engine {
 void Engine::set_lr(double lr) { optim::set_lr(optimizer(), lr); }
 
 EngineStart make_engine(const config::RunConfig& cfg, std::shared_ptr<models::CausalLM> model,
-                        std::shared_ptr<dist::Communicator> comm, const Objective& objective,
+                        std::shared_ptr<distributed::Communicator> comm, const Objective& objective,
                         const std::optional<std::filesystem::path>& resume_from) {
   EngineStart out;
   if (comm) out.engine = std::make_unique<ShardedEngine>(cfg, std::move(model), std::move(comm), objective,

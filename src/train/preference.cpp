@@ -52,9 +52,7 @@ double total(const Sums& s, const std::string& key) {
   return it == s.end() ? 0.0 : it->second.item<double>();
 }
 
-int64_t resolve_pad(const tokenizer::Tokenizer& tok) {
-  return tok.pad_id() >= 0 ? tok.pad_id() : std::max<int64_t>(0, tok.eos_id());
-}
+int64_t resolve_pad(const tokenizer::Tokenizer& tok) { return tok.padding_id(); }
 
 std::shared_ptr<const data::PreferenceDataset> load_set(const config::RunConfig& cfg, const config::DatasetConfig& d,
                                                         const std::string& key, const tokenizer::Tokenizer& tok) {

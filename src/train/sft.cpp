@@ -215,7 +215,7 @@ LmObjective::LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenize
   o.max_length = cfg.data.max_length;
   o.packing = cfg.data.packing;
   packing_ = cfg.data.packing;
-  pad_id_ = tok.pad_id() >= 0 ? tok.pad_id() : std::max<int64_t>(0, tok.eos_id());
+  pad_id_ = tok.padding_id();
   o.pad_id = pad_id_;
   source_ = std::make_unique<LmBatchSource>(data_.train, std::move(sampler), o);
 }

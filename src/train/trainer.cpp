@@ -24,10 +24,10 @@
 #include "anvil/core/fs.h"
 #include "anvil/core/logging.h"
 #include "anvil/data/chat.h"
-#include "anvil/dist/checkpoint.h"
-#include "anvil/dist/comm.h"
-#include "anvil/dist/env.h"
-#include "anvil/dist/sharding.h"
+#include "anvil/distributed/checkpoint.h"
+#include "anvil/distributed/comm.h"
+#include "anvil/distributed/env.h"
+#include "anvil/distributed/sharding.h"
 #include "anvil/io/checkpoint.h"
 #include "anvil/io/hf_model.h"
 #include "anvil/models/registry.h"
@@ -225,7 +225,7 @@ std::string render_first_row(const Batch& batch, const tokenizer::Tokenizer& tok
   const auto* id = ids.data_ptr<int64_t>();
   const auto* label = labels.data_ptr<int64_t>();
   int64_t n = ids.numel();
-  const int64_t pad = tok.pad_id() >= 0 ? tok.pad_id() : std::max<int64_t>(0, tok.eos_id());
+  const int64_t pad = tok.padding_id();
   while (n > 0 && id[n - 1] == pad && label[n - 1] == data::kIgnoreIndex) --n;
   std::string out;
   for (int64_t i = 0; i < n;) {
@@ -307,7 +307,7 @@ struct RunSetup {
   std::string config_yaml;
   std::optional<stdfs::path> latest;  // the checkpoint it continues (or evaluates)
   at::Device device = at::kCPU;
-  std::shared_ptr<dist::Communicator> comm;  // set for sharded runs
+  std::shared_ptr<distributed::Communicator> comm;  // set for sharded runs
   RankContext ranks;
   bool lead = true;
   int64_t micro_per_step = 1;
@@ -319,15 +319,15 @@ struct RunSetup {
 /// Sharded runs (several ranks, a sharding strategy or mixed precision on
 /// one, or one resuming a sharded checkpoint) get a communicator; a plain
 /// single-process run has none.
-std::shared_ptr<dist::Communicator> make_comm(const config::RunConfig& cfg, const dist::ProcessInfo& proc,
+std::shared_ptr<distributed::Communicator> make_comm(const config::RunConfig& cfg, const distributed::ProcessInfo& proc,
                                               const at::Device& device, const std::optional<stdfs::path>& latest) {
   const bool sharded = proc.world_size > 1 || cfg.dist.sharding != "no_shard" || cfg.dist.param_dtype != "float32" ||
-                       cfg.dist.reduce_dtype != "float32" || (latest && dist::is_sharded_checkpoint(*latest));
+                       cfg.dist.reduce_dtype != "float32" || (latest && distributed::is_sharded_checkpoint(*latest));
   if (!sharded) return nullptr;
-  dist::CommOptions co;
+  distributed::CommOptions co;
   co.backend = cfg.dist.backend;
   co.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout_s * 1000));
-  return dist::make_communicator(proc, device, co);
+  return distributed::make_communicator(proc, device, co);
 }
 
 /// One chat format from data to checkpoint: data.template, else the one
@@ -351,7 +351,7 @@ std::string resolve_template(const config::RunConfig& cfg, tokenizer::Tokenizer&
 
 RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
   log::configure(log::parse_level(cfg.logging.level));
-  const auto proc = dist::discover_from_environment();
+  const auto proc = distributed::discover_from_environment();
   if (cfg.train.threads > 0) at::set_num_threads(static_cast<int>(cfg.train.threads));
   RunSetup r;
   r.device = parse_device(cfg.train.device);

@@ -2,7 +2,7 @@
 // config reference, and one fully sharded, activation-checkpointed
 // forward/backward through the public dist API (one process).
 #include <anvil/config/config.h>
-#include <anvil/dist/sharding.h>
+#include <anvil/distributed/sharding.h>
 #include <anvil/models/gpt2.h>
 
 #include <iostream>
@@ -15,11 +15,11 @@ int main() {
   auto logits = model->forward(at::zeros({1, 4}, at::kLong));
   std::cout << "logits " << logits.sizes() << " keys " << anvil::config::reference_markdown().size();
 
-  auto comm = anvil::dist::make_communicator(anvil::dist::discover_from_environment(), at::kCPU, {});
-  anvil::dist::ShardingOptions so;
-  so.strategy = anvil::dist::Sharding::FullShard;
+  auto comm = anvil::distributed::make_communicator(anvil::distributed::discover_from_environment(), at::kCPU, {});
+  anvil::distributed::ShardingOptions so;
+  so.strategy = anvil::distributed::Sharding::FullShard;
   so.activation_checkpointing = true;
-  anvil::dist::ShardedModel sharded(model, comm, so);
+  anvil::distributed::ShardedModel sharded(model, comm, so);
   sharded.begin_step();
   model->forward(at::ones({2, 4}, at::kLong)).logsumexp(-1).sum().backward();
   sharded.finish_backward();

@@ -11,6 +11,7 @@
 
 #include "anvil/data/chat.h"
 #include "anvil/data/datasets.h"
+#include "anvil/rewards/reward_model.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "test_util.h"
 
@@ -63,6 +64,17 @@ std::string conversation(const std::vector<std::pair<std::string, std::string>>&
   return json({{"messages", msgs}}).dump() + "\n";
 }
 
+/// dir/refs/tok: a byte-level BPE tokenizer with every template's markers
+/// (</s> is EOS), from tests/parity/make_chat_references.py.
+::testing::AssertionResult make_refs(const TempDir& dir) {
+  std::string out;
+  const int rc = run(anvil::testing::python_bin() + " " + anvil::testing::source_dir() +
+                         "/tests/parity/make_chat_references.py " + (dir / "refs").string() + " 2>&1",
+                     &out);
+  if (rc == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << out;
+}
+
 // Each single-turn conversation's first user line is also what `anvil chat`
 // gets on stdin (with --system for the system turn).
 struct Chat {
@@ -72,12 +84,7 @@ struct Chat {
 TEST(ChatFormat, TrainerChatAndTransformersAgreeOnTheExportedFolderForEveryTemplate) {
   TempDir dir;
   std::string out;
-  // A byte-level BPE tokenizer with every template's markers (</s> is EOS).
-  ASSERT_EQ(run(anvil::testing::python_bin() + " " + anvil::testing::source_dir() +
-                    "/tests/parity/make_chat_references.py " + (dir / "refs").string() + " 2>&1",
-                &out),
-            0)
-      << out;
+  ASSERT_TRUE(make_refs(dir));
   const std::vector<Chat> chats = {{"", "What is 2+2?"}, {"You are terse.", "Name a colour."},
                                    {"", "Zähle: 1, 22, 333, 4444"}};
   std::string convs = conversation({{"user", "What is 2+2?"}, {"assistant", "4"}}) +
@@ -184,11 +191,7 @@ TEST(ChatFormat, TrainerChatAndTransformersAgreeOnTheExportedFolderForEveryTempl
 TEST(ChatFormat, RewardModelsAreScoredInTheFormatTheyWereTrainedIn) {
   TempDir dir;
   std::string out;
-  ASSERT_EQ(run(anvil::testing::python_bin() + " " + anvil::testing::source_dir() +
-                    "/tests/parity/make_chat_references.py " + (dir / "refs").string() + " 2>&1",
-                &out),
-            0)
-      << out;
+  ASSERT_TRUE(make_refs(dir));
   write_text(dir / "pref.jsonl",
              "{\"prompt\": \"What is 2+2?\", \"chosen\": \"4\", \"rejected\": \"5\"}\n"
              "{\"prompt\": [{\"role\": \"system\", \"content\": \"You are terse.\"}, {\"role\": \"user\", "
@@ -211,6 +214,21 @@ TEST(ChatFormat, RewardModelsAreScoredInTheFormatTheyWereTrainedIn) {
       << out;
   const auto shown = shown_prompts(out);
   ASSERT_EQ(shown.size(), 2u) << out;
+  std::vector<std::vector<double>> cli_rewards;
+  {
+    std::istringstream lines(out);
+    std::string l;
+    while (std::getline(lines, l))
+      if (!l.empty() && l[0] == '{') cli_rewards.push_back(json::parse(l)["rewards"].get<std::vector<double>>());
+  }
+  ASSERT_EQ(cli_rewards.size(), 2u) << out;
+  // The library call anvil score makes gives the same rewards.
+  const auto rm = rewards::RewardModel::load(ckpt);
+  EXPECT_EQ(rm.chat_template().name(), "chatml");
+  const auto lib = rm.score({rm.encode({{"user", "What is 2+2?"}}, true, "4"), rm.encode({{"user", "What is 2+2?"}}, true, "5")});
+  ASSERT_EQ(lib.size(), 2u);
+  EXPECT_NEAR(lib[0], cli_rewards[0][0], 1e-6);
+  EXPECT_NEAR(lib[1], cli_rewards[0][1], 1e-6);
   write_text(dir / "convs.jsonl", conversation({{"user", "What is 2+2?"}, {"assistant", "4"}}) +
                                       conversation({{"system", "You are terse."}, {"user", "Name a colour."},
                                                     {"assistant", "Blue"}}));
@@ -228,12 +246,7 @@ TEST(ChatFormat, RewardModelsAreScoredInTheFormatTheyWereTrainedIn) {
 
 TEST(ChatFormat, HfFolderWithItsOwnJinjaTemplateNeedsAnExplicitFormat) {
   TempDir dir;
-  std::string out;
-  ASSERT_EQ(run(anvil::testing::python_bin() + " " + anvil::testing::source_dir() +
-                    "/tests/parity/make_chat_references.py " + (dir / "refs").string() + " 2>&1",
-                &out),
-            0)
-      << out;
+  ASSERT_TRUE(make_refs(dir));
   const auto tokdir = dir / "refs" / "tok";
   auto cfg = json::parse(read_text(tokdir / "tokenizer_config.json"));
   cfg["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}";

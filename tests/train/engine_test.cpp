@@ -4,12 +4,15 @@
 // state on resume, and never touches the parameters it freezes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 
 #include "anvil/config/config.h"
 #include "anvil/core/error.h"
+#include "anvil/io/hf_model.h"
 #include "anvil/io/safetensors.h"
 #include "anvil/train/sft.h"
 #include "anvil/train/trainer.h"
@@ -38,11 +41,16 @@ class RecordingObjective final : public Objective {
   void prepare(models::CausalLM& model, const RunContext& ctx) override {
     events().push_back("prepare");
     inner_.prepare(model, ctx);
+    if (!freeze_) model.add_head("value", 1);  // a named head, trained below
     for (const auto& p : model.named_parameters()) initial_[p.key()] = p.value().detach().clone();
   }
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override {
     events().push_back("micro-batch");
-    return inner_.loss_sum(model, batch, sums);
+    auto loss = inner_.loss_sum(model, batch, sums);
+    if (freeze_) return loss;
+    const auto ids = batch.tensors.at("input_ids").to(model.parameters().front().device());
+    const auto values = model.head("value", model.hidden_states(ids, {}).detach());  // (B, T, 1)
+    return loss + (values - 1.0).pow(2).mean() * static_cast<double>(batch.num_targets);
   }
   EvalResult evaluate(models::CausalLM& model) override {
     events().push_back("evaluate");
@@ -60,6 +68,7 @@ class RecordingObjective final : public Objective {
     ++counter_;
     events().push_back(concat("after_step ", step));
     if (!freeze_) return;
+    auto whole = engine.gathered();  // sharded weights are whole only inside this scope
     for (const auto& p : engine.model().named_parameters())
       if (!trains(p.key())) EXPECT_TRUE(p.value().equal(initial_.at(p.key()))) << p.key() << " moved at " << step;
   }
@@ -105,8 +114,7 @@ void register_once() {
   });
 }
 
-config::RunConfig tiny(const TempDir& dir, const std::string& algorithm, std::vector<std::string> overrides) {
-  anvil::testing::write_text(dir / "run.yaml", anvil::testing::tiny_sft_run(6, 2));
+config::RunConfig tiny_in(const stdfs::path& dir, const std::string& algorithm, std::vector<std::string> overrides) {
   overrides.push_back("algorithm=" + algorithm);
   overrides.push_back("output_dir=" + (dir / "out").string());
   overrides.push_back("train.eval_every=4");
@@ -114,6 +122,11 @@ config::RunConfig tiny(const TempDir& dir, const std::string& algorithm, std::ve
   overrides.push_back("tokenizer.path=" + anvil::testing::source_dir() + "/data/tokenizer.model");
   overrides.push_back("data.train[0].path=" + anvil::testing::source_dir() + "/data/sft_train.jsonl");
   return config::load_config({(dir / "run.yaml").string()}, overrides);
+}
+
+config::RunConfig tiny(const TempDir& dir, const std::string& algorithm, std::vector<std::string> overrides) {
+  anvil::testing::write_text(dir / "run.yaml", anvil::testing::tiny_sft_run(6, 2));
+  return tiny_in(dir.path(), algorithm, std::move(overrides));
 }
 
 TEST(Engine, RegisteredObjectiveRunsWithItsHooksInOrderAndItsStateResumes) {
@@ -166,6 +179,44 @@ TEST(Engine, RegisteredObjectiveRunsWithItsHooksInOrderAndItsStateResumes) {
                ConfigError);
 }
 
+TEST(Engine, HeadsAreSavedBesideTheHfFolderAndRestoredOnResume) {
+  register_once();
+  TempDir a, b;
+  ASSERT_EQ(run_training(tiny(a, "hooked_sft", {"train.max_steps=4"})).step, 4);
+  const auto ckpt = a / "out" / "checkpoint-4";
+  // Beside the HF files: heads.safetensors + heads.json; model.safetensors has none.
+  io::SafetensorsFile heads(ckpt / "heads.safetensors");
+  auto names = heads.names();
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"heads.value.bias", "heads.value.weight"}));
+  for (const auto& n : io::SafetensorsFile(ckpt / "model.safetensors").names()) EXPECT_NE(n.rfind("heads.", 0), 0u) << n;
+  EXPECT_EQ(nlohmann::json::parse(anvil::testing::read_text(ckpt / "heads.json"))["heads"]["value"]["out_features"], 1);
+  // The head trained, and load_model_dir brings it back.
+  io::SafetensorsFile early(a / "out" / "checkpoint-2" / "heads.safetensors");
+  EXPECT_FALSE(early.get("heads.value.weight").equal(heads.get("heads.value.weight")));
+  auto loaded = io::load_model_dir(ckpt);
+  ASSERT_TRUE(loaded->has_head("value"));
+  EXPECT_TRUE(loaded->head_module("value")->weight.equal(heads.get("heads.value.weight")));
+
+  // Resumed from checkpoint-2, the head continues exactly as in the straight run.
+  stdfs::create_directories(b / "out");
+  stdfs::copy(a / "out" / "checkpoint-2", b / "out" / "checkpoint-2", stdfs::copy_options::recursive);
+  ASSERT_EQ(run_training(tiny(b, "hooked_sft", {"train.max_steps=4"})).step, 4);
+  io::SafetensorsFile resumed(b / "out" / "checkpoint-4" / "heads.safetensors");
+  EXPECT_TRUE(resumed.get("heads.value.weight").equal(heads.get("heads.value.weight")));
+  EXPECT_TRUE(resumed.get("heads.value.bias").equal(heads.get("heads.value.bias")));
+
+  // transformers loads the checkpoint as is, with the logits Anvil gives.
+  std::string out;
+  ASSERT_EQ(anvil::testing::run(anvil::testing::python_bin() + " " + anvil::testing::source_dir() +
+                                    "/tests/parity/logits_in_transformers.py " + anvil::testing::cli_bin() + " " +
+                                    a.path().string() + " " + ckpt.string() + " 2>&1",
+                                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("transformers parity OK"), std::string::npos) << out;
+}
+
 TEST(Engine, FrozenParametersAreNeitherUpdatedNorDecayed) {
   TempDir dir;
   register_once();
@@ -178,17 +229,48 @@ TEST(Engine, FrozenParametersAreNeitherUpdatedNorDecayed) {
   EXPECT_TRUE(start.get("transformer.h.0.attn.c_attn.weight").equal(end.get("transformer.h.0.attn.c_attn.weight")));
   EXPECT_FALSE(start.get("transformer.h.0.mlp.c_fc.weight").equal(end.get("transformer.h.0.mlp.c_fc.weight")));
 
-  // The sharded engine refuses frozen parameters rather than decaying them.
+  // The sharded engine (full_shard on one rank here): the frozen weight is
+  // the same initial value as on the plain path, at every checkpoint.
   TempDir dir2;
-  try {
-    run_training(tiny(dir2, "frozen_sft", {"dist.sharding=full_shard", "train.max_steps=2"}));
-    ADD_FAILURE() << "expected an error";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("freezes parameter \"transformer.h.0.attn.c_attn.weight\", which the "
-                                         "sharded engine does not support yet"),
-              std::string::npos)
-        << e.what();
+  ASSERT_EQ(run_training(tiny(dir2, "frozen_sft", {"optimizer.weight_decay=0.5", "train.max_steps=4",
+                                                   "dist.sharding=full_shard", "dist.consolidated_checkpoints=true"}))
+                .step,
+            4);
+  io::SafetensorsFile sharded(dir2 / "out" / "checkpoint-4" / "model.safetensors");
+  EXPECT_TRUE(sharded.get("transformer.h.0.attn.c_attn.weight").equal(start.get("transformer.h.0.attn.c_attn.weight")));
+  EXPECT_FALSE(sharded.get("transformer.h.0.mlp.c_fc.weight").equal(start.get("transformer.h.0.mlp.c_fc.weight")));
+}
+
+// Two ranks under mpirun, each running this test binary in-process (the
+// child branch below), full_shard with the frozen parameter split across
+// the ranks' shards.
+TEST(Engine, FrozenParametersStayOnTwoShardedRanks) {
+  register_once();
+  if (const char* out = std::getenv("ANVIL_ENGINE_TEST_DIR")) {  // a rank
+    const auto r = run_training(tiny_in(out, "frozen_sft", {"optimizer.weight_decay=0.5", "train.max_steps=4",
+                                                            "dist.sharding=full_shard",
+                                                            "dist.consolidated_checkpoints=true", "train.threads=1",
+                                                            "train.grad_accum_steps=2"}));
+    EXPECT_EQ(r.step, 4);
+    return;
   }
+  TempDir dir;
+  anvil::testing::write_text(dir / "run.yaml", anvil::testing::tiny_sft_run(6, 2));
+  std::string log;
+  const auto self = stdfs::read_symlink("/proc/self/exe").string();
+  ASSERT_EQ(anvil::testing::run("ANVIL_ENGINE_TEST_DIR=" + dir.path().string() +
+                                    " mpirun --allow-run-as-root --oversubscribe --bind-to none -x "
+                                    "ANVIL_ENGINE_TEST_DIR -np 2 " + self +
+                                    " --gtest_filter=Engine.FrozenParametersStayOnTwoShardedRanks 2>&1",
+                                &log),
+            0)
+      << log;
+  const auto meta = nlohmann::json::parse(anvil::testing::read_text(dir / "out" / "checkpoint-4" / "sharding.json"));
+  EXPECT_EQ(meta["world_size"], 2) << log;
+  io::SafetensorsFile start(dir / "out" / "checkpoint-2" / "model.safetensors");
+  io::SafetensorsFile end(dir / "out" / "checkpoint-4" / "model.safetensors");
+  EXPECT_TRUE(start.get("transformer.h.0.attn.c_attn.weight").equal(end.get("transformer.h.0.attn.c_attn.weight")));
+  EXPECT_FALSE(start.get("transformer.h.0.mlp.c_fc.weight").equal(end.get("transformer.h.0.mlp.c_fc.weight")));
 }
 
 TEST(Engine, RegisteredSectionsLoadPrintAndAreChecked) {

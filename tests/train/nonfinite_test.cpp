@@ -3,7 +3,7 @@
 // the last checkpoint as it was; `skip` drops the step, counts it and goes on,
 // up to train.max_nonfinite_in_a_row. Faults come from the trainer's testing
 // hook ANVIL_TEST_NONFINITE (docs/reliability.md). The 2-rank sharded cases
-// are in tests/dist/sharding_test.cpp (DistRuns).
+// are in tests/distributed/sharding_test.cpp (DistRuns).
 #include <gtest/gtest.h>
 
 #include <fstream>

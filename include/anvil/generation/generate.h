@@ -2,11 +2,19 @@
 // Autoregressive decoding with a KV cache, many prompts at once.
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "anvil/models/causal_lm.h"
 
 namespace anvil::generation {
+
+/// Reshapes next-token scores before a token is chosen (transformers'
+/// LogitsProcessor): gets the (B, V) float scores of the rows still decoding
+/// (on the CPU), each row's prompt index and the tokens each row produced so
+/// far; returns the scores to choose from (e.g. -inf for banned tokens).
+using LogitsProcessor = std::function<at::Tensor(const at::Tensor& scores, const std::vector<int64_t>& prompt_index,
+                                                 const std::vector<std::vector<int64_t>>& produced)>;
 
 struct SamplingOptions {
   int64_t max_new_tokens = 32;
@@ -17,6 +25,16 @@ struct SamplingOptions {
   int64_t eos_id = -1;   // stop a sequence when produced (kept in its output)
   uint64_t seed = 0;     // sampling RNG; the global RNG is never touched
   int64_t batch_size = 0;  // prompts decoded together; 0 = all
+  std::vector<LogitsProcessor> logits_processors;  // applied in order, before temperature, top-k and top-p
+};
+
+/// New tokens of each prompt and each one's log-probability under the
+/// distribution it was chosen from: the scores after the logits processors,
+/// temperature, top-k and top-p (greedy: the log-softmax of the processed
+/// scores). Without processors, greedy logprobs equal a forward pass's.
+struct Generation {
+  std::vector<std::vector<int64_t>> tokens;
+  std::vector<std::vector<float>> logprobs;
 };
 
 /// Continues each prompt; returns only the new tokens of each. Prompts of
@@ -28,6 +46,10 @@ struct SamplingOptions {
 std::vector<std::vector<int64_t>> generate(models::CausalLM& model,
                                            const std::vector<std::vector<int64_t>>& prompts,
                                            const SamplingOptions& opt);
+
+/// generate(), with each new token's log-probability (for RL rollouts).
+Generation generate_with_logprobs(models::CausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
+                                  const SamplingOptions& opt);
 
 /// Picks the next token of each row of (B, V) logits per the options -> (B) int64 on the CPU.
 at::Tensor sample(const at::Tensor& logits, const SamplingOptions& opt, at::Generator& gen);

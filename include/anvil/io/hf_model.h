@@ -12,18 +12,28 @@
 
 namespace anvil::io {
 
+/// Named heads (CausalLM::add_head) are saved beside the HF files: their
+/// weights in heads.safetensors ("heads.<name>.weight" / ".bias"), their
+/// shapes in heads.json, so transformers loads the base model as is.
+inline constexpr const char* kHeadsFile = "heads.safetensors";
+inline constexpr const char* kHeadsConfig = "heads.json";
+
+/// Whether a parameter belongs to a named head (saved in heads.safetensors).
+inline bool is_head_parameter(const std::string& name) { return name.rfind("heads.", 0) == 0; }
+
 /// Writes config.json, generation_config.json, model.safetensors and the
 /// tokenizer's files into `dir` (which must exist).
 void save_model_dir(const std::filesystem::path& dir, models::CausalLM& model,
                     const tokenizer::Tokenizer* tokenizer);
 
-/// Writes config.json, generation_config.json and the tokenizer's files (no
-/// weights). config.json's dtype is `dtype`, or the parameters' when undefined.
+/// Writes config.json, generation_config.json, heads.json (when the model has
+/// named heads) and the tokenizer's files (no weights). config.json's dtype is `dtype`, or the parameters' when undefined.
 void save_model_config(const std::filesystem::path& dir, models::CausalLM& model,
                        const tokenizer::Tokenizer* tokenizer,
                        std::optional<at::ScalarType> dtype = std::nullopt);
 
-/// Builds the model `dir`/config.json describes, with freshly initialised weights.
+/// Builds the model `dir`/config.json describes (with the heads heads.json
+/// names), with freshly initialised weights.
 std::shared_ptr<models::CausalLM> model_from_config(const std::filesystem::path& dir);
 
 /// Throws unless `output` is a new (or empty) folder and `dtype` is float32,

@@ -2,6 +2,7 @@
 // What every decoder-only family provides to trainers and generation.
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/moduledict.h>
 #include <torch/nn/modules/linear.h>
 
 #include <functional>
@@ -114,6 +115,23 @@ class CausalLM : public torch::nn::Module {
   /// each row's position.
   at::Tensor score(const at::Tensor& hidden, const at::Tensor& positions);
 
+  /// Named heads beside the LM head, on the final hidden states: a value
+  /// head (PPO, out_features 1), ILQL's Q and V heads, a user's own.
+  /// Linear(C -> out_features), weights ~ N(0, init_std), zero bias. Their
+  /// parameters are "heads.<name>.weight" / ".bias"; a saved folder keeps
+  /// them in heads.safetensors + heads.json beside the HF files, so the base
+  /// model still loads in transformers as is. (A reward model's score head
+  /// is HF's own sequence-classification head, above.) Throws when `name`
+  /// is taken or not of a-z, 0-9 and _.
+  void add_head(const std::string& name, int64_t out_features, bool bias = true, double init_std = 0.02);
+  bool has_head(const std::string& name) const;
+  /// The named heads, sorted by name.
+  std::vector<std::string> head_names() const;
+  /// (..., C) hidden states -> (..., out_features).
+  at::Tensor head(const std::string& name, const at::Tensor& hidden);
+  /// The head's Linear (its out_features, whether it has a bias).
+  torch::nn::Linear head_module(const std::string& name) const;
+
   /// Names of transformer block `i`'s parameters start with block_prefix(i)
   /// + "." (e.g. "transformer.h.3"): the units sharding and activation
   /// checkpointing apply to, i in [0, num_layers()).
@@ -133,6 +151,7 @@ class CausalLM : public torch::nn::Module {
  private:
   BlockRunner block_runner_;
   torch::nn::Linear score_head_{nullptr};
+  torch::nn::ModuleDict heads_{nullptr};
 };
 
 /// HF's rule for the token a sequence-classification head reads: each row's

@@ -33,6 +33,9 @@ class Tokenizer {
   /// GPT-2 does not): tokenizer_config.json's add_bos_token or the
   /// tokenizer.json post-processor.
   virtual bool add_bos() const = 0;
+  /// The id batches are padded with, everywhere (training, eval, generation,
+  /// scoring): PAD, else EOS, else 0. Padding is never trained on or attended to.
+  int64_t padding_id() const { return pad_id() >= 0 ? pad_id() : eos_id() >= 0 ? eos_id() : 0; }
 
   /// The id of a token written as its vocabulary string (e.g. "<|im_start|>"),
   /// or nothing when the vocabulary has no such single token.

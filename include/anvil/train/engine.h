@@ -18,7 +18,7 @@
 
 #include "anvil/config/config.h"
 #include "anvil/core/metrics.h"
-#include "anvil/dist/comm.h"
+#include "anvil/distributed/comm.h"
 #include "anvil/io/trainer_state.h"
 #include "anvil/models/causal_lm.h"
 #include "anvil/tokenizer/tokenizer.h"
@@ -112,7 +112,7 @@ struct EngineStart {
 /// `objective.trains()`; the others are frozen (requires_grad false). Restores
 /// `resume_from` (a plain or a sharded checkpoint) when given.
 EngineStart make_engine(const config::RunConfig& cfg, std::shared_ptr<models::CausalLM> model,
-                        std::shared_ptr<dist::Communicator> comm, const Objective& objective,
+                        std::shared_ptr<distributed::Communicator> comm, const Objective& objective,
                         const std::optional<std::filesystem::path>& resume_from);
 
 }  // namespace anvil::train

@@ -4,10 +4,10 @@
 #include <map>
 
 #include "anvil/core/error.h"
-#include "anvil/dist/env.h"
+#include "anvil/distributed/env.h"
 #include "test_util.h"
 
-namespace anvil::dist {
+namespace anvil::distributed {
 namespace {
 
 ProcessInfo from(const std::map<std::string, std::string>& vars) {
@@ -111,4 +111,4 @@ TEST(DistEnv, TrainerRejectsALaunchItsBackendCannotServe) {
 }
 
 }  // namespace
-}  // namespace anvil::dist
+}  // namespace anvil::distributed

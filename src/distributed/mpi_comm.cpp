@@ -11,7 +11,7 @@
 #include "backends.h"
 #include "watchdog.h"
 
-namespace anvil::dist::detail {
+namespace anvil::distributed::detail {
 namespace {
 
 MPI_Datatype mpi_type(at::ScalarType t) {
@@ -160,4 +160,4 @@ std::shared_ptr<Communicator> make_mpi_communicator(const ProcessInfo& proc, std
   return std::make_shared<MpiCommunicator>(proc, timeout);
 }
 
-}  // namespace anvil::dist::detail
+}  // namespace anvil::distributed::detail

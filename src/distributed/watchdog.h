@@ -11,7 +11,7 @@
 #include <string>
 #include <thread>
 
-namespace anvil::dist::detail {
+namespace anvil::distributed::detail {
 
 class Watchdog {
  public:
@@ -46,4 +46,4 @@ class Watchdog {
   std::thread thread_;
 };
 
-}  // namespace anvil::dist::detail
+}  // namespace anvil::distributed::detail

@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-namespace anvil::dist {
+namespace anvil::distributed {
 
 struct ProcessInfo {
   int64_t rank = 0;
@@ -39,4 +39,4 @@ ProcessInfo discover_from_environment();
 /// The first host of a Slurm node list: "gpu[03-07,12],cpu1" -> "gpu03".
 std::string first_slurm_host(const std::string& nodelist);
 
-}  // namespace anvil::dist
+}  // namespace anvil::distributed

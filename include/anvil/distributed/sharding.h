@@ -34,10 +34,10 @@
 #include <utility>
 #include <vector>
 
-#include "anvil/dist/comm.h"
+#include "anvil/distributed/comm.h"
 #include "anvil/models/causal_lm.h"
 
-namespace anvil::dist {
+namespace anvil::distributed {
 
 enum class Sharding { NoShard, ShardGradOp, FullShard };
 
@@ -78,10 +78,6 @@ struct MemoryBytes {
   /// runs and the one being prefetched.
   int64_t peak_gathered = 0;
 };
-
-/// Bytes of the distinct tensor storages among `tensors` that are not in
-/// `seen` yet (undefined tensors skipped); records them in `seen`.
-int64_t storage_bytes(const std::vector<at::Tensor>& tensors, std::unordered_set<const void*>& seen);
 
 class ShardedModel {
  public:
@@ -160,9 +156,4 @@ class ShardedModel {
   int64_t peak_gathered_ = 0;
 };
 
-/// Runs `block(x)` keeping only `x`: the block is run again in backward, with
-/// the random-number state of the forward restored so dropout masks repeat.
-/// Without grad mode or when `x` needs no gradient, just calls the block.
-at::Tensor checkpoint_block(const models::BlockFn& block, const at::Tensor& x);
-
-}  // namespace anvil::dist
+}  // namespace anvil::distributed

@@ -1,4 +1,4 @@
-#include "anvil/dist/checkpoint.h"
+#include "anvil/distributed/checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/Generator.h>
@@ -15,7 +15,7 @@
 #include "anvil/io/safetensors.h"
 #include "anvil/optim/optimizer.h"
 
-namespace anvil::dist {
+namespace anvil::distributed {
 namespace {
 
 namespace stdfs = std::filesystem;
@@ -89,15 +89,18 @@ stdfs::path save_sharded_checkpoint(const stdfs::path& output_dir, ShardedModel&
     std::set<std::string> omit;  // a reward model's folder has no LM head (as io::save_model_dir)
     if (model.model().has_score_head())
       for (const auto& n : model.model().lm_head_parameters()) omit.insert(n);
-    io::TensorMap whole;
+    io::TensorMap whole, heads;  // named heads go beside the HF files (as io::save_model_dir)
     for (size_t u = 0; u < masters.size(); ++u) {
       const auto flat = model.gather_master(u);
       if (rank != 0) continue;
       const auto host = flat.cpu();
-      for (const auto& p : model.layouts()[u].params)
-        if (!omit.count(p.name)) whole.emplace(p.name, host.narrow(0, p.offset, p.numel).view(p.shape));
+      for (const auto& p : model.layouts()[u].params) {
+        if (omit.count(p.name)) continue;
+        (io::is_head_parameter(p.name) ? heads : whole).emplace(p.name, host.narrow(0, p.offset, p.numel).view(p.shape));
+      }
     }
     if (rank == 0) io::save_safetensors(tmp / "model.safetensors", whole, {{"format", "pt"}});
+    if (rank == 0 && !heads.empty()) io::save_safetensors(tmp / io::kHeadsFile, heads, {{"format", "pt"}});
   }
   comm.barrier(concat(step_tag, ": every rank wrote its shard"));
 
@@ -281,4 +284,4 @@ void export_sharded_checkpoint(const stdfs::path& dir, const stdfs::path& output
   io::write_model_dir_atomic(*model, tok.get(), output, dtype);
 }
 
-}  // namespace anvil::dist
+}  // namespace anvil::distributed

@@ -1,4 +1,4 @@
-#include "anvil/dist/comm.h"
+#include "anvil/distributed/comm.h"
 
 #include <ATen/ATen.h>
 
@@ -9,7 +9,7 @@
 #include "backends.h"
 #include "watchdog.h"
 
-namespace anvil::dist {
+namespace anvil::distributed {
 namespace detail {
 
 Watchdog::Watchdog(int rank, int world, std::string backend, std::chrono::milliseconds timeout)
@@ -125,4 +125,4 @@ std::shared_ptr<Communicator> make_communicator(const ProcessInfo& proc, const a
   throw ConfigError(concat("dist.backend: expected auto, nccl or mpi, got \"", backend, "\""));
 }
 
-}  // namespace anvil::dist
+}  // namespace anvil::distributed

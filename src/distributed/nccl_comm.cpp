@@ -14,7 +14,7 @@
 #include "backends.h"
 #include "watchdog.h"
 
-namespace anvil::dist::detail {
+namespace anvil::distributed::detail {
 namespace {
 
 class NcclCommunicator final : public Communicator {
@@ -111,4 +111,4 @@ std::shared_ptr<Communicator> make_nccl_communicator(const ProcessInfo& proc, co
   return std::make_shared<NcclCommunicator>(proc, device, timeout);
 }
 
-}  // namespace anvil::dist::detail
+}  // namespace anvil::distributed::detail

@@ -1,4 +1,4 @@
-#include "anvil/dist/sharding.h"
+#include "anvil/distributed/sharding.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/Generator.h>
@@ -11,8 +11,10 @@
 #include <unordered_set>
 
 #include "anvil/core/error.h"
+#include "anvil/core/tensor_bytes.h"
+#include "anvil/models/activation_checkpointing.h"
 
-namespace anvil::dist {
+namespace anvil::distributed {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -61,73 +63,7 @@ void alloc_storage(const at::Tensor& t) {
   s->set_nbytes(nbytes);
 }
 
-std::vector<at::Device> rng_devices(const at::Tensor& x) {
-  std::vector<at::Device> d{at::Device(at::kCPU)};
-  if (!x.device().is_cpu()) d.push_back(x.device());
-  return d;
-}
-
-std::vector<at::Tensor> get_rng(const std::vector<at::Device>& devices) {
-  std::vector<at::Tensor> out;
-  for (const auto& d : devices) {
-    auto gen = at::globalContext().defaultGenerator(d);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    out.push_back(gen.get_state());
-  }
-  return out;
-}
-
-void set_rng(const std::vector<at::Device>& devices, const std::vector<at::Tensor>& states) {
-  for (size_t i = 0; i < devices.size(); ++i) {
-    auto gen = at::globalContext().defaultGenerator(devices[i]);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(states[i]);
-  }
-}
-
-struct CheckpointState : torch::CustomClassHolder {
-  models::BlockFn block;
-  std::vector<at::Device> devices;
-  std::vector<at::Tensor> rng;
-};
-
-/// Keeps the block's input only; backward re-runs the block (with the RNG
-/// state of the forward) and back-propagates through the fresh graph, which
-/// accumulates the block's parameter gradients as a normal backward would.
-struct CheckpointBlock : public torch::autograd::Function<CheckpointBlock> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<CheckpointState> st) {
-    st->devices = rng_devices(x);
-    st->rng = get_rng(st->devices);
-    ctx->save_for_backward({x});
-    ctx->saved_data["state"] = c10::IValue::make_capsule(st);
-    return st->block(x);  // grad mode is off here: nothing is kept
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto st = c10::static_intrusive_pointer_cast<CheckpointState>(ctx->saved_data["state"].toCapsule());
-    const auto x = ctx->get_saved_variables()[0];
-    const auto now = get_rng(st->devices);
-    set_rng(st->devices, st->rng);
-    auto xd = x.detach().requires_grad_(true);
-    at::Tensor y;
-    {
-      at::AutoGradMode enable(true);
-      y = st->block(xd);
-    }
-    set_rng(st->devices, now);
-    torch::autograd::backward({y}, {grads[0]});
-    return {xd.grad(), at::Tensor()};
-  }
-};
-
 }  // namespace
-
-at::Tensor checkpoint_block(const models::BlockFn& block, const at::Tensor& x) {
-  if (!at::GradMode::is_enabled() || !x.requires_grad()) return block(x);
-  auto st = c10::make_intrusive<CheckpointState>();
-  st->block = block;
-  return CheckpointBlock::apply(x, st);
-}
 
 // ---- units ------------------------------------------------------------------
 
@@ -339,7 +275,7 @@ at::Tensor ShardedModel::run_block(size_t layer, const at::Tensor& x, const mode
   at::Tensor in = x;
   if (grad && x.requires_grad())
     in = PostBackward::apply(x, static_cast<int64_t>(layer), static_cast<int64_t>(reinterpret_cast<intptr_t>(this)));
-  auto y = grad && options_.activation_checkpointing ? checkpoint_block(block, in) : block(in);
+  auto y = grad && options_.activation_checkpointing ? models::checkpoint_block(block, in) : block(in);
   if (grad) u.needs_reduce = true;
   if (options_.strategy == Sharding::FullShard && !pinned_) {
     release(u);
@@ -454,16 +390,6 @@ void ShardedModel::release_full_parameters() {
     for (auto& u : units_) release(*u);
 }
 
-int64_t storage_bytes(const std::vector<at::Tensor>& tensors, std::unordered_set<const void*>& seen) {
-  int64_t n = 0;
-  for (const auto& t : tensors) {
-    if (!t.defined()) continue;
-    const auto* st = t.storage().unsafeGetStorageImpl();
-    if (seen.insert(st).second) n += static_cast<int64_t>(st->nbytes());
-  }
-  return n;
-}
-
 MemoryBytes ShardedModel::memory() const {
   std::vector<at::Tensor> params, grads;
   for (const auto& u : units_) {
@@ -481,4 +407,4 @@ MemoryBytes ShardedModel::memory() const {
   return m;
 }
 
-}  // namespace anvil::dist
+}  // namespace anvil::distributed

@@ -14,9 +14,9 @@
 #include <memory>
 #include <string>
 
-#include "anvil/dist/env.h"
+#include "anvil/distributed/env.h"
 
-namespace anvil::dist {
+namespace anvil::distributed {
 
 /// A collective that may still be running; wait() blocks until its result
 /// may be used (on GPUs: until the current stream is ordered after it).
@@ -69,4 +69,4 @@ std::shared_ptr<Communicator> make_communicator(const ProcessInfo& proc, const a
 /// Whether this build has the backend ("nccl", "mpi").
 bool has_backend(const std::string& name);
 
-}  // namespace anvil::dist
+}  // namespace anvil::distributed

@@ -14,14 +14,15 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "anvil/dist/sharding.h"
+#include "anvil/distributed/sharding.h"
+#include "anvil/models/activation_checkpointing.h"
 #include "anvil/io/safetensors.h"
 #include "anvil/models/registry.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "anvil/train/sft.h"
 #include "test_util.h"
 
-namespace anvil::dist {
+namespace anvil::distributed {
 namespace {
 
 using anvil::testing::TempDir;
@@ -537,7 +538,7 @@ TEST(ActivationCheckpointing, SameGradientsWithDropout) {
     auto grads = [&](bool checkpointed) {
       if (checkpointed)
         model->set_block_runner(
-            [](size_t, const at::Tensor& x, const models::BlockFn& block) { return checkpoint_block(block, x); });
+            [](size_t, const at::Tensor& x, const models::BlockFn& block) { return models::checkpoint_block(block, x); });
       else
         model->set_block_runner(nullptr);
       for (auto& p : model->parameters()) p.mutable_grad().reset();
@@ -558,4 +559,4 @@ TEST(ActivationCheckpointing, SameGradientsWithDropout) {
 }
 
 }  // namespace
-}  // namespace anvil::dist
+}  // namespace anvil::distributed

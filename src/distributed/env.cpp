@@ -1,10 +1,10 @@
-#include "anvil/dist/env.h"
+#include "anvil/distributed/env.h"
 
 #include <cstdlib>
 
 #include "anvil/core/error.h"
 
-namespace anvil::dist {
+namespace anvil::distributed {
 namespace {
 
 int64_t parse_int(const std::string& var, const std::string& value) {
@@ -101,4 +101,4 @@ ProcessInfo discover_from_environment() {
   });
 }
 
-}  // namespace anvil::dist
+}  // namespace anvil::distributed

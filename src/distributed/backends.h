@@ -6,9 +6,9 @@
 
 #include "anvil_dist_build_config.h"
 
-#include "anvil/dist/comm.h"
+#include "anvil/distributed/comm.h"
 
-namespace anvil::dist::detail {
+namespace anvil::distributed::detail {
 
 #ifdef ANVIL_WITH_MPI
 std::shared_ptr<Communicator> make_mpi_communicator(const ProcessInfo& proc, std::chrono::milliseconds timeout);
@@ -18,4 +18,4 @@ std::shared_ptr<Communicator> make_nccl_communicator(const ProcessInfo& proc, co
                                                      std::chrono::milliseconds timeout);
 #endif
 
-}  // namespace anvil::dist::detail
+}  // namespace anvil::distributed::detail

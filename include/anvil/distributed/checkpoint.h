@@ -22,11 +22,11 @@
 #include <filesystem>
 #include <string>
 
-#include "anvil/dist/sharding.h"
+#include "anvil/distributed/sharding.h"
 #include "anvil/io/checkpoint.h"
 #include "anvil/tokenizer/tokenizer.h"
 
-namespace anvil::dist {
+namespace anvil::distributed {
 
 bool is_sharded_checkpoint(const std::filesystem::path& dir);
 
@@ -59,4 +59,4 @@ std::map<std::string, at::Tensor> read_sharded_units(const std::filesystem::path
 void export_sharded_checkpoint(const std::filesystem::path& dir, const std::filesystem::path& output,
                                const std::string& dtype);
 
-}  // namespace anvil::dist
+}  // namespace anvil::distributed
