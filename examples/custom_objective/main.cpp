@@ -84,7 +84,8 @@ class WeightedSft final : public anvil::train::Objective {
 }  // namespace
 
 int main(int argc, char** argv) {
-  anvil::config::register_section<WeightedSftConfig>("weighted_sft", "Digit-weighted SFT (algorithm: weighted_sft).");
+  anvil::config::register_section<WeightedSftConfig>("weighted_sft", "Digit-weighted SFT (algorithm: weighted_sft).",
+                                                        "weighted_sft");
   anvil::train::register_objective("weighted_sft",
                                    [](const anvil::config::RunConfig& cfg, const anvil::tokenizer::Tokenizer& tok) {
                                      return std::make_unique<WeightedSft>(cfg, tok);

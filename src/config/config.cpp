@@ -282,9 +282,11 @@ class Parser {
   std::set<std::string> known_;
 };
 
+/// Prints a config as YAML: every key, except the sections of algorithms
+/// other than `algorithm`'s.
 class Printer {
  public:
-  Printer() { out_ << YAML::BeginMap; }
+  explicit Printer(std::string algorithm) : algorithm_(std::move(algorithm)) { out_ << YAML::BeginMap; }
   template <class T>
   void field(const char* key, T& value, const char*, const Rule& = {}) {
     out_ << YAML::Key << key << YAML::Value;
@@ -300,9 +302,15 @@ class Printer {
   }
   template <class S>
   void section(const char* key, S& s, const char*) {
+    if (depth_ == 0) {
+      const auto owner = section_algorithm(key);
+      if (!owner.empty() && owner != algorithm_) return;
+    }
+    ++depth_;
     out_ << YAML::Key << key << YAML::Value << YAML::BeginMap;
     s.visit(*this);
     out_ << YAML::EndMap;
+    --depth_;
   }
   template <class S>
   void list(const char* key, std::vector<S>& items, const char*) {
@@ -320,6 +328,8 @@ class Printer {
   }
 
  private:
+  std::string algorithm_;
+  int depth_ = 0;
   YAML::Emitter out_;
 };
 
@@ -568,6 +578,22 @@ std::string describe_sources(const std::vector<std::string>& files) {
 
 }  // namespace
 
+namespace {
+/// A section another algorithm reads (dpo.beta in an sft run) is an error
+/// naming its first key, once per section.
+void reject_foreign_sections(const RunConfig& cfg, const FlatConfig& flat, Errors& errors) {
+  std::set<std::string> reported;
+  for (const auto& [key, entry] : flat) {
+    const auto top = key.substr(0, key.find_first_of(".["));
+    const auto owner = section_algorithm(top);
+    if (owner.empty() || owner == cfg.algorithm || !reported.insert(top).second) continue;
+    errors.add(concat(entry.where, ": ", key, ": the ", top, " section is read by algorithm: ", owner,
+                      "; this run's algorithm is ", cfg.algorithm, " (remove the section, or set algorithm: ", owner,
+                      ")"));
+  }
+}
+}  // namespace
+
 RunConfig load_config(const std::vector<std::string>& files, const std::vector<std::string>& overrides) {
   Errors errors;
   Parser parser(read_sources(files, overrides), describe_sources(files), errors);
@@ -577,12 +603,13 @@ RunConfig load_config(const std::vector<std::string>& files, const std::vector<s
   // Cross-field checks read parsed values: only once every value parsed.
   errors.throw_if_any();
   validate(cfg, parser.flat(), describe_sources(files), errors);
+  reject_foreign_sections(cfg, parser.flat(), errors);
   errors.throw_if_any();
   return cfg;
 }
 
 std::string to_yaml(RunConfig cfg) {
-  Printer p;
+  Printer p(cfg.algorithm);
   cfg.visit(p);
   return p.str();
 }
@@ -612,9 +639,15 @@ std::vector<ConfigChange> config_changes(const std::string& before_yaml, const s
   std::set<std::string> keys;
   for (const auto& [k, e] : a) keys.insert(k);
   for (const auto& [k, e] : b) keys.insert(k);
+  // Sections of other algorithms than the new config's are not part of its
+  // run (configs saved before they were left out of config.yaml list them).
+  const auto algo = b.count("algorithm") ? b.at("algorithm").node.as<std::string>("sft") : std::string("sft");
   std::vector<ConfigChange> out;
-  for (const auto& k : keys)
+  for (const auto& k : keys) {
+    const auto owner = section_algorithm(k.substr(0, k.find_first_of(".[")));
+    if (!owner.empty() && owner != algo) continue;
     if (const auto x = text(a.count(k) ? a : defaults, k), y = text(b, k); x != y) out.push_back({k, x, y});
+  }
   return out;
 }
 
@@ -650,6 +683,14 @@ void register_section(RegisteredSection section) {
       std::any_of(list.begin(), list.end(), [&](const RegisteredSection& s) { return s.name == section.name; }))
     throw ConfigError(concat("config section \"", section.name, "\" is already registered"));
   list.push_back(std::move(section));
+}
+
+std::string section_algorithm(const std::string& section) {
+  if (section == "sft" || section == "reward" || section == "dpo") return section;
+  std::lock_guard<std::mutex> lock(algorithm_mutex());
+  for (const auto& s : section_list())
+    if (s.name == section) return s.algorithm;
+  return "";
 }
 
 std::vector<RegisteredSection> registered_sections() {

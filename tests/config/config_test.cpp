@@ -232,6 +232,33 @@ TEST_F(ConfigTest, PrintedConfigLoadsBackToTheSameConfig) {
   EXPECT_DOUBLE_EQ(again.optimizer.lr, 0.1);
 }
 
+TEST_F(ConfigTest, OnlyTheRunsAlgorithmReadsItsSection) {
+  // An sft run with DPO's and the reward model's keys: each section named once.
+  const auto e = error_of({base_}, {"dpo.beta=0.2", "dpo.loss_type=ipo", "reward.center_rewards_coefficient=0.1"});
+  EXPECT_NE(e.find("dpo.beta: the dpo section is read by algorithm: dpo; this run's algorithm is sft (remove the "
+                   "section, or set algorithm: dpo)"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(e.find("dpo.loss_type"), std::string::npos) << e;
+  EXPECT_NE(e.find("reward.center_rewards_coefficient: the reward section is read by algorithm: reward"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(load_config({base_}, {"algorithm=dpo", "dpo.beta=0.2"}).dpo.beta, 0.2);
+  // The printed config holds the run's own section only, and loads back.
+  const auto sft = to_yaml(load_config({base_}, {}));
+  EXPECT_NE(sft.find("\nsft:\n"), std::string::npos) << sft;
+  EXPECT_EQ(sft.find("\ndpo:"), std::string::npos) << sft;
+  EXPECT_EQ(sft.find("\nreward:"), std::string::npos) << sft;
+  const auto dpo = to_yaml(load_config({base_}, {"algorithm=dpo"}));
+  EXPECT_NE(dpo.find("\ndpo:\n"), std::string::npos) << dpo;
+  EXPECT_EQ(dpo.find("\nsft:"), std::string::npos) << dpo;
+  // A config.yaml saved when every section was printed resumes without a change.
+  const std::string old_style = sft + "reward:\n  center_rewards_coefficient: 0\ndpo:\n  beta: 0.1\n";
+  EXPECT_TRUE(config_changes(old_style, sft).empty());
+  EXPECT_EQ(section_algorithm("dpo"), "dpo");
+  EXPECT_EQ(section_algorithm("train"), "");
+}
+
 TEST_F(ConfigTest, ReferenceListsEveryContractKey) {
   const auto ref = reference_markdown();
   for (const char* key : {"`output_dir`", "`train.max_steps`", "`train.save_every`", "`train.eval_every`", "`train.seed`"})

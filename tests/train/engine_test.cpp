@@ -104,7 +104,7 @@ struct HookedConfig {
 void register_once() {
   static std::once_flag once;
   std::call_once(once, [] {
-    config::register_section<HookedConfig>("hooked", "A test section.");
+    config::register_section<HookedConfig>("hooked", "A test section.", "hooked_sft");
     register_objective("hooked_sft", [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
       return std::make_unique<RecordingObjective>(cfg, tok, false);
     });

@@ -464,16 +464,24 @@ struct RegisteredSection {
   std::string name;
   std::string doc;
   std::function<std::unique_ptr<Extension>()> make;
+  std::string algorithm;  // the algorithm that reads it ("" = every run)
 };
 
 /// Registers the top-level config section `name`: its keys load from files
 /// and overrides, print, appear in the reference and are checked on resume
-/// like a built-in section's. Throws ConfigError when the name is taken.
+/// like a built-in section's. A section of an `algorithm` is accepted only in
+/// configs of that algorithm (as sft:, reward: and dpo: are). Throws
+/// ConfigError when the name is taken.
 void register_section(RegisteredSection section);
 template <class T>
-void register_section(const std::string& name, const std::string& doc) {
-  register_section({name, doc, [] { return std::unique_ptr<Extension>(std::make_unique<ExtensionOf<T>>()); }});
+void register_section(const std::string& name, const std::string& doc, const std::string& algorithm = "") {
+  register_section(
+      {name, doc, [] { return std::unique_ptr<Extension>(std::make_unique<ExtensionOf<T>>()); }, algorithm});
 }
+
+/// The algorithm that reads top-level section `section` (sft, reward, dpo,
+/// or a registered section's), "" when every run does.
+std::string section_algorithm(const std::string& section);
 std::vector<RegisteredSection> registered_sections();
 
 /// RunConfig's registered sections by name (deep-copied with the config).
