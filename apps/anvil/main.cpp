@@ -12,6 +12,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "anvil/core/cli.h"
 #include "anvil/core/error.h"
 #include "anvil/generation/generate.h"
 #include "anvil/core/fs.h"
@@ -432,7 +433,7 @@ int main(int argc, char** argv) {
   prep->add_option("--on-error", on_error, "Malformed JSONL lines: fail or skip")->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
-  try {
+  return anvil::run_reporting_errors([&] {
     if (temperature > 0) {
       opt.greedy = false;
       opt.temperature = temperature;
@@ -459,12 +460,6 @@ int main(int argc, char** argv) {
       return cmd_prepare(tok_path, tok_type, prep_in, prep_out,
                          text_fields.empty() ? std::vector<std::string>{"text"} : text_fields, shard_tokens, no_eos,
                          on_error);
-  } catch (const anvil::Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 2;
-  } catch (const c10::Error& e) {
-    std::cerr << "error: " << e.what_without_backtrace() << "\n";
-    return 1;
-  }
-  return 0;
+    return 0;
+  });
 }

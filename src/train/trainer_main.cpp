@@ -11,6 +11,7 @@
 #include <iostream>
 
 #include "anvil/config/config.h"
+#include "anvil/core/cli.h"
 #include "anvil/core/error.h"
 #include "anvil/data/chat.h"
 #include "anvil/models/registry.h"
@@ -75,7 +76,7 @@ int trainer_main(int argc, char** argv) {
   }
   CLI11_PARSE(app, argc, argv);
 
-  try {
+  return anvil::run_reporting_errors([&] {
     if (print_reference) {
       std::cout << anvil::config::reference_markdown();
       return 0;
@@ -91,16 +92,7 @@ int trainer_main(int argc, char** argv) {
     options.eval_only = eval_only;
     anvil::train::run_training(cfg, options);
     return 0;
-  } catch (const anvil::Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 2;
-  } catch (const c10::Error& e) {
-    std::cerr << "error: " << e.what_without_backtrace() << "\n";
-    return 1;
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 1;
-  }
+  });
 }
 
 }  // namespace anvil::train
