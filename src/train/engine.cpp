@@ -50,13 +50,11 @@ double clip_or_measure(const std::vector<at::Tensor>& params, double max_norm) {
 /// The parameters the objective trains; the others are frozen here.
 std::vector<at::Tensor> trained_parameters(models::CausalLM& model, const Objective& objective) {
   std::vector<at::Tensor> trained;
-  std::vector<std::string> frozen;
   for (auto& p : model.named_parameters()) {
     if (objective.trains(p.key())) {
       trained.push_back(p.value());
     } else {
       p.value().set_requires_grad(false);
-      frozen.push_back(p.key());
     }
   }
   if (trained.empty())

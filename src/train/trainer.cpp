@@ -577,8 +577,10 @@ class TrainLoop {
     if (!finite) guard_nonfinite(s.loss, norm);
     engine_.finish_step(finite);
     ++step_;
-    if (finite) objective_.after_step(engine_, step_);
-    if (finite) nonfinite_in_a_row_ = 0;
+    if (finite) {
+      nonfinite_in_a_row_ = 0;
+      objective_.after_step(engine_, step_);
+    }
     if (cfg_.train.on_nonfinite == "skip") m["nonfinite_steps"] = static_cast<double>(nonfinite_total_);
     for (const auto& [k, v] : engine_.memory()) m[k] = v;
     m["tokens_per_s"] = static_cast<double>(step_tokens) / seconds_since(t0);
