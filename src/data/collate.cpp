@@ -1,4 +1,4 @@
-#include "anvil/data/collate.h"
+#include "data/collate.h"
 
 #include <ATen/ATen.h>
 

@@ -114,6 +114,8 @@ struct PostBackward : public torch::autograd::Function<PostBackward> {
 ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_ptr<Communicator> comm,
                            ShardingOptions options)
     : model_(std::move(model)), comm_(std::move(comm)), options_(options) {
+  // A frozen model needs no master: only full_shard holds less than the whole.
+  if (options_.frozen && options_.strategy != Sharding::FullShard) options_.strategy = Sharding::NoShard;
   const int64_t world = comm_->world_size(), rank = comm_->rank();
   const auto L = model_->num_layers();
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> members(static_cast<size_t>(L) + 1);
@@ -156,21 +158,28 @@ ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_
     // its master is a copy.
     const bool fp32 = options_.param_dtype == at::kFloat;
     unit->whole = flat.to(options_.param_dtype);  // `flat` itself when float32
-    if (!sharded && fp32) unit->master = unit->whole;
+    // A frozen model's master is never stepped: in param_dtype, and a view of
+    // the whole buffer where that stays (the root unit, or unsharded).
+    const bool frozen_root = u == static_cast<size_t>(L);
+    if (options_.frozen && sharded && !frozen_root)
+      unit->master = unit->whole.narrow(0, rank * unit->shard, unit->shard).clone();
+    else if (options_.frozen) unit->master = sharded ? unit->whole.narrow(0, rank * unit->shard, unit->shard) : unit->whole;
+    else if (!sharded && fp32) unit->master = unit->whole;
     else if (!sharded) unit->master = flat;
     else if (fp32 && options_.strategy == Sharding::ShardGradOp)
       unit->master = unit->whole.narrow(0, rank * unit->shard, unit->shard);
     else unit->master = flat.narrow(0, rank * unit->shard, unit->shard).clone();
-    unit->master.mutable_grad() = at::zeros_like(unit->master);
+    if (!options_.frozen) unit->master.mutable_grad() = at::zeros_like(unit->master);
     for (size_t k = 0; k < unit->params.size(); ++k) {
       const auto& fp = layout.params[k];
       unit->params[k].set_data(unit->whole.narrow(0, fp.offset, fp.numel).view(fp.shape));
+      if (options_.frozen) unit->params[k].set_requires_grad(false);
     }
     layouts_.push_back(std::move(layout));
     units_.push_back(std::move(unit));
   }
   if (options_.strategy == Sharding::FullShard)
-    for (auto& u : units_) release(*u);
+    for (auto& u : units_) release(*u);  // a frozen model's root stays (release() keeps it)
   model_->set_block_runner(
       [this](size_t layer, const at::Tensor& x, const models::BlockFn& block) { return run_block(layer, x, block); });
 }
@@ -211,7 +220,7 @@ at::Tensor ShardedModel::gather_master(size_t u) {
 void ShardedModel::load_unit(size_t u, const at::Tensor& values) {
   auto& unit = *units_.at(u);
   at::NoGradGuard no_grad;
-  unit.master.copy_(slice_for_rank(u, values.to(unit.master.device(), at::kFloat)));
+  unit.master.copy_(slice_for_rank(u, values.to(unit.master.device(), unit.master.scalar_type())));
   refresh_whole(unit);
 }
 
@@ -239,6 +248,7 @@ void ShardedModel::gather(Unit& u) {
 void ShardedModel::release(Unit& u) {
   if (u.gathering) gather(u);  // never free memory a collective still writes
   if (!u.resident || pinned_ || options_.strategy != Sharding::FullShard) return;
+  if (options_.frozen && &u == units_.back().get()) return;  // the root of a frozen model stays whole
   free_storage(u.whole);
   u.resident = false;
 }
@@ -267,7 +277,7 @@ void ShardedModel::refresh_whole(Unit& u) {
 
 at::Tensor ShardedModel::run_block(size_t layer, const at::Tensor& x, const models::BlockFn& block) {
   auto& u = *units_.at(layer);
-  const bool grad = at::GradMode::is_enabled();
+  const bool grad = at::GradMode::is_enabled() && !options_.frozen;
   gather(u);
   // Prefetch: the next block's gather runs while this block computes.
   const bool prefetch = options_.strategy == Sharding::FullShard && !pinned_;
@@ -323,6 +333,7 @@ void ShardedModel::reduce_gradients(Unit& u) {
 }
 
 void ShardedModel::begin_step() {
+  TORCH_CHECK(!options_.frozen, "ShardedModel: a frozen model does not step");
   peak_gathered_ = 0;
   for (const auto& v : units_) peak_gathered_ += static_cast<int64_t>(v->whole.storage().nbytes());
   for (auto& u : units_) {

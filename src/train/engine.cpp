@@ -141,12 +141,7 @@ class ShardedEngine final : public Engine {
       plain = optim::make_optimizer(cfg.optimizer, model->parameters());
       resumed = io::load_checkpoint(*resume_from, *model, *plain);
     }
-    distributed::ShardingOptions so;
-    so.strategy = distributed::parse_sharding(cfg.dist.sharding);
-    so.param_dtype = distributed::parse_dtype(cfg.dist.param_dtype);
-    so.reduce_dtype = distributed::parse_dtype(cfg.dist.reduce_dtype);
-    so.activation_checkpointing = cfg.train.activation_checkpointing;
-    sharded_ = std::make_unique<distributed::ShardedModel>(model, comm, so);
+    sharded_ = std::make_unique<distributed::ShardedModel>(model, comm, sharding_options(cfg));
     optimizer_ = optim::make_optimizer(cfg.optimizer, sharded_->master_parameters());
     if (plain) distributed::import_optimizer_state(*sharded_, *plain, *optimizer_);
     else if (resume_from) resumed = distributed::load_sharded_checkpoint(*resume_from, *sharded_, *optimizer_);
@@ -246,6 +241,55 @@ class ShardedEngine final : public Engine {
 }  // namespace
 
 void Engine::set_lr(double lr) { optim::set_lr(optimizer(), lr); }
+
+distributed::ShardingOptions sharding_options(const config::RunConfig& cfg) {
+  distributed::ShardingOptions so;
+  so.strategy = distributed::parse_sharding(cfg.dist.sharding);
+  so.param_dtype = distributed::parse_dtype(cfg.dist.param_dtype);
+  so.reduce_dtype = distributed::parse_dtype(cfg.dist.reduce_dtype);
+  so.activation_checkpointing = cfg.train.activation_checkpointing;
+  return so;
+}
+
+// ---- frozen models ---------------------------------------------------------------
+
+FrozenModel::FrozenModel(std::shared_ptr<models::CausalLM> model, std::shared_ptr<distributed::ShardedModel> sharded)
+    : model_(std::move(model)), sharded_(std::move(sharded)) {}
+
+int64_t FrozenModel::parameter_bytes() const {
+  if (!model_) return 0;
+  if (sharded_) return sharded_->memory().parameters;
+  std::unordered_set<const void*> seen;
+  return storage_bytes(model_->parameters(), seen);
+}
+
+void FrozenModel::reset() {
+  sharded_.reset();  // first: it unhooks the model's block runner
+  model_.reset();
+}
+
+FrozenModel::Gathered FrozenModel::gathered() {
+  if (!sharded_) return Gathered(nullptr);
+  sharded_->gather_full_parameters();
+  return Gathered(sharded_.get());
+}
+
+FrozenModel::Gathered::~Gathered() {
+  if (sharded_) sharded_->release_full_parameters();
+}
+
+FrozenModel RunContext::freeze(std::shared_ptr<models::CausalLM> model) const {
+  TORCH_CHECK(model != nullptr, "RunContext::freeze: no model");
+  model->to(device);
+  model->eval();
+  for (auto& p : model->parameters()) p.set_requires_grad(false);
+  if (!comm) return FrozenModel(std::move(model), nullptr);
+  auto so = sharding;
+  so.frozen = true;
+  so.activation_checkpointing = false;  // nothing is saved for a backward
+  auto sharded = std::make_shared<distributed::ShardedModel>(model, comm, so);
+  return FrozenModel(std::move(model), std::move(sharded));
+}
 
 EngineStart make_engine(const config::RunConfig& cfg, std::shared_ptr<models::CausalLM> model,
                         std::shared_ptr<distributed::Communicator> comm, const Objective& objective,

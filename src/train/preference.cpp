@@ -15,6 +15,7 @@
 #include "anvil/io/safetensors.h"
 #include "anvil/models/registry.h"
 #include "anvil/train/sft.h"
+#include "train/preference_data.h"
 
 namespace anvil::train {
 namespace {
@@ -329,11 +330,26 @@ void PreferenceBatchSource::restore(const nlohmann::json& state) { restore_sampl
 
 // ---- reward --------------------------------------------------------------------
 
+struct RewardObjective::State {
+  config::RunConfig cfg;
+  int64_t pad_id;
+  PreferenceData data;
+  std::unique_ptr<PreferenceBatchSource> source;
+
+  /// (rows) float32 scores of a collated batch.
+  at::Tensor rewards(models::CausalLM& model, const Batch& batch) const;
+};
+
 RewardObjective::RewardObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)
-    : cfg_(cfg), pad_id_(resolve_pad(tok)), data_(load_preference_data(cfg, tok)) {
-  data::MixtureSampler sampler(data_.mixture, static_cast<uint64_t>(cfg.train.seed));
-  source_ = std::make_unique<PreferenceBatchSource>(data_.train, std::move(sampler), cfg.train.micro_batch_size, pad_id_);
+    : s_(new State{cfg, resolve_pad(tok), load_preference_data(cfg, tok), nullptr}) {
+  data::MixtureSampler sampler(s_->data.mixture, static_cast<uint64_t>(cfg.train.seed));
+  s_->source =
+      std::make_unique<PreferenceBatchSource>(s_->data.train, std::move(sampler), cfg.train.micro_batch_size, s_->pad_id);
 }
+
+RewardObjective::~RewardObjective() = default;
+
+BatchSource& RewardObjective::train_source() { return *s_->source; }
 
 void RewardObjective::prepare(models::CausalLM& model, const RunContext&) {
   if (!model.has_score_head()) {
@@ -342,33 +358,33 @@ void RewardObjective::prepare(models::CausalLM& model, const RunContext&) {
   }
   // The scored token is the last non-pad one (HF's rule), so the saved
   // config.json must name the pad id this run uses.
-  if (model.special_tokens.pad < 0) model.special_tokens.pad = pad_id_;
-  if (model.special_tokens.pad != pad_id_)
+  if (model.special_tokens.pad < 0) model.special_tokens.pad = s_->pad_id;
+  if (model.special_tokens.pad != s_->pad_id)
     throw ConfigError(concat("model.from: the model's pad_token_id ", model.special_tokens.pad,
-                             " differs from the tokenizer's pad id ", pad_id_,
+                             " differs from the tokenizer's pad id ", s_->pad_id,
                              "; a reward model reads its score at the last non-pad token, so they must agree"));
 }
 
-at::Tensor RewardObjective::rewards(models::CausalLM& model, const Batch& batch) const {
+at::Tensor RewardObjective::State::rewards(models::CausalLM& model, const Batch& batch) const {
   const auto device = model.parameters().front().device();
   auto ids = batch.tensors.at("input_ids").to(device);
   auto hidden = model.hidden_states(ids, {});
-  return model.score(hidden, models::last_non_pad_index(ids, pad_id_));
+  return model.score(hidden, models::last_non_pad_index(ids, pad_id));
 }
 
 at::Tensor RewardObjective::loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) {
-  NoDropout guard(model, cfg_.reward.disable_dropout);
-  auto r = rewards(model, batch);
+  NoDropout guard(model, s_->cfg.reward.disable_dropout);
+  auto r = s_->rewards(model, batch);
   RankingPairs pairs{batch.tensors.at("better"), batch.tensors.at("worse"), batch.tensors.at("margin"),
                      batch.tensors.at("weight")};
   add_ranking_sums(r, pairs, sums);
-  return ranking_loss_sum(r, pairs, cfg_.reward.center_rewards_coefficient);
+  return ranking_loss_sum(r, pairs, s_->cfg.reward.center_rewards_coefficient);
 }
 
 EvalResult RewardObjective::evaluate(models::CausalLM& model) {
   EvalResult result;
-  if (data_.eval.empty()) return result;
-  const auto [loss, sums] = eval_loss(*this, model, data_, cfg_.eval, pad_id_, ranks_);
+  if (s_->data.eval.empty()) return result;
+  const auto [loss, sums] = eval_loss(*this, model, s_->data, s_->cfg.eval, s_->pad_id, ranks_);
   result.metrics = ranking_metrics(sums, "eval/");
   result.metrics["eval/loss"] = loss;
   return result;
@@ -376,13 +392,36 @@ EvalResult RewardObjective::evaluate(models::CausalLM& model) {
 
 // ---- DPO -----------------------------------------------------------------------
 
+struct DpoObjective::State {
+  config::RunConfig cfg;
+  const tokenizer::Tokenizer& tok;
+  int64_t pad_id, stop_id;
+  DpoLossOptions loss_opt;
+  PreferenceData data;
+  std::unique_ptr<PreferenceBatchSource> source;
+  FrozenModel reference;  // empty once its log-probs are precomputed
+  std::string reference_desc;
+  /// Precomputed reference sums per (train set) and (eval set): (N, K) float64.
+  std::vector<at::Tensor> cached_train, cached_eval;
+
+  /// Reference log-prob sums of a batch's rows (R): from the cache or the model.
+  at::Tensor reference_sums(const Batch& batch, bool eval);
+  void precompute(const RunContext& ctx);
+  std::string fingerprint() const;
+};
+
 DpoObjective::DpoObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)
-    : cfg_(cfg),
-      tok_(tok),
-      pad_id_(resolve_pad(tok)),
-      stop_id_(data::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok)),
-      loss_opt_{cfg.dpo.loss_type, cfg.dpo.beta, cfg.dpo.label_smoothing},
-      data_(load_preference_data(cfg, tok)) {
+    : s_(new State{cfg,
+                   tok,
+                   resolve_pad(tok),
+                   data::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok),
+                   {cfg.dpo.loss_type, cfg.dpo.beta, cfg.dpo.label_smoothing},
+                   load_preference_data(cfg, tok),
+                   nullptr,
+                   {},
+                   {},
+                   {},
+                   {}}) {
   auto check_pairs = [&](const std::vector<std::shared_ptr<const data::PreferenceDataset>>& sets, const char* key) {
     for (size_t d = 0; d < sets.size(); ++d)
       for (int64_t i = 0; i < sets[d]->size(); ++i)
@@ -391,57 +430,67 @@ DpoObjective::DpoObjective(const config::RunConfig& cfg, const tokenizer::Tokeni
                                  (*sets[d])[i].replies.size(),
                                  " replies; DPO trains on chosen/rejected pairs (ranked lists are for algorithm: reward)"));
   };
-  check_pairs(data_.train, "data.train");
-  check_pairs(data_.eval_sets, "data.eval");
-  data::MixtureSampler sampler(data_.mixture, static_cast<uint64_t>(cfg.train.seed));
-  source_ = std::make_unique<PreferenceBatchSource>(data_.train, std::move(sampler), cfg.train.micro_batch_size, pad_id_);
+  check_pairs(s_->data.train, "data.train");
+  check_pairs(s_->data.eval_sets, "data.eval");
+  data::MixtureSampler sampler(s_->data.mixture, static_cast<uint64_t>(cfg.train.seed));
+  s_->source =
+      std::make_unique<PreferenceBatchSource>(s_->data.train, std::move(sampler), cfg.train.micro_batch_size, s_->pad_id);
 }
+
+DpoObjective::~DpoObjective() = default;
+
+BatchSource& DpoObjective::train_source() { return *s_->source; }
 
 void DpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
   if (model.has_score_head())
     throw ConfigError("model.from: algorithm dpo trains a language model, but the model is a reward model");
-  const auto& path = !cfg_.dpo.reference.empty() ? cfg_.dpo.reference : cfg_.model.from;
+  const auto& path = !s_->cfg.dpo.reference.empty() ? s_->cfg.dpo.reference : s_->cfg.model.from;
   if (!path.empty()) {
     // Identify the reference by its folder and weight files, for the cache.
-    reference_desc_ = concat("folder ", stdfs::weakly_canonical(path).string());
+    s_->reference_desc = concat("folder ", stdfs::weakly_canonical(path).string());
     for (const auto& f : stdfs::directory_iterator(path))
       if (f.path().extension() == ".safetensors")
-        reference_desc_ += concat(";", f.path().filename().string(), ":", stdfs::file_size(f.path()), ":",
+        s_->reference_desc += concat(";", f.path().filename().string(), ":", stdfs::file_size(f.path()), ":",
                                   stdfs::last_write_time(f.path()).time_since_epoch().count());
   } else {
-    reference_desc_ = concat("initial weights, seed ", cfg_.train.seed, ", ", model.hf_config().dump());
+    s_->reference_desc = concat("initial weights, seed ", s_->cfg.train.seed, ", ", model.hf_config().dump());
   }
   const auto cache = ctx.output_dir / "reference_logps.safetensors";
-  if (cfg_.dpo.precompute_reference && stdfs::exists(cache)) {
+  if (s_->cfg.dpo.precompute_reference && stdfs::exists(cache)) {
     io::SafetensorsFile f(cache);
     const auto it = f.metadata().find("fingerprint");
-    if (it != f.metadata().end() && it->second == fingerprint()) {
-      for (size_t d = 0; d < data_.train.size(); ++d) cached_train_.push_back(f.get(concat("train.", d)));
-      for (size_t d = 0; d < data_.eval_sets.size(); ++d) cached_eval_.push_back(f.get(concat("eval.", d)));
+    if (it != f.metadata().end() && it->second == s_->fingerprint()) {
+      for (size_t d = 0; d < s_->data.train.size(); ++d) s_->cached_train.push_back(f.get(concat("train.", d)));
+      for (size_t d = 0; d < s_->data.eval_sets.size(); ++d) s_->cached_eval.push_back(f.get(concat("eval.", d)));
       log::info("dpo: reference log-probs read from ", cache.string());
       return;
     }
     log::info("dpo: ", cache.string(), " was computed for other data or another reference; recomputing");
   }
+  std::shared_ptr<models::CausalLM> reference;
   if (!path.empty()) {
-    reference_ = io::load_model_dir(path);
-    if (reference_->has_score_head())
+    reference = io::load_model_dir(path);
+    if (reference->has_score_head())
       throw ConfigError(concat("dpo.reference: ", path, " is a reward model; the reference must be a causal LM"));
-    if (reference_->vocab_size() != model.vocab_size())
-      throw ConfigError(concat("dpo.reference: ", path, " has a vocabulary of ", reference_->vocab_size(),
+    if (reference->vocab_size() != model.vocab_size())
+      throw ConfigError(concat("dpo.reference: ", path, " has a vocabulary of ", reference->vocab_size(),
                                " tokens, the policy ", model.vocab_size()));
-    reference_->to(ctx.device);
   } else {
-    reference_ = models::clone_model(model);
+    reference = models::clone_model(model);
   }
-  reference_->eval();
-  for (auto& p : reference_->parameters()) p.set_requires_grad(false);
+  s_->reference = ctx.freeze(std::move(reference));
   log::info("dpo: reference model from ", path.empty() ? std::string("the initial weights") : path,
-            cfg_.dpo.precompute_reference ? " (precomputing its log-probs)" : " (kept in memory)");
-  if (cfg_.dpo.precompute_reference) precompute(ctx);
+            s_->cfg.dpo.precompute_reference
+                ? std::string(" (precomputing its log-probs)")
+                : concat(" (kept in memory, ", s_->reference.parameter_bytes(), " parameter bytes",
+                         s_->reference.sharded() && ctx.sharding.strategy == distributed::Sharding::FullShard
+                             ? concat(" on this rank: full_shard over ", ctx.comm->world_size(), " ranks")
+                             : std::string(),
+                         ")"));
+  if (s_->cfg.dpo.precompute_reference) s_->precompute(ctx);
 }
 
-std::string DpoObjective::fingerprint() const {
+std::string DpoObjective::State::fingerprint() const {
   uint64_t h = 1469598103934665603ull;  // FNV-1a over the reference and every token
   auto mix = [&](uint64_t x) {
     for (int i = 0; i < 8; ++i) {
@@ -449,8 +498,8 @@ std::string DpoObjective::fingerprint() const {
       h *= 1099511628211ull;
     }
   };
-  for (char c : reference_desc_) mix(static_cast<uint8_t>(c));
-  for (const auto* sets : {&data_.train, &data_.eval_sets})
+  for (char c : reference_desc) mix(static_cast<uint8_t>(c));
+  for (const auto* sets : {&data.train, &data.eval_sets})
     for (const auto& ds : *sets) {
       mix(static_cast<uint64_t>(ds->size()));
       for (int64_t i = 0; i < ds->size(); ++i) {
@@ -467,15 +516,15 @@ std::string DpoObjective::fingerprint() const {
   return os.str();
 }
 
-void DpoObjective::precompute(const RunContext& ctx) {
+void DpoObjective::State::precompute(const RunContext& ctx) {
   torch::NoGradGuard no_grad;
   io::TensorMap tensors;
   auto run = [&](const std::vector<std::shared_ptr<const data::PreferenceDataset>>& sets, const char* name,
                  std::vector<at::Tensor>& into) {
     for (const auto& ds : sets) into.push_back(at::zeros({ds->size(), 2}, at::kFloat));
-    for_each_batch(sets, all_refs(sets), cfg_.eval.batch_size, pad_id_, [&](const Batch& b) {
-      const auto device = reference_->parameters().front().device();
-      auto logits = reference_->forward(b.tensors.at("input_ids").to(device));
+    for_each_batch(sets, all_refs(sets), cfg.eval.batch_size, pad_id, [&](const Batch& b) {
+      const auto device = reference->parameters().front().device();
+      auto logits = reference->forward(b.tensors.at("input_ids").to(device));
       auto sums = sequence_logps(logits, b.tensors.at("labels").to(device)).first.cpu().view({-1, 2});
       const auto d = b.tensors.at("dataset"), i = b.tensors.at("index");
       for (int64_t e = 0; e < d.size(0); ++e)
@@ -483,18 +532,18 @@ void DpoObjective::precompute(const RunContext& ctx) {
     });
     for (size_t d = 0; d < into.size(); ++d) tensors[concat(name, ".", d)] = into[d];
   };
-  run(data_.train, "train", cached_train_);
-  run(data_.eval_sets, "eval", cached_eval_);
+  run(data.train, "train", cached_train);
+  run(data.eval_sets, "eval", cached_eval);
   const auto cache = ctx.output_dir / "reference_logps.safetensors";
   io::save_safetensors(cache, tensors, {{"fingerprint", fingerprint()}});
-  log::info("dpo: reference log-probs of ", all_refs(data_.train).size() + all_refs(data_.eval_sets).size(),
+  log::info("dpo: reference log-probs of ", all_refs(data.train).size() + all_refs(data.eval_sets).size(),
             " pairs cached in ", cache.string(), "; the reference model is freed");
-  reference_.reset();
+  reference.reset();
 }
 
-at::Tensor DpoObjective::reference_sums(const Batch& batch, bool eval) {
-  if (!reference_) {
-    const auto& cache = eval ? cached_eval_ : cached_train_;
+at::Tensor DpoObjective::State::reference_sums(const Batch& batch, bool eval) {
+  if (!reference) {
+    const auto& cache = eval ? cached_eval : cached_train;
     const auto d = batch.tensors.at("dataset"), i = batch.tensors.at("index");
     std::vector<at::Tensor> rows;
     for (int64_t e = 0; e < d.size(0); ++e)
@@ -502,8 +551,8 @@ at::Tensor DpoObjective::reference_sums(const Batch& batch, bool eval) {
     return at::stack(rows).view({-1});  // (E * 2): chosen, rejected per example
   }
   torch::NoGradGuard no_grad;
-  const auto device = reference_->parameters().front().device();
-  auto logits = reference_->forward(batch.tensors.at("input_ids").to(device));
+  const auto device = reference->parameters().front().device();
+  auto logits = reference->forward(batch.tensors.at("input_ids").to(device));
   return sequence_logps(logits, batch.tensors.at("labels").to(device)).first;
 }
 
@@ -511,44 +560,46 @@ at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
   const auto device = model.parameters().front().device();
   at::Tensor policy_sums, counts;
   {
-    NoDropout guard(model, cfg_.dpo.disable_dropout);
+    NoDropout guard(model, s_->cfg.dpo.disable_dropout);
     auto logits = model.forward(batch.tensors.at("input_ids").to(device));
     std::tie(policy_sums, counts) = sequence_logps(logits, batch.tensors.at("labels").to(device));
   }
   // Rows alternate chosen, rejected (every example is a pair).
   const bool eval = !model.is_training();
-  auto ref_sums = reference_sums(batch, eval).to(device, policy_sums.scalar_type());
-  auto policy = dpo_logps(policy_sums, counts, loss_opt_.loss_type).view({-1, 2});
-  auto ref = dpo_logps(ref_sums, counts, loss_opt_.loss_type).view({-1, 2});
+  auto ref_sums = s_->reference_sums(batch, eval).to(device, policy_sums.scalar_type());
+  auto policy = dpo_logps(policy_sums, counts, s_->loss_opt.loss_type).view({-1, 2});
+  auto ref = dpo_logps(ref_sums, counts, s_->loss_opt.loss_type).view({-1, 2});
   auto pc = policy.select(1, 0), pr = policy.select(1, 1);
-  auto out = dpo_loss(pc, pr, ref.select(1, 0), ref.select(1, 1), loss_opt_);
+  auto out = dpo_loss(pc, pr, ref.select(1, 0), ref.select(1, 1), s_->loss_opt);
   add_dpo_sums(out, pc, pr, sums);
-  if (cfg_.dpo.rpo_alpha > 0) {
+  if (s_->cfg.dpo.rpo_alpha > 0) {
     // RPO: the chosen reply's mean token NLL, per pair.
     auto chosen = policy_sums.view({-1, 2}).select(1, 0) / counts.view({-1, 2}).select(1, 0).to(at::kFloat);
     add_sum(sums, "nll_loss", -chosen.detach().sum());
-    return (out.losses - cfg_.dpo.rpo_alpha * chosen).sum();
+    return (out.losses - s_->cfg.dpo.rpo_alpha * chosen).sum();
   }
   return out.losses.sum();
 }
 
 EvalResult DpoObjective::evaluate(models::CausalLM& model) {
   EvalResult result;
-  if (data_.eval.empty()) return result;
-  const auto [loss, sums] = eval_loss(*this, model, data_, cfg_.eval, pad_id_, ranks_);
+  if (s_->data.eval.empty()) return result;
+  // The ranks split the batches unevenly, so a sharded reference is whole meanwhile.
+  auto whole = s_->reference.gathered();
+  const auto [loss, sums] = eval_loss(*this, model, s_->data, s_->cfg.eval, s_->pad_id, ranks_);
   result.metrics = dpo_metrics(sums, "eval/");
   result.metrics["eval/loss"] = loss;
   // Greedy answers to held-out prompts against the chosen reply.
   std::vector<std::vector<int64_t>> prompts;
   std::vector<std::string> texts, references;
-  for (const auto& ref : data_.eval) {
-    if (static_cast<int64_t>(prompts.size()) >= cfg_.eval.generate_samples) break;
-    const auto& s = (*data_.eval_sets[static_cast<size_t>(ref.dataset)])[ref.index];
+  for (const auto& ref : s_->data.eval) {
+    if (static_cast<int64_t>(prompts.size()) >= s_->cfg.eval.generate_samples) break;
+    const auto& s = (*s_->data.eval_sets[static_cast<size_t>(ref.dataset)])[ref.index];
     prompts.push_back(s.prompt_ids);
     texts.push_back(s.prompt);
     references.push_back(s.reply_texts.front());
   }
-  exact_match_eval(model, tok_, cfg_.eval, stop_id_, prompts, texts, references, result, ranks_);
+  exact_match_eval(model, s_->tok, s_->cfg.eval, s_->stop_id, prompts, texts, references, result, ranks_);
   return result;
 }
 

@@ -11,6 +11,7 @@
 #include "anvil/core/logging.h"
 #include "anvil/data/token_shards.h"
 #include "anvil/generation/generate.h"
+#include "train/lm_data.h"
 
 namespace anvil::train {
 namespace {
@@ -197,32 +198,49 @@ LmData load_lm_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& to
       cfg, [&](const config::DatasetConfig& d, const std::string& key) { return load_one(cfg, d, key, tok); });
 }
 
+struct LmObjective::State {
+  std::string name;
+  config::EvalConfig eval_cfg;
+  const tokenizer::Tokenizer& tok;
+  int64_t stop_id = -1;  // end of an assistant turn
+  bool packing = false;
+  int64_t pad_id = 0;  // the tokenizer's PAD, else EOS
+  LmData data;
+  std::unique_ptr<LmBatchSource> source;
+};
+
 LmObjective::LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)
-    : name_(cfg.algorithm), eval_cfg_(cfg.eval), tok_(tok) {
+    : s_(new State{cfg.algorithm, cfg.eval, tok}) {
   if (cfg.data.max_length <= 0) throw ConfigError("data.max_length: expected a positive row length");
-  data_ = load_lm_data(cfg, tok);
-  if (cfg.algorithm == "sft") stop_id_ = data::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok);
-  data::MixtureSampler sampler(data_.mixture, static_cast<uint64_t>(cfg.train.seed));
-  if (data_.train.size() > 1) {
-    std::vector<int64_t> per(data_.train.size(), 0);
+  s_->data = load_lm_data(cfg, tok);
+  if (cfg.algorithm == "sft") s_->stop_id = data::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok);
+  data::MixtureSampler sampler(s_->data.mixture, static_cast<uint64_t>(cfg.train.seed));
+  if (s_->data.train.size() > 1) {
+    std::vector<int64_t> per(s_->data.train.size(), 0);
     for (const auto& r : sampler.plan()) ++per[static_cast<size_t>(r.dataset)];
     std::string parts;
-    for (size_t i = 0; i < per.size(); ++i) parts += concat(i ? ", " : "", data_.train[i]->name(), " ", per[i]);
+    for (size_t i = 0; i < per.size(); ++i) parts += concat(i ? ", " : "", s_->data.train[i]->name(), " ", per[i]);
     log::info("mixture: an epoch is ", sampler.epoch_length(), " samples (", parts, ")");
   }
   LmBatchSource::Options o;
   o.micro_batch_size = cfg.train.micro_batch_size;
   o.max_length = cfg.data.max_length;
   o.packing = cfg.data.packing;
-  packing_ = cfg.data.packing;
-  pad_id_ = tok.padding_id();
-  o.pad_id = pad_id_;
-  source_ = std::make_unique<LmBatchSource>(data_.train, std::move(sampler), o);
+  s_->packing = cfg.data.packing;
+  s_->pad_id = tok.padding_id();
+  o.pad_id = s_->pad_id;
+  s_->source = std::make_unique<LmBatchSource>(s_->data.train, std::move(sampler), o);
 }
+
+LmObjective::~LmObjective() = default;
+
+std::string LmObjective::name() const { return s_->name; }
+
+BatchSource& LmObjective::train_source() { return *s_->source; }
 
 void LmObjective::prepare(models::CausalLM& model, const RunContext&) {
   if (model.has_score_head())
-    throw ConfigError(concat("model.from: algorithm ", name_,
+    throw ConfigError(concat("model.from: algorithm ", s_->name,
                              " trains a language model, but the model is a reward model (it has a score head and no "
                              "LM head); start from a causal LM"));
 }
@@ -233,24 +251,24 @@ at::Tensor LmObjective::loss_sum(models::CausalLM& model, const Batch& batch, Su
 
 EvalResult LmObjective::evaluate(models::CausalLM& model) {
   EvalResult r;
-  if (data_.eval.empty()) return r;
+  if (s_->data.eval.empty()) return r;
   const bool was_training = model.is_training();
   model.eval();
-  const auto n_eval = static_cast<int64_t>(data_.eval.size());
+  const auto n_eval = static_cast<int64_t>(s_->data.eval.size());
   {
     torch::NoGradGuard no_grad;
-    int64_t n_batches = (n_eval + eval_cfg_.batch_size - 1) / eval_cfg_.batch_size;
-    if (eval_cfg_.max_batches > 0) n_batches = std::min(n_batches, eval_cfg_.max_batches);
+    int64_t n_batches = (n_eval + s_->eval_cfg.batch_size - 1) / s_->eval_cfg.batch_size;
+    if (s_->eval_cfg.max_batches > 0) n_batches = std::min(n_batches, s_->eval_cfg.max_batches);
     const bool split = ranks_.splits(n_batches);  // several ranks take every world-th batch
     std::vector<double> sums{0, 0};              // loss, targets
     for (int64_t k = 0; k < n_batches; ++k) {
       if (split && !ranks_.mine(k)) continue;
-      const int64_t i = k * eval_cfg_.batch_size;
+      const int64_t i = k * s_->eval_cfg.batch_size;
       std::deque<data::LmSample> store;
       std::vector<const data::LmSample*> samples;
-      for (int64_t j = i; j < std::min(n_eval, i + eval_cfg_.batch_size); ++j) {
-        const auto& ref = data_.eval[static_cast<size_t>(j)];
-        data_.eval_sets[static_cast<size_t>(ref.dataset)]->get(ref.index, store.emplace_back());
+      for (int64_t j = i; j < std::min(n_eval, i + s_->eval_cfg.batch_size); ++j) {
+        const auto& ref = s_->data.eval[static_cast<size_t>(j)];
+        s_->data.eval_sets[static_cast<size_t>(ref.dataset)]->get(ref.index, store.emplace_back());
         samples.push_back(&store.back());
       }
       // Packed runs are evaluated as they train: documents inside a sample
@@ -259,8 +277,8 @@ EvalResult LmObjective::evaluate(models::CausalLM& model) {
       for (const auto* smp : samples) longest = std::max(longest, smp->input_ids.size());
       std::vector<std::vector<const data::LmSample*>> rows;
       for (const auto* smp : samples) rows.push_back({smp});
-      auto b = packing_ ? to_batch(data::collate_packed(rows, static_cast<int64_t>(longest), pad_id_))
-                        : to_batch(data::collate_unpacked(samples, pad_id_));
+      auto b = s_->packing ? to_batch(data::collate_packed(rows, static_cast<int64_t>(longest), s_->pad_id))
+                        : to_batch(data::collate_unpacked(samples, s_->pad_id));
       sums[0] += lm_batch_loss_sum(model, b).item<double>();
       sums[1] += static_cast<double>(b.num_targets);
     }
@@ -269,9 +287,9 @@ EvalResult LmObjective::evaluate(models::CausalLM& model) {
   }
   // Greedy answers to held-out prompts (SFT data only).
   std::vector<const data::SftSample*> gen;
-  for (const auto& ref : data_.eval) {
-    if (static_cast<int64_t>(gen.size()) >= eval_cfg_.generate_samples) break;
-    if (auto* sft = dynamic_cast<const data::SftDataset*>(data_.eval_sets[static_cast<size_t>(ref.dataset)].get()))
+  for (const auto& ref : s_->data.eval) {
+    if (static_cast<int64_t>(gen.size()) >= s_->eval_cfg.generate_samples) break;
+    if (auto* sft = dynamic_cast<const data::SftDataset*>(s_->data.eval_sets[static_cast<size_t>(ref.dataset)].get()))
       gen.push_back(&(*sft)[ref.index]);
   }
   std::vector<std::vector<int64_t>> prompts;
@@ -281,7 +299,7 @@ EvalResult LmObjective::evaluate(models::CausalLM& model) {
     prompt_texts.push_back(s->prompt);
     references.push_back(s->response);
   }
-  exact_match_eval(model, tok_, eval_cfg_, stop_id_, prompts, prompt_texts, references, r, ranks_);
+  exact_match_eval(model, s_->tok, s_->eval_cfg, s_->stop_id, prompts, prompt_texts, references, r, ranks_);
   if (was_training) model.train();
   return r;
 }

@@ -672,7 +672,12 @@ TrainResult run_training(const config::RunConfig& cfg, const RunOptions& options
     return {};
   }
   stdfs::create_directories(run.out_dir);
-  run.objective->prepare(*run.model, {run.out_dir, run.device});
+  RunContext ctx;
+  ctx.output_dir = run.out_dir;
+  ctx.device = run.device;
+  ctx.comm = run.comm;
+  ctx.sharding = sharding_options(cfg);
+  run.objective->prepare(*run.model, ctx);
   auto start = make_engine(cfg, run.model, run.comm, *run.objective, run.latest);
   int64_t step = 0;
   if (start.resumed) {

@@ -14,11 +14,12 @@
 
 #include "anvil/config/config.h"
 #include "anvil/core/error.h"
-#include "anvil/data/collate.h"
+#include "data/collate.h"
 #include "anvil/data/mixture.h"
 #include "anvil/data/token_shards.h"
 #include "anvil/models/registry.h"
 #include "anvil/train/sft.h"
+#include "train/lm_data.h"
 #include "test_util.h"
 
 namespace anvil::data {

@@ -20,6 +20,7 @@
 #include "anvil/models/registry.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "anvil/train/sft.h"
+#include "train/lm_data.h"
 #include "test_util.h"
 
 namespace anvil::distributed {
@@ -453,7 +454,7 @@ TEST_F(DistRuns, SigtermOnOneRankStopsEveryRankAtOneSavedStep) {
 }
 
 // The reward and DPO objectives' statistics (accuracies, margins, rewards)
-// are summed over ranks like the loss.
+// are summed over ranks like the loss; DPO's reference is held sharded.
 TEST_F(DistRuns, RewardAndDpoOnTwoRanksMatchOneProcess) {
   for (const char* algorithm : {"reward", "dpo"}) {
     const auto cfg_path = *dir_ / (std::string(algorithm) + ".yaml");
@@ -467,7 +468,11 @@ eval: {batch_size: 8, max_batches: 2, generate_samples: 0}
 )");
     const auto one = *dir_ / (std::string(algorithm) + "-1"), two = *dir_ / (std::string(algorithm) + "-2");
     train(cfg_path, one, 0);
-    train(cfg_path, two, 2, "dist.sharding=full_shard");
+    std::string log;
+    train(cfg_path, two, 2, "dist.sharding=full_shard", &log);
+    // DPO's frozen reference is sharded like the policy, not a whole copy per rank.
+    if (std::string(algorithm) == "dpo")
+      EXPECT_NE(log.find("parameter bytes on this rank: full_shard over 2 ranks"), std::string::npos) << log;
     const auto a = read_metrics(one / "metrics.jsonl"), b = read_metrics(two / "metrics.jsonl");
     ASSERT_EQ(a.size(), 6u) << algorithm;
     ASSERT_EQ(b.size(), 6u) << algorithm;

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/utils.h>
 
-#include "anvil/data/collate.h"
+#include "data/collate.h"
 #include "anvil/models/gpt2.h"
 #include "anvil/train/sft.h"
 #include "anvil/train/trainer.h"

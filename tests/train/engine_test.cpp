@@ -14,6 +14,10 @@
 #include "anvil/core/error.h"
 #include "anvil/io/hf_model.h"
 #include "anvil/io/safetensors.h"
+#include "anvil/core/tensor_bytes.h"
+#include "anvil/distributed/env.h"
+#include "anvil/models/registry.h"
+#include <unordered_set>
 #include "anvil/train/sft.h"
 #include "anvil/train/trainer.h"
 #include "test_util.h"
@@ -271,6 +275,67 @@ TEST(Engine, FrozenParametersStayOnTwoShardedRanks) {
   io::SafetensorsFile end(dir / "out" / "checkpoint-4" / "model.safetensors");
   EXPECT_TRUE(start.get("transformer.h.0.attn.c_attn.weight").equal(end.get("transformer.h.0.attn.c_attn.weight")));
   EXPECT_FALSE(start.get("transformer.h.0.mlp.c_fc.weight").equal(end.get("transformer.h.0.mlp.c_fc.weight")));
+}
+
+// A frozen model (a reference, a reward model) held under full_shard on two
+// ranks: each rank keeps about half of its blocks, the forward gives the
+// whole model's logits (also inside gathered(), and with ranks running
+// different work there), and nothing about it trains.
+TEST(Engine, FrozenModelsAreShardedLikeThePolicy) {
+  const bool rank = std::getenv("ANVIL_FROZEN_TEST") != nullptr;
+  if (!rank) {
+    std::string log;
+    const auto self = stdfs::read_symlink("/proc/self/exe").string();
+    ASSERT_EQ(anvil::testing::run("ANVIL_FROZEN_TEST=1 mpirun --allow-run-as-root --oversubscribe --bind-to none -x "
+                                  "ANVIL_FROZEN_TEST -np 2 " + self +
+                                      " --gtest_filter=Engine.FrozenModelsAreShardedLikeThePolicy 2>&1",
+                                  &log),
+              0)
+        << log;
+    return;
+  }
+  at::set_num_threads(1);
+  config::ModelConfig mc;
+  mc.family = "llama", mc.vocab_size = 64, mc.hidden_size = 32, mc.num_layers = 4, mc.num_heads = 4;
+  mc.max_position_embeddings = 32;
+  torch::manual_seed(11);
+  auto model = models::family_by_name("llama").from_config(mc);
+  auto whole_copy = models::clone_model(*model);
+  whole_copy->eval();
+  const auto ids = at::randint(64, {3, 9}, at::kLong);
+  const auto expected = whole_copy->forward(ids).detach();
+  std::unordered_set<const void*> seen;
+  const auto whole_bytes = storage_bytes(whole_copy->parameters(), seen);
+
+  RunContext ctx;
+  ctx.comm = distributed::make_communicator(distributed::discover_from_environment(), at::kCPU, {});
+  ASSERT_EQ(ctx.comm->world_size(), 2);
+  ctx.sharding.strategy = distributed::Sharding::FullShard;
+  auto frozen = ctx.freeze(model);
+  ASSERT_TRUE(frozen.sharded());
+  // Blocks are half on each rank; the root unit (embeddings, norm, LM head) stays whole.
+  int64_t block_bytes = 0;
+  for (const auto& p : whole_copy->named_parameters())
+    if (p.key().rfind("model.layers.", 0) == 0) block_bytes += p.value().numel() * 4;
+  EXPECT_LE(frozen.parameter_bytes(), whole_bytes - block_bytes / 2 + 1024) << whole_bytes << " " << block_bytes;
+  EXPECT_LT(frozen.parameter_bytes(), whole_bytes);
+  for (const auto& p : frozen->parameters()) EXPECT_FALSE(p.requires_grad());
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(at::allclose(frozen->forward(ids), expected, 1e-5, 1e-6));
+  }
+  // Even under grad mode (a loss that reads it) it builds no graph.
+  EXPECT_FALSE(frozen->forward(ids).requires_grad());
+  {
+    auto whole = frozen.gathered();
+    EXPECT_GE(frozen.parameter_bytes(), whole_bytes);
+    torch::NoGradGuard no_grad;
+    // Uneven work per rank is safe while gathered: rank 1 runs two forwards.
+    for (int64_t k = 0; k <= ctx.comm->rank(); ++k)
+      EXPECT_TRUE(at::allclose(frozen->forward(ids), expected, 1e-5, 1e-6));
+  }
+  EXPECT_LT(frozen.parameter_bytes(), whole_bytes);  // released again
+  ctx.comm->barrier("end of the frozen-model test");
 }
 
 TEST(Engine, RegisteredSectionsLoadPrintAndAreChecked) {

@@ -16,6 +16,7 @@
 #include "anvil/io/hf_model.h"
 #include "anvil/models/registry.h"
 #include "anvil/train/preference.h"
+#include "train/preference_data.h"
 #include "test_util.h"
 
 namespace anvil::train {

@@ -52,6 +52,12 @@ struct ShardingOptions {
   at::ScalarType param_dtype = at::kFloat;
   at::ScalarType reduce_dtype = at::kFloat;
   bool activation_checkpointing = false;
+  /// A frozen model (a reference, a reward model, a critic's target): forward
+  /// only, no optimizer. Its parameters stay in `param_dtype` with no float32
+  /// master and no gradients. Under full_shard each rank keeps its shard of
+  /// every block and gathers a block only for its forward; the root unit stays
+  /// whole. Other strategies keep the whole model on every rank.
+  bool frozen = false;
 };
 
 /// One parameter's place in its unit's flat buffer.

@@ -19,6 +19,7 @@
 #include "anvil/config/config.h"
 #include "anvil/core/metrics.h"
 #include "anvil/distributed/comm.h"
+#include "anvil/distributed/sharding.h"
 #include "anvil/io/trainer_state.h"
 #include "anvil/models/causal_lm.h"
 #include "anvil/tokenizer/tokenizer.h"
@@ -99,6 +100,10 @@ class Engine {
   virtual void gather() = 0;
   virtual void release() = 0;
 };
+
+/// The sharding of a run's model (dist.sharding, dist.param_dtype,
+/// dist.reduce_dtype, train.activation_checkpointing).
+distributed::ShardingOptions sharding_options(const config::RunConfig& cfg);
 
 /// What make_engine built, and the trainer state of the checkpoint it
 /// restored (model, optimizer, RNG) when `resume_from` was given.

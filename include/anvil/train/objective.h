@@ -21,6 +21,8 @@
 
 #include "anvil/config/config.h"
 #include "anvil/core/metrics.h"
+#include "anvil/distributed/comm.h"
+#include "anvil/distributed/sharding.h"
 #include "anvil/models/causal_lm.h"
 #include "anvil/tokenizer/tokenizer.h"
 
@@ -86,10 +88,62 @@ std::vector<double> sum_over_ranks(const RankContext& ranks, std::vector<double>
 
 class Engine;
 
+/// A model that never trains (a DPO or PPO reference, a reward model, a
+/// critic's target), held for forward passes the way the run holds the
+/// policy: under `dist.sharding: full_shard` each rank keeps 1/world of every
+/// block and gathers a block only for its forward (the root unit, embeddings
+/// and heads, stays whole); otherwise the whole model. No gradients, no
+/// optimizer state. Build it with RunContext::freeze.
+///
+/// A sharded frozen model's forward is a collective: every rank runs the
+/// same forwards in the same order. Where ranks do different work (an
+/// evaluation split among ranks), hold gathered() around it.
+class FrozenModel {
+ public:
+  FrozenModel() = default;
+  FrozenModel(std::shared_ptr<models::CausalLM> model, std::shared_ptr<distributed::ShardedModel> sharded);
+
+  explicit operator bool() const { return model_ != nullptr; }
+  models::CausalLM& operator*() const { return *model_; }
+  models::CausalLM* operator->() const { return model_.get(); }
+  bool sharded() const { return sharded_ != nullptr; }
+  /// Bytes of parameters this process holds now.
+  int64_t parameter_bytes() const;
+  /// Frees the model.
+  void reset();
+
+  /// Keeps every parameter whole on this rank while it lives.
+  class Gathered {
+   public:
+    explicit Gathered(distributed::ShardedModel* s) : sharded_(s) {}
+    Gathered(Gathered&& o) noexcept : sharded_(o.sharded_) { o.sharded_ = nullptr; }
+    Gathered(const Gathered&) = delete;
+    Gathered& operator=(const Gathered&) = delete;
+    ~Gathered();
+
+   private:
+    distributed::ShardedModel* sharded_;
+  };
+  [[nodiscard]] Gathered gathered();
+
+ private:
+  std::shared_ptr<models::CausalLM> model_;
+  std::shared_ptr<distributed::ShardedModel> sharded_;
+};
+
 /// What an objective may need from the run before training starts.
 struct RunContext {
   std::filesystem::path output_dir;
   at::Device device = at::kCPU;
+  /// Set in a sharded run (several ranks, or a sharding or precision setting).
+  std::shared_ptr<distributed::Communicator> comm;
+  /// The run's sharding, which frozen models follow (with `frozen` set).
+  distributed::ShardingOptions sharding;
+
+  /// Holds `model` (on any device; it is moved to `device`) frozen, sharded
+  /// like the policy in a sharded run. Every rank must call it, in the same
+  /// order, with the same architecture (rank 0's values are kept).
+  FrozenModel freeze(std::shared_ptr<models::CausalLM> model) const;
 };
 
 class Objective {

@@ -11,10 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "anvil/data/datasets.h"
-#include "anvil/data/mixture.h"
 #include "anvil/train/objective.h"
-#include "anvil/train/sft.h"
 
 namespace anvil::train {
 
@@ -76,38 +73,6 @@ at::Tensor ranking_loss_sum(const at::Tensor& rewards, const RankingPairs& pairs
 void add_ranking_sums(const at::Tensor& rewards, const RankingPairs& pairs, Sums& sums);
 Metrics ranking_metrics(const Sums& sums, const std::string& prefix = "");
 
-// ---- data ----------------------------------------------------------------------
-
-/// A preference batch: each example's replies are consecutive rows of
-/// prompt + reply (right-padded with pad_id).
-/// Tensors: input_ids, labels (reply tokens; prompt and padding ignored),
-/// replies (E) per example, better / worse / margin / weight (the pairs),
-/// dataset / index (E) where each example came from. num_targets = examples.
-Batch collate_preferences(const std::vector<const data::PreferenceSample*>& examples,
-                          const std::vector<data::SampleRef>& refs, int64_t pad_id);
-
-/// Preference datasets of data.train / data.eval, with eval_fraction splits.
-using PreferenceData = MixtureData<data::PreferenceDataset>;
-PreferenceData load_preference_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
-
-/// Micro-batches of `micro_batch_size` examples; like LmBatchSource, every
-/// rank walks the same global stream and takes its slice.
-class PreferenceBatchSource final : public BatchSource {
- public:
-  PreferenceBatchSource(std::vector<std::shared_ptr<const data::PreferenceDataset>> datasets,
-                        data::MixtureSampler sampler, int64_t micro_batch_size, int64_t pad_id, int64_t rank = 0,
-                        int64_t world = 1);
-  Batch next() override;
-  nlohmann::json state() const override;
-  void restore(const nlohmann::json& state) override;
-  int64_t samples_per_epoch() const override { return sampler_.epoch_length(); }
-
- private:
-  std::vector<std::shared_ptr<const data::PreferenceDataset>> datasets_;
-  data::MixtureSampler sampler_;
-  int64_t micro_batch_size_, pad_id_, rank_, world_;
-};
-
 // ---- objectives ----------------------------------------------------------------
 
 /// algorithm: reward. Adds a score head to the model (unless it has one) and
@@ -115,52 +80,38 @@ class PreferenceBatchSource final : public BatchSource {
 class RewardObjective final : public Objective {
  public:
   RewardObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
+  ~RewardObjective() override;
   std::string name() const override { return "reward"; }
   std::string target_unit() const override { return "preference examples"; }
   void prepare(models::CausalLM& model, const RunContext& ctx) override;
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override;
   Metrics step_metrics(const Sums& sums) const override { return ranking_metrics(sums); }
   EvalResult evaluate(models::CausalLM& model) override;
-  BatchSource& train_source() override { return *source_; }
-
-  /// (rows) float32 scores of a collated batch.
-  at::Tensor rewards(models::CausalLM& model, const Batch& batch) const;
+  BatchSource& train_source() override;
 
  private:
-  config::RunConfig cfg_;
-  int64_t pad_id_;
-  PreferenceData data_;
-  std::unique_ptr<PreferenceBatchSource> source_;
+  struct State;
+  std::unique_ptr<State> s_;
 };
 
-/// algorithm: dpo.
+/// algorithm: dpo. The reference (dpo.reference, else the initial policy) is
+/// a FrozenModel, sharded like the policy, or only its log-probs when
+/// dpo.precompute_reference is set.
 class DpoObjective final : public Objective {
  public:
   DpoObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
+  ~DpoObjective() override;
   std::string name() const override { return "dpo"; }
   std::string target_unit() const override { return "preference examples"; }
   void prepare(models::CausalLM& model, const RunContext& ctx) override;
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override;
   Metrics step_metrics(const Sums& sums) const override { return dpo_metrics(sums); }
   EvalResult evaluate(models::CausalLM& model) override;
-  BatchSource& train_source() override { return *source_; }
+  BatchSource& train_source() override;
 
  private:
-  /// Reference log-prob sums of a batch's rows (R): from the cache or the model.
-  at::Tensor reference_sums(const Batch& batch, bool eval);
-  void precompute(const RunContext& ctx);
-  std::string fingerprint() const;
-
-  config::RunConfig cfg_;
-  const tokenizer::Tokenizer& tok_;
-  int64_t pad_id_, stop_id_;
-  DpoLossOptions loss_opt_;
-  PreferenceData data_;
-  std::unique_ptr<PreferenceBatchSource> source_;
-  std::shared_ptr<models::CausalLM> reference_;  // null once precomputed
-  std::string reference_desc_;
-  /// Precomputed reference sums per (train set) and (eval set): (N, K) float64.
-  std::vector<at::Tensor> cached_train_, cached_eval_;
+  struct State;
+  std::unique_ptr<State> s_;
 };
 
 }  // namespace anvil::train

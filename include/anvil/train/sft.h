@@ -4,12 +4,8 @@
 // or not.
 
 #include <memory>
+#include <string>
 
-#include "anvil/data/collate.h"
-#include "anvil/data/datasets.h"
-#include "anvil/core/error.h"
-#include "anvil/core/logging.h"
-#include "anvil/data/mixture.h"
 #include "anvil/train/objective.h"
 
 namespace anvil::train {
@@ -22,124 +18,23 @@ at::Tensor causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels
 /// position_ids + doc_ids for the block-diagonal mask).
 at::Tensor lm_batch_loss_sum(models::CausalLM& model, const Batch& batch);
 
-Batch to_batch(data::LmBatch b);
-
-/// A resumable stream of micro-batches over a mixture. Every rank walks the
-/// same global stream: a global micro-batch is `world * micro_batch_size`
-/// rows and rank r gets rows [r * m, (r + 1) * m). The state is the global
-/// position, so it is the same on every rank and for any world size.
-class LmBatchSource final : public BatchSource {
- public:
-  struct Options {
-    int64_t micro_batch_size = 8;
-    int64_t max_length = 0;  // row length when packing
-    bool packing = false;
-    int64_t pad_id = 0;
-    int64_t rank = 0;
-    int64_t world = 1;
-  };
-  LmBatchSource(std::vector<std::shared_ptr<const data::LmDataset>> datasets, data::MixtureSampler sampler,
-                Options opt);
-  Batch next() override;
-  nlohmann::json state() const override;
-  void restore(const nlohmann::json& state) override;
-  int64_t samples_per_epoch() const override { return sampler_.epoch_length(); }
-  const data::MixtureSampler& sampler() const { return sampler_; }
-
- private:
-  std::vector<std::shared_ptr<const data::LmDataset>> datasets_;
-  data::MixtureSampler sampler_;
-  Options opt_;
-};
-
-/// A sampler's position as stored in trainer_state.json, and back (a data
-/// change since the checkpoint is logged, not fatal). Shared by batch sources.
-nlohmann::json sampler_state(const data::MixtureSampler& sampler);
-void restore_sampler(data::MixtureSampler& sampler, const nlohmann::json& state);
-
-/// The held-out split of a dataset with `eval_fraction`: a seeded choice of
-/// round(fraction * n) samples (at least 1, at most n - 1), both sides sorted.
-struct EvalSplit {
-  std::vector<int64_t> train, held;
-};
-EvalSplit split_eval(int64_t n, double eval_fraction, uint64_t seed, size_t dataset_index, const std::string& key);
-
-/// Greedy answers to `prompts`, compared with `references` after decoding:
-/// sets eval/exact_match and the first eval.table_rows sample rows of `r`.
-void exact_match_eval(models::CausalLM& model, const tokenizer::Tokenizer& tok, const config::EvalConfig& eval,
-                      int64_t stop_id, const std::vector<std::vector<int64_t>>& prompts,
-                      const std::vector<std::string>& prompt_texts, const std::vector<std::string>& references,
-                      EvalResult& r, const RankContext& ranks = {});
-
-/// The train and eval sides of a run over datasets of type `Set`, as
-/// data.train / data.eval describe them.
-template <class Set>
-struct MixtureData {
-  std::vector<std::shared_ptr<const Set>> train;
-  std::vector<data::MixtureSpec> mixture;
-  /// Held-out samples: (dataset, index) over `eval_sets`.
-  std::vector<std::shared_ptr<const Set>> eval_sets;
-  std::vector<data::SampleRef> eval;
-};
-using LmData = MixtureData<data::LmDataset>;
-
-/// Loads every dataset of data.train / data.eval with
-/// `load(const config::DatasetConfig&, const std::string& key)` and splits off
-/// each train dataset's eval_fraction as held-out samples.
-template <class Set, class Load>
-MixtureData<Set> load_mixture(const config::RunConfig& cfg, Load&& load) {
-  MixtureData<Set> out;
-  const auto seed = static_cast<uint64_t>(cfg.train.seed);
-  for (size_t i = 0; i < cfg.data.train.size(); ++i) {
-    const auto& d = cfg.data.train[i];
-    const auto key = concat("data.train[", i, "]");
-    std::shared_ptr<const Set> ds = load(d, key);
-    data::MixtureSpec spec;
-    spec.size = ds->size();
-    spec.fraction = d.fraction;
-    spec.take = d.size;
-    spec.weight = d.weight;
-    if (d.eval_fraction > 0) {
-      auto split = split_eval(ds->size(), d.eval_fraction, seed, i, key);
-      spec.indices = std::move(split.train);
-      for (auto h : split.held) out.eval.push_back({static_cast<int32_t>(out.eval_sets.size()), h});
-      out.eval_sets.push_back(ds);
-      log::info(d.path, ": ", split.held.size(), " samples held out for eval (eval_fraction ", d.eval_fraction, ")");
-    }
-    out.train.push_back(ds);
-    out.mixture.push_back(std::move(spec));
-  }
-  for (size_t i = 0; i < cfg.data.eval.size(); ++i) {
-    std::shared_ptr<const Set> ds = load(cfg.data.eval[i], concat("data.eval[", i, "]"));
-    for (int64_t j = 0; j < ds->size(); ++j) out.eval.push_back({static_cast<int32_t>(out.eval_sets.size()), j});
-    out.eval_sets.push_back(ds);
-  }
-  return out;
-}
-
-/// Loads every dataset of data.train / data.eval (logging what loading did)
-/// and splits off eval_fraction held-out samples.
-LmData load_lm_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
-
-/// algorithm: sft and algorithm: pretrain.
+/// algorithm: sft and algorithm: pretrain: data.train / data.eval as a
+/// mixture (packed or not), eval loss and greedy exact match on held-out SFT
+/// prompts. A custom objective may hold one and delegate to it
+/// (examples/custom_objective).
 class LmObjective final : public Objective {
  public:
   LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
-  std::string name() const override { return name_; }
+  ~LmObjective() override;
+  std::string name() const override;
   void prepare(models::CausalLM& model, const RunContext& ctx) override;
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override;
   EvalResult evaluate(models::CausalLM& model) override;
-  BatchSource& train_source() override { return *source_; }
+  BatchSource& train_source() override;
 
  private:
-  std::string name_;
-  config::EvalConfig eval_cfg_;
-  const tokenizer::Tokenizer& tok_;
-  int64_t stop_id_ = -1;  // end of an assistant turn
-  bool packing_ = false;
-  int64_t pad_id_ = 0;  // the tokenizer's PAD, else EOS
-  LmData data_;
-  std::unique_ptr<LmBatchSource> source_;
+  struct State;
+  std::unique_ptr<State> s_;
 };
 
 }  // namespace anvil::train

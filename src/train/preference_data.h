@@ -1,0 +1,46 @@
+#pragma once
+// Internal (not installed): preference data behind RewardObjective and
+// DpoObjective: collation of ranked replies and a rank-sliced, resumable
+// stream of micro-batches.
+
+#include <memory>
+#include <vector>
+
+#include "anvil/data/datasets.h"
+#include "anvil/data/mixture.h"
+#include "anvil/train/objective.h"
+#include "train/lm_data.h"
+
+namespace anvil::train {
+
+/// A preference batch: each example's replies are consecutive rows of
+/// prompt + reply (right-padded with pad_id).
+/// Tensors: input_ids, labels (reply tokens; prompt and padding ignored),
+/// replies (E) per example, better / worse / margin / weight (the pairs),
+/// dataset / index (E) where each example came from. num_targets = examples.
+Batch collate_preferences(const std::vector<const data::PreferenceSample*>& examples,
+                          const std::vector<data::SampleRef>& refs, int64_t pad_id);
+
+/// Preference datasets of data.train / data.eval, with eval_fraction splits.
+using PreferenceData = MixtureData<data::PreferenceDataset>;
+PreferenceData load_preference_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
+
+/// Micro-batches of `micro_batch_size` examples; like LmBatchSource, every
+/// rank walks the same global stream and takes its slice.
+class PreferenceBatchSource final : public BatchSource {
+ public:
+  PreferenceBatchSource(std::vector<std::shared_ptr<const data::PreferenceDataset>> datasets,
+                        data::MixtureSampler sampler, int64_t micro_batch_size, int64_t pad_id, int64_t rank = 0,
+                        int64_t world = 1);
+  Batch next() override;
+  nlohmann::json state() const override;
+  void restore(const nlohmann::json& state) override;
+  int64_t samples_per_epoch() const override { return sampler_.epoch_length(); }
+
+ private:
+  std::vector<std::shared_ptr<const data::PreferenceDataset>> datasets_;
+  data::MixtureSampler sampler_;
+  int64_t micro_batch_size_, pad_id_, rank_, world_;
+};
+
+}  // namespace anvil::train
