@@ -462,6 +462,8 @@ void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sou
     fail("dpo.label_smoothing", concat("applies to loss_type sigmoid (cDPO) and robust; ", c.dpo.loss_type,
                                        " takes 0, got ", c.dpo.label_smoothing));
   must_exist("dpo.reference", c.dpo.reference, kFolder);
+  must_exist("ppo.reference", c.ppo.reference, kFolder);
+  must_exist("ppo.reward.model", c.ppo.reward.model, kFolder);
   must_exist("train.resume_from", c.train.resume_from, kFolder);
   if (!c.train.resume_from.empty() && c.train.resume == "never")
     fail("train.resume_from", "cannot be set together with train.resume: never");
@@ -657,7 +659,7 @@ std::mutex& algorithm_mutex() {
   return m;
 }
 std::vector<std::string>& algorithm_list() {
-  static std::vector<std::string> names = {"sft", "pretrain", "reward", "dpo"};
+  static std::vector<std::string> names = {"sft", "pretrain", "reward", "dpo", "ppo"};
   return names;
 }
 }  // namespace
@@ -672,7 +674,7 @@ std::vector<RegisteredSection>& section_list() {
 void register_section(RegisteredSection section) {
   static const std::set<std::string> builtin = {"output_dir", "algorithm", "model", "tokenizer", "data",
                                                 "optimizer", "schedule", "train", "dist", "eval", "logging",
-                                                "sft", "reward", "dpo"};
+                                                "sft", "reward", "dpo", "ppo"};
   std::lock_guard<std::mutex> lock(algorithm_mutex());
   auto& list = section_list();
   if (section.name.empty() || section.name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") !=
@@ -686,7 +688,7 @@ void register_section(RegisteredSection section) {
 }
 
 std::string section_algorithm(const std::string& section) {
-  if (section == "sft" || section == "reward" || section == "dpo") return section;
+  if (section == "sft" || section == "reward" || section == "dpo" || section == "ppo") return section;
   std::lock_guard<std::mutex> lock(algorithm_mutex());
   for (const auto& s : section_list())
     if (s.name == section) return s.algorithm;

@@ -302,7 +302,11 @@ PromptDataset PromptDataset::load(const std::filesystem::path& path, const token
     const auto msgs = record_messages(rec, opt.prompt_field, "", false);
     PromptSample s;
     s.prompt = message_text(msgs, msgs.size());
-    s.prompt_ids = encode_record_prompt(tok, tmpl, msgs, is_text_prompt(rec, opt.prompt_field));
+    s.text_prompt = is_text_prompt(rec, opt.prompt_field);
+    s.prompt_ids = encode_record_prompt(tok, tmpl, msgs, s.text_prompt);
+    s.messages = msgs;
+    s.record = rec.json();
+    s.where = rec.where();
     if (opt.max_length > 0 && static_cast<int64_t>(s.prompt_ids.size()) >= opt.max_length) {
       ++ds.stats_.dropped_overflow;
       return;

@@ -37,6 +37,17 @@ at::Tensor choose(const at::Tensor& logits, const SamplingOptions& opt, at::Gene
   return at::multinomial(logits.softmax(-1), 1, /*replacement=*/false, gen).squeeze(-1);
 }
 
+/// choose(), with each row drawn from its prompt's own generator.
+at::Tensor choose_rows(const at::Tensor& logits, const SamplingOptions& opt, std::vector<at::Generator>& gens,
+                       const std::vector<int64_t>& prompt_of_row) {
+  if (opt.greedy || opt.temperature <= 0) return logits.argmax(-1);
+  const auto probs = logits.softmax(-1);
+  auto out = at::empty({logits.size(0)}, at::kLong);
+  for (int64_t r = 0; r < logits.size(0); ++r)
+    out[r] = at::multinomial(probs[r], 1, false, gens[static_cast<size_t>(prompt_of_row[static_cast<size_t>(r)])])[0];
+  return out;
+}
+
 }  // namespace
 
 at::Tensor sample(const at::Tensor& logits_in, const SamplingOptions& opt, at::Generator& gen) {
@@ -53,8 +64,8 @@ namespace {
 /// appends each one's new tokens to `out`, and their log-probabilities to
 /// `logprobs` when given.
 void generate_batch(models::CausalLM& model, const std::vector<const std::vector<int64_t>*>& prompts,
-                    const SamplingOptions& opt, at::Generator& gen, std::vector<std::vector<int64_t>>& out,
-                    size_t first, std::vector<std::vector<float>>* logprobs) {
+                    const SamplingOptions& opt, at::Generator& gen, std::vector<at::Generator>& row_gens,
+                    std::vector<std::vector<int64_t>>& out, size_t first, std::vector<std::vector<float>>* logprobs) {
   const auto device = model.parameters().front().device();
   const auto B = static_cast<int64_t>(prompts.size());
   int64_t L = 0;
@@ -73,7 +84,6 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
     std::copy(p.begin(), p.end(), ids.begin() + b * L + (L - n));
     std::fill(valid.begin() + b * L + (L - n), valid.begin() + (b + 1) * L, 1);
   }
-  const auto long_opts = at::TensorOptions().dtype(at::kLong).device(device);
   auto input = at::tensor(ids, at::kLong).view({B, L}).to(device);                    // (B, L)
   auto key_valid = at::tensor(valid, at::kByte).view({B, L}).to(at::kBool).to(device);  // (B, S)
   auto next_pos = at::tensor(lengths, at::kLong).to(device).unsqueeze(1);              // (B, 1)
@@ -111,7 +121,14 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
       }
     }
     const auto final = final_logits(scores, opt);
-    auto next = choose(final, opt, gen);  // (B')
+    at::Tensor next;  // (B')
+    if (row_gens.empty()) {
+      next = choose(final, opt, gen);
+    } else {
+      std::vector<int64_t> prompt_of_row;
+      for (auto r : row_of) prompt_of_row.push_back(static_cast<int64_t>(first) + r);
+      next = choose_rows(final, opt, row_gens, prompt_of_row);
+    }
     at::Tensor lp;
     if (logprobs) lp = final.log_softmax(-1).gather(-1, next.unsqueeze(-1)).squeeze(-1).contiguous();
     const auto* next_ptr = next.data_ptr<int64_t>();
@@ -152,6 +169,12 @@ Generation run(models::CausalLM& model, const std::vector<std::vector<int64_t>>&
   model.eval();
   torch::NoGradGuard no_grad;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed);
+  std::vector<at::Generator> row_gens;
+  if (!opt.row_seeds.empty()) {
+    TORCH_CHECK(opt.row_seeds.size() == prompts.size(), "generate: ", opt.row_seeds.size(), " row seeds for ",
+                prompts.size(), " prompts");
+    for (auto seed : opt.row_seeds) row_gens.push_back(at::make_generator<at::CPUGeneratorImpl>(seed));
+  }
   Generation g;
   g.tokens.reserve(prompts.size());
   const size_t batch = opt.batch_size > 0 ? static_cast<size_t>(opt.batch_size) : std::max<size_t>(prompts.size(), 1);
@@ -159,7 +182,7 @@ Generation run(models::CausalLM& model, const std::vector<std::vector<int64_t>>&
     std::vector<const std::vector<int64_t>*> chunk;
     for (size_t i = start; i < std::min(prompts.size(), start + batch); ++i) chunk.push_back(&prompts[i]);
     const auto before = g.tokens.size();
-    generate_batch(model, chunk, opt, gen, g.tokens, start, with_logprobs ? &g.logprobs : nullptr);
+    generate_batch(model, chunk, opt, gen, row_gens, g.tokens, start, with_logprobs ? &g.logprobs : nullptr);
     g.tokens.resize(before + chunk.size());  // a batch with no budget yields empty outputs
     if (with_logprobs) g.logprobs.resize(before + chunk.size());
   }

@@ -5,6 +5,7 @@
 
 #include "anvil/core/error.h"
 #include "anvil/train/objective.h"
+#include "anvil/train/ppo.h"
 #include "anvil/train/preference.h"
 #include "anvil/train/sft.h"
 
@@ -23,6 +24,7 @@ struct Registry {
       {"pretrain", make<LmObjective>()},
       {"reward", make<RewardObjective>()},
       {"dpo", make<DpoObjective>()},
+      {"ppo", make<PpoObjective>()},
   };
 };
 

@@ -199,6 +199,7 @@ LmData load_lm_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& to
 }
 
 struct LmObjective::State {
+  State(std::string n, config::EvalConfig e, const tokenizer::Tokenizer& t) : name(std::move(n)), eval_cfg(std::move(e)), tok(t) {}
   std::string name;
   config::EvalConfig eval_cfg;
   const tokenizer::Tokenizer& tok;
@@ -210,7 +211,7 @@ struct LmObjective::State {
 };
 
 LmObjective::LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)
-    : s_(new State{cfg.algorithm, cfg.eval, tok}) {
+    : s_(std::make_unique<State>(cfg.algorithm, cfg.eval, tok)) {
   if (cfg.data.max_length <= 0) throw ConfigError("data.max_length: expected a positive row length");
   s_->data = load_lm_data(cfg, tok);
   if (cfg.algorithm == "sft") s_->stop_id = data::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok);

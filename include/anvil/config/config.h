@@ -425,6 +425,107 @@ struct DpoConfig {
   }
 };
 
+/// Where PPO's rewards come from (exactly one source).
+struct PpoRewardConfig {
+  std::string model;
+  std::string command;
+  double timeout_s = 60;
+  std::string exact_match;
+  std::string regex;
+  std::string function;
+  std::string scale = "none";
+  double clip = 0;
+  int64_t batch_size = 64;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("model", model,
+            "Reward-model folder: an algorithm: reward checkpoint or export, or an HF ...ForSequenceClassification "
+            "folder. Frozen, and sharded like the policy.");
+    v.field("command", command,
+            "Reward program: a shell command started once; it reads one JSON object per line on stdin ({prompt, "
+            "response, ...the prompt record's other fields}) and answers one line {\"reward\": x} each.");
+    v.field("timeout_s", timeout_s, "Seconds the reward program may take to answer one record.", positive());
+    v.field("exact_match", exact_match,
+            "Verifiable reward: 1 when the response, trimmed, equals this field of the prompt record, else 0.");
+    v.field("regex", regex,
+            "Verifiable reward: 1 when the response contains a match of the regular expression (ECMAScript) held "
+            "in this field of the prompt record, else 0.");
+    v.field("function", function,
+            "A reward function a linking program registered (anvil::train::register_reward_function).");
+    v.field("scale", scale, "none, or running: divide scores by the running std of every score so far (trlx).",
+            one_of({"none", "running"}));
+    v.field("clip", clip, "Clip (scaled) scores to [-clip, clip] (trlx's cliprange_reward); 0 = off.",
+            non_negative());
+    v.field("batch_size", batch_size, "Rows the reward model scores at once.", positive());
+  }
+};
+
+/// Options of the `ppo` algorithm (online RL: PPO, GRPO, RLOO).
+struct PpoConfig {
+  int64_t prompts_per_rollout = 16;
+  int64_t samples_per_prompt = 1;
+  int64_t ppo_epochs = 4;
+  int64_t max_new_tokens = 32;
+  double temperature = 1.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  int64_t generation_batch_size = 0;
+  std::string reference;
+  std::string advantage = "gae";
+  double kl_coef = 0.05;
+  std::string kl_estimator = "k1";
+  double target_kl = 0;
+  double kl_horizon = 10000;
+  double gamma = 1.0;
+  double lam = 0.95;
+  double cliprange = 0.2;
+  double cliprange_value = 0.2;
+  double vf_coef = 0.1;
+  bool whiten_advantages = true;
+  PpoRewardConfig reward;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("prompts_per_rollout", prompts_per_rollout,
+            "Prompts each rollout draws from data.train (over all ranks; a multiple of the world size).", positive());
+    v.field("samples_per_prompt", samples_per_prompt,
+            "Responses sampled per prompt (at least 2 for advantage grpo and rloo).", positive());
+    v.field("ppo_epochs", ppo_epochs,
+            "Passes over each rollout, in minibatches of train.global_batch_size sequences.", positive());
+    v.field("max_new_tokens", max_new_tokens, "Most tokens a rollout response may have.", positive());
+    v.field("temperature", temperature, "Sampling temperature; log-probs are taken at the same temperature.",
+            positive());
+    v.field("top_k", top_k, "Sample among the k likeliest tokens (0 = all).", non_negative());
+    v.field("top_p", top_p, "Nucleus sampling mass (1 = off).",
+            Rule{"a number in (0, 1]", [](double x) { return x > 0 && x <= 1; }, {}});
+    v.field("generation_batch_size", generation_batch_size,
+            "Sequences generated together (0 = a rank's whole share of the rollout).", non_negative());
+    v.field("reference", reference,
+            "Reference model folder for the KL penalty. Empty = model.from, or a frozen copy of the initial weights.");
+    v.field("advantage", advantage,
+            "gae (PPO with a value head), grpo (group-normalised scores, KL in the loss, no critic) or rloo "
+            "(leave-one-out baseline, no critic).",
+            one_of({"gae", "grpo", "rloo"}));
+    v.field("kl_coef", kl_coef,
+            "KL penalty coefficient (initial value when target_kl is set; GRPO's beta).", non_negative());
+    v.field("kl_estimator", kl_estimator, "Per-token KL estimator: k1 (logp - ref) or k3.", one_of({"k1", "k3"}));
+    v.field("target_kl", target_kl,
+            "Adaptive KL controller target (Ziegler et al.): the summed KL per sequence to aim for; 0 = fixed "
+            "kl_coef.",
+            non_negative());
+    v.field("kl_horizon", kl_horizon, "Adaptive KL controller horizon, in sequences.", positive());
+    v.field("gamma", gamma, "GAE discount.",
+            Rule{"a number in [0, 1]", [](double x) { return x >= 0 && x <= 1; }, {}});
+    v.field("lam", lam, "GAE lambda.", Rule{"a number in [0, 1]", [](double x) { return x >= 0 && x <= 1; }, {}});
+    v.field("cliprange", cliprange, "Policy ratio clip epsilon.", positive());
+    v.field("cliprange_value", cliprange_value, "Value clip range around the rollout's values.", positive());
+    v.field("vf_coef", vf_coef, "Weight of the value loss.", non_negative());
+    v.field("whiten_advantages", whiten_advantages, "Whiten advantages over the rollout (gae and rloo).");
+    v.section("reward", reward, "Where rewards come from: exactly one of model, command, exact_match, regex, function.");
+  }
+};
+
 /// How a registered section lists its fields: `void visit(FieldVisitor& v)`
 /// calls v.field(key, value, doc, rule) for each, as built-in sections do.
 /// Fields are bool, int64_t, double, std::string or std::vector<double>.
@@ -565,6 +666,7 @@ struct RunConfig {
   SftConfig sft;
   RewardConfig reward;
   DpoConfig dpo;
+  PpoConfig ppo;
   Extensions extensions;  // the sections programs registered (register_section)
 
   template <class V>
@@ -591,6 +693,7 @@ struct RunConfig {
     v.section("sft", sft, "Supervised fine-tuning (algorithm: sft).");
     v.section("reward", reward, "Reward-model training (algorithm: reward).");
     v.section("dpo", dpo, "Direct preference optimisation (algorithm: dpo).");
+    v.section("ppo", ppo, "Online RL: PPO, GRPO and RLOO (algorithm: ppo; docs/algorithms.md).");
     for (const auto& s : registered_sections()) {
       detail::ExtensionShim shim{extensions.at(s)};
       v.section(s.name.c_str(), shim, s.doc.c_str());

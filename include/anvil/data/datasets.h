@@ -140,6 +140,10 @@ class PreferenceDataset {
 struct PromptSample {
   std::vector<int64_t> prompt_ids;
   std::string prompt;
+  std::vector<Message> messages;  // the prompt's turns
+  bool text_prompt = false;       // a text prompt (is_text_prompt)
+  nlohmann::json record;          // the whole line: answers, tests, ... for rewards
+  std::string where;              // file:line, for messages
 };
 
 class PromptDataset {

@@ -26,6 +26,9 @@ struct SamplingOptions {
   uint64_t seed = 0;     // sampling RNG; the global RNG is never touched
   int64_t batch_size = 0;  // prompts decoded together; 0 = all
   std::vector<LogitsProcessor> logits_processors;  // applied in order, before temperature, top-k and top-p
+  /// One sampling seed per prompt (else `seed` for the whole call): each
+  /// prompt's tokens then do not depend on the batch it is decoded in.
+  std::vector<uint64_t> row_seeds;
 };
 
 /// New tokens of each prompt and each one's log-probability under the

@@ -40,6 +40,7 @@ class RewardModel {
   std::vector<float> score(const std::vector<std::vector<int64_t>>& rows, int64_t batch_size = 64) const;
 
   models::CausalLM& model() const { return *model_; }
+  const std::shared_ptr<models::CausalLM>& model_ptr() const { return model_; }
   const tokenizer::Tokenizer& tokenizer() const { return *tok_; }
   const data::ChatTemplate& chat_template() const { return *tmpl_; }
 

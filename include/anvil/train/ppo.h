@@ -1,0 +1,126 @@
+#pragma once
+// Online RL on the shared engine: PPO (Schulman et al. 2017, with the
+// RLHF recipe of Ziegler et al. 2019 as TRL and trlx implement it), GRPO
+// (Shao et al. 2024) and RLOO (Ahmadian et al. 2024) advantages. Each
+// iteration generates a rollout from `ppo.prompts_per_rollout` prompts
+// (before_iteration), scores it, and trains on it for `ppo.ppo_epochs`
+// passes in minibatches of train.global_batch_size sequences. Formulas,
+// options and metrics: docs/algorithms.md.
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "anvil/train/objective.h"
+
+namespace anvil::train {
+
+// ---- formulas (parity-tested against tests/parity/ppo_reference.py) ------------
+// Per-token tensors are response-aligned (B, R): row i's response tokens in
+// columns [0, len_i), `mask` 1 there and 0 after.
+
+/// The per-token KL estimate between policy and reference from their
+/// log-probs: "k1" logp - ref, or "k3" exp(ref - logp) - (ref - logp) - 1.
+at::Tensor kl_estimate(const at::Tensor& logp, const at::Tensor& ref_logp, const std::string& estimator);
+
+/// -kl_coef * kl per token, with each row's score added at its last response
+/// token (Ziegler et al.). `scores` (B).
+at::Tensor token_rewards(const at::Tensor& kl, const at::Tensor& scores, const at::Tensor& mask, double kl_coef);
+
+/// Generalised advantage estimation over each row's response: values are
+/// those of the state before each token, 0 past the end. Returns
+/// (advantages, returns = advantages + values), both 0 outside the mask.
+std::pair<at::Tensor, at::Tensor> gae(const at::Tensor& rewards, const at::Tensor& values, const at::Tensor& mask,
+                                      double gamma, double lam);
+
+/// (x - mean) / sqrt(var + 1e-8) over the masked entries (unbiased variance,
+/// TRL's masked_whiten); 0 outside the mask. `moments` = {count, sum, sum of
+/// squares} of the entries when they span several ranks (else computed here).
+at::Tensor masked_whiten(const at::Tensor& x, const at::Tensor& mask, const std::vector<double>& moments = {});
+
+/// GRPO advantages: per group of `group` consecutive scores,
+/// (s - mean) / (unbiased std + 1e-4).
+at::Tensor grpo_advantages(const at::Tensor& scores, int64_t group);
+/// RLOO advantages: s_i minus the mean of the other samples of its group.
+at::Tensor rloo_advantages(const at::Tensor& scores, int64_t group);
+
+/// The adaptive KL coefficient (Ziegler et al.; trlx): with
+/// e = clip(current / target - 1, -0.2, 0.2), returns value * (1 + e * n_steps / horizon).
+double adaptive_kl_update(double value, double current, double target, double horizon, double n_steps);
+
+/// trlx's RunningMoments: the mean and variance of every score seen,
+/// merged batch by batch; std = sqrt(var * n / (n - 1)).
+struct RunningMoments {
+  double mean = 0, var = 1, std = 1, count = 1e-24;
+  void update(const std::vector<double>& xs);
+  nlohmann::json to_json() const;
+  static RunningMoments from_json(const nlohmann::json& j);
+};
+
+/// The clipped PPO losses of a micro-batch, summed over its masked tokens
+/// (the loop divides by the step's tokens, making them masked means), and
+/// their statistics.
+struct PpoLossSums {
+  at::Tensor policy;        // sum of max(-A r, -A clip(r))
+  at::Tensor value;         // sum of 0.5 max((v - R)^2, (clip(v) - R)^2); undefined without values
+  at::Tensor clipfrac;      // tokens whose ratio was clipped
+  at::Tensor vf_clipfrac;   // tokens whose value was clipped
+  at::Tensor approxkl;      // sum of 0.5 (logp - old)^2
+  at::Tensor ratio;         // sum of the ratios
+};
+struct PpoClip {
+  double cliprange = 0.2;
+  double cliprange_value = 0.2;
+};
+/// `values`, `old_values` and `returns` may be undefined (no critic).
+PpoLossSums ppo_loss_sums(const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages,
+                          const at::Tensor& values, const at::Tensor& old_values, const at::Tensor& returns,
+                          const at::Tensor& mask, const PpoClip& clip);
+
+// ---- rewards a program supplies ------------------------------------------------
+
+/// What a reward function sees of one sample: the prompt and response texts
+/// and the whole prompt record (its extra fields: an answer, tests, ...).
+struct RewardQuery {
+  std::string prompt;
+  std::string response;
+  nlohmann::json record;
+  bool ended = true;  // the response ended with the end of turn (not cut by max_new_tokens)
+};
+/// One reward per query, in order.
+using RewardFn = std::function<std::vector<double>(const std::vector<RewardQuery>& queries)>;
+
+/// Makes `ppo.reward.function: <name>` call `fn`. Register before the run
+/// starts. Throws ConfigError when the name is taken.
+void register_reward_function(const std::string& name, RewardFn fn);
+
+// ---- the objective ---------------------------------------------------------------
+
+/// algorithm: ppo (ppo.advantage: gae, grpo or rloo).
+class PpoObjective final : public Objective {
+ public:
+  PpoObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
+  ~PpoObjective() override;
+  std::string name() const override { return "ppo"; }
+  std::string target_unit() const override { return "response tokens"; }
+  void prepare(models::CausalLM& model, const RunContext& ctx) override;
+  at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override;
+  Metrics step_metrics(const Sums& sums) const override;
+  EvalResult evaluate(models::CausalLM& model) override;
+  BatchSource& train_source() override;
+  int64_t steps_per_iteration() const override;
+  Metrics before_iteration(Engine& engine, int64_t iteration, int64_t step) override;
+  void after_step(Engine& engine, int64_t step) override;
+  nlohmann::json state() const override;
+  void restore(const nlohmann::json& state) override;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace anvil::train

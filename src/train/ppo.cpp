@@ -1,0 +1,834 @@
+// PPO, GRPO and RLOO on the shared engine (docs/algorithms.md).
+//
+// An iteration: before_iteration() draws ppo.prompts_per_rollout prompts
+// (every rank walks the same prompt stream and generates for its share),
+// samples ppo.samples_per_prompt responses each with the KV cache, computes
+// the old policy's and the reference's log-probs and the values, scores the
+// responses, and exchanges the rows so that every rank holds the whole
+// rollout. Advantages are then computed identically on every rank, and the
+// loop takes ppo_epochs x (rollout / minibatch) optimizer steps; each rank
+// trains on its slice of every minibatch, so a run on N ranks takes the same
+// steps as one process.
+#include "anvil/train/ppo.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <regex>
+
+#include "anvil/core/error.h"
+#include "anvil/core/logging.h"
+#include "anvil/data/chat.h"
+#include "anvil/data/datasets.h"
+#include "anvil/data/mixture.h"
+#include "anvil/generation/generate.h"
+#include "anvil/io/hf_model.h"
+#include "anvil/models/registry.h"
+#include "anvil/rewards/reward_model.h"
+#include "anvil/rewards/reward_program.h"
+#include "anvil/train/engine.h"
+#include "train/lm_data.h"
+#include "train/ppo_rollout.h"
+
+namespace anvil::train {
+
+// ---- formulas ----------------------------------------------------------------------
+
+at::Tensor kl_estimate(const at::Tensor& logp, const at::Tensor& ref_logp, const std::string& estimator) {
+  const auto d = logp - ref_logp;
+  if (estimator == "k1") return d;
+  if (estimator == "k3") return at::exp(-d) - 1 + d;
+  throw ConfigError(concat("ppo.kl_estimator: expected k1 or k3, got \"", estimator, "\""));
+}
+
+at::Tensor token_rewards(const at::Tensor& kl, const at::Tensor& scores, const at::Tensor& mask, double kl_coef) {
+  auto rewards = -kl_coef * kl * mask;
+  const auto lengths = mask.sum(1).to(at::kLong);  // (B)
+  const auto B = mask.size(0);
+  for (int64_t i = 0; i < B; ++i) {
+    const auto n = lengths[i].item<int64_t>();
+    if (n > 0) rewards[i][n - 1] += scores[i];
+  }
+  return rewards;
+}
+
+std::pair<at::Tensor, at::Tensor> gae(const at::Tensor& rewards, const at::Tensor& values, const at::Tensor& mask,
+                                      double gamma, double lam) {
+  const auto R = rewards.size(1);
+  const auto v = values * mask, r = rewards * mask;
+  auto adv = at::zeros_like(rewards);
+  auto last = at::zeros({rewards.size(0)}, rewards.options());
+  for (int64_t t = R - 1; t >= 0; --t) {
+    const auto next = t + 1 < R ? v.select(1, t + 1) : at::zeros_like(last);
+    const auto delta = r.select(1, t) + gamma * next - v.select(1, t);
+    // Past a row's end everything is 0, so its last token starts from 0.
+    last = (delta + gamma * lam * last) * mask.select(1, t);
+    adv.select(1, t).copy_(last);
+  }
+  return {adv, (adv + v) * mask};
+}
+
+at::Tensor masked_whiten(const at::Tensor& x, const at::Tensor& mask, const std::vector<double>& moments) {
+  double n, sum, sq;
+  if (moments.size() == 3) {
+    n = moments[0], sum = moments[1], sq = moments[2];
+  } else {
+    n = mask.sum().item<double>();
+    sum = (x * mask).sum().item<double>();
+    sq = (x * x * mask).sum().item<double>();
+  }
+  if (n < 2) return x * mask;
+  const double mean = sum / n;
+  const double var = std::max(0.0, (sq - n * mean * mean) / (n - 1));
+  return (x - mean) / std::sqrt(var + 1e-8) * mask;
+}
+
+at::Tensor grpo_advantages(const at::Tensor& scores, int64_t group) {
+  TORCH_CHECK(group >= 2 && scores.numel() % group == 0, "grpo_advantages: groups of ", group, " over ",
+              scores.numel(), " scores");
+  const auto s = scores.view({-1, group});
+  return ((s - s.mean(1, true)) / (s.std(1, /*unbiased=*/true, true) + 1e-4)).view(-1);
+}
+
+at::Tensor rloo_advantages(const at::Tensor& scores, int64_t group) {
+  TORCH_CHECK(group >= 2 && scores.numel() % group == 0, "rloo_advantages: groups of ", group, " over ",
+              scores.numel(), " scores");
+  const auto s = scores.view({-1, group});
+  return (s - (s.sum(1, true) - s) / static_cast<double>(group - 1)).view(-1);
+}
+
+double adaptive_kl_update(double value, double current, double target, double horizon, double n_steps) {
+  const double e = std::clamp(current / target - 1, -0.2, 0.2);
+  return value * (1 + e * n_steps / horizon);
+}
+
+void RunningMoments::update(const std::vector<double>& xs) {
+  if (xs.empty()) return;
+  const double n = static_cast<double>(xs.size());
+  double m = 0;
+  for (double x : xs) m += x;
+  m /= n;
+  double v = 0;
+  for (double x : xs) v += (x - m) * (x - m);
+  v /= n;
+  const double delta = m - mean, tot = count + n;
+  const double old_sum = var * count + delta * delta * count * n / tot;
+  mean += delta * n / tot;
+  var = (old_sum + v * n) / tot;
+  std = std::sqrt(var * tot / (tot - 1));
+  count = tot;
+}
+
+nlohmann::json RunningMoments::to_json() const {
+  return {{"mean", mean}, {"var", var}, {"std", std}, {"count", count}};
+}
+
+RunningMoments RunningMoments::from_json(const nlohmann::json& j) {
+  RunningMoments m;
+  m.mean = j.at("mean").get<double>();
+  m.var = j.at("var").get<double>();
+  m.std = j.at("std").get<double>();
+  m.count = j.at("count").get<double>();
+  return m;
+}
+
+PpoLossSums ppo_loss_sums(const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages,
+                          const at::Tensor& values, const at::Tensor& old_values, const at::Tensor& returns,
+                          const at::Tensor& mask, const PpoClip& clip) {
+  PpoLossSums out;
+  const auto diff = logp - old_logp;
+  const auto ratio = at::exp(diff);
+  const auto pg1 = -advantages * ratio;
+  const auto pg2 = -advantages * at::clamp(ratio, 1 - clip.cliprange, 1 + clip.cliprange);
+  out.policy = (at::maximum(pg1, pg2) * mask).sum();
+  out.clipfrac = ((pg2 > pg1).to(mask.scalar_type()) * mask).sum().detach();
+  out.approxkl = (0.5 * diff.detach() * diff.detach() * mask).sum();
+  out.ratio = (ratio.detach() * mask).sum();
+  if (values.defined()) {
+    const auto vclip =
+        at::clamp(values, old_values - clip.cliprange_value, old_values + clip.cliprange_value);  // tensor bounds
+    const auto vf1 = (values - returns).pow(2), vf2 = (vclip - returns).pow(2);
+    out.value = (0.5 * at::maximum(vf1, vf2) * mask).sum();
+    out.vf_clipfrac = ((vf2 > vf1).to(mask.scalar_type()) * mask).sum().detach();
+  }
+  return out;
+}
+
+// ---- reward functions --------------------------------------------------------------
+
+namespace {
+
+std::mutex& reward_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, RewardFn>& reward_functions() {
+  static std::map<std::string, RewardFn> fns;
+  return fns;
+}
+
+}  // namespace
+
+void register_reward_function(const std::string& name, RewardFn fn) {
+  if (name.empty()) throw ConfigError("register_reward_function: expected a name");
+  if (!fn) throw ConfigError(concat("register_reward_function: ", name, ": no function given"));
+  std::lock_guard<std::mutex> lock(reward_mutex());
+  if (!reward_functions().emplace(name, std::move(fn)).second)
+    throw ConfigError(concat("reward function \"", name, "\" is already registered"));
+}
+
+namespace {
+
+RewardFn find_reward_function(const std::string& name) {
+  std::lock_guard<std::mutex> lock(reward_mutex());
+  const auto it = reward_functions().find(name);
+  if (it == reward_functions().end()) {
+    std::string known;
+    for (const auto& [k, v] : reward_functions()) known += concat(known.empty() ? "" : ", ", k);
+    throw ConfigError(concat("ppo.reward.function: no reward function \"", name, "\" is registered",
+                             known.empty() ? std::string(" (none is)") : concat(" (registered: ", known, ")")));
+  }
+  return it->second;
+}
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+std::string field_text(const nlohmann::json& record, const std::string& field, const std::string& key,
+                       const std::string& where) {
+  if (!record.contains(field) || record[field].is_null())
+    throw DataError(concat(where, ": ", key, " compares the response with field \"", field,
+                           "\", which this record lacks"));
+  return record[field].is_string() ? record[field].get<std::string>() : record[field].dump();
+}
+
+/// A prompt of the rollout: the sample and its place in the global stream.
+struct RolloutPrompt {
+  const data::PromptSample* sample;
+  int64_t global_index;
+};
+
+/// Packs rows into doubles for the exchange (all_sum of zero-filled slots).
+struct RowCodec {
+  int64_t max_prompt, max_response;
+  int64_t width() const { return 4 + max_prompt + max_response * 4; }
+  void put(const RolloutRow& r, double* out) const {
+    out[0] = static_cast<double>(r.prompt.size());
+    out[1] = static_cast<double>(r.response.size());
+    out[2] = r.ended ? 1 : 0;
+    out[3] = r.score;
+    double* p = out + 4;
+    for (size_t i = 0; i < r.prompt.size(); ++i) p[i] = static_cast<double>(r.prompt[i]);
+    p += max_prompt;
+    for (size_t i = 0; i < r.response.size(); ++i) {
+      p[i] = static_cast<double>(r.response[i]);
+      p[max_response + i] = r.old_logp[i];
+      p[2 * max_response + i] = r.ref_logp.empty() ? 0 : r.ref_logp[i];
+      p[3 * max_response + i] = r.values.empty() ? 0 : r.values[i];
+    }
+  }
+  RolloutRow get(const double* in) const {
+    RolloutRow r;
+    const auto np = static_cast<size_t>(in[0]), nr = static_cast<size_t>(in[1]);
+    r.ended = in[2] != 0;
+    r.score = in[3];
+    const double* p = in + 4;
+    for (size_t i = 0; i < np; ++i) r.prompt.push_back(static_cast<int64_t>(p[i]));
+    p += max_prompt;
+    for (size_t i = 0; i < nr; ++i) {
+      r.response.push_back(static_cast<int64_t>(p[i]));
+      r.old_logp.push_back(static_cast<float>(p[max_response + i]));
+      r.ref_logp.push_back(static_cast<float>(p[2 * max_response + i]));
+      r.values.push_back(static_cast<float>(p[3 * max_response + i]));
+    }
+    return r;
+  }
+};
+
+/// Runs the model without dropout for a scope (gradients still flow).
+class EvalScope {
+ public:
+  explicit EvalScope(models::CausalLM& m) : m_(m), was_(m.is_training()) { m_.eval(); }
+  ~EvalScope() { m_.train(was_); }
+
+ private:
+  models::CausalLM& m_;
+  bool was_;
+};
+
+}  // namespace
+
+/// The rollout's minibatches, micro-batch by micro-batch. Its checkpointed state is the prompt stream's position
+/// (saves happen at rollout boundaries).
+class RolloutSource final : public BatchSource {
+ public:
+  /// `preview`: what next() gives before any rollout (a dry run's plan).
+  RolloutSource(data::MixtureSampler* prompts, Batch preview) : prompts_(prompts), preview_(std::move(preview)) {}
+
+  /// The rollout's micro-batches, in the order steps read them.
+  void load(std::vector<Batch> micro_batches) {
+    micro_ = std::move(micro_batches);
+    cursor_ = 0;
+  }
+  Batch next() override {
+    if (micro_.empty()) return preview_;
+    if (cursor_ >= micro_.size()) throw Error("ppo: more micro-batches were read than the rollout holds");
+    return micro_[cursor_++];
+  }
+  nlohmann::json state() const override { return sampler_state(*prompts_); }
+  void restore(const nlohmann::json& state) override { restore_sampler(*prompts_, state); }
+  int64_t samples_per_epoch() const override { return prompts_->epoch_length(); }
+
+ private:
+  data::MixtureSampler* prompts_;
+  Batch preview_;
+  std::vector<Batch> micro_;
+  size_t cursor_ = 0;
+};
+
+struct PpoObjective::State {
+  config::RunConfig cfg;
+  const config::PpoConfig& ppo;
+  const tokenizer::Tokenizer& tok;
+  int64_t pad_id = 0, stop_id = -1;
+  MixtureData<data::PromptDataset> data;
+  std::unique_ptr<data::MixtureSampler> prompts;
+  std::unique_ptr<RolloutSource> source;
+  RankContext ranks;
+  FrozenModel reference, reward_frozen;
+  std::unique_ptr<rewards::RewardModel> reward_model;
+  std::unique_ptr<rewards::RewardProgram> program;
+  RewardFn reward_fn;
+  bool value_head = false;
+  double kl_coef = 0;
+  RunningMoments moments;
+  double rollout_kl = 0;        // mean summed KL of the last rollout, for the controller
+  int64_t rollout_rows = 0;     // sequences per rollout (all ranks)
+  int64_t steps_done_in_iteration = 0;
+  double learn_seconds = 0;
+  std::chrono::steady_clock::time_point learn_start;
+
+  State(const config::RunConfig& c, const tokenizer::Tokenizer& t) : cfg(c), ppo(cfg.ppo), tok(t) {}
+
+  int64_t minibatch_rows() const { return cfg.train.micro_batch_size * micro_per_step(); }
+  int64_t micro_per_step() const {
+    return cfg.train.global_batch_size > 0 ? cfg.train.global_batch_size / cfg.train.micro_batch_size
+                                           : cfg.train.grad_accum_steps;
+  }
+  std::vector<double> score(const std::vector<RolloutPrompt>& prompts, const std::vector<RolloutRow>& rows,
+                            int64_t per_prompt);
+  std::vector<RolloutRow> generate(models::CausalLM& policy, const std::vector<RolloutPrompt>& mine, int64_t per_prompt,
+                                   uint64_t seed, bool greedy);
+  void forward_logps(models::CausalLM& model, std::vector<RolloutRow>& rows, bool reference_model, bool values);
+};
+
+namespace {
+
+std::shared_ptr<const data::PromptDataset> load_prompts(const config::RunConfig& cfg, const config::DatasetConfig& d,
+                                                        const std::string& key, const tokenizer::Tokenizer& tok) {
+  if (d.format != "auto" && d.format != "prompts")
+    throw ConfigError(concat(key, ".format: algorithm ppo reads prompts ({prompt} records), got ", d.format));
+  if (std::filesystem::is_directory(d.path))
+    throw ConfigError(concat(key, ".path: algorithm ppo reads a prompts JSONL file, got the folder \"", d.path, "\""));
+  data::ReadOptions o;
+  o.prompt_field = d.prompt_field;
+  o.template_name = cfg.data.template_name;
+  o.max_length = cfg.data.max_length;
+  o.on_error = data::parse_on_error(cfg.data.on_error);
+  auto ds = std::make_shared<data::PromptDataset>(data::PromptDataset::load(d.path, tok, o));
+  log::info(d.path, ": ", ds->size(), " prompts (", ds->stats().summary(), ")");
+  return ds;
+}
+
+}  // namespace
+
+PpoObjective::PpoObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)
+    : s_(std::make_unique<State>(cfg, tok)) {
+  const auto& p = s_->ppo;
+  s_->pad_id = tok.padding_id();
+  s_->stop_id = data::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok);
+  s_->kl_coef = p.kl_coef;
+  s_->data = load_mixture<data::PromptDataset>(
+      cfg, [&](const config::DatasetConfig& d, const std::string& key) { return load_prompts(cfg, d, key, tok); });
+  s_->prompts = std::make_unique<data::MixtureSampler>(s_->data.mixture, static_cast<uint64_t>(cfg.train.seed));
+  RolloutRow first;
+  first.prompt = (*s_->data.train.front())[0].prompt_ids;
+  s_->source = std::make_unique<RolloutSource>(s_->prompts.get(), collate_rollout({&first}, s_->pad_id));
+  s_->rollout_rows = p.prompts_per_rollout * p.samples_per_prompt;
+  if (p.advantage != "gae" && p.samples_per_prompt < 2)
+    throw ConfigError(concat("ppo.samples_per_prompt: advantage ", p.advantage,
+                             " compares the samples of a prompt, so it needs at least 2, got ", p.samples_per_prompt));
+  if (s_->rollout_rows % s_->minibatch_rows() != 0)
+    throw ConfigError(concat("ppo.prompts_per_rollout: a rollout of ", p.prompts_per_rollout, " x ",
+                             p.samples_per_prompt, " = ", s_->rollout_rows,
+                             " sequences does not split into minibatches of ", s_->minibatch_rows(),
+                             " (train.global_batch_size, or micro_batch_size x grad_accum_steps)"));
+  int sources = 0;
+  for (const auto* v : {&p.reward.model, &p.reward.command, &p.reward.exact_match, &p.reward.regex, &p.reward.function})
+    sources += !v->empty();
+  if (sources != 1)
+    throw ConfigError(concat("ppo.reward: expected exactly one of model, command, exact_match, regex or function, got ",
+                             sources));
+  if (!p.reward.function.empty()) s_->reward_fn = find_reward_function(p.reward.function);
+  s_->value_head = p.advantage == "gae";
+}
+
+PpoObjective::~PpoObjective() = default;
+
+BatchSource& PpoObjective::train_source() { return *s_->source; }
+
+int64_t PpoObjective::steps_per_iteration() const {
+  return s_->ppo.ppo_epochs * (s_->rollout_rows / s_->minibatch_rows());
+}
+
+void PpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
+  if (model.has_score_head())
+    throw ConfigError("model.from: algorithm ppo trains a policy (a causal LM), but the model is a reward model");
+  s_->ranks = ranks_;
+  if (s_->ppo.prompts_per_rollout % ranks_.world != 0)
+    throw ConfigError(concat("ppo.prompts_per_rollout: ", s_->ppo.prompts_per_rollout, " prompts do not divide among ",
+                             ranks_.world, " ranks"));
+  if (s_->value_head && !model.has_head("value")) {
+    model.add_head("value", 1);
+    log::info("ppo: added a value head (", model.hidden_size(), " -> 1) on the policy's final hidden states");
+  }
+  // The reference: ppo.reference, else model.from, else the initial weights.
+  const auto& ref_path = !s_->ppo.reference.empty() ? s_->ppo.reference : s_->cfg.model.from;
+  std::shared_ptr<models::CausalLM> reference;
+  if (!ref_path.empty()) {
+    reference = io::load_model_dir(ref_path);
+    if (reference->has_score_head())
+      throw ConfigError(concat("ppo.reference: ", ref_path, " is a reward model; the reference must be a causal LM"));
+    if (reference->vocab_size() != model.vocab_size())
+      throw ConfigError(concat("ppo.reference: ", ref_path, " has a vocabulary of ", reference->vocab_size(),
+                               " tokens, the policy ", model.vocab_size()));
+  } else {
+    reference = models::clone_model(model);
+  }
+  s_->reference = ctx.freeze(std::move(reference));
+  log::info("ppo: reference model from ", ref_path.empty() ? std::string("the initial weights") : ref_path, " (",
+            s_->reference.parameter_bytes(), " parameter bytes on this rank)");
+  const auto& r = s_->ppo.reward;
+  if (!r.model.empty()) {
+    auto rm = rewards::RewardModel::load(r.model);
+    s_->reward_frozen = ctx.freeze(rm.model_ptr());
+    s_->reward_model = std::make_unique<rewards::RewardModel>(std::move(rm));
+    log::info("ppo: reward model ", r.model, " (", s_->reward_model->chat_template().name(), " format)");
+  }
+  if (!r.command.empty()) {
+    s_->program = std::make_unique<rewards::RewardProgram>(r.command, r.timeout_s);
+    log::info("ppo: reward program \"", r.command, "\" started");
+  }
+}
+
+std::vector<RolloutRow> PpoObjective::State::generate(models::CausalLM& policy, const std::vector<RolloutPrompt>& mine,
+                                                      int64_t per_prompt, uint64_t seed, bool greedy) {
+  std::vector<std::vector<int64_t>> prompts;
+  generation::SamplingOptions so;
+  so.greedy = greedy;
+  so.temperature = ppo.temperature;
+  so.top_k = ppo.top_k;
+  so.top_p = ppo.top_p;
+  so.eos_id = stop_id;
+  so.max_new_tokens = greedy ? cfg.eval.max_new_tokens : ppo.max_new_tokens;
+  so.batch_size = ppo.generation_batch_size;
+  for (const auto& p : mine)
+    for (int64_t k = 0; k < per_prompt; ++k) {
+      prompts.push_back(p.sample->prompt_ids);
+      // One stream per sample, from its place in the prompt stream: the same
+      // responses whatever the ranks and the generation batches.
+      so.row_seeds.push_back(seed ^ (static_cast<uint64_t>(p.global_index * per_prompt + k) * 0x9E3779B97F4A7C15ull));
+    }
+  const auto out = generation::generate(policy, prompts, so);
+  std::vector<RolloutRow> rows(out.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    rows[i].prompt = prompts[i];
+    rows[i].response = out[i];
+    rows[i].ended = !out[i].empty() && out[i].back() == stop_id;
+  }
+  return rows;
+}
+
+void PpoObjective::State::forward_logps(models::CausalLM& model, std::vector<RolloutRow>& rows, bool reference_model,
+                                        bool values) {
+  torch::NoGradGuard no_grad;
+  EvalScope eval(model);
+  const auto device = model.parameters().front().device();
+  const auto mbs = static_cast<size_t>(cfg.train.micro_batch_size);
+  for (size_t start = 0; start < rows.size(); start += mbs) {
+    const auto end = std::min(rows.size(), start + mbs);
+    std::vector<const RolloutRow*> chunk;
+    for (size_t i = start; i < end; ++i) chunk.push_back(&rows[i]);
+    const auto b = collate_rollout(chunk, pad_id);
+    const auto ids = b.tensors.at("input_ids").to(device);
+    const auto pos = b.tensors.at("positions").to(device);
+    const auto hidden = model.hidden_states(ids, {});
+    const auto H = hidden.size(-1);
+    const auto sel = hidden.gather(1, pos.unsqueeze(-1).expand({pos.size(0), pos.size(1), H}));
+    const auto logits = model.logits(sel).to(at::kFloat) / ppo.temperature;
+    const auto logp = logits.log_softmax(-1).gather(-1, b.tensors.at("tokens").to(device).unsqueeze(-1)).squeeze(-1).cpu();
+    at::Tensor v;
+    if (values) v = model.head("value", sel).squeeze(-1).to(at::kFloat).cpu();
+    for (size_t i = start; i < end; ++i) {
+      auto& r = rows[i];
+      const auto n = static_cast<int64_t>(r.response.size());
+      const auto row = logp[static_cast<int64_t>(i - start)].narrow(0, 0, n).contiguous();
+      std::vector<float> lp(row.data_ptr<float>(), row.data_ptr<float>() + n);
+      (reference_model ? r.ref_logp : r.old_logp) = std::move(lp);
+      if (values) {
+        const auto vr = v[static_cast<int64_t>(i - start)].narrow(0, 0, n).contiguous();
+        r.values.assign(vr.data_ptr<float>(), vr.data_ptr<float>() + n);
+      }
+    }
+  }
+}
+
+Batch collate_rollout(const std::vector<const RolloutRow*>& rows, int64_t pad_id, const at::Tensor& adv,
+                      const at::Tensor& ret, const std::vector<int64_t>& index) {
+  const auto B = static_cast<int64_t>(rows.size());
+  int64_t T = 1, R = 1;
+  for (const auto* r : rows) {
+    T = std::max<int64_t>(T, static_cast<int64_t>(r->prompt.size() + r->response.size()));
+    R = std::max<int64_t>(R, static_cast<int64_t>(r->response.size()));
+  }
+  auto ids = at::full({B, T}, pad_id, at::kLong);
+  auto pos = at::zeros({B, R}, at::kLong), tokens = at::zeros({B, R}, at::kLong);
+  auto mask = at::zeros({B, R}, at::kFloat), old_logp = at::zeros({B, R}, at::kFloat);
+  auto ref_logp = at::zeros({B, R}, at::kFloat), old_values = at::zeros({B, R}, at::kFloat);
+  auto advantages = at::zeros({B, R}, at::kFloat), returns = at::zeros({B, R}, at::kFloat);
+  Batch b;
+  for (int64_t i = 0; i < B; ++i) {
+    const auto& r = *rows[static_cast<size_t>(i)];
+    const auto P = static_cast<int64_t>(r.prompt.size()), n = static_cast<int64_t>(r.response.size());
+    auto* pi = ids[i].data_ptr<int64_t>();
+    std::copy(r.prompt.begin(), r.prompt.end(), pi);
+    std::copy(r.response.begin(), r.response.end(), pi + P);
+    for (int64_t j = 0; j < R; ++j) pos[i][j] = std::min(P - 1 + j, T - 1);
+    for (int64_t j = 0; j < n; ++j) {
+      tokens[i][j] = r.response[static_cast<size_t>(j)];
+      mask[i][j] = 1;
+      if (!r.old_logp.empty()) old_logp[i][j] = r.old_logp[static_cast<size_t>(j)];
+      if (!r.ref_logp.empty()) ref_logp[i][j] = r.ref_logp[static_cast<size_t>(j)];
+      if (!r.values.empty()) old_values[i][j] = r.values[static_cast<size_t>(j)];
+    }
+    if (adv.defined()) {
+      const auto g = index[static_cast<size_t>(i)];
+      advantages[i].narrow(0, 0, n).copy_(adv[g].narrow(0, 0, n));
+      returns[i].narrow(0, 0, n).copy_(ret[g].narrow(0, 0, n));
+    }
+    b.num_targets += n;
+    b.num_tokens += P + n;
+  }
+  b.tensors = {{"input_ids", ids},     {"positions", pos},   {"tokens", tokens},   {"mask", mask},
+               {"old_logp", old_logp}, {"ref_logp", ref_logp}, {"old_values", old_values},
+               {"advantages", advantages}, {"returns", returns}};
+  return b;
+}
+
+std::vector<double> PpoObjective::State::score(const std::vector<RolloutPrompt>& prompts,
+                                               const std::vector<RolloutRow>& rows, int64_t per_prompt) {
+  std::vector<RewardQuery> queries;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& p = *prompts[i / static_cast<size_t>(per_prompt)].sample;
+    auto response = rows[i].response;
+    if (rows[i].ended) response.pop_back();  // the end of turn is the template's, not the answer's
+    queries.push_back({p.prompt, tok.decode(response), p.record, rows[i].ended});
+  }
+  const auto& r = ppo.reward;
+  std::vector<double> out(queries.size(), 0.0);
+  if (!r.exact_match.empty() || !r.regex.empty()) {
+    for (size_t i = 0; i < queries.size(); ++i) {
+      const auto& where = prompts[i / static_cast<size_t>(per_prompt)].sample->where;
+      if (!r.exact_match.empty()) {
+        out[i] = trim(queries[i].response) == trim(field_text(queries[i].record, r.exact_match, "ppo.reward.exact_match", where));
+      } else {
+        const auto pattern = field_text(queries[i].record, r.regex, "ppo.reward.regex", where);
+        try {
+          out[i] = std::regex_search(queries[i].response, std::regex(pattern));
+        } catch (const std::regex_error& e) {
+          throw DataError(concat(where, ": ppo.reward.regex: field \"", r.regex, "\" holds \"", pattern,
+                                 "\", which is not a valid regular expression (", e.what(), ")"));
+        }
+      }
+    }
+  } else if (program) {
+    std::vector<nlohmann::json> records;
+    for (const auto& q : queries) {
+      auto rec = q.record.is_object() ? q.record : nlohmann::json::object();
+      rec["prompt"] = q.prompt;
+      rec["response"] = q.response;
+      records.push_back(std::move(rec));
+    }
+    out = program->score(records);
+  } else if (reward_fn) {
+    out = reward_fn(queries);
+    if (out.size() != queries.size())
+      throw Error(concat("ppo.reward.function \"", r.function, "\" returned ", out.size(), " rewards for ",
+                         queries.size(), " responses"));
+  } else if (reward_model) {
+    std::vector<std::vector<int64_t>> ids;
+    for (size_t i = 0; i < queries.size(); ++i) {
+      const auto& p = *prompts[i / static_cast<size_t>(per_prompt)].sample;
+      ids.push_back(reward_model->encode(p.messages, p.text_prompt, queries[i].response));
+    }
+    const auto scores = reward_model->score(ids, r.batch_size);
+    out.assign(scores.begin(), scores.end());
+  }
+  return out;
+}
+
+Metrics PpoObjective::before_iteration(Engine& engine, int64_t iteration, int64_t step) {
+  (void)step;
+  auto& s = *s_;
+  const auto& p = s.ppo;
+  const auto t0 = std::chrono::steady_clock::now();
+  Metrics m;
+  if (s.learn_seconds > 0) m["time/learn"] = s.learn_seconds;
+  // Every rank walks the whole prompt stream and takes its share.
+  const int64_t P = p.prompts_per_rollout, K = p.samples_per_prompt, W = s.ranks.world, rank = s.ranks.rank;
+  std::vector<RolloutPrompt> mine;
+  for (int64_t g = 0; g < P; ++g) {
+    const auto before = s.prompts->state();
+    const auto ref = s.prompts->next();
+    const int64_t global = before.epoch * s.prompts->epoch_length() + before.offset;
+    if (g / (P / W) == rank) mine.push_back({&(*s.data.train[static_cast<size_t>(ref.dataset)])[ref.index], global});
+  }
+  const auto seed = static_cast<uint64_t>(s.cfg.train.seed) * 0x2545F4914F6CDD1Dull + static_cast<uint64_t>(iteration);
+  std::vector<RolloutRow> local;
+  {
+    auto whole = engine.gathered();  // sharded weights stay whole for the whole rollout
+    local = s.generate(engine.model(), mine, K, seed, false);
+    m["time/rollout"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    s.forward_logps(engine.model(), local, false, s.value_head);
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  s.forward_logps(*s.reference, local, true, false);
+  {
+    auto whole = s.reward_frozen.gathered();
+    const auto scores = s.score(mine, local, K);
+    for (size_t i = 0; i < local.size(); ++i) local[i].score = scores[i];
+  }
+  m["time/reward"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+
+  // Every rank gets every row (zero-filled slots summed over ranks).
+  std::vector<RolloutRow> rows;
+  if (W > 1) {
+    RowCodec codec{s.cfg.data.max_length, p.max_new_tokens};
+    std::vector<double> packed(static_cast<size_t>(P * K * codec.width()), 0.0);
+    const int64_t first = rank * (P / W) * K;
+    for (size_t i = 0; i < local.size(); ++i)
+      codec.put(local[i], packed.data() + (first + static_cast<int64_t>(i)) * codec.width());
+    s.ranks.all_sum(packed);
+    for (int64_t i = 0; i < P * K; ++i) rows.push_back(codec.get(packed.data() + i * codec.width()));
+  } else {
+    rows = std::move(local);
+  }
+
+  // Scores -> (scaled, clipped) -> per-token rewards -> advantages.
+  const auto N = static_cast<int64_t>(rows.size());
+  int64_t R = 1;
+  for (const auto& r : rows) R = std::max<int64_t>(R, static_cast<int64_t>(r.response.size()));
+  auto mask = at::zeros({N, R}, at::kDouble), logp = at::zeros({N, R}, at::kDouble);
+  auto ref = at::zeros({N, R}, at::kDouble), values = at::zeros({N, R}, at::kDouble);
+  std::vector<double> raw;
+  int64_t eos = 0;
+  double length = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    const auto& r = rows[static_cast<size_t>(i)];
+    raw.push_back(r.score);
+    eos += r.ended;
+    length += static_cast<double>(r.response.size());
+    for (size_t j = 0; j < r.response.size(); ++j) {
+      const auto jj = static_cast<int64_t>(j);
+      mask[i][jj] = 1;
+      logp[i][jj] = r.old_logp[j];
+      ref[i][jj] = r.ref_logp[j];
+      if (!r.values.empty()) values[i][jj] = r.values[j];
+    }
+  }
+  auto scores = at::tensor(raw, at::kDouble);
+  if (p.reward.scale == "running") {
+    s.moments.update(raw);
+    scores = scores / s.moments.std;
+  }
+  if (p.reward.clip > 0) scores = scores.clamp(-p.reward.clip, p.reward.clip);
+  const auto kl = kl_estimate(logp, ref, p.kl_estimator) * mask;
+  const auto non_score = -s.kl_coef * kl;
+  at::Tensor adv, ret;
+  if (p.advantage == "gae") {
+    const auto rewards = token_rewards(kl, scores, mask, s.kl_coef);
+    std::tie(adv, ret) = gae(rewards, values, mask, p.gamma, p.lam);
+    if (p.whiten_advantages) adv = masked_whiten(adv, mask);
+  } else {
+    // Sequence-level: GRPO on the scores (its KL is a loss term), RLOO on the
+    // KL-penalised reward (TRL's RLOOTrainer); every token gets its sequence's.
+    const auto seq = p.advantage == "grpo" ? grpo_advantages(scores, K)
+                                            : rloo_advantages(scores + non_score.sum(1), K);
+    auto a = seq.unsqueeze(1) * mask;
+    if (p.advantage == "rloo" && p.whiten_advantages) {
+      const auto sa = (seq - seq.mean()) / (seq.std() + 1e-8);
+      a = sa.unsqueeze(1) * mask;
+    }
+    adv = a;
+    ret = at::zeros_like(a);
+  }
+  adv = adv.to(at::kFloat);
+  ret = ret.to(at::kFloat);
+
+  // Metrics of the rollout (TRL's names).
+  s.rollout_kl = kl.sum(1).mean().item<double>();
+  m["objective/kl"] = s.rollout_kl;
+  m["objective/kl_coef"] = s.kl_coef;
+  m["objective/entropy"] = (-logp * mask).sum(1).mean().item<double>();
+  m["objective/non_score_reward"] = non_score.sum(1).mean().item<double>();
+  m["objective/scores"] = at::tensor(raw, at::kDouble).mean().item<double>();
+  m["objective/rlhf_reward"] = (scores + non_score.sum(1)).mean().item<double>();
+  m["val/num_eos_tokens"] = static_cast<double>(eos);
+  m["val/response_length"] = length / static_cast<double>(N);
+
+  // The minibatch schedule: epochs x minibatches of micro-batches. Like every
+  // batch source, it yields the whole step's micro-batches on every rank, and
+  // the loop keeps micro-batches rank, rank + world, ...
+  const int64_t mb = s.minibatch_rows(), mbs = s.cfg.train.micro_batch_size;
+  std::vector<Batch> micro;
+  for (int64_t e = 0; e < p.ppo_epochs; ++e) {
+    const auto order = data::permutation(N, seed * 31 + static_cast<uint64_t>(e) + 1);
+    for (int64_t start = 0; start < N; start += mb)
+      for (int64_t k = start; k < start + mb; k += mbs) {
+        std::vector<const RolloutRow*> chunk;
+        std::vector<int64_t> index;
+        for (int64_t j = k; j < std::min(k + mbs, start + mb); ++j) {
+          chunk.push_back(&rows[static_cast<size_t>(order[static_cast<size_t>(j)])]);
+          index.push_back(order[static_cast<size_t>(j)]);
+        }
+        micro.push_back(collate_rollout(chunk, s.pad_id, adv, ret, index));
+      }
+  }
+  s.source->load(std::move(micro));
+  s.steps_done_in_iteration = 0;
+  s.learn_start = std::chrono::steady_clock::now();
+  return m;
+}
+
+at::Tensor PpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) {
+  const auto& p = s_->ppo;
+  EvalScope no_dropout(model);  // as TRL: dropout would make the ratio noisy
+  const auto device = model.parameters().front().device();
+  auto t = [&](const char* k) { return batch.tensors.at(k).to(device); };
+  const auto ids = t("input_ids"), pos = t("positions"), mask = t("mask");
+  const auto hidden = model.hidden_states(ids, {});
+  const auto H = hidden.size(-1);
+  const auto sel = hidden.gather(1, pos.unsqueeze(-1).expand({pos.size(0), pos.size(1), H}));
+  const auto logits = model.logits(sel).to(at::kFloat) / p.temperature;
+  const auto all = logits.log_softmax(-1);
+  const auto logp = all.gather(-1, t("tokens").unsqueeze(-1)).squeeze(-1);
+  at::Tensor values;
+  if (s_->value_head) values = model.head("value", sel).squeeze(-1).to(at::kFloat);
+  const auto terms = ppo_loss_sums(logp, t("old_logp"), t("advantages"), values, t("old_values"), t("returns"), mask,
+                                   {p.cliprange, p.cliprange_value});
+  auto loss = terms.policy;
+  add_sum(sums, "pg_loss", terms.policy);
+  add_sum(sums, "clipfrac", terms.clipfrac);
+  add_sum(sums, "approxkl", terms.approxkl);
+  add_sum(sums, "ratio", terms.ratio);
+  add_sum(sums, "tokens", mask.sum());
+  add_sum(sums, "entropy", (-(all.exp() * all).sum(-1) * mask).sum());
+  if (values.defined()) {
+    loss = loss + p.vf_coef * terms.value;
+    add_sum(sums, "vf_loss", terms.value);
+    add_sum(sums, "vf_clipfrac", terms.vf_clipfrac);
+  }
+  if (p.advantage == "grpo" && s_->kl_coef > 0) {
+    const auto kl = (kl_estimate(logp, t("ref_logp"), "k3") * mask).sum();
+    loss = loss + s_->kl_coef * kl;
+    add_sum(sums, "kl", kl);
+  }
+  return loss;
+}
+
+Metrics PpoObjective::step_metrics(const Sums& sums) const {
+  const auto get = [&](const char* k) {
+    const auto it = sums.find(k);
+    return it == sums.end() ? 0.0 : it->second.item<double>();
+  };
+  const double n = std::max(1.0, get("tokens"));
+  Metrics m{{"loss/policy_avg", get("pg_loss") / n},     {"policy/approxkl_avg", get("approxkl") / n},
+            {"policy/clipfrac_avg", get("clipfrac") / n}, {"policy/entropy_avg", get("entropy") / n},
+            {"val/ratio", get("ratio") / n}};
+  if (sums.count("vf_loss")) {
+    m["loss/value_avg"] = get("vf_loss") / n;
+    m["val/clipfrac_avg"] = get("vf_clipfrac") / n;
+  }
+  if (sums.count("kl")) m["policy/kl_avg"] = get("kl") / n;
+  return m;
+}
+
+void PpoObjective::after_step(Engine& engine, int64_t step) {
+  (void)engine;
+  (void)step;
+  auto& s = *s_;
+  if (++s.steps_done_in_iteration < steps_per_iteration()) return;
+  s.learn_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.learn_start).count();
+  // The rollout's measured KL moves the coefficient (Ziegler et al.; trlx).
+  if (s.ppo.target_kl > 0)
+    s.kl_coef = adaptive_kl_update(s.kl_coef, s.rollout_kl, s.ppo.target_kl, s.ppo.kl_horizon,
+                                   static_cast<double>(s.rollout_rows));
+}
+
+nlohmann::json PpoObjective::state() const {
+  return {{"kl_coef", s_->kl_coef}, {"reward_moments", s_->moments.to_json()}};
+}
+
+void PpoObjective::restore(const nlohmann::json& state) {
+  s_->kl_coef = state.at("kl_coef").get<double>();
+  s_->moments = RunningMoments::from_json(state.at("reward_moments"));
+}
+
+EvalResult PpoObjective::evaluate(models::CausalLM& model) {
+  auto& s = *s_;
+  EvalResult result;
+  if (s.data.eval.empty()) return result;
+  std::vector<RolloutPrompt> all;
+  for (const auto& ref : s.data.eval) {
+    if (static_cast<int64_t>(all.size()) >= s.cfg.eval.generate_samples) break;
+    all.push_back({&(*s.data.eval_sets[static_cast<size_t>(ref.dataset)])[ref.index], static_cast<int64_t>(all.size())});
+  }
+  if (all.empty()) return result;
+  const bool split = s.ranks.splits(static_cast<int64_t>(all.size()));
+  std::vector<RolloutPrompt> mine;
+  for (size_t i = 0; i < all.size(); ++i)
+    if (!split || s.ranks.mine(static_cast<int64_t>(i))) mine.push_back(all[i]);
+  auto rows = s.generate(model, mine, 1, 0, true);
+  std::vector<double> scores;
+  {
+    auto whole = s.reward_frozen.gathered();  // ranks score different numbers of rows
+    scores = s.score(mine, rows, 1);
+  }
+  std::vector<double> totals{0, 0};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    totals[0] += scores[i];
+    totals[1] += static_cast<double>(rows[i].response.size());
+    if (static_cast<int64_t>(result.samples.size()) < s.cfg.eval.table_rows) {
+      auto response = rows[i].response;
+      if (rows[i].ended) response.pop_back();
+      result.samples.push_back({mine[i].sample->prompt, s.tok.decode(response), concat("reward ", scores[i])});
+    }
+  }
+  if (split) s.ranks.all_sum(totals);
+  const auto n = static_cast<double>(all.size());
+  result.metrics["eval/reward"] = totals[0] / n;
+  result.metrics["eval/response_length"] = totals[1] / n;
+  if (!s.ppo.reward.exact_match.empty()) result.metrics["eval/exact_match"] = totals[0] / n;
+  return result;
+}
+
+}  // namespace anvil::train

@@ -1,0 +1,214 @@
+"""Independent reference values for Anvil's PPO, GRPO and RLOO formulas.
+
+Usage: ppo_reference.py OUT.json
+
+Written from the papers and the definitions in Hugging Face TRL (PPOTrainer,
+GRPOTrainer, RLOOTrainer) and trlx (AdaptiveKLController, RunningMoments),
+without importing either. Inputs are fixed random numbers (torch.manual_seed(0));
+all maths is float64. Sequences are response-aligned: row i holds its response
+tokens in columns [0, len_i), and `mask` is 1 there, 0 after.
+
+KL per token (Schulman's estimators), with d = logp - ref:
+    k1 = d
+    k3 = exp(-d) - 1 + d                      (= exp(ref - logp) - (ref - logp) - 1)
+Per-token reward (PPO, Ziegler et al.): r_t = -kl_coef * kl_t, plus the sequence's
+score on its last response token. non_score_reward = sum_t -kl_coef * kl_t.
+GAE (Schulman et al. 2016), values V_t of the state before token t, V_len = 0:
+    delta_t = r_t + gamma * V_{t+1} - V_t
+    A_t = delta_t + gamma * lam * A_{t+1},  returns = A + V
+Whitening over the masked entries: (A - mean) / sqrt(var_unbiased + 1e-8).
+Adaptive KL (Ziegler et al.; trlx AdaptiveKLController):
+    e = clip(current / target - 1, -0.2, 0.2);  coef *= 1 + e * n_steps / horizon
+Clipped surrogate and value losses (PPO; TRL), masked means over tokens:
+    ratio = exp(logp_new - logp_old)
+    pg = max(-A * ratio, -A * clip(ratio, 1 - c, 1 + c))
+    vclip = clip(v_new, v_old - cv, v_old + cv)
+    vf = 0.5 * max((v_new - R)^2, (vclip - R)^2)
+    clipfrac = mean(-A*clip(ratio) > -A*ratio); vf_clipfrac = mean((vclip-R)^2 > (v_new-R)^2)
+    approxkl = 0.5 * mean((logp_new - logp_old)^2)
+GRPO (Shao et al. 2024; TRL GRPOTrainer): per group of G samples of one prompt,
+    A = (s - mean_group) / (std_group_unbiased + 1e-4)
+RLOO (Ahmadian et al. 2024; TRL RLOOTrainer): per group of k samples,
+    baseline_i = (sum_group - s_i) / (k - 1),  A_i = s_i - baseline_i
+Running reward scaling (trlx RunningMoments, scale_reward "running"): the moments
+are merged with each batch (population variance inside the batch, Chan's merge),
+std = sqrt(var * n / (n - 1)); scores are divided by the running std, then
+clipped to [-cliprange_reward, cliprange_reward].
+"""
+import json
+import sys
+
+import torch
+
+DTYPE = torch.float64
+
+
+def masked_mean(x, m):
+    return (x * m).sum() / m.sum()
+
+
+def masked_var_unbiased(x, m):
+    mean = masked_mean(x, m)
+    n = m.sum()
+    return masked_mean((x - mean) ** 2, m) * n / (n - 1)
+
+
+def kl(logp, ref, estimator):
+    d = logp - ref
+    if estimator == "k1":
+        return d
+    return torch.exp(-d) - 1 + d
+
+
+def gae(rewards, values, mask, gamma, lam):
+    B, R = rewards.shape
+    adv = torch.zeros_like(rewards)
+    for i in range(B):
+        n = int(mask[i].sum().item())
+        last = 0.0
+        for t in reversed(range(n)):
+            nxt = values[i, t + 1].item() if t + 1 < n else 0.0
+            delta = rewards[i, t].item() + gamma * nxt - values[i, t].item()
+            last = delta + gamma * lam * last
+            adv[i, t] = last
+    returns = (adv + values) * mask
+    return adv, returns
+
+
+def whiten(x, m):
+    mean = masked_mean(x, m)
+    var = masked_var_unbiased(x, m)
+    return (x - mean) / torch.sqrt(var + 1e-8) * m
+
+
+def random_case(seed, B=6, R=7):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, R + 1, (B,), generator=g)
+    lens[0] = R
+    mask = (torch.arange(R)[None, :] < lens[:, None]).to(DTYPE)
+    u = lambda *s: torch.rand(*s, generator=g, dtype=DTYPE)
+    return {
+        "mask": mask,
+        "logp_old": -3 * u(B, R) * mask,
+        "ref": -3 * u(B, R) * mask,
+        "values_old": (u(B, R) - 0.5) * mask,
+        "scores": 2 * u(B) - 1,
+        "logp_new_delta": 0.4 * (u(B, R) - 0.5) * mask,
+        "values_new_delta": 0.6 * (u(B, R) - 0.5) * mask,
+    }
+
+
+def to_list(t):
+    return t.reshape(-1).tolist()
+
+
+def ppo_case(seed, estimator, kl_coef, gamma, lam, cliprange, cliprange_value):
+    c = random_case(seed)
+    m = c["mask"]
+    k = kl(c["logp_old"], c["ref"], estimator) * m
+    non_score = -kl_coef * k
+    rewards = non_score.clone()
+    lens = m.sum(1).long()
+    for i in range(rewards.shape[0]):
+        rewards[i, lens[i] - 1] += c["scores"][i]
+    adv, returns = gae(rewards, c["values_old"], m, gamma, lam)
+    adv_w = whiten(adv, m)
+    logp_new = c["logp_old"] + c["logp_new_delta"]
+    v_new = c["values_old"] + c["values_new_delta"]
+    ratio = torch.exp(logp_new - c["logp_old"])
+    pg1 = -adv_w * ratio
+    pg2 = -adv_w * torch.clamp(ratio, 1 - cliprange, 1 + cliprange)
+    pg = torch.maximum(pg1, pg2)
+    vclip = torch.clamp(v_new, c["values_old"] - cliprange_value, c["values_old"] + cliprange_value)
+    vf1 = (v_new - returns) ** 2
+    vf2 = (vclip - returns) ** 2
+    vf = 0.5 * torch.maximum(vf1, vf2)
+    out = {
+        "estimator": estimator, "kl_coef": kl_coef, "gamma": gamma, "lam": lam,
+        "cliprange": cliprange, "cliprange_value": cliprange_value,
+        "shape": list(m.shape),
+        "mask": to_list(m), "logp_old": to_list(c["logp_old"]), "ref": to_list(c["ref"]),
+        "values_old": to_list(c["values_old"]), "scores": to_list(c["scores"]),
+        "logp_new": to_list(logp_new), "values_new": to_list(v_new),
+        "kl": to_list(k), "rewards": to_list(rewards),
+        "advantages": to_list(adv), "returns": to_list(returns), "whitened": to_list(adv_w),
+        "pg_loss": masked_mean(pg, m).item(),
+        "vf_loss": masked_mean(vf, m).item(),
+        "clipfrac": masked_mean((pg2 > pg1).to(DTYPE), m).item(),
+        "vf_clipfrac": masked_mean((vf2 > vf1).to(DTYPE), m).item(),
+        "approxkl": masked_mean(0.5 * (logp_new - c["logp_old"]) ** 2, m).item(),
+        "ratio": masked_mean(ratio, m).item(),
+        "objective_kl": k.sum(1).mean().item(),
+        "non_score_reward": non_score.sum(1).mean().item(),
+    }
+    return out
+
+
+def group_cases():
+    g = torch.Generator().manual_seed(7)
+    scores = torch.rand(12, generator=g, dtype=DTYPE) * 4 - 2
+    scores[4:8] = 0.5  # a group whose samples tie: zero advantages
+    out = []
+    for group in (2, 4):
+        s = scores.view(-1, group)
+        grpo = (s - s.mean(1, keepdim=True)) / (s.std(1, keepdim=True) + 1e-4)
+        rloo = s - (s.sum(1, keepdim=True) - s) / (group - 1)
+        out.append({"group": group, "scores": to_list(scores), "grpo": to_list(grpo), "rloo": to_list(rloo)})
+    return out
+
+
+def adaptive_kl_cases():
+    out = []
+    for value, current, target, horizon, n in [(0.05, 9.0, 6.0, 10000, 64), (0.2, 1.0, 6.0, 10000, 256),
+                                               (0.1, 6.6, 6.0, 500, 32), (0.3, 50.0, 6.0, 100, 8)]:
+        e = min(max(current / target - 1, -0.2), 0.2)
+        out.append({"value": value, "current": current, "target": target, "horizon": horizon, "n_steps": n,
+                    "new_value": value * (1 + e * n / horizon)})
+    return out
+
+
+class RunningMoments:
+    def __init__(self):
+        self.mean, self.var, self.std, self.count = 0.0, 1.0, 1.0, 1e-24
+
+    def update(self, xs):
+        n = xs.numel()
+        xs_mean = xs.mean().item()
+        xs_var = ((xs - xs_mean) ** 2).mean().item()
+        delta = xs_mean - self.mean
+        tot = self.count + n
+        new_sum = xs_var * n
+        old_sum = self.var * self.count + delta ** 2 * self.count * n / tot
+        self.mean += delta * n / tot
+        self.var = (old_sum + new_sum) / tot
+        self.std = (self.var * tot / (tot - 1)) ** 0.5
+        self.count = tot
+
+
+def scaling_case():
+    g = torch.Generator().manual_seed(3)
+    batches = [torch.rand(8, generator=g, dtype=DTYPE) * 6 - 1 for _ in range(3)]
+    rm = RunningMoments()
+    scaled = []
+    for b in batches:
+        rm.update(b)
+        scaled.append(torch.clamp(b / rm.std, -1.5, 1.5))
+    return {"batches": [to_list(b) for b in batches], "clip": 1.5, "scaled": [to_list(s) for s in scaled],
+            "mean": rm.mean, "var": rm.var, "count": rm.count}
+
+
+def main():
+    torch.manual_seed(0)
+    cases = {
+        "ppo": [ppo_case(1, "k1", 0.05, 1.0, 0.95, 0.2, 0.2), ppo_case(2, "k3", 0.1, 0.99, 0.9, 0.1, 0.3),
+                ppo_case(3, "k1", 0.0, 0.9, 1.0, 0.3, 0.05)],
+        "groups": group_cases(),
+        "adaptive_kl": adaptive_kl_cases(),
+        "scaling": scaling_case(),
+    }
+    with open(sys.argv[1], "w") as f:
+        json.dump(cases, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,430 @@
+// PPO, GRPO and RLOO: formulas against an independent Python reference
+// (tests/parity/ppo_reference.py), rollout masks, the reward program, and
+// learning from the quickstart SFT checkpoint (the ctest fixture).
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+
+#include "anvil/config/config.h"
+#include "anvil/core/error.h"
+#include "anvil/models/registry.h"
+#include "anvil/rewards/reward_program.h"
+#include "anvil/train/ppo.h"
+#include "test_util.h"
+#include "train/ppo_rollout.h"
+
+namespace anvil::train {
+namespace {
+
+using anvil::testing::run;
+using anvil::testing::TempDir;
+namespace stdfs = std::filesystem;
+
+const nlohmann::json& reference() {
+  static const nlohmann::json cases = [] {
+    TempDir dir;
+    std::string out;
+    const auto cmd = anvil::testing::python_bin() + " " + anvil::testing::source_dir() +
+                     "/tests/parity/ppo_reference.py " + (dir / "ref.json").string();
+    EXPECT_EQ(run(cmd, &out), 0) << out;
+    return nlohmann::json::parse(anvil::testing::read_text(dir / "ref.json"));
+  }();
+  return cases;
+}
+
+at::Tensor doubles(const nlohmann::json& j) { return at::tensor(j.get<std::vector<double>>(), at::kDouble); }
+
+at::Tensor matrix(const nlohmann::json& c, const char* key) {
+  return doubles(c[key]).view({c["shape"][0].get<int64_t>(), c["shape"][1].get<int64_t>()});
+}
+
+void expect_close(const at::Tensor& ours, const nlohmann::json& ref, const std::string& what) {
+  const auto r = doubles(ref);
+  ASSERT_EQ(ours.numel(), r.numel()) << what;
+  EXPECT_LE((ours.reshape(-1).to(at::kDouble) - r).abs().max().item<double>(), 1e-6) << what;
+}
+
+TEST(PpoFormulas, KlRewardsGaeWhiteningAndClippedLossesMatchTheReference) {
+  const auto& cases = reference()["ppo"];
+  ASSERT_EQ(cases.size(), 3u);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c["estimator"].get<std::string>());
+    const auto mask = matrix(c, "mask"), logp_old = matrix(c, "logp_old"), ref = matrix(c, "ref");
+    const auto values_old = matrix(c, "values_old");
+    const auto kl = kl_estimate(logp_old, ref, c["estimator"]) * mask;
+    expect_close(kl, c["kl"], "kl");
+    const auto rewards = token_rewards(kl, doubles(c["scores"]), mask, c["kl_coef"]);
+    expect_close(rewards, c["rewards"], "rewards");
+    const auto [adv, ret] = gae(rewards, values_old, mask, c["gamma"], c["lam"]);
+    expect_close(adv, c["advantages"], "advantages");
+    expect_close(ret, c["returns"], "returns");
+    const auto white = masked_whiten(adv, mask);
+    expect_close(white, c["whitened"], "whitened");
+    // The same whitening from moments summed elsewhere (several ranks).
+    const std::vector<double> moments{mask.sum().item<double>(), (adv * mask).sum().item<double>(),
+                                      (adv * adv * mask).sum().item<double>()};
+    expect_close(masked_whiten(adv, mask, moments), c["whitened"], "whitened from moments");
+    EXPECT_NEAR(kl.sum(1).mean().item<double>(), c["objective_kl"].get<double>(), 1e-9);
+    EXPECT_NEAR((-c["kl_coef"].get<double>() * kl).sum(1).mean().item<double>(), c["non_score_reward"].get<double>(),
+                1e-9);
+
+    // Losses as masked means: sums over two micro-batches / tokens.
+    const auto logp_new = matrix(c, "logp_new"), values_new = matrix(c, "values_new");
+    const PpoClip clip{c["cliprange"], c["cliprange_value"]};
+    double pg = 0, vf = 0, cf = 0, vcf = 0, akl = 0, ratio = 0;
+    const auto B = mask.size(0);
+    for (auto [a, b] : {std::pair<int64_t, int64_t>{0, 2}, {2, B}}) {
+      auto s = [&](const at::Tensor& t) { return t.slice(0, a, b); };
+      const auto t = ppo_loss_sums(s(logp_new), s(logp_old), s(white), s(values_new), s(values_old), s(ret), s(mask),
+                                   clip);
+      pg += t.policy.item<double>(), vf += t.value.item<double>(), cf += t.clipfrac.item<double>();
+      vcf += t.vf_clipfrac.item<double>(), akl += t.approxkl.item<double>(), ratio += t.ratio.item<double>();
+    }
+    const double n = mask.sum().item<double>();
+    EXPECT_NEAR(pg / n, c["pg_loss"].get<double>(), 1e-6);
+    EXPECT_NEAR(vf / n, c["vf_loss"].get<double>(), 1e-6);
+    EXPECT_NEAR(cf / n, c["clipfrac"].get<double>(), 1e-9);
+    EXPECT_NEAR(vcf / n, c["vf_clipfrac"].get<double>(), 1e-9);
+    EXPECT_NEAR(akl / n, c["approxkl"].get<double>(), 1e-9);
+    EXPECT_NEAR(ratio / n, c["ratio"].get<double>(), 1e-9);
+  }
+  // The reference exercises both clips.
+  EXPECT_GT(cases[0]["clipfrac"].get<double>(), 0.0);
+  EXPECT_GT(cases[2]["vf_clipfrac"].get<double>(), 0.0);
+}
+
+TEST(PpoFormulas, GroupAdvantagesAdaptiveKlAndRewardScalingMatchTheReference) {
+  for (const auto& c : reference()["groups"]) {
+    const auto scores = doubles(c["scores"]);
+    const auto group = c["group"].get<int64_t>();
+    expect_close(grpo_advantages(scores, group), c["grpo"], "grpo");
+    expect_close(rloo_advantages(scores, group), c["rloo"], "rloo");
+  }
+  for (const auto& c : reference()["adaptive_kl"])
+    EXPECT_NEAR(adaptive_kl_update(c["value"], c["current"], c["target"], c["horizon"], c["n_steps"]),
+                c["new_value"].get<double>(), 1e-12);
+  const auto& s = reference()["scaling"];
+  RunningMoments m;
+  for (size_t b = 0; b < s["batches"].size(); ++b) {
+    const auto xs = s["batches"][b].get<std::vector<double>>();
+    m.update(xs);
+    const auto scaled = (at::tensor(xs, at::kDouble) / m.std).clamp(-s["clip"].get<double>(), s["clip"].get<double>());
+    expect_close(scaled, s["scaled"][b], "scaled scores");
+  }
+  EXPECT_NEAR(m.mean, s["mean"].get<double>(), 1e-12);
+  EXPECT_NEAR(m.var, s["var"].get<double>(), 1e-12);
+  const auto back = RunningMoments::from_json(m.to_json());
+  EXPECT_EQ(back.count, m.count);
+  EXPECT_EQ(back.std, m.std);
+}
+
+// Only generated tokens are trained: each response token is scored from the
+// logits of the position before it, the prompt and the padding are masked
+// out, and a response ends at its EOS (nothing after it is generated).
+TEST(PpoRollout, MasksCoverExactlyTheGeneratedTokens) {
+  RolloutRow a, b;
+  a.prompt = {5, 6, 7};
+  a.response = {8, 9, 2};  // ended at EOS (2)
+  a.ended = true;
+  b.prompt = {5};
+  b.response = {10, 11, 12, 13, 14};  // cut by max_new_tokens
+  for (auto* r : {&a, &b}) r->old_logp.assign(r->response.size(), -1.0f);
+  const auto batch = collate_rollout({&a, &b}, /*pad_id=*/0);
+  EXPECT_EQ(batch.num_targets, 8);
+  const auto mask = batch.tensors.at("mask"), pos = batch.tensors.at("positions"), tok = batch.tensors.at("tokens");
+  ASSERT_EQ(mask.sizes(), (at::IntArrayRef{2, 5}));
+  EXPECT_TRUE(mask[0].equal(at::tensor({1.f, 1.f, 1.f, 0.f, 0.f})));
+  EXPECT_TRUE(mask[1].equal(at::ones({5})));
+  EXPECT_EQ(pos[0][0].item<int64_t>(), 2);  // token 8 is predicted from position 2 (the prompt's last)
+  EXPECT_EQ(pos[1][0].item<int64_t>(), 0);
+  EXPECT_EQ(tok[0][2].item<int64_t>(), 2);
+  const auto ids = batch.tensors.at("input_ids");
+  EXPECT_TRUE(ids[0].equal(at::tensor({5L, 6L, 7L, 8L, 9L, 2L})));
+  EXPECT_TRUE(ids[1].equal(at::tensor({5L, 10L, 11L, 12L, 13L, 14L})));
+
+  // The gathered log-probs are those of a plain forward at those positions,
+  // and only masked tokens receive a gradient through the policy loss.
+  config::ModelConfig mc;
+  mc.family = "gpt2", mc.vocab_size = 16, mc.hidden_size = 16, mc.num_layers = 1, mc.num_heads = 2;
+  mc.max_position_embeddings = 16;
+  torch::manual_seed(3);
+  auto model = models::family_by_name("gpt2").from_config(mc);
+  model->eval();
+  const auto hidden = model->hidden_states(ids, {});
+  const auto sel = hidden.gather(1, pos.unsqueeze(-1).expand({2, 5, hidden.size(-1)}));
+  const auto logp = model->logits(sel).log_softmax(-1).gather(-1, tok.unsqueeze(-1)).squeeze(-1);
+  const auto full = model->forward(ids).log_softmax(-1).detach();
+  EXPECT_NEAR(logp[0][0].item<double>(), full[0][2][8].item<double>(), 1e-5);
+  EXPECT_NEAR(logp[1][4].item<double>(), full[1][4][14].item<double>(), 1e-5);
+  auto adv = at::ones({2, 5}, at::kFloat);
+  const auto terms = ppo_loss_sums(logp, batch.tensors.at("old_logp"), adv, {}, {}, {}, mask, {});
+  const auto grad = torch::autograd::grad({terms.policy}, {logp})[0];
+  EXPECT_TRUE((grad * (1 - mask)).abs().sum().item<double>() == 0);
+  EXPECT_TRUE((grad.abs() > 0).eq(mask > 0).all().item<bool>());
+}
+
+// ---- the reward program ------------------------------------------------------------
+
+std::string py(const std::string& code) {
+  return anvil::testing::python_bin() + " -u -c '" + code + "'";
+}
+
+TEST(RewardProgram, RoundTripsRecordsInOrder) {
+  rewards::RewardProgram p(py("import json,sys\n"
+                              "for l in sys.stdin:\n"
+                              "  r = json.loads(l)\n"
+                              "  print(json.dumps({\"reward\": len(r[\"response\"]) + r.get(\"bonus\", 0)}))"),
+                           30);
+  const auto out = p.score({{{"prompt", "p"}, {"response", "abc"}}, {{"prompt", "q"}, {"response", ""}, {"bonus", 2.5}}});
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0], 3.0);
+  EXPECT_EQ(out[1], 2.5);
+  EXPECT_EQ(p.score({{{"prompt", "p"}, {"response", "xy"}}}).at(0), 2.0);  // still alive
+}
+
+std::string error_of(const std::string& program, double timeout_s) {
+  try {
+    rewards::RewardProgram p(program, timeout_s);
+    p.score({{{"prompt", "p1"}, {"response", "first"}}, {{"prompt", "p2"}, {"response", "second"}}});
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(RewardProgram, ACrashAMalformedReplyAndATimeoutNameTheCommandAndTheRecord) {
+  // Answers the first record, then dies.
+  auto e = error_of(py("import sys\nsys.stdin.readline()\nprint(\"{\\\"reward\\\": 1}\")\nsys.exit(3)"), 30);
+  EXPECT_NE(e.find("ppo.reward.command"), std::string::npos) << e;
+  EXPECT_NE(e.find("exited with status 3"), std::string::npos) << e;
+  EXPECT_NE(e.find("\"second\""), std::string::npos) << e;
+  e = error_of(py("import sys\nfor l in sys.stdin: print(\"ok\")"), 30);
+  EXPECT_NE(e.find("answered \"ok\""), std::string::npos) << e;
+  EXPECT_NE(e.find("\"first\""), std::string::npos) << e;
+  e = error_of(py("import sys\nfor l in sys.stdin: print(\"{\\\"score\\\": 1}\")"), 30);
+  EXPECT_NE(e.find("expected a line {\"reward\": <finite number>}"), std::string::npos) << e;
+  e = error_of(py("import sys,time\nfor l in sys.stdin: time.sleep(30)"), 0.5);
+  EXPECT_NE(e.find("no answer within 0.5 s"), std::string::npos) << e;
+  EXPECT_NE(e.find("\"first\""), std::string::npos) << e;
+  e = error_of("/nonexistent/reward-program", 30);
+  EXPECT_NE(e.find("exited with status 127"), std::string::npos) << e;
+}
+
+// ---- learning and runs, from the quickstart SFT checkpoint (the ctest fixture) ----
+
+std::vector<nlohmann::json> metric_lines(const stdfs::path& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+/// The last line of each step (a resumed run repeats the steps after its checkpoint).
+std::map<int64_t, nlohmann::json> by_step(const stdfs::path& path) {
+  std::map<int64_t, nlohmann::json> out;
+  for (auto& m : metric_lines(path)) out[m["step"].get<int64_t>()] = m;
+  return out;
+}
+
+stdfs::path fixture_checkpoint() {
+  return stdfs::path(ANVIL_FIXTURE_DIR) / "quickstart-sft" / "checkpoint-1000";
+}
+
+/// A quickstart model weak on one task: the fixture's checkpoint-1000,
+/// fine-tuned for 100 steps on `upper` examples whose answers are in lower
+/// case 60% of the time. Greedy, it answers most held-out `upper` prompts in
+/// lower case; sampled, it is right about 40% of the time. Built once.
+struct WeakUpper {
+  stdfs::path model, prompts, eval;
+};
+const WeakUpper& weak_upper() {
+  static TempDir* dir = new TempDir();  // kept for the whole test program
+  static const WeakUpper w = [] {
+    WeakUpper out{*dir / "sft" / "checkpoint-100", *dir / "upper_prompts.jsonl", *dir / "upper_eval.jsonl"};
+    const auto src = anvil::testing::source_dir();
+    std::ofstream noisy(*dir / "noisy.jsonl"), prompts(out.prompts), eval(out.eval);
+    std::ifstream train(src + "/data/sft_train.jsonl"), held(src + "/data/sft_eval.jsonl");
+    uint64_t x = 12345;
+    for (std::string line; std::getline(train, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j["prompt"].get<std::string>().rfind("upper:", 0) != 0) continue;
+      prompts << line << "\n";
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      if ((x >> 33) % 10 >= 4) {
+        auto r = j["response"].get<std::string>();
+        for (auto& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        j["response"] = r;
+      }
+      noisy << j.dump() << "\n";
+    }
+    for (std::string line; std::getline(held, line);)
+      if (nlohmann::json::parse(line)["prompt"].get<std::string>().rfind("upper:", 0) == 0) eval << line << "\n";
+    noisy.close(), prompts.close(), eval.close();
+    std::string log;
+    EXPECT_EQ(run("cd " + src + " && " + anvil::testing::trainer_bin() +
+                      " --config configs/quickstart.yaml output_dir=" + (*dir / "sft").string() +
+                      " model.from=" + fixture_checkpoint().string() + " 'data.train=[{path: " +
+                      (*dir / "noisy.jsonl").string() + "}]' data.eval[0].path=" + out.eval.string() +
+                      " train.max_steps=100 train.save_every=100 train.eval_every=100 schedule.warmup_steps=10"
+                      " optimizer.lr=1e-3 eval.generate_samples=1000 train.threads=1",
+                  &log),
+              0)
+        << log;
+    return out;
+  }();
+  return w;
+}
+
+/// Runs configs/ppo_tiny.yaml on the weak `upper` model with `extra` overrides.
+std::string ppo_run(const stdfs::path& out, const std::string& extra, int ranks = 0, bool expect_ok = true) {
+  const auto& w = weak_upper();
+  std::string log;
+  const auto cmd = "cd " + anvil::testing::source_dir() + " && " +
+                   (ranks > 0 ? "mpirun --allow-run-as-root --oversubscribe --bind-to none -np " +
+                                    std::to_string(ranks) + " "
+                              : std::string()) +
+                   anvil::testing::trainer_bin() + " --config configs/ppo_tiny.yaml output_dir=" + out.string() +
+                   " model.from=" + w.model.string() + " 'data.train=[{path: " + w.prompts.string() +
+                   "}]' data.eval[0].path=" + w.eval.string() + " eval.generate_samples=1000 eval.batch_size=100" +
+                   " train.threads=1 " + extra + " 2>&1";
+  const int rc = run(cmd, &log);
+  if (expect_ok) EXPECT_EQ(rc, 0) << cmd << "\n" << log;
+  return log;
+}
+
+double first_eval(const stdfs::path& sft_metrics) {
+  for (const auto& m : metric_lines(sft_metrics))
+    if (m.contains("eval/exact_match")) return m["eval/exact_match"].get<double>();
+  ADD_FAILURE() << "no eval in " << sft_metrics;
+  return 0;
+}
+
+TEST(PpoLearning, ExactMatchRewardRaisesHeldOutExactMatchWithBoundedKl) {
+  ASSERT_TRUE(stdfs::exists(fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
+  TempDir dir;
+  ppo_run(dir / "ppo", "train.max_steps=200 train.eval_every=200 train.save_every=200");
+  const double before = first_eval(weak_upper().model.parent_path() / "metrics.jsonl");
+  const auto lines = metric_lines(dir / "ppo" / "metrics.jsonl");
+  ASSERT_FALSE(lines.empty());
+  const auto last = lines.back();
+  const double after = last["eval/exact_match"].get<double>();
+  std::cout << "[ppo upper] held-out exact match: SFT " << before << " -> PPO " << after << "\n";
+  EXPECT_LT(before, 0.5);
+  EXPECT_GE(after, before + 0.15) << last.dump();
+  double max_kl = 0;
+  for (const auto& m : lines)
+    if (m.contains("objective/kl")) max_kl = std::max(max_kl, m["objective/kl"].get<double>());
+  EXPECT_LT(max_kl, 5.0);  // nats per response: the policy stays near the reference
+  // The checkpoint holds the value head beside the HF files and the objective's state.
+  EXPECT_TRUE(stdfs::exists(dir / "ppo" / "checkpoint-200" / "heads.safetensors"));
+  const auto state = nlohmann::json::parse(anvil::testing::read_text(dir / "ppo" / "checkpoint-200" / "trainer_state.json"));
+  EXPECT_TRUE(state["objective"].contains("kl_coef")) << state.dump();
+}
+
+TEST(PpoLearning, GrpoAndRlooRaiseTheVerifiableReward) {
+  ASSERT_TRUE(stdfs::exists(fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
+  const double before = first_eval(weak_upper().model.parent_path() / "metrics.jsonl");
+  for (const char* adv : {"grpo", "rloo"}) {
+    TempDir dir;
+    ppo_run(dir / "run", std::string("ppo.advantage=") + adv +
+                             " ppo.samples_per_prompt=4 ppo.prompts_per_rollout=16 train.max_steps=160"
+                             " train.eval_every=160 train.save_every=160");
+    const auto last = metric_lines(dir / "run" / "metrics.jsonl").back();
+    std::cout << "[" << adv << " upper] held-out exact match: SFT " << before << " -> "
+              << last["eval/exact_match"].get<double>() << "\n";
+    EXPECT_GE(last["eval/exact_match"].get<double>(), before + 0.15) << adv << " " << last.dump();
+    EXPECT_FALSE(stdfs::exists(dir / "run" / "checkpoint-160" / "heads.safetensors")) << adv << ": no critic";
+  }
+}
+
+// A reward model trained for 100 steps (configs/rm_tiny.yaml from the
+// fixture) scores the responses: its held-out mean reward rises. The reward
+// model is frozen, and the eval's greedy answers become right.
+TEST(PpoLearning, RewardModelRewardRaisesTheHeldOutMeanReward) {
+  ASSERT_TRUE(stdfs::exists(fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
+  TempDir dir;
+  std::string log;
+  const auto src = anvil::testing::source_dir();
+  ASSERT_EQ(run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config configs/rm_tiny.yaml output_dir=" +
+                    (dir / "rm").string() + " model.from=" + fixture_checkpoint().string() +
+                    " train.max_steps=100 train.save_every=100 train.eval_every=0 train.threads=1 2>&1",
+                &log),
+            0)
+      << log;
+  const std::string reward = " ppo.reward.exact_match= ppo.reward.model=" + (dir / "rm" / "checkpoint-100").string();
+  log = ppo_run(dir / "before", "--eval-only" + reward);
+  const auto before = nlohmann::json::parse(anvil::testing::read_text(dir / "before" / "eval-step-0.json"));
+  ppo_run(dir / "ppo", "train.max_steps=80 train.eval_every=80 train.save_every=80" + reward);
+  const auto last = metric_lines(dir / "ppo" / "metrics.jsonl").back();
+  const double r0 = before["metrics"]["eval/reward"].get<double>();
+  std::cout << "[ppo upper, reward model] held-out mean reward: SFT " << r0 << " -> PPO "
+            << last["eval/reward"].get<double>() << "\n";
+  EXPECT_GE(last["eval/reward"].get<double>(), r0 + 0.5) << last.dump();
+}
+
+// One process and two MPI ranks under full_shard: the same rollouts (per-sample
+// seeds), so the same scores, KL and losses.
+TEST(PpoRuns, TwoShardedRanksMatchOneProcess) {
+  ASSERT_TRUE(stdfs::exists(fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
+  TempDir dir;
+  const std::string common =
+      "train.max_steps=12 train.eval_every=12 train.save_every=0 train.log_every=1 train.micro_batch_size=16";
+  ppo_run(dir / "one", common);
+  const auto log = ppo_run(dir / "two", common + " dist.sharding=full_shard", 2);
+  const auto a = by_step(dir / "one" / "metrics.jsonl"), b = by_step(dir / "two" / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 12u);
+  ASSERT_EQ(b.size(), 12u) << log;
+  for (const auto& [step, m] : a)
+    for (const char* key : {"loss", "objective/scores", "objective/kl", "loss/policy_avg", "loss/value_avg",
+                            "val/num_eos_tokens", "eval/exact_match"}) {
+      if (!m.contains(key)) continue;
+      ASSERT_TRUE(b.at(step).contains(key)) << step << " " << key;
+      const double x = m[key].get<double>(), y = b.at(step)[key].get<double>();
+      EXPECT_LE(std::abs(x - y), 1e-5 * std::max(1.0, std::abs(x))) << "step " << step << " " << key;
+    }
+  EXPECT_NE(log.find("full_shard"), std::string::npos);
+}
+
+// kill -9 mid-run, then resume: the same losses as the uninterrupted run
+// (saves fall at rollout boundaries, and a resumed run starts a fresh rollout).
+TEST(PpoRuns, KilledAndResumedRunMatchesTheUninterruptedOne) {
+  ASSERT_TRUE(stdfs::exists(fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
+  TempDir dir;
+  const std::string common = "train.max_steps=160 train.eval_every=0 train.save_every=16 train.log_every=1000";
+  ppo_run(dir / "straight", common);
+  const auto& w = weak_upper();
+  const auto out = dir / "killed";
+  const auto cmd = anvil::testing::trainer_bin() + " --config configs/ppo_tiny.yaml output_dir=" + out.string() +
+                   " model.from=" + w.model.string() + " 'data.train=[{path: " + w.prompts.string() +
+                   "}]' data.eval[0].path=" + w.eval.string() + " train.threads=1 " + common;
+  std::string log;
+  ASSERT_EQ(run("cd " + anvil::testing::source_dir() + " && (" + cmd + " >" + (dir / "killed.log").string() +
+                    " 2>&1 & pid=$!; for i in $(seq 1 6000); do [ -f " + (out / "checkpoint-32" / "trainer_state.json").string() +
+                    " ] && break; sleep 0.02; done; kill -9 $pid; wait $pid; true)",
+                &log),
+            0)
+      << log;
+  ASSERT_TRUE(stdfs::exists(out / "checkpoint-32" / "trainer_state.json"));
+  ASSERT_FALSE(stdfs::exists(out / "checkpoint-160")) << "the run ended before it was killed";
+  ppo_run(out, common);  // resumes from the newest checkpoint
+  const auto a = by_step(dir / "straight" / "metrics.jsonl"), b = by_step(out / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 160u);
+  ASSERT_EQ(b.size(), 160u);
+  for (const auto& [step, m] : a)
+    for (const char* key : {"loss", "objective/scores", "objective/kl", "objective/kl_coef", "grad_norm"}) {
+      if (!m.contains(key)) continue;
+      ASSERT_TRUE(b.at(step).contains(key)) << step << " " << key;
+      EXPECT_EQ(m[key].get<double>(), b.at(step)[key].get<double>()) << "step " << step << " " << key;
+    }
+}
+
+}  // namespace
+}  // namespace anvil::train
