@@ -1,5 +1,6 @@
 #include "test_util.h"
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -52,6 +53,14 @@ std::string source_dir() { return ANVIL_SOURCE_DIR; }
 std::string trainer_bin() { return ANVIL_TRAINER_BIN; }
 std::string cli_bin() { return ANVIL_CLI_BIN; }
 std::string python_bin() { return ANVIL_PYTHON; }
+
+nlohmann::json python_reference(const std::string& script) {
+  TempDir dir;
+  std::string out;
+  const auto cmd = python_bin() + " " + source_dir() + "/tests/parity/" + script + " " + (dir / "ref.json").string();
+  EXPECT_EQ(run(cmd, &out), 0) << out;
+  return nlohmann::json::parse(read_text(dir / "ref.json"));
+}
 
 std::string tiny_sft_run(int64_t max_steps, int64_t save_every) {
   return "model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 2, num_heads: 4, "

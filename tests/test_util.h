@@ -2,6 +2,7 @@
 // Helpers shared by the test suite: temp folders, running our binaries.
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,10 @@ std::string source_dir();
 std::string trainer_bin();
 std::string cli_bin();
 std::string python_bin();
+
+/// Runs a Python reference script of tests/parity (`script OUT.json`) with the
+/// venv's python and returns the JSON it wrote; a failure is a test failure.
+nlohmann::json python_reference(const std::string& script);
 
 /// A tiny GPT-2 SFT run on the bundled data (2 layers, 32 wide, micro-batches
 /// of 4, one thread, no eval generation), `max_steps` steps, saving every

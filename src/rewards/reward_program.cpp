@@ -33,11 +33,14 @@ RewardProgram::RewardProgram(std::string command, double timeout_s)
   pid_ = ::fork();
   if (pid_ < 0) throw Error(concat("ppo.reward.command: cannot start \"", command_, "\": ", std::strerror(errno)));
   if (pid_ == 0) {
+    ::setpgid(0, 0);  // its own process group: the shell and what it starts are killed together
     ::dup2(in[0], STDIN_FILENO);
     ::dup2(out[1], STDOUT_FILENO);
     ::execl("/bin/sh", "sh", "-c", command_.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
+  ::setpgid(pid_, pid_);  // also here: whichever runs first
+  group_ = pid_;
   ::close(in[0]);
   ::close(out[1]);
   to_child_ = in[1];
@@ -47,16 +50,16 @@ RewardProgram::RewardProgram(std::string command, double timeout_s)
 RewardProgram::~RewardProgram() {
   if (to_child_ >= 0) ::close(to_child_);
   if (from_child_ >= 0) ::close(from_child_);
-  if (pid_ <= 0) return;
-  // Closing stdin asks it to finish; after 2 s it is killed.
-  for (int i = 0; i < 200; ++i) {
+  // Closing stdin asks it to finish; after 2 s it is killed. Either way its
+  // process group goes too, so nothing it started outlives the run.
+  for (int i = 0; pid_ > 0 && i < 200; ++i) {
     int status = 0;
     const auto r = ::waitpid(pid_, &status, WNOHANG);
-    if (r == pid_ || (r < 0 && errno == ECHILD)) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (r == pid_ || (r < 0 && errno == ECHILD)) pid_ = -1;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  ::kill(pid_, SIGKILL);
-  ::waitpid(pid_, nullptr, 0);
+  if (group_ > 0) ::kill(-group_, SIGKILL);
+  if (pid_ > 0) ::waitpid(pid_, nullptr, 0);
 }
 
 std::string RewardProgram::exit_status() {

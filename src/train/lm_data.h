@@ -17,6 +17,20 @@
 
 namespace anvil::train {
 
+/// Puts a model in eval mode (no dropout) for a scope and restores its mode
+/// after; gradients still flow.
+class EvalMode {
+ public:
+  explicit EvalMode(models::CausalLM& m) : m_(m), was_(m.is_training()) { m_.eval(); }
+  ~EvalMode() { m_.train(was_); }
+  EvalMode(const EvalMode&) = delete;
+  EvalMode& operator=(const EvalMode&) = delete;
+
+ private:
+  models::CausalLM& m_;
+  bool was_;
+};
+
 Batch to_batch(data::LmBatch b);
 
 /// A resumable stream of micro-batches over a mixture. Every rank walks the

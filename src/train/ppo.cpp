@@ -254,17 +254,6 @@ struct RowCodec {
   }
 };
 
-/// Runs the model without dropout for a scope (gradients still flow).
-class EvalScope {
- public:
-  explicit EvalScope(models::CausalLM& m) : m_(m), was_(m.is_training()) { m_.eval(); }
-  ~EvalScope() { m_.train(was_); }
-
- private:
-  models::CausalLM& m_;
-  bool was_;
-};
-
 }  // namespace
 
 /// The rollout's minibatches, micro-batch by micro-batch. Its checkpointed state is the prompt stream's position
@@ -329,6 +318,12 @@ struct PpoObjective::State {
   std::vector<RolloutRow> generate(models::CausalLM& policy, const std::vector<RolloutPrompt>& mine, int64_t per_prompt,
                                    uint64_t seed, bool greedy);
   void forward_logps(models::CausalLM& model, std::vector<RolloutRow>& rows, bool reference_model, bool values);
+  /// The rollout: prompts drawn, responses sampled and scored, rows exchanged.
+  std::vector<RolloutRow> collect(Engine& engine, uint64_t seed, Metrics& m);
+  /// (advantages, returns), (N, R) float32, and the rollout's metrics.
+  std::pair<at::Tensor, at::Tensor> advantages(const std::vector<RolloutRow>& rows, Metrics& m);
+  std::vector<Batch> schedule(const std::vector<RolloutRow>& rows, const at::Tensor& adv, const at::Tensor& ret,
+                              uint64_t seed) const;
 };
 
 namespace {
@@ -461,7 +456,7 @@ std::vector<RolloutRow> PpoObjective::State::generate(models::CausalLM& policy, 
 void PpoObjective::State::forward_logps(models::CausalLM& model, std::vector<RolloutRow>& rows, bool reference_model,
                                         bool values) {
   torch::NoGradGuard no_grad;
-  EvalScope eval(model);
+  EvalMode eval(model);
   const auto device = model.parameters().front().device();
   const auto mbs = static_cast<size_t>(cfg.train.micro_batch_size);
   for (size_t start = 0; start < rows.size(); start += mbs) {
@@ -586,59 +581,54 @@ std::vector<double> PpoObjective::State::score(const std::vector<RolloutPrompt>&
   return out;
 }
 
-Metrics PpoObjective::before_iteration(Engine& engine, int64_t iteration, int64_t step) {
-  (void)step;
-  auto& s = *s_;
-  const auto& p = s.ppo;
+std::vector<RolloutRow> PpoObjective::State::collect(Engine& engine, uint64_t seed, Metrics& m) {
   const auto t0 = std::chrono::steady_clock::now();
-  Metrics m;
-  if (s.learn_seconds > 0) m["time/learn"] = s.learn_seconds;
   // Every rank walks the whole prompt stream and takes its share.
-  const int64_t P = p.prompts_per_rollout, K = p.samples_per_prompt, W = s.ranks.world, rank = s.ranks.rank;
+  const int64_t P = ppo.prompts_per_rollout, K = ppo.samples_per_prompt, W = ranks.world, rank = ranks.rank;
   std::vector<RolloutPrompt> mine;
   for (int64_t g = 0; g < P; ++g) {
-    const auto before = s.prompts->state();
-    const auto ref = s.prompts->next();
-    const int64_t global = before.epoch * s.prompts->epoch_length() + before.offset;
-    if (g / (P / W) == rank) mine.push_back({&(*s.data.train[static_cast<size_t>(ref.dataset)])[ref.index], global});
+    const auto before = prompts->state();
+    const auto ref = prompts->next();
+    const int64_t global = before.epoch * prompts->epoch_length() + before.offset;
+    if (g / (P / W) == rank) mine.push_back({&(*data.train[static_cast<size_t>(ref.dataset)])[ref.index], global});
   }
-  const auto seed = static_cast<uint64_t>(s.cfg.train.seed) * 0x2545F4914F6CDD1Dull + static_cast<uint64_t>(iteration);
   std::vector<RolloutRow> local;
   {
     auto whole = engine.gathered();  // sharded weights stay whole for the whole rollout
-    local = s.generate(engine.model(), mine, K, seed, false);
+    local = generate(engine.model(), mine, K, seed, false);
     m["time/rollout"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    s.forward_logps(engine.model(), local, false, s.value_head);
+    forward_logps(engine.model(), local, false, value_head);
   }
   const auto t1 = std::chrono::steady_clock::now();
-  s.forward_logps(*s.reference, local, true, false);
+  forward_logps(*reference, local, true, false);
   {
-    auto whole = s.reward_frozen.gathered();
-    const auto scores = s.score(mine, local, K);
+    auto whole = reward_frozen.gathered();
+    const auto scores = score(mine, local, K);
     for (size_t i = 0; i < local.size(); ++i) local[i].score = scores[i];
   }
   m["time/reward"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-
+  if (W == 1) return local;
   // Every rank gets every row (zero-filled slots summed over ranks).
+  RowCodec codec{cfg.data.max_length, ppo.max_new_tokens};
+  std::vector<double> packed(static_cast<size_t>(P * K * codec.width()), 0.0);
+  const int64_t first = rank * (P / W) * K;
+  for (size_t i = 0; i < local.size(); ++i)
+    codec.put(local[i], packed.data() + (first + static_cast<int64_t>(i)) * codec.width());
+  ranks.all_sum(packed);
   std::vector<RolloutRow> rows;
-  if (W > 1) {
-    RowCodec codec{s.cfg.data.max_length, p.max_new_tokens};
-    std::vector<double> packed(static_cast<size_t>(P * K * codec.width()), 0.0);
-    const int64_t first = rank * (P / W) * K;
-    for (size_t i = 0; i < local.size(); ++i)
-      codec.put(local[i], packed.data() + (first + static_cast<int64_t>(i)) * codec.width());
-    s.ranks.all_sum(packed);
-    for (int64_t i = 0; i < P * K; ++i) rows.push_back(codec.get(packed.data() + i * codec.width()));
-  } else {
-    rows = std::move(local);
-  }
+  for (int64_t i = 0; i < P * K; ++i) rows.push_back(codec.get(packed.data() + i * codec.width()));
+  return rows;
+}
 
-  // Scores -> (scaled, clipped) -> per-token rewards -> advantages.
+std::pair<at::Tensor, at::Tensor> PpoObjective::State::advantages(const std::vector<RolloutRow>& rows, Metrics& m) {
   const auto N = static_cast<int64_t>(rows.size());
+  const int64_t K = ppo.samples_per_prompt;
   int64_t R = 1;
   for (const auto& r : rows) R = std::max<int64_t>(R, static_cast<int64_t>(r.response.size()));
   auto mask = at::zeros({N, R}, at::kDouble), logp = at::zeros({N, R}, at::kDouble);
   auto ref = at::zeros({N, R}, at::kDouble), values = at::zeros({N, R}, at::kDouble);
+  auto ma = mask.accessor<double, 2>(), la = logp.accessor<double, 2>(), ra = ref.accessor<double, 2>();
+  auto va = values.accessor<double, 2>();
   std::vector<double> raw;
   int64_t eos = 0;
   double length = 0;
@@ -649,58 +639,55 @@ Metrics PpoObjective::before_iteration(Engine& engine, int64_t iteration, int64_
     length += static_cast<double>(r.response.size());
     for (size_t j = 0; j < r.response.size(); ++j) {
       const auto jj = static_cast<int64_t>(j);
-      mask[i][jj] = 1;
-      logp[i][jj] = r.old_logp[j];
-      ref[i][jj] = r.ref_logp[j];
-      if (!r.values.empty()) values[i][jj] = r.values[j];
+      ma[i][jj] = 1;
+      la[i][jj] = r.old_logp[j];
+      ra[i][jj] = r.ref_logp[j];
+      if (!r.values.empty()) va[i][jj] = r.values[j];
     }
   }
+  // Scores -> (scaled, clipped) -> per-token rewards -> advantages.
   auto scores = at::tensor(raw, at::kDouble);
-  if (p.reward.scale == "running") {
-    s.moments.update(raw);
-    scores = scores / s.moments.std;
+  if (ppo.reward.scale == "running") {
+    moments.update(raw);
+    scores = scores / moments.std;
   }
-  if (p.reward.clip > 0) scores = scores.clamp(-p.reward.clip, p.reward.clip);
-  const auto kl = kl_estimate(logp, ref, p.kl_estimator) * mask;
-  const auto non_score = -s.kl_coef * kl;
+  if (ppo.reward.clip > 0) scores = scores.clamp(-ppo.reward.clip, ppo.reward.clip);
+  const auto kl = kl_estimate(logp, ref, ppo.kl_estimator) * mask;
+  const auto non_score = -kl_coef * kl;
   at::Tensor adv, ret;
-  if (p.advantage == "gae") {
-    const auto rewards = token_rewards(kl, scores, mask, s.kl_coef);
-    std::tie(adv, ret) = gae(rewards, values, mask, p.gamma, p.lam);
-    if (p.whiten_advantages) adv = masked_whiten(adv, mask);
+  if (ppo.advantage == "gae") {
+    std::tie(adv, ret) = gae(token_rewards(kl, scores, mask, kl_coef), values, mask, ppo.gamma, ppo.lam);
+    if (ppo.whiten_advantages) adv = masked_whiten(adv, mask);
   } else {
     // Sequence-level: GRPO on the scores (its KL is a loss term), RLOO on the
     // KL-penalised reward (TRL's RLOOTrainer); every token gets its sequence's.
-    const auto seq = p.advantage == "grpo" ? grpo_advantages(scores, K)
-                                            : rloo_advantages(scores + non_score.sum(1), K);
-    auto a = seq.unsqueeze(1) * mask;
-    if (p.advantage == "rloo" && p.whiten_advantages) {
-      const auto sa = (seq - seq.mean()) / (seq.std() + 1e-8);
-      a = sa.unsqueeze(1) * mask;
-    }
-    adv = a;
-    ret = at::zeros_like(a);
+    auto seq = ppo.advantage == "grpo" ? grpo_advantages(scores, K) : rloo_advantages(scores + non_score.sum(1), K);
+    if (ppo.advantage == "rloo" && ppo.whiten_advantages) seq = (seq - seq.mean()) / (seq.std() + 1e-8);
+    adv = seq.unsqueeze(1) * mask;
+    ret = at::zeros_like(adv);
   }
-  adv = adv.to(at::kFloat);
-  ret = ret.to(at::kFloat);
-
   // Metrics of the rollout (TRL's names).
-  s.rollout_kl = kl.sum(1).mean().item<double>();
-  m["objective/kl"] = s.rollout_kl;
-  m["objective/kl_coef"] = s.kl_coef;
+  rollout_kl = kl.sum(1).mean().item<double>();
+  m["objective/kl"] = rollout_kl;
+  m["objective/kl_coef"] = kl_coef;
   m["objective/entropy"] = (-logp * mask).sum(1).mean().item<double>();
   m["objective/non_score_reward"] = non_score.sum(1).mean().item<double>();
   m["objective/scores"] = at::tensor(raw, at::kDouble).mean().item<double>();
   m["objective/rlhf_reward"] = (scores + non_score.sum(1)).mean().item<double>();
   m["val/num_eos_tokens"] = static_cast<double>(eos);
   m["val/response_length"] = length / static_cast<double>(N);
+  return {adv.to(at::kFloat), ret.to(at::kFloat)};
+}
 
-  // The minibatch schedule: epochs x minibatches of micro-batches. Like every
-  // batch source, it yields the whole step's micro-batches on every rank, and
-  // the loop keeps micro-batches rank, rank + world, ...
-  const int64_t mb = s.minibatch_rows(), mbs = s.cfg.train.micro_batch_size;
+std::vector<Batch> PpoObjective::State::schedule(const std::vector<RolloutRow>& rows, const at::Tensor& adv,
+                                                 const at::Tensor& ret, uint64_t seed) const {
+  // Epochs x minibatches of micro-batches. Like every batch source, it yields
+  // the whole step's micro-batches on every rank, and the loop keeps
+  // micro-batches rank, rank + world, ...
+  const auto N = static_cast<int64_t>(rows.size());
+  const int64_t mb = minibatch_rows(), mbs = cfg.train.micro_batch_size;
   std::vector<Batch> micro;
-  for (int64_t e = 0; e < p.ppo_epochs; ++e) {
+  for (int64_t e = 0; e < ppo.ppo_epochs; ++e) {
     const auto order = data::permutation(N, seed * 31 + static_cast<uint64_t>(e) + 1);
     for (int64_t start = 0; start < N; start += mb)
       for (int64_t k = start; k < start + mb; k += mbs) {
@@ -710,10 +697,21 @@ Metrics PpoObjective::before_iteration(Engine& engine, int64_t iteration, int64_
           chunk.push_back(&rows[static_cast<size_t>(order[static_cast<size_t>(j)])]);
           index.push_back(order[static_cast<size_t>(j)]);
         }
-        micro.push_back(collate_rollout(chunk, s.pad_id, adv, ret, index));
+        micro.push_back(collate_rollout(chunk, pad_id, adv, ret, index));
       }
   }
-  s.source->load(std::move(micro));
+  return micro;
+}
+
+Metrics PpoObjective::before_iteration(Engine& engine, int64_t iteration, int64_t step) {
+  (void)step;
+  auto& s = *s_;
+  Metrics m;
+  if (s.learn_seconds > 0) m["time/learn"] = s.learn_seconds;
+  const auto seed = static_cast<uint64_t>(s.cfg.train.seed) * 0x2545F4914F6CDD1Dull + static_cast<uint64_t>(iteration);
+  const auto rows = s.collect(engine, seed, m);
+  const auto [adv, ret] = s.advantages(rows, m);
+  s.source->load(s.schedule(rows, adv, ret, seed));
   s.steps_done_in_iteration = 0;
   s.learn_start = std::chrono::steady_clock::now();
   return m;
@@ -721,7 +719,7 @@ Metrics PpoObjective::before_iteration(Engine& engine, int64_t iteration, int64_
 
 at::Tensor PpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) {
   const auto& p = s_->ppo;
-  EvalScope no_dropout(model);  // as TRL: dropout would make the ratio noisy
+  EvalMode no_dropout(model);  // as TRL: dropout would make the ratio noisy
   const auto device = model.parameters().front().device();
   auto t = [&](const char* k) { return batch.tensors.at(k).to(device); };
   const auto ids = t("input_ids"), pos = t("positions"), mask = t("mask");

@@ -37,17 +37,6 @@ class NoDropout {
   bool restore_;
 };
 
-/// Restores train mode after an evaluation.
-class EvalMode {
- public:
-  explicit EvalMode(models::CausalLM& m) : m_(m), was_(m.is_training()) { m_.eval(); }
-  ~EvalMode() { m_.train(was_); }
-
- private:
-  models::CausalLM& m_;
-  bool was_;
-};
-
 double total(const Sums& s, const std::string& key) {
   auto it = s.find(key);
   return it == s.end() ? 0.0 : it->second.item<double>();

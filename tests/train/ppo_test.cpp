@@ -28,14 +28,7 @@ using anvil::testing::TempDir;
 namespace stdfs = std::filesystem;
 
 const nlohmann::json& reference() {
-  static const nlohmann::json cases = [] {
-    TempDir dir;
-    std::string out;
-    const auto cmd = anvil::testing::python_bin() + " " + anvil::testing::source_dir() +
-                     "/tests/parity/ppo_reference.py " + (dir / "ref.json").string();
-    EXPECT_EQ(run(cmd, &out), 0) << out;
-    return nlohmann::json::parse(anvil::testing::read_text(dir / "ref.json"));
-  }();
+  static const nlohmann::json cases = anvil::testing::python_reference("ppo_reference.py");
   return cases;
 }
 
@@ -217,6 +210,42 @@ TEST(RewardProgram, ACrashAMalformedReplyAndATimeoutNameTheCommandAndTheRecord) 
   EXPECT_NE(e.find("exited with status 127"), std::string::npos) << e;
 }
 
+// ---- configs ------------------------------------------------------------------
+
+/// The trainer on configs/ppo_tiny.yaml with a fresh tiny model (no checkpoint needed).
+int tiny_ppo(const TempDir& dir, const std::string& extra, std::string* log) {
+  const auto cmd = "cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() +
+                   " --config configs/ppo_tiny.yaml output_dir=" + (dir / "out").string() +
+                   " model.from= model.family=gpt2 model.hidden_size=32 model.num_layers=1 model.num_heads=2"
+                   " model.max_position_embeddings=32 tokenizer.path=data/tokenizer.model train.threads=1 " +
+                   extra + " 2>&1";
+  return run(cmd, log);
+}
+
+TEST(PpoConfig, BadSettingsAndRecordsNameTheKeyOrTheLine) {
+  TempDir dir;
+  std::string log;
+  ASSERT_EQ(tiny_ppo(dir, "--dry-run", &log), 0) << log;
+  EXPECT_NE(log.find("algorithm: ppo"), std::string::npos) << log;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"ppo.reward.regex=response", "ppo.reward: expected exactly one of model, command, exact_match, regex or function, got 2"},
+      {"ppo.reward.exact_match=", "ppo.reward: expected exactly one of model, command, exact_match, regex or function, got 0"},
+      {"ppo.advantage=grpo", "ppo.samples_per_prompt: advantage grpo compares the samples of a prompt, so it needs at least 2"},
+      {"ppo.prompts_per_rollout=40", "ppo.prompts_per_rollout: a rollout of 40 x 1 = 40 sequences does not split into minibatches of 32"},
+      {"ppo.reward.exact_match= ppo.reward.function=nope", "ppo.reward.function: no reward function \"nope\" is registered"},
+      {"ppo.kl_estimator=k2", "ppo.kl_estimator"},
+      {"ppo.reward.model=/nonexistent", "ppo.reward.model"},
+      {"ppo.reward.exact_match=answer train.max_steps=4 train.save_every=0",
+       "ppo.reward.exact_match compares the response with field \"answer\", which this record lacks"},
+  };
+  for (const auto& [overrides, expected] : cases) {
+    const bool at_scoring = overrides.find("answer") != std::string::npos;  // found by the first rollout
+    EXPECT_NE(tiny_ppo(dir, (at_scoring ? "" : "--dry-run ") + overrides, &log), 0) << overrides;
+    EXPECT_NE(log.find(expected), std::string::npos) << overrides << "\n" << log;
+  }
+  EXPECT_TRUE(std::regex_search(log, std::regex("data/sft_add_train.jsonl:[0-9]+: ppo.reward"))) << log;
+}
+
 // ---- learning and runs, from the quickstart SFT checkpoint (the ctest fixture) ----
 
 std::vector<nlohmann::json> metric_lines(const stdfs::path& path) {
@@ -283,20 +312,21 @@ const WeakUpper& weak_upper() {
   return w;
 }
 
-/// Runs configs/ppo_tiny.yaml on the weak `upper` model with `extra` overrides.
-std::string ppo_run(const stdfs::path& out, const std::string& extra, int ranks = 0, bool expect_ok = true) {
+/// Runs `config` on the weak `upper` model, its prompts and held-out prompts, with `extra` overrides.
+std::string ppo_run(const stdfs::path& out, const std::string& extra, int ranks = 0,
+                    const std::string& config = "configs/ppo_tiny.yaml") {
   const auto& w = weak_upper();
   std::string log;
   const auto cmd = "cd " + anvil::testing::source_dir() + " && " +
                    (ranks > 0 ? "mpirun --allow-run-as-root --oversubscribe --bind-to none -np " +
                                     std::to_string(ranks) + " "
                               : std::string()) +
-                   anvil::testing::trainer_bin() + " --config configs/ppo_tiny.yaml output_dir=" + out.string() +
+                   anvil::testing::trainer_bin() + " --config " + config + " output_dir=" + out.string() +
                    " model.from=" + w.model.string() + " 'data.train=[{path: " + w.prompts.string() +
                    "}]' data.eval[0].path=" + w.eval.string() + " eval.generate_samples=1000 eval.batch_size=100" +
                    " train.threads=1 " + extra + " 2>&1";
   const int rc = run(cmd, &log);
-  if (expect_ok) EXPECT_EQ(rc, 0) << cmd << "\n" << log;
+  EXPECT_EQ(rc, 0) << cmd << "\n" << log;
   return log;
 }
 
@@ -334,9 +364,9 @@ TEST(PpoLearning, GrpoAndRlooRaiseTheVerifiableReward) {
   const double before = first_eval(weak_upper().model.parent_path() / "metrics.jsonl");
   for (const char* adv : {"grpo", "rloo"}) {
     TempDir dir;
-    ppo_run(dir / "run", std::string("ppo.advantage=") + adv +
-                             " ppo.samples_per_prompt=4 ppo.prompts_per_rollout=16 train.max_steps=160"
-                             " train.eval_every=160 train.save_every=160");
+    // configs/grpo_tiny.yaml, and the same with RLOO's baseline.
+    ppo_run(dir / "run", std::string("ppo.advantage=") + adv + " train.max_steps=160 train.eval_every=160"
+                             " train.save_every=160", 0, "configs/grpo_tiny.yaml");
     const auto last = metric_lines(dir / "run" / "metrics.jsonl").back();
     std::cout << "[" << adv << " upper] held-out exact match: SFT " << before << " -> "
               << last["eval/exact_match"].get<double>() << "\n";

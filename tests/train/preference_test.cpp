@@ -27,14 +27,7 @@ using anvil::testing::TempDir;
 namespace stdfs = std::filesystem;
 
 nlohmann::json reference_cases() {
-  static const nlohmann::json cases = [] {
-    TempDir dir;
-    std::string out;
-    const auto cmd = anvil::testing::python_bin() + " " + anvil::testing::source_dir() +
-                     "/tests/parity/preference_reference.py " + (dir / "ref.json").string();
-    EXPECT_EQ(run(cmd, &out), 0) << out;
-    return nlohmann::json::parse(anvil::testing::read_text(dir / "ref.json"));
-  }();
+  static const nlohmann::json cases = anvil::testing::python_reference("preference_reference.py");
   return cases;
 }
 

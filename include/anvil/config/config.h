@@ -677,8 +677,9 @@ struct RunConfig {
             required());
     v.field("algorithm", algorithm,
             "Training objective: sft (supervised fine-tuning, loss on responses), pretrain (loss on every "
-            "token of token shards), reward (reward model on preference pairs or ranked replies) or dpo "
-            "(direct preference optimisation), or one a linking program registered (docs/library.md). "
+            "token of token shards), reward (reward model on preference pairs or ranked replies), dpo "
+            "(direct preference optimisation) or ppo (online RL from sampled responses and a reward: PPO, GRPO, "
+            "RLOO), or one a linking program registered (docs/library.md). "
             "docs/algorithms.md.",
             one_of(algorithm_names()));
     v.section("model", model, "Model architecture.");

@@ -16,7 +16,8 @@ class RewardProgram {
  public:
   /// Starts the program. `timeout_s` bounds the wait for each answer.
   RewardProgram(std::string command, double timeout_s);
-  /// Closes its stdin and waits for it to exit (killed after 2 s).
+  /// Closes its stdin and waits for it to exit (killed after 2 s, with
+  /// whatever it started).
   ~RewardProgram();
   RewardProgram(const RewardProgram&) = delete;
   RewardProgram& operator=(const RewardProgram&) = delete;
@@ -36,6 +37,7 @@ class RewardProgram {
   std::string command_;
   double timeout_s_;
   pid_t pid_ = -1;
+  pid_t group_ = -1;  // its process group
   int to_child_ = -1, from_child_ = -1;
   std::string buffer_;  // bytes read past the last answer line
 };
