@@ -8,6 +8,7 @@ namespace anvil::models {
 namespace gpt2 { ModelFamily family(); }
 namespace llama { ModelFamily family(); }
 namespace neox { ModelFamily family(); }
+namespace opt { ModelFamily family(); }
 
 namespace {
 // One line per family.
@@ -16,6 +17,7 @@ const std::vector<ModelFamily>& families() {
       gpt2::family(),
       llama::family(),
       neox::family(),
+      opt::family(),
   };
   return all;
 }

@@ -91,7 +91,7 @@ TEST_P(Family, SavedFolderReloadsIdentically) {
   EXPECT_TRUE(at::equal(back->forward(ids), model_->forward(ids)));
 }
 
-INSTANTIATE_TEST_SUITE_P(DebugFlavors, Family, ::testing::Values("gpt2-debug", "llama-debug", "pythia-debug"),
+INSTANTIATE_TEST_SUITE_P(DebugFlavors, Family, ::testing::Values("gpt2-debug", "llama-debug", "pythia-debug", "opt-debug"),
                          [](const auto& info) {
                            auto n = info.param;
                            n.erase(std::remove(n.begin(), n.end(), '-'), n.end());

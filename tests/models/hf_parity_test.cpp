@@ -61,7 +61,11 @@ void check_family(const std::string& family) {
       const auto& g = params.at(ours_name).grad();
       ASSERT_TRUE(g.defined()) << ours_name;
       const auto r = ref.get(key);
-      const double rel = max_abs(g - r) / std::max(max_abs(r), 1e-12);
+      // Relative to the largest entry, with a floor of 1e-4: without a rotary
+      // embedding after it (OPT), the key bias's gradient is 0 in exact
+      // arithmetic (a shift of every score of a query), so both sides are
+      // round-off of ~1e-9 there, while real gradients here are >= 1e-3.
+      const double rel = max_abs(g - r) / std::max(max_abs(r), 1e-4);
       EXPECT_LE(rel, kTol) << "gradient of " << ours_name;
       ++compared;
     }
@@ -83,6 +87,7 @@ void check_family(const std::string& family) {
 TEST(HfParity, Gpt2LogitsGradientsAndGreedyGenerationMatchTransformers) { check_family("gpt2"); }
 TEST(HfParity, LlamaLogitsGradientsAndGreedyGenerationMatchTransformers) { check_family("llama"); }
 TEST(HfParity, NeoXLogitsGradientsAndGreedyGenerationMatchTransformers) { check_family("neox"); }
+TEST(HfParity, OptLogitsGradientsAndGreedyGenerationMatchTransformers) { check_family("opt"); }
 
 }  // namespace
 }  // namespace anvil::models

@@ -10,7 +10,7 @@ save_pretrained, plus:
                          generate(do_sample=False), one prompt at a time
 and WORKDIR/index.json listing {name, family}.
 
-usage: make_hf_references.py WORKDIR [FAMILY]   (FAMILY: gpt2, llama or neox; default all)
+usage: make_hf_references.py WORKDIR [FAMILY]   (FAMILY: gpt2, llama, neox or opt; default all)
 """
 import json
 import os
@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import (GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig,
-                          LlamaForCausalLM)
+                          LlamaForCausalLM, OPTConfig, OPTForCausalLM)
 
 # Wider init than 0.02 so that greedy argmaxes are not near-ties.
 STD = 0.1
@@ -52,6 +52,24 @@ def configs():
         vocab_size=71, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=3,
         rotary_pct=0.5, rotary_emb_base=1000, use_parallel_residual=False, hidden_act="gelu_new",
         tie_word_embeddings=True, max_position_embeddings=64, initializer_range=STD))
+    # OPT: pre-LN relu (opt-125m), post-LN with project_in / project_out
+    # (opt-350m), Galactica-like gelu without biases or LayerNorm affines, and
+    # pre-LN without the final LayerNorm.
+    yield "opt-pre-ln", "opt", OPTForCausalLM(OPTConfig(
+        vocab_size=83, hidden_size=48, ffn_dim=96, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64, word_embed_proj_dim=48, dropout=0.0, init_std=STD, pad_token_id=1))
+    yield "opt-350m-like", "opt", OPTForCausalLM(OPTConfig(
+        vocab_size=79, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64, word_embed_proj_dim=32, do_layer_norm_before=False, dropout=0.0,
+        init_std=STD, pad_token_id=1))
+    yield "galactica-like", "opt", OPTForCausalLM(OPTConfig(
+        vocab_size=91, hidden_size=48, ffn_dim=192, num_hidden_layers=3, num_attention_heads=4,
+        max_position_embeddings=64, word_embed_proj_dim=48, activation_function="gelu", enable_bias=False,
+        layer_norm_elementwise_affine=False, dropout=0.0, init_std=STD, pad_token_id=1))
+    yield "opt-no-final-ln", "opt", OPTForCausalLM(OPTConfig(
+        vocab_size=67, hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=2,
+        max_position_embeddings=64, word_embed_proj_dim=32, _remove_final_layer_norm=True, dropout=0.0,
+        init_std=STD, pad_token_id=1))
 
 
 def checkpoint_names(model, model_dir):

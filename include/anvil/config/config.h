@@ -58,8 +58,9 @@ struct ModelConfig {
 
   template <class V>
   void visit(V& v) {
-    v.field("family", family, "Model family: gpt2, llama or neox (GPT-NeoX / Pythia). See docs/models.md.",
-            one_of({"gpt2", "llama", "neox"}));
+    v.field("family", family,
+            "Model family: gpt2, llama, neox (GPT-NeoX / Pythia) or opt (OPT / Galactica). See docs/models.md.",
+            one_of({"gpt2", "llama", "neox", "opt"}));
     v.field("from", from,
             "HF-layout folder (config.json + model.safetensors, e.g. an Anvil checkpoint or a downloaded "
             "Hugging Face model) to initialise from. Its config.json then defines the model: the shape keys "

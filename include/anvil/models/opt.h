@@ -1,0 +1,77 @@
+#pragma once
+// OPT (Zhang et al. 2022) and Galactica (Taylor et al. 2022, OPT-shaped)
+// with Hugging Face's OPTForCausalLM parameter names: learned positions with
+// an offset of 2, pre- or post-LN blocks (do_layer_norm_before), an optional
+// word-embedding projection (project_in / project_out, opt-350m), optional
+// biases and LayerNorm affines (Galactica), and a tied LM head.
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <string>
+
+#include "anvil/models/causal_lm.h"
+
+namespace anvil::models::opt {
+
+struct OPTOptions {
+  TORCH_ARG(int64_t, vocab_size) = 50272;
+  TORCH_ARG(int64_t, hidden_size) = 768;
+  TORCH_ARG(int64_t, ffn_dim) = 3072;
+  TORCH_ARG(int64_t, num_hidden_layers) = 12;
+  TORCH_ARG(int64_t, num_attention_heads) = 12;
+  TORCH_ARG(int64_t, max_position_embeddings) = 2048;
+  /// The embedding width; project_in / project_out map it to hidden_size when different.
+  TORCH_ARG(int64_t, word_embed_proj_dim) = 768;
+  TORCH_ARG(bool, do_layer_norm_before) = true;
+  TORCH_ARG(bool, enable_bias) = true;
+  TORCH_ARG(bool, layer_norm_elementwise_affine) = true;
+  TORCH_ARG(bool, remove_final_layer_norm) = false;
+  TORCH_ARG(std::string, activation_function) = "relu";
+  TORCH_ARG(bool, tie_word_embeddings) = true;
+  TORCH_ARG(double, dropout) = 0.1;
+  TORCH_ARG(double, attention_dropout) = 0.0;
+  TORCH_ARG(double, init_std) = 0.02;
+  /// The embedding row that gets no gradient (HF's padding_idx); -1 = none.
+  TORCH_ARG(int64_t, padding_idx) = -1;
+};
+
+/// OPTForCausalLM: `model.decoder.*`, and `lm_head` (tied to
+/// model.decoder.embed_tokens unless tie_word_embeddings is false).
+class OPTForCausalLM final : public CausalLM {
+ public:
+  explicit OPTForCausalLM(const OPTOptions& o);
+
+  at::Tensor logits(const at::Tensor& hidden) override;
+  std::string block_prefix(int64_t i) const override { return "model.decoder.layers." + std::to_string(i); }
+  std::string family() const override { return "opt"; }
+  int64_t vocab_size() const override { return options.vocab_size(); }
+  /// The width the LM head reads: word_embed_proj_dim (after project_out).
+  int64_t hidden_size() const override { return options.word_embed_proj_dim(); }
+  int64_t max_positions() const override { return options.max_position_embeddings(); }
+  int64_t num_layers() const override { return options.num_hidden_layers(); }
+  nlohmann::json hf_config() const override;
+  std::string checkpoint_key(const std::string& name) const override;
+  std::vector<std::string> lm_head_parameters() const override {
+    return options.tie_word_embeddings() ? std::vector<std::string>{} : std::vector<std::string>{"lm_head.weight"};
+  }
+
+  /// HF's init: N(0, init_std) weights and embeddings, zero biases and
+  /// padding row, unit LayerNorm.
+  void reset_parameters();
+
+  OPTOptions options;
+ protected:
+  at::Tensor forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) override;
+
+ private:
+  struct Decoder;
+  std::shared_ptr<torch::nn::Module> model_;  // "model", holding "decoder"
+  Decoder* decoder_ = nullptr;
+  torch::nn::Linear lm_head_{nullptr};  // null when tied
+};
+
+}  // namespace anvil::models::opt
