@@ -134,7 +134,14 @@ std::string load_error(const std::string& config_json) {
 
 TEST(HfImport, UnsupportedConfigsNameTheFileAndKey) {
   EXPECT_EQ(load_error(R"({"model_type": "mamba"})"),
-            "config.json: model_type \"mamba\" is not supported; supported: gpt2, llama, gpt_neox");
+            "config.json: model_type \"mamba\" is not supported; supported: gpt2, llama, gpt_neox, opt");
+  const std::string opt = R"({"model_type": "opt", "vocab_size": 10, "hidden_size": 8, "ffn_dim": 16,
+      "num_hidden_layers": 1, "num_attention_heads": 2)";
+  EXPECT_EQ(load_error(opt + R"(, "activation_function": "quick_gelu"})"),
+            "config.json: activation_function: \"quick_gelu\" is not supported");
+  EXPECT_EQ(load_error(opt + R"(, "num_attention_heads": 3})"),
+            "config.json: num_attention_heads: 3 does not divide hidden_size 8");
+  EXPECT_EQ(load_error(opt + R"(, "pad_token_id": 10})"), "config.json: pad_token_id: 10 is not below vocab_size 10");
   const std::string llama = R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
       "num_hidden_layers": 1, "num_attention_heads": 2)";
   EXPECT_EQ(load_error(llama + R"(, "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0}})"),
