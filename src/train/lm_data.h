@@ -126,6 +126,13 @@ MixtureData<Set> load_mixture(const config::RunConfig& cfg, Load&& load) {
   return out;
 }
 
+/// A frozen objective's reference model, before RunContext::freeze: the
+/// causal LM in `path` (checked against the policy's vocabulary; `key` names
+/// the setting in errors), or a copy of the policy's initial weights when
+/// `path` is empty.
+std::shared_ptr<models::CausalLM> load_reference(const std::string& path, const std::string& key,
+                                                 models::CausalLM& policy);
+
 /// Loads every dataset of data.train / data.eval (logging what loading did)
 /// and splits off eval_fraction held-out samples.
 LmData load_lm_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);

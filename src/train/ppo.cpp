@@ -276,17 +276,7 @@ void PpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
   }
   // The reference: ppo.reference, else model.from, else the initial weights.
   const auto& ref_path = !s_->ppo.reference.empty() ? s_->ppo.reference : s_->cfg.model.from;
-  std::shared_ptr<models::CausalLM> reference;
-  if (!ref_path.empty()) {
-    reference = io::load_model_dir(ref_path);
-    if (reference->has_score_head())
-      throw ConfigError(concat("ppo.reference: ", ref_path, " is a reward model; the reference must be a causal LM"));
-    if (reference->vocab_size() != model.vocab_size())
-      throw ConfigError(concat("ppo.reference: ", ref_path, " has a vocabulary of ", reference->vocab_size(),
-                               " tokens, the policy ", model.vocab_size()));
-  } else {
-    reference = models::clone_model(model);
-  }
+  auto reference = load_reference(ref_path, "ppo.reference", model);
   s_->reference = ctx.freeze(std::move(reference));
   log::info("ppo: reference model from ", ref_path.empty() ? std::string("the initial weights") : ref_path, " (",
             s_->reference.parameter_bytes(), " parameter bytes on this rank)");

@@ -456,17 +456,7 @@ void DpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
     }
     log::info("dpo: ", cache.string(), " was computed for other data or another reference; recomputing");
   }
-  std::shared_ptr<models::CausalLM> reference;
-  if (!path.empty()) {
-    reference = io::load_model_dir(path);
-    if (reference->has_score_head())
-      throw ConfigError(concat("dpo.reference: ", path, " is a reward model; the reference must be a causal LM"));
-    if (reference->vocab_size() != model.vocab_size())
-      throw ConfigError(concat("dpo.reference: ", path, " has a vocabulary of ", reference->vocab_size(),
-                               " tokens, the policy ", model.vocab_size()));
-  } else {
-    reference = models::clone_model(model);
-  }
+  auto reference = load_reference(path, "dpo.reference", model);
   s_->reference = ctx.freeze(std::move(reference));
   log::info("dpo: reference model from ", path.empty() ? std::string("the initial weights") : path,
             s_->cfg.dpo.precompute_reference

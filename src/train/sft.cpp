@@ -11,6 +11,8 @@
 #include "anvil/core/logging.h"
 #include "anvil/data/token_shards.h"
 #include "anvil/generation/generate.h"
+#include "anvil/io/hf_model.h"
+#include "anvil/models/registry.h"
 #include "train/lm_data.h"
 
 namespace anvil::train {
@@ -191,6 +193,18 @@ void exact_match_eval(models::CausalLM& model, const tokenizer::Tokenizer& tok, 
   }
   if (split) ranks.all_sum(exact);
   r.metrics["eval/exact_match"] = exact[0] / static_cast<double>(prompts.size());
+}
+
+std::shared_ptr<models::CausalLM> load_reference(const std::string& path, const std::string& key,
+                                                 models::CausalLM& policy) {
+  if (path.empty()) return models::clone_model(policy);
+  auto reference = io::load_model_dir(path);
+  if (reference->has_score_head())
+    throw ConfigError(concat(key, ": ", path, " is a reward model; the reference must be a causal LM"));
+  if (reference->vocab_size() != policy.vocab_size())
+    throw ConfigError(concat(key, ": ", path, " has a vocabulary of ", reference->vocab_size(), " tokens, the policy ",
+                             policy.vocab_size()));
+  return reference;
 }
 
 LmData load_lm_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
