@@ -28,8 +28,6 @@
 #include "anvil/data/datasets.h"
 #include "anvil/data/mixture.h"
 #include "anvil/generation/generate.h"
-#include "anvil/io/hf_model.h"
-#include "anvil/models/registry.h"
 #include "anvil/rewards/reward_model.h"
 #include "anvil/rewards/reward_program.h"
 #include "anvil/train/engine.h"
