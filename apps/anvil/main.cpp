@@ -10,6 +10,7 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "anvil/core/cli.h"
@@ -22,6 +23,7 @@
 #include "anvil/data/token_shards.h"
 #include "anvil/distributed/checkpoint.h"
 #include "anvil/io/hf_model.h"
+#include "anvil/train/ilql.h"
 #include "anvil/io/safetensors.h"
 #include "anvil/rewards/reward_model.h"
 #include "anvil/tokenizer/tokenizer.h"
@@ -63,6 +65,18 @@ std::shared_ptr<anvil::models::CausalLM> load_language_model(const std::string& 
   return model;
 }
 
+/// --ilql-beta: sample an ILQL checkpoint with advantage-shaped scores.
+void use_ilql_heads(anvil::models::CausalLM& model, const std::string& dir, double beta,
+                    anvil::generation::SamplingOptions& opt) {
+  if (beta < 0) return;
+  try {
+    opt.score_fn = anvil::train::ilql_score_fn(model, beta);
+  } catch (const std::invalid_argument& e) {
+    throw anvil::ConfigError(anvil::concat("--ilql-beta: ", dir, ": ", e.what(),
+                                           "; it takes a checkpoint of algorithm: ilql"));
+  }
+}
+
 /// How the chat tools pick a model folder's chat format.
 struct ChatFormatFlags {
   std::string name;     // --template ("" = the folder's)
@@ -83,8 +97,9 @@ void show_prompt_ids(const std::vector<int64_t>& ids) { std::cerr << "prompt ids
 
 int cmd_generate(const std::string& model_dir, const std::vector<std::string>& prompts, const std::string& input,
                  const std::string& output, anvil::generation::SamplingOptions opt, bool eos_given, bool chat,
-                 const ChatFormatFlags& format) {
+                 const ChatFormatFlags& format, double ilql_beta) {
   auto model = load_language_model(model_dir);
+  use_ilql_heads(*model, model_dir, ilql_beta, opt);
   if (!eos_given) opt.eos_id = model->special_tokens.eos;
   if (!input.empty()) {  // ids in, ids out
     auto ids = read_id_lists(input, /*equal_lengths=*/false, model->vocab_size());
@@ -119,8 +134,9 @@ int cmd_generate(const std::string& model_dir, const std::vector<std::string>& p
 
 /// Reads user turns from stdin; each reply continues the conversation so far.
 int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions opt, bool keep_history,
-             const ChatFormatFlags& format) {
+             const ChatFormatFlags& format, double ilql_beta) {
   auto model = load_language_model(model_dir);
+  use_ilql_heads(*model, model_dir, ilql_beta, opt);
   auto tok = anvil::tokenizer::load_tokenizer_from_model_dir(model_dir);
   const auto& tmpl = folder_template(*tok, model_dir, format);
   const auto& system = format.system;
@@ -276,12 +292,22 @@ int cmd_tokenize(const std::string& tok_path, const std::string& type, const std
 /// Text (JSONL records or plain lines) -> memory-mapped token shards.
 int cmd_prepare(const std::string& tok_path, const std::string& type, const std::vector<std::string>& inputs,
                 const std::string& output, const std::vector<std::string>& text_fields, int64_t shard_tokens, bool no_eos,
-                const std::string& on_error) {
+                const std::string& on_error, const std::string& format) {
   auto tok = anvil::tokenizer::load_tokenizer(type, tok_path);
   anvil::data::ShardWriterOptions wo;
   wo.shard_tokens = shard_tokens;
   wo.append_eos = !no_eos;
-  anvil::data::ShardWriter writer(output, tok->vocab_size(), tok->eos_id(), wo);
+  std::optional<anvil::data::ShardWriter> shards;
+  std::optional<anvil::data::MegatronWriter> megatron;
+  if (format == "megatron") megatron.emplace(output, tok->vocab_size(), tok->eos_id(), !no_eos);
+  else shards.emplace(output, tok->vocab_size(), tok->eos_id(), wo);
+  struct {
+    std::optional<anvil::data::ShardWriter>& s;
+    std::optional<anvil::data::MegatronWriter>& m;
+    void add(const std::vector<int64_t>& ids) { s ? s->add(ids) : m->add(ids); }
+    int64_t num_docs() const { return s ? s->num_docs() : m->num_docs(); }
+    int64_t num_tokens() const { return s ? s->num_tokens() : m->num_tokens(); }
+  } writer{shards, megatron};
   const auto policy = anvil::data::parse_on_error(on_error);
   int64_t skipped = 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -313,7 +339,8 @@ int cmd_prepare(const std::string& tok_path, const std::string& type, const std:
   }
   const auto docs = writer.num_docs();
   const auto tokens = writer.num_tokens();
-  writer.finish(tok->kind(), inputs);
+  if (shards) shards->finish(tok->kind(), inputs);
+  else megatron->finish();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::cout << "prepared " << output << ": " << docs << " documents, " << tokens << " tokens"
             << (skipped ? anvil::concat(", ", skipped, " malformed lines skipped") : std::string()) << " ("
@@ -332,6 +359,7 @@ int main(int argc, char** argv) {
   double temperature = 0;
   bool greedy = false;
   int64_t eos_id = -1;
+  double ilql_beta = -1;
   auto add_sampling = [&](CLI::App* cmd) {
     auto* g = cmd->add_flag("--greedy", greedy, "Greedy decoding (the default)");
     cmd->add_option("--max-new-tokens", opt.max_new_tokens, "Tokens to generate per prompt")->capture_default_str();
@@ -339,6 +367,10 @@ int main(int argc, char** argv) {
     cmd->add_option("--top-k", opt.top_k, "Keep the k most likely tokens (0 = off)")->needs(t);
     cmd->add_option("--top-p", opt.top_p, "Keep the smallest set with probability >= p (1 = off)")->needs(t);
     cmd->add_option("--seed", opt.seed, "Sampling seed")->needs(t);
+    cmd->add_option("--ilql-beta", ilql_beta,
+                    "An ILQL checkpoint: choose from log-softmax + beta (min target Q - V), its heads' advantage "
+                    "shaping (0 = the LM alone)")
+        ->check(CLI::NonNegativeNumber);
     g->excludes(t);
   };
 
@@ -425,7 +457,13 @@ int main(int argc, char** argv) {
   prep->add_option("--type", tok_type, "auto, hf or sentencepiece")->capture_default_str();
   prep->add_option("--input", prep_in, "A .jsonl file (one {text} document a line) or a text file (one document "
                                        "a line); repeatable")->required();
-  prep->add_option("--output", prep_out, "New folder for meta.json and the shards")->required();
+  prep->add_option("--output", prep_out, "New folder for meta.json and the shards (--format megatron: the "
+                                         "PREFIX of PREFIX.bin and PREFIX.idx)")->required();
+  std::string prep_format = "anvil";
+  prep->add_option("--format", prep_format, "anvil (token shards) or megatron (a GPT-NeoX / Megatron indexed "
+                                            "dataset, MMIDIDX)")
+      ->check(CLI::IsMember({"anvil", "megatron"}))
+      ->capture_default_str();
   prep->add_option("--text-field", text_fields, "JSONL field holding the text (default text; repeat to join several "
                                                "fields, e.g. --text-field prompt --text-field response)");
   prep->add_option("--shard-tokens", shard_tokens, "Tokens per shard")->capture_default_str();
@@ -443,9 +481,9 @@ int main(int argc, char** argv) {
         for (size_t pos; (pos = p.find("\\n")) != std::string::npos;) p.replace(pos, 2, "\n");
       if (prompts.empty() && gen_in.empty()) throw anvil::ConfigError("generate: give --input/--output or --prompt");
       if (geos->count() > 0) opt.eos_id = eos_id;
-      return cmd_generate(model_dir, prompts, gen_in, gen_out, opt, geos->count() > 0, gen_chat, fmt);
+      return cmd_generate(model_dir, prompts, gen_in, gen_out, opt, geos->count() > 0, gen_chat, fmt, ilql_beta);
     }
-    if (chat->parsed()) return cmd_chat(model_dir, opt, !no_history, fmt);
+    if (chat->parsed()) return cmd_chat(model_dir, opt, !no_history, fmt, ilql_beta);
     if (exp->parsed()) {
       const bool sharded = anvil::distributed::is_sharded_checkpoint(ckpt);
       if (sharded) anvil::distributed::export_sharded_checkpoint(ckpt, exp_out, exp_dtype);
@@ -459,7 +497,7 @@ int main(int argc, char** argv) {
     if (prep->parsed())
       return cmd_prepare(tok_path, tok_type, prep_in, prep_out,
                          text_fields.empty() ? std::vector<std::string>{"text"} : text_fields, shard_tokens, no_eos,
-                         on_error);
+                         on_error, prep_format);
     return 0;
   });
 }

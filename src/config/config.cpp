@@ -156,6 +156,24 @@ template <> struct TypeInfo<std::vector<double>> {
   }
 };
 
+template <> struct TypeInfo<std::vector<std::string>> {
+  static constexpr const char* name = "a list of strings";
+  static std::vector<std::string> read(const YAML::Node& n) {
+    if (!n.IsSequence()) throw YAML::BadConversion(n.Mark());
+    std::vector<std::string> out;
+    for (const auto& e : n) {
+      if (!e.IsScalar()) throw YAML::BadConversion(e.Mark());
+      out.push_back(e.Scalar());
+    }
+    return out;
+  }
+  static std::string show(const std::vector<std::string>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += concat(i ? ", " : "", "\"", v[i], "\"");
+    return s + "]";
+  }
+};
+
 bool passes(const Rule& rule, double x) { return !rule.number || rule.number(x); }
 bool passes(const Rule& rule, int64_t x) { return passes(rule, static_cast<double>(x)); }
 bool passes(const Rule& rule, bool) { return true; }
@@ -165,6 +183,9 @@ bool passes(const Rule& rule, const std::string& s) {
 }
 bool passes(const Rule& rule, const std::vector<double>& v) {
   return std::all_of(v.begin(), v.end(), [&](double x) { return passes(rule, x); });
+}
+bool passes(const Rule& rule, const std::vector<std::string>& v) {
+  return std::all_of(v.begin(), v.end(), [&](const std::string& x) { return passes(rule, x); });
 }
 
 // ---- visitors -------------------------------------------------------------
@@ -294,6 +315,10 @@ class Printer {
       out_ << YAML::Flow << YAML::BeginSeq;
       for (double x : value) out_ << format_double(x);
       out_ << YAML::EndSeq;
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      out_ << YAML::Flow << YAML::BeginSeq;
+      for (const auto& x : value) out_ << YAML::DoubleQuoted << x;
+      out_ << YAML::EndSeq;
     } else if constexpr (std::is_same_v<T, std::string>) {
       out_ << YAML::DoubleQuoted << value;
     } else {
@@ -333,14 +358,18 @@ class Printer {
   YAML::Emitter out_;
 };
 
+std::string md_cell(std::string s) {  // a Markdown table cell: '|' escaped
+  for (size_t i = 0; (i = s.find('|', i)) != std::string::npos; i += 2) s.insert(i, "\\");
+  return s;
+}
 class Reference {
  public:
   template <class T>
   void field(const char* key, T& value, const char* doc, const Rule& rule = {}) {
     std::string allowed = rule.expected;
     if (rule.required) allowed = rule.number ? "required; " + rule.expected : "required";
-    rows_ << "| `" << prefix_ << key << "` | " << TypeInfo<T>::name << " | `" << TypeInfo<T>::show(value)
-          << "` | " << allowed << " | " << doc << " |\n";
+    rows_ << "| `" << prefix_ << key << "` | " << TypeInfo<T>::name << " | `" << md_cell(TypeInfo<T>::show(value))
+          << "` | " << allowed << " | " << md_cell(doc) << " |\n";
   }
   template <class S>
   void section(const char* key, S& s, const char* doc) {
@@ -395,6 +424,16 @@ void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sou
         fail(k, concat("cannot be set together with model.from (the model's shape and dropout come from ",
                        c.model.from, "/config.json)"));
   }
+  if (c.model.family != "opt") {
+    const std::pair<const char*, bool> opt_only[] = {
+        {"model.pre_layer_norm", !c.model.pre_layer_norm}, {"model.embed_proj_dim", c.model.embed_proj_dim != 0},
+        {"model.linear_bias", !c.model.linear_bias},       {"model.layer_norm_affine", !c.model.layer_norm_affine},
+        {"model.final_layer_norm", !c.model.final_layer_norm}};
+    for (const auto& [key, set] : opt_only)
+      if (set) fail(key, concat("applies to model.family opt only, not ", c.model.family));
+  }
+  for (const auto& t : c.tokenizer.add_special_tokens)
+    if (t.empty()) fail("tokenizer.add_special_tokens", "expected non-empty token strings");
   if (c.model.from.empty() && c.model.hidden_size % c.model.num_heads != 0)
     fail("model.num_heads", concat("expected a divisor of model.hidden_size (", c.model.hidden_size, "), got ",
                                    c.model.num_heads));
@@ -442,7 +481,7 @@ void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sou
       const auto& d = list[i];
       const auto item = concat(key, "[", i, "]");
       std::error_code ec;
-      if (!std::filesystem::exists(d.path, ec))
+      if (!std::filesystem::exists(d.path, ec) && !std::filesystem::exists(d.path + ".idx", ec))  // or a Megatron PREFIX
         fail(item + ".path", concat("expected an existing file or folder, got \"", d.path,
                                     "\" (paths are relative to the working directory)"));
       const int modes = (d.fraction > 0) + (d.size > 0) + (d.weight > 0);
@@ -457,13 +496,29 @@ void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sou
   check_list("data.train", c.data.train, true);
   check_list("data.eval", c.data.eval, false);
   must_exist("tokenizer.path", c.tokenizer.path, kFileOrFolder);
-  must_exist("model.from", c.model.from, kFolder);
+  if (!c.model.from.empty() && !std::filesystem::is_directory(c.model.from)) {
+    // A hub name ("facebook/galactica-125m") is a folder the user downloads: no hub is reached at run time.
+    const auto& m = c.model.from;
+    const bool hub_like = m.find('/') != std::string::npos && m.find('/') == m.rfind('/') && m.front() != '/' &&
+                          m.front() != '.';
+    fail("model.from",
+         concat("expected an existing model folder, got \"", m, "\" (paths are relative to the working directory)",
+                hub_like ? concat("; Anvil reads no model hub at run time: download it first, for example with "
+                                  "`huggingface-cli download ", m, " --local-dir ", m,
+                                  "` (or `git clone https://huggingface.co/", m, " ", m,
+                                  "`), then run from the folder that holds ", m, "/")
+                         : std::string()));
+  }
   if (c.algorithm == "dpo" && c.dpo.label_smoothing > 0 && (c.dpo.loss_type == "ipo" || c.dpo.loss_type == "hinge"))
     fail("dpo.label_smoothing", concat("applies to loss_type sigmoid (cDPO) and robust; ", c.dpo.loss_type,
                                        " takes 0, got ", c.dpo.label_smoothing));
   must_exist("dpo.reference", c.dpo.reference, kFolder);
   must_exist("ppo.reference", c.ppo.reference, kFolder);
   must_exist("ppo.reward.model", c.ppo.reward.model, kFolder);
+  must_exist("ppo.critic_from", c.ppo.critic_from, kFolder);
+  must_exist("ilql.reward.model", c.ilql.reward.model, kFolder);
+  if (!c.ppo.critic_from.empty() && c.ppo.advantage != "gae")
+    fail("ppo.critic_from", concat("advantage ", c.ppo.advantage, " has no critic; a separate critic serves gae"));
   must_exist("train.resume_from", c.train.resume_from, kFolder);
   if (!c.train.resume_from.empty() && c.train.resume == "never")
     fail("train.resume_from", "cannot be set together with train.resume: never");
@@ -513,12 +568,20 @@ bool override_list_item(FlatConfig& flat, const std::string& key, const YAML::No
 FlatConfig read_sources(const std::vector<std::string>& files, const std::vector<std::string>& overrides) {
   FlatConfig flat;
   int order = 0;
-  for (const auto& file : files) {
+  for (const auto& given : files) {
+    // A bare file name that is not here is looked up in configs/ (`trainer --config sft_galactica.yaml`).
+    std::string file = given;
+    if (!std::filesystem::exists(file) && std::filesystem::path(file).parent_path().empty() &&
+        std::filesystem::is_regular_file(std::filesystem::path("configs") / file))
+      file = (std::filesystem::path("configs") / file).string();
     YAML::Node root;
     try {
       root = YAML::LoadFile(file);
     } catch (const YAML::BadFile&) {
-      throw ConfigError(concat(file, ": cannot read config file"));
+      throw ConfigError(concat(given, ": cannot read config file",
+                               file == given && std::filesystem::path(given).parent_path().empty()
+                                   ? " (looked here and in configs/)"
+                                   : ""));
     } catch (const YAML::ParserException& e) {
       throw ConfigError(concat(file, ":", e.mark.line + 1, ": invalid YAML: ", e.msg));
     }
@@ -659,7 +722,7 @@ std::mutex& algorithm_mutex() {
   return m;
 }
 std::vector<std::string>& algorithm_list() {
-  static std::vector<std::string> names = {"sft", "pretrain", "reward", "dpo", "ppo"};
+  static std::vector<std::string> names = {"sft", "pretrain", "reward", "dpo", "ppo", "ilql"};
   return names;
 }
 }  // namespace
@@ -674,7 +737,7 @@ std::vector<RegisteredSection>& section_list() {
 void register_section(RegisteredSection section) {
   static const std::set<std::string> builtin = {"output_dir", "algorithm", "model", "tokenizer", "data",
                                                 "optimizer", "schedule", "train", "dist", "eval", "logging",
-                                                "sft", "reward", "dpo", "ppo"};
+                                                "sft", "reward", "dpo", "ppo", "ilql"};
   std::lock_guard<std::mutex> lock(algorithm_mutex());
   auto& list = section_list();
   if (section.name.empty() || section.name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") !=
@@ -688,7 +751,8 @@ void register_section(RegisteredSection section) {
 }
 
 std::string section_algorithm(const std::string& section) {
-  if (section == "sft" || section == "reward" || section == "dpo" || section == "ppo") return section;
+  if (section == "sft" || section == "reward" || section == "dpo" || section == "ppo" || section == "ilql")
+    return section;
   std::lock_guard<std::mutex> lock(algorithm_mutex());
   for (const auto& s : section_list())
     if (s.name == section) return s.algorithm;

@@ -1,5 +1,8 @@
 #include "anvil/data/datasets.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "anvil/core/error.h"
 
 namespace anvil::data {
@@ -322,12 +325,32 @@ OfflineRlDataset OfflineRlDataset::load(const std::filesystem::path& path, const
                                         const ReadOptions& opt) {
   OfflineRlDataset ds;
   const auto r = read_jsonl(path, opt.on_error, [&](const Record& rec) {
-    const auto reward = rec.number("reward");
+    // "reward": a number, or "rewards": one number per labelled token.
+    std::vector<double> per_token;
+    if (rec.has("rewards")) {
+      const auto& list = rec.at("rewards");
+      if (!list.is_array() || list.empty()) rec.fail("rewards", "expected a non-empty list of numbers, one per response token");
+      for (const auto& x : list) {
+        if (!x.is_number() || !std::isfinite(x.get<double>())) rec.fail("rewards", "expected finite numbers");
+        per_token.push_back(x.get<double>());
+      }
+      if (rec.has("reward")) rec.fail("reward", "give either \"reward\" or \"rewards\", not both");
+    }
+    const double reward = per_token.empty() ? rec.number("reward") : 0.0;
     auto s = make_sft_sample(tok, record_messages(rec, opt.prompt_field, opt.response_field, true), opt, ds.stats_,
                              is_text_pair(rec, opt));
     if (!s) return;
-    ds.samples_.push_back({std::move(s->input_ids), std::move(s->labels), s->prompt_tokens, reward,
-                           std::move(s->prompt), std::move(s->response)});
+    if (!per_token.empty()) {
+      const auto labelled = std::count_if(s->labels.begin(), s->labels.end(), [](int64_t l) { return l != kIgnoreIndex; });
+      if (static_cast<int64_t>(per_token.size()) != labelled)
+        rec.fail("rewards", concat("expected one number per response token: the response has ", labelled,
+                                   " tokens with its end of turn (anvil tokenize shows them), the list ",
+                                   per_token.size()));
+    }
+    double total = reward;
+    for (const auto r : per_token) total += r;
+    ds.samples_.push_back({std::move(s->input_ids), std::move(s->labels), s->prompt_tokens, total,
+                           std::move(per_token), std::move(s->prompt), std::move(s->response)});
   });
   absorb(ds.stats_, r);
   require_samples(path, ds.samples_, ds.stats_);

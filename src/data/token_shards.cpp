@@ -219,19 +219,32 @@ std::shared_ptr<const TokenShards> TokenShards::open(const stdfs::path& dir) {
 TokenShards::~TokenShards() {
   for (auto& s : shards_) {
     if (s.data) ::munmap(const_cast<void*>(s.data), s.bin_bytes);
-    if (s.starts) ::munmap(const_cast<int64_t*>(s.starts), s.idx_bytes);
+    if (s.starts && s.idx_bytes) ::munmap(const_cast<int64_t*>(s.starts), s.idx_bytes);  // 0: built, not mapped
   }
 }
 
+namespace {
+template <class T>
+int64_t load_as(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return static_cast<int64_t>(v);
+}
+}  // namespace
+
 int64_t TokenShards::token(const Shard& s, int64_t i) const {
-  if (token_bytes_ == 2) {
-    uint16_t v;
-    std::memcpy(&v, static_cast<const char*>(s.data) + i * 2, 2);
-    return v;
+  const char* p = static_cast<const char*>(s.data) + i * token_bytes_;
+  if (kind_ == 'u') {
+    if (token_bytes_ == 2) return load_as<uint16_t>(p);
+    if (token_bytes_ == 4) return load_as<uint32_t>(p);
+    return token_bytes_ == 1 ? load_as<uint8_t>(p) : load_as<uint64_t>(p);
   }
-  uint32_t v;
-  std::memcpy(&v, static_cast<const char*>(s.data) + i * 4, 4);
-  return v;
+  if (kind_ == 'i') {
+    if (token_bytes_ == 4) return load_as<int32_t>(p);
+    if (token_bytes_ == 2) return load_as<int16_t>(p);
+    return token_bytes_ == 1 ? load_as<int8_t>(p) : load_as<int64_t>(p);
+  }
+  return token_bytes_ == 4 ? load_as<float>(p) : load_as<double>(p);
 }
 
 PretrainDataset::PretrainDataset(std::shared_ptr<const TokenShards> shards, int64_t seq_len, std::string name)

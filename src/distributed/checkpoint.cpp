@@ -50,7 +50,8 @@ bool is_sharded_checkpoint(const stdfs::path& dir) { return stdfs::exists(dir / 
 stdfs::path save_sharded_checkpoint(const stdfs::path& output_dir, ShardedModel& model,
                                     torch::optim::Optimizer& optimizer, const tokenizer::Tokenizer* tokenizer,
                                     const io::TrainerState& state, const std::string& run_config_yaml,
-                                    int64_t keep_last, bool consolidated) {
+                                    int64_t keep_last, bool consolidated,
+                                    const std::function<void(const stdfs::path&)>& extra) {
   auto& comm = model.comm();
   const int64_t rank = comm.rank(), world = comm.world_size();
   const auto tmp = output_dir / concat(".checkpoint-", state.step, ".tmp-sharded");
@@ -102,6 +103,7 @@ stdfs::path save_sharded_checkpoint(const stdfs::path& output_dir, ShardedModel&
     if (rank == 0) io::save_safetensors(tmp / "model.safetensors", whole, {{"format", "pt"}});
     if (rank == 0 && !heads.empty()) io::save_safetensors(tmp / io::kHeadsFile, heads, {{"format", "pt"}});
   }
+  if (extra) extra(tmp);
   comm.barrier(concat(step_tag, ": every rank wrote its shard"));
 
   if (rank == 0) {
@@ -142,6 +144,38 @@ stdfs::path save_sharded_checkpoint(const stdfs::path& output_dir, ShardedModel&
   }
   comm.barrier(concat(step_tag, ": published"));
   return output_dir / concat("checkpoint-", state.step);
+}
+
+void save_consolidated(const stdfs::path& dir, ShardedModel& model, torch::optim::Optimizer& optimizer) {
+  const bool lead = model.comm().rank() == 0;
+  std::set<std::string> omit;  // a reward model's folder has no LM head (as io::save_model_dir)
+  if (model.model().has_score_head())
+    for (const auto& n : model.model().lm_head_parameters()) omit.insert(n);
+  const auto masters = model.master_parameters();
+  io::TensorMap whole, heads, moments;
+  nlohmann::json steps = nlohmann::json::object();
+  for (size_t u = 0; u < masters.size(); ++u) {
+    const auto flat = model.gather_master(u);
+    auto* st = optim::adamw_state(optimizer, masters[u]);  // every rank has stepped, or none
+    at::Tensor m1, m2;
+    if (st) m1 = model.gather_master(u, st->exp_avg()), m2 = model.gather_master(u, st->exp_avg_sq());
+    if (!lead) continue;
+    for (const auto& p : model.layouts()[u].params) {
+      if (omit.count(p.name)) continue;
+      auto part = [&](const at::Tensor& t) { return t.narrow(0, p.offset, p.numel).view(p.shape).cpu(); };
+      (io::is_head_parameter(p.name) ? heads : whole).emplace(p.name, part(flat));
+      if (!st) continue;
+      moments.emplace(p.name + ".exp_avg", part(m1));
+      moments.emplace(p.name + ".exp_avg_sq", part(m2));
+      steps[p.name] = st->step();
+    }
+  }
+  if (!lead) return;
+  stdfs::create_directories(dir);
+  io::save_safetensors(dir / "model.safetensors", whole, {{"format", "pt"}});
+  if (!heads.empty()) io::save_safetensors(dir / io::kHeadsFile, heads, {{"format", "pt"}});
+  io::save_model_config(dir, model.model(), nullptr, at::kFloat);
+  io::save_optimizer_moments(dir, moments, steps);
 }
 
 std::map<std::string, at::Tensor> read_sharded_units(const stdfs::path& dir, const std::string& kind) {

@@ -209,11 +209,14 @@ at::Tensor ShardedModel::slice_for_rank(size_t u, const at::Tensor& whole) const
   return out;
 }
 
-at::Tensor ShardedModel::gather_master(size_t u) {
+at::Tensor ShardedModel::gather_master(size_t u) { return gather_master(u, units_.at(u)->master); }
+
+at::Tensor ShardedModel::gather_master(size_t u, const at::Tensor& shard) {
   auto& unit = *units_.at(u);
-  if (options_.strategy == Sharding::NoShard) return unit.master.narrow(0, 0, unit.numel);
-  auto whole = at::empty({unit.padded}, unit.master.options());
-  comm_->all_gather(whole, unit.master, concat("master values of ", layouts_[u].name)).wait();
+  TORCH_CHECK(shard.sizes() == unit.master.sizes(), "gather_master: expected a tensor shaped like the master shard");
+  if (options_.strategy == Sharding::NoShard) return shard.narrow(0, 0, unit.numel);
+  auto whole = at::empty({unit.padded}, shard.options());
+  comm_->all_gather(whole, shard.contiguous(), concat("master values of ", layouts_[u].name)).wait();
   return whole.narrow(0, 0, unit.numel);
 }
 

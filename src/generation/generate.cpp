@@ -105,8 +105,11 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
   std::vector<std::vector<int64_t>> produced(static_cast<size_t>(B));
   std::vector<std::vector<float>> produced_lp(static_cast<size_t>(B));
   for (int64_t step = 0; step < steps && !row_of.empty(); ++step) {
-    auto logits = model.forward(input, args);                                    // (B', T, V)
-    auto scores = logits.select(1, logits.size(1) - 1).to(at::kCPU, at::kFloat);  // (B', V)
+    const auto hidden = model.hidden_states(input, args);    // (B', T, C)
+    const auto last = hidden.select(1, hidden.size(1) - 1);  // (B', C): only the last position's logits
+    auto scores = opt.score_fn ? opt.score_fn(last, model.logits(last)) : model.logits(last);
+    TORCH_CHECK(scores.dim() == 2 && scores.size(0) == last.size(0), "score_fn must return (rows, vocab) scores");
+    scores = scores.to(at::kCPU, at::kFloat);  // (B', V)
     if (!opt.logits_processors.empty()) {
       std::vector<int64_t> index;
       std::vector<std::vector<int64_t>> so_far;

@@ -63,9 +63,7 @@ void save_optimizer_state(const stdfs::path& dir, models::CausalLM& model, torch
     if (st->max_exp_avg_sq().defined()) tensors.emplace(item.key() + ".max_exp_avg_sq", st->max_exp_avg_sq());
     steps[item.key()] = st->step();
   }
-  save_safetensors(dir / kOptimizerFile, tensors);
-  const nlohmann::json meta = {{"optimizer", "adamw"}, {"format_version", kFormatVersion}, {"steps", steps}};
-  fs::write_file_atomic(dir / kOptimizerMeta, meta.dump(2) + "\n");
+  save_optimizer_moments(dir, tensors, steps);
 }
 
 void load_optimizer_state(const stdfs::path& dir, models::CausalLM& model, torch::optim::Optimizer& optimizer) {
@@ -108,6 +106,27 @@ void load_optimizer_state(const stdfs::path& dir, models::CausalLM& model, torch
 
 }  // namespace
 
+void save_optimizer_moments(const stdfs::path& dir, const std::map<std::string, at::Tensor>& moments,
+                            const nlohmann::json& steps) {
+  save_safetensors(dir / kOptimizerFile, moments);
+  const nlohmann::json meta = {{"optimizer", "adamw"}, {"format_version", kFormatVersion}, {"steps", steps}};
+  fs::write_file_atomic(dir / kOptimizerMeta, meta.dump(2) + "\n");
+}
+
+void save_model_and_optimizer(const stdfs::path& dir, models::CausalLM& model, torch::optim::Optimizer& optimizer) {
+  stdfs::create_directories(dir);
+  save_model_dir(dir, model, nullptr);
+  save_optimizer_state(dir, model, optimizer);
+}
+
+void load_model_and_optimizer(const stdfs::path& dir, models::CausalLM& model, torch::optim::Optimizer& optimizer) {
+  if (!stdfs::is_directory(dir))
+    throw CheckpointError(concat(dir.string(), ": missing; the run trains a model named ", dir.filename().string(),
+                                 " beside the policy, and the checkpoint holds none"));
+  load_weights(model, dir);
+  load_optimizer_state(dir, model, optimizer);
+}
+
 stdfs::path save_checkpoint(const stdfs::path& output_dir, const CheckpointParts& parts, int64_t keep_last) {
   const auto step = parts.state.step;
   const auto final_dir = output_dir / concat("checkpoint-", step);
@@ -120,6 +139,7 @@ stdfs::path save_checkpoint(const stdfs::path& output_dir, const CheckpointParts
     save_optimizer_state(tmp, *parts.model, *parts.optimizer);
     save_rng_state(tmp / "rng_state.safetensors", parts.model->parameters().front().device());
     fs::write_file_atomic(tmp / "config.yaml", parts.run_config_yaml);
+    if (parts.extra) parts.extra(tmp);
     write_trainer_state(tmp, parts.state);  // written last
     fs::fsync_tree(tmp);
   } catch (const std::exception& e) {

@@ -37,9 +37,15 @@ void add_saved_heads(models::CausalLM& model, const stdfs::path& dir) {
       throw CheckpointError(concat(where, ".out_features: expected an integer in [1, 2^24]"));
     if (h.contains("bias") && !h["bias"].is_boolean())
       throw CheckpointError(concat(where, ".bias: expected true or false"));
+    if (h.contains("hidden_features") &&
+        (!h["hidden_features"].is_number_integer() || h["hidden_features"].get<int64_t>() < 0 ||
+         h["hidden_features"].get<int64_t>() > (int64_t{1} << 24)))
+      throw CheckpointError(concat(where, ".hidden_features: expected an integer in [0, 2^24]"));
     if (name.empty() || name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos)
       throw CheckpointError(concat(where, ": expected a head name of a-z, 0-9 and _"));
-    if (!model.has_head(name)) model.add_head(name, h["out_features"].get<int64_t>(), h.value("bias", true));
+    if (!model.has_head(name))
+      model.add_head(name, models::CausalLM::HeadOptions{h["out_features"].get<int64_t>(),
+                                                         h.value("hidden_features", int64_t{0}), h.value("bias", true)});
   }
 }
 
@@ -128,8 +134,9 @@ void save_model_config(const stdfs::path& dir, models::CausalLM& model, const to
   if (!model.head_names().empty()) {
     nlohmann::json heads = nlohmann::json::object();
     for (const auto& name : model.head_names()) {
-      const auto h = model.head_module(name);
-      heads[name] = {{"out_features", h->options.out_features()}, {"bias", h->options.bias()}};
+      const auto h = model.head_options(name);
+      heads[name] = {{"out_features", h.out_features}, {"bias", h.bias}};
+      if (h.hidden_features > 0) heads[name]["hidden_features"] = h.hidden_features;
     }
     fs::write_file_atomic(dir / kHeadsConfig, nlohmann::json({{"format_version", 1}, {"heads", heads}}).dump(2) + "\n");
   }

@@ -2,6 +2,9 @@
 // ...ForSequenceClassification "score") and named heads (value, Q/V, ...).
 #include <ATen/ATen.h>
 #include <torch/nn/init.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
 
 #include <algorithm>
 
@@ -21,6 +24,28 @@ void CausalLM::add_score_head(double init_std) {
   score_head_->to(ref.device(), ref.scalar_type());
 }
 
+void CausalLM::resize_vocab(int64_t n) {
+  TORCH_CHECK(n > 0, "resize_vocab: expected a positive size, got ", n);
+  const int64_t old = vocab_size();
+  if (n == old) return;
+  auto params = named_parameters();
+  std::vector<std::string> names{embedding_parameter()};
+  for (const auto& h : lm_head_parameters()) names.push_back(h);
+  at::NoGradGuard no_grad;
+  for (const auto& name : names) {
+    auto* p = params.find(name);
+    TORCH_CHECK(p != nullptr && p->dim() == 2 && p->size(0) == old, "resize_vocab: no (", old, ", C) parameter \"",
+                name, "\"");
+    auto grown = at::empty({n, p->size(1)}, p->options());
+    const auto keep = std::min(n, old);
+    grown.narrow(0, 0, keep).copy_(p->narrow(0, 0, keep));
+    if (n > old)  // transformers' mean_resizing: the mean of the old rows, in float32
+      grown.narrow(0, old, n - old).copy_(p->to(at::kFloat).mean(0, true).expand({n - old, p->size(1)}));
+    p->set_data(grown);
+  }
+  set_vocab_size(n);
+}
+
 at::Tensor CausalLM::score(const at::Tensor& hidden, const at::Tensor& positions) {
   TORCH_CHECK(has_score_head(), "score: the model has no score head (not a reward model)");
   TORCH_CHECK(hidden.dim() == 3 && positions.dim() == 1 && positions.size(0) == hidden.size(0),
@@ -31,21 +56,36 @@ at::Tensor CausalLM::score(const at::Tensor& hidden, const at::Tensor& positions
   return score_head_(picked).squeeze(-1).to(at::kFloat);
 }
 
-void CausalLM::add_head(const std::string& name, int64_t out_features, bool bias, double init_std) {
+at::Tensor CausalLM::token_scores(const at::Tensor& hidden) {
+  TORCH_CHECK(has_score_head(), "token_scores: the model has no score head");
+  return score_head_(hidden).squeeze(-1).to(at::kFloat);
+}
+
+void CausalLM::add_head(const std::string& name, const HeadOptions& o) {
   TORCH_CHECK(!name.empty() && name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos,
               "add_head: \"", name, "\": expected a name of a-z, 0-9 and _");
   TORCH_CHECK(!has_head(name), "add_head: the model already has a head \"", name, "\"");
-  TORCH_CHECK(out_features > 0, "add_head: out_features must be positive");
+  TORCH_CHECK(o.out_features > 0, "add_head: out_features must be positive");
+  TORCH_CHECK(o.hidden_features >= 0, "add_head: hidden_features must be >= 0");
   if (heads_.is_empty()) heads_ = register_module("heads", torch::nn::ModuleDict());
   auto ref = parameters().front();
-  torch::nn::Linear lin(torch::nn::LinearOptions(hidden_size(), out_features).bias(bias));
-  {
+  auto linear = [&](int64_t in, int64_t out) {
+    torch::nn::Linear lin(torch::nn::LinearOptions(in, out).bias(o.bias));
     at::NoGradGuard no_grad;
-    lin->weight.normal_(0.0, init_std);
-    if (bias) lin->bias.zero_();
-  }
-  lin->to(ref.device(), ref.scalar_type());
-  heads_->update({{name, std::static_pointer_cast<torch::nn::Module>(lin.ptr())}});
+    lin->weight.normal_(0.0, o.init_std);
+    if (o.bias) lin->bias.zero_();
+    return lin;
+  };
+  std::shared_ptr<torch::nn::Module> module;
+  if (o.hidden_features > 0)
+    module = torch::nn::Sequential(linear(hidden_size(), o.hidden_features), torch::nn::ReLU(),
+                                   linear(o.hidden_features, o.out_features))
+                 .ptr();
+  else
+    module = linear(hidden_size(), o.out_features).ptr();
+  module->to(ref.device(), ref.scalar_type());
+  heads_->update({{name, module}});
+  head_options_[name] = o;
 }
 
 bool CausalLM::has_head(const std::string& name) const { return !heads_.is_empty() && heads_->contains(name); }
@@ -57,13 +97,16 @@ std::vector<std::string> CausalLM::head_names() const {
   return keys;
 }
 
-torch::nn::Linear CausalLM::head_module(const std::string& name) const {
+CausalLM::HeadOptions CausalLM::head_options(const std::string& name) const {
   TORCH_CHECK(has_head(name), "head: the model has no head \"", name, "\"");
-  return torch::nn::Linear(std::dynamic_pointer_cast<torch::nn::LinearImpl>((*heads_)[name]));
+  return head_options_.at(name);
 }
 
 at::Tensor CausalLM::head(const std::string& name, const at::Tensor& hidden) {
-  return head_module(name)(hidden);
+  const auto o = head_options(name);
+  const auto& m = (*heads_)[name];
+  if (o.hidden_features > 0) return std::dynamic_pointer_cast<torch::nn::SequentialImpl>(m)->forward(hidden);
+  return std::dynamic_pointer_cast<torch::nn::LinearImpl>(m)->forward(hidden);
 }
 
 at::Tensor last_non_pad_index(const at::Tensor& input_ids, int64_t pad_id) {

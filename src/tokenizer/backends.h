@@ -37,4 +37,8 @@ std::unique_ptr<Tokenizer> make_hf_tokenizer(const std::filesystem::path& tokeni
 std::unique_ptr<Tokenizer> make_sentencepiece_tokenizer(const std::filesystem::path& model_file,
                                                         const SpecialTokenConfig& cfg);
 
+/// `base` with the special tokens `dir`/added_tokens.json lists (a saved
+/// SentencePiece folder's added tokens), or `base` itself when there is none.
+std::unique_ptr<Tokenizer> with_saved_special_tokens(std::unique_ptr<Tokenizer> base, const std::filesystem::path& dir);
+
 }  // namespace anvil::tokenizer::detail

@@ -1,12 +1,13 @@
-// Hugging Face tokenizer.json backend for byte-level BPE (GPT-2, GPT-NeoX,
-// LLaMA-3, Qwen, ...), id for id what the `tokenizers` library gives. The
-// pipeline is the library's: added tokens are cut out of the raw text; the
-// pieces between are normalized and cut again on added tokens that match
-// normalized text; pre-tokenizers split those into words; BPE merges each
-// word. Words are kept as raw bytes throughout: the byte-level alphabet
-// (bytes_to_unicode) only matters for reading the vocabulary and merges.
-#include <utf8proc.h>
-
+// Hugging Face tokenizer.json backend for BPE: byte-level (GPT-2, GPT-NeoX,
+// OPT, Galactica, LLaMA-3, Qwen, ...) and SentencePiece-style with byte
+// fallback (Llama-2, Mistral, Gemma conversions), id for id what the
+// `tokenizers` library gives. The pipeline is the library's: added tokens are
+// cut out of the raw text; the pieces between are normalized and cut again on
+// added tokens that match normalized text; pre-tokenizers split those into
+// words; BPE merges each word. With a ByteLevel pre-tokenizer words are kept
+// as raw bytes throughout: the byte-level alphabet (bytes_to_unicode) only
+// matters for reading the vocabulary and merges. Without one, words are text
+// and each character is a symbol (HF's BPE::merge_word).
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -18,9 +19,11 @@
 
 #include "anvil/core/error.h"
 #include "anvil/core/fs.h"
+#include "anvil/core/logging.h"
 #include "added_tokens.h"
 #include "backends.h"
 #include "bpe.h"
+#include "hf_pipeline.h"
 #include "unicode.h"
 
 namespace anvil::tokenizer {
@@ -31,7 +34,7 @@ using nlohmann::json;
 using detail::AddedToken;
 using detail::apply_merges;
 using detail::byte_alphabet;
-using detail::is_numeric;
+using detail::DecoderChain;
 using detail::is_valid_utf8;
 using detail::is_white_space;
 using detail::is_word_char;
@@ -40,103 +43,14 @@ using detail::kMaxCachedWordBytes;
 using detail::last_code_point;
 using detail::MergeMap;
 using detail::next_code_point;
-using detail::Normalizer;
-using detail::Regex;
-using detail::regex_escape;
+using detail::PreTokenizerStep;
+using detail::string_field;
 using detail::StringMap;
+using detail::TextNormalizer;
 using detail::to_valid_utf8;
 using detail::TokenTrie;
 using detail::word_cache;
 using detail::WordCache;
-
-// ---------------------------------------------------------------- pre-tokenizers
-
-enum class Behavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
-
-struct PreTokenizerStep {
-  enum class Kind { kSplit, kDigits, kByteLevel } kind = Kind::kSplit;
-  std::unique_ptr<Regex> regex;  // kSplit, and kByteLevel with use_regex
-  Behavior behavior = Behavior::kIsolated;
-  bool invert = false;
-  bool add_prefix_space = false;  // kByteLevel
-};
-
-struct Span {
-  size_t begin, end;
-  bool flag;  // a match (before the fold), or to remove (after)
-};
-
-// The spans of HF's Pattern::find_matches: matches and the gaps between them.
-template <class F>
-void for_each_span(const PreTokenizerStep& step, std::string_view s, F&& f) {
-  size_t prev = 0;
-  if (step.kind == PreTokenizerStep::Kind::kDigits) {
-    for (size_t i = 0; i < s.size();) {
-      const size_t b = i;
-      if (is_numeric(next_code_point(s, i))) {
-        if (prev < b) f(prev, b, false);
-        f(b, i, true);
-        prev = i;
-      }
-    }
-  } else {
-    step.regex->for_each_match(s, [&](size_t b, size_t e) {
-      if (prev != b) f(prev, b, false);
-      f(b, e, true);
-      prev = e;
-    });
-  }
-  if (prev != s.size()) f(prev, s.size(), false);
-}
-
-// HF's NormalizedString::split: the pieces `step` cuts s into.
-template <class F>
-void split_by(const PreTokenizerStep& step, std::string_view s, F&& emit) {
-  if (step.behavior == Behavior::kIsolated) {  // every span is a piece: no need to collect them
-    for_each_span(step, s, [&](size_t b, size_t e, bool) {
-      if (e > b) emit(s.substr(b, e - b));
-    });
-    return;
-  }
-  std::vector<Span> spans;
-  for_each_span(step, s, [&](size_t b, size_t e, bool m) { spans.push_back({b, e, m != step.invert}); });
-  std::vector<Span> out;
-  bool prev = false;
-  switch (step.behavior) {
-    case Behavior::kRemoved:
-      out = std::move(spans);
-      break;
-    case Behavior::kContiguous:
-      for (const auto& sp : spans) {
-        if (sp.flag == prev && !out.empty()) out.back().end = sp.end;
-        else out.push_back({sp.begin, sp.end, false});
-        prev = sp.flag;
-      }
-      break;
-    case Behavior::kMergedWithPrevious:
-      for (const auto& sp : spans) {
-        if (sp.flag && !prev && !out.empty()) out.back().end = sp.end;
-        else out.push_back({sp.begin, sp.end, false});
-        prev = sp.flag;
-      }
-      break;
-    case Behavior::kMergedWithNext:
-      for (auto it = spans.rbegin(); it != spans.rend(); ++it) {
-        if (it->flag && !prev && !out.empty()) out.back().begin = it->begin;
-        else out.push_back({it->begin, it->end, false});
-        prev = it->flag;
-      }
-      std::reverse(out.begin(), out.end());
-      break;
-    case Behavior::kIsolated:
-      break;
-  }
-  for (const auto& sp : out)
-    if (!sp.flag && sp.end > sp.begin) emit(s.substr(sp.begin, sp.end - sp.begin));
-}
-
-constexpr const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 // ---------------------------------------------------------------- the tokenizer
 
@@ -162,28 +76,26 @@ class HfTokenizer final : public Tokenizer {
     std::vector<int64_t>& out;
   };
 
-  std::string where(const std::string& key) const { return concat(file_.string(), ": ", key); }
-  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
-    throw Error(concat(where(key), ": ", what));
-  }
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const { src_.fail(key, what); }
   void parse_model(const json& model);
   void parse_merges(const json& merges);
-  void parse_normalizer(const json& j, const std::string& key);
-  void parse_pre_tokenizer(const json& j, const std::string& key);
   void parse_added_tokens(const json& j);
-  void parse_decoder(const json& j);
   std::optional<std::string> post_processor_bos(const json& j, const std::string& key, int64_t* id) const;
   void build_decode_table();
   void resolve_special_tokens(const json& post_processor, const detail::SpecialTokenConfig& cfg);
+  bool fairseq_specials() const;
 
   template <class F>
   void split_added(std::string_view s, const TokenTrie& trie, F&& f) const;
-  void encode_between_added(std::string_view piece, EncodeState& st) const;
+  void encode_between_added(std::string_view piece, bool at_start, EncodeState& st) const;
   template <class Sink>
-  void pre_tokenize(size_t step, std::string_view piece, bool byte_chars, Sink& sink) const;
+  void pre_tokenize(size_t step, std::string_view piece, bool byte_chars, bool at_start, Sink& sink) const;
   void encode_word(std::string_view word, EncodeState& st) const;
+  void byte_symbols(std::string_view word, std::vector<int32_t>& ids) const;
+  void char_symbols(std::string_view word, std::vector<int32_t>& ids) const;
 
   stdfs::path file_;
+  detail::JsonSource src_;
   stdfs::path config_dir_;
   std::string config_json_;
   uint64_t instance_;
@@ -191,21 +103,25 @@ class HfTokenizer final : public Tokenizer {
   // model
   StringMap<int32_t> vocab_;        // as written (byte-level characters)
   StringMap<int32_t> bytes_vocab_;  // raw bytes -> id (ignore_merges)
-  std::array<int32_t, 256> byte_ids_{};
+  std::array<int32_t, 256> byte_ids_{};      // byte-level character of each byte -> id
+  std::array<int32_t, 256> fallback_ids_{};  // <0xNN> -> id (byte_fallback)
   MergeMap merges_;
   int32_t unk_id_ = -1;
   bool fuse_unk_ = false;
   bool ignore_merges_ = false;
+  bool byte_fallback_ = false;
 
-  Normalizer normalizer_;
+  TextNormalizer normalizer_;
   std::vector<PreTokenizerStep> steps_;
-  bool has_byte_level_ = false;
+  bool byte_level_ = false;  // a ByteLevel pre-tokenizer: words are bytes
+  DecoderChain decoder_;
+  bool byte_table_ = false;  // ids decode through id_bytes_ alone (ByteLevel decoder)
 
   std::vector<AddedToken> added_;
   StringMap<int32_t> added_ids_;
   TokenTrie raw_trie_, normalized_trie_;  // values: index into added_
 
-  std::vector<std::string> id_bytes_;  // what each id decodes to (before UTF-8 repair)
+  std::vector<std::string> id_bytes_;  // bytes of each id (byte_table_), else its token string
   std::vector<uint8_t> id_flags_;      // kKnown | kSpecial
   static constexpr uint8_t kKnown = 1, kSpecial = 2;
 
@@ -215,35 +131,8 @@ class HfTokenizer final : public Tokenizer {
 
 // ------------------------------------------------ loading
 
-const json& need(const json& obj, const char* key, const std::string& where, const stdfs::path& file) {
-  const auto it = obj.find(key);
-  if (it == obj.end()) throw Error(concat(file.string(), ": ", where.empty() ? "" : where + ".", key, ": missing"));
-  return *it;
-}
-
-bool bool_or(const json& obj, const char* key, bool fallback, const std::string& where, const stdfs::path& file) {
-  const auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) throw Error(concat(file.string(), ": ", where, ".", key, ": expected true or false"));
-  return it->get<bool>();
-}
-
-// j[key] when it is a string, else "".
-std::string string_field(const json& j, const char* key) {
-  if (!j.is_object()) return {};
-  const auto it = j.find(key);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
-std::string type_of(const json& j, const std::string& where, const stdfs::path& file) {
-  if (!j.is_object()) throw Error(concat(file.string(), ": ", where, ": expected an object or null"));
-  const auto it = j.find("type");
-  if (it == j.end() || !it->is_string()) throw Error(concat(file.string(), ": ", where, ".type: expected a string"));
-  return it->get<std::string>();
-}
-
 HfTokenizer::HfTokenizer(const stdfs::path& file, const detail::SpecialTokenConfig& cfg)
-    : file_(file), config_dir_(file.parent_path()), config_json_(cfg.config_json) {
+    : file_(file), src_{file}, config_dir_(file.parent_path()), config_json_(cfg.config_json) {
   static std::atomic<uint64_t> next_instance{1};
   instance_ = next_instance++;
   if (!stdfs::is_regular_file(file)) throw Error(concat(file.string(), ": tokenizer file not found"));
@@ -254,17 +143,20 @@ HfTokenizer::HfTokenizer(const stdfs::path& file, const detail::SpecialTokenConf
     throw Error(concat(file.string(), ": not valid JSON: ", e.what()));
   }
   if (!j.is_object()) throw Error(concat(file.string(), ": expected a JSON object (a Hugging Face tokenizer.json)"));
-  parse_model(need(j, "model", "", file_));
+  parse_model(src_.need(j, "model", ""));
   const auto normalizer = j.find("normalizer");
-  if (normalizer != j.end()) parse_normalizer(*normalizer, "normalizer");
+  if (normalizer != j.end()) normalizer_.parse(*normalizer, "normalizer", src_);
   const auto pre = j.find("pre_tokenizer");
-  if (pre != j.end()) parse_pre_tokenizer(*pre, "pre_tokenizer");
-  if (!has_byte_level_)
-    fail("pre_tokenizer", "no ByteLevel pre-tokenizer; only byte-level BPE tokenizers are supported");
+  if (pre != j.end()) detail::parse_pre_tokenizer(*pre, "pre_tokenizer", src_, steps_);
+  byte_level_ = std::any_of(steps_.begin(), steps_.end(),
+                            [](const auto& s) { return s.kind == PreTokenizerStep::Kind::kByteLevel; });
   const auto added = j.find("added_tokens");
   if (added != j.end() && !added->is_null()) parse_added_tokens(*added);
   const auto decoder = j.find("decoder");
-  if (decoder != j.end()) parse_decoder(*decoder);
+  if (decoder != j.end()) decoder_.parse(*decoder, "decoder", src_);
+  // HF without a decoder joins the token strings with spaces; for byte-level
+  // BPE, byte-level decoding is what is meant.
+  byte_table_ = decoder_.byte_level_only() || (decoder_.none() && byte_level_);
   build_decode_table();
   const auto post = j.find("post_processor");
   resolve_special_tokens(post != j.end() ? *post : json(), cfg);
@@ -278,7 +170,7 @@ void HfTokenizer::parse_model(const json& model) {
     if (*type != "BPE")
       fail("model.type", concat("unsupported model \"", type->get<std::string>(), "\"; expected BPE"));
   }
-  const auto& vocab = need(model, "vocab", "model", file_);
+  const auto& vocab = src_.need(model, "vocab", "model");
   if (!vocab.is_object()) fail("model.vocab", "expected an object of token -> id");
   const auto& alphabet = byte_alphabet();
   std::string bytes;
@@ -292,6 +184,8 @@ void HfTokenizer::parse_model(const json& model) {
   for (int b = 0; b < 256; ++b) {
     const auto it = vocab_.find(alphabet.char_of(static_cast<unsigned char>(b)));
     byte_ids_[b] = it == vocab_.end() ? -1 : it->second;
+    const auto fallback = vocab_.find(concat("<0x", "0123456789ABCDEF"[b >> 4], "0123456789ABCDEF"[b & 15], ">"));
+    fallback_ids_[b] = fallback == vocab_.end() ? -1 : fallback->second;
   }
 
   const auto dropout = model.find("dropout");
@@ -300,19 +194,18 @@ void HfTokenizer::parse_model(const json& model) {
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     const auto it = model.find(key);
     if (it != model.end() && !it->is_null() && !(it->is_string() && it->get<std::string>().empty()))
-      fail(concat("model.", key), "not supported by byte-level BPE; expected null or \"\"");
+      fail(concat("model.", key), "not supported; expected null or \"\"");
   }
-  if (bool_or(model, "byte_fallback", false, "model", file_))
-    fail("model.byte_fallback", "byte_fallback is not supported (it is for SentencePiece-style BPE); expected false");
-  fuse_unk_ = bool_or(model, "fuse_unk", false, "model", file_);
-  ignore_merges_ = bool_or(model, "ignore_merges", false, "model", file_);
+  byte_fallback_ = src_.bool_or(model, "byte_fallback", false, "model");
+  fuse_unk_ = src_.bool_or(model, "fuse_unk", false, "model");
+  ignore_merges_ = src_.bool_or(model, "ignore_merges", false, "model");
   const auto unk = model.find("unk_token");
   if (unk != model.end() && !unk->is_null()) {
     if (!unk->is_string()) fail("model.unk_token", "expected a string or null");
     const auto it = vocab_.find(unk->get<std::string>());
     unk_id_ = it == vocab_.end() ? -1 : it->second;  // HF only complains once it needs it
   }
-  parse_merges(need(model, "merges", "model", file_));
+  parse_merges(src_.need(model, "merges", "model"));
 }
 
 void HfTokenizer::parse_merges(const json& merges) {
@@ -345,75 +238,6 @@ void HfTokenizer::parse_merges(const json& merges) {
   }
 }
 
-void HfTokenizer::parse_normalizer(const json& j, const std::string& key) {
-  if (j.is_null()) return;
-  const auto type = type_of(j, key, file_);
-  if (type == "Sequence") {
-    const auto& list = need(j, "normalizers", key, file_);
-    if (!list.is_array()) fail(key + ".normalizers", "expected a list");
-    for (size_t i = 0; i < list.size(); ++i) parse_normalizer(list[i], concat(key, ".normalizers[", i, "]"));
-  } else if (type == "NFC") {
-    normalizer_.add(static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE), true);
-  } else if (type == "NFD") {
-    normalizer_.add(static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE), false);
-  } else if (type == "NFKC") {
-    normalizer_.add(static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT), false);
-  } else if (type == "NFKD") {
-    normalizer_.add(static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT), false);
-  } else {
-    fail(key + ".type", concat("unsupported normalizer \"", type, "\"; expected NFC, NFKC, NFD, NFKD or Sequence"));
-  }
-}
-
-void HfTokenizer::parse_pre_tokenizer(const json& j, const std::string& key) {
-  if (j.is_null()) return;
-  const auto type = type_of(j, key, file_);
-  PreTokenizerStep step;
-  if (type == "Sequence") {
-    const auto& list = need(j, "pretokenizers", key, file_);
-    if (!list.is_array()) fail(key + ".pretokenizers", "expected a list");
-    for (size_t i = 0; i < list.size(); ++i) parse_pre_tokenizer(list[i], concat(key, ".pretokenizers[", i, "]"));
-    return;
-  } else if (type == "ByteLevel") {
-    if (has_byte_level_) fail(key, "a second ByteLevel pre-tokenizer is not supported");
-    has_byte_level_ = true;
-    step.kind = PreTokenizerStep::Kind::kByteLevel;
-    step.add_prefix_space = bool_or(j, "add_prefix_space", true, key, file_);
-    if (bool_or(j, "use_regex", true, key, file_)) step.regex = std::make_unique<Regex>(kGpt2Pattern, where(key));
-  } else if (type == "Split") {
-    const auto& pattern = need(j, "pattern", key, file_);
-    const auto regex = pattern.is_object() ? pattern.find("Regex") : pattern.end();
-    const auto literal = pattern.is_object() ? pattern.find("String") : pattern.end();
-    if (regex != pattern.end() && regex->is_string()) {
-      step.regex = std::make_unique<Regex>(regex->get<std::string>(), where(key + ".pattern.Regex"));
-    } else if (literal != pattern.end() && literal->is_string()) {
-      step.regex = std::make_unique<Regex>(regex_escape(literal->get<std::string>()), where(key + ".pattern.String"));
-    } else {
-      fail(key + ".pattern", "expected {\"Regex\": \"...\"} or {\"String\": \"...\"}");
-    }
-    const auto& behavior = need(j, "behavior", key, file_);
-    static const std::pair<const char*, Behavior> kBehaviors[] = {
-        {"Removed", Behavior::kRemoved},
-        {"Isolated", Behavior::kIsolated},
-        {"MergedWithPrevious", Behavior::kMergedWithPrevious},
-        {"MergedWithNext", Behavior::kMergedWithNext},
-        {"Contiguous", Behavior::kContiguous}};
-    const auto found = std::find_if(std::begin(kBehaviors), std::end(kBehaviors),
-                                    [&](const auto& b) { return behavior.is_string() && behavior == b.first; });
-    if (found == std::end(kBehaviors))
-      fail(key + ".behavior", concat("unsupported behavior ", behavior.dump(),
-                                     "; expected Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous"));
-    step.behavior = found->second;
-    step.invert = bool_or(j, "invert", false, key, file_);
-  } else if (type == "Digits") {
-    step.kind = PreTokenizerStep::Kind::kDigits;
-    step.behavior = bool_or(j, "individual_digits", false, key, file_) ? Behavior::kIsolated : Behavior::kContiguous;
-  } else {
-    fail(key + ".type", concat("unsupported pre-tokenizer \"", type, "\"; expected ByteLevel, Split, Digits or Sequence"));
-  }
-  steps_.push_back(std::move(step));
-}
-
 void HfTokenizer::parse_added_tokens(const json& list) {
   if (!list.is_array()) fail("added_tokens", "expected a list");
   const auto model_size = static_cast<int32_t>(vocab_.size());
@@ -421,18 +245,18 @@ void HfTokenizer::parse_added_tokens(const json& list) {
     const auto& t = list[i];
     const auto key = concat("added_tokens[", i, "]");
     if (!t.is_object()) fail(key, "expected an object");
-    const auto& content = need(t, "content", key, file_);
-    const auto& id = need(t, "id", key, file_);
+    const auto& content = src_.need(t, "content", key);
+    const auto& id = src_.need(t, "id", key);
     if (!content.is_string()) fail(key + ".content", "expected a string");
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
       fail(key + ".id", "expected a non-negative integer");
     AddedToken a;
     a.content = content.get<std::string>();
-    a.special = bool_or(t, "special", false, key, file_);
-    a.lstrip = bool_or(t, "lstrip", false, key, file_);
-    a.rstrip = bool_or(t, "rstrip", false, key, file_);
-    a.single_word = bool_or(t, "single_word", false, key, file_);
-    a.normalized = bool_or(t, "normalized", !a.special, key, file_);
+    a.special = src_.bool_or(t, "special", false, key);
+    a.lstrip = src_.bool_or(t, "lstrip", false, key);
+    a.rstrip = src_.bool_or(t, "rstrip", false, key);
+    a.single_word = src_.bool_or(t, "single_word", false, key);
+    a.normalized = src_.bool_or(t, "normalized", !a.special, key);
     if (a.content.empty()) continue;  // HF ignores these
     if (const auto seen = added_ids_.find(a.content); seen != added_ids_.end()) {  // the later flags win
       const auto prev = std::find_if(added_.begin(), added_.end(), [&](const auto& x) { return x.id == seen->second; });
@@ -470,20 +294,6 @@ void HfTokenizer::parse_added_tokens(const json& list) {
   }
 }
 
-void HfTokenizer::parse_decoder(const json& j) {
-  if (j.is_null()) return;  // HF would join the raw token strings with spaces; byte-level decoding is what is meant
-  const auto type = type_of(j, "decoder", file_);
-  if (type == "ByteLevel") return;
-  if (type == "Sequence") {
-    const auto list = j.find("decoders");
-    if (list != j.end() && list->is_array())
-      for (const auto& d : *list)
-        if (string_field(d, "type") == "ByteLevel") return;
-    fail("decoder.decoders", "expected a ByteLevel decoder in the sequence");
-  }
-  fail("decoder.type", concat("unsupported decoder \"", type, "\"; expected ByteLevel"));
-}
-
 void HfTokenizer::build_decode_table() {
   int32_t max_id = -1;
   for (const auto& [token, id] : vocab_) max_id = std::max(max_id, id);
@@ -498,10 +308,11 @@ void HfTokenizer::build_decode_table() {
   id_bytes_.assign(static_cast<size_t>(max_id + 1), {});
   id_flags_.assign(static_cast<size_t>(max_id + 1), 0);
   // HF's ByteLevel decoder maps a token's characters back to bytes, or keeps
-  // the token's own UTF-8 when a character is outside the alphabet.
+  // the token's own UTF-8 when a character is outside the alphabet. Other
+  // decoders work on the token strings.
   const auto& alphabet = byte_alphabet();
   const auto set = [&](int32_t id, const std::string& token) {
-    if (!alphabet.to_bytes(token, id_bytes_[id])) id_bytes_[id] = token;
+    if (!byte_table_ || !alphabet.to_bytes(token, id_bytes_[id])) id_bytes_[id] = token;
     id_flags_[id] = kKnown;
   };
   for (const auto& [token, id] : vocab_) set(id, token);
@@ -563,11 +374,28 @@ void HfTokenizer::resolve_special_tokens(const json& post_processor, const detai
   bos_ = cfg.bos ? resolve(cfg.bos, "bos_token") : template_bos;
   eos_ = cfg.eos ? resolve(cfg.eos, "eos_token") : token_to_id("<|endoftext|>").value_or(-1);
   pad_ = resolve(cfg.pad, "pad_token");
+  if (!cfg.bos && !cfg.eos && !cfg.pad && !template_adds_bos && fairseq_specials()) {
+    // Galactica's folders ship an empty special_tokens_map.json and a
+    // tokenizer_config.json without the tokens; its code (and OPT's config)
+    // takes them from the fairseq dictionary's order.
+    bos_ = 0, pad_ = 1, eos_ = 2;
+    log::info((cfg.source.empty() ? file_ : cfg.source).string(),
+              ": no bos_token, eos_token or pad_token set; using <s> (0), </s> (2) and <pad> (1) of ", file_.string(),
+              " as Galactica does");
+  }
   add_bos_ = cfg.add_bos.value_or(template_adds_bos);
   if (add_bos_ && bos_ < 0)
     throw Error(concat(cfg.source.string(), ": add_bos_token: true, but no bos_token is set"));
   for (const int64_t id : {bos_, eos_, pad_})
     if (id >= 0 && id < vocab_size()) id_flags_[id] |= kSpecial;
+}
+
+// <s>, <pad>, </s>, <unk> at ids 0..3, as in fairseq dictionaries (OPT, Galactica).
+bool HfTokenizer::fairseq_specials() const {
+  int64_t id = 0;
+  for (const char* token : {"<s>", "<pad>", "</s>", "<unk>"})
+    if (token_to_id(token) != id++) return false;
+  return true;
 }
 
 // ------------------------------------------------ encoding
@@ -613,31 +441,32 @@ std::vector<int64_t> HfTokenizer::encode(std::string_view text) const {
   if (!is_valid_utf8(text)) text = repaired = to_valid_utf8(text);  // as Python would decode it, errors="replace"
   EncodeState st{word_cache(instance_), out};
   if (raw_trie_.empty()) {
-    encode_between_added(text, st);
+    encode_between_added(text, true, st);
     return out;
   }
   split_added(text, raw_trie_, [&](size_t b, size_t e, int32_t index) {
     if (e <= b) return;
     if (index >= 0) out.push_back(added_[index].id);
-    else encode_between_added(text.substr(b, e - b), st);
+    else encode_between_added(text.substr(b, e - b), b == 0, st);
   });
   return out;
 }
 
 // Normalizes text that holds no raw-matched added token, cuts out the added
 // tokens that match normalized text, and pre-tokenizes and BPEs the rest.
-void HfTokenizer::encode_between_added(std::string_view piece, EncodeState& st) const {
+// at_start: the piece begins the text (Metaspace's prepend_scheme "first").
+void HfTokenizer::encode_between_added(std::string_view piece, bool at_start, EncodeState& st) const {
   std::string normalized;
   if (normalizer_.apply(piece, normalized)) piece = normalized;
   const auto words = [&](std::string_view word) { encode_word(word, st); };
   if (normalized_trie_.empty()) {
-    pre_tokenize(0, piece, false, words);
+    pre_tokenize(0, piece, false, at_start, words);
     return;
   }
   split_added(piece, normalized_trie_, [&](size_t b, size_t e, int32_t index) {
     if (e <= b) return;
     if (index >= 0) st.out.push_back(added_[index].id);
-    else pre_tokenize(0, piece.substr(b, e - b), false, words);
+    else pre_tokenize(0, piece.substr(b, e - b), false, at_start && b == 0, words);
   });
 }
 
@@ -645,7 +474,8 @@ void HfTokenizer::encode_between_added(std::string_view piece, EncodeState& st) 
 // come out in order. After the ByteLevel step, later steps see byte-level
 // characters (byte_chars), as in HF; words reach the sink as raw bytes.
 template <class Sink>
-void HfTokenizer::pre_tokenize(size_t step, std::string_view piece, bool byte_chars, Sink& sink) const {
+void HfTokenizer::pre_tokenize(size_t step, std::string_view piece, bool byte_chars, bool at_start,
+                               Sink& sink) const {
   if (piece.empty()) return;
   if (step == steps_.size()) {
     if (!byte_chars) {
@@ -658,8 +488,20 @@ void HfTokenizer::pre_tokenize(size_t step, std::string_view piece, bool byte_ch
     return;
   }
   const auto& st = steps_[step];
+  // A sub-piece begins the text when it begins a piece that does.
+  const auto split = [&](std::string_view text) {
+    split_by(st, text, [&](std::string_view sub) {
+      pre_tokenize(step + 1, sub, byte_chars, at_start && sub.data() == text.data(), sink);
+    });
+  };
+  if (st.kind == PreTokenizerStep::Kind::kMetaspace) {
+    const auto text = detail::metaspace(st, piece, at_start);
+    if (st.regex) split(text);
+    else pre_tokenize(step + 1, text, byte_chars, at_start, sink);
+    return;
+  }
   if (st.kind != PreTokenizerStep::Kind::kByteLevel) {
-    split_by(st, piece, [&](std::string_view sub) { pre_tokenize(step + 1, sub, byte_chars, sink); });
+    split(piece);
     return;
   }
   std::string prefixed;
@@ -674,7 +516,7 @@ void HfTokenizer::pre_tokenize(size_t step, std::string_view piece, bool byte_ch
       sink(word);
     } else {
       const auto chars = byte_alphabet().to_chars(word);
-      pre_tokenize(step + 1, chars, true, sink);
+      pre_tokenize(step + 1, chars, true, at_start && word.data() == piece.data(), sink);
     }
   };
   if (st.regex) split_by(st, piece, next);
@@ -683,8 +525,9 @@ void HfTokenizer::pre_tokenize(size_t step, std::string_view piece, bool byte_ch
 
 void HfTokenizer::encode_word(std::string_view word, EncodeState& st) const {
   if (ignore_merges_) {  // LLaMA-3: a word that is a token is that token
-    const auto it = bytes_vocab_.find(word);
-    if (it != bytes_vocab_.end()) {
+    const auto& vocab = byte_level_ ? bytes_vocab_ : vocab_;
+    const auto it = vocab.find(word);
+    if (it != vocab.end()) {
       st.out.push_back(it->second);
       return;
     }
@@ -699,7 +542,20 @@ void HfTokenizer::encode_word(std::string_view word, EncodeState& st) const {
   }
   std::vector<int32_t> ids;
   ids.reserve(word.size());
-  bool pending_unk = false;  // HF's merge_word: unknown characters become unk_token (fused if fuse_unk)
+  if (byte_level_) byte_symbols(word, ids);
+  else char_symbols(word, ids);
+  apply_merges(merges_, ids);
+  st.out.insert(st.out.end(), ids.begin(), ids.end());
+  if (cacheable) {
+    if (st.cache.words.size() >= kCacheCapacity) st.cache.words.clear();
+    st.cache.words.emplace(std::string(word), std::move(ids));
+  }
+}
+
+// The symbols of a byte-level word (raw bytes): one per byte. HF's
+// merge_word: unknown characters become unk_token (fused if fuse_unk).
+void HfTokenizer::byte_symbols(std::string_view word, std::vector<int32_t>& ids) const {
+  bool pending_unk = false;
   for (const char c : word) {
     const int32_t id = byte_ids_[static_cast<unsigned char>(c)];
     if (id >= 0) {
@@ -712,24 +568,52 @@ void HfTokenizer::encode_word(std::string_view word, EncodeState& st) const {
     }
   }
   if (pending_unk) ids.push_back(unk_id_);
-  apply_merges(merges_, ids);
-  st.out.insert(st.out.end(), ids.begin(), ids.end());
-  if (cacheable) {
-    if (st.cache.words.size() >= kCacheCapacity) st.cache.words.clear();
-    st.cache.words.emplace(std::string(word), std::move(ids));
+}
+
+// The symbols of a text word: one per character; a character the vocabulary
+// lacks becomes its UTF-8 bytes as <0xNN> tokens (byte_fallback, when all of
+// them exist), else unk_token. As in HF, byte tokens do not flush a pending unk.
+void HfTokenizer::char_symbols(std::string_view word, std::vector<int32_t>& ids) const {
+  bool pending_unk = false;
+  for (size_t i = 0; i < word.size();) {
+    const size_t begin = i;
+    next_code_point(word, i);
+    const auto ch = word.substr(begin, i - begin);
+    if (const auto it = vocab_.find(ch); it != vocab_.end()) {
+      if (pending_unk) ids.push_back(unk_id_);
+      pending_unk = false;
+      ids.push_back(it->second);
+      continue;
+    }
+    const auto fallback = [&](char c) { return fallback_ids_[static_cast<unsigned char>(c)]; };
+    if (byte_fallback_ && std::all_of(ch.begin(), ch.end(), [&](char c) { return fallback(c) >= 0; })) {
+      for (const char c : ch) ids.push_back(fallback(c));
+      continue;
+    }
+    if (unk_id_ >= 0) {
+      if (pending_unk && !fuse_unk_) ids.push_back(unk_id_);
+      pending_unk = true;
+    }
   }
+  if (pending_unk) ids.push_back(unk_id_);
 }
 
 // ------------------------------------------------ the rest of the interface
 
 std::string HfTokenizer::decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
-  std::string bytes;
-  for (const auto id : ids) {
-    if (id < 0 || id >= vocab_size()) continue;  // HF drops ids it has no token for
-    const auto flags = id_flags_[id];
-    if (!(flags & kKnown) || (skip_special_tokens && (flags & kSpecial))) continue;
-    bytes += id_bytes_[id];
+  const auto keep = [&](int64_t id) {  // HF drops ids it has no token for
+    return id >= 0 && id < vocab_size() && (id_flags_[id] & kKnown) && !(skip_special_tokens && (id_flags_[id] & kSpecial));
+  };
+  if (!byte_table_) {
+    std::vector<std::string> tokens;
+    tokens.reserve(ids.size());
+    for (const auto id : ids)
+      if (keep(id)) tokens.push_back(id_bytes_[id]);
+    return decoder_.decode(std::move(tokens));
   }
+  std::string bytes;
+  for (const auto id : ids)
+    if (keep(id)) bytes += id_bytes_[id];
   return is_valid_utf8(bytes) ? bytes : to_valid_utf8(bytes);
 }
 

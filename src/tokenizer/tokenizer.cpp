@@ -61,7 +61,7 @@ std::unique_ptr<Tokenizer> load_sentencepiece_file(const stdfs::path& file) {
   const auto cfg = detail::read_special_token_config(file.parent_path());
   auto tok = detail::make_sentencepiece_tokenizer(file, cfg);
   tok->set_chat_template(cfg.chat_template);
-  return tok;
+  return detail::with_saved_special_tokens(std::move(tok), file.parent_path());
 }
 
 // chat_template: a string, or (transformers' multi-template form) a list of
@@ -151,9 +151,9 @@ std::unique_ptr<Tokenizer> load_tokenizer_from_model_dir(const stdfs::path& dir)
   const bool has_sp = stdfs::is_regular_file(dir / kSentencePieceFile);
   if (stdfs::is_regular_file(dir / kHfFile)) {
     if (!has_sp) return load_hf_file(dir / kHfFile);
-    // LLaMA-1/2 folders ship both; their tokenizer.json is a SentencePiece
-    // conversion (Metaspace, byte fallback) that the byte-level backend does
-    // not read, while tokenizer.model is the original.
+    // Both, as in LLaMA-2 folders: tokenizer.json, as transformers'
+    // AutoTokenizer does, unless its pipeline is one the HF backend does not
+    // read (a Unigram model): then the original tokenizer.model.
     try {
       return load_hf_file(dir / kHfFile);
     } catch (const Error& e) {

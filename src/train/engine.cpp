@@ -7,6 +7,7 @@
 #include <torch/optim/adamw.h>
 
 #include <cmath>
+#include <functional>
 #include <unordered_set>
 
 #include "anvil/core/error.h"
@@ -47,33 +48,123 @@ double clip_or_measure(const std::vector<at::Tensor>& params, double max_norm) {
   return sq.defined() ? std::sqrt(sq.item<double>()) : 0.0;
 }
 
-/// The parameters the objective trains; the others are frozen here.
-std::vector<at::Tensor> trained_parameters(models::CausalLM& model, const Objective& objective) {
+using Trains = std::function<bool(const std::string&)>;
+
+/// The parameters `trains` accepts; the others are frozen here.
+std::vector<at::Tensor> trained_parameters(models::CausalLM& model, const Trains& trains, const std::string& who) {
   std::vector<at::Tensor> trained;
   for (auto& p : model.named_parameters()) {
-    if (objective.trains(p.key())) {
+    if (trains(p.key())) {
       trained.push_back(p.value());
     } else {
       p.value().set_requires_grad(false);
     }
   }
-  if (trained.empty())
-    throw ConfigError(concat("algorithm: ", objective.name(), " trains none of the model's parameters"));
+  if (trained.empty()) throw ConfigError(concat(who, " trains none of the model's parameters"));
   return trained;
 }
 
-class PlainEngine final : public Engine {
+/// Where a model's state comes from on resume: a run's checkpoint (`resumed`
+/// receives its trainer state) or a companion's folder in it (`resumed` null).
+struct ResumeFrom {
+  std::optional<stdfs::path> dir;
+  std::optional<io::TrainerState>* resumed = nullptr;
+};
+
+/// What both engines do to one model. A run's engine applies each step to
+/// the policy and to its companion models, which are engines of the same kind.
+class EngineImpl : public Engine {
  public:
-  PlainEngine(const config::RunConfig& cfg, std::shared_ptr<models::CausalLM> model, const Objective& objective,
-              const std::optional<stdfs::path>& resume_from, std::optional<io::TrainerState>& resumed)
+  StepStats backward(Objective& objective, const std::vector<Batch>& batches, int64_t step_targets) final {
+    for_each([](EngineImpl& e) { e.begin_step(); });
+    AccumulateOptions ao;
+    ao.step_targets = step_targets;
+    ao.before_backward = [&](bool last) { for_each([&](EngineImpl& e) { e.before_backward(last); }); };
+    ao.after_backward = [&] { for_each([](EngineImpl& e) { e.after_backward(); }); };
+    return accumulate_gradients(objective, model(), batches, ao);
+  }
+  double clip_grad_norm(double max_norm) final {
+    double norm = clip_own(max_norm);
+    for (auto& c : companions_) {
+      c.norm = c.engine->clip_own(max_norm);
+      if (!std::isfinite(c.norm)) norm = NAN;
+    }
+    return norm;
+  }
+  Metrics step_metrics() const final {
+    Metrics m;
+    for (const auto& c : companions_) m[c.name + "/grad_norm"] = c.norm;
+    return m;
+  }
+  void finish_step(bool apply) final {
+    for_each([&](EngineImpl& e) { e.finish_own(apply); });
+  }
+  void set_lr(double lr) final {
+    optim::set_lr(optimizer(), lr);
+    for (auto& c : companions_) optim::set_lr(c.engine->optimizer(), lr * c.lr_scale);
+  }
+  Metrics memory() final {
+    auto m = memory_own();
+    for (auto& c : companions_)
+      for (const auto& [k, v] : c.engine->memory_own()) m[k] += v;
+    return m;
+  }
+  void add_companion(const std::string& name, std::unique_ptr<EngineImpl> engine, double lr_scale) {
+    companions_.push_back({name, std::move(engine), lr_scale, 0.0});
+  }
+
+ protected:
+  virtual void begin_step() = 0;
+  virtual void before_backward(bool last) { (void)last; }
+  virtual void after_backward() {}
+  virtual double clip_own(double max_norm) = 0;
+  virtual void finish_own(bool apply) = 0;
+  virtual Metrics memory_own() = 0;
+  /// Writes the model whole with its optimizer state into `dir` (a companion's
+  /// part of a checkpoint); a collective in a sharded run.
+  virtual void write_companion(const stdfs::path& dir) = 0;
+  virtual void gather_own() = 0;
+  virtual void release_own() = 0;
+
+  void gather() final {
+    for_each([](EngineImpl& e) { e.gather_own(); });
+  }
+  void release() final {
+    for_each([](EngineImpl& e) { e.release_own(); });
+  }
+  void write_companions(const stdfs::path& dir) {
+    for (auto& c : companions_) c.engine->write_companion(dir / c.name);
+  }
+
+ private:
+  template <class F>
+  void for_each(F&& f) {
+    f(*this);
+    for (auto& c : companions_) f(*c.engine);
+  }
+  struct Companion {
+    std::string name;
+    std::unique_ptr<EngineImpl> engine;
+    double lr_scale;
+    double norm;
+  };
+  std::vector<Companion> companions_;
+};
+
+class PlainEngine final : public EngineImpl {
+ public:
+  PlainEngine(const config::RunConfig& cfg, std::shared_ptr<models::CausalLM> model, const Trains& trains,
+              const std::string& who, const ResumeFrom& resume)
       : model_(std::move(model)), device_(model_->parameters().front().device()) {
     if (cfg.train.activation_checkpointing)
       model_->set_block_runner([](size_t, const at::Tensor& x, const models::BlockFn& block) {
         return models::checkpoint_block(block, x);
       });
-    params_ = trained_parameters(*model_, objective);
+    params_ = trained_parameters(*model_, trains, who);
     optimizer_ = optim::make_optimizer(cfg.optimizer, params_);
-    if (resume_from) resumed = io::load_checkpoint(*resume_from, *model_, *optimizer_);
+    if (!resume.dir) return;
+    if (resume.resumed) *resume.resumed = io::load_checkpoint(*resume.dir, *model_, *optimizer_);
+    else io::load_model_and_optimizer(*resume.dir, *model_, *optimizer_);
   }
 
   models::CausalLM& model() override { return *model_; }
@@ -82,38 +173,55 @@ class PlainEngine final : public Engine {
   int64_t world_size() const override { return 1; }
   std::string describe() const override { return ""; }
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
-
-  StepStats backward(Objective& objective, const std::vector<Batch>& batches, int64_t step_targets) override {
-    optimizer_->zero_grad();
-    AccumulateOptions ao;
-    ao.step_targets = step_targets;
-    return accumulate_gradients(objective, *model_, batches, ao);
-  }
-  double clip_grad_norm(double max_norm) override { return clip_or_measure(params_, max_norm); }
-  void finish_step(bool apply) override {
-    if (apply) optimizer_->step();
-  }
   std::vector<at::Tensor> gradients() override {
     std::vector<at::Tensor> g;
     for (const auto& p : params_) g.push_back(p.grad());
     return g;
   }
-  Metrics memory() override {
+  void set_parameters(const std::map<std::string, at::Tensor>& values) override {
+    auto params = model_->named_parameters();
+    at::NoGradGuard no_grad;
+    for (const auto& [name, v] : values) {
+      auto* p = params.find(name);
+      TORCH_CHECK(p != nullptr, "set_parameters: the model has no parameter \"", name, "\"");
+      TORCH_CHECK(v.sizes() == p->sizes(), "set_parameters: \"", name, "\" has shape ", p->sizes(), ", got ",
+                  v.sizes());
+      p->copy_(v);
+    }
+  }
+  std::map<std::string, at::Tensor> get_parameters(const std::vector<std::string>& names) override {
+    auto params = model_->named_parameters();
+    std::map<std::string, at::Tensor> out;
+    for (const auto& name : names) {
+      auto* p = params.find(name);
+      TORCH_CHECK(p != nullptr, "get_parameters: the model has no parameter \"", name, "\"");
+      out.emplace(name, p->detach().to(at::kFloat).clone());
+    }
+    return out;
+  }
+  stdfs::path save(const stdfs::path& output_dir, const io::TrainerState& state, const tokenizer::Tokenizer* tok,
+                   const std::string& config_yaml, int64_t keep_last) override {
+    io::CheckpointParts parts{model_.get(), tok, optimizer_.get(), state, config_yaml,
+                              [this](const stdfs::path& dir) { write_companions(dir); }};
+    return io::save_checkpoint(output_dir, parts, keep_last);
+  }
+
+ protected:
+  void begin_step() override { optimizer_->zero_grad(); }
+  double clip_own(double max_norm) override { return clip_or_measure(params_, max_norm); }
+  void finish_own(bool apply) override {
+    if (apply) optimizer_->step();
+  }
+  Metrics memory_own() override {
     std::unordered_set<const void*> seen;
     const auto all = model_->parameters();
     return {{"memory/parameter_bytes", static_cast<double>(storage_bytes(all, seen))},
             {"memory/gradient_bytes", static_cast<double>(storage_bytes(gradients(), seen))},
             {"memory/optimizer_bytes", static_cast<double>(optimizer_bytes(*optimizer_))}};
   }
-  stdfs::path save(const stdfs::path& output_dir, const io::TrainerState& state, const tokenizer::Tokenizer* tok,
-                   const std::string& config_yaml, int64_t keep_last) override {
-    io::CheckpointParts parts{model_.get(), tok, optimizer_.get(), state, config_yaml};
-    return io::save_checkpoint(output_dir, parts, keep_last);
-  }
-
- protected:
-  void gather() override {}
-  void release() override {}
+  void write_companion(const stdfs::path& dir) override { io::save_model_and_optimizer(dir, *model_, *optimizer_); }
+  void gather_own() override {}
+  void release_own() override {}
 
  private:
   std::shared_ptr<models::CausalLM> model_;
@@ -122,30 +230,31 @@ class PlainEngine final : public Engine {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
 
-class ShardedEngine final : public Engine {
+class ShardedEngine final : public EngineImpl {
  public:
   ShardedEngine(const config::RunConfig& cfg, std::shared_ptr<models::CausalLM> model,
-                std::shared_ptr<distributed::Communicator> comm, const Objective& objective,
-                const std::optional<stdfs::path>& resume_from, std::optional<io::TrainerState>& resumed)
+                std::shared_ptr<distributed::Communicator> comm, const Trains& trains, const std::string& who,
+                const ResumeFrom& resume)
       : model_(model),
         comm_(comm),
         device_(model->parameters().front().device()),
         sharding_(cfg.dist.sharding),
         param_dtype_(cfg.dist.param_dtype),
         consolidated_(cfg.dist.consolidated_checkpoints) {
-    // A plain checkpoint (a single-process run going multi-process) is read
-    // into the whole model and a per-parameter optimizer first; sharding then
-    // flattens both.
+    // A plain checkpoint (a single-process run going multi-process, or a
+    // companion's folder) is read into the whole model and a per-parameter
+    // optimizer first; sharding then flattens both.
     std::unique_ptr<torch::optim::Optimizer> plain;
-    if (resume_from && !distributed::is_sharded_checkpoint(*resume_from)) {
+    if (resume.dir && (!resume.resumed || !distributed::is_sharded_checkpoint(*resume.dir))) {
       plain = optim::make_optimizer(cfg.optimizer, model->parameters());
-      resumed = io::load_checkpoint(*resume_from, *model, *plain);
+      if (resume.resumed) *resume.resumed = io::load_checkpoint(*resume.dir, *model, *plain);
+      else io::load_model_and_optimizer(*resume.dir, *model, *plain);
     }
     sharded_ = std::make_unique<distributed::ShardedModel>(model, comm, sharding_options(cfg));
     optimizer_ = optim::make_optimizer(cfg.optimizer, sharded_->master_parameters());
     if (plain) distributed::import_optimizer_state(*sharded_, *plain, *optimizer_);
-    else if (resume_from) resumed = distributed::load_sharded_checkpoint(*resume_from, *sharded_, *optimizer_);
-    freeze(objective);
+    else if (resume.dir) *resume.resumed = distributed::load_sharded_checkpoint(*resume.dir, *sharded_, *optimizer_);
+    freeze(trains, who);
   }
 
   models::CausalLM& model() override { return *model_; }
@@ -157,17 +266,65 @@ class ShardedEngine final : public Engine {
                   param_dtype_ != "float32" ? ", " + param_dtype_ : std::string());
   }
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
+  std::vector<at::Tensor> gradients() override {
+    std::vector<at::Tensor> g;
+    for (const auto& p : sharded_->master_parameters()) g.push_back(p.grad());
+    return g;
+  }
+  /// The unit and flat place of parameter `name`.
+  std::pair<size_t, const distributed::FlatParam*> locate(const std::string& name, const char* who) const {
+    for (size_t u = 0; u < sharded_->layouts().size(); ++u)
+      for (const auto& p : sharded_->layouts()[u].params)
+        if (p.name == name) return {u, &p};
+    TORCH_CHECK(false, who, ": the model has no parameter \"", name, "\"");
+  }
+  std::map<std::string, at::Tensor> get_parameters(const std::vector<std::string>& names) override {
+    std::map<size_t, std::vector<const distributed::FlatParam*>> by_unit;  // gathered in unit order on every rank
+    for (const auto& name : names) {
+      const auto [u, p] = locate(name, "get_parameters");
+      by_unit[u].push_back(p);
+    }
+    std::map<std::string, at::Tensor> out;
+    at::NoGradGuard no_grad;
+    for (const auto& [u, list] : by_unit) {
+      const auto flat = sharded_->gather_master(u);
+      for (const auto* p : list) out.emplace(p->name, flat.narrow(0, p->offset, p->numel).view(p->shape).clone());
+    }
+    return out;
+  }
+  void set_parameters(const std::map<std::string, at::Tensor>& values) override {
+    // By unit, in unit order (the same on every rank): gather, overwrite, reload.
+    std::map<size_t, std::vector<std::pair<const distributed::FlatParam*, at::Tensor>>> by_unit;
+    for (const auto& [name, v] : values) {
+      const auto [unit, found] = locate(name, "set_parameters");
+      TORCH_CHECK(v.sizes() == at::IntArrayRef(found->shape), "set_parameters: \"", name, "\" has shape ",
+                  at::IntArrayRef(found->shape), ", got ", v.sizes());
+      by_unit[unit].emplace_back(found, v);
+    }
+    at::NoGradGuard no_grad;
+    for (const auto& [u, list] : by_unit) {
+      auto flat = sharded_->gather_master(u).clone();
+      for (const auto& [p, v] : list) flat.narrow(0, p->offset, p->numel).copy_(v.reshape(-1));
+      sharded_->load_unit(u, flat);
+    }
+    const auto masters = sharded_->master_parameters();
+    for (auto& f : frozen_) f.values.copy_(masters[f.unit].narrow(0, f.offset, f.values.numel()));
+  }
+  stdfs::path save(const stdfs::path& output_dir, const io::TrainerState& state, const tokenizer::Tokenizer* tok,
+                   const std::string& config_yaml, int64_t keep_last) override {
+    return distributed::save_sharded_checkpoint(output_dir, *sharded_, *optimizer_, tok, state, config_yaml, keep_last,
+                                                consolidated_,
+                                                [this](const stdfs::path& dir) { write_companions(dir); });
+  }
 
-  StepStats backward(Objective& objective, const std::vector<Batch>& batches, int64_t step_targets) override {
+ protected:
+  void begin_step() override {
     optimizer_->zero_grad();
     sharded_->begin_step();
-    AccumulateOptions ao;
-    ao.step_targets = step_targets;
-    ao.before_backward = [&](bool last) { sharded_->set_grad_sync(last); };
-    ao.after_backward = [&] { sharded_->finish_backward(); };
-    return accumulate_gradients(objective, *model_, batches, ao);
   }
-  double clip_grad_norm(double max_norm) override {
+  void before_backward(bool last) override { sharded_->set_grad_sync(last); }
+  void after_backward() override { sharded_->finish_backward(); }
+  double clip_own(double max_norm) override {
     // Frozen slices carry no gradient, as frozen parameters have none on one process.
     at::NoGradGuard no_grad;
     const auto masters = sharded_->master_parameters();
@@ -175,7 +332,7 @@ class ShardedEngine final : public Engine {
       if (masters[f.unit].grad().defined()) masters[f.unit].mutable_grad().narrow(0, f.offset, f.values.numel()).zero_();
     return sharded_->clip_grad_norm(max_norm);
   }
-  void finish_step(bool apply) override {
+  void finish_own(bool apply) override {
     if (apply) optimizer_->step();
     {
       // AdamW's weight decay moves every element of a flat master shard; the
@@ -186,27 +343,18 @@ class ShardedEngine final : public Engine {
     }
     sharded_->after_optimizer_step();
   }
-  std::vector<at::Tensor> gradients() override {
-    std::vector<at::Tensor> g;
-    for (const auto& p : sharded_->master_parameters()) g.push_back(p.grad());
-    return g;
-  }
-  Metrics memory() override {
+  Metrics memory_own() override {
     const auto mem = sharded_->memory();
     return {{"memory/parameter_bytes", static_cast<double>(mem.parameters)},
             {"memory/gradient_bytes", static_cast<double>(mem.gradients)},
             {"memory/peak_gathered_parameter_bytes", static_cast<double>(mem.peak_gathered)},
             {"memory/optimizer_bytes", static_cast<double>(optimizer_bytes(*optimizer_))}};
   }
-  stdfs::path save(const stdfs::path& output_dir, const io::TrainerState& state, const tokenizer::Tokenizer* tok,
-                   const std::string& config_yaml, int64_t keep_last) override {
-    return distributed::save_sharded_checkpoint(output_dir, *sharded_, *optimizer_, tok, state, config_yaml, keep_last,
-                                         consolidated_);
+  void write_companion(const stdfs::path& dir) override {
+    distributed::save_consolidated(dir, *sharded_, *optimizer_);
   }
-
- protected:
-  void gather() override { sharded_->gather_full_parameters(); }
-  void release() override { sharded_->release_full_parameters(); }
+  void gather_own() override { sharded_->gather_full_parameters(); }
+  void release_own() override { sharded_->release_full_parameters(); }
 
  private:
   std::shared_ptr<models::CausalLM> model_;
@@ -219,16 +367,21 @@ class ShardedEngine final : public Engine {
     int64_t offset;
     at::Tensor values;
   };
-  void freeze(const Objective& objective) {
+  void freeze(const Trains& trains, const std::string& who) {
     const auto masters = sharded_->master_parameters();
+    bool any = false;
     for (size_t u = 0; u < sharded_->layouts().size(); ++u) {
       const auto [b, e] = sharded_->shard_range(u);
       for (const auto& p : sharded_->layouts()[u].params) {
-        if (objective.trains(p.name)) continue;
+        if (trains(p.name)) {
+          any = true;
+          continue;
+        }
         const int64_t lo = std::max(b, p.offset), hi = std::min(e, p.offset + p.numel);
         if (hi > lo) frozen_.push_back({u, lo - b, masters[u].narrow(0, lo - b, hi - lo).detach().clone()});
       }
     }
+    if (!any) throw ConfigError(concat(who, " trains none of the model's parameters"));
   }
 
   std::vector<Frozen> frozen_;
@@ -239,8 +392,6 @@ class ShardedEngine final : public Engine {
 };
 
 }  // namespace
-
-void Engine::set_lr(double lr) { optim::set_lr(optimizer(), lr); }
 
 distributed::ShardingOptions sharding_options(const config::RunConfig& cfg) {
   distributed::ShardingOptions so;
@@ -291,13 +442,43 @@ FrozenModel RunContext::freeze(std::shared_ptr<models::CausalLM> model) const {
   return FrozenModel(std::move(model), std::move(sharded));
 }
 
+std::shared_ptr<models::CausalLM> RunContext::train(const std::string& name, std::shared_ptr<models::CausalLM> model,
+                                                   double lr) const {
+  TORCH_CHECK(model != nullptr, "RunContext::train: no model");
+  if (name.empty() || name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos)
+    throw ConfigError(concat("RunContext::train: the name \"", name, "\" is not of a-z, 0-9 and _"));
+  for (const auto& c : *companions)
+    if (c.name == name) throw ConfigError(concat("RunContext::train: a model named \"", name, "\" is trained already"));
+  if (!(lr > 0)) throw ConfigError(concat("RunContext::train: ", name, "'s learning rate must be > 0, got ", lr));
+  model->to(device);
+  model->train();
+  companions->push_back({name, model, lr});
+  return model;
+}
+
 EngineStart make_engine(const config::RunConfig& cfg, std::shared_ptr<models::CausalLM> model,
                         std::shared_ptr<distributed::Communicator> comm, const Objective& objective,
-                        const std::optional<std::filesystem::path>& resume_from) {
+                        const std::optional<std::filesystem::path>& resume_from,
+                        const std::vector<CompanionModel>& companions) {
   EngineStart out;
-  if (comm) out.engine = std::make_unique<ShardedEngine>(cfg, std::move(model), std::move(comm), objective,
-                                                         resume_from, out.resumed);
-  else out.engine = std::make_unique<PlainEngine>(cfg, std::move(model), objective, resume_from, out.resumed);
+  auto build = [&](std::shared_ptr<models::CausalLM> m, const config::RunConfig& c, const Trains& trains,
+                   const std::string& who, const ResumeFrom& resume) -> std::unique_ptr<EngineImpl> {
+    if (comm) return std::make_unique<ShardedEngine>(c, std::move(m), comm, trains, who, resume);
+    return std::make_unique<PlainEngine>(c, std::move(m), trains, who, resume);
+  };
+  auto engine = build(
+      std::move(model), cfg, [&](const std::string& n) { return objective.trains(n); },
+      concat("algorithm: ", objective.name()), ResumeFrom{resume_from, &out.resumed});
+  for (const auto& comp : companions) {
+    auto c = cfg;
+    c.optimizer.lr = comp.lr;
+    std::optional<stdfs::path> dir;
+    if (resume_from) dir = *resume_from / comp.name;
+    engine->add_companion(comp.name,
+                          build(comp.model, c, [](const std::string&) { return true; }, comp.name, ResumeFrom{dir}),
+                          comp.lr / cfg.optimizer.lr);
+  }
+  out.engine = std::move(engine);
   return out;
 }
 

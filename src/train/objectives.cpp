@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "anvil/core/error.h"
+#include "anvil/train/ilql.h"
 #include "anvil/train/objective.h"
 #include "anvil/train/ppo.h"
 #include "anvil/train/preference.h"
@@ -25,6 +26,7 @@ struct Registry {
       {"reward", make<RewardObjective>()},
       {"dpo", make<DpoObjective>()},
       {"ppo", make<PpoObjective>()},
+      {"ilql", make<IlqlObjective>()},
   };
 };
 

@@ -3,7 +3,8 @@
 // An iteration: before_iteration() draws ppo.prompts_per_rollout prompts
 // (every rank walks the same prompt stream and generates for its share),
 // samples ppo.samples_per_prompt responses each with the KV cache, computes
-// the old policy's and the reference's log-probs and the values, scores the
+// the old policy's and the reference's log-probs and the values (a value head
+// on the policy's trunk, or a separate critic trained beside it), scores the
 // responses, and exchanges the rows so that every rank holds the whole
 // rollout. Advantages are then computed identically on every rank, and the
 // loop takes ppo_epochs x (rollout / minibatch) optimizer steps; each rank
@@ -19,8 +20,6 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
-#include <mutex>
-#include <regex>
 
 #include "anvil/core/error.h"
 #include "anvil/core/logging.h"
@@ -28,64 +27,15 @@
 #include "anvil/data/datasets.h"
 #include "anvil/data/mixture.h"
 #include "anvil/generation/generate.h"
-#include "anvil/rewards/reward_model.h"
-#include "anvil/rewards/reward_program.h"
+#include "anvil/io/hf_model.h"
 #include "anvil/train/engine.h"
 #include "train/lm_data.h"
 #include "train/ppo_rollout.h"
+#include "train/response_rewards.h"
 
 namespace anvil::train {
 
-// ---- reward functions --------------------------------------------------------------
-
 namespace {
-
-std::mutex& reward_mutex() {
-  static std::mutex m;
-  return m;
-}
-std::map<std::string, RewardFn>& reward_functions() {
-  static std::map<std::string, RewardFn> fns;
-  return fns;
-}
-
-}  // namespace
-
-void register_reward_function(const std::string& name, RewardFn fn) {
-  if (name.empty()) throw ConfigError("register_reward_function: expected a name");
-  if (!fn) throw ConfigError(concat("register_reward_function: ", name, ": no function given"));
-  std::lock_guard<std::mutex> lock(reward_mutex());
-  if (!reward_functions().emplace(name, std::move(fn)).second)
-    throw ConfigError(concat("reward function \"", name, "\" is already registered"));
-}
-
-namespace {
-
-RewardFn find_reward_function(const std::string& name) {
-  std::lock_guard<std::mutex> lock(reward_mutex());
-  const auto it = reward_functions().find(name);
-  if (it == reward_functions().end()) {
-    std::string known;
-    for (const auto& [k, v] : reward_functions()) known += concat(known.empty() ? "" : ", ", k);
-    throw ConfigError(concat("ppo.reward.function: no reward function \"", name, "\" is registered",
-                             known.empty() ? std::string(" (none is)") : concat(" (registered: ", known, ")")));
-  }
-  return it->second;
-}
-
-std::string trim(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
-}
-
-std::string field_text(const nlohmann::json& record, const std::string& field, const std::string& key,
-                       const std::string& where) {
-  if (!record.contains(field) || record[field].is_null())
-    throw DataError(concat(where, ": ", key, " compares the response with field \"", field,
-                           "\", which this record lacks"));
-  return record[field].is_string() ? record[field].get<std::string>() : record[field].dump();
-}
 
 /// A prompt of the rollout: the sample and its place in the global stream.
 struct RolloutPrompt {
@@ -169,11 +119,10 @@ struct PpoObjective::State {
   std::unique_ptr<data::MixtureSampler> prompts;
   std::unique_ptr<RolloutSource> source;
   RankContext ranks;
-  FrozenModel reference, reward_frozen;
-  std::unique_ptr<rewards::RewardModel> reward_model;
-  std::unique_ptr<rewards::RewardProgram> program;
-  RewardFn reward_fn;
-  bool value_head = false;
+  FrozenModel reference;
+  std::unique_ptr<ResponseRewards> rewards;
+  bool value_head = false;                  // advantage gae: values from a head or a critic
+  std::shared_ptr<models::CausalLM> critic;  // ppo.critic_from: trained beside the policy (RunContext::train)
   double kl_coef = 0;
   RunningMoments moments;
   double rollout_kl = 0;        // mean summed KL of the last rollout, for the controller
@@ -194,6 +143,9 @@ struct PpoObjective::State {
   std::vector<RolloutRow> generate(models::CausalLM& policy, const std::vector<RolloutPrompt>& mine, int64_t per_prompt,
                                    uint64_t seed, bool greedy);
   void forward_logps(models::CausalLM& model, std::vector<RolloutRow>& rows, bool reference_model, bool values);
+  /// Per-token values (B, R) of the tokens at `pos` of `ids`: the critic's,
+  /// or the value head's on the policy's hidden states `sel` there.
+  at::Tensor values(models::CausalLM& policy, const at::Tensor& ids, const at::Tensor& pos, const at::Tensor& sel);
   /// The rollout: prompts drawn, responses sampled and scored, rows exchanged.
   std::vector<RolloutRow> collect(Engine& engine, uint64_t seed, Metrics& m);
   /// (advantages, returns), (N, R) float32, and the rollout's metrics.
@@ -243,13 +195,7 @@ PpoObjective::PpoObjective(const config::RunConfig& cfg, const tokenizer::Tokeni
                              p.samples_per_prompt, " = ", s_->rollout_rows,
                              " sequences does not split into minibatches of ", s_->minibatch_rows(),
                              " (train.global_batch_size, or micro_batch_size x grad_accum_steps)"));
-  int sources = 0;
-  for (const auto* v : {&p.reward.model, &p.reward.command, &p.reward.exact_match, &p.reward.regex, &p.reward.function})
-    sources += !v->empty();
-  if (sources != 1)
-    throw ConfigError(concat("ppo.reward: expected exactly one of model, command, exact_match, regex or function, got ",
-                             sources));
-  if (!p.reward.function.empty()) s_->reward_fn = find_reward_function(p.reward.function);
+  s_->rewards = std::make_unique<ResponseRewards>(p.reward, "ppo.reward", true);
   s_->value_head = p.advantage == "gae";
 }
 
@@ -268,7 +214,21 @@ void PpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
   if (s_->ppo.prompts_per_rollout % ranks_.world != 0)
     throw ConfigError(concat("ppo.prompts_per_rollout: ", s_->ppo.prompts_per_rollout, " prompts do not divide among ",
                              ranks_.world, " ranks"));
-  if (s_->value_head && !model.has_head("value")) {
+  const auto& critic_from = s_->ppo.critic_from;
+  if (!critic_from.empty()) {
+    auto critic = io::load_model_dir(critic_from);
+    if (critic->vocab_size() != model.vocab_size())
+      throw ConfigError(concat("ppo.critic_from: ", critic_from, " has a vocabulary of ", critic->vocab_size(),
+                               " tokens, the policy ", model.vocab_size(), "; the critic reads the policy's tokens"));
+    if (critic->has_score_head()) {
+      log::info("ppo: critic from the reward model ", critic_from, "; its score head is the value head");
+    } else {
+      critic->add_score_head();
+      log::info("ppo: critic from ", critic_from, " with a new value head (", critic->hidden_size(), " -> 1)");
+    }
+    const double lr = s_->ppo.critic_learning_rate > 0 ? s_->ppo.critic_learning_rate : s_->cfg.optimizer.lr;
+    s_->critic = ctx.train("critic", std::move(critic), lr);
+  } else if (s_->value_head && !model.has_head("value")) {
     model.add_head("value", 1);
     log::info("ppo: added a value head (", model.hidden_size(), " -> 1) on the policy's final hidden states");
   }
@@ -278,17 +238,16 @@ void PpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
   s_->reference = ctx.freeze(std::move(reference));
   log::info("ppo: reference model from ", ref_path.empty() ? std::string("the initial weights") : ref_path, " (",
             s_->reference.parameter_bytes(), " parameter bytes on this rank)");
-  const auto& r = s_->ppo.reward;
-  if (!r.model.empty()) {
-    auto rm = rewards::RewardModel::load(r.model);
-    s_->reward_frozen = ctx.freeze(rm.model_ptr());
-    s_->reward_model = std::make_unique<rewards::RewardModel>(std::move(rm));
-    log::info("ppo: reward model ", r.model, " (", s_->reward_model->chat_template().name(), " format)");
-  }
-  if (!r.command.empty()) {
-    s_->program = std::make_unique<rewards::RewardProgram>(r.command, r.timeout_s);
-    log::info("ppo: reward program \"", r.command, "\" started");
-  }
+  s_->rewards->prepare(ctx, "ppo");
+}
+
+at::Tensor PpoObjective::State::values(models::CausalLM& policy, const at::Tensor& ids, const at::Tensor& pos,
+                                       const at::Tensor& sel) {
+  if (!critic) return policy.head("value", sel).squeeze(-1).to(at::kFloat);
+  EvalMode no_dropout(*critic);
+  const auto hidden = critic->hidden_states(ids, {});
+  const auto H = hidden.size(-1);
+  return critic->token_scores(hidden.gather(1, pos.unsqueeze(-1).expand({pos.size(0), pos.size(1), H})));
 }
 
 std::vector<RolloutRow> PpoObjective::State::generate(models::CausalLM& policy, const std::vector<RolloutPrompt>& mine,
@@ -338,7 +297,7 @@ void PpoObjective::State::forward_logps(models::CausalLM& model, std::vector<Rol
     const auto logits = model.logits(sel).to(at::kFloat) / ppo.temperature;
     const auto logp = logits.log_softmax(-1).gather(-1, b.tensors.at("tokens").to(device).unsqueeze(-1)).squeeze(-1).cpu();
     at::Tensor v;
-    if (values) v = model.head("value", sel).squeeze(-1).to(at::kFloat).cpu();
+    if (values) v = this->values(model, ids, pos, sel).cpu();
     for (size_t i = start; i < end; ++i) {
       auto& r = rows[i];
       const auto n = static_cast<int64_t>(r.response.size());
@@ -397,54 +356,16 @@ Batch collate_rollout(const std::vector<const RolloutRow*>& rows, int64_t pad_id
 
 std::vector<double> PpoObjective::State::score(const std::vector<RolloutPrompt>& prompts,
                                                const std::vector<RolloutRow>& rows, int64_t per_prompt) {
-  std::vector<RewardQuery> queries;
+  std::vector<const data::PromptSample*> of;
+  std::vector<std::vector<int64_t>> responses;
+  std::vector<bool> ended;
   for (size_t i = 0; i < rows.size(); ++i) {
-    const auto& p = *prompts[i / static_cast<size_t>(per_prompt)].sample;
-    auto response = rows[i].response;
-    if (rows[i].ended) response.pop_back();  // the end of turn is the template's, not the answer's
-    queries.push_back({p.prompt, tok.decode(response), p.record, rows[i].ended});
+    of.push_back(prompts[i / static_cast<size_t>(per_prompt)].sample);
+    responses.push_back(rows[i].response);
+    if (rows[i].ended) responses.back().pop_back();  // the end of turn is the template's, not the answer's
+    ended.push_back(rows[i].ended);
   }
-  const auto& r = ppo.reward;
-  std::vector<double> out(queries.size(), 0.0);
-  if (!r.exact_match.empty() || !r.regex.empty()) {
-    for (size_t i = 0; i < queries.size(); ++i) {
-      const auto& where = prompts[i / static_cast<size_t>(per_prompt)].sample->where;
-      if (!r.exact_match.empty()) {
-        out[i] = trim(queries[i].response) == trim(field_text(queries[i].record, r.exact_match, "ppo.reward.exact_match", where));
-      } else {
-        const auto pattern = field_text(queries[i].record, r.regex, "ppo.reward.regex", where);
-        try {
-          out[i] = std::regex_search(queries[i].response, std::regex(pattern));
-        } catch (const std::regex_error& e) {
-          throw DataError(concat(where, ": ppo.reward.regex: field \"", r.regex, "\" holds \"", pattern,
-                                 "\", which is not a valid regular expression (", e.what(), ")"));
-        }
-      }
-    }
-  } else if (program) {
-    std::vector<nlohmann::json> records;
-    for (const auto& q : queries) {
-      auto rec = q.record.is_object() ? q.record : nlohmann::json::object();
-      rec["prompt"] = q.prompt;
-      rec["response"] = q.response;
-      records.push_back(std::move(rec));
-    }
-    out = program->score(records);
-  } else if (reward_fn) {
-    out = reward_fn(queries);
-    if (out.size() != queries.size())
-      throw Error(concat("ppo.reward.function \"", r.function, "\" returned ", out.size(), " rewards for ",
-                         queries.size(), " responses"));
-  } else if (reward_model) {
-    std::vector<std::vector<int64_t>> ids;
-    for (size_t i = 0; i < queries.size(); ++i) {
-      const auto& p = *prompts[i / static_cast<size_t>(per_prompt)].sample;
-      ids.push_back(reward_model->encode(p.messages, p.text_prompt, queries[i].response));
-    }
-    const auto scores = reward_model->score(ids, r.batch_size);
-    out.assign(scores.begin(), scores.end());
-  }
-  return out;
+  return rewards->score(of, responses, ended, tok);
 }
 
 std::vector<RolloutRow> PpoObjective::State::collect(Engine& engine, uint64_t seed, Metrics& m) {
@@ -468,7 +389,7 @@ std::vector<RolloutRow> PpoObjective::State::collect(Engine& engine, uint64_t se
   const auto t1 = std::chrono::steady_clock::now();
   forward_logps(*reference, local, true, false);
   {
-    auto whole = reward_frozen.gathered();
+    auto whole = rewards->gathered();
     const auto scores = score(mine, local, K);
     for (size_t i = 0; i < local.size(); ++i) local[i].score = scores[i];
   }
@@ -596,7 +517,7 @@ at::Tensor PpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
   const auto all = logits.log_softmax(-1);
   const auto logp = all.gather(-1, t("tokens").unsqueeze(-1)).squeeze(-1);
   at::Tensor values;
-  if (s_->value_head) values = model.head("value", sel).squeeze(-1).to(at::kFloat);
+  if (s_->value_head) values = s_->values(model, ids, pos, sel);
   const auto terms = ppo_loss_sums(logp, t("old_logp"), t("advantages"), values, t("old_values"), t("returns"), mask,
                                    {p.cliprange, p.cliprange_value});
   auto loss = terms.policy;
@@ -674,7 +595,7 @@ EvalResult PpoObjective::evaluate(models::CausalLM& model) {
   auto rows = s.generate(model, mine, 1, 0, true);
   std::vector<double> scores;
   {
-    auto whole = s.reward_frozen.gathered();  // ranks score different numbers of rows
+    auto whole = s.rewards->gathered();  // ranks score different numbers of rows
     scores = s.score(mine, rows, 1);
   }
   std::vector<double> totals{0, 0};

@@ -33,10 +33,14 @@ data::ReadOptions read_options(const config::RunConfig& cfg, const config::Datas
 
 std::string resolve_format(const config::RunConfig& cfg, const config::DatasetConfig& d, const std::string& key) {
   auto f = d.format;
-  if (f == "auto") f = std::filesystem::is_directory(d.path) ? "pretrain" : cfg.algorithm == "pretrain" ? "" : "sft";
+  if (f == "auto")
+    f = std::filesystem::is_directory(d.path) || data::is_megatron_dataset(d.path) ? "pretrain"
+        : cfg.algorithm == "pretrain"                                               ? ""
+                                                                                    : "sft";
   if (f.empty())
-    throw ConfigError(concat(key, ".path: algorithm pretrain reads token shards; \"", d.path,
-                             "\" is a file (convert it with anvil prepare, see docs/data.md)"));
+    throw ConfigError(concat(key, ".path: algorithm pretrain reads token shards (a folder of anvil prepare) or a "
+                             "Megatron indexed dataset (PREFIX.bin + PREFIX.idx); \"", d.path,
+                             "\" is neither (convert text with anvil prepare, see docs/data.md)"));
   if (f != "sft" && f != "pretrain")
     throw ConfigError(concat(key, ".format: algorithm ", cfg.algorithm, " reads sft or pretrain data, got ", f));
   if (f == "sft" && cfg.algorithm == "pretrain")
@@ -47,10 +51,12 @@ std::string resolve_format(const config::RunConfig& cfg, const config::DatasetCo
 std::shared_ptr<const data::LmDataset> load_one(const config::RunConfig& cfg, const config::DatasetConfig& d,
                                                 const std::string& key, const tokenizer::Tokenizer& tok) {
   if (resolve_format(cfg, d, key) == "pretrain") {
-    auto shards = data::TokenShards::open(d.path);
+    const bool megatron = !std::filesystem::is_directory(d.path) && data::is_megatron_dataset(d.path);
+    auto shards = megatron ? data::TokenShards::open_megatron(d.path) : data::TokenShards::open(d.path);
     if (shards->vocab_size() > tok.vocab_size())
-      throw DataError(concat(d.path, ": shards were written with a vocabulary of ", shards->vocab_size(),
-                             " tokens, the tokenizer has ", tok.vocab_size()));
+      throw DataError(concat(d.path, megatron ? ": holds token ids up to " : ": shards were written with a vocabulary of ",
+                             megatron ? shards->vocab_size() - 1 : shards->vocab_size(), ", the tokenizer has ",
+                             tok.vocab_size(), " tokens"));
     auto ds = std::make_shared<data::PretrainDataset>(shards, cfg.data.max_length, d.path);
     log::info(d.path, ": ", ds->size(), " windows of ", cfg.data.max_length, " tokens (", shards->num_tokens(),
               " tokens, ", shards->num_docs(), " documents, ", shards->shards().size(), " shards)");

@@ -21,6 +21,7 @@
 #include <sstream>
 
 #include "anvil/core/error.h"
+#include "anvil/core/tensorboard.h"
 #include "anvil/core/fs.h"
 #include "anvil/core/logging.h"
 #include "anvil/data/chat.h"
@@ -135,16 +136,32 @@ std::shared_ptr<models::CausalLM> build_model(const config::RunConfig& cfg, cons
     if (mc.vocab_size == 0) mc.vocab_size = tok.vocab_size();
     model = models::family_by_name(mc.family).from_config(mc);
   }
-  if (model->vocab_size() < tok.vocab_size())
-    throw ConfigError(concat("model.vocab_size: ", model->vocab_size(), " is smaller than the tokenizer's ",
-                             tok.vocab_size()));
+  if (model->vocab_size() < tok.vocab_size()) {
+    if (cfg.tokenizer.add_special_tokens.empty())
+      throw ConfigError(concat("model.vocab_size: ", model->vocab_size(), " is smaller than the tokenizer's ",
+                               tok.vocab_size()));
+    // The added special tokens need rows (transformers' resize_token_embeddings).
+    const auto m = cfg.tokenizer.resize_to_multiple_of;
+    const auto n = m > 0 ? (tok.vocab_size() + m - 1) / m * m : tok.vocab_size();
+    log::info("model: vocabulary ", model->vocab_size(), " -> ", n,
+              " rows for tokenizer.add_special_tokens (new rows: the mean of the old ones)");
+    model->resize_vocab(n);
+  }
   model->special_tokens = {tok.bos_id(), tok.eos_id(), tok.pad_id()};
   return model;
 }
 
 std::unique_ptr<tokenizer::Tokenizer> build_tokenizer(const config::RunConfig& cfg) {
-  if (!cfg.tokenizer.path.empty()) return tokenizer::load_tokenizer(cfg.tokenizer.type, cfg.tokenizer.path);
-  return tokenizer::load_tokenizer_from_model_dir(cfg.model.from);
+  auto tok = !cfg.tokenizer.path.empty() ? tokenizer::load_tokenizer(cfg.tokenizer.type, cfg.tokenizer.path)
+                                         : tokenizer::load_tokenizer_from_model_dir(cfg.model.from);
+  const auto& added = cfg.tokenizer.add_special_tokens;
+  if (added.empty()) return tok;
+  const auto before = tok->vocab_size();
+  tok = tokenizer::with_special_tokens(std::move(tok), added);
+  std::string list;
+  for (const auto& t : added) list += concat(list.empty() ? "" : ", ", t);
+  log::info("tokenizer: special tokens ", list, " (vocabulary ", before, " -> ", tok->vocab_size(), ")");
+  return tok;
 }
 
 bool every(int64_t step, int64_t n) { return n > 0 && step % n == 0; }
@@ -483,6 +500,13 @@ class TrainLoop {
     }
     first_step_ = step_;
     if (run_.lead) metrics_.emplace(run_.out_dir / "metrics.jsonl", step_);
+    if (run_.lead && cfg_.logging.tensorboard) {
+      const auto dir = cfg_.logging.tensorboard_dir.empty() ? run_.out_dir / "tensorboard"
+                                                            : stdfs::path(cfg_.logging.tensorboard_dir);
+      tb_.emplace(dir, resumed ? std::optional<int64_t>(step_) : std::nullopt);
+      tb_->text(step_, "config", "```yaml\n" + run_.config_yaml + "```");
+      log::info("tensorboard: ", tb_->path().string());
+    }
   }
 
   TrainResult run() {
@@ -512,6 +536,21 @@ class TrainLoop {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   }
 
+  void write_metrics(const Metrics& m) {
+    if (metrics_) metrics_->write(step_, m);
+    if (tb_) tb_->scalars(step_, std::vector<std::pair<std::string, double>>(m.begin(), m.end()));
+  }
+  static std::string samples_markdown(const EvalResult& e) {
+    auto cell = [](std::string s) {
+      std::string out;
+      for (const char c : s) out += c == '|' ? std::string("\\|") : c == '\n' ? std::string("<br>") : std::string(1, c);
+      return out;
+    };
+    std::string md = "| prompt | generated | reference |\n|---|---|---|\n";
+    for (const auto& r : e.samples) md += "| " + cell(r[0]) + " | " + cell(r[1]) + " | " + cell(r[2]) + " |\n";
+    return md;
+  }
+
   /// before_iteration, then the iteration's steps; eval and save at its end.
   void run_iteration() {
     const int64_t start = step_;
@@ -519,7 +558,7 @@ class TrainLoop {
     const int64_t n = std::min(std::max<int64_t>(1, objective_.steps_per_iteration()), cfg_.train.max_steps - step_);
     Metrics m;
     for (int64_t k = 0; k < n && !stop_; ++k) {
-      if (k > 0 && metrics_) metrics_->write(step_, m);  // all but the iteration's last line
+      if (k > 0) write_metrics(m);  // all but the iteration's last line
       m = train_step();
       m.insert(extra.begin(), extra.end());
       extra.clear();
@@ -530,12 +569,13 @@ class TrainLoop {
       auto e = evaluate(engine_, objective_);
       if (!e.metrics.empty()) {
         if (run_.lead) print_eval(step_, e);
+        if (tb_ && !e.samples.empty()) tb_->text(step_, "eval/samples", samples_markdown(e));
         m.insert(e.metrics.begin(), e.metrics.end());
         result_.last_eval = e.metrics;
         if (const auto it = e.metrics.find("eval/loss"); it != e.metrics.end()) eval_loss_at_[step_] = it->second;
       }
     }
-    if (metrics_) metrics_->write(step_, m);
+    write_metrics(m);
     if (crossed(start, step_, cfg_.train.save_every) || last || stop_) save();
     if (stop_) {
       log::warn("stop requested: saved step ", step_, " and exiting; re-run the same command to resume");
@@ -573,6 +613,7 @@ class TrainLoop {
     // The loss is summed over ranks and the norm is global, so every rank takes the same decision.
     const double norm = engine_.clip_grad_norm(cfg_.train.grad_clip);
     if (cfg_.train.grad_clip > 0) m["grad_norm"] = norm;
+    for (const auto& [k, v] : engine_.step_metrics()) m[k] = v;
     const bool finite = std::isfinite(s.loss) && std::isfinite(norm);
     if (!finite) guard_nonfinite(s.loss, norm);
     engine_.finish_step(finite);
@@ -653,6 +694,7 @@ class TrainLoop {
   Objective& objective_;
   const std::map<int64_t, std::string> injected_;
   std::optional<MetricsWriter> metrics_;
+  std::optional<TensorBoardWriter> tb_;
   int64_t step_ = 0, iteration_ = 0, first_step_ = 0;
   int64_t nonfinite_total_ = 0, nonfinite_in_a_row_ = 0;
   bool stop_ = false;
@@ -678,7 +720,7 @@ TrainResult run_training(const config::RunConfig& cfg, const RunOptions& options
   ctx.comm = run.comm;
   ctx.sharding = sharding_options(cfg);
   run.objective->prepare(*run.model, ctx);
-  auto start = make_engine(cfg, run.model, run.comm, *run.objective, run.latest);
+  auto start = make_engine(cfg, run.model, run.comm, *run.objective, run.latest, *ctx.companions);
   int64_t step = 0;
   if (start.resumed) {
     try {

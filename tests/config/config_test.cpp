@@ -184,7 +184,7 @@ TEST_F(ConfigTest, MissingDataOrTokenizerFilesFailBeforeAnyWork) {
             f + ":3: data.eval[0].path: expected an existing file or folder, got \"nowhere/eval.jsonl\" (paths are "
                 "relative to the working directory)");
   EXPECT_EQ(error_of({base_}, {"model.from=no/such/dir"}),
-            "command line (model.from=no/such/dir): model.from: expected an existing folder, got \"no/such/dir\" "
+            "command line (model.from=no/such/dir): model.from: expected an existing model folder, got \"no/such/dir\" "
             "(paths are relative to the working directory)");
 }
 

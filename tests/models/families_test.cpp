@@ -113,6 +113,9 @@ TEST(Flavors, PublishedParameterCounts) {
   // As reported for the released checkpoints (tied GPT-2 head; Pythia's untied embed_out).
   EXPECT_EQ(count_parameters(*build_flavor("gpt2-124m", 0)), 124439808);
   EXPECT_EQ(count_parameters(*build_flavor("pythia-160m", 0)), 162322944);
+  // OPT's tied head; opt-350m's 512-wide embeddings, project_in / project_out, post-LN (no final LayerNorm).
+  EXPECT_EQ(count_parameters(*build_flavor("opt-125m", 0)), 125239296);
+  EXPECT_EQ(count_parameters(*build_flavor("opt-350m", 0)), 331196416);
 }
 
 }  // namespace

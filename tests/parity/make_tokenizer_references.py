@@ -9,15 +9,31 @@ Writes into WORKDIR:
                  added tokens that match after normalization
   llama3/        as LLaMA-3: Split(LLaMA-3 regex) + ByteLevel(use_regex=False),
                  ignore_merges, TemplateProcessing adding <|begin_of_text|>
+  galactica/     as facebook/galactica-*: NFKC, Split(marker, removed) +
+                 Digits(individual) + Split(punctuation runs) + Split("\n") +
+                 ByteLevel, its markers as added tokens; an empty
+                 special_tokens_map.json and a config naming no special token
+  opt/           as facebook/opt-*: GPT-2 byte-level BPE over the fairseq
+                 specials, a TemplateProcessing that prepends </s>
   sp_unigram/    sentencepiece unigram (tokenizer.model)
   sp_bpe/        sentencepiece BPE with byte_fallback (tokenizer.model)
+  llama_first/   sp_bpe converted by transformers' LlamaTokenizerFast
+                 (legacy=False): Metaspace(prepend_scheme=first), byte fallback,
+                 Replace/ByteFallback/Fuse/Strip decoders
+  llama_always/  the same with legacy=True: Metaspace(prepend_scheme=always)
+  llama2/        as Llama-2's own tokenizer.json (the older converter):
+                 Prepend + Replace normalizers, no pre-tokenizer, <s> template
+  metaspace_never/ Metaspace(never, split) and a ByteFallback + Metaspace decoder
+  metaspace_old/   the older Metaspace form: add_prefix_space, no prepend_scheme
 and in each tokenizer folder:
   expected.jsonl one {"ids", "decoded"} per corpus line, from the library:
                  encode(line, add_special_tokens=False).ids and
                  decode(ids, skip_special_tokens=False) (sentencepiece:
-                 sp.encode(line), sp.decode(ids))
+                 sp.encode(line), sp.decode(ids)); for opt/ also "ids_special",
+                 transformers' AutoTokenizer ids with add_special_tokens=True
   meta.json      {"bos", "eos", "pad", "add_bos"} as transformers' AutoTokenizer
-                 reports them (-1 for none); sentencepiece: the model's ids
+                 reports them (-1 for none); sentencepiece: the model's ids;
+                 galactica: the fairseq ids Galactica's own code uses
 
 Training is single-threaded and deterministic (the corpus comes from a fixed seed),
 so every run writes the same files.
@@ -63,7 +79,18 @@ CONTRACTIONS = ["I'm", "DON'T", "you're", "We'VE", "they'll", "He'd", "it's", "I
 SPACES = [" ", "  ", "   ", "\t", " \t ", "\u00a0", "\u3000", "\u2028", "\r", "\u0085", "\u200b", "\u000b",
           "\u000c", "     ", "\u2009", "\u180e"]
 SPECIAL_TEXT = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|eot_id|>",
-                "<|start_header_id|>user<|end_header_id|>", "<tool>", " <tool>", "foo_bar", "<|endoftext", "<|im_"]
+                "<|start_header_id|>user<|end_header_id|>", "<tool>", " <tool>", "foo_bar", "<|endoftext", "<|im_",
+                "[START_REF] Attention Is All You Need[END_REF]", "[START_AMINO]MSPL1T-TH1S-Pl3A5EKSPL1T-TH1S-Pl3A5EV"
+                "[END_AMINO]", "<work>", "</work>", "[START_I_SMILES]CC(=O)OC1=CC=CC=C1C(=O)O[END_I_SMILES]",
+                "SPL1T-TH1S-Pl3A5E", "!!!", "...", "((x))", "--", "<s>", "</s>", "<0x41>", "▁x ▁▁y"]
+GALACTICA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]  # ids 0..3, the fairseq dictionary's order
+GALACTICA_MARKERS = ["[START_REF]", "[END_REF]", "[IMAGE]", "<fragments>", "</fragments>", "<work>", "</work>",
+                     "[START_SUP]", "[END_SUP]", "[START_SUB]", "[END_SUB]", "[START_DNA]", "[END_DNA]",
+                     "[START_AMINO]", "[END_AMINO]", "[START_SMILES]", "[END_SMILES]", "[START_I_SMILES]",
+                     "[END_I_SMILES]"]
+GALACTICA_SPLIT_MARKER = "SPL1T-TH1S-Pl3A5E"
+# Brackets alone, other ASCII punctuation as runs of one character (a backreference).
+GALACTICA_PUNCTUATION = r"""[\(\)\[\]\{\}]|([!"\#\$%\&'\*\+,\-\./:;<=>\?\\\^_`\|\~])\1*"""
 
 
 def word(rng):
@@ -162,20 +189,24 @@ def save_hf(tok, d, bos=None, eos=None, pad=None, extra=None, legacy_merges=Fals
         json.dump(config, f, indent=2)
 
 
-def write_hf_expected(d, lines):
+def write_hf_expected(d, lines, with_special_tokens=False, meta_override=None):
+    from transformers import AutoTokenizer
     tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+    auto = AutoTokenizer.from_pretrained(d)
     with open(os.path.join(d, "expected.jsonl"), "w", encoding="utf-8") as f:
         for l in lines:
             ids = tok.encode(l, add_special_tokens=False).ids
-            f.write(json.dumps({"ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False)}) + "\n")
-    from transformers import AutoTokenizer
-    auto = AutoTokenizer.from_pretrained(d)
+            row = {"ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False)}
+            if with_special_tokens:
+                row["ids_special"] = auto(l, add_special_tokens=True)["input_ids"]
+            f.write(json.dumps(row) + "\n")
     none = lambda v: -1 if v is None else v  # noqa: E731
     bos = none(auto.bos_token_id)
     with_specials = auto("hello world")["input_ids"]
     add_bos = bos >= 0 and with_specials[:1] == [bos] and auto("hello world", add_special_tokens=False)[
         "input_ids"][:1] != [bos]
     meta = {"bos": bos, "eos": none(auto.eos_token_id), "pad": none(auto.pad_token_id), "add_bos": add_bos}
+    meta.update(meta_override or {})
     with open(os.path.join(d, "meta.json"), "w") as f:
         json.dump(meta, f)
 
@@ -196,6 +227,83 @@ def train_sentencepiece(lines, d, **kwargs):
             f.write(json.dumps({"ids": ids, "decoded": sp.decode(ids)}) + "\n")
     with open(os.path.join(d, "meta.json"), "w") as f:
         json.dump({"bos": sp.bos_id(), "eos": sp.eos_id(), "pad": sp.pad_id(), "add_bos": False}, f)
+
+
+def galactica(lines, d):
+    """Galactica's pipeline; its folders name no special tokens (Anvil falls back
+    to the fairseq ids 0..3, as Galactica's own code does)."""
+    tok = byte_level_bpe(lines, normalizers.NFKC(), pre_tokenizers.Sequence([
+        pre_tokenizers.Split(GALACTICA_SPLIT_MARKER, behavior="removed", invert=False),
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.Split(Regex(GALACTICA_PUNCTUATION), behavior="isolated", invert=False),
+        pre_tokenizers.Split("\n", behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)]), GALACTICA_SPECIALS)
+    tok.add_tokens(GALACTICA_MARKERS)
+    os.makedirs(d, exist_ok=True)
+    tok.save(os.path.join(d, "tokenizer.json"))
+    with open(os.path.join(d, "special_tokens_map.json"), "w") as f:
+        f.write("{}")
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump({"name_or_path": "galactica-like", "special_tokens_map_file": None,
+                   "tokenizer_class": "PreTrainedTokenizerFast"}, f, indent=2)
+    write_hf_expected(d, lines, meta_override={"bos": 0, "pad": 1, "eos": 2, "add_bos": False})
+
+
+def opt(lines, d):
+    """OPT: GPT-2 byte-level BPE whose encoding starts with </s>, as transformers'
+    converter writes it (a TemplateProcessing) for add_bos_token."""
+    tok = byte_level_bpe(lines, None, pre_tokenizers.ByteLevel(add_prefix_space=False), GALACTICA_SPECIALS)
+    bos = tok.token_to_id("</s>")
+    tok.post_processor = processors.TemplateProcessing(single="</s>:0 $A:0", pair="</s>:0 $A:0 $B:1",
+                                                       special_tokens=[("</s>", bos)])
+    save_hf(tok, d, bos="</s>", eos="</s>", pad="<pad>",
+            extra={"tokenizer_class": "GPT2Tokenizer", "unk_token": "</s>", "add_bos_token": True, "errors": "replace"})
+    with open(os.path.join(d, "special_tokens_map.json"), "w") as f:
+        json.dump({"bos_token": "</s>", "eos_token": "</s>", "unk_token": "</s>", "pad_token": "<pad>"}, f)
+    write_hf_expected(d, lines, with_special_tokens=True)
+
+
+def converted_sentencepiece(lines, work):
+    """sp_bpe/tokenizer.model converted to tokenizer.json by transformers, and
+    the Metaspace / normalizer variants real conversions have written."""
+    import transformers
+    from transformers.tokenization_utils_base import generate_merges
+    # transformers' SentencePieceExtractor reads the model with protobuf; the
+    # same vocabulary (piece -> id) and merges, from sentencepiece itself.
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(work, "sp_bpe", "tokenizer.model"))
+    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    merges = generate_merges(vocab)
+    specs = {}
+    for legacy, name in ((False, "llama_first"), (True, "llama_always")):
+        tok = transformers.LlamaTokenizerFast(vocab=vocab, merges=merges, legacy=legacy).backend_tokenizer
+        specs[name] = json.loads(tok.to_str())
+    always = specs["llama_always"]
+    # Llama-2's own file: the older converter's normalizers instead of a
+    # pre-tokenizer, unk_token set, <s> added by the template.
+    llama2 = Tokenizer.from_str(json.dumps(always))
+    llama2.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    llama2.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                          special_tokens=[("<s>", llama2.token_to_id("<s>"))])
+    specs["llama2"] = json.loads(llama2.to_str())
+    specs["llama2"]["pre_tokenizer"] = None
+    specs["llama2"]["model"]["unk_token"] = "<unk>"
+    never = json.loads(json.dumps(always))
+    never["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "never", "split": True}
+    never["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "ByteFallback"}, {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "never"}]}
+    specs["metaspace_never"] = never
+    old = json.loads(json.dumps(always))
+    old["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "add_prefix_space": True}
+    old["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "ByteFallback"}, {"type": "Metaspace", "replacement": "\u2581", "add_prefix_space": True}]}
+    specs["metaspace_old"] = old
+    for name, spec in specs.items():
+        save_hf(Tokenizer.from_str(json.dumps(spec)), os.path.join(work, name), bos="<s>", eos="</s>",
+                extra={"add_bos_token": name == "llama2", "unk_token": "<unk>"})
+        with open(os.path.join(work, name, "tokenizer.json"), "w", encoding="utf-8") as f:  # as written, not re-serialized
+            json.dump(spec, f, ensure_ascii=False, indent=2)
+        write_hf_expected(os.path.join(work, name), lines)
+    return list(specs)
 
 
 def main():
@@ -239,10 +347,13 @@ def main():
 
     for name in ("gpt2", "neox", "llama3"):
         write_hf_expected(os.path.join(work, name), lines)
+    galactica(lines, os.path.join(work, "galactica"))
+    opt(lines, os.path.join(work, "opt"))
 
     train_sentencepiece(lines, os.path.join(work, "sp_unigram"), model_type="unigram")
     train_sentencepiece(lines, os.path.join(work, "sp_bpe"), model_type="bpe", byte_fallback=True)
-    print(f"wrote {len(lines)} lines and 5 tokenizers to {work}")
+    converted = converted_sentencepiece(lines, work)
+    print(f"wrote {len(lines)} lines and {7 + len(converted)} tokenizers to {work}")
 
 
 if __name__ == "__main__":

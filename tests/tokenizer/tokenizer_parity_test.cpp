@@ -1,8 +1,10 @@
 // Parity with Hugging Face `tokenizers` and `sentencepiece` themselves:
-// tests/parity/make_tokenizer_references.py trains five tokenizers with those
-// libraries and records, for every line of a multilingual corpus, the ids
-// they encode it to and the text they decode those ids to. We load the same
-// files and must agree line for line. Then the loader's error messages.
+// tests/parity/make_tokenizer_references.py trains tokenizers with those
+// libraries (byte-level ones shaped as GPT-2, GPT-NeoX, LLaMA-3, Galactica and
+// OPT; SentencePiece models and their transformers conversions) and records,
+// for every line of a multilingual corpus, the ids they encode it to and the
+// text they decode those ids to. We load the same files and must agree line
+// for line. Then the loader's error messages.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -59,7 +61,7 @@ void check_parity(const std::string& name, const std::string& load_path) {
     expected.push_back(json::parse(jsonl.substr(begin, end - begin)));
   ASSERT_EQ(expected.size(), refs.lines.size());
 
-  size_t id_mismatches = 0, decode_mismatches = 0, round_trips = 0;
+  size_t id_mismatches = 0, decode_mismatches = 0, round_trips = 0, special_mismatches = 0;
   for (size_t i = 0; i < refs.lines.size(); ++i) {
     const auto& line = refs.lines[i];
     const auto want = expected[i]["ids"].get<std::vector<int64_t>>();
@@ -68,6 +70,14 @@ void check_parity(const std::string& name, const std::string& load_path) {
     if (got != want && id_mismatches++ == 0)
       ADD_FAILURE() << name << ": first id mismatch at corpus line " << i + 1 << ": " << quoted(line)
                     << "\n  reference: " << ids_text(want) << "\n  anvil:     " << ids_text(got);
+    if (expected[i].contains("ids_special")) {  // transformers' AutoTokenizer, add_special_tokens=True
+      auto framed = got;
+      if (tok->add_bos()) framed.insert(framed.begin(), tok->bos_id());
+      const auto want_special = expected[i]["ids_special"].get<std::vector<int64_t>>();
+      if (framed != want_special && special_mismatches++ == 0)
+        ADD_FAILURE() << name << ": first mismatch with special tokens at corpus line " << i + 1
+                      << "\n  transformers: " << ids_text(want_special) << "\n  anvil:        " << ids_text(framed);
+    }
     const auto decoded = tok->decode(want, /*skip_special_tokens=*/false);
     if (decoded != want_text && decode_mismatches++ == 0)
       ADD_FAILURE() << name << ": first decode mismatch at corpus line " << i + 1 << " " << ids_text(want)
@@ -79,6 +89,7 @@ void check_parity(const std::string& name, const std::string& load_path) {
   }
   EXPECT_EQ(id_mismatches, 0u) << name << ": lines whose ids differ";
   EXPECT_EQ(decode_mismatches, 0u) << name << ": lines whose decoded text differs";
+  EXPECT_EQ(special_mismatches, 0u) << name << ": lines whose ids with special tokens differ";
   EXPECT_GT(round_trips, refs.lines.size() / 10) << name << ": the corpus should mostly round-trip";
 
   const auto meta = json::parse(fs::read_file(dir / "meta.json"));
@@ -110,6 +121,69 @@ TEST(TokenizerParity, Llama3Split) {
   const auto tok = load_tokenizer("hf", references().dir / "llama3");
   EXPECT_TRUE(tok->add_bos());
   EXPECT_EQ(tok->bos_id(), *tok->token_to_id("<|begin_of_text|>"));
+}
+
+TEST(TokenizerParity, GalacticaSplitsDigitsAndMarkers) {
+  check_parity("galactica", "galactica");
+  const auto tok = load_tokenizer("auto", references().dir / "galactica");
+  // The folder names no special tokens: the fairseq ids, as Galactica's code.
+  EXPECT_EQ(tok->bos_id(), 0);
+  EXPECT_EQ(tok->pad_id(), 1);
+  EXPECT_EQ(tok->eos_id(), 2);
+  EXPECT_FALSE(tok->add_bos());
+  // Markers are single tokens; the split marker is cut out and leaves one
+  // token per residue; digits stand alone.
+  const auto start = tok->token_to_id("[START_AMINO]"), end = tok->token_to_id("[END_AMINO]");
+  ASSERT_TRUE(start && end);
+  std::vector<int64_t> expected{*start};
+  for (const char* residue : {"M", "K", "V"}) expected.push_back(tok->encode(residue).at(0));
+  expected.push_back(*end);
+  EXPECT_EQ(tok->encode("[START_AMINO]MSPL1T-TH1S-Pl3A5EKSPL1T-TH1S-Pl3A5EV[END_AMINO]"), expected);
+  EXPECT_EQ(tok->encode("2024").size(), 4u);
+}
+
+TEST(TokenizerParity, OptPrependsEndOfSequence) {
+  check_parity("opt", "opt");  // checks transformers' ids with add_special_tokens=True too
+  const auto tok = load_tokenizer("auto", references().dir / "opt");
+  EXPECT_TRUE(tok->add_bos());
+  EXPECT_EQ(tok->bos_id(), 2);
+  EXPECT_EQ(tok->bos_id(), tok->token_to_id("</s>"));
+}
+
+// SentencePiece BPE with byte fallback as transformers converts it: Metaspace
+// (prepend_scheme first, legacy=False; always, legacy=True), the Replace /
+// ByteFallback / Fuse / Strip decoders.
+TEST(TokenizerParity, SentencePieceConvertedMetaspaceFirst) {
+  check_parity("llama_first", "llama_first");
+  const auto tok = load_tokenizer("auto", references().dir / "llama_first");
+  EXPECT_EQ(tok->kind(), "hf");
+  // Only the start of the text gets the prefix: not the text after an added token.
+  const auto hello = tok->encode("hello");
+  auto framed = hello;
+  framed.insert(framed.begin(), *tok->token_to_id("<s>"));
+  EXPECT_NE(tok->encode("<s>hello"), framed);
+  EXPECT_EQ(tok->decode(tok->encode("naïve 😀 x")), "naïve 😀 x");  // 😀 by byte fallback
+}
+
+TEST(TokenizerParity, SentencePieceConvertedMetaspaceAlways) {
+  check_parity("llama_always", "llama_always");
+  const auto tok = load_tokenizer("auto", references().dir / "llama_always");
+  auto framed = tok->encode("hello");
+  framed.insert(framed.begin(), *tok->token_to_id("<s>"));
+  EXPECT_EQ(tok->encode("<s>hello"), framed);
+}
+
+TEST(TokenizerParity, Llama2PrependReplaceNormalizers) {
+  check_parity("llama2", "llama2/tokenizer.json");
+  const auto tok = load_tokenizer("auto", references().dir / "llama2");
+  EXPECT_TRUE(tok->add_bos());
+  EXPECT_EQ(tok->bos_id(), 1);
+  EXPECT_EQ(tok->eos_id(), 2);
+}
+
+TEST(TokenizerParity, MetaspaceNeverAndOlderForm) {
+  check_parity("metaspace_never", "metaspace_never");
+  check_parity("metaspace_old", "metaspace_old");
 }
 
 TEST(TokenizerParity, SentencePieceUnigram) {
@@ -191,12 +265,12 @@ TEST(TokenizerLoading, DefaultsWithoutConfigSaveAndReload) {
   EXPECT_EQ(reloaded->encode("ab a"), configured->encode("ab a"));
 }
 
-TEST(TokenizerLoading, FolderWithANonByteLevelTokenizerJsonFallsBackToTokenizerModel) {
+TEST(TokenizerLoading, FolderWithAnUnsupportedTokenizerJsonFallsBackToTokenizerModel) {
   anvil::testing::TempDir dir;
-  // A LLaMA-2 style folder: tokenizer.json is a SentencePiece conversion.
+  // A folder whose tokenizer.json is a SentencePiece unigram conversion.
   anvil::testing::write_text(dir / "tokenizer.json",
-                             R"({"model": {"type": "BPE", "vocab": {}, "merges": [], "byte_fallback": true},)"
-                             R"( "pre_tokenizer": {"type": "Metaspace"}, "added_tokens": []})");
+                             R"({"model": {"type": "Unigram", "vocab": [], "byte_fallback": true},)"
+                             R"( "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581"}, "added_tokens": []})");
   std::string err;
   try {
     load_tokenizer_from_model_dir(dir.path());
@@ -227,9 +301,38 @@ TEST(TokenizerErrors, MessagesNameFileAndKey) {
   expect_error(spec, "model.type: unsupported model \"WordPiece\"; expected BPE");
 
   spec = tiny_tokenizer();
-  spec["pre_tokenizer"] = json::parse(R"({"type": "Sequence", "pretokenizers": [{"type": "Metaspace"}]})");
-  expect_error(spec, "pre_tokenizer.pretokenizers[0].type: unsupported pre-tokenizer \"Metaspace\"; "
-                     "expected ByteLevel, Split, Digits or Sequence");
+  spec["pre_tokenizer"] = json::parse(R"({"type": "Sequence", "pretokenizers": [{"type": "Whitespace"}]})");
+  expect_error(spec, "pre_tokenizer.pretokenizers[0].type: unsupported pre-tokenizer \"Whitespace\"; "
+                     "expected ByteLevel, Split, Digits, Metaspace or Sequence");
+
+  spec = tiny_tokenizer();
+  spec["pre_tokenizer"] = {{"type", "Metaspace"}};
+  expect_error(spec, "pre_tokenizer.replacement: missing");
+
+  spec = tiny_tokenizer();
+  spec["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "__"}};
+  expect_error(spec, "pre_tokenizer.replacement: expected a single character, got \"__\"");
+
+  spec = tiny_tokenizer();
+  spec["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "_"}, {"prepend_scheme", "sometimes"}};
+  expect_error(spec, "pre_tokenizer.prepend_scheme: unsupported scheme \"sometimes\"; expected first, always or never");
+
+  spec = tiny_tokenizer();
+  spec["decoder"] = {{"type", "CTC"}};
+  expect_error(spec, "decoder.type: unsupported decoder \"CTC\"; "
+                     "expected ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace or Sequence");
+
+  spec = tiny_tokenizer();
+  spec["decoder"] = json::parse(R"({"type": "Sequence", "decoders": [{"type": "Fuse"}, {"type": "WordPiece"}]})");
+  expect_error(spec, "decoder.decoders[1].type: unsupported decoder \"WordPiece\"");
+
+  spec = tiny_tokenizer();
+  spec["decoder"] = json::parse(R"({"type": "Strip", "content": " ", "start": -1, "stop": 0})");
+  expect_error(spec, "decoder.start: expected a non-negative integer");
+
+  spec = tiny_tokenizer();
+  spec["normalizer"] = json::parse(R"({"type": "Replace", "pattern": {"Glob": "*"}, "content": ""})");
+  expect_error(spec, "normalizer.pattern: expected {\"Regex\": \"...\"} or {\"String\": \"...\"}");
 
   spec = tiny_tokenizer();
   spec["model"].erase("merges");
@@ -244,8 +347,8 @@ TEST(TokenizerErrors, MessagesNameFileAndKey) {
   expect_error(spec, "normalizer.type: unsupported normalizer \"Lowercase\"");
 
   spec = tiny_tokenizer();
-  spec["model"]["byte_fallback"] = true;
-  expect_error(spec, "model.byte_fallback: ");
+  spec["model"]["byte_fallback"] = "yes";
+  expect_error(spec, "model.byte_fallback: expected true or false");
 
   spec = tiny_tokenizer();
   spec["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};

@@ -14,6 +14,7 @@
 
 #include "anvil/config/config.h"
 #include "anvil/core/error.h"
+#include "anvil/io/safetensors.h"
 #include "anvil/models/registry.h"
 #include "anvil/rewards/reward_program.h"
 #include "anvil/train/ppo.h"
@@ -235,6 +236,9 @@ TEST(PpoConfig, BadSettingsAndRecordsNameTheKeyOrTheLine) {
       {"ppo.reward.exact_match= ppo.reward.function=nope", "ppo.reward.function: no reward function \"nope\" is registered"},
       {"ppo.kl_estimator=k2", "ppo.kl_estimator"},
       {"ppo.reward.model=/nonexistent", "ppo.reward.model"},
+      {"ppo.critic_from=/nonexistent", "ppo.critic_from"},
+      {"ppo.advantage=rloo ppo.samples_per_prompt=2 ppo.critic_from=configs",
+       "ppo.critic_from: advantage rloo has no critic; a separate critic serves gae"},
       {"ppo.reward.exact_match=answer train.max_steps=4 train.save_every=0",
        "ppo.reward.exact_match compares the response with field \"answer\", which this record lacks"},
   };
@@ -375,22 +379,28 @@ TEST(PpoLearning, GrpoAndRlooRaiseTheVerifiableReward) {
   }
 }
 
+/// configs/rm_tiny.yaml from the fixture for `steps` steps in `out`; returns its last checkpoint.
+stdfs::path tiny_reward_model(const stdfs::path& out, int steps) {
+  std::string log;
+  const auto s = std::to_string(steps);
+  EXPECT_EQ(run("cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() +
+                    " --config configs/rm_tiny.yaml output_dir=" + out.string() + " model.from=" +
+                    fixture_checkpoint().string() + " train.max_steps=" + s + " train.save_every=" + s +
+                    " train.eval_every=0 train.threads=1 2>&1",
+                &log),
+            0)
+      << log;
+  return out / ("checkpoint-" + s);
+}
+
 // A reward model trained for 100 steps (configs/rm_tiny.yaml from the
 // fixture) scores the responses: its held-out mean reward rises. The reward
 // model is frozen, and the eval's greedy answers become right.
 TEST(PpoLearning, RewardModelRewardRaisesTheHeldOutMeanReward) {
   ASSERT_TRUE(stdfs::exists(fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
   TempDir dir;
-  std::string log;
-  const auto src = anvil::testing::source_dir();
-  ASSERT_EQ(run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config configs/rm_tiny.yaml output_dir=" +
-                    (dir / "rm").string() + " model.from=" + fixture_checkpoint().string() +
-                    " train.max_steps=100 train.save_every=100 train.eval_every=0 train.threads=1 2>&1",
-                &log),
-            0)
-      << log;
-  const std::string reward = " ppo.reward.exact_match= ppo.reward.model=" + (dir / "rm" / "checkpoint-100").string();
-  log = ppo_run(dir / "before", "--eval-only" + reward);
+  const std::string reward = " ppo.reward.exact_match= ppo.reward.model=" + tiny_reward_model(dir / "rm", 100).string();
+  ppo_run(dir / "before", "--eval-only" + reward);
   const auto before = nlohmann::json::parse(anvil::testing::read_text(dir / "before" / "eval-step-0.json"));
   ppo_run(dir / "ppo", "train.max_steps=80 train.eval_every=80 train.save_every=80" + reward);
   const auto last = metric_lines(dir / "ppo" / "metrics.jsonl").back();
@@ -454,6 +464,74 @@ TEST(PpoRuns, KilledAndResumedRunMatchesTheUninterruptedOne) {
       ASSERT_TRUE(b.at(step).contains(key)) << step << " " << key;
       EXPECT_EQ(m[key].get<double>(), b.at(step)[key].get<double>()) << "step " << step << " " << key;
     }
+}
+
+// ppo.critic_from: a separate critic initialised from a reward model (its
+// score head becomes the value head) trains beside the policy with its own
+// optimizer and gradient norm. The policy still learns the task; checkpoints
+// hold the critic as an HF sequence-classification folder with its AdamW
+// state (and no value head on the policy); a run resumed from a checkpoint
+// gives the uninterrupted run's losses; two full_shard ranks give one
+// process's.
+TEST(PpoRuns, SeparateCriticLearnsResumesAndShards) {
+  ASSERT_TRUE(stdfs::exists(fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
+  TempDir dir;
+  const auto rm = tiny_reward_model(dir / "rm", 40);
+  const std::string critic = " ppo.critic_from=" + rm.string() + " ppo.critic_learning_rate=3e-4";
+  const std::string common = "train.max_steps=160 train.eval_every=160 train.save_every=80 train.log_every=1" + critic;
+  ppo_run(dir / "straight", common);
+  const auto a = by_step(dir / "straight" / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 160u);
+  for (const auto& [step, m] : a) {
+    ASSERT_TRUE(m.contains("critic/grad_norm") && m.contains("loss/value_avg")) << m.dump();
+    EXPECT_GT(m["critic/grad_norm"].get<double>(), 0) << "step " << step;
+  }
+  const double before = first_eval(weak_upper().model.parent_path() / "metrics.jsonl");
+  const double after = a.at(160)["eval/exact_match"].get<double>();
+  std::cout << "[ppo upper, separate critic] held-out exact match: SFT " << before << " -> PPO " << after << "\n";
+  EXPECT_GE(after, before + 0.15) << a.at(160).dump();
+
+  const auto ckpt = dir / "straight" / "checkpoint-160";
+  EXPECT_FALSE(stdfs::exists(ckpt / "heads.safetensors")) << "the policy carries no value head";
+  for (const char* f : {"config.json", "model.safetensors", "optimizer.safetensors", "optimizer.json"})
+    EXPECT_TRUE(stdfs::exists(ckpt / "critic" / f)) << f;
+  const auto cfg = nlohmann::json::parse(anvil::testing::read_text(ckpt / "critic" / "config.json"));
+  EXPECT_NE(cfg["architectures"][0].get<std::string>().find("ForSequenceClassification"), std::string::npos);
+  {
+    io::SafetensorsFile trained(ckpt / "critic" / "model.safetensors"), initial(rm / "model.safetensors");
+    EXPECT_FALSE(at::equal(trained.get("score.weight"), initial.get("score.weight"))) << "the critic trained";
+  }
+
+  // Resumed from checkpoint-80 in a fresh folder: steps 81..160 as before.
+  stdfs::create_directories(dir / "resumed");
+  stdfs::copy(dir / "straight" / "checkpoint-80", dir / "resumed" / "checkpoint-80", stdfs::copy_options::recursive);
+  ppo_run(dir / "resumed", common);
+  const auto b = by_step(dir / "resumed" / "metrics.jsonl");
+  ASSERT_EQ(b.size(), 80u);
+  for (const auto& [step, m] : b)
+    for (const char* key : {"loss", "loss/value_avg", "critic/grad_norm", "objective/scores", "eval/exact_match"}) {
+      if (!a.at(step).contains(key)) continue;
+      EXPECT_EQ(a.at(step)[key].get<double>(), m[key].get<double>()) << "step " << step << " " << key;
+    }
+
+  // One process and two full_shard ranks.
+  const std::string shortrun =
+      "train.max_steps=12 train.eval_every=0 train.save_every=12 train.log_every=1 train.micro_batch_size=16" + critic;
+  ppo_run(dir / "one", shortrun);
+  const auto log = ppo_run(dir / "two", shortrun + " dist.sharding=full_shard", 2);
+  const auto x = by_step(dir / "one" / "metrics.jsonl"), y = by_step(dir / "two" / "metrics.jsonl");
+  ASSERT_EQ(y.size(), 12u) << log;
+  for (const auto& [step, m] : x)
+    for (const char* key : {"loss", "loss/value_avg", "critic/grad_norm", "objective/scores", "objective/kl"}) {
+      if (!m.contains(key)) continue;  // the rollout's metrics are on its first step
+      ASSERT_TRUE(y.at(step).contains(key)) << step << " " << key;
+      const double u = m[key].get<double>(), v = y.at(step)[key].get<double>();
+      EXPECT_LE(std::abs(u - v), 1e-5 * std::max(1.0, std::abs(u))) << "step " << step << " " << key;
+    }
+  // The two-rank checkpoint's critic folder is the same whole model.
+  io::SafetensorsFile one(dir / "one" / "checkpoint-12" / "critic" / "model.safetensors"),
+      two(dir / "two" / "checkpoint-12" / "critic" / "model.safetensors");
+  EXPECT_LE((one.get("score.weight") - two.get("score.weight")).abs().max().item<double>(), 1e-5);
 }
 
 }  // namespace

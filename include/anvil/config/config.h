@@ -55,6 +55,11 @@ struct ModelConfig {
   RopeScalingConfig rope_scaling;
   double rotary_pct = 1.0;
   bool parallel_residual = true;
+  bool pre_layer_norm = true;
+  int64_t embed_proj_dim = 0;
+  bool linear_bias = true;
+  bool layer_norm_affine = true;
+  bool final_layer_norm = true;
 
   template <class V>
   void visit(V& v) {
@@ -98,12 +103,25 @@ struct ModelConfig {
             Rule{"a number in (0, 1]", [](double x) { return x > 0 && x <= 1; }, {}});
     v.field("parallel_residual", parallel_residual,
             "neox: x + attn(ln1(x)) + mlp(ln2(x)) when true, sequential residuals when false.");
+    v.field("pre_layer_norm", pre_layer_norm,
+            "opt: LayerNorm before attention and MLP (HF do_layer_norm_before); false = post-LN (opt-350m).");
+    v.field("embed_proj_dim", embed_proj_dim,
+            "opt: embedding width when it differs from hidden_size, with project_in / project_out (HF "
+            "word_embed_proj_dim; opt-350m: 512); 0 = hidden_size.",
+            non_negative());
+    v.field("linear_bias", linear_bias, "opt: biases in attention and MLP (HF enable_bias).");
+    v.field("layer_norm_affine", layer_norm_affine,
+            "opt: LayerNorm weights and biases (HF layer_norm_elementwise_affine).");
+    v.field("final_layer_norm", final_layer_norm,
+            "opt: the decoder's final LayerNorm (false = HF _remove_final_layer_norm).");
   }
 };
 
 struct TokenizerConfig {
   std::string type = "auto";
   std::string path;
+  std::vector<std::string> add_special_tokens;
+  int64_t resize_to_multiple_of = 0;
 
   template <class V>
   void visit(V& v) {
@@ -114,6 +132,14 @@ struct TokenizerConfig {
     v.field("path", path,
             "Tokenizer file or a folder holding one (with tokenizer_config.json for BOS/EOS/PAD). Required unless "
             "model.from has one.");
+    v.field("add_special_tokens", add_special_tokens,
+            "Special tokens to add to the vocabulary (e.g. [\"<|prompter|>\", \"<|assistant|>\"] for the oasst "
+            "format, as Open-Assistant does). The model's embedding and LM head grow to the new vocabulary as "
+            "transformers' resize_token_embeddings does (new rows: the mean of the old ones).");
+    v.field("resize_to_multiple_of", resize_to_multiple_of,
+            "When the vocabulary grows, pad the model's embedding rows to a multiple of this (0 = exactly the "
+            "tokenizer's size).",
+            non_negative());
   }
 };
 
@@ -356,10 +382,16 @@ struct EvalConfig {
 
 struct LoggingConfig {
   std::string level = "info";
+  bool tensorboard = false;
+  std::string tensorboard_dir;
 
   template <class V>
   void visit(V& v) {
     v.field("level", level, "Console log level.", one_of({"debug", "info", "warn", "error"}));
+    v.field("tensorboard", tensorboard,
+            "Also write TensorBoard event files: every scalar of metrics.jsonl under the same names, eval sample "
+            "tables and the run config as text (W&B: wandb sync --sync-tensorboard).");
+    v.field("tensorboard_dir", tensorboard_dir, "Folder of the event files; empty = <output_dir>/tensorboard.");
   }
 };
 
@@ -484,6 +516,8 @@ struct PpoConfig {
   double cliprange_value = 0.2;
   double vf_coef = 0.1;
   bool whiten_advantages = true;
+  std::string critic_from;
+  double critic_learning_rate = 0;
   PpoRewardConfig reward;
 
   template <class V>
@@ -523,13 +557,71 @@ struct PpoConfig {
     v.field("cliprange_value", cliprange_value, "Value clip range around the rollout's values.", positive());
     v.field("vf_coef", vf_coef, "Weight of the value loss.", non_negative());
     v.field("whiten_advantages", whiten_advantages, "Whiten advantages over the rollout (gae and rloo).");
+    v.field("critic_from", critic_from,
+            "advantage gae: a separate critic model trained beside the policy, initialised from this folder (a "
+            "reward model, whose score head becomes the value head, or any model of the policy's tokenizer). "
+            "Empty = a value head on the policy's trunk.");
+    v.field("critic_learning_rate", critic_learning_rate,
+            "The critic's peak learning rate (it follows the policy's schedule); 0 = optimizer.lr.", non_negative());
     v.section("reward", reward, "Where rewards come from: exactly one of model, command, exact_match, regex, function.");
+  }
+};
+
+/// Options of the `ilql` algorithm (offline RL: implicit language Q-learning,
+/// as trlx defines it; docs/algorithms.md).
+struct IlqlConfig {
+  double tau = 0.7;
+  double gamma = 0.99;
+  double cql_scale = 0.1;
+  double awac_scale = 1.0;
+  double awac_beta = 0;
+  double alpha = 0.001;
+  int64_t steps_for_target_q_sync = 5;
+  bool two_qs = true;
+  bool normalize_rewards = true;
+  double beta = 1.0;
+  int64_t top_k = 20;
+  double temperature = 1.0;
+  int64_t max_new_tokens = 32;
+  PpoRewardConfig reward;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("tau", tau, "Expectile of the V regression toward min(target Qs).",
+            Rule{"a number in (0, 1)", [](double x) { return x > 0 && x < 1; }, {}});
+    v.field("gamma", gamma, "Discount.", Rule{"a number in [0, 1]", [](double x) { return x >= 0 && x <= 1; }, {}});
+    v.field("cql_scale", cql_scale, "Weight of the CQL term (cross-entropy of the Q values on the taken tokens).",
+            non_negative());
+    v.field("awac_scale", awac_scale, "Weight of the AWAC term (cross-entropy of the LM logits on the data).",
+            non_negative());
+    v.field("awac_beta", awac_beta,
+            "AWAC weight exp(awac_beta (min target Q - V)) on the LM cross-entropy (trlx's ILQLConfig.beta); 0 = "
+            "weight 1.",
+            non_negative());
+    v.field("alpha", alpha, "Polyak rate of the target Q heads: target <- alpha q + (1 - alpha) target.",
+            Rule{"a number in (0, 1]", [](double x) { return x > 0 && x <= 1; }, {}});
+    v.field("steps_for_target_q_sync", steps_for_target_q_sync, "Optimizer steps between target Q updates.",
+            positive());
+    v.field("two_qs", two_qs, "Two Q heads (and targets), taking their minimum; false = one.");
+    v.field("normalize_rewards", normalize_rewards,
+            "Standardise the dataset's rewards (mean 0, std 1 over the responses' total rewards), as trlx does.");
+    v.field("beta", beta,
+            "Advantage shaping of the eval's sampling: scores = log-softmax + beta (min target Q - V); 0 = plain "
+            "sampling.",
+            non_negative());
+    v.field("top_k", top_k, "Eval sampling among the k likeliest shaped scores (0 = all).", non_negative());
+    v.field("temperature", temperature, "Eval sampling temperature.", positive());
+    v.field("max_new_tokens", max_new_tokens, "Most tokens an eval response may have.", positive());
+    v.section("reward", reward,
+              "How the eval scores its sampled responses (optional): at most one of model, command, exact_match, "
+              "regex, function, as ppo.reward.");
   }
 };
 
 /// How a registered section lists its fields: `void visit(FieldVisitor& v)`
 /// calls v.field(key, value, doc, rule) for each, as built-in sections do.
-/// Fields are bool, int64_t, double, std::string or std::vector<double>.
+/// Fields are bool, int64_t, double, std::string, std::vector<double> or
+/// std::vector<std::string>.
 class FieldVisitor {
  public:
   virtual ~FieldVisitor() = default;
@@ -538,6 +630,7 @@ class FieldVisitor {
   virtual void field(const char* key, double& value, const char* doc, const Rule& rule) = 0;
   virtual void field(const char* key, std::string& value, const char* doc, const Rule& rule) = 0;
   virtual void field(const char* key, std::vector<double>& value, const char* doc, const Rule& rule) = 0;
+  virtual void field(const char* key, std::vector<std::string>& value, const char* doc, const Rule& rule) = 0;
   template <class T>
   void field(const char* key, T& value, const char* doc) {
     field(key, value, doc, Rule{});
@@ -631,6 +724,9 @@ class FieldVisitorFor final : public FieldVisitor {
   void field(const char* k, double& x, const char* d, const Rule& r) override { v_.field(k, x, d, r); }
   void field(const char* k, std::string& x, const char* d, const Rule& r) override { v_.field(k, x, d, r); }
   void field(const char* k, std::vector<double>& x, const char* d, const Rule& r) override { v_.field(k, x, d, r); }
+  void field(const char* k, std::vector<std::string>& x, const char* d, const Rule& r) override {
+    v_.field(k, x, d, r);
+  }
 
  private:
   V& v_;
@@ -668,6 +764,7 @@ struct RunConfig {
   RewardConfig reward;
   DpoConfig dpo;
   PpoConfig ppo;
+  IlqlConfig ilql;
   Extensions extensions;  // the sections programs registered (register_section)
 
   template <class V>
@@ -679,8 +776,9 @@ struct RunConfig {
     v.field("algorithm", algorithm,
             "Training objective: sft (supervised fine-tuning, loss on responses), pretrain (loss on every "
             "token of token shards), reward (reward model on preference pairs or ranked replies), dpo "
-            "(direct preference optimisation) or ppo (online RL from sampled responses and a reward: PPO, GRPO, "
-            "RLOO), or one a linking program registered (docs/library.md). "
+            "(direct preference optimisation), ppo (online RL from sampled responses and a reward: PPO, GRPO, "
+            "RLOO), ilql (offline RL from responses with rewards), or one a linking program registered "
+            "(docs/library.md). "
             "docs/algorithms.md.",
             one_of(algorithm_names()));
     v.section("model", model, "Model architecture.");
@@ -696,6 +794,7 @@ struct RunConfig {
     v.section("reward", reward, "Reward-model training (algorithm: reward).");
     v.section("dpo", dpo, "Direct preference optimisation (algorithm: dpo).");
     v.section("ppo", ppo, "Online RL: PPO, GRPO and RLOO (algorithm: ppo; docs/algorithms.md).");
+    v.section("ilql", ilql, "Offline RL: ILQL (algorithm: ilql; docs/algorithms.md).");
     for (const auto& s : registered_sections()) {
       detail::ExtensionShim shim{extensions.at(s)};
       v.section(s.name.c_str(), shim, s.doc.c_str());

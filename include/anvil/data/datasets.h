@@ -164,7 +164,10 @@ struct OfflineRlSample {
   std::vector<int64_t> input_ids;  // prompt + response + end of turn
   std::vector<int64_t> labels;     // response tokens (+ end of turn), kIgnoreIndex elsewhere
   int64_t prompt_tokens = 0;
-  double reward = 0;
+  double reward = 0;  // the response's reward (with token_rewards: their sum)
+  /// Optional per-token rewards ("rewards": one number per labelled token, the
+  /// end of turn included); empty when the record gives one scalar "reward".
+  std::vector<double> token_rewards;
   std::string prompt, response;
 };
 

@@ -7,6 +7,7 @@
 // offsets, one per document plus the end). Documents end with EOS.
 
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -41,11 +42,48 @@ class ShardWriter {
   int64_t total_docs_ = 0, total_tokens_ = 0;
 };
 
+/// GPT-NeoX / Megatron indexed datasets, as their preprocess_data.py and
+/// megatron-core's IndexedDatasetBuilder write them (the MMIDIDX format):
+/// PREFIX.bin holds every sequence's tokens back to back in one of eight
+/// dtypes (uint8, int8, int16, int32, int64, float64, float32, uint16) and
+/// PREFIX.idx a header, the sequences' lengths and byte offsets and the
+/// sequence index at which each document ends. Whether `path` names one: a
+/// PREFIX beside PREFIX.bin and PREFIX.idx, or either file.
+bool is_megatron_dataset(const std::filesystem::path& path);
+
+/// Writes documents as a Megatron indexed dataset (`anvil prepare --format
+/// megatron`): one sequence per document, uint16 tokens when the vocabulary
+/// fits (below 65500, as megatron's best_fitting_dtype) else int32. The two
+/// files appear together on finish() (written beside, then renamed).
+class MegatronWriter {
+ public:
+  MegatronWriter(std::filesystem::path prefix, int64_t vocab_size, int64_t eos_id, bool append_eos);
+  ~MegatronWriter();
+  void add(const std::vector<int64_t>& doc);
+  void finish();
+  int64_t num_docs() const { return static_cast<int64_t>(lengths_.size()); }
+  int64_t num_tokens() const { return tokens_; }
+
+ private:
+  std::filesystem::path prefix_, tmp_bin_, tmp_idx_;
+  int64_t vocab_size_, eos_id_;
+  bool append_eos_, finished_ = false;
+  int token_bytes_;
+  std::vector<int32_t> lengths_;
+  int64_t tokens_ = 0;
+  std::FILE* bin_ = nullptr;
+};
+
 /// The shards of a folder, memory-mapped (read-only).
 class TokenShards {
  public:
   /// Validates meta.json and every file's size; errors name the file.
   static std::shared_ptr<const TokenShards> open(const std::filesystem::path& dir);
+  /// A Megatron indexed dataset (is_megatron_dataset), read in place as one
+  /// shard with its document boundaries; every token id is checked to be a
+  /// non-negative integer (vocab_size() is the largest + 1). Errors name the
+  /// file and what was expected.
+  static std::shared_ptr<const TokenShards> open_megatron(const std::filesystem::path& path);
   ~TokenShards();
 
   struct Shard {
@@ -69,6 +107,8 @@ class TokenShards {
   std::vector<Shard> shards_;
   int64_t num_tokens_ = 0, num_docs_ = 0, vocab_size_ = 0;
   int token_bytes_ = 2;
+  char kind_ = 'u';  // token ids stored as unsigned ('u') or signed ('i') integers, or floats ('f')
+  std::vector<std::unique_ptr<std::vector<int64_t>>> owned_starts_;  // document offsets built at open
 };
 
 /// Fixed windows of `seq_len` tokens over each shard (the tail that does not

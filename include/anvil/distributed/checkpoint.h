@@ -9,6 +9,7 @@
 //   config.json, generation_config.json, tokenizer files, config.yaml
 //   model.safetensors        the whole float32 model (unless turned off), so
 //                            the folder also loads in transformers as is
+//   <name>/                  a companion model (PPO's critic), whole
 //   trainer_state.json       step and data position; written last
 // Every rank writes its own shard into one temporary folder; once all have
 // (a barrier), rank 0 writes trainer_state.json, fsyncs and renames the folder
@@ -20,6 +21,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <filesystem>
+#include <functional>
 #include <string>
 
 #include "anvil/distributed/sharding.h"
@@ -38,7 +40,14 @@ std::filesystem::path save_sharded_checkpoint(const std::filesystem::path& outpu
                                               torch::optim::Optimizer& optimizer,
                                               const tokenizer::Tokenizer* tokenizer, const io::TrainerState& state,
                                               const std::string& run_config_yaml, int64_t keep_last,
-                                              bool consolidated = true);
+                                              bool consolidated = true,
+                                              const std::function<void(const std::filesystem::path&)>& extra = {});
+
+/// Collective: rank 0 writes `model` whole and its AdamW state by parameter
+/// name into `dir`, as io::save_model_and_optimizer does for one process (a
+/// companion model's part of a checkpoint: it reads back into any number of
+/// ranks with io::load_model_and_optimizer and import_optimizer_state).
+void save_consolidated(const std::filesystem::path& dir, ShardedModel& model, torch::optim::Optimizer& optimizer);
 
 /// Restores master weights, AdamW state and this rank's RNG (when the
 /// checkpoint has one for this rank) into a run of any world size and

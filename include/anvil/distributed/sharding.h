@@ -134,6 +134,9 @@ class ShardedModel {
   /// Collective: unit `u`'s whole float32 master values (numel() elements,
   /// on the masters' device), gathered from every rank's shard.
   at::Tensor gather_master(size_t u);
+  /// Collective: the whole of a tensor shaped like unit `u`'s master shard
+  /// (an AdamW moment), numel() elements, gathered from every rank.
+  at::Tensor gather_master(size_t u, const at::Tensor& shard);
   /// This rank's slice of a whole flat per-unit tensor, padded to the shard size.
   at::Tensor slice_for_rank(size_t u, const at::Tensor& whole) const;
 

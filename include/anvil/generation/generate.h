@@ -26,6 +26,12 @@ struct SamplingOptions {
   uint64_t seed = 0;     // sampling RNG; the global RNG is never touched
   int64_t batch_size = 0;  // prompts decoded together; 0 = all
   std::vector<LogitsProcessor> logits_processors;  // applied in order, before temperature, top-k and top-p
+  /// Next-token scores from the model's heads rather than its LM logits alone:
+  /// gets the (B, C) final hidden states at each decoding row's last position
+  /// (on the model's device) and their (B, V) logits, returns (B, V) scores
+  /// (ILQL's advantage-shaped sampling: log-softmax + β (min Q - V)). Applied
+  /// before the logits processors.
+  std::function<at::Tensor(const at::Tensor& hidden, const at::Tensor& logits)> score_fn;
   /// One sampling seed per prompt (else `seed` for the whole call): each
   /// prompt's tokens then do not depend on the batch it is decoded in.
   std::vector<uint64_t> row_seeds;

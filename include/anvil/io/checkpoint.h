@@ -10,6 +10,8 @@
 #include <torch/optim/optimizer.h>
 
 #include <filesystem>
+#include <map>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -26,6 +28,9 @@ struct CheckpointParts {
   torch::optim::Optimizer* optimizer = nullptr;
   TrainerState state;
   std::string run_config_yaml;
+  /// Writes more parts into the unfinished folder (companion models), before
+  /// trainer_state.json marks it complete.
+  std::function<void(const std::filesystem::path& dir)> extra;
 };
 
 /// Writes checkpoint-<step> atomically and keeps only the newest `keep_last`
@@ -48,6 +53,19 @@ void load_rng_state(const std::filesystem::path& path, const at::Device& device)
 
 /// The complete checkpoint with the highest step, if any.
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& output_dir);
+
+/// A model and its optimizer state alone (a companion model's part of a
+/// checkpoint): the HF folder and optimizer.safetensors / optimizer.json, no
+/// trainer or RNG state. `dir` is created.
+void save_model_and_optimizer(const std::filesystem::path& dir, models::CausalLM& model,
+                              torch::optim::Optimizer& optimizer);
+/// Writes optimizer.safetensors / optimizer.json from AdamW moments keyed
+/// "<parameter>.exp_avg" / ".exp_avg_sq" and each parameter's step count.
+void save_optimizer_moments(const std::filesystem::path& dir, const std::map<std::string, at::Tensor>& moments,
+                            const nlohmann::json& steps);
+/// Restores what save_model_and_optimizer wrote.
+void load_model_and_optimizer(const std::filesystem::path& dir, models::CausalLM& model,
+                              torch::optim::Optimizer& optimizer);
 
 /// Restores weights, optimizer state and RNG state; returns the trainer state.
 TrainerState load_checkpoint(const std::filesystem::path& dir, models::CausalLM& model,

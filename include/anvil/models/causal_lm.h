@@ -105,6 +105,13 @@ class CausalLM : public torch::nn::Module {
   /// embedding); a sequence-classification folder does not store them.
   virtual std::vector<std::string> lm_head_parameters() const { return {}; }
 
+  /// Resizes the vocabulary to `n` rows as transformers'
+  /// resize_token_embeddings does: the input embedding and an untied LM head
+  /// keep their first min(n, old) rows; new rows are the mean of the old ones
+  /// (transformers' mean_resizing, without its 1e-9-scaled covariance noise).
+  /// vocab_size() and hf_config() then report `n`.
+  void resize_vocab(int64_t n);
+
   /// Turns the model into a reward model: a scalar head on the final hidden
   /// state, Hugging Face's `...ForSequenceClassification` "score"
   /// (Linear(C -> 1), no bias, weights ~ N(0, init_std)). Saved folders then
@@ -114,23 +121,38 @@ class CausalLM : public torch::nn::Module {
   /// (B, T, C) hidden states and (B) positions -> (B) float32 scores read at
   /// each row's position.
   at::Tensor score(const at::Tensor& hidden, const at::Tensor& positions);
+  /// (..., C) hidden states -> (...) float32 scores at every position (a
+  /// separate PPO critic's per-token values).
+  at::Tensor token_scores(const at::Tensor& hidden);
 
   /// Named heads beside the LM head, on the final hidden states: a value
-  /// head (PPO, out_features 1), ILQL's Q and V heads, a user's own.
-  /// Linear(C -> out_features), weights ~ N(0, init_std), zero bias. Their
-  /// parameters are "heads.<name>.weight" / ".bias"; a saved folder keeps
-  /// them in heads.safetensors + heads.json beside the HF files, so the base
-  /// model still loads in transformers as is. (A reward model's score head
-  /// is HF's own sequence-classification head, above.) Throws when `name`
-  /// is taken or not of a-z, 0-9 and _.
-  void add_head(const std::string& name, int64_t out_features, bool bias = true, double init_std = 0.02);
+  /// head (PPO, out_features 1), ILQL's Q and V heads, a user's own. A head is
+  /// Linear(C -> out_features), or with `hidden_features` > 0 an MLP as trlx
+  /// builds its heads: Linear(C -> hidden) -> ReLU -> Linear(hidden -> out).
+  /// Weights ~ N(0, init_std), zero biases. Their parameters are
+  /// "heads.<name>.weight" / ".bias" (an MLP's "heads.<name>.0.weight",
+  /// "heads.<name>.2.weight", ...); a saved folder keeps them in
+  /// heads.safetensors + heads.json beside the HF files, so the base model
+  /// still loads in transformers as is. (A reward model's score head is HF's
+  /// own sequence-classification head, above.) Throws when `name` is taken or
+  /// not of a-z, 0-9 and _.
+  struct HeadOptions {
+    int64_t out_features = 1;
+    int64_t hidden_features = 0;  // 0 = one Linear
+    bool bias = true;
+    double init_std = 0.02;
+  };
+  void add_head(const std::string& name, const HeadOptions& options);
+  void add_head(const std::string& name, int64_t out_features, bool bias = true, double init_std = 0.02) {
+    add_head(name, HeadOptions{out_features, 0, bias, init_std});
+  }
   bool has_head(const std::string& name) const;
   /// The named heads, sorted by name.
   std::vector<std::string> head_names() const;
   /// (..., C) hidden states -> (..., out_features).
   at::Tensor head(const std::string& name, const at::Tensor& hidden);
-  /// The head's Linear (its out_features, whether it has a bias).
-  torch::nn::Linear head_module(const std::string& name) const;
+  /// How the head was built.
+  HeadOptions head_options(const std::string& name) const;
 
   /// Names of transformer block `i`'s parameters start with block_prefix(i)
   /// + "." (e.g. "transformer.h.3"): the units sharding and activation
@@ -147,11 +169,16 @@ class CausalLM : public torch::nn::Module {
   /// The family's forward to the final hidden states; blocks run through
   /// layers::run_block(args, ...).
   virtual at::Tensor forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) = 0;
+  /// The input embedding's parameter name ("transformer.wte.weight").
+  virtual std::string embedding_parameter() const = 0;
+  /// Records a new vocabulary size (resize_vocab has resized the tensors).
+  virtual void set_vocab_size(int64_t n) = 0;
 
  private:
   BlockRunner block_runner_;
   torch::nn::Linear score_head_{nullptr};
   torch::nn::ModuleDict heads_{nullptr};
+  std::map<std::string, HeadOptions> head_options_;
 };
 
 /// HF's rule for the token a sequence-classification head reads: each row's

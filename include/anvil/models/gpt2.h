@@ -112,6 +112,8 @@ class GPT2LMHeadModel final : public CausalLM {
   GPT2Model transformer{nullptr};
  protected:
   at::Tensor forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) override;
+  std::string embedding_parameter() const override { return "transformer.wte.weight"; }
+  void set_vocab_size(int64_t n) override { options.vocab_size(n); }
 };
 
 }  // namespace anvil::models::gpt2

@@ -112,6 +112,8 @@ class LlamaForCausalLM final : public CausalLM {
   torch::nn::Linear lm_head{nullptr};  // null when tied to model.embed_tokens
  protected:
   at::Tensor forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) override;
+  std::string embedding_parameter() const override { return "model.embed_tokens.weight"; }
+  void set_vocab_size(int64_t n) override { options.vocab_size(n); }
 };
 
 }  // namespace anvil::models::llama

@@ -111,6 +111,8 @@ class GPTNeoXForCausalLM final : public CausalLM {
   torch::nn::Linear embed_out{nullptr};  // null when tied to gpt_neox.embed_in
  protected:
   at::Tensor forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) override;
+  std::string embedding_parameter() const override { return "gpt_neox.embed_in.weight"; }
+  void set_vocab_size(int64_t n) override { options.vocab_size(n); }
 };
 
 }  // namespace anvil::models::neox

@@ -66,6 +66,8 @@ class OPTForCausalLM final : public CausalLM {
   OPTOptions options;
  protected:
   at::Tensor forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) override;
+  std::string embedding_parameter() const override { return "model.decoder.embed_tokens.weight"; }
+  void set_vocab_size(int64_t n) override { options.vocab_size(n); }
 
  private:
   struct Decoder;

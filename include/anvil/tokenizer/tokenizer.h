@@ -70,6 +70,16 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& type, const std::fi
 /// them set BOS/EOS/PAD and add_bos_token. Throws if there is none.
 std::unique_ptr<Tokenizer> load_tokenizer_from_model_dir(const std::filesystem::path& dir);
 
+/// `base` with `tokens` added as special tokens, as transformers'
+/// add_special_tokens does (tokenizer.add_special_tokens): a token the
+/// vocabulary already has as one piece keeps its id, the others get ids
+/// vocab_size(), vocab_size() + 1, ... in order. They are matched in text
+/// before the base tokenizer sees it, decode as written (dropped with
+/// skip_special_tokens), and save() records them (tokenizer.json's
+/// added_tokens, or added_tokens.json beside tokenizer.model, and
+/// tokenizer_config.json), so the saved folder loads with them.
+std::unique_ptr<Tokenizer> with_special_tokens(std::unique_ptr<Tokenizer> base, const std::vector<std::string>& tokens);
+
 /// Whether `dir` holds tokenizer files load_tokenizer_from_model_dir can read.
 bool has_tokenizer(const std::filesystem::path& dir);
 

@@ -11,6 +11,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,9 +49,11 @@ class Engine {
   /// backend and sharding.
   virtual std::string describe() const = 0;
 
+  /// The policy's optimizer.
   virtual torch::optim::Optimizer& optimizer() = 0;
-  /// Sets the learning rate of every parameter group.
-  void set_lr(double lr);
+  /// Sets the policy's learning rate, and each companion model's in proportion
+  /// (its lr / optimizer.lr).
+  virtual void set_lr(double lr) = 0;
 
   /// Forward + backward of this rank's micro-batches of one optimizer step,
   /// each micro-batch's summed loss divided by `step_targets` (the target
@@ -59,11 +62,26 @@ class Engine {
   virtual StepStats backward(Objective& objective, const std::vector<Batch>& batches, int64_t step_targets) = 0;
   /// The global L2 norm of the trained parameters' gradients, clipped to
   /// `max_norm` when larger (0: only measured).
+  /// A companion model's norm is measured and clipped on its own; a non-finite
+  /// one makes the returned norm NaN (the step is skipped).
   virtual double clip_grad_norm(double max_norm) = 0;
+  /// Metrics of the last clip_grad_norm beyond the policy's: each companion
+  /// model's "<name>/grad_norm".
+  virtual Metrics step_metrics() const = 0;
   /// Applies the optimizer step (`apply`), or discards the gradients of a
   /// skipped one; either way the step is over.
   virtual void finish_step(bool apply) = 0;
-  /// The trained parameters' gradients (as the optimizer sees them).
+  /// Sets the policy's named parameters (HF names, heads.* included) to
+  /// `values`, outside the optimizer: a target network's Polyak update, an
+  /// EMA. Every rank passes the same values (a collective in a sharded run:
+  /// each unit concerned is gathered once). Optimizer state is untouched; a
+  /// frozen parameter stays frozen, at its new value.
+  virtual void set_parameters(const std::map<std::string, at::Tensor>& values) = 0;
+  /// The policy's named parameters, whole and in float32 (the optimizer's
+  /// master values in a sharded or mixed-precision run; a collective there),
+  /// on the engine's device.
+  virtual std::map<std::string, at::Tensor> get_parameters(const std::vector<std::string>& names) = 0;
+  /// The policy's trained parameters' gradients (as the optimizer sees them).
   virtual std::vector<at::Tensor> gradients() = 0;
 
   /// Bytes this process holds now (memory/... metrics).
@@ -114,10 +132,12 @@ struct EngineStart {
 
 /// Builds the engine for `model` (already on its device): sharded when
 /// `comm` is set, plain otherwise. The optimizer covers the parameters
-/// `objective.trains()`; the others are frozen (requires_grad false). Restores
-/// `resume_from` (a plain or a sharded checkpoint) when given.
+/// `objective.trains()`; the others are frozen (requires_grad false). The
+/// `companions` (RunContext::train) train beside it. Restores `resume_from`
+/// (a plain or a sharded checkpoint) when given, companions included.
 EngineStart make_engine(const config::RunConfig& cfg, std::shared_ptr<models::CausalLM> model,
                         std::shared_ptr<distributed::Communicator> comm, const Objective& objective,
-                        const std::optional<std::filesystem::path>& resume_from);
+                        const std::optional<std::filesystem::path>& resume_from,
+                        const std::vector<CompanionModel>& companions = {});
 
 }  // namespace anvil::train

@@ -131,6 +131,21 @@ class FrozenModel {
   std::shared_ptr<distributed::ShardedModel> sharded_;
 };
 
+/// A second model a run trains beside the policy (PPO's separate critic).
+/// The loss the objective returns may involve it: one backward fills both
+/// models' gradients. It gets its own AdamW (the run's optimizer settings at
+/// peak learning rate `lr`, following the policy's schedule), its gradients
+/// are clipped on their own with train.grad_clip (logged as
+/// "<name>/grad_norm"), a non-finite norm skips the step for both, and in a
+/// sharded run it is sharded like the policy. Every checkpoint holds it in
+/// checkpoint-<step>/<name>/ (an HF folder with its optimizer state, the
+/// same whatever the ranks), and a resumed run restores it.
+struct CompanionModel {
+  std::string name;
+  std::shared_ptr<models::CausalLM> model;
+  double lr = 0;
+};
+
 /// What an objective may need from the run before training starts.
 struct RunContext {
   std::filesystem::path output_dir;
@@ -144,6 +159,14 @@ struct RunContext {
   /// like the policy in a sharded run. Every rank must call it, in the same
   /// order, with the same architecture (rank 0's values are kept).
   FrozenModel freeze(std::shared_ptr<models::CausalLM> model) const;
+
+  /// Trains `model` beside the policy (CompanionModel), from Objective::prepare;
+  /// returns it, moved to `device`. `name` (a-z, 0-9, _) names its checkpoint
+  /// folder and metrics. Every rank must call it, in the same order.
+  std::shared_ptr<models::CausalLM> train(const std::string& name, std::shared_ptr<models::CausalLM> model,
+                                          double lr) const;
+  /// The models train() registered, for make_engine.
+  std::shared_ptr<std::vector<CompanionModel>> companions = std::make_shared<std::vector<CompanionModel>>();
 };
 
 class Objective {

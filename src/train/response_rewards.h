@@ -1,0 +1,57 @@
+#pragma once
+// Rewards of sampled responses, shared by PPO's rollouts and evals and ILQL's
+// evals: a reward section (ppo.reward, ilql.reward) names one source.
+//   exact_match / regex  1 or 0 against a field of the prompt record (RLVR)
+//   command              a reward program (rewards::RewardProgram)
+//   function             a RewardFn a linking program registered
+//   model                a reward model, frozen and sharded like the policy
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "anvil/config/config.h"
+#include "anvil/data/datasets.h"
+#include "anvil/tokenizer/tokenizer.h"
+#include "anvil/train/objective.h"
+#include "anvil/train/ppo.h"
+
+namespace anvil::rewards {
+class RewardModel;
+class RewardProgram;
+}  // namespace anvil::rewards
+
+namespace anvil::train {
+
+class ResponseRewards {
+ public:
+  /// `key` names the section in errors ("ppo.reward"). Throws ConfigError
+  /// unless exactly one source is set (at most one when not `required`).
+  ResponseRewards(const config::PpoRewardConfig& config, std::string key, bool required);
+  ~ResponseRewards();
+  ResponseRewards(const ResponseRewards&) = delete;
+  ResponseRewards& operator=(const ResponseRewards&) = delete;
+
+  bool enabled() const;
+  /// The source compares responses with a field exactly (eval/exact_match).
+  bool is_exact_match() const { return !config_.exact_match.empty(); }
+  /// Loads the reward model (ctx.freeze) or starts the program; `who` prefixes the log lines.
+  void prepare(const RunContext& ctx, const std::string& who);
+  /// The raw reward of each response (token ids without the end of turn) to
+  /// its prompt; `ended`: the response ended with the end of turn.
+  std::vector<double> score(const std::vector<const data::PromptSample*>& prompts,
+                            const std::vector<std::vector<int64_t>>& responses, const std::vector<bool>& ended,
+                            const tokenizer::Tokenizer& tok);
+  /// Keeps a sharded reward model whole, for scoring split unevenly among ranks.
+  [[nodiscard]] FrozenModel::Gathered gathered() { return frozen_.gathered(); }
+
+ private:
+  config::PpoRewardConfig config_;
+  std::string key_;
+  RewardFn fn_;
+  FrozenModel frozen_;
+  std::unique_ptr<rewards::RewardModel> model_;
+  std::unique_ptr<rewards::RewardProgram> program_;
+};
+
+}  // namespace anvil::train
