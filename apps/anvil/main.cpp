@@ -22,6 +22,7 @@
 #include "anvil/data/jsonl.h"
 #include "anvil/data/token_shards.h"
 #include "anvil/distributed/checkpoint.h"
+#include "anvil/distributed/sharding.h"
 #include "anvil/io/hf_model.h"
 #include "anvil/train/ilql.h"
 #include "anvil/io/safetensors.h"
@@ -55,13 +56,30 @@ std::vector<std::vector<int64_t>> read_id_lists(const std::string& input, bool e
   return rows;
 }
 
+/// Where the model tools run: --device (cpu, cuda, cuda:N) and --dtype.
+struct Placement {
+  std::string device = "cpu", dtype = "float32";
+  void apply(anvil::models::CausalLM& model) const {
+    c10::optional<at::Device> d;
+    try {
+      d = at::Device(device);
+    } catch (const std::exception&) {
+      throw anvil::ConfigError(anvil::concat("--device: expected cpu, cuda or cuda:N, got \"", device, "\""));
+    }
+    if (d->is_cuda() && !at::hasCUDA())
+      throw anvil::ConfigError(anvil::concat("--device: ", device, ", but this machine has no CUDA device"));
+    model.to(*d, anvil::distributed::parse_dtype(dtype));
+  }
+};
+
 /// generate, chat and logits need the LM head a reward model does not keep.
-std::shared_ptr<anvil::models::CausalLM> load_language_model(const std::string& dir) {
+std::shared_ptr<anvil::models::CausalLM> load_language_model(const std::string& dir, const Placement& where) {
   auto model = anvil::io::load_model_dir(dir);
   if (model->has_score_head())
     throw anvil::ConfigError(anvil::concat("--model: ", dir, " is a reward model (",
                                            model->hf_config()["architectures"][0].get<std::string>(),
                                            " with a score head, no LM head); score it with anvil score"));
+  where.apply(*model);
   return model;
 }
 
@@ -97,8 +115,8 @@ void show_prompt_ids(const std::vector<int64_t>& ids) { std::cerr << "prompt ids
 
 int cmd_generate(const std::string& model_dir, const std::vector<std::string>& prompts, const std::string& input,
                  const std::string& output, anvil::generation::SamplingOptions opt, bool eos_given, bool chat,
-                 const ChatFormatFlags& format, double ilql_beta) {
-  auto model = load_language_model(model_dir);
+                 const ChatFormatFlags& format, double ilql_beta, const Placement& where) {
+  auto model = load_language_model(model_dir, where);
   use_ilql_heads(*model, model_dir, ilql_beta, opt);
   if (!eos_given) opt.eos_id = model->special_tokens.eos;
   if (!input.empty()) {  // ids in, ids out
@@ -134,8 +152,8 @@ int cmd_generate(const std::string& model_dir, const std::vector<std::string>& p
 
 /// Reads user turns from stdin; each reply continues the conversation so far.
 int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions opt, bool keep_history,
-             const ChatFormatFlags& format, double ilql_beta) {
-  auto model = load_language_model(model_dir);
+             const ChatFormatFlags& format, double ilql_beta, const Placement& where) {
+  auto model = load_language_model(model_dir, where);
   use_ilql_heads(*model, model_dir, ilql_beta, opt);
   auto tok = anvil::tokenizer::load_tokenizer_from_model_dir(model_dir);
   const auto& tmpl = folder_template(*tok, model_dir, format);
@@ -177,23 +195,25 @@ int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions op
   return 0;
 }
 
-int cmd_logits(const std::string& model_dir, const std::string& input, const std::string& output) {
-  auto model = load_language_model(model_dir);
+int cmd_logits(const std::string& model_dir, const std::string& input, const std::string& output,
+               const Placement& where) {
+  auto model = load_language_model(model_dir, where);
   model->eval();
   torch::NoGradGuard no_grad;
   const auto rows = read_id_lists(input, /*equal_lengths=*/true, model->vocab_size());
   std::vector<int64_t> flat;
   for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
   auto ids = at::tensor(flat, at::kLong).view({static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())});
-  auto logits = model->forward(ids).to(at::kFloat);  // (B, T, V)
+  auto logits = model->forward(ids.to(model->parameters().front().device())).to(at::kCPU, at::kFloat);  // (B, T, V)
   anvil::io::save_safetensors(output, {{"logits", logits}});
   return 0;
 }
 
 /// Scores every reply of every line with a reward model; one JSON line out per line in.
 int cmd_score(const std::string& model_dir, const std::string& input, const ChatFormatFlags& format,
-              int64_t batch_size) {
+              int64_t batch_size, const Placement& where) {
   const auto rm = anvil::rewards::RewardModel::load(model_dir, format.name, format.force);
+  where.apply(*rm.model_ptr());
   struct Line {
     int64_t number;
     size_t replies;
@@ -360,6 +380,13 @@ int main(int argc, char** argv) {
   bool greedy = false;
   int64_t eos_id = -1;
   double ilql_beta = -1;
+  Placement where;
+  auto add_placement = [&](CLI::App* cmd) {
+    cmd->add_option("--device", where.device, "cpu, cuda or cuda:N")->capture_default_str();
+    cmd->add_option("--dtype", where.dtype, "Weights and compute: float32, bfloat16 or float16")
+        ->check(CLI::IsMember({"float32", "bfloat16", "float16"}))
+        ->capture_default_str();
+  };
   auto add_sampling = [&](CLI::App* cmd) {
     auto* g = cmd->add_flag("--greedy", greedy, "Greedy decoding (the default)");
     cmd->add_option("--max-new-tokens", opt.max_new_tokens, "Tokens to generate per prompt")->capture_default_str();
@@ -405,6 +432,7 @@ int main(int argc, char** argv) {
   add_format(gen, gchat);
   gen->add_option("--system", fmt.system, "With --chat: a system turn before each prompt")->needs(gchat);
   add_sampling(gen);
+  add_placement(gen);
 
   auto* chat = app.add_subcommand("chat", "Talk to a model folder: one user turn per line on stdin");
   bool no_history = false;
@@ -413,6 +441,7 @@ int main(int argc, char** argv) {
   add_format(chat, nullptr);
   chat->add_option("--system", fmt.system, "System prompt: a system turn first (plain: a line before the user's)");
   add_sampling(chat);
+  add_placement(chat);
 
   auto* exp = app.add_subcommand("export", "Write a checkpoint's model as a standalone Hugging Face folder");
   std::string ckpt, exp_out, exp_dtype = "float32";
@@ -425,11 +454,13 @@ int main(int argc, char** argv) {
   logc->add_option("--model", model_dir, "Model folder (HF layout)")->required();
   logc->add_option("--input", logits_in, "ids.json: a JSON list of equal-length token-id lists")->required();
   logc->add_option("--output", logits_out, "out.safetensors with float32 `logits` [batch, seq, vocab]")->required();
+  add_placement(logc);
 
   auto* scorec = app.add_subcommand("score", "Score replies with a reward model: one JSON line of rewards per input line");
   std::string score_in;
   int64_t score_batch = 64;
   scorec->add_option("--model", model_dir, "Reward-model folder (a checkpoint or export of algorithm: reward)")->required();
+  add_placement(scorec);
   scorec->add_option("--input", score_in, "JSONL: {prompt, chosen, rejected}, {prompt, ranked: [...]} or "
                                           "{prompt, response} per line")->required();
   add_format(scorec, nullptr);
@@ -481,9 +512,9 @@ int main(int argc, char** argv) {
         for (size_t pos; (pos = p.find("\\n")) != std::string::npos;) p.replace(pos, 2, "\n");
       if (prompts.empty() && gen_in.empty()) throw anvil::ConfigError("generate: give --input/--output or --prompt");
       if (geos->count() > 0) opt.eos_id = eos_id;
-      return cmd_generate(model_dir, prompts, gen_in, gen_out, opt, geos->count() > 0, gen_chat, fmt, ilql_beta);
+      return cmd_generate(model_dir, prompts, gen_in, gen_out, opt, geos->count() > 0, gen_chat, fmt, ilql_beta, where);
     }
-    if (chat->parsed()) return cmd_chat(model_dir, opt, !no_history, fmt, ilql_beta);
+    if (chat->parsed()) return cmd_chat(model_dir, opt, !no_history, fmt, ilql_beta, where);
     if (exp->parsed()) {
       const bool sharded = anvil::distributed::is_sharded_checkpoint(ckpt);
       if (sharded) anvil::distributed::export_sharded_checkpoint(ckpt, exp_out, exp_dtype);
@@ -491,8 +522,8 @@ int main(int argc, char** argv) {
       std::cout << "exported " << (sharded ? "(consolidated shards of) " : "") << ckpt << " to " << exp_out << " (" << exp_dtype << ")\n";
       return 0;
     }
-    if (logc->parsed()) return cmd_logits(model_dir, logits_in, logits_out);
-    if (scorec->parsed()) return cmd_score(model_dir, score_in, fmt, std::max<int64_t>(1, score_batch));
+    if (logc->parsed()) return cmd_logits(model_dir, logits_in, logits_out, where);
+    if (scorec->parsed()) return cmd_score(model_dir, score_in, fmt, std::max<int64_t>(1, score_batch), where);
     if (tokc->parsed()) return cmd_tokenize(tok_path, tok_type, input, output, decode, keep_special);
     if (prep->parsed())
       return cmd_prepare(tok_path, tok_type, prep_in, prep_out,

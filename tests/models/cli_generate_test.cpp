@@ -7,6 +7,7 @@
 
 #include "anvil/generation/generate.h"
 #include "anvil/io/hf_model.h"
+#include "anvil/io/safetensors.h"
 #include "anvil/models/llama.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "test_util.h"
@@ -52,6 +53,35 @@ TEST_F(CliGenerate, IdsInIdsOutMatchTheLibraryAndSamplingIsSeeded) {
   EXPECT_EQ(a, b);
   EXPECT_NE(a, c);
   for (const auto& row : nlohmann::json::parse(a)) EXPECT_EQ(row.size(), 7u);
+}
+
+// --device and --dtype (generate, chat, logits, score): bfloat16 weights give
+// logits close to float32's; a CUDA device on a machine without one is refused.
+TEST_F(CliGenerate, DeviceAndDtypeFlags) {
+  anvil::testing::write_text(dir_ / "eq.json", "[[5, 6, 7, 8], [9, 10, 11, 12]]");
+  auto logits = [&](const std::string& flags) {
+    std::string out;
+    const auto path = dir_ / "logits.safetensors";
+    EXPECT_EQ(run(anvil::testing::cli_bin() + " logits --model " + dir_.path().string() + " --input " +
+                      (dir_ / "eq.json").string() + " --output " + path.string() + " " + flags + " 2>&1",
+                  &out),
+              0)
+        << out;
+    return io::SafetensorsFile(path).get("logits");
+  };
+  const auto f32 = logits(""), bf16 = logits("--device cpu --dtype bfloat16");
+  ASSERT_EQ(f32.sizes(), bf16.sizes());
+  EXPECT_EQ(bf16.scalar_type(), at::kFloat);  // written as float32 whatever the compute dtype
+  EXPECT_LE((f32 - bf16).abs().max().item<double>(), 0.05 * f32.abs().max().item<double>());
+  EXPECT_EQ(nlohmann::json::parse(generate("--max-new-tokens 4 --eos-id -1 --dtype bfloat16")).size(), 3u);
+  if (!at::hasCUDA()) {
+    std::string out;
+    EXPECT_NE(run(anvil::testing::cli_bin() + " generate --model " + dir_.path().string() +
+                      " --prompt hi --device cuda 2>&1",
+                  &out),
+              0);
+    EXPECT_NE(out.find("--device: cuda, but this machine has no CUDA device"), std::string::npos) << out;
+  }
 }
 
 TEST_F(CliGenerate, EosStopsEachSequenceAndIsKept) {
