@@ -62,6 +62,20 @@ nlohmann::json python_reference(const std::string& script) {
   return nlohmann::json::parse(read_text(dir / "ref.json"));
 }
 
+std::vector<nlohmann::json> metric_lines(const std::filesystem::path& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+std::map<int64_t, nlohmann::json> metrics_by_step(const std::filesystem::path& path) {
+  std::map<int64_t, nlohmann::json> out;
+  for (auto& m : metric_lines(path)) out[m["step"].get<int64_t>()] = m;
+  return out;
+}
+
 std::string tiny_sft_run(int64_t max_steps, int64_t save_every) {
   return "model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 2, num_heads: 4, "
          "dropout: 0.0}\n"

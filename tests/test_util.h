@@ -2,6 +2,7 @@
 // Helpers shared by the test suite: temp folders, running our binaries.
 
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -34,6 +35,11 @@ std::string python_bin();
 /// Runs a Python reference script of tests/parity (`script OUT.json`) with the
 /// venv's python and returns the JSON it wrote; a failure is a test failure.
 nlohmann::json python_reference(const std::string& script);
+
+/// Every line of a metrics.jsonl, in order.
+std::vector<nlohmann::json> metric_lines(const std::filesystem::path& path);
+/// The last line of each step of a metrics.jsonl, by step.
+std::map<int64_t, nlohmann::json> metrics_by_step(const std::filesystem::path& path);
 
 /// A tiny GPT-2 SFT run on the bundled data (2 layers, 32 wide, micro-batches
 /// of 4, one thread, no eval generation), `max_steps` steps, saving every

@@ -105,11 +105,9 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
   std::vector<std::vector<int64_t>> produced(static_cast<size_t>(B));
   std::vector<std::vector<float>> produced_lp(static_cast<size_t>(B));
   for (int64_t step = 0; step < steps && !row_of.empty(); ++step) {
-    const auto hidden = model.hidden_states(input, args);    // (B', T, C)
-    const auto last = hidden.select(1, hidden.size(1) - 1);  // (B', C): only the last position's logits
-    auto scores = opt.score_fn ? opt.score_fn(last, model.logits(last)) : model.logits(last);
+    const auto last = model.hidden_states(input, args).select(1, -1);  // (B', C): the last position's logits only
+    auto scores = (opt.score_fn ? opt.score_fn(last, model.logits(last)) : model.logits(last)).to(at::kCPU, at::kFloat);
     TORCH_CHECK(scores.dim() == 2 && scores.size(0) == last.size(0), "score_fn must return (rows, vocab) scores");
-    scores = scores.to(at::kCPU, at::kFloat);  // (B', V)
     if (!opt.logits_processors.empty()) {
       std::vector<int64_t> index;
       std::vector<std::vector<int64_t>> so_far;

@@ -195,18 +195,6 @@ class OfflineSource final : public BatchSource {
   double mean_, scale_;
 };
 
-data::ReadOptions read_options(const config::RunConfig& cfg, const config::DatasetConfig& d) {
-  data::ReadOptions o;
-  o.prompt_field = d.prompt_field;
-  o.response_field = d.response_field;
-  o.template_name = cfg.data.template_name;
-  o.max_length = cfg.data.max_length;
-  o.drop_overflow = cfg.data.on_overflow == "drop";
-  o.add_eos = cfg.sft.add_eos;
-  o.on_error = data::parse_on_error(cfg.data.on_error);
-  return o;
-}
-
 }  // namespace
 
 // ---- the objective -------------------------------------------------------------

@@ -92,6 +92,9 @@ struct MixtureData {
 };
 using LmData = MixtureData<data::LmDataset>;
 
+/// How data.* and a dataset's fields read a JSONL file (sft, offline_rl, prompts).
+data::ReadOptions read_options(const config::RunConfig& cfg, const config::DatasetConfig& d);
+
 /// Loads every dataset of data.train / data.eval with
 /// `load(const config::DatasetConfig&, const std::string& key)` and splits off
 /// each train dataset's eval_fraction as held-out samples.

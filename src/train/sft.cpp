@@ -16,7 +16,6 @@
 #include "train/lm_data.h"
 
 namespace anvil::train {
-namespace {
 
 data::ReadOptions read_options(const config::RunConfig& cfg, const config::DatasetConfig& d) {
   data::ReadOptions o;
@@ -30,6 +29,8 @@ data::ReadOptions read_options(const config::RunConfig& cfg, const config::Datas
   o.on_error = data::parse_on_error(cfg.data.on_error);
   return o;
 }
+
+namespace {
 
 std::string resolve_format(const config::RunConfig& cfg, const config::DatasetConfig& d, const std::string& key) {
   auto f = d.format;

@@ -22,17 +22,6 @@ using anvil::testing::run;
 using anvil::testing::TempDir;
 namespace stdfs = std::filesystem;
 
-std::map<int64_t, nlohmann::json> by_step(const stdfs::path& path) {
-  std::map<int64_t, nlohmann::json> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) {
-      auto j = nlohmann::json::parse(line);
-      out[j["step"].get<int64_t>()] = j;
-    }
-  return out;
-}
-
 std::string tiny(const stdfs::path& out, const std::string& extra, int* rc = nullptr) {
   std::string log;
   const auto cmd = "cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() +
@@ -49,7 +38,7 @@ TEST(GalacticaTiny, LearnsAndResumesBitExactlyAfterSigkill) {
   const std::string common = "train.log_every=1";
   const auto log = tiny(dir / "straight", common);  // a bare config name, found in configs/
   EXPECT_NE(log.find("special tokens <|prompter|>"), std::string::npos) << log;
-  const auto a = by_step(dir / "straight" / "metrics.jsonl");
+  const auto a = anvil::testing::metrics_by_step(dir / "straight" / "metrics.jsonl");
   const auto& last = a.rbegin()->second;
   ASSERT_TRUE(last.contains("eval/loss")) << last.dump();
   const double first_loss = a.begin()->second["loss"].get<double>(), eval_loss = last["eval/loss"].get<double>();
@@ -73,7 +62,7 @@ TEST(GalacticaTiny, LearnsAndResumesBitExactlyAfterSigkill) {
       << klog;
   ASSERT_TRUE(stdfs::exists(out / "checkpoint-100" / "trainer_state.json"));
   tiny(out, common);
-  const auto b = by_step(out / "metrics.jsonl");
+  const auto b = anvil::testing::metrics_by_step(out / "metrics.jsonl");
   ASSERT_EQ(b.size(), a.size());
   for (const auto& [step, m] : a)
     for (const char* key : {"loss", "grad_norm", "eval/loss"}) {

@@ -215,20 +215,6 @@ TEST(IlqlHeads, HeadsAreMlpsTargetsStartAsCopiesAndShapedScoresNeedThem) {
 
 stdfs::path fixture_checkpoint() { return stdfs::path(ANVIL_FIXTURE_DIR) / "quickstart-sft" / "checkpoint-1000"; }
 
-std::vector<nlohmann::json> metric_lines(const stdfs::path& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
-
-std::map<int64_t, nlohmann::json> by_step(const stdfs::path& path) {
-  std::map<int64_t, nlohmann::json> out;
-  for (auto& m : metric_lines(path)) out[m["step"].get<int64_t>()] = m;
-  return out;
-}
-
 /// configs/ilql_tiny.yaml from the fixture with `extra` overrides.
 std::string ilql_run(const stdfs::path& out, const std::string& extra, int ranks = 0) {
   std::string log;
@@ -253,7 +239,7 @@ TEST(IlqlRuns, ShapedSamplingBeatsTheDataAndBetaZeroAndResumesExactly) {
   TempDir dir;
   const std::string common = "train.eval_every=300 train.save_every=100 train.log_every=1";
   ilql_run(dir / "run", common);
-  const auto a = by_step(dir / "run" / "metrics.jsonl");
+  const auto a = anvil::testing::metrics_by_step(dir / "run" / "metrics.jsonl");
   ASSERT_EQ(a.size(), 300u);
   for (const char* key : {"losses/loss", "losses/loss_q", "losses/loss_v", "losses/loss_cql", "losses/loss_awac",
                           "values/mean", "qvalues/0/mean", "qvalues/1/mean", "advantages/mean"})
@@ -288,7 +274,7 @@ TEST(IlqlRuns, ShapedSamplingBeatsTheDataAndBetaZeroAndResumesExactly) {
       << log;
   ASSERT_FALSE(stdfs::exists(out / "checkpoint-300")) << "the run ended before it was killed";
   ilql_run(out, common);
-  const auto b = by_step(out / "metrics.jsonl");
+  const auto b = anvil::testing::metrics_by_step(out / "metrics.jsonl");
   ASSERT_EQ(b.size(), 300u);
   for (const auto& [step, m] : a)
     for (const char* key : {"loss", "losses/loss_q", "losses/loss_v", "grad_norm", "eval/reward"}) {
@@ -311,8 +297,8 @@ TEST(IlqlRuns, TwoShardedRanksMatchOneProcessAndBf16Trains) {
   ilql_run(dir / "one", common);
   const auto log = ilql_run(dir / "two", common + " dist.sharding=full_shard", 2);
   ilql_run(dir / "bf16", common + " dist.param_dtype=bfloat16 train.activation_checkpointing=true");
-  const auto a = by_step(dir / "one" / "metrics.jsonl"), b = by_step(dir / "two" / "metrics.jsonl"),
-             c = by_step(dir / "bf16" / "metrics.jsonl");
+  const auto a = anvil::testing::metrics_by_step(dir / "one" / "metrics.jsonl"), b = anvil::testing::metrics_by_step(dir / "two" / "metrics.jsonl"),
+             c = anvil::testing::metrics_by_step(dir / "bf16" / "metrics.jsonl");
   ASSERT_EQ(b.size(), 12u) << log;
   ASSERT_EQ(c.size(), 12u);
   for (const auto& [step, m] : a) {

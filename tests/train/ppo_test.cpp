@@ -252,21 +252,6 @@ TEST(PpoConfig, BadSettingsAndRecordsNameTheKeyOrTheLine) {
 
 // ---- learning and runs, from the quickstart SFT checkpoint (the ctest fixture) ----
 
-std::vector<nlohmann::json> metric_lines(const stdfs::path& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
-
-/// The last line of each step (a resumed run repeats the steps after its checkpoint).
-std::map<int64_t, nlohmann::json> by_step(const stdfs::path& path) {
-  std::map<int64_t, nlohmann::json> out;
-  for (auto& m : metric_lines(path)) out[m["step"].get<int64_t>()] = m;
-  return out;
-}
-
 stdfs::path fixture_checkpoint() {
   return stdfs::path(ANVIL_FIXTURE_DIR) / "quickstart-sft" / "checkpoint-1000";
 }
@@ -335,7 +320,7 @@ std::string ppo_run(const stdfs::path& out, const std::string& extra, int ranks 
 }
 
 double first_eval(const stdfs::path& sft_metrics) {
-  for (const auto& m : metric_lines(sft_metrics))
+  for (const auto& m : anvil::testing::metric_lines(sft_metrics))
     if (m.contains("eval/exact_match")) return m["eval/exact_match"].get<double>();
   ADD_FAILURE() << "no eval in " << sft_metrics;
   return 0;
@@ -346,7 +331,7 @@ TEST(PpoLearning, ExactMatchRewardRaisesHeldOutExactMatchWithBoundedKl) {
   TempDir dir;
   ppo_run(dir / "ppo", "train.max_steps=200 train.eval_every=200 train.save_every=200");
   const double before = first_eval(weak_upper().model.parent_path() / "metrics.jsonl");
-  const auto lines = metric_lines(dir / "ppo" / "metrics.jsonl");
+  const auto lines = anvil::testing::metric_lines(dir / "ppo" / "metrics.jsonl");
   ASSERT_FALSE(lines.empty());
   const auto last = lines.back();
   const double after = last["eval/exact_match"].get<double>();
@@ -371,7 +356,7 @@ TEST(PpoLearning, GrpoAndRlooRaiseTheVerifiableReward) {
     // configs/grpo_tiny.yaml, and the same with RLOO's baseline.
     ppo_run(dir / "run", std::string("ppo.advantage=") + adv + " train.max_steps=160 train.eval_every=160"
                              " train.save_every=160", 0, "configs/grpo_tiny.yaml");
-    const auto last = metric_lines(dir / "run" / "metrics.jsonl").back();
+    const auto last = anvil::testing::metric_lines(dir / "run" / "metrics.jsonl").back();
     std::cout << "[" << adv << " upper] held-out exact match: SFT " << before << " -> "
               << last["eval/exact_match"].get<double>() << "\n";
     EXPECT_GE(last["eval/exact_match"].get<double>(), before + 0.15) << adv << " " << last.dump();
@@ -403,7 +388,7 @@ TEST(PpoLearning, RewardModelRewardRaisesTheHeldOutMeanReward) {
   ppo_run(dir / "before", "--eval-only" + reward);
   const auto before = nlohmann::json::parse(anvil::testing::read_text(dir / "before" / "eval-step-0.json"));
   ppo_run(dir / "ppo", "train.max_steps=80 train.eval_every=80 train.save_every=80" + reward);
-  const auto last = metric_lines(dir / "ppo" / "metrics.jsonl").back();
+  const auto last = anvil::testing::metric_lines(dir / "ppo" / "metrics.jsonl").back();
   const double r0 = before["metrics"]["eval/reward"].get<double>();
   std::cout << "[ppo upper, reward model] held-out mean reward: SFT " << r0 << " -> PPO "
             << last["eval/reward"].get<double>() << "\n";
@@ -419,7 +404,7 @@ TEST(PpoRuns, TwoShardedRanksMatchOneProcess) {
       "train.max_steps=12 train.eval_every=12 train.save_every=0 train.log_every=1 train.micro_batch_size=16";
   ppo_run(dir / "one", common);
   const auto log = ppo_run(dir / "two", common + " dist.sharding=full_shard", 2);
-  const auto a = by_step(dir / "one" / "metrics.jsonl"), b = by_step(dir / "two" / "metrics.jsonl");
+  const auto a = anvil::testing::metrics_by_step(dir / "one" / "metrics.jsonl"), b = anvil::testing::metrics_by_step(dir / "two" / "metrics.jsonl");
   ASSERT_EQ(a.size(), 12u);
   ASSERT_EQ(b.size(), 12u) << log;
   for (const auto& [step, m] : a)
@@ -455,7 +440,7 @@ TEST(PpoRuns, KilledAndResumedRunMatchesTheUninterruptedOne) {
   ASSERT_TRUE(stdfs::exists(out / "checkpoint-32" / "trainer_state.json"));
   ASSERT_FALSE(stdfs::exists(out / "checkpoint-160")) << "the run ended before it was killed";
   ppo_run(out, common);  // resumes from the newest checkpoint
-  const auto a = by_step(dir / "straight" / "metrics.jsonl"), b = by_step(out / "metrics.jsonl");
+  const auto a = anvil::testing::metrics_by_step(dir / "straight" / "metrics.jsonl"), b = anvil::testing::metrics_by_step(out / "metrics.jsonl");
   ASSERT_EQ(a.size(), 160u);
   ASSERT_EQ(b.size(), 160u);
   for (const auto& [step, m] : a)
@@ -480,7 +465,7 @@ TEST(PpoRuns, SeparateCriticLearnsResumesAndShards) {
   const std::string critic = " ppo.critic_from=" + rm.string() + " ppo.critic_learning_rate=3e-4";
   const std::string common = "train.max_steps=160 train.eval_every=160 train.save_every=80 train.log_every=1" + critic;
   ppo_run(dir / "straight", common);
-  const auto a = by_step(dir / "straight" / "metrics.jsonl");
+  const auto a = anvil::testing::metrics_by_step(dir / "straight" / "metrics.jsonl");
   ASSERT_EQ(a.size(), 160u);
   for (const auto& [step, m] : a) {
     ASSERT_TRUE(m.contains("critic/grad_norm") && m.contains("loss/value_avg")) << m.dump();
@@ -506,7 +491,7 @@ TEST(PpoRuns, SeparateCriticLearnsResumesAndShards) {
   stdfs::create_directories(dir / "resumed");
   stdfs::copy(dir / "straight" / "checkpoint-80", dir / "resumed" / "checkpoint-80", stdfs::copy_options::recursive);
   ppo_run(dir / "resumed", common);
-  const auto b = by_step(dir / "resumed" / "metrics.jsonl");
+  const auto b = anvil::testing::metrics_by_step(dir / "resumed" / "metrics.jsonl");
   ASSERT_EQ(b.size(), 80u);
   for (const auto& [step, m] : b)
     for (const char* key : {"loss", "loss/value_avg", "critic/grad_norm", "objective/scores", "eval/exact_match"}) {
@@ -519,7 +504,7 @@ TEST(PpoRuns, SeparateCriticLearnsResumesAndShards) {
       "train.max_steps=12 train.eval_every=0 train.save_every=12 train.log_every=1 train.micro_batch_size=16" + critic;
   ppo_run(dir / "one", shortrun);
   const auto log = ppo_run(dir / "two", shortrun + " dist.sharding=full_shard", 2);
-  const auto x = by_step(dir / "one" / "metrics.jsonl"), y = by_step(dir / "two" / "metrics.jsonl");
+  const auto x = anvil::testing::metrics_by_step(dir / "one" / "metrics.jsonl"), y = anvil::testing::metrics_by_step(dir / "two" / "metrics.jsonl");
   ASSERT_EQ(y.size(), 12u) << log;
   for (const auto& [step, m] : x)
     for (const char* key : {"loss", "loss/value_avg", "critic/grad_norm", "objective/scores", "objective/kl"}) {

@@ -1,0 +1,237 @@
+#pragma once
+// The config sections of the built-in algorithms (sft, reward, dpo, ppo,
+// ilql): their keys, defaults, rules and reference docs. RunConfig
+// (config.h) holds one of each; only the run's algorithm reads its own.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "anvil/config/schema.h"
+
+namespace anvil::config {
+
+/// Options of the `sft` algorithm.
+struct SftConfig {
+  bool train_on_prompt = false;
+  bool add_eos = true;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("train_on_prompt", train_on_prompt, "Also compute the loss on prompt tokens.");
+    v.field("add_eos", add_eos, "Append EOS to every response (and train on it) so the model learns to stop.");
+  }
+};
+
+/// Options of the `reward` algorithm (reward-model training).
+struct RewardConfig {
+  double center_rewards_coefficient = 0;
+  bool disable_dropout = true;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("center_rewards_coefficient", center_rewards_coefficient,
+            "Adds c * mean((r_i + r_j)^2) over each example's pairs, keeping rewards centred on 0 (TRL's "
+            "center_rewards_coefficient; 0 = off).",
+            non_negative());
+    v.field("disable_dropout", disable_dropout, "Run the model without dropout while training (as TRL does).");
+  }
+};
+
+/// Options of the `dpo` algorithm (direct preference optimisation).
+struct DpoConfig {
+  double beta = 0.1;
+  std::string loss_type = "sigmoid";
+  double label_smoothing = 0;
+  double rpo_alpha = 0;
+  std::string reference;
+  bool precompute_reference = false;
+  bool disable_dropout = true;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("beta", beta, "Strength of the implicit KL penalty to the reference (IPO: the regulariser tau).",
+            positive());
+    v.field("loss_type", loss_type,
+            "sigmoid (DPO), ipo (IPO, on length-normalised log-probs), hinge (SLiC) or robust (robust DPO for "
+            "noisy labels).",
+            one_of({"sigmoid", "ipo", "hinge", "robust"}));
+    v.field("label_smoothing", label_smoothing,
+            "Probability that a pair's preference is flipped (cDPO for sigmoid, robust DPO for robust); "
+            "0 = clean labels.",
+            Rule{"a number in [0, 0.5)", [](double x) { return x >= 0 && x < 0.5; }, {}});
+    v.field("rpo_alpha", rpo_alpha,
+            "Adds alpha * the chosen reply's mean token NLL to each pair's loss (RPO; TRL's rpo_alpha). It keeps "
+            "DPO from lowering the chosen replies' likelihood; 0 = plain DPO.",
+            non_negative());
+    v.field("reference", reference,
+            "Reference model folder (HF layout). Empty = model.from, or a frozen copy of the initial weights "
+            "when model.from is empty.");
+    v.field("precompute_reference", precompute_reference,
+            "Compute the reference log-probs of every pair once before training, cache them in "
+            "output_dir/reference_logps.safetensors and free the reference model.");
+    v.field("disable_dropout", disable_dropout, "Run the policy without dropout while training (as TRL does).");
+  }
+};
+
+/// Where PPO's rewards come from (exactly one source).
+struct PpoRewardConfig {
+  std::string model;
+  std::string command;
+  double timeout_s = 60;
+  std::string exact_match;
+  std::string regex;
+  std::string function;
+  std::string scale = "none";
+  double clip = 0;
+  int64_t batch_size = 64;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("model", model,
+            "Reward-model folder: an algorithm: reward checkpoint or export, or an HF ...ForSequenceClassification "
+            "folder. Frozen, and sharded like the policy.");
+    v.field("command", command,
+            "Reward program: a shell command started once; it reads one JSON object per line on stdin ({prompt, "
+            "response, ...the prompt record's other fields}) and answers one line {\"reward\": x} each.");
+    v.field("timeout_s", timeout_s, "Seconds the reward program may take to answer one record.", positive());
+    v.field("exact_match", exact_match,
+            "Verifiable reward: 1 when the response, trimmed, equals this field of the prompt record, else 0.");
+    v.field("regex", regex,
+            "Verifiable reward: 1 when the response contains a match of the regular expression (ECMAScript) held "
+            "in this field of the prompt record, else 0.");
+    v.field("function", function,
+            "A reward function a linking program registered (anvil::train::register_reward_function).");
+    v.field("scale", scale, "none, or running: divide scores by the running std of every score so far (trlx).",
+            one_of({"none", "running"}));
+    v.field("clip", clip, "Clip (scaled) scores to [-clip, clip] (trlx's cliprange_reward); 0 = off.",
+            non_negative());
+    v.field("batch_size", batch_size, "Rows the reward model scores at once.", positive());
+  }
+};
+
+/// Options of the `ppo` algorithm (online RL: PPO, GRPO, RLOO).
+struct PpoConfig {
+  int64_t prompts_per_rollout = 16;
+  int64_t samples_per_prompt = 1;
+  int64_t ppo_epochs = 4;
+  int64_t max_new_tokens = 32;
+  double temperature = 1.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  int64_t generation_batch_size = 0;
+  std::string reference;
+  std::string advantage = "gae";
+  double kl_coef = 0.05;
+  std::string kl_estimator = "k1";
+  double target_kl = 0;
+  double kl_horizon = 10000;
+  double gamma = 1.0;
+  double lam = 0.95;
+  double cliprange = 0.2;
+  double cliprange_value = 0.2;
+  double vf_coef = 0.1;
+  bool whiten_advantages = true;
+  std::string critic_from;
+  double critic_learning_rate = 0;
+  PpoRewardConfig reward;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("prompts_per_rollout", prompts_per_rollout,
+            "Prompts each rollout draws from data.train (over all ranks; a multiple of the world size).", positive());
+    v.field("samples_per_prompt", samples_per_prompt,
+            "Responses sampled per prompt (at least 2 for advantage grpo and rloo).", positive());
+    v.field("ppo_epochs", ppo_epochs,
+            "Passes over each rollout, in minibatches of train.global_batch_size sequences.", positive());
+    v.field("max_new_tokens", max_new_tokens, "Most tokens a rollout response may have.", positive());
+    v.field("temperature", temperature, "Sampling temperature; log-probs are taken at the same temperature.",
+            positive());
+    v.field("top_k", top_k, "Sample among the k likeliest tokens (0 = all).", non_negative());
+    v.field("top_p", top_p, "Nucleus sampling mass (1 = off).",
+            Rule{"a number in (0, 1]", [](double x) { return x > 0 && x <= 1; }, {}});
+    v.field("generation_batch_size", generation_batch_size,
+            "Sequences generated together (0 = a rank's whole share of the rollout).", non_negative());
+    v.field("reference", reference,
+            "Reference model folder for the KL penalty. Empty = model.from, or a frozen copy of the initial weights.");
+    v.field("advantage", advantage,
+            "gae (PPO with a value head), grpo (group-normalised scores, KL in the loss, no critic) or rloo "
+            "(leave-one-out baseline, no critic).",
+            one_of({"gae", "grpo", "rloo"}));
+    v.field("kl_coef", kl_coef,
+            "KL penalty coefficient (initial value when target_kl is set; GRPO's beta).", non_negative());
+    v.field("kl_estimator", kl_estimator, "Per-token KL estimator: k1 (logp - ref) or k3.", one_of({"k1", "k3"}));
+    v.field("target_kl", target_kl,
+            "Adaptive KL controller target (Ziegler et al.): the summed KL per sequence to aim for; 0 = fixed "
+            "kl_coef.",
+            non_negative());
+    v.field("kl_horizon", kl_horizon, "Adaptive KL controller horizon, in sequences.", positive());
+    v.field("gamma", gamma, "GAE discount.",
+            Rule{"a number in [0, 1]", [](double x) { return x >= 0 && x <= 1; }, {}});
+    v.field("lam", lam, "GAE lambda.", Rule{"a number in [0, 1]", [](double x) { return x >= 0 && x <= 1; }, {}});
+    v.field("cliprange", cliprange, "Policy ratio clip epsilon.", positive());
+    v.field("cliprange_value", cliprange_value, "Value clip range around the rollout's values.", positive());
+    v.field("vf_coef", vf_coef, "Weight of the value loss.", non_negative());
+    v.field("whiten_advantages", whiten_advantages, "Whiten advantages over the rollout (gae and rloo).");
+    v.field("critic_from", critic_from,
+            "advantage gae: a separate critic model trained beside the policy, initialised from this folder (a "
+            "reward model, whose score head becomes the value head, or any model of the policy's tokenizer). "
+            "Empty = a value head on the policy's trunk.");
+    v.field("critic_learning_rate", critic_learning_rate,
+            "The critic's peak learning rate (it follows the policy's schedule); 0 = optimizer.lr.", non_negative());
+    v.section("reward", reward, "Where rewards come from: exactly one of model, command, exact_match, regex, function.");
+  }
+};
+
+/// Options of the `ilql` algorithm (offline RL: implicit language Q-learning,
+/// as trlx defines it; docs/algorithms.md).
+struct IlqlConfig {
+  double tau = 0.7;
+  double gamma = 0.99;
+  double cql_scale = 0.1;
+  double awac_scale = 1.0;
+  double awac_beta = 0;
+  double alpha = 0.001;
+  int64_t steps_for_target_q_sync = 5;
+  bool two_qs = true;
+  bool normalize_rewards = true;
+  double beta = 1.0;
+  int64_t top_k = 20;
+  double temperature = 1.0;
+  int64_t max_new_tokens = 32;
+  PpoRewardConfig reward;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("tau", tau, "Expectile of the V regression toward min(target Qs).",
+            Rule{"a number in (0, 1)", [](double x) { return x > 0 && x < 1; }, {}});
+    v.field("gamma", gamma, "Discount.", Rule{"a number in [0, 1]", [](double x) { return x >= 0 && x <= 1; }, {}});
+    v.field("cql_scale", cql_scale, "Weight of the CQL term (cross-entropy of the Q values on the taken tokens).",
+            non_negative());
+    v.field("awac_scale", awac_scale, "Weight of the AWAC term (cross-entropy of the LM logits on the data).",
+            non_negative());
+    v.field("awac_beta", awac_beta,
+            "AWAC weight exp(awac_beta (min target Q - V)) on the LM cross-entropy (trlx's ILQLConfig.beta); 0 = "
+            "weight 1.",
+            non_negative());
+    v.field("alpha", alpha, "Polyak rate of the target Q heads: target <- alpha q + (1 - alpha) target.",
+            Rule{"a number in (0, 1]", [](double x) { return x > 0 && x <= 1; }, {}});
+    v.field("steps_for_target_q_sync", steps_for_target_q_sync, "Optimizer steps between target Q updates.",
+            positive());
+    v.field("two_qs", two_qs, "Two Q heads (and targets), taking their minimum; false = one.");
+    v.field("normalize_rewards", normalize_rewards,
+            "Standardise the dataset's rewards (mean 0, std 1 over the responses' total rewards), as trlx does.");
+    v.field("beta", beta,
+            "Advantage shaping of the eval's sampling: scores = log-softmax + beta (min target Q - V); 0 = plain "
+            "sampling.",
+            non_negative());
+    v.field("top_k", top_k, "Eval sampling among the k likeliest shaped scores (0 = all).", non_negative());
+    v.field("temperature", temperature, "Eval sampling temperature.", positive());
+    v.field("max_new_tokens", max_new_tokens, "Most tokens an eval response may have.", positive());
+    v.section("reward", reward,
+              "How the eval scores its sampled responses (optional): at most one of model, command, exact_match, "
+              "regex, function, as ppo.reward.");
+  }
+};
+
+}  // namespace anvil::config

@@ -1,0 +1,161 @@
+// Cross-field checks of a parsed config: every problem is reported with the
+// file and line of the key, all of them together (config_internal.h).
+#include <filesystem>
+#include <functional>
+
+#include "config_internal.h"
+
+namespace anvil::config {
+namespace {
+
+using Fail = std::function<void(const std::string& key, const std::string& what)>;
+
+void check_model(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
+  if (!c.model.from.empty()) {
+    // The shape of a loaded model is its config.json's; a second source of
+    // truth would be silently ignored.
+    for (const auto& [k, entry] : flat)
+      if (k.rfind("model.", 0) == 0 && k != "model.from" && k != "model.family")
+        fail(k, concat("cannot be set together with model.from (the model's shape and dropout come from ",
+                       c.model.from, "/config.json)"));
+  }
+  if (c.model.family != "opt") {
+    const std::pair<const char*, bool> opt_only[] = {
+        {"model.pre_layer_norm", !c.model.pre_layer_norm}, {"model.embed_proj_dim", c.model.embed_proj_dim != 0},
+        {"model.linear_bias", !c.model.linear_bias},       {"model.layer_norm_affine", !c.model.layer_norm_affine},
+        {"model.final_layer_norm", !c.model.final_layer_norm}};
+    for (const auto& [key, set] : opt_only)
+      if (set) fail(key, concat("applies to model.family opt only, not ", c.model.family));
+  }
+  for (const auto& t : c.tokenizer.add_special_tokens)
+    if (t.empty()) fail("tokenizer.add_special_tokens", "expected non-empty token strings");
+  if (c.model.from.empty() && c.model.hidden_size % c.model.num_heads != 0)
+    fail("model.num_heads", concat("expected a divisor of model.hidden_size (", c.model.hidden_size, "), got ",
+                                   c.model.num_heads));
+  if (c.model.from.empty() && c.model.num_kv_heads > 0 && c.model.num_heads % c.model.num_kv_heads != 0)
+    fail("model.num_kv_heads", concat("expected a divisor of model.num_heads (", c.model.num_heads, "), got ",
+                                      c.model.num_kv_heads));
+  if (c.model.from.empty() && c.model.family == "gpt2" && c.model.tie_embeddings == "false")
+    fail("model.tie_embeddings", "GPT-2's output head is always tied to its embedding; expected auto or true");
+  if (c.model.from.empty() && c.model.family == "gpt2" && c.model.activation != "auto" &&
+      c.model.activation != "gelu_new")
+    fail("model.activation", concat("GPT-2 supports only gelu_new (or auto), got ", c.model.activation));
+}
+
+void check_training(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
+  if (c.train.global_batch_size > 0) {
+    if (c.train.global_batch_size % c.train.micro_batch_size != 0)
+      fail("train.global_batch_size", concat("expected a multiple of train.micro_batch_size (", c.train.micro_batch_size,
+                                             "), got ", c.train.global_batch_size));
+    if (flat.count("train.grad_accum_steps") &&
+        c.train.grad_accum_steps * c.train.micro_batch_size != c.train.global_batch_size)
+      fail("train.grad_accum_steps", concat("conflicts with train.global_batch_size (", c.train.global_batch_size,
+                                            " samples = ", c.train.global_batch_size / c.train.micro_batch_size,
+                                            " micro-batches of ", c.train.micro_batch_size,
+                                            "); set one of the two"));
+  }
+  if (c.optimizer.betas.size() != 2)
+    fail("optimizer.betas", concat("expected a list of 2 numbers, got ", c.optimizer.betas.size()));
+  if (c.schedule.warmup_steps > c.train.max_steps)
+    fail("schedule.warmup_steps", concat("expected at most train.max_steps (", c.train.max_steps, "), got ",
+                                         c.schedule.warmup_steps));
+  if (c.model.from.empty() && c.tokenizer.path.empty())
+    fail("tokenizer.path", "required key is missing; expected a tokenizer file (or set model.from)");
+}
+
+enum Kind { kFile, kFolder, kFileOrFolder };
+
+void must_exist(const Fail& fail, const char* key, const std::string& path, Kind kind) {
+  if (path.empty()) return;
+  std::error_code ec;
+  const bool file = std::filesystem::is_regular_file(path, ec), folder = std::filesystem::is_directory(path, ec);
+  const bool ok = kind == kFile ? file : kind == kFolder ? folder : file || folder;
+  if (!ok)
+    fail(key, concat("expected an existing ", kind == kFile ? "file" : kind == kFolder ? "folder" : "file or folder",
+                     ", got \"", path, "\" (paths are relative to the working directory)"));
+}
+
+void check_data(const RunConfig& c, const Fail& fail) {
+  if (c.data.train.empty())
+    fail("data.train", "required key is missing; expected a list of datasets (- path: train.jsonl)");
+  auto check_list = [&](const char* key, const std::vector<DatasetConfig>& list, bool train) {
+    size_t weighted = 0;
+    for (size_t i = 0; i < list.size(); ++i) {
+      const auto& d = list[i];
+      const auto item = concat(key, "[", i, "]");
+      std::error_code ec;
+      if (!std::filesystem::exists(d.path, ec) && !std::filesystem::exists(d.path + ".idx", ec))  // or a Megatron PREFIX
+        fail(item + ".path", concat("expected an existing file or folder, got \"", d.path,
+                                    "\" (paths are relative to the working directory)"));
+      const int modes = (d.fraction > 0) + (d.size > 0) + (d.weight > 0);
+      if (train && modes > 1)
+        fail(item + ".fraction", "set at most one of fraction, size and weight for a dataset");
+      weighted += d.weight > 0;
+    }
+    if (train && weighted > 0 && weighted != list.size())
+      fail(concat(key, "[0].weight"), concat("either every dataset of ", key,
+                                             " has a weight or none has; ", weighted, " of ", list.size(), " do"));
+  };
+  check_list("data.train", c.data.train, true);
+  check_list("data.eval", c.data.eval, false);
+  must_exist(fail, "tokenizer.path", c.tokenizer.path, kFileOrFolder);
+  if (!c.model.from.empty() && !std::filesystem::is_directory(c.model.from)) {
+    // A hub name ("facebook/galactica-125m") is a folder the user downloads: no hub is reached at run time.
+    const auto& m = c.model.from;
+    const bool hub_like = m.find('/') != std::string::npos && m.find('/') == m.rfind('/') && m.front() != '/' &&
+                          m.front() != '.';
+    fail("model.from",
+         concat("expected an existing model folder, got \"", m, "\" (paths are relative to the working directory)",
+                hub_like ? concat("; Anvil reads no model hub at run time: download it first, for example with "
+                                  "`huggingface-cli download ", m, " --local-dir ", m,
+                                  "` (or `git clone https://huggingface.co/", m, " ", m,
+                                  "`), then run from the folder that holds ", m, "/")
+                         : std::string()));
+  }
+}
+
+void check_algorithms(const RunConfig& c, const Fail& fail) {
+  if (c.algorithm == "dpo" && c.dpo.label_smoothing > 0 && (c.dpo.loss_type == "ipo" || c.dpo.loss_type == "hinge"))
+    fail("dpo.label_smoothing", concat("applies to loss_type sigmoid (cDPO) and robust; ", c.dpo.loss_type,
+                                       " takes 0, got ", c.dpo.label_smoothing));
+  must_exist(fail, "dpo.reference", c.dpo.reference, kFolder);
+  must_exist(fail, "ppo.reference", c.ppo.reference, kFolder);
+  must_exist(fail, "ppo.reward.model", c.ppo.reward.model, kFolder);
+  must_exist(fail, "ppo.critic_from", c.ppo.critic_from, kFolder);
+  must_exist(fail, "ilql.reward.model", c.ilql.reward.model, kFolder);
+  if (!c.ppo.critic_from.empty() && c.ppo.advantage != "gae")
+    fail("ppo.critic_from", concat("advantage ", c.ppo.advantage, " has no critic; a separate critic serves gae"));
+  must_exist(fail, "train.resume_from", c.train.resume_from, kFolder);
+  if (!c.train.resume_from.empty() && c.train.resume == "never")
+    fail("train.resume_from", "cannot be set together with train.resume: never");
+  const auto& d = c.train.device;
+  if (!(d == "cpu" || d == "cuda" || d.rfind("cuda:", 0) == 0))
+    fail("train.device", concat("expected cpu, cuda or cuda:N, got \"", d, "\""));
+}
+
+}  // namespace
+
+void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sources, Errors& errors) {
+  const Fail fail = [&](const std::string& key, const std::string& what) {
+    auto it = flat.find(key);
+    auto where = it == flat.end() ? sources : it->second.where;
+    // A key inside a list item (data.train[1].path): point at the item's line.
+    if (const auto lb = key.find('['); it == flat.end() && lb != std::string::npos) {
+      if (auto base = flat.find(key.substr(0, lb)); base != flat.end() && base->second.node.IsSequence()) {
+        const auto idx = std::stoul(key.substr(lb + 1));
+        const auto dot = key.find("].");
+        const YAML::Node item = base->second.node[idx];
+        YAML::Node n = item;
+        if (dot != std::string::npos && item.IsMap() && item[key.substr(dot + 2)]) n = item[key.substr(dot + 2)];
+        where = base->second.file.rfind("command line", 0) == 0 ? base->second.where : where_of(base->second.file, n);
+      }
+    }
+    errors.add(concat(where, ": ", key, ": ", what));
+  };
+  check_model(c, flat, fail);
+  check_training(c, flat, fail);
+  check_data(c, fail);
+  check_algorithms(c, fail);
+}
+
+}  // namespace anvil::config
