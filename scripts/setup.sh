@@ -13,7 +13,7 @@ DEB_PACKAGES=(build-essential cmake ninja-build ccache pkg-config
 # sentencepiece 0.1.99 segments exactly as Debian's libsentencepiece (0.1.97)
 # that we link; 0.2.x breaks some unigram ties the other way.
 PY_PACKAGES=("torch==${TORCH_VERSION}" "numpy" "transformers" "tokenizers"
-  "sentencepiece==0.1.99" "safetensors" "jinja2" "tensorboard" "megatron-core")
+  "sentencepiece==0.1.99" "safetensors" "jinja2" "tensorboard" "megatron-core" "peft")
 
 log() { printf '[setup] %s\n' "$*"; }
 

@@ -24,6 +24,8 @@
 #include "anvil/distributed/checkpoint.h"
 #include "anvil/distributed/sharding.h"
 #include "anvil/io/hf_model.h"
+#include "anvil/io/peft.h"
+#include "anvil/models/lora.h"
 #include "anvil/train/ilql.h"
 #include "anvil/io/safetensors.h"
 #include "anvil/rewards/reward_model.h"
@@ -419,7 +421,8 @@ int main(int argc, char** argv) {
   auto* gchat = gen->add_flag("--chat", gen_chat, "Each --prompt is a user turn in the folder's chat format");
   gchat->needs(gp);
   const auto add_format = [&](CLI::App* cmd, CLI::Option* needs) {
-    auto* t = cmd->add_option("--template", fmt.name, "Chat format: plain, chatml, llama3 or oasst (default: the one "
+    auto* t = cmd->add_option("--template", fmt.name, "Chat format: plain, chatml, llama3, oasst, or hf (the folder's "
+                                                      "own Jinja chat_template as written; default: the format "
                                                       "the folder's tokenizer_config.json records, else plain)");
     auto* f = cmd->add_flag("--force-template", fmt.force, "Use --template even where it contradicts the folder's "
                                                             "recorded format");
@@ -448,6 +451,13 @@ int main(int argc, char** argv) {
   exp->add_option("--checkpoint", ckpt, "checkpoint-N/ folder, sharded or not (or any supported HF folder)")->required();
   exp->add_option("--output", exp_out, "New folder to write (must not exist or be empty)")->required();
   exp->add_option("--dtype", exp_dtype, "Weights dtype: float32, bfloat16 or float16")->capture_default_str();
+  bool merge_lora = false;
+  std::string exp_base;
+  exp->add_flag("--merge-lora", merge_lora,
+                "The checkpoint is a LoRA adapter (a run with lora.r): write its base model with the adapters folded "
+                "into the weights");
+  exp->add_option("--base", exp_base,
+                  "With --merge-lora: the base model's folder (default: adapter_config.json's base_model_name_or_path)");
 
   auto* logc = app.add_subcommand("logits", "Write a model's logits for given token ids");
   std::string logits_in, logits_out;
@@ -515,6 +525,23 @@ int main(int argc, char** argv) {
       return cmd_generate(model_dir, prompts, gen_in, gen_out, opt, geos->count() > 0, gen_chat, fmt, ilql_beta, where);
     }
     if (chat->parsed()) return cmd_chat(model_dir, opt, !no_history, fmt, ilql_beta, where);
+    if (exp->parsed() && (merge_lora || anvil::io::is_peft_adapter_dir(ckpt))) {
+      if (!merge_lora)
+        throw anvil::ConfigError(anvil::concat(
+            "export: ", ckpt, " is a LoRA adapter (adapter_config.json): add --merge-lora to write its base model with "
+            "the adapters folded in (the folder itself loads in PEFT as is)"));
+      if (!anvil::io::is_peft_adapter_dir(ckpt))
+        throw anvil::ConfigError(anvil::concat("export --merge-lora: ", ckpt,
+                                               " has no adapter_config.json; it is not a LoRA checkpoint"));
+      anvil::io::check_export_target(exp_out, exp_dtype);
+      auto model = anvil::io::load_model_dir(ckpt, exp_base);
+      anvil::models::merge_lora(*model);
+      std::unique_ptr<anvil::tokenizer::Tokenizer> tok;
+      if (anvil::tokenizer::has_tokenizer(ckpt)) tok = anvil::tokenizer::load_tokenizer_from_model_dir(ckpt);
+      anvil::io::write_model_dir_atomic(*model, tok.get(), exp_out, exp_dtype);
+      std::cout << "exported " << ckpt << " with its LoRA adapters merged to " << exp_out << " (" << exp_dtype << ")\n";
+      return 0;
+    }
     if (exp->parsed()) {
       const bool sharded = anvil::distributed::is_sharded_checkpoint(ckpt);
       if (sharded) anvil::distributed::export_sharded_checkpoint(ckpt, exp_out, exp_dtype);

@@ -15,7 +15,7 @@ void check_model(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
     // The shape of a loaded model is its config.json's; a second source of
     // truth would be silently ignored.
     for (const auto& [k, entry] : flat)
-      if (k.rfind("model.", 0) == 0 && k != "model.from" && k != "model.family")
+      if (k.rfind("model.", 0) == 0 && k != "model.from" && k != "model.family" && k != "model.lora_from")
         fail(k, concat("cannot be set together with model.from (the model's shape and dropout come from ",
                        c.model.from, "/config.json)"));
   }
@@ -40,6 +40,25 @@ void check_model(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
   if (c.model.from.empty() && c.model.family == "gpt2" && c.model.activation != "auto" &&
       c.model.activation != "gelu_new")
     fail("model.activation", concat("GPT-2 supports only gelu_new (or auto), got ", c.model.activation));
+}
+
+void check_lora(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
+  const bool lora = c.lora.r > 0 || !c.model.lora_from.empty();
+  if (!lora) {
+    for (const auto& [k, entry] : flat)
+      if (k.rfind("lora.", 0) == 0 && k != "lora.r")
+        fail(k, "has no effect without lora.r (> 0) or model.lora_from; set lora.r to train adapters");
+    return;
+  }
+  const char* key = c.model.lora_from.empty() ? "lora.r" : "model.lora_from";
+  if (c.model.from.empty())
+    fail(key, "LoRA adapts a pretrained model: set model.from to the base model's folder");
+  if (!c.tokenizer.add_special_tokens.empty())
+    fail("tokenizer.add_special_tokens",
+         "cannot be used with LoRA: the new tokens' embedding rows would stay frozen at their initial mean");
+  if (!c.model.lora_from.empty() && !std::filesystem::is_regular_file(c.model.lora_from + "/adapter_config.json"))
+    fail("model.lora_from", concat("expected a PEFT adapter folder (with adapter_config.json), got \"",
+                                   c.model.lora_from, "\""));
 }
 
 void check_training(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
@@ -154,6 +173,7 @@ void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sou
   };
   check_model(c, flat, fail);
   check_training(c, flat, fail);
+  check_lora(c, flat, fail);
   check_data(c, fail);
   check_algorithms(c, fail);
 }

@@ -87,21 +87,15 @@ stdfs::path save_sharded_checkpoint(const stdfs::path& output_dir, ShardedModel&
   // The whole model in HF layout, gathered one unit at a time; only rank 0
   // keeps (on the host) and writes it.
   if (consolidated) {
-    std::set<std::string> omit;  // a reward model's folder has no LM head (as io::save_model_dir)
-    if (model.model().has_score_head())
-      for (const auto& n : model.model().lm_head_parameters()) omit.insert(n);
-    io::TensorMap whole, heads;  // named heads go beside the HF files (as io::save_model_dir)
+    io::TensorMap whole;
     for (size_t u = 0; u < masters.size(); ++u) {
       const auto flat = model.gather_master(u);
       if (rank != 0) continue;
       const auto host = flat.cpu();
-      for (const auto& p : model.layouts()[u].params) {
-        if (omit.count(p.name)) continue;
-        (io::is_head_parameter(p.name) ? heads : whole).emplace(p.name, host.narrow(0, p.offset, p.numel).view(p.shape));
-      }
+      for (const auto& p : model.layouts()[u].params)
+        whole.emplace(p.name, host.narrow(0, p.offset, p.numel).view(p.shape));
     }
-    if (rank == 0) io::save_safetensors(tmp / "model.safetensors", whole, {{"format", "pt"}});
-    if (rank == 0 && !heads.empty()) io::save_safetensors(tmp / io::kHeadsFile, heads, {{"format", "pt"}});
+    if (rank == 0) io::save_weight_files(tmp, model.model(), whole);  // as io::save_model_dir
   }
   if (extra) extra(tmp);
   comm.barrier(concat(step_tag, ": every rank wrote its shard"));
@@ -152,7 +146,7 @@ void save_consolidated(const stdfs::path& dir, ShardedModel& model, torch::optim
   if (model.model().has_score_head())
     for (const auto& n : model.model().lm_head_parameters()) omit.insert(n);
   const auto masters = model.master_parameters();
-  io::TensorMap whole, heads, moments;
+  io::TensorMap whole, moments;
   nlohmann::json steps = nlohmann::json::object();
   for (size_t u = 0; u < masters.size(); ++u) {
     const auto flat = model.gather_master(u);
@@ -163,7 +157,7 @@ void save_consolidated(const stdfs::path& dir, ShardedModel& model, torch::optim
     for (const auto& p : model.layouts()[u].params) {
       if (omit.count(p.name)) continue;
       auto part = [&](const at::Tensor& t) { return t.narrow(0, p.offset, p.numel).view(p.shape).cpu(); };
-      (io::is_head_parameter(p.name) ? heads : whole).emplace(p.name, part(flat));
+      whole.emplace(p.name, part(flat));
       if (!st) continue;
       moments.emplace(p.name + ".exp_avg", part(m1));
       moments.emplace(p.name + ".exp_avg_sq", part(m2));
@@ -172,8 +166,7 @@ void save_consolidated(const stdfs::path& dir, ShardedModel& model, torch::optim
   }
   if (!lead) return;
   stdfs::create_directories(dir);
-  io::save_safetensors(dir / "model.safetensors", whole, {{"format", "pt"}});
-  if (!heads.empty()) io::save_safetensors(dir / io::kHeadsFile, heads, {{"format", "pt"}});
+  io::save_weight_files(dir, model.model(), whole);
   io::save_model_config(dir, model.model(), nullptr, at::kFloat);
   io::save_optimizer_moments(dir, moments, steps);
 }

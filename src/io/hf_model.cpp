@@ -1,8 +1,12 @@
 #include "anvil/io/hf_model.h"
 
+#include "anvil/io/peft.h"
+#include "anvil/models/lora.h"
+
 #include <ATen/ATen.h>
 
 #include <nlohmann/json.hpp>
+#include <functional>
 #include <set>
 #include <unistd.h>
 
@@ -96,18 +100,26 @@ at::ScalarType export_dtype(const std::string& dtype) {
 
 }  // namespace
 
-void save_model_dir(const stdfs::path& dir, models::CausalLM& model, const tokenizer::Tokenizer* tokenizer) {
+void save_weight_files(const stdfs::path& dir, models::CausalLM& model, const std::map<std::string, at::Tensor>& all) {
   // A reward model is saved as HF's ...ForSequenceClassification: the score
   // head, no LM head, one label, and the pad id that locates the scored token.
   std::set<std::string> omit;
   if (model.has_score_head())
     for (const auto& n : model.lm_head_parameters()) omit.insert(n);
+  const bool lora = models::has_lora(model);
   TensorMap tensors, heads;
-  for (const auto& p : model.named_parameters())
-    if (is_head_parameter(p.key())) heads.emplace(p.key(), p.value());
-    else if (!omit.count(p.key())) tensors.emplace(p.key(), p.value());
-  save_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
+  for (const auto& [name, t] : all)
+    if (is_head_parameter(name)) heads.emplace(name, t);
+    else if (!omit.count(name)) tensors.emplace(name, t);
+  if (lora) save_peft_adapter(dir, model, tensors);
+  else save_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
   if (!heads.empty()) save_safetensors(dir / kHeadsFile, heads, {{"format", "pt"}});
+}
+
+void save_model_dir(const stdfs::path& dir, models::CausalLM& model, const tokenizer::Tokenizer* tokenizer) {
+  TensorMap all;
+  for (const auto& p : model.named_parameters()) all.emplace(p.key(), p.value());
+  save_weight_files(dir, model, all);
   save_model_config(dir, model, tokenizer);
 }
 
@@ -143,13 +155,19 @@ void save_model_config(const stdfs::path& dir, models::CausalLM& model, const to
   if (tokenizer) tokenizer->save(dir);
 }
 
-void load_weights(models::CausalLM& model, const stdfs::path& dir) {
+namespace {
+
+bool weight_files_absent(const stdfs::path& dir) {
+  return !stdfs::exists(dir / "model.safetensors") && !stdfs::exists(dir / "model.safetensors.index.json");
+}
+
+/// Copies the tensors of `files` into the model's parameters of their names;
+/// returns the parameters loaded.
+std::set<std::string> copy_tensors(models::CausalLM& model, const std::vector<stdfs::path>& files) {
   std::map<std::string, at::Tensor> params;
   for (const auto& p : model.named_parameters()) params.emplace(p.key(), p.value());
   std::set<std::string> loaded;
   at::NoGradGuard no_grad;
-  auto files = weight_files(dir);
-  if (stdfs::exists(dir / kHeadsFile)) files.push_back(dir / kHeadsFile);
   for (const auto& file : files) {
     SafetensorsFile f(file);
     for (const auto& stored : f.names()) {
@@ -169,13 +187,60 @@ void load_weights(models::CausalLM& model, const stdfs::path& dir) {
       loaded.insert(name);
     }
   }
+  return loaded;
+}
+
+/// Throws unless every parameter but those `may_miss` accepts was loaded.
+void check_complete(models::CausalLM& model, const stdfs::path& dir, const std::set<std::string>& loaded,
+                    const std::function<bool(const std::string&)>& may_miss) {
   // A sequence-classification folder has no LM head; the reward model never uses it.
   std::set<std::string> optional;
   if (model.has_score_head())
     for (const auto& n : model.lm_head_parameters()) optional.insert(n);
-  for (const auto& [name, _] : params)
-    if (!loaded.count(name) && !optional.count(name))
+  for (const auto& p : model.named_parameters()) {
+    const auto& name = p.key();
+    if (!loaded.count(name) && !optional.count(name) && !models::is_lora_parameter(name) && !may_miss(name))
       throw CheckpointError(concat(dir.string(), ": parameter \"", name, "\" is missing from the weights"));
+  }
+}
+
+/// A LoRA adapter's base: everything but the adapters, the score head and
+/// named heads, which the adapter folder holds.
+void load_base_weights(models::CausalLM& model, const stdfs::path& dir) {
+  const auto loaded = copy_tensors(model, weight_files(dir));
+  check_complete(model, dir, loaded,
+                 [](const std::string& n) { return is_head_parameter(n) || n.rfind("score.", 0) == 0; });
+}
+
+/// A PEFT adapter folder: its base (with the folder's config.json when it has
+/// one: a reward model's, heads), then the adapters.
+std::shared_ptr<models::CausalLM> load_adapter_dir(const stdfs::path& dir, const stdfs::path& base) {
+  auto o = read_peft_config(dir);
+  const stdfs::path from = base.empty() ? stdfs::path(o.base_model) : base;
+  if (from.empty() || !stdfs::exists(from / "config.json"))
+    throw CheckpointError(concat(dir.string(), ": a LoRA adapter whose base model ",
+                                 from.empty() ? std::string("is not named") : "\"" + from.string() + "\" is not a model folder",
+                                 " (adapter_config.json's base_model_name_or_path); give the base folder with --base"));
+  auto model = model_from_config(stdfs::exists(dir / "config.json") ? dir : from);
+  load_base_weights(*model, from);
+  o.base_model = stdfs::absolute(from).string();
+  models::add_lora(*model, o, (dir / kAdapterConfig).string() + ": target_modules");
+  load_peft_weights(*model, dir);
+  if (stdfs::exists(dir / kHeadsFile)) copy_tensors(*model, {dir / kHeadsFile});
+  return model;
+}
+
+}  // namespace
+
+void load_weights(models::CausalLM& model, const stdfs::path& dir) {
+  if (models::has_lora(model) && is_peft_adapter_dir(dir) && weight_files_absent(dir)) {
+    load_peft_weights(model, dir);
+    if (stdfs::exists(dir / kHeadsFile)) copy_tensors(model, {dir / kHeadsFile});
+    return;
+  }
+  auto files = weight_files(dir);
+  if (stdfs::exists(dir / kHeadsFile)) files.push_back(dir / kHeadsFile);
+  check_complete(model, dir, copy_tensors(model, files), [](const std::string&) { return false; });
 }
 
 void export_model_dir(const stdfs::path& checkpoint, const stdfs::path& output, const std::string& dtype) {
@@ -234,10 +299,11 @@ std::shared_ptr<models::CausalLM> model_from_config(const stdfs::path& dir) {
   return model;
 }
 
-std::shared_ptr<models::CausalLM> load_model_dir(const stdfs::path& dir) {
-  if (stdfs::exists(dir / "sharding.json") && !stdfs::exists(dir / "model.safetensors"))
+std::shared_ptr<models::CausalLM> load_model_dir(const stdfs::path& dir, const stdfs::path& base) {
+  if (stdfs::exists(dir / "sharding.json") && !stdfs::exists(dir / "model.safetensors") && !is_peft_adapter_dir(dir))
     throw CheckpointError(concat(dir.string(), ": a sharded checkpoint (written by a multi-process or sharded run); "
                                  "consolidate it first with: anvil export --checkpoint ", dir.string(), " --out DIR"));
+  if (is_peft_adapter_dir(dir) && weight_files_absent(dir)) return load_adapter_dir(dir, base);
   auto model = model_from_config(dir);
   load_weights(*model, dir);
   return model;

@@ -6,16 +6,20 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <unordered_set>
 
 #include "anvil/core/error.h"
+#include "anvil/core/logging.h"
 #include "anvil/core/tensor_bytes.h"
 #include "anvil/models/activation_checkpointing.h"
 #include "anvil/distributed/checkpoint.h"
 #include "anvil/distributed/sharding.h"
 #include "anvil/io/checkpoint.h"
+#include "anvil/io/hf_model.h"
+#include "anvil/models/lora.h"
 #include "anvil/optim/optimizer.h"
 #include "anvil/train/trainer.h"
 
@@ -456,6 +460,19 @@ std::shared_ptr<models::CausalLM> RunContext::train(const std::string& name, std
   return model;
 }
 
+namespace {
+/// PEFT's print_trainable_parameters line.
+void log_trainable(models::CausalLM& model, const Trains& trains) {
+  int64_t all = 0, trained = 0;
+  for (const auto& p : model.named_parameters()) {
+    all += p.value().numel();
+    if (trains(p.key())) trained += p.value().numel();
+  }
+  const double pct = 100.0 * static_cast<double>(trained) / static_cast<double>(std::max<int64_t>(all, 1));
+  log::info("lora: trainable params: ", trained, " || all params: ", all, " || trainable%: ", pct);
+}
+}  // namespace
+
 EngineStart make_engine(const config::RunConfig& cfg, std::shared_ptr<models::CausalLM> model,
                         std::shared_ptr<distributed::Communicator> comm, const Objective& objective,
                         const std::optional<std::filesystem::path>& resume_from,
@@ -466,9 +483,16 @@ EngineStart make_engine(const config::RunConfig& cfg, std::shared_ptr<models::Ca
     if (comm) return std::make_unique<ShardedEngine>(c, std::move(m), comm, trains, who, resume);
     return std::make_unique<PlainEngine>(c, std::move(m), trains, who, resume);
   };
-  auto engine = build(
-      std::move(model), cfg, [&](const std::string& n) { return objective.trains(n); },
-      concat("algorithm: ", objective.name()), ResumeFrom{resume_from, &out.resumed});
+  // With LoRA adapters, only they (and heads: a reward model's score, PPO's
+  // value head, ILQL's Q and V) train, of what the objective trains.
+  const bool lora = models::has_lora(*model);
+  const Trains trains = [&objective, lora](const std::string& n) {
+    return objective.trains(n) &&
+           (!lora || models::is_lora_parameter(n) || io::is_head_parameter(n) || n.rfind("score.", 0) == 0);
+  };
+  if (lora) log_trainable(*model, trains);
+  auto engine = build(std::move(model), cfg, trains, concat("algorithm: ", objective.name()),
+                      ResumeFrom{resume_from, &out.resumed});
   for (const auto& comp : companions) {
     auto c = cfg;
     c.optimizer.lr = comp.lr;

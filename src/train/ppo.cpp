@@ -28,6 +28,7 @@
 #include "anvil/data/mixture.h"
 #include "anvil/generation/generate.h"
 #include "anvil/io/hf_model.h"
+#include "anvil/models/lora.h"
 #include "anvil/train/engine.h"
 #include "train/lm_data.h"
 #include "train/ppo_rollout.h"
@@ -234,6 +235,12 @@ void PpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
   }
   // The reference: ppo.reference, else model.from, else the initial weights.
   const auto& ref_path = !s_->ppo.reference.empty() ? s_->ppo.reference : s_->cfg.model.from;
+  if (models::has_lora(model) && s_->ppo.reference.empty()) {
+    // As PEFT users do: the reference is the policy with its adapters off.
+    log::info("ppo: reference model: the policy with its LoRA adapters off (no second copy)");
+    s_->rewards->prepare(ctx, "ppo");
+    return;
+  }
   auto reference = load_reference(ref_path, "ppo.reference", model);
   s_->reference = ctx.freeze(std::move(reference));
   log::info("ppo: reference model from ", ref_path.empty() ? std::string("the initial weights") : ref_path, " (",
@@ -387,7 +394,13 @@ std::vector<RolloutRow> PpoObjective::State::collect(Engine& engine, uint64_t se
     forward_logps(engine.model(), local, false, value_head);
   }
   const auto t1 = std::chrono::steady_clock::now();
-  forward_logps(*reference, local, true, false);
+  if (reference) {
+    forward_logps(*reference, local, true, false);
+  } else {  // LoRA: the base model is the policy with its adapters off
+    auto whole = engine.gathered();
+    models::LoraDisabled base(engine.model());
+    forward_logps(engine.model(), local, true, false);
+  }
   {
     auto whole = rewards->gathered();
     const auto scores = score(mine, local, K);

@@ -7,14 +7,17 @@
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
+#include <optional>
 #include <sstream>
 
 #include "anvil/core/error.h"
 #include "anvil/core/logging.h"
 #include "anvil/io/hf_model.h"
 #include "anvil/io/safetensors.h"
+#include "anvil/models/lora.h"
 #include "anvil/models/registry.h"
 #include "anvil/train/sft.h"
+#include "train/lm_data.h"
 #include "train/preference_data.h"
 
 namespace anvil::train {
@@ -389,12 +392,15 @@ struct DpoObjective::State {
   PreferenceData data;
   std::unique_ptr<PreferenceBatchSource> source;
   FrozenModel reference;  // empty once its log-probs are precomputed
+  models::CausalLM* policy_reference = nullptr;  // LoRA: the policy, adapters off
   std::string reference_desc;
   /// Precomputed reference sums per (train set) and (eval set): (N, K) float64.
   std::vector<at::Tensor> cached_train, cached_eval;
 
   /// Reference log-prob sums of a batch's rows (R): from the cache or the model.
   at::Tensor reference_sums(const Batch& batch, bool eval);
+  /// The reference model's log-prob sums of a batch's rows.
+  at::Tensor reference_forward(const Batch& batch);
   void precompute(const RunContext& ctx);
   std::string fingerprint() const;
 };
@@ -408,6 +414,7 @@ DpoObjective::DpoObjective(const config::RunConfig& cfg, const tokenizer::Tokeni
                    load_preference_data(cfg, tok),
                    nullptr,
                    {},
+                   nullptr,
                    {},
                    {},
                    {}}) {
@@ -456,6 +463,14 @@ void DpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
     }
     log::info("dpo: ", cache.string(), " was computed for other data or another reference; recomputing");
   }
+  if (models::has_lora(model) && s_->cfg.dpo.reference.empty()) {
+    // As TRL does with a PEFT model: the reference is the policy with its
+    // adapters off, so no second copy is held.
+    s_->policy_reference = &model;
+    log::info("dpo: reference model: the policy with its LoRA adapters off (no second copy)");
+    if (s_->cfg.dpo.precompute_reference) s_->precompute(ctx);
+    return;
+  }
   auto reference = load_reference(path, "dpo.reference", model);
   s_->reference = ctx.freeze(std::move(reference));
   log::info("dpo: reference model from ", path.empty() ? std::string("the initial weights") : path,
@@ -502,9 +517,7 @@ void DpoObjective::State::precompute(const RunContext& ctx) {
                  std::vector<at::Tensor>& into) {
     for (const auto& ds : sets) into.push_back(at::zeros({ds->size(), 2}, at::kFloat));
     for_each_batch(sets, all_refs(sets), cfg.eval.batch_size, pad_id, [&](const Batch& b) {
-      const auto device = reference->parameters().front().device();
-      auto logits = reference->forward(b.tensors.at("input_ids").to(device));
-      auto sums = sequence_logps(logits, b.tensors.at("labels").to(device)).first.cpu().view({-1, 2});
+      auto sums = reference_forward(b).cpu().view({-1, 2});
       const auto d = b.tensors.at("dataset"), i = b.tensors.at("index");
       for (int64_t e = 0; e < d.size(0); ++e)
         into[static_cast<size_t>(d[e].item<int64_t>())].select(0, i[e].item<int64_t>()).copy_(sums[e]);
@@ -518,10 +531,22 @@ void DpoObjective::State::precompute(const RunContext& ctx) {
   log::info("dpo: reference log-probs of ", all_refs(data.train).size() + all_refs(data.eval_sets).size(),
             " pairs cached in ", cache.string(), "; the reference model is freed");
   reference.reset();
+  policy_reference = nullptr;
+}
+
+at::Tensor DpoObjective::State::reference_forward(const Batch& batch) {
+  torch::NoGradGuard no_grad;
+  auto& m = policy_reference ? *policy_reference : *reference;
+  std::optional<models::LoraDisabled> base;
+  std::optional<EvalMode> eval;
+  if (policy_reference) base.emplace(m), eval.emplace(m);  // the frozen reference is in eval mode too
+  const auto device = m.parameters().front().device();
+  auto logits = m.forward(batch.tensors.at("input_ids").to(device));
+  return sequence_logps(logits, batch.tensors.at("labels").to(device)).first;
 }
 
 at::Tensor DpoObjective::State::reference_sums(const Batch& batch, bool eval) {
-  if (!reference) {
+  if (!reference && !policy_reference) {
     const auto& cache = eval ? cached_eval : cached_train;
     const auto d = batch.tensors.at("dataset"), i = batch.tensors.at("index");
     std::vector<at::Tensor> rows;
@@ -529,10 +554,7 @@ at::Tensor DpoObjective::State::reference_sums(const Batch& batch, bool eval) {
       rows.push_back(cache[static_cast<size_t>(d[e].item<int64_t>())][i[e].item<int64_t>()]);
     return at::stack(rows).view({-1});  // (E * 2): chosen, rejected per example
   }
-  torch::NoGradGuard no_grad;
-  const auto device = reference->parameters().front().device();
-  auto logits = reference->forward(batch.tensors.at("input_ids").to(device));
-  return sequence_logps(logits, batch.tensors.at("labels").to(device)).first;
+  return reference_forward(batch);
 }
 
 at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) {

@@ -31,6 +31,8 @@
 #include "anvil/distributed/sharding.h"
 #include "anvil/io/checkpoint.h"
 #include "anvil/io/hf_model.h"
+#include "anvil/io/peft.h"
+#include "anvil/models/lora.h"
 #include "anvil/models/registry.h"
 #include "anvil/optim/optimizer.h"
 #include "anvil/optim/schedule.h"
@@ -125,6 +127,24 @@ at::Device parse_device(const std::string& d) {
   return device;
 }
 
+/// LoRA: the adapters of model.lora_from, or new ones per the lora section.
+void add_adapters(const config::RunConfig& cfg, models::CausalLM& model) {
+  const auto base = cfg.model.from.empty() ? std::string() : stdfs::absolute(cfg.model.from).string();
+  if (!cfg.model.lora_from.empty()) {
+    auto o = io::read_peft_config(cfg.model.lora_from);
+    o.base_model = base;
+    const auto targets = models::add_lora(model, o, concat("model.lora_from: ", cfg.model.lora_from, "/",
+                                                           io::kAdapterConfig, ": target_modules"));
+    io::load_peft_weights(model, cfg.model.lora_from);
+    log::info("lora: continuing the adapter in ", cfg.model.lora_from, " (r ", o.r, ", alpha ", o.alpha, " on ",
+              nlohmann::json(targets).dump(), ")");
+  } else if (cfg.lora.r > 0) {
+    const models::LoraOptions o{cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.target_modules, base};
+    const auto targets = models::add_lora(model, o);
+    log::info("lora: r ", o.r, ", alpha ", o.alpha, ", dropout ", o.dropout, " on ", nlohmann::json(targets).dump());
+  }
+}
+
 /// Builds the model: from model.from (HF folder) or randomly initialised.
 std::shared_ptr<models::CausalLM> build_model(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
   std::shared_ptr<models::CausalLM> model;
@@ -148,6 +168,7 @@ std::shared_ptr<models::CausalLM> build_model(const config::RunConfig& cfg, cons
     model->resize_vocab(n);
   }
   model->special_tokens = {tok.bos_id(), tok.eos_id(), tok.pad_id()};
+  add_adapters(cfg, *model);
   return model;
 }
 

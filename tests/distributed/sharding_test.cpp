@@ -486,6 +486,46 @@ eval: {batch_size: 8, max_batches: 2, generate_samples: 0}
   }
 }
 
+// LoRA adapters on the plain run's checkpoint: full_shard on 2 ranks trains
+// like one process, writes the same PEFT adapter, and resumes bit-identically.
+TEST_F(DistRuns, LoraFullShardOnTwoRanksMatchesOneProcessAndResumes) {
+  const auto cfg_path = *dir_ / "lora.yaml";
+  anvil::testing::write_text(cfg_path, "model: {from: " + (plain() / "checkpoint-20").string() + R"(}
+lora: {r: 4, alpha: 8, dropout: 0.0, target_modules: [c_attn, c_fc]}
+data: {train: [{path: data/sft_train.jsonl}], eval: [{path: data/sft_eval.jsonl}]}
+optimizer: {lr: 1.0e-2, weight_decay: 0.01}
+schedule: {warmup_steps: 2}
+train: {max_steps: 20, micro_batch_size: 2, global_batch_size: 12, save_every: 10, eval_every: 10,
+        keep_checkpoints: 0, log_every: 1000, threads: 1}
+eval: {batch_size: 8, max_batches: 2, generate_samples: 2, max_new_tokens: 6, table_rows: 0}
+)");
+  const auto one = *dir_ / "lora-1", two = *dir_ / "lora-2", resumed = *dir_ / "lora-2-resumed";
+  train(cfg_path, one, 0);
+  train(cfg_path, two, 2, "dist.sharding=full_shard");
+  const auto a = read_metrics(one / "metrics.jsonl"), b = read_metrics(two / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 20u);
+  expect_close_losses(a, b, 1, 20, 1e-5, "LoRA: 1 process vs 2 full_shard ranks");
+  double b_norm = 0;  // B starts at zero: a trained adapter has moved it
+  for (const auto& [name, t] : io::load_safetensors(one / "checkpoint-20" / "adapter_model.safetensors"))
+    if (name.find("lora_B") != std::string::npos) b_norm += t.abs().sum().item<double>();
+  EXPECT_GT(b_norm, 0.0) << "the adapters train";
+  // Both checkpoints are adapter folders with the same adapter.
+  for (const auto& d : {one, two}) {
+    EXPECT_TRUE(stdfs::exists(d / "checkpoint-20" / "adapter_config.json")) << d;
+    EXPECT_FALSE(stdfs::exists(d / "checkpoint-20" / "model.safetensors")) << d;
+  }
+  EXPECT_LE(max_param_diff(one / "checkpoint-20" / "adapter_model.safetensors",
+                           two / "checkpoint-20" / "adapter_model.safetensors"),
+            1e-5);
+  stdfs::create_directories(resumed);
+  stdfs::copy(two / "checkpoint-10", resumed / "checkpoint-10", stdfs::copy_options::recursive);
+  train(cfg_path, resumed, 2, "dist.sharding=full_shard");
+  const auto c = read_metrics(resumed / "metrics.jsonl");
+  ASSERT_EQ(c.size(), 10u);
+  for (int64_t s = 11; s <= 20; ++s)
+    EXPECT_EQ(c.at(s)["loss"].get<double>(), b.at(s)["loss"].get<double>()) << "step " << s;
+}
+
 // Evaluation split among ranks: each answers every world-th prompt and the
 // counts are summed. Two ranks are simulated in one process (rank 1 runs
 // first and hands its count to rank 0's sum).

@@ -61,6 +61,7 @@ struct ModelConfig {
   bool linear_bias = true;
   bool layer_norm_affine = true;
   bool final_layer_norm = true;
+  std::string lora_from;
 
   template <class V>
   void visit(V& v) {
@@ -115,6 +116,34 @@ struct ModelConfig {
             "opt: LayerNorm weights and biases (HF layer_norm_elementwise_affine).");
     v.field("final_layer_norm", final_layer_norm,
             "opt: the decoder's final LayerNorm (false = HF _remove_final_layer_norm).");
+    v.field("lora_from", lora_from,
+            "PEFT adapter folder (adapter_config.json + adapter_model.safetensors, e.g. a LoRA run's "
+            "checkpoint) to continue training from: its r, alpha, dropout and target_modules replace the lora "
+            "section's, and its weights the new adapter's. Needs model.from (the adapter's base).");
+  }
+};
+
+/// LoRA (Hu et al. 2021) adapters, as PEFT's LoraConfig: W x + (alpha / r) B A dropout(x) on the target
+/// linear layers, with A ~ kaiming-uniform and B = 0. Only the adapters (and a reward model's score head,
+/// ILQL's and PPO's heads) train. docs/lora.md.
+struct LoraConfig {
+  int64_t r = 0;
+  double alpha = 16;
+  double dropout = 0;
+  std::vector<std::string> target_modules;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("r", r, "Adapter rank; 0 = no LoRA (every weight trains).", non_negative());
+    v.field("alpha", alpha, "Scaling numerator: the update is (alpha / r) B A x (PEFT's lora_alpha).",
+            positive());
+    v.field("dropout", dropout, "Dropout on the adapter's input while training (PEFT's lora_dropout).",
+            in_open_unit_interval());
+    v.field("target_modules", target_modules,
+            "Linear layers that get adapters, by the last part of their HF name (e.g. [q_proj, v_proj]), or "
+            "[all-linear] for every linear layer of the blocks. Empty = PEFT's default for the family (gpt2: "
+            "c_attn; llama, opt: q_proj, v_proj; neox: query_key_value). A name the model does not have is an "
+            "error listing the ones it has.");
   }
 };
 
@@ -197,10 +226,12 @@ struct DataConfig {
     v.list("eval", eval, "Held-out datasets (same keys; fraction, size and weight are ignored).");
     v.field("template", template_name,
             "Chat format that turns prompts and messages into tokens: auto (the one recorded with the model's "
-            "tokenizer, else plain), plain (turns as written, user turns ending in a newline, replies in EOS), "
-            "chatml, llama3, oasst (Open-Assistant). Only assistant turns are trained; checkpoints record it as "
-            "tokenizer_config.json's chat_template.",
-            one_of({"auto", "plain", "chatml", "llama3", "oasst"}));
+            "tokenizer: a built-in one by name, any other Jinja chat_template as hf; else plain), hf (the "
+            "tokenizer's own Jinja chat_template from tokenizer_config.json, rendered as transformers' "
+            "apply_chat_template does; docs/data.md), plain (turns as written, user turns ending in a newline, "
+            "replies in EOS), chatml, llama3, oasst (Open-Assistant). Only assistant turns are trained; "
+            "checkpoints record it as tokenizer_config.json's chat_template.",
+            one_of({"auto", "hf", "plain", "chatml", "llama3", "oasst"}));
     v.field("max_length", max_length,
             "Longest tokenized sample (prompt + response + EOS), and the row length when packing; "
             "0 = model.max_position_embeddings.",
@@ -538,6 +569,7 @@ struct RunConfig {
   DistConfig dist;
   EvalConfig eval;
   LoggingConfig logging;
+  LoraConfig lora;
   SftConfig sft;
   RewardConfig reward;
   DpoConfig dpo;
@@ -568,6 +600,7 @@ struct RunConfig {
     v.section("dist", dist, "Multi-process training (docs/distributed.md).");
     v.section("eval", eval, "Evaluation.");
     v.section("logging", logging, "Logging.");
+    v.section("lora", lora, "LoRA adapters: train a few low-rank matrices instead of every weight (docs/lora.md).");
     v.section("sft", sft, "Supervised fine-tuning (algorithm: sft).");
     v.section("reward", reward, "Reward-model training (algorithm: reward).");
     v.section("dpo", dpo, "Direct preference optimisation (algorithm: dpo).");

@@ -4,6 +4,7 @@
 // checkpoint's model files are such a folder and load in transformers as is.
 
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <memory>
 
@@ -26,6 +27,14 @@ inline bool is_head_parameter(const std::string& name) { return name.rfind("head
 void save_model_dir(const std::filesystem::path& dir, models::CausalLM& model,
                     const tokenizer::Tokenizer* tokenizer);
 
+/// Writes the weights of `model`, given as `tensors` (parameter name -> value;
+/// all of them), into `dir`: named heads in heads.safetensors, the rest in
+/// model.safetensors (a reward model's without its LM head). A model with
+/// LoRA adapters writes a PEFT adapter folder instead (io/peft.h): its base
+/// stays in the folder the adapter names.
+void save_weight_files(const std::filesystem::path& dir, models::CausalLM& model,
+                       const std::map<std::string, at::Tensor>& tensors);
+
 /// Writes config.json, generation_config.json, heads.json (when the model has
 /// named heads) and the tokenizer's files (no weights). config.json's dtype is `dtype`, or the parameters' when undefined.
 void save_model_config(const std::filesystem::path& dir, models::CausalLM& model,
@@ -45,8 +54,12 @@ void check_export_target(const std::filesystem::path& output, const std::string&
 void write_model_dir_atomic(models::CausalLM& model, const tokenizer::Tokenizer* tok,
                             const std::filesystem::path& output, const std::string& dtype);
 
-/// Builds the model described by `dir`/config.json and loads its weights.
-std::shared_ptr<models::CausalLM> load_model_dir(const std::filesystem::path& dir);
+/// Builds the model described by `dir`/config.json and loads its weights. A
+/// PEFT adapter folder without model.safetensors (a LoRA run's checkpoint)
+/// loads its base from adapter_config.json's base_model_name_or_path (or
+/// `base`, when given), then the adapters.
+std::shared_ptr<models::CausalLM> load_model_dir(const std::filesystem::path& dir,
+                                                 const std::filesystem::path& base = {});
 
 /// Writes the model folder of `checkpoint` (an Anvil checkpoint-N/ or any
 /// supported HF folder) as a standalone HF folder at `output`, optionally cast
@@ -58,6 +71,9 @@ void export_model_dir(const std::filesystem::path& checkpoint, const std::filesy
 
 /// Copies the weights in `dir` into an already built model; every parameter
 /// must be present with its shape, and no unknown tensor may be left over.
+/// LoRA adapters may be missing (a base folder); with adapters, a PEFT
+/// adapter folder without model.safetensors loads only the adapters (the
+/// base is already in the model).
 void load_weights(models::CausalLM& model, const std::filesystem::path& dir);
 
 }  // namespace anvil::io

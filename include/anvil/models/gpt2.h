@@ -11,6 +11,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "anvil/models/causal_lm.h"
+#include "anvil/models/lora.h"
 
 namespace anvil::models::gpt2 {
 
@@ -33,11 +34,15 @@ struct GPT2Options {
   int64_t inner() const { return n_inner_ > 0 ? n_inner_ : 4 * n_embd_; }
 };
 
-/// HF's Conv1D: y = x @ W + b with W stored as (in, out).
-class Conv1DImpl : public torch::nn::Module {
+/// HF's Conv1D: y = x @ W + b with W stored as (in, out); it can carry a
+/// LoRA adapter (PEFT's fan_in_fan_out layout: A (r, in), B (out, r)).
+class Conv1DImpl : public torch::nn::Module, public LoraLayer {
  public:
   Conv1DImpl(int64_t in_features, int64_t out_features);
   at::Tensor forward(const at::Tensor& x);
+  int64_t in_features() const override { return weight.size(0); }
+  int64_t out_features() const override { return weight.size(1); }
+  void add_to_weight(const at::Tensor& delta_out_in) override;
   at::Tensor weight, bias;
 };
 TORCH_MODULE(Conv1D);

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "anvil/models/causal_lm.h"
+#include "anvil/models/lora.h"
 
 namespace anvil::models::layers {
 
@@ -28,6 +29,20 @@ class RMSNormImpl : public torch::nn::Module {
   at::Tensor weight;
 };
 TORCH_MODULE(RMSNorm);
+
+/// torch::nn::Linear that can carry a LoRA adapter (models/lora.h); its
+/// parameters and options are Linear's.
+class LinearImpl : public torch::nn::LinearImpl, public LoraLayer {
+ public:
+  using torch::nn::LinearImpl::LinearImpl;
+  at::Tensor forward(const at::Tensor& x) {
+    return with_adapter(x, torch::nn::LinearImpl::forward(x), is_training());
+  }
+  int64_t in_features() const override { return options.in_features(); }
+  int64_t out_features() const override { return options.out_features(); }
+  void add_to_weight(const at::Tensor& delta_out_in) override;
+};
+TORCH_MODULE(Linear);
 
 /// Rotary position embedding parameters, as HF's `rope_parameters`.
 struct RopeOptions {

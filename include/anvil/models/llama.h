@@ -46,7 +46,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
   /// x (B, T, C); cos/sin (B, 1, T, D).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const ForwardArgs& args,
                      size_t layer);
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  layers::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   int64_t n_heads, n_kv_heads, head_dim;
   double dropout;
 };
@@ -57,7 +57,7 @@ class LlamaMLPImpl : public torch::nn::Module {
  public:
   explicit LlamaMLPImpl(const LlamaOptions& o);
   at::Tensor forward(const at::Tensor& x);
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  layers::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   std::string act;
 };
 TORCH_MODULE(LlamaMLP);

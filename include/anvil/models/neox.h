@@ -44,7 +44,7 @@ class NeoXAttentionImpl : public torch::nn::Module {
   explicit NeoXAttentionImpl(const NeoXOptions& o);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const ForwardArgs& args,
                      size_t layer);
-  torch::nn::Linear query_key_value{nullptr}, dense{nullptr};
+  layers::Linear query_key_value{nullptr}, dense{nullptr};
   int64_t n_heads, head_dim;
   double dropout;
 };
@@ -54,7 +54,7 @@ class NeoXMLPImpl : public torch::nn::Module {
  public:
   explicit NeoXMLPImpl(const NeoXOptions& o);
   at::Tensor forward(const at::Tensor& x);
-  torch::nn::Linear dense_h_to_4h{nullptr}, dense_4h_to_h{nullptr};
+  layers::Linear dense_h_to_4h{nullptr}, dense_4h_to_h{nullptr};
   std::string act;
 };
 TORCH_MODULE(NeoXMLP);

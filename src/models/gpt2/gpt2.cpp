@@ -20,7 +20,12 @@ Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features) {
 at::Tensor Conv1DImpl::forward(const at::Tensor& x) {
   auto out_shape = x.sizes().vec();
   out_shape.back() = weight.size(1);
-  return at::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(out_shape);
+  return with_adapter(x, at::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(out_shape), is_training());
+}
+
+void Conv1DImpl::add_to_weight(const at::Tensor& delta_out_in) {
+  at::NoGradGuard no_grad;
+  weight.add_(delta_out_in.t().to(weight.dtype()));
 }
 
 AttentionImpl::AttentionImpl(const GPT2Options& o)

@@ -8,8 +8,8 @@
 namespace anvil::models::llama {
 namespace {
 
-torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+layers::Linear linear(int64_t in, int64_t out, bool bias) {
+  return layers::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
 }  // namespace
@@ -92,7 +92,9 @@ LlamaForCausalLM::LlamaForCausalLM(const LlamaOptions& o) : options(o) {
   TORCH_CHECK(o.num_attention_heads() % o.num_key_value_heads() == 0,
               "num_key_value_heads must divide num_attention_heads");
   model = register_module("model", LlamaModel(o));
-  if (!o.tie_word_embeddings()) lm_head = register_module("lm_head", linear(o.hidden_size(), o.vocab_size(), false));
+  if (!o.tie_word_embeddings())
+    lm_head = register_module(
+        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(o.hidden_size(), o.vocab_size()).bias(false)));
   reset_parameters();
 }
 

@@ -16,8 +16,8 @@ torch::nn::LayerNorm layer_norm(const NeoXOptions& o) {
 
 NeoXAttentionImpl::NeoXAttentionImpl(const NeoXOptions& o)
     : n_heads(o.num_attention_heads()), head_dim(o.head_dim()), dropout(o.attention_dropout()) {
-  query_key_value = register_module("query_key_value", torch::nn::Linear(o.hidden_size(), 3 * o.hidden_size()));
-  dense = register_module("dense", torch::nn::Linear(o.hidden_size(), o.hidden_size()));
+  query_key_value = register_module("query_key_value", layers::Linear(o.hidden_size(), 3 * o.hidden_size()));
+  dense = register_module("dense", layers::Linear(o.hidden_size(), o.hidden_size()));
 }
 
 at::Tensor NeoXAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -32,8 +32,8 @@ at::Tensor NeoXAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos
 }
 
 NeoXMLPImpl::NeoXMLPImpl(const NeoXOptions& o) : act(o.hidden_act()) {
-  dense_h_to_4h = register_module("dense_h_to_4h", torch::nn::Linear(o.hidden_size(), o.intermediate_size()));
-  dense_4h_to_h = register_module("dense_4h_to_h", torch::nn::Linear(o.intermediate_size(), o.hidden_size()));
+  dense_h_to_4h = register_module("dense_h_to_4h", layers::Linear(o.hidden_size(), o.intermediate_size()));
+  dense_4h_to_h = register_module("dense_4h_to_h", layers::Linear(o.intermediate_size(), o.hidden_size()));
 }
 
 at::Tensor NeoXMLPImpl::forward(const at::Tensor& x) {

@@ -15,8 +15,8 @@ namespace {
 /// HF's position embeddings are offset by 2 (OPT's padding convention).
 constexpr int64_t kPositionOffset = 2;
 
-torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+layers::Linear linear(int64_t in, int64_t out, bool bias) {
+  return layers::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
 torch::nn::LayerNorm layer_norm(const OPTOptions& o) {
@@ -42,7 +42,7 @@ struct Attention : torch::nn::Module {
   }
   int64_t heads, head_dim;
   double dropout;
-  torch::nn::Linear k_proj{nullptr}, v_proj{nullptr}, q_proj{nullptr}, out_proj{nullptr};
+  layers::Linear k_proj{nullptr}, v_proj{nullptr}, q_proj{nullptr}, out_proj{nullptr};
 };
 
 struct Layer : torch::nn::Module {
@@ -64,7 +64,7 @@ struct Layer : torch::nn::Module {
   std::string act;
   std::shared_ptr<Attention> self_attn;
   torch::nn::LayerNorm self_attn_layer_norm{nullptr}, final_layer_norm{nullptr};
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  layers::Linear fc1{nullptr}, fc2{nullptr};
   torch::nn::Dropout drop{nullptr};
 };
 
@@ -106,7 +106,7 @@ struct OPTForCausalLM::Decoder : torch::nn::Module {
   int64_t max_positions;
   torch::nn::Embedding embed_tokens{nullptr}, embed_positions{nullptr};
   torch::nn::LayerNorm final_layer_norm{nullptr};
-  torch::nn::Linear project_out{nullptr}, project_in{nullptr};
+  layers::Linear project_out{nullptr}, project_in{nullptr};
   torch::nn::ModuleList layers{nullptr};
   torch::nn::Dropout drop{nullptr};
 };
@@ -128,7 +128,8 @@ OPTForCausalLM::OPTForCausalLM(const OPTOptions& o) : options(o) {
   decoder_ = decoder.get();
   model_ = register_module("model", holder);
   if (!o.tie_word_embeddings())
-    lm_head_ = register_module("lm_head", linear(o.word_embed_proj_dim(), o.vocab_size(), false));
+    lm_head_ = register_module(
+        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(o.word_embed_proj_dim(), o.vocab_size()).bias(false)));
   reset_parameters();
 }
 
