@@ -9,7 +9,7 @@ TORCH_VERSION="2.11.0"
 DEB_PACKAGES=(build-essential cmake ninja-build ccache pkg-config
   libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev libgtest-dev
   libsentencepiece-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev python3-venv
-  openmpi-bin libopenmpi-dev)
+  openmpi-bin libopenmpi-dev libzstd-dev)
 # sentencepiece 0.1.99 segments exactly as Debian's libsentencepiece (0.1.97)
 # that we link; 0.2.x breaks some unigram ties the other way.
 PY_PACKAGES=("torch==${TORCH_VERSION}" "numpy" "transformers" "tokenizers"
@@ -41,4 +41,20 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q "${PY_PACKAGES[@]}"
   .venv/bin/python -c "import torch; assert torch.__version__.startswith('${TORCH_VERSION}'), torch.__version__"
   touch "$stamp"
+fi
+
+# mosaicml-streaming's own MDSWriter writes the MDS folders the C++ tests read
+# (tests/parity/mds_datasets.py). The package pins transformers<5, numpy<2.2
+# and torchvision, which would downgrade .venv, so it goes into a folder of its
+# own without its declared dependencies, with just the modules its writer
+# imports; the script puts that folder on sys.path.
+MDS_PACKAGES=("mosaicml-streaming==0.13.0" "zstd==1.5.7.2" "xxhash==3.8.2" "Brotli==1.2.1"
+  "python-snappy==0.7.3" "cramjam==2.14.0" "catalogue==2.0.10")
+mds_dir=".venv/mds-streaming"
+mds_stamp="$mds_dir/.anvil-deps-$(printf '%s\n' "${MDS_PACKAGES[@]}" | md5sum | cut -c1-12)"
+if [ ! -f "$mds_stamp" ]; then
+  log "installing into $mds_dir: ${MDS_PACKAGES[*]}"
+  rm -rf "$mds_dir"
+  .venv/bin/python -m pip install -q --no-deps --target "$mds_dir" "${MDS_PACKAGES[@]}"
+  touch "$mds_stamp"
 fi

@@ -370,6 +370,35 @@ int cmd_prepare(const std::string& tok_path, const std::string& type, const std:
   return 0;
 }
 
+/// anvil export: a checkpoint (plain or sharded) as one HF folder; a LoRA
+/// checkpoint with --merge-lora as its base with the adapters folded in.
+int cmd_export(const std::string& ckpt, const std::string& out, const std::string& dtype, bool merge_lora,
+               const std::string& base) {
+  if (merge_lora || anvil::io::is_peft_adapter_dir(ckpt)) {
+    if (!merge_lora)
+      throw anvil::ConfigError(anvil::concat(
+          "export: ", ckpt, " is a LoRA adapter (adapter_config.json): add --merge-lora to write its base model with "
+          "the adapters folded in (the folder itself loads in PEFT as is)"));
+    if (!anvil::io::is_peft_adapter_dir(ckpt))
+      throw anvil::ConfigError(anvil::concat("export --merge-lora: ", ckpt,
+                                             " has no adapter_config.json; it is not a LoRA checkpoint"));
+    anvil::io::check_export_target(out, dtype);
+    auto model = anvil::io::load_model_dir(ckpt, base);
+    anvil::models::merge_lora(*model);
+    std::unique_ptr<anvil::tokenizer::Tokenizer> tok;
+    if (anvil::tokenizer::has_tokenizer(ckpt)) tok = anvil::tokenizer::load_tokenizer_from_model_dir(ckpt);
+    anvil::io::write_model_dir_atomic(*model, tok.get(), out, dtype);
+    std::cout << "exported " << ckpt << " with its LoRA adapters merged to " << out << " (" << dtype << ")\n";
+    return 0;
+  }
+  const bool sharded = anvil::distributed::is_sharded_checkpoint(ckpt);
+  if (sharded) anvil::distributed::export_sharded_checkpoint(ckpt, out, dtype);
+  else anvil::io::export_model_dir(ckpt, out, dtype);
+  std::cout << "exported " << (sharded ? "(consolidated shards of) " : "") << ckpt << " to " << out << " (" << dtype
+            << ")\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -525,30 +554,7 @@ int main(int argc, char** argv) {
       return cmd_generate(model_dir, prompts, gen_in, gen_out, opt, geos->count() > 0, gen_chat, fmt, ilql_beta, where);
     }
     if (chat->parsed()) return cmd_chat(model_dir, opt, !no_history, fmt, ilql_beta, where);
-    if (exp->parsed() && (merge_lora || anvil::io::is_peft_adapter_dir(ckpt))) {
-      if (!merge_lora)
-        throw anvil::ConfigError(anvil::concat(
-            "export: ", ckpt, " is a LoRA adapter (adapter_config.json): add --merge-lora to write its base model with "
-            "the adapters folded in (the folder itself loads in PEFT as is)"));
-      if (!anvil::io::is_peft_adapter_dir(ckpt))
-        throw anvil::ConfigError(anvil::concat("export --merge-lora: ", ckpt,
-                                               " has no adapter_config.json; it is not a LoRA checkpoint"));
-      anvil::io::check_export_target(exp_out, exp_dtype);
-      auto model = anvil::io::load_model_dir(ckpt, exp_base);
-      anvil::models::merge_lora(*model);
-      std::unique_ptr<anvil::tokenizer::Tokenizer> tok;
-      if (anvil::tokenizer::has_tokenizer(ckpt)) tok = anvil::tokenizer::load_tokenizer_from_model_dir(ckpt);
-      anvil::io::write_model_dir_atomic(*model, tok.get(), exp_out, exp_dtype);
-      std::cout << "exported " << ckpt << " with its LoRA adapters merged to " << exp_out << " (" << exp_dtype << ")\n";
-      return 0;
-    }
-    if (exp->parsed()) {
-      const bool sharded = anvil::distributed::is_sharded_checkpoint(ckpt);
-      if (sharded) anvil::distributed::export_sharded_checkpoint(ckpt, exp_out, exp_dtype);
-      else anvil::io::export_model_dir(ckpt, exp_out, exp_dtype);
-      std::cout << "exported " << (sharded ? "(consolidated shards of) " : "") << ckpt << " to " << exp_out << " (" << exp_dtype << ")\n";
-      return 0;
-    }
+    if (exp->parsed()) return cmd_export(ckpt, exp_out, exp_dtype, merge_lora, exp_base);
     if (logc->parsed()) return cmd_logits(model_dir, logits_in, logits_out, where);
     if (scorec->parsed()) return cmd_score(model_dir, score_in, fmt, std::max<int64_t>(1, score_batch), where);
     if (tokc->parsed()) return cmd_tokenize(tok_path, tok_type, input, output, decode, keep_special);

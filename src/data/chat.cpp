@@ -5,11 +5,44 @@
 
 #include "anvil/core/error.h"
 #include "anvil/core/logging.h"
+#include "data/chat_hf.h"
 
 namespace anvil::data {
 namespace {
 
-using Piece = ChatTemplate::Piece;
+/// The built-in templates: a conversation renders to pieces (text, or a
+/// marker that must be a single token), each trained or not.
+class PieceTemplate : public ChatTemplate {
+ public:
+  /// A piece of rendered text: literal text, or a marker that must be a
+  /// single token (id resolved from `text`, or `id` when >= 0).
+  struct Piece {
+    std::string text;
+    bool marker = false;
+    bool trained = false;
+    int64_t id = -1;
+  };
+
+  TokenizedChat encode(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                       bool train_on_prompt) const override;
+  std::vector<int64_t> encode_prompt(const tokenizer::Tokenizer& tok,
+                                     const std::vector<Message>& messages) const override;
+  std::vector<int64_t> encode_reply(const tokenizer::Tokenizer& tok, const std::string& content) const override;
+  int64_t end_of_turn_id(const tokenizer::Tokenizer& tok) const override;
+
+ protected:
+  using ChatTemplate::ChatTemplate;
+  /// The pieces of `messages`, then the assistant header when `generation_prompt`.
+  virtual std::vector<Piece> render(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                                    bool generation_prompt) const = 0;
+  virtual Piece end_of_turn(const tokenizer::Tokenizer& tok) const = 0;
+  /// What the template does to a message's content (llama3 trims it).
+  virtual std::string content(const std::string& c) const { return c; }
+  TokenizedChat tokenize(const tokenizer::Tokenizer& tok, const std::vector<Piece>& pieces,
+                         bool train_on_prompt) const;
+};
+
+using Piece = PieceTemplate::Piece;
 
 Piece text(std::string s, bool trained = false) { return {std::move(s), false, trained, -1}; }
 Piece marker(std::string s, bool trained = false) { return {std::move(s), true, trained, -1}; }
@@ -43,9 +76,9 @@ std::string jinja_bos(const tokenizer::Tokenizer& tok) { return adds_bos(tok) ? 
 // Turns as written, each user or system turn ending in a newline (one is
 // added when the content does not end with one), each reply in EOS: the
 // format of the bundled quickstart data ({"prompt": "upper: abc\n", ...}).
-class Plain final : public ChatTemplate {
+class Plain final : public PieceTemplate {
  public:
-  Plain() : ChatTemplate("plain") {}
+  Plain() : PieceTemplate("plain") {}
 
   std::string jinja(const tokenizer::Tokenizer& tok) const override {
     return jinja_bos(tok) +
@@ -75,9 +108,9 @@ class Plain final : public ChatTemplate {
 };
 
 // <|im_start|>role\ncontent<|im_end|>\n
-class ChatML final : public ChatTemplate {
+class ChatML final : public PieceTemplate {
  public:
-  ChatML() : ChatTemplate("chatml") {}
+  ChatML() : PieceTemplate("chatml") {}
 
   std::string jinja(const tokenizer::Tokenizer& tok) const override {
     return jinja_bos(tok) +
@@ -112,9 +145,9 @@ class ChatML final : public ChatTemplate {
 
 // <|begin_of_text|><|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>
 // (Meta's template, which trims each message's content).
-class Llama3 final : public ChatTemplate {
+class Llama3 final : public PieceTemplate {
  public:
-  Llama3() : ChatTemplate("llama3") {}
+  Llama3() : PieceTemplate("llama3") {}
 
   std::string jinja(const tokenizer::Tokenizer&) const override {
     return R"({{ '<|begin_of_text|>' }}{% for message in messages %})"
@@ -149,9 +182,9 @@ class Llama3 final : public ChatTemplate {
 };
 
 // Open-Assistant: <|prompter|>text</s><|assistant|>text</s> (</s> = the EOS token).
-class OpenAssistant final : public ChatTemplate {
+class OpenAssistant final : public PieceTemplate {
  public:
-  OpenAssistant() : ChatTemplate("oasst") {}
+  OpenAssistant() : PieceTemplate("oasst") {}
 
   std::string jinja(const tokenizer::Tokenizer& tok) const override {
     return jinja_bos(tok) +
@@ -190,6 +223,8 @@ int64_t marker_id(const tokenizer::Tokenizer& tok, const Piece& p, const std::st
                      "or data.template: plain)"));
 }
 
+std::string known_names() { return "plain, chatml, llama3, oasst or hf"; }
+
 }  // namespace
 
 std::vector<std::string> ChatTemplate::names() { return {"plain", "chatml", "llama3", "oasst"}; }
@@ -203,11 +238,12 @@ const ChatTemplate& ChatTemplate::get(const std::string& name) {
   if (name == "chatml") return chatml;
   if (name == "llama3") return llama3;
   if (name == "oasst") return oasst;
-  throw ConfigError(concat("data.template: unknown chat template \"", name, "\"; expected plain, chatml, llama3 or oasst"));
+  if (name == "hf") return hf_chat_template();
+  throw ConfigError(concat("data.template: unknown chat template \"", name, "\"; expected ", known_names()));
 }
 
-TokenizedChat ChatTemplate::tokenize(const tokenizer::Tokenizer& tok, const std::vector<Piece>& pieces,
-                                     bool train_on_prompt) const {
+TokenizedChat PieceTemplate::tokenize(const tokenizer::Tokenizer& tok, const std::vector<Piece>& pieces,
+                                      bool train_on_prompt) const {
   TokenizedChat out;
   // Consecutive text pieces with the same `trained` flag are encoded as one
   // string, so the ids equal encoding the rendered text whole wherever the
@@ -241,21 +277,21 @@ TokenizedChat ChatTemplate::tokenize(const tokenizer::Tokenizer& tok, const std:
   return out;
 }
 
-TokenizedChat ChatTemplate::encode(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
-                                   bool train_on_prompt) const {
+TokenizedChat PieceTemplate::encode(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                                    bool train_on_prompt) const {
   return tokenize(tok, render(tok, messages, false), train_on_prompt);
 }
 
-std::vector<int64_t> ChatTemplate::encode_prompt(const tokenizer::Tokenizer& tok,
-                                                 const std::vector<Message>& messages) const {
+std::vector<int64_t> PieceTemplate::encode_prompt(const tokenizer::Tokenizer& tok,
+                                                  const std::vector<Message>& messages) const {
   return tokenize(tok, render(tok, messages, true), false).input_ids;
 }
 
-std::vector<int64_t> ChatTemplate::encode_reply(const tokenizer::Tokenizer& tok, const std::string& c) const {
+std::vector<int64_t> PieceTemplate::encode_reply(const tokenizer::Tokenizer& tok, const std::string& c) const {
   return tokenize(tok, {text(content(c), true), end_of_turn(tok)}, false).input_ids;
 }
 
-int64_t ChatTemplate::end_of_turn_id(const tokenizer::Tokenizer& tok) const {
+int64_t PieceTemplate::end_of_turn_id(const tokenizer::Tokenizer& tok) const {
   return marker_id(tok, end_of_turn(tok), name());
 }
 
@@ -278,10 +314,14 @@ std::string resolve_chat_template(const tokenizer::Tokenizer& tok, const std::st
   using Kind = RecordedChatFormat::Kind;
   if (requested.empty() || requested == "auto") {
     if (rec.kind == Kind::builtin) return rec.name;
-    if (rec.kind == Kind::none) return "plain";
-    throw ConfigError(concat(what, ": ", where, " records a chat_template (tokenizer_config.json) that is none of "
-                             "Anvil's built-in formats (plain, chatml, llama3, oasst); set ", what,
-                             " to the format to use"));
+    return rec.kind == Kind::none ? "plain" : "hf";
+  }
+  if (requested == "hf") {
+    if (rec.kind == Kind::none)
+      throw ConfigError(concat(what, " hf: ", where, " records no chat_template (tokenizer_config.json's "
+                               "chat_template, or chat_template.jinja) to render; name a built-in format (plain, "
+                               "chatml, llama3, oasst) instead"));
+    return requested;
   }
   (void)ChatTemplate::get(requested);  // a known name
   if (rec.kind != Kind::builtin || rec.name == requested) return requested;

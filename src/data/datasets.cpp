@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
 
 #include "anvil/core/error.h"
 
@@ -19,6 +20,18 @@ void absorb(DatasetStats& s, const ReadStats& r) {
   s.lines = r.lines;
   s.skipped_errors = r.skipped;
   s.first_errors = r.first_errors;
+}
+
+// Runs `f` on a record; a DataError that does not name the record (a chat
+// template's raise_exception, say) is given its file and line.
+template <class F>
+void at_record(const Record& rec, F&& f) {
+  try {
+    f();
+  } catch (const DataError& e) {
+    if (std::string_view(e.what()).substr(0, rec.where().size()) == rec.where()) throw;
+    throw DataError(concat(rec.where(), ": ", e.what()));
+  }
 }
 
 template <class T>
@@ -172,9 +185,11 @@ SftDataset SftDataset::load(const std::filesystem::path& path, const tokenizer::
   SftDataset ds;
   ds.name_ = path.string();
   const auto r = read_jsonl(path, opt.on_error, [&](const Record& rec) {
-    auto s = make_sft_sample(tok, record_messages(rec, opt.prompt_field, opt.response_field, true), opt, ds.stats_,
-                             is_text_pair(rec, opt));
-    if (s) ds.samples_.push_back(std::move(*s));
+    at_record(rec, [&] {
+      auto s = make_sft_sample(tok, record_messages(rec, opt.prompt_field, opt.response_field, true), opt, ds.stats_,
+                               is_text_pair(rec, opt));
+      if (s) ds.samples_.push_back(std::move(*s));
+    });
   });
   absorb(ds.stats_, r);
   require_samples(path, ds.samples_, ds.stats_);
@@ -269,8 +284,10 @@ PreferenceDataset PreferenceDataset::load(const std::filesystem::path& path, con
     }
     s.margin = rec.optional_number("margin");
     s.prompt = message_text(msgs, msgs.size());
-    s.prompt_ids = encode_record_prompt(tok, tmpl, msgs, is_text_prompt(rec, opt.prompt_field));
-    for (const auto& text : s.reply_texts) s.replies.push_back(tmpl.encode_reply(tok, text));
+    at_record(rec, [&] {
+      s.prompt_ids = encode_record_prompt(tok, tmpl, msgs, is_text_prompt(rec, opt.prompt_field));
+      for (const auto& text : s.reply_texts) s.replies.push_back(tmpl.encode_reply(tok, text));
+    });
     if (opt.max_length > 0) {
       const auto room = opt.max_length - static_cast<int64_t>(s.prompt_ids.size());
       size_t longest = 0;
@@ -306,7 +323,7 @@ PromptDataset PromptDataset::load(const std::filesystem::path& path, const token
     PromptSample s;
     s.prompt = message_text(msgs, msgs.size());
     s.text_prompt = is_text_prompt(rec, opt.prompt_field);
-    s.prompt_ids = encode_record_prompt(tok, tmpl, msgs, s.text_prompt);
+    at_record(rec, [&] { s.prompt_ids = encode_record_prompt(tok, tmpl, msgs, s.text_prompt); });
     s.messages = msgs;
     s.record = rec.json();
     s.where = rec.where();

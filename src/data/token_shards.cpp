@@ -158,7 +158,11 @@ const void* map_file(const stdfs::path& p, size_t expected_bytes, size_t& mapped
 std::shared_ptr<const TokenShards> TokenShards::open(const stdfs::path& dir) {
   const auto meta_path = dir / "meta.json";
   if (!stdfs::is_regular_file(meta_path))
-    throw DataError(concat(dir.string(), ": not a token shard folder (no meta.json; write one with anvil prepare)"));
+    throw DataError(
+        concat(dir.string(), stdfs::is_regular_file(dir / "index.json")
+                                 ? ": holds an index.json that lists no MDS shards, and no meta.json of "
+                                   "token shards (anvil prepare writes those)"
+                                 : ": not a token shard folder (no meta.json; write one with anvil prepare)"));
   auto meta = nlohmann::json::parse(fs::read_file(meta_path), nullptr, false);
   auto bad = [&](const std::string& key, const std::string& what) {
     return DataError(concat(meta_path.string(), ": ", key, ": ", what));
@@ -218,7 +222,7 @@ std::shared_ptr<const TokenShards> TokenShards::open(const stdfs::path& dir) {
 
 TokenShards::~TokenShards() {
   for (auto& s : shards_) {
-    if (s.data) ::munmap(const_cast<void*>(s.data), s.bin_bytes);
+    if (s.data && s.bin_bytes) ::munmap(const_cast<void*>(s.data), s.bin_bytes);
     if (s.starts && s.idx_bytes) ::munmap(const_cast<int64_t*>(s.starts), s.idx_bytes);  // 0: built, not mapped
   }
 }
@@ -230,21 +234,40 @@ int64_t load_as(const char* p) {
   std::memcpy(&v, p, sizeof(T));
   return static_cast<int64_t>(v);
 }
+
+int64_t load_token(const char* p, char kind, int bytes) {
+  if (kind == 'u') {
+    if (bytes == 2) return load_as<uint16_t>(p);
+    if (bytes == 4) return load_as<uint32_t>(p);
+    return bytes == 1 ? load_as<uint8_t>(p) : load_as<uint64_t>(p);
+  }
+  if (kind == 'i') {
+    if (bytes == 4) return load_as<int32_t>(p);
+    if (bytes == 2) return load_as<int16_t>(p);
+    return bytes == 1 ? load_as<int8_t>(p) : load_as<int64_t>(p);
+  }
+  return bytes == 4 ? load_as<float>(p) : load_as<double>(p);
+}
 }  // namespace
 
 int64_t TokenShards::token(const Shard& s, int64_t i) const {
-  const char* p = static_cast<const char*>(s.data) + i * token_bytes_;
-  if (kind_ == 'u') {
-    if (token_bytes_ == 2) return load_as<uint16_t>(p);
-    if (token_bytes_ == 4) return load_as<uint32_t>(p);
-    return token_bytes_ == 1 ? load_as<uint8_t>(p) : load_as<uint64_t>(p);
+  const char* base = static_cast<const char*>(s.data);
+  if (!s.doc_bytes) return load_token(base + i * token_bytes_, kind_, token_bytes_);
+  const auto d = std::upper_bound(s.starts, s.starts + s.docs + 1, i) - s.starts - 1;
+  return load_token(base + s.doc_bytes[d] + (i - s.starts[d]) * token_bytes_, kind_, token_bytes_);
+}
+
+void TokenShards::read(const Shard& s, int64_t start, int64_t n, int64_t* out) const {
+  const char* base = static_cast<const char*>(s.data);
+  if (!s.doc_bytes) {
+    for (int64_t i = 0; i < n; ++i) out[i] = load_token(base + (start + i) * token_bytes_, kind_, token_bytes_);
+    return;
   }
-  if (kind_ == 'i') {
-    if (token_bytes_ == 4) return load_as<int32_t>(p);
-    if (token_bytes_ == 2) return load_as<int16_t>(p);
-    return token_bytes_ == 1 ? load_as<int8_t>(p) : load_as<int64_t>(p);
+  auto d = std::upper_bound(s.starts, s.starts + s.docs + 1, start) - s.starts - 1;
+  for (int64_t i = start; i < start + n; ++i) {
+    while (i >= s.starts[d + 1]) ++d;  // skips empty documents too
+    *out++ = load_token(base + s.doc_bytes[d] + (i - s.starts[d]) * token_bytes_, kind_, token_bytes_);
   }
-  return token_bytes_ == 4 ? load_as<float>(p) : load_as<double>(p);
 }
 
 PretrainDataset::PretrainDataset(std::shared_ptr<const TokenShards> shards, int64_t seq_len, std::string name)
@@ -263,7 +286,7 @@ void PretrainDataset::get(int64_t i, LmSample& out) const {
   const auto& s = shards_->shards()[static_cast<size_t>(it - first_window_.begin())];
   const auto start = (i - *it) * seq_len_;
   out.input_ids.resize(static_cast<size_t>(seq_len_));
-  for (int64_t t = 0; t < seq_len_; ++t) out.input_ids[static_cast<size_t>(t)] = shards_->token(s, start + t);
+  shards_->read(s, start, seq_len_, out.input_ids.data());
   out.labels = out.input_ids;
   out.doc_starts.assign(1, 0);
   // Documents that begin inside the window (start, start + seq_len).

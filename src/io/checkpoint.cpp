@@ -15,6 +15,7 @@
 #include "anvil/io/hf_model.h"
 #include "anvil/io/safetensors.h"
 #include "anvil/optim/optimizer.h"
+#include "io/saved_parameters.h"
 
 namespace anvil::io {
 namespace {
@@ -50,20 +51,6 @@ std::vector<at::Device> rng_devices(const at::Device& device) {
   std::vector<at::Device> devs = {at::Device(at::kCPU)};
   if (!device.is_cpu()) devs.push_back(device);
   return devs;
-}
-
-void save_optimizer_state(const stdfs::path& dir, models::CausalLM& model, torch::optim::Optimizer& optimizer) {
-  TensorMap tensors;
-  nlohmann::json steps = nlohmann::json::object();
-  for (const auto& item : model.named_parameters()) {
-    auto* st = optim::adamw_state(optimizer, item.value());
-    if (!st) continue;  // not stepped yet
-    tensors.emplace(item.key() + ".exp_avg", st->exp_avg());
-    tensors.emplace(item.key() + ".exp_avg_sq", st->exp_avg_sq());
-    if (st->max_exp_avg_sq().defined()) tensors.emplace(item.key() + ".max_exp_avg_sq", st->max_exp_avg_sq());
-    steps[item.key()] = st->step();
-  }
-  save_optimizer_moments(dir, tensors, steps);
 }
 
 void load_optimizer_state(const stdfs::path& dir, models::CausalLM& model, torch::optim::Optimizer& optimizer) {
@@ -113,10 +100,33 @@ void save_optimizer_moments(const stdfs::path& dir, const std::map<std::string, 
   fs::write_file_atomic(dir / kOptimizerMeta, meta.dump(2) + "\n");
 }
 
-void save_model_and_optimizer(const stdfs::path& dir, models::CausalLM& model, torch::optim::Optimizer& optimizer) {
+ModelState model_state(models::CausalLM& model, torch::optim::Optimizer& optimizer) {
+  ModelState out;
+  out.model = &model;
+  out.dtype = model.parameters().front().scalar_type();
+  const auto saved = saved_parameters(model);
+  for (const auto& item : model.named_parameters()) {
+    const auto& name = item.key();
+    if (saved(name)) out.weights.emplace(name, item.value());
+    auto* st = optim::adamw_state(optimizer, item.value());
+    if (!st) continue;  // not stepped yet
+    out.moments.emplace(name + ".exp_avg", st->exp_avg());
+    out.moments.emplace(name + ".exp_avg_sq", st->exp_avg_sq());
+    if (st->max_exp_avg_sq().defined()) out.moments.emplace(name + ".max_exp_avg_sq", st->max_exp_avg_sq());
+    out.steps[name] = st->step();
+  }
+  return out;
+}
+
+void save_model_state(const stdfs::path& dir, const ModelState& state, const tokenizer::Tokenizer* tokenizer) {
   stdfs::create_directories(dir);
-  save_model_dir(dir, model, nullptr);
-  save_optimizer_state(dir, model, optimizer);
+  save_weight_files(dir, *state.model, state.weights);
+  save_model_config(dir, *state.model, tokenizer, state.dtype);
+  save_optimizer_moments(dir, state.moments, state.steps);
+}
+
+void save_model_and_optimizer(const stdfs::path& dir, models::CausalLM& model, torch::optim::Optimizer& optimizer) {
+  save_model_state(dir, model_state(model, optimizer), nullptr);
 }
 
 void load_model_and_optimizer(const stdfs::path& dir, models::CausalLM& model, torch::optim::Optimizer& optimizer) {
@@ -135,11 +145,11 @@ stdfs::path save_checkpoint(const stdfs::path& output_dir, const CheckpointParts
   stdfs::create_directories(tmp);
 
   try {
-    save_model_dir(tmp, *parts.model, parts.tokenizer);
-    save_optimizer_state(tmp, *parts.model, *parts.optimizer);
-    save_rng_state(tmp / "rng_state.safetensors", parts.model->parameters().front().device());
+    save_model_state(tmp, parts.model, parts.tokenizer);
+    save_safetensors(tmp / "rng_state.safetensors", parts.rng);
     fs::write_file_atomic(tmp / "config.yaml", parts.run_config_yaml);
-    if (parts.extra) parts.extra(tmp);
+    for (const auto& [name, companion] : parts.companions) save_model_state(tmp / name, companion, nullptr);
+    if (parts.before_complete) parts.before_complete(tmp);
     write_trainer_state(tmp, parts.state);  // written last
     fs::fsync_tree(tmp);
   } catch (const std::exception& e) {
@@ -185,15 +195,17 @@ void publish_checkpoint(const stdfs::path& tmp, const stdfs::path& output_dir, i
   }
 }
 
-void save_rng_state(const stdfs::path& path, const at::Device& device) {
+TensorMap rng_state(const at::Device& device) {
   TensorMap states;
   for (const auto& d : rng_devices(device)) {
     auto gen = at::globalContext().defaultGenerator(d);
     std::lock_guard<std::mutex> lock(gen.mutex());
     states.emplace(d.str(), gen.get_state());
   }
-  save_safetensors(path, states);
+  return states;
 }
+
+void save_rng_state(const stdfs::path& path, const at::Device& device) { save_safetensors(path, rng_state(device)); }
 
 void load_rng_state(const stdfs::path& path, const at::Device& device) {
   SafetensorsFile f(path);

@@ -14,6 +14,7 @@
 #include "anvil/core/fs.h"
 #include "anvil/io/safetensors.h"
 #include "anvil/models/registry.h"
+#include "io/saved_parameters.h"
 
 namespace anvil::io {
 namespace {
@@ -100,17 +101,25 @@ at::ScalarType export_dtype(const std::string& dtype) {
 
 }  // namespace
 
-void save_weight_files(const stdfs::path& dir, models::CausalLM& model, const std::map<std::string, at::Tensor>& all) {
+std::function<bool(const std::string&)> saved_parameters(models::CausalLM& model) {
   // A reward model is saved as HF's ...ForSequenceClassification: the score
   // head, no LM head, one label, and the pad id that locates the scored token.
   std::set<std::string> omit;
   if (model.has_score_head())
     for (const auto& n : model.lm_head_parameters()) omit.insert(n);
+  return [omit = std::move(omit), lora = models::has_lora(model)](const std::string& name) {
+    return !omit.count(name) &&
+           (is_head_parameter(name) || !lora || models::is_lora_parameter(name) || name.rfind("score.", 0) == 0);
+  };
+}
+
+void save_weight_files(const stdfs::path& dir, models::CausalLM& model, const std::map<std::string, at::Tensor>& all) {
   const bool lora = models::has_lora(model);
+  const auto saved = saved_parameters(model);
   TensorMap tensors, heads;
   for (const auto& [name, t] : all)
     if (is_head_parameter(name)) heads.emplace(name, t);
-    else if (!omit.count(name)) tensors.emplace(name, t);
+    else if (saved(name)) tensors.emplace(name, t);
   if (lora) save_peft_adapter(dir, model, tensors);
   else save_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
   if (!heads.empty()) save_safetensors(dir / kHeadsFile, heads, {{"format", "pt"}});

@@ -7,6 +7,7 @@
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <unordered_set>
@@ -22,6 +23,7 @@
 #include "anvil/models/lora.h"
 #include "anvil/optim/optimizer.h"
 #include "anvil/train/trainer.h"
+#include "train/checkpoint_writer.h"
 
 namespace anvil::train {
 namespace {
@@ -116,8 +118,30 @@ class EngineImpl : public Engine {
   void add_companion(const std::string& name, std::unique_ptr<EngineImpl> engine, double lr_scale) {
     companions_.push_back({name, std::move(engine), lr_scale, 0.0});
   }
+  stdfs::path save(const stdfs::path& output_dir, const io::TrainerState& state, const tokenizer::Tokenizer* tok,
+                   const std::string& config_yaml, int64_t keep_last) final {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto dir = save_own(output_dir, state, tok, config_yaml, keep_last);
+    add_stall(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return dir;
+  }
+  Metrics collect_save(bool wait) final {
+    auto m = collect_own(wait);
+    if (stall_s_) m["time/checkpoint_stall_s"] = *std::exchange(stall_s_, std::nullopt);
+    return m;
+  }
 
  protected:
+  /// save(), whose time is the loop's stall.
+  virtual stdfs::path save_own(const stdfs::path& output_dir, const io::TrainerState& state,
+                               const tokenizer::Tokenizer* tok, const std::string& config_yaml, int64_t keep_last) = 0;
+  /// collect_save() but for the stall.
+  virtual Metrics collect_own(bool wait) {
+    (void)wait;
+    return {};
+  }
+  /// Counts time the loop spent blocked by a save.
+  void add_stall(double seconds) { stall_s_ = stall_s_.value_or(0.0) + seconds; }
   virtual void begin_step() = 0;
   virtual void before_backward(bool last) { (void)last; }
   virtual void after_backward() {}
@@ -139,6 +163,12 @@ class EngineImpl : public Engine {
   void write_companions(const stdfs::path& dir) {
     for (auto& c : companions_) c.engine->write_companion(dir / c.name);
   }
+  /// The companions by name; engines of this one's kind (make_engine builds them alike).
+  std::vector<std::pair<std::string, EngineImpl*>> companion_engines() const {
+    std::vector<std::pair<std::string, EngineImpl*>> out;
+    for (const auto& c : companions_) out.emplace_back(c.name, c.engine.get());
+    return out;
+  }
 
  private:
   template <class F>
@@ -153,6 +183,7 @@ class EngineImpl : public Engine {
     double norm;
   };
   std::vector<Companion> companions_;
+  std::optional<double> stall_s_;  // since the last collect_save, when a save happened
 };
 
 class PlainEngine final : public EngineImpl {
@@ -183,6 +214,7 @@ class PlainEngine final : public EngineImpl {
     return g;
   }
   void set_parameters(const std::map<std::string, at::Tensor>& values) override {
+    wait_for_save_copy();
     auto params = model_->named_parameters();
     at::NoGradGuard no_grad;
     for (const auto& [name, v] : values) {
@@ -203,17 +235,33 @@ class PlainEngine final : public EngineImpl {
     }
     return out;
   }
-  stdfs::path save(const stdfs::path& output_dir, const io::TrainerState& state, const tokenizer::Tokenizer* tok,
-                   const std::string& config_yaml, int64_t keep_last) override {
-    io::CheckpointParts parts{model_.get(), tok, optimizer_.get(), state, config_yaml,
-                              [this](const stdfs::path& dir) { write_companions(dir); }};
-    return io::save_checkpoint(output_dir, parts, keep_last);
-  }
 
  protected:
+  stdfs::path save_own(const stdfs::path& output_dir, const io::TrainerState& state, const tokenizer::Tokenizer* tok,
+                       const std::string& config_yaml, int64_t keep_last) override {
+    io::CheckpointParts parts;
+    parts.model = io::model_state(*model_, *optimizer_);
+    parts.tokenizer = tok;
+    parts.rng = io::rng_state(device_);
+    parts.state = state;
+    parts.run_config_yaml = config_yaml;
+    for (const auto& [name, e] : companion_engines()) {
+      auto& c = static_cast<PlainEngine&>(*e);
+      parts.companions.emplace_back(name, io::model_state(*c.model_, *c.optimizer_));
+    }
+    if (background_checkpoints()) {
+      if (!writer_) writer_ = std::make_unique<CheckpointWriter>();
+      return writer_->start(output_dir, std::move(parts), keep_last);
+    }
+    const auto dir = io::save_checkpoint(output_dir, parts, keep_last);
+    log::info("saved ", dir.string());
+    return dir;
+  }
+  Metrics collect_own(bool wait) override { return writer_ ? writer_->collect(wait) : Metrics{}; }
   void begin_step() override { optimizer_->zero_grad(); }
   double clip_own(double max_norm) override { return clip_or_measure(params_, max_norm); }
   void finish_own(bool apply) override {
+    wait_for_save_copy();  // before the step changes what a background save copies (companions' too)
     if (apply) optimizer_->step();
   }
   Metrics memory_own() override {
@@ -232,6 +280,12 @@ class PlainEngine final : public EngineImpl {
   at::Device device_;
   std::vector<at::Tensor> params_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  void wait_for_save_copy() {
+    if (!writer_) return;
+    if (const double s = writer_->wait_copied(); s > 0) add_stall(s);
+  }
+
+  std::unique_ptr<CheckpointWriter> writer_;  // last: its thread reads the model until joined
 };
 
 class ShardedEngine final : public EngineImpl {
@@ -314,14 +368,17 @@ class ShardedEngine final : public EngineImpl {
     const auto masters = sharded_->master_parameters();
     for (auto& f : frozen_) f.values.copy_(masters[f.unit].narrow(0, f.offset, f.values.numel()));
   }
-  stdfs::path save(const stdfs::path& output_dir, const io::TrainerState& state, const tokenizer::Tokenizer* tok,
-                   const std::string& config_yaml, int64_t keep_last) override {
-    return distributed::save_sharded_checkpoint(output_dir, *sharded_, *optimizer_, tok, state, config_yaml, keep_last,
-                                                consolidated_,
-                                                [this](const stdfs::path& dir) { write_companions(dir); });
-  }
 
  protected:
+  stdfs::path save_own(const stdfs::path& output_dir, const io::TrainerState& state, const tokenizer::Tokenizer* tok,
+                       const std::string& config_yaml, int64_t keep_last) override {
+    // Written at once: every rank writes its shard between barriers.
+    const auto dir = distributed::save_sharded_checkpoint(
+        output_dir, *sharded_, *optimizer_, tok, state, config_yaml, keep_last, consolidated_,
+        [this](const stdfs::path& dir) { write_companions(dir); });
+    log::info("saved ", dir.string());
+    return dir;
+  }
   void begin_step() override {
     optimizer_->zero_grad();
     sharded_->begin_step();

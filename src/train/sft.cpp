@@ -12,6 +12,7 @@
 #include "anvil/data/token_shards.h"
 #include "anvil/generation/generate.h"
 #include "anvil/io/hf_model.h"
+#include "anvil/models/activation_checkpointing.h"
 #include "anvil/models/registry.h"
 #include "train/lm_data.h"
 
@@ -39,9 +40,9 @@ std::string resolve_format(const config::RunConfig& cfg, const config::DatasetCo
         : cfg.algorithm == "pretrain"                                               ? ""
                                                                                     : "sft";
   if (f.empty())
-    throw ConfigError(concat(key, ".path: algorithm pretrain reads token shards (a folder of anvil prepare) or a "
-                             "Megatron indexed dataset (PREFIX.bin + PREFIX.idx); \"", d.path,
-                             "\" is neither (convert text with anvil prepare, see docs/data.md)"));
+    throw ConfigError(concat(key, ".path: algorithm pretrain reads token shards (a folder of anvil prepare), a "
+                             "Megatron indexed dataset (PREFIX.bin + PREFIX.idx) or an MDS folder; \"", d.path,
+                             "\" is none of these (convert text with anvil prepare, see docs/data.md)"));
   if (f != "sft" && f != "pretrain")
     throw ConfigError(concat(key, ".format: algorithm ", cfg.algorithm, " reads sft or pretrain data, got ", f));
   if (f == "sft" && cfg.algorithm == "pretrain")
@@ -53,10 +54,14 @@ std::shared_ptr<const data::LmDataset> load_one(const config::RunConfig& cfg, co
                                                 const std::string& key, const tokenizer::Tokenizer& tok) {
   if (resolve_format(cfg, d, key) == "pretrain") {
     const bool megatron = !std::filesystem::is_directory(d.path) && data::is_megatron_dataset(d.path);
-    auto shards = megatron ? data::TokenShards::open_megatron(d.path) : data::TokenShards::open(d.path);
+    const bool mds = !megatron && data::is_mds_dataset(d.path);
+    auto shards = megatron ? data::TokenShards::open_megatron(d.path)
+                  : mds    ? data::TokenShards::open_mds(d.path, data::MdsOptions{"tokens", d.token_dtype})
+                           : data::TokenShards::open(d.path);
+    const bool foreign = megatron || mds;  // no vocabulary recorded: the largest id is checked
     if (shards->vocab_size() > tok.vocab_size())
-      throw DataError(concat(d.path, megatron ? ": holds token ids up to " : ": shards were written with a vocabulary of ",
-                             megatron ? shards->vocab_size() - 1 : shards->vocab_size(), ", the tokenizer has ",
+      throw DataError(concat(d.path, foreign ? ": holds token ids up to " : ": shards were written with a vocabulary of ",
+                             foreign ? shards->vocab_size() - 1 : shards->vocab_size(), ", the tokenizer has ",
                              tok.vocab_size(), " tokens"));
     auto ds = std::make_shared<data::PretrainDataset>(shards, cfg.data.max_length, d.path);
     log::info(d.path, ": ", ds->size(), " windows of ", cfg.data.max_length, " tokens (", shards->num_tokens(),
@@ -79,16 +84,42 @@ at::Tensor causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels
   return at::cross_entropy_loss(shift_logits, shift_labels, {}, at::Reduction::Sum, data::kIgnoreIndex);
 }
 
-at::Tensor lm_batch_loss_sum(models::CausalLM& model, const Batch& batch) {
+at::Tensor chunked_lm_loss_sum(models::CausalLM& model, const at::Tensor& hidden, const at::Tensor& labels,
+                               int64_t chunk) {
+  TORCH_CHECK(chunk > 0, "chunked_lm_loss_sum: chunk must be positive");
+  const auto C = hidden.size(-1);
+  const auto shifted = labels.narrow(1, 1, labels.size(1) - 1).reshape({-1});
+  // Which rows have a target, from the labels where they are (the batch's are on the host).
+  const auto rows = shifted.ne(data::kIgnoreIndex).nonzero().squeeze(1).to(hidden.device());
+  const auto h = hidden.narrow(1, 0, hidden.size(1) - 1).reshape({-1, C}).index_select(0, rows);
+  const auto y = shifted.to(hidden.device()).index_select(0, rows);
+  const int64_t n = rows.size(0);
+  if (n == 0) return hidden.sum().mul(0).to(at::kFloat);  // no target: zero, with a graph like the unchunked sum's
+  at::Tensor total;
+  for (int64_t s = 0; s < n; s += chunk) {
+    const auto len = std::min(chunk, n - s);
+    const auto yc = y.narrow(0, s, len);
+    models::CausalLM* m = &model;
+    const models::BlockFn project = [m, yc](const at::Tensor& x) {
+      return at::cross_entropy_loss(m->logits(x).to(at::kFloat), yc, {}, at::Reduction::Sum, data::kIgnoreIndex);
+    };
+    const auto part = models::checkpoint_block(project, h.narrow(0, s, len));
+    total = total.defined() ? total + part : part;
+  }
+  return total;
+}
+
+at::Tensor lm_batch_loss_sum(models::CausalLM& model, const Batch& batch, int64_t chunk) {
   const auto device = model.parameters().front().device();
   auto ids = batch.tensors.at("input_ids").to(device);
-  auto labels = batch.tensors.at("labels").to(device);
+  const auto& labels = batch.tensors.at("labels");
   models::ForwardArgs args;
   if (auto it = batch.tensors.find("doc_ids"); it != batch.tensors.end()) {
     args.position_ids = batch.tensors.at("position_ids").to(device);
     args.attention_mask = data::document_causal_mask(it->second.to(device));
   }
-  return causal_lm_loss_sum(model.forward(ids, args), labels);
+  if (chunk > 0) return chunked_lm_loss_sum(model, model.hidden_states(ids, args), labels, chunk);
+  return causal_lm_loss_sum(model.forward(ids, args), labels.to(device));
 }
 
 Batch to_batch(data::LmBatch b) {
@@ -227,6 +258,7 @@ struct LmObjective::State {
   int64_t stop_id = -1;  // end of an assistant turn
   bool packing = false;
   int64_t pad_id = 0;  // the tokenizer's PAD, else EOS
+  int64_t loss_chunk = 0;  // train.loss_chunk_size
   LmData data;
   std::unique_ptr<LmBatchSource> source;
 };
@@ -250,6 +282,7 @@ LmObjective::LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenize
   o.packing = cfg.data.packing;
   s_->packing = cfg.data.packing;
   s_->pad_id = tok.padding_id();
+  s_->loss_chunk = cfg.train.loss_chunk_size;
   o.pad_id = s_->pad_id;
   s_->source = std::make_unique<LmBatchSource>(s_->data.train, std::move(sampler), o);
 }
@@ -268,7 +301,7 @@ void LmObjective::prepare(models::CausalLM& model, const RunContext&) {
 }
 
 at::Tensor LmObjective::loss_sum(models::CausalLM& model, const Batch& batch, Sums&) {
-  return lm_batch_loss_sum(model, batch);
+  return lm_batch_loss_sum(model, batch, s_->loss_chunk);
 }
 
 EvalResult LmObjective::evaluate(models::CausalLM& model) {
@@ -301,7 +334,7 @@ EvalResult LmObjective::evaluate(models::CausalLM& model) {
       for (const auto* smp : samples) rows.push_back({smp});
       auto b = s_->packing ? to_batch(data::collate_packed(rows, static_cast<int64_t>(longest), s_->pad_id))
                         : to_batch(data::collate_unpacked(samples, s_->pad_id));
-      sums[0] += lm_batch_loss_sum(model, b).item<double>();
+      sums[0] += lm_batch_loss_sum(model, b, s_->loss_chunk).item<double>();
       sums[1] += static_cast<double>(b.num_targets);
     }
     if (split) ranks_.all_sum(sums);

@@ -380,10 +380,12 @@ std::string resolve_template(const config::RunConfig& cfg, tokenizer::Tokenizer&
   const auto name = data::resolve_chat_template(rec_tok, cfg.data.template_name, "data.template", where, "");
   if (cfg.data.template_name == "auto")
     log::info("data.template: ", name,
-              data::recorded_chat_format(rec_tok).kind == data::RecordedChatFormat::Kind::builtin
+              name == "hf" ? concat(", the chat_template of ", where, " rendered as written")
+              : data::recorded_chat_format(rec_tok).kind == data::RecordedChatFormat::Kind::builtin
                   ? concat(", the format recorded in ", where)
                   : concat(" (", where, " records no chat format)"));
-  tok.set_chat_template(data::ChatTemplate::get(name).jinja(tok));
+  // hf renders the recorded Jinja itself, which the run's tokenizer may not carry.
+  tok.set_chat_template(name == "hf" ? rec_tok.chat_template() : data::ChatTemplate::get(name).jinja(tok));
   return name;
 }
 
@@ -545,7 +547,17 @@ class TrainLoop {
                 cfg_.train.max_steps, "); raise train.max_steps to train further");
     SignalScope signals;
     t_start_ = std::chrono::steady_clock::now();
-    while (step_ < cfg_.train.max_steps && !stop_) run_iteration();
+    try {
+      while (step_ < cfg_.train.max_steps && !stop_) run_iteration();
+      engine_.collect_save(/*wait=*/true);  // the last checkpoint is on disk before the run ends
+    } catch (...) {
+      try {  // a checkpoint being written is finished; this error is the one the run ends with
+        engine_.collect_save(/*wait=*/true);
+      } catch (const std::exception& e) {
+        log::error(e.what());
+      }
+      throw;
+    }
     result_.step = step_;
     result_.wall_s = seconds_since(t_start_);
     summarize();
@@ -599,6 +611,7 @@ class TrainLoop {
     write_metrics(m);
     if (crossed(start, step_, cfg_.train.save_every) || last || stop_) save();
     if (stop_) {
+      engine_.collect_save(/*wait=*/true);
       log::warn("stop requested: saved step ", step_, " and exiting; re-run the same command to resume");
       result_.interrupted = true;
     }
@@ -645,6 +658,8 @@ class TrainLoop {
     }
     if (cfg_.train.on_nonfinite == "skip") m["nonfinite_steps"] = static_cast<double>(nonfinite_total_);
     for (const auto& [k, v] : engine_.memory()) m[k] = v;
+    // How long saves since the last line blocked the loop, and background writes finished since.
+    for (const auto& [k, v] : engine_.collect_save(/*wait=*/false)) m[k] = v;
     m["tokens_per_s"] = static_cast<double>(step_tokens) / seconds_since(t0);
     result_.tokens += step_tokens;
     last_loss_ = s.loss;
@@ -660,6 +675,8 @@ class TrainLoop {
   /// many in a row), else count it; the step is not applied either way.
   void guard_nonfinite(double loss, double norm) {
     const auto what = !std::isfinite(loss) ? concat("loss is ", loss) : concat("gradient norm is ", norm);
+    if (cfg_.train.on_nonfinite == "stop" || nonfinite_in_a_row_ + 1 >= cfg_.train.max_nonfinite_in_a_row)
+      engine_.collect_save(/*wait=*/true);  // the checkpoint named below is the newest on disk
     const auto kept = io::latest_checkpoint(run_.out_dir);
     const auto intact = kept ? concat("; the last checkpoint, ", kept->string(), ", is as it was")
                              : std::string("; no checkpoint was written");
@@ -682,8 +699,7 @@ class TrainLoop {
     state.nonfinite_steps = nonfinite_total_;
     state.objective = objective_.state();
     state.iteration = iteration_;
-    const auto dir = engine_.save(run_.out_dir, state, run_.tok.get(), run_.config_yaml, cfg_.train.keep_checkpoints);
-    log::info("saved ", dir.string());
+    engine_.save(run_.out_dir, state, run_.tok.get(), run_.config_yaml, cfg_.train.keep_checkpoints);
     saved_steps_.push_back(step_);
   }
 

@@ -205,7 +205,7 @@ TEST(ChatTemplates, MissingMarkersAndUntrainableSamplesAreReported) {
             "data.template chatml: the tokenizer has no single token \"<|im_start|>\", which this template needs (use "
             "a tokenizer that has the template's special tokens, or data.template: plain)");
   EXPECT_EQ(error_of([] { ChatTemplate::get("vicuna"); }),
-            "data.template: unknown chat template \"vicuna\"; expected plain, chatml, llama3 or oasst");
+            "data.template: unknown chat template \"vicuna\"; expected plain, chatml, llama3, oasst or hf");
 
   auto tok = tokenizer::load_tokenizer("auto", chat_refs() / "tok");
   TempDir dir;

@@ -244,7 +244,7 @@ TEST(ChatFormat, RewardModelsAreScoredInTheFormatTheyWereTrainedIn) {
   EXPECT_NE(out.find("--template plain contradicts"), std::string::npos) << out;
 }
 
-TEST(ChatFormat, HfFolderWithItsOwnJinjaTemplateNeedsAnExplicitFormat) {
+TEST(ChatFormat, HfFolderWithItsOwnJinjaTemplateIsRenderedAsWritten) {
   TempDir dir;
   ASSERT_TRUE(make_refs(dir));
   const auto tokdir = dir / "refs" / "tok";
@@ -253,21 +253,15 @@ TEST(ChatFormat, HfFolderWithItsOwnJinjaTemplateNeedsAnExplicitFormat) {
   write_text(tokdir / "tokenizer_config.json", cfg.dump());
   auto tok = tokenizer::load_tokenizer("auto", tokdir);
   EXPECT_EQ(recorded_chat_format(*tok).kind, RecordedChatFormat::Kind::custom);
-  try {
-    resolve_chat_template(*tok, "auto", "data.template", tokdir.string(), "");
-    ADD_FAILURE() << "expected an error";
-  } catch (const std::exception& e) {
-    EXPECT_EQ(std::string(e.what()),
-              "data.template: " + tokdir.string() + " records a chat_template (tokenizer_config.json) that is none "
-              "of Anvil's built-in formats (plain, chatml, llama3, oasst); set data.template to the format to use");
-  }
-  // Naming one is an explicit choice, and what the run's checkpoints record.
+  // auto renders it as written (tests/data/chat_template_hf_test.cpp), as does hf.
+  EXPECT_EQ(resolve_chat_template(*tok, "auto", "data.template", tokdir.string(), ""), "hf");
+  EXPECT_EQ(resolve_chat_template(*tok, "hf", "data.template", tokdir.string(), ""), "hf");
+  EXPECT_EQ(ChatTemplate::get("hf").encode_prompt(*tok, {{"user", "ab"}, {"assistant", "c"}}), tok->encode("abc"));
+  // Naming a built-in format is an explicit choice, and what the run's checkpoints record.
   EXPECT_EQ(resolve_chat_template(*tok, "chatml", "data.template", tokdir.string(), ""), "chatml");
   // A tokenizer that records nothing: plain.
-  EXPECT_EQ(resolve_chat_template(*tokenizer::load_tokenizer("auto", anvil::testing::source_dir() +
-                                                                         "/data/tokenizer.model"),
-                                  "auto", "data.template", "data", ""),
-            "plain");
+  const auto sp = tokenizer::load_tokenizer("auto", anvil::testing::source_dir() + "/data/tokenizer.model");
+  EXPECT_EQ(resolve_chat_template(*sp, "auto", "data.template", "data", ""), "plain");
 }
 
 // The issue this closes: the quickstart model (trained on {"prompt": "upper:

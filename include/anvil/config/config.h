@@ -183,11 +183,15 @@ struct DatasetConfig {
   double eval_fraction = 0;
   std::string prompt_field = "prompt";
   std::string response_field = "response";
+  std::string token_dtype = "int64";
 
   template <class V>
   void visit(V& v) {
     v.field("path", path,
-            "JSONL file, or a folder of token shards written by `anvil prepare` (format pretrain).", required());
+            "JSONL file; or, for format pretrain, a folder of token shards written by `anvil prepare`, a Megatron "
+            "indexed dataset (PREFIX of PREFIX.bin/.idx) or a MosaicML streaming (MDS) folder (index.json + "
+            "shards, uncompressed or zstd).",
+            required());
     v.field("format", format,
             "Record format (docs/data.md): sft ({prompt, response} or {messages}), preference ({prompt, chosen, "
             "rejected[, margin]}), prompts ({prompt}), offline_rl ({prompt, response, reward}), pretrain (token "
@@ -208,6 +212,10 @@ struct DatasetConfig {
             Rule{"a number in [0, 1)", [](double x) { return x >= 0 && x < 1; }, {}});
     v.field("prompt_field", prompt_field, "JSON field holding the prompt.");
     v.field("response_field", response_field, "JSON field holding the response (sft, offline_rl).");
+    v.field("token_dtype", token_dtype,
+            "MDS folders: dtype of the token ids in a `bytes` tokens column, which stores none (llm-foundry's "
+            "token_encoding_type); ndarray columns carry their own.",
+            one_of({"uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"}));
   }
 };
 
@@ -291,6 +299,7 @@ struct TrainConfig {
   int64_t grad_accum_steps = 1;
   int64_t global_batch_size = 0;
   bool activation_checkpointing = false;
+  int64_t loss_chunk_size = 0;
   double grad_clip = 1.0;
   int64_t seed = 1234;
   int64_t save_every = 0;
@@ -322,6 +331,12 @@ struct TrainConfig {
     v.field("activation_checkpointing", activation_checkpointing,
             "Recompute each transformer block in backward instead of keeping its activations (RNG state "
             "restored, so dropout matches).");
+    v.field("loss_chunk_size", loss_chunk_size,
+            "sft and pretrain: the language-model loss projects this many target tokens to logits at a time, "
+            "recomputing them in backward, so the (batch x sequence x vocabulary) float32 logits are never held; "
+            "tokens without a target (prompts, padding) are not projected at all. 0 = the whole micro-batch at "
+            "once. docs/algorithms.md.",
+            non_negative());
     v.field("grad_clip", grad_clip, "Max global gradient L2 norm; 0 disables clipping.", non_negative());
     v.field("seed", seed, "Seed for init, data order and dropout.", non_negative());
     v.field("save_every", save_every, "Checkpoint every N steps (and always at the end); 0 = end only.",

@@ -3,7 +3,9 @@
 // only. Built-in named formats written in C++: plain, chatml, llama3, oasst.
 // Each also has a Jinja form, recorded as tokenizer_config.json's
 // chat_template, with which transformers' apply_chat_template renders the
-// same ids; a model folder's recorded format is found by matching it.
+// same ids; a model folder's recorded format is found by matching it. `hf`
+// renders a tokenizer's own Jinja chat_template as transformers does
+// (docs/data.md, "Chat templates as written").
 
 #include <cstdint>
 #include <string>
@@ -31,52 +33,37 @@ struct TokenizedChat {
 
 class ChatTemplate {
  public:
-  /// plain, chatml, llama3 or oasst; throws ConfigError otherwise.
+  /// plain, chatml, llama3, oasst, or hf (the tokenizer's own chat_template,
+  /// rendered as written); throws ConfigError otherwise.
   static const ChatTemplate& get(const std::string& name);
-  /// The built-in templates' names, in get()'s order.
+  /// The built-in templates' names, in get()'s order (hf is not one).
   static std::vector<std::string> names();
 
   /// Every turn; assistant turns (content + end of turn) are trained, and
   /// with `train_on_prompt` everything is. Throws Error when the template's
   /// markers are not single tokens of `tok`.
   virtual TokenizedChat encode(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
-                               bool train_on_prompt) const;
+                               bool train_on_prompt) const = 0;
   /// The conversation so far plus the header of the assistant's reply: what
   /// generation continues from.
   virtual std::vector<int64_t> encode_prompt(const tokenizer::Tokenizer& tok,
-                                             const std::vector<Message>& messages) const;
+                                             const std::vector<Message>& messages) const = 0;
   /// An assistant reply as it follows encode_prompt: content + end of turn.
-  std::vector<int64_t> encode_reply(const tokenizer::Tokenizer& tok, const std::string& content) const;
+  virtual std::vector<int64_t> encode_reply(const tokenizer::Tokenizer& tok, const std::string& content) const = 0;
   /// The token that ends an assistant turn (generation stops on it).
-  int64_t end_of_turn_id(const tokenizer::Tokenizer& tok) const;
+  virtual int64_t end_of_turn_id(const tokenizer::Tokenizer& tok) const = 0;
   /// This template as Jinja for `tok` (BOS written when the tokenizer adds
   /// one), for tokenizer_config.json's chat_template: apply_chat_template
   /// renders encode()'s ids, {% generation %} marks the trained tokens, and
-  /// add_generation_prompt gives encode_prompt()'s.
+  /// add_generation_prompt gives encode_prompt()'s. For hf, the tokenizer's
+  /// own chat_template.
   virtual std::string jinja(const tokenizer::Tokenizer& tok) const = 0;
 
   const std::string& name() const { return name_; }
   virtual ~ChatTemplate() = default;
 
-  /// A piece of rendered text: literal text, or a marker that must be a
-  /// single token (id resolved from `text`, or `id` when >= 0).
-  struct Piece {
-    std::string text;
-    bool marker = false;
-    bool trained = false;
-    int64_t id = -1;
-  };
-
  protected:
   explicit ChatTemplate(std::string name) : name_(std::move(name)) {}
-  /// The pieces of `messages`, then the assistant header when `generation_prompt`.
-  virtual std::vector<Piece> render(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
-                                    bool generation_prompt) const = 0;
-  virtual Piece end_of_turn(const tokenizer::Tokenizer& tok) const = 0;
-  /// What the template does to a message's content (llama3 trims it).
-  virtual std::string content(const std::string& c) const { return c; }
-  TokenizedChat tokenize(const tokenizer::Tokenizer& tok, const std::vector<Piece>& pieces,
-                         bool train_on_prompt) const;
 
  private:
   std::string name_;
@@ -90,12 +77,13 @@ struct RecordedChatFormat {
 };
 RecordedChatFormat recorded_chat_format(const tokenizer::Tokenizer& tok);
 
-/// The template to use: `requested` ("auto", or a built-in name) against what
-/// `tok` records. "auto" takes the recorded format (plain when none is
-/// recorded; a Jinja template that is not built in is an error). A name that
-/// contradicts the recorded format is an error naming `what` and `where`,
-/// unless `override_hint` is empty (then it is logged and used); the error
-/// names `override_hint` as the way to insist.
+/// The template to use: `requested` ("auto", "hf" or a built-in name) against
+/// what `tok` records. "auto" takes the recorded format: its built-in name,
+/// plain when none is recorded, hf for a Jinja template that is not built in.
+/// "hf" needs a recorded template. A built-in name that contradicts the
+/// recorded built-in format is an error naming `what` and `where`, unless
+/// `override_hint` is empty (then it is logged and used); the error names
+/// `override_hint` as the way to insist.
 std::string resolve_chat_template(const tokenizer::Tokenizer& tok, const std::string& requested,
                                   const std::string& what, const std::string& where,
                                   const std::string& override_hint);

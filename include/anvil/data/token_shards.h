@@ -74,6 +74,21 @@ class MegatronWriter {
   std::FILE* bin_ = nullptr;
 };
 
+/// MosaicML streaming (MDS) folders, as mosaicml-streaming's MDSWriter writes
+/// them (llm-foundry's convert_dataset_hf --concat_tokens among others):
+/// index.json lists the shards, each a file of samples whose columns follow
+/// a per-sample header; shards may be zstd-compressed. Whether `path` is a
+/// folder whose index.json lists MDS shards.
+bool is_mds_dataset(const std::filesystem::path& path);
+
+struct MdsOptions {
+  /// The column holding each sample's token ids (llm-foundry's name).
+  std::string column = "tokens";
+  /// Token dtype of a `bytes` column, which stores none (llm-foundry's
+  /// token_encoding_type default); ndarray columns carry their own.
+  std::string bytes_dtype = "int64";
+};
+
 /// The shards of a folder, memory-mapped (read-only).
 class TokenShards {
  public:
@@ -84,6 +99,14 @@ class TokenShards {
   /// non-negative integer (vocab_size() is the largest + 1). Errors name the
   /// file and what was expected.
   static std::shared_ptr<const TokenShards> open_megatron(const std::filesystem::path& path);
+  /// An MDS folder (is_mds_dataset), read in place: one shard per MDS shard,
+  /// one document per sample (its tokens column, flattened row by row).
+  /// Uncompressed shards are memory-mapped; zstd shards are decompressed into
+  /// memory, unless the decompressed file lies beside them (streaming's cache
+  /// keeps it). All samples must hold one token dtype; every id is checked to
+  /// be a non-negative integer below 2^31 (vocab_size() is the largest + 1).
+  /// Errors name the file and what was expected.
+  static std::shared_ptr<const TokenShards> open_mds(const std::filesystem::path& dir, const MdsOptions& opt = {});
   ~TokenShards();
 
   struct Shard {
@@ -92,6 +115,10 @@ class TokenShards {
     int64_t docs = 0;
     const void* data = nullptr;       // tokens
     const int64_t* starts = nullptr;  // docs + 1 offsets
+    /// Where each document's tokens begin in `data`, in bytes, when documents
+    /// do not lie back to back (MDS samples keep headers and other columns
+    /// between them); null when they do.
+    const int64_t* doc_bytes = nullptr;
     size_t bin_bytes = 0, idx_bytes = 0;
   };
   const std::vector<Shard>& shards() const { return shards_; }
@@ -100,6 +127,8 @@ class TokenShards {
   int64_t vocab_size() const { return vocab_size_; }
   int token_bytes() const { return token_bytes_; }
   int64_t token(const Shard& s, int64_t i) const;
+  /// Tokens [start, start + n) of `s` into out.
+  void read(const Shard& s, int64_t start, int64_t n, int64_t* out) const;
 
  private:
   TokenShards() = default;
@@ -108,7 +137,7 @@ class TokenShards {
   int64_t num_tokens_ = 0, num_docs_ = 0, vocab_size_ = 0;
   int token_bytes_ = 2;
   char kind_ = 'u';  // token ids stored as unsigned ('u') or signed ('i') integers, or floats ('f')
-  std::vector<std::unique_ptr<std::vector<int64_t>>> owned_starts_;  // document offsets built at open
+  std::vector<std::unique_ptr<std::vector<int64_t>>> owned_starts_;  // document offsets (and doc_bytes) built at open
 };
 
 /// Fixed windows of `seq_len` tokens over each shard (the tail that does not

@@ -5,32 +5,61 @@
 // (step, data position), optimizer.safetensors + optimizer.json (AdamW moments
 // by parameter name and their step counts), rng_state.safetensors and the run's
 // config.yaml. A checkpoint is written to a temp folder, fsynced and renamed
-// into place, so a folder named checkpoint-<step> is always complete.
+// into place, so a folder named checkpoint-<step> is always complete. What is
+// written is given as tensors by name (CheckpointParts), so the same code
+// writes a model's live tensors or copies of them taken earlier in host memory
+// (a background save: src/train/checkpoint_writer.h).
 
 #include <torch/optim/optimizer.h>
 
 #include <filesystem>
-#include <map>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "anvil/io/safetensors.h"
 #include "anvil/io/trainer_state.h"
 #include "anvil/models/causal_lm.h"
 #include "anvil/tokenizer/tokenizer.h"
 
 namespace anvil::io {
 
-struct CheckpointParts {
+/// A model's part of a checkpoint, by Hugging Face parameter name: the
+/// weights its folder holds and its AdamW state. The tensors are the live ones
+/// (a save that writes at once) or copies of them (a background save).
+struct ModelState {
+  /// Read for its config, heads and adapters (which training never changes),
+  /// never for its tensors.
   models::CausalLM* model = nullptr;
+  TensorMap weights;  // the parameters its folder holds (a LoRA run's: the adapters and heads)
+  TensorMap moments;  // "<name>.exp_avg", ".exp_avg_sq", ".max_exp_avg_sq"
+  nlohmann::json steps = nlohmann::json::object();  // each stepped parameter's step count
+  at::ScalarType dtype = at::kFloat;                // config.json's
+};
+
+/// `model`'s weights and `optimizer`'s AdamW state, as they are (no copies).
+ModelState model_state(models::CausalLM& model, torch::optim::Optimizer& optimizer);
+
+/// Writes `state` into `dir` (created): the HF folder (with the tokenizer's
+/// files when given), optimizer.safetensors and optimizer.json.
+void save_model_state(const std::filesystem::path& dir, const ModelState& state,
+                      const tokenizer::Tokenizer* tokenizer);
+
+struct CheckpointParts {
+  ModelState model;
   const tokenizer::Tokenizer* tokenizer = nullptr;
-  torch::optim::Optimizer* optimizer = nullptr;
+  TensorMap rng;  // rng_state()
   TrainerState state;
   std::string run_config_yaml;
-  /// Writes more parts into the unfinished folder (companion models), before
-  /// trainer_state.json marks it complete.
-  std::function<void(const std::filesystem::path& dir)> extra;
+  /// Models trained beside the policy, each written into the folder of its name.
+  std::vector<std::pair<std::string, ModelState>> companions;
+  /// Called on the unfinished folder just before trainer_state.json marks it
+  /// complete (a test pauses a background write there).
+  std::function<void(const std::filesystem::path& dir)> before_complete;
 };
 
 /// Writes checkpoint-<step> atomically and keeps only the newest `keep_last`
@@ -44,8 +73,10 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& output_dir, c
 void publish_checkpoint(const std::filesystem::path& tmp, const std::filesystem::path& output_dir, int64_t step,
                         int64_t keep_last);
 
-/// Writes the default random generators' states, the CPU's and `device`'s
-/// (when not the CPU), to `path` (safetensors, keyed by device name).
+/// The default random generators' states, the CPU's and `device`'s (when not
+/// the CPU), keyed by device name (host copies).
+TensorMap rng_state(const at::Device& device);
+/// Writes rng_state(`device`) to `path` (safetensors).
 void save_rng_state(const std::filesystem::path& path, const at::Device& device);
 /// Restores them. A GPU state stored under another index (another rank's
 /// file) is used when this device's is absent.

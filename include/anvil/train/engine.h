@@ -107,12 +107,26 @@ class Engine {
     return Gathered(this);
   }
 
-  /// Writes checkpoint-<state.step> in `output_dir` atomically: the model in
-  /// HF layout (or its shards), the optimizer, the RNG and `state`; keeps the
-  /// newest `keep_last` (0 = all). Returns its folder.
+  /// Saves checkpoint-<state.step> in `output_dir` atomically (a folder of
+  /// that name is complete or absent): the model in HF layout (or its
+  /// shards), the optimizer, the RNG and `state`; keeps the newest
+  /// `keep_last` (0 = all). Returns its folder.
+  /// A plain engine returns at once: a background thread copies the state
+  /// into host memory while the next step's forward and backward run, then
+  /// writes and publishes the folder (collect_save). finish_step and
+  /// set_parameters wait for that copy, so change the parameters only
+  /// through them. A save first waits for the previous write: one at most is
+  /// in flight. A sharded engine writes at once (a collective, with barriers).
   virtual std::filesystem::path save(const std::filesystem::path& output_dir, const io::TrainerState& state,
                                      const tokenizer::Tokenizer* tokenizer, const std::string& config_yaml,
                                      int64_t keep_last) = 0;
+  /// Since the last call: time/checkpoint_stall_s, the seconds saves blocked
+  /// the loop (save() itself and the waits for a background copy), when a
+  /// save happened; time/checkpoint_write_s, the duration of a background
+  /// write that was published. With `wait`, after waiting for the write in
+  /// flight. Throws the CheckpointError of a write that failed, naming the
+  /// checkpoint. A run waits before it ends.
+  virtual Metrics collect_save(bool wait) = 0;
 
  protected:
   virtual void gather() = 0;

@@ -1,0 +1,340 @@
+// data.template: hf. The text is rendered by the Jinja interpreter with the
+// variables transformers passes (messages, add_generation_prompt,
+// bos/eos/pad_token, tools and documents as None) and tokenized whole
+// without special tokens added, as apply_chat_template does. Trained tokens:
+// the {% generation %} spans mapped to tokens by transformers' rule; a
+// template without them trains what each reply adds to the conversation
+// (its rendering minus the rendering up to it with add_generation_prompt),
+// up to and including the end-of-turn token.
+
+#include "data/chat_hf.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string_view>
+
+#include "anvil/core/error.h"
+#include "data/jinja.h"
+
+namespace anvil::data {
+namespace {
+
+using jinja::Value;
+
+// The reply end_of_turn_id and encode_reply render: a user turn, then this.
+constexpr const char* kProbeUser = "Hi";
+constexpr const char* kProbeReply = "ANVILREPLY";
+
+std::shared_ptr<const jinja::Template> compiled(const tokenizer::Tokenizer& tok) {
+  const std::string& src = tok.chat_template();
+  if (src.empty())
+    throw ConfigError("data.template hf: the tokenizer records no chat_template (tokenizer_config.json) to render");
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<const jinja::Template>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (const auto it = cache.find(src); it != cache.end()) return it->second;
+  auto t = std::make_shared<const jinja::Template>(src);
+  for (const char* name : {"unk_token", "sep_token", "cls_token", "mask_token", "additional_special_tokens"})
+    if (t->uses(name))
+      throw ConfigError(concat("chat_template: the template reads ", name,
+                               ", which Anvil does not give templates (it gives bos_token, eos_token and pad_token)"));
+  if (cache.size() >= 16) cache.clear();
+  cache[src] = t;
+  return t;
+}
+
+Value messages_value(const std::vector<Message>& messages) {
+  std::vector<Value> list;
+  for (const auto& m : messages) {
+    auto d = std::make_shared<jinja::DictObj>();
+    d->set(Value::string("role"), Value::string(m.role));
+    d->set(Value::string("content"), Value::string(m.content));
+    list.push_back(Value::dict(d));
+  }
+  return Value::list(std::move(list));
+}
+
+jinja::RenderResult render(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                           bool generation_prompt) {
+  const auto t = compiled(tok);
+  std::vector<std::pair<std::string, Value>> vars = {{"messages", messages_value(messages)},
+                                                     {"add_generation_prompt", Value::boolean(generation_prompt)},
+                                                     {"tools", Value::none()},
+                                                     {"documents", Value::none()}};
+  const std::pair<const char*, int64_t> special[] = {
+      {"bos_token", tok.bos_id()}, {"eos_token", tok.eos_id()}, {"pad_token", tok.pad_id()}};
+  for (const auto& [name, id] : special)
+    if (id >= 0) vars.emplace_back(name, Value::string(tok.decode({id}, false)));
+  return t->render(vars);
+}
+
+// apply_chat_template reads the special tokens a template writes as text as
+// those tokens; a tokenizer that does not (a bare SentencePiece model) would
+// give other ids, so that is an error.
+std::string checked(const tokenizer::Tokenizer& tok, std::string text) {
+  for (const int64_t id : {tok.bos_id(), tok.eos_id(), tok.pad_id()}) {
+    if (id < 0) continue;
+    const std::string s = tok.decode({id}, false);
+    if (!s.empty() && text.find(s) != std::string::npos && tok.encode(s) != std::vector<int64_t>{id})
+      throw Error(concat("data.template hf: the chat template writes \"", s,
+                         "\" (a special token) as text, and this "
+                         "tokenizer does not read it back as that token, as transformers would (a bare SentencePiece "
+                         "model?); use the model's tokenizer.json, or a built-in data.template"));
+  }
+  return text;
+}
+
+bool is_special(const tokenizer::Tokenizer& tok, int64_t id) {
+  return tok.decode({id}, true).empty() && !tok.decode({id}, false).empty();
+}
+
+size_t byte_offset(const std::string& s, int64_t chars) {
+  size_t b = 0;
+  for (int64_t c = 0; b < s.size(); ++b)
+    if ((static_cast<unsigned char>(s[b]) & 0xC0) != 0x80 && c++ == chars) return b;
+  return s.size();
+}
+
+int64_t char_count(const std::string& s, size_t bytes) {
+  return jinja::code_points(std::string_view(s).substr(0, bytes));
+}
+
+// The first special token rendered after a reply's content, else EOS; -1 when neither.
+int64_t derived_end_of_turn(const tokenizer::Tokenizer& tok) {
+  std::string text;
+  try {
+    text = render(tok, {{"user", kProbeUser}, {"assistant", kProbeReply}}, false).text;
+  } catch (const DataError&) {
+    return tok.eos_id();  // a template that refuses the probe conversation
+  }
+  const auto k = text.find(kProbeReply);
+  if (k == std::string::npos) return tok.eos_id();
+  for (const auto id : tok.encode(text.substr(k + std::char_traits<char>::length(kProbeReply))))
+    if (is_special(tok, id)) return id;
+  return tok.eos_id();
+}
+
+int64_t end_of_turn(const tokenizer::Tokenizer& tok) {
+  const int64_t id = derived_end_of_turn(tok);
+  if (id < 0)
+    throw Error(
+        "data.template hf: the chat template ends an assistant turn with no special token, and the "
+        "tokenizer has no EOS token to stop generation on");
+  return id;
+}
+
+// Without {% generation %}: each reply's span is what it adds to the text,
+// up to and including the end-of-turn token (what follows is the next
+// turn's lead-in).
+std::vector<std::pair<int64_t, int64_t>> reply_spans(const tokenizer::Tokenizer& tok,
+                                                     const std::vector<Message>& messages, const std::string& full) {
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  std::string eot;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (messages[i].role != "assistant") continue;
+    if (eot.empty()) eot = tok.decode({end_of_turn(tok)}, false);
+    const std::vector<Message> before(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i));
+    const std::vector<Message> through(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+    const std::string prompt = render(tok, before, true).text;
+    const std::string with = render(tok, through, false).text;
+    if (with.compare(0, prompt.size(), prompt) != 0 || full.compare(0, with.size(), with) != 0)
+      throw ConfigError(concat(
+          "data.template hf: cannot tell which tokens of reply ", i, " (message ", i,
+          ") to train: the conversation rendered up to it with add_generation_prompt is not where the conversation "
+          "rendered through it starts, or that is not where the whole conversation starts (the template renders "
+          "earlier turns differently). Mark the trained text with {% generation %} ... {% endgeneration %}"));
+    size_t end = with.size();
+    if (const auto k = with.find(eot, prompt.size()); !eot.empty() && k != std::string::npos) end = k + eot.size();
+    spans.emplace_back(char_count(with, prompt.size()), char_count(with, end));
+  }
+  return spans;
+}
+
+class HfTemplate final : public ChatTemplate {
+ public:
+  HfTemplate() : ChatTemplate("hf") {}
+
+  TokenizedChat encode(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                       bool train_on_prompt) const override {
+    const auto r = render(tok, messages, false);
+    TokenizedChat out;
+    out.input_ids = tok.encode(checked(tok, r.text));
+    const auto spans = compiled(tok)->has_generation() ? r.generation : reply_spans(tok, messages, r.text);
+    const auto mask = assistant_mask(char_to_token(tok, r.text, out.input_ids), out.input_ids.size(), spans);
+    out.prompt_tokens = static_cast<int64_t>(out.input_ids.size());
+    for (size_t i = 0; i < mask.size(); ++i) {
+      if (mask[i] && out.prompt_tokens == static_cast<int64_t>(out.input_ids.size()))
+        out.prompt_tokens = static_cast<int64_t>(i);
+      out.labels.push_back(mask[i] || train_on_prompt ? out.input_ids[i] : kIgnoreIndex);
+    }
+    return out;
+  }
+
+  std::vector<int64_t> encode_prompt(const tokenizer::Tokenizer& tok,
+                                     const std::vector<Message>& messages) const override {
+    return tok.encode(checked(tok, render(tok, messages, true).text));
+  }
+
+  // The reply's trained text in a one-turn conversation, tokenized alone.
+  std::vector<int64_t> encode_reply(const tokenizer::Tokenizer& tok, const std::string& content) const override {
+    const std::vector<Message> conv = {{"user", kProbeUser}, {"assistant", content}};
+    const auto r = render(tok, conv, false);
+    const auto spans = compiled(tok)->has_generation() ? r.generation : reply_spans(tok, conv, r.text);
+    if (spans.empty())
+      throw ConfigError(
+          "data.template hf: the chat template marks no part of a reply as trained ({% generation %} "
+          "renders nothing for an assistant message)");
+    const size_t b = byte_offset(r.text, spans[0].first), e = byte_offset(r.text, spans[0].second);
+    return tok.encode(checked(tok, r.text.substr(b, e - b)));
+  }
+
+  int64_t end_of_turn_id(const tokenizer::Tokenizer& tok) const override { return end_of_turn(tok); }
+
+  std::string jinja(const tokenizer::Tokenizer& tok) const override { return tok.chat_template(); }
+};
+
+// Decoding a group of ids in the context of the group before it, so decoders
+// that treat the first token specially (a SentencePiece prefix space) decode
+// them as in the whole text.
+class Aligner {
+ public:
+  Aligner(const tokenizer::Tokenizer& tok, const std::string& text, const std::vector<int64_t>& ids)
+      : tok_(tok), text_(text), ids_(ids), char_of_(text.size() + 1, 0) {
+    int64_t c = -1;
+    for (size_t b = 0; b < text.size(); ++b) {
+      if ((static_cast<unsigned char>(text[b]) & 0xC0) != 0x80) ++c;
+      char_of_[b] = c;
+    }
+    out_.assign(static_cast<size_t>(c + 1), -1);
+  }
+
+  std::vector<int64_t> run() {
+    constexpr size_t kMaxGroup = 16;  // tokens that together make whole characters
+    for (size_t i = 0; i < ids_.size(); ++i) {
+      const std::string whole = decode(ctx_, i + 1);
+      size_t skipped = 0;
+      if (whole.compare(0, prev_.size(), prev_) == 0 &&
+          aligned(std::string_view(whole).substr(prev_.size()), &skipped)) {
+        const size_t len = whole.size() - prev_.size();
+        attribute_whitespace(skipped, i);
+        pos_ += skipped;
+        assign_group(i, len);
+        pos_ += len;
+        prev_ = decode(group_, i + 1);
+        ctx_ = group_;
+        group_ = i + 1;
+      } else if (i + 1 - group_ > kMaxGroup) {
+        break;
+      }
+    }
+    if (group_ != ids_.size() || pos_ != text_.size())
+      throw Error(concat("data.template hf: the tokenizer's decode of the rendered chat differs from the text at ",
+                         "character ", pos_ < text_.size() ? char_of_[pos_] : static_cast<int64_t>(out_.size()),
+                         ", so the trained tokens cannot be found (the tokenizer normalizes its input?)"));
+    return std::move(out_);
+  }
+
+ private:
+  std::string decode(size_t a, size_t b) const {
+    return tok_.decode(std::vector<int64_t>(ids_.begin() + static_cast<std::ptrdiff_t>(a),
+                                            ids_.begin() + static_cast<std::ptrdiff_t>(b)),
+                       false);
+  }
+
+  // Whether `piece` is the text at pos_, possibly after whitespace that an
+  // added token's lstrip/rstrip took in (decode does not give it back).
+  bool aligned(std::string_view piece, size_t* skipped) const {
+    if (text_.compare(pos_, piece.size(), piece) == 0) return true;
+    size_t k = pos_;
+    while (k < text_.size() && (text_[k] == ' ' || text_[k] == '\n' || text_[k] == '\t' || text_[k] == '\r')) ++k;
+    if (k == pos_ || piece.empty() || text_.compare(k, piece.size(), piece) != 0) return false;
+    *skipped = k - pos_;
+    return true;
+  }
+
+  // Skipped whitespace belongs to the special token before it (rstrip), else to the group after it (lstrip).
+  void attribute_whitespace(size_t skipped, size_t group_end) {
+    if (!skipped) return;
+    const bool before = group_ > 0 && tok_.decode({ids_[group_ - 1]}, true).empty();
+    mark(static_cast<int64_t>(before ? group_ - 1 : group_), pos_, pos_ + skipped - 1);
+    (void)group_end;
+  }
+
+  void mark(int64_t token, size_t first_byte, size_t last_byte) {
+    if (last_byte < first_byte) return;
+    for (int64_t c = char_of_[first_byte]; c <= char_of_[last_byte]; ++c)
+      if (out_[static_cast<size_t>(c)] < 0) out_[static_cast<size_t>(c)] = token;
+  }
+
+  // Tokens group_..last decode to text_[pos_, pos_ + len). One token covers
+  // its characters; several split characters between them (byte-level BPE):
+  // each takes the characters whose bytes it holds.
+  void assign_group(size_t last, size_t len) {
+    if (len == 0) return;
+    if (last == group_) {
+      mark(static_cast<int64_t>(last), pos_, pos_ + len - 1);
+      return;
+    }
+    size_t done = 0;  // bytes of whole characters decoded before token k
+    for (size_t k = group_; k <= last; ++k) {
+      const size_t first = pos_ + done;
+      if (k == last) {
+        mark(static_cast<int64_t>(k), first, pos_ + len - 1);
+        return;
+      }
+      const std::string d = decode(ctx_, k + 1);
+      const std::string_view part =
+          d.compare(0, prev_.size(), prev_) == 0 ? std::string_view(d).substr(prev_.size()) : std::string_view();
+      size_t m = 0;
+      while (m < part.size() && m < len && part[m] == text_[pos_ + m]) ++m;
+      while (m > 0 && m < len && (static_cast<unsigned char>(text_[pos_ + m]) & 0xC0) == 0x80) --m;
+      if (part.size() > m)
+        mark(static_cast<int64_t>(k), first, pos_ + m);  // ends inside the character at m
+      else if (m > 0)
+        mark(static_cast<int64_t>(k), first, pos_ + m - 1);
+      done = std::max(done, m);
+    }
+  }
+
+  const tokenizer::Tokenizer& tok_;
+  const std::string& text_;
+  const std::vector<int64_t>& ids_;
+  std::vector<int64_t> char_of_;  // the character index of each byte
+  std::vector<int64_t> out_;
+  size_t pos_ = 0;    // bytes of text_ accounted for
+  size_t ctx_ = 0;    // the group before the current one (decode context)
+  size_t group_ = 0;  // the current group's first token
+  std::string prev_;  // decode of ids_[ctx_, group_)
+};
+
+}  // namespace
+
+const ChatTemplate& hf_chat_template() {
+  static const HfTemplate hf;
+  return hf;
+}
+
+std::vector<int64_t> char_to_token(const tokenizer::Tokenizer& tok, const std::string& text,
+                                   const std::vector<int64_t>& ids) {
+  return Aligner(tok, text, ids).run();
+}
+
+std::vector<int64_t> assistant_mask(const std::vector<int64_t>& char_tokens, size_t n_tokens,
+                                    const std::vector<std::pair<int64_t, int64_t>>& spans) {
+  std::vector<int64_t> mask(n_tokens, 0);
+  const auto token_of = [&](int64_t c) {
+    return c >= 0 && c < static_cast<int64_t>(char_tokens.size()) ? char_tokens[static_cast<size_t>(c)] : -1;
+  };
+  for (const auto& [start, end] : spans) {
+    const int64_t first = token_of(start), last = token_of(end - 1);
+    if (first < 0) break;  // as transformers: a span past the text stops the marking
+    // transformers marks to the end when the last token is None or 0 (`if end_token`).
+    const auto stop = last > 0 ? static_cast<size_t>(last) + 1 : n_tokens;
+    for (size_t t = static_cast<size_t>(first); t < stop; ++t) mask[t] = 1;
+  }
+  return mask;
+}
+
+}  // namespace anvil::data

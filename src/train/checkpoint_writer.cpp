@@ -1,0 +1,209 @@
+#include "train/checkpoint_writer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/DeviceAccelerator.h>
+#include <c10/core/Event.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "anvil/core/error.h"
+#include "anvil/core/logging.h"
+
+namespace anvil::train {
+namespace {
+
+namespace stdfs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string fixed(double x, const char* unit) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f %s", x, unit);
+  return buf;
+}
+
+std::string bytes_str(double b) { return b >= 1e9 ? fixed(b / 1e9, "GB") : fixed(b / 1e6, "MB"); }
+
+/// A live CPU tensor the thread copies into the job's entry `dst` (a reused
+/// buffer, or undefined).
+struct HostCopy {
+  at::Tensor src;
+  at::Tensor* dst;
+};
+
+/// Turns a job's live tensors into host buffers: each entry gets the
+/// previous job's buffer of the same name, shape and dtype, when there is
+/// one. A GPU tensor is copied now, queued on its device's current stream
+/// into a pinned buffer (so it precedes any later update); a CPU one is left
+/// to the thread (`copies`).
+struct Staging {
+  std::vector<HostCopy> copies;
+  std::vector<at::Device> devices;
+  double bytes = 0;
+
+  void stage(io::TensorMap& map, const io::TensorMap* reuse) {
+    for (auto& [name, t] : map) {
+      const auto src = t.detach();
+      at::Tensor dst;
+      if (reuse)
+        if (const auto it = reuse->find(name);
+            it != reuse->end() && it->second.sizes() == src.sizes() && it->second.scalar_type() == src.scalar_type())
+          dst = it->second;
+      bytes += static_cast<double>(src.nbytes());
+      if (src.is_cpu()) {
+        t = dst;
+        copies.push_back({src, &t});
+        continue;
+      }
+      if (!dst.defined())
+        dst = at::empty(src.sizes(), at::TensorOptions().dtype(src.scalar_type()).pinned_memory(true));
+      dst.copy_(src, /*non_blocking=*/true);
+      t = dst;
+      if (std::find(devices.begin(), devices.end(), src.device()) == devices.end()) devices.push_back(src.device());
+    }
+  }
+  void stage(io::ModelState& state, const io::ModelState* reuse) {
+    stage(state.weights, reuse ? &reuse->weights : nullptr);
+    stage(state.moments, reuse ? &reuse->moments : nullptr);
+  }
+};
+
+void copy_on_host(const HostCopy& c) {
+  auto& dst = *c.dst;
+  if (!dst.defined()) dst = at::empty(c.src.sizes(), at::TensorOptions().dtype(c.src.scalar_type()));
+  // A plain memcpy: no intra-op thread pool on this thread.
+  if (c.src.is_contiguous()) std::memcpy(dst.data_ptr(), c.src.data_ptr(), dst.nbytes());
+  else dst.copy_(c.src);
+}
+
+int delay_from_env() {
+  const char* v = std::getenv("ANVIL_TEST_CHECKPOINT_WRITE_DELAY_MS");
+  return v ? std::max(0, std::atoi(v)) : 0;
+}
+
+/// The message of a failed write: a CheckpointError's own (io::save_checkpoint
+/// names the checkpoint), else one naming the checkpoint. Only the message
+/// crosses threads: std::exception_ptr's members would bind to the torch
+/// wheel's exported copies (tests/core/symbol_binding_test.sh).
+std::string checkpoint_error(const std::exception& e, int64_t step, const stdfs::path& output_dir) {
+  if (dynamic_cast<const CheckpointError*>(&e)) return e.what();
+  return concat("writing checkpoint-", step, " in ", output_dir.string(), " failed: ", e.what());
+}
+
+}  // namespace
+
+bool background_checkpoints() {
+  const char* v = std::getenv("ANVIL_CHECKPOINT_SYNC");
+  return !(v && std::string(v) == "1");
+}
+
+CheckpointWriter::CheckpointWriter() : delay_ms_(delay_from_env()) {}
+
+CheckpointWriter::~CheckpointWriter() {
+  try {
+    join(/*wait=*/true);
+  } catch (const std::exception& e) {
+    log::error(e.what());
+  }
+}
+
+stdfs::path CheckpointWriter::start(const stdfs::path& output_dir, io::CheckpointParts parts, int64_t keep_last) {
+  const auto t0 = Clock::now();
+  join(/*wait=*/true);
+  const double waited = seconds_since(t0);
+  auto previous = std::move(job_);
+  job_ = std::make_unique<io::CheckpointParts>(std::move(parts));
+  Staging staging;
+  staging.stage(job_->model, previous ? &previous->model : nullptr);
+  for (size_t i = 0; i < job_->companions.size(); ++i) {
+    auto& [name, state] = job_->companions[i];
+    const bool same = previous && i < previous->companions.size() && previous->companions[i].first == name;
+    staging.stage(state, same ? &previous->companions[i].second : nullptr);
+  }
+  previous.reset();
+  std::vector<c10::Event> events;  // the thread waits for the device copies, the loop does not
+  for (const auto& d : staging.devices) {
+    events.emplace_back(d.type());
+    events.back().record(at::accelerator::getCurrentStream(d.index()));
+  }
+  const int delay = delay_ms_;
+  if (delay > 0)
+    job_->before_complete = [delay](const stdfs::path&) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+    };
+  const auto step = job_->state.step;
+  dir_ = output_dir / concat("checkpoint-", step);
+  bytes_ = staging.bytes;
+  copy_wait_s_ = 0;
+  copied_ = false;  // no thread runs now
+  finished_.store(false);
+  log::info("writing ", dir_.string(), " in the background (the loop waited ", fixed(waited, "s"),
+            " for the previous write)");
+  thread_ = std::thread([this, output_dir, keep_last, step, delay, job = job_.get(),
+                         copies = std::move(staging.copies), events = std::move(events)] {
+    const auto t = Clock::now();
+    auto copied = [this] {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        copied_ = true;
+      }
+      copied_cv_.notify_all();
+    };
+    try {
+      if (delay > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+      for (const auto& c : copies) copy_on_host(c);
+      copied();
+      copy_s_ = seconds_since(t);
+      for (const auto& e : events) e.synchronize();
+      io::save_checkpoint(output_dir, *job, keep_last);
+    } catch (const std::exception& e) {
+      error_ = checkpoint_error(e, step, output_dir);
+      copied();
+    } catch (...) {
+      error_ = concat("writing checkpoint-", step, " in ", output_dir.string(), " failed");
+      copied();
+    }
+    write_s_ = seconds_since(t);
+    finished_.store(true);
+  });
+  return dir_;
+}
+
+double CheckpointWriter::wait_copied() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (copied_) return 0;
+  const auto t = Clock::now();
+  copied_cv_.wait(lock, [this] { return copied_; });
+  const double s = seconds_since(t);
+  copy_wait_s_ += s;
+  return s;
+}
+
+void CheckpointWriter::join(bool wait) {
+  if (!thread_.joinable() || (!wait && !finished_.load())) return;
+  thread_.join();
+  if (error_) {
+    const auto message = std::move(*error_);
+    error_.reset();
+    throw CheckpointError(message);
+  }
+  done_["time/checkpoint_write_s"] = write_s_;
+  log::info("saved ", dir_.string(), " in the background: ", bytes_str(bytes_), " copied to host memory in ",
+            fixed(copy_s_, "s"), " (the loop waited ", fixed(copy_wait_s_, "s"), " for it), written in ",
+            fixed(write_s_ - copy_s_, "s"));
+}
+
+Metrics CheckpointWriter::collect(bool wait) {
+  join(wait);
+  return std::exchange(done_, {});
+}
+
+}  // namespace anvil::train

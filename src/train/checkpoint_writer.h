@@ -1,0 +1,88 @@
+#pragma once
+// Checkpoints off the critical path. A save hands what the checkpoint holds
+// (weights and optimizer moments as live tensors, RNG and trainer state as
+// values) to one background thread and returns. The thread copies the
+// tensors into host memory, then writes the temp folder, fsyncs it and
+// publishes it (rename, prune) with io::save_checkpoint, exactly as a save
+// that writes at once. The loop goes on with the next step's forward and
+// backward meanwhile, which only read the weights; the engine calls
+// wait_copied() before anything changes them in place (the optimizer step,
+// set_parameters). From a GPU the copies are queued on the save's stream
+// into pinned buffers, so they precede any later update and the loop need
+// not wait. At most one write is in flight: the next save waits for it
+// first. A write's failure is thrown by the next call that looks at it (the
+// next save, collect, the end of the run), never dropped.
+//
+// The host buffers are kept and reused by the next save: copying into
+// memory already mapped costs a memcpy, not page faults (or, from a GPU, a
+// pinned allocation). The price is one host copy of the saved state for the
+// whole run.
+//
+// Test hook: ANVIL_TEST_CHECKPOINT_WRITE_DELAY_MS=N makes the thread sleep N
+// ms before it copies (so the loop's next update must wait for the copy) and
+// again before trainer_state.json (so a test can kill the process with the
+// folder written but for the file that marks it complete).
+// ANVIL_CHECKPOINT_SYNC=1 makes plain engines write at once instead
+// (bench/checkpoint_stall.sh compares the two).
+
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "anvil/core/metrics.h"
+#include "anvil/io/checkpoint.h"
+
+namespace anvil::train {
+
+/// False when ANVIL_CHECKPOINT_SYNC=1 asks for checkpoints written at once.
+bool background_checkpoints();
+
+class CheckpointWriter {
+ public:
+  CheckpointWriter();
+  /// Waits for the write in flight; a failure nobody collected is logged
+  /// (the run is ending on another error then).
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  /// Waits for the previous write (throwing its failure), then starts
+  /// copying and writing `parts`, whose tensors are the live ones (on any
+  /// device). Returns the folder it will publish.
+  std::filesystem::path start(const std::filesystem::path& output_dir, io::CheckpointParts parts,
+                              int64_t keep_last);
+  /// Blocks until the live tensors of the last start() are copied, so they
+  /// may change; returns the seconds it waited.
+  double wait_copied();
+  /// time/checkpoint_write_s (copy and write) of writes finished since the
+  /// last call (empty if none); with `wait`, after waiting for the one in
+  /// flight. Throws the CheckpointError of a write that failed.
+  Metrics collect(bool wait);
+
+ private:
+  /// Joins a finished (or, with `wait`, the running) write; records its
+  /// time, or throws its failure.
+  void join(bool wait);
+
+  int delay_ms_ = 0;
+  std::thread thread_;
+  std::atomic<bool> finished_{false};
+  std::mutex mutex_;
+  std::condition_variable copied_cv_;
+  bool copied_ = true;
+  // Set by the thread, read after join.
+  std::optional<std::string> error_;  // a failed write's message
+  double copy_s_ = 0, write_s_ = 0, bytes_ = 0;
+  double copy_wait_s_ = 0;  // the loop's, in wait_copied
+  std::filesystem::path dir_;
+  Metrics done_;
+  /// What the last write held: its host buffers are reused by the next save.
+  std::unique_ptr<io::CheckpointParts> job_;
+};
+
+}  // namespace anvil::train

@@ -1,0 +1,344 @@
+// data.template: hf (docs/data.md, "Chat templates as written"): a
+// tokenizer's own Jinja chat_template gives the token ids and trained tokens
+// transformers' apply_chat_template gives, on templates of distinct
+// real-world formats (tests/parity/apply_chat_template.py); constructs Anvil
+// does not support are errors naming the template's line and column.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "anvil/data/chat.h"
+#include "anvil/data/datasets.h"
+#include "anvil/tokenizer/tokenizer.h"
+#include "data/chat_hf.h"
+#include "data/jinja.h"
+#include "test_util.h"
+
+namespace anvil::data {
+namespace {
+
+namespace stdfs = std::filesystem;
+using anvil::testing::read_text;
+using anvil::testing::run;
+using anvil::testing::TempDir;
+using anvil::testing::write_text;
+using json = nlohmann::ordered_json;
+
+/// dir/refs: the templates' tokenizer folders and transformers' renderings.
+::testing::AssertionResult make_refs(const TempDir& dir) {
+  std::string out;
+  const int rc = run(anvil::testing::python_bin() + " " + anvil::testing::source_dir() +
+                         "/tests/parity/apply_chat_template.py " + (dir / "refs").string() + " 2>&1",
+                     &out);
+  if (rc == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << out;
+}
+
+std::vector<json> read_lines(const stdfs::path& p) {
+  std::vector<json> out;
+  std::ifstream in(p);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+std::vector<Message> messages_of(const json& j) {
+  std::vector<Message> out;
+  for (const auto& m : j) out.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+  return out;
+}
+
+std::vector<int64_t> mask_of(const TokenizedChat& t) {
+  std::vector<int64_t> mask;
+  for (auto l : t.labels) mask.push_back(l != kIgnoreIndex);
+  return mask;
+}
+
+jinja::Value value_of(const json& j) {
+  using jinja::Value;
+  if (j.is_null()) return Value::none();
+  if (j.is_boolean()) return Value::boolean(j.get<bool>());
+  if (j.is_number_integer()) return Value::integer(j.get<int64_t>());
+  if (j.is_number()) return Value::floating(j.get<double>());
+  if (j.is_string()) return Value::string(j.get<std::string>());
+  if (j.is_array()) {
+    std::vector<Value> items;
+    for (const auto& x : j) items.push_back(value_of(x));
+    return Value::list(std::move(items));
+  }
+  auto d = std::make_shared<jinja::DictObj>();
+  for (const auto& [k, v] : j.items()) d->set(Value::string(k), value_of(v));
+  return Value::dict(d);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// The interpreter on its own: whitespace control (trim_blocks,
+// lstrip_blocks, -, +), scoping, operators, filters, tests, methods,
+// printing, tojson and {% generation %} spans, against jinja2 as
+// transformers sets it up; where jinja2 raises, Anvil raises too.
+TEST(ChatTemplateHf, JinjaRendersAsTransformersDoes) {
+  TempDir dir;
+  ASSERT_TRUE(make_refs(dir));
+  const auto cases = read_lines(dir / "refs" / "jinja.jsonl");
+  ASSERT_GE(cases.size(), 60u);
+  for (const auto& c : cases) {
+    const auto tmpl = c["template"].get<std::string>();
+    SCOPED_TRACE(tmpl);
+    std::vector<std::pair<std::string, jinja::Value>> vars;
+    for (const auto& [k, v] : c["vars"].items()) vars.emplace_back(k, value_of(v));
+    if (c.contains("error")) {
+      EXPECT_THROW(jinja::Template(tmpl).render(vars), Error) << c["error"];
+      continue;
+    }
+    jinja::RenderResult r;
+    ASSERT_NO_THROW(r = jinja::Template(tmpl).render(vars));
+    EXPECT_EQ(r.text, c["text"].get<std::string>());
+    std::vector<std::vector<int64_t>> spans;
+    for (const auto& [b, e] : r.generation) spans.push_back({b, e});
+    EXPECT_EQ(spans, c["generation"].get<std::vector<std::vector<int64_t>>>());
+  }
+}
+
+// Ids, trained tokens, generation prompts, end of turn and replies, for every
+// template and conversation, with and without {% generation %}.
+TEST(ChatTemplateHf, TokenIdsAndAssistantMasksMatchTransformers) {
+  TempDir dir;
+  ASSERT_TRUE(make_refs(dir));
+  const auto names = json::parse(read_text(dir / "refs" / "templates.json")).get<std::vector<std::string>>();
+  ASSERT_EQ(names.size(), 18u);
+  const auto& hf = ChatTemplate::get("hf");
+  int compared = 0;
+  for (const auto& name : names) {
+    SCOPED_TRACE(name);
+    const auto folder = dir / "refs" / name;
+    auto tok = tokenizer::load_tokenizer_from_model_dir(folder);
+    EXPECT_EQ(recorded_chat_format(*tok).kind, RecordedChatFormat::Kind::custom);
+    EXPECT_EQ(resolve_chat_template(*tok, "auto", "data.template", folder.string(), ""), "hf");
+    EXPECT_EQ(hf.jinja(*tok), tok->chat_template());
+    const auto meta = json::parse(read_text(dir / "refs" / (name + ".json")));
+    EXPECT_EQ(hf.end_of_turn_id(*tok), meta["eot_id"].get<int64_t>());
+    if (meta.contains("reply_ids")) {
+      EXPECT_EQ(hf.encode_reply(*tok, meta["reply"].get<std::string>()), meta["reply_ids"].get<std::vector<int64_t>>());
+    } else {
+      EXPECT_NE(error_of([&] { hf.encode_reply(*tok, meta["reply"].get<std::string>()); }).find("{% generation %}"),
+                std::string::npos);
+    }
+    for (const auto& c : read_lines(dir / "refs" / (name + ".jsonl"))) {
+      SCOPED_TRACE(c["messages"].dump());
+      const auto msgs = messages_of(c["messages"]);
+      if (c.contains("error")) {
+        const auto err = error_of([&] { hf.encode(*tok, msgs, false); });
+        // jinja2's message (raise_exception's, an undefined value's), or why
+        // the replies cannot be found without {% generation %}
+        EXPECT_NE(
+            err.find(c["error_type"] == "ValueError" ? std::string("{% generation %}") : c["error"].get<std::string>()),
+            std::string::npos)
+            << err;
+      } else {
+        const auto t = hf.encode(*tok, msgs, false);
+        EXPECT_EQ(t.input_ids, c["ids"].get<std::vector<int64_t>>());
+        EXPECT_EQ(mask_of(t), c["mask"].get<std::vector<int64_t>>());
+        EXPECT_EQ(hf.encode(*tok, msgs, true).labels, t.input_ids);  // train_on_prompt
+        ++compared;
+      }
+      if (c.contains("prompt_ids"))
+        EXPECT_EQ(hf.encode_prompt(*tok, messages_of(c["prompt_messages"])),
+                  c["prompt_ids"].get<std::vector<int64_t>>());
+      if (c.contains("prompt_error")) EXPECT_THROW(hf.encode_prompt(*tok, messages_of(c["prompt_messages"])), Error);
+    }
+  }
+  EXPECT_GE(compared, 100);
+}
+
+// A template error names the template's line and column; raise_exception's message surfaces.
+TEST(ChatTemplateHf, TemplateErrorsNameLineAndColumn) {
+  const auto error = [](const std::string& tmpl) {
+    return error_of([&] { jinja::Template(tmpl).render({{"messages", jinja::Value::list({})}}); });
+  };
+  EXPECT_EQ(error("{% for m in messages %}\n  {{ m.content }\n{% endfor %}"),
+            "chat_template line 2, column 16: unexpected '}'");
+  EXPECT_EQ(error("{% if messages %}\nhello"),
+            "chat_template line 2, column 6: unexpected end of template: 'if' needs 'elif' or 'else' or 'endif'");
+  EXPECT_EQ(error("{{ messages }}\n{% include 'other.jinja' %}"),
+            "chat_template line 2, column 4: '{% include %}' is not supported by Anvil's chat templates");
+  EXPECT_EQ(error("{% for m in messages %}\n    {{ m.content | truncate(10) }}\n{% endfor %}"),
+            "chat_template line 2, column 20: the filter 'truncate' is not supported by Anvil's chat templates");
+  EXPECT_EQ(error("{{ messages | wordwrap }}{{ x | nosuchfilter }}"),
+            "chat_template line 1, column 15: the filter 'wordwrap' is not supported by Anvil's chat templates");
+  EXPECT_EQ(error("{{ 'x'.encode() }}"),
+            "chat_template line 1, column 7: str.encode() is not supported by Anvil's chat templates");
+  EXPECT_EQ(error("{% for m in messages recursive %}{% endfor %}"),
+            "chat_template line 1, column 22: recursive for loops are not supported by Anvil's chat templates");
+  EXPECT_EQ(error("{% set g = [1, 2] | map('string') %}{{ g | first }}{{ g | list }}"),
+            "chat_template line 1, column 59: a generator (the result of map, select, reverse, ...) is used a second "
+            "time, where Python would see it empty; convert it with |list first");
+  EXPECT_EQ(error("\n\n   {{ raise_exception('System role not supported') }}"),
+            "chat_template line 3, column 7: raise_exception: System role not supported");
+  try {
+    jinja::Template("{{ raise_exception('bad ' ~ messages | length) }}").render({{"messages", jinja::Value::list({})}});
+    ADD_FAILURE() << "expected an error";
+  } catch (const jinja::RenderError& e) {
+    EXPECT_EQ(e.raised, "bad 0");
+  }
+  EXPECT_THROW(jinja::Template("{% for %}"), ConfigError);  // syntax errors are configuration errors
+
+  // Through a tokenizer: the template is checked when first used.
+  TempDir dir;
+  ASSERT_TRUE(make_refs(dir));
+  auto tok = tokenizer::load_tokenizer_from_model_dir(dir / "refs" / "chatml");
+  tok->set_chat_template("{{ bos_token }}\n{% for m in messages %}{{ m.content }}{% endfo %}");
+  EXPECT_EQ(error_of([&] {
+              ChatTemplate::get("hf").encode(*tok, {{"user", "hi"}}, false);
+            }),
+            "chat_template line 2, column 42: unknown tag 'endfo'");
+  tok->set_chat_template("{{ unk_token }}{{ messages[0].content }}");
+  EXPECT_EQ(error_of([&] {
+              ChatTemplate::get("hf").encode_prompt(*tok, {{"user", "hi"}});
+            }),
+            "chat_template: the template reads unk_token, which Anvil does not give templates (it gives bos_token, "
+            "eos_token and pad_token)");
+  // A tokenizer that would read a special token the template writes as other ids than transformers.
+  auto sp = tokenizer::load_tokenizer("auto", anvil::testing::source_dir() + "/data/tokenizer.model");
+  sp->set_chat_template("{% for m in messages %}{{ m.content + eos_token }}{% endfor %}");
+  EXPECT_EQ(error_of([&] {
+              ChatTemplate::get("hf").encode(*sp, {{"user", "hi"}}, false);
+            }),
+            "data.template hf: the chat template writes \"</s>\" (a special token) as text, and this tokenizer does "
+            "not read it back as that token, as transformers would (a bare SentencePiece model?); use the model's "
+            "tokenizer.json, or a built-in data.template");
+  // hf needs a template to render.
+  tok->set_chat_template("");
+  EXPECT_EQ(error_of([&] { resolve_chat_template(*tok, "hf", "data.template", "tok", ""); }),
+            "data.template hf: tok records no chat_template (tokenizer_config.json's chat_template, or "
+            "chat_template.jinja) to render; name a built-in format (plain, chatml, llama3, oasst) instead");
+}
+
+// data.template: hf through the dataset reader: the folder's template, its
+// trained tokens, and a record the template refuses named by file and line.
+TEST(ChatTemplateHf, DatasetReaderRendersTheTemplate) {
+  TempDir dir;
+  ASSERT_TRUE(make_refs(dir));
+  auto tok = tokenizer::load_tokenizer_from_model_dir(dir / "refs" / "llama2");
+  const auto refs = read_lines(dir / "refs" / "llama2.jsonl");
+  std::string data;
+  std::vector<json> expected;
+  for (const auto& c : refs) {
+    data += json({{"messages", c["messages"]}}).dump() + "\n";
+    if (!c.contains("error") && std::count(c["mask"].begin(), c["mask"].end(), 1) > 0) expected.push_back(c);
+  }
+  write_text(dir / "convs.jsonl", data);
+  ReadOptions o;
+  o.template_name = resolve_chat_template(*tok, "auto", "data.template", "llama2", "");
+  ASSERT_EQ(o.template_name, "hf");
+  // The assistant-first conversation is refused by the template's raise_exception.
+  const auto err = error_of([&] { SftDataset::load(dir / "convs.jsonl", *tok, o); });
+  EXPECT_EQ(err, (dir / "convs.jsonl").string() +
+                     ":6: chat_template line 1, column 314: raise_exception: "
+                     "Conversation roles must alternate user/assistant/user/assistant/...")
+      << err;
+  o.on_error = OnError::skip;
+  const auto ds = SftDataset::load(dir / "convs.jsonl", *tok, o);
+  EXPECT_EQ(ds.stats().skipped_errors, 1);
+  EXPECT_EQ(ds.stats().dropped_no_target, 2);  // conversations without a reply
+  ASSERT_EQ(ds.size(), static_cast<int64_t>(expected.size()));
+  for (int64_t i = 0; i < ds.size(); ++i) {
+    EXPECT_EQ(ds[i].input_ids, expected[static_cast<size_t>(i)]["ids"].get<std::vector<int64_t>>());
+    std::vector<int64_t> mask;
+    for (auto l : ds[i].labels) mask.push_back(l != kIgnoreIndex);
+    EXPECT_EQ(mask, expected[static_cast<size_t>(i)]["mask"].get<std::vector<int64_t>>());
+  }
+  // Preference data: the prompt's generation prompt, then each reply as the template renders it.
+  write_text(dir / "pref.jsonl",
+             "{\"prompt\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"chosen\": \" Blue, like the "
+             "sky. 🌿\", \"rejected\": \"no\"}\n");
+  const auto pref = PreferenceDataset::load(dir / "pref.jsonl", *tok, o);
+  ASSERT_EQ(pref.size(), 1);
+  EXPECT_EQ(pref[0].chosen_ids(),
+            json::parse(read_text(dir / "refs" / "llama2.json"))["reply_ids"].get<std::vector<int64_t>>());
+  EXPECT_EQ(pref[0].prompt_ids, ChatTemplate::get("hf").encode_prompt(*tok, {{"user", "Hi"}}));
+}
+
+// Characters to tokens as transformers' char_to_token, and its mask rule.
+TEST(ChatTemplateHf, CharToTokenFollowsTransformers) {
+  TempDir dir;
+  ASSERT_TRUE(make_refs(dir));
+  auto tok = tokenizer::load_tokenizer_from_model_dir(dir / "refs" / "chatml");
+  // 🌿 and é are split over byte-level tokens (4 and 2): a character maps to
+  // the first token holding its bytes (transformers: [0, 1, 5, 6, 7, 9 x 10, 10]).
+  const std::string text = "a🌿b é<|im_end|>x";
+  const auto ids = tok->encode(text);
+  ASSERT_EQ(ids, (std::vector<int64_t>{82, 190, 271, 252, 141, 83, 238, 145, 120, 3, 105}));
+  std::vector<int64_t> expected = {0, 1, 5, 6, 7};
+  expected.resize(15, 9);
+  expected.push_back(10);
+  EXPECT_EQ(char_to_token(*tok, text, ids), expected);
+  // transformers' rule: from the token of a span's first character to that of its last.
+  EXPECT_EQ(assistant_mask({0, 0, 1, 2}, 4, {{2, 4}}), (std::vector<int64_t>{0, 1, 1, 0}));
+  EXPECT_EQ(assistant_mask({0, 0, 1, 2}, 4, {{4, 5}, {0, 1}}),
+            (std::vector<int64_t>{0, 0, 0, 0}));                                       // past the end: stop
+  EXPECT_EQ(assistant_mask({0, 1, 2}, 3, {{0, 1}}), (std::vector<int64_t>{1, 1, 1}));  // last token 0: to the end
+}
+
+// A run on a folder with its own template trains with it (data.template:
+// auto), its checkpoints record it unchanged, and `anvil chat` / `generate
+// --chat` on a checkpoint prompt with the template's generation prompt.
+TEST(ChatTemplateHf, TrainerRecordsTheTemplateAndAnvilChatUsesIt) {
+  TempDir dir;
+  ASSERT_TRUE(make_refs(dir));
+  const auto folder = dir / "refs" / "chatml";
+  const auto refs = read_lines(dir / "refs" / "chatml.jsonl");
+  std::string data;
+  for (const auto& c : refs)
+    if (!c.contains("error")) data += json({{"messages", c["messages"]}}).dump() + "\n";
+  write_text(dir / "convs.jsonl", data);
+  std::string out;
+  ASSERT_EQ(run("cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() +
+                    " --config configs/quickstart.yaml --config configs/models/gpt2-debug.yaml output_dir=" +
+                    (dir / "run").string() + " tokenizer.type=auto tokenizer.path=" + folder.string() +
+                    " 'data.train=[{path: " + (dir / "convs.jsonl").string() +
+                    "}]' data.eval=null data.template=auto "
+                    "data.max_length=64 train.max_steps=1 train.micro_batch_size=2 schedule.warmup_steps=0 "
+                    "train.threads=1 2>&1",
+                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("data.template: hf, the chat_template of " + folder.string() + " rendered as written"),
+            std::string::npos)
+      << out;
+  const auto ckpt = dir / "run" / "checkpoint-1";
+  const auto saved = json::parse(read_text(ckpt / "tokenizer_config.json"));
+  EXPECT_EQ(saved["chat_template"], json::parse(read_text(folder / "tokenizer_config.json"))["chat_template"]);
+
+  const auto& sys_conv = refs[1];  // system + user + reply
+  ASSERT_EQ(sys_conv["prompt_messages"].size(), 2u);
+  write_text(dir / "in.txt", sys_conv["prompt_messages"][1]["content"].get<std::string>() + "\n");
+  ASSERT_EQ(run(anvil::testing::cli_bin() + " chat --model " + ckpt.string() + " --system '" +
+                    sys_conv["prompt_messages"][0]["content"].get<std::string>() +
+                    "' --no-history --show-prompt-ids --max-new-tokens 2 < " + (dir / "in.txt").string() + " 2>&1",
+                &out),
+            0)
+      << out;
+  const std::string tag = "prompt ids: ";
+  EXPECT_NE(out.find(tag + json(sys_conv["prompt_ids"]).dump()), std::string::npos) << out;
+  // --template hf names the same thing.
+  ASSERT_EQ(run(anvil::testing::cli_bin() + " generate --chat --model " + ckpt.string() +
+                    " --template hf --prompt 'What is 2+2?' --show-prompt-ids --max-new-tokens 1 2>&1",
+                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find(tag + json(refs[0]["prompt_ids"]).dump()), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace anvil::data

@@ -1,0 +1,389 @@
+"""transformers' apply_chat_template on chat templates of real-world formats.
+
+Usage: apply_chat_template.py WORKDIR
+
+Trains a small byte-level BPE tokenizer (HF `tokenizers`) with the special
+tokens of every format below and writes, for each template NAME:
+
+  WORKDIR/NAME/            a tokenizer folder whose tokenizer_config.json
+                           records the template as its chat_template
+  WORKDIR/NAME.jsonl       per conversation: {"messages", "ids", "mask",
+                           "prompt_messages", "prompt_ids"}, with "error"
+                           and "error_type" / "prompt_error" in place of
+                           what transformers (or the mask rule) refuses
+  WORKDIR/NAME.json        {"eot_id", "reply", "reply_ids" or
+                           "reply_error", "generation"}
+
+The templates are written for this test in the style of each family's own
+(ChatML/Qwen with a default system prompt, LLaMA-3, LLaMA-2 and Mistral
+[INST], Zephyr, Gemma, Phi-3, Open-Assistant, and one using namespace,
+tojson and filters; Zephyr's marks only the content, not the EOS after
+it). Those marked with {% generation %} get transformers'
+assistant masks (return_assistant_tokens_mask=True). Each also has a NAME-nogen
+variant without the generation tags, whose mask is computed here by the rule
+docs/data.md states ("Chat templates as written"): each reply trains what it
+adds to the text, render(messages[:i+1]) minus render(messages[:i],
+add_generation_prompt=True), up to and including the end-of-turn token.
+
+WORKDIR/jinja.jsonl holds jinja2 renderings (transformers' environment) of
+the interpreter cases in JINJA_CASES, {"template", "vars", "text",
+"generation"} or {"template", "vars", "error"}.
+"""
+import json
+import os
+import re
+import shutil
+import sys
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+from transformers.utils.chat_template_utils import render_jinja_template
+
+SPECIAL = ["<s>", "</s>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>",
+           "<|end_header_id|>", "<|eot_id|>", "<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>", "<|user|>",
+           "<|assistant|>", "<|system|>", "<|end|>", "<|endoftext|>", "<|prompter|>"]
+
+CHATML = """{%- for message in messages %}
+    {%- if loop.first and messages[0]['role'] != 'system' %}
+        {{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}
+    {%- endif %}
+    {{- '<|im_start|>' + message['role'] + '\\n' }}
+    {%- if message['role'] == 'assistant' %}
+        {%- generation %}
+            {{- message['content'] + '<|im_end|>' }}
+        {%- endgeneration %}
+    {%- else %}
+        {{- message['content'] + '<|im_end|>' }}
+    {%- endif %}
+    {{- '\\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+
+LLAMA3 = """{{- bos_token }}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content'] | trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{%- if system_message %}
+{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' + system_message + '<|eot_id|>' }}
+{%- endif %}
+{%- for message in messages %}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}
+    {%- if message['role'] == 'assistant' %}
+        {%- generation %}{{- message['content'] | trim + '<|eot_id|>' }}{%- endgeneration %}
+    {%- else %}
+        {{- message['content'] | trim + '<|eot_id|>' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- endif %}
+"""
+
+LLAMA2 = ("{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+          "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
+          "{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
+          "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+          "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+          "{% if loop.index0 == 0 and system_message != false %}"
+          "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+          "{% else %}{% set content = message['content'] %}{% endif %}"
+          "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
+          "{% elif message['role'] == 'assistant' %}{% generation %}{{ ' '  + content.strip() + ' ' + eos_token }}"
+          "{% endgeneration %}{% endif %}{% endfor %}")
+
+MISTRAL = """{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content'] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif %}
+    {%- if message['role'] == 'user' %}
+        {%- if loop.first and system_message is defined %}
+            {{- ' [INST] ' + system_message + '\\n\\n' + message['content'] + ' [/INST]' }}
+        {%- else %}
+            {{- ' [INST] ' + message['content'] + ' [/INST]' }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {% generation %}{{- ' ' + message['content'] + eos_token}}{% endgeneration %}
+    {%- else %}
+        {{- raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}
+    {%- endif %}
+{%- endfor %}
+"""
+
+ZEPHYR = """{% for message in messages %}
+{% if message['role'] == 'user' %}
+{{ '<|user|>\\n' + message['content'] + eos_token }}
+{% elif message['role'] == 'system' %}
+{{ '<|system|>\\n' + message['content'] + eos_token }}
+{% elif message['role'] == 'assistant' %}
+{{ '<|assistant|>\\n' }}{% generation %}{{ message['content'] }}{% endgeneration %}{{ eos_token }}
+
+{% endif %}
+{% if loop.last and add_generation_prompt %}
+{{ '<|assistant|>' }}
+{% endif %}
+{% endfor %}"""
+
+GEMMA = ("{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+         "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+         "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+         "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+         "{% endif %}{{ '<start_of_turn>' + role + '\\n' }}{% if role == 'model' %}{% generation %}"
+         "{{ message['content'] | trim + '<end_of_turn>' }}{% endgeneration %}{{ '\\n' }}"
+         "{% else %}{{ message['content'] | trim + '<end_of_turn>\\n' }}{% endif %}{% endfor %}"
+         "{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}")
+
+PHI3 = ("{% for message in messages %}{% if message['role'] == 'system' %}"
+        "{{'<|system|>\\n' + message['content'] + '<|end|>\\n'}}{% elif message['role'] == 'user' %}"
+        "{{'<|user|>\\n' + message['content'] + '<|end|>\\n'}}{% elif message['role'] == 'assistant' %}"
+        "{{'<|assistant|>\\n'}}{% generation %}{{message['content'] + '<|end|>'}}{% endgeneration %}{{'\\n'}}"
+        "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}")
+
+OASST = """{%- for message in messages -%}
+  {%- if message.role == 'user' -%}
+    {{ '<|prompter|>' ~ message.content ~ eos_token }}
+  {%- elif message.role == 'system' -%}
+    {{ '<|system|>' ~ message.content ~ eos_token }}
+  {%- else -%}
+    {{ '<|assistant|>' }}{% generation %}{{ message.content ~ eos_token }}{% endgeneration %}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{ '<|assistant|>' }}{%- endif -%}"""
+
+# ChatML with a summary of the conversation in the system turn: namespace,
+# tojson, selectattr, map, unique, loop.last, inline if.
+SUMMARY = """{%- set ns = namespace(system=none, last_user=-1) %}
+{%- for m in messages | selectattr('role', 'equalto', 'system') %}{% set ns.system = m.content %}{% endfor %}
+{%- for m in messages %}{% if m.role == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}{% endfor %}
+{%- set info = {'turns': messages | length, 'last_user': ns.last_user,
+                'roles': messages | map(attribute='role') | unique | list} %}
+{{- '<|im_start|>system\\n' ~ (ns.system if ns.system is not none else 'You are Anvil.') ~ '\\n' ~ info | tojson }}
+{{- '<|im_end|>\\n' }}
+{%- for m in messages if m.role != 'system' %}
+    {{- '<|im_start|>' ~ m.role ~ '\\n' }}
+    {%- if m.role == 'assistant' %}
+        {%- generation %}{{ m.content | trim }}<|im_end|>{% endgeneration %}
+    {%- else %}
+        {{- m.content | trim ~ '<|im_end|>' }}
+    {%- endif %}
+    {{- '\\n' if not loop.last or add_generation_prompt else '' }}
+{%- endfor %}
+{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"""
+
+TEMPLATES = {
+    "chatml": (CHATML, {"eos_token": "<|im_end|>"}),
+    "llama3": (LLAMA3, {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}),
+    "llama2": (LLAMA2, {"bos_token": "<s>", "eos_token": "</s>"}),
+    "mistral": (MISTRAL, {"bos_token": "<s>", "eos_token": "</s>"}),
+    "zephyr": (ZEPHYR, {"bos_token": "<s>", "eos_token": "</s>"}),
+    "gemma": (GEMMA, {"bos_token": "<bos>", "eos_token": "<eos>"}),
+    "phi3": (PHI3, {"bos_token": "<s>", "eos_token": "<|endoftext|>"}),
+    "oasst": (OASST, {"eos_token": "</s>"}),
+    "summary": (SUMMARY, {"eos_token": "<|im_end|>"}),
+}
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."},
+     {"role": "assistant", "content": " Blue, like the sky. "}],
+    [{"role": "system", "content": "Answer in German."}, {"role": "user", "content": "Name a colour."},
+     {"role": "assistant", "content": "Blau"}, {"role": "user", "content": "Another one?\n"},
+     {"role": "assistant", "content": "Grün — ein schönes Wort 🌿"}, {"role": "user", "content": "Danke!"},
+     {"role": "assistant", "content": "Bitte."}],
+    [{"role": "user", "content": "  leading spaces\tand tabs  "},
+     {"role": "assistant", "content": "\nnewline first\n\nand paragraphs"},
+     {"role": "user", "content": "日本語で答えて"}, {"role": "assistant", "content": "はい、わかりました。"}],
+    [{"role": "user", "content": "Say <|im_end|> and </s> literally"},
+     {"role": "assistant", "content": "Sure: {\"json\": [1, 2]} 'quotes' \\ back\\slash"}],
+    [{"role": "assistant", "content": "I start."}, {"role": "user", "content": "Hmm."}],
+    [{"role": "user", "content": "Only a question?"}],
+    [{"role": "system", "content": "System only, then a user."}, {"role": "user", "content": "Hello"}],
+    [{"role": "user", "content": "Say nothing."}, {"role": "assistant", "content": ""},
+     {"role": "user", "content": "Now a rare character."}, {"role": "assistant", "content": "G clef 𝄞"}],
+]
+
+REPLY = " Blue, like the sky. 🌿"
+PROBE_USER, PROBE_REPLY = "Hi", "ANVILREPLY"
+
+
+GENERATION_TAG = r"\{%-?\s*(end)?generation\s*-?%\}"
+
+
+def strip_generation(template):
+    return re.sub(GENERATION_TAG, "", template)
+
+
+def render(tok, template, messages, generation_prompt, track=False):
+    texts, spans = render_jinja_template(conversations=[messages], chat_template=template,
+                                         return_assistant_tokens_mask=track, add_generation_prompt=generation_prompt,
+                                         **tok.special_tokens_map)
+    return (texts[0], spans[0]) if track else texts[0]
+
+
+def hf_mask(enc, spans, n):
+    """transformers' return_assistant_tokens_mask from character spans."""
+    mask = [0] * n
+    for start, end in spans:
+        first, last = enc.char_to_token(start), enc.char_to_token(end - 1)
+        if first is None:
+            break
+        for t in range(first, last + 1 if last else n):
+            mask[t] = 1
+    return mask
+
+
+def end_of_turn(tok, template):
+    """The first special token rendered after a reply's content, else EOS (docs/data.md)."""
+    try:
+        text = render(tok, template, [{"role": "user", "content": PROBE_USER},
+                                      {"role": "assistant", "content": PROBE_REPLY}], False)
+    except Exception:  # noqa: BLE001 - a template that refuses the probe
+        return tok.eos_token_id
+    k = text.find(PROBE_REPLY)
+    if k < 0:
+        return tok.eos_token_id
+    for i in tok(text[k + len(PROBE_REPLY):], add_special_tokens=False)["input_ids"]:
+        added = tok.added_tokens_decoder.get(i)
+        if added is not None and added.special:
+            return i
+    return tok.eos_token_id
+
+
+def reply_spans(tok, template, messages, full, eot_text):
+    """The documented rule for templates without {% generation %}."""
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        prompt = render(tok, template, messages[:i], True)
+        through = render(tok, template, messages[:i + 1], False)
+        if not through.startswith(prompt) or not full.startswith(through):
+            raise ValueError("the reply's rendering is not a continuation")
+        end = len(through)
+        k = through.find(eot_text, len(prompt))
+        if k >= 0:
+            end = k + len(eot_text)
+        spans.append((len(prompt), end))
+    return spans
+
+
+def encode(tok, template, messages, generation, eot_text):
+    if generation:
+        r = tok.apply_chat_template(messages, chat_template=template, tokenize=True, return_dict=True,
+                                    return_assistant_tokens_mask=True)
+        return list(r["input_ids"]), list(r["assistant_masks"])
+    full = render(tok, template, messages, False)
+    enc = tok(full, add_special_tokens=False)
+    ids = list(enc["input_ids"])
+    assert ids == list(tok.apply_chat_template(messages, chat_template=template, tokenize=True, return_dict=True)["input_ids"])
+    return ids, hf_mask(enc, reply_spans(tok, template, messages, full, eot_text), len(ids))
+
+
+def reply_ids(tok, template, generation, eot_text):
+    conv = [{"role": "user", "content": PROBE_USER}, {"role": "assistant", "content": REPLY}]
+    if generation:
+        text, spans = render(tok, template, conv, False, track=True)
+    else:
+        text = render(tok, template, conv, False)
+        spans = reply_spans(tok, template, conv, text, eot_text)
+    start, end = spans[0]
+    return tok(text[start:end], add_special_tokens=False)["input_ids"]
+
+
+def write_template(work, name, template, special, tok_json):
+    folder = os.path.join(work, name)
+    os.makedirs(folder, exist_ok=True)
+    shutil.copy(tok_json, os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": template, **special}, f)
+    hf = PreTrainedTokenizerFast(tokenizer_file=tok_json, **special)
+    generation = re.search(GENERATION_TAG, template) is not None
+    eot = end_of_turn(hf, template)
+    eot_text = hf.convert_ids_to_tokens(eot)
+    with open(os.path.join(work, name + ".jsonl"), "w") as f:
+        for conv in CONVERSATIONS:
+            out = {"messages": conv}
+            try:
+                out["ids"], out["mask"] = encode(hf, template, conv, generation, eot_text)
+            except Exception as e:  # noqa: BLE001 - the template refuses the conversation
+                out["error"], out["error_type"] = str(e), type(e).__name__
+            last = max((i for i, m in enumerate(conv) if m["role"] == "assistant"), default=len(conv))
+            if last == 0:  # apply_chat_template refuses an empty conversation
+                f.write(json.dumps(out, ensure_ascii=False) + "\n")
+                continue
+            out["prompt_messages"] = conv[:last]
+            try:
+                out["prompt_ids"] = list(hf.apply_chat_template(conv[:last], chat_template=template, tokenize=True,
+                                                                return_dict=True, add_generation_prompt=True)["input_ids"])
+            except Exception as e:  # noqa: BLE001
+                out["prompt_error"] = str(e)
+            f.write(json.dumps(out, ensure_ascii=False) + "\n")
+    meta = {"eot_id": eot, "reply": REPLY, "generation": generation}
+    try:
+        meta["reply_ids"] = reply_ids(hf, template, generation, eot_text)
+    except ValueError as e:
+        meta["reply_error"] = str(e)
+    with open(os.path.join(work, name + ".json"), "w") as f:
+        json.dump(meta, f)
+
+
+def train_tokenizer(path):
+    corpus = [m["content"] for conv in CONVERSATIONS for m in conv]
+    corpus += ["user assistant system model [INST] [/INST] <<SYS>> <</SYS>>",
+               "The quick brown fox jumps over the lazy dog."] * 20
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=420, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus, trainer)
+    tok.save(path)
+
+
+def jinja_references(work):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from jinja_cases import JINJA_CASES, JINJA_VARS  # noqa: E402
+    with open(os.path.join(work, "jinja.jsonl"), "w") as f:
+        for template, extra in JINJA_CASES:
+            variables = dict(JINJA_VARS, **extra)
+            out = {"template": template, "vars": variables}
+            try:
+                text, spans = render_jinja_template(conversations=[variables["messages"]], chat_template=template,
+                                                    return_assistant_tokens_mask=True,
+                                                    **{k: v for k, v in variables.items() if k != "messages"})
+                out["text"], out["generation"] = text[0], [list(s) for s in spans[0]]
+            except Exception as e:  # noqa: BLE001
+                out["error"] = type(e).__name__ + ": " + str(e)
+            f.write(json.dumps(out, ensure_ascii=False) + "\n")
+
+
+def main():
+    work = sys.argv[1]
+    os.makedirs(work, exist_ok=True)
+    tok_json = os.path.join(work, "tokenizer.json")
+    train_tokenizer(tok_json)
+    names = []
+    for name, (template, special) in TEMPLATES.items():
+        write_template(work, name, template, special, tok_json)
+        write_template(work, name + "-nogen", strip_generation(template), special, tok_json)
+        names += [name, name + "-nogen"]
+    with open(os.path.join(work, "templates.json"), "w") as f:
+        json.dump(names, f)
+    jinja_references(work)
+
+
+if __name__ == "__main__":
+    main()
