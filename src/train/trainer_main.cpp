@@ -50,7 +50,7 @@ int trainer_main(int argc, char** argv) {
   CLI::App app{"Anvil trainer: trains a model from YAML configs. Later --config files and key.path=value "
                "overrides win. Re-running with the same output_dir resumes."};
   app.footer("Algorithms (algorithm:): " + join(anvil::config::algorithm_names()) + "\n"
-             "Chat templates (data.template:): " + join(anvil::data::ChatTemplate::names()) + "\n"
+             "Chat templates (data.template:): auto, hf (the model's own Jinja), " + join(anvil::data::ChatTemplate::names()) + "\n"
              "Model families (model.family:): " + join(anvil::models::family_names()) +
              "; debug-size flavors in configs/models/\n"
              "Example: trainer --config configs/quickstart.yaml train.max_steps=200\n"
