@@ -1,6 +1,8 @@
 #include "test_util.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,6 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+
+#include "anvil/data/token_shards.h"
 
 namespace anvil::testing {
 
@@ -53,6 +57,50 @@ std::string source_dir() { return ANVIL_SOURCE_DIR; }
 std::string trainer_bin() { return ANVIL_TRAINER_BIN; }
 std::string cli_bin() { return ANVIL_CLI_BIN; }
 std::string python_bin() { return ANVIL_PYTHON; }
+
+TrainerProcess::TrainerProcess(const std::filesystem::path& config, const std::filesystem::path& out,
+                               const std::filesystem::path& log, const std::string& env) {
+  pid_ = ::fork();
+  if (pid_ != 0) return;
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  ::dup2(fd, 1);
+  ::dup2(fd, 2);
+  if (!env.empty()) ::putenv(const_cast<char*>(env.c_str()));
+  if (::chdir(source_dir().c_str()) != 0) ::_exit(126);
+  const std::string bin = trainer_bin(), cfg = config.string(), o = "output_dir=" + out.string();
+  ::execl(bin.c_str(), bin.c_str(), "--config", cfg.c_str(), o.c_str(), static_cast<char*>(nullptr));
+  ::_exit(127);
+}
+
+void TrainerProcess::signal(int sig) { ::kill(pid_, sig); }
+
+int TrainerProcess::wait() {
+  int status = 0;
+  ::waitpid(pid_, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+bool TrainerProcess::running() {
+  int status = 0;
+  if (::waitpid(pid_, &status, WNOHANG) == 0) return true;
+  exited_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return false;
+}
+
+std::filesystem::path fixture_checkpoint() {
+  return std::filesystem::path(ANVIL_FIXTURE_DIR) / "quickstart-sft" / "checkpoint-1000";
+}
+
+std::vector<std::vector<int64_t>> shard_documents(const data::TokenShards& ts) {
+  std::vector<std::vector<int64_t>> docs;
+  for (const auto& s : ts.shards())
+    for (int64_t d = 0; d < s.docs; ++d) {
+      std::vector<int64_t> doc;
+      for (int64_t i = s.starts[d]; i < s.starts[d + 1]; ++i) doc.push_back(ts.token(s, i));
+      docs.push_back(doc);
+    }
+  return docs;
+}
 
 nlohmann::json python_reference(const std::string& script) {
   TempDir dir;

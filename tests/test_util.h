@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+namespace anvil::data {
+class TokenShards;
+}
+
 namespace anvil::testing {
 
 /// A fresh folder under the system temp dir, removed at destruction.
@@ -50,6 +54,32 @@ std::string tiny_sft_run(int64_t max_steps, int64_t save_every);
 /// output_dir=dir/out `extra` from the source folder; returns the exit code.
 int train_in(const TempDir& dir, const std::string& yaml, const std::string& extra, std::string* log,
              const std::string& prefix = "");
+
+/// The quickstart SFT run's checkpoint-1000, made by the QuickstartLearning
+/// ctest fixture (tests that need it run after it).
+std::filesystem::path fixture_checkpoint();
+
+/// The documents of every shard of `ts`, in order, as token lists.
+std::vector<std::vector<int64_t>> shard_documents(const data::TokenShards& ts);
+
+/// The trainer (`--config config output_dir=out`) in a child process run from
+/// the source folder, its output appended to `log`, with `env` ("NAME=value")
+/// set when given.
+class TrainerProcess {
+ public:
+  TrainerProcess(const std::filesystem::path& config, const std::filesystem::path& out,
+                 const std::filesystem::path& log, const std::string& env = "");
+  void signal(int sig);
+  /// Exit code, or 128 + signal.
+  int wait();
+  /// Whether it still runs; once it has exited, exited() holds its code.
+  bool running();
+  int exited() const { return exited_; }
+
+ private:
+  int pid_;
+  int exited_ = -1;
+};
 
 /// The `loss` of every line of a metrics.jsonl, by step.
 std::vector<std::pair<int64_t, double>> read_losses(const std::filesystem::path& metrics);

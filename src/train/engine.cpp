@@ -23,6 +23,7 @@
 #include "anvil/models/lora.h"
 #include "anvil/optim/optimizer.h"
 #include "anvil/train/trainer.h"
+#include "io/saved_parameters.h"
 #include "train/checkpoint_writer.h"
 
 namespace anvil::train {
@@ -186,6 +187,30 @@ class EngineImpl : public Engine {
   std::optional<double> stall_s_;  // since the last collect_save, when a save happened
 };
 
+/// A single-process checkpoint (io::save_checkpoint's layout) written in the
+/// background (CheckpointWriter), or at once under ANVIL_CHECKPOINT_SYNC=1.
+/// An engine keeps it as its last member: the writer's thread reads the
+/// model until joined.
+class SingleProcessSaves {
+ public:
+  stdfs::path save(const stdfs::path& output_dir, io::CheckpointParts parts, int64_t keep_last) {
+    if (background_checkpoints()) {
+      if (!writer_) writer_ = std::make_unique<CheckpointWriter>();
+      return writer_->start(output_dir, std::move(parts), keep_last);
+    }
+    const auto dir = io::save_checkpoint(output_dir, parts, keep_last);
+    log::info("saved ", dir.string());
+    return dir;
+  }
+  /// Waits until the live tensors of a background save are copied (before
+  /// anything changes them in place); returns the seconds waited.
+  double wait_copied() { return writer_ ? writer_->wait_copied() : 0.0; }
+  Metrics collect(bool wait) { return writer_ ? writer_->collect(wait) : Metrics{}; }
+
+ private:
+  std::unique_ptr<CheckpointWriter> writer_;
+};
+
 class PlainEngine final : public EngineImpl {
  public:
   PlainEngine(const config::RunConfig& cfg, std::shared_ptr<models::CausalLM> model, const Trains& trains,
@@ -249,15 +274,9 @@ class PlainEngine final : public EngineImpl {
       auto& c = static_cast<PlainEngine&>(*e);
       parts.companions.emplace_back(name, io::model_state(*c.model_, *c.optimizer_));
     }
-    if (background_checkpoints()) {
-      if (!writer_) writer_ = std::make_unique<CheckpointWriter>();
-      return writer_->start(output_dir, std::move(parts), keep_last);
-    }
-    const auto dir = io::save_checkpoint(output_dir, parts, keep_last);
-    log::info("saved ", dir.string());
-    return dir;
+    return saves_.save(output_dir, std::move(parts), keep_last);
   }
-  Metrics collect_own(bool wait) override { return writer_ ? writer_->collect(wait) : Metrics{}; }
+  Metrics collect_own(bool wait) override { return saves_.collect(wait); }
   void begin_step() override { optimizer_->zero_grad(); }
   double clip_own(double max_norm) override { return clip_or_measure(params_, max_norm); }
   void finish_own(bool apply) override {
@@ -281,11 +300,10 @@ class PlainEngine final : public EngineImpl {
   std::vector<at::Tensor> params_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   void wait_for_save_copy() {
-    if (!writer_) return;
-    if (const double s = writer_->wait_copied(); s > 0) add_stall(s);
+    if (const double s = saves_.wait_copied(); s > 0) add_stall(s);
   }
 
-  std::unique_ptr<CheckpointWriter> writer_;  // last: its thread reads the model until joined
+  SingleProcessSaves saves_;  // last: its thread reads the model until joined
 };
 
 class ShardedEngine final : public EngineImpl {
@@ -359,6 +377,7 @@ class ShardedEngine final : public EngineImpl {
                   at::IntArrayRef(found->shape), ", got ", v.sizes());
       by_unit[unit].emplace_back(found, v);
     }
+    wait_for_save_copy();
     at::NoGradGuard no_grad;
     for (const auto& [u, list] : by_unit) {
       auto flat = sharded_->gather_master(u).clone();
@@ -372,6 +391,15 @@ class ShardedEngine final : public EngineImpl {
  protected:
   stdfs::path save_own(const stdfs::path& output_dir, const io::TrainerState& state, const tokenizer::Tokenizer* tok,
                        const std::string& config_yaml, int64_t keep_last) override {
+    if (single_process_layout()) {
+      io::CheckpointParts parts;
+      parts.model = master_state();
+      parts.tokenizer = tok;
+      parts.rng = io::rng_state(device_);
+      parts.state = state;
+      parts.run_config_yaml = config_yaml;
+      return saves_.save(output_dir, std::move(parts), keep_last);
+    }
     // Written at once: every rank writes its shard between barriers.
     const auto dir = distributed::save_sharded_checkpoint(
         output_dir, *sharded_, *optimizer_, tok, state, config_yaml, keep_last, consolidated_,
@@ -393,7 +421,9 @@ class ShardedEngine final : public EngineImpl {
       if (masters[f.unit].grad().defined()) masters[f.unit].mutable_grad().narrow(0, f.offset, f.values.numel()).zero_();
     return sharded_->clip_grad_norm(max_norm);
   }
+  Metrics collect_own(bool wait) override { return saves_.collect(wait); }
   void finish_own(bool apply) override {
+    wait_for_save_copy();  // before the step changes the masters and moments a background save copies
     if (apply) optimizer_->step();
     {
       // AdamW's weight decay moves every element of a flat master shard; the
@@ -445,11 +475,43 @@ class ShardedEngine final : public EngineImpl {
     if (!any) throw ConfigError(concat(who, " trains none of the model's parameters"));
   }
 
+  /// One rank that trains every parameter and no companion model: the float32
+  /// masters are the whole model, so the checkpoint takes the single-process
+  /// layout (no shard files beside a consolidated copy of the same tensors),
+  /// written in the background like a plain run's. Resuming it under any
+  /// world size imports it (the constructor).
+  bool single_process_layout() { return comm_->world_size() == 1 && frozen_.empty() && companion_engines().empty(); }
+  /// io::model_state() of the masters: each parameter and its AdamW moments
+  /// as views of the flat float32 units (no copies).
+  io::ModelState master_state() {
+    io::ModelState out;
+    out.model = model_.get();
+    out.dtype = at::kFloat;
+    const auto saved = io::saved_parameters(*model_);
+    const auto masters = sharded_->master_parameters();
+    for (size_t u = 0; u < masters.size(); ++u) {
+      auto* st = optim::adamw_state(*optimizer_, masters[u]);
+      for (const auto& p : sharded_->layouts()[u].params) {
+        const auto part = [&](const at::Tensor& flat) { return flat.narrow(0, p.offset, p.numel).view(p.shape); };
+        if (saved(p.name)) out.weights.emplace(p.name, part(masters[u]));
+        if (!st) continue;  // not stepped yet
+        out.moments.emplace(p.name + ".exp_avg", part(st->exp_avg()));
+        out.moments.emplace(p.name + ".exp_avg_sq", part(st->exp_avg_sq()));
+        out.steps[p.name] = st->step();
+      }
+    }
+    return out;
+  }
+  void wait_for_save_copy() {
+    if (const double s = saves_.wait_copied(); s > 0) add_stall(s);
+  }
+
   std::vector<Frozen> frozen_;
   std::string sharding_, param_dtype_;
   bool consolidated_;
   std::unique_ptr<distributed::ShardedModel> sharded_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  SingleProcessSaves saves_;  // last: its thread reads the model until joined
 };
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include <set>
 #include <sstream>
 
+#include "anvil/core/device.h"
 #include "anvil/core/error.h"
 #include "anvil/core/tensorboard.h"
 #include "anvil/core/fs.h"
@@ -397,6 +398,7 @@ RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
   r.device = parse_device(cfg.train.device);
   if (r.device.is_cuda() && !r.device.has_index() && proc.world_size > 1)
     r.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(proc.local_rank));
+  set_tf32(cfg.train.tf32);
   r.out_dir = cfg.output_dir;
   r.config_yaml = config::to_yaml(cfg);
   r.latest = checkpoint_to_resume(cfg, r.out_dir);
@@ -658,6 +660,7 @@ class TrainLoop {
     }
     if (cfg_.train.on_nonfinite == "skip") m["nonfinite_steps"] = static_cast<double>(nonfinite_total_);
     for (const auto& [k, v] : engine_.memory()) m[k] = v;
+    for (const auto& [k, v] : accelerator_memory_metrics(run_.device)) m[k] = v;
     // How long saves since the last line blocked the loop, and background writes finished since.
     for (const auto& [k, v] : engine_.collect_save(/*wait=*/false)) m[k] = v;
     m["tokens_per_s"] = static_cast<double>(step_tokens) / seconds_since(t0);

@@ -27,16 +27,7 @@ void python(const std::string& args) {
   ASSERT_EQ(run(cmd, &out), 0) << cmd << "\n" << out;
 }
 
-std::vector<std::vector<int64_t>> documents(const TokenShards& ts) {
-  std::vector<std::vector<int64_t>> docs;
-  for (const auto& s : ts.shards())
-    for (int64_t d = 0; d < s.docs; ++d) {
-      std::vector<int64_t> doc;
-      for (int64_t i = s.starts[d]; i < s.starts[d + 1]; ++i) doc.push_back(ts.token(s, i));
-      docs.push_back(doc);
-    }
-  return docs;
-}
+std::vector<std::vector<int64_t>> documents(const TokenShards& ts) { return anvil::testing::shard_documents(ts); }
 
 /// What opening `dir` throws ("" if it opens).
 std::string open_error(const stdfs::path& dir, const MdsOptions& opt = {}) {

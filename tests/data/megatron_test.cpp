@@ -28,17 +28,7 @@ std::string python(const std::string& args) {
   return out;
 }
 
-/// The documents of `ts` (one shard) as token lists.
-std::vector<std::vector<int64_t>> documents(const TokenShards& ts) {
-  std::vector<std::vector<int64_t>> docs;
-  for (const auto& s : ts.shards())
-    for (int64_t d = 0; d < s.docs; ++d) {
-      std::vector<int64_t> doc;
-      for (int64_t i = s.starts[d]; i < s.starts[d + 1]; ++i) doc.push_back(ts.token(s, i));
-      docs.push_back(doc);
-    }
-  return docs;
-}
+std::vector<std::vector<int64_t>> documents(const TokenShards& ts) { return anvil::testing::shard_documents(ts); }
 
 TEST(Megatron, EveryDtypeOfMegatronCoreReadsInPlaceWithItsDocuments) {
   TempDir dir;

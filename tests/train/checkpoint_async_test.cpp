@@ -39,32 +39,7 @@ train: {max_steps: 6, micro_batch_size: 8, grad_accum_steps: 2, save_every: 2, k
 eval: {generate_samples: 0}
 )";
 
-/// The trainer on `config` in the background, with `env` ("NAME=value") set.
-class Trainer {
- public:
-  Trainer(const stdfs::path& config, const stdfs::path& out, const stdfs::path& log, const std::string& env) {
-    pid_ = ::fork();
-    if (pid_ != 0) return;
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    if (!env.empty()) ::putenv(const_cast<char*>(env.c_str()));
-    if (::chdir(anvil::testing::source_dir().c_str()) != 0) ::_exit(126);
-    const std::string bin = anvil::testing::trainer_bin(), cfg = config.string(), o = "output_dir=" + out.string();
-    ::execl(bin.c_str(), bin.c_str(), "--config", cfg.c_str(), o.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  void kill() { ::kill(pid_, SIGKILL); }
-  /// Exit code, or 128 + signal.
-  int wait() {
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-
- private:
-  pid_t pid_;
-};
+using Trainer = anvil::testing::TrainerProcess;
 
 /// The hidden temp folder of checkpoint-`step` being written in `out`, if any.
 std::optional<stdfs::path> temp_folder(const stdfs::path& out, int step) {
@@ -93,6 +68,21 @@ class CheckpointAsync : public ::testing::Test {
     EXPECT_EQ(t.wait(), 0) << anvil::testing::read_text(dir_ / "log.txt");
     return anvil::testing::read_losses(out / "metrics.jsonl");
   }
+  /// Every write pauses 1 s before its first file and 1 s before
+  /// trainer_state.json; the kill lands in the second pause of
+  /// checkpoint-4's write, its folder full but for the file that marks it
+  /// complete. Returns that folder.
+  std::optional<stdfs::path> kill_while_writing_checkpoint_4(const stdfs::path& out) {
+    Trainer t(dir_ / "run.yaml", out, dir_ / "log.txt", "ANVIL_TEST_CHECKPOINT_WRITE_DELAY_MS=1000");
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    std::optional<stdfs::path> tmp;
+    while (!((tmp = temp_folder(out, 4)) && stdfs::exists(*tmp / "config.yaml")) &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    t.signal(SIGKILL);
+    EXPECT_EQ(t.wait(), 128 + SIGKILL) << anvil::testing::read_text(dir_ / "log.txt");
+    return tmp;
+  }
   TempDir dir_;
 };
 
@@ -100,18 +90,8 @@ TEST_F(CheckpointAsync, SigkillDuringABackgroundWriteKeepsThePreviousCheckpointA
   const auto reference = run_to_end(dir_ / "ref");
   ASSERT_EQ(reference.size(), 6u);
 
-  // Every write pauses 1 s before its first file and 1 s before
-  // trainer_state.json; the kill lands in the second pause of checkpoint-4's
-  // write, its folder full but for the file that marks it complete.
   const auto out = dir_ / "killed";
-  Trainer t(dir_ / "run.yaml", out, dir_ / "log.txt", "ANVIL_TEST_CHECKPOINT_WRITE_DELAY_MS=1000");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  std::optional<stdfs::path> tmp;
-  while (!((tmp = temp_folder(out, 4)) && stdfs::exists(*tmp / "config.yaml")) &&
-         std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  t.kill();
-  EXPECT_EQ(t.wait(), 128 + SIGKILL) << anvil::testing::read_text(dir_ / "log.txt");
+  const auto tmp = kill_while_writing_checkpoint_4(out);
   ASSERT_TRUE(tmp) << "no write of checkpoint-4 was seen; log:\n" << anvil::testing::read_text(dir_ / "log.txt");
 
   // The half-written folder is there, hidden and without trainer_state.json;
@@ -191,6 +171,35 @@ TEST_F(CheckpointAsync, AFailedBackgroundWriteStopsTheRunNamingTheCheckpoint) {
   EXPECT_FALSE(stdfs::exists(dir_ / "out" / "checkpoint-4"));
   for (const auto& e : stdfs::directory_iterator(dir_ / "out"))
     EXPECT_NE(e.path().filename().string().rfind(".checkpoint-", 0), 0u) << "left behind: " << e.path();
+}
+
+// A one-process mixed-precision run (dist.param_dtype: bfloat16: the sharded
+// engine on one rank) saves its float32 masters and moments in the
+// single-process layout, in the background; killed mid-write it resumes from
+// the previous checkpoint bit for bit.
+TEST_F(CheckpointAsync, OneRankMixedPrecisionRunsSaveInTheBackgroundAndResumeBitIdentically) {
+  anvil::testing::write_text(dir_ / "run.yaml", std::string(kRun) + "dist: {param_dtype: bfloat16}\n");
+  const auto reference = run_to_end(dir_ / "ref");
+  ASSERT_EQ(reference.size(), 6u);
+  const auto ref_log = anvil::testing::read_text(dir_ / "log.txt");
+  EXPECT_NE(ref_log.find("writing " + (dir_ / "ref" / "checkpoint-2").string() + " in the background"),
+            std::string::npos) << ref_log;
+  const auto ckpt = dir_ / "ref" / "checkpoint-2";
+  EXPECT_FALSE(stdfs::exists(ckpt / "sharding.json"));
+  EXPECT_EQ(io::SafetensorsFile(ckpt / "model.safetensors").get("transformer.wte.weight").scalar_type(), at::kFloat);
+  EXPECT_TRUE(io::SafetensorsFile(ckpt / "optimizer.safetensors").contains("transformer.h.1.mlp.c_fc.weight.exp_avg_sq"));
+
+  const auto out = dir_ / "killed";
+  const auto tmp = kill_while_writing_checkpoint_4(out);
+  ASSERT_TRUE(tmp) << "no write of checkpoint-4 was seen; log:\n" << anvil::testing::read_text(dir_ / "log.txt");
+  EXPECT_FALSE(stdfs::exists(out / "checkpoint-4"));
+  const auto log_before = anvil::testing::read_text(dir_ / "log.txt").size();
+  const auto resumed = run_to_end(out);
+  const auto log = anvil::testing::read_text(dir_ / "log.txt").substr(log_before);
+  EXPECT_NE(log.find("resumed from " + (out / "checkpoint-2").string() + " at step 2"), std::string::npos) << log;
+  ASSERT_EQ(resumed.size(), reference.size());
+  for (size_t i = 0; i < reference.size(); ++i)
+    EXPECT_EQ(resumed[i].second, reference[i].second) << "step " << reference[i].first;  // bit for bit
 }
 
 }  // namespace

@@ -213,7 +213,7 @@ TEST(IlqlHeads, HeadsAreMlpsTargetsStartAsCopiesAndShapedScoresNeedThem) {
 
 // ---- runs from the quickstart SFT checkpoint (the ctest fixture) ----
 
-stdfs::path fixture_checkpoint() { return stdfs::path(ANVIL_FIXTURE_DIR) / "quickstart-sft" / "checkpoint-1000"; }
+using anvil::testing::fixture_checkpoint;
 
 /// configs/ilql_tiny.yaml from the fixture with `extra` overrides.
 std::string ilql_run(const stdfs::path& out, const std::string& extra, int ranks = 0) {

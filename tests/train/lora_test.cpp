@@ -21,7 +21,7 @@ using anvil::testing::run;
 using anvil::testing::TempDir;
 namespace stdfs = std::filesystem;
 
-stdfs::path fixture_checkpoint() { return stdfs::path(ANVIL_FIXTURE_DIR) / "quickstart-sft" / "checkpoint-1000"; }
+using anvil::testing::fixture_checkpoint;
 
 /// The quickstart's reverse and upper examples under new instructions
 /// ("mirror:", "caps:"), which the fixture has never seen.

@@ -252,9 +252,7 @@ TEST(PpoConfig, BadSettingsAndRecordsNameTheKeyOrTheLine) {
 
 // ---- learning and runs, from the quickstart SFT checkpoint (the ctest fixture) ----
 
-stdfs::path fixture_checkpoint() {
-  return stdfs::path(ANVIL_FIXTURE_DIR) / "quickstart-sft" / "checkpoint-1000";
-}
+using anvil::testing::fixture_checkpoint;
 
 /// A quickstart model weak on one task: the fixture's checkpoint-1000,
 /// fine-tuned for 100 steps on `upper` examples whose answers are in lower

@@ -30,40 +30,7 @@ train: {max_steps: 100, micro_batch_size: 8, grad_accum_steps: 2, save_every: 7,
 eval: {generate_samples: 0}
 )";
 
-class TrainerProcess {
- public:
-  TrainerProcess(const stdfs::path& config, const stdfs::path& out_dir, const stdfs::path& log) {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      ::chdir(anvil::testing::source_dir().c_str());
-      const std::string bin = anvil::testing::trainer_bin(), cfg = config.string(),
-                        out = "output_dir=" + out_dir.string();
-      ::execl(bin.c_str(), bin.c_str(), "--config", cfg.c_str(), out.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-  }
-  void signal(int sig) { ::kill(pid_, sig); }
-  /// Exit code, or 128 + signal.
-  int wait() {
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  bool running() {
-    int status = 0;
-    if (::waitpid(pid_, &status, WNOHANG) == 0) return true;
-    exited_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    return false;
-  }
-  int exited() const { return exited_; }
-
- private:
-  pid_t pid_;
-  int exited_ = -1;
-};
+using anvil::testing::TrainerProcess;
 
 size_t metric_lines(const stdfs::path& metrics) {
   std::ifstream in(metrics);

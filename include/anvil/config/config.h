@@ -307,6 +307,7 @@ struct TrainConfig {
   int64_t log_every = 10;
   int64_t keep_checkpoints = 2;
   std::string device = "cpu";
+  bool tf32 = false;
   int64_t threads = 0;
   std::string on_nonfinite = "stop";
   int64_t max_nonfinite_in_a_row = 10;
@@ -347,6 +348,10 @@ struct TrainConfig {
     v.field("keep_checkpoints", keep_checkpoints, "Most recent checkpoints kept; 0 keeps all.",
             non_negative());
     v.field("device", device, "Device: cpu, cuda or cuda:N.");
+    v.field("tf32", tf32,
+            "CUDA: float32 matmuls and convolutions on TensorFloat-32 tensor cores (PyTorch's "
+            "allow_tf32 = True; ~10-bit mantissa products, float32 accumulation). No effect on the CPU or "
+            "on bfloat16/float16 compute.");
     v.field("threads", threads, "Intra-op CPU threads; 0 = LibTorch's default.", non_negative());
     v.field("on_nonfinite", on_nonfinite,
             "A step whose loss or gradient norm is NaN or infinite is never applied. stop: exit with an error "

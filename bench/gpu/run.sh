@@ -1,0 +1,227 @@
+#!/usr/bin/env bash
+# One-command GPU benchmark (docs/benchmarks.md, "GPU"): builds Anvil on a
+# machine whose python3 holds torch + transformers, then measures Anvil's
+# trainer and generator against transformers on the same GPU in one run,
+# alternating them, and prints one table with ratios and MFU.
+#
+# usage: bash bench/gpu/run.sh [--smoke] [--no-build] [SECTION...]
+#   sections (default: all): train  GPT-2 124M 16x1024 and LLaMA 1.1B 4x2048 in bf16:
+#                                   Anvil, transformers eager (autocast), transformers + torch.compile
+#                            fp32   GPT-2 in fp32 with TF32 (train.tf32), Anvil and transformers eager
+#                            shard  Anvil GPT-2 bf16 under 1-rank NCCL full_shard, and with activation checkpointing
+#                            ckpt   LLaMA 1.1B checkpoint stall: background saves vs ANVIL_CHECKPOINT_SYNC=1
+#                            gen    GPT-2 124M generation, batch 1 and 32, greedy and sampled: Anvil vs
+#                                   transformers.generate (default cache; greedy also static cache + compile)
+#   --smoke     tiny models on the CPU, a few steps: checks this script (ctest GpuBenchSmoke)
+#   --no-build  use the binaries already in $BUILD
+# env: BUILD (default /tmp/anvil-gpu-build; --smoke: build), OUT (results; default /tmp/anvil-gpu-bench),
+#      PYTHON (default python3), ROUNDS (alternations per comparison, default 1), SMOKE_COMPILE=1 (compile
+#      peers in --smoke too)
+# Without a registry (the lent GPU machines): run bench/gpu/fetch_debs.sh on a Debian machine first and
+# send .gpudeps with the repository (device call: carry [".gpudeps"]); they are unpacked into
+# /tmp/anvil-deps.
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT"
+SMOKE=0 BUILD_IT=1 sections=()
+for arg; do
+  case $arg in
+    --smoke) SMOKE=1 ;;
+    --no-build) BUILD_IT=0 ;;
+    -h | --help) sed -n 2,24p "$0"; exit 0 ;;
+    train | fp32 | shard | ckpt | gen) sections+=("$arg") ;;
+    *) echo "bench/gpu/run.sh: unknown argument \"$arg\" (sections: train fp32 shard ckpt gen)" >&2; exit 2 ;;
+  esac
+done
+SECTIONS=" ${sections[*]:-train fp32 shard ckpt gen} "
+has() { [[ $SECTIONS == *" $1 "* ]]; }
+PY=${PYTHON:-python3}
+OUTD=${OUT:-/tmp/anvil-gpu-bench}
+ROUNDS=${ROUNDS:-1}
+mkdir -p "$OUTD"
+RES=$OUTD/results.jsonl
+: >"$RES"
+export PYTHONPATH=$ROOT/bench/gpu${PYTHONPATH:+:$PYTHONPATH}
+
+if ((SMOKE)); then
+  BUILD=${BUILD:-build} DEVICE=cpu LIMIT=180 COMPILE=${SMOKE_COMPILE:-0}
+  GPT2=configs/models/gpt2-debug.yaml LLAMA=configs/models/llama-debug.yaml
+  GPT2_SHAPE="2 64" LLAMA_SHAPE="2 64" STEPS=8 WARMUP=3 GEN_PROMPT=8 GEN_NEW=8 GEN_BATCHES="4"
+  VOCAB=$($PY -c "import sentencepiece as s; print(s.SentencePieceProcessor(model_file='data/tokenizer.model').vocab_size())")
+  CORPUS_LINES=60 CORPUS_WORDS=300
+else
+  BUILD=${BUILD:-/tmp/anvil-gpu-build} DEVICE=cuda LIMIT=420 COMPILE=1
+  GPT2=configs/models/gpt2-124m.yaml LLAMA=configs/models/llama-1b.yaml
+  GPT2_SHAPE="16 1024" LLAMA_SHAPE="4 2048" STEPS=25 WARMUP=5 GEN_PROMPT=128 GEN_NEW=128 GEN_BATCHES="1 32"
+  VOCAB=""  # both configs set vocab_size
+  CORPUS_LINES=1500 CORPUS_WORDS=1200
+fi
+VOCAB_ARG=(${VOCAB:+--vocab $VOCAB})
+T0=$SECONDS
+stamp() { echo "[bench/gpu $((SECONDS - T0)) s] $*"; }
+
+# --- the machine and the versions ---------------------------------------------------------
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo "anvil: $(git rev-parse --short HEAD 2>/dev/null || echo "(not a git checkout)")"
+  echo "cpu: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n1), $(nproc) cores"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| transformers', transformers.__version__)"
+} | tee "$OUTD/machine.txt"
+
+# --- build -------------------------------------------------------------------------------------
+if ((BUILD_IT)); then
+  stamp "build into $BUILD"
+  TP=$($PY -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+  PREFIX=$TP
+  PKGC=$(command -v pkg-config || true)
+  if compgen -G ".gpudeps/debs/*.deb" >/dev/null; then
+    D=/tmp/anvil-deps
+    if [[ ! -f $D/.unpacked ]]; then
+      mkdir -p $D
+      for f in .gpudeps/debs/*.deb; do dpkg -x "$f" $D; done
+      touch $D/.unpacked
+    fi
+    export LD_LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export PKG_CONFIG_LIBDIR=$D/usr/lib/x86_64-linux-gnu/pkgconfig:$D/usr/share/pkgconfig
+    export PKG_CONFIG_SYSROOT_DIR=$D
+    PREFIX="$TP;$D/usr"
+    [[ -n $PKGC ]] || PKGC=$D/usr/bin/pkgconf
+  fi
+  SP=$($PY -c 'import site; print(site.getsitepackages()[0])')
+  NCCL_H=$(find "$SP/nvidia" -name nccl.h 2>/dev/null | head -n1)
+  ARCH=$($PY -c 'import torch; c = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0); print(f"{c[0]}{c[1]}")')
+  GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
+  cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX" \
+    ${PKGC:+-DPKG_CONFIG_EXECUTABLE=$PKGC} -DANVIL_BUILD_TESTS=OFF \
+    -DANVIL_ENABLE_MPI=$(command -v mpicxx >/dev/null && echo ON || echo OFF) \
+    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DTORCH_CUDA_ARCH_LIST="${ARCH:0:1}.${ARCH:1}" \
+    ${NCCL_H:+-DANVIL_NCCL_INCLUDE_DIR=$(dirname "$NCCL_H")} >"$OUTD/cmake.log" 2>&1 ||
+    { tail -n 30 "$OUTD/cmake.log"; exit 1; }
+  cmake --build "$BUILD" -j "$(nproc)" --target trainer anvil_cli bench_generate >"$OUTD/build.log" 2>&1 ||
+    { tail -n 40 "$OUTD/build.log"; exit 1; }
+  stamp "built"
+elif [[ -d /tmp/anvil-deps ]]; then
+  export LD_LIBRARY_PATH=/tmp/anvil-deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+TRAINER=$BUILD/bin/trainer
+for b in "$TRAINER" "$BUILD/bin/anvil" "$BUILD/bin/bench_generate"; do
+  [[ -x $b ]] || { echo "bench/gpu/run.sh: $b is missing (build it, or drop --no-build)" >&2; exit 1; }
+done
+
+# --- data: token shards of a random-word corpus (pretrain, packed rows) ------------------------
+DATA=$OUTD/shards
+if [[ ! -f $DATA/meta.json ]] && (has train || has fp32 || has shard || has ckpt); then
+  $PY - "$OUTD/corpus.txt" "$CORPUS_LINES" "$CORPUS_WORDS" <<'PY'
+import random, sys
+random.seed(0)
+words = ["".join(random.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(random.randint(2, 9))) for _ in range(4000)]
+with open(sys.argv[1], "w") as f:
+    for _ in range(int(sys.argv[2])):
+        f.write(" ".join(random.choice(words) for _ in range(int(sys.argv[3]))) + "\n")
+PY
+  "$BUILD/bin/anvil" prepare --tokenizer data/tokenizer.model --input "$OUTD/corpus.txt" --output "$DATA" \
+    >"$OUTD/prepare.log" 2>&1 || { tail -n 20 "$OUTD/prepare.log"; exit 1; }
+fi
+
+# anvil_train TAG MODEL BATCH SEQ PRECISION(bf16|tf32|fp32) [trainer overrides...]: one trainer run
+# (environment: RUN_ENV), its metrics.jsonl summarised into results.jsonl.
+RUN_ENV=()
+anvil_train() {
+  local tag=$1 model=$2 b=$3 t=$4 prec=$5
+  shift 5
+  local dir=$OUTD/runs/$tag
+  rm -rf "$dir"
+  local args=(--config "$model" algorithm=pretrain tokenizer.path=data/tokenizer.model "data.train=[{path: $DATA}]"
+    data.max_length="$t" train.micro_batch_size="$b" train.max_steps="$STEPS" train.device="$DEVICE"
+    model.dropout=0 train.log_every=5 eval.generate_samples=0 optimizer.lr=3e-4 "optimizer.betas=[0.9,0.95]"
+    optimizer.weight_decay=0.1 train.save_every=0 train.keep_checkpoints=1 output_dir="$dir")
+  [[ $prec == bf16 ]] && args+=(dist.param_dtype=bfloat16)
+  [[ $prec == tf32 ]] && args+=(train.tf32=true)
+  if timeout "$LIMIT" env "${RUN_ENV[@]}" "$TRAINER" "${args[@]}" "$@" >"$OUTD/$tag.log" 2>&1; then
+    $PY bench/gpu/table.py anvil --metrics "$dir/metrics.jsonl" --tag "$tag" --model "$model" "${VOCAB_ARG[@]}" \
+      --batch "$b" --seq "$t" --precision "$prec" --warmup "$WARMUP" --device "$DEVICE" | tee -a "$RES"
+  else
+    echo "$tag: the trainer failed (rc $?); the end of $OUTD/$tag.log:"
+    tail -n 15 "$OUTD/$tag.log"
+  fi
+  rm -rf "$dir"/checkpoint-*  # the final save is not part of the measurement; keep the disk free
+}
+# hf_train MODEL BATCH SEQ MODE(autocast|fp32) COMPILE(0|1)
+hf_train() {
+  timeout "$LIMIT" $PY bench/gpu/hf_train.py --model "$1" "${VOCAB_ARG[@]}" --batch "$2" --seq "$3" --mode "$4" \
+    --compile "$5" --steps $((STEPS - WARMUP)) --warmup "$WARMUP" --device "$DEVICE" 2>>"$OUTD/hf.err" | tee -a "$RES" ||
+    { echo "transformers $1 $4 compile=$5 failed; the end of $OUTD/hf.err:"; tail -n 15 "$OUTD/hf.err"; }
+}
+
+if has train; then
+  for shape in "$GPT2 $GPT2_SHAPE" "$LLAMA $LLAMA_SHAPE"; do
+    set -- $shape
+    for r in $(seq "$ROUNDS"); do
+      stamp "train $1 $2x$3, round $r"
+      anvil_train anvil "$1" "$2" "$3" bf16
+      hf_train "$1" "$2" "$3" autocast 0
+      ((COMPILE)) && hf_train "$1" "$2" "$3" autocast 1
+    done
+  done
+fi
+if has fp32; then
+  set -- $GPT2_SHAPE
+  for r in $(seq "$ROUNDS"); do
+    stamp "fp32 (TF32 matmuls) $GPT2, round $r"
+    anvil_train anvil "$GPT2" "$1" "$2" tf32
+    hf_train "$GPT2" "$1" "$2" fp32 0
+  done
+fi
+if has shard; then
+  set -- $GPT2_SHAPE
+  stamp "full_shard $GPT2"
+  # One rank through the NCCL backend on the GPU; the CPU smoke run shards in-process.
+  shard=(dist.sharding=full_shard)
+  [[ $DEVICE == cuda ]] && shard+=(dist.backend=nccl) &&
+    RUN_ENV=(RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29517)
+  anvil_train anvil-full_shard "$GPT2" "$1" "$2" bf16 "${shard[@]}"
+  anvil_train anvil-full_shard-ckpt "$GPT2" "$1" "$2" bf16 "${shard[@]}" train.activation_checkpointing=true
+  anvil_train anvil-ckpt "$GPT2" "$1" "$2" bf16 train.activation_checkpointing=true
+  RUN_ENV=()
+fi
+if has ckpt; then
+  set -- $LLAMA_SHAPE
+  stamp "checkpoint stall $LLAMA"
+  # 10 steps, saving every 4, background (the default) and synchronous; the table lists the stall of
+  # the saves at steps 4 and 8 (the final save's comes after the last metrics line).
+  ck=(train.save_every=4 train.max_steps=$((STEPS < 10 ? STEPS : 10)))
+  anvil_train anvil-save-background "$LLAMA" "$1" "$2" bf16 "${ck[@]}"
+  RUN_ENV=(ANVIL_CHECKPOINT_SYNC=1)
+  anvil_train anvil-save-sync "$LLAMA" "$1" "$2" bf16 "${ck[@]}"
+  RUN_ENV=()
+fi
+if has gen; then
+  G=$OUTD/gen-model
+  stamp "generation $GPT2"
+  [[ -f $G/config.json ]] || $PY bench/gpu/hf_generate.py make --model "$GPT2" "${VOCAB_ARG[@]}" --out "$G" \
+    --prompt-len "$GEN_PROMPT" --batches "${GEN_BATCHES// /,}" 2>>"$OUTD/hf.err"
+  dtype=bfloat16
+  [[ $DEVICE == cpu ]] && dtype=float32
+  for b in $GEN_BATCHES; do
+    for mode in greedy sample; do
+      for r in $(seq "$ROUNDS"); do
+        timeout "$LIMIT" "$BUILD/bin/bench_generate" --model "$G" --prompts "$G/prompts_b$b.json" --new "$GEN_NEW" \
+          --mode $mode --device "$DEVICE" --dtype $dtype 2>>"$OUTD/gen.err" | tee -a "$RES" ||
+          { echo "bench_generate b$b $mode failed:"; tail -n 15 "$OUTD/gen.err"; }
+        impls=(default)
+        [[ $mode == greedy ]] && ((COMPILE)) && impls+=(static-compile)
+        for impl in "${impls[@]}"; do
+          timeout "$LIMIT" $PY bench/gpu/hf_generate.py run --dir "$G" --prompts "$G/prompts_b$b.json" \
+            --new "$GEN_NEW" --mode $mode --impl $impl --device "$DEVICE" --dtype $dtype 2>>"$OUTD/hf.err" |
+            tee -a "$RES" || { echo "transformers.generate b$b $mode $impl failed:"; tail -n 15 "$OUTD/hf.err"; }
+        done
+      done
+    done
+  done
+fi
+
+stamp "done"
+echo
+cat "$OUTD/machine.txt"
+$PY bench/gpu/table.py table "$RES" | tee "$OUTD/table.md"

@@ -1,0 +1,25 @@
+#include "anvil/core/device.h"
+
+#include <ATen/Context.h>
+#include <ATen/DeviceAccelerator.h>
+
+namespace anvil {
+
+void set_tf32(bool on) {
+  at::globalContext().setAllowTF32CuBLAS(on);
+  at::globalContext().setAllowTF32CuDNN(on);
+}
+
+Metrics accelerator_memory_metrics(const c10::Device& device) {
+  if (device.is_cpu() || !at::accelerator::isAccelerator(device.type())) return {};
+  auto* allocator = at::getDeviceAllocator(device.type());
+  const auto index = device.has_index() ? device.index() : at::accelerator::getDeviceIndex();
+  const auto stats = allocator->getDeviceStats(index);
+  constexpr auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  allocator->resetPeakStats(index);
+  return {{"memory/gpu_peak_bytes", static_cast<double>(stats.allocated_bytes[all].peak)},
+          {"memory/gpu_peak_reserved_bytes", static_cast<double>(stats.reserved_bytes[all].peak)},
+          {"memory/gpu_allocated_bytes", static_cast<double>(stats.allocated_bytes[all].current)}};
+}
+
+}  // namespace anvil

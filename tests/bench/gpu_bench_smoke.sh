@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# bench/gpu/run.sh --smoke: the one-command GPU benchmark's own script, run on
+# tiny models on the CPU with the binaries of this build, so that a lent GPU
+# machine finds it working. Every section must produce its rows: Anvil and
+# the transformers peers side by side for training, full_shard and
+# activation checkpointing, the checkpoint stall of background and
+# synchronous saves, and generation against transformers.generate.
+# usage: gpu_bench_smoke.sh BUILD_DIR SOURCE_DIR
+set -uo pipefail
+BUILD=$1 SRC=$2
+OUTD=$(mktemp -d)
+trap 'rm -rf "$OUTD"' EXIT
+cd "$SRC"
+if ! OUT=$OUTD BUILD=$BUILD PYTHON=$SRC/.venv/bin/python bash bench/gpu/run.sh --smoke --no-build >"$OUTD/log" 2>&1; then
+  echo "bench/gpu/run.sh --smoke failed:"; cat "$OUTD/log"; exit 1
+fi
+T=$OUTD/table.md
+fail=0
+row() { # a table row matching the regex, with a number in the tokens/s column
+  grep -qE "^\| $1 \| [0-9][0-9,]* \|" "$T" || { echo "no row matching: $1"; fail=1; }
+}
+row "gpt2-debug, 2 x 64, bf16 \| anvil \(n=1\)"
+row "gpt2-debug, 2 x 64, bf16 \| transformers-eager \(n=1\)"
+row "llama-debug, 2 x 64, bf16 \| anvil \(n=1\)"
+row "llama-debug, 2 x 64, bf16 \| transformers-eager \(n=1\)"
+row "gpt2-debug, 2 x 64, tf32 \| anvil \(n=1\)"
+row "gpt2-debug, 2 x 64, tf32 \| transformers-eager \(n=1\)"
+row "gpt2-debug, 2 x 64, bf16 \| anvil-full_shard \(n=1\)"
+row "gpt2-debug, 2 x 64, bf16 \| anvil-full_shard-ckpt \(n=1\)"
+row "gpt2-debug, 2 x 64, bf16 \| anvil-ckpt \(n=1\)"
+row "gpt2, 4, 8 \+ 8, greedy, float32 \| anvil \(n=1\)"
+row "gpt2, 4, 8 \+ 8, greedy, float32 \| transformers-default \(n=1\)"
+row "gpt2, 4, 8 \+ 8, sample, float32 \| anvil \(n=1\)"
+row "gpt2, 4, 8 \+ 8, sample, float32 \| transformers-default \(n=1\)"
+# A stall for the save at step 4 (that of the final save at step 8 comes after the last line).
+grep -qE "^checkpoint stall, anvil-save-background: per save [0-9.]+ s" "$T" || { echo "no background stall line"; fail=1; }
+grep -qE "^checkpoint stall, anvil-save-sync: per save [0-9.]+ s" "$T" || { echo "no synchronous stall line"; fail=1; }
+if ((fail)); then echo "--- table"; cat "$T"; echo "--- log"; cat "$OUTD/log"; exit 1; fi
+cat "$T"
