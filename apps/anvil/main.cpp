@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <nlohmann/json.hpp>
 
@@ -399,26 +401,24 @@ int cmd_export(const std::string& ckpt, const std::string& out, const std::strin
   return 0;
 }
 
-}  // namespace
+/// A subcommand and what runs when it is the one given.
+using Command = std::pair<CLI::App*, std::function<int()>>;
 
-int main(int argc, char** argv) {
-  CLI::App app{"anvil: tools around Anvil training runs"};
-  app.require_subcommand(1);
+void add_placement(CLI::App* cmd, Placement& where) {
+  cmd->add_option("--device", where.device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--dtype", where.dtype, "Weights and compute: float32, bfloat16 or float16")
+      ->check(CLI::IsMember({"float32", "bfloat16", "float16"}))
+      ->capture_default_str();
+}
 
-  std::string model_dir;
+/// generate's and chat's decoding flags.
+struct SamplingFlags {
   anvil::generation::SamplingOptions opt;
   double temperature = 0;
   bool greedy = false;
-  int64_t eos_id = -1;
   double ilql_beta = -1;
-  Placement where;
-  auto add_placement = [&](CLI::App* cmd) {
-    cmd->add_option("--device", where.device, "cpu, cuda or cuda:N")->capture_default_str();
-    cmd->add_option("--dtype", where.dtype, "Weights and compute: float32, bfloat16 or float16")
-        ->check(CLI::IsMember({"float32", "bfloat16", "float16"}))
-        ->capture_default_str();
-  };
-  auto add_sampling = [&](CLI::App* cmd) {
+
+  void add(CLI::App* cmd) {
     auto* g = cmd->add_flag("--greedy", greedy, "Greedy decoding (the default)");
     cmd->add_option("--max-new-tokens", opt.max_new_tokens, "Tokens to generate per prompt")->capture_default_str();
     auto* t = cmd->add_option("--temperature", temperature, "Sample at this temperature (> 0) instead of greedy");
@@ -430,138 +430,208 @@ int main(int argc, char** argv) {
                     "shaping (0 = the LM alone)")
         ->check(CLI::NonNegativeNumber);
     g->excludes(t);
-  };
+  }
+  anvil::generation::SamplingOptions options() const {
+    auto o = opt;
+    if (temperature > 0) {
+      o.greedy = false;
+      o.temperature = temperature;
+    }
+    return o;
+  }
+};
 
+/// --template (needing `needs` when given), --force-template, --show-prompt-ids.
+void add_format(CLI::App* cmd, ChatFormatFlags& fmt, CLI::Option* needs) {
+  auto* t = cmd->add_option("--template", fmt.name, "Chat format: plain, chatml, llama3, oasst, or hf (the folder's "
+                                                    "own Jinja chat_template as written; default: the format "
+                                                    "the folder's tokenizer_config.json records, else plain)");
+  auto* f = cmd->add_flag("--force-template", fmt.force, "Use --template even where it contradicts the folder's "
+                                                          "recorded format");
+  f->needs(t);
+  cmd->add_flag("--show-prompt-ids", fmt.show_ids, "Print each prompt's token ids (JSON) to stderr");
+  if (needs) t->needs(needs);
+}
+
+Command add_generate(CLI::App& app) {
+  struct Flags {
+    std::string model_dir, in, out;
+    std::vector<std::string> prompts;
+    int64_t eos_id = -1;
+    bool chat = false;
+    ChatFormatFlags fmt;
+    SamplingFlags sampling;
+    Placement where;
+    CLI::Option* eos = nullptr;
+  };
+  auto f = std::make_shared<Flags>();
   auto* gen = app.add_subcommand("generate", "Continue prompts (token ids or text) with a model folder");
-  std::vector<std::string> prompts;
-  std::string gen_in, gen_out;
-  gen->add_option("--model", model_dir, "Model folder (a checkpoint, an export or an HF folder)")->required();
-  auto* gin = gen->add_option("--input", gen_in, "ids.json: a JSON list of token-id lists (any lengths)");
-  auto* gout = gen->add_option("--output", gen_out, "out.json: a JSON list of the generated id lists");
-  auto* gp = gen->add_option("--prompt", prompts, "Prompt text (repeatable; \\n is a newline); prints JSON lines");
+  gen->add_option("--model", f->model_dir, "Model folder (a checkpoint, an export or an HF folder)")->required();
+  auto* gin = gen->add_option("--input", f->in, "ids.json: a JSON list of token-id lists (any lengths)");
+  auto* gout = gen->add_option("--output", f->out, "out.json: a JSON list of the generated id lists");
+  auto* gp = gen->add_option("--prompt", f->prompts, "Prompt text (repeatable; \\n is a newline); prints JSON lines");
   gin->needs(gout);
   gout->needs(gin);
   gp->excludes(gin);
-  auto* geos = gen->add_option("--eos-id", eos_id, "Stop token (default: the model's eos_token_id, or with --chat "
-                                                    "the format's end of turn; -1 = none)");
-  gen->add_option("--batch-size", opt.batch_size, "Prompts decoded together (0 = all)");
-  bool gen_chat = false;
-  ChatFormatFlags fmt;
-  auto* gchat = gen->add_flag("--chat", gen_chat, "Each --prompt is a user turn in the folder's chat format");
+  f->eos = gen->add_option("--eos-id", f->eos_id, "Stop token (default: the model's eos_token_id, or with --chat "
+                                                   "the format's end of turn; -1 = none)");
+  gen->add_option("--batch-size", f->sampling.opt.batch_size, "Prompts decoded together (0 = all)");
+  auto* gchat = gen->add_flag("--chat", f->chat, "Each --prompt is a user turn in the folder's chat format");
   gchat->needs(gp);
-  const auto add_format = [&](CLI::App* cmd, CLI::Option* needs) {
-    auto* t = cmd->add_option("--template", fmt.name, "Chat format: plain, chatml, llama3, oasst, or hf (the folder's "
-                                                      "own Jinja chat_template as written; default: the format "
-                                                      "the folder's tokenizer_config.json records, else plain)");
-    auto* f = cmd->add_flag("--force-template", fmt.force, "Use --template even where it contradicts the folder's "
-                                                            "recorded format");
-    f->needs(t);
-    cmd->add_flag("--show-prompt-ids", fmt.show_ids, "Print each prompt's token ids (JSON) to stderr");
-    if (needs) {
-      t->needs(needs);
-    }
+  add_format(gen, f->fmt, gchat);
+  gen->add_option("--system", f->fmt.system, "With --chat: a system turn before each prompt")->needs(gchat);
+  f->sampling.add(gen);
+  add_placement(gen, f->where);
+  return {gen, [f] {
+            for (auto& p : f->prompts)
+              for (size_t pos; (pos = p.find("\\n")) != std::string::npos;) p.replace(pos, 2, "\n");
+            if (f->prompts.empty() && f->in.empty())
+              throw anvil::ConfigError("generate: give --input/--output or --prompt");
+            auto opt = f->sampling.options();
+            const bool eos_given = f->eos->count() > 0;
+            if (eos_given) opt.eos_id = f->eos_id;
+            return cmd_generate(f->model_dir, f->prompts, f->in, f->out, opt, eos_given, f->chat, f->fmt,
+                                f->sampling.ilql_beta, f->where);
+          }};
+}
+
+Command add_chat(CLI::App& app) {
+  struct Flags {
+    std::string model_dir;
+    bool no_history = false;
+    ChatFormatFlags fmt;
+    SamplingFlags sampling;
+    Placement where;
   };
-  add_format(gen, gchat);
-  gen->add_option("--system", fmt.system, "With --chat: a system turn before each prompt")->needs(gchat);
-  add_sampling(gen);
-  add_placement(gen);
-
+  auto f = std::make_shared<Flags>();
   auto* chat = app.add_subcommand("chat", "Talk to a model folder: one user turn per line on stdin");
-  bool no_history = false;
-  chat->add_option("--model", model_dir, "Model folder with its tokenizer")->required();
-  chat->add_flag("--no-history", no_history, "Answer each line on its own, forgetting earlier turns");
-  add_format(chat, nullptr);
-  chat->add_option("--system", fmt.system, "System prompt: a system turn first (plain: a line before the user's)");
-  add_sampling(chat);
-  add_placement(chat);
+  chat->add_option("--model", f->model_dir, "Model folder with its tokenizer")->required();
+  chat->add_flag("--no-history", f->no_history, "Answer each line on its own, forgetting earlier turns");
+  add_format(chat, f->fmt, nullptr);
+  chat->add_option("--system", f->fmt.system, "System prompt: a system turn first (plain: a line before the user's)");
+  f->sampling.add(chat);
+  add_placement(chat, f->where);
+  return {chat, [f] {
+            return cmd_chat(f->model_dir, f->sampling.options(), !f->no_history, f->fmt, f->sampling.ilql_beta,
+                            f->where);
+          }};
+}
 
+Command add_export(CLI::App& app) {
+  struct Flags {
+    std::string ckpt, out, dtype = "float32", base;
+    bool merge_lora = false;
+  };
+  auto f = std::make_shared<Flags>();
   auto* exp = app.add_subcommand("export", "Write a checkpoint's model as a standalone Hugging Face folder");
-  std::string ckpt, exp_out, exp_dtype = "float32";
-  exp->add_option("--checkpoint", ckpt, "checkpoint-N/ folder, sharded or not (or any supported HF folder)")->required();
-  exp->add_option("--output", exp_out, "New folder to write (must not exist or be empty)")->required();
-  exp->add_option("--dtype", exp_dtype, "Weights dtype: float32, bfloat16 or float16")->capture_default_str();
-  bool merge_lora = false;
-  std::string exp_base;
-  exp->add_flag("--merge-lora", merge_lora,
+  exp->add_option("--checkpoint", f->ckpt, "checkpoint-N/ folder, sharded or not (or any supported HF folder)")
+      ->required();
+  exp->add_option("--output", f->out, "New folder to write (must not exist or be empty)")->required();
+  exp->add_option("--dtype", f->dtype, "Weights dtype: float32, bfloat16 or float16")->capture_default_str();
+  exp->add_flag("--merge-lora", f->merge_lora,
                 "The checkpoint is a LoRA adapter (a run with lora.r): write its base model with the adapters folded "
                 "into the weights");
-  exp->add_option("--base", exp_base,
+  exp->add_option("--base", f->base,
                   "With --merge-lora: the base model's folder (default: adapter_config.json's base_model_name_or_path)");
+  return {exp, [f] { return cmd_export(f->ckpt, f->out, f->dtype, f->merge_lora, f->base); }};
+}
 
+Command add_logits(CLI::App& app) {
+  struct Flags {
+    std::string model_dir, in, out;
+    Placement where;
+  };
+  auto f = std::make_shared<Flags>();
   auto* logc = app.add_subcommand("logits", "Write a model's logits for given token ids");
-  std::string logits_in, logits_out;
-  logc->add_option("--model", model_dir, "Model folder (HF layout)")->required();
-  logc->add_option("--input", logits_in, "ids.json: a JSON list of equal-length token-id lists")->required();
-  logc->add_option("--output", logits_out, "out.safetensors with float32 `logits` [batch, seq, vocab]")->required();
-  add_placement(logc);
+  logc->add_option("--model", f->model_dir, "Model folder (HF layout)")->required();
+  logc->add_option("--input", f->in, "ids.json: a JSON list of equal-length token-id lists")->required();
+  logc->add_option("--output", f->out, "out.safetensors with float32 `logits` [batch, seq, vocab]")->required();
+  add_placement(logc, f->where);
+  return {logc, [f] { return cmd_logits(f->model_dir, f->in, f->out, f->where); }};
+}
 
-  auto* scorec = app.add_subcommand("score", "Score replies with a reward model: one JSON line of rewards per input line");
-  std::string score_in;
-  int64_t score_batch = 64;
-  scorec->add_option("--model", model_dir, "Reward-model folder (a checkpoint or export of algorithm: reward)")->required();
-  add_placement(scorec);
-  scorec->add_option("--input", score_in, "JSONL: {prompt, chosen, rejected}, {prompt, ranked: [...]} or "
-                                          "{prompt, response} per line")->required();
-  add_format(scorec, nullptr);
-  scorec->add_option("--batch-size", score_batch, "Replies scored together")->capture_default_str();
+Command add_score(CLI::App& app) {
+  struct Flags {
+    std::string model_dir, in;
+    int64_t batch = 64;
+    ChatFormatFlags fmt;
+    Placement where;
+  };
+  auto f = std::make_shared<Flags>();
+  auto* scorec =
+      app.add_subcommand("score", "Score replies with a reward model: one JSON line of rewards per input line");
+  scorec->add_option("--model", f->model_dir, "Reward-model folder (a checkpoint or export of algorithm: reward)")
+      ->required();
+  add_placement(scorec, f->where);
+  scorec->add_option("--input", f->in, "JSONL: {prompt, chosen, rejected}, {prompt, ranked: [...]} or "
+                                       "{prompt, response} per line")->required();
+  add_format(scorec, f->fmt, nullptr);
+  scorec->add_option("--batch-size", f->batch, "Replies scored together")->capture_default_str();
+  return {scorec,
+          [f] { return cmd_score(f->model_dir, f->in, f->fmt, std::max<int64_t>(1, f->batch), f->where); }};
+}
 
+Command add_tokenize(CLI::App& app) {
+  struct Flags {
+    std::string tok_path, type = "auto", in, out;
+    bool decode = false, keep_special = false;
+  };
+  auto f = std::make_shared<Flags>();
   auto* tokc = app.add_subcommand("tokenize", "Tokenize (or --decode) one line at a time");
-  std::string tok_path, tok_type = "auto", input, output;
-  bool decode = false, keep_special = false;
-  tokc->add_option("--tokenizer", tok_path, "Tokenizer file (tokenizer.json, .model) or a folder holding one")->required();
-  tokc->add_option("--type", tok_type, "auto, hf or sentencepiece")->capture_default_str();
-  tokc->add_option("--input", input, "Text lines (or JSON id lists with --decode); - reads standard input")->required();
-  tokc->add_option("--output", output,
+  tokc->add_option("--tokenizer", f->tok_path, "Tokenizer file (tokenizer.json, .model) or a folder holding one")
+      ->required();
+  tokc->add_option("--type", f->type, "auto, hf or sentencepiece")->capture_default_str();
+  tokc->add_option("--input", f->in, "Text lines (or JSON id lists with --decode); - reads standard input")->required();
+  tokc->add_option("--output", f->out,
                    "ids.jsonl: one JSON list of ids per line (or text with --decode); - writes standard output")
       ->required();
-  tokc->add_flag("--decode", decode, "Decode JSON id lists back to text");
-  tokc->add_flag("--keep-special-tokens", keep_special, "With --decode: keep special tokens (BOS, EOS, ...)");
+  tokc->add_flag("--decode", f->decode, "Decode JSON id lists back to text");
+  tokc->add_flag("--keep-special-tokens", f->keep_special, "With --decode: keep special tokens (BOS, EOS, ...)");
+  return {tokc, [f] { return cmd_tokenize(f->tok_path, f->type, f->in, f->out, f->decode, f->keep_special); }};
+}
 
+Command add_prepare(CLI::App& app) {
+  struct Flags {
+    std::string tok_path, type = "auto", out, on_error = "fail", format = "anvil";
+    std::vector<std::string> in, text_fields;
+    int64_t shard_tokens = int64_t{1} << 28;
+    bool no_eos = false;
+  };
+  auto f = std::make_shared<Flags>();
   auto* prep = app.add_subcommand("prepare", "Tokenize pretraining text into memory-mapped token shards");
-  std::vector<std::string> prep_in;
-  std::string prep_out, on_error = "fail";
-  std::vector<std::string> text_fields;
-  int64_t shard_tokens = int64_t{1} << 28;
-  bool no_eos = false;
-  prep->add_option("--tokenizer", tok_path, "Tokenizer file or a folder holding one")->required();
-  prep->add_option("--type", tok_type, "auto, hf or sentencepiece")->capture_default_str();
-  prep->add_option("--input", prep_in, "A .jsonl file (one {text} document a line) or a text file (one document "
-                                       "a line); repeatable")->required();
-  prep->add_option("--output", prep_out, "New folder for meta.json and the shards (--format megatron: the "
-                                         "PREFIX of PREFIX.bin and PREFIX.idx)")->required();
-  std::string prep_format = "anvil";
-  prep->add_option("--format", prep_format, "anvil (token shards) or megatron (a GPT-NeoX / Megatron indexed "
-                                            "dataset, MMIDIDX)")
+  prep->add_option("--tokenizer", f->tok_path, "Tokenizer file or a folder holding one")->required();
+  prep->add_option("--type", f->type, "auto, hf or sentencepiece")->capture_default_str();
+  prep->add_option("--input", f->in, "A .jsonl file (one {text} document a line) or a text file (one document "
+                                     "a line); repeatable")->required();
+  prep->add_option("--output", f->out, "New folder for meta.json and the shards (--format megatron: the "
+                                       "PREFIX of PREFIX.bin and PREFIX.idx)")->required();
+  prep->add_option("--format", f->format, "anvil (token shards) or megatron (a GPT-NeoX / Megatron indexed "
+                                          "dataset, MMIDIDX)")
       ->check(CLI::IsMember({"anvil", "megatron"}))
       ->capture_default_str();
-  prep->add_option("--text-field", text_fields, "JSONL field holding the text (default text; repeat to join several "
-                                               "fields, e.g. --text-field prompt --text-field response)");
-  prep->add_option("--shard-tokens", shard_tokens, "Tokens per shard")->capture_default_str();
-  prep->add_flag("--no-eos", no_eos, "Do not end each document with EOS");
-  prep->add_option("--on-error", on_error, "Malformed JSONL lines: fail or skip")->capture_default_str();
+  prep->add_option("--text-field", f->text_fields, "JSONL field holding the text (default text; repeat to join "
+                                                   "several fields, e.g. --text-field prompt --text-field response)");
+  prep->add_option("--shard-tokens", f->shard_tokens, "Tokens per shard")->capture_default_str();
+  prep->add_flag("--no-eos", f->no_eos, "Do not end each document with EOS");
+  prep->add_option("--on-error", f->on_error, "Malformed JSONL lines: fail or skip")->capture_default_str();
+  return {prep, [f] {
+            return cmd_prepare(f->tok_path, f->type, f->in, f->out,
+                               f->text_fields.empty() ? std::vector<std::string>{"text"} : f->text_fields,
+                               f->shard_tokens, f->no_eos, f->on_error, f->format);
+          }};
+}
 
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"anvil: tools around Anvil training runs"};
+  app.require_subcommand(1);
+  const std::vector<Command> commands = {add_generate(app), add_chat(app),     add_export(app), add_logits(app),
+                                         add_score(app),    add_tokenize(app), add_prepare(app)};
   CLI11_PARSE(app, argc, argv);
   return anvil::run_reporting_errors([&] {
-    if (temperature > 0) {
-      opt.greedy = false;
-      opt.temperature = temperature;
-    }
-    if (gen->parsed()) {
-      for (auto& p : prompts)
-        for (size_t pos; (pos = p.find("\\n")) != std::string::npos;) p.replace(pos, 2, "\n");
-      if (prompts.empty() && gen_in.empty()) throw anvil::ConfigError("generate: give --input/--output or --prompt");
-      if (geos->count() > 0) opt.eos_id = eos_id;
-      return cmd_generate(model_dir, prompts, gen_in, gen_out, opt, geos->count() > 0, gen_chat, fmt, ilql_beta, where);
-    }
-    if (chat->parsed()) return cmd_chat(model_dir, opt, !no_history, fmt, ilql_beta, where);
-    if (exp->parsed()) return cmd_export(ckpt, exp_out, exp_dtype, merge_lora, exp_base);
-    if (logc->parsed()) return cmd_logits(model_dir, logits_in, logits_out, where);
-    if (scorec->parsed()) return cmd_score(model_dir, score_in, fmt, std::max<int64_t>(1, score_batch), where);
-    if (tokc->parsed()) return cmd_tokenize(tok_path, tok_type, input, output, decode, keep_special);
-    if (prep->parsed())
-      return cmd_prepare(tok_path, tok_type, prep_in, prep_out,
-                         text_fields.empty() ? std::vector<std::string>{"text"} : text_fields, shard_tokens, no_eos,
-                         on_error, prep_format);
+    for (const auto& [cmd, run] : commands)
+      if (cmd->parsed()) return run();
     return 0;
   });
 }

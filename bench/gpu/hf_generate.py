@@ -20,6 +20,7 @@ mk.add_argument("--vocab", type=int, default=None)
 mk.add_argument("--out", required=True)
 mk.add_argument("--prompt-len", type=int, default=128)
 mk.add_argument("--batches", default="1,32")
+mk.add_argument("--init-std", type=float, default=None, help="initializer_range (larger: peaked logits, no ties)")
 rn = sub.add_parser("run")
 rn.add_argument("--dir", required=True)
 rn.add_argument("--prompts", required=True)
@@ -37,7 +38,10 @@ if a.cmd == "make":
     from models import hf_config, read_model
     torch.manual_seed(0)
     m = read_model(a.model, a.vocab)
-    transformers.AutoModelForCausalLM.from_config(hf_config(m)).save_pretrained(a.out)
+    cfg = hf_config(m)
+    if a.init_std is not None:
+        cfg.initializer_range = a.init_std
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(a.out)
     g = torch.Generator().manual_seed(1)
     for b in map(int, a.batches.split(",")):
         ids = torch.randint(m["vocab_size"], (b, a.prompt_len), generator=g).tolist()

@@ -5,7 +5,11 @@
 # alternating them, and prints one table with ratios and MFU.
 #
 # usage: bash bench/gpu/run.sh [--smoke] [--no-build] [SECTION...]
-#   sections (default: all): train  GPT-2 124M 16x1024 and LLaMA 1.1B 4x2048 in bf16:
+#   sections (default: all): check  correctness first: tiny models on the device against the CPU, bf16
+#                                   against float32, one-rank full_shard against plain, background saves
+#                                   against saves at once, resume bit for bit, greedy tokens and logits
+#                                   against the CPU and transformers (PASS/FAIL lines; exit status 1 on a FAIL)
+#                            train  GPT-2 124M 16x1024 and LLaMA 1.1B 4x2048 in bf16:
 #                                   Anvil, transformers eager (autocast), transformers + torch.compile
 #                            fp32   GPT-2 in fp32 with TF32 (train.tf32), Anvil and transformers eager
 #                            shard  Anvil GPT-2 bf16 under 1-rank NCCL full_shard, and with activation checkpointing
@@ -29,11 +33,11 @@ for arg; do
     --smoke) SMOKE=1 ;;
     --no-build) BUILD_IT=0 ;;
     -h | --help) sed -n 2,24p "$0"; exit 0 ;;
-    train | fp32 | shard | ckpt | gen) sections+=("$arg") ;;
-    *) echo "bench/gpu/run.sh: unknown argument \"$arg\" (sections: train fp32 shard ckpt gen)" >&2; exit 2 ;;
+    check | train | fp32 | shard | ckpt | gen) sections+=("$arg") ;;
+    *) echo "bench/gpu/run.sh: unknown argument \"$arg\" (sections: check train fp32 shard ckpt gen)" >&2; exit 2 ;;
   esac
 done
-SECTIONS=" ${sections[*]:-train fp32 shard ckpt gen} "
+SECTIONS=" ${sections[*]:-check train fp32 shard ckpt gen} "
 has() { [[ $SECTIONS == *" $1 "* ]]; }
 PY=${PYTHON:-python3}
 OUTD=${OUT:-/tmp/anvil-gpu-bench}
@@ -111,7 +115,7 @@ done
 
 # --- data: token shards of a random-word corpus (pretrain, packed rows) ------------------------
 DATA=$OUTD/shards
-if [[ ! -f $DATA/meta.json ]] && (has train || has fp32 || has shard || has ckpt); then
+if [[ ! -f $DATA/meta.json ]] && (has check || has train || has fp32 || has shard || has ckpt); then
   $PY - "$OUTD/corpus.txt" "$CORPUS_LINES" "$CORPUS_WORDS" <<'PY'
 import random, sys
 random.seed(0)
@@ -124,26 +128,32 @@ PY
     >"$OUTD/prepare.log" 2>&1 || { tail -n 20 "$OUTD/prepare.log"; exit 1; }
 fi
 
-# anvil_train TAG MODEL BATCH SEQ PRECISION(bf16|tf32|fp32) [trainer overrides...]: one trainer run
-# (environment: RUN_ENV), its metrics.jsonl summarised into results.jsonl.
+# anvil_run TAG MODEL BATCH SEQ PRECISION(bf16|tf32|fp32) [trainer overrides...]: one trainer run into
+# $OUTD/runs/TAG (emptied first unless KEEP=1), environment RUN_ENV; returns the trainer's status.
 RUN_ENV=()
-anvil_train() {
+anvil_run() {
   local tag=$1 model=$2 b=$3 t=$4 prec=$5
   shift 5
   local dir=$OUTD/runs/$tag
-  rm -rf "$dir"
+  [[ ${KEEP:-0} == 1 ]] || { rm -rf "$dir"; : >"$OUTD/$tag.log"; }
   local args=(--config "$model" algorithm=pretrain tokenizer.path=data/tokenizer.model "data.train=[{path: $DATA}]"
     data.max_length="$t" train.micro_batch_size="$b" train.max_steps="$STEPS" train.device="$DEVICE"
     model.dropout=0 train.log_every=5 eval.generate_samples=0 optimizer.lr=3e-4 "optimizer.betas=[0.9,0.95]"
     optimizer.weight_decay=0.1 train.save_every=0 train.keep_checkpoints=1 output_dir="$dir")
   [[ $prec == bf16 ]] && args+=(dist.param_dtype=bfloat16)
   [[ $prec == tf32 ]] && args+=(train.tf32=true)
-  if timeout "$LIMIT" env "${RUN_ENV[@]}" "$TRAINER" "${args[@]}" "$@" >"$OUTD/$tag.log" 2>&1; then
+  timeout "$LIMIT" env "${RUN_ENV[@]}" "$TRAINER" "${args[@]}" "$@" >>"$OUTD/$tag.log" 2>&1 && return 0
+  local rc=$?
+  echo "$tag: the trainer failed (rc $rc); the end of $OUTD/$tag.log:"
+  tail -n 15 "$OUTD/$tag.log"
+  return $rc
+}
+# anvil_train: anvil_run, its metrics.jsonl summarised into results.jsonl (the table's rows).
+anvil_train() {
+  local tag=$1 model=$2 b=$3 t=$4 prec=$5 dir=$OUTD/runs/$1
+  if anvil_run "$@"; then
     $PY bench/gpu/table.py anvil --metrics "$dir/metrics.jsonl" --tag "$tag" --model "$model" "${VOCAB_ARG[@]}" \
       --batch "$b" --seq "$t" --precision "$prec" --warmup "$WARMUP" --device "$DEVICE" | tee -a "$RES"
-  else
-    echo "$tag: the trainer failed (rc $?); the end of $OUTD/$tag.log:"
-    tail -n 15 "$OUTD/$tag.log"
   fi
   rm -rf "$dir"/checkpoint-*  # the final save is not part of the measurement; keep the disk free
 }
@@ -154,6 +164,61 @@ hf_train() {
     { echo "transformers $1 $4 compile=$5 failed; the end of $OUTD/hf.err:"; tail -n 15 "$OUTD/hf.err"; }
 }
 
+FAILED=0
+check() { $PY bench/gpu/check.py "$@" | tee -a "$OUTD/checks.txt" || FAILED=1; }
+if has check; then
+  # Correctness on the device before any speed: tiny models, a few steps each.
+  stamp "checks on $DEVICE"
+  : >"$OUTD/checks.txt"
+  DBG_GPT2=configs/models/gpt2-debug.yaml DBG_LLAMA=configs/models/llama-debug.yaml
+  few=(train.max_steps=20)
+  for m in $DBG_GPT2 $DBG_LLAMA; do
+    n=$(basename "$m" .yaml)
+    anvil_run chk-$n-cpu "$m" 4 64 fp32 "${few[@]}" train.device=cpu
+    anvil_run chk-$n-fp32 "$m" 4 64 fp32 "${few[@]}"
+    anvil_run chk-$n-bf16 "$m" 4 64 bf16 "${few[@]}"
+    check losses "$n: $DEVICE float32 losses = the CPU's" "$OUTD/runs/chk-$n-fp32/metrics.jsonl" \
+      "$OUTD/runs/chk-$n-cpu/metrics.jsonl" --atol 1e-4 --rtol 1e-4
+    check losses "$n: $DEVICE bf16 losses ~ float32" "$OUTD/runs/chk-$n-bf16/metrics.jsonl" \
+      "$OUTD/runs/chk-$n-fp32/metrics.jsonl" --atol 0.05
+  done
+  full=(dist.sharding=full_shard)
+  [[ $DEVICE == cuda ]] && full+=(dist.backend=nccl) &&
+    RUN_ENV=(RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29518)
+  anvil_run chk-full_shard "$DBG_GPT2" 4 64 bf16 "${few[@]}" "${full[@]}"
+  RUN_ENV=()
+  check losses "gpt2-debug: one-rank full_shard losses = plain bf16" "$OUTD/runs/chk-full_shard/metrics.jsonl" \
+    "$OUTD/runs/chk-gpt2-debug-bf16/metrics.jsonl" --atol 1e-5
+  # Checkpoints written in the background (from device memory through pinned buffers) = written at once.
+  for prec in fp32 bf16; do
+    saves=(train.max_steps=6 train.save_every=2 train.keep_checkpoints=0 model.dropout=0.1 schedule.decay=constant)
+    anvil_run chk-save-bg-$prec "$DBG_GPT2" 4 64 $prec "${saves[@]}"
+    RUN_ENV=(ANVIL_CHECKPOINT_SYNC=1)
+    anvil_run chk-save-sync-$prec "$DBG_GPT2" 4 64 $prec "${saves[@]}"
+    RUN_ENV=()
+    check same-files "$prec checkpoint-4 written in the background = written at once" \
+      "$OUTD/runs/chk-save-bg-$prec/checkpoint-4" "$OUTD/runs/chk-save-sync-$prec/checkpoint-4"
+    # Stopped after step 3 and resumed (RNG, data position, moments): the losses of steps 4-6 bit for bit.
+    anvil_run chk-resume-$prec "$DBG_GPT2" 4 64 $prec "${saves[@]}" train.max_steps=3
+    KEEP=1 anvil_run chk-resume-$prec "$DBG_GPT2" 4 64 $prec "${saves[@]}"
+    check losses "$prec run resumed at step 3 on $DEVICE = uninterrupted" "$OUTD/runs/chk-resume-$prec/metrics.jsonl" \
+      "$OUTD/runs/chk-save-bg-$prec/metrics.jsonl"
+  done
+  # Generation and logits on the device: a random GPT-2 with peaked logits (no near-ties).
+  C=$OUTD/chk-model
+  rm -rf "$C"
+  $PY bench/gpu/hf_generate.py make --model "$DBG_GPT2" --vocab 512 --out "$C" --prompt-len 8 --batches 4 \
+    --init-std 0.5 2>>"$OUTD/hf.err"
+  for d in cpu "$DEVICE"; do
+    "$BUILD/bin/bench_generate" --model "$C" --prompts "$C/prompts_b4.json" --new 24 --device "$d" --repeats 1 \
+      --tokens-out "$C/greedy-$d.json" >/dev/null 2>>"$OUTD/gen.err"
+  done
+  check same-json "greedy tokens on $DEVICE = on the CPU" "$C/greedy-$DEVICE.json" "$C/greedy-cpu.json"
+  "$BUILD/bin/anvil" logits --model "$C" --input "$C/prompts_b4.json" --output "$C/logits.safetensors" \
+    --device "$DEVICE" >/dev/null 2>>"$OUTD/gen.err"
+  check logits "anvil logits on $DEVICE = transformers'" --dir "$C" --ids "$C/prompts_b4.json" \
+    --ours "$C/logits.safetensors" --device "$DEVICE" --atol 1e-4
+fi
 if has train; then
   for shape in "$GPT2 $GPT2_SHAPE" "$LLAMA $LLAMA_SHAPE"; do
     set -- $shape
@@ -224,4 +289,6 @@ fi
 stamp "done"
 echo
 cat "$OUTD/machine.txt"
+[[ -s $OUTD/checks.txt ]] && cat "$OUTD/checks.txt" && echo
 $PY bench/gpu/table.py table "$RES" | tee "$OUTD/table.md"
+exit $FAILED

@@ -82,10 +82,12 @@ struct ResumeFrom {
 /// the policy and to its companion models, which are engines of the same kind.
 class EngineImpl : public Engine {
  public:
-  StepStats backward(Objective& objective, const std::vector<Batch>& batches, int64_t step_targets) final {
+  StepStats backward(Objective& objective, const std::vector<Batch>& batches, int64_t step_targets,
+                     bool read_loss) final {
     for_each([](EngineImpl& e) { e.begin_step(); });
     AccumulateOptions ao;
     ao.step_targets = step_targets;
+    ao.read_loss = read_loss;
     ao.before_backward = [&](bool last) { for_each([&](EngineImpl& e) { e.before_backward(last); }); };
     ao.after_backward = [&] { for_each([](EngineImpl& e) { e.after_backward(); }); };
     return accumulate_gradients(objective, model(), batches, ao);

@@ -239,7 +239,7 @@ StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, co
   if (options.step_targets > 0) s.num_targets = options.step_targets;
   TORCH_CHECK(s.num_targets > 0, "accumulate_gradients: the step has no target tokens");
   const double scale = 1.0 / static_cast<double>(s.num_targets);
-  at::Tensor total;  // summed on the device: one host sync per step, not per micro-batch
+  at::Tensor total;  // summed on the device: one host read per step, not per micro-batch
   for (size_t i = 0; i < batches.size(); ++i) {
     auto loss = objective.loss_sum(model, batches[i], s.sums);
     if (options.before_backward) options.before_backward(i + 1 == batches.size());
@@ -248,7 +248,8 @@ StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, co
     auto detached = loss.detach().to(at::kDouble);
     total = total.defined() ? total + detached : detached;
   }
-  s.loss = total.defined() ? total.item<double>() * scale : 0.0;
+  s.loss_tensor = total.defined() ? total * scale : at::zeros({}, at::kDouble);
+  if (options.read_loss) s.loss = s.loss_tensor.item<double>();
   return s;
 }
 
@@ -634,12 +635,18 @@ class TrainLoop {
     }
     const double lr = optim::lr_at(cfg_.schedule, cfg_.optimizer.lr, step_, cfg_.train.max_steps);
     engine_.set_lr(lr);
-    auto s = engine_.backward(objective_, batches, step_targets);
-    if (const auto it = injected_.find(step_ + 1); it != injected_.end()) {
+    // The loss stays on the device until the gradient norm is read: the step
+    // waits for the device once, with the clipping already queued.
+    auto s = engine_.backward(objective_, batches, step_targets, /*read_loss=*/false);
+    const auto injected = injected_.find(step_ + 1);
+    if (injected != injected_.end() && injected->second == "grad") {
       at::NoGradGuard no_grad;
-      if (it->second == "loss" && run_.lead) s.loss = std::numeric_limits<double>::infinity();
-      if (it->second == "grad") engine_.gradients().front().fill_(NAN);
+      engine_.gradients().front().fill_(NAN);
     }
+    const double norm = engine_.clip_grad_norm(cfg_.train.grad_clip);
+    s.loss = s.loss_tensor.item<double>();
+    if (injected != injected_.end() && injected->second == "loss" && run_.lead)
+      s.loss = std::numeric_limits<double>::infinity();
     // One reduction for the loss, the objective's sums and the stop flag.
     const auto head = sum_over_ranks(run_.ranks, {s.loss, g_stop.load() ? 1.0 : 0.0}, s.sums);
     s.loss = head[0];
@@ -647,7 +654,6 @@ class TrainLoop {
     Metrics m{{"loss", s.loss}, {"lr", lr}, {"num_targets", static_cast<double>(step_targets)}};
     for (const auto& [k, v] : objective_.step_metrics(s.sums)) m[k] = v;
     // The loss is summed over ranks and the norm is global, so every rank takes the same decision.
-    const double norm = engine_.clip_grad_norm(cfg_.train.grad_clip);
     if (cfg_.train.grad_clip > 0) m["grad_norm"] = norm;
     for (const auto& [k, v] : engine_.step_metrics()) m[k] = v;
     const bool finite = std::isfinite(s.loss) && std::isfinite(norm);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/gpu/run.sh --smoke: the one-command GPU benchmark's own script, run on
 # tiny models on the CPU with the binaries of this build, so that a lent GPU
-# machine finds it working. Every section must produce its rows: Anvil and
+# machine finds it working. Every check must pass and every section must
+# produce its rows: Anvil and
 # the transformers peers side by side for training, full_shard and
 # activation checkpointing, the checkpoint stall of background and
 # synchronous saves, and generation against transformers.generate.
@@ -16,6 +17,9 @@ if ! OUT=$OUTD BUILD=$BUILD PYTHON=$SRC/.venv/bin/python bash bench/gpu/run.sh -
 fi
 T=$OUTD/table.md
 fail=0
+# The check section's 11 comparisons (here CPU against CPU: they must pass trivially).
+n=$(grep -c '^PASS ' "$OUTD/checks.txt")
+[[ $n == 11 ]] || { echo "expected 11 PASS lines from the checks, got $n"; fail=1; }
 row() { # a table row matching the regex, with a number in the tokens/s column
   grep -qE "^\| $1 \| [0-9][0-9,]* \|" "$T" || { echo "no row matching: $1"; fail=1; }
 }

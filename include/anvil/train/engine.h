@@ -31,6 +31,11 @@ namespace anvil::train {
 /// The loss of one optimizer step and what it consumed.
 struct StepStats {
   double loss = 0;  // summed loss / total target units of the step
+  /// The same loss as a 0-dim float64 tensor on the device. With read_loss
+  /// false (Engine::backward), `loss` is left unread and this is its source:
+  /// reading it after more work is queued (the gradient norm) makes the step
+  /// wait for the device once instead of twice.
+  at::Tensor loss_tensor;
   int64_t num_targets = 0;
   int64_t num_tokens = 0;
   Sums sums;  // the objective's statistics, summed over the micro-batches
@@ -58,8 +63,10 @@ class Engine {
   /// Forward + backward of this rank's micro-batches of one optimizer step,
   /// each micro-batch's summed loss divided by `step_targets` (the target
   /// units of the whole step, all ranks), so N micro-batches equal one batch.
-  /// Gradients are zeroed first.
-  virtual StepStats backward(Objective& objective, const std::vector<Batch>& batches, int64_t step_targets) = 0;
+  /// Gradients are zeroed first. Without `read_loss`, StepStats::loss is not
+  /// read from the device (loss_tensor holds it): nothing waits for the device.
+  virtual StepStats backward(Objective& objective, const std::vector<Batch>& batches, int64_t step_targets,
+                             bool read_loss = true) = 0;
   /// The global L2 norm of the trained parameters' gradients, clipped to
   /// `max_norm` when larger (0: only measured).
   /// A companion model's norm is measured and clipped on its own; a non-finite

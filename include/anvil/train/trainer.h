@@ -23,6 +23,9 @@ struct AccumulateOptions {
   /// Called before each backward; `last` on the final micro-batch.
   std::function<void(bool last)> before_backward;
   std::function<void()> after_backward;
+  /// Read StepStats::loss from the device at the end (a wait for it); false
+  /// leaves only StepStats::loss_tensor.
+  bool read_loss = true;
 };
 
 /// Forward + backward over one optimizer step's micro-batches. Each
