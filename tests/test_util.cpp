@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <fstream>
@@ -89,6 +90,14 @@ bool TrainerProcess::running() {
 
 std::filesystem::path fixture_checkpoint() {
   return std::filesystem::path(ANVIL_FIXTURE_DIR) / "quickstart-sft" / "checkpoint-1000";
+}
+
+std::vector<std::filesystem::path> files_below(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) out.push_back(std::filesystem::relative(e.path(), dir));
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 std::vector<std::vector<int64_t>> shard_documents(const data::TokenShards& ts) {

@@ -59,6 +59,9 @@ int train_in(const TempDir& dir, const std::string& yaml, const std::string& ext
 /// ctest fixture (tests that need it run after it).
 std::filesystem::path fixture_checkpoint();
 
+/// The regular files below `dir`, relative to it, sorted.
+std::vector<std::filesystem::path> files_below(const std::filesystem::path& dir);
+
 /// The documents of every shard of `ts`, in order, as token lists.
 std::vector<std::vector<int64_t>> shard_documents(const data::TokenShards& ts);
 

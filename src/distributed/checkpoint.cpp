@@ -4,10 +4,12 @@
 #include <ATen/core/Generator.h>
 #include <torch/optim/adamw.h>
 
+#include <chrono>
 #include <iomanip>
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "anvil/core/error.h"
 #include "anvil/core/fs.h"
@@ -47,96 +49,148 @@ nlohmann::json read_meta(const stdfs::path& dir) {
 
 bool is_sharded_checkpoint(const stdfs::path& dir) { return stdfs::exists(dir / "sharding.json"); }
 
+namespace {
+
+/// The mark a rank leaves in the temporary folder once its files are written.
+stdfs::path written_mark(const stdfs::path& tmp, int64_t rank) { return tmp / concat(".written-rank-", five(rank)); }
+
+}  // namespace
+
+ShardedSave prepare_sharded_save(const stdfs::path& output_dir, ShardedModel& model, torch::optim::Optimizer& optimizer,
+                                 const tokenizer::Tokenizer* tokenizer, const io::TrainerState& state,
+                                 const std::string& run_config_yaml, int64_t keep_last, bool consolidated) {
+  auto& comm = model.comm();
+  ShardedSave s;
+  s.output_dir = output_dir;
+  s.rank = comm.rank();
+  s.world = comm.world_size();
+  s.keep_last = keep_last;
+  s.state = state;
+  s.tmp = output_dir / concat(".checkpoint-", state.step, ".tmp-sharded");
+  if (s.rank == 0) {
+    stdfs::remove_all(s.tmp);
+    stdfs::create_directories(s.tmp / "shards");
+    stdfs::create_directories(s.tmp / "rng");
+  }
+  comm.barrier(concat("checkpoint ", state.step, ": folder created"));
+
+  // no_shard: every rank holds the same whole state, so rank 0 writes it.
+  const bool sharded = model.options().strategy != Sharding::NoShard;
+  const int64_t shards = sharded ? s.world : 1;
+  const auto masters = model.master_parameters();
+  if (s.rank < shards) {
+    s.shard_file = shard_file(s.tmp, s.rank, shards);
+    for (size_t u = 0; u < masters.size(); ++u) {
+      const auto [b, e] = model.shard_range(u);
+      if (e <= b) continue;
+      const auto& name = model.layouts()[u].name;
+      s.shard.emplace(name + ".param", masters[u].narrow(0, 0, e - b));
+      if (auto* st = optim::adamw_state(optimizer, masters[u])) {
+        s.shard.emplace(name + ".exp_avg", st->exp_avg().narrow(0, 0, e - b));
+        s.shard.emplace(name + ".exp_avg_sq", st->exp_avg_sq().narrow(0, 0, e - b));
+      }
+    }
+  }
+  s.rng = io::rng_state(masters.front().device());
+  // The whole model in HF layout, gathered one unit at a time; only rank 0 keeps it.
+  if (consolidated)
+    for (size_t u = 0; u < masters.size(); ++u) {
+      const auto flat = model.gather_master(u);
+      if (s.rank != 0) continue;
+      for (const auto& p : model.layouts()[u].params)
+        s.whole.emplace(p.name, flat.narrow(0, p.offset, p.numel).view(p.shape));
+    }
+  if (s.rank != 0) return s;
+  s.model = &model.model();
+  s.tokenizer = tokenizer;
+  s.run_config_yaml = run_config_yaml;
+  int64_t adam_step = 0;
+  if (auto* st = optim::adamw_state(optimizer, masters.front())) adam_step = st->step();
+  nlohmann::json units = nlohmann::json::array();
+  for (const auto& l : model.layouts()) {
+    nlohmann::json params = nlohmann::json::array();
+    for (const auto& p : l.params) params.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}});
+    units.push_back({{"name", l.name}, {"numel", l.numel}, {"params", params}});
+  }
+  // Element ranges per shard, as every rank computes them (the same rule).
+  nlohmann::json ranges = nlohmann::json::array();
+  for (int64_t r = 0; r < shards; ++r) {
+    nlohmann::json range = nlohmann::json::array();
+    for (size_t u = 0; u < model.layouts().size(); ++u) {
+      const int64_t numel = model.layouts()[u].numel;
+      if (!sharded) {
+        range.push_back({0, numel});
+        continue;
+      }
+      const int64_t per = (numel + s.world - 1) / s.world;
+      const int64_t b = std::min(r * per, numel);
+      range.push_back({b, std::min(b + per, numel)});
+    }
+    ranges.push_back({{"file", shard_file(s.tmp, r, shards).filename().string()}, {"ranges", range}});
+  }
+  s.meta = {{"format_version", kFormatVersion},
+            {"strategy", to_string(model.options().strategy)},
+            {"world_size", s.world},
+            {"optimizer_step", adam_step},
+            {"units", units},
+            {"shards", ranges}};
+  return s;
+}
+
+void write_sharded_files(const ShardedSave& s) {
+  std::vector<stdfs::path> written;
+  if (!s.shard_file.empty()) {  // ranks past the shard count (no_shard) write none
+    io::save_safetensors(s.shard_file, s.shard, {{"format", "pt"}});
+    written.push_back(s.shard_file);
+  }
+  written.push_back(rng_file(s.tmp, s.rank));
+  io::save_safetensors(written.back(), s.rng);
+  if (s.rank == 0) {
+    if (!s.whole.empty()) io::save_weight_files(s.tmp, *s.model, s.whole);  // as io::save_model_dir
+    fs::write_file_atomic(s.tmp / "sharding.json", s.meta.dump(1) + "\n");
+    io::save_model_config(s.tmp, *s.model, s.tokenizer, at::kFloat);
+    fs::write_file_atomic(s.tmp / "config.yaml", s.run_config_yaml);
+  }
+  for (const auto& f : written) fs::fsync_path(f);
+  fs::write_file_atomic(written_mark(s.tmp, s.rank), "");
+}
+
+stdfs::path publish_sharded_save(const ShardedSave& s, double timeout_s,
+                                 const std::function<void(const stdfs::path&)>& before_complete) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (true) {
+    std::vector<int64_t> missing;
+    for (int64_t r = 0; r < s.world; ++r)
+      if (!stdfs::exists(written_mark(s.tmp, r))) missing.push_back(r);
+    if (missing.empty()) break;
+    if (std::chrono::steady_clock::now() > deadline)
+      throw CheckpointError(concat("checkpoint-", s.state.step, " in ", s.output_dir.string(), ": ",
+                                   missing.size(), " rank(s) (the first: rank ", missing.front(),
+                                   ") did not finish writing their shard within ", timeout_s,
+                                   " s (dist.timeout_s); ", s.tmp.string(), " stays unpublished"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int64_t r = 0; r < s.world; ++r) stdfs::remove(written_mark(s.tmp, r));
+  if (before_complete) before_complete(s.tmp);
+  io::write_trainer_state(s.tmp, s.state);  // last: marks the folder complete
+  fs::fsync_tree(s.tmp);
+  io::publish_checkpoint(s.tmp, s.output_dir, s.state.step, s.keep_last);
+  return s.output_dir / concat("checkpoint-", s.state.step);
+}
+
 stdfs::path save_sharded_checkpoint(const stdfs::path& output_dir, ShardedModel& model,
                                     torch::optim::Optimizer& optimizer, const tokenizer::Tokenizer* tokenizer,
                                     const io::TrainerState& state, const std::string& run_config_yaml,
                                     int64_t keep_last, bool consolidated,
                                     const std::function<void(const stdfs::path&)>& extra) {
   auto& comm = model.comm();
-  const int64_t rank = comm.rank(), world = comm.world_size();
-  const auto tmp = output_dir / concat(".checkpoint-", state.step, ".tmp-sharded");
-  const auto step_tag = concat("checkpoint ", state.step);
-  if (rank == 0) {
-    stdfs::remove_all(tmp);
-    stdfs::create_directories(tmp / "shards");
-    stdfs::create_directories(tmp / "rng");
-  }
-  comm.barrier(concat(step_tag, ": folder created"));
-
-  // no_shard: every rank holds the same whole state, so rank 0 writes it.
-  const bool sharded = model.options().strategy != Sharding::NoShard;
-  const int64_t shards = sharded ? world : 1;
-  const auto masters = model.master_parameters();
-  int64_t adam_step = 0;
-  if (rank < shards) {
-    io::TensorMap tensors;
-    for (size_t u = 0; u < masters.size(); ++u) {
-      const auto [b, e] = model.shard_range(u);
-      if (e <= b) continue;
-      const auto& name = model.layouts()[u].name;
-      tensors.emplace(name + ".param", masters[u].narrow(0, 0, e - b).contiguous().cpu());
-      if (auto* st = optim::adamw_state(optimizer, masters[u])) {
-        tensors.emplace(name + ".exp_avg", st->exp_avg().narrow(0, 0, e - b).contiguous().cpu());
-        tensors.emplace(name + ".exp_avg_sq", st->exp_avg_sq().narrow(0, 0, e - b).contiguous().cpu());
-      }
-    }
-    io::save_safetensors(shard_file(tmp, rank, shards), tensors, {{"format", "pt"}});
-  }
-  if (auto* st = optim::adamw_state(optimizer, masters.front())) adam_step = st->step();
-  io::save_rng_state(rng_file(tmp, rank), masters.front().device());
-  // The whole model in HF layout, gathered one unit at a time; only rank 0
-  // keeps (on the host) and writes it.
-  if (consolidated) {
-    io::TensorMap whole;
-    for (size_t u = 0; u < masters.size(); ++u) {
-      const auto flat = model.gather_master(u);
-      if (rank != 0) continue;
-      const auto host = flat.cpu();
-      for (const auto& p : model.layouts()[u].params)
-        whole.emplace(p.name, host.narrow(0, p.offset, p.numel).view(p.shape));
-    }
-    if (rank == 0) io::save_weight_files(tmp, model.model(), whole);  // as io::save_model_dir
-  }
-  if (extra) extra(tmp);
-  comm.barrier(concat(step_tag, ": every rank wrote its shard"));
-
-  if (rank == 0) {
-    nlohmann::json units = nlohmann::json::array();
-    for (const auto& l : model.layouts()) {
-      nlohmann::json params = nlohmann::json::array();
-      for (const auto& p : l.params) params.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}});
-      units.push_back({{"name", l.name}, {"numel", l.numel}, {"params", params}});
-    }
-    // Element ranges per shard, as every rank computes them (the same rule).
-    nlohmann::json ranges = nlohmann::json::array();
-    for (int64_t s = 0; s < shards; ++s) {
-      nlohmann::json r = nlohmann::json::array();
-      for (size_t u = 0; u < model.layouts().size(); ++u) {
-        const int64_t numel = model.layouts()[u].numel;
-        if (!sharded) {
-          r.push_back({0, numel});
-          continue;
-        }
-        const int64_t per = (numel + world - 1) / world;
-        const int64_t b = std::min(s * per, numel);
-        r.push_back({b, std::min(b + per, numel)});
-      }
-      ranges.push_back({{"file", shard_file(tmp, s, shards).filename().string()}, {"ranges", r}});
-    }
-    nlohmann::json meta = {{"format_version", kFormatVersion},
-                           {"strategy", to_string(model.options().strategy)},
-                           {"world_size", world},
-                           {"optimizer_step", adam_step},
-                           {"units", units},
-                           {"shards", ranges}};
-    fs::write_file_atomic(tmp / "sharding.json", meta.dump(1) + "\n");
-    io::save_model_config(tmp, model.model(), tokenizer, at::kFloat);
-    fs::write_file_atomic(tmp / "config.yaml", run_config_yaml);
-    io::write_trainer_state(tmp, state);  // last: marks the folder complete
-    fs::fsync_tree(tmp);
-    io::publish_checkpoint(tmp, output_dir, state.step, keep_last);
-  }
-  comm.barrier(concat(step_tag, ": published"));
+  const auto s =
+      prepare_sharded_save(output_dir, model, optimizer, tokenizer, state, run_config_yaml, keep_last, consolidated);
+  write_sharded_files(s);
+  if (extra) extra(s.tmp);
+  comm.barrier(concat("checkpoint ", state.step, ": every rank wrote its shard"));
+  if (s.rank == 0) publish_sharded_save(s, /*timeout_s=*/60);  // the marks are there: a shared file system's delay
+  comm.barrier(concat("checkpoint ", state.step, ": published"));
   return output_dir / concat("checkpoint-", state.step);
 }
 

@@ -70,10 +70,6 @@ struct Staging {
       if (std::find(devices.begin(), devices.end(), src.device()) == devices.end()) devices.push_back(src.device());
     }
   }
-  void stage(io::ModelState& state, const io::ModelState* reuse) {
-    stage(state.weights, reuse ? &reuse->weights : nullptr);
-    stage(state.moments, reuse ? &reuse->moments : nullptr);
-  }
 };
 
 void copy_on_host(const HostCopy& c) {
@@ -116,38 +112,51 @@ CheckpointWriter::~CheckpointWriter() {
 }
 
 stdfs::path CheckpointWriter::start(const stdfs::path& output_dir, io::CheckpointParts parts, int64_t keep_last) {
+  auto p = std::make_shared<io::CheckpointParts>(std::move(parts));
+  Job job;
+  job.step = p->state.step;
+  job.dir = output_dir / concat("checkpoint-", job.step);
+  job.tensors = {&p->model.weights, &p->model.moments};
+  for (auto& [name, state] : p->companions) {
+    job.tensors.push_back(&state.weights);
+    job.tensors.push_back(&state.moments);
+  }
+  job.write = [p = p.get(), output_dir, keep_last](const std::function<void(const stdfs::path&)>& before_complete) {
+    p->before_complete = before_complete;
+    io::save_checkpoint(output_dir, *p, keep_last);
+  };
+  job.payload = std::move(p);
+  return start(std::move(job));
+}
+
+stdfs::path CheckpointWriter::start(Job job) {
   const auto t0 = Clock::now();
   join(/*wait=*/true);
   const double waited = seconds_since(t0);
-  auto previous = std::move(job_);
-  job_ = std::make_unique<io::CheckpointParts>(std::move(parts));
   Staging staging;
-  staging.stage(job_->model, previous ? &previous->model : nullptr);
-  for (size_t i = 0; i < job_->companions.size(); ++i) {
-    auto& [name, state] = job_->companions[i];
-    const bool same = previous && i < previous->companions.size() && previous->companions[i].first == name;
-    staging.stage(state, same ? &previous->companions[i].second : nullptr);
-  }
-  previous.reset();
+  for (size_t i = 0; i < job.tensors.size(); ++i)
+    staging.stage(*job.tensors[i], i < maps_.size() ? maps_[i] : nullptr);
+  payload_ = job.payload;  // the previous job's buffers go unless reused above
+  maps_ = job.tensors;
   std::vector<c10::Event> events;  // the thread waits for the device copies, the loop does not
   for (const auto& d : staging.devices) {
     events.emplace_back(d.type());
     events.back().record(at::accelerator::getCurrentStream(d.index()));
   }
   const int delay = delay_ms_;
+  std::function<void(const stdfs::path&)> before_complete;
   if (delay > 0)
-    job_->before_complete = [delay](const stdfs::path&) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(delay));
-    };
-  const auto step = job_->state.step;
-  dir_ = output_dir / concat("checkpoint-", step);
+    before_complete = [delay](const stdfs::path&) { std::this_thread::sleep_for(std::chrono::milliseconds(delay)); };
+  const auto step = job.step;
+  const auto output_dir = job.dir.parent_path();
+  dir_ = job.dir;
   bytes_ = staging.bytes;
   copy_wait_s_ = 0;
   copied_ = false;  // no thread runs now
   finished_.store(false);
   log::info("writing ", dir_.string(), " in the background (the loop waited ", fixed(waited, "s"),
             " for the previous write)");
-  thread_ = std::thread([this, output_dir, keep_last, step, delay, job = job_.get(),
+  thread_ = std::thread([this, output_dir, step, delay, job = std::move(job), before_complete,
                          copies = std::move(staging.copies), events = std::move(events)] {
     const auto t = Clock::now();
     auto copied = [this] {
@@ -163,7 +172,7 @@ stdfs::path CheckpointWriter::start(const stdfs::path& output_dir, io::Checkpoin
       copied();
       copy_s_ = seconds_since(t);
       for (const auto& e : events) e.synchronize();
-      io::save_checkpoint(output_dir, *job, keep_last);
+      job.write(before_complete);
     } catch (const std::exception& e) {
       error_ = checkpoint_error(e, step, output_dir);
       copied();

@@ -3,8 +3,9 @@
 // (weights and optimizer moments as live tensors, RNG and trainer state as
 // values) to one background thread and returns. The thread copies the
 // tensors into host memory, then writes the temp folder, fsyncs it and
-// publishes it (rename, prune) with io::save_checkpoint, exactly as a save
-// that writes at once. The loop goes on with the next step's forward and
+// publishes it (rename, prune) with the code that writes a save at once
+// (io::save_checkpoint; for a rank of a sharded run its shard and, on rank
+// 0, the publication once every rank has written: distributed/checkpoint.h). The loop goes on with the next step's forward and
 // backward meanwhile, which only read the weights; the engine calls
 // wait_copied() before anything changes them in place (the optimizer step,
 // set_parameters). From a GPU the copies are queued on the save's stream
@@ -29,10 +30,12 @@
 #include <condition_variable>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "anvil/core/metrics.h"
 #include "anvil/io/checkpoint.h"
@@ -51,11 +54,27 @@ class CheckpointWriter {
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
-  /// Waits for the previous write (throwing its failure), then starts
-  /// copying and writing `parts`, whose tensors are the live ones (on any
-  /// device). Returns the folder it will publish.
+  /// A background write: the tensors to copy into host memory first (each
+  /// map's entries are replaced by their host copies, in place), then what
+  /// writes and publishes the files from them.
+  struct Job {
+    std::filesystem::path dir;  // the folder it publishes (for the log)
+    int64_t step = 0;
+    std::vector<io::TensorMap*> tensors;  // into `payload`
+    /// Writes the files; `before_complete` goes just before the file that
+    /// marks the folder complete (the test hook's pause).
+    std::function<void(const std::function<void(const std::filesystem::path&)>& before_complete)> write;
+    std::shared_ptr<void> payload;  // what `tensors` point into and `write` reads
+  };
+  /// Waits for the previous write (throwing its failure), then starts `job`,
+  /// whose tensors are the live ones (on any device). Returns job.dir.
+  std::filesystem::path start(Job job);
+  /// start() for a single-process checkpoint (io::save_checkpoint).
   std::filesystem::path start(const std::filesystem::path& output_dir, io::CheckpointParts parts,
                               int64_t keep_last);
+  /// Waits for the write in flight, throwing its failure; its time is still
+  /// reported by the next collect().
+  void finish() { join(/*wait=*/true); }
   /// Blocks until the live tensors of the last start() are copied, so they
   /// may change; returns the seconds it waited.
   double wait_copied();
@@ -81,8 +100,11 @@ class CheckpointWriter {
   double copy_wait_s_ = 0;  // the loop's, in wait_copied
   std::filesystem::path dir_;
   Metrics done_;
-  /// What the last write held: its host buffers are reused by the next save.
-  std::unique_ptr<io::CheckpointParts> job_;
+  /// The last write's payload and its tensor maps (host copies once the
+  /// write is done): the next save reuses, map by map, buffers of the same
+  /// name, shape and dtype.
+  std::shared_ptr<void> payload_;
+  std::vector<io::TensorMap*> maps_;
 };
 
 }  // namespace anvil::train

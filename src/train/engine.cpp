@@ -189,20 +189,23 @@ class EngineImpl : public Engine {
   std::optional<double> stall_s_;  // since the last collect_save, when a save happened
 };
 
-/// A single-process checkpoint (io::save_checkpoint's layout) written in the
-/// background (CheckpointWriter), or at once under ANVIL_CHECKPOINT_SYNC=1.
-/// An engine keeps it as its last member: the writer's thread reads the
-/// model until joined.
-class SingleProcessSaves {
+/// An engine's background writes (CheckpointWriter). The engine keeps it as
+/// its last member: the writer's thread reads the model until joined.
+class BackgroundSaves {
  public:
+  /// A single-process checkpoint (io::save_checkpoint's layout), in the
+  /// background or, under ANVIL_CHECKPOINT_SYNC=1, at once.
   stdfs::path save(const stdfs::path& output_dir, io::CheckpointParts parts, int64_t keep_last) {
-    if (background_checkpoints()) {
-      if (!writer_) writer_ = std::make_unique<CheckpointWriter>();
-      return writer_->start(output_dir, std::move(parts), keep_last);
-    }
+    if (background_checkpoints()) return writer().start(output_dir, std::move(parts), keep_last);
     const auto dir = io::save_checkpoint(output_dir, parts, keep_last);
     log::info("saved ", dir.string());
     return dir;
+  }
+  stdfs::path start(CheckpointWriter::Job job) { return writer().start(std::move(job)); }
+  /// Waits for the write in flight (its publication prunes stale temporary
+  /// folders: a sharded save waits before it creates its own).
+  void finish() {
+    if (writer_) writer_->finish();
   }
   /// Waits until the live tensors of a background save are copied (before
   /// anything changes them in place); returns the seconds waited.
@@ -210,6 +213,10 @@ class SingleProcessSaves {
   Metrics collect(bool wait) { return writer_ ? writer_->collect(wait) : Metrics{}; }
 
  private:
+  CheckpointWriter& writer() {
+    if (!writer_) writer_ = std::make_unique<CheckpointWriter>();
+    return *writer_;
+  }
   std::unique_ptr<CheckpointWriter> writer_;
 };
 
@@ -305,7 +312,7 @@ class PlainEngine final : public EngineImpl {
     if (const double s = saves_.wait_copied(); s > 0) add_stall(s);
   }
 
-  SingleProcessSaves saves_;  // last: its thread reads the model until joined
+  BackgroundSaves saves_;  // last: its thread reads the model until joined
 };
 
 class ShardedEngine final : public EngineImpl {
@@ -318,7 +325,8 @@ class ShardedEngine final : public EngineImpl {
         device_(model->parameters().front().device()),
         sharding_(cfg.dist.sharding),
         param_dtype_(cfg.dist.param_dtype),
-        consolidated_(cfg.dist.consolidated_checkpoints) {
+        consolidated_(cfg.dist.consolidated_checkpoints),
+        timeout_s_(cfg.dist.timeout_s) {
     // A plain checkpoint (a single-process run going multi-process, or a
     // companion's folder) is read into the whole model and a per-parameter
     // optimizer first; sharding then flattens both.
@@ -401,6 +409,23 @@ class ShardedEngine final : public EngineImpl {
       parts.state = state;
       parts.run_config_yaml = config_yaml;
       return saves_.save(output_dir, std::move(parts), keep_last);
+    }
+    if (background_checkpoints() && companion_engines().empty()) {
+      // The collectives now; each rank's files, and rank 0's publication
+      // once every rank has marked its files written, in the background.
+      saves_.finish();
+      auto save = std::make_shared<distributed::ShardedSave>(distributed::prepare_sharded_save(
+          output_dir, *sharded_, *optimizer_, tok, state, config_yaml, keep_last, consolidated_));
+      CheckpointWriter::Job job;
+      job.step = state.step;
+      job.dir = output_dir / concat("checkpoint-", state.step);
+      job.tensors = {&save->shard, &save->whole};
+      job.write = [s = save.get(), timeout = timeout_s_](const std::function<void(const stdfs::path&)>& before) {
+        distributed::write_sharded_files(*s);
+        if (s->rank == 0) distributed::publish_sharded_save(*s, timeout, before);
+      };
+      job.payload = std::move(save);
+      return saves_.start(std::move(job));
     }
     // Written at once: every rank writes its shard between barriers.
     const auto dir = distributed::save_sharded_checkpoint(
@@ -511,9 +536,10 @@ class ShardedEngine final : public EngineImpl {
   std::vector<Frozen> frozen_;
   std::string sharding_, param_dtype_;
   bool consolidated_;
+  double timeout_s_;  // how long rank 0's writer waits for the other ranks' shards
   std::unique_ptr<distributed::ShardedModel> sharded_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  SingleProcessSaves saves_;  // last: its thread reads the model until joined
+  BackgroundSaves saves_;  // last: its thread reads the model until joined
 };
 
 }  // namespace

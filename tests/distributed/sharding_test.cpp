@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <map>
@@ -601,6 +602,68 @@ TEST(ActivationCheckpointing, SameGradientsWithDropout) {
     for (size_t i = 0; i < g0.size(); ++i)
       EXPECT_LE((g0[i] - g1[i]).abs().max().item<double>(), 1e-7) << family << " parameter " << i;
   }
+}
+
+using anvil::testing::files_below;
+
+// Sharded saves written in the background (each rank's thread writes its
+// shard, rank 0's publishes once every rank has marked its shard written)
+// put on disk byte for byte what saves written at once between barriers put
+// there; a kill of every rank while rank 0 is about to publish leaves the
+// previous checkpoint the newest complete one, and the run resumes from it
+// bit for bit.
+TEST_F(DistRuns, BackgroundShardedSavesEqualSavesAtOnceAndAKillMidWriteLosesNothing) {
+  const auto straight = run("full_shard-2", 2, "dist.sharding=full_shard");
+  std::string log;
+  EXPECT_NE(anvil::testing::read_text(straight / "metrics.jsonl").find("time/checkpoint_write_s"), std::string::npos)
+      << "the saves ran in the background";
+  const auto at_once = *dir_ / "full_shard-2-sync";
+  const auto launch = [&](const std::string& env, const stdfs::path& out) {
+    return "cd " + anvil::testing::source_dir() + " && " + env + " exec mpirun --allow-run-as-root --oversubscribe " +
+           "--bind-to none -x " + env.substr(0, env.find('=')) + " -np 2 " + anvil::testing::trainer_bin() +
+           " --config " + cfg().string() + " output_dir=" + out.string() + " dist.sharding=full_shard";
+  };
+  ASSERT_EQ(anvil::testing::run(launch("ANVIL_CHECKPOINT_SYNC=1", at_once) + " 2>&1", &log), 0) << log;
+  for (const char* ckpt : {"checkpoint-10", "checkpoint-20"}) {
+    const auto files = files_below(straight / ckpt);
+    ASSERT_EQ(files, files_below(at_once / ckpt)) << ckpt;
+    EXPECT_GE(files.size(), 8u);  // sharding.json, 2 shards, 2 rng, model, config files, trainer state
+    for (const auto& f : files) {
+      if (f == "config.yaml") continue;  // the run's config: its output_dir differs
+      EXPECT_TRUE(anvil::testing::read_text(straight / ckpt / f) == anvil::testing::read_text(at_once / ckpt / f))
+          << ckpt << "/" << f.string() << " differs";
+    }
+  }
+
+  // Every write pauses 1 s before it copies and 1 s before trainer_state.json:
+  // the kill lands while checkpoint-20's folder waits for that file.
+  const auto out = *dir_ / "full_shard-2-killed";
+  const pid_t launcher = ::fork();
+  if (launcher == 0) {
+    const auto cmd = launch("ANVIL_TEST_CHECKPOINT_WRITE_DELAY_MS=1000", out) + " > " + out.string() + ".log 2>&1";
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto tmp = out / ".checkpoint-20.tmp-sharded";
+  for (int i = 0; i < 1200 && !stdfs::exists(tmp / "config.yaml"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const bool seen = stdfs::exists(tmp / "config.yaml");
+  for (int r : {0, 1})
+    if (const pid_t p = find_rank(r, out); p > 0) ::kill(p, SIGKILL);
+  ::kill(launcher, SIGKILL);
+  ::waitpid(launcher, nullptr, 0);
+  ASSERT_TRUE(seen) << anvil::testing::read_text(out.string() + ".log");
+  EXPECT_FALSE(stdfs::exists(out / "checkpoint-20"));
+  EXPECT_FALSE(stdfs::exists(tmp / "trainer_state.json"));
+  EXPECT_TRUE(stdfs::exists(out / "checkpoint-10" / "trainer_state.json"));
+  train(cfg(), out, 2, "dist.sharding=full_shard", &log);
+  EXPECT_NE(log.find("resumed from " + (out / "checkpoint-10").string() + " at step 10"), std::string::npos) << log;
+  const auto a = read_metrics(straight / "metrics.jsonl"), b = read_metrics(out / "metrics.jsonl");
+  for (int64_t s = 11; s <= 20; ++s) {
+    ASSERT_TRUE(b.count(s)) << "step " << s;
+    EXPECT_EQ(b.at(s)["loss"].get<double>(), a.at(s)["loss"].get<double>()) << "step " << s;  // bit for bit
+  }
+  EXPECT_TRUE(stdfs::exists(out / "checkpoint-20" / "trainer_state.json"));
 }
 
 }  // namespace

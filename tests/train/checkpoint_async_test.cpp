@@ -50,14 +50,7 @@ std::optional<stdfs::path> temp_folder(const stdfs::path& out, int step) {
   return std::nullopt;
 }
 
-/// The files below `dir`, relative to it.
-std::vector<stdfs::path> files_below(const stdfs::path& dir) {
-  std::vector<stdfs::path> out;
-  for (const auto& e : stdfs::recursive_directory_iterator(dir))
-    if (e.is_regular_file()) out.push_back(stdfs::relative(e.path(), dir));
-  std::sort(out.begin(), out.end());
-  return out;
-}
+using anvil::testing::files_below;
 
 class CheckpointAsync : public ::testing::Test {
  protected:

@@ -11,9 +11,14 @@
 //                            the folder also loads in transformers as is
 //   <name>/                  a companion model (PPO's critic), whole
 //   trainer_state.json       step and data position; written last
-// Every rank writes its own shard into one temporary folder; once all have
-// (a barrier), rank 0 writes trainer_state.json, fsyncs and renames the folder
-// into place, so a checkpoint-<step> folder is complete or absent. Loading
+// Every rank writes its own shard into one temporary folder (on a file system
+// the ranks share) and marks it written; once all have, rank 0 writes
+// trainer_state.json, fsyncs and renames the folder into place, so a
+// checkpoint-<step> folder is complete or absent. A save's collectives (the
+// temporary folder, the consolidated model's gather) run at the save; its
+// files can then be written at once (save_sharded_checkpoint) or by a
+// background thread per rank (prepare_sharded_save, write_sharded_files,
+// publish_sharded_save: rank 0 waits for the others' marks). Loading
 // re-shards: any number of ranks, under the same strategy or another, reads
 // the element ranges it needs from every shard. `anvil export` consolidates a
 // sharded checkpoint into one HF folder. docs/distributed.md.
@@ -22,6 +27,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "anvil/distributed/sharding.h"
@@ -42,6 +48,40 @@ std::filesystem::path save_sharded_checkpoint(const std::filesystem::path& outpu
                                               const std::string& run_config_yaml, int64_t keep_last,
                                               bool consolidated = true,
                                               const std::function<void(const std::filesystem::path&)>& extra = {});
+
+/// A sharded checkpoint between its collective part and its files. The
+/// tensor maps hold this rank's live tensors (views of the masters and
+/// moments) or gathered copies: copy them before the next optimizer step.
+struct ShardedSave {
+  std::filesystem::path output_dir, tmp;
+  int64_t rank = 0, world = 1, keep_last = 0;
+  io::TensorMap shard;  // "<unit>.param", ".exp_avg", ".exp_avg_sq" of this rank's slice
+  std::filesystem::path shard_file;  // empty: this rank writes no shard (no_shard, rank > 0)
+  io::TensorMap rng;    // this rank's generator states
+  io::TensorMap whole;  // rank 0 with consolidated checkpoints: the gathered model by HF name
+  nlohmann::json meta;  // rank 0: sharding.json
+  models::CausalLM* model = nullptr;  // rank 0: for config.json (its config, never its tensors)
+  const tokenizer::Tokenizer* tokenizer = nullptr;
+  io::TrainerState state;
+  std::string run_config_yaml;
+};
+
+/// Collective: the part of a save every rank does together (the temporary
+/// folder, the consolidated model's gather) and the state each rank takes.
+ShardedSave prepare_sharded_save(const std::filesystem::path& output_dir, ShardedModel& model,
+                                 torch::optim::Optimizer& optimizer, const tokenizer::Tokenizer* tokenizer,
+                                 const io::TrainerState& state, const std::string& run_config_yaml, int64_t keep_last,
+                                 bool consolidated);
+/// This rank's files (its shard, its RNG states; rank 0 also the consolidated
+/// model, sharding.json and the config files), fsynced, then its mark. No
+/// collective: a background thread may call it.
+void write_sharded_files(const ShardedSave& save);
+/// Rank 0, after write_sharded_files: waits up to `timeout_s` for every
+/// rank's mark (a CheckpointError naming the missing ranks after that), then
+/// writes trainer_state.json (after `before_complete`), fsyncs and publishes
+/// the folder, keeping the newest keep_last. Returns it.
+std::filesystem::path publish_sharded_save(const ShardedSave& save, double timeout_s,
+                                           const std::function<void(const std::filesystem::path&)>& before_complete = {});
 
 /// Collective: rank 0 writes `model` whole and its AdamW state by parameter
 /// name into `dir`, as io::save_model_and_optimizer does for one process (a

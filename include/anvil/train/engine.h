@@ -118,12 +118,16 @@ class Engine {
   /// that name is complete or absent): the model in HF layout (or its
   /// shards), the optimizer, the RNG and `state`; keeps the newest
   /// `keep_last` (0 = all). Returns its folder.
-  /// A plain engine returns at once: a background thread copies the state
-  /// into host memory while the next step's forward and backward run, then
-  /// writes and publishes the folder (collect_save). finish_step and
-  /// set_parameters wait for that copy, so change the parameters only
-  /// through them. A save first waits for the previous write: one at most is
-  /// in flight. A sharded engine writes at once (a collective, with barriers).
+  /// It returns at once: a background thread copies the state into host
+  /// memory while the next step's forward and backward run, then writes and
+  /// publishes the folder (collect_save). finish_step and set_parameters
+  /// wait for that copy, so change the parameters only through them. A save
+  /// first waits for the previous write: one at most is in flight. In a
+  /// sharded run the save is a collective (every rank calls it): the
+  /// consolidated model is gathered at the save, each rank's thread writes
+  /// its shard, and rank 0's publishes the folder once every rank's is
+  /// written. With companion models (a critic) a sharded save is written at
+  /// once, between barriers; so is every save under ANVIL_CHECKPOINT_SYNC=1.
   virtual std::filesystem::path save(const std::filesystem::path& output_dir, const io::TrainerState& state,
                                      const tokenizer::Tokenizer* tokenizer, const std::string& config_yaml,
                                      int64_t keep_last) = 0;
