@@ -7,8 +7,11 @@
 # of metrics.jsonl (the save call, plus any wait of the next optimizer step
 # for the background copy). A third run saves only at its end, for the steps'
 # own time. Runs alternate (sync, background, none) for `rounds` rounds.
+# With RANKS=N (N > 1) every run is N OpenMPI ranks under dist.sharding:
+# full_shard, each rank with 1 thread and 2 micro-batches a step (sharded
+# checkpoints: shard files plus the consolidated model, 2 GB a save).
 # Needs build/ (scripts/build.sh) and about 5 GB free under runs/.
-# Usage: bench/checkpoint_stall.sh [steps=6] [rounds=2]   (writes under runs/bench-ckpt/)
+# Usage: [RANKS=2] bench/checkpoint_stall.sh [steps=6] [rounds=2]   (writes under runs/bench-ckpt/)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -23,12 +26,18 @@ optimizer: {lr: 1.0e-4}
 train: {max_steps: $STEPS, micro_batch_size: 4, save_every: 1, keep_checkpoints: 1, log_every: 1, threads: $(nproc)}
 eval: {generate_samples: 0}
 YAML
-echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $STEPS steps x $ROUNDS rounds"
+RANKS="${RANKS:-1}"
+LAUNCH=() DIST=()
+if [ "$RANKS" -gt 1 ]; then
+  LAUNCH=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x ANVIL_CHECKPOINT_SYNC -np "$RANKS")
+  DIST=(dist.sharding=full_shard train.threads=1 train.grad_accum_steps=$((2 * RANKS)))
+fi
+echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $STEPS steps x $ROUNDS rounds, $RANKS rank(s)"
 run() {  # name, env, overrides...
   local name=$1 env=$2; shift 2
   local t0; t0=$(date +%s.%N)
-  env $env build/bin/trainer --config "$OUT/run.yaml" --config configs/models/gpt2-124m.yaml \
-    output_dir="$OUT/$name" "$@" > "$OUT/$name.log" 2>&1
+  env $env "${LAUNCH[@]}" build/bin/trainer --config "$OUT/run.yaml" --config configs/models/gpt2-124m.yaml \
+    output_dir="$OUT/$name" "${DIST[@]}" "$@" > "$OUT/$name.log" 2>&1
   awk "BEGIN { print $(date +%s.%N) - $t0 }" > "$OUT/$name.wall"
   rm -rf "$OUT/$name"/checkpoint-*  # keep the disk free; metrics.jsonl and the log stay
 }
