@@ -150,6 +150,7 @@ void write_sharded_files(const ShardedSave& s) {
     fs::write_file_atomic(s.tmp / "sharding.json", s.meta.dump(1) + "\n");
     io::save_model_config(s.tmp, *s.model, s.tokenizer, at::kFloat);
     fs::write_file_atomic(s.tmp / "config.yaml", s.run_config_yaml);
+    for (const auto& [name, state] : s.companions) io::save_model_state(s.tmp / name, state, nullptr);
   }
   for (const auto& f : written) fs::fsync_path(f);
   fs::write_file_atomic(written_mark(s.tmp, s.rank), "");
@@ -194,14 +195,15 @@ stdfs::path save_sharded_checkpoint(const stdfs::path& output_dir, ShardedModel&
   return output_dir / concat("checkpoint-", state.step);
 }
 
-void save_consolidated(const stdfs::path& dir, ShardedModel& model, torch::optim::Optimizer& optimizer) {
+io::ModelState gather_consolidated(ShardedModel& model, torch::optim::Optimizer& optimizer) {
   const bool lead = model.comm().rank() == 0;
   std::set<std::string> omit;  // a reward model's folder has no LM head (as io::save_model_dir)
   if (model.model().has_score_head())
     for (const auto& n : model.model().lm_head_parameters()) omit.insert(n);
   const auto masters = model.master_parameters();
-  io::TensorMap whole, moments;
-  nlohmann::json steps = nlohmann::json::object();
+  io::ModelState out;
+  out.model = &model.model();
+  out.dtype = at::kFloat;
   for (size_t u = 0; u < masters.size(); ++u) {
     const auto flat = model.gather_master(u);
     auto* st = optim::adamw_state(optimizer, masters[u]);  // every rank has stepped, or none
@@ -210,19 +212,20 @@ void save_consolidated(const stdfs::path& dir, ShardedModel& model, torch::optim
     if (!lead) continue;
     for (const auto& p : model.layouts()[u].params) {
       if (omit.count(p.name)) continue;
-      auto part = [&](const at::Tensor& t) { return t.narrow(0, p.offset, p.numel).view(p.shape).cpu(); };
-      whole.emplace(p.name, part(flat));
+      auto part = [&](const at::Tensor& t) { return t.narrow(0, p.offset, p.numel).view(p.shape); };
+      out.weights.emplace(p.name, part(flat));
       if (!st) continue;
-      moments.emplace(p.name + ".exp_avg", part(m1));
-      moments.emplace(p.name + ".exp_avg_sq", part(m2));
-      steps[p.name] = st->step();
+      out.moments.emplace(p.name + ".exp_avg", part(m1));
+      out.moments.emplace(p.name + ".exp_avg_sq", part(m2));
+      out.steps[p.name] = st->step();
     }
   }
-  if (!lead) return;
-  stdfs::create_directories(dir);
-  io::save_weight_files(dir, model.model(), whole);
-  io::save_model_config(dir, model.model(), nullptr, at::kFloat);
-  io::save_optimizer_moments(dir, moments, steps);
+  return out;
+}
+
+void save_consolidated(const stdfs::path& dir, ShardedModel& model, torch::optim::Optimizer& optimizer) {
+  const auto state = gather_consolidated(model, optimizer);
+  if (model.comm().rank() == 0) io::save_model_state(dir, state, nullptr);
 }
 
 std::map<std::string, at::Tensor> read_sharded_units(const stdfs::path& dir, const std::string& kind) {

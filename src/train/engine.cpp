@@ -408,18 +408,28 @@ class ShardedEngine final : public EngineImpl {
       parts.rng = io::rng_state(device_);
       parts.state = state;
       parts.run_config_yaml = config_yaml;
+      for (const auto& [name, e] : companion_engines())
+        parts.companions.emplace_back(name, static_cast<ShardedEngine&>(*e).master_state());
       return saves_.save(output_dir, std::move(parts), keep_last);
     }
-    if (background_checkpoints() && companion_engines().empty()) {
+    if (background_checkpoints()) {
       // The collectives now; each rank's files, and rank 0's publication
       // once every rank has marked its files written, in the background.
       saves_.finish();
       auto save = std::make_shared<distributed::ShardedSave>(distributed::prepare_sharded_save(
           output_dir, *sharded_, *optimizer_, tok, state, config_yaml, keep_last, consolidated_));
+      for (const auto& [name, e] : companion_engines()) {  // in the same order on every rank
+        auto& c = static_cast<ShardedEngine&>(*e);
+        save->companions.emplace_back(name, distributed::gather_consolidated(*c.sharded_, *c.optimizer_));
+      }
       CheckpointWriter::Job job;
       job.step = state.step;
       job.dir = output_dir / concat("checkpoint-", state.step);
       job.tensors = {&save->shard, &save->whole};
+      for (auto& [name, c] : save->companions) {
+        job.tensors.push_back(&c.weights);
+        job.tensors.push_back(&c.moments);
+      }
       job.write = [s = save.get(), timeout = timeout_s_](const std::function<void(const stdfs::path&)>& before) {
         distributed::write_sharded_files(*s);
         if (s->rank == 0) distributed::publish_sharded_save(*s, timeout, before);
@@ -502,12 +512,17 @@ class ShardedEngine final : public EngineImpl {
     if (!any) throw ConfigError(concat(who, " trains none of the model's parameters"));
   }
 
-  /// One rank that trains every parameter and no companion model: the float32
-  /// masters are the whole model, so the checkpoint takes the single-process
-  /// layout (no shard files beside a consolidated copy of the same tensors),
-  /// written in the background like a plain run's. Resuming it under any
-  /// world size imports it (the constructor).
-  bool single_process_layout() { return comm_->world_size() == 1 && frozen_.empty() && companion_engines().empty(); }
+  /// One rank whose models (the policy and any companion) train every
+  /// parameter: the float32 masters are the whole models, so the checkpoint
+  /// takes the single-process layout (no shard files beside a consolidated
+  /// copy of the same tensors). Resuming it under any world size imports it
+  /// (the constructor).
+  bool single_process_layout() {
+    if (comm_->world_size() != 1 || !frozen_.empty()) return false;
+    for (const auto& [name, e] : companion_engines())
+      if (!static_cast<ShardedEngine&>(*e).frozen_.empty()) return false;
+    return true;
+  }
   /// io::model_state() of the masters: each parameter and its AdamW moments
   /// as views of the flat float32 units (no copies).
   io::ModelState master_state() {

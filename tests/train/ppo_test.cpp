@@ -515,6 +515,23 @@ TEST(PpoRuns, SeparateCriticLearnsResumesAndShards) {
   io::SafetensorsFile one(dir / "one" / "checkpoint-12" / "critic" / "model.safetensors"),
       two(dir / "two" / "checkpoint-12" / "critic" / "model.safetensors");
   EXPECT_LE((one.get("score.weight") - two.get("score.weight")).abs().max().item<double>(), 1e-5);
+
+  // bf16 on one process (the sharded engine on one rank): the checkpoint
+  // takes the single-process layout, critic folder included, and a run
+  // resumed from it in a fresh folder continues bit for bit.
+  const std::string bf16 = shortrun + " dist.param_dtype=bfloat16 train.save_every=4";  // 4 steps a rollout
+  ppo_run(dir / "bf16", bf16);
+  EXPECT_FALSE(stdfs::exists(dir / "bf16" / "checkpoint-8" / "sharding.json"));
+  EXPECT_TRUE(stdfs::exists(dir / "bf16" / "checkpoint-8" / "critic" / "optimizer.safetensors"));
+  stdfs::create_directories(dir / "bf16-resumed");
+  stdfs::copy(dir / "bf16" / "checkpoint-8", dir / "bf16-resumed" / "checkpoint-8", stdfs::copy_options::recursive);
+  ppo_run(dir / "bf16-resumed", bf16);
+  const auto c = anvil::testing::metrics_by_step(dir / "bf16" / "metrics.jsonl"),
+             d = anvil::testing::metrics_by_step(dir / "bf16-resumed" / "metrics.jsonl");
+  ASSERT_EQ(d.size(), 4u);
+  for (const auto& [step, m] : d)
+    for (const char* key : {"loss", "loss/value_avg", "critic/grad_norm"})
+      EXPECT_EQ(c.at(step)[key].get<double>(), m[key].get<double>()) << "bf16, step " << step << " " << key;
 }
 
 }  // namespace

@@ -29,6 +29,8 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "anvil/distributed/sharding.h"
 #include "anvil/io/checkpoint.h"
@@ -64,6 +66,9 @@ struct ShardedSave {
   const tokenizer::Tokenizer* tokenizer = nullptr;
   io::TrainerState state;
   std::string run_config_yaml;
+  /// Rank 0: models trained beside the policy (gather_consolidated), each
+  /// written whole into the folder of its name.
+  std::vector<std::pair<std::string, io::ModelState>> companions;
 };
 
 /// Collective: the part of a save every rank does together (the temporary
@@ -82,6 +87,11 @@ void write_sharded_files(const ShardedSave& save);
 /// the folder, keeping the newest keep_last. Returns it.
 std::filesystem::path publish_sharded_save(const ShardedSave& save, double timeout_s,
                                            const std::function<void(const std::filesystem::path&)>& before_complete = {});
+
+/// Collective: `model` whole in HF layout and its AdamW state by parameter
+/// name (a reward model's LM head left out), gathered to rank 0 (the other
+/// ranks get empty maps); the tensors are fresh unless one rank holds all.
+io::ModelState gather_consolidated(ShardedModel& model, torch::optim::Optimizer& optimizer);
 
 /// Collective: rank 0 writes `model` whole and its AdamW state by parameter
 /// name into `dir`, as io::save_model_and_optimizer does for one process (a

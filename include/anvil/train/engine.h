@@ -126,8 +126,7 @@ class Engine {
   /// sharded run the save is a collective (every rank calls it): the
   /// consolidated model is gathered at the save, each rank's thread writes
   /// its shard, and rank 0's publishes the folder once every rank's is
-  /// written. With companion models (a critic) a sharded save is written at
-  /// once, between barriers; so is every save under ANVIL_CHECKPOINT_SYNC=1.
+  /// written. Under ANVIL_CHECKPOINT_SYNC=1 every save is written at once.
   virtual std::filesystem::path save(const std::filesystem::path& output_dir, const io::TrainerState& state,
                                      const tokenizer::Tokenizer* tokenizer, const std::string& config_yaml,
                                      int64_t keep_last) = 0;
