@@ -76,6 +76,17 @@ class CheckpointAsync : public ::testing::Test {
     EXPECT_EQ(t.wait(), 128 + SIGKILL) << anvil::testing::read_text(dir_ / "log.txt");
     return tmp;
   }
+  /// Re-running in `out` continues from checkpoint-2 with `reference`'s losses, bit for bit.
+  void expect_resumes_from_checkpoint_2(const stdfs::path& out,
+                                        const std::vector<std::pair<int64_t, double>>& reference) {
+    const auto log_before = anvil::testing::read_text(dir_ / "log.txt").size();
+    const auto resumed = run_to_end(out);
+    const auto log = anvil::testing::read_text(dir_ / "log.txt").substr(log_before);
+    EXPECT_NE(log.find("resumed from " + (out / "checkpoint-2").string() + " at step 2"), std::string::npos) << log;
+    ASSERT_EQ(resumed.size(), reference.size());
+    for (size_t i = 0; i < reference.size(); ++i)
+      EXPECT_EQ(resumed[i].second, reference[i].second) << "step " << reference[i].first;  // bit for bit
+  }
   TempDir dir_;
 };
 
@@ -100,13 +111,7 @@ TEST_F(CheckpointAsync, SigkillDuringABackgroundWriteKeepsThePreviousCheckpointA
   EXPECT_TRUE(
       io::SafetensorsFile(out / "checkpoint-2" / "optimizer.safetensors").contains("transformer.wte.weight.exp_avg"));
 
-  const auto log_before = anvil::testing::read_text(dir_ / "log.txt").size();
-  const auto resumed = run_to_end(out);
-  const auto log = anvil::testing::read_text(dir_ / "log.txt").substr(log_before);
-  EXPECT_NE(log.find("resumed from " + (out / "checkpoint-2").string() + " at step 2"), std::string::npos) << log;
-  ASSERT_EQ(resumed.size(), reference.size());
-  for (size_t i = 0; i < reference.size(); ++i)
-    EXPECT_EQ(resumed[i].second, reference[i].second) << "step " << reference[i].first;  // bit for bit
+  expect_resumes_from_checkpoint_2(out, reference);
   EXPECT_FALSE(temp_folder(out, 4)) << "the leftover of the killed write is removed by the next save";
   EXPECT_TRUE(stdfs::exists(out / "checkpoint-6" / io::kTrainerStateFile));
 }
@@ -186,13 +191,7 @@ TEST_F(CheckpointAsync, OneRankMixedPrecisionRunsSaveInTheBackgroundAndResumeBit
   const auto tmp = kill_while_writing_checkpoint_4(out);
   ASSERT_TRUE(tmp) << "no write of checkpoint-4 was seen; log:\n" << anvil::testing::read_text(dir_ / "log.txt");
   EXPECT_FALSE(stdfs::exists(out / "checkpoint-4"));
-  const auto log_before = anvil::testing::read_text(dir_ / "log.txt").size();
-  const auto resumed = run_to_end(out);
-  const auto log = anvil::testing::read_text(dir_ / "log.txt").substr(log_before);
-  EXPECT_NE(log.find("resumed from " + (out / "checkpoint-2").string() + " at step 2"), std::string::npos) << log;
-  ASSERT_EQ(resumed.size(), reference.size());
-  for (size_t i = 0; i < reference.size(); ++i)
-    EXPECT_EQ(resumed[i].second, reference[i].second) << "step " << reference[i].first;  // bit for bit
+  expect_resumes_from_checkpoint_2(out, reference);
 }
 
 }  // namespace
