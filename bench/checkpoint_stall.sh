@@ -11,7 +11,8 @@
 # full_shard, each rank with 1 thread and 2 micro-batches a step (sharded
 # checkpoints: shard files plus the consolidated model, 2 GB a save).
 # Needs build/ (scripts/build.sh) and about 5 GB free under runs/.
-# Usage: [RANKS=2] bench/checkpoint_stall.sh [steps=6] [rounds=2]   (writes under runs/bench-ckpt/)
+# EXTRA="key=value ..." adds trainer overrides to every run.
+# Usage: [RANKS=2] [EXTRA=...] bench/checkpoint_stall.sh [steps=6] [rounds=2]   (writes under runs/bench-ckpt/)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -32,7 +33,9 @@ if [ "$RANKS" -gt 1 ]; then
   LAUNCH=(mpirun --allow-run-as-root --oversubscribe --bind-to none -x ANVIL_CHECKPOINT_SYNC -np "$RANKS")
   DIST=(dist.sharding=full_shard train.threads=1 train.grad_accum_steps=$((2 * RANKS)))
 fi
-echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $STEPS steps x $ROUNDS rounds, $RANKS rank(s)"
+read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
+DIST+=("${EXTRA_ARGS[@]}")
+echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $STEPS steps x $ROUNDS rounds, $RANKS rank(s) ${EXTRA:-}"
 run() {  # name, env, overrides...
   local name=$1 env=$2; shift 2
   local t0; t0=$(date +%s.%N)
