@@ -110,6 +110,21 @@ TEST(Mds, PretrainingMixesAnMdsFolderAndAnvilShards) {
                 &log),
             0);
   EXPECT_NE(log.find("big_mds: holds token ids up to"), std::string::npos) << log;
+  // Tokens as int32 `bytes`: read as such with data.train[i].token_dtype;
+  // read as int64 (llm-foundry's default) they are no token ids, and the
+  // error names the key.
+  python("tokens_bytes " + (dir / "bytes_mds").string() + " 326");
+  const auto bytes_run = [&](const std::string& name, const std::string& dtype) {
+    return run(train + "output_dir=" + (dir / name).string() + " 'data.train=[{path: " + (dir / "bytes_mds").string() +
+                   dtype + "}]' 2>&1",
+               &log);
+  };
+  ASSERT_EQ(bytes_run("int32", ", token_dtype: int32"), 0) << log;
+  EXPECT_NE(log.find("60 documents"), std::string::npos) << log;
+  EXPECT_NE(bytes_run("int64", ""), 0);
+  EXPECT_NE(log.find("bytes_mds/shard.00000.mds: sample 0 holds"), std::string::npos) << log;
+  EXPECT_NE(log.find("as int64, not a token id"), std::string::npos) << log;
+  EXPECT_NE(log.find("set data.train[i].token_dtype"), std::string::npos) << log;
 }
 
 TEST(Mds, DamagedOrForeignFoldersAreNamed) {

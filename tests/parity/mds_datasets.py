@@ -117,5 +117,14 @@ def tokens(*pairs):
                 writer.write({"tokens": numpy.array([rng.randrange(int(top)) for _ in range(32)], dtype=numpy.int32)})
 
 
+def tokens_bytes(out, top):
+    """Tokens as raw int32 `bytes`, as llm-foundry's text-to-MDS conversion
+    writes them with a non-default dtype (the reader must be told)."""
+    rng = random.Random(7)
+    with MDSWriter(columns={"tokens": "bytes"}, out=out, compression=None, size_limit=1 << 11) as writer:
+        for _ in range(60):
+            writer.write({"tokens": numpy.array([rng.randrange(int(top)) for _ in range(32)], dtype=numpy.int32).tobytes()})
+
+
 if __name__ == "__main__":
-    {"write": write, "tokens": tokens}[sys.argv[1]](*sys.argv[2:])
+    {"write": write, "tokens": tokens, "tokens_bytes": tokens_bytes}[sys.argv[1]](*sys.argv[2:])
