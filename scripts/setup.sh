@@ -33,12 +33,16 @@ if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   "$PY" -m venv .venv
 fi
-# The stamp names the package list, so editing the list reinstalls.
-stamp=".venv/.anvil-deps-$(printf '%s\n' "${PY_PACKAGES[@]}" | md5sum | cut -c1-12)"
+# Every package, dependencies included, at the exact version of
+# scripts/python-constraints.txt: the parity references must not change under
+# a fresh clone when PyPI publishes a release. The stamp names the package
+# list and the constraints, so editing either reinstalls.
+CONSTRAINTS="$ROOT/scripts/python-constraints.txt"
+stamp=".venv/.anvil-deps-$({ printf '%s\n' "${PY_PACKAGES[@]}"; cat "$CONSTRAINTS"; } | md5sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   log "installing Python packages into .venv: ${PY_PACKAGES[*]}"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q "${PY_PACKAGES[@]}"
+  .venv/bin/python -m pip install -q -c "$CONSTRAINTS" "${PY_PACKAGES[@]}"
   .venv/bin/python -c "import torch; assert torch.__version__.startswith('${TORCH_VERSION}'), torch.__version__"
   touch "$stamp"
 fi

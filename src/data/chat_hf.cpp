@@ -2,7 +2,7 @@
 // variables transformers passes (messages, add_generation_prompt,
 // bos/eos/pad_token, tools and documents as None) and tokenized whole
 // without special tokens added, as apply_chat_template does. Trained tokens:
-// the {% generation %} spans mapped to tokens by transformers' rule; a
+// the tokens overlapping the {% generation %} spans (transformers' rule); a
 // template without them trains what each reply adds to the conversation
 // (its rendering minus the rendering up to it with add_generation_prompt),
 // up to and including the end-of-turn token.
@@ -162,7 +162,7 @@ class HfTemplate final : public ChatTemplate {
     TokenizedChat out;
     out.input_ids = tok.encode(checked(tok, r.text));
     const auto spans = compiled(tok)->has_generation() ? r.generation : reply_spans(tok, messages, r.text);
-    const auto mask = assistant_mask(char_to_token(tok, r.text, out.input_ids), out.input_ids.size(), spans);
+    const auto mask = assistant_mask(token_offsets(tok, r.text, out.input_ids), spans);
     out.prompt_tokens = static_cast<int64_t>(out.input_ids.size());
     for (size_t i = 0; i < mask.size(); ++i) {
       if (mask[i] && out.prompt_tokens == static_cast<int64_t>(out.input_ids.size()))
@@ -201,16 +201,16 @@ class HfTemplate final : public ChatTemplate {
 class Aligner {
  public:
   Aligner(const tokenizer::Tokenizer& tok, const std::string& text, const std::vector<int64_t>& ids)
-      : tok_(tok), text_(text), ids_(ids), char_of_(text.size() + 1, 0) {
+      : tok_(tok), text_(text), ids_(ids), char_of_(text.size() + 1, 0), out_(ids.size(), {-1, -1}) {
     int64_t c = -1;
     for (size_t b = 0; b < text.size(); ++b) {
       if ((static_cast<unsigned char>(text[b]) & 0xC0) != 0x80) ++c;
       char_of_[b] = c;
     }
-    out_.assign(static_cast<size_t>(c + 1), -1);
+    n_chars_ = c + 1;
   }
 
-  std::vector<int64_t> run() {
+  std::vector<std::pair<int64_t, int64_t>> run() {
     constexpr size_t kMaxGroup = 16;  // tokens that together make whole characters
     for (size_t i = 0; i < ids_.size(); ++i) {
       const std::string whole = decode(ctx_, i + 1);
@@ -231,8 +231,14 @@ class Aligner {
     }
     if (group_ != ids_.size() || pos_ != text_.size())
       throw Error(concat("data.template hf: the tokenizer's decode of the rendered chat differs from the text at ",
-                         "character ", pos_ < text_.size() ? char_of_[pos_] : static_cast<int64_t>(out_.size()),
+                         "character ", pos_ < text_.size() ? char_of_[pos_] : n_chars_,
                          ", so the trained tokens cannot be found (the tokenizer normalizes its input?)"));
+    // A token that holds no character sits, empty, where the one before it ends.
+    int64_t end = 0;
+    for (auto& [b, e] : out_) {
+      if (b < 0) b = e = end;
+      end = e;
+    }
     return std::move(out_);
   }
 
@@ -262,10 +268,13 @@ class Aligner {
     (void)group_end;
   }
 
+  // Token `token` holds (some bytes of) the characters of these bytes.
   void mark(int64_t token, size_t first_byte, size_t last_byte) {
     if (last_byte < first_byte) return;
-    for (int64_t c = char_of_[first_byte]; c <= char_of_[last_byte]; ++c)
-      if (out_[static_cast<size_t>(c)] < 0) out_[static_cast<size_t>(c)] = token;
+    auto& [b, e] = out_[static_cast<size_t>(token)];
+    const int64_t first = char_of_[first_byte], last = char_of_[last_byte] + 1;
+    b = b < 0 ? first : std::min(b, first);
+    e = std::max(e, last);
   }
 
   // Tokens group_..last decode to text_[pos_, pos_ + len). One token covers
@@ -302,7 +311,8 @@ class Aligner {
   const std::string& text_;
   const std::vector<int64_t>& ids_;
   std::vector<int64_t> char_of_;  // the character index of each byte
-  std::vector<int64_t> out_;
+  int64_t n_chars_ = 0;
+  std::vector<std::pair<int64_t, int64_t>> out_;  // each token's characters [begin, end)
   size_t pos_ = 0;    // bytes of text_ accounted for
   size_t ctx_ = 0;    // the group before the current one (decode context)
   size_t group_ = 0;  // the current group's first token
@@ -316,24 +326,17 @@ const ChatTemplate& hf_chat_template() {
   return hf;
 }
 
-std::vector<int64_t> char_to_token(const tokenizer::Tokenizer& tok, const std::string& text,
-                                   const std::vector<int64_t>& ids) {
+std::vector<std::pair<int64_t, int64_t>> token_offsets(const tokenizer::Tokenizer& tok, const std::string& text,
+                                                       const std::vector<int64_t>& ids) {
   return Aligner(tok, text, ids).run();
 }
 
-std::vector<int64_t> assistant_mask(const std::vector<int64_t>& char_tokens, size_t n_tokens,
+std::vector<int64_t> assistant_mask(const std::vector<std::pair<int64_t, int64_t>>& offsets,
                                     const std::vector<std::pair<int64_t, int64_t>>& spans) {
-  std::vector<int64_t> mask(n_tokens, 0);
-  const auto token_of = [&](int64_t c) {
-    return c >= 0 && c < static_cast<int64_t>(char_tokens.size()) ? char_tokens[static_cast<size_t>(c)] : -1;
-  };
-  for (const auto& [start, end] : spans) {
-    const int64_t first = token_of(start), last = token_of(end - 1);
-    if (first < 0) break;  // as transformers: a span past the text stops the marking
-    // transformers marks to the end when the last token is None or 0 (`if end_token`).
-    const auto stop = last > 0 ? static_cast<size_t>(last) + 1 : n_tokens;
-    for (size_t t = static_cast<size_t>(first); t < stop; ++t) mask[t] = 1;
-  }
+  std::vector<int64_t> mask(offsets.size(), 0);
+  for (size_t t = 0; t < offsets.size(); ++t)
+    for (const auto& [start, end] : spans)
+      if (offsets[t].first < end && offsets[t].second > start) mask[t] = 1;
   return mask;
 }
 

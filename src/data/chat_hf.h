@@ -16,17 +16,17 @@ namespace anvil::data {
 /// The `hf` template: ChatTemplate::get("hf").
 const ChatTemplate& hf_chat_template();
 
-/// For each character (code point) of `text`, the first of `ids` (its
-/// tok.encode()) whose characters include it, as transformers'
-/// char_to_token gives it; -1 where no token does. Throws Error when
-/// decoding the ids does not give back `text`.
-std::vector<int64_t> char_to_token(const tokenizer::Tokenizer& tok, const std::string& text,
-                                   const std::vector<int64_t>& ids);
+/// For each of `ids` (the tok.encode() of `text`), the characters (code
+/// points) [begin, end) it holds, as tokenizers' Encoding.offsets gives them
+/// without trimmed offsets: a character split over several byte-level tokens
+/// is in each of them; a token that holds none is empty where the one before
+/// it ends. Throws Error when decoding the ids does not give back `text`.
+std::vector<std::pair<int64_t, int64_t>> token_offsets(const tokenizer::Tokenizer& tok, const std::string& text,
+                                                       const std::vector<int64_t>& ids);
 
-/// transformers' return_assistant_tokens_mask: 1 for the tokens from the
-/// one holding a span's first character to the one holding its last; `spans`
-/// in characters, `char_tokens` from char_to_token.
-std::vector<int64_t> assistant_mask(const std::vector<int64_t>& char_tokens, size_t n_tokens,
+/// transformers' return_assistant_tokens_mask (since 5.24): 1 for every
+/// token whose characters overlap a span; `spans` in characters [begin, end).
+std::vector<int64_t> assistant_mask(const std::vector<std::pair<int64_t, int64_t>>& offsets,
                                     const std::vector<std::pair<int64_t, int64_t>>& spans);
 
 }  // namespace anvil::data

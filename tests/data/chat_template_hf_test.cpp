@@ -149,6 +149,9 @@ TEST(ChatTemplateHf, TokenIdsAndAssistantMasksMatchTransformers) {
         const auto t = hf.encode(*tok, msgs, false);
         EXPECT_EQ(t.input_ids, c["ids"].get<std::vector<int64_t>>());
         EXPECT_EQ(mask_of(t), c["mask"].get<std::vector<int64_t>>());
+        std::vector<std::pair<int64_t, int64_t>> offsets;
+        for (const auto& o : c["offsets"]) offsets.emplace_back(o[0].get<int64_t>(), o[1].get<int64_t>());
+        EXPECT_EQ(token_offsets(*tok, c["text"].get<std::string>(), t.input_ids), offsets);
         EXPECT_EQ(hf.encode(*tok, msgs, true).labels, t.input_ids);  // train_on_prompt
         ++compared;
       }
@@ -269,25 +272,25 @@ TEST(ChatTemplateHf, DatasetReaderRendersTheTemplate) {
   EXPECT_EQ(pref[0].prompt_ids, ChatTemplate::get("hf").encode_prompt(*tok, {{"user", "Hi"}}));
 }
 
-// Characters to tokens as transformers' char_to_token, and its mask rule.
-TEST(ChatTemplateHf, CharToTokenFollowsTransformers) {
+// Each token's characters as tokenizers' offsets, and transformers' mask rule.
+TEST(ChatTemplateHf, TokenOffsetsAndMaskFollowTransformers) {
   TempDir dir;
   ASSERT_TRUE(make_refs(dir));
   auto tok = tokenizer::load_tokenizer_from_model_dir(dir / "refs" / "chatml");
-  // 🌿 and é are split over byte-level tokens (4 and 2): a character maps to
-  // the first token holding its bytes (transformers: [0, 1, 5, 6, 7, 9 x 10, 10]).
+  // 🌿 and é are split over byte-level tokens (4 and 2): each of them holds
+  // the character (tokenizers' offset_mapping for this text).
   const std::string text = "a🌿b é<|im_end|>x";
   const auto ids = tok->encode(text);
   ASSERT_EQ(ids, (std::vector<int64_t>{82, 190, 271, 252, 141, 83, 238, 145, 120, 3, 105}));
-  std::vector<int64_t> expected = {0, 1, 5, 6, 7};
-  expected.resize(15, 9);
-  expected.push_back(10);
-  EXPECT_EQ(char_to_token(*tok, text, ids), expected);
-  // transformers' rule: from the token of a span's first character to that of its last.
-  EXPECT_EQ(assistant_mask({0, 0, 1, 2}, 4, {{2, 4}}), (std::vector<int64_t>{0, 1, 1, 0}));
-  EXPECT_EQ(assistant_mask({0, 0, 1, 2}, 4, {{4, 5}, {0, 1}}),
-            (std::vector<int64_t>{0, 0, 0, 0}));                                       // past the end: stop
-  EXPECT_EQ(assistant_mask({0, 1, 2}, 3, {{0, 1}}), (std::vector<int64_t>{1, 1, 1}));  // last token 0: to the end
+  using Offsets = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(token_offsets(*tok, text, ids),
+            (Offsets{{0, 1}, {1, 2}, {1, 2}, {1, 2}, {1, 2}, {2, 3}, {3, 4}, {4, 5}, {4, 5}, {5, 15}, {15, 16}}));
+  // transformers' rule (5.24 on): every token whose characters overlap a span.
+  const Offsets offsets = {{0, 1}, {1, 2}, {1, 2}, {2, 4}, {4, 4}, {4, 6}};
+  EXPECT_EQ(assistant_mask(offsets, {{1, 2}}), (std::vector<int64_t>{0, 1, 1, 0, 0, 0}));  // a split character
+  EXPECT_EQ(assistant_mask(offsets, {{3, 5}}), (std::vector<int64_t>{0, 0, 0, 1, 1, 1}));  // straddled ends
+  EXPECT_EQ(assistant_mask(offsets, {{0, 1}, {4, 6}}), (std::vector<int64_t>{1, 0, 0, 0, 0, 1}));
+  EXPECT_EQ(assistant_mask(offsets, {{6, 9}}), (std::vector<int64_t>(6, 0)));  // past the end
 }
 
 // A run on a folder with its own template trains with it (data.template:

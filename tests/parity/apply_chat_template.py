@@ -7,8 +7,9 @@ tokens of every format below and writes, for each template NAME:
 
   WORKDIR/NAME/            a tokenizer folder whose tokenizer_config.json
                            records the template as its chat_template
-  WORKDIR/NAME.jsonl       per conversation: {"messages", "ids", "mask",
-                           "prompt_messages", "prompt_ids"}, with "error"
+  WORKDIR/NAME.jsonl       per conversation: {"messages", "text", "ids", "mask",
+                           "offsets" (each token's characters, tokenizers'
+                           offset_mapping), "prompt_messages", "prompt_ids"}, with "error"
                            and "error_type" / "prompt_error" in place of
                            what transformers (or the mask rule) refuses
   WORKDIR/NAME.json        {"eot_id", "reply", "reply_ids" or
@@ -233,16 +234,11 @@ def render(tok, template, messages, generation_prompt, track=False):
     return (texts[0], spans[0]) if track else texts[0]
 
 
-def hf_mask(enc, spans, n):
-    """transformers' return_assistant_tokens_mask from character spans."""
-    mask = [0] * n
-    for start, end in spans:
-        first, last = enc.char_to_token(start), enc.char_to_token(end - 1)
-        if first is None:
-            break
-        for t in range(first, last + 1 if last else n):
-            mask[t] = 1
-    return mask
+def hf_mask(offsets, spans):
+    """transformers' return_assistant_tokens_mask (5.24 on) from character spans: every token whose
+    characters (its tokenizers offsets) overlap a span."""
+    return [int(any(start < token_end and token_start < end for start, end in spans))
+            for token_start, token_end in offsets]
 
 
 def end_of_turn(tok, template):
@@ -281,15 +277,17 @@ def reply_spans(tok, template, messages, full, eot_text):
 
 
 def encode(tok, template, messages, generation, eot_text):
+    """The rendered text, its ids, trained-token mask and each token's character offsets."""
+    full = render(tok, template, messages, False)
+    enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = list(enc["input_ids"]), [list(o) for o in enc["offset_mapping"]]
     if generation:
         r = tok.apply_chat_template(messages, chat_template=template, tokenize=True, return_dict=True,
                                     return_assistant_tokens_mask=True)
-        return list(r["input_ids"]), list(r["assistant_masks"])
-    full = render(tok, template, messages, False)
-    enc = tok(full, add_special_tokens=False)
-    ids = list(enc["input_ids"])
+        assert list(r["input_ids"]) == ids
+        return full, ids, list(r["assistant_masks"]), offsets
     assert ids == list(tok.apply_chat_template(messages, chat_template=template, tokenize=True, return_dict=True)["input_ids"])
-    return ids, hf_mask(enc, reply_spans(tok, template, messages, full, eot_text), len(ids))
+    return full, ids, hf_mask(offsets, reply_spans(tok, template, messages, full, eot_text)), offsets
 
 
 def reply_ids(tok, template, generation, eot_text):
@@ -317,7 +315,7 @@ def write_template(work, name, template, special, tok_json):
         for conv in CONVERSATIONS:
             out = {"messages": conv}
             try:
-                out["ids"], out["mask"] = encode(hf, template, conv, generation, eot_text)
+                out["text"], out["ids"], out["mask"], out["offsets"] = encode(hf, template, conv, generation, eot_text)
             except Exception as e:  # noqa: BLE001 - the template refuses the conversation
                 out["error"], out["error_type"] = str(e), type(e).__name__
             last = max((i for i, m in enumerate(conv) if m["role"] == "assistant"), default=len(conv))
