@@ -1,0 +1,318 @@
+// Building a run from its config (run_setup.h).
+
+#include "train/run_setup.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
+
+#include <chrono>
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+#include "anvil/core/device.h"
+#include "anvil/core/error.h"
+#include "anvil/core/fs.h"
+#include "anvil/core/logging.h"
+#include "anvil/data/chat.h"
+#include "anvil/distributed/checkpoint.h"
+#include "anvil/distributed/env.h"
+#include "anvil/io/checkpoint.h"
+#include "anvil/io/hf_model.h"
+#include "anvil/io/peft.h"
+#include "anvil/models/lora.h"
+#include "anvil/models/registry.h"
+
+namespace anvil::train {
+namespace {
+
+namespace stdfs = std::filesystem;
+
+at::Device parse_device(const std::string& d) {
+  at::Device device(at::kCPU);
+  try {
+    device = at::Device(d);
+  } catch (const c10::Error&) {
+    throw ConfigError(concat("train.device: expected cpu, cuda or cuda:N, got \"", d, "\""));
+  }
+  if (device.is_cuda()) {
+    const int n = torch::cuda::device_count();  // a DeviceIndex (int8): printed as a number
+    if (n == 0)
+      throw ConfigError(concat("train.device: ", d, ", but no usable CUDA GPU is visible (",
+                               at::hasCUDA() ? "check nvidia-smi and CUDA_VISIBLE_DEVICES"
+                                             : "this LibTorch has no CUDA support",
+                               "); use train.device=cpu to train on the CPU"));
+    if (device.has_index() && device.index() >= n)
+      throw ConfigError(concat("train.device: ", d, ", but ", n, n == 1 ? " GPU is" : " GPUs are",
+                               " visible (cuda:0", n > 1 ? concat(" to cuda:", n - 1) : std::string(), ")"));
+  }
+  return device;
+}
+
+/// LoRA: the adapters of model.lora_from, or new ones per the lora section.
+void add_adapters(const config::RunConfig& cfg, models::CausalLM& model) {
+  const auto base = cfg.model.from.empty() ? std::string() : stdfs::absolute(cfg.model.from).string();
+  if (!cfg.model.lora_from.empty()) {
+    auto o = io::read_peft_config(cfg.model.lora_from);
+    o.base_model = base;
+    const auto targets = models::add_lora(model, o, concat("model.lora_from: ", cfg.model.lora_from, "/",
+                                                           io::kAdapterConfig, ": target_modules"));
+    io::load_peft_weights(model, cfg.model.lora_from);
+    log::info("lora: continuing the adapter in ", cfg.model.lora_from, " (r ", o.r, ", alpha ", o.alpha, " on ",
+              nlohmann::json(targets).dump(), ")");
+  } else if (cfg.lora.r > 0) {
+    const models::LoraOptions o{cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.target_modules, base};
+    const auto targets = models::add_lora(model, o);
+    log::info("lora: r ", o.r, ", alpha ", o.alpha, ", dropout ", o.dropout, " on ", nlohmann::json(targets).dump());
+  }
+}
+
+/// Builds the model: from model.from (HF folder) or randomly initialised.
+std::shared_ptr<models::CausalLM> build_model(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
+  std::shared_ptr<models::CausalLM> model;
+  if (!cfg.model.from.empty()) {
+    model = io::load_model_dir(cfg.model.from);
+    log::info("model: loaded ", model->family(), " from ", cfg.model.from);
+  } else {
+    auto mc = cfg.model;
+    if (mc.vocab_size == 0) mc.vocab_size = tok.vocab_size();
+    model = models::family_by_name(mc.family).from_config(mc);
+  }
+  if (model->vocab_size() < tok.vocab_size()) {
+    if (cfg.tokenizer.add_special_tokens.empty())
+      throw ConfigError(concat("model.vocab_size: ", model->vocab_size(), " is smaller than the tokenizer's ",
+                               tok.vocab_size()));
+    // The added special tokens need rows (transformers' resize_token_embeddings).
+    const auto m = cfg.tokenizer.resize_to_multiple_of;
+    const auto n = m > 0 ? (tok.vocab_size() + m - 1) / m * m : tok.vocab_size();
+    log::info("model: vocabulary ", model->vocab_size(), " -> ", n,
+              " rows for tokenizer.add_special_tokens (new rows: the mean of the old ones)");
+    model->resize_vocab(n);
+  }
+  model->special_tokens = {tok.bos_id(), tok.eos_id(), tok.pad_id()};
+  add_adapters(cfg, *model);
+  return model;
+}
+
+std::unique_ptr<tokenizer::Tokenizer> build_tokenizer(const config::RunConfig& cfg) {
+  auto tok = !cfg.tokenizer.path.empty() ? tokenizer::load_tokenizer(cfg.tokenizer.type, cfg.tokenizer.path)
+                                         : tokenizer::load_tokenizer_from_model_dir(cfg.model.from);
+  const auto& added = cfg.tokenizer.add_special_tokens;
+  if (added.empty()) return tok;
+  const auto before = tok->vocab_size();
+  tok = tokenizer::with_special_tokens(std::move(tok), added);
+  std::string list;
+  for (const auto& t : added) list += concat(list.empty() ? "" : ", ", t);
+  log::info("tokenizer: special tokens ", list, " (vocabulary ", before, " -> ", tok->vocab_size(), ")");
+  return tok;
+}
+
+/// Row 0 of a batch as text, trained tokens inside [[ ]]; trailing padding
+/// (untrained pad tokens) dropped.
+std::string render_first_row(const Batch& batch, const tokenizer::Tokenizer& tok) {
+  const auto ids_it = batch.tensors.find("input_ids"), labels_it = batch.tensors.find("labels");
+  if (ids_it == batch.tensors.end() || labels_it == batch.tensors.end()) return "(this objective's batches hold no input_ids/labels)";
+  const auto ids = ids_it->second[0].contiguous(), labels = labels_it->second[0].contiguous();
+  const auto* id = ids.data_ptr<int64_t>();
+  const auto* label = labels.data_ptr<int64_t>();
+  int64_t n = ids.numel();
+  const int64_t pad = tok.padding_id();
+  while (n > 0 && id[n - 1] == pad && label[n - 1] == data::kIgnoreIndex) --n;
+  std::string out;
+  for (int64_t i = 0; i < n;) {
+    const bool trained = label[i] != data::kIgnoreIndex;
+    std::vector<int64_t> span;
+    for (; i < n && (label[i] != data::kIgnoreIndex) == trained; ++i) span.push_back(id[i]);
+    const auto text = tok.decode(span, false);
+    out += trained ? "[[" + text + "]]" : text;
+  }
+  return out;
+}
+
+std::string format_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  return format_number(b, 3) + " " + units[u];
+}
+
+/// The checkpoint a run continues from: train.resume_from, else output_dir's
+/// latest complete one (train.resume: auto), else none.
+std::optional<stdfs::path> checkpoint_to_resume(const config::RunConfig& cfg, const stdfs::path& out_dir) {
+  if (!cfg.train.resume_from.empty()) {
+    const stdfs::path from = cfg.train.resume_from;
+    if (!stdfs::exists(from / io::kTrainerStateFile))
+      throw ConfigError(concat("train.resume_from: ", from.string(), " is not a complete checkpoint (no ",
+                               io::kTrainerStateFile, ")"));
+    return from;
+  }
+  auto latest = io::latest_checkpoint(out_dir);
+  if (latest && cfg.train.resume == "never")
+    throw ConfigError(concat("train.resume: never, but ", out_dir.string(), " holds ", latest->filename().string(),
+                             "; use another output_dir, or train.resume: auto to continue that run"));
+  return latest;
+}
+
+/// A resume compares the new config with the checkpoint's: keys that extend
+/// or observe the run may change (each change logged); any other difference
+/// stops the run unless train.allow_config_change is set.
+void check_resume_config(const stdfs::path& ckpt, const std::string& config_yaml, const config::RunConfig& cfg) {
+  const auto saved_path = ckpt / "config.yaml";
+  if (!stdfs::exists(saved_path)) {
+    log::warn("resume: ", saved_path.string(), " is missing, so the config cannot be compared with the run's");
+    return;
+  }
+  std::vector<config::ConfigChange> blocked;
+  for (const auto& c : config::config_changes(fs::read_file(saved_path), config_yaml)) {
+    if (config::may_change_on_resume(c.key)) {
+      log::info("resume: ", c.key, " changes from ", c.before, " to ", c.after);
+    } else if (cfg.train.allow_config_change) {
+      log::warn("resume: ", c.key, " changes from ", c.before, " to ", c.after, " (train.allow_config_change)");
+    } else {
+      blocked.push_back(c);
+    }
+  }
+  if (blocked.empty()) return;
+  std::string list;
+  for (const auto& c : blocked) list += concat("\n  ", c.key, ": ", c.before, " -> ", c.after);
+  throw ConfigError(concat("resuming ", ckpt.string(), ": this config differs from the run's (", saved_path.string(),
+                           ") in keys that change training:", list,
+                           "\nStart a new run with another output_dir, or set train.allow_config_change=true to "
+                           "continue with the new values (each start's config is kept in output_dir/config-history/)."));
+}
+
+
+/// Sharded runs (several ranks, a sharding strategy or mixed precision on
+/// one, or one resuming a sharded checkpoint) get a communicator; a plain
+/// single-process run has none.
+std::shared_ptr<distributed::Communicator> make_comm(const config::RunConfig& cfg, const distributed::ProcessInfo& proc,
+                                              const at::Device& device, const std::optional<stdfs::path>& latest) {
+  const bool sharded = proc.world_size > 1 || cfg.dist.sharding != "no_shard" || cfg.dist.param_dtype != "float32" ||
+                       cfg.dist.reduce_dtype != "float32" || (latest && distributed::is_sharded_checkpoint(*latest));
+  if (!sharded) return nullptr;
+  distributed::CommOptions co;
+  co.backend = cfg.dist.backend;
+  co.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout_s * 1000));
+  return distributed::make_communicator(proc, device, co);
+}
+
+/// One chat format from data to checkpoint: data.template, else the one
+/// recorded with model.from (else with the tokenizer's folder); the
+/// checkpoints record it. Returns the template's name.
+std::string resolve_template(const config::RunConfig& cfg, tokenizer::Tokenizer& tok) {
+  const bool from_model = !cfg.model.from.empty() && tokenizer::has_tokenizer(cfg.model.from);
+  const auto where = from_model ? cfg.model.from : cfg.tokenizer.path;
+  const auto recorder =
+      from_model && !cfg.tokenizer.path.empty() ? tokenizer::load_tokenizer_from_model_dir(where) : nullptr;
+  const auto& rec_tok = recorder ? *recorder : tok;
+  const auto name = data::resolve_chat_template(rec_tok, cfg.data.template_name, "data.template", where, "");
+  if (cfg.data.template_name == "auto")
+    log::info("data.template: ", name,
+              name == "hf" ? concat(", the chat_template of ", where, " rendered as written")
+              : data::recorded_chat_format(rec_tok).kind == data::RecordedChatFormat::Kind::builtin
+                  ? concat(", the format recorded in ", where)
+                  : concat(" (", where, " records no chat format)"));
+  // hf renders the recorded Jinja itself, which the run's tokenizer may not carry.
+  tok.set_chat_template(name == "hf" ? rec_tok.chat_template() : data::ChatTemplate::get(name).jinja(tok));
+  return name;
+}
+
+}  // namespace
+
+RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
+  log::configure(log::parse_level(cfg.logging.level));
+  const auto proc = distributed::discover_from_environment();
+  if (cfg.train.threads > 0) at::set_num_threads(static_cast<int>(cfg.train.threads));
+  RunSetup r;
+  r.device = parse_device(cfg.train.device);
+  if (r.device.is_cuda() && !r.device.has_index() && proc.world_size > 1)
+    r.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(proc.local_rank));
+  set_tf32(cfg.train.tf32);
+  r.out_dir = cfg.output_dir;
+  r.config_yaml = config::to_yaml(cfg);
+  r.latest = checkpoint_to_resume(cfg, r.out_dir);
+  // Evaluating a checkpoint continues nothing, so any config may evaluate it.
+  if (r.latest && !options.eval_only) check_resume_config(*r.latest, r.config_yaml, cfg);
+  r.comm = make_comm(cfg, proc, r.device, r.latest);
+  r.ranks.world = r.comm ? r.comm->world_size() : 1;
+  r.ranks.rank = r.comm ? r.comm->rank() : 0;
+  r.lead = r.ranks.rank == 0;
+  if (!r.lead) log::configure(log::Level::warn);  // one rank reports
+  if (r.comm && r.ranks.world > 1)
+    r.ranks.sum = [comm = r.comm, device = r.device](std::vector<double>& v) {
+      auto t = at::tensor(v, at::kDouble).to(device);
+      comm->all_reduce_sum(t, "step or evaluation statistics");
+      t = t.cpu();
+      for (size_t i = 0; i < v.size(); ++i) v[i] = t[static_cast<int64_t>(i)].item<double>();
+    };
+
+  // Batch math: the same global batch whatever the world size.
+  r.micro_per_step = cfg.train.global_batch_size > 0 ? cfg.train.global_batch_size / cfg.train.micro_batch_size
+                                                     : cfg.train.grad_accum_steps;
+  if (r.micro_per_step % r.ranks.world != 0)
+    throw ConfigError(concat(cfg.train.global_batch_size > 0 ? "train.global_batch_size" : "train.grad_accum_steps",
+                             ": a step of ", r.micro_per_step, " micro-batches of ", cfg.train.micro_batch_size,
+                             " samples does not divide among ", r.ranks.world, " ranks; expected a multiple of ",
+                             r.ranks.world * cfg.train.micro_batch_size, " samples per step"));
+
+  torch::manual_seed(static_cast<uint64_t>(cfg.train.seed));
+  r.tok = build_tokenizer(cfg);
+  r.model = build_model(cfg, *r.tok);
+  r.model->to(r.device);
+  r.model->train();
+  // data.max_length defaults to the model's context, which model.from only knows once loaded.
+  auto data_cfg = cfg;
+  if (data_cfg.data.max_length == 0) data_cfg.data.max_length = r.model->max_positions();
+  if (data_cfg.data.max_length > r.model->max_positions())
+    throw ConfigError(concat("data.max_length: ", data_cfg.data.max_length, " exceeds the model's ",
+                             r.model->max_positions(), " positions"));
+  if (cfg.algorithm != "pretrain") data_cfg.data.template_name = resolve_template(cfg, *r.tok);
+  r.objective = make_objective(data_cfg, *r.tok);
+  r.objective->set_ranks(r.ranks);
+  return r;
+}
+
+/// --dry-run: the plan of the run, from the first micro-batch.
+void print_plan(RunSetup& r, const config::RunConfig& cfg) {
+  int64_t n_params = 0;
+  for (const auto& p : r.model->parameters()) n_params += p.numel();
+  const int64_t samples_per_step = r.micro_per_step * cfg.train.micro_batch_size;
+  auto first = r.objective->train_source().next();
+  const auto sample = render_first_row(first, *r.tok);
+  const double tokens_per_sample =
+      static_cast<double>(first.num_tokens) / static_cast<double>(std::max<int64_t>(1, cfg.train.micro_batch_size));
+  const int64_t world = r.ranks.world;
+  std::ostringstream plan;
+  plan << "dry run: nothing is trained or written\n"
+       << "  model: " << r.model->family() << ", " << n_params << " parameters, " << r.model->max_positions()
+       << " positions, on " << r.device.str() << (world > 1 ? concat(", ", world, " ranks") : std::string()) << "\n"
+       << "  algorithm: " << cfg.algorithm << "; " << cfg.train.max_steps << " steps of " << samples_per_step
+       << " samples (" << r.micro_per_step << (r.micro_per_step == 1 ? " micro-batch" : " micro-batches") << " of "
+       << cfg.train.micro_batch_size << ")";
+  if (const auto epoch = r.objective->train_source().samples_per_epoch(); epoch > 0)
+    plan << " = "
+         << format_number(static_cast<double>(cfg.train.max_steps * samples_per_step) / static_cast<double>(epoch), 3)
+         << " epochs of " << epoch << " samples";
+  plan << "\n  tokens per step: about " << std::llround(tokens_per_sample * static_cast<double>(samples_per_step))
+       << " (the first micro-batch holds " << first.num_tokens << " tokens and " << first.num_targets << " "
+       << r.objective->target_unit() << ")\n"
+       << "  memory: about " << format_bytes(16.0 * static_cast<double>(n_params))
+       << " for weights, gradients and AdamW state (fp32: 4 + 4 + 8 bytes per parameter"
+       << (world > 1 && cfg.dist.sharding != "no_shard" ? ", before sharding" : "") << "), plus activations\n"
+       << "  resume: "
+       << (r.latest ? concat("continues ", r.latest->string()) : std::string("starts fresh in ") + r.out_dir.string())
+       << "\n"
+       << "  first training sample (trained tokens in [[ ]]):\n"
+       << sample << "\n";
+  log::info(plan.str());
+}
+
+std::string format_number(double x, int precision) {
+  std::ostringstream os;
+  os << std::setprecision(precision) << x;
+  return os.str();
+}
+
+}  // namespace anvil::train

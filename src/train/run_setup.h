@@ -1,0 +1,45 @@
+#pragma once
+// What a training run is made of, from its config to its objective: the
+// device, the communicator, the tokenizer, the model (with adapters), the
+// checkpoint it continues and the objective; and the --dry-run plan.
+// run_training (trainer.cpp) builds it, then runs the loop.
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "anvil/config/config.h"
+#include "anvil/distributed/comm.h"
+#include "anvil/models/causal_lm.h"
+#include "anvil/tokenizer/tokenizer.h"
+#include "anvil/train/objective.h"
+#include "anvil/train/trainer.h"
+
+namespace anvil::train {
+
+struct RunSetup {
+  std::filesystem::path out_dir;
+  std::string config_yaml;
+  std::optional<std::filesystem::path> latest;  // the checkpoint it continues (or evaluates)
+  at::Device device = at::kCPU;
+  std::shared_ptr<distributed::Communicator> comm;  // set for sharded runs
+  RankContext ranks;
+  bool lead = true;
+  int64_t micro_per_step = 1;
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  std::shared_ptr<models::CausalLM> model;
+  std::unique_ptr<Objective> objective;
+};
+
+/// Validates what needs the model or the filesystem (device, resume, batch
+/// math against the world size, data.max_length) and builds the run.
+RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options);
+
+/// --dry-run: the plan of the run, from the first micro-batch.
+void print_plan(RunSetup& r, const config::RunConfig& cfg);
+
+/// `x` with `precision` significant digits.
+std::string format_number(double x, int precision = 4);
+
+}  // namespace anvil::train
