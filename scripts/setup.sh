@@ -41,7 +41,7 @@ CONSTRAINTS="$ROOT/scripts/python-constraints.txt"
 stamp=".venv/.anvil-deps-$({ printf '%s\n' "${PY_PACKAGES[@]}"; cat "$CONSTRAINTS"; } | md5sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   log "installing Python packages into .venv: ${PY_PACKAGES[*]}"
-  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -c "$CONSTRAINTS" --upgrade pip
   .venv/bin/python -m pip install -q -c "$CONSTRAINTS" "${PY_PACKAGES[@]}"
   .venv/bin/python -c "import torch; assert torch.__version__.startswith('${TORCH_VERSION}'), torch.__version__"
   touch "$stamp"
