@@ -483,8 +483,11 @@ Command add_generate(CLI::App& app) {
   f->sampling.add(gen);
   add_placement(gen, f->where);
   return {gen, [f] {
-            for (auto& p : f->prompts)
-              for (size_t pos; (pos = p.find("\\n")) != std::string::npos;) p.replace(pos, 2, "\n");
+            for (auto& p : f->prompts) {  // a typed "\n" is a newline
+              std::string out;
+              for (size_t i = 0; i < p.size(); ++i) out += p.compare(i, 2, "\\n") == 0 ? (++i, '\n') : p[i];
+              p = std::move(out);
+            }
             if (f->prompts.empty() && f->in.empty())
               throw anvil::ConfigError("generate: give --input/--output or --prompt");
             auto opt = f->sampling.options();

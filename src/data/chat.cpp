@@ -2,6 +2,7 @@
 
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "anvil/core/error.h"
 #include "anvil/core/logging.h"
@@ -23,10 +24,10 @@ class PieceTemplate : public ChatTemplate {
     int64_t id = -1;
   };
 
-  TokenizedChat encode(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
-                       bool train_on_prompt) const override;
-  std::vector<int64_t> encode_prompt(const tokenizer::Tokenizer& tok,
-                                     const std::vector<Message>& messages) const override;
+  TokenizedChat encode(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages, bool train_on_prompt,
+                       const std::string& tools = {}) const override;
+  std::vector<int64_t> encode_prompt(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                                     const std::string& tools = {}) const override;
   std::vector<int64_t> encode_reply(const tokenizer::Tokenizer& tok, const std::string& content) const override;
   int64_t end_of_turn_id(const tokenizer::Tokenizer& tok) const override;
 
@@ -59,7 +60,8 @@ std::string trim(const std::string& s) {
 
 void check_role(const std::string& role) {
   if (role != "system" && role != "user" && role != "assistant")
-    throw DataError(concat("message role \"", role, "\": expected system, user or assistant"));
+    throw DataError(concat("message role \"", role, "\": expected system, user or assistant",
+                           role == "tool" ? " (tool messages render only with data.template hf)" : ""));
 }
 
 Piece eos_piece(const tokenizer::Tokenizer& tok, bool trained) {
@@ -277,13 +279,25 @@ TokenizedChat PieceTemplate::tokenize(const tokenizer::Tokenizer& tok, const std
   return out;
 }
 
+// Tool use (tools, tool_calls, tool messages) has no built-in form; other
+// fields of a message are not rendered.
+void check_plain_messages(const std::string& name, const std::vector<Message>& messages, const std::string& tools) {
+  const auto hint = " (tool use renders only with a model's own chat_template: data.template hf)";
+  if (!tools.empty()) throw DataError(concat("data.template ", name, ": the conversation has tools", hint));
+  for (const auto& m : messages)
+    if (!m.json.empty() && nlohmann::json::parse(m.json).contains("tool_calls"))
+      throw DataError(concat("data.template ", name, ": an ", m.role, " message has tool_calls", hint));
+}
+
 TokenizedChat PieceTemplate::encode(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
-                                    bool train_on_prompt) const {
+                                    bool train_on_prompt, const std::string& tools) const {
+  check_plain_messages(name(), messages, tools);
   return tokenize(tok, render(tok, messages, false), train_on_prompt);
 }
 
-std::vector<int64_t> PieceTemplate::encode_prompt(const tokenizer::Tokenizer& tok,
-                                                  const std::vector<Message>& messages) const {
+std::vector<int64_t> PieceTemplate::encode_prompt(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                                                  const std::string& tools) const {
+  check_plain_messages(name(), messages, tools);
   return tokenize(tok, render(tok, messages, true), false).input_ids;
 }
 

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string_view>
 
 #include "anvil/core/error.h"
@@ -45,24 +46,49 @@ std::shared_ptr<const jinja::Template> compiled(const tokenizer::Tokenizer& tok)
   return t;
 }
 
+// JSON as the Python value json.loads gives (key order kept).
+Value value_of(const nlohmann::ordered_json& j) {
+  if (j.is_null()) return Value::none();
+  if (j.is_boolean()) return Value::boolean(j.get<bool>());
+  if (j.is_number_integer()) return Value::integer(j.get<int64_t>());
+  if (j.is_number()) return Value::floating(j.get<double>());
+  if (j.is_string()) return Value::string(j.get<std::string>());
+  if (j.is_array()) {
+    std::vector<Value> items;
+    for (const auto& x : j) items.push_back(value_of(x));
+    return Value::list(std::move(items));
+  }
+  auto d = std::make_shared<jinja::DictObj>();
+  for (const auto& [k, v] : j.items()) d->set(Value::string(k), value_of(v));
+  return Value::dict(d);
+}
+
+// transformers drops the keys of a message whose value is None.
 Value messages_value(const std::vector<Message>& messages) {
   std::vector<Value> list;
   for (const auto& m : messages) {
     auto d = std::make_shared<jinja::DictObj>();
-    d->set(Value::string("role"), Value::string(m.role));
-    d->set(Value::string("content"), Value::string(m.content));
+    if (m.json.empty()) {
+      d->set(Value::string("role"), Value::string(m.role));
+      d->set(Value::string("content"), Value::string(m.content));
+    } else {
+      const auto j = nlohmann::ordered_json::parse(m.json);
+      for (const auto& [k, v] : j.items())
+        if (!v.is_null()) d->set(Value::string(k), value_of(v));
+    }
     list.push_back(Value::dict(d));
   }
   return Value::list(std::move(list));
 }
 
 jinja::RenderResult render(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
-                           bool generation_prompt) {
+                           bool generation_prompt, const std::string& tools = {}) {
   const auto t = compiled(tok);
-  std::vector<std::pair<std::string, Value>> vars = {{"messages", messages_value(messages)},
-                                                     {"add_generation_prompt", Value::boolean(generation_prompt)},
-                                                     {"tools", Value::none()},
-                                                     {"documents", Value::none()}};
+  std::vector<std::pair<std::string, Value>> vars = {
+      {"messages", messages_value(messages)},
+      {"add_generation_prompt", Value::boolean(generation_prompt)},
+      {"tools", tools.empty() ? Value::none() : value_of(nlohmann::ordered_json::parse(tools))},
+      {"documents", Value::none()}};
   const std::pair<const char*, int64_t> special[] = {
       {"bos_token", tok.bos_id()}, {"eos_token", tok.eos_id()}, {"pad_token", tok.pad_id()}};
   for (const auto& [name, id] : special)
@@ -129,7 +155,8 @@ int64_t end_of_turn(const tokenizer::Tokenizer& tok) {
 // up to and including the end-of-turn token (what follows is the next
 // turn's lead-in).
 std::vector<std::pair<int64_t, int64_t>> reply_spans(const tokenizer::Tokenizer& tok,
-                                                     const std::vector<Message>& messages, const std::string& full) {
+                                                     const std::vector<Message>& messages, const std::string& full,
+                                                     const std::string& tools) {
   std::vector<std::pair<int64_t, int64_t>> spans;
   std::string eot;
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -137,8 +164,8 @@ std::vector<std::pair<int64_t, int64_t>> reply_spans(const tokenizer::Tokenizer&
     if (eot.empty()) eot = tok.decode({end_of_turn(tok)}, false);
     const std::vector<Message> before(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i));
     const std::vector<Message> through(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i) + 1);
-    const std::string prompt = render(tok, before, true).text;
-    const std::string with = render(tok, through, false).text;
+    const std::string prompt = render(tok, before, true, tools).text;
+    const std::string with = render(tok, through, false, tools).text;
     if (with.compare(0, prompt.size(), prompt) != 0 || full.compare(0, with.size(), with) != 0)
       throw ConfigError(concat(
           "data.template hf: cannot tell which tokens of reply ", i, " (message ", i,
@@ -156,12 +183,12 @@ class HfTemplate final : public ChatTemplate {
  public:
   HfTemplate() : ChatTemplate("hf") {}
 
-  TokenizedChat encode(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
-                       bool train_on_prompt) const override {
-    const auto r = render(tok, messages, false);
+  TokenizedChat encode(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages, bool train_on_prompt,
+                       const std::string& tools = {}) const override {
+    const auto r = render(tok, messages, false, tools);
     TokenizedChat out;
     out.input_ids = tok.encode(checked(tok, r.text));
-    const auto spans = compiled(tok)->has_generation() ? r.generation : reply_spans(tok, messages, r.text);
+    const auto spans = compiled(tok)->has_generation() ? r.generation : reply_spans(tok, messages, r.text, tools);
     const auto mask = assistant_mask(token_offsets(tok, r.text, out.input_ids), spans);
     out.prompt_tokens = static_cast<int64_t>(out.input_ids.size());
     for (size_t i = 0; i < mask.size(); ++i) {
@@ -172,16 +199,16 @@ class HfTemplate final : public ChatTemplate {
     return out;
   }
 
-  std::vector<int64_t> encode_prompt(const tokenizer::Tokenizer& tok,
-                                     const std::vector<Message>& messages) const override {
-    return tok.encode(checked(tok, render(tok, messages, true).text));
+  std::vector<int64_t> encode_prompt(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                                     const std::string& tools = {}) const override {
+    return tok.encode(checked(tok, render(tok, messages, true, tools).text));
   }
 
   // The reply's trained text in a one-turn conversation, tokenized alone.
   std::vector<int64_t> encode_reply(const tokenizer::Tokenizer& tok, const std::string& content) const override {
     const std::vector<Message> conv = {{"user", kProbeUser}, {"assistant", content}};
     const auto r = render(tok, conv, false);
-    const auto spans = compiled(tok)->has_generation() ? r.generation : reply_spans(tok, conv, r.text);
+    const auto spans = compiled(tok)->has_generation() ? r.generation : reply_spans(tok, conv, r.text, {});
     if (spans.empty())
       throw ConfigError(
           "data.template hf: the chat template marks no part of a reply as trained ({% generation %} "

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string_view>
 
 #include "anvil/core/error.h"
@@ -55,21 +56,35 @@ std::string DatasetStats::summary() const {
 
 namespace {
 
-// A list of {role, content} objects in field `name` of a record.
+// A list of {role, content} objects in field `name` of a record. A message
+// with more (tool use) is kept whole, in the line's key order.
 std::vector<Message> message_list(const Record& r, const std::string& name) {
   const auto& m = r.at(name);
   if (!m.is_array() || m.empty()) r.fail(name, concat("expected a non-empty list of {role, content}, got ", m.type_name()));
+  std::optional<nlohmann::ordered_json> ordered;  // parsed again only for a message with more
   std::vector<Message> out;
   for (size_t i = 0; i < m.size(); ++i) {
     const auto field = concat(name, "[", i, "]");
     if (!m[i].is_object()) r.fail(field, concat("expected an object {role, content}, got ", m[i].type_name()));
-    for (const char* key : {"role", "content"})
-      if (!m[i].contains(key) || !m[i][key].is_string())
-        r.fail(concat(field, ".", key),
-               m[i].contains(key) ? concat("expected a string, got ", m[i][key].type_name()) : "missing");
-    Message msg{m[i]["role"].get<std::string>(), m[i]["content"].get<std::string>()};
-    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant")
-      r.fail(field + ".role", concat("expected system, user or assistant, got \"", msg.role, "\""));
+    const auto& mi = m[i];
+    if (!mi.contains("role") || !mi["role"].is_string())
+      r.fail(field + ".role", mi.contains("role") ? concat("expected a string, got ", mi["role"].type_name()) : "missing");
+    Message msg{mi["role"].get<std::string>(), ""};
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool")
+      r.fail(field + ".role", concat("expected system, user, assistant or tool, got \"", msg.role, "\""));
+    const bool calls = mi.contains("tool_calls") && !mi["tool_calls"].is_null();
+    if (calls && (!mi["tool_calls"].is_array() || mi["tool_calls"].empty()))
+      r.fail(field + ".tool_calls", concat("expected a non-empty list of {type, function: {name, arguments}}, got ",
+                                           mi["tool_calls"].type_name()));
+    const bool content = mi.contains("content") && !mi["content"].is_null();
+    if (content && !mi["content"].is_string())
+      r.fail(field + ".content", concat("expected a string, got ", mi["content"].type_name()));
+    if (!content && !calls) r.fail(field + ".content", "missing (only a message with tool_calls may leave it out)");
+    if (content) msg.content = mi["content"].get<std::string>();
+    if (mi.size() > (mi.contains("content") ? 2u : 1u) || !content) {
+      if (!ordered) ordered = r.ordered(name);
+      msg.json = (*ordered)[i].dump();
+    }
     out.push_back(std::move(msg));
   }
   return out;
@@ -118,6 +133,15 @@ std::vector<Message> record_messages(const Record& r, const std::string& prompt_
   return out;
 }
 
+std::string record_tools(const Record& r) {
+  if (!r.has("tools")) return {};
+  const auto& t = r.at("tools");
+  if (!t.is_array()) r.fail("tools", concat("expected a list of tool schemas (JSON objects), got ", t.type_name()));
+  for (size_t i = 0; i < t.size(); ++i)
+    if (!t[i].is_object()) r.fail(concat("tools[", i, "]"), concat("expected a JSON object, got ", t[i].type_name()));
+  return r.ordered("tools").dump();
+}
+
 bool is_text_prompt(const Record& r, const std::string& prompt_field) {
   if (r.has("messages")) return false;
   if (r.has(prompt_field)) return r.at(prompt_field).is_string();
@@ -136,8 +160,9 @@ bool is_text_pair(const Record& r, const ReadOptions& opt) {
 }  // namespace
 
 std::vector<int64_t> encode_record_prompt(const tokenizer::Tokenizer& tok, const ChatTemplate& tmpl,
-                                          const std::vector<Message>& messages, bool text_prompt) {
-  if (!(text_prompt && tmpl.name() == "plain" && messages.size() == 1)) return tmpl.encode_prompt(tok, messages);
+                                          const std::vector<Message>& messages, bool text_prompt,
+                                          const std::string& tools) {
+  if (!(text_prompt && tmpl.name() == "plain" && messages.size() == 1)) return tmpl.encode_prompt(tok, messages, tools);
   std::vector<int64_t> ids;
   if (tok.add_bos() && tok.bos_id() >= 0) ids.push_back(tok.bos_id());
   const auto t = tok.encode(messages[0].content);
@@ -146,11 +171,12 @@ std::vector<int64_t> encode_record_prompt(const tokenizer::Tokenizer& tok, const
 }
 
 std::optional<SftSample> make_sft_sample(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
-                                         const ReadOptions& opt, DatasetStats& stats, bool text_pair) {
+                                         const ReadOptions& opt, DatasetStats& stats, bool text_pair,
+                                         const std::string& tools) {
   const bool pair = text_pair && messages.size() == 2 && messages[0].role == "user" && messages[1].role == "assistant";
   const auto t = opt.template_name == "plain" && pair
                      ? encode_plain(tok, messages[0].content, messages[1].content, opt.add_eos, opt.train_on_prompt)
-                     : ChatTemplate::get(opt.template_name).encode(tok, messages, opt.train_on_prompt);
+                     : ChatTemplate::get(opt.template_name).encode(tok, messages, opt.train_on_prompt, tools);
   SftSample s;
   s.input_ids = t.input_ids;
   s.labels = t.labels;
@@ -187,7 +213,7 @@ SftDataset SftDataset::load(const std::filesystem::path& path, const tokenizer::
   const auto r = read_jsonl(path, opt.on_error, [&](const Record& rec) {
     at_record(rec, [&] {
       auto s = make_sft_sample(tok, record_messages(rec, opt.prompt_field, opt.response_field, true), opt, ds.stats_,
-                               is_text_pair(rec, opt));
+                               is_text_pair(rec, opt), record_tools(rec));
       if (s) ds.samples_.push_back(std::move(*s));
     });
   });
@@ -285,7 +311,7 @@ PreferenceDataset PreferenceDataset::load(const std::filesystem::path& path, con
     s.margin = rec.optional_number("margin");
     s.prompt = message_text(msgs, msgs.size());
     at_record(rec, [&] {
-      s.prompt_ids = encode_record_prompt(tok, tmpl, msgs, is_text_prompt(rec, opt.prompt_field));
+      s.prompt_ids = encode_record_prompt(tok, tmpl, msgs, is_text_prompt(rec, opt.prompt_field), record_tools(rec));
       for (const auto& text : s.reply_texts) s.replies.push_back(tmpl.encode_reply(tok, text));
     });
     if (opt.max_length > 0) {
@@ -323,7 +349,7 @@ PromptDataset PromptDataset::load(const std::filesystem::path& path, const token
     PromptSample s;
     s.prompt = message_text(msgs, msgs.size());
     s.text_prompt = is_text_prompt(rec, opt.prompt_field);
-    at_record(rec, [&] { s.prompt_ids = encode_record_prompt(tok, tmpl, msgs, s.text_prompt); });
+    at_record(rec, [&] { s.prompt_ids = encode_record_prompt(tok, tmpl, msgs, s.text_prompt, record_tools(rec)); });
     s.messages = msgs;
     s.record = rec.json();
     s.where = rec.where();
@@ -355,7 +381,7 @@ OfflineRlDataset OfflineRlDataset::load(const std::filesystem::path& path, const
     }
     const double reward = per_token.empty() ? rec.number("reward") : 0.0;
     auto s = make_sft_sample(tok, record_messages(rec, opt.prompt_field, opt.response_field, true), opt, ds.stats_,
-                             is_text_pair(rec, opt));
+                             is_text_pair(rec, opt), record_tools(rec));
     if (!s) return;
     if (!per_token.empty()) {
       const auto labelled = std::count_if(s->labels.begin(), s->labels.end(), [](int64_t l) { return l != kIgnoreIndex; });

@@ -38,6 +38,11 @@ std::optional<double> Record::optional_number(const std::string& field) const {
   return number(field);
 }
 
+nlohmann::ordered_json Record::ordered(const std::string& field) const {
+  if (!line_.empty()) return nlohmann::ordered_json::parse(line_).at(field);
+  return nlohmann::ordered_json::parse(at(field).dump());
+}
+
 ReadStats read_jsonl(const std::filesystem::path& path, OnError on_error,
                      const std::function<void(const Record&)>& fn) {
   std::ifstream in(path);
@@ -65,7 +70,7 @@ ReadStats read_jsonl(const std::filesystem::path& path, OnError on_error,
         throw DataError(concat(where, ": not valid JSON: ", reason));
       }
       if (!j.is_object()) throw DataError(concat(where, ": expected a JSON object, got ", j.type_name()));
-      fn(Record(j, where));
+      fn(Record(j, where, line));
     } catch (const DataError& e) {
       if (on_error == OnError::fail) throw;
       ++stats.skipped;

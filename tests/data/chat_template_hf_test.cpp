@@ -45,11 +45,18 @@ std::vector<json> read_lines(const stdfs::path& p) {
   return out;
 }
 
+// A message with more than a string role and content (tool use) is kept whole.
 std::vector<Message> messages_of(const json& j) {
   std::vector<Message> out;
-  for (const auto& m : j) out.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+  for (const auto& m : j) {
+    const bool text = m.contains("content") && m["content"].is_string();
+    out.push_back({m["role"].get<std::string>(), text ? m["content"].get<std::string>() : "",
+                   m.size() == 2 && text ? "" : m.dump()});
+  }
   return out;
 }
+
+std::string tools_of(const json& c) { return c.contains("tools") ? c["tools"].dump() : std::string(); }
 
 std::vector<int64_t> mask_of(const TokenizedChat& t) {
   std::vector<int64_t> mask;
@@ -116,7 +123,7 @@ TEST(ChatTemplateHf, TokenIdsAndAssistantMasksMatchTransformers) {
   TempDir dir;
   ASSERT_TRUE(make_refs(dir));
   const auto names = json::parse(read_text(dir / "refs" / "templates.json")).get<std::vector<std::string>>();
-  ASSERT_EQ(names.size(), 18u);
+  ASSERT_EQ(names.size(), 20u);
   const auto& hf = ChatTemplate::get("hf");
   int compared = 0;
   for (const auto& name : names) {
@@ -138,7 +145,7 @@ TEST(ChatTemplateHf, TokenIdsAndAssistantMasksMatchTransformers) {
       SCOPED_TRACE(c["messages"].dump());
       const auto msgs = messages_of(c["messages"]);
       if (c.contains("error")) {
-        const auto err = error_of([&] { hf.encode(*tok, msgs, false); });
+        const auto err = error_of([&] { hf.encode(*tok, msgs, false, tools_of(c)); });
         // jinja2's message (raise_exception's, an undefined value's), or why
         // the replies cannot be found without {% generation %}
         EXPECT_NE(
@@ -146,17 +153,17 @@ TEST(ChatTemplateHf, TokenIdsAndAssistantMasksMatchTransformers) {
             std::string::npos)
             << err;
       } else {
-        const auto t = hf.encode(*tok, msgs, false);
+        const auto t = hf.encode(*tok, msgs, false, tools_of(c));
         EXPECT_EQ(t.input_ids, c["ids"].get<std::vector<int64_t>>());
         EXPECT_EQ(mask_of(t), c["mask"].get<std::vector<int64_t>>());
         std::vector<std::pair<int64_t, int64_t>> offsets;
         for (const auto& o : c["offsets"]) offsets.emplace_back(o[0].get<int64_t>(), o[1].get<int64_t>());
         EXPECT_EQ(token_offsets(*tok, c["text"].get<std::string>(), t.input_ids), offsets);
-        EXPECT_EQ(hf.encode(*tok, msgs, true).labels, t.input_ids);  // train_on_prompt
+        EXPECT_EQ(hf.encode(*tok, msgs, true, tools_of(c)).labels, t.input_ids);  // train_on_prompt
         ++compared;
       }
       if (c.contains("prompt_ids"))
-        EXPECT_EQ(hf.encode_prompt(*tok, messages_of(c["prompt_messages"])),
+        EXPECT_EQ(hf.encode_prompt(*tok, messages_of(c["prompt_messages"]), tools_of(c)),
                   c["prompt_ids"].get<std::vector<int64_t>>());
       if (c.contains("prompt_error")) EXPECT_THROW(hf.encode_prompt(*tok, messages_of(c["prompt_messages"])), Error);
     }
@@ -270,6 +277,81 @@ TEST(ChatTemplateHf, DatasetReaderRendersTheTemplate) {
   EXPECT_EQ(pref[0].chosen_ids(),
             json::parse(read_text(dir / "refs" / "llama2.json"))["reply_ids"].get<std::vector<int64_t>>());
   EXPECT_EQ(pref[0].prompt_ids, ChatTemplate::get("hf").encode_prompt(*tok, {{"user", "Hi"}}));
+}
+
+// TRL's tool-use records ({"messages" with tool_calls and tool turns,
+// "tools"}) train as transformers renders them; prompts carry the tools;
+// what a template cannot render is named by file, line and field.
+TEST(ChatTemplateHf, ToolUseRecordsTrainAsTransformersRendersThem) {
+  TempDir dir;
+  ASSERT_TRUE(make_refs(dir));
+  for (const std::string name : {"tools", "tools-nogen"}) {
+    SCOPED_TRACE(name);
+    auto tok = tokenizer::load_tokenizer_from_model_dir(dir / "refs" / name);
+    const auto refs = read_lines(dir / "refs" / (name + ".jsonl"));
+    ASSERT_EQ(refs.size(), 5u);
+    std::string data, prompts;
+    for (const auto& c : refs) {
+      json line = {{"messages", c["messages"]}};
+      if (c.contains("tools")) line["tools"] = c["tools"];
+      data += line.dump() + "\n";  // the references' key order, which tojson keeps
+      json prompt = {{"prompt", c["prompt_messages"]}};
+      if (c.contains("tools")) prompt["tools"] = c["tools"];
+      prompts += prompt.dump() + "\n";
+    }
+    write_text(dir / "tools.jsonl", data);
+    write_text(dir / "prompts.jsonl", prompts);
+    ReadOptions o;
+    o.template_name = "hf";
+    const auto ds = SftDataset::load(dir / "tools.jsonl", *tok, o);
+    ASSERT_EQ(ds.size(), 5);
+    for (int64_t i = 0; i < ds.size(); ++i) {
+      const auto& c = refs[static_cast<size_t>(i)];
+      EXPECT_EQ(ds[i].input_ids, c["ids"].get<std::vector<int64_t>>()) << i;
+      std::vector<int64_t> mask;
+      for (auto l : ds[i].labels) mask.push_back(l != kIgnoreIndex);
+      EXPECT_EQ(mask, c["mask"].get<std::vector<int64_t>>()) << i;
+    }
+    const auto ps = PromptDataset::load(dir / "prompts.jsonl", *tok, o);
+    ASSERT_EQ(ps.size(), 5);
+    for (int64_t i = 0; i < ps.size(); ++i)
+      EXPECT_EQ(ps[i].prompt_ids, refs[static_cast<size_t>(i)]["prompt_ids"].get<std::vector<int64_t>>()) << i;
+  }
+  // A built-in template refuses tool use; malformed tool fields are named.
+  auto tok = tokenizer::load_tokenizer_from_model_dir(dir / "refs" / "chatml");
+  ReadOptions o;
+  o.template_name = "chatml";
+  const auto error = [&](const std::string& line) {
+    write_text(dir / "bad.jsonl", line + "\n");
+    return error_of([&] { SftDataset::load(dir / "bad.jsonl", *tok, o); });
+  };
+  const auto where = (dir / "bad.jsonl").string() + ":1: ";
+  const std::string user = R"({"role": "user", "content": "Hi"})";
+  const std::string call = R"({"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}]})";
+  EXPECT_EQ(error(R"({"messages": [)" + user + ", " + call + "]}"),
+            where + "data.template chatml: an assistant message has tool_calls (tool use renders only with a "
+                    "model's own chat_template: data.template hf)");
+  EXPECT_EQ(error(R"({"messages": [)" + user + R"(, {"role": "assistant", "content": "x"}], "tools": [{"a": 1}]})"),
+            where + "data.template chatml: the conversation has tools (tool use renders only with a model's own "
+                    "chat_template: data.template hf)");
+  EXPECT_EQ(error(R"({"messages": [)" + user + R"(, {"role": "tool", "content": "5"}, {"role": "assistant", "content": "x"}]})"),
+            where + "message role \"tool\": expected system, user or assistant (tool messages render only with "
+                    "data.template hf)");
+  o.template_name = "hf";
+  EXPECT_EQ(error(R"({"messages": [)" + user + R"(, {"role": "assistant", "content": "x"}], "tools": {"a": 1}})"),
+            where + "field \"tools\": expected a list of tool schemas (JSON objects), got object");
+  EXPECT_EQ(error(R"({"messages": [)" + user + R"(, {"role": "assistant"}]})"),
+            where + "field \"messages[1].content\": missing (only a message with tool_calls may leave it out)");
+  EXPECT_EQ(error(R"({"messages": [)" + user + R"(, {"role": "assistant", "tool_calls": []}]})"),
+            where + "field \"messages[1].tool_calls\": expected a non-empty list of {type, function: {name, "
+                    "arguments}}, got array");
+  EXPECT_EQ(error(R"({"messages": [)" + user + R"(, {"role": "bot", "content": "x"}]})"),
+            where + "field \"messages[1].role\": expected system, user, assistant or tool, got \"bot\"");
+  // Other fields of a message are not rendered by the built-in templates, as before.
+  o.template_name = "chatml";
+  write_text(dir / "extra.jsonl", R"({"messages": [)" + user + R"(, {"role": "assistant", "content": "x", "weight": 1}]})" "\n");
+  EXPECT_EQ(SftDataset::load(dir / "extra.jsonl", *tok, o)[0].input_ids,
+            ChatTemplate::get("chatml").encode(*tok, {{"user", "Hi"}, {"assistant", "x"}}, false).input_ids);
 }
 
 // Each token's characters as tokenizers' offsets, and transformers' mask rule.

@@ -109,7 +109,7 @@ TEST(Datasets, BadLinesNameFileLineAndField) {
   EXPECT_EQ(sft_error("{\"messages\": [{\"role\": \"user\", \"content\": 5}]}\n"),
             "d.jsonl:1: field \"messages[0].content\": expected a string, got number");
   EXPECT_EQ(sft_error("{\"messages\": [{\"role\": \"bot\", \"content\": \"x\"}]}\n"),
-            "d.jsonl:1: field \"messages[0].role\": expected system, user or assistant, got \"bot\"");
+            "d.jsonl:1: field \"messages[0].role\": expected system, user, assistant or tool, got \"bot\"");
   EXPECT_EQ(sft_error("{\"messages\": {}}\n"),
             "d.jsonl:1: field \"messages\": expected a non-empty list of {role, content}, got object");
   EXPECT_EQ(sft_error(""),
@@ -239,7 +239,7 @@ TEST(ChatTemplates, PromptGivenAsMessagesKeepsTheResponse) {
   EXPECT_EQ(ds[0].response, "yo");
   write_text(dir / "d.jsonl", "{\"prompt\": [{\"role\": \"bot\", \"content\": \"x\"}], \"response\": \"y\"}\n");
   EXPECT_EQ(error_of([&] { SftDataset::load(dir / "d.jsonl", *tok, o); }),
-            "d.jsonl:1: field \"prompt[0].role\": expected system, user or assistant, got \"bot\"");
+            "d.jsonl:1: field \"prompt[0].role\": expected system, user, assistant or tool, got \"bot\"");
 }
 
 // ---- other formats ---------------------------------------------------------------

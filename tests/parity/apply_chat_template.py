@@ -184,6 +184,46 @@ SUMMARY = """{%- set ns = namespace(system=none, last_user=-1) %}
 {%- endfor %}
 {%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"""
 
+# Tool use in the style of Qwen2.5's: the tools' schemas (tojson) in the
+# system turn, tool_calls (dicts or JSON strings as arguments, one or
+# several) in the assistant turn, consecutive tool messages in one user turn.
+TOOLS = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
+    {{- '# Tools\\n\\nYou may call functions. Their signatures:\\n<tools>' }}
+    {%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
+    {{- '\\n</tools>\\nReply with <tool_call>{"name": ..., "arguments": ...}</tool_call> to call one.<|im_end|>\\n' }}
+{%- elif messages[0].role == 'system' %}
+    {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'system' and loop.first %}
+    {%- elif message.role == 'user' or message.role == 'system' %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|im_start|>assistant\\n' }}
+        {%- generation %}
+            {%- if message.content %}{{- message.content }}{%- endif %}
+            {%- for tool_call in message.tool_calls | default([]) %}
+                {%- set call = tool_call.function if tool_call.function is defined else tool_call %}
+                {%- if not loop.first or message.content %}{{- '\\n' }}{%- endif %}
+                {{- '<tool_call>\\n{"name": "' + call.name + '", "arguments": ' }}
+                {%- if call.arguments is string %}{{- call.arguments }}{%- else %}{{- call.arguments | tojson }}{%- endif %}
+                {{- '}\\n</tool_call>' }}
+            {%- endfor %}
+            {{- '<|im_end|>' }}
+        {%- endgeneration %}
+        {{- '\\n' }}
+    {%- elif message.role == 'tool' %}
+        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+        {{- '\\n<tool_response' + (' name="' + message.name + '"' if message.name is defined else '') + '>\\n' }}
+        {{- message.content + '\\n</tool_response>' }}
+        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
+"""
+
 TEMPLATES = {
     "chatml": (CHATML, {"eos_token": "<|im_end|>"}),
     "llama3": (LLAMA3, {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}),
@@ -194,6 +234,7 @@ TEMPLATES = {
     "phi3": (PHI3, {"bos_token": "<s>", "eos_token": "<|endoftext|>"}),
     "oasst": (OASST, {"eos_token": "</s>"}),
     "summary": (SUMMARY, {"eos_token": "<|im_end|>"}),
+    "tools": (TOOLS, {"eos_token": "<|im_end|>"}),
 }
 
 CONVERSATIONS = [
@@ -216,6 +257,46 @@ CONVERSATIONS = [
      {"role": "user", "content": "Now a rare character."}, {"role": "assistant", "content": "G clef 𝄞"}],
 ]
 
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city, now.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "Its name"},
+                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city"]}}}
+ARITHMETIC = [{"type": "function", "function": {"name": name, "description": f"{name.title()} two numbers.",
+                                                "parameters": {"type": "object",
+                                                               "properties": {"b": {"type": "number"},
+                                                                              "a": {"type": "number"}},
+                                                               "required": ["a", "b"]}}}
+              for name in ("add", "multiply")]
+
+# (messages, tools) for the tool-use template: OpenAI's form (a null content
+# beside tool_calls, tool_call_id), arguments as an object and as a JSON
+# string, parallel calls, tools without a call, calls without tools, [].
+TOOL_CONVERSATIONS = [
+    ([{"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": None, "tool_calls": [
+          {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+      {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "{\"temp\": 21, \"sky\": \"clear\"}"},
+      {"role": "assistant", "content": "21 °C and clear ☀️"}], [WEATHER]),
+    ([{"role": "system", "content": "Use the tools for arithmetic."},
+      {"role": "user", "content": "(2+3)*4 and 7*6?"},
+      {"role": "assistant", "content": "Two calls at once.", "tool_calls": [
+          {"type": "function", "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}},
+          {"type": "function", "function": {"name": "multiply", "arguments": {"b": 6, "a": 7}}}]},
+      {"role": "tool", "content": "5"}, {"role": "tool", "content": "42"},
+      {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "multiply",
+                                                                             "arguments": {"a": 5, "b": 4}}}]},
+      {"role": "tool", "name": "multiply", "content": "20"},
+      {"role": "assistant", "content": "20 and 42."}], ARITHMETIC),
+    ([{"role": "user", "content": "Just say hi."}, {"role": "assistant", "content": "Hi!"}], [WEATHER] + ARITHMETIC),
+    ([{"role": "user", "content": "Weather?"},
+      {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "get_weather",
+                                                                             "arguments": {"city": "Zürich"}}}]},
+      {"role": "tool", "content": "snow"}, {"role": "assistant", "content": "Snow."}], None),
+    ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+      {"role": "assistant", "content": "Hello."}], []),
+]
+
 REPLY = " Blue, like the sky. 🌿"
 PROBE_USER, PROBE_REPLY = "Hi", "ANVILREPLY"
 
@@ -227,8 +308,9 @@ def strip_generation(template):
     return re.sub(GENERATION_TAG, "", template)
 
 
-def render(tok, template, messages, generation_prompt, track=False):
-    texts, spans = render_jinja_template(conversations=[messages], chat_template=template,
+def render(tok, template, messages, generation_prompt, track=False, tools=None):
+    messages = [{k: v for k, v in m.items() if v is not None} for m in messages]  # as apply_chat_template
+    texts, spans = render_jinja_template(conversations=[messages], chat_template=template, tools=tools,
                                          return_assistant_tokens_mask=track, add_generation_prompt=generation_prompt,
                                          **tok.special_tokens_map)
     return (texts[0], spans[0]) if track else texts[0]
@@ -258,14 +340,14 @@ def end_of_turn(tok, template):
     return tok.eos_token_id
 
 
-def reply_spans(tok, template, messages, full, eot_text):
+def reply_spans(tok, template, messages, full, eot_text, tools=None):
     """The documented rule for templates without {% generation %}."""
     spans = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        prompt = render(tok, template, messages[:i], True)
-        through = render(tok, template, messages[:i + 1], False)
+        prompt = render(tok, template, messages[:i], True, tools=tools)
+        through = render(tok, template, messages[:i + 1], False, tools=tools)
         if not through.startswith(prompt) or not full.startswith(through):
             raise ValueError("the reply's rendering is not a continuation")
         end = len(through)
@@ -276,18 +358,19 @@ def reply_spans(tok, template, messages, full, eot_text):
     return spans
 
 
-def encode(tok, template, messages, generation, eot_text):
+def encode(tok, template, messages, generation, eot_text, tools=None):
     """The rendered text, its ids, trained-token mask and each token's character offsets."""
-    full = render(tok, template, messages, False)
+    full = render(tok, template, messages, False, tools=tools)
     enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = list(enc["input_ids"]), [list(o) for o in enc["offset_mapping"]]
     if generation:
         r = tok.apply_chat_template(messages, chat_template=template, tokenize=True, return_dict=True,
-                                    return_assistant_tokens_mask=True)
+                                    return_assistant_tokens_mask=True, tools=tools)
         assert list(r["input_ids"]) == ids
         return full, ids, list(r["assistant_masks"]), offsets
-    assert ids == list(tok.apply_chat_template(messages, chat_template=template, tokenize=True, return_dict=True)["input_ids"])
-    return full, ids, hf_mask(offsets, reply_spans(tok, template, messages, full, eot_text)), offsets
+    assert ids == list(tok.apply_chat_template(messages, chat_template=template, tokenize=True, return_dict=True,
+                                               tools=tools)["input_ids"])
+    return full, ids, hf_mask(offsets, reply_spans(tok, template, messages, full, eot_text, tools)), offsets
 
 
 def reply_ids(tok, template, generation, eot_text):
@@ -301,7 +384,7 @@ def reply_ids(tok, template, generation, eot_text):
     return tok(text[start:end], add_special_tokens=False)["input_ids"]
 
 
-def write_template(work, name, template, special, tok_json):
+def write_template(work, name, template, special, tok_json, conversations):
     folder = os.path.join(work, name)
     os.makedirs(folder, exist_ok=True)
     shutil.copy(tok_json, os.path.join(folder, "tokenizer.json"))
@@ -312,10 +395,13 @@ def write_template(work, name, template, special, tok_json):
     eot = end_of_turn(hf, template)
     eot_text = hf.convert_ids_to_tokens(eot)
     with open(os.path.join(work, name + ".jsonl"), "w") as f:
-        for conv in CONVERSATIONS:
+        for conv, tools in conversations:
             out = {"messages": conv}
+            if tools is not None:
+                out["tools"] = tools
             try:
-                out["text"], out["ids"], out["mask"], out["offsets"] = encode(hf, template, conv, generation, eot_text)
+                out["text"], out["ids"], out["mask"], out["offsets"] = encode(hf, template, conv, generation, eot_text,
+                                                                              tools)
             except Exception as e:  # noqa: BLE001 - the template refuses the conversation
                 out["error"], out["error_type"] = str(e), type(e).__name__
             last = max((i for i, m in enumerate(conv) if m["role"] == "assistant"), default=len(conv))
@@ -325,7 +411,8 @@ def write_template(work, name, template, special, tok_json):
             out["prompt_messages"] = conv[:last]
             try:
                 out["prompt_ids"] = list(hf.apply_chat_template(conv[:last], chat_template=template, tokenize=True,
-                                                                return_dict=True, add_generation_prompt=True)["input_ids"])
+                                                                return_dict=True, add_generation_prompt=True,
+                                                                tools=tools)["input_ids"])
             except Exception as e:  # noqa: BLE001
                 out["prompt_error"] = str(e)
             f.write(json.dumps(out, ensure_ascii=False) + "\n")
@@ -374,9 +461,11 @@ def main():
     tok_json = os.path.join(work, "tokenizer.json")
     train_tokenizer(tok_json)
     names = []
+    plain = [(conv, None) for conv in CONVERSATIONS]
     for name, (template, special) in TEMPLATES.items():
-        write_template(work, name, template, special, tok_json)
-        write_template(work, name + "-nogen", strip_generation(template), special, tok_json)
+        conversations = TOOL_CONVERSATIONS if name == "tools" else plain
+        write_template(work, name, template, special, tok_json, conversations)
+        write_template(work, name + "-nogen", strip_generation(template), special, tok_json, conversations)
         names += [name, name + "-nogen"]
     with open(os.path.join(work, "templates.json"), "w") as f:
         json.dump(names, f)

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "anvil/tokenizer/tokenizer.h"
@@ -19,8 +20,18 @@ namespace anvil::data {
 constexpr int64_t kIgnoreIndex = -100;
 
 struct Message {
-  std::string role;  // system, user or assistant
+  std::string role;  // system, user or assistant (and tool, for hf templates)
   std::string content;
+  /// The whole message as a JSON object when it holds more than a string
+  /// role and content (OpenAI/TRL tool use: `tool_calls`, `tool_call_id`,
+  /// `name`, a null content, ...); empty otherwise. The hf template renders
+  /// it (as transformers does, with the null fields dropped); the built-in
+  /// ones refuse tool_calls and the tool role, and ignore other fields.
+  std::string json;
+
+  Message() = default;
+  Message(std::string role_, std::string content_, std::string json_ = {})
+      : role(std::move(role_)), content(std::move(content_)), json(std::move(json_)) {}
 };
 
 /// A rendered conversation. labels[i] = input_ids[i] where trained,
@@ -41,13 +52,16 @@ class ChatTemplate {
 
   /// Every turn; assistant turns (content + end of turn) are trained, and
   /// with `train_on_prompt` everything is. Throws Error when the template's
-  /// markers are not single tokens of `tok`.
+  /// markers are not single tokens of `tok`. `tools`: the conversation's
+  /// tools as a JSON array (function schemas, TRL's "tools" column), given
+  /// to an hf template as `tools`; empty for none (built-in templates
+  /// refuse any).
   virtual TokenizedChat encode(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
-                               bool train_on_prompt) const = 0;
+                               bool train_on_prompt, const std::string& tools = {}) const = 0;
   /// The conversation so far plus the header of the assistant's reply: what
   /// generation continues from.
-  virtual std::vector<int64_t> encode_prompt(const tokenizer::Tokenizer& tok,
-                                             const std::vector<Message>& messages) const = 0;
+  virtual std::vector<int64_t> encode_prompt(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                                             const std::string& tools = {}) const = 0;
   /// An assistant reply as it follows encode_prompt: content + end of turn.
   virtual std::vector<int64_t> encode_reply(const tokenizer::Tokenizer& tok, const std::string& content) const = 0;
   /// The token that ends an assistant turn (generation stops on it).

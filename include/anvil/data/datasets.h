@@ -57,8 +57,16 @@ struct DatasetStats {
 
 /// A conversation from a record: `messages` ([{role, content}, ...]) when
 /// present, else [{user: prompt}] (+ [{assistant: response}] when given).
+/// A message may carry tool use (OpenAI/TRL: `tool_calls`, a `tool` role
+/// with `tool_call_id` or `name`, a null content beside tool_calls): it is
+/// kept whole in Message::json for hf templates.
 std::vector<Message> record_messages(const Record& r, const std::string& prompt_field,
                                      const std::string& response_field, bool with_response);
+
+/// The record's `tools` (TRL's column: a list of JSON function schemas) as
+/// JSON text in the line's key order, for ChatTemplate::encode; empty when
+/// the record has none.
+std::string record_tools(const Record& r);
 
 /// Whether the record's prompt is text rather than a conversation (TRL's
 /// non-conversational formats): no `messages`, and a string prompt (or, with
@@ -70,7 +78,8 @@ bool is_text_prompt(const Record& r, const std::string& prompt_field);
 /// text prompt, BOS (when the tokenizer adds one) + the text as written;
 /// otherwise the template's generation prompt for `messages`.
 std::vector<int64_t> encode_record_prompt(const tokenizer::Tokenizer& tok, const ChatTemplate& tmpl,
-                                          const std::vector<Message>& messages, bool text_prompt);
+                                          const std::vector<Message>& messages, bool text_prompt,
+                                          const std::string& tools = {});
 
 struct SftSample {
   std::vector<int64_t> input_ids;
@@ -103,9 +112,11 @@ class SftDataset final : public LmDataset {
 /// template's rendering, then max_length handling. Returns nothing when the
 /// sample is dropped (and counts why in `stats`).
 /// `text_pair`: a text prompt and a text reply (not a conversation), which
-/// the plain template joins as written (prompt + response + EOS).
+/// the plain template joins as written (prompt + response + EOS). `tools`:
+/// record_tools().
 std::optional<SftSample> make_sft_sample(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
-                                         const ReadOptions& opt, DatasetStats& stats, bool text_pair = false);
+                                         const ReadOptions& opt, DatasetStats& stats, bool text_pair = false,
+                                         const std::string& tools = {});
 
 /// {prompt, chosen, rejected[, margin]} or {prompt, ranked: [best, ..., worst]}:
 /// prompt is a string or a messages list; the replies are competing assistant

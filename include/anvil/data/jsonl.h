@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace anvil::data {
@@ -19,9 +20,13 @@ OnError parse_on_error(const std::string& s);  // "fail" | "skip"
 /// "file:line: field \"name\": expected ..., got ...".
 class Record {
  public:
-  Record(const nlohmann::json& j, std::string where) : j_(j), where_(std::move(where)) {}
+  Record(const nlohmann::json& j, std::string where, std::string_view line = {})
+      : j_(j), where_(std::move(where)), line_(line) {}
   const std::string& where() const { return where_; }
   const nlohmann::json& json() const { return j_; }
+  /// Field `field` (present) with its objects' keys in the order of the
+  /// line, as Python's json.loads keeps them (json() sorts them).
+  nlohmann::ordered_json ordered(const std::string& field) const;
   bool has(const std::string& field) const { return j_.contains(field) && !j_[field].is_null(); }
   std::string string(const std::string& field) const;
   double number(const std::string& field) const;
@@ -32,6 +37,7 @@ class Record {
  private:
   const nlohmann::json& j_;
   std::string where_;
+  std::string_view line_;  // the JSON text, when read from a file
 };
 
 /// What reading a file did: lines seen and lines skipped (with the first
