@@ -245,9 +245,10 @@ int cmd_score(const std::string& model_dir, const std::string& input, const Chat
     // The prompt as the reward model was trained on it (anvil::data::PreferenceDataset).
     const auto prompt = anvil::data::record_messages(r, "prompt", "", false);
     const bool text = anvil::data::is_text_prompt(r, "prompt");
-    if (format.show_ids) show_prompt_ids(rm.encode_prompt(prompt, text));
+    const auto tools = anvil::data::record_tools(r);
+    if (format.show_ids) show_prompt_ids(rm.encode_prompt(prompt, text, tools));
     for (const auto& reply : replies) {
-      auto row = rm.encode(prompt, text, reply);
+      auto row = rm.encode(prompt, text, reply, tools);
       if (static_cast<int64_t>(row.size()) > rm.model().max_positions())
         throw anvil::DataError(anvil::concat(r.where(), ": prompt + reply is ", row.size(),
                                              " tokens; the model reads at most ", rm.model().max_positions()));

@@ -349,7 +349,8 @@ PromptDataset PromptDataset::load(const std::filesystem::path& path, const token
     PromptSample s;
     s.prompt = message_text(msgs, msgs.size());
     s.text_prompt = is_text_prompt(rec, opt.prompt_field);
-    at_record(rec, [&] { s.prompt_ids = encode_record_prompt(tok, tmpl, msgs, s.text_prompt, record_tools(rec)); });
+    s.tools = record_tools(rec);
+    at_record(rec, [&] { s.prompt_ids = encode_record_prompt(tok, tmpl, msgs, s.text_prompt, s.tools); });
     s.messages = msgs;
     s.record = rec.json();
     s.where = rec.where();

@@ -27,13 +27,14 @@ RewardModel::RewardModel(std::shared_ptr<models::CausalLM> model, std::shared_pt
   TORCH_CHECK(model_->has_score_head(), "RewardModel: the model has no score head");
 }
 
-std::vector<int64_t> RewardModel::encode_prompt(const std::vector<data::Message>& prompt, bool text_prompt) const {
-  return data::encode_record_prompt(*tok_, *tmpl_, prompt, text_prompt);
+std::vector<int64_t> RewardModel::encode_prompt(const std::vector<data::Message>& prompt, bool text_prompt,
+                                                const std::string& tools) const {
+  return data::encode_record_prompt(*tok_, *tmpl_, prompt, text_prompt, tools);
 }
 
 std::vector<int64_t> RewardModel::encode(const std::vector<data::Message>& prompt, bool text_prompt,
-                                         const std::string& reply) const {
-  auto row = encode_prompt(prompt, text_prompt);
+                                         const std::string& reply, const std::string& tools) const {
+  auto row = encode_prompt(prompt, text_prompt, tools);
   const auto r = tmpl_->encode_reply(*tok_, reply);
   row.insert(row.end(), r.begin(), r.end());
   return row;

@@ -131,7 +131,8 @@ std::vector<double> ResponseRewards::score(const std::vector<const data::PromptS
   } else if (model_) {
     std::vector<std::vector<int64_t>> ids;
     for (size_t i = 0; i < queries.size(); ++i)
-      ids.push_back(model_->encode(prompts[i]->messages, prompts[i]->text_prompt, queries[i].response));
+      ids.push_back(
+          model_->encode(prompts[i]->messages, prompts[i]->text_prompt, queries[i].response, prompts[i]->tools));
     const auto scores = model_->score(ids, r.batch_size);
     out.assign(scores.begin(), scores.end());
   }

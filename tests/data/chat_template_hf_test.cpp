@@ -314,8 +314,10 @@ TEST(ChatTemplateHf, ToolUseRecordsTrainAsTransformersRendersThem) {
     }
     const auto ps = PromptDataset::load(dir / "prompts.jsonl", *tok, o);
     ASSERT_EQ(ps.size(), 5);
-    for (int64_t i = 0; i < ps.size(); ++i)
+    for (int64_t i = 0; i < ps.size(); ++i) {
       EXPECT_EQ(ps[i].prompt_ids, refs[static_cast<size_t>(i)]["prompt_ids"].get<std::vector<int64_t>>()) << i;
+      EXPECT_EQ(ps[i].tools, tools_of(refs[static_cast<size_t>(i)])) << i;  // for a reward model's prompt
+    }
   }
   // A built-in template refuses tool use; malformed tool fields are named.
   auto tok = tokenizer::load_tokenizer_from_model_dir(dir / "refs" / "chatml");

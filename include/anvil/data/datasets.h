@@ -152,6 +152,7 @@ struct PromptSample {
   std::vector<int64_t> prompt_ids;
   std::string prompt;
   std::vector<Message> messages;  // the prompt's turns
+  std::string tools;              // the record's tools (record_tools), for a reward model's template
   bool text_prompt = false;       // a text prompt (is_text_prompt)
   nlohmann::json record;          // the whole line: answers, tests, ... for rewards
   std::string where;              // file:line, for messages

@@ -28,11 +28,13 @@ class RewardModel {
               const std::string& template_name);
 
   /// The prompt as training rendered it (anvil::data::PreferenceDataset):
-  /// the template's generation prompt, or with `plain` a text prompt as written.
-  std::vector<int64_t> encode_prompt(const std::vector<data::Message>& prompt, bool text_prompt) const;
+  /// the template's generation prompt, or with `plain` a text prompt as
+  /// written. `tools`: the record's (data::record_tools), for hf templates.
+  std::vector<int64_t> encode_prompt(const std::vector<data::Message>& prompt, bool text_prompt,
+                                     const std::string& tools = {}) const;
   /// Prompt + reply (+ the end of turn), the row a reward is read from.
-  std::vector<int64_t> encode(const std::vector<data::Message>& prompt, bool text_prompt,
-                              const std::string& reply) const;
+  std::vector<int64_t> encode(const std::vector<data::Message>& prompt, bool text_prompt, const std::string& reply,
+                              const std::string& tools = {}) const;
 
   /// One reward per row of token ids. Rows are right-padded with the
   /// tokenizer's padding id, `batch_size` at a time, without gradients.
