@@ -46,23 +46,6 @@ std::shared_ptr<const jinja::Template> compiled(const tokenizer::Tokenizer& tok)
   return t;
 }
 
-// JSON as the Python value json.loads gives (key order kept).
-Value value_of(const nlohmann::ordered_json& j) {
-  if (j.is_null()) return Value::none();
-  if (j.is_boolean()) return Value::boolean(j.get<bool>());
-  if (j.is_number_integer()) return Value::integer(j.get<int64_t>());
-  if (j.is_number()) return Value::floating(j.get<double>());
-  if (j.is_string()) return Value::string(j.get<std::string>());
-  if (j.is_array()) {
-    std::vector<Value> items;
-    for (const auto& x : j) items.push_back(value_of(x));
-    return Value::list(std::move(items));
-  }
-  auto d = std::make_shared<jinja::DictObj>();
-  for (const auto& [k, v] : j.items()) d->set(Value::string(k), value_of(v));
-  return Value::dict(d);
-}
-
 // transformers drops the keys of a message whose value is None.
 Value messages_value(const std::vector<Message>& messages) {
   std::vector<Value> list;
@@ -74,7 +57,7 @@ Value messages_value(const std::vector<Message>& messages) {
     } else {
       const auto j = nlohmann::ordered_json::parse(m.json);
       for (const auto& [k, v] : j.items())
-        if (!v.is_null()) d->set(Value::string(k), value_of(v));
+        if (!v.is_null()) d->set(Value::string(k), json_value(v));
     }
     list.push_back(Value::dict(d));
   }
@@ -87,7 +70,7 @@ jinja::RenderResult render(const tokenizer::Tokenizer& tok, const std::vector<Me
   std::vector<std::pair<std::string, Value>> vars = {
       {"messages", messages_value(messages)},
       {"add_generation_prompt", Value::boolean(generation_prompt)},
-      {"tools", tools.empty() ? Value::none() : value_of(nlohmann::ordered_json::parse(tools))},
+      {"tools", tools.empty() ? Value::none() : json_value(nlohmann::ordered_json::parse(tools))},
       {"documents", Value::none()}};
   const std::pair<const char*, int64_t> special[] = {
       {"bos_token", tok.bos_id()}, {"eos_token", tok.eos_id()}, {"pad_token", tok.pad_id()}};
@@ -351,6 +334,22 @@ class Aligner {
 const ChatTemplate& hf_chat_template() {
   static const HfTemplate hf;
   return hf;
+}
+
+jinja::Value json_value(const nlohmann::ordered_json& j) {
+  if (j.is_null()) return jinja::Value::none();
+  if (j.is_boolean()) return jinja::Value::boolean(j.get<bool>());
+  if (j.is_number_integer()) return jinja::Value::integer(j.get<int64_t>());
+  if (j.is_number()) return jinja::Value::floating(j.get<double>());
+  if (j.is_string()) return jinja::Value::string(j.get<std::string>());
+  if (j.is_array()) {
+    std::vector<jinja::Value> items;
+    for (const auto& x : j) items.push_back(json_value(x));
+    return jinja::Value::list(std::move(items));
+  }
+  auto d = std::make_shared<jinja::DictObj>();
+  for (const auto& [k, v] : j.items()) d->set(jinja::Value::string(k), json_value(v));
+  return jinja::Value::dict(d);
 }
 
 std::vector<std::pair<int64_t, int64_t>> token_offsets(const tokenizer::Tokenizer& tok, const std::string& text,

@@ -9,12 +9,19 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "anvil/data/chat.h"
+#include "data/jinja_value.h"
 
 namespace anvil::data {
 
 /// The `hf` template: ChatTemplate::get("hf").
 const ChatTemplate& hf_chat_template();
+
+/// JSON as the Python value json.loads gives (key order kept): what a
+/// template sees of a message, of `tools`.
+jinja::Value json_value(const nlohmann::ordered_json& j);
 
 /// For each of `ids` (the tok.encode() of `text`), the characters (code
 /// points) [begin, end) it holds, as tokenizers' Encoding.offsets gives them

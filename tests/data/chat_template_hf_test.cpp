@@ -64,23 +64,6 @@ std::vector<int64_t> mask_of(const TokenizedChat& t) {
   return mask;
 }
 
-jinja::Value value_of(const json& j) {
-  using jinja::Value;
-  if (j.is_null()) return Value::none();
-  if (j.is_boolean()) return Value::boolean(j.get<bool>());
-  if (j.is_number_integer()) return Value::integer(j.get<int64_t>());
-  if (j.is_number()) return Value::floating(j.get<double>());
-  if (j.is_string()) return Value::string(j.get<std::string>());
-  if (j.is_array()) {
-    std::vector<Value> items;
-    for (const auto& x : j) items.push_back(value_of(x));
-    return Value::list(std::move(items));
-  }
-  auto d = std::make_shared<jinja::DictObj>();
-  for (const auto& [k, v] : j.items()) d->set(Value::string(k), value_of(v));
-  return Value::dict(d);
-}
-
 std::string error_of(const std::function<void()>& f) {
   try {
     f();
@@ -103,7 +86,7 @@ TEST(ChatTemplateHf, JinjaRendersAsTransformersDoes) {
     const auto tmpl = c["template"].get<std::string>();
     SCOPED_TRACE(tmpl);
     std::vector<std::pair<std::string, jinja::Value>> vars;
-    for (const auto& [k, v] : c["vars"].items()) vars.emplace_back(k, value_of(v));
+    for (const auto& [k, v] : c["vars"].items()) vars.emplace_back(k, json_value(v));
     if (c.contains("error")) {
       EXPECT_THROW(jinja::Template(tmpl).render(vars), Error) << c["error"];
       continue;
