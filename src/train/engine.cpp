@@ -394,8 +394,6 @@ class ShardedEngine final : public EngineImpl {
       for (const auto& [p, v] : list) flat.narrow(0, p->offset, p->numel).copy_(v.reshape(-1));
       sharded_->load_unit(u, flat);
     }
-    const auto masters = sharded_->master_parameters();
-    for (auto& f : frozen_) f.values.copy_(masters[f.unit].narrow(0, f.offset, f.values.numel()));
   }
 
  protected:
@@ -451,23 +449,23 @@ class ShardedEngine final : public EngineImpl {
   void before_backward(bool last) override { sharded_->set_grad_sync(last); }
   void after_backward() override { sharded_->finish_backward(); }
   double clip_own(double max_norm) override {
-    // Frozen slices carry no gradient, as frozen parameters have none on one process.
-    at::NoGradGuard no_grad;
-    const auto masters = sharded_->master_parameters();
-    for (const auto& f : frozen_)
-      if (masters[f.unit].grad().defined()) masters[f.unit].mutable_grad().narrow(0, f.offset, f.values.numel()).zero_();
+    zero_frozen_gradients();
     return sharded_->clip_grad_norm(max_norm);
   }
   Metrics collect_own(bool wait) override { return saves_.collect(wait); }
   void finish_own(bool apply) override {
     wait_for_save_copy();  // before the step changes the masters and moments a background save copies
-    if (apply) optimizer_->step();
-    {
-      // AdamW's weight decay moves every element of a flat master shard; the
-      // frozen ones are put back exactly.
-      at::NoGradGuard no_grad;
-      const auto masters = sharded_->master_parameters();
-      for (const auto& f : frozen_) masters[f.unit].narrow(0, f.offset, f.values.numel()).copy_(f.values);
+    if (apply) {
+      zero_frozen_gradients();
+      if (weight_decay_ != 0) {
+        // AdamW's decoupled decay, p *= 1 - lr * wd before its update, on
+        // the trained slices only (the optimizer's own is off).
+        at::NoGradGuard no_grad;
+        const auto masters = sharded_->master_parameters();
+        const double lr = optimizer_->param_groups().front().options().get_lr();
+        for (const auto& r : trained_) masters[r.unit].narrow(0, r.offset, r.numel).mul_(1 - lr * weight_decay_);
+      }
+      optimizer_->step();
     }
     sharded_->after_optimizer_step();
   }
@@ -490,26 +488,39 @@ class ShardedEngine final : public EngineImpl {
   at::Device device_;
   /// This rank's elements of the parameters the objective freezes: their
   /// place in a unit's master shard and their values.
-  struct Frozen {
+  /// Elements [offset, offset + numel) of unit `unit`'s master shard.
+  struct Slice {
     size_t unit;
     int64_t offset;
-    at::Tensor values;
+    int64_t numel;
   };
+  /// Parameters the run does not train (LoRA's base, a frozen head) keep
+  /// their values exactly: their gradients are zeroed before the optimizer
+  /// steps, so their AdamW moments stay zero and move nothing, and weight
+  /// decay, which would, is applied by finish_own to the trained slices only.
   void freeze(const Trains& trains, const std::string& who) {
-    const auto masters = sharded_->master_parameters();
     bool any = false;
     for (size_t u = 0; u < sharded_->layouts().size(); ++u) {
       const auto [b, e] = sharded_->shard_range(u);
       for (const auto& p : sharded_->layouts()[u].params) {
-        if (trains(p.name)) {
-          any = true;
-          continue;
-        }
+        any = any || trains(p.name);
         const int64_t lo = std::max(b, p.offset), hi = std::min(e, p.offset + p.numel);
-        if (hi > lo) frozen_.push_back({u, lo - b, masters[u].narrow(0, lo - b, hi - lo).detach().clone()});
+        if (hi > lo) (trains(p.name) ? trained_ : frozen_).push_back({u, lo - b, hi - lo});
       }
     }
     if (!any) throw ConfigError(concat(who, " trains none of the model's parameters"));
+    if (frozen_.empty()) return;
+    for (auto& group : optimizer_->param_groups()) {
+      auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
+      weight_decay_ = o.weight_decay();
+      o.weight_decay(0);
+    }
+  }
+  void zero_frozen_gradients() {
+    at::NoGradGuard no_grad;
+    const auto masters = sharded_->master_parameters();
+    for (const auto& f : frozen_)
+      if (masters[f.unit].grad().defined()) masters[f.unit].mutable_grad().narrow(0, f.offset, f.numel).zero_();
   }
 
   /// One rank whose models (the policy and any companion) train every
@@ -548,7 +559,8 @@ class ShardedEngine final : public EngineImpl {
     if (const double s = saves_.wait_copied(); s > 0) add_stall(s);
   }
 
-  std::vector<Frozen> frozen_;
+  std::vector<Slice> frozen_, trained_;  // this rank's, when some parameters are frozen
+  double weight_decay_ = 0;              // AdamW's, applied by finish_own when some are
   std::string sharding_, param_dtype_;
   bool consolidated_;
   double timeout_s_;  // how long rank 0's writer waits for the other ranks' shards
