@@ -283,7 +283,8 @@ TokenizedChat PieceTemplate::tokenize(const tokenizer::Tokenizer& tok, const std
 // fields of a message are not rendered.
 void check_plain_messages(const std::string& name, const std::vector<Message>& messages, const std::string& tools) {
   const auto hint = " (tool use renders only with a model's own chat_template: data.template hf)";
-  if (!tools.empty()) throw DataError(concat("data.template ", name, ": the conversation has tools", hint));
+  if (!tools.empty() && tools != "[]")
+    throw DataError(concat("data.template ", name, ": the conversation has tools", hint));
   for (const auto& m : messages)
     if (!m.json.empty() && nlohmann::json::parse(m.json).contains("tool_calls"))
       throw DataError(concat("data.template ", name, ": an ", m.role, " message has tool_calls", hint));

@@ -332,9 +332,11 @@ TEST(ChatTemplateHf, ToolUseRecordsTrainAsTransformersRendersThem) {
                     "arguments}}, got array");
   EXPECT_EQ(error(R"({"messages": [)" + user + R"(, {"role": "bot", "content": "x"}]})"),
             where + "field \"messages[1].role\": expected system, user, assistant or tool, got \"bot\"");
-  // Other fields of a message are not rendered by the built-in templates, as before.
+  // Other fields of a message are not rendered by the built-in templates, as
+  // before, and an empty tools list has nothing to render.
   o.template_name = "chatml";
-  write_text(dir / "extra.jsonl", R"({"messages": [)" + user + R"(, {"role": "assistant", "content": "x", "weight": 1}]})" "\n");
+  write_text(dir / "extra.jsonl",
+             R"({"messages": [)" + user + R"(, {"role": "assistant", "content": "x", "weight": 1}], "tools": []})" "\n");
   EXPECT_EQ(SftDataset::load(dir / "extra.jsonl", *tok, o)[0].input_ids,
             ChatTemplate::get("chatml").encode(*tok, {{"user", "Hi"}, {"assistant", "x"}}, false).input_ids);
 }
