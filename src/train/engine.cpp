@@ -445,6 +445,7 @@ class ShardedEngine final : public EngineImpl {
   void begin_step() override {
     optimizer_->zero_grad();
     sharded_->begin_step();
+    frozen_zeroed_ = false;
   }
   void before_backward(bool last) override { sharded_->set_grad_sync(last); }
   void after_backward() override { sharded_->finish_backward(); }
@@ -486,8 +487,6 @@ class ShardedEngine final : public EngineImpl {
   std::shared_ptr<models::CausalLM> model_;
   std::shared_ptr<distributed::Communicator> comm_;
   at::Device device_;
-  /// This rank's elements of the parameters the objective freezes: their
-  /// place in a unit's master shard and their values.
   /// Elements [offset, offset + numel) of unit `unit`'s master shard.
   struct Slice {
     size_t unit;
@@ -505,7 +504,12 @@ class ShardedEngine final : public EngineImpl {
       for (const auto& p : sharded_->layouts()[u].params) {
         any = any || trains(p.name);
         const int64_t lo = std::max(b, p.offset), hi = std::min(e, p.offset + p.numel);
-        if (hi > lo) (trains(p.name) ? trained_ : frozen_).push_back({u, lo - b, hi - lo});
+        if (hi <= lo) continue;
+        auto& list = trains(p.name) ? trained_ : frozen_;
+        if (!list.empty() && list.back().unit == u && list.back().offset + list.back().numel == lo - b)
+          list.back().numel += hi - lo;  // adjacent parameters: one slice
+        else
+          list.push_back({u, lo - b, hi - lo});
       }
     }
     if (!any) throw ConfigError(concat(who, " trains none of the model's parameters"));
@@ -516,7 +520,11 @@ class ShardedEngine final : public EngineImpl {
       o.weight_decay(0);
     }
   }
+  /// Once per step: by the clipping (whose norm leaves them out, as one
+  /// process has no gradient for them), else before the optimizer step.
   void zero_frozen_gradients() {
+    if (frozen_zeroed_) return;
+    frozen_zeroed_ = true;
     at::NoGradGuard no_grad;
     const auto masters = sharded_->master_parameters();
     for (const auto& f : frozen_)
@@ -561,6 +569,7 @@ class ShardedEngine final : public EngineImpl {
 
   std::vector<Slice> frozen_, trained_;  // this rank's, when some parameters are frozen
   double weight_decay_ = 0;              // AdamW's, applied by finish_own when some are
+  bool frozen_zeroed_ = false;           // this step's frozen gradients are zero
   std::string sharding_, param_dtype_;
   bool consolidated_;
   double timeout_s_;  // how long rank 0's writer waits for the other ranks' shards
