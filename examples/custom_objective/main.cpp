@@ -17,6 +17,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -86,9 +87,15 @@ class WeightedSft final : public anvil::train::Objective {
 int main(int argc, char** argv) {
   anvil::config::register_section<WeightedSftConfig>("weighted_sft", "Digit-weighted SFT (algorithm: weighted_sft).",
                                                         "weighted_sft");
-  anvil::train::register_objective("weighted_sft",
-                                   [](const anvil::config::RunConfig& cfg, const anvil::tokenizer::Tokenizer& tok) {
-                                     return std::make_unique<WeightedSft>(cfg, tok);
-                                   });
+  // It reads what sft reads (data, eval generation), except the keys of sft's
+  // own loss: setting those in a weighted_sft config is an error, not a no-op.
+  auto reads = anvil::config::keys_read_by("sft");
+  std::erase_if(reads, [](const std::string& k) { return k == "train.loss_chunk_size" || k == "data.packing"; });
+  anvil::train::register_objective(
+      "weighted_sft",
+      [](const anvil::config::RunConfig& cfg, const anvil::tokenizer::Tokenizer& tok) {
+        return std::make_unique<WeightedSft>(cfg, tok);
+      },
+      reads);
   return anvil::train::trainer_main(argc, argv);
 }

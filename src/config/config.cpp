@@ -334,6 +334,12 @@ class Reference {
   void field(const char* key, T& value, const char* doc, const Rule& rule = {}) {
     std::string allowed = rule.expected;
     if (rule.required) allowed = rule.number ? "required; " + rule.expected : "required";
+    if (!rule.read_by.empty()) {
+      allowed += allowed.empty() ? "read by " : "; read by ";
+      for (size_t i = 0; i < rule.read_by.size(); ++i) allowed += (i ? ", " : "") + rule.read_by[i];
+      if constexpr (std::is_arithmetic_v<T>)
+        if (rule.off) allowed += concat(" (any algorithm takes ", TypeInfo<T>::show(static_cast<T>(*rule.off)), ")");
+    }
     rows_ << "| `" << prefix_ << key << "` | " << TypeInfo<T>::name << " | `" << md_cell(TypeInfo<T>::show(value))
           << "` | " << allowed << " | " << md_cell(doc) << " |\n";
   }

@@ -1,7 +1,13 @@
-// Cross-field checks of a parsed config: every problem is reported with the
-// file and line of the key, all of them together (config_internal.h).
+// Cross-field checks of a parsed config, and the keys a run's algorithm does
+// not read (Rule::read_by): every problem is reported with the file and line
+// of the key, all of them together (config_internal.h).
 #include <filesystem>
 #include <functional>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <tuple>
+#include <variant>
 
 #include "config_internal.h"
 
@@ -147,7 +153,148 @@ void check_algorithms(const RunConfig& c, const Fail& fail) {
     fail("train.device", concat("expected cpu, cuda or cuda:N, got \"", d, "\""));
 }
 
+// ---- keys that only some algorithms read (Rule::read_by) --------------------
+
+using Value = std::variant<bool, int64_t, double, std::string, std::vector<double>, std::vector<std::string>>;
+
+/// One key of a config: where it is (data.train[1].size), the name the
+/// reference gives it (data.train[].size), its value and who reads it.
+struct Key {
+  std::string path, name;
+  Value value;
+  std::vector<std::string> read_by;
+  std::optional<double> off;
+};
+
+/// Lists every key of a config, a list's items one by one; with `one_item`,
+/// each list as one default item (the keys as the reference names them).
+class KeyLister {
+ public:
+  explicit KeyLister(bool one_item) : one_item_(one_item) {}
+  template <class T>
+  void field(const char* key, T& value, const char*, const Rule& rule = {}) {
+    keys.push_back({path_ + key, name_ + key, Value(std::in_place_type<T>, value), rule.read_by, rule.off});
+  }
+  template <class S>
+  void section(const char* key, S& s, const char*) {
+    const auto saved = std::make_pair(path_, name_);
+    path_ += std::string(key) + ".";
+    name_ += std::string(key) + ".";
+    s.visit(*this);
+    std::tie(path_, name_) = saved;
+  }
+  template <class S>
+  void list(const char* key, std::vector<S>& items, const char*) {
+    const auto saved = std::make_pair(path_, name_);
+    name_ += std::string(key) + "[].";
+    if (one_item_) {
+      S item;
+      path_ = name_;
+      item.visit(*this);
+    }
+    for (size_t i = 0; !one_item_ && i < items.size(); ++i) {
+      path_ = concat(saved.first, key, "[", i, "].");
+      items[i].visit(*this);
+    }
+    std::tie(path_, name_) = saved;
+  }
+  std::vector<Key> keys;
+
+ private:
+  bool one_item_;
+  std::string path_, name_;
+};
+
+std::vector<Key> keys_of(RunConfig& cfg, bool one_item) {
+  KeyLister lister(one_item);
+  cfg.visit(lister);
+  return std::move(lister.keys);
+}
+
+/// Every key with its default value, named as the reference names it.
+std::vector<Key> default_keys() {
+  RunConfig defaults;
+  return keys_of(defaults, true);
+}
+
+std::string section_of(const std::string& key) { return key.substr(0, key.find_first_of(".[")); }
+
+// The algorithms registered with the keys they read (add_algorithm_name).
+struct DeclaredReads {
+  std::mutex mutex;
+  std::map<std::string, std::set<std::string>> by_algorithm;
+};
+DeclaredReads& declared_reads() {
+  static DeclaredReads d;
+  return d;
+}
+
+bool algorithm_reads(const std::string& algorithm, const Key& key) {
+  if (key.read_by.empty() || std::count(key.read_by.begin(), key.read_by.end(), algorithm)) return true;
+  auto& d = declared_reads();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  if (const auto it = d.by_algorithm.find(algorithm); it != d.by_algorithm.end()) return it->second.count(key.name);
+  // Rule::read_by names the built-in algorithms that read a key; a registered
+  // one that listed no keys is taken to read them all.
+  static const std::set<std::string> builtin = {"sft", "pretrain", "reward", "dpo", "ppo", "ilql"};
+  return !builtin.count(algorithm);
+}
+
+std::string readers(const Key& key) {
+  std::string out;
+  for (const auto& a : key.read_by) out += (out.empty() ? "" : ", ") + a;
+  auto& d = declared_reads();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  for (const auto& [algorithm, keys] : d.by_algorithm)
+    if (keys.count(key.name)) out += (out.empty() ? "" : ", ") + algorithm;
+  return out;
+}
+
+bool is_off(const Key& key) {
+  if (!key.off) return false;
+  if (const auto* i = std::get_if<int64_t>(&key.value)) return static_cast<double>(*i) == *key.off;
+  if (const auto* x = std::get_if<double>(&key.value)) return *x == *key.off;
+  return false;
+}
+
+/// A key the run's algorithm does not read, set to another value than its
+/// default (a printed config sets every key, to its default), is an error.
+void check_unread_keys(const RunConfig& c, const Fail& fail) {
+  std::map<std::string, Value> defaults;
+  for (auto& k : default_keys()) defaults.emplace(k.name, std::move(k.value));
+  RunConfig given = c;
+  for (const auto& k : keys_of(given, false)) {
+    // A section of another algorithm is an error of its own (config.cpp).
+    if (const auto owner = section_algorithm(section_of(k.path)); !owner.empty() && owner != c.algorithm) continue;
+    const auto d = defaults.find(k.name);
+    if (algorithm_reads(c.algorithm, k) || is_off(k) || (d != defaults.end() && d->second == k.value)) continue;
+    fail(k.path, concat("not read by algorithm ", c.algorithm, " (read by ", readers(k), "); remove it"));
+  }
+}
+
 }  // namespace
+
+void add_algorithm_name(const std::string& name, const std::vector<std::string>& reads) {
+  std::set<std::string> known;
+  for (const auto& k : default_keys()) known.insert(k.name);
+  for (const auto& key : reads)
+    if (!known.count(key))
+      throw ConfigError(concat("algorithm ", name, ": reads \"", key, "\", which is not a config key (keys are named "
+                               "as keys_read_by names them, e.g. data.train[].response_field)"));
+  add_algorithm_name(name);
+  auto& d = declared_reads();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  d.by_algorithm[name] = std::set<std::string>(reads.begin(), reads.end());
+}
+
+std::vector<std::string> keys_read_by(const std::string& algorithm) {
+  std::vector<std::string> out;
+  for (const auto& k : default_keys()) {
+    const auto owner = section_algorithm(section_of(k.name));
+    if ((owner.empty() || owner == algorithm) && algorithm_reads(algorithm, k)) out.push_back(k.name);
+  }
+  return out;
+}
 
 void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sources, Errors& errors) {
   const Fail fail = [&](const std::string& key, const std::string& what) {
@@ -171,6 +318,7 @@ void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sou
   check_lora(c, flat, fail);
   check_data(c, fail);
   check_algorithms(c, fail);
+  check_unread_keys(c, fail);
 }
 
 }  // namespace anvil::config

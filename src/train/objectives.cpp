@@ -35,17 +35,26 @@ Registry& registry() {
   return r;
 }
 
-}  // namespace
-
-void register_objective(const std::string& name, ObjectiveFactory factory) {
+void add_objective(const std::string& name, ObjectiveFactory factory, const std::vector<std::string>* reads) {
   if (name.empty() || name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos)
     throw ConfigError(concat("register_objective: \"", name, "\": expected a name of a-z, 0-9 and _"));
   if (!factory) throw ConfigError(concat("register_objective: ", name, ": no factory given"));
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   if (r.factories.count(name)) throw ConfigError(concat("algorithm \"", name, "\" is already registered"));
-  config::add_algorithm_name(name);
+  if (reads) config::add_algorithm_name(name, *reads);
+  else config::add_algorithm_name(name);
   r.factories.emplace(name, std::move(factory));
+}
+
+}  // namespace
+
+void register_objective(const std::string& name, ObjectiveFactory factory) {
+  add_objective(name, std::move(factory), nullptr);
+}
+
+void register_objective(const std::string& name, ObjectiveFactory factory, const std::vector<std::string>& reads) {
+  add_objective(name, std::move(factory), &reads);
 }
 
 std::unique_ptr<Objective> make_objective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {

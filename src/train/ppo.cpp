@@ -267,7 +267,7 @@ std::vector<RolloutRow> PpoObjective::State::generate(models::CausalLM& policy, 
   so.top_p = ppo.top_p;
   so.eos_id = stop_id;
   so.max_new_tokens = greedy ? cfg.eval.max_new_tokens : ppo.max_new_tokens;
-  so.batch_size = ppo.generation_batch_size;
+  so.batch_size = greedy ? cfg.eval.batch_size : ppo.generation_batch_size;
   for (const auto& p : mine)
     for (int64_t k = 0; k < per_prompt; ++k) {
       prompts.push_back(p.sample->prompt_ids);

@@ -18,7 +18,8 @@ What it changes, so that the whole set runs in a couple of minutes:
   getting-started's, which a second time is refused, as it should be).
 - A training command that starts a new run gets `train.max_steps=20
   train.save_every=20 schedule.warmup_steps=5 eval.generate_samples=16`
-  appended (the quickstart's own
+  appended (without the last for reward and pretrain, which generate nothing
+  and so refuse the key; the quickstart's own
   command resumes the copied, finished run instead), and a later command's
   runs/<run>/checkpoint-<N> that such a shortened run did not reach names the
   run's newest checkpoint.
@@ -35,7 +36,8 @@ import shutil
 import subprocess
 import sys
 
-CAP = "train.max_steps=20 train.save_every=20 schedule.warmup_steps=5 eval.generate_samples=16"
+CAP = "train.max_steps=20 train.save_every=20 schedule.warmup_steps=5"
+CAP_GENERATION = "eval.generate_samples=16"
 
 
 def blocks(path):
@@ -86,6 +88,21 @@ def newest_checkpoint(run):
     return ckpts[-1] if ckpts else None
 
 
+def algorithm_of(configs, work):
+    """The `algorithm:` the last of the config files that sets one sets (sft by default)."""
+    algorithm = "sft"
+    for config in configs:
+        path = os.path.join(work, config)
+        if not os.path.exists(path):
+            path = os.path.join(work, "configs", config)  # a bare name is looked up in configs/
+        if os.path.exists(path):
+            for line in open(path, encoding="utf-8"):
+                m = re.match(r"^algorithm:\s*(\w+)", line)
+                if m:
+                    algorithm = m.group(1)
+    return algorithm
+
+
 def adapt(cmd, work):
     """The command as the sandbox runs it, or None to skip it."""
     if re.match(r"^(bash )?scripts/(setup|build|test)\.sh\b", cmd):
@@ -97,6 +114,8 @@ def adapt(cmd, work):
     resumes_quickstart = configs == ["configs/quickstart.yaml"] and "output_dir=" not in cmd
     if training and not resumes_quickstart:
         cmd += " " + CAP
+        if algorithm_of(configs, work) not in ("reward", "pretrain"):
+            cmd += " " + CAP_GENERATION
 
     def point(m):
         path = m.group(0)

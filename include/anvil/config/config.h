@@ -209,13 +209,17 @@ struct DatasetConfig {
             non_negative());
     v.field("eval_fraction", eval_fraction,
             "Held out of training (a fixed random subset) and added to the eval set.",
-            Rule{"a number in [0, 1)", [](double x) { return x >= 0 && x < 1; }, {}});
-    v.field("prompt_field", prompt_field, "JSON field holding the prompt.");
-    v.field("response_field", response_field, "JSON field holding the response (sft, offline_rl).");
+            read_by({"sft", "pretrain", "reward", "dpo", "ppo"},  // ilql evaluates on prompts: data.eval
+                    Rule{"a number in [0, 1)", [](double x) { return x >= 0 && x < 1; }, {}}));
+    v.field("prompt_field", prompt_field, "JSON field holding the prompt.",
+            read_by({"sft", "reward", "dpo", "ppo", "ilql"}));
+    v.field("response_field", response_field, "JSON field holding the response (sft, offline_rl).",
+            read_by({"sft", "ilql"}));
     v.field("token_dtype", token_dtype,
             "MDS folders: dtype of the token ids in a `bytes` tokens column, which stores none (llm-foundry's "
             "token_encoding_type); ndarray columns carry their own.",
-            one_of({"uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"}));
+            read_by({"sft", "pretrain"},
+                    one_of({"uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"})));
   }
 };
 
@@ -239,7 +243,8 @@ struct DataConfig {
             "apply_chat_template does; docs/data.md), plain (turns as written, user turns ending in a newline, "
             "replies in EOS), chatml, llama3, oasst (Open-Assistant). Only assistant turns are trained; "
             "checkpoints record it as tokenizer_config.json's chat_template.",
-            one_of({"auto", "hf", "plain", "chatml", "llama3", "oasst"}));
+            read_by({"sft", "reward", "dpo", "ppo", "ilql"},
+                    one_of({"auto", "hf", "plain", "chatml", "llama3", "oasst"})));
     v.field("max_length", max_length,
             "Longest tokenized sample (prompt + response + EOS), and the row length when packing; "
             "0 = model.max_position_embeddings.",
@@ -247,14 +252,15 @@ struct DataConfig {
     v.field("on_overflow", on_overflow,
             "Samples longer than max_length: truncate them (from the right) or drop them; both are "
             "counted and reported.",
-            one_of({"truncate", "drop"}));
+            read_by({"sft", "reward", "dpo", "ilql"}, one_of({"truncate", "drop"})));
     v.field("on_error", on_error,
             "A malformed line (bad JSON, missing field, wrong type): fail names file, line and field and stops; "
             "skip counts and reports such lines and goes on.",
-            one_of({"fail", "skip"}));
+            read_by({"sft", "reward", "dpo", "ppo", "ilql"}, one_of({"fail", "skip"})));
     v.field("packing", packing,
             "Pack several samples into each max_length row; positions restart and attention stops at every "
-            "document boundary, so the loss equals unpacked training.");
+            "document boundary, so the loss equals unpacked training.",
+            read_by({"sft", "pretrain"}));
   }
 };
 
@@ -337,7 +343,7 @@ struct TrainConfig {
             "recomputing them in backward, so the (batch x sequence x vocabulary) float32 logits are never held; "
             "tokens without a target (prompts, padding) are not projected at all. 0 = the whole micro-batch at "
             "once. docs/algorithms.md.",
-            non_negative());
+            read_by({"sft", "pretrain"}, non_negative()));
     v.field("grad_clip", grad_clip, "Max global gradient L2 norm; 0 disables clipping.", non_negative());
     v.field("seed", seed, "Seed for init, data order and dropout.", non_negative());
     v.field("save_every", save_every, "Checkpoint every N steps (and always at the end); 0 = end only.",
@@ -420,15 +426,18 @@ struct EvalConfig {
 
   template <class V>
   void visit(V& v) {
-    v.field("batch_size", batch_size, "Samples per eval forward pass.", positive());
+    v.field("batch_size", batch_size, "Samples per eval forward pass, and eval prompts generated for together.",
+            positive());
     v.field("max_batches", max_batches, "Eval-loss batches per eval; 0 = the whole eval set.",
-            non_negative());
+            read_by({"sft", "pretrain", "reward", "dpo"}, non_negative()));
     v.field("generate_samples", generate_samples,
-            "Eval prompts answered greedily for eval/exact_match; 0 disables generation.",
-            non_negative());
-    v.field("max_new_tokens", max_new_tokens, "Generation budget per eval prompt.", positive());
+            "Eval prompts answered greedily for eval/exact_match (ilql: sampled as ilql.* says); 0 disables "
+            "generation.",
+            read_by({"sft", "dpo", "ppo", "ilql"}, non_negative(), 0));
+    v.field("max_new_tokens", max_new_tokens, "Generation budget per eval prompt (ilql: ilql.max_new_tokens).",
+            read_by({"sft", "dpo", "ppo"}, positive()));
     v.field("table_rows", table_rows, "Prompt / generated / reference rows printed per eval.",
-            non_negative());
+            read_by({"sft", "dpo", "ppo", "ilql"}, non_negative(), 0));
   }
 };
 
@@ -574,8 +583,18 @@ struct ExtensionShim {
 /// program registered through train::register_objective.
 std::vector<std::string> algorithm_names();
 /// Adds `name` to algorithm_names() (train::register_objective calls it);
-/// throws ConfigError when it is already there.
+/// throws ConfigError when it is already there. Without `reads`, the
+/// algorithm is taken to read every key; with it, the keys that only some
+/// algorithms read (Rule::read_by) are its only when listed there, by the
+/// names keys_read_by gives (a key it does not know is a ConfigError).
 void add_algorithm_name(const std::string& name);
+void add_algorithm_name(const std::string& name, const std::vector<std::string>& reads);
+
+/// Every key that a run of `algorithm` reads, as the reference names them
+/// (train.loss_chunk_size, data.train[].response_field): all keys but those
+/// of other algorithms' sections and those Rule::read_by gives to others. Set
+/// to a value other than its default, any other key is a config error.
+std::vector<std::string> keys_read_by(const std::string& algorithm);
 
 struct RunConfig {
   std::string output_dir;

@@ -251,6 +251,12 @@ using ObjectiveFactory =
 /// loads a config (config::load_config accepts the name from then on).
 /// Throws ConfigError when the name is taken or not of a-z, 0-9 and _.
 void register_objective(const std::string& name, ObjectiveFactory factory);
+/// The same, saying which of the keys that only some algorithms read
+/// (train.loss_chunk_size, eval.generate_samples, ...) this objective reads:
+/// config::keys_read_by names them (an objective built on the sft one may
+/// pass keys_read_by("sft") less what it ignores). Any other such key set in
+/// its config is then an error; without the list, none is.
+void register_objective(const std::string& name, ObjectiveFactory factory, const std::vector<std::string>& reads);
 
 /// Builds the objective named by `cfg.algorithm`.
 std::unique_ptr<Objective> make_objective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);

@@ -1,0 +1,244 @@
+// No silent keys (docs/config.md, "Keys an algorithm does not read"): every
+// key of every section, set to a valid value other than its default, either
+// is one the run's algorithm reads or is refused with a message naming it.
+// The keys are listed by walking RunConfig itself, so a key added to a config
+// struct is covered without a change here.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "anvil/config/config.h"
+#include "anvil/core/error.h"
+#include "test_util.h"
+
+namespace anvil::config {
+namespace {
+
+namespace stdfs = std::filesystem;
+using anvil::testing::TempDir;
+using anvil::testing::write_text;
+
+bool allowed(const Rule& rule, double x) {
+  return (!rule.number || rule.number(x)) && !(rule.off && *rule.off == x);
+}
+
+std::string text(double x) {
+  std::ostringstream os;
+  os.precision(17);
+  os << x;
+  return os.str();
+}
+
+// A valid value other than `value`, as an override writes it.
+std::string other_value(bool value, const Rule&) { return value ? "false" : "true"; }
+std::string other_value(int64_t value, const Rule& rule) {
+  for (int64_t c : {value + 1, value * 2, int64_t{1}, int64_t{2}, int64_t{3}})
+    if (c != value && allowed(rule, static_cast<double>(c))) return std::to_string(c);
+  ADD_FAILURE() << "no other valid integer than " << value;
+  return "";
+}
+std::string other_value(double value, const Rule& rule) {
+  for (double c : {value * 0.5, value + 0.25, 0.25, 0.3, 2.0})
+    if (c != value && allowed(rule, c)) return text(c);
+  ADD_FAILURE() << "no other valid number than " << value;
+  return "";
+}
+std::string other_value(const std::string& value, const Rule& rule) {
+  for (const auto& c : rule.choices)
+    if (c != value) return c;
+  return value == "x" ? "y" : "x";
+}
+std::string other_value(const std::vector<double>& value, const Rule& rule) {
+  std::string out;
+  for (double x : value) out += (out.empty() ? "" : ", ") + other_value(x, rule);
+  return "[" + (out.empty() ? std::string("0.5") : out) + "]";
+}
+std::string other_value(const std::vector<std::string>&, const Rule&) { return "[x]"; }
+
+/// Every key of RunConfig (as the reference names it: data.train[].path),
+/// with a valid value other than its default.
+class KeyLister {
+ public:
+  template <class T>
+  void field(const char* key, T& value, const char*, const Rule& rule = {}) {
+    keys.emplace_back(prefix_ + key, other_value(value, rule));
+  }
+  template <class S>
+  void section(const char* key, S& s, const char*) {
+    const auto saved = prefix_;
+    prefix_ += std::string(key) + ".";
+    s.visit(*this);
+    prefix_ = saved;
+  }
+  template <class S>
+  void list(const char* key, std::vector<S>&, const char*) {
+    const auto saved = prefix_;
+    prefix_ += std::string(key) + "[].";
+    S item;
+    item.visit(*this);
+    prefix_ = saved;
+  }
+  std::vector<std::pair<std::string, std::string>> keys;
+
+ private:
+  std::string prefix_;
+};
+
+std::string error_of(const std::vector<std::string>& files, const std::vector<std::string>& overrides) {
+  try {
+    load_config(files, overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+// An objective a program registers with the keys it reads.
+void register_probe() {
+  static std::once_flag once;
+  std::call_once(once, [] { add_algorithm_name("unread_keys_probe", {"data.packing"}); });
+}
+
+class UnreadKeys : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto src = anvil::testing::source_dir();
+    base_ = (dir_ / "base.yaml").string();
+    write_text(base_, "output_dir: /tmp/x\ntokenizer:\n  path: " + src + "/data/tokenizer.model\ndata:\n  train:\n" +
+                          "    - path: " + src + "/data/sft_train.jsonl\n  eval:\n    - path: " + src +
+                          "/data/sft_eval.jsonl\ntrain:\n  max_steps: 10\n");
+    register_probe();
+  }
+  std::string write(const std::string& name, const std::string& text) {
+    const auto p = (dir_ / name).string();
+    write_text(p, text);
+    return p;
+  }
+  TempDir dir_;
+  std::string base_;
+};
+
+TEST_F(UnreadKeys, EveryKeyOfEverySectionIsReadOrRefusedUnderEveryAlgorithm) {
+  RunConfig defaults;
+  KeyLister lister;
+  defaults.visit(lister);
+  ASSERT_GT(lister.keys.size(), 100u);
+  size_t refused = 0;
+  for (const auto& algorithm : algorithm_names()) {
+    ASSERT_EQ(error_of({base_}, {"algorithm=" + algorithm}), "<no error>") << algorithm;
+    const auto read = keys_read_by(algorithm);
+    const std::set<std::string> reads(read.begin(), read.end());
+    for (const auto& [name, value] : lister.keys) {
+      if (name == "algorithm") continue;
+      auto key = name;
+      if (const auto at = key.find("[]"); at != std::string::npos) key.replace(at, 2, "[0]");
+      const auto e = error_of({base_}, {"algorithm=" + algorithm, key + "=" + value});
+      const auto section = key.substr(0, key.find_first_of(".["));
+      if (reads.count(name)) {
+        EXPECT_EQ(e.find(key + ": not read by"), std::string::npos) << algorithm << " reads " << key << ": " << e;
+        continue;
+      }
+      ++refused;
+      EXPECT_TRUE(e.find(key + ": not read by algorithm " + algorithm + " (read by ") != std::string::npos ||
+                  e.find(key + ": the " + section + " section is read by algorithm: ") != std::string::npos)
+          << algorithm << " does not read " << key << "=" << value << ", yet: " << e;
+    }
+  }
+  EXPECT_GT(refused, 0u);
+}
+
+TEST_F(UnreadKeys, LossChunkSizeUnderDpoIsAnErrorNamingTheKeyAndItsReaders) {
+  EXPECT_EQ(error_of({base_}, {"algorithm=dpo", "train.loss_chunk_size=64"}),
+            "command line (train.loss_chunk_size=64): train.loss_chunk_size: not read by algorithm dpo (read by sft, "
+            "pretrain); remove it");
+  const auto file = write("dpo.yaml", "algorithm: dpo\ntrain:\n  loss_chunk_size: 64\n");
+  EXPECT_EQ(error_of({base_, file}, {}),
+            file + ":3: train.loss_chunk_size: not read by algorithm dpo (read by sft, pretrain); remove it");
+  for (const char* algorithm : {"reward", "ppo", "ilql"})
+    EXPECT_NE(error_of({base_}, {std::string("algorithm=") + algorithm, "train.loss_chunk_size=64"})
+                  .find("train.loss_chunk_size: not read by algorithm " + std::string(algorithm)),
+              std::string::npos)
+        << algorithm;
+  for (const char* algorithm : {"sft", "pretrain"})
+    EXPECT_EQ(error_of({base_}, {std::string("algorithm=") + algorithm, "train.loss_chunk_size=64"}), "<no error>");
+}
+
+TEST_F(UnreadKeys, AListItemsKeyPointsAtTheItem) {
+  const auto file = write("dpo.yaml",
+                          "algorithm: dpo\ndata:\n  train:\n    - path: " + anvil::testing::source_dir() +
+                              "/data/sft_train.jsonl\n      response_field: answer\n");
+  EXPECT_EQ(error_of({base_, file}, {}), file + ":5: data.train[0].response_field: not read by algorithm dpo (read "
+                                                "by sft, ilql); remove it");
+}
+
+TEST_F(UnreadKeys, DefaultValuesAndOffValuesAreAccepted) {
+  // What a printed config holds, and 0 = no generation / no table.
+  EXPECT_EQ(error_of({base_}, {"algorithm=reward", "eval.generate_samples=64", "train.loss_chunk_size=0"}),
+            "<no error>");
+  EXPECT_EQ(error_of({base_}, {"algorithm=pretrain", "eval.generate_samples=0", "eval.table_rows=0"}), "<no error>");
+  EXPECT_EQ(error_of({base_}, {"algorithm=reward", "eval.generate_samples=5"}),
+            "command line (eval.generate_samples=5): eval.generate_samples: not read by algorithm reward (read by sft, "
+            "dpo, ppo, ilql); remove it");
+  for (const auto& algorithm : {"sft", "pretrain", "reward", "dpo", "ppo", "ilql"}) {
+    const auto cfg = load_config({base_}, {std::string("algorithm=") + algorithm});
+    const auto printed = write(std::string(algorithm) + "-printed.yaml", to_yaml(cfg));
+    EXPECT_EQ(error_of({printed}, {}), "<no error>") << algorithm;
+  }
+}
+
+TEST_F(UnreadKeys, ARegisteredObjectiveReadsTheKeysItLists) {
+  EXPECT_EQ(error_of({base_}, {"algorithm=unread_keys_probe", "data.packing=true"}), "<no error>");
+  EXPECT_EQ(error_of({base_}, {"algorithm=unread_keys_probe", "train.loss_chunk_size=8"}),
+            "command line (train.loss_chunk_size=8): train.loss_chunk_size: not read by algorithm unread_keys_probe "
+            "(read by sft, pretrain); remove it");
+  EXPECT_NE(error_of({base_}, {"algorithm=dpo", "data.packing=true"})
+                .find("data.packing: not read by algorithm dpo (read by sft, pretrain, unread_keys_probe)"),
+            std::string::npos);
+  const auto reads = keys_read_by("unread_keys_probe");
+  EXPECT_NE(std::find(reads.begin(), reads.end(), "data.packing"), reads.end());
+  EXPECT_EQ(std::find(reads.begin(), reads.end(), "train.loss_chunk_size"), reads.end());
+  EXPECT_NE(std::find(reads.begin(), reads.end(), "optimizer.lr"), reads.end());
+  // A key it names that is not one is refused, and the name stays free.
+  EXPECT_THROW(add_algorithm_name("unread_keys_typo", {"data.pakcing"}), ConfigError);
+  const auto names = algorithm_names();
+  EXPECT_EQ(std::find(names.begin(), names.end(), "unread_keys_typo"), names.end());
+}
+
+TEST_F(UnreadKeys, TheReferenceSaysWhichAlgorithmsReadAKey) {
+  const auto ref = reference_markdown();
+  EXPECT_NE(ref.find("| `train.loss_chunk_size` | an integer | `0` | a number >= 0; read by sft, pretrain |"),
+            std::string::npos);
+  EXPECT_NE(ref.find("| `eval.generate_samples` | an integer | `64` | a number >= 0; read by sft, dpo, ppo, ilql (any "
+                     "algorithm takes 0) |"),
+            std::string::npos);
+}
+
+// Shipped configs name files of the machine they were written for (models,
+// data, a finished quickstart): those may be missing here, nothing else.
+TEST(UnreadKeysShipped, EveryShippedConfigLoadsButForMissingFiles) {
+  const stdfs::path src = anvil::testing::source_dir();
+  const auto cwd = stdfs::current_path();
+  stdfs::current_path(src);  // their paths are relative to the source folder
+  std::vector<stdfs::path> files;
+  for (const auto* dir : {"configs", "configs/examples"})
+    for (const auto& e : stdfs::directory_iterator(src / dir))
+      if (e.path().extension() == ".yaml") files.push_back(e.path());
+  EXPECT_GE(files.size(), 14u);
+  for (const auto& f : files) {
+    const auto e = error_of({f.string()}, {"model.from=null", "tokenizer.path=data/tokenizer.model"});
+    if (e == "<no error>") continue;
+    std::istringstream lines(e);
+    std::string line;
+    while (std::getline(lines, line))
+      if (line.find("errors in the config:") == std::string::npos)
+        EXPECT_NE(line.find("expected an existing"), std::string::npos) << f << ": " << e;
+  }
+  stdfs::current_path(cwd);
+}
+
+}  // namespace
+}  // namespace anvil::config
