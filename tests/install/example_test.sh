@@ -25,6 +25,10 @@ fi
 grep -q "weighted_sft.digit_weight: expected a positive number, got \"-1\"" <<<"$out" || fail "message: $out"
 out="$("$bin" --config examples/custom_objective/weighted_sft.yaml weighted_sft.digit_wieght=1 2>&1)" && fail "typo accepted"
 grep -q "weighted_sft.digit_wieght: unknown key; did you mean weighted_sft.digit_weight?" <<<"$out" || fail "message: $out"
+# It lists the keys it reads: sft's own loss keys are refused, not ignored.
+out="$("$bin" --config examples/custom_objective/weighted_sft.yaml train.loss_chunk_size=64 2>&1)" && fail "unread key accepted"
+grep -q "train.loss_chunk_size: not read by algorithm weighted_sft (read by sft, pretrain); remove it" <<<"$out" ||
+  fail "message: $out"
 
 # Train 10 steps, then resume to 20 from the checkpoint.
 common=(--config examples/custom_objective/weighted_sft.yaml output_dir="$TMP/run" train.save_every=10
