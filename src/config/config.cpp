@@ -534,9 +534,15 @@ std::vector<ConfigChange> config_changes(const std::string& before_yaml, const s
     if (root.IsMap()) flatten(root, "", which, flat);
     return flat;
   };
-  const auto a = flat_of(before_yaml, "the saved"), b = flat_of(after_yaml, "the new");
-  // A key the saved config lacks (written by an older version) had its default.
+  auto a = flat_of(before_yaml, "the saved");
+  const auto b = flat_of(after_yaml, "the new");
+  // A key the saved config lacks (written by an older version) had its
+  // default, but for keys whose default changed what such runs did: until
+  // 2026-11-26 weight decay applied to biases and norm weights too.
   const auto defaults = flat_of(to_yaml(RunConfig{}), "the default");
+  if (const auto wd = a.find("optimizer.weight_decay");
+      wd != a.end() && wd->second.node.as<double>(0.0) != 0 && !a.count("optimizer.decay_biases_and_norms"))
+    a["optimizer.decay_biases_and_norms"].node = YAML::Node(true);
   const auto text = [](const FlatConfig& f, const std::string& k) -> std::string {
     const auto it = f.find(k);
     if (it == f.end()) return "(absent)";

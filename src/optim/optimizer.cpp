@@ -2,6 +2,10 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <cctype>
+#include <regex>
 
 namespace anvil::optim {
 
@@ -47,10 +51,42 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::OptimizerConfig& c,
                                                         const std::vector<at::Tensor>& params) {
+  return make_optimizer(c, params, {});
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::OptimizerConfig& c,
+                                                        const std::vector<at::Tensor>& decayed,
+                                                        const std::vector<at::Tensor>& not_decayed) {
   torch::optim::AdamWOptions o(c.lr);
   o.betas({c.betas.at(0), c.betas.at(1)}).eps(c.eps).weight_decay(c.weight_decay);
-  if (c.fused) return std::make_unique<FusedAdamW>(params, o);
-  return std::make_unique<torch::optim::AdamW>(params, o);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (!decayed.empty() || not_decayed.empty()) groups.emplace_back(decayed);
+  if (!not_decayed.empty()) {
+    auto none = std::make_unique<torch::optim::AdamWOptions>(o);
+    none->weight_decay(0);
+    groups.emplace_back(not_decayed, std::move(none));
+  }
+  if (c.fused) return std::make_unique<FusedAdamW>(groups, o);
+  return std::make_unique<torch::optim::AdamW>(groups, o);
+}
+
+bool decays(const config::OptimizerConfig& c, const std::string& name, const torch::nn::Module& owner) {
+  if (c.decay_biases_and_norms) return true;
+  if (dynamic_cast<const torch::nn::LayerNormImpl*>(&owner)) return false;
+  std::string lower = name;
+  for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  static const std::regex exempt(R"(bias|layernorm|rmsnorm|(^|\.)norm($|\.)|_norm($|\.))");
+  return !std::regex_search(lower, exempt);
+}
+
+std::vector<std::string> no_decay_parameters(const config::OptimizerConfig& c, const torch::nn::Module& model) {
+  std::vector<std::string> out;
+  for (const auto& m : model.named_modules())
+    for (const auto& p : m.value()->named_parameters(/*recurse=*/false)) {
+      const auto name = m.key().empty() ? p.key() : m.key() + "." + p.key();
+      if (!decays(c, name, *m.value())) out.push_back(name);
+    }
+  return out;
 }
 
 void set_lr(torch::optim::Optimizer& opt, double lr) {

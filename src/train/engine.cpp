@@ -57,18 +57,28 @@ double clip_or_measure(const std::vector<at::Tensor>& params, double max_norm) {
 
 using Trains = std::function<bool(const std::string&)>;
 
-/// The parameters `trains` accepts; the others are frozen here.
-std::vector<at::Tensor> trained_parameters(models::CausalLM& model, const Trains& trains, const std::string& who) {
-  std::vector<at::Tensor> trained;
+/// The parameters `trains` accepts, those weight decay applies to first;
+/// the others are frozen here.
+struct TrainedParameters {
+  std::vector<at::Tensor> all;  // in the model's order
+  std::vector<at::Tensor> decayed, not_decayed;
+};
+TrainedParameters trained_parameters(models::CausalLM& model, const Trains& trains, const std::string& who,
+                                     const config::OptimizerConfig& opt) {
+  const auto exempt = optim::no_decay_parameters(opt, model);
+  const std::unordered_set<std::string> no_decay(exempt.begin(), exempt.end());
+  TrainedParameters out;
   for (auto& p : model.named_parameters()) {
     if (trains(p.key())) {
-      trained.push_back(p.value());
+      out.all.push_back(p.value());
+      (no_decay.count(p.key()) ? out.not_decayed : out.decayed).push_back(p.value());
     } else {
       p.value().set_requires_grad(false);
     }
   }
-  if (trained.empty()) throw ConfigError(concat(who, " trains none of the model's parameters"));
-  return trained;
+  if (out.all.empty())
+    throw ConfigError(concat(who, " trains none of the model's parameters"));
+  return out;
 }
 
 /// Where a model's state comes from on resume: a run's checkpoint (`resumed`
@@ -229,8 +239,9 @@ class PlainEngine final : public EngineImpl {
       model_->set_block_runner([](size_t, const at::Tensor& x, const models::BlockFn& block) {
         return models::checkpoint_block(block, x);
       });
-    params_ = trained_parameters(*model_, trains, who);
-    optimizer_ = optim::make_optimizer(cfg.optimizer, params_);
+    auto trained = trained_parameters(*model_, trains, who, cfg.optimizer);
+    optimizer_ = optim::make_optimizer(cfg.optimizer, trained.decayed, trained.not_decayed);
+    params_ = std::move(trained.all);
     if (!resume.dir) return;
     if (resume.resumed) *resume.resumed = io::load_checkpoint(*resume.dir, *model_, *optimizer_);
     else io::load_model_and_optimizer(*resume.dir, *model_, *optimizer_);
@@ -340,7 +351,7 @@ class ShardedEngine final : public EngineImpl {
     optimizer_ = optim::make_optimizer(cfg.optimizer, sharded_->master_parameters());
     if (plain) distributed::import_optimizer_state(*sharded_, *plain, *optimizer_);
     else if (resume.dir) *resume.resumed = distributed::load_sharded_checkpoint(*resume.dir, *sharded_, *optimizer_);
-    freeze(trains, who);
+    freeze(trains, who, cfg.optimizer);
   }
 
   models::CausalLM& model() override { return *model_; }
@@ -460,11 +471,11 @@ class ShardedEngine final : public EngineImpl {
       zero_frozen_gradients();
       if (weight_decay_ != 0) {
         // AdamW's decoupled decay, p *= 1 - lr * wd before its update, on
-        // the trained slices only (the optimizer's own is off).
+        // the decayed slices only (the optimizer's own is off).
         at::NoGradGuard no_grad;
         const auto masters = sharded_->master_parameters();
         const double lr = optimizer_->param_groups().front().options().get_lr();
-        for (const auto& r : trained_) masters[r.unit].narrow(0, r.offset, r.numel).mul_(1 - lr * weight_decay_);
+        for (const auto& r : decayed_) masters[r.unit].narrow(0, r.offset, r.numel).mul_(1 - lr * weight_decay_);
       }
       optimizer_->step();
     }
@@ -495,25 +506,32 @@ class ShardedEngine final : public EngineImpl {
   };
   /// Parameters the run does not train (LoRA's base, a frozen head) keep
   /// their values exactly: their gradients are zeroed before the optimizer
-  /// steps, so their AdamW moments stay zero and move nothing, and weight
-  /// decay, which would, is applied by finish_own to the trained slices only.
-  void freeze(const Trains& trains, const std::string& who) {
+  /// steps, so their AdamW moments stay zero and move nothing. Weight decay,
+  /// which would move them, and which spares biases and norms
+  /// (optim::decays), is applied by finish_own to the decayed slices only:
+  /// a flat unit mixes all three kinds.
+  void freeze(const Trains& trains, const std::string& who, const config::OptimizerConfig& opt) {
+    const auto exempt = optim::no_decay_parameters(opt, *model_);
+    const std::unordered_set<std::string> no_decay(exempt.begin(), exempt.end());
+    const auto add = [](std::vector<Slice>& list, size_t u, int64_t offset, int64_t numel) {
+      if (!list.empty() && list.back().unit == u && list.back().offset + list.back().numel == offset)
+        list.back().numel += numel;  // adjacent parameters: one slice
+      else
+        list.push_back({u, offset, numel});
+    };
     bool any = false;
     for (size_t u = 0; u < sharded_->layouts().size(); ++u) {
       const auto [b, e] = sharded_->shard_range(u);
       for (const auto& p : sharded_->layouts()[u].params) {
-        any = any || trains(p.name);
+        const bool trained = trains(p.name);
+        any = any || trained;
         const int64_t lo = std::max(b, p.offset), hi = std::min(e, p.offset + p.numel);
         if (hi <= lo) continue;
-        auto& list = trains(p.name) ? trained_ : frozen_;
-        if (!list.empty() && list.back().unit == u && list.back().offset + list.back().numel == lo - b)
-          list.back().numel += hi - lo;  // adjacent parameters: one slice
-        else
-          list.push_back({u, lo - b, hi - lo});
+        if (!trained) add(frozen_, u, lo - b, hi - lo);
+        else if (!no_decay.count(p.name)) add(decayed_, u, lo - b, hi - lo);
       }
     }
     if (!any) throw ConfigError(concat(who, " trains none of the model's parameters"));
-    if (frozen_.empty()) return;
     for (auto& group : optimizer_->param_groups()) {
       auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
       weight_decay_ = o.weight_decay();
@@ -567,8 +585,9 @@ class ShardedEngine final : public EngineImpl {
     if (const double s = saves_.wait_copied(); s > 0) add_stall(s);
   }
 
-  std::vector<Slice> frozen_, trained_;  // this rank's, when some parameters are frozen
-  double weight_decay_ = 0;              // AdamW's, applied by finish_own when some are
+  std::vector<Slice> frozen_;   // this rank's parameters the run does not train
+  std::vector<Slice> decayed_;  // this rank's trained parameters weight decay applies to
+  double weight_decay_ = 0;     // AdamW's, applied by finish_own to decayed_
   bool frozen_zeroed_ = false;           // this step's frozen gradients are zero
   std::string sharding_, param_dtype_;
   bool consolidated_;

@@ -175,7 +175,7 @@ class OfflineSource final : public BatchSource {
  public:
   OfflineSource(const MixtureData<data::OfflineRlDataset>& data, uint64_t seed, int64_t micro_batch, int64_t pad_id,
                 double mean, double scale)
-      : data_(data), sampler_(data.mixture, seed), micro_(micro_batch), pad_(pad_id), mean_(mean), scale_(scale) {}
+      : data_(data), sampler_(data.mixture, seed, data.shuffle), micro_(micro_batch), pad_(pad_id), mean_(mean), scale_(scale) {}
   Batch next() override {
     std::vector<const data::OfflineRlSample*> rows;
     for (int64_t i = 0; i < micro_; ++i) {

@@ -89,6 +89,7 @@ struct MixtureData {
   /// Held-out samples: (dataset, index) over `eval_sets`.
   std::vector<std::shared_ptr<const Set>> eval_sets;
   std::vector<data::SampleRef> eval;
+  bool shuffle = true;  // data.shuffle
 };
 using LmData = MixtureData<data::LmDataset>;
 
@@ -101,6 +102,7 @@ data::ReadOptions read_options(const config::RunConfig& cfg, const config::Datas
 template <class Set, class Load>
 MixtureData<Set> load_mixture(const config::RunConfig& cfg, Load&& load) {
   MixtureData<Set> out;
+  out.shuffle = cfg.data.shuffle;
   const auto seed = static_cast<uint64_t>(cfg.train.seed);
   for (size_t i = 0; i < cfg.data.train.size(); ++i) {
     const auto& d = cfg.data.train[i];

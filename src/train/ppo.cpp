@@ -183,7 +183,8 @@ PpoObjective::PpoObjective(const config::RunConfig& cfg, const tokenizer::Tokeni
   s_->kl_coef = p.kl_coef;
   s_->data = load_mixture<data::PromptDataset>(
       cfg, [&](const config::DatasetConfig& d, const std::string& key) { return load_prompts(cfg, d, key, tok); });
-  s_->prompts = std::make_unique<data::MixtureSampler>(s_->data.mixture, static_cast<uint64_t>(cfg.train.seed));
+  s_->prompts = std::make_unique<data::MixtureSampler>(s_->data.mixture, static_cast<uint64_t>(cfg.train.seed),
+                                                     s_->data.shuffle);
   RolloutRow first;
   first.prompt = (*s_->data.train.front())[0].prompt_ids;
   s_->source = std::make_unique<RolloutSource>(s_->prompts.get(), collate_rollout({&first}, s_->pad_id));

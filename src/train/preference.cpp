@@ -334,7 +334,7 @@ struct RewardObjective::State {
 
 RewardObjective::RewardObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)
     : s_(new State{cfg, resolve_pad(tok), load_preference_data(cfg, tok), nullptr}) {
-  data::MixtureSampler sampler(s_->data.mixture, static_cast<uint64_t>(cfg.train.seed));
+  data::MixtureSampler sampler(s_->data.mixture, static_cast<uint64_t>(cfg.train.seed), s_->data.shuffle);
   s_->source =
       std::make_unique<PreferenceBatchSource>(s_->data.train, std::move(sampler), cfg.train.micro_batch_size, s_->pad_id);
 }
@@ -428,7 +428,7 @@ DpoObjective::DpoObjective(const config::RunConfig& cfg, const tokenizer::Tokeni
   };
   check_pairs(s_->data.train, "data.train");
   check_pairs(s_->data.eval_sets, "data.eval");
-  data::MixtureSampler sampler(s_->data.mixture, static_cast<uint64_t>(cfg.train.seed));
+  data::MixtureSampler sampler(s_->data.mixture, static_cast<uint64_t>(cfg.train.seed), s_->data.shuffle);
   s_->source =
       std::make_unique<PreferenceBatchSource>(s_->data.train, std::move(sampler), cfg.train.micro_batch_size, s_->pad_id);
 }

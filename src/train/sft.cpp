@@ -268,7 +268,7 @@ LmObjective::LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenize
   if (cfg.data.max_length <= 0) throw ConfigError("data.max_length: expected a positive row length");
   s_->data = load_lm_data(cfg, tok);
   if (cfg.algorithm == "sft") s_->stop_id = data::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok);
-  data::MixtureSampler sampler(s_->data.mixture, static_cast<uint64_t>(cfg.train.seed));
+  data::MixtureSampler sampler(s_->data.mixture, static_cast<uint64_t>(cfg.train.seed), s_->data.shuffle);
   if (s_->data.train.size() > 1) {
     std::vector<int64_t> per(s_->data.train.size(), 0);
     for (const auto& r : sampler.plan()) ++per[static_cast<size_t>(r.dataset)];

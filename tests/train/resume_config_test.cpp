@@ -94,6 +94,18 @@ TEST(ResumeConfig, ChangesAreListedKeyByKey) {
   // A key missing from an older checkpoint's config.yaml had its default.
   EXPECT_TRUE(config::config_changes("output_dir: \"\"\n", a).empty());
   EXPECT_EQ(config::config_changes("train: {seed: 1}\n", a).size(), 1u);
+  // Except where the default changed what such a run did: a checkpoint from
+  // before optimizer.decay_biases_and_norms decayed biases and norms.
+  auto decayed = config::RunConfig{};
+  decayed.optimizer.weight_decay = 0.1;
+  const auto old = std::string("optimizer: {weight_decay: 0.1}\n");
+  const auto c = config::config_changes(old, config::to_yaml(decayed));
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].key, "optimizer.decay_biases_and_norms");
+  EXPECT_EQ(c[0].before, "true");
+  decayed.optimizer.decay_biases_and_norms = true;
+  EXPECT_TRUE(config::config_changes(old, config::to_yaml(decayed)).empty());
+  EXPECT_TRUE(config::config_changes("optimizer: {weight_decay: 0}\n", a).empty());
 }
 
 }  // namespace

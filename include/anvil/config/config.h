@@ -231,6 +231,7 @@ struct DataConfig {
   std::string on_overflow = "truncate";
   std::string on_error = "fail";
   bool packing = false;
+  bool shuffle = true;
 
   template <class V>
   void visit(V& v) {
@@ -261,6 +262,11 @@ struct DataConfig {
             "Pack several samples into each max_length row; positions restart and attention stops at every "
             "document boundary, so the loss equals unpacked training.",
             read_by({"sft", "pretrain"}));
+    v.field("shuffle", shuffle,
+            "Draw the training samples in a fresh seeded order each epoch (and interleave a mixture's datasets); "
+            "false = each file's own order, dataset after dataset, every epoch, as a sequential sampler does "
+            "(to follow another trainer's order exactly; a list mixed by weight still picks its datasets by "
+            "seeded draws).");
   }
 };
 
@@ -270,6 +276,7 @@ struct OptimizerConfig {
   std::vector<double> betas = {0.9, 0.999};
   double eps = 1e-8;
   double weight_decay = 0.0;
+  bool decay_biases_and_norms = false;
   bool fused = true;
 
   template <class V>
@@ -278,7 +285,13 @@ struct OptimizerConfig {
     v.field("lr", lr, "Peak learning rate.", positive());
     v.field("betas", betas, "Adam betas [beta1, beta2], each in [0, 1).", in_open_unit_interval());
     v.field("eps", eps, "Adam epsilon.", positive());
-    v.field("weight_decay", weight_decay, "Decoupled weight decay (AdamW).", non_negative());
+    v.field("weight_decay", weight_decay,
+            "Decoupled weight decay (AdamW), applied as transformers' Trainer and TRL apply it: to every "
+            "trained parameter except biases and normalization weights (get_decay_parameter_names).",
+            non_negative());
+    v.field("decay_biases_and_norms", decay_biases_and_norms,
+            "Apply weight_decay to biases and normalization weights too (Anvil's behaviour before "
+            "2026-11-26; nanoGPT-style runs that decay everything).");
     v.field("fused", fused,
             "One fused multi-tensor AdamW kernel per step (CPU and CUDA); false = torch::optim::AdamW's "
             "per-tensor ops. Same state either way, so a run may switch on resume.");

@@ -20,8 +20,25 @@ class FusedAdamW final : public torch::optim::AdamW {
   at::Tensor step(LossClosure closure = nullptr) override;
 };
 
+/// AdamW over `params`, with optimizer.weight_decay on all of them.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::OptimizerConfig& c,
                                                         const std::vector<at::Tensor>& params);
+/// AdamW with two parameter groups: `decayed` with optimizer.weight_decay,
+/// `not_decayed` with none (an empty group is left out).
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::OptimizerConfig& c,
+                                                        const std::vector<at::Tensor>& decayed,
+                                                        const std::vector<at::Tensor>& not_decayed);
+
+/// Whether weight decay applies to `module`'s parameter `name` (its full
+/// dotted name), as transformers' Trainer and TRL decide
+/// (`Trainer.get_decay_parameter_names`): not to a torch LayerNorm's
+/// parameters, nor to any whose lower-cased name matches `bias`, `layernorm`,
+/// `rmsnorm`, `(^|\.)norm($|\.)` or `_norm($|\.)`. With
+/// optimizer.decay_biases_and_norms, to every parameter.
+bool decays(const config::OptimizerConfig& c, const std::string& name, const torch::nn::Module& owner);
+
+/// The full names of the parameters of `model` that decays() exempts.
+std::vector<std::string> no_decay_parameters(const config::OptimizerConfig& c, const torch::nn::Module& model);
 
 void set_lr(torch::optim::Optimizer& opt, double lr);
 
