@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -55,8 +56,17 @@ int run(const std::string& cmd, std::string* out) {
 }
 
 std::string source_dir() { return ANVIL_SOURCE_DIR; }
-std::string trainer_bin() { return ANVIL_TRAINER_BIN; }
-std::string cli_bin() { return ANVIL_CLI_BIN; }
+namespace {
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+}  // namespace
+
+// scripts/learning_sweep.sh runs the tests against a copy of the binaries,
+// so that a rebuild during its hour cannot change them under it.
+std::string trainer_bin() { return env_or("ANVIL_TRAINER_BIN", ANVIL_TRAINER_BIN); }
+std::string cli_bin() { return env_or("ANVIL_CLI_BIN", ANVIL_CLI_BIN); }
 std::string python_bin() { return ANVIL_PYTHON; }
 
 TrainerProcess::TrainerProcess(const std::filesystem::path& config, const std::filesystem::path& out,
@@ -89,7 +99,33 @@ bool TrainerProcess::running() {
 }
 
 std::filesystem::path fixture_checkpoint() {
+  if (const char* dir = std::getenv("ANVIL_FIXTURE_CHECKPOINT"); dir && *dir) return dir;
   return std::filesystem::path(ANVIL_FIXTURE_DIR) / "quickstart-sft" / "checkpoint-1000";
+}
+
+std::string seed_override() {
+  const char* seed = std::getenv("ANVIL_TEST_SEED");
+  return seed && *seed ? std::string(" train.seed=") + seed : std::string();
+}
+
+bool sweeping() {
+  const char* path = std::getenv("ANVIL_LEARNING_RECORD");
+  return path && *path;
+}
+
+void record_figure(const std::string& figure, double value, double baseline, double threshold, bool at_most) {
+  const char* path = std::getenv("ANVIL_LEARNING_RECORD");
+  if (!path || !*path) return;
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const nlohmann::json line = {{"test", std::string(info->test_suite_name()) + "." + info->name()},
+                               {"figure", figure},
+                               {"value", value},
+                               {"baseline", baseline},
+                               {"threshold", threshold},
+                               {"at_most", at_most},
+                               {"fixture", fixture_checkpoint().string()},
+                               {"seed", env_or("ANVIL_TEST_SEED", "")}};
+  std::ofstream(path, std::ios::app) << line.dump() << "\n";
 }
 
 std::vector<std::filesystem::path> files_below(const std::filesystem::path& dir) {

@@ -56,8 +56,25 @@ int train_in(const TempDir& dir, const std::string& yaml, const std::string& ext
              const std::string& prefix = "");
 
 /// The quickstart SFT run's checkpoint-1000, made by the QuickstartLearning
-/// ctest fixture (tests that need it run after it).
+/// ctest fixture (tests that need it run after it), or the checkpoint
+/// $ANVIL_FIXTURE_CHECKPOINT names (a fixture of another seed, for the sweep).
 std::filesystem::path fixture_checkpoint();
+
+/// " train.seed=N" when ANVIL_TEST_SEED=N is set (scripts/learning_sweep.sh
+/// varies the seed of a learning test's own runs), else "". Learning tests
+/// append it to every trainer command they run.
+std::string seed_override();
+
+/// A learned figure of the running test, its untrained or pre-objective
+/// `baseline` and the `threshold` it is held to (value >= threshold, or
+/// value < threshold when `at_most`): one JSON line appended to
+/// $ANVIL_LEARNING_RECORD when set (scripts/learning_sweep.sh collects them
+/// into docs/reliability.md's table); nothing otherwise.
+void record_figure(const std::string& figure, double value, double baseline, double threshold, bool at_most = false);
+/// Whether scripts/learning_sweep.sh runs the test ($ANVIL_LEARNING_RECORD
+/// set): a test that checks more than learning (resume, sharding) returns
+/// after its learned figures, which are all the sweep reads.
+bool sweeping();
 
 /// The regular files below `dir`, relative to it, sorted.
 std::vector<std::filesystem::path> files_below(const std::filesystem::path& dir);

@@ -332,6 +332,7 @@ TEST(ChatFormatOnQuickstart, MessagesTextChatAndTransformersGiveTheSamePrompt) {
         em[k] = json::parse(read_text(e.path()))["metrics"]["eval/exact_match"].get<double>();
   }
   EXPECT_EQ(em[0], em[1]);
+  anvil::testing::record_figure("fixture held-out exact match (100 prompts)", em[1], 0.0, 0.5);
   EXPECT_GE(em[1], 0.5) << "the quickstart fixture reaches about 0.9";
 
   // anvil chat on "upper: apple" answers as generate does on "upper: apple\n".

@@ -26,7 +26,7 @@ std::string tiny(const stdfs::path& out, const std::string& extra, int* rc = nul
   std::string log;
   const auto cmd = "cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() +
                    " --config sft_galactica_tiny.yaml output_dir=" + out.string() + " train.threads=1 " + extra +
-                   " 2>&1";
+                   anvil::testing::seed_override() + " 2>&1";
   const int code = run(cmd, &log);
   if (rc) *rc = code;
   else EXPECT_EQ(code, 0) << cmd << "\n" << log;
@@ -46,8 +46,11 @@ TEST(GalacticaTiny, LearnsAndResumesBitExactlyAfterSigkill) {
             << ", held-out exact match " << last.value("eval/exact_match", -1.0) << "\n";
   // A uniform guess over 331 tokens is 5.8 nats; 300 steps reach about 2.0
   // held out (2026-11-24, AMD EPYC Zen 3).
+  anvil::testing::record_figure("held-out loss", eval_loss, first_loss, 2.4, /*at_most=*/true);
+  anvil::testing::record_figure("first loss / held-out loss", first_loss / eval_loss, 1.0, 2.4);
   EXPECT_LT(eval_loss, 2.4);
   EXPECT_LT(eval_loss, first_loss / 2.4);
+  if (anvil::testing::sweeping()) return;
 
   const auto out = dir / "killed";
   const auto cmd = anvil::testing::trainer_bin() + " --config configs/sft_galactica_tiny.yaml output_dir=" +

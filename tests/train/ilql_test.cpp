@@ -223,7 +223,8 @@ std::string ilql_run(const stdfs::path& out, const std::string& extra, int ranks
                                     std::to_string(ranks) + " "
                               : std::string()) +
                    anvil::testing::trainer_bin() + " --config configs/ilql_tiny.yaml output_dir=" + out.string() +
-                   " model.from=" + fixture_checkpoint().string() + " train.threads=1 " + extra + " 2>&1";
+                   " model.from=" + fixture_checkpoint().string() + " train.threads=1 " + extra +
+                   anvil::testing::seed_override() + " 2>&1";
   EXPECT_EQ(run(cmd, &log), 0) << cmd << "\n" << log;
   return log;
 }
@@ -253,8 +254,11 @@ TEST(IlqlRuns, ShapedSamplingBeatsTheDataAndBetaZeroAndResumesExactly) {
   data_mean /= n;
   std::cout << "[ilql upper] held-out mean reward: data " << data_mean << ", beta 0 " << plain << ", beta 4 " << shaped
             << "\n";
+  anvil::testing::record_figure("reward over beta 0", shaped - plain, 0.0, 0.15);
+  anvil::testing::record_figure("reward over the data's mean", shaped - data_mean, 0.0, 0.15);
   EXPECT_GE(shaped, plain + 0.15);
   EXPECT_GE(shaped, data_mean + 0.15);
+  if (anvil::testing::sweeping()) return;
 
   // The heads sit beside the HF folder, targets included.
   const auto heads = nlohmann::json::parse(anvil::testing::read_text(dir / "run" / "checkpoint-300" / "heads.json"));

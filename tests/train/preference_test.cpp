@@ -300,14 +300,14 @@ stdfs::path sft_checkpoint() {
   std::smatch m;
   if (!std::regex_search(yaml, m, std::regex(R"(\n  from: *(\S+))")))
     throw std::runtime_error("configs/dpo_tiny.yaml: no model.from line");
-  return stdfs::path(ANVIL_FIXTURE_DIR) / "quickstart-sft" / stdfs::path(m[1].str()).filename();
+  return anvil::testing::fixture_checkpoint().parent_path() / stdfs::path(m[1].str()).filename();
 }
 
 /// The fixture's metrics line of the step sft_checkpoint() was saved at.
 nlohmann::json sft_metrics() {
   const auto name = sft_checkpoint().filename().string();
   const auto step = std::stoll(name.substr(name.find('-') + 1));
-  for (const auto& m : metric_lines(stdfs::path(ANVIL_FIXTURE_DIR) / "quickstart-sft" / "metrics.jsonl"))
+  for (const auto& m : metric_lines(sft_checkpoint().parent_path() / "metrics.jsonl"))
     if (m["step"].get<int64_t>() == step) return m;
   ADD_FAILURE() << "no metrics for step " << step << " in the quickstart fixture";
   return {};
@@ -319,9 +319,11 @@ TEST(PreferenceLearning, RewardModelRanksHeldOutPairs) {
   std::string out;
   const auto src = anvil::testing::source_dir();
   ASSERT_EQ(run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config configs/rm_tiny.yaml output_dir=" +
-                    dir.path().string() + " model.from=" + sft_checkpoint().string() + " train.eval_every=0 train.threads=1", &out), 0)
+                    dir.path().string() + " model.from=" + sft_checkpoint().string() + " train.eval_every=0 train.threads=1" +
+                    anvil::testing::seed_override(), &out), 0)
       << out;
   const auto last = metric_lines(dir / "metrics.jsonl").back();
+  anvil::testing::record_figure("held-out pair accuracy", last["eval/accuracy"].get<double>(), 0.5, 0.9);
   EXPECT_GE(last["eval/accuracy"].get<double>(), 0.9) << last.dump();
   EXPECT_GT(last["accuracy"].get<double>(), 0.85) << last.dump();  // train-time metric, no prefix
   // anvil score on the eval file agrees with the trainer's eval/accuracy.
@@ -349,9 +351,13 @@ TEST(PreferenceLearning, DpoRaisesHeldOutRewardAccuracyAndExactMatch) {
                                                  {"model.from=" + sft_checkpoint().string()})
                           .dpo.beta;
   ASSERT_EQ(run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config configs/dpo_tiny.yaml output_dir=" +
-                    dir.path().string() + " model.from=" + sft_checkpoint().string() + " train.eval_every=0 train.threads=1", &out), 0)
+                    dir.path().string() + " model.from=" + sft_checkpoint().string() + " train.eval_every=0 train.threads=1" +
+                    anvil::testing::seed_override(), &out), 0)
       << out;
   const auto last = metric_lines(dir / "metrics.jsonl").back();
+  anvil::testing::record_figure("held-out reward accuracy", last["eval/rewards/accuracies"].get<double>(), 0.0, 0.90);
+  anvil::testing::record_figure("chosen log-prob change (nats)", last["eval/rewards/chosen"].get<double>() / beta,
+                                0.0, -0.05);
   EXPECT_GE(last["eval/rewards/accuracies"].get<double>(), 0.90) << last.dump();
   EXPECT_GT(last["eval/rewards/margins"].get<double>(), 0.0) << last.dump();
   // No likelihood displacement: rewards/chosen = beta x the change in the held-out chosen
@@ -361,6 +367,7 @@ TEST(PreferenceLearning, DpoRaisesHeldOutRewardAccuracyAndExactMatch) {
   // Greedy exact match on the held-out prompts rises above the SFT model's.
   const double before = sft["eval/exact_match"].get<double>(), after = last["eval/exact_match"].get<double>();
   std::cout << "[dpo_tiny] held-out exact match: SFT " << before << " -> DPO " << after << "\n";
+  anvil::testing::record_figure("held-out exact match gain", after - before, 0.0, 0.0);
   EXPECT_GT(after, before) << last.dump();
 }
 
