@@ -18,7 +18,7 @@ MAX_TIME="${MAX_TIME:-1800}"
 PARALLEL="${PARALLEL:-1}"
 OUT="${OUT:-build/fuzz-libfuzzer}"
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(safetensors trainer_state token_shards jsonl config hf_tokenizer sentencepiece)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(safetensors trainer_state token_shards jsonl config hf_tokenizer sentencepiece chat_template)
 
 bash scripts/setup.sh >/dev/null
 # clang and its runtime (libFuzzer, the sanitizers): only this script needs them.

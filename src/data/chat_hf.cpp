@@ -18,6 +18,7 @@
 
 #include "anvil/core/error.h"
 #include "data/jinja.h"
+#include "data/jinja_limits.h"
 
 namespace anvil::data {
 namespace {
@@ -67,11 +68,15 @@ Value messages_value(const std::vector<Message>& messages) {
 jinja::RenderResult render(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
                            bool generation_prompt, const std::string& tools = {}) {
   const auto t = compiled(tok);
-  std::vector<std::pair<std::string, Value>> vars = {
-      {"messages", messages_value(messages)},
-      {"add_generation_prompt", Value::boolean(generation_prompt)},
-      {"tools", tools.empty() ? Value::none() : json_value(nlohmann::ordered_json::parse(tools))},
-      {"documents", Value::none()}};
+  std::vector<std::pair<std::string, Value>> vars;
+  try {
+    vars = {{"messages", messages_value(messages)},
+            {"add_generation_prompt", Value::boolean(generation_prompt)},
+            {"tools", tools.empty() ? Value::none() : json_value(nlohmann::ordered_json::parse(tools))},
+            {"documents", Value::none()}};
+  } catch (const jinja::EvalError& e) {  // a message beyond the limits of data/jinja_limits.h
+    throw DataError(concat("data.template hf: the conversation is beyond what a chat template takes: ", e.what()));
+  }
   const std::pair<const char*, int64_t> special[] = {
       {"bos_token", tok.bos_id()}, {"eos_token", tok.eos_id()}, {"pad_token", tok.pad_id()}};
   for (const auto& [name, id] : special)
@@ -336,7 +341,18 @@ const ChatTemplate& hf_chat_template() {
   return hf;
 }
 
-jinja::Value json_value(const nlohmann::ordered_json& j) {
+jinja::RenderResult render_chat(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                                bool add_generation_prompt, const std::string& tools) {
+  return render(tok, messages, add_generation_prompt, tools);
+}
+
+namespace {
+
+// Bounded before it recurses: a JSON document may nest deeper than the stack holds.
+jinja::Value json_value_at(const nlohmann::ordered_json& j, int depth) {
+  if ((j.is_array() || j.is_object()) && depth >= jinja::kMaxValueDepth)
+    throw DataError(concat("data.template hf: a message or the tools nest lists and objects deeper than ",
+                           jinja::limit_note(jinja::kMaxValueDepth)));
   if (j.is_null()) return jinja::Value::none();
   if (j.is_boolean()) return jinja::Value::boolean(j.get<bool>());
   if (j.is_number_integer()) return jinja::Value::integer(j.get<int64_t>());
@@ -344,13 +360,17 @@ jinja::Value json_value(const nlohmann::ordered_json& j) {
   if (j.is_string()) return jinja::Value::string(j.get<std::string>());
   if (j.is_array()) {
     std::vector<jinja::Value> items;
-    for (const auto& x : j) items.push_back(json_value(x));
+    for (const auto& x : j) items.push_back(json_value_at(x, depth + 1));
     return jinja::Value::list(std::move(items));
   }
   auto d = std::make_shared<jinja::DictObj>();
-  for (const auto& [k, v] : j.items()) d->set(jinja::Value::string(k), json_value(v));
+  for (const auto& [k, v] : j.items()) d->set(jinja::Value::string(k), json_value_at(v, depth + 1));
   return jinja::Value::dict(d);
 }
+
+}  // namespace
+
+jinja::Value json_value(const nlohmann::ordered_json& j) { return json_value_at(j, 0); }
 
 std::vector<std::pair<int64_t, int64_t>> token_offsets(const tokenizer::Tokenizer& tok, const std::string& text,
                                                        const std::vector<int64_t>& ids) {
@@ -359,10 +379,25 @@ std::vector<std::pair<int64_t, int64_t>> token_offsets(const tokenizer::Tokenize
 
 std::vector<int64_t> assistant_mask(const std::vector<std::pair<int64_t, int64_t>>& offsets,
                                     const std::vector<std::pair<int64_t, int64_t>>& spans) {
+  // The spans merged where they meet, so that each token is checked against
+  // one (a template may write a block per character).
+  auto sorted = spans;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<std::pair<int64_t, int64_t>> merged;
+  for (const auto& [start, end] : sorted) {
+    if (!merged.empty() && start <= merged.back().second)
+      merged.back().second = std::max(merged.back().second, end);
+    else
+      merged.emplace_back(start, end);
+  }
   std::vector<int64_t> mask(offsets.size(), 0);
-  for (size_t t = 0; t < offsets.size(); ++t)
-    for (const auto& [start, end] : spans)
-      if (offsets[t].first < end && offsets[t].second > start) mask[t] = 1;
+  for (size_t t = 0; t < offsets.size(); ++t) {
+    const auto [first, last] = offsets[t];
+    // The first span that ends after the token starts; if it starts too late, so do the rest.
+    const auto it = std::upper_bound(merged.begin(), merged.end(), first,
+                                     [](int64_t x, const std::pair<int64_t, int64_t>& s) { return x < s.second; });
+    mask[t] = it != merged.end() && it->first < last;
+  }
   return mask;
 }
 

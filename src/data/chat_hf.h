@@ -12,12 +12,18 @@
 #include <nlohmann/json.hpp>
 
 #include "anvil/data/chat.h"
-#include "data/jinja_value.h"
+#include "data/jinja.h"
 
 namespace anvil::data {
 
 /// The `hf` template: ChatTemplate::get("hf").
 const ChatTemplate& hf_chat_template();
+
+/// What the tokenizer's chat_template renders for `messages` (`tools`: a
+/// JSON array, or empty for none), given the variables transformers passes:
+/// the text and the {% generation %} spans. The path of every hf encode.
+jinja::RenderResult render_chat(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                                bool add_generation_prompt, const std::string& tools = {});
 
 /// JSON as the Python value json.loads gives (key order kept): what a
 /// template sees of a message, of `tools`.

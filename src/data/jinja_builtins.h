@@ -37,6 +37,12 @@ Value binary_op(const std::string& op, const Value& a, const Value& b);
 /// Unary minus.
 Value negate(const Value& v);
 
+/// Refuses a value that is or holds a namespace, the loop object or a
+/// function as the attribute `attr` of namespace `ns`: then no value can
+/// contain itself (lists and dicts do not change once made), so printing,
+/// comparing and freeing values ends.
+void check_namespace_value(const Value& v, const std::string& ns, const std::string& attr);
+
 /// The globals every template sees.
 std::vector<std::pair<std::string, Value>> globals();
 

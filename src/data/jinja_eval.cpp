@@ -4,11 +4,14 @@
 // arguments and the template's top level. {% generation %} spans are
 // recorded as transformers' AssistantTracker does: the start is the length
 // of the top-level output so far, the end that plus the block's length.
+// The rendering keeps within data/jinja_limits.h: how deep it recurses
+// (statements, expressions, macro calls), how much it writes, and its work.
 
 #include <unordered_map>
 
 #include "data/jinja.h"
 #include "data/jinja_builtins.h"
+#include "data/jinja_limits.h"
 
 namespace anvil::data::jinja {
 namespace {
@@ -37,6 +40,25 @@ class Renderer {
     bool barrier = false;  // a macro's frame: names resolve here, then at the top level
   };
 
+  // Counts one level of recursion (a statement, an expression or a macro
+  // call in progress) until it returns; throws past `limit`.
+  class Level {
+   public:
+    Level(int& depth, int limit, const char* what) : depth_(depth) {
+      if (++depth_ > limit) {
+        --depth_;
+        throw EvalError(concat(what, " nested deeper than ", limit_note(limit)));
+      }
+    }
+    ~Level() { --depth_; }
+    Level(const Level&) = delete;
+    Level& operator=(const Level&) = delete;
+
+   private:
+    int& depth_;
+  };
+  static constexpr const char* kNesting = "statements, expressions and macro calls";
+
   [[noreturn]] static void fail(Pos p, const EvalError& e) {
     RenderError err(located(p, dynamic_cast<const Raised*>(&e) ? concat("raise_exception: ", e.what()) : e.what()));
     if (dynamic_cast<const Raised*>(&e)) err.raised = e.what();
@@ -61,6 +83,7 @@ class Renderer {
       const Value ns = lookup(t.names[0]);
       if (ns.kind() != Value::Kind::ns || ns.ns_obj().loop)
         throw EvalError(concat("cannot assign attribute on non-namespace object '", t.names[0], "'"));
+      check_namespace_value(v, t.names[0], t.attribute);
       if (t.attribute[0] == '_')
         throw EvalError(concat("Chat templates cannot store underscore-prefixed attributes on a namespace, but got '",
                                t.attribute, "'. Please rename the attribute."));
@@ -92,9 +115,11 @@ class Renderer {
 
   Flow exec_one(const Stmt& s) {
     try {
+      const Level level(depth_, kMaxRenderDepth, kNesting);
+      Meter::steps(1);
       switch (s.kind) {
-        case Stmt::Kind::text: *out_ += s.text; return Flow::normal;
-        case Stmt::Kind::output: *out_ += to_str(eval(*s.expr)); return Flow::normal;
+        case Stmt::Kind::text: emit(s.text); return Flow::normal;
+        case Stmt::Kind::output: emit(to_str(eval(*s.expr))); return Flow::normal;
         case Stmt::Kind::if_:
           for (const auto& [test, body] : s.branches)
             if (truthy(eval(*test))) return exec(body);
@@ -111,6 +136,14 @@ class Renderer {
       fail(s.pos, e);
     }
     return Flow::normal;
+  }
+
+  // Writes to the output (the template's, or a block's or macro's being captured).
+  void emit(const std::string& text) {
+    check_text_size(static_cast<int64_t>(out_->size() + text.size()));
+    Meter::text(static_cast<int64_t>(text.size()));
+    if (out_ == &root_) root_chars_ += code_points(text);
+    *out_ += text;
   }
 
   std::string capture(const Body& body) {
@@ -134,36 +167,48 @@ class Renderer {
   }
 
   void exec_generation(const Stmt& s) {
-    const int64_t start = code_points(root_);
+    const int64_t start = root_chars_;
     const std::string body = capture(s.body);
     generation_.emplace_back(start, start + code_points(body));
-    *out_ += body;
+    emit(body);
   }
 
+  // Made for every iteration, so from keys made once and without searching them.
   static Value loop_object(const std::vector<Value>& items, size_t i) {
+    static const auto keys = [] {
+      std::vector<Value> k;
+      for (const char* name : {"index", "index0", "revindex", "revindex0", "first", "last", "length", "depth",
+                               "depth0", "previtem", "nextitem", "cycle", "changed"})
+        k.push_back(Value::string(name));
+      return k;
+    }();
+    static const Value changed = Value::function("loop.changed", [](CallArgs&) -> Value {
+      throw EvalError("loop.changed() is not supported by Anvil's chat templates");
+    });
     auto loop = std::make_shared<NamespaceObj>();
     loop->loop = true;
     const auto n = static_cast<int64_t>(items.size());
     const auto k = static_cast<int64_t>(i);
-    auto& a = loop->attrs;
-    a.set(Value::string("index"), Value::integer(k + 1));
-    a.set(Value::string("index0"), Value::integer(k));
-    a.set(Value::string("revindex"), Value::integer(n - k));
-    a.set(Value::string("revindex0"), Value::integer(n - k - 1));
-    a.set(Value::string("first"), Value::boolean(k == 0));
-    a.set(Value::string("last"), Value::boolean(k == n - 1));
-    a.set(Value::string("length"), Value::integer(n));
-    a.set(Value::string("depth"), Value::integer(1));
-    a.set(Value::string("depth0"), Value::integer(0));
-    a.set(Value::string("previtem"), k > 0 ? items[i - 1] : Value::undefined("there is no previous item"));
-    a.set(Value::string("nextitem"), k + 1 < n ? items[i + 1] : Value::undefined("there is no next item"));
-    a.set(Value::string("cycle"), Value::function("loop.cycle", [k](CallArgs& ca) {
-            if (ca.pos.empty()) throw EvalError("no items for cycling given");
-            return ca.pos[static_cast<size_t>(k) % ca.pos.size()];
-          }));
-    a.set(Value::string("changed"), Value::function("loop.changed", [](CallArgs&) -> Value {
-            throw EvalError("loop.changed() is not supported by Anvil's chat templates");
-          }));
+    const Value values[] = {
+        Value::integer(k + 1),
+        Value::integer(k),
+        Value::integer(n - k),
+        Value::integer(n - k - 1),
+        Value::boolean(k == 0),
+        Value::boolean(k == n - 1),
+        Value::integer(n),
+        Value::integer(1),
+        Value::integer(0),
+        k > 0 ? items[i - 1] : Value::undefined("there is no previous item"),
+        k + 1 < n ? items[i + 1] : Value::undefined("there is no next item"),
+        Value::function("loop.cycle",
+                        [k](CallArgs& ca) {
+                          if (ca.pos.empty()) throw EvalError("no items for cycling given");
+                          return ca.pos[static_cast<size_t>(k) % ca.pos.size()];
+                        }),
+        changed};
+    loop->attrs.items.reserve(keys.size());
+    for (size_t j = 0; j < keys.size(); ++j) loop->attrs.add_new(keys[j], values[j]);
     return Value::ns(loop);
   }
 
@@ -187,6 +232,7 @@ class Renderer {
       return;
     }
     for (size_t i = 0; i < items.size(); ++i) {
+      Meter::steps(1);
       scopes_.push_back({});
       assign(s.target, items[i]);
       scopes_.back().vars["loop"] = loop_object(items, i);
@@ -202,6 +248,7 @@ class Renderer {
   }
 
   Value call_macro(const Stmt& m, CallArgs& ca) {
+    const Level level(macro_depth_, kMaxMacroDepth, "macro calls");
     if (ca.pos.size() > m.params.size())
       throw EvalError(concat("macro '", m.text, "' takes not more than ", m.params.size(), " argument(s)"));
     Scope frame;
@@ -213,9 +260,9 @@ class Renderer {
         if (k == name) given = &v;
       frame.vars[name] = given ? *given : def ? eval(*def) : Value::undefined(concat("'", name, "' is undefined"));
     }
-    for (const auto& [k, v] : ca.kw)
-      if (std::none_of(m.params.begin(), m.params.end(), [&](const auto& p) { return p.first == k; }))
-        throw EvalError(concat("macro '", m.text, "' takes no keyword argument '", k, "'"));
+    for (const auto& kw : ca.kw)  // (not a structured binding: clang 14 cannot capture one)
+      if (std::none_of(m.params.begin(), m.params.end(), [&](const auto& p) { return p.first == kw.first; }))
+        throw EvalError(concat("macro '", m.text, "' takes no keyword argument '", kw.first, "'"));
     scopes_.push_back(std::move(frame));
     std::string out;
     try {
@@ -232,6 +279,8 @@ class Renderer {
 
   Value eval(const Expr& e) {
     try {
+      const Level level(depth_, kMaxRenderDepth, kNesting);
+      Meter::steps(1);
       return eval_inner(e);
     } catch (const EvalError& err) {
       fail(e.pos, err);
@@ -352,10 +401,14 @@ class Renderer {
     return Value::boolean(true);
   }
 
+  Meter meter_;  // first: active for everything the rendering makes
   std::vector<Scope> scopes_;
   std::string root_;
+  int64_t root_chars_ = 0;  // code points of root_
   std::string* out_ = &root_;
   std::vector<std::pair<int64_t, int64_t>> generation_;
+  int depth_ = 0;        // statements and expressions in progress
+  int macro_depth_ = 0;  // macro calls in progress
 };
 
 void collect(const Expr* e, std::vector<std::string>& names) {

@@ -6,13 +6,16 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <set>
 
 #include "anvil/core/error.h"
 #include "data/jinja_builtins.h"
+#include "data/jinja_limits.h"
 
 namespace anvil::data::jinja {
 namespace {
@@ -63,7 +66,11 @@ Value attribute_path(const Value& item, const Value& attribute) {
     const auto dot = path.find('.');
     const std::string part(path.substr(0, dot));
     const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
-    v = get_item(v, digits ? Value::integer(std::stoll(part)) : Value::string(part));
+    int64_t index = 0;
+    if (digits && std::from_chars(part.data(), part.data() + part.size(), index).ec != std::errc())
+      v = Value::undefined(concat(type_name(v), " object has no element ", part));  // beyond 64 bits: no such item
+    else
+      v = get_item(v, digits ? Value::integer(index) : Value::string(part));
     if (dot == std::string_view::npos) return v;
     path.remove_prefix(dot + 1);
   }
@@ -81,6 +88,13 @@ bool reverse_flag(const Args& a, size_t i) {
 Value ignore_case(const Value& v) { return v.is_string() ? Value::string(py_lower(v.str())) : v; }
 
 std::string str_of(const Value& v) { return to_str(v); }
+
+// Python's int() of a float; beyond 64 bits (Python's ints have no bound) is an error.
+int64_t float_to_int(double d) {
+  if (std::isnan(d)) throw EvalError("cannot convert float NaN to integer");
+  if (!(d >= -0x1p63 && d < 0x1p63)) throw EvalError("integer overflow (beyond 64 bits)");
+  return static_cast<int64_t>(d);
+}
 
 int64_t int_arg(const Args& a, size_t i, int64_t def) {
   const Value* v = a.get(i);
@@ -184,6 +198,9 @@ Value min_max(const Value& v, const Args& a, bool max) {
 
 // jinja2's indent: Python splitlines on the text + "\n".
 std::string indent_filter(const std::string& s, const Value& width, bool first, bool blank) {
+  if (!width.is_string() && width.kind() != Value::Kind::integer && width.kind() != Value::Kind::boolean)
+    throw EvalError(concat("indent: width must be an integer or a string, got ", type_name(width)));
+  if (!width.is_string()) check_text_size(width.as_int());
   const std::string ind =
       width.is_string() ? width.str() : std::string(static_cast<size_t>(std::max<int64_t>(0, width.as_int())), ' ');
   CallArgs none;
@@ -197,6 +214,7 @@ std::string indent_filter(const std::string& s, const Value& width, bool first, 
     }
     rv += "\n";
     rv += (blank || !line.empty()) ? ind + line : line;
+    check_text_size(static_cast<int64_t>(rv.size()));
   }
   return first ? ind + rv : rv;
 }
@@ -234,10 +252,12 @@ std::string format_filter(const std::string& fmt, const std::vector<Value>& args
     } else if (c == 's' || c == 'd' || c == 'i') {
       if (k >= args.size()) throw EvalError("format: not enough arguments for format string");
       const Value& a = args[k++];
-      if (c == 's')
+      if (c == 's') {
         out += to_str(a);
+        check_text_size(static_cast<int64_t>(out.size()));
+      }
       else if (a.is_number())
-        out += std::to_string(a.kind() == Value::Kind::floating ? static_cast<int64_t>(a.as_double()) : a.as_int());
+        out += std::to_string(a.kind() == Value::Kind::floating ? float_to_int(a.as_double()) : a.as_int());
       else
         throw EvalError(concat("format: %", c, " format: a real number is required, not ", type_name(a)));
     } else {
@@ -280,12 +300,14 @@ Value tojson_filter(const Value& v, const Args& a) {
   o.sort_keys = truthy(a.get_or(3, Value::boolean(false)));
   if (!indent.is_none()) {
     o.indent_set = true;
-    if (indent.is_string())
+    if (indent.is_string()) {
       o.indent = indent.str();
-    else if (indent.kind() == Value::Kind::integer)
+    } else if (indent.kind() == Value::Kind::integer) {
+      check_text_size(indent.as_int());
       o.indent = std::string(static_cast<size_t>(std::max<int64_t>(0, indent.as_int())), ' ');
-    else
+    } else {
       throw EvalError(concat("tojson: indent must be an integer or a string, got ", type_name(indent)));
+    }
     o.item_sep = ",";
   }
   if (!separators.is_none()) {
@@ -322,10 +344,10 @@ Value number_filter(const Value& v, const Args& a, bool integer) {
     double d = 0;
     if (v.kind() == Value::Kind::integer || v.kind() == Value::Kind::boolean) return Value::integer(v.as_int());
     if (v.kind() == Value::Kind::floating && std::isfinite(v.as_double()))
-      return Value::integer(static_cast<int64_t>(v.as_double()));
+      return Value::integer(float_to_int(v.as_double()));
     if (v.is_string() && parse_py_int(v.str(), static_cast<int>(base), &i)) return Value::integer(i);
     if (v.is_string() && parse_py_float(v.str(), &d) && std::isfinite(d))
-      return Value::integer(static_cast<int64_t>(d));
+      return Value::integer(float_to_int(d));
     return def;
   }
   double d = 0;
@@ -423,6 +445,7 @@ Value sequence_filter(const std::string& name, const Value& v, CallArgs& ca) {
     bool first = true;
     for (const auto& item : iterate(v)) {
       out += (first ? "" : sep) + str_of(attr && !attr->is_none() ? attribute_path(item, *attr) : item);
+      check_text_size(static_cast<int64_t>(out.size()));
       first = false;
     }
     return Value::string(out);
@@ -560,6 +583,7 @@ std::string test_problem(const std::string& name) {
 
 Value apply_filter(const std::string& name, const Value& v, CallArgs& ca) {
   if (const auto problem = filter_problem(name); !problem.empty()) throw EvalError(problem);
+  if (v.is_string()) Meter::scan(static_cast<int64_t>(v.str().size()), ca);
   if (name != "default" && name != "d") check_defined("filter " + name, ca);
   if (v.is_undefined() && (name == "int" || name == "float")) undefined_error(v);  // int(Undefined) raises
   if (name == "default" || name == "d") {
@@ -578,6 +602,8 @@ Value apply_filter(const std::string& name, const Value& v, CallArgs& ca) {
   if (name == "abs") {
     Args a(ca, name, {});
     if (v.kind() == Value::Kind::floating) return Value::floating(std::fabs(v.as_double()));
+    if (v.is_number() && v.as_int() == std::numeric_limits<int64_t>::min())
+      throw EvalError("integer overflow (beyond 64 bits)");
     if (v.is_number()) return Value::integer(std::llabs(v.as_int()));
     throw EvalError(concat("bad operand type for abs(): '", type_name(v), "'"));
   }
@@ -606,6 +632,7 @@ Value apply_filter(const std::string& name, const Value& v, CallArgs& ca) {
 bool apply_test(const std::string& name, const Value& v, CallArgs& ca) {
   using K = Value::Kind;
   if (const auto problem = test_problem(name); !problem.empty()) throw EvalError(problem);
+  if (v.is_string()) Meter::scan(static_cast<int64_t>(v.str().size()), ca);
   check_defined("test " + name, ca);
   Args a(ca, "test " + name,
          unary_tests().count(name) ? std::vector<std::string>{} : std::vector<std::string>{"other"});

@@ -71,11 +71,18 @@ class Lexer {
   }
 
  private:
+  // Tokens come in order, so the column is counted on from the last one's
+  // (counting from the line's start each time is quadratic on a long line).
   Pos pos(size_t i) const {
     const auto it = std::upper_bound(line_starts_.begin(), line_starts_.end(), i) - 1;
     const size_t start = *it;
-    return {static_cast<int>(it - line_starts_.begin()) + 1,
-            static_cast<int>(code_points(std::string_view(s_).substr(start, i - start))) + 1};
+    const int line = static_cast<int>(it - line_starts_.begin()) + 1;
+    const bool on = line == last_pos_.line && i >= last_byte_;
+    const size_t from = on ? last_byte_ : start;
+    const int64_t col = (on ? last_pos_.col : 1) + code_points(std::string_view(s_).substr(from, i - from));
+    last_byte_ = i;
+    last_pos_ = {line, static_cast<int>(col)};
+    return last_pos_;
   }
   [[noreturn]] void fail(size_t i, const std::string& what) const { throw SyntaxError(located(pos(i), what)); }
 
@@ -88,8 +95,8 @@ class Lexer {
   size_t skip_space(size_t i) const {
     while (i < s_.size()) {
       const auto b = static_cast<unsigned char>(s_[i]);
-      const size_t n = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
-      if (!is_py_space(decode_utf8(s_.substr(i, n))[0])) break;
+      const size_t n = utf8_len(i);
+      if (!is_py_space(b < 0x80 ? b : decode_utf8(std::string_view(s_).substr(i, n))[0])) break;
       i += n;
     }
     return i;
@@ -228,7 +235,8 @@ class Lexer {
       return t;
     };
     if (const size_t e = float_end(i)) {
-      out_.push_back({Token::Type::floating, "", 0, std::stod(strip(i, e)), pos(i)});
+      // strtod, not stod: beyond a double's range is inf or 0, as Python's float() gives it, not an exception.
+      out_.push_back({Token::Type::floating, "", 0, std::strtod(strip(i, e).c_str(), nullptr), pos(i)});
       return e;
     }
     const char x = i + 1 < s_.size() ? static_cast<char>(std::tolower(static_cast<unsigned char>(s_[i + 1]))) : 0;
@@ -342,6 +350,8 @@ class Lexer {
   std::vector<size_t> line_starts_;
   std::vector<Token> out_;
   bool line_starting_ = true;
+  mutable size_t last_byte_ = 0;  // where pos() was last asked, and its answer
+  mutable Pos last_pos_;
 };
 
 }  // namespace

@@ -8,11 +8,13 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <limits>
 #include <optional>
 #include <set>
 
 #include "anvil/core/error.h"
 #include "data/jinja_builtins.h"
+#include "data/jinja_limits.h"
 
 namespace anvil::data::jinja {
 
@@ -180,12 +182,15 @@ std::string replace(const std::u32string& s, const std::u32string& old, const st
         ++n;
       }
       if (i < s.size()) out += s[i];
+      check_text_size(static_cast<int64_t>(out.size()));
     }
     return encode_utf8(out);
   }
   size_t i = 0;
-  for (size_t k; (count < 0 || n < count) && (k = s.find(old, i)) != std::u32string::npos; i = k + old.size(), ++n)
+  for (size_t k; (count < 0 || n < count) && (k = s.find(old, i)) != std::u32string::npos; i = k + old.size(), ++n) {
     out += s.substr(i, k - i) + repl;
+    check_text_size(static_cast<int64_t>(out.size()));
+  }
   out += s.substr(i);
   return encode_utf8(out);
 }
@@ -199,6 +204,7 @@ Value pad(const std::u32string& u, int64_t width, const Value* fill, int mode) {
   }
   const int64_t marg = width - static_cast<int64_t>(u.size());
   if (marg <= 0) return Value::string(encode_utf8(u));
+  check_text_size(width);
   const int64_t left = mode == 1 ? 0 : mode == 2 ? marg : marg / 2 + (marg & width & 1);
   return Value::string(encode_utf8(std::u32string(static_cast<size_t>(left), f) + u +
                                    std::u32string(static_cast<size_t>(marg - left), f)));
@@ -274,6 +280,7 @@ Value str_partition(const std::string& s, const std::string& sep, bool right) {
 bool is_str_method(const std::string& name) { return py_str_methods().count(name) > 0; }
 
 Value call_str_method(const std::string& s, const std::string& name, CallArgs& ca) {
+  Meter::scan(static_cast<int64_t>(s.size()), ca);
   const std::string what = "str." + name;
   if (!supported_str_methods().count(name))
     throw EvalError(concat(what, "() is not supported by Anvil's chat templates"));
@@ -326,6 +333,7 @@ Value call_str_method(const std::string& s, const std::string& name, CallArgs& c
       if (!x.is_string())
         throw EvalError(concat("sequence item ", i, ": expected str instance, ", type_name(x), " found"));
       out += (i++ ? s : "") + x.str();
+      check_text_size(static_cast<int64_t>(out.size()));
     }
     return Value::string(out);
   }
@@ -452,10 +460,8 @@ Value get_attr(const Value& obj, const std::string& name) {
         throw EvalError(concat("str.", name,
                                " on a string marked safe (|safe, |e) is not supported by Anvil's chat "
                                "templates"));
-      if (is_str_method(name)) {
-        const std::string s = obj.str();
-        return bound("str." + name, [s, name](CallArgs& ca) { return call_str_method(s, name, ca); });
-      }
+      if (is_str_method(name))
+        return bound("str." + name, [obj, name](CallArgs& ca) { return call_str_method(obj.str(), name, ca); });
       return no_attribute(obj, name);
     case Value::Kind::dict: {
       if (is_dict_method(name)) return dict_method(obj, name);
@@ -554,6 +560,15 @@ int64_t checked(bool overflow, int64_t v) {
 }
 
 Value repeat(const Value& seq, int64_t n) {
+  const auto unit = static_cast<int64_t>(seq.is_string() ? seq.str().size() : seq.list_obj().items.size());
+  if (n > 0 && unit > 0) {  // refused before it is made
+    int64_t total = 0;
+    if (__builtin_mul_overflow(n, unit, &total)) total = std::numeric_limits<int64_t>::max();
+    if (seq.is_string())
+      check_text_size(total);
+    else
+      Meter::steps(std::min(total, kMaxSteps + 1));
+  }
   if (seq.is_string()) {
     std::string out;
     for (int64_t i = 0; i < n; ++i) out += seq.str();
@@ -579,8 +594,11 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
   }
   if (op == "**") {
     if (!f && b.as_int() >= 0) {
+      const int64_t base = a.as_int(), exp = b.as_int();
+      // Only these never overflow: answered at once, not by `exp` multiplications.
+      if (base >= -1 && base <= 1) return Value::integer(exp == 0 ? 1 : base == -1 ? (exp % 2 ? -1 : 1) : base);
       int64_t acc = 1;
-      for (int64_t i = 0; i < b.as_int(); ++i) {
+      for (int64_t i = 0; i < exp; ++i) {
         const bool overflow = __builtin_mul_overflow(acc, a.as_int(), &acc);
         checked(overflow, acc);
       }
@@ -614,6 +632,10 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     return Value::floating(floordiv);
   }
   const int64_t x = a.as_int(), y = b.as_int();
+  if (x == std::numeric_limits<int64_t>::min() && y == -1) {  // the one quotient beyond 64 bits
+    if (op == "%") return Value::integer(0);
+    checked(true, 0);
+  }
   int64_t q = x / y, m = x % y;
   if (m != 0 && ((m < 0) != (y < 0))) {
     --q;
@@ -656,11 +678,18 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
 Value negate(const Value& v) {
   if (v.is_undefined()) undefined_error(v);
   if (v.kind() == Value::Kind::floating) return Value::floating(-v.as_double());
-  if (v.is_number()) return Value::integer(-v.as_int());
+  if (v.is_number()) return Value::integer(checked(v.as_int() == std::numeric_limits<int64_t>::min(), -v.as_int()));
   throw EvalError(concat("bad operand type for unary -: '", type_name(v), "'"));
 }
 
 // ---------------------------------------------------------------- globals
+
+void check_namespace_value(const Value& v, const std::string& ns, const std::string& attr) {
+  if (holds_object(v))
+    throw EvalError(concat(ns, ".", attr, ": a namespace attribute cannot hold a ", type_name(v),
+                           " that is or holds a namespace, loop object or function (Anvil keeps a template's "
+                           "values from containing themselves)"));
+}
 
 namespace {
 
@@ -717,6 +746,7 @@ Value strftime_now(CallArgs& ca) {
   const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   std::tm tm{};
   localtime_r(&now, &tm);
+  check_text_size(static_cast<int64_t>(f->str().size()) * 8);
   std::string buf(256 + f->str().size() * 8, '\0');
   buf.resize(std::strftime(buf.data(), buf.size(), f->str().c_str(), &tm));
   return Value::string(buf);
@@ -731,11 +761,13 @@ std::vector<std::pair<std::string, Value>> globals() {
   g.emplace_back("namespace", Value::function("namespace", [](CallArgs& ca) {
                    auto ns = std::make_shared<NamespaceObj>();
                    ns->attrs = *dict_from(ca, "namespace");
-                   for (const auto& [k, v] : ns->attrs.items)
+                   for (const auto& [k, v] : ns->attrs.items) {
                      if (k.is_string() && !k.str().empty() && k.str()[0] == '_')
                        throw EvalError(
                            concat("Chat templates cannot store underscore-prefixed attributes on a namespace, but got ",
                                   repr(k), ". Please rename the attribute."));
+                     if (holds_object(v)) check_namespace_value(v, "namespace()", k.is_string() ? k.str() : repr(k));
+                   }
                    return Value::ns(ns);
                  }));
   g.emplace_back("raise_exception", Value::function("raise_exception", [](CallArgs& ca) -> Value {

@@ -2,12 +2,17 @@
 // chat templates. Precedence, loosest first: `x if c else y`, or, and, not,
 // comparisons (==, !=, <, <=, >, >=, in, not in; chainable), + -, ~,
 // * / // %, **, unary - +, then postfix (.attr, [item], [a:b:c], calls),
-// filters (|f) and tests (is t).
+// filters (|f) and tests (is t). Nesting is bounded (data/jinja_limits.h):
+// blocks inside blocks, and expressions inside expressions, whether by
+// recursion here or by chains this builds in a loop (a.b.c..., 1+1+...),
+// since the evaluator, the checks and the tree's destructor recurse as deep
+// as the tree is.
 
 #include <algorithm>
 #include <set>
 
 #include "data/jinja.h"
+#include "data/jinja_limits.h"
 
 namespace anvil::data::jinja {
 namespace {
@@ -43,6 +48,24 @@ class Parser {
   bool is_op(const char* op) const { return cur().type == Token::Type::op && cur().value == op; }
   bool is_name(const char* n) const { return cur().type == Token::Type::name && cur().value == n; }
   [[noreturn]] void fail(Pos p, const std::string& what) const { throw SyntaxError(located(p, what)); }
+
+  // Puts a depth back as it was when the parse function that made it returns.
+  class Restore {
+   public:
+    explicit Restore(int& depth) : depth_(depth), saved_(depth) {}
+    ~Restore() { depth_ = saved_; }
+    Restore(const Restore&) = delete;
+    Restore& operator=(const Restore&) = delete;
+
+   private:
+    int& depth_;
+    int saved_;
+  };
+  // One level deeper in the expression being parsed, until the caller's Restore.
+  void deeper(Pos at) {
+    if (++expr_depth_ > kMaxExpressionDepth)
+      fail(at, concat("expressions nested deeper than ", limit_note(kMaxExpressionDepth)));
+  }
 
   static std::string describe(const Token& t) {
     switch (t.type) {
@@ -104,6 +127,9 @@ class Parser {
 
   // The body up to one of `ends` (consumed; its name in *found).
   Body parse_statements(const std::vector<std::string>& ends, const std::string& opener, std::string* found = nullptr) {
+    Restore restore(block_depth_);
+    if (++block_depth_ > kMaxBlockDepth)
+      fail(cur().pos, concat("blocks ({% if %}, {% for %}, ...) nested deeper than ", limit_note(kMaxBlockDepth)));
     expect_block_end();
     Body body = subparse(ends);
     if (cur().type == Token::Type::eof) {
@@ -268,11 +294,17 @@ class Parser {
     return t;
   }
 
-  ExprPtr parse_expression(bool with_condexpr) { return with_condexpr ? parse_condexpr() : parse_or(); }
+  ExprPtr parse_expression(bool with_condexpr) {
+    Restore restore(expr_depth_);
+    deeper(cur().pos);
+    return with_condexpr ? parse_condexpr() : parse_or();
+  }
 
   ExprPtr parse_condexpr() {
+    Restore restore(expr_depth_);
     auto e = parse_or();
     while (is_name("if")) {
+      deeper(cur().pos);
       auto c = make(Expr::Kind::cond, next().pos);
       c->args.push_back(parse_or());  // condition
       c->target = std::move(e);
@@ -286,8 +318,10 @@ class Parser {
   }
 
   ExprPtr binary_chain(Expr::Kind k, const char* word, ExprPtr (Parser::*operand)()) {
+    Restore restore(expr_depth_);
     auto left = (this->*operand)();
     while (is_name(word)) {
+      deeper(cur().pos);
       auto e = make(k, next().pos);
       e->args.push_back(std::move(left));
       e->args.push_back((this->*operand)());
@@ -300,6 +334,8 @@ class Parser {
 
   ExprPtr parse_not() {
     if (!is_name("not")) return parse_compare();
+    Restore restore(expr_depth_);
+    deeper(cur().pos);
     auto e = make(Expr::Kind::not_, next().pos);
     e->args.push_back(parse_not());
     return e;
@@ -331,9 +367,11 @@ class Parser {
   }
 
   ExprPtr binary_ops(std::initializer_list<const char*> ops, ExprPtr (Parser::*operand)()) {
+    Restore restore(expr_depth_);
     auto left = (this->*operand)();
     while (true) {
       if (std::none_of(ops.begin(), ops.end(), [&](const char* o) { return is_op(o); })) return left;
+      deeper(cur().pos);
       auto e = make(Expr::Kind::binary, cur().pos);
       e->name = next().value;
       e->args.push_back(std::move(left));
@@ -361,8 +399,10 @@ class Parser {
   ExprPtr parse_unary_filtered() { return parse_unary(true); }
 
   ExprPtr parse_unary(bool with_filter) {
+    Restore restore(expr_depth_);
     ExprPtr node;
     if (is_op("-") || is_op("+")) {
+      deeper(cur().pos);
       const auto kind = is_op("-") ? Expr::Kind::neg : Expr::Kind::pos;
       node = make(kind, next().pos);
       node->args.push_back(parse_unary(false));
@@ -392,7 +432,11 @@ class Parser {
         auto e = make(Expr::Kind::literal, t.pos);
         std::string s;
         while (cur().type == Token::Type::string) s += next().value;
-        e->value = Value::string(std::move(s));
+        try {
+          e->value = Value::string(std::move(s));
+        } catch (const EvalError& err) {  // longer than a string may be
+          fail(t.pos, err.what());
+        }
         return e;
       }
       case Token::Type::integer:
@@ -430,7 +474,9 @@ class Parser {
   }
 
   ExprPtr parse_postfix(ExprPtr node) {
+    Restore restore(expr_depth_);
     while (true) {
+      if (is_op(".") || is_op("[") || is_op("(")) deeper(cur().pos);
       if (is_op(".") || is_op("[")) {
         node = parse_subscript(std::move(node));
       } else if (is_op("(")) {
@@ -544,7 +590,9 @@ class Parser {
   }
 
   ExprPtr parse_filters(ExprPtr node) {
+    Restore restore(expr_depth_);
     while (true) {
+      if (is_op("|") || is_name("is") || is_op("(")) deeper(cur().pos);
       if (is_op("|")) {
         next();
         const Pos p = cur().pos;
@@ -591,6 +639,8 @@ class Parser {
   const std::vector<Token>& t_;
   size_t i_ = 0;
   int loops_ = 0;
+  int expr_depth_ = 0;   // expressions being parsed inside one another
+  int block_depth_ = 0;  // blocks being parsed inside one another
 };
 
 }  // namespace

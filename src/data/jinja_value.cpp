@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "anvil/core/error.h"
+#include "data/jinja_limits.h"
 #include "tokenizer/unicode.h"
 
 namespace anvil::data::jinja {
@@ -40,8 +41,10 @@ Value Value::floating(double d) {
   return v;
 }
 Value Value::string(std::string s) {
+  check_text_size(static_cast<int64_t>(s.size()));
+  Meter::text(static_cast<int64_t>(s.size()));
   Value v;
-  v.v_ = std::move(s);
+  v.v_ = std::make_shared<const std::string>(std::move(s));
   return v;
 }
 Value Value::markup(std::string s) {
@@ -50,7 +53,14 @@ Value Value::markup(std::string s) {
   return v;
 }
 Value Value::list(std::vector<Value> items, bool tuple) {
+  Meter::steps(static_cast<int64_t>(items.size()));
   auto l = std::make_shared<ListObj>();
+  for (const auto& x : items) {
+    l->depth = std::max(l->depth, nesting(x) + 1);
+    l->holds_object = l->holds_object || holds_object(x);
+  }
+  if (l->depth > kMaxValueDepth)
+    throw EvalError(concat("lists, dicts and namespaces nested deeper than ", limit_note(kMaxValueDepth)));
   l->items = std::move(items);
   l->tuple = tuple;
   Value v;
@@ -100,24 +110,61 @@ const void* Value::identity() const {
 }
 
 const Value* DictObj::find(const Value& key) const {
+  Meter::steps(static_cast<int64_t>(items.size()));
   for (const auto& [k, v] : items)
     if (equal(k, key)) return &v;
   return nullptr;
 }
 
 const Value* DictObj::find(std::string_view key) const {
+  Meter::steps(static_cast<int64_t>(items.size()));
   for (const auto& [k, v] : items)
     if (k.is_string() && k.str() == key) return &v;
   return nullptr;
 }
 
 void DictObj::set(Value key, Value value) {
+  Meter::steps(static_cast<int64_t>(items.size()));
   for (auto& [k, v] : items)
     if (equal(k, key)) {
+      note(key, value);
       v = std::move(value);
       return;
     }
+  add_new(std::move(key), std::move(value));
+}
+
+void DictObj::add_new(Value key, Value value) {
+  note(key, value);
   items.emplace_back(std::move(key), std::move(value));
+}
+
+void DictObj::note(const Value& key, const Value& value) {
+  Meter::steps(1);
+  const int d = std::max(nesting(key), nesting(value)) + 1;
+  if (d > kMaxValueDepth)
+    throw EvalError(concat("lists, dicts and namespaces nested deeper than ", limit_note(kMaxValueDepth)));
+  depth = std::max(depth, d);
+  holds_object = holds_object || jinja::holds_object(key) || jinja::holds_object(value);
+}
+
+int nesting(const Value& v) {
+  switch (v.kind()) {
+    case Value::Kind::list: return v.list_obj().depth;
+    case Value::Kind::dict: return v.dict_obj().depth;
+    case Value::Kind::ns: return v.ns_obj().attrs.depth;
+    default: return 0;
+  }
+}
+
+bool holds_object(const Value& v) {
+  switch (v.kind()) {
+    case Value::Kind::list: return v.list_obj().holds_object;
+    case Value::Kind::dict: return v.dict_obj().holds_object;
+    case Value::Kind::ns:
+    case Value::Kind::function: return true;
+    default: return false;
+  }
 }
 
 [[noreturn]] void undefined_error(const Value& v) {
@@ -339,15 +386,20 @@ std::string sequence_str(const ListObj& l) {
     return l.step == 1 ? concat("range(", l.start, ", ", l.stop, ")")
                        : concat("range(", l.start, ", ", l.stop, ", ", l.step, ")");
   std::string out = l.tuple ? "(" : "[";
-  for (size_t i = 0; i < l.items.size(); ++i) out += (i ? ", " : "") + repr(l.items[i]);
+  for (size_t i = 0; i < l.items.size(); ++i) {
+    out += (i ? ", " : "") + repr(l.items[i]);
+    check_text_size(static_cast<int64_t>(out.size()));
+  }
   if (l.tuple && l.items.size() == 1) out += ",";
   return out + (l.tuple ? ")" : "]");
 }
 
 std::string dict_str(const DictObj& d) {
   std::string out = "{";
-  for (size_t i = 0; i < d.items.size(); ++i)
+  for (size_t i = 0; i < d.items.size(); ++i) {
     out += (i ? ", " : "") + repr(d.items[i].first) + ": " + repr(d.items[i].second);
+    check_text_size(static_cast<int64_t>(out.size()));
+  }
   return out + "}";
 }
 
@@ -396,6 +448,7 @@ bool truthy(const Value& v) {
 
 bool equal(const Value& a, const Value& b) {
   using K = Value::Kind;
+  Meter::steps(1);
   if (a.is_number() && b.is_number()) {
     if (a.kind() == K::floating || b.kind() == K::floating) return a.as_double() == b.as_double();
     return a.as_int() == b.as_int();
@@ -404,7 +457,9 @@ bool equal(const Value& a, const Value& b) {
   switch (a.kind()) {
     case K::undefined:
     case K::none: return true;
-    case K::string: return a.str() == b.str();
+    case K::string:
+      Meter::text(static_cast<int64_t>(std::min(a.str().size(), b.str().size())));
+      return a.str() == b.str();
     case K::list: {
       const auto &x = a.list_obj(), &y = b.list_obj();
       if (x.lazy || y.lazy) return &x == &y;
@@ -427,12 +482,16 @@ bool equal(const Value& a, const Value& b) {
 }
 
 int compare(const Value& a, const Value& b) {
+  Meter::steps(1);
   if (a.is_number() && b.is_number()) {
     if (a.kind() != Value::Kind::floating && b.kind() != Value::Kind::floating)
       return a.as_int() < b.as_int() ? -1 : a.as_int() > b.as_int();
     return a.as_double() < b.as_double() ? -1 : a.as_double() > b.as_double();
   }
-  if (a.is_string() && b.is_string()) return a.str().compare(b.str()) < 0 ? -1 : a.str() != b.str();
+  if (a.is_string() && b.is_string()) {
+    Meter::text(static_cast<int64_t>(std::min(a.str().size(), b.str().size())));
+    return a.str().compare(b.str()) < 0 ? -1 : a.str() != b.str();
+  }
   if (a.is_list() && b.is_list() && !a.list_obj().lazy && !b.list_obj().lazy && !a.list_obj().is_range &&
       !b.list_obj().is_range && a.list_obj().tuple == b.list_obj().tuple) {
     const auto &x = a.list_obj().items, &y = b.list_obj().items;
@@ -446,6 +505,9 @@ int compare(const Value& a, const Value& b) {
 }
 
 std::vector<Value> iterate(const Value& v) {
+  Meter::steps(v.is_list() ? static_cast<int64_t>(v.list_obj().items.size())
+               : v.is_dict() ? static_cast<int64_t>(v.dict_obj().items.size())
+                             : 1);
   switch (v.kind()) {
     case Value::Kind::undefined: return {};
     case Value::Kind::list: {
@@ -476,7 +538,9 @@ std::vector<Value> iterate(const Value& v) {
 int64_t length(const Value& v) {
   switch (v.kind()) {
     case Value::Kind::undefined: return 0;
-    case Value::Kind::string: return code_points(v.str());
+    case Value::Kind::string:
+      Meter::text(static_cast<int64_t>(v.str().size()));
+      return code_points(v.str());
     case Value::Kind::list:
       if (v.list_obj().lazy) throw EvalError("object of type 'generator' has no len(); convert it with |list first");
       return static_cast<int64_t>(v.list_obj().items.size());
@@ -489,6 +553,7 @@ bool contains(const Value& container, const Value& item) {
   if (container.is_string()) {
     if (!item.is_string())
       throw EvalError(concat("'in <string>' requires string as left operand, not ", type_name(item)));
+    Meter::scan(static_cast<int64_t>(container.str().size()), static_cast<int64_t>(item.str().size()));
     return container.str().find(item.str()) != std::string::npos;
   }
   if (container.is_dict()) return container.dict_obj().find(item) != nullptr;
@@ -576,6 +641,7 @@ void json_container(const Items& items, char open, char close, const JsonOptions
   }
   std::string newline_indent;
   if (o.indent_set) {
+    check_text_size(static_cast<int64_t>(o.indent.size()) * (level + 1));
     newline_indent = "\n";
     for (int i = 0; i <= level; ++i) newline_indent += o.indent;
   }
@@ -584,6 +650,7 @@ void json_container(const Items& items, char open, char close, const JsonOptions
   for (size_t i = 0; i < items.size(); ++i) {
     if (i) out += o.item_sep + newline_indent;
     emit(items[i]);
+    check_text_size(static_cast<int64_t>(out.size()));
   }
   if (o.indent_set) {
     out += '\n';

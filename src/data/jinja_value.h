@@ -39,13 +39,27 @@ struct ListObj {
   /// or repeated.
   bool is_range = false;
   int64_t start = 0, stop = 0, step = 1;
+  /// How deep lists, dicts and namespaces nest in it (1 for none inside),
+  /// and whether it holds a namespace, the loop object or a function: found
+  /// when it is made (its items do not change after).
+  int depth = 1;
+  bool holds_object = false;
 };
 
 struct DictObj {
   std::vector<std::pair<Value, Value>> items;  // insertion order
+  /// As ListObj's, kept by set(): a dict only grows through it.
+  int depth = 1;
+  bool holds_object = false;
   const Value* find(const Value& key) const;
   const Value* find(std::string_view key) const;
+  /// Throws EvalError when the value would nest deeper than kMaxValueDepth.
   void set(Value key, Value value);
+  /// set() for a key known not to be there: no search.
+  void add_new(Value key, Value value);
+
+ private:
+  void note(const Value& key, const Value& value);  // checks and records what `value` nests
 };
 
 /// namespace(...) objects (attributes settable by {% set ns.x = ... %}), and
@@ -71,6 +85,9 @@ class Value {
 
   Value() = default;  // undefined
   static Value undefined(std::string hint = {});
+  // Strings, lists and dicts made while a template renders count against its
+  // budget (data/jinja_limits.h); one longer than kMaxTextBytes, or values
+  // nested deeper than kMaxValueDepth, are an EvalError.
   static Value none();
   static Value boolean(bool b);
   static Value integer(int64_t i);
@@ -98,7 +115,7 @@ class Value {
   bool as_bool() const { return std::get<bool>(v_); }
   int64_t as_int() const;    // bool or int
   double as_double() const;  // bool, int or float
-  const std::string& str() const { return std::get<std::string>(v_); }
+  const std::string& str() const { return *std::get<std::shared_ptr<const std::string>>(v_); }
   ListObj& list_obj() const { return *std::get<std::shared_ptr<ListObj>>(v_); }
   DictObj& dict_obj() const { return *std::get<std::shared_ptr<DictObj>>(v_); }
   NamespaceObj& ns_obj() const { return *std::get<std::shared_ptr<NamespaceObj>>(v_); }
@@ -111,11 +128,19 @@ class Value {
   struct Undef {
     std::string hint;
   };
-  std::variant<Undef, std::monostate, bool, int64_t, double, std::string, std::shared_ptr<ListObj>,
-               std::shared_ptr<DictObj>, std::shared_ptr<NamespaceObj>, std::shared_ptr<FunctionObj>>
+  // Strings are shared, as Python's are: a copy of a value costs no more for a long one.
+  std::variant<Undef, std::monostate, bool, int64_t, double, std::shared_ptr<const std::string>,
+               std::shared_ptr<ListObj>, std::shared_ptr<DictObj>, std::shared_ptr<NamespaceObj>,
+               std::shared_ptr<FunctionObj>>
       v_;
   bool markup_ = false;
 };
+
+/// How deep lists, dicts and namespaces nest in `v` (0 for a scalar).
+int nesting(const Value& v);
+/// Whether `v` is or holds a namespace, the loop object or a function: what
+/// a namespace attribute may not hold, so that no value contains itself.
+bool holds_object(const Value& v);
 
 /// Python's type name ("str", "int", "NoneType", "list", "tuple", ...).
 std::string type_name(const Value& v);
