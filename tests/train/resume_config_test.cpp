@@ -5,6 +5,8 @@
 // config-history/. train.resume and train.resume_from choose what to continue.
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include "anvil/config/config.h"
 #include "test_util.h"
 
@@ -105,7 +107,12 @@ TEST(ResumeConfig, ChangesAreListedKeyByKey) {
   EXPECT_EQ(c[0].before, "true");
   decayed.optimizer.decay_biases_and_norms = true;
   EXPECT_TRUE(config::config_changes(old, config::to_yaml(decayed)).empty());
-  EXPECT_TRUE(config::config_changes("optimizer: {weight_decay: 0}\n", a).empty());
+  // Without weight decay the rule changed nothing: no change to report.
+  std::string undecayed;
+  std::istringstream lines(a);
+  for (std::string line; std::getline(lines, line);)
+    if (line.find("decay_biases_and_norms") == std::string::npos) undecayed += line + "\n";
+  EXPECT_TRUE(config::config_changes(undecayed, a).empty());
 }
 
 }  // namespace
