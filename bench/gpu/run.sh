@@ -16,6 +16,9 @@
 #                            ckpt   LLaMA 1.1B checkpoint stall: background saves vs ANVIL_CHECKPOINT_SYNC=1
 #                            gen    GPT-2 124M generation, batch 1 and 32, greedy and sampled: Anvil vs
 #                                   transformers.generate (default cache; greedy also static cache + compile)
+#                          profile  GPT-2 124M bf16 steps 5-7 under the torch profiler: Anvil (train.profile_steps)
+#                                   and transformers + torch.compile (bench/gpu/profile_hf.py); the two summaries
+#                                   (top kernels, GPU busy, launches and syncs per step) in $OUT/profile-*.txt
 #   --smoke     tiny models on the CPU, a few steps: checks this script (ctest GpuBenchSmoke)
 #   --no-build  use the binaries already in $BUILD
 # env: BUILD (default /tmp/anvil-gpu-build; --smoke: build), OUT (results; default /tmp/anvil-gpu-bench),
@@ -32,12 +35,12 @@ for arg; do
   case $arg in
     --smoke) SMOKE=1 ;;
     --no-build) BUILD_IT=0 ;;
-    -h | --help) sed -n 2,24p "$0"; exit 0 ;;
-    check | train | fp32 | shard | ckpt | gen) sections+=("$arg") ;;
-    *) echo "bench/gpu/run.sh: unknown argument \"$arg\" (sections: check train fp32 shard ckpt gen)" >&2; exit 2 ;;
+    -h | --help) sed -n 2,27p "$0"; exit 0 ;;
+    check | train | fp32 | shard | ckpt | gen | profile) sections+=("$arg") ;;
+    *) echo "bench/gpu/run.sh: unknown argument \"$arg\" (sections: check train fp32 shard ckpt gen profile)" >&2; exit 2 ;;
   esac
 done
-SECTIONS=" ${sections[*]:-check train fp32 shard ckpt gen} "
+SECTIONS=" ${sections[*]:-check train fp32 shard ckpt gen profile} "
 has() { [[ $SECTIONS == *" $1 "* ]]; }
 PY=${PYTHON:-python3}
 OUTD=${OUT:-/tmp/anvil-gpu-bench}
@@ -115,7 +118,7 @@ done
 
 # --- data: token shards of a random-word corpus (pretrain, packed rows) ------------------------
 DATA=$OUTD/shards
-if [[ ! -f $DATA/meta.json ]] && (has check || has train || has fp32 || has shard || has ckpt); then
+if [[ ! -f $DATA/meta.json ]] && (has check || has train || has fp32 || has shard || has ckpt || has profile); then
   $PY - "$OUTD/corpus.txt" "$CORPUS_LINES" "$CORPUS_WORDS" <<'PY'
 import random, sys
 random.seed(0)
@@ -218,6 +221,22 @@ if has check; then
     --device "$DEVICE" >/dev/null 2>>"$OUTD/gen.err"
   check logits "anvil logits on $DEVICE = transformers'" --dir "$C" --ids "$C/prompts_b4.json" \
     --ours "$C/logits.safetensors" --device "$DEVICE" --atol 1e-4
+fi
+if has profile; then
+  # Where a step's time goes, Anvil's and the compiled peer's side by side: steps 5-7 of 8 (summary.txt:
+  # wall time per step, top kernels, GPU busy fraction, kernel launches and host syncs per step).
+  set -- $GPT2_SHAPE
+  stamp "profile $GPT2"
+  if anvil_run anvil-profile "$GPT2" "$1" "$2" bf16 train.max_steps=8 "train.profile_steps=[5,7]"; then
+    cp "$OUTD/runs/anvil-profile/profile/summary.txt" "$OUTD/profile-anvil.txt" && cat "$OUTD/profile-anvil.txt"
+  fi
+  rm -rf "$OUTD"/runs/anvil-profile/checkpoint-*
+  if timeout "$LIMIT" $PY bench/gpu/profile_hf.py --model "$GPT2" "${VOCAB_ARG[@]}" --batch "$1" --seq "$2" \
+    --compile "$COMPILE" --warmup 4 --steps 3 --device "$DEVICE" --out "$OUTD/profile-hf" >/dev/null 2>>"$OUTD/hf.err"; then
+    cp "$OUTD/profile-hf/summary.txt" "$OUTD/profile-hf.txt" && cat "$OUTD/profile-hf.txt"
+  else
+    echo "bench/gpu/profile_hf.py failed; the end of $OUTD/hf.err:"; tail -n 15 "$OUTD/hf.err"
+  fi
 fi
 if has train; then
   for shape in "$GPT2 $GPT2_SHAPE" "$LLAMA $LLAMA_SHAPE"; do

@@ -121,6 +121,20 @@ template <> struct TypeInfo<std::vector<double>> {
     return s + "]";
   }
 };
+template <> struct TypeInfo<std::vector<int64_t>> {
+  static constexpr const char* name = "a list of integers";
+  static std::vector<int64_t> read(const YAML::Node& n) {
+    if (!n.IsSequence()) throw YAML::BadConversion(n.Mark());
+    std::vector<int64_t> out;
+    for (const auto& e : n) out.push_back(e.as<int64_t>());
+    return out;
+  }
+  static std::string show(const std::vector<int64_t>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    return s + "]";
+  }
+};
 
 template <> struct TypeInfo<std::vector<std::string>> {
   static constexpr const char* name = "a list of strings";
@@ -149,6 +163,9 @@ bool passes(const Rule& rule, const std::string& s) {
 }
 bool passes(const Rule& rule, const std::vector<double>& v) {
   return std::all_of(v.begin(), v.end(), [&](double x) { return passes(rule, x); });
+}
+bool passes(const Rule& rule, const std::vector<int64_t>& v) {
+  return std::all_of(v.begin(), v.end(), [&](int64_t x) { return passes(rule, x); });
 }
 bool passes(const Rule& rule, const std::vector<std::string>& v) {
   return std::all_of(v.begin(), v.end(), [&](const std::string& x) { return passes(rule, x); });
@@ -280,6 +297,10 @@ class Printer {
     if constexpr (std::is_same_v<T, std::vector<double>>) {
       out_ << YAML::Flow << YAML::BeginSeq;
       for (double x : value) out_ << format_double(x);
+      out_ << YAML::EndSeq;
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      out_ << YAML::Flow << YAML::BeginSeq;
+      for (int64_t x : value) out_ << x;
       out_ << YAML::EndSeq;
     } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
       out_ << YAML::Flow << YAML::BeginSeq;
@@ -631,6 +652,7 @@ bool may_change_on_resume(const std::string& key) {
       "train.max_steps",   "train.save_every",         "train.eval_every",          "train.log_every",
       "train.keep_checkpoints", "train.threads",          "train.tf32",                "train.resume",
       "train.resume_from",      "train.allow_config_change", "dist.timeout_s",   "output_dir",
+      "train.profile_steps",
       // Where the run executes, not what it trains: a run may resume on
       // another device, world size or sharding strategy (docs/distributed.md).
       "train.device", "dist.sharding", "dist.backend", "dist.consolidated_checkpoints"};

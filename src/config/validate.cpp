@@ -76,6 +76,11 @@ void check_training(const RunConfig& c, const FlatConfig& flat, const Fail& fail
   }
   if (c.optimizer.betas.size() != 2)
     fail("optimizer.betas", concat("expected a list of 2 numbers, got ", c.optimizer.betas.size()));
+  if (const auto& p = c.train.profile_steps; !p.empty() && (p.size() != 2 || p[0] > p[1])) {
+    std::string given;
+    for (const auto s : p) given += (given.empty() ? "" : ", ") + std::to_string(s);
+    fail("train.profile_steps", concat("expected [first, last] with first <= last, got [", given, "]"));
+  }
   if (c.schedule.warmup_steps > c.train.max_steps)
     fail("schedule.warmup_steps", concat("expected at most train.max_steps (", c.train.max_steps, "), got ",
                                          c.schedule.warmup_steps));
@@ -155,7 +160,8 @@ void check_algorithms(const RunConfig& c, const Fail& fail) {
 
 // ---- keys that only some algorithms read (Rule::read_by) --------------------
 
-using Value = std::variant<bool, int64_t, double, std::string, std::vector<double>, std::vector<std::string>>;
+using Value = std::variant<bool, int64_t, double, std::string, std::vector<double>, std::vector<int64_t>,
+                           std::vector<std::string>>;
 
 /// One key of a config: where it is (data.train[1].size), the name the
 /// reference gives it (data.train[].size), its value and who reads it.

@@ -24,6 +24,7 @@
 #include "anvil/optim/optimizer.h"
 #include "anvil/optim/schedule.h"
 #include "train/run_setup.h"
+#include "train/step_profiler.h"
 
 namespace anvil::train {
 namespace {
@@ -203,7 +204,12 @@ bool crossed(int64_t from, int64_t to, int64_t every) { return every > 0 && from
 class TrainLoop {
  public:
   TrainLoop(const config::RunConfig& cfg, RunSetup& run, Engine& engine, const std::optional<io::TrainerState>& resumed)
-      : cfg_(cfg), run_(run), engine_(engine), objective_(*run.objective), injected_(injected_nonfinite()) {
+      : cfg_(cfg),
+        run_(run),
+        engine_(engine),
+        objective_(*run.objective),
+        injected_(injected_nonfinite()),
+        profiler_(cfg.train.profile_steps, run.out_dir / "profile", run.device, run.lead) {
     if (resumed) {
       step_ = resumed->step;
       iteration_ = resumed->iteration;
@@ -237,6 +243,7 @@ class TrainLoop {
     t_start_ = std::chrono::steady_clock::now();
     try {
       while (step_ < cfg_.train.max_steps && !stop_) run_iteration();
+      profiler_.finish();
       engine_.collect_save(/*wait=*/true);  // the last checkpoint is on disk before the run ends
     } catch (...) {
       try {  // a checkpoint being written is finished; this error is the one the run ends with
@@ -275,12 +282,15 @@ class TrainLoop {
   /// before_iteration, then the iteration's steps; eval and save at its end.
   void run_iteration() {
     const int64_t start = step_;
+    profiler_.begin_step(step_ + 1);  // a rollout before the iteration counts toward its first step
     Metrics extra = objective_.before_iteration(engine_, iteration_, step_);
     const int64_t n = std::min(std::max<int64_t>(1, objective_.steps_per_iteration()), cfg_.train.max_steps - step_);
     Metrics m;
     for (int64_t k = 0; k < n && !stop_; ++k) {
       if (k > 0) write_metrics(m);  // all but the iteration's last line
+      profiler_.begin_step(step_ + 1);
       m = train_step();
+      profiler_.end_step(step_);
       m.insert(extra.begin(), extra.end());
       extra.clear();
     }
@@ -424,6 +434,7 @@ class TrainLoop {
   Engine& engine_;
   Objective& objective_;
   const std::map<int64_t, std::string> injected_;
+  StepProfiler profiler_;
   std::optional<MetricsWriter> metrics_;
   std::optional<TensorBoardWriter> tb_;
   int64_t step_ = 0, iteration_ = 0, first_step_ = 0;

@@ -5,7 +5,8 @@
 # produce its rows: Anvil and
 # the transformers peers side by side for training, full_shard and
 # activation checkpointing, the checkpoint stall of background and
-# synchronous saves, and generation against transformers.generate.
+# synchronous saves, generation against transformers.generate, and the
+# profile section's two summaries.
 # usage: gpu_bench_smoke.sh BUILD_DIR SOURCE_DIR
 set -uo pipefail
 BUILD=$1 SRC=$2
@@ -39,5 +40,12 @@ row "gpt2, 4, 8 \+ 8, sample, float32 \| transformers-default \(n=1\)"
 # A stall for the save at step 4 (that of the final save at step 8 comes after the last line).
 grep -qE "^checkpoint stall, anvil-save-background: per save [0-9.]+ s" "$T" || { echo "no background stall line"; fail=1; }
 grep -qE "^checkpoint stall, anvil-save-sync: per save [0-9.]+ s" "$T" || { echo "no synchronous stall line"; fail=1; }
+# The profile section's two summaries (train.profile_steps and bench/gpu/profile_hf.py), CPU ops ranked.
+for who in anvil hf; do
+  grep -qE "^top [0-9]+ ops by self CPU time:" "$OUTD/profile-$who.txt" 2>/dev/null ||
+    { echo "no profile summary from $who"; fail=1; }
+done
+grep -q "^profile (anvil): steps 5-7 (3) on cpu" "$OUTD/profile-anvil.txt" 2>/dev/null ||
+  { echo "the anvil profile is not of steps 5-7"; fail=1; }
 if ((fail)); then echo "--- table"; cat "$T"; echo "--- log"; cat "$OUTD/log"; exit 1; fi
 cat "$T"

@@ -57,6 +57,13 @@ std::string other_value(const std::vector<double>& value, const Rule& rule) {
   for (double x : value) out += (out.empty() ? "" : ", ") + other_value(x, rule);
   return "[" + (out.empty() ? std::string("0.5") : out) + "]";
 }
+std::string other_value(const std::vector<int64_t>& value, const Rule& rule) {
+  // Ascending, as a range (train.profile_steps) takes them.
+  const std::vector<int64_t> c = value == std::vector<int64_t>{1, 2} ? std::vector<int64_t>{2, 3} : std::vector<int64_t>{1, 2};
+  if (!allowed(rule, static_cast<double>(c[0])) || !allowed(rule, static_cast<double>(c[1])))
+    ADD_FAILURE() << "no other valid list of integers";
+  return "[" + std::to_string(c[0]) + ", " + std::to_string(c[1]) + "]";
+}
 std::string other_value(const std::vector<std::string>&, const Rule&) { return "[x]"; }
 
 /// Every key of RunConfig (as the reference names it: data.train[].path),

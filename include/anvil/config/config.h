@@ -333,6 +333,7 @@ struct TrainConfig {
   std::string resume = "auto";
   std::string resume_from;
   bool allow_config_change = false;
+  std::vector<int64_t> profile_steps;
 
   template <class V>
   void visit(V& v) {
@@ -391,6 +392,13 @@ struct TrainConfig {
             "data, shape, ...); the change is logged and kept in output_dir/config-history/. Without it, such a "
             "difference stops the run. Length, save/eval/log cadence, eval.*, logging.* and where it runs "
             "(device, threads, dist.sharding, dist.backend) may always change.");
+    v.field("profile_steps", profile_steps,
+            "[first, last]: record a Kineto trace (torch profiler) of optimizer steps first..last on rank 0 and "
+            "write output_dir/profile/: trace.json (chrome://tracing, Perfetto), summary.json and summary.txt "
+            "(wall time per step, top kernels by GPU time or top ops by self CPU time, GPU busy fraction, "
+            "kernel launches and host syncs per step). A rollout or other work an iteration does before its "
+            "first step counts toward that step. [] = off. docs/benchmarks.md.",
+            at_least(1, "a list [first, last] of steps >= 1"));
   }
 };
 
