@@ -425,7 +425,25 @@ struct SamplingFlags {
     auto* t = cmd->add_option("--temperature", temperature, "Sample at this temperature (> 0) instead of greedy");
     cmd->add_option("--top-k", opt.top_k, "Keep the k most likely tokens (0 = off)")->needs(t);
     cmd->add_option("--top-p", opt.top_p, "Keep the smallest set with probability >= p (1 = off)")->needs(t);
+    cmd->add_option("--min-p", opt.min_p, "Drop tokens less likely than p times the likeliest (0 = off)")
+        ->check(CLI::Range(0.0, 1.0))
+        ->needs(t);
     cmd->add_option("--seed", opt.seed, "Sampling seed")->needs(t);
+    cmd->add_option("--repetition-penalty", opt.repetition_penalty,
+                    "Divide positive (multiply negative) scores of the prompt's and output's tokens (1 = off)")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--presence-penalty", opt.presence_penalty, "Subtract from the scores of tokens already output");
+    cmd->add_option("--frequency-penalty", opt.frequency_penalty,
+                    "Subtract, per occurrence, from the scores of tokens already output");
+    cmd->add_option_function<std::string>(
+           "--cuda-graphs",
+           [this](const std::string& v) {
+             opt.cuda_graphs = v == "on"    ? anvil::generation::CudaGraphs::kOn
+                               : v == "off" ? anvil::generation::CudaGraphs::kOff
+                                            : anvil::generation::CudaGraphs::kAuto;
+           },
+           "Decode steps on CUDA as one captured graph: auto (on where possible), on or off")
+        ->check(CLI::IsMember({"auto", "on", "off"}));
     cmd->add_option("--ilql-beta", ilql_beta,
                     "An ILQL checkpoint: choose from log-softmax + beta (min target Q - V), its heads' advantage "
                     "shaping (0 = the LM alone)")

@@ -5,53 +5,46 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
+#include <mutex>
+
+#include "anvil/core/logging.h"
+#include "generation/step_graph.h"
 
 namespace anvil::generation {
 
 namespace {
 
-/// The logits a token is drawn from: temperature-scaled and top-k / top-p
-/// filtered when sampling, as they are when greedy. (B, V) float on the CPU.
-at::Tensor final_logits(const at::Tensor& logits_in, const SamplingOptions& opt) {
-  auto logits = logits_in.to(at::kCPU, at::kFloat);  // (B, V)
-  if (opt.greedy || opt.temperature <= 0) return logits;
-  logits = logits / opt.temperature;
-  const auto V = logits.size(-1);
-  if (opt.top_k > 0 && opt.top_k < V) {
-    auto kth = std::get<0>(logits.topk(opt.top_k, -1)).narrow(-1, opt.top_k - 1, 1);  // (B, 1)
-    logits = logits.masked_fill(logits < kth, -INFINITY);
-  }
-  if (opt.top_p < 1.0) {
-    auto [sorted, idx] = logits.sort(/*dim=*/-1, /*descending=*/true);
-    auto p = sorted.softmax(-1);
-    // Drop tokens once the mass before them already reaches top_p (the first always stays).
-    auto drop_sorted = (p.cumsum(-1) - p) >= opt.top_p;
-    auto drop = at::zeros_like(drop_sorted).scatter(-1, idx, drop_sorted);
-    logits = logits.masked_fill(drop, -INFINITY);
-  }
-  return logits;
+bool is_greedy(const SamplingOptions& opt) { return opt.greedy || opt.temperature <= 0; }
+
+bool wants_penalties(const SamplingOptions& opt) {
+  return opt.repetition_penalty != 1.0 || opt.presence_penalty != 0.0 || opt.frequency_penalty != 0.0;
 }
 
-at::Tensor choose(const at::Tensor& logits, const SamplingOptions& opt, at::Generator& gen) {
-  if (opt.greedy || opt.temperature <= 0) return logits.argmax(-1);
-  return at::multinomial(logits.softmax(-1), 1, /*replacement=*/false, gen).squeeze(-1);
+/// The scores a token is chosen from: warped when sampling, as they are when greedy.
+at::Tensor final_scores(const at::Tensor& scores, const SamplingOptions& opt) {
+  return is_greedy(opt) ? scores : warp(scores, opt);
 }
 
-/// choose(), with each row drawn from its prompt's own generator.
-at::Tensor choose_rows(const at::Tensor& logits, const SamplingOptions& opt, std::vector<at::Generator>& gens,
-                       const std::vector<int64_t>& prompt_of_row) {
-  if (opt.greedy || opt.temperature <= 0) return logits.argmax(-1);
-  const auto probs = logits.softmax(-1);
-  auto out = at::empty({logits.size(0)}, at::kLong);
-  for (int64_t r = 0; r < logits.size(0); ++r)
-    out[r] = at::multinomial(probs[r], 1, false, gens[static_cast<size_t>(prompt_of_row[static_cast<size_t>(r)])])[0];
-  return out;
+at::Tensor choose(const at::Tensor& final, const SamplingOptions& opt, const at::Tensor& keys,
+                  const at::Tensor& step) {
+  return is_greedy(opt) ? final.argmax(-1) : draw(final, keys, step);
 }
 
 }  // namespace
 
 at::Tensor sample(const at::Tensor& logits_in, const SamplingOptions& opt, at::Generator& gen) {
-  return choose(final_logits(logits_in, opt), opt, gen);
+  const auto logits = logits_in.to(at::kFloat);
+  const auto B = logits.size(0);
+  std::vector<int64_t> keys(static_cast<size_t>(B));
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    auto* g = gen.get<at::CPUGeneratorImpl>();
+    for (auto& k : keys) k = static_cast<int64_t>(row_key(g->random64()));
+  }
+  const auto opts = at::TensorOptions().dtype(at::kLong).device(logits.device());
+  return choose(final_scores(logits, opt), opt, at::tensor(keys, at::kLong).to(logits.device()),
+                at::zeros({}, opts))
+      .to(at::kCPU);
 }
 
 int64_t sample_next(const at::Tensor& logits, const SamplingOptions& opt, at::Generator& gen) {
@@ -60,18 +53,23 @@ int64_t sample_next(const at::Tensor& logits, const SamplingOptions& opt, at::Ge
 
 namespace {
 
+constexpr int64_t kCheckEvery = 8;  // accelerator: steps between looks at the end-of-sequence state
+
 /// Decodes one batch of prompts (the first is prompt `first` of the call);
 /// appends each one's new tokens to `out`, and their log-probabilities to
-/// `logprobs` when given.
+/// `logprobs` when given. `keys` holds each prompt's sampling key.
 void generate_batch(models::CausalLM& model, const std::vector<const std::vector<int64_t>*>& prompts,
-                    const SamplingOptions& opt, at::Generator& gen, std::vector<at::Generator>& row_gens,
+                    const SamplingOptions& opt, const std::vector<int64_t>& keys_host,
                     std::vector<std::vector<int64_t>>& out, size_t first, std::vector<std::vector<float>>* logprobs) {
   const auto device = model.parameters().front().device();
   const auto B = static_cast<int64_t>(prompts.size());
+  const auto V = model.vocab_size();
   int64_t L = 0;
   for (const auto* p : prompts) L = std::max<int64_t>(L, static_cast<int64_t>(p->size()));
   const int64_t steps = std::min<int64_t>(opt.max_new_tokens, model.max_positions() - L);
   if (steps <= 0) return;
+  const int64_t S = L + steps;  // every position the batch will hold
+  const auto long_opts = at::TensorOptions().dtype(at::kLong).device(device);
 
   // Left-pad into (B, L); padding is never attended to.
   std::vector<int64_t> ids(static_cast<size_t>(B * L), 0);
@@ -84,106 +82,210 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
     std::copy(p.begin(), p.end(), ids.begin() + b * L + (L - n));
     std::fill(valid.begin() + b * L + (L - n), valid.begin() + (b + 1) * L, 1);
   }
-  auto input = at::tensor(ids, at::kLong).view({B, L}).to(device);                    // (B, L)
-  auto key_valid = at::tensor(valid, at::kByte).view({B, L}).to(at::kBool).to(device);  // (B, S)
-  auto next_pos = at::tensor(lengths, at::kLong).to(device).unsqueeze(1);              // (B, 1)
+  const bool padded = std::any_of(lengths.begin(), lengths.end(), [L](int64_t n) { return n < L; });
+  auto input = at::tensor(ids, at::kLong).view({B, L}).to(device);  // (B, L)
+  auto prompt_valid = at::tensor(valid, at::kByte).view({B, L}).to(at::kBool).to(device);
+  // Which of the S key slots each row may attend to; the decoded tokens' slots are switched on as they come.
+  auto key_valid = at::zeros({B, S}, prompt_valid.options());
+  key_valid.narrow(1, 0, L).copy_(prompt_valid);
+  auto next_pos = at::tensor(lengths, at::kLong).to(device).unsqueeze(1);  // (B, 1)
+
+  // Where a graph can run: on CUDA, nothing per step needs the host.
+  const bool host_per_step = !opt.logits_processors.empty() || static_cast<bool>(opt.score_fn);
+  const bool use_graph = device.is_cuda() && detail::StepGraph::built() && !host_per_step && steps > 2 &&
+                         (opt.cuda_graphs == CudaGraphs::kOn || opt.cuda_graphs == CudaGraphs::kAuto);
+  if (opt.cuda_graphs == CudaGraphs::kOn && device.is_cuda() && !use_graph)
+    log::warn("generate: cuda_graphs on, but ",
+              host_per_step ? "a logits processor or score_fn needs the host each step" : "this build has no CUDA graphs",
+              "; decoding eagerly");
+  // On the CPU finished rows leave the batch (a sync costs nothing there); elsewhere they are masked.
+  const bool compact = device.is_cpu();
 
   models::KVCache cache;
-  cache.reserve = L + steps;
+  cache.reserve = S;
   models::ForwardArgs args;
   args.cache = &cache;
-  args.position_ids = (key_valid.to(at::kLong).cumsum(1) - 1).clamp_min(0);  // (B, L)
-  const bool padded = std::any_of(lengths.begin(), lengths.end(), [L](int64_t n) { return n < L; });
+  args.position_ids = (prompt_valid.to(at::kLong).cumsum(1) - 1).clamp_min(0);  // (B, L)
   if (padded) {
-    auto causal = at::ones({L, L}, key_valid.options()).tril();
+    auto causal = at::ones({L, L}, prompt_valid.options()).tril();
     // A pad query sees itself, so no attention row is empty.
-    args.attention_mask = (causal & key_valid.view({B, 1, 1, L})) | at::eye(L, key_valid.options());
+    args.attention_mask = (causal & prompt_valid.view({B, 1, 1, L})) | at::eye(L, prompt_valid.options());
   }
 
-  std::vector<int64_t> row_of(static_cast<size_t>(B));  // batch row -> prompt index
+  // Sampling state, all on the device.
+  auto keys = at::tensor(keys_host, at::kLong).to(device);  // (B') each row's key
+  auto step_t = at::zeros({}, long_opts);                   // the step being decoded
+  at::Tensor seen, counts;                                  // (B', V) for the penalties
+  if (opt.repetition_penalty != 1.0)
+    seen = at::zeros({B, V}, at::TensorOptions().dtype(at::kFloat).device(device))
+               .scatter_add_(1, input, prompt_valid.to(at::kFloat)) > 0;
+  if (opt.presence_penalty != 0.0 || opt.frequency_penalty != 0.0)
+    counts = at::zeros({B, V}, at::TensorOptions().dtype(at::kFloat).device(device));
+  auto rows = at::arange(B, long_opts);  // (B') current row -> batch row
+  auto tokens = at::zeros({B, steps}, long_opts);
+  at::Tensor lps = logprobs ? at::zeros({B, steps}, at::TensorOptions().dtype(at::kFloat).device(device)) : at::Tensor();
+  auto done = at::zeros({B}, at::TensorOptions().dtype(at::kBool).device(device));
+
+  // Scores -> next token (B'), recorded at column `col` (a 0-dim device tensor) of `tokens` / `lps`.
+  std::vector<int64_t> row_of(static_cast<size_t>(B));  // current row -> batch row (host, for processors)
   for (int64_t b = 0; b < B; ++b) row_of[static_cast<size_t>(b)] = b;
-  std::vector<std::vector<int64_t>> produced(static_cast<size_t>(B));
-  std::vector<std::vector<float>> produced_lp(static_cast<size_t>(B));
-  for (int64_t step = 0; step < steps && !row_of.empty(); ++step) {
-    const auto last = model.hidden_states(input, args).select(1, -1);  // (B', C): the last position's logits only
-    auto scores = (opt.score_fn ? opt.score_fn(last, model.logits(last)) : model.logits(last)).to(at::kCPU, at::kFloat);
-    TORCH_CHECK(scores.dim() == 2 && scores.size(0) == last.size(0), "score_fn must return (rows, vocab) scores");
+  auto choose_next = [&](const at::Tensor& last_hidden, const at::Tensor& col) {
+    auto logits = model.logits(last_hidden);
+    auto scores = opt.score_fn ? opt.score_fn(last_hidden, logits) : logits;
+    TORCH_CHECK(scores.dim() == 2 && scores.size(0) == last_hidden.size(0), "score_fn must return (rows, vocab) scores");
+    scores = scores.to(device, at::kFloat);
+    if (wants_penalties(opt)) scores = apply_penalties(scores, seen, counts, opt);
     if (!opt.logits_processors.empty()) {
       std::vector<int64_t> index;
       std::vector<std::vector<int64_t>> so_far;
-      for (auto r : row_of) {
-        index.push_back(static_cast<int64_t>(first) + r);
-        so_far.push_back(produced[static_cast<size_t>(r)]);
+      const auto n = step_t.item<int64_t>();
+      const auto done_cols = tokens.index_select(0, rows).narrow(1, 0, n).to(at::kCPU).contiguous();
+      for (size_t r = 0; r < row_of.size(); ++r) {
+        index.push_back(static_cast<int64_t>(first) + row_of[r]);
+        const auto* p = done_cols.data_ptr<int64_t>() + static_cast<int64_t>(r) * n;
+        so_far.emplace_back(p, p + n);
       }
       for (const auto& process : opt.logits_processors) {
         scores = process(scores, index, so_far);
         TORCH_CHECK(scores.dim() == 2 && scores.size(0) == static_cast<int64_t>(row_of.size()),
                     "a logits processor must return (rows, vocab) scores");
+        scores = scores.to(device, at::kFloat);
       }
     }
-    const auto final = final_logits(scores, opt);
-    at::Tensor next;  // (B')
-    if (row_gens.empty()) {
-      next = choose(final, opt, gen);
-    } else {
-      std::vector<int64_t> prompt_of_row;
-      for (auto r : row_of) prompt_of_row.push_back(static_cast<int64_t>(first) + r);
-      next = choose_rows(final, opt, row_gens, prompt_of_row);
-    }
-    at::Tensor lp;
-    if (logprobs) lp = final.log_softmax(-1).gather(-1, next.unsqueeze(-1)).squeeze(-1).contiguous();
-    const auto* next_ptr = next.data_ptr<int64_t>();
-    std::vector<int64_t> keep;
-    for (size_t r = 0; r < row_of.size(); ++r) {
-      produced[static_cast<size_t>(row_of[r])].push_back(next_ptr[r]);
-      if (logprobs) produced_lp[static_cast<size_t>(row_of[r])].push_back(lp.data_ptr<float>()[r]);
-      if (next_ptr[r] != opt.eos_id) keep.push_back(static_cast<int64_t>(r));
-    }
-    if (step + 1 == steps || keep.empty()) break;
-    // The new token: valid, at the next position, seeing every valid key.
-    key_valid = at::cat({key_valid, at::ones({key_valid.size(0), 1}, key_valid.options())}, 1);
-    input = next.to(device).unsqueeze(1);  // (B', 1)
+    const auto final = final_scores(scores, opt);
+    auto next = choose(final, opt, keys, step_t);  // (B')
+    auto col_index = col.view({1}).expand({next.size(0)});
+    tokens.index_put_({rows, col_index}, next);
+    if (logprobs) lps.index_put_({rows, col_index}, final.log_softmax(-1).gather(-1, next.unsqueeze(-1)).squeeze(-1));
+    if (opt.eos_id >= 0) done.index_put_({rows}, done.index_select(0, rows) | (next == opt.eos_id));
+    if (seen.defined()) seen.scatter_(1, next.unsqueeze(1), true);
+    if (counts.defined()) counts.scatter_add_(1, next.unsqueeze(1), at::ones_like(next, counts.options()).unsqueeze(1));
+    return next;
+  };
+
+  // Prefill, and the first new token. `next` is a fixed buffer: a captured step reads and refills it.
+  auto next = choose_next(model.hidden_states(input, args).select(1, -1), step_t);
+  int64_t taken = 1;  // tokens produced so far; the last of them is the next step's input
+
+  // One decode step: the last token in, the next token out, everything on the device. Captured
+  // (`in_graph`), the cache writes at a device-computed slot and attention runs over all S slots
+  // under the key mask; eagerly, the slot is `taken - 1` past the prompt and known on the host.
+  auto decode_step = [&](bool in_graph) {
+    input = next.unsqueeze(1);  // (B', 1)
     args.position_ids = next_pos;
-    next_pos = next_pos + 1;
-    if (keep.size() != row_of.size()) {  // finished sequences leave the batch
-      auto index = at::tensor(keep, at::kLong).to(device);
-      cache.select_rows(index);
-      key_valid = key_valid.index_select(0, index);
-      input = input.index_select(0, index);
-      args.position_ids = args.position_ids.index_select(0, index);
-      next_pos = next_pos.index_select(0, index);
-      std::vector<int64_t> rows;
-      for (auto r : keep) rows.push_back(row_of[static_cast<size_t>(r)]);
-      row_of = std::move(rows);
+    if (in_graph) {
+      cache.slots = (step_t + L).view({1});
+      key_valid.index_fill_(1, cache.slots, true);
+      args.attention_mask = key_valid.view({key_valid.size(0), 1, 1, S});
+    } else {
+      const int64_t keys_now = L + taken;  // prompt, the tokens before the input, and the input
+      key_valid.select(1, keys_now - 1).fill_(true);
+      args.attention_mask =
+          padded ? key_valid.narrow(1, 0, keys_now).view({key_valid.size(0), 1, 1, keys_now}) : at::Tensor();
     }
-    if (padded) args.attention_mask = key_valid.view({key_valid.size(0), 1, 1, key_valid.size(1)});
+    step_t.add_(1);
+    const auto last = model.hidden_states(input, args).select(1, -1);
+    next_pos.add_(1);
+    next.copy_(choose_next(last, step_t));
+  };
+
+  std::unique_ptr<detail::SideStream> side;
+  std::unique_ptr<detail::StepGraph> graph;
+  bool try_graph = use_graph;
+  for (; taken < steps; ++taken) {
+    if (compact) {
+      // Finished rows leave the batch.
+      const auto still = (~done.index_select(0, rows)).nonzero().squeeze(1);
+      if (still.size(0) == 0) break;
+      if (still.size(0) != rows.size(0)) {
+        cache.select_rows(still);
+        rows = rows.index_select(0, still);
+        key_valid = key_valid.index_select(0, still);
+        next = next.index_select(0, still);
+        next_pos = next_pos.index_select(0, still);
+        keys = keys.index_select(0, still);
+        if (seen.defined()) seen = seen.index_select(0, still);
+        if (counts.defined()) counts = counts.index_select(0, still);
+        std::vector<int64_t> kept;
+        const auto* s = still.data_ptr<int64_t>();
+        for (int64_t i = 0; i < still.size(0); ++i) kept.push_back(row_of[static_cast<size_t>(s[i])]);
+        row_of = std::move(kept);
+      }
+    } else if (opt.eos_id >= 0 && taken % kCheckEvery == 0 && done.all().item<bool>()) {
+      break;
+    }
+    if (try_graph && !side) {
+      // One eager step on the capture stream first: handles and workspaces exist before the capture.
+      side = std::make_unique<detail::SideStream>(device);
+      decode_step(false);
+      continue;
+    }
+    if (try_graph) {
+      try_graph = false;
+      graph = std::make_unique<detail::StepGraph>();
+      const auto length = cache.length;
+      std::string why;
+      const bool captured = graph->capture([&] { decode_step(true); }, &why);
+      cache.length = length + 1;  // the captured step's position (its kernels have not run yet)
+      if (!captured) {
+        log::warn("generate: the decode step could not be captured in a CUDA graph (", why, "); decoding eagerly");
+        graph.reset();
+        side.reset();
+        cache.slots = at::Tensor();
+        cache.length = length;
+        args.attention_mask = at::Tensor();
+      }
+    }
+    if (graph)
+      graph->replay();
+    else
+      decode_step(false);
   }
-  for (auto& p : produced) out.push_back(std::move(p));
-  if (logprobs)
-    for (auto& p : produced_lp) logprobs->push_back(std::move(p));
+  side.reset();  // the default stream waits for the decode
+
+  const auto tok = tokens.narrow(1, 0, taken).to(at::kCPU).contiguous();
+  const auto lp = logprobs ? lps.narrow(1, 0, taken).to(at::kCPU).contiguous() : at::Tensor();
+  for (int64_t b = 0; b < B; ++b) {
+    const auto* t = tok.data_ptr<int64_t>() + b * taken;
+    int64_t n = taken;
+    if (opt.eos_id >= 0)
+      for (int64_t i = 0; i < taken; ++i)
+        if (t[i] == opt.eos_id) {
+          n = i + 1;
+          break;
+        }
+    out.emplace_back(t, t + n);
+    if (logprobs) {
+      const auto* l = lp.data_ptr<float>() + b * taken;
+      logprobs->emplace_back(l, l + n);
+    }
+  }
 }
 
 Generation run(models::CausalLM& model, const std::vector<std::vector<int64_t>>& prompts, const SamplingOptions& opt,
                bool with_logprobs) {
   for (const auto& p : prompts) TORCH_CHECK(!p.empty(), "generate: empty prompt");
+  if (!opt.row_seeds.empty())
+    TORCH_CHECK(opt.row_seeds.size() == prompts.size(), "generate: ", opt.row_seeds.size(), " row seeds for ",
+                prompts.size(), " prompts");
   const bool was_training = model.is_training();
   model.eval();
   torch::NoGradGuard no_grad;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed);
-  std::vector<at::Generator> row_gens;
-  if (!opt.row_seeds.empty()) {
-    TORCH_CHECK(opt.row_seeds.size() == prompts.size(), "generate: ", opt.row_seeds.size(), " row seeds for ",
-                prompts.size(), " prompts");
-    for (auto seed : opt.row_seeds) row_gens.push_back(at::make_generator<at::CPUGeneratorImpl>(seed));
-  }
+  // Each prompt's stream: its own seed, or the call's seed and its index.
+  std::vector<int64_t> keys(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i)
+    keys[i] = static_cast<int64_t>(opt.row_seeds.empty() ? row_key(row_key(opt.seed) ^ (i + 1)) : row_key(opt.row_seeds[i]));
   Generation g;
   g.tokens.reserve(prompts.size());
   const size_t batch = opt.batch_size > 0 ? static_cast<size_t>(opt.batch_size) : std::max<size_t>(prompts.size(), 1);
   for (size_t start = 0; start < prompts.size(); start += batch) {
+    const size_t end = std::min(prompts.size(), start + batch);
     std::vector<const std::vector<int64_t>*> chunk;
-    for (size_t i = start; i < std::min(prompts.size(), start + batch); ++i) chunk.push_back(&prompts[i]);
+    for (size_t i = start; i < end; ++i) chunk.push_back(&prompts[i]);
+    const std::vector<int64_t> chunk_keys(keys.begin() + static_cast<std::ptrdiff_t>(start),
+                                          keys.begin() + static_cast<std::ptrdiff_t>(end));
     const auto before = g.tokens.size();
-    generate_batch(model, chunk, opt, gen, row_gens, g.tokens, start, with_logprobs ? &g.logprobs : nullptr);
+    generate_batch(model, chunk, opt, chunk_keys, g.tokens, start, with_logprobs ? &g.logprobs : nullptr);
     g.tokens.resize(before + chunk.size());  // a batch with no budget yields empty outputs
     if (with_logprobs) g.logprobs.resize(before + chunk.size());
   }

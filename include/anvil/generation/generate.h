@@ -5,27 +5,35 @@
 #include <functional>
 #include <vector>
 
+#include "anvil/generation/sampling.h"
 #include "anvil/models/causal_lm.h"
 
 namespace anvil::generation {
 
 /// Reshapes next-token scores before a token is chosen (transformers'
 /// LogitsProcessor): gets the (B, V) float scores of the rows still decoding
-/// (on the CPU), each row's prompt index and the tokens each row produced so
-/// far; returns the scores to choose from (e.g. -inf for banned tokens).
+/// (on the model's device), each row's prompt index and the tokens each row
+/// produced so far; returns the scores to choose from (e.g. -inf for banned
+/// tokens). A processor makes every step copy the tokens to the host: the fast
+/// path has none.
 using LogitsProcessor = std::function<at::Tensor(const at::Tensor& scores, const std::vector<int64_t>& prompt_index,
                                                  const std::vector<std::vector<int64_t>>& produced)>;
 
-struct SamplingOptions {
+/// Whether decode steps are captured in a CUDA graph and replayed.
+enum class CudaGraphs { kAuto, kOn, kOff };
+
+/// Sampling is on the model's device: penalties, then the logits processors,
+/// then (when sampling) temperature, top-k, top-p and min-p (transformers'
+/// order), then a Gumbel-max draw from a counter-based generator keyed by
+/// (row seed, step): a row's tokens depend on its seed and its scores alone,
+/// never on the batch it is decoded in. Greedy skips the warpers.
+struct SamplingOptions : WarpOptions {
   int64_t max_new_tokens = 32;
   bool greedy = true;
-  double temperature = 1.0;
-  int64_t top_k = 0;     // 0 = off
-  double top_p = 1.0;    // 1 = off
   int64_t eos_id = -1;   // stop a sequence when produced (kept in its output)
-  uint64_t seed = 0;     // sampling RNG; the global RNG is never touched
+  uint64_t seed = 0;     // rows without row_seeds draw from (seed, prompt index); the global RNG is never touched
   int64_t batch_size = 0;  // prompts decoded together; 0 = all
-  std::vector<LogitsProcessor> logits_processors;  // applied in order, before temperature, top-k and top-p
+  std::vector<LogitsProcessor> logits_processors;  // applied in order, after the penalties, before the warpers
   /// Next-token scores from the model's heads rather than its LM logits alone:
   /// gets the (B, C) final hidden states at each decoding row's last position
   /// (on the model's device) and their (B, V) logits, returns (B, V) scores
@@ -35,11 +43,14 @@ struct SamplingOptions {
   /// One sampling seed per prompt (else `seed` for the whole call): each
   /// prompt's tokens then do not depend on the batch it is decoded in.
   std::vector<uint64_t> row_seeds;
+  /// Decode steps on CUDA run as one captured graph (auto: on for CUDA when
+  /// nothing needs the host per step: no logits processors, no score_fn).
+  CudaGraphs cuda_graphs = CudaGraphs::kAuto;
 };
 
 /// New tokens of each prompt and each one's log-probability under the
-/// distribution it was chosen from: the scores after the logits processors,
-/// temperature, top-k and top-p (greedy: the log-softmax of the processed
+/// distribution it was chosen from: the scores after the penalties, the logits
+/// processors and the warpers (greedy: the log-softmax of the processed
 /// scores). Without processors, greedy logprobs equal a forward pass's.
 struct Generation {
   std::vector<std::vector<int64_t>> tokens;
@@ -48,10 +59,13 @@ struct Generation {
 
 /// Continues each prompt; returns only the new tokens of each. Prompts of
 /// different lengths are left-padded into one batch (positions start at 0 for
-/// every prompt, padding is masked out), decoded with a preallocated KV cache;
-/// finished sequences leave the batch. A batch's budget is also capped by the
-/// model's max_positions minus its longest prompt. The model is put in eval
-/// mode for the call and restored afterwards.
+/// every prompt, padding is masked out), decoded with a KV cache allocated once
+/// for prompt + new tokens. On an accelerator, tokens, log-probs and the
+/// end-of-sequence state stay on the device (finished rows are masked, and the
+/// host looks every 8 steps whether all have finished); on the CPU finished
+/// rows leave the batch. A batch's budget is also capped by the model's
+/// max_positions minus its longest prompt. The model is put in eval mode for
+/// the call and restored afterwards.
 std::vector<std::vector<int64_t>> generate(models::CausalLM& model,
                                            const std::vector<std::vector<int64_t>>& prompts,
                                            const SamplingOptions& opt);
@@ -60,7 +74,8 @@ std::vector<std::vector<int64_t>> generate(models::CausalLM& model,
 Generation generate_with_logprobs(models::CausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
                                   const SamplingOptions& opt);
 
-/// Picks the next token of each row of (B, V) logits per the options -> (B) int64 on the CPU.
+/// Picks the next token of each row of (B, V) logits per the options (warpers,
+/// no penalties; each row's key drawn from `gen`) -> (B) int64 on the CPU.
 at::Tensor sample(const at::Tensor& logits, const SamplingOptions& opt, at::Generator& gen);
 
 /// Picks the next token from (V) logits per the options.

@@ -22,6 +22,11 @@ struct KVCache {
   std::vector<at::Tensor> values;
   int64_t length = 0;   // positions already cached (same for all layers)
   int64_t reserve = 0;  // positions to allocate on first use
+  /// When defined, a (T) int64 tensor on the cache's device: update() writes
+  /// the new keys/values at these slots of the reserved buffers and returns the
+  /// whole buffers, and the caller's attention_mask hides the slots not yet
+  /// written. Positions then live on the device (CUDA-graph decode).
+  at::Tensor slots;
 
   /// Stores the new keys/values of `layer` at [length, length + T) and returns
   /// views of everything cached for that layer, (B, H_kv, length + T, D).

@@ -26,6 +26,12 @@ std::pair<at::Tensor, at::Tensor> KVCache::update(size_t layer, const at::Tensor
     K = grown_k;
     V = grown_v;
   }
+  if (slots.defined()) {
+    TORCH_CHECK(slots.numel() == T, "KVCache: ", slots.numel(), " slots for ", T, " new positions");
+    K.index_copy_(2, slots, k.to(K.scalar_type()));
+    V.index_copy_(2, slots, v.to(V.scalar_type()));
+    return {K, V};
+  }
   K.narrow(2, length, T).copy_(k);
   V.narrow(2, length, T).copy_(v);
   return {K.narrow(2, 0, need), V.narrow(2, 0, need)};
