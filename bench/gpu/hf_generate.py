@@ -1,7 +1,7 @@
 """transformers.generate on the model folder Anvil's bench_generate reads, for
 bench/gpu/run.sh. `make` writes a randomly initialised model folder and prompt
 files; `run` times generate() the way its docs show: the default dynamic
-cache, or a static cache with the forward under torch.compile
+cache, or a static cache, with which generate() compiles the forward itself
 (mode="reduce-overhead", i.e. CUDA graphs). Same prompts, a fixed number of new
 tokens (no stop token), greedy or sampled at temperature 1 with no top-k/top-p.
 Prints one JSON line: the median over repeats after warm-up calls."""
@@ -56,8 +56,11 @@ kw = dict(max_new_tokens=a.new, min_new_tokens=a.new, do_sample=a.mode == "sampl
           top_p=1.0, pad_token_id=0, attention_mask=torch.ones_like(ids))
 warmup = 1
 if a.impl == "static-compile":
-    model.generation_config.cache_implementation = "static"
-    model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    # The documented path: a static cache makes generate() compile the forward itself (CompileConfig:
+    # fullgraph, mode "reduce-overhead", i.e. CUDA graphs) and clone what the graphs return. Wrapping
+    # model.forward in torch.compile by hand died with "accessing tensor output of CUDAGraphs that has
+    # been overwritten" (2026-11-26, H200).
+    kw["cache_implementation"] = "static"
     warmup = 3  # compilation, then CUDA-graph recording
 sync = torch.cuda.synchronize if cuda else (lambda: None)
 times = []

@@ -14,7 +14,7 @@
 #                            fp32   GPT-2 in fp32 with TF32 (train.tf32), Anvil and transformers eager
 #                            shard  Anvil GPT-2 bf16 under 1-rank NCCL full_shard, and with activation checkpointing
 #                            ckpt   LLaMA 1.1B checkpoint stall: background saves vs ANVIL_CHECKPOINT_SYNC=1
-#                            gen    GPT-2 124M generation, batch 1 and 32, greedy and sampled: Anvil vs
+#                            gen    GPT-2 124M generation, batch 1, 32 and 128, greedy and sampled: Anvil vs
 #                                   transformers.generate (default cache; greedy also static cache + compile)
 #                          profile  GPT-2 124M bf16 steps 5-7 under the torch profiler: Anvil (train.profile_steps)
 #                                   and transformers + torch.compile (bench/gpu/profile_hf.py); the two summaries
@@ -59,7 +59,7 @@ if ((SMOKE)); then
 else
   BUILD=${BUILD:-/tmp/anvil-gpu-build} DEVICE=cuda LIMIT=420 COMPILE=1
   GPT2=configs/models/gpt2-124m.yaml LLAMA=configs/models/llama-1b.yaml
-  GPT2_SHAPE="16 1024" LLAMA_SHAPE="4 2048" STEPS=25 WARMUP=5 GEN_PROMPT=128 GEN_NEW=128 GEN_BATCHES="1 32"
+  GPT2_SHAPE="16 1024" LLAMA_SHAPE="4 2048" STEPS=25 WARMUP=5 GEN_PROMPT=128 GEN_NEW=128 GEN_BATCHES="1 32 128"
   VOCAB=""  # both configs set vocab_size
   CORPUS_LINES=1500 CORPUS_WORDS=1200
 fi
@@ -217,6 +217,16 @@ if has check; then
       --tokens-out "$C/greedy-$d.json" >/dev/null 2>>"$OUTD/gen.err"
   done
   check same-json "greedy tokens on $DEVICE = on the CPU" "$C/greedy-$DEVICE.json" "$C/greedy-cpu.json"
+  # Decode steps replayed from a captured CUDA graph = run eagerly, greedy and seeded sampling (tokens
+  # drawn on the device from the counter-based generator).
+  for mode in greedy sample; do
+    for graphs in on off; do
+      "$BUILD/bin/bench_generate" --model "$C" --prompts "$C/prompts_b4.json" --new 24 --device "$DEVICE" --repeats 1 \
+        --mode $mode --seed 3 --cuda-graphs $graphs --tokens-out "$C/$mode-graphs-$graphs.json" >/dev/null 2>>"$OUTD/gen.err"
+    done
+    check same-json "$mode tokens on $DEVICE: graph decode = eager decode" "$C/$mode-graphs-on.json" \
+      "$C/$mode-graphs-off.json"
+  done
   "$BUILD/bin/anvil" logits --model "$C" --input "$C/prompts_b4.json" --output "$C/logits.safetensors" \
     --device "$DEVICE" >/dev/null 2>>"$OUTD/gen.err"
   check logits "anvil logits on $DEVICE = transformers'" --dir "$C" --ids "$C/prompts_b4.json" \
@@ -294,7 +304,8 @@ if has gen; then
           --mode $mode --device "$DEVICE" --dtype $dtype 2>>"$OUTD/gen.err" | tee -a "$RES" ||
           { echo "bench_generate b$b $mode failed:"; tail -n 15 "$OUTD/gen.err"; }
         impls=(default)
-        [[ $mode == greedy ]] && ((COMPILE)) && impls+=(static-compile)
+        # The compiled peer compiles for about a minute per shape: greedy, batches up to 32.
+        [[ $mode == greedy ]] && ((COMPILE)) && ((b <= 32)) && impls+=(static-compile)
         for impl in "${impls[@]}"; do
           timeout "$LIMIT" $PY bench/gpu/hf_generate.py run --dir "$G" --prompts "$G/prompts_b$b.json" \
             --new "$GEN_NEW" --mode $mode --impl $impl --device "$DEVICE" --dtype $dtype 2>>"$OUTD/hf.err" |
