@@ -391,7 +391,11 @@ std::vector<RolloutRow> PpoObjective::State::collect(Engine& engine, uint64_t se
   {
     auto whole = engine.gathered();  // sharded weights stay whole for the whole rollout
     local = generate(engine.model(), mine, K, seed, false);
-    m["time/rollout"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double rollout_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    int64_t produced = 0;
+    for (const auto& row : local) produced += static_cast<int64_t>(row.response.size());
+    m["time/rollout_s"] = rollout_s;
+    if (rollout_s > 0) m["rollout/tokens_per_s"] = static_cast<double>(produced) / rollout_s;
     forward_logps(engine.model(), local, false, value_head);
   }
   const auto t1 = std::chrono::steady_clock::now();
@@ -407,7 +411,7 @@ std::vector<RolloutRow> PpoObjective::State::collect(Engine& engine, uint64_t se
     const auto scores = score(mine, local, K);
     for (size_t i = 0; i < local.size(); ++i) local[i].score = scores[i];
   }
-  m["time/reward"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  m["time/reward_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   if (W == 1) return local;
   // Every rank gets every row (zero-filled slots summed over ranks).
   RowCodec codec{cfg.data.max_length, ppo.max_new_tokens};
@@ -508,7 +512,7 @@ Metrics PpoObjective::before_iteration(Engine& engine, int64_t iteration, int64_
   (void)step;
   auto& s = *s_;
   Metrics m;
-  if (s.learn_seconds > 0) m["time/learn"] = s.learn_seconds;
+  if (s.learn_seconds > 0) m["time/train_s"] = s.learn_seconds;
   const auto seed = static_cast<uint64_t>(s.cfg.train.seed) * 0x2545F4914F6CDD1Dull + static_cast<uint64_t>(iteration);
   const auto rows = s.collect(engine, seed, m);
   const auto [adv, ret] = s.advantages(rows, m);

@@ -5,6 +5,7 @@
 #include <torch/utils.h>
 
 #include "anvil/io/hf_model.h"
+#include "anvil/models/layers.h"
 #include "anvil/models/registry.h"
 #include "test_util.h"
 
@@ -101,3 +102,38 @@ TEST(GPT2, SavedFolderReloadsIdentically) {
 
 }  // namespace
 }  // namespace anvil::models::gpt2
+
+namespace anvil::models::layers {
+namespace {
+
+TEST(VocabProjection, PaddedGemmEqualsThePlainProductAndItsGradients) {
+  // An odd vocabulary padded to a multiple of 64 for the GEMM (what training on CUDA does): the same
+  // logits, and the same gradients for the hidden states, the weight and the bias, in float32.
+  at::manual_seed(0);
+  for (const int64_t V : {50, 257, 64}) {
+    SCOPED_TRACE(V);
+    const auto h0 = at::randn({3, 5, 24}), w0 = at::randn({V, 24}), b0 = at::randn({V});
+    const auto up = at::randn({3, 5, V});
+    std::vector<at::Tensor> grads[2], outs;
+    for (int64_t pad_to : {1, 64}) {
+      auto h = h0.clone().requires_grad_(), w = w0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+      const auto y = vocab_projection(h, w, b, pad_to);
+      ASSERT_EQ(y.sizes(), (at::IntArrayRef{3, 5, V}));
+      (y * up).sum().backward();
+      outs.push_back(y.detach());
+      grads[pad_to == 64] = {h.grad(), w.grad(), b.grad()};
+    }
+    // Relative to the largest entry: only the summation order of float32 products may differ.
+    auto rel = [](const at::Tensor& a, const at::Tensor& b) {
+      return ((a - b).abs().max() / b.abs().max()).item<double>();
+    };
+    EXPECT_LT(rel(outs[1], outs[0]), 1e-6);
+    for (size_t i = 0; i < 3; ++i) EXPECT_LT(rel(grads[1][i], grads[0][i]), 1e-6) << i;
+  }
+  // On the CPU, and when decoding, lm_head does not pad: its result is at::linear's, bit for bit.
+  const auto h = at::randn({2, 24}), w = at::randn({50, 24});
+  EXPECT_TRUE(at::equal(lm_head(h, w), at::linear(h, w)));
+}
+
+}  // namespace
+}  // namespace anvil::models::layers

@@ -341,6 +341,18 @@ TEST(PpoLearning, ExactMatchRewardRaisesHeldOutExactMatchWithBoundedKl) {
   for (const auto& m : lines)
     if (m.contains("objective/kl")) max_kl = std::max(max_kl, m["objective/kl"].get<double>());
   EXPECT_LT(max_kl, 5.0);  // nats per response: the policy stays near the reference
+  // Every iteration logs its time split: generation, scoring, the previous iteration's steps.
+  int64_t iterations = 0, with_train = 0;
+  for (const auto& m : lines) {
+    if (!m.contains("objective/kl")) continue;
+    ++iterations;
+    EXPECT_GT(m.value("time/rollout_s", 0.0), 0.0) << m.dump();
+    EXPECT_GT(m.value("time/reward_s", 0.0), 0.0) << m.dump();
+    EXPECT_GT(m.value("rollout/tokens_per_s", 0.0), 0.0) << m.dump();
+    with_train += m.contains("time/train_s") ? 1 : 0;
+  }
+  EXPECT_GT(iterations, 1);
+  EXPECT_GE(with_train + 1, iterations) << "time/train_s on every iteration after the first";
   // The checkpoint holds the value head beside the HF files and the objective's state.
   EXPECT_TRUE(stdfs::exists(dir / "ppo" / "checkpoint-200" / "heads.safetensors"));
   const auto state = nlohmann::json::parse(anvil::testing::read_text(dir / "ppo" / "checkpoint-200" / "trainer_state.json"));

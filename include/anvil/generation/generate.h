@@ -24,7 +24,7 @@ enum class CudaGraphs { kAuto, kOn, kOff };
 
 /// Sampling is on the model's device: penalties, then the logits processors,
 /// then (when sampling) temperature, top-k, top-p and min-p (transformers'
-/// order), then a Gumbel-max draw from a counter-based generator keyed by
+/// order), then a draw (inverse CDF) from a counter-based generator keyed by
 /// (row seed, step): a row's tokens depend on its seed and its scores alone,
 /// never on the batch it is decoded in. Greedy skips the warpers.
 struct SamplingOptions : WarpOptions {

@@ -43,8 +43,9 @@ uint64_t row_key(uint64_t seed);
 /// the scores' device. The same on every device and for any batch a row is in.
 at::Tensor counter_uniform(const at::Tensor& keys, const at::Tensor& step, int64_t vocab);
 
-/// Draws one token per row from softmax(scores) by the Gumbel-max trick with
-/// counter_uniform's noise: argmax(scores - log(-log u)). (B) int64, on the
+/// Draws one token per row from softmax(scores) by inverting its cumulative
+/// distribution at one counter_uniform value per row (the row's key, `step`):
+/// a few passes over (B, V), not a noise value per token. (B) int64, on the
 /// scores' device. Tokens at -inf are never drawn.
 at::Tensor draw(const at::Tensor& scores, const at::Tensor& keys, const at::Tensor& step);
 

@@ -71,6 +71,18 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, const
 /// apply_rotary_pos_emb (rotate_half convention).
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
+/// The LM head's product hidden (..., C) x weight (V, C)^T (+ bias) -> (..., V).
+/// With `pad_to` > 1 and V not a multiple of it, the weight is zero-padded to
+/// the next multiple for the GEMM and the result narrowed back to V columns:
+/// an odd vocabulary (GPT-2's 50,257) otherwise leaves the logits' rows
+/// unaligned, and cuBLAS then runs its slow unaligned kernels for the forward
+/// and both backward products. Nothing outside the call sees the padding.
+at::Tensor vocab_projection(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias = {},
+                            int64_t pad_to = 1);
+/// vocab_projection with the padding where it pays: 64 on CUDA while
+/// gradients are recorded (training steps), none elsewhere (the CPU, decoding).
+at::Tensor lm_head(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias = {});
+
 /// HF activation by its config name: gelu, gelu_new, gelu_pytorch_tanh, silu, relu.
 at::Tensor activation(const at::Tensor& x, const std::string& name);
 bool is_supported_activation(const std::string& name);

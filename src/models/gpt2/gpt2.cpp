@@ -104,7 +104,7 @@ at::Tensor GPT2LMHeadModel::forward_hidden(const at::Tensor& input_ids, const Fo
 }
 
 at::Tensor GPT2LMHeadModel::logits(const at::Tensor& hidden) {
-  return torch::nn::functional::linear(hidden, transformer->wte->weight);  // (B, T, V), tied head
+  return layers::lm_head(hidden, transformer->wte->weight);  // (B, T, V), tied head
 }
 
 void GPT2LMHeadModel::reset_parameters() {

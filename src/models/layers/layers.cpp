@@ -109,6 +109,21 @@ at::Tensor activation(const at::Tensor& x, const std::string& name) {
   TORCH_CHECK(false, "unsupported activation ", name);
 }
 
+at::Tensor vocab_projection(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
+                            int64_t pad_to) {
+  const int64_t V = weight.size(0);
+  const int64_t pad = pad_to > 1 ? (pad_to - V % pad_to) % pad_to : 0;
+  if (pad == 0) return at::linear(hidden, weight, bias);
+  auto w = at::constant_pad_nd(weight, {0, 0, 0, pad});  // (V + pad, C): zero rows, differentiable
+  auto b = bias.defined() ? at::constant_pad_nd(bias, {0, pad}) : at::Tensor();
+  return at::linear(hidden, w, b).narrow(-1, 0, V);
+}
+
+at::Tensor lm_head(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias) {
+  const bool pays = hidden.is_cuda() && at::GradMode::is_enabled();
+  return vocab_projection(hidden, weight, bias, pays ? 64 : 1);
+}
+
 at::Tensor positions(const ForwardArgs& args, int64_t batch, int64_t seq, const at::Device& device) {
   if (args.position_ids.defined()) {
     TORCH_CHECK(args.position_ids.size(0) == batch && args.position_ids.size(1) == seq,

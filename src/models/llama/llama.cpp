@@ -103,7 +103,8 @@ at::Tensor LlamaForCausalLM::forward_hidden(const at::Tensor& input_ids, const F
 }
 
 at::Tensor LlamaForCausalLM::logits(const at::Tensor& hidden) {
-  return lm_head ? lm_head(hidden) : torch::nn::functional::linear(hidden, model->embed_tokens->weight);
+  if (!lm_head) return layers::lm_head(hidden, model->embed_tokens->weight);  // tied
+  return layers::lm_head(hidden, lm_head->weight, lm_head->bias);
 }
 
 void LlamaForCausalLM::reset_parameters() {

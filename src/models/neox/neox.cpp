@@ -99,7 +99,8 @@ at::Tensor GPTNeoXForCausalLM::forward_hidden(const at::Tensor& input_ids, const
 }
 
 at::Tensor GPTNeoXForCausalLM::logits(const at::Tensor& hidden) {
-  return embed_out ? embed_out(hidden) : torch::nn::functional::linear(hidden, gpt_neox->embed_in->weight);
+  if (!embed_out) return layers::lm_head(hidden, gpt_neox->embed_in->weight);  // tied
+  return layers::lm_head(hidden, embed_out->weight, embed_out->bias);
 }
 
 void GPTNeoXForCausalLM::reset_parameters() {

@@ -138,7 +138,8 @@ at::Tensor OPTForCausalLM::forward_hidden(const at::Tensor& input_ids, const For
 }
 
 at::Tensor OPTForCausalLM::logits(const at::Tensor& hidden) {
-  return lm_head_ ? lm_head_(hidden) : torch::nn::functional::linear(hidden, decoder_->embed_tokens->weight);
+  if (!lm_head_) return layers::lm_head(hidden, decoder_->embed_tokens->weight);  // tied
+  return layers::lm_head(hidden, lm_head_->weight, lm_head_->bias);
 }
 
 void OPTForCausalLM::reset_parameters() {
