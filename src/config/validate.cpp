@@ -81,9 +81,6 @@ void check_training(const RunConfig& c, const FlatConfig& flat, const Fail& fail
     for (const auto s : p) given += (given.empty() ? "" : ", ") + std::to_string(s);
     fail("train.profile_steps", concat("expected [first, last] with first <= last, got [", given, "]"));
   }
-  if (c.schedule.warmup_steps > c.train.max_steps)
-    fail("schedule.warmup_steps", concat("expected at most train.max_steps (", c.train.max_steps, "), got ",
-                                         c.schedule.warmup_steps));
   if (c.model.from.empty() && c.tokenizer.path.empty())
     fail("tokenizer.path", "required key is missing; expected a tokenizer file (or set model.from)");
 }

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
+#include <map>
 #include <mutex>
 
 #include "anvil/core/logging.h"
@@ -163,8 +164,31 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
     return next;
   };
 
-  // Prefill, and the first new token. `next` is a fixed buffer: a captured step reads and refills it.
-  auto next = choose_next(model.hidden_states(input, args).select(1, -1), step_t);
+  // Prefill, and the first new token. Rows with the same prompt (a GRPO or RLOO group) share one
+  // prefill: the first such row's keys and values are copied to the others.
+  std::vector<int64_t> firsts, source(static_cast<size_t>(B));  // unique rows; row -> its unique row
+  {
+    std::map<std::vector<int64_t>, int64_t> index_of;
+    for (int64_t b = 0; b < B; ++b) {
+      const auto [it, fresh] = index_of.emplace(*prompts[static_cast<size_t>(b)], static_cast<int64_t>(firsts.size()));
+      if (fresh) firsts.push_back(b);
+      source[static_cast<size_t>(b)] = it->second;
+    }
+  }
+  at::Tensor last;
+  if (opt.share_prefixes && static_cast<int64_t>(firsts.size()) < B) {
+    const auto unique = at::tensor(firsts, at::kLong).to(device);
+    auto once = args;
+    once.position_ids = args.position_ids.index_select(0, unique);
+    if (padded) once.attention_mask = args.attention_mask.index_select(0, unique);
+    const auto to_rows = at::tensor(source, at::kLong).to(device);
+    last = model.hidden_states(input.index_select(0, unique), once).select(1, -1).index_select(0, to_rows);
+    cache.select_rows(to_rows);
+  } else {
+    last = model.hidden_states(input, args).select(1, -1);
+  }
+  // `next` is a fixed buffer: a captured step reads and refills it.
+  auto next = choose_next(last, step_t);
   int64_t taken = 1;  // tokens produced so far; the last of them is the next step's input
 
   // One decode step: the last token in, the next token out, everything on the device. Captured

@@ -6,10 +6,12 @@
 namespace anvil::optim {
 
 double lr_at(const config::ScheduleConfig& s, double peak, int64_t step, int64_t max_steps) {
-  if (step < s.warmup_steps) return peak * static_cast<double>(step) / static_cast<double>(s.warmup_steps);
+  // A warmup longer than the run (a short smoke run of a shipped config) is clamped to the run.
+  const int64_t warmup = std::min(s.warmup_steps, max_steps);
+  if (step < warmup) return peak * static_cast<double>(step) / static_cast<double>(warmup);
   const double floor = s.min_lr_ratio * peak;
-  const double span = static_cast<double>(std::max<int64_t>(1, max_steps - s.warmup_steps));
-  const double progress = std::clamp(static_cast<double>(step - s.warmup_steps) / span, 0.0, 1.0);
+  const double span = static_cast<double>(std::max<int64_t>(1, max_steps - warmup));
+  const double progress = std::clamp(static_cast<double>(step - warmup) / span, 0.0, 1.0);
   if (s.decay == "cosine") return floor + (peak - floor) * 0.5 * (1.0 + std::cos(M_PI * progress));
   if (s.decay == "linear") return floor + (peak - floor) * (1.0 - progress);
   return peak;  // constant

@@ -113,7 +113,9 @@ class WithSpecialTokens final : public Tokenizer {
       auto& added = j["added_tokens"];
       if (!added.is_array()) added = json::array();
       for (const auto& [t, id] : ids_) {
-        const bool listed = std::any_of(added.begin(), added.end(), [&](const json& a) { return a.value("id", -1) == id; });
+        const auto wanted = id;  // a copy: clang 14 (the fuzz build) cannot capture a structured binding
+        const bool listed =
+            std::any_of(added.begin(), added.end(), [wanted](const json& a) { return a.value("id", -1) == wanted; });
         if (!listed) added.push_back(added_token_entry(id, t));
       }
       fs::write_file_atomic(dir / "tokenizer.json", j.dump(2) + "\n");

@@ -216,6 +216,9 @@ class TrainLoop {
       nonfinite_total_ = resumed->nonfinite_steps;
     }
     first_step_ = step_;
+    if (run_.lead && cfg_.schedule.warmup_steps > cfg_.train.max_steps)
+      log::warn("schedule.warmup_steps (", cfg_.schedule.warmup_steps, ") is longer than train.max_steps (",
+                cfg_.train.max_steps, "): the warmup is clamped to the run's ", cfg_.train.max_steps, " steps");
     if (run_.lead) metrics_.emplace(run_.out_dir / "metrics.jsonl", step_);
     if (run_.lead && cfg_.logging.tensorboard) {
       const auto dir = cfg_.logging.tensorboard_dir.empty() ? run_.out_dir / "tensorboard"

@@ -220,6 +220,12 @@ TEST_F(ConfigTest, InvalidYamlAndMissingFile) {
   EXPECT_EQ(error_of({base_}, {"train.seed"}), "command line: \"train.seed\": expected key.path=value");
 }
 
+TEST_F(ConfigTest, AWarmupLongerThanTheRunLoads) {
+  // A smoke run of a shipped config: the schedule clamps the warmup (Schedule.AWarmupLongerThanTheRunIsClampedToIt).
+  const auto c = load_config({base_}, {"schedule.warmup_steps=50", "train.max_steps=10"});
+  EXPECT_EQ(c.schedule.warmup_steps, 50);
+}
+
 TEST_F(ConfigTest, SectionGivenAScalar) {
   EXPECT_EQ(error_of({base_}, {"train=3"}), "command line (train=3): train: expected a map of train.* keys, got \"3\"");
 }

@@ -216,6 +216,29 @@ TEST(Generation, SampledRowsDependOnTheirSeedAloneWhateverTheBatch) {
   EXPECT_EQ(stopped, std::vector<int64_t>(seeded[0].begin(), first + 1));
 }
 
+TEST(Generation, RepeatedPromptsShareOnePrefillAndDecodeAsAlone) {
+  // A GRPO-shaped batch: prompts repeated in groups, each row its own seed. The rows decode as they
+  // do without sharing, greedy and sampled, padded or not.
+  auto model = tiny_model();
+  const std::vector<std::vector<int64_t>> prompts = {{1, 2, 3}, {1, 2, 3}, {4, 5, 6, 7, 8}, {1, 2, 3}, {4, 5, 6, 7, 8}};
+  for (const bool greedy : {true, false}) {
+    SCOPED_TRACE(greedy ? "greedy" : "sampled");
+    SamplingOptions opt;
+    opt.max_new_tokens = 10;
+    opt.greedy = greedy;
+    opt.row_seeds = {1, 2, 3, 4, 5};
+    const auto g = generate_with_logprobs(*model, prompts, opt);
+    auto alone = opt;
+    alone.share_prefixes = false;
+    const auto ref = generate_with_logprobs(*model, prompts, alone);
+    EXPECT_EQ(g.tokens, ref.tokens);
+    for (size_t i = 0; i < prompts.size(); ++i)
+      for (size_t t = 0; t < ref.logprobs[i].size(); ++t) EXPECT_NEAR(g.logprobs[i][t], ref.logprobs[i][t], 1e-5);
+    if (greedy) EXPECT_EQ(g.tokens[0], g.tokens[1]);
+    else EXPECT_NE(g.tokens[0], g.tokens[1]) << "rows of one prompt draw from their own seeds";
+  }
+}
+
 TEST(Generation, PenaltiesSteerAwayFromRepeats) {
   auto model = tiny_model();
   const std::vector<std::vector<int64_t>> prompts = {{1, 2, 3, 4, 5}, {7, 8}};

@@ -46,6 +46,10 @@ struct SamplingOptions : WarpOptions {
   /// Decode steps on CUDA run as one captured graph (auto: on for CUDA when
   /// nothing needs the host per step: no logits processors, no score_fn).
   CudaGraphs cuda_graphs = CudaGraphs::kAuto;
+  /// Rows of a batch with the same prompt (GRPO / RLOO groups of samples)
+  /// share one prefill: it runs on each distinct prompt once, and its keys
+  /// and values are copied to the rows that repeat it.
+  bool share_prefixes = true;
 };
 
 /// New tokens of each prompt and each one's log-probability under the
