@@ -28,5 +28,16 @@ TEST(Schedule, LinearAndConstant) {
   EXPECT_DOUBLE_EQ(lr_at(s, 2.0, 99, 100), 2.0);
 }
 
+TEST(Schedule, AWarmupLongerThanTheRunIsClampedToIt) {
+  config::ScheduleConfig s;
+  s.warmup_steps = 100;
+  s.decay = "cosine";
+  // 40 steps: the warmup ends with the run, reaching the peak at its last step instead of 40 % of it.
+  EXPECT_DOUBLE_EQ(lr_at(s, 1.0, 10, 40), 0.25);
+  EXPECT_DOUBLE_EQ(lr_at(s, 1.0, 40, 40), 1.0);
+  // Within the run, unchanged.
+  EXPECT_DOUBLE_EQ(lr_at(s, 1.0, 10, 400), 0.1);
+}
+
 }  // namespace
 }  // namespace anvil::optim
