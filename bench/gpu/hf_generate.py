@@ -20,6 +20,7 @@ mk.add_argument("--vocab", type=int, default=None)
 mk.add_argument("--out", required=True)
 mk.add_argument("--prompt-len", type=int, default=128)
 mk.add_argument("--batches", default="1,32")
+mk.add_argument("--groups", default="", help="GRPO-shaped prompt files: PxN = P prompts, each N times in a row")
 mk.add_argument("--init-std", type=float, default=None, help="initializer_range (larger: peaked logits, no ties)")
 rn = sub.add_parser("run")
 rn.add_argument("--dir", required=True)
@@ -46,6 +47,10 @@ if a.cmd == "make":
     for b in map(int, a.batches.split(",")):
         ids = torch.randint(m["vocab_size"], (b, a.prompt_len), generator=g).tolist()
         json.dump(ids, open(f"{a.out}/prompts_b{b}.json", "w"))
+    for grp in filter(None, a.groups.split(",")):
+        n_prompts, n_samples = map(int, grp.split("x"))
+        ids = torch.randint(m["vocab_size"], (n_prompts, a.prompt_len), generator=g).tolist()
+        json.dump([row for row in ids for _ in range(n_samples)], open(f"{a.out}/prompts_g{grp}.json", "w"))
     raise SystemExit(0)
 
 cuda = a.device.startswith("cuda")

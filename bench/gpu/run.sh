@@ -23,7 +23,8 @@
 #   --no-build  use the binaries already in $BUILD
 # env: BUILD (default /tmp/anvil-gpu-build; --smoke: build), OUT (results; default /tmp/anvil-gpu-bench),
 #      PYTHON (default python3), ROUNDS (alternations per comparison, default 1), SMOKE_COMPILE=1 (compile
-#      peers in --smoke too)
+#      peers in --smoke too), GEN_BATCHES (default "1 32 128"), GEN_COMPILE=0 (gen: leave out the static-cache
+#      + torch.compile peer, about a minute per shape), TRAIN_PEERS=0 (train, profile: Anvil alone)
 # Without a registry (the lent GPU machines): run bench/gpu/fetch_debs.sh on a Debian machine first and
 # send .gpudeps with the repository (device call: carry [".gpudeps"]); they are unpacked into
 # /tmp/anvil-deps.
@@ -53,13 +54,14 @@ export PYTHONPATH=$ROOT/bench/gpu${PYTHONPATH:+:$PYTHONPATH}
 if ((SMOKE)); then
   BUILD=${BUILD:-build} DEVICE=cpu LIMIT=180 COMPILE=${SMOKE_COMPILE:-0}
   GPT2=configs/models/gpt2-debug.yaml LLAMA=configs/models/llama-debug.yaml
-  GPT2_SHAPE="2 64" LLAMA_SHAPE="2 64" STEPS=8 WARMUP=3 GEN_PROMPT=8 GEN_NEW=8 GEN_BATCHES="4"
+  GPT2_SHAPE="2 64" LLAMA_SHAPE="2 64" STEPS=8 WARMUP=3 GEN_PROMPT=8 GEN_NEW=8 GEN_BATCHES="4" GEN_GROUPS=2x2 GEN_GROUP_NEW=6
   VOCAB=$($PY -c "import sentencepiece as s; print(s.SentencePieceProcessor(model_file='data/tokenizer.model').vocab_size())")
   CORPUS_LINES=60 CORPUS_WORDS=300
 else
   BUILD=${BUILD:-/tmp/anvil-gpu-build} DEVICE=cuda LIMIT=420 COMPILE=1
   GPT2=configs/models/gpt2-124m.yaml LLAMA=configs/models/llama-1b.yaml
-  GPT2_SHAPE="16 1024" LLAMA_SHAPE="4 2048" STEPS=25 WARMUP=5 GEN_PROMPT=128 GEN_NEW=128 GEN_BATCHES="1 32 128"
+  GPT2_SHAPE="16 1024" LLAMA_SHAPE="4 2048" STEPS=25 WARMUP=5 GEN_PROMPT=128 GEN_NEW=128
+  GEN_BATCHES=${GEN_BATCHES:-"1 32 128"} GEN_GROUPS=16x8 GEN_GROUP_NEW=256
   VOCAB=""  # both configs set vocab_size
   CORPUS_LINES=1500 CORPUS_WORDS=1200
 fi
@@ -185,6 +187,14 @@ if has check; then
     check losses "$n: $DEVICE bf16 losses ~ float32" "$OUTD/runs/chk-$n-bf16/metrics.jsonl" \
       "$OUTD/runs/chk-$n-fp32/metrics.jsonl" --atol 0.05
   done
+  # The fused LM head + loss (the default; vocabulary padded to 64 on CUDA) = whole logits, then the loss.
+  for prec in fp32 bf16; do
+    anvil_run chk-gpt2-debug-plain-$prec "$DBG_GPT2" 4 64 $prec "${few[@]}" train.fused_loss=false
+  done
+  check losses "gpt2-debug: fused loss = plain on $DEVICE, float32" "$OUTD/runs/chk-gpt2-debug-fp32/metrics.jsonl" \
+    "$OUTD/runs/chk-gpt2-debug-plain-fp32/metrics.jsonl" --atol 1e-5 --rtol 1e-5
+  check losses "gpt2-debug: fused loss ~ plain on $DEVICE, bf16" "$OUTD/runs/chk-gpt2-debug-bf16/metrics.jsonl" \
+    "$OUTD/runs/chk-gpt2-debug-plain-bf16/metrics.jsonl" --atol 0.02
   full=(dist.sharding=full_shard)
   [[ $DEVICE == cuda ]] && full+=(dist.backend=nccl) &&
     RUN_ENV=(RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29518)
@@ -241,7 +251,9 @@ if has profile; then
     cp "$OUTD/runs/anvil-profile/profile/summary.txt" "$OUTD/profile-anvil.txt" && cat "$OUTD/profile-anvil.txt"
   fi
   rm -rf "$OUTD"/runs/anvil-profile/checkpoint-*
-  if timeout "$LIMIT" $PY bench/gpu/profile_hf.py --model "$GPT2" "${VOCAB_ARG[@]}" --batch "$1" --seq "$2" \
+  if ((${TRAIN_PEERS:-1} == 0)); then
+    echo "profile: the compiled peer left out (TRAIN_PEERS=0)"
+  elif timeout "$LIMIT" $PY bench/gpu/profile_hf.py --model "$GPT2" "${VOCAB_ARG[@]}" --batch "$1" --seq "$2" \
     --compile "$COMPILE" --warmup 4 --steps 3 --device "$DEVICE" --out "$OUTD/profile-hf" >/dev/null 2>>"$OUTD/hf.err"; then
     cp "$OUTD/profile-hf/summary.txt" "$OUTD/profile-hf.txt" && cat "$OUTD/profile-hf.txt"
   else
@@ -254,8 +266,8 @@ if has train; then
     for r in $(seq "$ROUNDS"); do
       stamp "train $1 $2x$3, round $r"
       anvil_train anvil "$1" "$2" "$3" bf16
-      hf_train "$1" "$2" "$3" autocast 0
-      ((COMPILE)) && hf_train "$1" "$2" "$3" autocast 1
+      ((${TRAIN_PEERS:-1})) && hf_train "$1" "$2" "$3" autocast 0
+      ((COMPILE && ${TRAIN_PEERS:-1})) && hf_train "$1" "$2" "$3" autocast 1
     done
   done
 fi
@@ -294,7 +306,7 @@ if has gen; then
   G=$OUTD/gen-model
   stamp "generation $GPT2"
   [[ -f $G/config.json ]] || $PY bench/gpu/hf_generate.py make --model "$GPT2" "${VOCAB_ARG[@]}" --out "$G" \
-    --prompt-len "$GEN_PROMPT" --batches "${GEN_BATCHES// /,}" 2>>"$OUTD/hf.err"
+    --prompt-len "$GEN_PROMPT" --batches "${GEN_BATCHES// /,}" --groups "$GEN_GROUPS" 2>>"$OUTD/hf.err"
   dtype=bfloat16
   [[ $DEVICE == cpu ]] && dtype=float32
   for b in $GEN_BATCHES; do
@@ -305,13 +317,25 @@ if has gen; then
           { echo "bench_generate b$b $mode failed:"; tail -n 15 "$OUTD/gen.err"; }
         impls=(default)
         # The compiled peer compiles for about a minute per shape: greedy, batches up to 32.
-        [[ $mode == greedy ]] && ((COMPILE)) && ((b <= 32)) && impls+=(static-compile)
+        [[ $mode == greedy ]] && ((${GEN_COMPILE:-$COMPILE})) && ((b <= 32)) && impls+=(static-compile)
         for impl in "${impls[@]}"; do
           timeout "$LIMIT" $PY bench/gpu/hf_generate.py run --dir "$G" --prompts "$G/prompts_b$b.json" \
             --new "$GEN_NEW" --mode $mode --impl $impl --device "$DEVICE" --dtype $dtype 2>>"$OUTD/hf.err" |
             tee -a "$RES" || { echo "transformers.generate b$b $mode $impl failed:"; tail -n 15 "$OUTD/hf.err"; }
         done
       done
+    done
+  done
+  # GRPO-shaped: P prompts x N samples each (rows of a group share their prompt), sampled, longer answers.
+  for grp in $GEN_GROUPS; do
+    stamp "generation $GPT2, groups $grp"
+    for r in $(seq "$ROUNDS"); do
+      timeout "$LIMIT" "$BUILD/bin/bench_generate" --model "$G" --prompts "$G/prompts_g$grp.json" \
+        --new "$GEN_GROUP_NEW" --mode sample --device "$DEVICE" --dtype $dtype 2>>"$OUTD/gen.err" | tee -a "$RES" ||
+        { echo "bench_generate groups $grp failed:"; tail -n 15 "$OUTD/gen.err"; }
+      timeout "$LIMIT" $PY bench/gpu/hf_generate.py run --dir "$G" --prompts "$G/prompts_g$grp.json" \
+        --new "$GEN_GROUP_NEW" --mode sample --impl default --device "$DEVICE" --dtype $dtype 2>>"$OUTD/hf.err" |
+        tee -a "$RES" || { echo "transformers.generate groups $grp failed:"; tail -n 15 "$OUTD/hf.err"; }
     done
   done
 fi

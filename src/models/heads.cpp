@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "anvil/models/causal_lm.h"
+#include "anvil/models/layers.h"
 
 namespace anvil::models {
 
@@ -22,6 +23,11 @@ void CausalLM::add_score_head(double init_std) {
     score_head_->weight.normal_(0.0, init_std);  // HF _init_weights: normal(0, initializer_range)
   }
   score_head_->to(ref.device(), ref.scalar_type());
+}
+
+at::Tensor CausalLM::logits(const at::Tensor& hidden) {
+  const auto head = output_head();
+  return layers::lm_head(hidden, head.weight, head.bias);
 }
 
 void CausalLM::resize_vocab(int64_t n) {

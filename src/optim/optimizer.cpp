@@ -18,7 +18,7 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
   }
   for (auto& group : param_groups()) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
-    std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
+    std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, advance;
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       TORCH_CHECK(!p.grad().is_sparse(), "FusedAdamW does not support sparse gradients");
@@ -39,10 +39,19 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
       exp_avgs.push_back(st.exp_avg());
       exp_avg_sqs.push_back(st.exp_avg_sq());
       if (o.amsgrad()) max_exp_avg_sqs.push_back(st.max_exp_avg_sq());
-      // The kernel reads the step count (already incremented) from a float tensor beside the parameter.
-      steps.push_back(at::scalar_tensor(static_cast<double>(st.step()), p.options().dtype(at::kFloat)));
+      // The kernel reads the step count (already incremented) from a float
+      // tensor beside the parameter: one kept there, advanced below.
+      auto& d = device_steps_[p.unsafeGetTensorImpl()];
+      if (d.value.defined() && d.count == st.step() - 1) {
+        advance.push_back(d.value);
+      } else {
+        d.value = at::full({}, static_cast<double>(st.step()), p.options().dtype(at::kFloat));
+      }
+      d.count = st.step();
+      steps.push_back(d.value);
     }
     if (params.empty()) continue;
+    if (!advance.empty()) at::_foreach_add_(advance, 1);
     at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, o.lr(), std::get<0>(o.betas()),
                       std::get<1>(o.betas()), o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false);
   }

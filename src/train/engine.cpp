@@ -3,7 +3,6 @@
 // the optimizer and the checkpoint goes through here.
 #include "anvil/train/engine.h"
 
-#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
@@ -43,16 +42,28 @@ int64_t optimizer_bytes(torch::optim::Optimizer& opt) {
   return storage_bytes(ts, seen);
 }
 
-/// Global L2 norm of the gradients of `params`, clipped to `max_norm` when larger (0 = only measure).
+/// Global L2 norm of the gradients of `params`, clipped to `max_norm` when
+/// larger (0 = only measure): torch's clip_grad_norm_ (coefficient
+/// max_norm / (norm + 1e-6), applied when below 1) in a few fused launches,
+/// the coefficient staying on the device; the norm is read once.
 double clip_or_measure(const std::vector<at::Tensor>& params, double max_norm) {
-  if (max_norm > 0) return torch::nn::utils::clip_grad_norm_(params, max_norm);
-  at::Tensor sq;  // summed on the device: one host sync
-  for (const auto& p : params) {
-    if (!p.grad().defined()) continue;
-    auto t = p.grad().to(at::kDouble).pow(2).sum();
-    sq = sq.defined() ? sq + t : t;
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  if (grads.empty()) return 0.0;
+  const auto norms = at::_foreach_norm(grads, 2);
+  std::vector<at::Tensor> flat;
+  flat.reserve(norms.size());
+  // Measured in the gradients' dtype as torch does when clipping; in double when only measured.
+  const auto acc = max_norm > 0 ? grads.front().scalar_type() : at::kDouble;
+  for (const auto& n : norms) flat.push_back(n.to(acc));
+  const auto total = at::linalg_vector_norm(at::stack(flat), 2);
+  if (max_norm > 0) {
+    const auto coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
+    at::_foreach_mul_(grads, coef);
   }
-  return sq.defined() ? std::sqrt(sq.item<double>()) : 0.0;
+  return total.item<double>();
 }
 
 using Trains = std::function<bool(const std::string&)>;

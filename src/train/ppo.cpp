@@ -31,6 +31,7 @@
 #include "anvil/models/lora.h"
 #include "anvil/train/engine.h"
 #include "train/lm_data.h"
+#include "train/lm_loss.h"
 #include "train/ppo_rollout.h"
 #include "train/response_rewards.h"
 
@@ -110,6 +111,25 @@ class RolloutSource final : public BatchSource {
   std::vector<Batch> micro_;
   size_t cursor_ = 0;
 };
+
+/// (B, R) log-probabilities of `tokens` at the (B, R, C) hidden states
+/// `sel` under softmax(logits / temperature): through the fused head
+/// (train.fused_loss), or from the whole (B, R, V) logits. With `entropy`,
+/// each position's entropy too (no grad).
+at::Tensor token_logps(models::CausalLM& model, const at::Tensor& sel, const at::Tensor& tokens, double temperature,
+                       bool fused, at::Tensor* entropy = nullptr) {
+  if (fused) {
+    const auto head = model.output_head();
+    at::Tensor ent;
+    auto logp = fused_linear_logprobs(sel.reshape({-1, sel.size(-1)}), head.weight, head.bias, tokens.reshape({-1}),
+                                      temperature, {}, entropy ? &ent : nullptr);
+    if (entropy) *entropy = ent.view(tokens.sizes());
+    return logp.view(tokens.sizes());
+  }
+  const auto all = (model.logits(sel).to(at::kFloat) / temperature).log_softmax(-1);
+  if (entropy) *entropy = -(all.exp() * all).sum(-1).detach();
+  return all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1);
+}
 
 struct PpoObjective::State {
   config::RunConfig cfg;
@@ -302,8 +322,9 @@ void PpoObjective::State::forward_logps(models::CausalLM& model, std::vector<Rol
     const auto hidden = model.hidden_states(ids, {});
     const auto H = hidden.size(-1);
     const auto sel = hidden.gather(1, pos.unsqueeze(-1).expand({pos.size(0), pos.size(1), H}));
-    const auto logits = model.logits(sel).to(at::kFloat) / ppo.temperature;
-    const auto logp = logits.log_softmax(-1).gather(-1, b.tensors.at("tokens").to(device).unsqueeze(-1)).squeeze(-1).cpu();
+    const auto logp = token_logps(model, sel, b.tensors.at("tokens").to(device), ppo.temperature,
+                                  cfg.train.fused_loss)
+                          .cpu();
     at::Tensor v;
     if (values) v = this->values(model, ids, pos, sel).cpu();
     for (size_t i = start; i < end; ++i) {
@@ -531,9 +552,8 @@ at::Tensor PpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
   const auto hidden = model.hidden_states(ids, {});
   const auto H = hidden.size(-1);
   const auto sel = hidden.gather(1, pos.unsqueeze(-1).expand({pos.size(0), pos.size(1), H}));
-  const auto logits = model.logits(sel).to(at::kFloat) / p.temperature;
-  const auto all = logits.log_softmax(-1);
-  const auto logp = all.gather(-1, t("tokens").unsqueeze(-1)).squeeze(-1);
+  at::Tensor entropy;
+  const auto logp = token_logps(model, sel, t("tokens"), p.temperature, s_->cfg.train.fused_loss, &entropy);
   at::Tensor values;
   if (s_->value_head) values = s_->values(model, ids, pos, sel);
   const auto terms = ppo_loss_sums(logp, t("old_logp"), t("advantages"), values, t("old_values"), t("returns"), mask,
@@ -544,7 +564,7 @@ at::Tensor PpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
   add_sum(sums, "approxkl", terms.approxkl);
   add_sum(sums, "ratio", terms.ratio);
   add_sum(sums, "tokens", mask.sum());
-  add_sum(sums, "entropy", (-(all.exp() * all).sum(-1) * mask).sum());
+  add_sum(sums, "entropy", (entropy * mask).sum());
   if (values.defined()) {
     loss = loss + p.vf_coef * terms.value;
     add_sum(sums, "vf_loss", terms.value);

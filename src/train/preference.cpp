@@ -18,6 +18,7 @@
 #include "anvil/models/registry.h"
 #include "anvil/train/sft.h"
 #include "train/lm_data.h"
+#include "train/lm_loss.h"
 #include "train/preference_data.h"
 
 namespace anvil::train {
@@ -134,6 +135,32 @@ std::pair<at::Tensor, at::Tensor> sequence_logps(const at::Tensor& logits, const
   auto logp = shift_logits.log_softmax(-1).gather(-1, safe.unsqueeze(-1)).squeeze(-1);
   return {(logp * mask).sum(-1), mask.sum(-1)};
 }
+
+namespace {
+
+/// sequence_logps from the final hidden states (B, T, C) through the fused
+/// head (train.fused_loss): no (B, T, V) logits.
+std::pair<at::Tensor, at::Tensor> fused_sequence_logps(models::CausalLM& model, const at::Tensor& hidden,
+                                                       const at::Tensor& labels) {
+  const auto B = labels.size(0), T = labels.size(1);
+  const auto shifted = at::cat({labels.narrow(1, 1, T - 1), at::full({B, 1}, data::kIgnoreIndex, labels.options())}, 1);
+  const auto head = model.output_head();
+  FusedLossOptions o;
+  o.ignore_index = data::kIgnoreIndex;
+  const auto logp = fused_linear_logprobs(hidden.reshape({-1, hidden.size(-1)}), head.weight, head.bias,
+                                          shifted.reshape({-1}), 1.0, o)
+                        .view({B, T});
+  return {logp.sum(-1), shifted.ne(data::kIgnoreIndex).sum(-1)};
+}
+
+/// A model's summed response log-probs and response lengths of an LM-style batch.
+std::pair<at::Tensor, at::Tensor> model_sequence_logps(models::CausalLM& model, const at::Tensor& ids,
+                                                       const at::Tensor& labels, bool fused) {
+  if (fused) return fused_sequence_logps(model, model.hidden_states(ids, {}), labels);
+  return sequence_logps(model.forward(ids), labels);
+}
+
+}  // namespace
 
 at::Tensor dpo_logps(const at::Tensor& sums, const at::Tensor& counts, const std::string& loss_type) {
   // TRL length-normalises the log-probs for IPO (the paper's average log-likelihood).
@@ -541,8 +568,9 @@ at::Tensor DpoObjective::State::reference_forward(const Batch& batch) {
   std::optional<EvalMode> eval;
   if (policy_reference) base.emplace(m), eval.emplace(m);  // the frozen reference is in eval mode too
   const auto device = m.parameters().front().device();
-  auto logits = m.forward(batch.tensors.at("input_ids").to(device));
-  return sequence_logps(logits, batch.tensors.at("labels").to(device)).first;
+  return model_sequence_logps(m, batch.tensors.at("input_ids").to(device), batch.tensors.at("labels").to(device),
+                              cfg.train.fused_loss)
+      .first;
 }
 
 at::Tensor DpoObjective::State::reference_sums(const Batch& batch, bool eval) {
@@ -562,8 +590,8 @@ at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
   at::Tensor policy_sums, counts;
   {
     NoDropout guard(model, s_->cfg.dpo.disable_dropout);
-    auto logits = model.forward(batch.tensors.at("input_ids").to(device));
-    std::tie(policy_sums, counts) = sequence_logps(logits, batch.tensors.at("labels").to(device));
+    std::tie(policy_sums, counts) = model_sequence_logps(model, batch.tensors.at("input_ids").to(device),
+                                                         batch.tensors.at("labels").to(device), s_->cfg.train.fused_loss);
   }
   // Rows alternate chosen, rejected (every example is a pair).
   const bool eval = !model.is_training();

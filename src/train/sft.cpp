@@ -12,9 +12,9 @@
 #include "anvil/data/token_shards.h"
 #include "anvil/generation/generate.h"
 #include "anvil/io/hf_model.h"
-#include "anvil/models/activation_checkpointing.h"
 #include "anvil/models/registry.h"
 #include "train/lm_data.h"
+#include "train/lm_loss.h"
 
 namespace anvil::train {
 
@@ -84,32 +84,36 @@ at::Tensor causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels
   return at::cross_entropy_loss(shift_logits, shift_labels, {}, at::Reduction::Sum, data::kIgnoreIndex);
 }
 
-at::Tensor chunked_lm_loss_sum(models::CausalLM& model, const at::Tensor& hidden, const at::Tensor& labels,
-                               int64_t chunk) {
-  TORCH_CHECK(chunk > 0, "chunked_lm_loss_sum: chunk must be positive");
+at::Tensor fused_lm_loss_sum(models::CausalLM& model, const at::Tensor& hidden, const at::Tensor& labels,
+                             int64_t chunk) {
   const auto C = hidden.size(-1);
-  const auto shifted = labels.narrow(1, 1, labels.size(1) - 1).reshape({-1});
-  // Which rows have a target, from the labels where they are (the batch's are on the host).
-  const auto rows = shifted.ne(data::kIgnoreIndex).nonzero().squeeze(1).to(hidden.device());
-  const auto h = hidden.narrow(1, 0, hidden.size(1) - 1).reshape({-1, C}).index_select(0, rows);
-  const auto y = shifted.to(hidden.device()).index_select(0, rows);
-  const int64_t n = rows.size(0);
-  if (n == 0) return hidden.sum().mul(0).to(at::kFloat);  // no target: zero, with a graph like the unchunked sum's
-  at::Tensor total;
-  for (int64_t s = 0; s < n; s += chunk) {
-    const auto len = std::min(chunk, n - s);
-    const auto yc = y.narrow(0, s, len);
-    models::CausalLM* m = &model;
-    const models::BlockFn project = [m, yc](const at::Tensor& x) {
-      return at::cross_entropy_loss(m->logits(x).to(at::kFloat), yc, {}, at::Reduction::Sum, data::kIgnoreIndex);
-    };
-    const auto part = models::checkpoint_block(project, h.narrow(0, s, len));
-    total = total.defined() ? total + part : part;
+  const auto B = labels.size(0);
+  // Row t predicts label t + 1; the last position of each row has no target.
+  const auto shifted =
+      at::cat({labels.narrow(1, 1, labels.size(1) - 1), at::full({B, 1}, data::kIgnoreIndex, labels.options())}, 1)
+          .reshape({-1});
+  auto h = hidden.reshape({-1, C});
+  auto y = shifted;
+  // Rows without a target (prompts, padding) are not projected: found where
+  // the labels are (the batch's are on the host, so no device sync), and
+  // skipped only when they are worth an index_select.
+  if (!labels.is_cuda()) {
+    const auto valid = shifted.ne(data::kIgnoreIndex);
+    const int64_t n = valid.sum().item<int64_t>();
+    if (n < shifted.size(0) * 9 / 10) {
+      const auto rows = valid.nonzero().squeeze(1);
+      h = h.index_select(0, rows.to(hidden.device()));
+      y = shifted.index_select(0, rows);
+    }
   }
-  return total;
+  const auto head = model.output_head();
+  FusedLossOptions o;
+  o.chunk = chunk;
+  o.ignore_index = data::kIgnoreIndex;
+  return fused_linear_cross_entropy(h, head.weight, head.bias, y.to(hidden.device()), o);
 }
 
-at::Tensor lm_batch_loss_sum(models::CausalLM& model, const Batch& batch, int64_t chunk) {
+at::Tensor lm_batch_loss_sum(models::CausalLM& model, const Batch& batch, const LmLossOptions& o) {
   const auto device = model.parameters().front().device();
   auto ids = batch.tensors.at("input_ids").to(device);
   const auto& labels = batch.tensors.at("labels");
@@ -118,7 +122,7 @@ at::Tensor lm_batch_loss_sum(models::CausalLM& model, const Batch& batch, int64_
     args.position_ids = batch.tensors.at("position_ids").to(device);
     args.attention_mask = data::document_causal_mask(it->second.to(device));
   }
-  if (chunk > 0) return chunked_lm_loss_sum(model, model.hidden_states(ids, args), labels, chunk);
+  if (o.fused) return fused_lm_loss_sum(model, model.hidden_states(ids, args), labels, o.chunk);
   return causal_lm_loss_sum(model.forward(ids, args), labels.to(device));
 }
 
@@ -258,7 +262,7 @@ struct LmObjective::State {
   int64_t stop_id = -1;  // end of an assistant turn
   bool packing = false;
   int64_t pad_id = 0;  // the tokenizer's PAD, else EOS
-  int64_t loss_chunk = 0;  // train.loss_chunk_size
+  LmLossOptions loss;  // train.fused_loss, train.loss_chunk_size
   LmData data;
   std::unique_ptr<LmBatchSource> source;
 };
@@ -282,7 +286,10 @@ LmObjective::LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenize
   o.packing = cfg.data.packing;
   s_->packing = cfg.data.packing;
   s_->pad_id = tok.padding_id();
-  s_->loss_chunk = cfg.train.loss_chunk_size;
+  s_->loss.fused = cfg.train.fused_loss;
+  s_->loss.chunk = cfg.train.loss_chunk_size;
+  if (!cfg.train.fused_loss && cfg.train.loss_chunk_size > 0)
+    throw ConfigError("train.loss_chunk_size: chunks are the fused loss's; set train.fused_loss: true or remove it");
   o.pad_id = s_->pad_id;
   s_->source = std::make_unique<LmBatchSource>(s_->data.train, std::move(sampler), o);
 }
@@ -301,7 +308,7 @@ void LmObjective::prepare(models::CausalLM& model, const RunContext&) {
 }
 
 at::Tensor LmObjective::loss_sum(models::CausalLM& model, const Batch& batch, Sums&) {
-  return lm_batch_loss_sum(model, batch, s_->loss_chunk);
+  return lm_batch_loss_sum(model, batch, s_->loss);
 }
 
 EvalResult LmObjective::evaluate(models::CausalLM& model) {
@@ -334,7 +341,7 @@ EvalResult LmObjective::evaluate(models::CausalLM& model) {
       for (const auto* smp : samples) rows.push_back({smp});
       auto b = s_->packing ? to_batch(data::collate_packed(rows, static_cast<int64_t>(longest), s_->pad_id))
                         : to_batch(data::collate_unpacked(samples, s_->pad_id));
-      sums[0] += lm_batch_loss_sum(model, b, s_->loss_chunk).item<double>();
+      sums[0] += lm_batch_loss_sum(model, b, s_->loss).item<double>();
       sums[1] += static_cast<double>(b.num_targets);
     }
     if (split) ranks_.all_sum(sums);

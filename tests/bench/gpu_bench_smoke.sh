@@ -18,9 +18,9 @@ if ! OUT=$OUTD BUILD=$BUILD PYTHON=$SRC/.venv/bin/python bash bench/gpu/run.sh -
 fi
 T=$OUTD/table.md
 fail=0
-# The check section's 13 comparisons (here CPU against CPU: they must pass trivially).
+# The check section's 15 comparisons (here CPU against CPU: they must pass trivially).
 n=$(grep -c '^PASS ' "$OUTD/checks.txt")
-[[ $n == 13 ]] || { echo "expected 13 PASS lines from the checks, got $n"; fail=1; }
+[[ $n == 15 ]] || { echo "expected 15 PASS lines from the checks, got $n"; fail=1; }
 row() { # a table row matching the regex, with a number in the tokens/s column
   grep -qE "^\| $1 \| [0-9][0-9,]* \|" "$T" || { echo "no row matching: $1"; fail=1; }
 }
@@ -37,6 +37,9 @@ row "gpt2, 4, 8 \+ 8, greedy, float32 \| anvil \(n=1\)"
 row "gpt2, 4, 8 \+ 8, greedy, float32 \| transformers-default \(n=1\)"
 row "gpt2, 4, 8 \+ 8, sample, float32 \| anvil \(n=1\)"
 row "gpt2, 4, 8 \+ 8, sample, float32 \| transformers-default \(n=1\)"
+# GRPO-shaped: 2 prompts x 2 samples, 6 new tokens.
+row "gpt2, 4, 8 \+ 6, sample, float32 \| anvil \(n=1\)"
+row "gpt2, 4, 8 \+ 6, sample, float32 \| transformers-default \(n=1\)"
 # A stall for the save at step 4 (that of the final save at step 8 comes after the last line).
 grep -qE "^checkpoint stall, anvil-save-background: per save [0-9.]+ s" "$T" || { echo "no background stall line"; fail=1; }
 grep -qE "^checkpoint stall, anvil-save-sync: per save [0-9.]+ s" "$T" || { echo "no synchronous stall line"; fail=1; }

@@ -318,6 +318,7 @@ struct TrainConfig {
   int64_t grad_accum_steps = 1;
   int64_t global_batch_size = 0;
   bool activation_checkpointing = false;
+  bool fused_loss = true;
   int64_t loss_chunk_size = 0;
   double grad_clip = 1.0;
   int64_t seed = 1234;
@@ -352,11 +353,16 @@ struct TrainConfig {
     v.field("activation_checkpointing", activation_checkpointing,
             "Recompute each transformer block in backward instead of keeping its activations (RNG state "
             "restored, so dropout matches).");
+    v.field("fused_loss", fused_loss,
+            "The LM head and the loss computed together, a chunk of tokens at a time, so the (batch x sequence x "
+            "vocabulary) logits never exist: sft and pretrain take the gradients of the hidden states and of the "
+            "head in the same pass (Liger's fused linear cross-entropy) and skip tokens without a target; dpo and "
+            "ppo (all advantages) get token log-probs whose backward recomputes each chunk's logits. false = logits "
+            "for the whole micro-batch. docs/algorithms.md.",
+            read_by({"sft", "pretrain", "dpo", "ppo"}));
     v.field("loss_chunk_size", loss_chunk_size,
-            "sft and pretrain: the language-model loss projects this many target tokens to logits at a time, "
-            "recomputing them in backward, so the (batch x sequence x vocabulary) float32 logits are never held; "
-            "tokens without a target (prompts, padding) are not projected at all. 0 = the whole micro-batch at "
-            "once. docs/algorithms.md.",
+            "sft and pretrain, with train.fused_loss: target tokens projected to logits at a time; 0 = as many as "
+            "keep a chunk's float32 logits within 1 GiB.",
             read_by({"sft", "pretrain"}, non_negative()));
     v.field("grad_clip", grad_clip, "Max global gradient L2 norm; 0 disables clipping.", non_negative());
     v.field("seed", seed, "Seed for init, data order and dropout.", non_negative());

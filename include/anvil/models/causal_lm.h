@@ -79,8 +79,14 @@ class CausalLM : public torch::nn::Module {
     a.block_runner = &block_runner_;
     return forward_hidden(input_ids, a);
   }
+  /// The LM head: logits = hidden W^T + b (bias undefined when the family has none).
+  struct OutputHead {
+    at::Tensor weight;  // (V, C): the input embedding's when tied
+    at::Tensor bias;    // (V) or undefined
+  };
+  virtual OutputHead output_head() = 0;
   /// (..., C) hidden states -> (..., V) logits.
-  virtual at::Tensor logits(const at::Tensor& hidden) = 0;
+  at::Tensor logits(const at::Tensor& hidden);
 
   /// (B, T) token ids -> (B, T, V) logits.
   at::Tensor forward(const at::Tensor& input_ids, const ForwardArgs& args) {

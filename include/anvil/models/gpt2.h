@@ -99,7 +99,7 @@ class GPT2LMHeadModel final : public CausalLM {
  public:
   explicit GPT2LMHeadModel(const GPT2Options& o);
 
-  at::Tensor logits(const at::Tensor& hidden) override;
+  OutputHead output_head() override;
   std::string block_prefix(int64_t i) const override { return "transformer.h." + std::to_string(i); }
   std::string family() const override { return "gpt2"; }
   int64_t vocab_size() const override { return options.vocab_size(); }

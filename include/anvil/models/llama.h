@@ -90,7 +90,7 @@ class LlamaForCausalLM final : public CausalLM {
  public:
   explicit LlamaForCausalLM(const LlamaOptions& o);
 
-  at::Tensor logits(const at::Tensor& hidden) override;
+  OutputHead output_head() override;
   std::string block_prefix(int64_t i) const override { return "model.layers." + std::to_string(i); }
   std::string family() const override { return "llama"; }
   int64_t vocab_size() const override { return options.vocab_size(); }

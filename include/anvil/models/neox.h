@@ -90,7 +90,7 @@ class GPTNeoXForCausalLM final : public CausalLM {
  public:
   explicit GPTNeoXForCausalLM(const NeoXOptions& o);
 
-  at::Tensor logits(const at::Tensor& hidden) override;
+  OutputHead output_head() override;
   std::string block_prefix(int64_t i) const override { return "gpt_neox.layers." + std::to_string(i); }
   std::string family() const override { return "neox"; }
   int64_t vocab_size() const override { return options.vocab_size(); }

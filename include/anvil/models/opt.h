@@ -45,7 +45,7 @@ class OPTForCausalLM final : public CausalLM {
  public:
   explicit OPTForCausalLM(const OPTOptions& o);
 
-  at::Tensor logits(const at::Tensor& hidden) override;
+  OutputHead output_head() override;
   std::string block_prefix(int64_t i) const override { return "model.decoder.layers." + std::to_string(i); }
   std::string family() const override { return "opt"; }
   int64_t vocab_size() const override { return options.vocab_size(); }

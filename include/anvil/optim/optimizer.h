@@ -5,6 +5,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <memory>
+#include <unordered_map>
 
 #include "anvil/config/config.h"
 
@@ -18,6 +19,16 @@ class FusedAdamW final : public torch::optim::AdamW {
  public:
   using torch::optim::AdamW::AdamW;
   at::Tensor step(LossClosure closure = nullptr) override;
+
+ private:
+  /// The kernel's step counters, kept on the parameters' device and advanced
+  /// in one launch per group; rebuilt from the state's count when it moved
+  /// otherwise (a loaded checkpoint).
+  struct DeviceStep {
+    int64_t count = -1;
+    at::Tensor value;
+  };
+  std::unordered_map<const void*, DeviceStep> device_steps_;
 };
 
 /// AdamW over `params`, with optimizer.weight_decay on all of them.

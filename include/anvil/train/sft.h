@@ -14,19 +14,24 @@ namespace anvil::train {
 /// logits (B, T, V), labels (B, T) aligned with the inputs.
 at::Tensor causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels);
 
-/// The same sum from the final hidden states (B, T, C): only positions with a
-/// target are projected to logits, `chunk` of them at a time, each chunk's
-/// logits recomputed in backward instead of kept, so at most (chunk, V)
-/// logits exist at once (train.loss_chunk_size). Pass `labels` where the
-/// batch has them (on the host): the target positions are found there, with
-/// no device sync.
-at::Tensor chunked_lm_loss_sum(models::CausalLM& model, const at::Tensor& hidden, const at::Tensor& labels,
-                               int64_t chunk);
+/// The same sum from the final hidden states (B, T, C), with the LM head and
+/// the loss fused (train.fused_loss): only positions with a target are
+/// projected, `chunk` rows at a time (0 = automatic), and the gradients of the
+/// hidden states and of the head are taken in the same pass, so no chunk's
+/// logits outlive it. Pass `labels` where the batch has them (on the host):
+/// the target positions are found there, with no device sync.
+at::Tensor fused_lm_loss_sum(models::CausalLM& model, const at::Tensor& hidden, const at::Tensor& labels,
+                             int64_t chunk = 0);
+
+/// How an LM batch's loss is computed (train.fused_loss, train.loss_chunk_size).
+struct LmLossOptions {
+  bool fused = true;
+  int64_t chunk = 0;
+};
 
 /// The summed loss of an LM batch (input_ids, labels and, when packed,
-/// position_ids + doc_ids for the block-diagonal mask); `chunk` > 0 computes
-/// it with chunked_lm_loss_sum.
-at::Tensor lm_batch_loss_sum(models::CausalLM& model, const Batch& batch, int64_t chunk = 0);
+/// position_ids + doc_ids for the block-diagonal mask).
+at::Tensor lm_batch_loss_sum(models::CausalLM& model, const Batch& batch, const LmLossOptions& o = {});
 
 /// algorithm: sft and algorithm: pretrain: data.train / data.eval as a
 /// mixture (packed or not), eval loss and greedy exact match on held-out SFT

@@ -103,9 +103,7 @@ at::Tensor GPT2LMHeadModel::forward_hidden(const at::Tensor& input_ids, const Fo
   return transformer->forward(input_ids, args);  // (B, T, C)
 }
 
-at::Tensor GPT2LMHeadModel::logits(const at::Tensor& hidden) {
-  return layers::lm_head(hidden, transformer->wte->weight);  // (B, T, V), tied head
-}
+CausalLM::OutputHead GPT2LMHeadModel::output_head() { return {transformer->wte->weight, {}}; }  // tied
 
 void GPT2LMHeadModel::reset_parameters() {
   at::NoGradGuard no_grad;

@@ -102,9 +102,9 @@ at::Tensor LlamaForCausalLM::forward_hidden(const at::Tensor& input_ids, const F
   return model->forward(input_ids, args);
 }
 
-at::Tensor LlamaForCausalLM::logits(const at::Tensor& hidden) {
-  if (!lm_head) return layers::lm_head(hidden, model->embed_tokens->weight);  // tied
-  return layers::lm_head(hidden, lm_head->weight, lm_head->bias);
+CausalLM::OutputHead LlamaForCausalLM::output_head() {
+  if (!lm_head) return {model->embed_tokens->weight, {}};  // tied
+  return {lm_head->weight, lm_head->bias};
 }
 
 void LlamaForCausalLM::reset_parameters() {

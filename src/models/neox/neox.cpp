@@ -98,9 +98,9 @@ at::Tensor GPTNeoXForCausalLM::forward_hidden(const at::Tensor& input_ids, const
   return gpt_neox->forward(input_ids, args);
 }
 
-at::Tensor GPTNeoXForCausalLM::logits(const at::Tensor& hidden) {
-  if (!embed_out) return layers::lm_head(hidden, gpt_neox->embed_in->weight);  // tied
-  return layers::lm_head(hidden, embed_out->weight, embed_out->bias);
+CausalLM::OutputHead GPTNeoXForCausalLM::output_head() {
+  if (!embed_out) return {gpt_neox->embed_in->weight, {}};  // tied
+  return {embed_out->weight, embed_out->bias};
 }
 
 void GPTNeoXForCausalLM::reset_parameters() {

@@ -137,9 +137,9 @@ at::Tensor OPTForCausalLM::forward_hidden(const at::Tensor& input_ids, const For
   return decoder_->forward(input_ids, args);
 }
 
-at::Tensor OPTForCausalLM::logits(const at::Tensor& hidden) {
-  if (!lm_head_) return layers::lm_head(hidden, decoder_->embed_tokens->weight);  // tied
-  return layers::lm_head(hidden, lm_head_->weight, lm_head_->bias);
+CausalLM::OutputHead OPTForCausalLM::output_head() {
+  if (!lm_head_) return {decoder_->embed_tokens->weight, {}};  // tied
+  return {lm_head_->weight, lm_head_->bias};
 }
 
 void OPTForCausalLM::reset_parameters() {
