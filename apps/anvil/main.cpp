@@ -19,6 +19,7 @@
 #include "anvil/core/error.h"
 #include "anvil/generation/generate.h"
 #include "anvil/core/fs.h"
+#include "anvil/core/logging.h"
 #include "anvil/data/chat.h"
 #include "anvil/data/datasets.h"
 #include "anvil/data/jsonl.h"
@@ -117,14 +118,41 @@ const anvil::data::ChatTemplate& folder_template(const anvil::tokenizer::Tokeniz
 
 void show_prompt_ids(const std::vector<int64_t>& ids) { std::cerr << "prompt ids: " << nlohmann::json(ids).dump() << "\n"; }
 
+/// A prompt must leave the model room for one new token: longer, it is an
+/// error naming `what`, its length and the limit, or with --truncate left it
+/// keeps its last tokens, saying so. A reply that the positions cut below
+/// --max-new-tokens is reported too.
+void fit_prompt(std::vector<int64_t>& ids, int64_t positions, int64_t max_new_tokens, bool truncate_left,
+                const std::string& what) {
+  const auto n = static_cast<int64_t>(ids.size());
+  const int64_t limit = positions - 1;
+  if (n > limit) {
+    if (!truncate_left)
+      throw anvil::DataError(anvil::concat(what, ": the prompt is ", n, " tokens; the model reads at most ", positions,
+                                           " positions, prompt and reply together, so a prompt may hold ", limit,
+                                           "; shorten it, or pass --truncate left to keep its last tokens"));
+    const int64_t keep = std::max<int64_t>(1, std::min(limit, positions - max_new_tokens));
+    ids.erase(ids.begin(), ids.end() - keep);
+    anvil::log::warn(what, ": the prompt is ", n, " tokens; kept its last ", keep, " (--truncate left; the model reads ",
+                     positions, " positions)");
+    return;
+  }
+  if (n + max_new_tokens > positions)
+    anvil::log::warn(what, ": the reply is cut at ", positions - n, " tokens (a ", n, "-token prompt, --max-new-tokens ",
+                     max_new_tokens, ", ", positions, " positions)");
+}
+
 int cmd_generate(const std::string& model_dir, const std::vector<std::string>& prompts, const std::string& input,
                  const std::string& output, anvil::generation::SamplingOptions opt, bool eos_given, bool chat,
-                 const ChatFormatFlags& format, double ilql_beta, const Placement& where) {
+                 const ChatFormatFlags& format, double ilql_beta, bool truncate_left, const Placement& where) {
   auto model = load_language_model(model_dir, where);
   use_ilql_heads(*model, model_dir, ilql_beta, opt);
   if (!eos_given) opt.eos_id = model->special_tokens.eos;
   if (!input.empty()) {  // ids in, ids out
     auto ids = read_id_lists(input, /*equal_lengths=*/false, model->vocab_size());
+    for (size_t i = 0; i < ids.size(); ++i)
+      fit_prompt(ids[i], model->max_positions(), opt.max_new_tokens, truncate_left,
+                 anvil::concat(input, ": entry ", i));
     auto outs = anvil::generation::generate(*model, ids, opt);
     anvil::fs::write_file_atomic(output, nlohmann::json(outs).dump() + "\n");
     return 0;
@@ -144,6 +172,8 @@ int cmd_generate(const std::string& model_dir, const std::vector<std::string>& p
   } else {
     for (const auto& p : prompts) ids.push_back(tok->encode(p));
   }
+  for (size_t i = 0; i < ids.size(); ++i)
+    fit_prompt(ids[i], model->max_positions(), opt.max_new_tokens, truncate_left, anvil::concat("--prompt ", i + 1));
   if (format.show_ids)
     for (const auto& p : ids) show_prompt_ids(p);
   auto outs = anvil::generation::generate(*model, ids, opt);
@@ -156,7 +186,7 @@ int cmd_generate(const std::string& model_dir, const std::vector<std::string>& p
 
 /// Reads user turns from stdin; each reply continues the conversation so far.
 int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions opt, bool keep_history,
-             const ChatFormatFlags& format, double ilql_beta, const Placement& where) {
+             const ChatFormatFlags& format, double ilql_beta, bool truncate_left, const Placement& where) {
   auto model = load_language_model(model_dir, where);
   use_ilql_heads(*model, model_dir, ilql_beta, opt);
   auto tok = anvil::tokenizer::load_tokenizer_from_model_dir(model_dir);
@@ -168,9 +198,11 @@ int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions op
                      << " format). Empty line or /quit ends, /reset forgets the conversation.\n";
   std::vector<anvil::data::Message> history;
   std::string line;
+  int64_t line_no = 0;
   while (true) {
     if (tty) std::cerr << "> " << std::flush;
     if (!std::getline(std::cin, line) || line.empty() || line == "/quit") break;
+    ++line_no;
     if (line == "/reset") {
       history.clear();
       continue;
@@ -188,7 +220,16 @@ int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions op
       if (static_cast<int64_t>(prompt.size()) <= room || history.size() <= 1) break;
       history.erase(history.begin(), history.begin() + std::min<size_t>(2, history.size() - 1));
     }
-    if (static_cast<int64_t>(prompt.size()) > room) prompt.erase(prompt.begin(), prompt.end() - room);
+    // The turn itself is never cut silently: it fits, or it is refused (or cut as --truncate left asks).
+    try {
+      fit_prompt(prompt, model->max_positions(), opt.max_new_tokens, truncate_left,
+                 tty ? std::string("this line") : anvil::concat("line ", line_no));
+    } catch (const anvil::DataError& e) {
+      if (!tty) throw;
+      std::cerr << "error: " << e.what() << "\n";
+      history.pop_back();
+      continue;
+    }
     if (format.show_ids) show_prompt_ids(prompt);
     auto reply = anvil::generation::generate(*model, {prompt}, opt)[0];
     if (!reply.empty() && reply.back() == opt.eos_id) reply.pop_back();
@@ -364,7 +405,7 @@ int cmd_prepare(const std::string& tok_path, const std::string& type, const std:
   }
   const auto docs = writer.num_docs();
   const auto tokens = writer.num_tokens();
-  if (shards) shards->finish(tok->kind(), inputs);
+  if (shards) shards->finish(tok->kind(), inputs, anvil::tokenizer::fingerprint(*tok));
   else megatron->finish();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::cout << "prepared " << output << ": " << docs << " documents, " << tokens << " tokens"
@@ -418,6 +459,7 @@ struct SamplingFlags {
   double temperature = 0;
   bool greedy = false;
   double ilql_beta = -1;
+  bool truncate_left = false;
 
   void add(CLI::App* cmd) {
     auto* g = cmd->add_flag("--greedy", greedy, "Greedy decoding (the default)");
@@ -444,6 +486,11 @@ struct SamplingFlags {
            },
            "Decode steps on CUDA as one captured graph: auto (on where possible), on or off")
         ->check(CLI::IsMember({"auto", "on", "off"}));
+    cmd->add_option_function<std::string>(
+           "--truncate", [this](const std::string& v) { truncate_left = v == "left"; },
+           "A prompt longer than the model's positions: none (an error, the default) or left (keep its last "
+           "tokens, with a warning)")
+        ->check(CLI::IsMember({"none", "left"}));
     cmd->add_option("--ilql-beta", ilql_beta,
                     "An ILQL checkpoint: choose from log-softmax + beta (min target Q - V), its heads' advantage "
                     "shaping (0 = the LM alone)")
@@ -513,7 +560,7 @@ Command add_generate(CLI::App& app) {
             const bool eos_given = f->eos->count() > 0;
             if (eos_given) opt.eos_id = f->eos_id;
             return cmd_generate(f->model_dir, f->prompts, f->in, f->out, opt, eos_given, f->chat, f->fmt,
-                                f->sampling.ilql_beta, f->where);
+                                f->sampling.ilql_beta, f->sampling.truncate_left, f->where);
           }};
 }
 
@@ -535,7 +582,7 @@ Command add_chat(CLI::App& app) {
   add_placement(chat, f->where);
   return {chat, [f] {
             return cmd_chat(f->model_dir, f->sampling.options(), !f->no_history, f->fmt, f->sampling.ilql_beta,
-                            f->where);
+                            f->sampling.truncate_left, f->where);
           }};
 }
 

@@ -90,7 +90,9 @@ int main(int argc, char** argv) {
   // It reads what sft reads (data, eval generation), except the keys of sft's
   // own loss: setting those in a weighted_sft config is an error, not a no-op.
   auto reads = anvil::config::keys_read_by("sft");
-  std::erase_if(reads, [](const std::string& k) { return k == "train.loss_chunk_size" || k == "data.packing"; });
+  std::erase_if(reads, [](const std::string& k) {
+    return k == "train.loss_chunk_size" || k == "train.fused_loss" || k == "data.packing";
+  });
   anvil::train::register_objective(
       "weighted_sft",
       [](const anvil::config::RunConfig& cfg, const anvil::tokenizer::Tokenizer& tok) {

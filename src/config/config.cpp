@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -173,6 +174,58 @@ bool passes(const Rule& rule, const std::vector<std::string>& v) {
 
 // ---- visitors -------------------------------------------------------------
 
+/// Where a config file indents with a tab (YAML allows only spaces), the
+/// first such line, for a parse error whose own words ("illegal map value")
+/// do not say so.
+std::string tab_hint(const std::string& file) {
+  std::ifstream in(file);
+  int n = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++n;
+    const auto first = line.find_first_not_of(' ');
+    if (first != std::string::npos && line[first] == '\t')
+      return concat(" (line ", n, " indents with a tab; YAML indents with spaces only)");
+  }
+  return "";
+}
+
+/// TRL / transformers argument names -> our keys, for did-you-mean.
+const std::map<std::string, std::string>& foreign_key_names() {
+  static const std::map<std::string, std::string> names = {
+      {"learning_rate", "optimizer.lr"},
+      {"adam_epsilon", "optimizer.eps"},
+      {"adam_beta1", "optimizer.betas"},
+      {"adam_beta2", "optimizer.betas"},
+      {"optim", "optimizer.name"},
+      {"per_device_train_batch_size", "train.micro_batch_size"},
+      {"batch_size", "train.micro_batch_size"},
+      {"train_batch_size", "train.micro_batch_size"},
+      {"gradient_accumulation_steps", "train.grad_accum_steps"},
+      {"max_grad_norm", "train.grad_clip"},
+      {"logging_steps", "train.log_every"},
+      {"save_steps", "train.save_every"},
+      {"eval_steps", "train.eval_every"},
+      {"save_total_limit", "train.keep_checkpoints"},
+      {"gradient_checkpointing", "train.activation_checkpointing"},
+      {"per_device_eval_batch_size", "eval.batch_size"},
+      {"warmup_steps", "schedule.warmup_steps"},
+      {"lr_scheduler_type", "schedule.decay"},
+      {"max_seq_length", "data.max_length"},
+      {"lora_alpha", "lora.alpha"},
+      {"lora_dropout", "lora.dropout"},
+      {"lora_r", "lora.r"},
+      {"num_generations", "ppo.samples_per_prompt"},
+      {"max_completion_length", "ppo.max_new_tokens"},
+      {"num_ppo_epochs", "ppo.ppo_epochs"},
+      {"num_iterations", "ppo.ppo_epochs"},
+      {"epsilon", "ppo.cliprange"},
+      {"cliprange", "ppo.cliprange"},
+      {"vf_coef", "ppo.vf_coef"},
+      {"kl_coef", "ppo.kl_coef"},
+  };
+  return names;
+}
+
 class Parser {
  public:
   Parser(FlatConfig flat, std::string sources, Errors& errors)
@@ -258,6 +311,15 @@ class Parser {
   void reject_unknown() const {
     for (const auto& [path, entry] : flat_) {
       if (known_.count(path)) continue;
+      // A TRL / transformers name (TrainingArguments, GRPOConfig, LoraConfig)
+      // for one of our keys, in any section or none.
+      const auto last = path.substr(path.rfind('.') == std::string::npos ? 0 : path.rfind('.') + 1);
+      if (const auto ours = foreign_key_names().find(last); ours != foreign_key_names().end() &&
+                                                             known_.count(ours->second) && ours->second != path) {
+        errors_->add(concat(entry.where, ": ", path, ": unknown key; did you mean ", ours->second, "? (", last,
+                            " is the TRL / transformers name)"));
+        continue;
+      }
       std::string best;
       size_t best_d = 4;
       for (const auto& k : known_) {
@@ -447,7 +509,7 @@ FlatConfig read_sources(const std::vector<std::string>& files, const std::vector
                                    ? " (looked here and in configs/)"
                                    : ""));
     } catch (const YAML::ParserException& e) {
-      throw ConfigError(concat(file, ":", e.mark.line + 1, ": invalid YAML: ", e.msg));
+      throw ConfigError(concat(file, ":", e.mark.line + 1, ": invalid YAML: ", e.msg, tab_hint(file)));
     }
     ++order;
     if (root.IsNull()) continue;  // an empty file

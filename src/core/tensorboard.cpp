@@ -115,13 +115,16 @@ TensorBoardWriter::TensorBoardWriter(const stdfs::path& dir, std::optional<int64
   auto e = event_head(resumed_at ? *resumed_at : 0);
   bytes_field(e, 3, "brain.Event:2");
   write_event(e);
-  if (resumed_at) {
-    auto s = event_head(*resumed_at + 1);
-    std::string log;
-    int_field(log, 1, 1);  // SessionLog.START
-    bytes_field(s, 7, log);
-    write_event(s);
-  }
+  // Every start writes SessionLog.START at its first step. TensorBoard's
+  // loader takes the first START it reads for the run's start and each later
+  // one for a restart, dropping what earlier files logged at or after its
+  // step: a resumed run's points replace those its killed predecessor wrote
+  // past the checkpoint.
+  auto s = event_head(resumed_at ? *resumed_at + 1 : 0);
+  std::string log;
+  int_field(log, 1, 1);  // SessionLog.START
+  bytes_field(s, 7, log);
+  write_event(s);
   flush();
 }
 

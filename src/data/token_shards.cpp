@@ -1,4 +1,5 @@
 #include "anvil/data/token_shards.h"
+#include "anvil/tokenizer/tokenizer.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -107,7 +108,8 @@ void ShardWriter::close_shard() {
   m.shards.push_back({{"name", name}, {"tokens", m.shard_tokens}, {"docs", static_cast<int64_t>(m.starts.size()) - 1}});
 }
 
-void ShardWriter::finish(const std::string& tokenizer_kind, const std::vector<std::string>& sources) {
+void ShardWriter::finish(const std::string& tokenizer_kind, const std::vector<std::string>& sources,
+                         const std::string& tokenizer_fingerprint) {
   auto& m = *impl_;
   close_shard();
   if (total_docs_ == 0) throw Error("prepare: no documents to write");
@@ -122,6 +124,7 @@ void ShardWriter::finish(const std::string& tokenizer_kind, const std::vector<st
                          {"tokenizer", tokenizer_kind},
                          {"sources", sources},
                          {"shards", m.shards}};
+  if (!tokenizer_fingerprint.empty()) meta["tokenizer_fingerprint"] = tokenizer_fingerprint;
   fs::write_file_atomic(m.tmp / "meta.json", meta.dump(2) + "\n");
   if (stdfs::exists(m.dir)) stdfs::remove(m.dir);  // an empty folder (checked in the constructor)
   stdfs::rename(m.tmp, m.dir);
@@ -182,6 +185,9 @@ std::shared_ptr<const TokenShards> TokenShards::open(const stdfs::path& dir) {
   if (!meta.contains("vocab_size") || !meta["vocab_size"].is_number_integer() || meta["vocab_size"].get<int64_t>() < 1)
     throw bad("vocab_size", "expected a positive integer");
   ts->vocab_size_ = meta["vocab_size"].get<int64_t>();
+  ts->tokenizer_kind_ = text("tokenizer");
+  ts->tokenizer_fingerprint_ = text("tokenizer_fingerprint");
+  if (meta.contains("eos_id") && meta["eos_id"].is_number_integer()) ts->eos_id_ = meta["eos_id"].get<int64_t>();
   for (size_t i = 0; i < meta["shards"].size(); ++i) {
     const auto& j = meta["shards"][i];
     const auto key = concat("shards[", i, "]");
@@ -293,6 +299,21 @@ void PretrainDataset::get(int64_t i, LmSample& out) const {
   const auto* first = std::upper_bound(s.starts, s.starts + s.docs + 1, start);
   for (const auto* p = first; p < s.starts + s.docs + 1 && *p < start + seq_len_; ++p)
     out.doc_starts.push_back(*p - start);
+}
+
+void check_shard_tokenizer(const TokenShards& shards, const tokenizer::Tokenizer& tok, const std::string& where) {
+  const auto ours = tokenizer::fingerprint(tok);
+  const auto& theirs = shards.tokenizer_fingerprint();
+  const bool other = !theirs.empty() ? theirs != ours
+                                     : shards.vocab_size() != tok.vocab_size() ||
+                                           (shards.eos_id() >= 0 && shards.eos_id() != tok.eos_id());
+  if (!other) return;
+  const auto kind = shards.tokenizer_kind().empty() ? std::string("a") : "a " + shards.tokenizer_kind();
+  throw DataError(concat(where, ": the shards were written with another tokenizer than this run's (meta.json: ", kind,
+                         " tokenizer of ", shards.vocab_size(), " tokens, EOS ", shards.eos_id(),
+                         theirs.empty() ? std::string() : ", fingerprint " + theirs, "; tokenizer.path: a ", tok.kind(),
+                         " tokenizer of ", tok.vocab_size(), " tokens, EOS ", tok.eos_id(), ", fingerprint ", ours,
+                         "); the ids would mean other tokens. Re-run anvil prepare with the run's tokenizer"));
 }
 
 }  // namespace anvil::data

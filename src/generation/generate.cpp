@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 
+#include "anvil/core/error.h"
 #include "anvil/core/logging.h"
 #include "generation/step_graph.h"
 
@@ -288,7 +289,13 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
 
 Generation run(models::CausalLM& model, const std::vector<std::vector<int64_t>>& prompts, const SamplingOptions& opt,
                bool with_logprobs) {
-  for (const auto& p : prompts) TORCH_CHECK(!p.empty(), "generate: empty prompt");
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    TORCH_CHECK(!prompts[i].empty(), "generate: empty prompt");
+    // A prompt must leave room for one new token (the CLI refuses or truncates before this).
+    if (static_cast<int64_t>(prompts[i].size()) >= model.max_positions())
+      throw DataError(concat("generate: prompt ", i + 1, " is ", prompts[i].size(), " tokens; the model reads at most ",
+                             model.max_positions(), " positions, prompt and reply together"));
+  }
   if (!opt.row_seeds.empty())
     TORCH_CHECK(opt.row_seeds.size() == prompts.size(), "generate: ", opt.row_seeds.size(), " row seeds for ",
                 prompts.size(), " prompts");

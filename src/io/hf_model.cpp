@@ -208,8 +208,19 @@ void check_complete(models::CausalLM& model, const stdfs::path& dir, const std::
     for (const auto& n : model.lm_head_parameters()) optional.insert(n);
   for (const auto& p : model.named_parameters()) {
     const auto& name = p.key();
-    if (!loaded.count(name) && !optional.count(name) && !models::is_lora_parameter(name) && !may_miss(name))
-      throw CheckpointError(concat(dir.string(), ": parameter \"", name, "\" is missing from the weights"));
+    if (!loaded.count(name) && !optional.count(name) && !models::is_lora_parameter(name) && !may_miss(name)) {
+      // Name the files that should have held it: the index's shards, or model.safetensors.
+      std::string where;
+      if (const auto index = dir / "model.safetensors.index.json"; stdfs::exists(index)) {
+        const auto shards = weight_files(dir);
+        where = concat("none of the ", shards.size(), " files that model.safetensors.index.json lists (");
+        for (size_t i = 0; i < shards.size(); ++i) where += (i ? ", " : "") + shards[i].filename().string();
+        where += ") holds it";
+      } else {
+        where = "model.safetensors has no such tensor";
+      }
+      throw CheckpointError(concat(dir.string(), ": parameter \"", name, "\" is missing from the weights: ", where));
+    }
   }
 }
 

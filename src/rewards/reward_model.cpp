@@ -9,10 +9,11 @@
 
 namespace anvil::rewards {
 
-RewardModel RewardModel::load(const std::filesystem::path& dir, const std::string& format, bool force_format) {
+RewardModel RewardModel::load(const std::filesystem::path& dir, const std::string& format, bool force_format,
+                              const std::string& key) {
   auto model = io::load_model_dir(dir);
   if (!model->has_score_head())
-    throw ConfigError(concat("--model: ", dir.string(), " is not a reward model (its config.json names ",
+    throw ConfigError(concat(key, ": ", dir.string(), " is not a reward model (its config.json names ",
                              model->hf_config()["architectures"][0].get<std::string>(),
                              "; expected a ...ForSequenceClassification folder from algorithm: reward)"));
   std::shared_ptr<const tokenizer::Tokenizer> tok = tokenizer::load_tokenizer_from_model_dir(dir);

@@ -6,6 +6,8 @@
 #include "anvil/core/fs.h"
 #include "anvil/core/logging.h"
 #include "anvil/tokenizer/tokenizer.h"
+
+#include <cstdio>
 #include "backends.h"
 
 namespace anvil::tokenizer {
@@ -129,6 +131,29 @@ void write_tokenizer_config(const stdfs::path& dir, const Tokenizer& tok, const 
 }
 
 }  // namespace detail
+
+std::string fingerprint(const Tokenizer& tok) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bits
+  const auto mix = [&h](std::string_view bytes) {
+    for (const unsigned char c : bytes) {
+      h ^= c;
+      h *= 1099511628211ull;
+    }
+  };
+  const auto number = [&](int64_t v) { mix(std::to_string(v) + ";"); };
+  number(tok.vocab_size());
+  number(tok.bos_id());
+  number(tok.eos_id());
+  number(tok.pad_id());
+  for (int64_t id = 0; id < tok.vocab_size(); ++id) {
+    const auto text = tok.decode({id}, /*skip_special_tokens=*/false);
+    number(static_cast<int64_t>(text.size()));
+    mix(text);
+  }
+  char out[17];
+  std::snprintf(out, sizeof(out), "%016llx", static_cast<unsigned long long>(h));
+  return out;
+}
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& type, const stdfs::path& path) {
   if (type != "auto" && type != "hf" && type != "sentencepiece")

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <sstream>
 
 #include "anvil/core/error.h"
 #include "anvil/core/logging.h"
@@ -34,6 +35,7 @@
 #include "train/lm_loss.h"
 #include "train/ppo_rollout.h"
 #include "train/response_rewards.h"
+#include "train/run_setup.h"
 
 namespace anvil::train {
 
@@ -224,6 +226,27 @@ PpoObjective::PpoObjective(const config::RunConfig& cfg, const tokenizer::Tokeni
 PpoObjective::~PpoObjective() = default;
 
 BatchSource& PpoObjective::train_source() { return *s_->source; }
+
+std::string PpoObjective::plan(int64_t max_steps) const {
+  const auto& p = s_->ppo;
+  const int64_t per = steps_per_iteration();
+  const int64_t rollouts = (max_steps + per - 1) / per;
+  const int64_t epoch = s_->prompts->epoch_length();
+  const int64_t mb = s_->minibatch_rows();
+  std::ostringstream os;
+  os << rollouts << (rollouts == 1 ? " rollout" : " rollouts") << " of " << p.prompts_per_rollout << " prompts x "
+     << p.samples_per_prompt << (p.samples_per_prompt == 1 ? " sample" : " samples") << " = " << s_->rollout_rows
+     << " responses of up to " << p.max_new_tokens << " new tokens; each rollout trains " << per << " steps ("
+     << p.ppo_epochs << (p.ppo_epochs == 1 ? " epoch" : " epochs") << " x " << s_->rollout_rows / mb
+     << " minibatches of " << mb << " responses)";
+  if (epoch > 0)
+    os << "; the rollouts draw " << rollouts * p.prompts_per_rollout << " prompts = "
+       << format_number(static_cast<double>(rollouts * p.prompts_per_rollout) / static_cast<double>(epoch), 3)
+       << " epochs of " << epoch << " prompts";
+  os << "\n  tokens per step: up to " << mb * p.max_new_tokens << " response tokens (" << mb << " responses x "
+     << p.max_new_tokens << "), with their prompts";
+  return os.str();
+}
 
 int64_t PpoObjective::steps_per_iteration() const {
   return s_->ppo.ppo_epochs * (s_->rollout_rows / s_->minibatch_rows());

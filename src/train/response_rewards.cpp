@@ -77,9 +77,22 @@ bool ResponseRewards::enabled() const {
          !config_.regex.empty() || !config_.function.empty();
 }
 
+nlohmann::json program_record(const RewardQuery& q, const std::string& where, const std::string& key) {
+  // The record as written, and the sample in an object of its own.
+  auto rec = q.record.is_object() ? q.record : nlohmann::json::object();
+  if (rec.contains("sample"))
+    throw DataError(concat(where, ": the record has a field \"sample\", which ", key,
+                           " uses for the sample (completion, prompt_text, ended); rename the field"));
+  rec["sample"] = {{"completion", q.response}, {"prompt_text", q.prompt}, {"ended", q.ended}};
+  // Programs written for the first schema read `prompt` and `response`: given where the record has none.
+  if (!rec.contains("prompt")) rec["prompt"] = q.prompt;
+  if (!rec.contains("response")) rec["response"] = q.response;
+  return rec;
+}
+
 void ResponseRewards::prepare(const RunContext& ctx, const std::string& who) {
   if (!config_.model.empty()) {
-    auto rm = rewards::RewardModel::load(config_.model);
+    auto rm = rewards::RewardModel::load(config_.model, "", false, key_ + ".model");
     frozen_ = ctx.freeze(rm.model_ptr());
     model_ = std::make_unique<rewards::RewardModel>(std::move(rm));
     log::info(who, ": reward model ", config_.model, " (", model_->chat_template().name(), " format)");
@@ -116,11 +129,9 @@ std::vector<double> ResponseRewards::score(const std::vector<const data::PromptS
     }
   } else if (program_) {
     std::vector<nlohmann::json> records;
-    for (const auto& q : queries) {
-      auto rec = q.record.is_object() ? q.record : nlohmann::json::object();
-      rec["prompt"] = q.prompt;
-      rec["response"] = q.response;
-      records.push_back(std::move(rec));
+    for (size_t i = 0; i < queries.size(); ++i) {
+      const auto& q = queries[i];
+      records.push_back(program_record(q, prompts[i]->where, key_ + ".command"));
     }
     out = program_->score(records);
   } else if (fn_) {

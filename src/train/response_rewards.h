@@ -23,6 +23,15 @@ class RewardProgram;
 
 namespace anvil::train {
 
+/// The JSON line a reward program gets for one sample: the prompt record as
+/// written (a reference `response` or `completion` included), plus `sample`:
+/// {completion (the sampled text, without the end of turn), prompt_text (the
+/// prompt's text: a text prompt as written, a conversation's turns joined by
+/// newlines), ended (the sample ended with the end of turn)}; `prompt` and
+/// `response` too where the record has no such field. A record with its own
+/// `sample` field is a DataError naming `where` and `key`.
+nlohmann::json program_record(const RewardQuery& q, const std::string& where, const std::string& key);
+
 class ResponseRewards {
  public:
   /// `key` names the section in errors ("ppo.reward"). Throws ConfigError

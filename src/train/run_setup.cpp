@@ -291,13 +291,19 @@ void print_plan(RunSetup& r, const config::RunConfig& cfg) {
        << "  algorithm: " << cfg.algorithm << "; " << cfg.train.max_steps << " steps of " << samples_per_step
        << " samples (" << r.micro_per_step << (r.micro_per_step == 1 ? " micro-batch" : " micro-batches") << " of "
        << cfg.train.micro_batch_size << ")";
-  if (const auto epoch = r.objective->train_source().samples_per_epoch(); epoch > 0)
-    plan << " = "
-         << format_number(static_cast<double>(cfg.train.max_steps * samples_per_step) / static_cast<double>(epoch), 3)
-         << " epochs of " << epoch << " samples";
-  plan << "\n  tokens per step: about " << std::llround(tokens_per_sample * static_cast<double>(samples_per_step))
-       << " (the first micro-batch holds " << first.num_tokens << " tokens and " << first.num_targets << " "
-       << r.objective->target_unit() << ")\n"
+  if (const auto own = r.objective->plan(cfg.train.max_steps); !own.empty()) {
+    plan << "\n  " << cfg.algorithm << ": " << own << "\n";
+  } else {
+    if (const auto epoch = r.objective->train_source().samples_per_epoch(); epoch > 0)
+      plan << " = "
+           << format_number(static_cast<double>(cfg.train.max_steps * samples_per_step) / static_cast<double>(epoch),
+                            3)
+           << " epochs of " << epoch << " samples";
+    plan << "\n  tokens per step: about " << std::llround(tokens_per_sample * static_cast<double>(samples_per_step))
+         << " (the first micro-batch holds " << first.num_tokens << " tokens and " << first.num_targets << " "
+         << r.objective->target_unit() << ")\n";
+  }
+  plan
        << "  memory: about " << format_bytes(16.0 * static_cast<double>(n_params))
        << " for weights, gradients and AdamW state (fp32: 4 + 4 + 8 bytes per parameter"
        << (world > 1 && cfg.dist.sharding != "no_shard" ? ", before sharding" : "") << "), plus activations\n"

@@ -59,6 +59,7 @@ std::shared_ptr<const data::LmDataset> load_one(const config::RunConfig& cfg, co
                   : mds    ? data::TokenShards::open_mds(d.path, data::MdsOptions{"tokens", d.token_dtype})
                            : data::TokenShards::open(d.path);
     const bool foreign = megatron || mds;  // no vocabulary recorded: the largest id is checked
+    if (!foreign) data::check_shard_tokenizer(*shards, tok, d.path);
     if (shards->vocab_size() > tok.vocab_size())
       throw DataError(concat(d.path, foreign ? ": holds token ids up to " : ": shards were written with a vocabulary of ",
                              foreign ? shards->vocab_size() - 1 : shards->vocab_size(), ", the tokenizer has ",

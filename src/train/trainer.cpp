@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -32,9 +34,20 @@ namespace {
 namespace stdfs = std::filesystem;
 std::atomic<bool> g_stop{false};
 
+extern "C" void on_second_stop_signal(int sig) {
+  static const char msg[] =
+      "\ntrainer: interrupted again: exiting now, without saving; the last complete checkpoint is kept\n";
+  (void)!::write(STDERR_FILENO, msg, sizeof(msg) - 1);
+  ::_exit(128 + sig);
+}
+
 extern "C" void on_stop_signal(int sig) {
   g_stop.store(true);
-  std::signal(sig, SIG_DFL);  // a second signal ends the process at once
+  static const char msg[] =
+      "\ntrainer: stop requested: finishing this step (an RL run: this iteration), then saving a checkpoint "
+      "(interrupt again to exit at once, without saving)\n";
+  (void)!::write(STDERR_FILENO, msg, sizeof(msg) - 1);
+  std::signal(sig, on_second_stop_signal);  // a second signal ends the process at once, saying so
 }
 
 struct SignalScope {
@@ -289,7 +302,9 @@ class TrainLoop {
     Metrics extra = objective_.before_iteration(engine_, iteration_, step_);
     const int64_t n = std::min(std::max<int64_t>(1, objective_.steps_per_iteration()), cfg_.train.max_steps - step_);
     Metrics m;
-    for (int64_t k = 0; k < n && !stop_; ++k) {
+    // A stop request finishes the iteration: an RL run then saves at the
+    // rollout boundary, as its periodic saves do, and resumes exactly.
+    for (int64_t k = 0; k < n; ++k) {
       if (k > 0) write_metrics(m);  // all but the iteration's last line
       profiler_.begin_step(step_ + 1);
       m = train_step();
@@ -321,6 +336,24 @@ class TrainLoop {
   /// One optimizer step over the next micro-batches; returns its metrics line.
   Metrics train_step() {
     const auto t0 = std::chrono::steady_clock::now();
+    // Tests: signals raised at a known step, ANVIL_TEST_SIGNALS_AT_STEP=STEP:SIG[,SIG...] with SIG INT or
+    // TERM (a real pair of signals from outside races the save the first one starts).
+    static const std::pair<int64_t, std::vector<int>> test_signals = [] {
+      std::pair<int64_t, std::vector<int>> out{-1, {}};
+      const char* v = std::getenv("ANVIL_TEST_SIGNALS_AT_STEP");
+      if (!v) return out;
+      const std::string spec(v);
+      const auto colon = spec.find(':');
+      out.first = std::atoll(spec.substr(0, colon).c_str());
+      for (size_t at = colon + 1; colon != std::string::npos && at <= spec.size();) {
+        const auto end = std::min(spec.find(',', at), spec.size());
+        out.second.push_back(spec.compare(at, end - at, "TERM") == 0 ? SIGTERM : SIGINT);
+        at = end + 1;
+      }
+      return out;
+    }();
+    if (step_ == test_signals.first)
+      for (const int sig : test_signals.second) std::raise(sig);
     // Every rank reads the whole step (same order, same padding as on one
     // rank) and keeps micro-batches rank, rank + world, ...
     std::vector<Batch> batches;

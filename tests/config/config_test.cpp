@@ -75,6 +75,36 @@ TEST_F(ConfigTest, UnknownKeySuggestsTheClosestKnownOne) {
   EXPECT_EQ(error_of({base_}, {"bogus.key=1"}), "command line (bogus.key=1): bogus.key: unknown key");
 }
 
+// A tab in the indentation: yaml-cpp says "illegal map value" or the like; the
+// error also names the line with the tab.
+TEST_F(ConfigTest, ATabInTheIndentationIsNamed) {
+  const auto bad = write("tab.yaml", "train:\n  max_steps: 5\n\tmicro_batch_size: 4\n");
+  const auto e = error_of({base_, bad}, {});
+  EXPECT_EQ(e.rfind(bad + ":", 0), 0u) << e;
+  EXPECT_NE(e.find("invalid YAML"), std::string::npos) << e;
+  EXPECT_NE(e.find("(line 3 indents with a tab; YAML indents with spaces only)"), std::string::npos) << e;
+}
+
+// TRL / transformers argument names, in their section or another, point at our key.
+TEST_F(ConfigTest, TrlAndTransformersNamesSuggestOurKey) {
+  const auto bad = write("trl.yaml", "optimizer:\n  learning_rate: 1.0e-4\ntrain:\n  batch_size: 8\n"
+                                     "  gradient_accumulation_steps: 2\n");
+  EXPECT_EQ(error_of({base_, bad}, {}),
+            "3 errors in the config:\n"
+            "  " + bad + ":2: optimizer.learning_rate: unknown key; did you mean optimizer.lr? (learning_rate is the "
+            "TRL / transformers name)\n"
+            "  " + bad + ":4: train.batch_size: unknown key; did you mean train.micro_batch_size? (batch_size is the "
+            "TRL / transformers name)\n"
+            "  " + bad + ":5: train.gradient_accumulation_steps: unknown key; did you mean train.grad_accum_steps? "
+            "(gradient_accumulation_steps is the TRL / transformers name)");
+  EXPECT_EQ(error_of({base_}, {"lora.lora_alpha=32"}),
+            "command line (lora.lora_alpha=32): lora.lora_alpha: unknown key; did you mean lora.alpha? (lora_alpha is "
+            "the TRL / transformers name)");
+  EXPECT_EQ(error_of({base_}, {"train.max_grad_norm=1"}),
+            "command line (train.max_grad_norm=1): train.max_grad_norm: unknown key; did you mean train.grad_clip? "
+            "(max_grad_norm is the TRL / transformers name)");
+}
+
 TEST_F(ConfigTest, ChoiceAndListValues) {
   EXPECT_EQ(error_of({base_}, {"schedule.decay=exp"}),
             "command line (schedule.decay=exp): schedule.decay: expected one of cosine, linear, constant, got \"exp\"");

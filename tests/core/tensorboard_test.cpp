@@ -7,7 +7,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <chrono>
+#include <csignal>
 #include <map>
+#include <set>
+#include <thread>
 
 #include "anvil/core/tensorboard.h"
 #include "test_util.h"
@@ -97,6 +101,62 @@ TEST(TensorBoard, TrainerLogsEqualMetricsJsonlAcrossAResume) {
   ASSERT_TRUE(logs["texts"].contains("eval/samples"));
   EXPECT_NE(logs["texts"]["eval/samples"][0][1].get<std::string>().find("| prompt | generated | reference |"),
             std::string::npos);
+}
+
+// SIGKILL past a checkpoint, then a resume that redoes the steps after it:
+// the loader `tensorboard --logdir` uses shows every scalar and text once
+// per step (the resumed file's start marker drops the killed run's orphans).
+TEST(TensorBoard, AKilledAndResumedRunShowsEachStepOnceInTensorBoardsLoader) {
+  TempDir dir;
+  const auto config = dir / "run.yaml";
+  anvil::testing::write_text(
+      config,
+      "model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 2, num_heads: 4, dropout: 0.0}\n"
+      "tokenizer: {path: data/tokenizer.model}\n"
+      "data: {train: [{path: data/sft_train.jsonl}], eval: [{path: data/sft_eval.jsonl}]}\n"
+      "optimizer: {lr: 1.0e-3}\n"
+      "schedule: {warmup_steps: 0}\n"
+      "train: {max_steps: 40, micro_batch_size: 4, save_every: 10, keep_checkpoints: 0, log_every: 1, "
+      "eval_every: 10, threads: 1}\n"
+      "eval: {generate_samples: 8, table_rows: 2, max_batches: 2}\n"
+      "logging: {tensorboard: true}\n");
+  const auto out = dir / "out";
+  const auto lines = [&] {
+    std::ifstream in(out / "metrics.jsonl");
+    size_t n = 0;
+    for (std::string l; std::getline(in, l);) n += !l.empty();
+    return n;
+  };
+  {
+    anvil::testing::TrainerProcess p(config, out, dir / "log.txt");
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (p.running() && lines() < 14 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_TRUE(p.running()) << anvil::testing::read_text(dir / "log.txt");
+    p.signal(SIGKILL);
+    EXPECT_EQ(p.wait(), 128 + SIGKILL);
+  }
+  const auto killed_at = lines();
+  ASSERT_GE(killed_at, 14u);
+  ASSERT_LT(killed_at, 40u);
+  anvil::testing::TrainerProcess resumed(config, out, dir / "log.txt");
+  ASSERT_EQ(resumed.wait(), 0) << anvil::testing::read_text(dir / "log.txt");
+  const auto log = anvil::testing::read_text(dir / "log.txt");
+  ASSERT_NE(log.find("resumed from"), std::string::npos) << log;
+
+  const auto logs = read_logs(out / "tensorboard");
+  ASSERT_TRUE(logs["scalars"].contains("loss"));
+  for (const char* kind : {"scalars", "texts"})
+    for (const auto& [tag, points] : logs[kind].items()) {
+      std::map<int64_t, int> steps;
+      for (const auto& p : points) ++steps[p[0].get<int64_t>()];
+      for (const auto& [step, n] : steps) EXPECT_EQ(n, 1) << kind << " " << tag << " at step " << step;
+    }
+  std::set<int64_t> loss_steps;
+  for (const auto& p : logs["scalars"]["loss"]) loss_steps.insert(p[0].get<int64_t>());
+  EXPECT_EQ(loss_steps.size(), 40u);
+  ASSERT_TRUE(logs["texts"].contains("eval/samples"));
+  EXPECT_EQ(logs["texts"]["eval/samples"].size(), 4u);  // steps 10, 20, 30, 40
 }
 
 }  // namespace

@@ -615,6 +615,47 @@ TEST(TokenShards, IdsOutsideTheVocabularyAreReportedOnOpen) {
       << err;
 }
 
+// Shards record their tokenizer's fingerprint; opening them for a run with
+// another tokenizer is an error naming both (older shards, with no
+// fingerprint: another vocabulary size or EOS).
+TEST(TokenShards, DataPreparedWithAnotherTokenizerIsRefusedNamingBoth) {
+  TempDir dir;
+  const auto path = anvil::testing::source_dir() + "/data/tokenizer.model";
+  auto tok = tokenizer::load_tokenizer("sentencepiece", path);
+  const auto write = [&](const std::string& name, int64_t vocab, int64_t eos, const std::string& fp) {
+    ShardWriter w(dir / name, vocab, eos);
+    w.add({1, 2, 3});
+    w.finish("sentencepiece", {"synthetic"}, fp);
+    return TokenShards::open(dir / name);
+  };
+  const auto fp = tokenizer::fingerprint(*tok);
+  EXPECT_EQ(fp.size(), 16u);
+  EXPECT_EQ(fp, tokenizer::fingerprint(*tokenizer::load_tokenizer("sentencepiece", path)));  // stable
+  const auto same = write("same", tok->vocab_size(), tok->eos_id(), fp);
+  EXPECT_EQ(same->tokenizer_fingerprint(), fp);
+  EXPECT_EQ(same->tokenizer_kind(), "sentencepiece");
+  EXPECT_NO_THROW(check_shard_tokenizer(*same, *tok, "same"));
+  // One added special token is another tokenizer.
+  auto other = tokenizer::with_special_tokens(tokenizer::load_tokenizer("sentencepiece", path), {"<tool>"});
+  ASSERT_NE(tokenizer::fingerprint(*other), fp);
+  const auto err = error_of([&] { check_shard_tokenizer(*same, *other, "data/shards"); });
+  EXPECT_NE(err.find("data/shards: the shards were written with another tokenizer than this run's (meta.json: a "
+                     "sentencepiece tokenizer of " + std::to_string(tok->vocab_size()) + " tokens, EOS " +
+                     std::to_string(tok->eos_id()) + ", fingerprint " + fp + "; tokenizer.path: a sentencepiece "
+                     "tokenizer of " + std::to_string(other->vocab_size()) + " tokens"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("Re-run anvil prepare with the run's tokenizer"), std::string::npos) << err;
+  // Shards from before the fingerprint: the vocabulary size and EOS decide.
+  EXPECT_NO_THROW(check_shard_tokenizer(*write("old", tok->vocab_size(), tok->eos_id(), ""), *tok, "old"));
+  EXPECT_NE(error_of([&] { check_shard_tokenizer(*write("old_vocab", 100, tok->eos_id(), ""), *tok, "old_vocab"); })
+                .find("old_vocab: the shards were written with another tokenizer"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { check_shard_tokenizer(*write("old_eos", tok->vocab_size(), 7, ""), *tok, "old_eos"); })
+                .find("EOS 7"),
+            std::string::npos);
+}
+
 TEST(TokenShards, DamagedMetaFieldsAreNamed) {
   // Cases the fuzzer found (fuzz/corpus/token_shards/regress-*) or that sit
   // next to them: each is an error naming meta.json and the key.

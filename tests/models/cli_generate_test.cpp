@@ -116,5 +116,54 @@ TEST_F(CliGenerate, ChatAnswersEveryLineAndBadIdsAreReported) {
   EXPECT_NE(out.find("bad.json: entry 1: token id 999 is outside [0, 326)"), std::string::npos) << out;
 }
 
+// A prompt that leaves the model (48 positions) no room is refused, naming
+// it, its length and the limit; --truncate left keeps its last tokens and
+// says so; a reply the positions cut is reported; chat refuses such a line.
+TEST_F(CliGenerate, APromptLongerThanThePositionsIsRefusedOrTruncatedOnRequest) {
+  std::vector<int64_t> long_ids(60, 7);
+  anvil::testing::write_text(dir_ / "long.json", nlohmann::json::array({std::vector<int64_t>{5, 6}, long_ids}).dump());
+  const auto gen = anvil::testing::cli_bin() + " generate --model " + dir_.path().string() + " --input " +
+                   (dir_ / "long.json").string() + " --output " + (dir_ / "o.json").string() +
+                   " --max-new-tokens 4 --eos-id -1";
+  std::string out;
+  EXPECT_NE(run(gen + " 2>&1", &out), 0);
+  EXPECT_NE(out.find("long.json: entry 1: the prompt is 60 tokens; the model reads at most 48 positions, prompt and "
+                     "reply together, so a prompt may hold 47; shorten it, or pass --truncate left"),
+            std::string::npos)
+      << out;
+  ASSERT_EQ(run(gen + " --truncate left 2>&1", &out), 0) << out;
+  EXPECT_NE(out.find("long.json: entry 1: the prompt is 60 tokens; kept its last 44 (--truncate left"),
+            std::string::npos)
+      << out;
+  const auto rows = nlohmann::json::parse(anvil::testing::read_text(dir_ / "o.json"));
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1].size(), 4u);
+  // 46 tokens leave room for 2 of the 4 new tokens asked for: generated, and said.
+  anvil::testing::write_text(dir_ / "near.json", nlohmann::json::array({std::vector<int64_t>(46, 7)}).dump());
+  ASSERT_EQ(run(anvil::testing::cli_bin() + " generate --model " + dir_.path().string() + " --input " +
+                    (dir_ / "near.json").string() + " --output " + (dir_ / "o.json").string() +
+                    " --max-new-tokens 4 --eos-id -1 2>&1",
+                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("near.json: entry 0: the reply is cut at 2 tokens"), std::string::npos) << out;
+  EXPECT_EQ(nlohmann::json::parse(anvil::testing::read_text(dir_ / "o.json"))[0].size(), 2u);
+
+  // Text: a --prompt, and a chat line, of about 80 tokens.
+  std::string text;
+  for (int i = 0; i < 20; ++i) text += "reverse: abc ";
+  EXPECT_NE(run(anvil::testing::cli_bin() + " generate --model " + dir_.path().string() + " --prompt '" + text +
+                    "' 2>&1",
+                &out),
+            0);
+  EXPECT_NE(out.find("--prompt 1: the prompt is "), std::string::npos) << out;
+  const auto chat = "printf 'hi\n" + text + "\n' | " + anvil::testing::cli_bin() + " chat --model " +
+                    dir_.path().string() + " --max-new-tokens 4";
+  EXPECT_NE(run(chat + " 2>&1", &out), 0);
+  EXPECT_NE(out.find("line 2: the prompt is "), std::string::npos) << out;
+  ASSERT_EQ(run(chat + " --truncate left 2>/dev/null", &out), 0) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2) << out;
+}
+
 }  // namespace
 }  // namespace anvil::generation

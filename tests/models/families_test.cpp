@@ -9,6 +9,7 @@
 
 #include "anvil/config/config.h"
 #include "anvil/io/hf_model.h"
+#include "anvil/io/safetensors.h"
 #include "anvil/models/registry.h"
 #include "test_util.h"
 
@@ -133,6 +134,53 @@ std::string load_error(const std::string& config_json) {
     return std::string(e.what()).substr(dir.path().string().size() + 1);  // drop the temp folder
   }
   return "no error";
+}
+
+// A folder whose weights lack one parameter: the error names the parameter
+// and the files that should have held it (model.safetensors, or the shards
+// model.safetensors.index.json lists).
+TEST(HfImport, AMissingTensorNamesTheWeightFiles) {
+  auto cfg = config::load_config({anvil::testing::source_dir() + "/configs/quickstart.yaml",
+                                  anvil::testing::source_dir() + "/configs/models/llama-debug.yaml"},
+                                 {"output_dir=unused"});
+  cfg.model.vocab_size = 61;
+  auto model = family_by_name(cfg.model.family).from_config(cfg.model);
+  anvil::testing::TempDir dir;
+  io::save_model_dir(dir.path(), *model, nullptr);
+  io::TensorMap all;
+  {
+    io::SafetensorsFile f(dir / "model.safetensors");
+    for (const auto& n : f.names()) all[n] = f.get(n);
+  }
+  const std::string gone = "model.layers.0.mlp.up_proj.weight";
+  ASSERT_TRUE(all.count(gone));
+  all.erase(gone);
+  const auto error = [&] {
+    try {
+      io::load_model_dir(dir.path());
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  io::save_safetensors(dir / "model.safetensors", all);
+  EXPECT_EQ(error(), dir.path().string() + ": parameter \"" + gone +
+                         "\" is missing from the weights: model.safetensors has no such tensor");
+  // Two shards and an index that lists neither for it.
+  std::filesystem::remove(dir / "model.safetensors");
+  io::TensorMap first, second;
+  nlohmann::json map = nlohmann::json::object();
+  for (const auto& [n, t] : all) {
+    const bool one = first.size() <= second.size();
+    (one ? first : second)[n] = t;
+    map[n] = one ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  io::save_safetensors(dir / "model-00001-of-00002.safetensors", first);
+  io::save_safetensors(dir / "model-00002-of-00002.safetensors", second);
+  anvil::testing::write_text(dir / "model.safetensors.index.json", nlohmann::json({{"weight_map", map}}).dump());
+  EXPECT_EQ(error(), dir.path().string() + ": parameter \"" + gone +
+                         "\" is missing from the weights: none of the 2 files that model.safetensors.index.json lists "
+                         "(model-00001-of-00002.safetensors, model-00002-of-00002.safetensors) holds it");
 }
 
 TEST(HfImport, UnsupportedConfigsNameTheFileAndKey) {

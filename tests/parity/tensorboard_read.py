@@ -1,25 +1,29 @@
-"""Reads a TensorBoard log folder with the `tensorboard` package's own
-EventAccumulator (orphaned data purged on restarts, as TensorBoard shows it)
-and prints {"scalars": {tag: [[step, value], ...]}, "texts": {tag: [[step,
-text], ...]}} as JSON.
+"""Reads a TensorBoard log folder the way `tensorboard --logdir` does: through
+the `tensorboard` package's plugin event accumulator (the data provider's
+loader: simple values migrated to tensors, orphaned data purged at each
+SessionLog.START after the first) and prints {"scalars": {tag: [[step,
+value], ...]}, "texts": {tag: [[step, text], ...]}} as JSON.
 
 usage: tensorboard_read.py LOGDIR
 """
 import json
 import sys
 
-from tensorboard.backend.event_processing import event_accumulator as ea
+from tensorboard.backend.event_processing import plugin_event_accumulator as pea
+from tensorboard.util import tensor_util
 
 
 def main():
-    acc = ea.EventAccumulator(sys.argv[1], size_guidance={ea.SCALARS: 0, ea.TENSORS: 0})
+    acc = pea.EventAccumulator(sys.argv[1], size_guidance={pea.TENSORS: 0})
     acc.Reload()
-    tags = acc.Tags()
     out = {"scalars": {}, "texts": {}}
-    for tag in tags.get("scalars", []):
-        out["scalars"][tag] = [[e.step, e.value] for e in acc.Scalars(tag)]
-    for tag in tags.get("tensors", []):
-        out["texts"][tag] = [[e.step, e.tensor_proto.string_val[0].decode("utf-8")] for e in acc.Tensors(tag)]
+    for tag in acc.Tags().get("tensors", []):
+        plugin = acc.SummaryMetadata(tag).plugin_data.plugin_name
+        events = acc.Tensors(tag)
+        if plugin == "scalars":
+            out["scalars"][tag] = [[e.step, float(tensor_util.make_ndarray(e.tensor_proto).item())] for e in events]
+        elif plugin == "text":
+            out["texts"][tag] = [[e.step, e.tensor_proto.string_val[0].decode("utf-8")] for e in events]
     json.dump(out, sys.stdout)
 
 

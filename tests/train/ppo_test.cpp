@@ -14,12 +14,16 @@
 
 #include "anvil/config/config.h"
 #include "anvil/core/error.h"
+#include "anvil/io/hf_model.h"
 #include "anvil/io/safetensors.h"
+#include "anvil/models/llama.h"
 #include "anvil/models/registry.h"
 #include "anvil/rewards/reward_program.h"
+#include "anvil/tokenizer/tokenizer.h"
 #include "anvil/train/ppo.h"
 #include "test_util.h"
 #include "train/ppo_rollout.h"
+#include "train/response_rewards.h"
 
 namespace anvil::train {
 namespace {
@@ -183,6 +187,64 @@ TEST(RewardProgram, RoundTripsRecordsInOrder) {
   EXPECT_EQ(p.score({{{"prompt", "p"}, {"response", "xy"}}}).at(0), 2.0);  // still alive
 }
 
+// A reward program gets the record as written, and the sample in an object of
+// its own: a record's `response` (a reference answer) and `prompt` survive.
+TEST(RewardProgram, GetsTheRecordAsWrittenAndTheSampleUnderItsOwnNames) {
+  TempDir dir;
+  const auto seen = (dir / "seen.jsonl").string();
+  config::PpoRewardConfig c;
+  c.command = py("import json,sys\n"
+                 "out = open(\"" + seen + "\", \"a\")\n"
+                 "for l in sys.stdin:\n"
+                 "  r = json.loads(l)\n"
+                 "  out.write(l); out.flush()\n"
+                 "  s = r[\"sample\"]\n"
+                 "  print(json.dumps({\"reward\": float(s[\"completion\"].strip() == r.get(\"answer\", r[\"response\"]))}))");
+  c.timeout_s = 30;
+  train::ResponseRewards rewards(c, "ppo.reward", true);
+  rewards.prepare(train::RunContext{}, "test");
+  const auto tok = tokenizer::load_tokenizer("auto", anvil::testing::source_dir() + "/data/tokenizer.model");
+  data::PromptSample text, chat;
+  text.prompt = "add: 1+2\n";
+  text.record = {{"prompt", "add: 1+2\n"}, {"response", "3"}, {"id", 7}};
+  text.where = "a.jsonl:1";
+  chat.prompt = "be brief\nsay yo";
+  chat.messages = {{"system", "be brief"}, {"user", "say yo"}};
+  chat.record = {{"messages", {{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "say yo"}}}},
+                 {"answer", "yo"}};
+  chat.where = "b.jsonl:4";
+  const auto scores = rewards.score({&text, &chat, &text}, {tok->encode("3"), tok->encode("yo"), tok->encode("4")},
+                                    {true, false, true}, *tok);
+  EXPECT_EQ(scores, (std::vector<double>{1.0, 1.0, 0.0}));
+  std::ifstream in(seen);
+  std::vector<nlohmann::json> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(nlohmann::json::parse(l));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0]["response"], "3");  // the record's own field, not the sample
+  EXPECT_EQ(lines[0]["prompt"], "add: 1+2\n");
+  EXPECT_EQ(lines[0]["id"], 7);
+  EXPECT_EQ(lines[0]["sample"], nlohmann::json({{"completion", "3"}, {"prompt_text", "add: 1+2\n"}, {"ended", true}}));
+  EXPECT_EQ(lines[2]["response"], "3");
+  EXPECT_EQ(lines[2]["sample"]["completion"], "4");
+  EXPECT_EQ(lines[1]["messages"], chat.record["messages"]);  // a conversation as written
+  EXPECT_EQ(lines[1]["sample"],
+            nlohmann::json({{"completion", "yo"}, {"prompt_text", "be brief\nsay yo"}, {"ended", false}}));
+  // Where the record has neither, `prompt` and `response` are the prompt's text and the sample.
+  EXPECT_EQ(lines[1]["prompt"], "be brief\nsay yo");
+  EXPECT_EQ(lines[1]["response"], "yo");
+  // A record that already uses one of the sample's names is refused, naming its line.
+  data::PromptSample clash = text;
+  clash.record["sample"] = "x";
+  try {
+    rewards.score({&clash}, {tok->encode("3")}, {true}, *tok);
+    ADD_FAILURE() << "no error";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("a.jsonl:1: the record has a field \"sample\", which ppo.reward.command"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 std::string error_of(const std::string& program, double timeout_s) {
   try {
     rewards::RewardProgram p(program, timeout_s);
@@ -221,6 +283,57 @@ int tiny_ppo(const TempDir& dir, const std::string& extra, std::string* log) {
                    " model.max_position_embeddings=32 tokenizer.path=data/tokenizer.model train.threads=1 " +
                    extra + " 2>&1";
   return run(cmd, log);
+}
+
+// --dry-run plans PPO in rollouts (not in epochs of steps x samples): the run
+// then makes as many rollouts, drawing the prompts it said.
+TEST(PpoConfig, DryRunPlansTheRolloutsTheRunMakes) {
+  TempDir dir;
+  std::string log;
+  ASSERT_EQ(tiny_ppo(dir, "--dry-run train.max_steps=6", &log), 0) << log;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      log, m,
+      std::regex(R"(ppo: (\d+) rollouts of 64 prompts x 1 sample = 64 responses of up to 8 new tokens; each rollout )"
+                 R"(trains 4 steps \(2 epochs x 2 minibatches of 32 responses\); the rollouts draw (\d+) prompts = )"
+                 R"(([0-9.e+-]+) epochs of (\d+) prompts)")))
+      << log;
+  EXPECT_EQ(m[1].str(), "2");
+  EXPECT_EQ(m[2].str(), "128");
+  EXPECT_NEAR(std::stod(m[3].str()), 128.0 / std::stod(m[4].str()), 2e-3);
+  EXPECT_NE(log.find("tokens per step: up to 256 response tokens"), std::string::npos) << log;
+  EXPECT_EQ(log.find("0 response tokens"), std::string::npos) << log;
+
+  ASSERT_EQ(tiny_ppo(dir, "train.max_steps=6 data.eval=null", &log), 0) << log;
+  int rollouts = 0, steps = 0;
+  std::ifstream in(dir / "out" / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("loss")) continue;
+    ++steps;
+    rollouts += j.contains("time/rollout_s");
+  }
+  EXPECT_EQ(steps, 6);
+  EXPECT_EQ(rollouts, 2);
+}
+
+// A causal LM folder given as the reward model: the error names the config
+// key that named it, not a command-line flag.
+TEST(PpoConfig, ACausalLmAsTheRewardModelIsNamedByItsKey) {
+  TempDir dir;
+  models::llama::LlamaOptions o;
+  o.vocab_size(326).hidden_size(16).intermediate_size(32).num_hidden_layers(1).num_attention_heads(2)
+      .num_key_value_heads(2).max_position_embeddings(32);
+  models::llama::LlamaForCausalLM lm(o);
+  const auto tok = tokenizer::load_tokenizer("auto", anvil::testing::source_dir() + "/data/tokenizer.model");
+  stdfs::create_directories(dir / "lm");
+  io::save_model_dir(dir / "lm", lm, tok.get());
+  std::string log;
+  EXPECT_NE(tiny_ppo(dir, "ppo.reward.exact_match= ppo.reward.model=" + (dir / "lm").string(), &log), 0);
+  EXPECT_NE(log.find("ppo.reward.model: " + (dir / "lm").string() + " is not a reward model"), std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("--model"), std::string::npos) << log;
 }
 
 TEST(PpoConfig, BadSettingsAndRecordsNameTheKeyOrTheLine) {
@@ -437,6 +550,56 @@ TEST(PpoRuns, TwoShardedRanksMatchOneProcess) {
 
 // kill -9 mid-run, then resume: the same losses as the uninterrupted run
 // (saves fall at rollout boundaries, and a resumed run starts a fresh rollout).
+// SIGINT / SIGTERM in the middle of an iteration (4 steps on one rollout):
+// the run finishes the iteration, saves at its boundary and exits 0; the
+// rerun logs every value the uninterrupted run logs, bit for bit. ILQL,
+// whose iterations are single steps, stops after the step.
+TEST(PpoRuns, InterruptedMidIterationResumesExactly) {
+  struct Case {
+    const char* config;
+    const char* signals;  // ANVIL_TEST_SIGNALS_AT_STEP: raised when this many steps are done
+    int64_t saved_at;
+  };
+  for (const auto& c : {Case{"configs/ppo_tiny.yaml", "5:INT", 8}, Case{"configs/grpo_tiny.yaml", "6:TERM", 8},
+                        Case{"configs/ppo_tiny.yaml", "1:TERM", 4},
+                        Case{"configs/ilql_tiny.yaml", "5:INT", 6}}) {  // ILQL: one step an iteration
+    SCOPED_TRACE(std::string(c.config) + " " + c.signals);
+    TempDir dir;
+    const auto trainer = [&](const std::string& out, const std::string& env, std::string* log) {
+      return run("cd " + anvil::testing::source_dir() + " && " + env + " " + anvil::testing::trainer_bin() +
+                     " --config " + c.config + " output_dir=" + (dir / out).string() +
+                     " model.from= model.family=gpt2 model.hidden_size=32 model.num_layers=1 model.num_heads=2"
+                     " model.max_position_embeddings=32 tokenizer.path=data/tokenizer.model train.threads=1"
+                     " train.max_steps=12 train.save_every=100 train.eval_every=0 data.eval=null 2>&1",
+                 log);
+    };
+    std::string log;
+    ASSERT_EQ(trainer("straight", "", &log), 0) << log;
+    ASSERT_EQ(trainer("stopped", std::string("ANVIL_TEST_SIGNALS_AT_STEP=") + c.signals, &log), 0) << log;
+    EXPECT_NE(log.find("stop requested: saved step " + std::to_string(c.saved_at) + " and exiting"), std::string::npos)
+        << log;
+    ASSERT_TRUE(stdfs::exists(dir / "stopped" / ("checkpoint-" + std::to_string(c.saved_at)) / "trainer_state.json"));
+    ASSERT_EQ(trainer("stopped", "", &log), 0) << log;
+    EXPECT_NE(log.find("at step " + std::to_string(c.saved_at)), std::string::npos) << log;
+    const auto a = anvil::testing::metrics_by_step(dir / "straight" / "metrics.jsonl");
+    const auto b = anvil::testing::metrics_by_step(dir / "stopped" / "metrics.jsonl");
+    ASSERT_EQ(a.size(), 12u);
+    ASSERT_EQ(b.size(), 12u);
+    int compared = 0;
+    for (const auto& [step, m] : a)
+      for (const auto& [key, v] : m.items()) {
+        // Timings, speeds and memory differ between any two runs.
+        if (key.find("time") != std::string::npos || key.find("_per_s") != std::string::npos ||
+            key.find("memory") != std::string::npos || !v.is_number())
+          continue;
+        ASSERT_TRUE(b.at(step).contains(key)) << "step " << step << " " << key;
+        EXPECT_EQ(v.get<double>(), b.at(step)[key].get<double>()) << "step " << step << " " << key;
+        ++compared;
+      }
+    EXPECT_GE(compared, 12 * 5);
+  }
+}
+
 TEST(PpoRuns, KilledAndResumedRunMatchesTheUninterruptedOne) {
   ASSERT_TRUE(stdfs::exists(fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
   TempDir dir;

@@ -122,5 +122,24 @@ TEST_F(ResumeTest, SigtermFinishesTheStepSavesAndExitsZero) {
   for (size_t i = 0; i < reference.size(); ++i) EXPECT_EQ(resumed[i].second, reference[i].second) << i;
 }
 
+// Ctrl-C twice: the first asks for a save after the step (and says so), the
+// second exits at once with 130, saying that nothing more is saved.
+TEST_F(ResumeTest, ASecondInterruptExitsAtOnceSayingSo) {
+  const auto out = dir_ / "twice";
+  // Two SIGINTs raised in the trainer at step 5: sent from here, the second
+  // could arrive after the save it should cut short.
+  TrainerProcess p(config_, out, dir_ / "log.txt", "ANVIL_TEST_SIGNALS_AT_STEP=5:INT,INT");
+  EXPECT_EQ(p.wait(), 130);
+  EXPECT_EQ(metric_lines(out / "metrics.jsonl"), 5u);
+  const auto log = anvil::testing::read_text(dir_ / "log.txt");
+  EXPECT_NE(log.find("trainer: stop requested: finishing this step (an RL run: this iteration), then saving a "
+                     "checkpoint (interrupt again to exit at once, without saving)"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("trainer: interrupted again: exiting now, without saving; the last complete checkpoint is kept"),
+            std::string::npos)
+      << log;
+}
+
 }  // namespace
 }  // namespace anvil::train

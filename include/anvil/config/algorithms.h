@@ -92,8 +92,9 @@ struct PpoRewardConfig {
             "Reward-model folder: an algorithm: reward checkpoint or export, or an HF ...ForSequenceClassification "
             "folder. Frozen, and sharded like the policy.");
     v.field("command", command,
-            "Reward program: a shell command started once; it reads one JSON object per line on stdin ({prompt, "
-            "response, ...the prompt record's other fields}) and answers one line {\"reward\": x} each.");
+            "Reward program: a shell command started once; it reads one JSON object per line on stdin (the prompt "
+            "record as written, plus the sample: {completion, prompt_text, ended}; docs/algorithms.md) and answers one line "
+            "{\"reward\": x} each.");
     v.field("timeout_s", timeout_s, "Seconds the reward program may take to answer one record.", positive());
     v.field("exact_match", exact_match,
             "Verifiable reward: 1 when the response, trimmed, equals this field of the prompt record, else 0.");

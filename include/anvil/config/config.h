@@ -361,8 +361,8 @@ struct TrainConfig {
             "for the whole micro-batch. docs/algorithms.md.",
             read_by({"sft", "pretrain", "dpo", "ppo"}));
     v.field("loss_chunk_size", loss_chunk_size,
-            "sft and pretrain, with train.fused_loss: target tokens projected to logits at a time; 0 = as many as "
-            "keep a chunk's float32 logits within 1 GiB.",
+            "sft and pretrain, with train.fused_loss: target tokens projected to logits at a time; 0 = as few "
+            "equal chunks as keep each chunk's float32 logits within 1 GiB.",
             read_by({"sft", "pretrain"}, non_negative()));
     v.field("grad_clip", grad_clip, "Max global gradient L2 norm; 0 disables clipping.", non_negative());
     v.field("seed", seed, "Seed for init, data order and dropout.", non_negative());

@@ -2,10 +2,10 @@
 // TensorBoard event files, written natively (no Python, no protobuf library):
 // TFRecord framing (length, masked CRC-32C) around hand-encoded `Event`
 // protos, as TensorFlow's and PyTorch's SummaryWriter write them. Scalars
-// are `simple_value`s; text is the text plugin's string tensor. A run that
-// resumes from a checkpoint first logs a SessionLog START at its next step,
-// so TensorBoard drops what an earlier, killed run logged past that
-// checkpoint: the logs then hold each step once. docs/getting-started.md.
+// are `simple_value`s; text is the text plugin's string tensor. Every start
+// logs a SessionLog START first (a resumed run at its next step), so
+// TensorBoard drops what an earlier, killed run logged past that checkpoint:
+// the logs then hold each step once. docs/getting-started.md.
 
 #include <cstdint>
 #include <cstdio>
@@ -20,8 +20,8 @@ namespace anvil {
 class TensorBoardWriter {
  public:
   /// Creates `dir` and a new events.out.tfevents.<seconds>.<host>.<pid>.<n>
-  /// file in it. With `resumed_at` (the checkpoint's step), logs a SessionLog
-  /// START at resumed_at + 1 first.
+  /// file in it, and logs a SessionLog START: at step 0, or with `resumed_at`
+  /// (the checkpoint's step) at resumed_at + 1.
   TensorBoardWriter(const std::filesystem::path& dir, std::optional<int64_t> resumed_at);
   ~TensorBoardWriter();
   TensorBoardWriter(const TensorBoardWriter&) = delete;

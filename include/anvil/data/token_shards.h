@@ -15,6 +15,10 @@
 
 #include "anvil/data/datasets.h"
 
+namespace anvil::tokenizer {
+class Tokenizer;
+}  // namespace anvil::tokenizer
+
 namespace anvil::data {
 
 struct ShardWriterOptions {
@@ -29,9 +33,11 @@ class ShardWriter {
   ShardWriter(std::filesystem::path dir, int64_t vocab_size, int64_t eos_id, ShardWriterOptions opt = {});
   ~ShardWriter();
   void add(const std::vector<int64_t>& doc);
-  /// Closes the last shard, writes meta.json (tokenizer kind and source files
-  /// recorded) and renames the folder into place.
-  void finish(const std::string& tokenizer_kind, const std::vector<std::string>& sources);
+  /// Closes the last shard, writes meta.json (tokenizer kind, its
+  /// tokenizer::fingerprint when given, and the source files recorded) and
+  /// renames the folder into place.
+  void finish(const std::string& tokenizer_kind, const std::vector<std::string>& sources,
+              const std::string& tokenizer_fingerprint = "");
   int64_t num_docs() const { return total_docs_; }
   int64_t num_tokens() const { return total_tokens_; }
 
@@ -125,6 +131,12 @@ class TokenShards {
   int64_t num_tokens() const { return num_tokens_; }
   int64_t num_docs() const { return num_docs_; }
   int64_t vocab_size() const { return vocab_size_; }
+  /// The tokenizer meta.json records (anvil shards; empty elsewhere, and
+  /// the fingerprint in shards older than it): its kind, its
+  /// tokenizer::fingerprint, and the EOS id (-2 when unknown).
+  const std::string& tokenizer_kind() const { return tokenizer_kind_; }
+  const std::string& tokenizer_fingerprint() const { return tokenizer_fingerprint_; }
+  int64_t eos_id() const { return eos_id_; }
   int token_bytes() const { return token_bytes_; }
   int64_t token(const Shard& s, int64_t i) const;
   /// Tokens [start, start + n) of `s` into out.
@@ -134,11 +146,18 @@ class TokenShards {
   TokenShards() = default;
   std::filesystem::path dir_;
   std::vector<Shard> shards_;
-  int64_t num_tokens_ = 0, num_docs_ = 0, vocab_size_ = 0;
+  int64_t num_tokens_ = 0, num_docs_ = 0, vocab_size_ = 0, eos_id_ = -2;
+  std::string tokenizer_kind_, tokenizer_fingerprint_;
   int token_bytes_ = 2;
   char kind_ = 'u';  // token ids stored as unsigned ('u') or signed ('i') integers, or floats ('f')
   std::vector<std::unique_ptr<std::vector<int64_t>>> owned_starts_;  // document offsets (and doc_bytes) built at open
 };
+
+/// Throws a DataError naming `where`, both tokenizers and `anvil prepare`
+/// when anvil shards were written with another tokenizer than `tok`: another
+/// fingerprint (tokenizer::fingerprint) where meta.json records one, else
+/// another vocabulary size or, where documents end with EOS, another EOS id.
+void check_shard_tokenizer(const TokenShards& shards, const tokenizer::Tokenizer& tok, const std::string& where);
 
 /// Fixed windows of `seq_len` tokens over each shard (the tail that does not
 /// fill a window is unused); every token is a target. doc_starts mark where

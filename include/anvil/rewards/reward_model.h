@@ -20,9 +20,10 @@ class RewardModel {
   /// Loads a reward-model folder (a checkpoint or an export). `format` names
   /// the chat format: "" takes the one the folder records; a name that
   /// contradicts it is an error unless `force_format`. Throws ConfigError
-  /// when the folder has no score head.
+  /// naming `key` (the flag or config key that named the folder) when the
+  /// folder has no score head.
   static RewardModel load(const std::filesystem::path& dir, const std::string& format = "",
-                          bool force_format = false);
+                          bool force_format = false, const std::string& key = "--model");
 
   RewardModel(std::shared_ptr<models::CausalLM> model, std::shared_ptr<const tokenizer::Tokenizer> tok,
               const std::string& template_name);

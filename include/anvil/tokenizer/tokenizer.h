@@ -59,6 +59,12 @@ class Tokenizer {
   std::string chat_template_;
 };
 
+/// A hash of what a tokenizer maps ids to: the vocabulary size, BOS, EOS
+/// and PAD, and every id's decoded text (special tokens kept), as 16 hex
+/// digits (FNV-1a, 64 bits). Two tokenizers with the same fingerprint give
+/// token ids the same meaning; data prepared with one trains with the other.
+std::string fingerprint(const Tokenizer& tok);
+
 /// Loads a tokenizer from a file or a folder. `type` is "auto" (a folder is
 /// searched as by load_tokenizer_from_model_dir, a `.json` file is a Hugging
 /// Face tokenizer.json, anything else a SentencePiece model), "hf" or

@@ -198,6 +198,14 @@ class Objective {
   /// What `Batch::num_targets` counts, for plans and logs ("trained tokens",
   /// "preference examples").
   virtual std::string target_unit() const { return "trained tokens"; }
+  /// --dry-run: what `max_steps` optimizer steps read, for objectives whose
+  /// steps do not read the training data directly (PPO trains on rollouts).
+  /// Empty: steps read train_source()'s samples, and the plan counts epochs
+  /// and tokens from them.
+  virtual std::string plan(int64_t max_steps) const {
+    (void)max_steps;
+    return "";
+  }
 
   // ---- iteration hooks (Objective v2). The loop runs iterations: before
   // each, before_iteration(); then steps_per_iteration() optimizer steps,
