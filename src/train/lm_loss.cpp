@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <optional>
 
@@ -63,6 +64,43 @@ at::Tensor chunk_loss(const at::Tensor& h, const PaddedHead& head, const at::Ten
   return loss;
 }
 
+/// The head's gradients, summed chunk by chunk from each chunk's gradient of
+/// its logits (n, Vp): rows of d hidden, and d weight / d bias (in float over
+/// several chunks), cut back to the real vocabulary at the end.
+struct HeadGradients {
+  bool need_h, need_w, need_b, chunks;
+  at::ScalarType acc;
+  at::Tensor h, w, b;
+
+  HeadGradients(const at::Tensor& hidden, bool nh, bool nw, bool nb, int64_t chunk)
+      : need_h(nh), need_w(nw), need_b(nb), chunks(chunk < hidden.size(0)),
+        acc(hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat),
+        h(nh ? at::empty_like(hidden) : at::Tensor()) {}
+
+  /// Rows [s, s + n) with inputs `x` (n, C) and logit gradient `g` (n, Vp).
+  void add(int64_t s, int64_t n, const at::Tensor& x, const at::Tensor& g, const PaddedHead& head) {
+    if (need_h) {
+      auto rows = h.narrow(0, s, n);
+      at::mm_out(rows, g, head.weight);
+    }
+    if (need_w) {
+      auto part = at::mm(g.t(), x);
+      if (!w.defined()) w = chunks ? part.to(acc) : part;
+      else w.add_(part);
+    }
+    if (need_b) {
+      auto part = g.sum(0, false, acc);
+      b = b.defined() ? b.add_(part) : part;
+    }
+  }
+  /// {d hidden, d weight, d bias}, in the parameters' dtypes (zeros where no chunk ran).
+  std::array<at::Tensor, 3> finish(const at::Tensor& weight, const at::Tensor& bias, const PaddedHead& head) {
+    if (need_w) w = w.defined() ? w.narrow(0, 0, head.vocab).to(weight.scalar_type()) : at::zeros_like(weight);
+    if (need_b) b = b.defined() ? b.narrow(0, 0, head.vocab).to(bias.scalar_type()) : at::zeros_like(bias);
+    return {h, w, b};
+  }
+};
+
 struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCrossEntropy> {
   // The bias travels as an optional: autograd takes no undefined tensor as an input.
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
@@ -72,33 +110,16 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
     const auto head = pad_head(weight, bias, pad_to);
     const int64_t N = hidden.size(0);
     const auto acc = hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    const bool chunks = chunk < N;
-    at::Tensor gh = need_h ? at::empty_like(hidden) : at::Tensor();
-    at::Tensor gw, gb;  // (Vp, C), (Vp): accumulated in float over several chunks
+    HeadGradients grads(hidden, need_h, need_w, need_b, chunk);
     at::Tensor total = at::zeros({}, hidden.options().dtype(acc));
     for (int64_t s = 0; s < N; s += chunk) {
       const int64_t n = std::min(chunk, N - s);
       const auto h = hidden.narrow(0, s, n);
       at::Tensor g;
       total.add_(chunk_loss(h, head, targets.narrow(0, s, n), ignore_index, &g));
-      if (need_h) {
-        auto rows = gh.narrow(0, s, n);
-        at::mm_out(rows, g, head.weight);
-      }
-      if (need_w) {
-        auto part = at::mm(g.t(), h);
-        if (!gw.defined()) gw = chunks ? part.to(acc) : part;
-        else gw.add_(part);
-      }
-      if (need_b) {
-        auto part = g.sum(0, false, acc);
-        gb = gb.defined() ? gb.add_(part) : part;
-      }
+      grads.add(s, n, h, g, head);
     }
-    if (need_w) {
-      gw = gw.defined() ? gw.narrow(0, 0, head.vocab).to(weight.scalar_type()) : at::zeros_like(weight);
-    }
-    if (need_b) gb = gb.defined() ? gb.narrow(0, 0, head.vocab).to(bias.scalar_type()) : at::zeros_like(bias);
+    const auto [gh, gw, gb] = grads.finish(weight, bias, head);
     ctx->saved_data["gh"] = gh;
     ctx->saved_data["gw"] = gw;
     ctx->saved_data["gb"] = gb;
@@ -177,8 +198,7 @@ struct FusedLinearLogprobs : public torch::autograd::Function<FusedLinearLogprob
     const auto safe = targets.masked_fill(valid.logical_not(), 0).unsqueeze(1);
     // d logp / d logits = (onehot - softmax) / temperature, scaled by each row's incoming gradient.
     const auto g = grad_out.at(0).to(acc).masked_fill(valid.logical_not(), 0) / temperature;
-    at::Tensor gh = need_h ? at::empty_like(hidden) : at::Tensor(), gw, gb;
-    const bool chunks = chunk < N;
+    HeadGradients grads(hidden, need_h, need_w, need_b, chunk);
     for (int64_t s = 0; s < N; s += chunk) {
       const int64_t n = std::min(chunk, N - s);
       const auto h = hidden.narrow(0, s, n);
@@ -188,22 +208,9 @@ struct FusedLinearLogprobs : public torch::autograd::Function<FusedLinearLogprob
       const bool half = temperature == 1.0 && hidden.scalar_type() == at::kHalf && hidden.is_cuda();
       auto gl = at::_log_softmax_backward_data(go, logp, 1, half ? hidden.scalar_type() : acc);
       if (gl.scalar_type() != hidden.scalar_type()) gl = gl.to(hidden.scalar_type());
-      if (need_h) {
-        auto rows = gh.narrow(0, s, n);
-        at::mm_out(rows, gl, head.weight);
-      }
-      if (need_w) {
-        auto part = at::mm(gl.t(), h);
-        if (!gw.defined()) gw = chunks ? part.to(acc) : part;
-        else gw.add_(part);
-      }
-      if (need_b) {
-        auto part = gl.sum(0, false, acc);
-        gb = gb.defined() ? gb.add_(part) : part;
-      }
+      grads.add(s, n, h, gl, head);
     }
-    if (need_w) gw = gw.defined() ? gw.narrow(0, 0, head.vocab).to(weight.scalar_type()) : at::zeros_like(weight);
-    if (need_b) gb = gb.defined() ? gb.narrow(0, 0, head.vocab).to(bias.scalar_type()) : at::zeros_like(bias);
+    const auto [gh, gw, gb] = grads.finish(weight, bias, head);
     return {gh, gw, gb, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
