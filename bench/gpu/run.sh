@@ -5,7 +5,8 @@
 # alternating them, and prints one table with ratios and MFU.
 #
 # usage: bash bench/gpu/run.sh [--smoke] [--no-build] [SECTION...]
-#   sections (default: all): check  correctness first: tiny models on the device against the CPU, bf16
+#   sections (default: all): check  correctness first: src/kernels/ against ATen (bench_kernels, with
+#                                   timings), tiny models on the device against the CPU, bf16
 #                                   against float32, one-rank full_shard against plain, background saves
 #                                   against saves at once, resume bit for bit, greedy tokens and logits
 #                                   against the CPU and transformers (PASS/FAIL lines; exit status 1 on a FAIL)
@@ -36,7 +37,7 @@ for arg; do
   case $arg in
     --smoke) SMOKE=1 ;;
     --no-build) BUILD_IT=0 ;;
-    -h | --help) sed -n 2,27p "$0"; exit 0 ;;
+    -h | --help) sed -n 2,28p "$0"; exit 0 ;;
     check | train | fp32 | shard | ckpt | gen | profile) sections+=("$arg") ;;
     *) echo "bench/gpu/run.sh: unknown argument \"$arg\" (sections: check train fp32 shard ckpt gen profile)" >&2; exit 2 ;;
   esac
@@ -107,14 +108,14 @@ if ((BUILD_IT)); then
     -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DTORCH_CUDA_ARCH_LIST="${ARCH:0:1}.${ARCH:1}" \
     ${NCCL_H:+-DANVIL_NCCL_INCLUDE_DIR=$(dirname "$NCCL_H")} >"$OUTD/cmake.log" 2>&1 ||
     { tail -n 30 "$OUTD/cmake.log"; exit 1; }
-  cmake --build "$BUILD" -j "$(nproc)" --target trainer anvil_cli bench_generate >"$OUTD/build.log" 2>&1 ||
+  cmake --build "$BUILD" -j "$(nproc)" --target trainer anvil_cli bench_generate bench_kernels >"$OUTD/build.log" 2>&1 ||
     { tail -n 40 "$OUTD/build.log"; exit 1; }
   stamp "built"
 elif [[ -d /tmp/anvil-deps ]]; then
   export LD_LIBRARY_PATH=/tmp/anvil-deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 TRAINER=$BUILD/bin/trainer
-for b in "$TRAINER" "$BUILD/bin/anvil" "$BUILD/bin/bench_generate"; do
+for b in "$TRAINER" "$BUILD/bin/anvil" "$BUILD/bin/bench_generate" "$BUILD/bin/bench_kernels"; do
   [[ -x $b ]] || { echo "bench/gpu/run.sh: $b is missing (build it, or drop --no-build)" >&2; exit 1; }
 done
 
@@ -176,6 +177,12 @@ if has check; then
   stamp "checks on $DEVICE"
   : >"$OUTD/checks.txt"
   DBG_GPT2=configs/models/gpt2-debug.yaml DBG_LLAMA=configs/models/llama-debug.yaml
+  # Anvil's kernels (src/kernels/) against ATen in double, then timed against the ATen composition they
+  # replace (the timing lines: $OUTD/kernels.jsonl).
+  "$BUILD/bin/bench_kernels" --device "$DEVICE" >"$OUTD/kernels.txt" 2>&1 || FAILED=1
+  grep -E '^(PASS|FAIL) ' "$OUTD/kernels.txt" | tee -a "$OUTD/checks.txt"
+  grep '^{' "$OUTD/kernels.txt" | tee "$OUTD/kernels.jsonl"
+  grep -qE '^(PASS|FAIL|\{)' "$OUTD/kernels.txt" || { echo "bench_kernels failed:"; tail -n 15 "$OUTD/kernels.txt"; }
   few=(train.max_steps=20)
   for m in $DBG_GPT2 $DBG_LLAMA; do
     n=$(basename "$m" .yaml)

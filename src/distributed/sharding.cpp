@@ -365,17 +365,24 @@ void ShardedModel::finish_backward() {
 }
 
 double ShardedModel::clip_grad_norm(double max_norm) {
+  // The squares summed in double over every rank's shards; the coefficient
+  // (torch's max_norm / (norm + 1e-6), applied when below 1) stays on the
+  // device, so the step is queued whole and the norm is read once, at the end.
   at::NoGradGuard no_grad;
-  auto sq = at::zeros({1}, units_.front()->master.options().dtype(at::kDouble));
-  for (auto& u : units_) sq += u->master.grad().to(at::kDouble).pow(2).sum();
+  std::vector<at::Tensor> grads;
+  for (auto& u : units_)
+    if (u->master.grad().defined()) grads.push_back(u->master.grad());
+  if (grads.empty()) return 0.0;
+  std::vector<at::Tensor> squares;
+  for (const auto& n : at::_foreach_norm(grads, 2, at::kDouble)) squares.push_back(n.square());
+  auto sq = at::stack(squares).sum().view({1});
   if (options_.strategy != Sharding::NoShard) comm_->all_reduce_sum(sq, "gradient norm");
-  const double norm = std::sqrt(sq.item<double>());
+  const auto total = sq.sqrt().reshape({});
   if (max_norm > 0) {
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0)
-      for (auto& u : units_) u->master.mutable_grad().mul_(coef);
+    const auto coef = at::clamp_max(max_norm / (total + 1e-6), 1.0).to(grads.front().scalar_type());
+    at::_foreach_mul_(grads, coef);
   }
-  return norm;
+  return total.item<double>();
 }
 
 void ShardedModel::after_optimizer_step() {

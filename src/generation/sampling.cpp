@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "kernels/draw.h"
+
 namespace anvil::generation {
 
 at::Tensor apply_penalties(const at::Tensor& scores_in, const at::Tensor& seen, const at::Tensor& counts,
@@ -93,11 +95,8 @@ at::Tensor counter_uniform(const at::Tensor& keys, const at::Tensor& step, int64
 
 at::Tensor draw(const at::Tensor& scores, const at::Tensor& keys, const at::Tensor& step) {
   TORCH_CHECK(scores.dim() == 2 && keys.size(0) == scores.size(0), "draw: scores must be (B, V) with B keys");
-  // Inverse CDF: one uniform per row, against the cumulative probabilities (float64, so that the last
-  // tokens' bins are not lost to rounding). A removed token's bin is empty, so it is never drawn.
-  const auto cdf = scores.softmax(-1, at::kFloat).to(at::kDouble).cumsum(-1);     // (B, V)
-  const auto target = counter_uniform(keys, step, 1) * cdf.narrow(1, cdf.size(1) - 1, 1);  // (B, 1)
-  return at::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true).squeeze(1).clamp_max(scores.size(1) - 1);
+  // Inverse CDF: one uniform per row against the cumulative probabilities (kernels/draw: one kernel on CUDA).
+  return kernels::inverse_cdf_draw(scores, counter_uniform(keys, step, 1).squeeze(1));
 }
 
 }  // namespace anvil::generation

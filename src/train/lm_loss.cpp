@@ -7,6 +7,8 @@
 #include <limits>
 #include <optional>
 
+#include "kernels/cross_entropy.h"
+
 namespace anvil::train {
 namespace {
 
@@ -30,37 +32,24 @@ std::optional<at::Tensor> optional_bias(const at::Tensor& bias) {
   return bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
 }
 
+/// A chunk's logits h W^T + b (n, Vp), in the hidden states' dtype.
+at::Tensor head_logits(const at::Tensor& h, const PaddedHead& head) {
+  return head.bias.defined() ? at::addmm(head.bias, h, head.weight.t()) : at::mm(h, head.weight.t());
+}
+
 int64_t resolved_pad(const at::Tensor& hidden, const FusedLossOptions& o) {
   if (o.pad_to > 0) return o.pad_to;
   return hidden.is_cuda() ? 64 : 1;
 }
 
 /// One chunk: the summed loss of rows with a target and, when `grad` is given,
-/// d loss / d logits (n, Vp) in the logits' dtype (zero rows where no target).
+/// d loss / d logits (n, Vp) in the logits' dtype (zero rows where no target),
+/// written over the logits (kernels/cross_entropy: one CUDA kernel per chunk).
 at::Tensor chunk_loss(const at::Tensor& h, const PaddedHead& head, const at::Tensor& y, int64_t ignore_index,
                       at::Tensor* grad) {
-  auto logits = head.bias.defined() ? at::addmm(head.bias, h, head.weight.t()) : at::mm(h, head.weight.t());
-  if (head.padded > head.vocab)  // padding rows take no probability
-    logits.narrow(1, head.vocab, head.padded - head.vocab).fill_(-std::numeric_limits<double>::infinity());
-  const auto dtype = logits.scalar_type();
-  const auto acc = dtype == at::kDouble ? at::kDouble : at::kFloat;
-  // CUDA's softmax reads float16 and writes float in one kernel (not bfloat16); elsewhere the logits convert first.
-  const bool half_to_float = dtype == at::kHalf && logits.is_cuda();
-  auto logp = half_to_float ? at::_log_softmax(logits, 1, /*half_to_float=*/true)
-                            : at::_log_softmax(logits.to(acc), 1, /*half_to_float=*/false);
-  logits = at::Tensor();  // free before the gradient is built
-  const auto valid = y.ne(ignore_index);
-  const auto target = y.masked_fill(valid.logical_not(), 0).unsqueeze(1);
-  const auto picked = logp.gather(1, target).squeeze(1);
-  auto loss = at::where(valid, picked, at::zeros({}, picked.options())).sum().neg();
-  if (grad != nullptr) {
-    // -sum over targets of log p: its gradient through log_softmax's backward
-    // (grad - exp(logp) * sum(grad)) is softmax - onehot on rows with a target, 0 elsewhere.
-    auto go = at::zeros_like(logp);
-    go.scatter_(1, target, valid.to(acc).neg().unsqueeze(1));
-    auto g = at::_log_softmax_backward_data(go, logp, 1, half_to_float ? dtype : acc);
-    *grad = g.scalar_type() == dtype ? g : g.to(dtype);
-  }
+  auto logits = head_logits(h, head);
+  auto loss = kernels::cross_entropy_rows(logits, y, head.vocab, ignore_index, grad != nullptr).sum();
+  if (grad != nullptr) *grad = logits;
   return loss;
 }
 
@@ -140,7 +129,7 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
 
 /// A chunk's float log-softmax of (h W^T + b) / temperature over the real vocabulary (padding at -inf).
 at::Tensor chunk_log_softmax(const at::Tensor& h, const PaddedHead& head, double temperature) {
-  auto logits = head.bias.defined() ? at::addmm(head.bias, h, head.weight.t()) : at::mm(h, head.weight.t());
+  auto logits = head_logits(h, head);
   if (head.padded > head.vocab)
     logits.narrow(1, head.vocab, head.padded - head.vocab).fill_(-std::numeric_limits<double>::infinity());
   const auto dtype = logits.scalar_type();
@@ -165,6 +154,12 @@ struct FusedLinearLogprobs : public torch::autograd::Function<FusedLinearLogprob
     const auto safe = targets.masked_fill(valid.logical_not(), 0);
     for (int64_t s = 0; s < N; s += chunk) {
       const int64_t n = std::min(chunk, N - s);
+      if (temperature == 1.0 && entropy == nullptr) {  // log p[y] = -(the row's cross-entropy): one kernel
+        auto logits = head_logits(hidden.narrow(0, s, n), head);
+        out.narrow(0, s, n).copy_(
+            kernels::cross_entropy_rows(logits, targets.narrow(0, s, n), head.vocab, ignore_index, false).neg());
+        continue;
+      }
       const auto logp = chunk_log_softmax(hidden.narrow(0, s, n), head, temperature);
       out.narrow(0, s, n).copy_(logp.gather(1, safe.narrow(0, s, n).unsqueeze(1)).squeeze(1));
       if (entropy != nullptr) {
@@ -202,6 +197,13 @@ struct FusedLinearLogprobs : public torch::autograd::Function<FusedLinearLogprob
     for (int64_t s = 0; s < N; s += chunk) {
       const int64_t n = std::min(chunk, N - s);
       const auto h = hidden.narrow(0, s, n);
+      if (temperature == 1.0) {  // -(softmax - onehot) x g, written over the chunk's logits by one kernel
+        auto logits = head_logits(h, head);
+        kernels::cross_entropy_rows(logits, targets.narrow(0, s, n), head.vocab, ignore_index, true,
+                                    g.narrow(0, s, n).neg());
+        grads.add(s, n, h, logits, head);
+        continue;
+      }
       const auto logp = chunk_log_softmax(h, head, temperature);
       auto go = at::zeros_like(logp);
       go.scatter_(1, safe.narrow(0, s, n), g.narrow(0, s, n).unsqueeze(1));

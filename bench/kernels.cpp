@@ -1,0 +1,170 @@
+// Anvil's kernels (src/kernels/) on a device against an independent
+// reference, then timed against the ATen composition they replace
+// (bench/gpu/run.sh check; on the CPU, --smoke). One PASS / FAIL line per
+// comparison, then one JSON line per timing; exit status 1 on a FAIL.
+//
+// cross_entropy_rows: loss and gradient against ATen's cross_entropy and its
+// autograd in double on the CPU, for float / float16 / bfloat16 logits of
+// aligned and odd widths (padding columns, ignored rows).
+// inverse_cdf_draw: a chi-square test of the drawn tokens against the
+// softmax's probabilities, tokens at -inf never drawn; on CUDA, the tokens of
+// the kernel against the ATen reference's on the same uniforms.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "bench_util.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/draw.h"
+
+namespace {
+
+using namespace anvil;
+constexpr int64_t kIgnore = -100;
+
+int report(bool ok, const std::string& name, const std::string& detail) {
+  std::printf("%s %s: %s\n", ok ? "PASS" : "FAIL", name.c_str(), detail.c_str());
+  std::fflush(stdout);
+  return ok ? 0 : 1;
+}
+
+void sync(const at::Device& d) {
+  if (d.is_cuda()) at::empty({1}, at::TensorOptions().device(d)).cpu();  // waits for the stream
+}
+
+int check_cross_entropy(const at::Device& device, at::ScalarType dtype, int64_t rows, int64_t width, int64_t vocab) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(17);
+  const auto x = (at::randn({rows, width}, gen, at::TensorOptions().dtype(at::kDouble)) * 4).to(dtype);
+  auto y = at::randint(vocab, {rows}, gen, at::TensorOptions().dtype(at::kLong));
+  y.narrow(0, 0, rows / 4).fill_(kIgnore);
+  // The reference: ATen's cross_entropy in double on the values the kernel reads.
+  auto ref_x = x.to(at::kDouble).narrow(1, 0, vocab).clone().set_requires_grad(true);
+  const auto ref = at::cross_entropy_loss(ref_x, y, {}, at::Reduction::None, kIgnore);
+  torch::autograd::backward({ref.sum()});
+  auto logits = x.to(device);
+  const auto loss = kernels::cross_entropy_rows(logits, y.to(device), vocab, kIgnore, true).cpu().to(at::kDouble);
+  const auto grad = logits.cpu().to(at::kDouble);
+  const double loss_diff = (loss - ref.detach()).abs().max().item<double>();
+  const double grad_diff = (grad.narrow(1, 0, vocab) - ref_x.grad()).abs().max().item<double>();
+  const double pad = width > vocab ? grad.narrow(1, vocab, width - vocab).abs().max().item<double>() : 0.0;
+  // float: float round-off over the row; 16-bit: the gradient is rounded once to its type (2^-8 relative for
+  // bfloat16, of values at most 1).
+  const double loss_tol = 2e-5, grad_tol = dtype == at::kFloat ? 4e-6 : dtype == at::kHalf ? 1e-3 : 4e-3;
+  char detail[256];
+  std::snprintf(detail, sizeof detail, "%ld x %ld (vocab %ld), max |loss diff| %.3g (allowed %g), max |grad diff| %.3g "
+                "(allowed %g), padding gradient %g", static_cast<long>(rows), static_cast<long>(width),
+                static_cast<long>(vocab), loss_diff, loss_tol, grad_diff, grad_tol, pad);
+  return report(loss_diff <= loss_tol && grad_diff <= grad_tol && pad == 0,
+                std::string("cross_entropy_rows on ") + device.str() + ", " + c10::toString(dtype) +
+                    " = ATen cross_entropy (double)",
+                detail);
+}
+
+int check_draw(const at::Device& device) {
+  int failed = 0;
+  // 8 tokens of known probabilities (one masked), 400,000 rows: counts against the expectation.
+  const int64_t rows = 400000, V = 8;
+  const auto p = at::tensor({0.3, 0.2, 0.15, 0.1, 0.1, 0.08, 0.07, 0.0}, at::kDouble);
+  const auto scores = p.log().to(at::kFloat).unsqueeze(0).expand({rows, V}).contiguous().to(device);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const auto u = (at::rand({rows}, gen, at::TensorOptions().dtype(at::kDouble)).clamp(1e-12, 1 - 1e-12)).to(device);
+  const auto drawn = kernels::inverse_cdf_draw(scores, u).cpu();
+  const auto counts = at::bincount(drawn, {}, V).to(at::kDouble);
+  const auto expected = p * rows;
+  const auto live = p.gt(0);
+  const double chi2 = ((counts - expected).square() / expected.clamp_min(1)).masked_select(live).sum().item<double>();
+  const double masked = counts[V - 1].item<double>();
+  char detail[256];
+  // 6 degrees of freedom: P(chi-square > 22.46) = 0.001.
+  std::snprintf(detail, sizeof detail, "%ld rows over 8 tokens, chi-square %.2f (allowed 22.46, p = 0.001, 6 dof), "
+                "masked token drawn %g times", static_cast<long>(rows), chi2, masked);
+  failed += report(chi2 <= 22.46 && masked == 0,
+                   "inverse_cdf_draw on " + device.str() + ": tokens follow the softmax's probabilities", detail);
+  if (device.is_cuda()) {
+    // GPT-2's vocabulary, random scores with a quarter of the tokens masked: the kernel's tokens against ATen's.
+    const int64_t n = 4096, vocab = 50257;
+    auto x = at::randn({n, vocab}, gen, at::TensorOptions().dtype(at::kFloat)) * 3;
+    x.masked_fill_(at::rand({n, vocab}, gen) < 0.25, -INFINITY);
+    const auto uu = at::rand({n}, gen, at::TensorOptions().dtype(at::kDouble));
+    const auto mine = kernels::inverse_cdf_draw(x.to(device), uu.to(device)).cpu();
+    const auto ref = kernels::inverse_cdf_draw_reference(x.to(device), uu.to(device)).cpu();
+    const auto differ = mine.ne(ref).sum().item<int64_t>();
+    const bool masked_drawn = at::isinf(x.gather(1, mine.unsqueeze(1))).any().item<bool>();
+    std::snprintf(detail, sizeof detail, "%ld rows x %ld, %ld tokens differ (allowed 0.5 %%: float rounding at bin "
+                  "edges), masked token drawn: %s", static_cast<long>(n), static_cast<long>(vocab),
+                  static_cast<long>(differ), masked_drawn ? "yes" : "no");
+    failed += report(differ * 200 <= n && !masked_drawn, "inverse_cdf_draw CUDA kernel = ATen reference", detail);
+  }
+  return failed;
+}
+
+/// Median seconds of `f` over `reps` runs after 3 warm-ups.
+template <typename F>
+double time_it(const at::Device& device, int reps, F&& f) {
+  for (int i = 0; i < 3; ++i) f();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    sync(device);
+    const double t0 = bench::now_s();
+    f();
+    sync(device);
+    t.push_back(bench::now_s() - t0);
+  }
+  return bench::median(t);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto a = bench::parse_args(argc, argv, {{"device", "cpu"}, {"time-rows", "8192"}, {"vocab", "50257"}});
+  const at::Device device(a["device"]);
+  int failed = 0;
+  std::vector<at::ScalarType> dtypes{at::kFloat, at::kBFloat16};
+  if (device.is_cuda()) dtypes.push_back(at::kHalf);
+  for (auto dtype : dtypes) {
+    failed += check_cross_entropy(device, dtype, 64, 1024, 1000);  // aligned rows
+    failed += check_cross_entropy(device, dtype, 33, 517, 515);    // odd widths
+  }
+  failed += check_draw(device);
+  if (device.is_cuda()) {
+    if (!kernels::cross_entropy_kernel_built()) {
+      failed += report(false, "cross_entropy_rows CUDA kernel", "this build has no CUDA kernels");
+    } else {
+      // Against the ATen composition it replaces: a GPT-2 chunk of bf16 logits (vocabulary padded to 64).
+      const int64_t rows = std::stol(a["time-rows"]), vocab = std::stol(a["vocab"]);
+      const int64_t width = (vocab + 63) / 64 * 64;
+      const auto x = at::randn({rows, width}, at::TensorOptions().dtype(at::kBFloat16).device(device));
+      const auto y = at::randint(vocab, {rows}, at::TensorOptions().dtype(at::kLong).device(device));
+      auto work = x.clone();
+      const double kernel = time_it(device, 20, [&] {
+        work.copy_(x);
+        kernels::cross_entropy_rows(work, y, vocab, kIgnore, true);
+      });
+      const double aten = time_it(device, 20, [&] {
+        work.copy_(x);
+        kernels::cross_entropy_rows_reference(work, y, vocab, kIgnore, true);
+      });
+      const double copy = time_it(device, 20, [&] { work.copy_(x); });
+      // A sampling step at batch 128 over float scores.
+      const auto scores = at::randn({128, vocab}, at::TensorOptions().dtype(at::kFloat).device(device));
+      const auto u = at::rand({128}, at::TensorOptions().dtype(at::kDouble).device(device));
+      const double draw_kernel = time_it(device, 50, [&] { kernels::inverse_cdf_draw(scores, u); });
+      const double draw_aten = time_it(device, 50, [&] { kernels::inverse_cdf_draw_reference(scores, u); });
+      std::printf("%s\n", nlohmann::json({{"kernel", "inverse_cdf_draw"}, {"device", device.str()}, {"dtype", "float32"},
+                                          {"rows", 128}, {"width", vocab}, {"cuda_ms", draw_kernel * 1e3},
+                                          {"aten_ms", draw_aten * 1e3}, {"speedup", draw_aten / draw_kernel}})
+                              .dump()
+                              .c_str());
+      std::printf("%s\n", nlohmann::json({{"kernel", "cross_entropy_rows"}, {"device", device.str()},
+                                          {"dtype", "bfloat16"}, {"rows", rows}, {"width", width},
+                                          {"cuda_ms", (kernel - copy) * 1e3}, {"aten_ms", (aten - copy) * 1e3},
+                                          {"speedup", (aten - copy) / (kernel - copy)}})
+                              .dump()
+                              .c_str());
+    }
+  }
+  return failed ? 1 : 0;
+}
