@@ -157,6 +157,10 @@ struct PpoObjective::State {
   State(const config::RunConfig& c, const tokenizer::Tokenizer& t) : cfg(c), ppo(cfg.ppo), tok(t) {}
 
   int64_t minibatch_rows() const { return cfg.train.micro_batch_size * micro_per_step(); }
+  LossWeighting weighting() const {
+    return {ppo.loss_aggregation, ppo.loss_constant > 0 ? ppo.loss_constant : static_cast<double>(ppo.max_new_tokens),
+            ppo.mask_truncated_completions};
+  }
   int64_t micro_per_step() const {
     return cfg.train.global_batch_size > 0 ? cfg.train.global_batch_size / cfg.train.micro_batch_size
                                            : cfg.train.grad_accum_steps;
@@ -365,7 +369,7 @@ void PpoObjective::State::forward_logps(models::CausalLM& model, std::vector<Rol
 }
 
 Batch collate_rollout(const std::vector<const RolloutRow*>& rows, int64_t pad_id, const at::Tensor& adv,
-                      const at::Tensor& ret, const std::vector<int64_t>& index) {
+                      const at::Tensor& ret, const std::vector<int64_t>& index, const LossWeighting& weighting) {
   const auto B = static_cast<int64_t>(rows.size());
   int64_t T = 1, R = 1;
   for (const auto* r : rows) {
@@ -377,6 +381,8 @@ Batch collate_rollout(const std::vector<const RolloutRow*>& rows, int64_t pad_id
   auto mask = at::zeros({B, R}, at::kFloat), old_logp = at::zeros({B, R}, at::kFloat);
   auto ref_logp = at::zeros({B, R}, at::kFloat), old_values = at::zeros({B, R}, at::kFloat);
   auto advantages = at::zeros({B, R}, at::kFloat), returns = at::zeros({B, R}, at::kFloat);
+  auto weights = at::zeros({B, R}, at::kFloat);
+  const bool per_row = weighting.aggregation != "token_mean";
   Batch b;
   for (int64_t i = 0; i < B; ++i) {
     const auto& r = *rows[static_cast<size_t>(i)];
@@ -385,9 +391,15 @@ Batch collate_rollout(const std::vector<const RolloutRow*>& rows, int64_t pad_id
     std::copy(r.prompt.begin(), r.prompt.end(), pi);
     std::copy(r.response.begin(), r.response.end(), pi + P);
     for (int64_t j = 0; j < R; ++j) pos[i][j] = std::min(P - 1 + j, T - 1);
+    const bool counted = !(weighting.mask_truncated && !r.ended);
+    const float w = !counted                                   ? 0.f
+                    : weighting.aggregation == "sequence_mean" ? 1.f / static_cast<float>(std::max<int64_t>(n, 1))
+                    : weighting.aggregation == "constant"      ? static_cast<float>(1.0 / weighting.constant)
+                                                               : 1.f;
     for (int64_t j = 0; j < n; ++j) {
       tokens[i][j] = r.response[static_cast<size_t>(j)];
-      mask[i][j] = 1;
+      mask[i][j] = counted ? 1 : 0;
+      weights[i][j] = w;
       if (!r.old_logp.empty()) old_logp[i][j] = r.old_logp[static_cast<size_t>(j)];
       if (!r.ref_logp.empty()) ref_logp[i][j] = r.ref_logp[static_cast<size_t>(j)];
       if (!r.values.empty()) old_values[i][j] = r.values[static_cast<size_t>(j)];
@@ -397,12 +409,12 @@ Batch collate_rollout(const std::vector<const RolloutRow*>& rows, int64_t pad_id
       advantages[i].narrow(0, 0, n).copy_(adv[g].narrow(0, 0, n));
       returns[i].narrow(0, 0, n).copy_(ret[g].narrow(0, 0, n));
     }
-    b.num_targets += n;
+    b.num_targets += per_row ? 1 : (counted ? n : 0);
     b.num_tokens += P + n;
   }
   b.tensors = {{"input_ids", ids},     {"positions", pos},   {"tokens", tokens},   {"mask", mask},
                {"old_logp", old_logp}, {"ref_logp", ref_logp}, {"old_values", old_values},
-               {"advantages", advantages}, {"returns", returns}};
+               {"advantages", advantages}, {"returns", returns}, {"weights", weights}};
   return b;
 }
 
@@ -510,7 +522,8 @@ std::pair<at::Tensor, at::Tensor> PpoObjective::State::advantages(const std::vec
   } else {
     // Sequence-level: GRPO on the scores (its KL is a loss term), RLOO on the
     // KL-penalised reward (TRL's RLOOTrainer); every token gets its sequence's.
-    auto seq = ppo.advantage == "grpo" ? grpo_advantages(scores, K) : rloo_advantages(scores + non_score.sum(1), K);
+    auto seq = ppo.advantage == "grpo" ? grpo_advantages(scores, K, ppo.scale_rewards)
+                                       : rloo_advantages(scores + non_score.sum(1), K);
     if (ppo.advantage == "rloo" && ppo.whiten_advantages) seq = (seq - seq.mean()) / (seq.std() + 1e-8);
     adv = seq.unsqueeze(1) * mask;
     ret = at::zeros_like(adv);
@@ -546,7 +559,7 @@ std::vector<Batch> PpoObjective::State::schedule(const std::vector<RolloutRow>& 
           chunk.push_back(&rows[static_cast<size_t>(order[static_cast<size_t>(j)])]);
           index.push_back(order[static_cast<size_t>(j)]);
         }
-        micro.push_back(collate_rollout(chunk, pad_id, adv, ret, index));
+        micro.push_back(collate_rollout(chunk, pad_id, adv, ret, index, weighting()));
       }
   }
   return micro;
@@ -579,11 +592,16 @@ at::Tensor PpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
   const auto logp = token_logps(model, sel, t("tokens"), p.temperature, s_->cfg.train.fused_loss, &entropy);
   at::Tensor values;
   if (s_->value_head) values = s_->values(model, ids, pos, sel);
+  const auto weights = t("weights");
   const auto terms = ppo_loss_sums(logp, t("old_logp"), t("advantages"), values, t("old_values"), t("returns"), mask,
-                                   {p.cliprange, p.cliprange_value});
+                                   {p.cliprange, p.cliprange_value, p.cliprange_high,
+                                    p.importance_sampling_level == "sequence"},
+                                   weights);
   auto loss = terms.policy;
   add_sum(sums, "pg_loss", terms.policy);
   add_sum(sums, "clipfrac", terms.clipfrac);
+  add_sum(sums, "clip_low", terms.clip_low);
+  add_sum(sums, "clip_high", terms.clip_high);
   add_sum(sums, "approxkl", terms.approxkl);
   add_sum(sums, "ratio", terms.ratio);
   add_sum(sums, "tokens", mask.sum());
@@ -594,9 +612,9 @@ at::Tensor PpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
     add_sum(sums, "vf_clipfrac", terms.vf_clipfrac);
   }
   if (p.advantage == "grpo" && s_->kl_coef > 0) {
-    const auto kl = (kl_estimate(logp, t("ref_logp"), "k3") * mask).sum();
-    loss = loss + s_->kl_coef * kl;
-    add_sum(sums, "kl", kl);
+    const auto per_token = kl_estimate(logp, t("ref_logp"), "k3");
+    loss = loss + s_->kl_coef * (per_token * weights).sum();  // aggregated like the policy loss
+    add_sum(sums, "kl", (per_token * mask).sum());
   }
   return loss;
 }
@@ -609,7 +627,10 @@ Metrics PpoObjective::step_metrics(const Sums& sums) const {
   const double n = std::max(1.0, get("tokens"));
   Metrics m{{"loss/policy_avg", get("pg_loss") / n},     {"policy/approxkl_avg", get("approxkl") / n},
             {"policy/clipfrac_avg", get("clipfrac") / n}, {"policy/entropy_avg", get("entropy") / n},
-            {"val/ratio", get("ratio") / n}};
+            {"val/ratio", get("ratio") / n},
+            {"clip_ratio/low_mean", get("clip_low") / n},
+            {"clip_ratio/high_mean", get("clip_high") / n},
+            {"clip_ratio/region_mean", (get("clip_low") + get("clip_high")) / n}};
   if (sums.count("vf_loss")) {
     m["loss/value_avg"] = get("vf_loss") / n;
     m["val/clipfrac_avg"] = get("vf_clipfrac") / n;

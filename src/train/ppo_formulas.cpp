@@ -66,6 +66,17 @@ at::Tensor grpo_advantages(const at::Tensor& scores, int64_t group) {
   return ((s - s.mean(1, true)) / (s.std(1, /*unbiased=*/true, true) + 1e-4)).view(-1);
 }
 
+at::Tensor grpo_advantages(const at::Tensor& scores, int64_t group, const std::string& scale_rewards) {
+  if (scale_rewards == "group") return grpo_advantages(scores, group);
+  TORCH_CHECK(group >= 2 && scores.numel() % group == 0, "grpo_advantages: groups of ", group, " over ",
+              scores.numel(), " scores");
+  const auto s = scores.view({-1, group});
+  const auto centred = (s - s.mean(1, true)).view(-1);
+  if (scale_rewards == "none") return centred;
+  if (scale_rewards == "batch") return centred / (scores.std(/*unbiased=*/true) + 1e-4);
+  throw ConfigError(concat("ppo.scale_rewards: expected group, batch or none, got \"", scale_rewards, "\""));
+}
+
 at::Tensor rloo_advantages(const at::Tensor& scores, int64_t group) {
   TORCH_CHECK(group >= 2 && scores.numel() % group == 0, "rloo_advantages: groups of ", group, " over ",
               scores.numel(), " scores");
@@ -110,21 +121,29 @@ RunningMoments RunningMoments::from_json(const nlohmann::json& j) {
 
 PpoLossSums ppo_loss_sums(const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages,
                           const at::Tensor& values, const at::Tensor& old_values, const at::Tensor& returns,
-                          const at::Tensor& mask, const PpoClip& clip) {
+                          const at::Tensor& mask, const PpoClip& clip, const at::Tensor& weights) {
   PpoLossSums out;
+  const auto& w = weights.defined() ? weights : mask;
   const auto diff = logp - old_logp;
-  const auto ratio = at::exp(diff);
+  // GSPO's sequence ratio: the mean log-ratio over each response's tokens, the same for all of them.
+  const auto log_ratio =
+      clip.sequence_ratio ? ((diff * mask).sum(1, true) / mask.sum(1, true).clamp_min(1)).expand_as(diff) : diff;
+  const auto ratio = at::exp(log_ratio);
+  const double high = clip.cliprange_high > 0 ? clip.cliprange_high : clip.cliprange;
   const auto pg1 = -advantages * ratio;
-  const auto pg2 = -advantages * at::clamp(ratio, 1 - clip.cliprange, 1 + clip.cliprange);
-  out.policy = (at::maximum(pg1, pg2) * mask).sum();
+  const auto pg2 = -advantages * at::clamp(ratio, 1 - clip.cliprange, 1 + high);
+  out.policy = (at::maximum(pg1, pg2) * w).sum();
   out.clipfrac = ((pg2 > pg1).to(mask.scalar_type()) * mask).sum().detach();
+  const auto r = ratio.detach();
+  out.clip_low = (((r < 1 - clip.cliprange) & (advantages < 0)).to(mask.scalar_type()) * mask).sum();
+  out.clip_high = (((r > 1 + high) & (advantages > 0)).to(mask.scalar_type()) * mask).sum();
   out.approxkl = (0.5 * diff.detach() * diff.detach() * mask).sum();
   out.ratio = (ratio.detach() * mask).sum();
   if (values.defined()) {
     const auto vclip =
         at::clamp(values, old_values - clip.cliprange_value, old_values + clip.cliprange_value);  // tensor bounds
     const auto vf1 = (values - returns).pow(2), vf2 = (vclip - returns).pow(2);
-    out.value = (0.5 * at::maximum(vf1, vf2) * mask).sum();
+    out.value = (0.5 * at::maximum(vf1, vf2) * w).sum();
     out.vf_clipfrac = ((vf2 > vf1).to(mask.scalar_type()) * mask).sum().detach();
   }
   return out;

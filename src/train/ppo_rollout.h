@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "anvil/train/objective.h"
@@ -25,8 +26,22 @@ struct RolloutRow {
 /// (1 on generated tokens, 0 on padding; a response ends at its EOS),
 /// `old_logp`, `ref_logp`, `old_values`, and `advantages` / `returns` taken
 /// from rows `index` of the rollout-wide (N x R') tensors when given.
-/// num_targets = generated tokens.
+/// How the per-token losses of a step are weighed (ppo.loss_aggregation,
+/// ppo.mask_truncated_completions).
+struct LossWeighting {
+  std::string aggregation = "token_mean";  // token_mean | sequence_mean | constant
+  double constant = 1;                     // constant: the divisor per response
+  bool mask_truncated = false;             // responses without an end of turn leave the mask
+};
+
+/// ... and `weights` (B x R), each token's weight in the loss sum, with
+/// num_targets the step's divisor: token_mean: weight 1, num_targets = the
+/// masked tokens; sequence_mean: 1 / the response's length, num_targets =
+/// rows; constant: 1 / constant, num_targets = rows. With mask_truncated, a
+/// response that did not end has mask and weights 0 (it still counts as a
+/// row).
 Batch collate_rollout(const std::vector<const RolloutRow*>& rows, int64_t pad_id, const at::Tensor& adv = {},
-                      const at::Tensor& ret = {}, const std::vector<int64_t>& index = {});
+                      const at::Tensor& ret = {}, const std::vector<int64_t>& index = {},
+                      const LossWeighting& weighting = {});
 
 }  // namespace anvil::train

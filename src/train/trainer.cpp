@@ -153,8 +153,9 @@ StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, co
     s.num_tokens += b.num_tokens;
   }
   if (options.step_targets > 0) s.num_targets = options.step_targets;
-  TORCH_CHECK(s.num_targets > 0, "accumulate_gradients: the step has no target tokens");
-  const double scale = 1.0 / static_cast<double>(s.num_targets);
+  // No targets: an RL step whose every response was masked (ppo.mask_truncated_completions); its losses are
+  // weighted 0 and it gives no gradient. Supervised data never gets here (samples without a target are dropped).
+  const double scale = s.num_targets > 0 ? 1.0 / static_cast<double>(s.num_targets) : 0.0;
   at::Tensor total;  // summed on the device: one host read per step, not per micro-batch
   for (size_t i = 0; i < batches.size(); ++i) {
     auto loss = objective.loss_sum(model, batches[i], s.sums);

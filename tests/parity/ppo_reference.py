@@ -30,6 +30,20 @@ GRPO (Shao et al. 2024; TRL GRPOTrainer): per group of G samples of one prompt,
     A = (s - mean_group) / (std_group_unbiased + 1e-4)
 RLOO (Ahmadian et al. 2024; TRL RLOOTrainer): per group of k samples,
     baseline_i = (sum_group - s_i) / (k - 1),  A_i = s_i - baseline_i
+GRPO's variants (TRL GRPOTrainer._compute_loss; DAPO, Yu et al. 2025; Dr. GRPO,
+Liu et al. 2025; GSPO, Zheng et al. 2025), with m the completion mask (times
+"ended" when truncated completions are masked):
+    A = s - mean_group, divided by std_group + 1e-4 (scale_rewards group), by the
+        std of all scores + 1e-4 (batch), or by nothing (none)
+    log_w = logp_new - logp_old (token level), or per sequence
+            sum_t(log_w * m) / max(sum_t m, 1), the same for every token (GSPO)
+    per_token = -min(exp(log_w) A, clip(exp(log_w), 1 - eps_low, 1 + eps_high) A)
+                + beta * (exp(ref - logp_new) - (ref - logp_new) - 1)
+    loss = mean_i(sum_t(per_token * m) / max(sum_t m, 1))          (grpo: sequence_mean)
+         | sum(per_token * m) / sum(m)                             (dapo: token_mean)
+         | sum(per_token * m) / (B * max_completion_length)        (dr_grpo: constant)
+    clip_ratio/low = mean over m of (exp(log_w) < 1 - eps_low and A < 0),
+    clip_ratio/high = mean over m of (exp(log_w) > 1 + eps_high and A > 0)
 Running reward scaling (trlx RunningMoments, scale_reward "running"): the moments
 are merged with each batch (population variance inside the batch, Chan's merge),
 std = sqrt(var * n / (n - 1)); scores are divided by the running std, then
@@ -197,6 +211,61 @@ def scaling_case():
             "mean": rm.mean, "var": rm.var, "count": rm.count}
 
 
+def grpo_family_case(seed, loss_type, eps_low, eps_high, scale_rewards, level, mask_truncated, beta, max_len):
+    B, R, G = 8, 7, 4
+    c = random_case(seed, B, R)
+    g = torch.Generator().manual_seed(seed + 100)
+    m0 = c["mask"]
+    ended = (torch.rand(B, generator=g) < 0.6).to(DTYPE)
+    ended[0] = 0.0  # at least one truncated completion
+    m = m0 * ended[:, None] if mask_truncated else m0
+    s = c["scores"].view(-1, G)
+    centred = s - s.mean(1, keepdim=True)
+    if scale_rewards == "group":
+        adv = centred / (s.std(1, keepdim=True) + 1e-4)
+    elif scale_rewards == "batch":
+        adv = centred / (c["scores"].std() + 1e-4)
+    else:
+        adv = centred
+    adv = adv.reshape(-1, 1) * m0
+    logp_new = c["logp_old"] + 3 * c["logp_new_delta"]  # wide enough to clip on both sides
+    log_w = logp_new - c["logp_old"]
+    if level == "sequence":
+        log_w = ((log_w * m).sum(-1) / m.sum(-1).clamp(min=1.0)).unsqueeze(-1).expand(B, R)
+    coef1 = torch.exp(log_w)
+    coef2 = torch.clamp(coef1, 1 - eps_low, 1 + eps_high)
+    per_token = -torch.minimum(coef1 * adv, coef2 * adv)
+    if beta > 0:
+        d = c["ref"] - logp_new
+        per_token = per_token + beta * (torch.exp(d) - d - 1)
+    if loss_type == "grpo":
+        loss = ((per_token * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
+    elif loss_type == "dapo":
+        loss = (per_token * m).sum() / m.sum()
+    else:
+        loss = (per_token * m).sum() / (B * max_len)
+    low = ((coef1 < 1 - eps_low) & (adv < 0)).to(DTYPE)
+    high = ((coef1 > 1 + eps_high) & (adv > 0)).to(DTYPE)
+    return {
+        "loss_type": loss_type, "eps_low": eps_low, "eps_high": eps_high, "scale_rewards": scale_rewards,
+        "level": level, "mask_truncated": mask_truncated, "beta": beta, "max_len": max_len, "group": G,
+        "shape": [B, R], "mask": to_list(m0), "ended": to_list(ended), "scores": to_list(c["scores"]),
+        "logp_old": to_list(c["logp_old"]), "logp_new": to_list(logp_new), "ref": to_list(c["ref"]),
+        "advantages": to_list(adv.sum(1) / m0.sum(1)), "loss": loss.item(),
+        "clip_low": masked_mean(low, m).item(), "clip_high": masked_mean(high, m).item(),
+    }
+
+
+def grpo_family_cases():
+    return [
+        grpo_family_case(11, "dapo", 0.2, 0.28, "group", "token", True, 0.0, 7),
+        grpo_family_case(12, "grpo", 0.2, 0.2, "group", "token", False, 0.04, 7),
+        grpo_family_case(13, "dr_grpo", 0.2, 0.2, "none", "token", False, 0.0, 10),
+        grpo_family_case(14, "grpo", 3e-3, 4e-3, "batch", "sequence", False, 0.0, 7),
+        grpo_family_case(15, "dapo", 0.1, 0.3, "batch", "sequence", True, 0.02, 7),
+    ]
+
+
 def main():
     torch.manual_seed(0)
     cases = {
@@ -205,6 +274,7 @@ def main():
         "groups": group_cases(),
         "adaptive_kl": adaptive_kl_cases(),
         "scaling": scaling_case(),
+        "grpo_family": grpo_family_cases(),
     }
     with open(sys.argv[1], "w") as f:
         json.dump(cases, f)

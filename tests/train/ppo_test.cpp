@@ -123,6 +123,63 @@ TEST(PpoFormulas, GroupAdvantagesAdaptiveKlAndRewardScalingMatchTheReference) {
   EXPECT_EQ(back.std, m.std);
 }
 
+// GRPO's variants (DAPO, Dr. GRPO, GSPO; TRL's loss types): the rollout
+// collated into two micro-batches with the run's loss weighting, the clipped
+// loss and GRPO's KL term summed over them and divided by the step's targets,
+// against the reference's loss and clip statistics.
+TEST(PpoFormulas, GrpoVariantsMatchTheReference) {
+  const auto& cases = reference()["grpo_family"];
+  ASSERT_EQ(cases.size(), 5u);
+  for (const auto& c : cases) {
+    const auto loss_type = c["loss_type"].get<std::string>();
+    SCOPED_TRACE(loss_type + " " + c["level"].get<std::string>());
+    const auto mask = matrix(c, "mask"), logp_old = matrix(c, "logp_old"), logp_new = matrix(c, "logp_new");
+    const auto ref = matrix(c, "ref");
+    const auto ended = doubles(c["ended"]);
+    const auto adv = grpo_advantages(doubles(c["scores"]), c["group"].get<int64_t>(), c["scale_rewards"]);
+    expect_close(adv, c["advantages"], "advantages");
+    const int64_t B = mask.size(0), R = mask.size(1);
+    std::vector<RolloutRow> rows(static_cast<size_t>(B));
+    for (int64_t i = 0; i < B; ++i) {
+      auto& r = rows[static_cast<size_t>(i)];
+      r.prompt = {1, 2};
+      for (int64_t j = 0; j < R; ++j)
+        if (mask[i][j].item<double>() > 0) r.response.push_back(3 + j);
+      r.ended = ended[i].item<double>() > 0;
+    }
+    LossWeighting w;
+    w.aggregation = loss_type == "grpo" ? "sequence_mean" : loss_type == "dapo" ? "token_mean" : "constant";
+    w.constant = c["max_len"].get<double>();
+    w.mask_truncated = c["mask_truncated"].get<bool>();
+    const PpoClip clip{c["eps_low"], 0.2, c["eps_high"], c["level"] == "sequence"};
+    const double beta = c["beta"];
+    const auto adv_tokens = (adv.unsqueeze(1) * mask).to(at::kFloat);
+    double loss = 0, low = 0, high = 0, tokens = 0;
+    int64_t targets = 0;
+    for (auto [a, b] : {std::pair<int64_t, int64_t>{0, 3}, {3, B}}) {
+      std::vector<const RolloutRow*> chunk;
+      std::vector<int64_t> index;
+      for (int64_t i = a; i < b; ++i) chunk.push_back(&rows[static_cast<size_t>(i)]), index.push_back(i);
+      const auto batch = collate_rollout(chunk, 0, adv_tokens, at::zeros_like(adv_tokens), index, w);
+      targets += batch.num_targets;
+      const auto m = batch.tensors.at("mask").to(at::kDouble), wt = batch.tensors.at("weights").to(at::kDouble);
+      const auto s = [&](const at::Tensor& t) { return t.slice(0, a, b).narrow(1, 0, m.size(1)); };
+      const auto terms = ppo_loss_sums(s(logp_new), s(logp_old), batch.tensors.at("advantages").to(at::kDouble), {},
+                                       {}, {}, m, clip, wt);
+      auto sum = terms.policy;
+      if (beta > 0) sum = sum + beta * (kl_estimate(s(logp_new), s(ref), "k3") * wt).sum();
+      loss += sum.item<double>();
+      low += terms.clip_low.item<double>(), high += terms.clip_high.item<double>(), tokens += m.sum().item<double>();
+    }
+    EXPECT_NEAR(loss / static_cast<double>(targets), c["loss"].get<double>(), 1e-6);
+    EXPECT_NEAR(low / tokens, c["clip_low"].get<double>(), 1e-9);
+    EXPECT_NEAR(high / tokens, c["clip_high"].get<double>(), 1e-9);
+  }
+  // The cases clip on both sides.
+  EXPECT_GT(cases[0]["clip_low"].get<double>(), 0.0);
+  EXPECT_GT(cases[0]["clip_high"].get<double>(), 0.0);
+}
+
 // Only generated tokens are trained: each response token is scored from the
 // logits of the position before it, the prompt and the padding are masked
 // out, and a response ends at its EOS (nothing after it is generated).
@@ -475,11 +532,19 @@ TEST(PpoLearning, ExactMatchRewardRaisesHeldOutExactMatchWithBoundedKl) {
 TEST(PpoLearning, GrpoAndRlooRaiseTheVerifiableReward) {
   ASSERT_TRUE(stdfs::exists(fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
   const double before = first_eval(weak_upper().model.parent_path() / "metrics.jsonl");
-  for (const char* adv : {"grpo", "rloo"}) {
+  // configs/grpo_tiny.yaml (160 steps); the same with RLOO's baseline; and, for 80 steps, with DAPO's and
+  // Dr. GRPO's choices.
+  const std::map<std::string, std::string> variants{
+      {"grpo", "ppo.advantage=grpo train.max_steps=160 train.eval_every=160 train.save_every=160"},
+      {"rloo", "ppo.advantage=rloo train.max_steps=160 train.eval_every=160 train.save_every=160"},
+      {"dapo", "ppo.advantage=grpo ppo.cliprange_high=0.28 ppo.mask_truncated_completions=true ppo.kl_coef=0"
+               " train.max_steps=80 train.eval_every=80 train.save_every=80"},
+      {"dr_grpo", "ppo.advantage=grpo ppo.loss_aggregation=constant ppo.scale_rewards=none train.max_steps=80"
+                  " train.eval_every=80 train.save_every=80"}};
+  for (const auto& [name, keys] : variants) {
+    const char* adv = name.c_str();
     TempDir dir;
-    // configs/grpo_tiny.yaml, and the same with RLOO's baseline.
-    ppo_run(dir / "run", std::string("ppo.advantage=") + adv + " train.max_steps=160 train.eval_every=160"
-                             " train.save_every=160", 0, "configs/grpo_tiny.yaml");
+    ppo_run(dir / "run", keys, 0, "configs/grpo_tiny.yaml");
     const auto last = anvil::testing::metric_lines(dir / "run" / "metrics.jsonl").back();
     std::cout << "[" << adv << " upper] held-out exact match: SFT " << before << " -> "
               << last["eval/exact_match"].get<double>() << "\n";
@@ -487,6 +552,7 @@ TEST(PpoLearning, GrpoAndRlooRaiseTheVerifiableReward) {
                                   last["eval/exact_match"].get<double>() - before, 0.0, 0.15);
     EXPECT_GE(last["eval/exact_match"].get<double>(), before + 0.15) << adv << " " << last.dump();
     EXPECT_FALSE(stdfs::exists(dir / "run" / "checkpoint-160" / "heads.safetensors")) << adv << ": no critic";
+    EXPECT_FALSE(stdfs::exists(dir / "run" / "checkpoint-80" / "heads.safetensors")) << adv << ": no critic";
   }
 }
 
@@ -546,6 +612,46 @@ TEST(PpoRuns, TwoShardedRanksMatchOneProcess) {
       EXPECT_LE(std::abs(x - y), 1e-5 * std::max(1.0, std::abs(x))) << "step " << step << " " << key;
     }
   EXPECT_NE(log.find("full_shard"), std::string::npos);
+}
+
+// GRPO with every variant key off its default (sequence_mean, GSPO's sequence
+// ratio with clip-higher, batch-scaled rewards, truncated responses masked):
+// two full_shard ranks log what one process logs, and a run stopped at a
+// checkpoint and resumed logs what the straight run logs, bit for bit.
+TEST(PpoRuns, GrpoVariantsShardAndResumeExactly) {
+  ASSERT_TRUE(stdfs::exists(fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
+  TempDir dir;
+  const std::string grpo =
+      "ppo.loss_aggregation=sequence_mean ppo.importance_sampling_level=sequence ppo.cliprange=0.05 "
+      "ppo.cliprange_high=0.08 ppo.scale_rewards=batch ppo.mask_truncated_completions=true ppo.max_new_tokens=4 "
+      "train.eval_every=0 train.log_every=1 train.save_every=4 train.micro_batch_size=16 ";
+  const std::string config = "configs/grpo_tiny.yaml";
+  ppo_run(dir / "one", grpo + "train.max_steps=12", 0, config);
+  const auto log = ppo_run(dir / "two", grpo + "train.max_steps=12 dist.sharding=full_shard", 2, config);
+  ppo_run(dir / "resumed", grpo + "train.max_steps=8", 0, config);
+  stdfs::remove_all(dir / "resumed" / "checkpoint-8");  // resume from step 4, as after a kill
+  ppo_run(dir / "resumed", grpo + "train.max_steps=12", 0, config);
+  const auto a = anvil::testing::metrics_by_step(dir / "one" / "metrics.jsonl");
+  const auto b = anvil::testing::metrics_by_step(dir / "two" / "metrics.jsonl");
+  const auto c = anvil::testing::metrics_by_step(dir / "resumed" / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 12u);
+  ASSERT_EQ(b.size(), 12u) << log;
+  ASSERT_EQ(c.size(), 12u);
+  bool masked = false, clipped = false;
+  for (const auto& [step, m] : a) {
+    if (m.contains("val/num_eos_tokens")) masked |= m["val/num_eos_tokens"].get<double>() < 64;
+    clipped |= m["clip_ratio/region_mean"].get<double>() > 0;
+    for (const char* key : {"loss", "objective/scores", "objective/kl", "loss/policy_avg", "policy/kl_avg",
+                            "clip_ratio/low_mean", "clip_ratio/high_mean", "grad_norm"}) {
+      if (!m.contains(key)) continue;
+      ASSERT_TRUE(b.at(step).contains(key) && c.at(step).contains(key)) << step << " " << key;
+      const double x = m[key].get<double>(), y = b.at(step)[key].get<double>();
+      EXPECT_LE(std::abs(x - y), 1e-5 * std::max(1.0, std::abs(x))) << "2 ranks, step " << step << " " << key;
+      EXPECT_EQ(x, c.at(step)[key].get<double>()) << "resumed, step " << step << " " << key;
+    }
+  }
+  EXPECT_TRUE(masked) << "some responses were cut by max_new_tokens";
+  EXPECT_TRUE(clipped) << "some ratios were clipped";
 }
 
 // kill -9 mid-run, then resume: the same losses as the uninterrupted run

@@ -130,9 +130,15 @@ struct PpoConfig {
   double gamma = 1.0;
   double lam = 0.95;
   double cliprange = 0.2;
+  double cliprange_high = 0;
   double cliprange_value = 0.2;
   double vf_coef = 0.1;
   bool whiten_advantages = true;
+  std::string loss_aggregation = "token_mean";
+  double loss_constant = 0;
+  std::string scale_rewards = "group";
+  std::string importance_sampling_level = "token";
+  bool mask_truncated_completions = false;
   std::string critic_from;
   double critic_learning_rate = 0;
   PpoRewardConfig reward;
@@ -170,10 +176,32 @@ struct PpoConfig {
     v.field("gamma", gamma, "GAE discount.",
             Rule{"a number in [0, 1]", [](double x) { return x >= 0 && x <= 1; }, {}});
     v.field("lam", lam, "GAE lambda.", Rule{"a number in [0, 1]", [](double x) { return x >= 0 && x <= 1; }, {}});
-    v.field("cliprange", cliprange, "Policy ratio clip epsilon.", positive());
+    v.field("cliprange", cliprange, "Policy ratio clip epsilon: the ratio is clipped to [1 - cliprange, 1 + "
+            "cliprange_high].", positive());
+    v.field("cliprange_high", cliprange_high,
+            "Upper clip epsilon (DAPO's clip-higher, TRL's epsilon_high); 0 = cliprange.", non_negative());
     v.field("cliprange_value", cliprange_value, "Value clip range around the rollout's values.", positive());
     v.field("vf_coef", vf_coef, "Weight of the value loss.", non_negative());
     v.field("whiten_advantages", whiten_advantages, "Whiten advantages over the rollout (gae and rloo).");
+    v.field("loss_aggregation", loss_aggregation,
+            "How per-token losses become the step's loss: token_mean (over every response token of the step: DAPO, "
+            "TRL's loss_type dapo), sequence_mean (each response's token mean, averaged over responses: GRPO's "
+            "paper, TRL's grpo) or constant (summed, divided by loss_constant x responses: Dr. GRPO, TRL's "
+            "dr_grpo).",
+            one_of({"token_mean", "sequence_mean", "constant"}));
+    v.field("loss_constant", loss_constant,
+            "loss_aggregation constant: the divisor per response; 0 = max_new_tokens.", non_negative());
+    v.field("scale_rewards", scale_rewards,
+            "advantage grpo: divide each score's distance from its group's mean by the group's std (group), by the "
+            "std of the whole rollout (batch), or by nothing (none: Dr. GRPO).",
+            one_of({"group", "batch", "none"}));
+    v.field("importance_sampling_level", importance_sampling_level,
+            "token: one ratio per token (PPO, GRPO); sequence: one ratio per response, exp of the mean log-ratio "
+            "over its tokens (GSPO), clipped with cliprange / cliprange_high.",
+            one_of({"token", "sequence"}));
+    v.field("mask_truncated_completions", mask_truncated_completions,
+            "Responses cut by max_new_tokens (no end of turn) take no part in the loss or its statistics (DAPO; "
+            "TRL's mask_truncated_completions).");
     v.field("critic_from", critic_from,
             "advantage gae: a separate critic model trained beside the policy, initialised from this folder (a "
             "reward model, whose score head becomes the value head, or any model of the policy's tokenizer). "

@@ -68,6 +68,8 @@ struct PpoLossSums {
   at::Tensor policy;        // sum of max(-A r, -A clip(r))
   at::Tensor value;         // sum of 0.5 max((v - R)^2, (clip(v) - R)^2); undefined without values
   at::Tensor clipfrac;      // tokens whose ratio was clipped
+  at::Tensor clip_low;      // tokens with A < 0 whose ratio fell below 1 - cliprange (TRL's clip_ratio/low)
+  at::Tensor clip_high;     // tokens with A > 0 whose ratio rose above 1 + cliprange_high (clip_ratio/high)
   at::Tensor vf_clipfrac;   // tokens whose value was clipped
   at::Tensor approxkl;      // sum of 0.5 (logp - old)^2
   at::Tensor ratio;         // sum of the ratios
@@ -75,11 +77,20 @@ struct PpoLossSums {
 struct PpoClip {
   double cliprange = 0.2;
   double cliprange_value = 0.2;
+  double cliprange_high = 0;    // the ratio's upper epsilon; 0 = cliprange
+  bool sequence_ratio = false;  // GSPO: every token takes exp(mean over its response of logp - old_logp)
 };
 /// `values`, `old_values` and `returns` may be undefined (no critic).
+/// `weights` (B, R), when given, weigh each token's policy and value loss in
+/// the sums (loss aggregation); the statistics count the masked tokens.
 PpoLossSums ppo_loss_sums(const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages,
                           const at::Tensor& values, const at::Tensor& old_values, const at::Tensor& returns,
-                          const at::Tensor& mask, const PpoClip& clip);
+                          const at::Tensor& mask, const PpoClip& clip, const at::Tensor& weights = {});
+
+/// GRPO's advantages with TRL's scale_rewards: each score minus its group's
+/// mean, divided by the group's std (group), by the std of all scores
+/// (batch), or not divided (none), the std unbiased, plus 1e-4.
+at::Tensor grpo_advantages(const at::Tensor& scores, int64_t group, const std::string& scale_rewards);
 
 // ---- rewards a program supplies ------------------------------------------------
 
