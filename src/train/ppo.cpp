@@ -215,7 +215,7 @@ PpoObjective::PpoObjective(const config::RunConfig& cfg, const tokenizer::Tokeni
   first.prompt = (*s_->data.train.front())[0].prompt_ids;
   s_->source = std::make_unique<RolloutSource>(s_->prompts.get(), collate_rollout({&first}, s_->pad_id));
   s_->rollout_rows = p.prompts_per_rollout * p.samples_per_prompt;
-  if (p.advantage != "gae" && p.samples_per_prompt < 2)
+  if (p.advantage != "gae" && p.advantage != "reinforce_pp" && p.samples_per_prompt < 2)
     throw ConfigError(concat("ppo.samples_per_prompt: advantage ", p.advantage,
                              " compares the samples of a prompt, so it needs at least 2, got ", p.samples_per_prompt));
   if (s_->rollout_rows % s_->minibatch_rows() != 0)
@@ -513,12 +513,29 @@ std::pair<at::Tensor, at::Tensor> PpoObjective::State::advantages(const std::vec
     scores = scores / moments.std;
   }
   if (ppo.reward.clip > 0) scores = scores.clamp(-ppo.reward.clip, ppo.reward.clip);
+  if (ppo.overlong_penalty.buffer > 0) {
+    // DAPO's soft overlong punishment, on the length of what was generated (the end of turn included).
+    const auto& o = ppo.overlong_penalty;
+    std::vector<double> penalty;
+    for (const auto& r : rows)
+      penalty.push_back(overlong_penalty(static_cast<int64_t>(r.response.size()), o.length > 0 ? o.length : ppo.max_new_tokens,
+                                         o.buffer, o.factor));
+    const auto pen = at::tensor(penalty, at::kDouble);
+    m["objective/overlong_penalty"] = pen.mean().item<double>();
+    scores = scores + pen;
+  }
   const auto kl = kl_estimate(logp, ref, ppo.kl_estimator) * mask;
   const auto non_score = -kl_coef * kl;
   at::Tensor adv, ret;
   if (ppo.advantage == "gae") {
     std::tie(adv, ret) = gae(token_rewards(kl, scores, mask, kl_coef), values, mask, ppo.gamma, ppo.lam);
     if (ppo.whiten_advantages) adv = masked_whiten(adv, mask);
+  } else if (ppo.advantage == "reinforce_pp" || ppo.advantage == "reinforce_pp_baseline") {
+    // REINFORCE++: the KL-penalised token rewards summed to the end; the baseline variant first takes each
+    // score's group mean away. Whitened over the rollout's tokens.
+    adv = reinforce_pp_advantages(scores, kl, mask, kl_coef, ppo.advantage == "reinforce_pp_baseline" ? K : 0,
+                                  ppo.whiten_advantages);
+    ret = at::zeros_like(adv);
   } else {
     // Sequence-level: GRPO on the scores (its KL is a loss term), RLOO on the
     // KL-penalised reward (TRL's RLOOTrainer); every token gets its sequence's.
@@ -535,7 +552,7 @@ std::pair<at::Tensor, at::Tensor> PpoObjective::State::advantages(const std::vec
   m["objective/entropy"] = (-logp * mask).sum(1).mean().item<double>();
   m["objective/non_score_reward"] = non_score.sum(1).mean().item<double>();
   m["objective/scores"] = at::tensor(raw, at::kDouble).mean().item<double>();
-  m["objective/rlhf_reward"] = (scores + non_score.sum(1)).mean().item<double>();
+  m["objective/rlhf_reward"] = (scores + non_score.sum(1)).mean().item<double>();  // with the overlong penalty
   m["val/num_eos_tokens"] = static_cast<double>(eos);
   m["val/response_length"] = length / static_cast<double>(N);
   return {adv.to(at::kFloat), ret.to(at::kFloat)};

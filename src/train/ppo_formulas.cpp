@@ -77,6 +77,31 @@ at::Tensor grpo_advantages(const at::Tensor& scores, int64_t group, const std::s
   throw ConfigError(concat("ppo.scale_rewards: expected group, batch or none, got \"", scale_rewards, "\""));
 }
 
+at::Tensor reinforce_pp_returns(const at::Tensor& rewards, const at::Tensor& mask) {
+  // Sums from each token to the end: a reversed cumulative sum over the masked rewards.
+  return (rewards * mask).flip(1).cumsum(1).flip(1) * mask;
+}
+
+at::Tensor reinforce_pp_advantages(const at::Tensor& scores, const at::Tensor& kl, const at::Tensor& mask,
+                                   double kl_coef, int64_t group, bool whiten) {
+  auto s = scores;
+  if (group > 0) {
+    TORCH_CHECK(scores.numel() % group == 0, "reinforce_pp_advantages: groups of ", group, " over ", scores.numel(),
+                " scores");
+    const auto g = scores.view({-1, group});
+    s = (g - g.mean(1, true)).view(-1);
+  }
+  const auto returns = reinforce_pp_returns(token_rewards(kl, s, mask, kl_coef), mask);
+  return whiten ? masked_whiten(returns, mask) : returns;
+}
+
+double overlong_penalty(int64_t tokens, int64_t length, int64_t buffer, double factor) {
+  if (buffer <= 0) return 0.0;
+  const int64_t expected = length - buffer;
+  if (tokens <= expected) return 0.0;
+  return -factor * std::min(1.0, static_cast<double>(tokens - expected) / static_cast<double>(buffer));
+}
+
 at::Tensor rloo_advantages(const at::Tensor& scores, int64_t group) {
   TORCH_CHECK(group >= 2 && scores.numel() % group == 0, "rloo_advantages: groups of ", group, " over ",
               scores.numel(), " scores");

@@ -44,6 +44,14 @@ Liu et al. 2025; GSPO, Zheng et al. 2025), with m the completion mask (times
          | sum(per_token * m) / (B * max_completion_length)        (dr_grpo: constant)
     clip_ratio/low = mean over m of (exp(log_w) < 1 - eps_low and A < 0),
     clip_ratio/high = mean over m of (exp(log_w) > 1 + eps_high and A > 0)
+REINFORCE++ (Hu 2025; OpenRLHF's reinforce and reinforce_baseline): token rewards
+r_t = -kl_coef * kl_t plus the score at the last token (the baseline variant: the
+score minus its group's mean), returns G_t = sum_{u >= t} r_u, whitened over the
+masked tokens as above.
+DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), L_max the longest allowed
+response, L_cache the buffer: 0 when |y| <= L_max - L_cache;
+((L_max - L_cache) - |y|) / L_cache when L_max - L_cache < |y| <= L_max; -1 beyond;
+times the factor.
 Running reward scaling (trlx RunningMoments, scale_reward "running"): the moments
 are merged with each batch (population variance inside the batch, Chan's merge),
 std = sqrt(var * n / (n - 1)); scores are divided by the running std, then
@@ -256,6 +264,45 @@ def grpo_family_case(seed, loss_type, eps_low, eps_high, scale_rewards, level, m
     }
 
 
+def reinforce_case(seed, baseline, kl_coef, group=3):
+    B, R = 6, 7
+    c = random_case(seed, B, R)
+    m = c["mask"]
+    k = kl(c["logp_old"], c["ref"], "k1") * m
+    scores = c["scores"]
+    if baseline:
+        g = scores.view(-1, group)
+        scores = (g - g.mean(1, keepdim=True)).reshape(-1)
+    rewards = -kl_coef * k
+    lens = m.sum(1).long()
+    for i in range(B):
+        rewards[i, lens[i] - 1] += scores[i]
+    returns = torch.zeros_like(rewards)
+    for i in range(B):
+        acc = 0.0
+        for t in reversed(range(int(lens[i]))):
+            acc += rewards[i, t].item()
+            returns[i, t] = acc
+    return {"baseline": baseline, "kl_coef": kl_coef, "group": group, "shape": [B, R], "mask": to_list(m),
+            "logp_old": to_list(c["logp_old"]), "ref": to_list(c["ref"]), "scores": to_list(c["scores"]),
+            "returns": to_list(returns), "advantages": to_list(whiten(returns, m))}
+
+
+def overlong_cases():
+    out = []
+    for length, buffer, factor in [(16, 4, 1.0), (32, 8, 0.5)]:
+        for tokens in range(0, length + 3):
+            if tokens <= length - buffer:
+                p = 0.0
+            elif tokens <= length:
+                p = ((length - buffer) - tokens) / buffer
+            else:
+                p = -1.0
+            out.append({"tokens": tokens, "length": length, "buffer": buffer, "factor": factor,
+                        "penalty": p * factor})
+    return out
+
+
 def grpo_family_cases():
     return [
         grpo_family_case(11, "dapo", 0.2, 0.28, "group", "token", True, 0.0, 7),
@@ -275,6 +322,8 @@ def main():
         "adaptive_kl": adaptive_kl_cases(),
         "scaling": scaling_case(),
         "grpo_family": grpo_family_cases(),
+        "reinforce": [reinforce_case(21, False, 0.05), reinforce_case(22, True, 0.1)],
+        "overlong": overlong_cases(),
     }
     with open(sys.argv[1], "w") as f:
         json.dump(cases, f)

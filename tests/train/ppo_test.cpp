@@ -180,6 +180,23 @@ TEST(PpoFormulas, GrpoVariantsMatchTheReference) {
   EXPECT_GT(cases[0]["clip_high"].get<double>(), 0.0);
 }
 
+// REINFORCE++ with and without its group baseline, and DAPO's overlong
+// punishment, against the reference.
+TEST(PpoFormulas, ReinforcePlusPlusAndOverlongPenaltyMatchTheReference) {
+  for (const auto& c : reference()["reinforce"]) {
+    SCOPED_TRACE(c["baseline"].get<bool>() ? "reinforce_pp_baseline" : "reinforce_pp");
+    const auto mask = matrix(c, "mask");
+    const auto k = kl_estimate(matrix(c, "logp_old"), matrix(c, "ref"), "k1") * mask;
+    const auto group = c["baseline"].get<bool>() ? c["group"].get<int64_t>() : 0;
+    const auto scores = doubles(c["scores"]);
+    expect_close(reinforce_pp_advantages(scores, k, mask, c["kl_coef"], group, false), c["returns"], "returns");
+    expect_close(reinforce_pp_advantages(scores, k, mask, c["kl_coef"], group, true), c["advantages"], "advantages");
+  }
+  for (const auto& c : reference()["overlong"])
+    EXPECT_NEAR(overlong_penalty(c["tokens"], c["length"], c["buffer"], c["factor"]), c["penalty"].get<double>(), 1e-12)
+        << c.dump();
+}
+
 // Only generated tokens are trained: each response token is scored from the
 // logits of the position before it, the prompt and the padding are masked
 // out, and a response ends at its EOS (nothing after it is generated).
@@ -533,14 +550,16 @@ TEST(PpoLearning, GrpoAndRlooRaiseTheVerifiableReward) {
   ASSERT_TRUE(stdfs::exists(fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
   const double before = first_eval(weak_upper().model.parent_path() / "metrics.jsonl");
   // configs/grpo_tiny.yaml (160 steps); the same with RLOO's baseline; and, for 80 steps, with DAPO's and
-  // Dr. GRPO's choices.
+  // Dr. GRPO's choices, and REINFORCE++ with its group baseline.
   const std::map<std::string, std::string> variants{
       {"grpo", "ppo.advantage=grpo train.max_steps=160 train.eval_every=160 train.save_every=160"},
       {"rloo", "ppo.advantage=rloo train.max_steps=160 train.eval_every=160 train.save_every=160"},
       {"dapo", "ppo.advantage=grpo ppo.cliprange_high=0.28 ppo.mask_truncated_completions=true ppo.kl_coef=0"
                " train.max_steps=80 train.eval_every=80 train.save_every=80"},
       {"dr_grpo", "ppo.advantage=grpo ppo.loss_aggregation=constant ppo.scale_rewards=none train.max_steps=80"
-                  " train.eval_every=80 train.save_every=80"}};
+                  " train.eval_every=80 train.save_every=80"},
+      {"reinforce_pp_baseline", "ppo.advantage=reinforce_pp_baseline train.max_steps=80 train.eval_every=80"
+                                " train.save_every=80"}};
   for (const auto& [name, keys] : variants) {
     const char* adv = name.c_str();
     TempDir dir;
@@ -615,7 +634,8 @@ TEST(PpoRuns, TwoShardedRanksMatchOneProcess) {
 }
 
 // GRPO with every variant key off its default (sequence_mean, GSPO's sequence
-// ratio with clip-higher, batch-scaled rewards, truncated responses masked):
+// ratio with clip-higher, batch-scaled rewards, truncated responses masked,
+// the overlong penalty):
 // two full_shard ranks log what one process logs, and a run stopped at a
 // checkpoint and resumed logs what the straight run logs, bit for bit.
 TEST(PpoRuns, GrpoVariantsShardAndResumeExactly) {
@@ -624,6 +644,7 @@ TEST(PpoRuns, GrpoVariantsShardAndResumeExactly) {
   const std::string grpo =
       "ppo.loss_aggregation=sequence_mean ppo.importance_sampling_level=sequence ppo.cliprange=0.05 "
       "ppo.cliprange_high=0.08 ppo.scale_rewards=batch ppo.mask_truncated_completions=true ppo.max_new_tokens=4 "
+      "ppo.overlong_penalty.buffer=2 ppo.overlong_penalty.factor=0.5 "
       "train.eval_every=0 train.log_every=1 train.save_every=4 train.micro_batch_size=16 ";
   const std::string config = "configs/grpo_tiny.yaml";
   ppo_run(dir / "one", grpo + "train.max_steps=12", 0, config);
@@ -637,12 +658,14 @@ TEST(PpoRuns, GrpoVariantsShardAndResumeExactly) {
   ASSERT_EQ(a.size(), 12u);
   ASSERT_EQ(b.size(), 12u) << log;
   ASSERT_EQ(c.size(), 12u);
-  bool masked = false, clipped = false;
+  bool masked = false, clipped = false, penalised = false;
   for (const auto& [step, m] : a) {
     if (m.contains("val/num_eos_tokens")) masked |= m["val/num_eos_tokens"].get<double>() < 64;
     clipped |= m["clip_ratio/region_mean"].get<double>() > 0;
+    if (m.contains("objective/overlong_penalty")) penalised |= m["objective/overlong_penalty"].get<double>() < 0;
     for (const char* key : {"loss", "objective/scores", "objective/kl", "loss/policy_avg", "policy/kl_avg",
-                            "clip_ratio/low_mean", "clip_ratio/high_mean", "grad_norm"}) {
+                            "clip_ratio/low_mean", "clip_ratio/high_mean", "grad_norm",
+                            "objective/overlong_penalty", "objective/rlhf_reward"}) {
       if (!m.contains(key)) continue;
       ASSERT_TRUE(b.at(step).contains(key) && c.at(step).contains(key)) << step << " " << key;
       const double x = m[key].get<double>(), y = b.at(step)[key].get<double>();
@@ -652,6 +675,7 @@ TEST(PpoRuns, GrpoVariantsShardAndResumeExactly) {
   }
   EXPECT_TRUE(masked) << "some responses were cut by max_new_tokens";
   EXPECT_TRUE(clipped) << "some ratios were clipped";
+  EXPECT_TRUE(penalised) << "some responses were long enough for the overlong penalty";
 }
 
 // kill -9 mid-run, then resume: the same losses as the uninterrupted run

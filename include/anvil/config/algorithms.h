@@ -111,7 +111,23 @@ struct PpoRewardConfig {
   }
 };
 
-/// Options of the `ppo` algorithm (online RL: PPO, GRPO, RLOO).
+/// DAPO's soft overlong punishment of a response's score.
+struct OverlongPenaltyConfig {
+  int64_t buffer = 0;
+  double factor = 1.0;
+  int64_t length = 0;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("buffer", buffer,
+            "Tokens before the longest allowed response over which the penalty grows from 0 to -factor; 0 = off.",
+            non_negative());
+    v.field("factor", factor, "The penalty at the longest allowed response.", non_negative());
+    v.field("length", length, "The longest allowed response, in tokens; 0 = ppo.max_new_tokens.", non_negative());
+  }
+};
+
+/// Options of the `ppo` algorithm (online RL: PPO, GRPO, RLOO, REINFORCE++).
 struct PpoConfig {
   int64_t prompts_per_rollout = 16;
   int64_t samples_per_prompt = 1;
@@ -139,6 +155,7 @@ struct PpoConfig {
   std::string scale_rewards = "group";
   std::string importance_sampling_level = "token";
   bool mask_truncated_completions = false;
+  OverlongPenaltyConfig overlong_penalty;
   std::string critic_from;
   double critic_learning_rate = 0;
   PpoRewardConfig reward;
@@ -148,7 +165,7 @@ struct PpoConfig {
     v.field("prompts_per_rollout", prompts_per_rollout,
             "Prompts each rollout draws from data.train (over all ranks; a multiple of the world size).", positive());
     v.field("samples_per_prompt", samples_per_prompt,
-            "Responses sampled per prompt (at least 2 for advantage grpo and rloo).", positive());
+            "Responses sampled per prompt (at least 2 for advantage grpo, rloo and reinforce_pp_baseline).", positive());
     v.field("ppo_epochs", ppo_epochs,
             "Passes over each rollout, in minibatches of train.global_batch_size sequences.", positive());
     v.field("max_new_tokens", max_new_tokens, "Most tokens a rollout response may have.", positive());
@@ -162,9 +179,11 @@ struct PpoConfig {
     v.field("reference", reference,
             "Reference model folder for the KL penalty. Empty = model.from, or a frozen copy of the initial weights.");
     v.field("advantage", advantage,
-            "gae (PPO with a value head), grpo (group-normalised scores, KL in the loss, no critic) or rloo "
-            "(leave-one-out baseline, no critic).",
-            one_of({"gae", "grpo", "rloo"}));
+            "gae (PPO with a value head), grpo (group-normalised scores, KL in the loss, no critic), rloo "
+            "(leave-one-out baseline, no critic), reinforce_pp (REINFORCE++: the KL-penalised token rewards summed "
+            "to the end, whitened over the rollout, no critic) or reinforce_pp_baseline (the same on each score "
+            "minus its group's mean).",
+            one_of({"gae", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"}));
     v.field("kl_coef", kl_coef,
             "KL penalty coefficient (initial value when target_kl is set; GRPO's beta).", non_negative());
     v.field("kl_estimator", kl_estimator, "Per-token KL estimator: k1 (logp - ref) or k3.", one_of({"k1", "k3"}));
@@ -182,7 +201,8 @@ struct PpoConfig {
             "Upper clip epsilon (DAPO's clip-higher, TRL's epsilon_high); 0 = cliprange.", non_negative());
     v.field("cliprange_value", cliprange_value, "Value clip range around the rollout's values.", positive());
     v.field("vf_coef", vf_coef, "Weight of the value loss.", non_negative());
-    v.field("whiten_advantages", whiten_advantages, "Whiten advantages over the rollout (gae and rloo).");
+    v.field("whiten_advantages", whiten_advantages,
+            "Whiten advantages over the rollout (gae, rloo, reinforce_pp and reinforce_pp_baseline).");
     v.field("loss_aggregation", loss_aggregation,
             "How per-token losses become the step's loss: token_mean (over every response token of the step: DAPO, "
             "TRL's loss_type dapo), sequence_mean (each response's token mean, averaged over responses: GRPO's "
@@ -202,6 +222,9 @@ struct PpoConfig {
     v.field("mask_truncated_completions", mask_truncated_completions,
             "Responses cut by max_new_tokens (no end of turn) take no part in the loss or its statistics (DAPO; "
             "TRL's mask_truncated_completions).");
+    v.section("overlong_penalty", overlong_penalty,
+              "DAPO's soft overlong punishment, added to each score: 0 up to length - buffer tokens, then falling "
+              "linearly to -factor at length.");
     v.field("critic_from", critic_from,
             "advantage gae: a separate critic model trained beside the policy, initialised from this folder (a "
             "reward model, whose score head becomes the value head, or any model of the policy's tokenizer). "

@@ -87,6 +87,22 @@ PpoLossSums ppo_loss_sums(const at::Tensor& logp, const at::Tensor& old_logp, co
                           const at::Tensor& values, const at::Tensor& old_values, const at::Tensor& returns,
                           const at::Tensor& mask, const PpoClip& clip, const at::Tensor& weights = {});
 
+/// REINFORCE++ (Hu 2025; OpenRLHF's reinforce and reinforce_baseline):
+/// the per-token rewards (token_rewards: -kl_coef kl, plus the score at the
+/// last token) summed from each token to the response's end (gamma 1), over
+/// `mask`. The baseline variant passes each score minus its group's mean;
+/// whitening over the rollout follows (masked_whiten).
+at::Tensor reinforce_pp_returns(const at::Tensor& rewards, const at::Tensor& mask);
+/// The advantages of both: scores (B), per-token kl (B, R) and mask; `group`
+/// > 0 takes each score's group mean away first (reinforce_pp_baseline).
+at::Tensor reinforce_pp_advantages(const at::Tensor& scores, const at::Tensor& kl, const at::Tensor& mask,
+                                   double kl_coef, int64_t group, bool whiten);
+
+/// DAPO's soft overlong punishment of a response of `tokens` tokens: 0 up to
+/// length - buffer, then (length - buffer - tokens) / buffer x factor, down
+/// to -factor at `length` (and beyond).
+double overlong_penalty(int64_t tokens, int64_t length, int64_t buffer, double factor);
+
 /// GRPO's advantages with TRL's scale_rewards: each score minus its group's
 /// mean, divided by the group's std (group), by the std of all scores
 /// (batch), or not divided (none), the std unbiased, plus 1e-4.
