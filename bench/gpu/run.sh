@@ -22,7 +22,10 @@
 #                                   (top kernels, GPU busy, launches and syncs per step) in $OUT/profile-*.txt
 #   --smoke     tiny models on the CPU, a few steps: checks this script (ctest GpuBenchSmoke)
 #   --no-build  use the binaries already in $BUILD
-# env: BUILD (default /tmp/anvil-gpu-build; --smoke: build), OUT (results; default /tmp/anvil-gpu-bench),
+# env: BUILD (default /tmp/anvil-gpu-build; --smoke: build), OUT (results; default /tmp/anvil-gpu-bench: 8
+#      files at most, written as the run goes: machine.txt, stamps.txt, checks.txt, kernels.jsonl,
+#      profile-anvil.txt, profile-hf.txt, results.jsonl, table.md), WORK (runs, logs, data, models; default
+#      $OUT/work; on a lent GPU machine, whose tool returns 8 files of $OUT, put it outside: /tmp/anvil-gpu-work),
 #      PYTHON (default python3), ROUNDS (alternations per comparison, default 1), SMOKE_COMPILE=1 (compile
 #      peers in --smoke too), GEN_BATCHES (default "1 32 128"), GEN_COMPILE=0 (gen: leave out the static-cache
 #      + torch.compile peer, about a minute per shape), TRAIN_PEERS=0 (train, profile: Anvil alone)
@@ -37,7 +40,7 @@ for arg; do
   case $arg in
     --smoke) SMOKE=1 ;;
     --no-build) BUILD_IT=0 ;;
-    -h | --help) sed -n 2,28p "$0"; exit 0 ;;
+    -h | --help) sed -n 2,31p "$0"; exit 0 ;;
     check | train | fp32 | shard | ckpt | gen | profile) sections+=("$arg") ;;
     *) echo "bench/gpu/run.sh: unknown argument \"$arg\" (sections: check train fp32 shard ckpt gen profile)" >&2; exit 2 ;;
   esac
@@ -46,8 +49,9 @@ SECTIONS=" ${sections[*]:-check train fp32 shard ckpt gen profile} "
 has() { [[ $SECTIONS == *" $1 "* ]]; }
 PY=${PYTHON:-python3}
 OUTD=${OUT:-/tmp/anvil-gpu-bench}
+W=${WORK:-$OUTD/work}
 ROUNDS=${ROUNDS:-1}
-mkdir -p "$OUTD"
+mkdir -p "$OUTD" "$W"
 RES=$OUTD/results.jsonl
 : >"$RES"
 export PYTHONPATH=$ROOT/bench/gpu${PYTHONPATH:+:$PYTHONPATH}
@@ -68,7 +72,14 @@ else
 fi
 VOCAB_ARG=(${VOCAB:+--vocab $VOCAB})
 T0=$SECONDS
-stamp() { echo "[bench/gpu $((SECONDS - T0)) s] $*"; }
+# Each section's start, and the table so far, go to $OUT as the run goes: a run cut by a time limit
+# still leaves its figures.
+stamp() {
+  echo "[bench/gpu $((SECONDS - T0)) s] $*" | tee -a "$OUTD/stamps.txt"
+  [[ -s $RES ]] && $PY bench/gpu/table.py table "$RES" >"$OUTD/table.md" 2>/dev/null
+  true
+}
+: >"$OUTD/stamps.txt"
 
 # --- the machine and the versions ---------------------------------------------------------
 {
@@ -106,10 +117,10 @@ if ((BUILD_IT)); then
     ${PKGC:+-DPKG_CONFIG_EXECUTABLE=$PKGC} -DANVIL_BUILD_TESTS=OFF \
     -DANVIL_ENABLE_MPI=$(command -v mpicxx >/dev/null && echo ON || echo OFF) \
     -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DTORCH_CUDA_ARCH_LIST="${ARCH:0:1}.${ARCH:1}" \
-    ${NCCL_H:+-DANVIL_NCCL_INCLUDE_DIR=$(dirname "$NCCL_H")} >"$OUTD/cmake.log" 2>&1 ||
-    { tail -n 30 "$OUTD/cmake.log"; exit 1; }
-  cmake --build "$BUILD" -j "$(nproc)" --target trainer anvil_cli bench_generate bench_kernels >"$OUTD/build.log" 2>&1 ||
-    { tail -n 40 "$OUTD/build.log"; exit 1; }
+    ${NCCL_H:+-DANVIL_NCCL_INCLUDE_DIR=$(dirname "$NCCL_H")} >"$W/cmake.log" 2>&1 ||
+    { tail -n 30 "$W/cmake.log"; exit 1; }
+  cmake --build "$BUILD" -j "$(nproc)" --target trainer anvil_cli bench_generate bench_kernels >"$W/build.log" 2>&1 ||
+    { tail -n 40 "$W/build.log"; exit 1; }
   stamp "built"
 elif [[ -d /tmp/anvil-deps ]]; then
   export LD_LIBRARY_PATH=/tmp/anvil-deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -120,9 +131,9 @@ for b in "$TRAINER" "$BUILD/bin/anvil" "$BUILD/bin/bench_generate" "$BUILD/bin/b
 done
 
 # --- data: token shards of a random-word corpus (pretrain, packed rows) ------------------------
-DATA=$OUTD/shards
+DATA=$W/shards
 if [[ ! -f $DATA/meta.json ]] && (has check || has train || has fp32 || has shard || has ckpt || has profile); then
-  $PY - "$OUTD/corpus.txt" "$CORPUS_LINES" "$CORPUS_WORDS" <<'PY'
+  $PY - "$W/corpus.txt" "$CORPUS_LINES" "$CORPUS_WORDS" <<'PY'
 import random, sys
 random.seed(0)
 words = ["".join(random.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(random.randint(2, 9))) for _ in range(4000)]
@@ -130,33 +141,33 @@ with open(sys.argv[1], "w") as f:
     for _ in range(int(sys.argv[2])):
         f.write(" ".join(random.choice(words) for _ in range(int(sys.argv[3]))) + "\n")
 PY
-  "$BUILD/bin/anvil" prepare --tokenizer data/tokenizer.model --input "$OUTD/corpus.txt" --output "$DATA" \
-    >"$OUTD/prepare.log" 2>&1 || { tail -n 20 "$OUTD/prepare.log"; exit 1; }
+  "$BUILD/bin/anvil" prepare --tokenizer data/tokenizer.model --input "$W/corpus.txt" --output "$DATA" \
+    >"$W/prepare.log" 2>&1 || { tail -n 20 "$W/prepare.log"; exit 1; }
 fi
 
 # anvil_run TAG MODEL BATCH SEQ PRECISION(bf16|tf32|fp32) [trainer overrides...]: one trainer run into
-# $OUTD/runs/TAG (emptied first unless KEEP=1), environment RUN_ENV; returns the trainer's status.
+# $W/runs/TAG (emptied first unless KEEP=1), environment RUN_ENV; returns the trainer's status.
 RUN_ENV=()
 anvil_run() {
   local tag=$1 model=$2 b=$3 t=$4 prec=$5
   shift 5
-  local dir=$OUTD/runs/$tag
-  [[ ${KEEP:-0} == 1 ]] || { rm -rf "$dir"; : >"$OUTD/$tag.log"; }
+  local dir=$W/runs/$tag
+  [[ ${KEEP:-0} == 1 ]] || { rm -rf "$dir"; : >"$W/$tag.log"; }
   local args=(--config "$model" algorithm=pretrain tokenizer.path=data/tokenizer.model "data.train=[{path: $DATA}]"
     data.max_length="$t" train.micro_batch_size="$b" train.max_steps="$STEPS" train.device="$DEVICE"
     model.dropout=0 train.log_every=5 eval.generate_samples=0 optimizer.lr=3e-4 "optimizer.betas=[0.9,0.95]"
     optimizer.weight_decay=0.1 train.save_every=0 train.keep_checkpoints=1 output_dir="$dir")
   [[ $prec == bf16 ]] && args+=(dist.param_dtype=bfloat16)
   [[ $prec == tf32 ]] && args+=(train.tf32=true)
-  timeout "$LIMIT" env "${RUN_ENV[@]}" "$TRAINER" "${args[@]}" "$@" >>"$OUTD/$tag.log" 2>&1 && return 0
+  timeout "$LIMIT" env "${RUN_ENV[@]}" "$TRAINER" "${args[@]}" "$@" >>"$W/$tag.log" 2>&1 && return 0
   local rc=$?
-  echo "$tag: the trainer failed (rc $rc); the end of $OUTD/$tag.log:"
-  tail -n 15 "$OUTD/$tag.log"
+  echo "$tag: the trainer failed (rc $rc); the end of $W/$tag.log:"
+  tail -n 15 "$W/$tag.log"
   return $rc
 }
 # anvil_train: anvil_run, its metrics.jsonl summarised into results.jsonl (the table's rows).
 anvil_train() {
-  local tag=$1 model=$2 b=$3 t=$4 prec=$5 dir=$OUTD/runs/$1
+  local tag=$1 model=$2 b=$3 t=$4 prec=$5 dir=$W/runs/$1
   if anvil_run "$@"; then
     $PY bench/gpu/table.py anvil --metrics "$dir/metrics.jsonl" --tag "$tag" --model "$model" "${VOCAB_ARG[@]}" \
       --batch "$b" --seq "$t" --precision "$prec" --warmup "$WARMUP" --device "$DEVICE" | tee -a "$RES"
@@ -166,8 +177,8 @@ anvil_train() {
 # hf_train MODEL BATCH SEQ MODE(autocast|fp32) COMPILE(0|1)
 hf_train() {
   timeout "$LIMIT" $PY bench/gpu/hf_train.py --model "$1" "${VOCAB_ARG[@]}" --batch "$2" --seq "$3" --mode "$4" \
-    --compile "$5" --steps $((STEPS - WARMUP)) --warmup "$WARMUP" --device "$DEVICE" 2>>"$OUTD/hf.err" | tee -a "$RES" ||
-    { echo "transformers $1 $4 compile=$5 failed; the end of $OUTD/hf.err:"; tail -n 15 "$OUTD/hf.err"; }
+    --compile "$5" --steps $((STEPS - WARMUP)) --warmup "$WARMUP" --device "$DEVICE" 2>>"$W/hf.err" | tee -a "$RES" ||
+    { echo "transformers $1 $4 compile=$5 failed; the end of $W/hf.err:"; tail -n 15 "$W/hf.err"; }
 }
 
 FAILED=0
@@ -179,36 +190,36 @@ if has check; then
   DBG_GPT2=configs/models/gpt2-debug.yaml DBG_LLAMA=configs/models/llama-debug.yaml
   # Anvil's kernels (src/kernels/) against ATen in double, then timed against the ATen composition they
   # replace (the timing lines: $OUTD/kernels.jsonl).
-  "$BUILD/bin/bench_kernels" --device "$DEVICE" >"$OUTD/kernels.txt" 2>&1 || FAILED=1
-  grep -E '^(PASS|FAIL) ' "$OUTD/kernels.txt" | tee -a "$OUTD/checks.txt"
-  grep '^{' "$OUTD/kernels.txt" | tee "$OUTD/kernels.jsonl"
-  grep -qE '^(PASS|FAIL|\{)' "$OUTD/kernels.txt" || { echo "bench_kernels failed:"; tail -n 15 "$OUTD/kernels.txt"; }
+  "$BUILD/bin/bench_kernels" --device "$DEVICE" >"$W/kernels.txt" 2>&1 || FAILED=1
+  grep -E '^(PASS|FAIL) ' "$W/kernels.txt" | tee -a "$OUTD/checks.txt"
+  grep '^{' "$W/kernels.txt" | tee "$OUTD/kernels.jsonl"
+  grep -qE '^(PASS|FAIL|\{)' "$W/kernels.txt" || { echo "bench_kernels failed:"; tail -n 15 "$W/kernels.txt"; }
   few=(train.max_steps=20)
   for m in $DBG_GPT2 $DBG_LLAMA; do
     n=$(basename "$m" .yaml)
     anvil_run chk-$n-cpu "$m" 4 64 fp32 "${few[@]}" train.device=cpu
     anvil_run chk-$n-fp32 "$m" 4 64 fp32 "${few[@]}"
     anvil_run chk-$n-bf16 "$m" 4 64 bf16 "${few[@]}"
-    check losses "$n: $DEVICE float32 losses = the CPU's" "$OUTD/runs/chk-$n-fp32/metrics.jsonl" \
-      "$OUTD/runs/chk-$n-cpu/metrics.jsonl" --atol 1e-4 --rtol 1e-4
-    check losses "$n: $DEVICE bf16 losses ~ float32" "$OUTD/runs/chk-$n-bf16/metrics.jsonl" \
-      "$OUTD/runs/chk-$n-fp32/metrics.jsonl" --atol 0.05
+    check losses "$n: $DEVICE float32 losses = the CPU's" "$W/runs/chk-$n-fp32/metrics.jsonl" \
+      "$W/runs/chk-$n-cpu/metrics.jsonl" --atol 1e-4 --rtol 1e-4
+    check losses "$n: $DEVICE bf16 losses ~ float32" "$W/runs/chk-$n-bf16/metrics.jsonl" \
+      "$W/runs/chk-$n-fp32/metrics.jsonl" --atol 0.05
   done
   # The fused LM head + loss (the default; vocabulary padded to 64 on CUDA) = whole logits, then the loss.
   for prec in fp32 bf16; do
     anvil_run chk-gpt2-debug-plain-$prec "$DBG_GPT2" 4 64 $prec "${few[@]}" train.fused_loss=false
   done
-  check losses "gpt2-debug: fused loss = plain on $DEVICE, float32" "$OUTD/runs/chk-gpt2-debug-fp32/metrics.jsonl" \
-    "$OUTD/runs/chk-gpt2-debug-plain-fp32/metrics.jsonl" --atol 1e-5 --rtol 1e-5
-  check losses "gpt2-debug: fused loss ~ plain on $DEVICE, bf16" "$OUTD/runs/chk-gpt2-debug-bf16/metrics.jsonl" \
-    "$OUTD/runs/chk-gpt2-debug-plain-bf16/metrics.jsonl" --atol 0.02
+  check losses "gpt2-debug: fused loss = plain on $DEVICE, float32" "$W/runs/chk-gpt2-debug-fp32/metrics.jsonl" \
+    "$W/runs/chk-gpt2-debug-plain-fp32/metrics.jsonl" --atol 1e-5 --rtol 1e-5
+  check losses "gpt2-debug: fused loss ~ plain on $DEVICE, bf16" "$W/runs/chk-gpt2-debug-bf16/metrics.jsonl" \
+    "$W/runs/chk-gpt2-debug-plain-bf16/metrics.jsonl" --atol 0.02
   full=(dist.sharding=full_shard)
   [[ $DEVICE == cuda ]] && full+=(dist.backend=nccl) &&
     RUN_ENV=(RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29518)
   anvil_run chk-full_shard "$DBG_GPT2" 4 64 bf16 "${few[@]}" "${full[@]}"
   RUN_ENV=()
-  check losses "gpt2-debug: one-rank full_shard losses = plain bf16" "$OUTD/runs/chk-full_shard/metrics.jsonl" \
-    "$OUTD/runs/chk-gpt2-debug-bf16/metrics.jsonl" --atol 1e-5
+  check losses "gpt2-debug: one-rank full_shard losses = plain bf16" "$W/runs/chk-full_shard/metrics.jsonl" \
+    "$W/runs/chk-gpt2-debug-bf16/metrics.jsonl" --atol 1e-5
   # Checkpoints written in the background (from device memory through pinned buffers) = written at once.
   for prec in fp32 bf16; do
     saves=(train.max_steps=6 train.save_every=2 train.keep_checkpoints=0 model.dropout=0.1 schedule.decay=constant)
@@ -217,21 +228,21 @@ if has check; then
     anvil_run chk-save-sync-$prec "$DBG_GPT2" 4 64 $prec "${saves[@]}"
     RUN_ENV=()
     check same-files "$prec checkpoint-4 written in the background = written at once" \
-      "$OUTD/runs/chk-save-bg-$prec/checkpoint-4" "$OUTD/runs/chk-save-sync-$prec/checkpoint-4"
+      "$W/runs/chk-save-bg-$prec/checkpoint-4" "$W/runs/chk-save-sync-$prec/checkpoint-4"
     # Stopped after step 3 and resumed (RNG, data position, moments): the losses of steps 4-6 bit for bit.
     anvil_run chk-resume-$prec "$DBG_GPT2" 4 64 $prec "${saves[@]}" train.max_steps=3
     KEEP=1 anvil_run chk-resume-$prec "$DBG_GPT2" 4 64 $prec "${saves[@]}"
-    check losses "$prec run resumed at step 3 on $DEVICE = uninterrupted" "$OUTD/runs/chk-resume-$prec/metrics.jsonl" \
-      "$OUTD/runs/chk-save-bg-$prec/metrics.jsonl"
+    check losses "$prec run resumed at step 3 on $DEVICE = uninterrupted" "$W/runs/chk-resume-$prec/metrics.jsonl" \
+      "$W/runs/chk-save-bg-$prec/metrics.jsonl"
   done
   # Generation and logits on the device: a random GPT-2 with peaked logits (no near-ties).
-  C=$OUTD/chk-model
+  C=$W/chk-model
   rm -rf "$C"
   $PY bench/gpu/hf_generate.py make --model "$DBG_GPT2" --vocab 512 --out "$C" --prompt-len 8 --batches 4 \
-    --init-std 0.5 2>>"$OUTD/hf.err"
+    --init-std 0.5 2>>"$W/hf.err"
   for d in cpu "$DEVICE"; do
     "$BUILD/bin/bench_generate" --model "$C" --prompts "$C/prompts_b4.json" --new 24 --device "$d" --repeats 1 \
-      --tokens-out "$C/greedy-$d.json" >/dev/null 2>>"$OUTD/gen.err"
+      --tokens-out "$C/greedy-$d.json" >/dev/null 2>>"$W/gen.err"
   done
   check same-json "greedy tokens on $DEVICE = on the CPU" "$C/greedy-$DEVICE.json" "$C/greedy-cpu.json"
   # Decode steps replayed from a captured CUDA graph = run eagerly, greedy and seeded sampling (tokens
@@ -239,13 +250,13 @@ if has check; then
   for mode in greedy sample; do
     for graphs in on off; do
       "$BUILD/bin/bench_generate" --model "$C" --prompts "$C/prompts_b4.json" --new 24 --device "$DEVICE" --repeats 1 \
-        --mode $mode --seed 3 --cuda-graphs $graphs --tokens-out "$C/$mode-graphs-$graphs.json" >/dev/null 2>>"$OUTD/gen.err"
+        --mode $mode --seed 3 --cuda-graphs $graphs --tokens-out "$C/$mode-graphs-$graphs.json" >/dev/null 2>>"$W/gen.err"
     done
     check same-json "$mode tokens on $DEVICE: graph decode = eager decode" "$C/$mode-graphs-on.json" \
       "$C/$mode-graphs-off.json"
   done
   "$BUILD/bin/anvil" logits --model "$C" --input "$C/prompts_b4.json" --output "$C/logits.safetensors" \
-    --device "$DEVICE" >/dev/null 2>>"$OUTD/gen.err"
+    --device "$DEVICE" >/dev/null 2>>"$W/gen.err"
   check logits "anvil logits on $DEVICE = transformers'" --dir "$C" --ids "$C/prompts_b4.json" \
     --ours "$C/logits.safetensors" --device "$DEVICE" --atol 1e-4
 fi
@@ -255,16 +266,16 @@ if has profile; then
   set -- $GPT2_SHAPE
   stamp "profile $GPT2"
   if anvil_run anvil-profile "$GPT2" "$1" "$2" bf16 train.max_steps=8 "train.profile_steps=[5,7]"; then
-    cp "$OUTD/runs/anvil-profile/profile/summary.txt" "$OUTD/profile-anvil.txt" && cat "$OUTD/profile-anvil.txt"
+    cp "$W/runs/anvil-profile/profile/summary.txt" "$OUTD/profile-anvil.txt" && cat "$OUTD/profile-anvil.txt"
   fi
-  rm -rf "$OUTD"/runs/anvil-profile/checkpoint-*
+  rm -rf "$W"/runs/anvil-profile/checkpoint-*
   if ((${TRAIN_PEERS:-1} == 0)); then
     echo "profile: the compiled peer left out (TRAIN_PEERS=0)"
   elif timeout "$LIMIT" $PY bench/gpu/profile_hf.py --model "$GPT2" "${VOCAB_ARG[@]}" --batch "$1" --seq "$2" \
-    --compile "$COMPILE" --warmup 4 --steps 3 --device "$DEVICE" --out "$OUTD/profile-hf" >/dev/null 2>>"$OUTD/hf.err"; then
-    cp "$OUTD/profile-hf/summary.txt" "$OUTD/profile-hf.txt" && cat "$OUTD/profile-hf.txt"
+    --compile "$COMPILE" --warmup 4 --steps 3 --device "$DEVICE" --out "$W/profile-hf" >/dev/null 2>>"$W/hf.err"; then
+    cp "$W/profile-hf/summary.txt" "$OUTD/profile-hf.txt" && cat "$OUTD/profile-hf.txt"
   else
-    echo "bench/gpu/profile_hf.py failed; the end of $OUTD/hf.err:"; tail -n 15 "$OUTD/hf.err"
+    echo "bench/gpu/profile_hf.py failed; the end of $W/hf.err:"; tail -n 15 "$W/hf.err"
   fi
 fi
 if has train; then
@@ -310,25 +321,25 @@ if has ckpt; then
   RUN_ENV=()
 fi
 if has gen; then
-  G=$OUTD/gen-model
+  G=$W/gen-model
   stamp "generation $GPT2"
   [[ -f $G/config.json ]] || $PY bench/gpu/hf_generate.py make --model "$GPT2" "${VOCAB_ARG[@]}" --out "$G" \
-    --prompt-len "$GEN_PROMPT" --batches "${GEN_BATCHES// /,}" --groups "$GEN_GROUPS" 2>>"$OUTD/hf.err"
+    --prompt-len "$GEN_PROMPT" --batches "${GEN_BATCHES// /,}" --groups "$GEN_GROUPS" 2>>"$W/hf.err"
   dtype=bfloat16
   [[ $DEVICE == cpu ]] && dtype=float32
   for b in $GEN_BATCHES; do
     for mode in greedy sample; do
       for r in $(seq "$ROUNDS"); do
         timeout "$LIMIT" "$BUILD/bin/bench_generate" --model "$G" --prompts "$G/prompts_b$b.json" --new "$GEN_NEW" \
-          --mode $mode --device "$DEVICE" --dtype $dtype 2>>"$OUTD/gen.err" | tee -a "$RES" ||
-          { echo "bench_generate b$b $mode failed:"; tail -n 15 "$OUTD/gen.err"; }
+          --mode $mode --device "$DEVICE" --dtype $dtype 2>>"$W/gen.err" | tee -a "$RES" ||
+          { echo "bench_generate b$b $mode failed:"; tail -n 15 "$W/gen.err"; }
         impls=(default)
         # The compiled peer compiles for about a minute per shape: greedy, batches up to 32.
         [[ $mode == greedy ]] && ((${GEN_COMPILE:-$COMPILE})) && ((b <= 32)) && impls+=(static-compile)
         for impl in "${impls[@]}"; do
           timeout "$LIMIT" $PY bench/gpu/hf_generate.py run --dir "$G" --prompts "$G/prompts_b$b.json" \
-            --new "$GEN_NEW" --mode $mode --impl $impl --device "$DEVICE" --dtype $dtype 2>>"$OUTD/hf.err" |
-            tee -a "$RES" || { echo "transformers.generate b$b $mode $impl failed:"; tail -n 15 "$OUTD/hf.err"; }
+            --new "$GEN_NEW" --mode $mode --impl $impl --device "$DEVICE" --dtype $dtype 2>>"$W/hf.err" |
+            tee -a "$RES" || { echo "transformers.generate b$b $mode $impl failed:"; tail -n 15 "$W/hf.err"; }
         done
       done
     done
@@ -338,11 +349,11 @@ if has gen; then
     stamp "generation $GPT2, groups $grp"
     for r in $(seq "$ROUNDS"); do
       timeout "$LIMIT" "$BUILD/bin/bench_generate" --model "$G" --prompts "$G/prompts_g$grp.json" \
-        --new "$GEN_GROUP_NEW" --mode sample --device "$DEVICE" --dtype $dtype 2>>"$OUTD/gen.err" | tee -a "$RES" ||
-        { echo "bench_generate groups $grp failed:"; tail -n 15 "$OUTD/gen.err"; }
+        --new "$GEN_GROUP_NEW" --mode sample --device "$DEVICE" --dtype $dtype 2>>"$W/gen.err" | tee -a "$RES" ||
+        { echo "bench_generate groups $grp failed:"; tail -n 15 "$W/gen.err"; }
       timeout "$LIMIT" $PY bench/gpu/hf_generate.py run --dir "$G" --prompts "$G/prompts_g$grp.json" \
-        --new "$GEN_GROUP_NEW" --mode sample --impl default --device "$DEVICE" --dtype $dtype 2>>"$OUTD/hf.err" |
-        tee -a "$RES" || { echo "transformers.generate groups $grp failed:"; tail -n 15 "$OUTD/hf.err"; }
+        --new "$GEN_GROUP_NEW" --mode sample --impl default --device "$DEVICE" --dtype $dtype 2>>"$W/hf.err" |
+        tee -a "$RES" || { echo "transformers.generate groups $grp failed:"; tail -n 15 "$W/hf.err"; }
     done
   done
 fi

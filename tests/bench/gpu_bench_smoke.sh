@@ -52,5 +52,9 @@ for who in anvil hf; do
 done
 grep -q "^profile (anvil): steps 5-7 (3) on cpu" "$OUTD/profile-anvil.txt" 2>/dev/null ||
   { echo "the anvil profile is not of steps 5-7"; fail=1; }
+# $OUT holds the summaries alone (a lent GPU machine returns 8 files of it); runs and logs are in WORK.
+n=$(find "$OUTD" -maxdepth 1 -type f ! -name log | wc -l)
+((n <= 8)) || { echo "run.sh left $n files in OUT (at most 8):"; ls "$OUTD"; fail=1; }
+grep -q '^\[bench/gpu [0-9]* s\] done' "$OUTD/stamps.txt" 2>/dev/null || { echo "no stamps.txt with the sections' times"; fail=1; }
 if ((fail)); then echo "--- table"; cat "$T"; echo "--- log"; cat "$OUTD/log"; exit 1; fi
 cat "$T"
