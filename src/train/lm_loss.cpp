@@ -237,6 +237,11 @@ at::Tensor fused_linear_logprobs(const at::Tensor& hidden, const at::Tensor& wei
   return out;
 }
 
+at::Tensor next_token_targets(const at::Tensor& labels, int64_t ignore_index) {
+  const auto B = labels.size(0), T = labels.size(1);
+  return at::cat({labels.narrow(1, 1, T - 1), at::full({B, 1}, ignore_index, labels.options())}, 1);
+}
+
 int64_t fused_loss_chunk_rows(int64_t rows, int64_t vocab, const FusedLossOptions& o) {
   if (o.chunk > 0) return o.chunk;
   const int64_t fit = std::max<int64_t>(1, o.auto_chunk_bytes / (std::max<int64_t>(vocab, 1) * 4));

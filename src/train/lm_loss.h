@@ -41,4 +41,8 @@ at::Tensor fused_linear_logprobs(const at::Tensor& hidden, const at::Tensor& wei
 /// The rows per chunk `o` gives for N rows of a vocabulary of V.
 int64_t fused_loss_chunk_rows(int64_t rows, int64_t vocab, const FusedLossOptions& o);
 
+/// The target of each position of (B, T) labels: position t predicts label
+/// t + 1; the last position has none (`ignore_index`).
+at::Tensor next_token_targets(const at::Tensor& labels, int64_t ignore_index);
+
 }  // namespace anvil::train

@@ -143,7 +143,7 @@ namespace {
 std::pair<at::Tensor, at::Tensor> fused_sequence_logps(models::CausalLM& model, const at::Tensor& hidden,
                                                        const at::Tensor& labels) {
   const auto B = labels.size(0), T = labels.size(1);
-  const auto shifted = at::cat({labels.narrow(1, 1, T - 1), at::full({B, 1}, data::kIgnoreIndex, labels.options())}, 1);
+  const auto shifted = next_token_targets(labels, data::kIgnoreIndex);
   const auto head = model.output_head();
   FusedLossOptions o;
   o.ignore_index = data::kIgnoreIndex;

@@ -88,11 +88,7 @@ at::Tensor causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels
 at::Tensor fused_lm_loss_sum(models::CausalLM& model, const at::Tensor& hidden, const at::Tensor& labels,
                              int64_t chunk) {
   const auto C = hidden.size(-1);
-  const auto B = labels.size(0);
-  // Row t predicts label t + 1; the last position of each row has no target.
-  const auto shifted =
-      at::cat({labels.narrow(1, 1, labels.size(1) - 1), at::full({B, 1}, data::kIgnoreIndex, labels.options())}, 1)
-          .reshape({-1});
+  const auto shifted = next_token_targets(labels, data::kIgnoreIndex).reshape({-1});
   auto h = hidden.reshape({-1, C});
   auto y = shifted;
   // Rows without a target (prompts, padding) are not projected: found where
