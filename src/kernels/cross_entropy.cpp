@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "kernels/cross_entropy_launch.h"
+#include "kernels/fallback.h"
 #endif
 
 namespace anvil::kernels {
@@ -52,8 +53,9 @@ bool cross_entropy_kernel_built() {
 at::Tensor cross_entropy_rows(at::Tensor& logits, const at::Tensor& targets, int64_t vocab, int64_t ignore_index,
                               bool grad, const at::Tensor& grad_scale) {
 #if ANVIL_WITH_CUDA_KERNELS
+  static std::atomic<bool> off{false};
   const auto dtype = logits.scalar_type();
-  if (logits.is_cuda() && logits.dim() == 2 && logits.is_contiguous() &&
+  if (!off.load() && logits.is_cuda() && logits.dim() == 2 && logits.is_contiguous() &&
       (dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16) && targets.dim() == 1 &&
       targets.size(0) == logits.size(0) && vocab > 0 && vocab <= logits.size(1)) {
     const c10::cuda::CUDAGuard guard(logits.device());
@@ -68,8 +70,9 @@ at::Tensor cross_entropy_rows(at::Tensor& logits, const at::Tensor& targets, int
                                             y.data_ptr<int64_t>(), ignore_index, loss.data_ptr<float>(), grad,
                                             scale.defined() ? scale.data_ptr<float>() : nullptr,
                                             c10::cuda::getCurrentCUDAStream().stream());
-    if (rc != 0) throw Error(concat("cross_entropy_rows: the CUDA kernel failed to launch (cudaError ", rc, ")"));
-    return loss;
+    if (rc == 0) return loss;
+    if (!detail::no_code_for_this_gpu(rc, "cross_entropy_rows", off))
+      throw Error(concat("cross_entropy_rows: the CUDA kernel failed to launch (cudaError ", rc, ")"));
   }
 #endif
   return cross_entropy_rows_reference(logits, targets, vocab, ignore_index, grad, grad_scale);

@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "kernels/draw_launch.h"
+#include "kernels/fallback.h"
 #endif
 
 namespace anvil::kernels {
@@ -24,7 +25,8 @@ at::Tensor inverse_cdf_draw_reference(const at::Tensor& scores, const at::Tensor
 
 at::Tensor inverse_cdf_draw(const at::Tensor& scores, const at::Tensor& uniforms) {
 #if ANVIL_WITH_CUDA_KERNELS
-  if (scores.is_cuda() && scores.dim() == 2 && scores.scalar_type() == at::kFloat && uniforms.dim() == 1 &&
+  static std::atomic<bool> off{false};
+  if (!off.load() && scores.is_cuda() && scores.dim() == 2 && scores.scalar_type() == at::kFloat && uniforms.dim() == 1 &&
       uniforms.size(0) == scores.size(0) && scores.size(1) > 0) {
     const c10::cuda::CUDAGuard guard(scores.device());
     const auto x = scores.contiguous();
@@ -32,8 +34,9 @@ at::Tensor inverse_cdf_draw(const at::Tensor& scores, const at::Tensor& uniforms
     auto out = at::empty({scores.size(0)}, scores.options().dtype(at::kLong));
     const int rc = cuda::inverse_cdf_draw(x.data_ptr<float>(), x.size(0), x.size(1), u.data_ptr<double>(),
                                           out.data_ptr<int64_t>(), c10::cuda::getCurrentCUDAStream().stream());
-    if (rc != 0) throw Error(concat("inverse_cdf_draw: the CUDA kernel failed to launch (cudaError ", rc, ")"));
-    return out;
+    if (rc == 0) return out;
+    if (!detail::no_code_for_this_gpu(rc, "inverse_cdf_draw", off))
+      throw Error(concat("inverse_cdf_draw: the CUDA kernel failed to launch (cudaError ", rc, ")"));
   }
 #endif
   return inverse_cdf_draw_reference(scores, uniforms);
