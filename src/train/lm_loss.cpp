@@ -207,8 +207,7 @@ struct FusedLinearLogprobs : public torch::autograd::Function<FusedLinearLogprob
       const auto logp = chunk_log_softmax(h, head, temperature);
       auto go = at::zeros_like(logp);
       go.scatter_(1, safe.narrow(0, s, n), g.narrow(0, s, n).unsqueeze(1));
-      const bool half = temperature == 1.0 && hidden.scalar_type() == at::kHalf && hidden.is_cuda();
-      auto gl = at::_log_softmax_backward_data(go, logp, 1, half ? hidden.scalar_type() : acc);
+      auto gl = at::_log_softmax_backward_data(go, logp, 1, acc);  // temperature != 1: float logits
       if (gl.scalar_type() != hidden.scalar_type()) gl = gl.to(hidden.scalar_type());
       grads.add(s, n, h, gl, head);
     }
