@@ -146,7 +146,7 @@ void save_model_config(const stdfs::path& dir, models::CausalLM& model, const to
   const char* dtype_name = dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
   config["torch_dtype"] = dtype_name;  // transformers 4
   config["dtype"] = dtype_name;        // transformers 5
-  fs::write_file_atomic(dir / "config.json", config.dump(2) + "\n");
+  fs::write_file_atomic(dir / (models::has_lora(model) ? kAdapterModelConfig : "config.json"), config.dump(2) + "\n");
   nlohmann::json gen = {{"_from_model_config", true}};
   if (model.special_tokens.bos >= 0) gen["bos_token_id"] = model.special_tokens.bos;
   if (model.special_tokens.eos >= 0) gen["eos_token_id"] = model.special_tokens.eos;
@@ -241,7 +241,8 @@ std::shared_ptr<models::CausalLM> load_adapter_dir(const stdfs::path& dir, const
     throw CheckpointError(concat(dir.string(), ": a LoRA adapter whose base model ",
                                  from.empty() ? std::string("is not named") : "\"" + from.string() + "\" is not a model folder",
                                  " (adapter_config.json's base_model_name_or_path); give the base folder with --base"));
-  auto model = model_from_config(stdfs::exists(dir / "config.json") ? dir : from);
+  const bool own_config = stdfs::exists(dir / "config.json") || stdfs::exists(dir / kAdapterModelConfig);
+  auto model = model_from_config(own_config ? dir : from);
   load_base_weights(*model, from);
   o.base_model = stdfs::absolute(from).string();
   models::add_lora(*model, o, (dir / kAdapterConfig).string() + ": target_modules");
@@ -298,7 +299,8 @@ void write_model_dir_atomic(models::CausalLM& model, const tokenizer::Tokenizer*
 }
 
 std::shared_ptr<models::CausalLM> model_from_config(const stdfs::path& dir) {
-  const auto cfg_path = dir / "config.json";
+  auto cfg_path = dir / "config.json";
+  if (!stdfs::exists(cfg_path) && stdfs::exists(dir / kAdapterModelConfig)) cfg_path = dir / kAdapterModelConfig;
   if (!stdfs::exists(cfg_path))
     throw CheckpointError(concat(dir.string(), ": not a model folder (no config.json)"));
   const auto j = read_json(cfg_path);

@@ -150,6 +150,8 @@ TEST(Lora, PeftLoadsOursAndWeLoadPeftsWithEqualLogits) {
     io::save_model_dir(adapter, *model, nullptr);
     EXPECT_TRUE(stdfs::exists(adapter / "adapter_model.safetensors"));
     EXPECT_FALSE(stdfs::exists(adapter / "model.safetensors")) << "the base stays where it is";
+    EXPECT_FALSE(stdfs::exists(adapter / "config.json")) << "transformers would look for the weights here";
+    EXPECT_TRUE(stdfs::exists(adapter / io::kAdapterModelConfig));
     std::string out;
     ASSERT_EQ(anvil::testing::run(anvil::testing::cli_bin() + " export --merge-lora --checkpoint " + adapter.string() +
                                       " --output " + merged.string() + " 2>&1",

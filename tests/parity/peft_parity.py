@@ -53,6 +53,11 @@ def main():
         if (adapted - plain).abs().max().item() < 1e-3:
             raise SystemExit(f"FAIL {c['adapter']}: the adapter changes nothing; the test would prove nothing")
         check(f"{c['adapter']} in PEFT vs anvil logits", anvil_logits(anvil, work, c["adapter"], ids), adapted)
+        # The adapter folder alone in transformers (peft installed): it finds
+        # the base through adapter_config.json, as for a folder PEFT saved.
+        auto = AutoModelForCausalLM.from_pretrained(c["adapter"]).eval()
+        with torch.no_grad():
+            check(f"{c['adapter']} via AutoModelForCausalLM vs PEFT", auto(torch.tensor(ids)).logits, adapted)
         # The merged export in plain transformers.
         merged = AutoModelForCausalLM.from_pretrained(c["merged"]).eval()
         with torch.no_grad():

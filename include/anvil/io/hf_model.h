@@ -19,6 +19,14 @@ namespace anvil::io {
 inline constexpr const char* kHeadsFile = "heads.safetensors";
 inline constexpr const char* kHeadsConfig = "heads.json";
 
+/// A LoRA adapter folder keeps its model's config (a reward model's score
+/// head, the pad id) under this name, not config.json: transformers takes a
+/// folder holding both config.json and adapter_config.json for a complete
+/// model with an embedded adapter and looks for the weights there, while
+/// PEFT writes no config.json and transformers then loads the base that
+/// adapter_config.json names. Folders written before keep loading.
+inline constexpr const char* kAdapterModelConfig = "anvil_model_config.json";
+
 /// Whether a parameter belongs to a named head (saved in heads.safetensors).
 inline bool is_head_parameter(const std::string& name) { return name.rfind("heads.", 0) == 0; }
 
@@ -35,8 +43,8 @@ void save_model_dir(const std::filesystem::path& dir, models::CausalLM& model,
 void save_weight_files(const std::filesystem::path& dir, models::CausalLM& model,
                        const std::map<std::string, at::Tensor>& tensors);
 
-/// Writes config.json, generation_config.json, heads.json (when the model has
-/// named heads) and the tokenizer's files (no weights). config.json's dtype is `dtype`, or the parameters' when undefined.
+/// Writes config.json (kAdapterModelConfig for a model with LoRA adapters),
+/// generation_config.json, heads.json (when the model has named heads) and the tokenizer's files (no weights). config.json's dtype is `dtype`, or the parameters' when undefined.
 void save_model_config(const std::filesystem::path& dir, models::CausalLM& model,
                        const tokenizer::Tokenizer* tokenizer,
                        std::optional<at::ScalarType> dtype = std::nullopt);
