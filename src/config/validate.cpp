@@ -140,6 +140,38 @@ void check_algorithms(const RunConfig& c, const Fail& fail) {
   if (c.algorithm == "dpo" && c.dpo.label_smoothing > 0 && (c.dpo.loss_type == "ipo" || c.dpo.loss_type == "hinge"))
     fail("dpo.label_smoothing", concat("applies to loss_type sigmoid (cDPO) and robust; ", c.dpo.loss_type,
                                        " takes 0, got ", c.dpo.label_smoothing));
+  const bool reference_free =
+      c.dpo.loss_type == "orpo" || c.dpo.loss_type == "simpo" || c.dpo.loss_type == "cpo";
+  if (c.algorithm == "dpo" && reference_free) {
+    if (!c.dpo.reference.empty())
+      fail("dpo.reference", concat("loss_type ", c.dpo.loss_type, " uses no reference model; leave it empty"));
+    if (c.dpo.precompute_reference)
+      fail("dpo.precompute_reference", concat("loss_type ", c.dpo.loss_type, " uses no reference model"));
+    if (c.dpo.rpo_alpha > 0)
+      fail("dpo.rpo_alpha", concat("loss_type ", c.dpo.loss_type,
+                                   c.dpo.loss_type == "orpo" ? " has the chosen reply's NLL built in"
+                                                             : " weighs the chosen reply's NLL with dpo.cpo_alpha"));
+    if (c.dpo.label_smoothing > 0 && c.dpo.loss_type == "orpo")
+      fail("dpo.label_smoothing", "applies to loss_type sigmoid, robust, simpo and cpo; orpo takes 0");
+  }
+  if (c.algorithm == "ppo") {
+    const auto& r = c.ppo.reward;
+    const bool single = !r.model.empty() || !r.command.empty() || !r.exact_match.empty() || !r.regex.empty() ||
+                        !r.function.empty();
+    if (single && !c.ppo.rewards.empty())
+      fail("ppo.rewards", "cannot be set together with a source in ppo.reward (list every source in ppo.rewards)");
+    for (size_t i = 0; i < c.ppo.rewards.size(); ++i) {
+      const auto& item = c.ppo.rewards[i];
+      const auto key = concat("ppo.rewards[", i, "]");
+      if (item.scale != "none" || item.clip != 0)
+        fail(key + (item.scale != "none" ? ".scale" : ".clip"),
+             "applies to the summed score: set ppo.reward.scale / ppo.reward.clip");
+      must_exist(fail, (key + ".model").c_str(), item.model, kFolder);
+    }
+    if (c.ppo.dynamic_sampling && c.ppo.samples_per_prompt < 2)
+      fail("ppo.dynamic_sampling", concat("drops groups whose samples all scored the same, so it needs "
+                                          "ppo.samples_per_prompt of at least 2, got ", c.ppo.samples_per_prompt));
+  }
   must_exist(fail, "dpo.reference", c.dpo.reference, kFolder);
   must_exist(fail, "ppo.reference", c.ppo.reference, kFolder);
   must_exist(fail, "ppo.reward.model", c.ppo.reward.model, kFolder);

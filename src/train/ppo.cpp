@@ -166,7 +166,7 @@ struct PpoObjective::State {
                                            : cfg.train.grad_accum_steps;
   }
   std::vector<double> score(const std::vector<RolloutPrompt>& prompts, const std::vector<RolloutRow>& rows,
-                            int64_t per_prompt);
+                            int64_t per_prompt, std::vector<std::vector<double>>* components = nullptr);
   std::vector<RolloutRow> generate(models::CausalLM& policy, const std::vector<RolloutPrompt>& mine, int64_t per_prompt,
                                    uint64_t seed, bool greedy);
   void forward_logps(models::CausalLM& model, std::vector<RolloutRow>& rows, bool reference_model, bool values);
@@ -175,6 +175,10 @@ struct PpoObjective::State {
   at::Tensor values(models::CausalLM& policy, const at::Tensor& ids, const at::Tensor& pos, const at::Tensor& sel);
   /// The rollout: prompts drawn, responses sampled and scored, rows exchanged.
   std::vector<RolloutRow> collect(Engine& engine, uint64_t seed, Metrics& m);
+  /// ppo.dynamic_sampling: keeps the groups of `first` whose scores differ
+  /// and collects more rounds until prompts_per_rollout such groups are in
+  /// (at most dynamic_sampling_max_rounds rounds; then dropped groups fill).
+  std::vector<RolloutRow> fill_groups(Engine& engine, uint64_t seed, std::vector<RolloutRow> first, Metrics& m);
   /// (advantages, returns), (N, R) float32, and the rollout's metrics.
   std::pair<at::Tensor, at::Tensor> advantages(const std::vector<RolloutRow>& rows, Metrics& m);
   std::vector<Batch> schedule(const std::vector<RolloutRow>& rows, const at::Tensor& adv, const at::Tensor& ret,
@@ -223,7 +227,7 @@ PpoObjective::PpoObjective(const config::RunConfig& cfg, const tokenizer::Tokeni
                              p.samples_per_prompt, " = ", s_->rollout_rows,
                              " sequences does not split into minibatches of ", s_->minibatch_rows(),
                              " (train.global_batch_size, or micro_batch_size x grad_accum_steps)"));
-  s_->rewards = std::make_unique<ResponseRewards>(p.reward, "ppo.reward", true);
+  s_->rewards = std::make_unique<ResponseRewards>(p.reward, "ppo.reward", p.rewards, "ppo.rewards", true);
   s_->value_head = p.advantage == "gae";
 }
 
@@ -247,6 +251,9 @@ std::string PpoObjective::plan(int64_t max_steps) const {
     os << "; the rollouts draw " << rollouts * p.prompts_per_rollout << " prompts = "
        << format_number(static_cast<double>(rollouts * p.prompts_per_rollout) / static_cast<double>(epoch), 3)
        << " epochs of " << epoch << " prompts";
+  if (p.dynamic_sampling)
+    os << "; dynamic_sampling may draw up to " << p.dynamic_sampling_max_rounds << " x " << p.prompts_per_rollout
+       << " prompts per rollout";
   os << "\n  tokens per step: up to " << mb * p.max_new_tokens << " response tokens (" << mb << " responses x "
      << p.max_new_tokens << "), with their prompts";
   return os.str();
@@ -419,7 +426,8 @@ Batch collate_rollout(const std::vector<const RolloutRow*>& rows, int64_t pad_id
 }
 
 std::vector<double> PpoObjective::State::score(const std::vector<RolloutPrompt>& prompts,
-                                               const std::vector<RolloutRow>& rows, int64_t per_prompt) {
+                                               const std::vector<RolloutRow>& rows, int64_t per_prompt,
+                                               std::vector<std::vector<double>>* components) {
   std::vector<const data::PromptSample*> of;
   std::vector<std::vector<int64_t>> responses;
   std::vector<bool> ended;
@@ -429,7 +437,7 @@ std::vector<double> PpoObjective::State::score(const std::vector<RolloutPrompt>&
     if (rows[i].ended) responses.back().pop_back();  // the end of turn is the template's, not the answer's
     ended.push_back(rows[i].ended);
   }
-  return rewards->score(of, responses, ended, tok);
+  return rewards->score(of, responses, ended, tok, components);
 }
 
 std::vector<RolloutRow> PpoObjective::State::collect(Engine& engine, uint64_t seed, Metrics& m) {
@@ -464,8 +472,24 @@ std::vector<RolloutRow> PpoObjective::State::collect(Engine& engine, uint64_t se
   }
   {
     auto whole = rewards->gathered();
-    const auto scores = score(mine, local, K);
+    std::vector<std::vector<double>> parts;
+    const auto scores = score(mine, local, K, &parts);
     for (size_t i = 0; i < local.size(); ++i) local[i].score = scores[i];
+    // Each source's unweighted scores over the whole rollout (TRL's rewards/<name>/mean and std).
+    const auto names = rewards->names();
+    if (!names.empty()) {
+      std::vector<double> st(2 * names.size(), 0.0);
+      for (size_t j = 0; j < names.size(); ++j)
+        for (double x : parts[j]) st[2 * j] += x, st[2 * j + 1] += x * x;
+      if (W > 1) ranks.all_sum(st);
+      const auto n = static_cast<double>(P * K);
+      for (size_t j = 0; j < names.size(); ++j) {
+        const double mean = st[2 * j] / n;
+        m["rewards/" + names[j] + "/mean"] = mean;
+        m["rewards/" + names[j] + "/std"] =
+            n > 1 ? std::sqrt(std::max(0.0, (st[2 * j + 1] / n - mean * mean) * n / (n - 1))) : 0.0;
+      }
+    }
   }
   m["time/reward_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   if (W == 1) return local;
@@ -479,6 +503,44 @@ std::vector<RolloutRow> PpoObjective::State::collect(Engine& engine, uint64_t se
   std::vector<RolloutRow> rows;
   for (int64_t i = 0; i < P * K; ++i) rows.push_back(codec.get(packed.data() + i * codec.width()));
   return rows;
+}
+
+std::vector<RolloutRow> PpoObjective::State::fill_groups(Engine& engine, uint64_t seed, std::vector<RolloutRow> first,
+                                                         Metrics& m) {
+  // Every rank holds every row of a round, so every rank decides alike.
+  const int64_t P = ppo.prompts_per_rollout, K = ppo.samples_per_prompt;
+  const auto want = static_cast<size_t>(P * K);
+  std::vector<RolloutRow> kept, dropped;
+  int64_t seen = 0, n_dropped = 0, rounds = 0;
+  auto sort_groups = [&](std::vector<RolloutRow>& rows) {
+    for (size_t g = 0; g + static_cast<size_t>(K) <= rows.size(); g += static_cast<size_t>(K)) {
+      const auto b = rows.begin() + static_cast<std::ptrdiff_t>(g), e = b + K;
+      const bool same = std::all_of(b, e, [&](const RolloutRow& r) { return r.score == b->score; });
+      ++seen;
+      n_dropped += same;
+      auto& into = same ? dropped : kept;
+      if (!same && kept.size() >= want) continue;  // more than the rollout needs: not used
+      into.insert(into.end(), std::make_move_iterator(b), std::make_move_iterator(e));
+    }
+    ++rounds;
+  };
+  sort_groups(first);
+  while (kept.size() < want && rounds < ppo.dynamic_sampling_max_rounds) {
+    Metrics more;  // the first round's reward statistics stand; times add up
+    auto rows = collect(engine, seed, more);  // fresh prompts: row seeds follow their place in the stream
+    for (const char* k : {"time/rollout_s", "time/reward_s"}) m[k] += more[k];
+    sort_groups(rows);
+  }
+  const auto short_groups = static_cast<int64_t>((want - std::min(want, kept.size())) / static_cast<size_t>(K));
+  for (size_t i = 0; kept.size() < want; ++i) kept.push_back(std::move(dropped[i]));
+  m["dynamic_sampling/rounds"] = static_cast<double>(rounds);
+  m["dynamic_sampling/dropped_groups"] = static_cast<double>(n_dropped);
+  m["dynamic_sampling/dropped_fraction"] = static_cast<double>(n_dropped) / static_cast<double>(seen);
+  m["dynamic_sampling/short_groups"] = static_cast<double>(short_groups);
+  if (short_groups > 0)
+    log::warn("ppo.dynamic_sampling: ", short_groups, " of ", P, " groups still scored alike after ", rounds,
+              " rounds (ppo.dynamic_sampling_max_rounds); they stay in the rollout with no advantage");
+  return kept;
 }
 
 std::pair<at::Tensor, at::Tensor> PpoObjective::State::advantages(const std::vector<RolloutRow>& rows, Metrics& m) {
@@ -588,7 +650,8 @@ Metrics PpoObjective::before_iteration(Engine& engine, int64_t iteration, int64_
   Metrics m;
   if (s.learn_seconds > 0) m["time/train_s"] = s.learn_seconds;
   const auto seed = static_cast<uint64_t>(s.cfg.train.seed) * 0x2545F4914F6CDD1Dull + static_cast<uint64_t>(iteration);
-  const auto rows = s.collect(engine, seed, m);
+  auto rows = s.collect(engine, seed, m);
+  if (s.ppo.dynamic_sampling) rows = s.fill_groups(engine, seed, std::move(rows), m);
   const auto [adv, ret] = s.advantages(rows, m);
   s.source->load(s.schedule(rows, adv, ret, seed));
   s.steps_done_in_iteration = 0;
@@ -693,14 +756,17 @@ EvalResult PpoObjective::evaluate(models::CausalLM& model) {
     if (!split || s.ranks.mine(static_cast<int64_t>(i))) mine.push_back(all[i]);
   auto rows = s.generate(model, mine, 1, 0, true);
   std::vector<double> scores;
+  std::vector<std::vector<double>> parts;
   {
     auto whole = s.rewards->gathered();  // ranks score different numbers of rows
-    scores = s.score(mine, rows, 1);
+    scores = s.score(mine, rows, 1, &parts);
   }
-  std::vector<double> totals{0, 0};
+  const auto names = s.rewards->names();
+  std::vector<double> totals(2 + names.size(), 0.0);
   for (size_t i = 0; i < rows.size(); ++i) {
     totals[0] += scores[i];
     totals[1] += static_cast<double>(rows[i].response.size());
+    for (size_t j = 0; j < names.size(); ++j) totals[2 + j] += parts[j][i];
     if (static_cast<int64_t>(result.samples.size()) < s.cfg.eval.table_rows) {
       auto response = rows[i].response;
       if (rows[i].ended) response.pop_back();
@@ -711,7 +777,8 @@ EvalResult PpoObjective::evaluate(models::CausalLM& model) {
   const auto n = static_cast<double>(all.size());
   result.metrics["eval/reward"] = totals[0] / n;
   result.metrics["eval/response_length"] = totals[1] / n;
-  if (!s.ppo.reward.exact_match.empty()) result.metrics["eval/exact_match"] = totals[0] / n;
+  if (s.rewards->is_exact_match()) result.metrics["eval/exact_match"] = totals[0] / n;
+  for (size_t j = 0; j < names.size(); ++j) result.metrics["eval/rewards/" + names[j]] = totals[2 + j] / n;
   return result;
 }
 

@@ -26,21 +26,6 @@ namespace {
 
 namespace stdfs = std::filesystem;
 
-/// Runs the model without dropout for a scope (gradients still flow).
-class NoDropout {
- public:
-  NoDropout(models::CausalLM& m, bool active) : m_(m), restore_(active && m.is_training()) {
-    if (restore_) m_.eval();
-  }
-  ~NoDropout() {
-    if (restore_) m_.train();
-  }
-
- private:
-  models::CausalLM& m_;
-  bool restore_;
-};
-
 double total(const Sums& s, const std::string& key) {
   auto it = s.find(key);
   return it == s.end() ? 0.0 : it->second.item<double>();
@@ -153,23 +138,45 @@ std::pair<at::Tensor, at::Tensor> fused_sequence_logps(models::CausalLM& model, 
   return {logp.sum(-1), shifted.ne(data::kIgnoreIndex).sum(-1)};
 }
 
-/// A model's summed response log-probs and response lengths of an LM-style batch.
+}  // namespace
+
 std::pair<at::Tensor, at::Tensor> model_sequence_logps(models::CausalLM& model, const at::Tensor& ids,
                                                        const at::Tensor& labels, bool fused) {
   if (fused) return fused_sequence_logps(model, model.hidden_states(ids, {}), labels);
   return sequence_logps(model.forward(ids), labels);
 }
 
-}  // namespace
+bool reference_free(const std::string& loss_type) {
+  return loss_type == "orpo" || loss_type == "simpo" || loss_type == "cpo";
+}
 
 at::Tensor dpo_logps(const at::Tensor& sums, const at::Tensor& counts, const std::string& loss_type) {
-  // TRL length-normalises the log-probs for IPO (the paper's average log-likelihood).
-  return loss_type == "ipo" ? sums / counts.to(sums.scalar_type()) : sums;
+  // TRL length-normalises the log-probs for IPO (the paper's average
+  // log-likelihood), ORPO and SimPO (both papers define them so).
+  const bool mean = loss_type == "ipo" || loss_type == "orpo" || loss_type == "simpo";
+  return mean ? sums / counts.to(sums.scalar_type()) : sums;
 }
 
 DpoLossOutput dpo_loss(const at::Tensor& policy_chosen, const at::Tensor& policy_rejected,
                        const at::Tensor& ref_chosen, const at::Tensor& ref_rejected, const DpoLossOptions& opt) {
   const double beta = opt.beta, eps = opt.label_smoothing;
+  if (reference_free(opt.loss_type)) {
+    DpoLossOutput out;
+    out.chosen_rewards = (beta * policy_chosen).detach();
+    out.rejected_rewards = (beta * policy_rejected).detach();
+    if (opt.loss_type == "orpo") {
+      // log odds(p) = log p - log(1 - p), with log(1 - p) = log(-expm1(log p)).
+      const auto log_odds = (policy_chosen - policy_rejected) -
+                            (at::log(-at::expm1(policy_chosen)) - at::log(-at::expm1(policy_rejected)));
+      out.losses = -beta * at::log_sigmoid(log_odds);
+      out.log_odds = log_odds.detach();
+      return out;
+    }
+    auto logits = policy_chosen - policy_rejected;
+    if (opt.loss_type == "simpo") logits = logits - opt.simpo_gamma / beta;
+    out.losses = -at::log_sigmoid(beta * logits) * (1 - eps) - at::log_sigmoid(-beta * logits) * eps;
+    return out;
+  }
   auto logits = (policy_chosen - policy_rejected) - (ref_chosen - ref_rejected);
   at::Tensor losses;
   if (opt.loss_type == "sigmoid") {
@@ -197,6 +204,10 @@ void add_dpo_sums(const DpoLossOutput& out, const at::Tensor& policy_chosen, con
   add_sum(sums, "rewards/margins", (c - r).sum());
   add_sum(sums, "logps/chosen", policy_chosen.detach().sum());
   add_sum(sums, "logps/rejected", policy_rejected.detach().sum());
+  if (out.log_odds.defined()) {
+    add_sum(sums, "log_odds_ratio", at::log_sigmoid(out.log_odds).sum());
+    add_sum(sums, "log_odds_chosen", out.log_odds.sum());
+  }
 }
 
 Metrics dpo_metrics(const Sums& sums, const std::string& prefix) {
@@ -206,7 +217,8 @@ Metrics dpo_metrics(const Sums& sums, const std::string& prefix) {
   for (const char* k : {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
                         "logps/chosen", "logps/rejected"})
     m[prefix + k] = total(sums, k) / n;
-  if (sums.count("nll_loss")) m[prefix + "nll_loss"] = total(sums, "nll_loss") / n;
+  for (const char* k : {"nll_loss", "log_odds_ratio", "log_odds_chosen"})
+    if (sums.count(k)) m[prefix + k] = total(sums, k) / n;
   return m;
 }
 
@@ -437,7 +449,7 @@ DpoObjective::DpoObjective(const config::RunConfig& cfg, const tokenizer::Tokeni
                    tok,
                    resolve_pad(tok),
                    data::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok),
-                   {cfg.dpo.loss_type, cfg.dpo.beta, cfg.dpo.label_smoothing},
+                   {cfg.dpo.loss_type, cfg.dpo.beta, cfg.dpo.label_smoothing, cfg.dpo.simpo_gamma},
                    load_preference_data(cfg, tok),
                    nullptr,
                    {},
@@ -467,6 +479,10 @@ BatchSource& DpoObjective::train_source() { return *s_->source; }
 void DpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
   if (model.has_score_head())
     throw ConfigError("model.from: algorithm dpo trains a language model, but the model is a reward model");
+  if (reference_free(s_->cfg.dpo.loss_type)) {
+    log::info("dpo: loss_type ", s_->cfg.dpo.loss_type, " compares the policy's own log-probs; no reference model");
+    return;
+  }
   const auto& path = !s_->cfg.dpo.reference.empty() ? s_->cfg.dpo.reference : s_->cfg.model.from;
   if (!path.empty()) {
     // Identify the reference by its folder and weight files, for the cache.
@@ -594,18 +610,28 @@ at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
                                                          batch.tensors.at("labels").to(device), s_->cfg.train.fused_loss);
   }
   // Rows alternate chosen, rejected (every example is a pair).
+  const auto& type = s_->loss_opt.loss_type;
   const bool eval = !model.is_training();
-  auto ref_sums = s_->reference_sums(batch, eval).to(device, policy_sums.scalar_type());
-  auto policy = dpo_logps(policy_sums, counts, s_->loss_opt.loss_type).view({-1, 2});
-  auto ref = dpo_logps(ref_sums, counts, s_->loss_opt.loss_type).view({-1, 2});
+  auto policy = dpo_logps(policy_sums, counts, type).view({-1, 2});
   auto pc = policy.select(1, 0), pr = policy.select(1, 1);
-  auto out = dpo_loss(pc, pr, ref.select(1, 0), ref.select(1, 1), s_->loss_opt);
+  DpoLossOutput out;
+  if (reference_free(type)) {
+    out = dpo_loss(pc, pr, {}, {}, s_->loss_opt);
+  } else {
+    auto ref_sums = s_->reference_sums(batch, eval).to(device, policy_sums.scalar_type());
+    auto ref = dpo_logps(ref_sums, counts, type).view({-1, 2});
+    out = dpo_loss(pc, pr, ref.select(1, 0), ref.select(1, 1), s_->loss_opt);
+  }
   add_dpo_sums(out, pc, pr, sums);
-  if (s_->cfg.dpo.rpo_alpha > 0) {
-    // RPO: the chosen reply's mean token NLL, per pair.
-    auto chosen = policy_sums.view({-1, 2}).select(1, 0) / counts.view({-1, 2}).select(1, 0).to(at::kFloat);
+  // The chosen reply's mean token NLL per pair: RPO's term, ORPO's SFT term,
+  // CPO's (and TRL's CPO-SimPO's) behaviour-cloning term.
+  const double nll_weight = type == "orpo"                      ? 1.0
+                            : type == "cpo" || type == "simpo" ? s_->cfg.dpo.cpo_alpha
+                                                                : s_->cfg.dpo.rpo_alpha;
+  if (nll_weight > 0) {
+    auto chosen = policy_sums.view({-1, 2}).select(1, 0) / counts.view({-1, 2}).select(1, 0).to(policy_sums.scalar_type());
     add_sum(sums, "nll_loss", -chosen.detach().sum());
-    return (out.losses - s_->cfg.dpo.rpo_alpha * chosen).sum();
+    return (out.losses - nll_weight * chosen).sum();
   }
   return out.losses.sum();
 }

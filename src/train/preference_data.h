@@ -13,6 +13,29 @@
 
 namespace anvil::train {
 
+/// Runs the model without dropout for a scope (gradients still flow).
+class NoDropout {
+ public:
+  NoDropout(models::CausalLM& m, bool active) : m_(m), restore_(active && m.is_training()) {
+    if (restore_) m_.eval();
+  }
+  ~NoDropout() {
+    if (restore_) m_.train();
+  }
+  NoDropout(const NoDropout&) = delete;
+  NoDropout& operator=(const NoDropout&) = delete;
+
+ private:
+  models::CausalLM& m_;
+  bool restore_;
+};
+
+/// A model's summed log-probs of each row's labelled tokens (labels aligned
+/// with the inputs, kIgnoreIndex elsewhere) and their counts: ((B) float32,
+/// (B) int64); through the fused head (lm_loss.h) when `fused`.
+std::pair<at::Tensor, at::Tensor> model_sequence_logps(models::CausalLM& model, const at::Tensor& ids,
+                                                       const at::Tensor& labels, bool fused);
+
 /// A preference batch: each example's replies are consecutive rows of
 /// prompt + reply (right-padded with pad_id).
 /// Tensors: input_ids, labels (reply tokens; prompt and padding ignored),

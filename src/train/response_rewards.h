@@ -37,30 +37,34 @@ class ResponseRewards {
   /// `key` names the section in errors ("ppo.reward"). Throws ConfigError
   /// unless exactly one source is set (at most one when not `required`).
   ResponseRewards(const config::PpoRewardConfig& config, std::string key, bool required);
+  /// Several sources summed with their weights (ppo.rewards, named
+  /// `list_key` in errors); with an empty `list`, the one of `config`.
+  ResponseRewards(const config::PpoRewardConfig& config, std::string key,
+                  const std::vector<config::WeightedRewardConfig>& list, const std::string& list_key, bool required);
   ~ResponseRewards();
   ResponseRewards(const ResponseRewards&) = delete;
   ResponseRewards& operator=(const ResponseRewards&) = delete;
 
-  bool enabled() const;
-  /// The source compares responses with a field exactly (eval/exact_match).
-  bool is_exact_match() const { return !config_.exact_match.empty(); }
-  /// Loads the reward model (ctx.freeze) or starts the program; `who` prefixes the log lines.
+  bool enabled() const { return !sources_.empty(); }
+  /// The one source compares responses with a field exactly (eval/exact_match).
+  bool is_exact_match() const;
+  /// The sources' metric names, when there are several (rewards/<name>/...).
+  std::vector<std::string> names() const;
+  /// Loads the reward models (ctx.freeze) or starts the programs; `who` prefixes the log lines.
   void prepare(const RunContext& ctx, const std::string& who);
   /// The raw reward of each response (token ids without the end of turn) to
-  /// its prompt; `ended`: the response ended with the end of turn.
+  /// its prompt: the weighted sum of the sources' rewards; `ended`: the
+  /// response ended with the end of turn. With several sources, `components`
+  /// (when given) receives each source's unweighted rewards, in names() order.
   std::vector<double> score(const std::vector<const data::PromptSample*>& prompts,
                             const std::vector<std::vector<int64_t>>& responses, const std::vector<bool>& ended,
-                            const tokenizer::Tokenizer& tok);
-  /// Keeps a sharded reward model whole, for scoring split unevenly among ranks.
-  [[nodiscard]] FrozenModel::Gathered gathered() { return frozen_.gathered(); }
+                            const tokenizer::Tokenizer& tok, std::vector<std::vector<double>>* components = nullptr);
+  /// Keeps sharded reward models whole, for scoring split unevenly among ranks.
+  [[nodiscard]] std::vector<FrozenModel::Gathered> gathered();
 
  private:
-  config::PpoRewardConfig config_;
-  std::string key_;
-  RewardFn fn_;
-  FrozenModel frozen_;
-  std::unique_ptr<rewards::RewardModel> model_;
-  std::unique_ptr<rewards::RewardProgram> program_;
+  struct Source;
+  std::vector<std::unique_ptr<Source>> sources_;
 };
 
 }  // namespace anvil::train

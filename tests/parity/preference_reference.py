@@ -15,6 +15,21 @@ loss_type "ipo" every logp is first divided by its sequence's token count.
     ipo     = (logits - 1/(2*b))**2
     chosen_rewards = b*(pi_c - ref_c), rejected_rewards = b*(pi_r - ref_r)
 
+Reference-free losses (no reference model; pi_* as the loss type compares them). For
+orpo and simpo pi_c = chosen sum / chosen length (mean token log-prob), for cpo the sum.
+ORPO (Hong et al. 2024, eq. 6-7), odds(p) = p / (1 - p) with p = exp(pi):
+    log_or  = log(odds(exp(pi_c)) / odds(exp(pi_r)))
+    orpo    = -b * logsigmoid(log_or)                  (b = lambda)
+SimPO (Meng et al. 2024, eq. 6), gamma the target margin, cDPO smoothing as TRL's CPOTrainer:
+    z       = b*(pi_c - pi_r) - gamma
+    simpo   = -logsigmoid(z)*(1-eps) - logsigmoid(-z)*eps
+CPO (Xu et al. 2024, eq. 3), on summed log-probs:
+    z       = b*(pi_c - pi_r);  cpo = -logsigmoid(z)*(1-eps) - logsigmoid(-z)*eps
+Each pair's total adds w * nll, nll = -(chosen sum / chosen length): w = 1 for orpo (its
+SFT term), cpo_alpha for simpo and cpo (TRL's cpo_alpha term, averaged per pair).
+chosen_rewards = b*pi_c, rejected_rewards = b*pi_r (TRL's logging); orpo's metrics
+log_odds_ratio = mean(logsigmoid(log_or)), log_odds_chosen = mean(log_or).
+
 Reward model. A group holds the rewards r_1..r_K of one example's K replies, best
 first, with margin m (0 when null). Its pairs are all (i, j), i < j. With
 c = center_rewards_coefficient:
@@ -93,6 +108,48 @@ def dpo_case(loss_type, beta, eps):
     }
 
 
+def reference_free_case(loss_type, beta, eps, gamma, nll_weight):
+    sum_c = torch.empty(N_DPO, dtype=DTYPE).uniform_(-40, -2)
+    sum_r = torch.empty(N_DPO, dtype=DTYPE).uniform_(-40, -2)
+    len_c = torch.randint(1, 21, (N_DPO,))
+    len_r = torch.randint(1, 21, (N_DPO,))
+    lc, lr = len_c.to(DTYPE), len_r.to(DTYPE)
+    if loss_type in ("orpo", "simpo"):
+        pc, pr = sum_c / lc, sum_r / lr
+    else:
+        pc, pr = sum_c, sum_r
+    metrics = {}
+    if loss_type == "orpo":
+        p_c, p_r = torch.exp(pc), torch.exp(pr)
+        log_or = torch.log((p_c / (1 - p_c)) / (p_r / (1 - p_r)))
+        losses = -beta * F.logsigmoid(log_or)
+        metrics["log_odds_ratio"] = F.logsigmoid(log_or).mean().item()
+        metrics["log_odds_chosen"] = log_or.mean().item()
+    else:
+        z = beta * (pc - pr) - (gamma if loss_type == "simpo" else 0.0)
+        losses = -F.logsigmoid(z) * (1 - eps) - F.logsigmoid(-z) * eps
+    nll = -(sum_c / lc)
+    cr, rr = beta * pc, beta * pr
+    assert ((pc - pr) > 0).any() and ((pc - pr) < 0).any(), "want both orders"
+    metrics.update({
+        "rewards/chosen": cr.mean().item(),
+        "rewards/rejected": rr.mean().item(),
+        "rewards/accuracies": (cr > rr).to(DTYPE).mean().item(),
+        "rewards/margins": (cr - rr).mean().item(),
+        "logps/chosen": pc.mean().item(),
+        "logps/rejected": pr.mean().item(),
+    })
+    return {
+        "loss_type": loss_type, "beta": beta, "label_smoothing": eps, "simpo_gamma": gamma,
+        "nll_weight": nll_weight,
+        "policy_chosen_logps": sum_c.tolist(), "policy_rejected_logps": sum_r.tolist(),
+        "chosen_lengths": len_c.tolist(), "rejected_lengths": len_r.tolist(),
+        "losses": losses.tolist(), "total_losses": (losses + nll_weight * nll).tolist(),
+        "chosen_rewards": cr.tolist(), "rejected_rewards": rr.tolist(),
+        "metrics": metrics,
+    }
+
+
 def reward_case(c, groups, margins):
     """groups: list of 1-D float64 tensors (best first); margins: list of float or None."""
     group_losses, diffs = [], []
@@ -133,6 +190,10 @@ def main():
                  ("hinge", 0.1, 0.0), ("hinge", 0.5, 0.0),
                  ("ipo", 0.1, 0.0), ("ipo", 0.5, 0.0)]
     dpo = [dpo_case(*spec) for spec in dpo_specs]
+    free_specs = [("orpo", 0.1, 0.0, 0.0, 1.0), ("orpo", 1.0, 0.0, 0.0, 1.0),
+                  ("simpo", 2.0, 0.0, 0.5, 0.0), ("simpo", 2.5, 0.1, 1.0, 1.0),
+                  ("cpo", 0.1, 0.0, 0.0, 1.0), ("cpo", 0.5, 0.1, 0.0, 0.5)]
+    reference_free = [reference_free_case(*spec) for spec in free_specs]
 
     reward = []
     # (a) 12 pairs, no margins, no centering.
@@ -153,7 +214,7 @@ def main():
         reward.append(reward_case(c, groups, margins))
 
     with open(sys.argv[1], "w") as f:
-        json.dump({"dpo": dpo, "reward": reward}, f, indent=1)
+        json.dump({"dpo": dpo, "reference_free": reference_free, "reward": reward}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -575,6 +575,36 @@ TEST(PpoLearning, GrpoAndRlooRaiseTheVerifiableReward) {
   }
 }
 
+// DAPO with dynamic sampling, scored by two weighted sources (exact match,
+// and half a point when the answer appears anywhere): groups the weak model
+// answers alike are dropped and refilled, and the held-out exact match (the
+// exact source's eval/rewards/exact) rises as GRPO's does.
+TEST(PpoLearning, DapoWithDynamicSamplingAndTwoRewardSourcesRaisesTheReward) {
+  ASSERT_TRUE(stdfs::exists(fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
+  const double before = first_eval(weak_upper().model.parent_path() / "metrics.jsonl");
+  TempDir dir;
+  ppo_run(dir / "run",
+          "ppo.advantage=grpo ppo.cliprange_high=0.28 ppo.mask_truncated_completions=true ppo.kl_coef=0"
+          " ppo.dynamic_sampling=true ppo.reward.exact_match=null"
+          " 'ppo.rewards=[{exact_match: response, name: exact}, {regex: response, weight: 0.5}]'"
+          " train.max_steps=80 train.eval_every=80 train.save_every=80",
+          0, "configs/grpo_tiny.yaml");
+  const auto lines = anvil::testing::metric_lines(dir / "run" / "metrics.jsonl");
+  double dropped = 0;
+  for (const auto& m : lines) {
+    if (!m.contains("dynamic_sampling/dropped_groups")) continue;
+    dropped += m["dynamic_sampling/dropped_groups"].get<double>();
+    EXPECT_TRUE(m.contains("rewards/exact/mean") && m.contains("rewards/regex_1/mean")) << m.dump();
+  }
+  EXPECT_GT(dropped, 0) << "no group was ever dropped: the test would not exercise dynamic sampling";
+  const auto& last = lines.back();
+  ASSERT_TRUE(last.contains("eval/rewards/exact") && !last.contains("eval/exact_match")) << last.dump();
+  const double after = last["eval/rewards/exact"].get<double>();
+  std::cout << "[dapo dynamic upper] held-out exact match: SFT " << before << " -> " << after << "\n";
+  anvil::testing::record_figure("held-out exact match gain", after - before, 0.0, 0.15);
+  EXPECT_GE(after, before + 0.15) << last.dump();
+}
+
 /// configs/rm_tiny.yaml from the fixture for `steps` steps in `out`; returns its last checkpoint.
 stdfs::path tiny_reward_model(const stdfs::path& out, int steps) {
   std::string log;
@@ -645,6 +675,8 @@ TEST(PpoRuns, GrpoVariantsShardAndResumeExactly) {
       "ppo.loss_aggregation=sequence_mean ppo.importance_sampling_level=sequence ppo.cliprange=0.05 "
       "ppo.cliprange_high=0.08 ppo.scale_rewards=batch ppo.mask_truncated_completions=true ppo.max_new_tokens=4 "
       "ppo.overlong_penalty.buffer=2 ppo.overlong_penalty.factor=0.5 "
+      "ppo.dynamic_sampling=true ppo.dynamic_sampling_max_rounds=2 ppo.reward.exact_match=null "
+      "'ppo.rewards=[{exact_match: response, name: exact}, {regex: response, weight: 0.5}]' "
       "train.eval_every=0 train.log_every=1 train.save_every=4 train.micro_batch_size=16 ";
   const std::string config = "configs/grpo_tiny.yaml";
   ppo_run(dir / "one", grpo + "train.max_steps=12", 0, config);
@@ -658,14 +690,20 @@ TEST(PpoRuns, GrpoVariantsShardAndResumeExactly) {
   ASSERT_EQ(a.size(), 12u);
   ASSERT_EQ(b.size(), 12u) << log;
   ASSERT_EQ(c.size(), 12u);
-  bool masked = false, clipped = false, penalised = false;
+  bool masked = false, clipped = false, penalised = false, dropped = false;
   for (const auto& [step, m] : a) {
+    if (m.contains("dynamic_sampling/dropped_groups")) {
+      dropped |= m["dynamic_sampling/dropped_groups"].get<double>() > 0;
+      EXPECT_TRUE(m.contains("rewards/exact/mean") && m.contains("rewards/regex_1/std")) << m.dump();
+    }
     if (m.contains("val/num_eos_tokens")) masked |= m["val/num_eos_tokens"].get<double>() < 64;
     clipped |= m["clip_ratio/region_mean"].get<double>() > 0;
     if (m.contains("objective/overlong_penalty")) penalised |= m["objective/overlong_penalty"].get<double>() < 0;
     for (const char* key : {"loss", "objective/scores", "objective/kl", "loss/policy_avg", "policy/kl_avg",
                             "clip_ratio/low_mean", "clip_ratio/high_mean", "grad_norm",
-                            "objective/overlong_penalty", "objective/rlhf_reward"}) {
+                            "objective/overlong_penalty", "objective/rlhf_reward", "rewards/exact/mean",
+                            "rewards/regex_1/mean", "rewards/regex_1/std", "dynamic_sampling/rounds",
+                            "dynamic_sampling/dropped_groups", "dynamic_sampling/short_groups"}) {
       if (!m.contains(key)) continue;
       ASSERT_TRUE(b.at(step).contains(key) && c.at(step).contains(key)) << step << " " << key;
       const double x = m[key].get<double>(), y = b.at(step)[key].get<double>();
@@ -676,6 +714,7 @@ TEST(PpoRuns, GrpoVariantsShardAndResumeExactly) {
   EXPECT_TRUE(masked) << "some responses were cut by max_new_tokens";
   EXPECT_TRUE(clipped) << "some ratios were clipped";
   EXPECT_TRUE(penalised) << "some responses were long enough for the overlong penalty";
+  EXPECT_TRUE(dropped) << "some groups scored alike and were dropped";
 }
 
 // kill -9 mid-run, then resume: the same losses as the uninterrupted run

@@ -79,6 +79,39 @@ TEST(PreferenceFormulas, DpoLossesAndMetricsMatchTheReference) {
   }
 }
 
+TEST(PreferenceFormulas, ReferenceFreeLossesMatchTheReference) {
+  const auto cases = reference_cases()["reference_free"];
+  ASSERT_EQ(cases.size(), 6u);
+  for (const auto& c : cases) {
+    const DpoLossOptions opt{c["loss_type"], c["beta"], c["label_smoothing"], c["simpo_gamma"]};
+    SCOPED_TRACE(anvil::concat(opt.loss_type, " beta ", opt.beta, " eps ", opt.label_smoothing));
+    ASSERT_TRUE(reference_free(opt.loss_type));
+    const auto lc = at::tensor(c["chosen_lengths"].get<std::vector<int64_t>>(), at::kLong);
+    const auto lr = at::tensor(c["rejected_lengths"].get<std::vector<int64_t>>(), at::kLong);
+    const auto sum_c = doubles(c["policy_chosen_logps"]);
+    auto pc = dpo_logps(sum_c, lc, opt.loss_type);
+    auto pr = dpo_logps(doubles(c["policy_rejected_logps"]), lr, opt.loss_type);
+    const auto out = dpo_loss(pc, pr, {}, {}, opt);  // no reference log-probs at all
+    expect_close(out.losses, c["losses"], "losses");
+    expect_close(out.chosen_rewards, c["chosen_rewards"], "chosen_rewards");
+    expect_close(out.rejected_rewards, c["rejected_rewards"], "rejected_rewards");
+    // The objective's per-pair total: the NLL of the chosen reply's mean token.
+    const double w = c["nll_weight"];
+    expect_close(out.losses - w * (sum_c / lc.to(at::kDouble)), c["total_losses"], "total_losses");
+    Sums sums;
+    const auto n = pc.size(0);
+    for (auto [a, b] : {std::pair<int64_t, int64_t>{0, 7}, {7, n}}) {
+      auto part = dpo_loss(pc.slice(0, a, b), pr.slice(0, a, b), {}, {}, opt);
+      add_dpo_sums(part, pc.slice(0, a, b), pr.slice(0, a, b), sums);
+    }
+    const auto m = dpo_metrics(sums);
+    for (const auto& [k, v] : c["metrics"].items()) {
+      ASSERT_TRUE(m.count(k)) << k;
+      EXPECT_NEAR(m.at(k), v.get<double>(), 1e-6) << k;
+    }
+  }
+}
+
 TEST(PreferenceFormulas, RewardLossesAndMetricsMatchTheReference) {
   const auto cases = reference_cases()["reward"];
   ASSERT_EQ(cases.size(), 4u);
@@ -289,6 +322,65 @@ TEST(Dpo, PrecomputedReferenceGivesTheInProcessLosses) {
   EXPECT_NE(out.find("DPO trains on chosen/rejected pairs"), std::string::npos) << out;
 }
 
+// ORPO, SimPO and CPO from scratch: no reference model is loaded; two
+// full_shard ranks log what one process logs, and a run resumed from its
+// step-4 checkpoint logs the uninterrupted run's values bit for bit.
+TEST(Dpo, ReferenceFreeRunsShardAndResumeExactly) {
+  TempDir dir;
+  const auto src = anvil::testing::source_dir();
+  const auto model = "model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 1, num_heads: 2}\n";
+  anvil::testing::write_text(dir / "dpo.yaml", tiny_run("dpo", "data/dpo_train.jsonl", model));
+  for (const std::string type : {"orpo", "simpo", "cpo"}) {
+    SCOPED_TRACE(type);
+    const std::string keys = " dpo.loss_type=" + type + " dpo.label_smoothing=" + (type == "orpo" ? "0" : "0.1") +
+                             " train.global_batch_size=16 train.log_every=1 train.save_every=4 logging.level=warn";
+    std::string out;
+    auto train = [&](const std::string& name, const std::string& extra, int ranks = 0) {
+      const auto mpi = ranks > 0 ? "mpirun --allow-run-as-root --oversubscribe --bind-to none -np " +
+                                       std::to_string(ranks) + " "
+                                 : std::string();
+      return run("cd " + src + " && " + mpi + anvil::testing::trainer_bin() + " --config " +
+                     (dir / "dpo.yaml").string() + " output_dir=" + (dir / (type + name)).string() + keys + " " +
+                     extra + " 2>&1",
+                 &out);
+    };
+    ASSERT_EQ(train("one", "train.max_steps=8"), 0) << out;
+    EXPECT_EQ(out.find("reference model"), std::string::npos) << out;
+    ASSERT_EQ(train("two", "train.max_steps=8 dist.sharding=full_shard", 2), 0) << out;
+    ASSERT_EQ(train("resumed", "train.max_steps=8"), 0) << out;
+    stdfs::remove_all(dir / (type + "resumed") / "checkpoint-8");  // resume from step 4, as after a kill
+    ASSERT_EQ(train("resumed", "train.max_steps=8"), 0) << out;
+    const auto a = anvil::testing::metrics_by_step(dir / (type + "one") / "metrics.jsonl");
+    const auto b = anvil::testing::metrics_by_step(dir / (type + "two") / "metrics.jsonl");
+    const auto c = anvil::testing::metrics_by_step(dir / (type + "resumed") / "metrics.jsonl");
+    ASSERT_EQ(a.size(), 8u);
+    ASSERT_EQ(b.size(), 8u);
+    ASSERT_EQ(c.size(), 8u);
+    for (const auto& [step, m] : a) {
+      ASSERT_TRUE(m.contains("nll_loss")) << m.dump();
+      EXPECT_EQ(m.contains("log_odds_ratio"), type == "orpo") << m.dump();
+      for (const auto& [k, v] : m.items()) {
+        if (!v.is_number() || k.rfind("time", 0) == 0 || k.find("per_s") != std::string::npos ||
+            k.find("mem") != std::string::npos || k == "step")
+          continue;
+        ASSERT_TRUE(b.at(step).contains(k) && c.at(step).contains(k)) << step << " " << k;
+        const double x = v.get<double>(), y = b.at(step)[k].get<double>();
+        EXPECT_LE(std::abs(x - y), 1e-5 * std::max(1.0, std::abs(x))) << "2 ranks, step " << step << " " << k;
+        EXPECT_EQ(x, c.at(step)[k].get<double>()) << "resumed, step " << step << " " << k;
+      }
+    }
+  }
+  // A reference is refused with these loss types.
+  std::string out;
+  EXPECT_NE(run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config " + (dir / "dpo.yaml").string() +
+                    " output_dir=" + (dir / "bad").string() + " dpo.loss_type=simpo dpo.rpo_alpha=0.5 2>&1",
+                &out),
+            0);
+  EXPECT_NE(out.find("dpo.rpo_alpha: loss_type simpo weighs the chosen reply's NLL with dpo.cpo_alpha"),
+            std::string::npos)
+      << out;
+}
+
 // ---- learning, from the quickstart SFT checkpoint (QuickstartLearning's fixture) ----
 
 // The checkpoint of the quickstart run the tiny configs name (model.from:
@@ -369,6 +461,48 @@ TEST(PreferenceLearning, DpoRaisesHeldOutRewardAccuracyAndExactMatch) {
   std::cout << "[dpo_tiny] held-out exact match: SFT " << before << " -> DPO " << after << "\n";
   anvil::testing::record_figure("held-out exact match gain", after - before, 0.0, 0.0);
   EXPECT_GT(after, before) << last.dump();
+}
+
+// ORPO and SimPO (no reference model) from the quickstart SFT model on the
+// bundled pairs: the held-out margin between chosen and rejected replies (β ×
+// the mean token log-probs) widens from the SFT model's, which an eval-only
+// run with the same loss type measures first, and the greedy exact match
+// does not fall below the SFT model's.
+TEST(PreferenceLearning, ReferenceFreeLossesLearnThePairs) {
+  ASSERT_TRUE(stdfs::exists(sft_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
+  const auto src = anvil::testing::source_dir();
+  const auto sft = sft_metrics();
+  for (const std::string type : {"orpo", "simpo"}) {
+    SCOPED_TRACE(type);
+    TempDir dir;
+    std::string out;
+    const auto cmd = [&](const std::string& name) {
+      return "cd " + src + " && " + anvil::testing::trainer_bin() + " --config configs/examples/" + type +
+             "_tiny.yaml output_dir=" + (dir / name).string() + " model.from=" + sft_checkpoint().string() +
+             " train.threads=1" + anvil::testing::seed_override();
+    };
+    ASSERT_EQ(run(cmd("before") + " --eval-only 2>&1", &out), 0) << out;
+    const auto before =
+        nlohmann::json::parse(anvil::testing::read_text(dir / "before" / "eval-step-0.json"))["metrics"];
+    ASSERT_EQ(run(cmd("run") + " 2>&1", &out), 0) << out;
+    const auto last = metric_lines(dir / "run" / "metrics.jsonl").back();
+    ASSERT_TRUE(before.contains("eval/rewards/margins") && last.contains("eval/rewards/margins")) << out;
+    const double beta = anvil::config::load_config({src + "/configs/examples/" + type + "_tiny.yaml"},
+                                                   {"model.from=" + sft_checkpoint().string()})
+                            .dpo.beta;
+    // The margin in nats of mean token log-prob.
+    const double gain = (last["eval/rewards/margins"].get<double>() - before["eval/rewards/margins"].get<double>()) / beta;
+    std::cout << "[" << type << "_tiny] held-out margin (nats per token): " << before["eval/rewards/margins"].get<double>() / beta
+              << " -> " << last["eval/rewards/margins"].get<double>() / beta << "; exact match SFT "
+              << sft["eval/exact_match"].get<double>() << " -> " << last["eval/exact_match"].get<double>() << "\n";
+    anvil::testing::record_figure(type + " held-out margin gain (nats per token)", gain, 0.0, 0.0);
+    anvil::testing::record_figure(type + " held-out reward accuracy", last["eval/rewards/accuracies"].get<double>(),
+                                  before["eval/rewards/accuracies"].get<double>(), 0.0);
+    const double change = last["eval/exact_match"].get<double>() - sft["eval/exact_match"].get<double>();
+    anvil::testing::record_figure(type + " held-out exact match change", change, 0.0, 0.0);
+    EXPECT_GT(gain, 0.0) << last.dump();
+    EXPECT_GE(change, 0.0) << last.dump();
+  }
 }
 
 }  // namespace

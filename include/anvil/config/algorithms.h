@@ -44,18 +44,24 @@ struct DpoConfig {
   std::string loss_type = "sigmoid";
   double label_smoothing = 0;
   double rpo_alpha = 0;
+  double simpo_gamma = 0.5;
+  double cpo_alpha = 1.0;
   std::string reference;
   bool precompute_reference = false;
   bool disable_dropout = true;
 
   template <class V>
   void visit(V& v) {
-    v.field("beta", beta, "Strength of the implicit KL penalty to the reference (IPO: the regulariser tau).",
+    v.field("beta", beta,
+            "Strength of the implicit KL penalty to the reference (IPO: the regulariser tau; ORPO: the odds-ratio "
+            "weight lambda; SimPO / CPO: the reward scale).",
             positive());
     v.field("loss_type", loss_type,
-            "sigmoid (DPO), ipo (IPO, on length-normalised log-probs), hinge (SLiC) or robust (robust DPO for "
-            "noisy labels).",
-            one_of({"sigmoid", "ipo", "hinge", "robust"}));
+            "sigmoid (DPO), ipo (IPO, on length-normalised log-probs), hinge (SLiC), robust (robust DPO for "
+            "noisy labels), or without a reference model: orpo (ORPO: the chosen reply's NLL plus the odds-ratio "
+            "term, on length-normalised log-probs), simpo (SimPO: length-normalised log-probs, target margin "
+            "simpo_gamma) or cpo (CPO: summed log-probs plus cpo_alpha x the chosen reply's NLL).",
+            one_of({"sigmoid", "ipo", "hinge", "robust", "orpo", "simpo", "cpo"}));
     v.field("label_smoothing", label_smoothing,
             "Probability that a pair's preference is flipped (cDPO for sigmoid, robust DPO for robust); "
             "0 = clean labels.",
@@ -64,9 +70,15 @@ struct DpoConfig {
             "Adds alpha * the chosen reply's mean token NLL to each pair's loss (RPO; TRL's rpo_alpha). It keeps "
             "DPO from lowering the chosen replies' likelihood; 0 = plain DPO.",
             non_negative());
+    v.field("simpo_gamma", simpo_gamma, "loss_type simpo: the target reward margin gamma (TRL's simpo_gamma).",
+            non_negative());
+    v.field("cpo_alpha", cpo_alpha,
+            "loss_type cpo and simpo: weight of the chosen reply's mean token NLL (TRL's cpo_alpha; 0 gives the "
+            "SimPO paper's loss).",
+            non_negative());
     v.field("reference", reference,
             "Reference model folder (HF layout). Empty = model.from, or a frozen copy of the initial weights "
-            "when model.from is empty.");
+            "when model.from is empty. orpo, simpo and cpo load none.");
     v.field("precompute_reference", precompute_reference,
             "Compute the reference log-probs of every pair once before training, cache them in "
             "output_dir/reference_logps.safetensors and free the reference model.");
@@ -108,6 +120,22 @@ struct PpoRewardConfig {
     v.field("clip", clip, "Clip (scaled) scores to [-clip, clip] (trlx's cliprange_reward); 0 = off.",
             non_negative());
     v.field("batch_size", batch_size, "Rows the reward model scores at once.", positive());
+  }
+};
+
+/// One of several reward sources (ppo.rewards): a source as in ppo.reward,
+/// its weight in the summed score and the name its metrics take.
+struct WeightedRewardConfig : PpoRewardConfig {
+  double weight = 1.0;
+  std::string name;
+
+  template <class V>
+  void visit(V& v) {
+    PpoRewardConfig::visit(v);
+    v.field("weight", weight, "The source's weight in the score (TRL's reward_weights).");
+    v.field("name", name,
+            "The name its metrics take (rewards/<name>/mean, /std); empty = the source's key and position "
+            "(exact_match_0, ...).");
   }
 };
 
@@ -156,9 +184,12 @@ struct PpoConfig {
   std::string importance_sampling_level = "token";
   bool mask_truncated_completions = false;
   OverlongPenaltyConfig overlong_penalty;
+  bool dynamic_sampling = false;
+  int64_t dynamic_sampling_max_rounds = 4;
   std::string critic_from;
   double critic_learning_rate = 0;
   PpoRewardConfig reward;
+  std::vector<WeightedRewardConfig> rewards;
 
   template <class V>
   void visit(V& v) {
@@ -222,6 +253,15 @@ struct PpoConfig {
     v.field("mask_truncated_completions", mask_truncated_completions,
             "Responses cut by max_new_tokens (no end of turn) take no part in the loss or its statistics (DAPO; "
             "TRL's mask_truncated_completions).");
+    v.field("dynamic_sampling", dynamic_sampling,
+            "DAPO's dynamic sampling: groups whose samples all got the same score (no advantage to learn from) "
+            "are dropped and more prompts are drawn and sampled until prompts_per_rollout groups differ, at most "
+            "dynamic_sampling_max_rounds times; a rollout still short after that keeps some dropped groups "
+            "(logged as dynamic_sampling/short_groups).");
+    v.field("dynamic_sampling_max_rounds", dynamic_sampling_max_rounds,
+            "Most rounds of prompts_per_rollout prompts one rollout may draw with dynamic_sampling (the first "
+            "included).",
+            positive());
     v.section("overlong_penalty", overlong_penalty,
               "DAPO's soft overlong punishment, added to each score: 0 up to length - buffer tokens, then falling "
               "linearly to -factor at length.");
@@ -231,7 +271,13 @@ struct PpoConfig {
             "Empty = a value head on the policy's trunk.");
     v.field("critic_learning_rate", critic_learning_rate,
             "The critic's peak learning rate (it follows the policy's schedule); 0 = optimizer.lr.", non_negative());
-    v.section("reward", reward, "Where rewards come from: exactly one of model, command, exact_match, regex, function.");
+    v.section("reward", reward,
+              "Where rewards come from: exactly one of model, command, exact_match, regex, function (or none, "
+              "with ppo.rewards). Its scale and clip apply to the score, whichever sources it sums.");
+    v.list("rewards", rewards,
+           "Several reward sources summed with weights (TRL's reward_funcs and reward_weights): each item takes "
+           "one source's keys as ppo.reward does, plus weight and name; each source's scores are logged as "
+           "rewards/<name>/mean and /std. Leave ppo.reward's sources empty when using it.");
   }
 };
 

@@ -24,27 +24,41 @@ namespace anvil::train {
 std::pair<at::Tensor, at::Tensor> sequence_logps(const at::Tensor& logits, const at::Tensor& labels);
 
 struct DpoLossOptions {
-  std::string loss_type = "sigmoid";  // sigmoid | ipo | hinge | robust
+  std::string loss_type = "sigmoid";  // sigmoid | ipo | hinge | robust | orpo | simpo | cpo
   double beta = 0.1;
-  double label_smoothing = 0;  // cDPO (sigmoid) / robust DPO
+  double label_smoothing = 0;  // cDPO (sigmoid) / robust DPO / simpo / cpo
+  double simpo_gamma = 0.5;    // simpo's target margin
 };
 
-/// Per-pair losses and the implicit rewards beta * (pi - ref), (P) each.
+/// Whether a loss type compares the policy with no reference model (orpo,
+/// simpo, cpo).
+bool reference_free(const std::string& loss_type);
+
+/// Per-pair losses and the implicit rewards beta * (pi - ref) (beta * pi
+/// without a reference), (P) each; for orpo also each pair's log odds ratio.
+/// The NLL term of orpo and cpo is the caller's (DpoObjective adds it).
 struct DpoLossOutput {
   at::Tensor losses, chosen_rewards, rejected_rewards;
+  at::Tensor log_odds;  // orpo only
 };
 
-/// TRL's DPO losses on per-sequence log-probs (P) (for ipo, pass
-/// length-normalised log-probs: dpo_logps does that).
+/// TRL's DPO losses on per-sequence log-probs (P) (for ipo, orpo and simpo,
+/// pass length-normalised log-probs: dpo_logps does that). A reference-free
+/// loss type ignores ref_chosen and ref_rejected (they may be undefined):
+///   orpo   -beta * logsigmoid(log odds(pi_c) - log odds(pi_r)), odds p / (1 - p)
+///   simpo  -logsigmoid(beta * (pi_c - pi_r) - gamma)  (label smoothing as cDPO)
+///   cpo    -logsigmoid(beta * (pi_c - pi_r))          (label smoothing as cDPO)
 DpoLossOutput dpo_loss(const at::Tensor& policy_chosen, const at::Tensor& policy_rejected,
                        const at::Tensor& ref_chosen, const at::Tensor& ref_rejected, const DpoLossOptions& opt);
 
-/// The log-probs a loss type compares: sums, or per-token means for ipo.
+/// The log-probs a loss type compares: sums, or per-token means for ipo,
+/// orpo and simpo.
 at::Tensor dpo_logps(const at::Tensor& sums, const at::Tensor& counts, const std::string& loss_type);
 
 /// DPO statistics of a micro-batch into `sums` and the TRL-named metrics
 /// (rewards/chosen, rewards/rejected, rewards/accuracies, rewards/margins,
-/// logps/chosen, logps/rejected) from a step's totals.
+/// logps/chosen, logps/rejected; orpo's log_odds_ratio and log_odds_chosen)
+/// from a step's totals.
 void add_dpo_sums(const DpoLossOutput& out, const at::Tensor& policy_chosen, const at::Tensor& policy_rejected,
                   Sums& sums);
 Metrics dpo_metrics(const Sums& sums, const std::string& prefix = "");

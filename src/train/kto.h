@@ -1,0 +1,49 @@
+#pragma once
+// Internal (not installed): KTO (Ethayarajh et al. 2024, "KTO: Model
+// Alignment as Prospect Theoretic Optimization"; TRL's KTOTrainer), the
+// `kto` algorithm. It is registered through the same calls a linking
+// program uses (config::register_section, train::register_objective), so
+// config/ and the built-in registry name it nowhere.
+//
+// Data: unpaired records {prompt, completion, label: true | false} (TRL's
+// unpaired preference format; prompt and completion may be conversational),
+// or preference pairs {prompt, chosen, rejected}, each unpaired into a
+// desirable and an undesirable example as TRL does.
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "anvil/train/objective.h"
+
+namespace anvil::train {
+
+struct KtoLossOptions {
+  double beta = 0.1;
+  double desirable_weight = 1.0;
+  double undesirable_weight = 1.0;
+};
+
+/// Per-example losses (n) and implicit rewards beta * (pi - ref) (n).
+struct KtoLossOutput {
+  at::Tensor losses, rewards;
+};
+
+/// The KL reference point z0 of a micro-batch: max(0, mean(pi_kl - ref_kl))
+/// over its mismatched (prompt, another example's completion) rows, detached.
+at::Tensor kto_kl(const at::Tensor& policy_kl_logps, const at::Tensor& ref_kl_logps);
+
+/// TRL's KTO loss on summed completion log-probs (n), `desirable` (n) bool:
+///   desirable    w_d (1 - sigmoid(beta (pi - ref - z0)))
+///   undesirable  w_u (1 - sigmoid(beta (z0 - (pi - ref))))
+KtoLossOutput kto_loss(const at::Tensor& policy_logps, const at::Tensor& ref_logps, const at::Tensor& desirable,
+                       const at::Tensor& kl, const KtoLossOptions& opt);
+
+/// A micro-batch's statistics into `sums`, and TRL's metrics (rewards/chosen,
+/// rewards/rejected, rewards/margins, logps/chosen, logps/rejected, kl,
+/// count/chosen, count/rejected) from a step's totals.
+void add_kto_sums(const KtoLossOutput& out, const at::Tensor& policy_logps, const at::Tensor& desirable,
+                  const at::Tensor& kl, Sums& sums);
+Metrics kto_metrics(const Sums& sums, const std::string& prefix = "");
+
+}  // namespace anvil::train
