@@ -169,6 +169,25 @@ std::map<int64_t, nlohmann::json> metrics_by_step(const std::filesystem::path& p
   return out;
 }
 
+void expect_runs_agree(const std::filesystem::path& one, const std::filesystem::path& ranks,
+                       const std::filesystem::path& resumed, size_t steps) {
+  const auto a = metrics_by_step(one / "metrics.jsonl"), b = metrics_by_step(ranks / "metrics.jsonl"),
+             c = metrics_by_step(resumed / "metrics.jsonl");
+  ASSERT_EQ(a.size(), steps);
+  ASSERT_EQ(b.size(), steps);
+  ASSERT_EQ(c.size(), steps);
+  for (const auto& [step, m] : a)
+    for (const auto& [k, v] : m.items()) {
+      if (!v.is_number() || k.rfind("time", 0) == 0 || k.find("per_s") != std::string::npos ||
+          k.find("mem") != std::string::npos || k == "step")
+        continue;
+      ASSERT_TRUE(b.at(step).contains(k) && c.at(step).contains(k)) << step << " " << k;
+      const double x = v.get<double>(), y = b.at(step)[k].get<double>();
+      EXPECT_LE(std::abs(x - y), 1e-5 * std::max(1.0, std::abs(x))) << "ranks, step " << step << " " << k;
+      EXPECT_EQ(x, c.at(step)[k].get<double>()) << "resumed, step " << step << " " << k;
+    }
+}
+
 std::string tiny_sft_run(int64_t max_steps, int64_t save_every) {
   return "model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 2, num_heads: 4, "
          "dropout: 0.0}\n"

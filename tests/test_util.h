@@ -44,6 +44,12 @@ nlohmann::json python_reference(const std::string& script);
 std::vector<nlohmann::json> metric_lines(const std::filesystem::path& path);
 /// The last line of each step of a metrics.jsonl, by step.
 std::map<int64_t, nlohmann::json> metrics_by_step(const std::filesystem::path& path);
+/// Compares the metrics.jsonl of a one-process run (`one`, `steps` lines)
+/// with the same run on several ranks (every numeric value within 1e-5,
+/// relative) and resumed from a checkpoint (bit for bit); timings, memory
+/// and throughput are left out.
+void expect_runs_agree(const std::filesystem::path& one, const std::filesystem::path& ranks,
+                       const std::filesystem::path& resumed, size_t steps);
 
 /// A tiny GPT-2 SFT run on the bundled data (2 layers, 32 wide, micro-batches
 /// of 4, one thread, no eval generation), `max_steps` steps, saving every

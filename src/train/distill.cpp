@@ -18,6 +18,7 @@
 #include "anvil/generation/generate.h"
 #include "anvil/train/engine.h"
 #include "train/lm_data.h"
+#include "train/step_batches.h"
 
 namespace anvil::train {
 
@@ -71,29 +72,6 @@ struct DistillSample {
   std::string response_text;
 };
 
-/// Micro-batches that before_iteration() fills, one step's at a time.
-class StepSource final : public BatchSource {
- public:
-  StepSource(data::MixtureSampler* prompts, Batch preview) : prompts_(prompts), preview_(std::move(preview)) {}
-  void load(std::vector<Batch> micro) {
-    micro_ = std::move(micro);
-    cursor_ = 0;
-  }
-  Batch next() override {
-    if (micro_.empty()) return preview_;
-    if (cursor_ >= micro_.size()) throw Error("distill: more micro-batches were read than the step holds");
-    return micro_[cursor_++];
-  }
-  nlohmann::json state() const override { return sampler_state(*prompts_); }
-  void restore(const nlohmann::json& state) override { restore_sampler(*prompts_, state); }
-  int64_t samples_per_epoch() const override { return prompts_->epoch_length(); }
-
- private:
-  data::MixtureSampler* prompts_;
-  Batch preview_;
-  std::vector<Batch> micro_;
-  size_t cursor_ = 0;
-};
 
 /// Rows prompt + response; labels are the response tokens. num_targets =
 /// response tokens.
@@ -144,10 +122,11 @@ class DistillObjective final : public Objective {
     prompts_ = std::make_unique<data::MixtureSampler>(data_.mixture, static_cast<uint64_t>(cfg.train.seed),
                                                       data_.shuffle);
     const auto& first = sample(data_.train.front().get(), 0);
-    source_ = std::make_unique<StepSource>(
+    source_ = std::make_unique<StepBatches>(
         prompts_.get(), collate({{&first.prompt->prompt_ids, first.response.empty() ? &first.prompt->prompt_ids
                                                                                      : &first.response}},
-                                pad_id_));
+                                pad_id_),
+        "distill");
   }
 
   std::string name() const override { return "distill"; }
@@ -290,7 +269,7 @@ class DistillObjective final : public Objective {
   MixtureData<data::PromptDataset> data_;
   std::map<const data::PromptDataset*, std::vector<DistillSample>> responses_;
   std::unique_ptr<data::MixtureSampler> prompts_;
-  std::unique_ptr<StepSource> source_;
+  std::unique_ptr<StepBatches> source_;
   FrozenModel teacher_;
   bool on_policy_ = false;  // the step's responses are the student's samples
 };

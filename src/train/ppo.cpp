@@ -36,6 +36,7 @@
 #include "train/ppo_rollout.h"
 #include "train/response_rewards.h"
 #include "train/run_setup.h"
+#include "train/step_batches.h"
 
 namespace anvil::train {
 
@@ -86,34 +87,6 @@ struct RowCodec {
 
 }  // namespace
 
-/// The rollout's minibatches, micro-batch by micro-batch. Its checkpointed state is the prompt stream's position
-/// (saves happen at rollout boundaries).
-class RolloutSource final : public BatchSource {
- public:
-  /// `preview`: what next() gives before any rollout (a dry run's plan).
-  RolloutSource(data::MixtureSampler* prompts, Batch preview) : prompts_(prompts), preview_(std::move(preview)) {}
-
-  /// The rollout's micro-batches, in the order steps read them.
-  void load(std::vector<Batch> micro_batches) {
-    micro_ = std::move(micro_batches);
-    cursor_ = 0;
-  }
-  Batch next() override {
-    if (micro_.empty()) return preview_;
-    if (cursor_ >= micro_.size()) throw Error("ppo: more micro-batches were read than the rollout holds");
-    return micro_[cursor_++];
-  }
-  nlohmann::json state() const override { return sampler_state(*prompts_); }
-  void restore(const nlohmann::json& state) override { restore_sampler(*prompts_, state); }
-  int64_t samples_per_epoch() const override { return prompts_->epoch_length(); }
-
- private:
-  data::MixtureSampler* prompts_;
-  Batch preview_;
-  std::vector<Batch> micro_;
-  size_t cursor_ = 0;
-};
-
 /// (B, R) log-probabilities of `tokens` at the (B, R, C) hidden states
 /// `sel` under softmax(logits / temperature): through the fused head
 /// (train.fused_loss), or from the whole (B, R, V) logits. With `entropy`,
@@ -140,7 +113,7 @@ struct PpoObjective::State {
   int64_t pad_id = 0, stop_id = -1;
   MixtureData<data::PromptDataset> data;
   std::unique_ptr<data::MixtureSampler> prompts;
-  std::unique_ptr<RolloutSource> source;
+  std::unique_ptr<StepBatches> source;  // the rollout's minibatches; its state is the prompt stream's position
   RankContext ranks;
   FrozenModel reference;
   std::unique_ptr<ResponseRewards> rewards;
@@ -217,7 +190,7 @@ PpoObjective::PpoObjective(const config::RunConfig& cfg, const tokenizer::Tokeni
                                                      s_->data.shuffle);
   RolloutRow first;
   first.prompt = (*s_->data.train.front())[0].prompt_ids;
-  s_->source = std::make_unique<RolloutSource>(s_->prompts.get(), collate_rollout({&first}, s_->pad_id));
+  s_->source = std::make_unique<StepBatches>(s_->prompts.get(), collate_rollout({&first}, s_->pad_id), "ppo");
   s_->rollout_rows = p.prompts_per_rollout * p.samples_per_prompt;
   if (p.advantage != "gae" && p.advantage != "reinforce_pp" && p.samples_per_prompt < 2)
     throw ConfigError(concat("ppo.samples_per_prompt: advantage ", p.advantage,

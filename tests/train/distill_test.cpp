@@ -80,25 +80,12 @@ logging: {level: warn}
   ASSERT_EQ(train("resumed", "train.max_steps=8"), 0) << out;
   stdfs::remove_all(dir / "resumed" / "checkpoint-8");  // resume from step 4, as after a kill
   ASSERT_EQ(train("resumed", "train.max_steps=8"), 0) << out;
+  anvil::testing::expect_runs_agree(dir / "one", dir / "two", dir / "resumed", 8);
   const auto a = anvil::testing::metrics_by_step(dir / "one" / "metrics.jsonl");
-  const auto b = anvil::testing::metrics_by_step(dir / "two" / "metrics.jsonl");
-  const auto c = anvil::testing::metrics_by_step(dir / "resumed" / "metrics.jsonl");
-  ASSERT_EQ(a.size(), 8u);
-  ASSERT_EQ(b.size(), 8u);
-  ASSERT_EQ(c.size(), 8u);
   std::set<double> kinds;
   for (const auto& [step, m] : a) {
     ASSERT_TRUE(m.contains("distill/on_policy")) << m.dump();
     kinds.insert(m["distill/on_policy"].get<double>());
-    for (const auto& [k, v] : m.items()) {
-      if (!v.is_number() || k.rfind("time", 0) == 0 || k.find("per_s") != std::string::npos ||
-          k.find("mem") != std::string::npos || k == "step")
-        continue;
-      ASSERT_TRUE(b.at(step).contains(k) && c.at(step).contains(k)) << step << " " << k;
-      const double x = v.get<double>(), y = b.at(step)[k].get<double>();
-      EXPECT_LE(std::abs(x - y), 1e-5 * std::max(1.0, std::abs(x))) << "2 ranks, step " << step << " " << k;
-      EXPECT_EQ(x, c.at(step)[k].get<double>()) << "resumed, step " << step << " " << k;
-    }
   }
   EXPECT_EQ(kinds.size(), 2u) << "want on-policy and dataset steps both";
   EXPECT_TRUE(a.at(8).contains("eval/exact_match")) << a.at(8).dump();
@@ -133,6 +120,7 @@ TEST(DistillLearning, StudentMovesTowardsTheTeacher) {
   const auto last = anvil::testing::metric_lines(dir / "run" / "metrics.jsonl").back();
   const double after = last["eval/exact_match"].get<double>();
   std::cout << "[distill_tiny] held-out exact match: student " << before << " -> " << after << "\n";
+  // Over 4 fixtures x 2 seeds (docs/reliability.md): +0.023 to +0.123 on 400 prompts.
   anvil::testing::record_figure("held-out exact match gain", after - before, 0.0, 0.0);
   EXPECT_GT(after, before) << last.dump();
 }

@@ -125,25 +125,11 @@ TEST(KtoRuns, ShardAndResumeExactly) {
   ASSERT_EQ(train("resumed", "train.max_steps=8"), 0) << out;
   stdfs::remove_all(dir / "resumed" / "checkpoint-8");  // resume from step 4, as after a kill
   ASSERT_EQ(train("resumed", "train.max_steps=8"), 0) << out;
+  anvil::testing::expect_runs_agree(dir / "one", dir / "two", dir / "resumed", 8);
   const auto a = anvil::testing::metrics_by_step(dir / "one" / "metrics.jsonl");
-  const auto b = anvil::testing::metrics_by_step(dir / "two" / "metrics.jsonl");
-  const auto c = anvil::testing::metrics_by_step(dir / "resumed" / "metrics.jsonl");
-  ASSERT_EQ(a.size(), 8u);
-  ASSERT_EQ(b.size(), 8u);
-  ASSERT_EQ(c.size(), 8u);
-  for (const auto& [step, m] : a) {
+  for (const auto& [step, m] : a)
     for (const char* k : {"loss", "kl", "rewards/chosen", "rewards/rejected", "logps/chosen", "grad_norm"})
-      ASSERT_TRUE(m.contains(k)) << step << " " << k << " " << m.dump();
-    for (const auto& [k, v] : m.items()) {
-      if (!v.is_number() || k.rfind("time", 0) == 0 || k.find("per_s") != std::string::npos ||
-          k.find("mem") != std::string::npos || k == "step")
-        continue;
-      ASSERT_TRUE(b.at(step).contains(k) && c.at(step).contains(k)) << step << " " << k;
-      const double x = v.get<double>(), y = b.at(step)[k].get<double>();
-      EXPECT_LE(std::abs(x - y), 1e-5 * std::max(1.0, std::abs(x))) << "2 ranks, step " << step << " " << k;
-      EXPECT_EQ(x, c.at(step)[k].get<double>()) << "resumed, step " << step << " " << k;
-    }
-  }
+      EXPECT_TRUE(m.contains(k)) << step << " " << k << " " << m.dump();
   EXPECT_TRUE(a.at(8).contains("eval/kl") && a.at(8).contains("eval/exact_match")) << a.at(8).dump();
 }
 
@@ -152,7 +138,7 @@ TEST(KtoRuns, ShardAndResumeExactly) {
 // held-out margin between the desirable and undesirable completions' implicit
 // rewards (0 at the start: the reference is the SFT model) becomes positive,
 // and the greedy exact match (an eval-only run gives the SFT model's) does
-// not fall.
+// not fall by more than 6 points.
 TEST(PreferenceLearning, KtoLearnsFromUnpairedExamples) {
   ASSERT_TRUE(stdfs::exists(anvil::testing::fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
   const auto sft = anvil::testing::fixture_checkpoint().parent_path() / "checkpoint-1000";
@@ -174,11 +160,13 @@ TEST(PreferenceLearning, KtoLearnsFromUnpairedExamples) {
   std::cout << "[kto_tiny] held-out reward margin: " << before["eval/rewards/margins"].get<double>() << " -> "
             << last["eval/rewards/margins"].get<double>() << "; exact match " << before["eval/exact_match"].get<double>()
             << " -> " << last["eval/exact_match"].get<double>() << "\n";
-  anvil::testing::record_figure("held-out reward margin gain", gain, 0.0, 0.0);
+  // Over 4 fixtures x 2 seeds (docs/reliability.md): margin 2.51-3.09, exact match change -0.018..+0.032.
+  // At TRL's beta 0.1 the exact match fell 0.13: the second check catches that displacement.
+  anvil::testing::record_figure("held-out reward margin gain", gain, 0.0, 1.0);
   const double change = last["eval/exact_match"].get<double>() - before["eval/exact_match"].get<double>();
-  anvil::testing::record_figure("held-out exact match change", change, 0.0, 0.0);
-  EXPECT_GT(gain, 0.0) << last.dump();
-  EXPECT_GE(change, 0.0) << last.dump();
+  anvil::testing::record_figure("held-out exact match change", change, 0.0, -0.06);
+  EXPECT_GE(gain, 1.0) << last.dump();
+  EXPECT_GE(change, -0.06) << last.dump();
 }
 
 }  // namespace

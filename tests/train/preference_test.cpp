@@ -350,24 +350,10 @@ TEST(Dpo, ReferenceFreeRunsShardAndResumeExactly) {
     ASSERT_EQ(train("resumed", "train.max_steps=8"), 0) << out;
     stdfs::remove_all(dir / (type + "resumed") / "checkpoint-8");  // resume from step 4, as after a kill
     ASSERT_EQ(train("resumed", "train.max_steps=8"), 0) << out;
-    const auto a = anvil::testing::metrics_by_step(dir / (type + "one") / "metrics.jsonl");
-    const auto b = anvil::testing::metrics_by_step(dir / (type + "two") / "metrics.jsonl");
-    const auto c = anvil::testing::metrics_by_step(dir / (type + "resumed") / "metrics.jsonl");
-    ASSERT_EQ(a.size(), 8u);
-    ASSERT_EQ(b.size(), 8u);
-    ASSERT_EQ(c.size(), 8u);
-    for (const auto& [step, m] : a) {
-      ASSERT_TRUE(m.contains("nll_loss")) << m.dump();
+    anvil::testing::expect_runs_agree(dir / (type + "one"), dir / (type + "two"), dir / (type + "resumed"), 8);
+    for (const auto& [step, m] : anvil::testing::metrics_by_step(dir / (type + "one") / "metrics.jsonl")) {
+      EXPECT_TRUE(m.contains("nll_loss")) << m.dump();
       EXPECT_EQ(m.contains("log_odds_ratio"), type == "orpo") << m.dump();
-      for (const auto& [k, v] : m.items()) {
-        if (!v.is_number() || k.rfind("time", 0) == 0 || k.find("per_s") != std::string::npos ||
-            k.find("mem") != std::string::npos || k == "step")
-          continue;
-        ASSERT_TRUE(b.at(step).contains(k) && c.at(step).contains(k)) << step << " " << k;
-        const double x = v.get<double>(), y = b.at(step)[k].get<double>();
-        EXPECT_LE(std::abs(x - y), 1e-5 * std::max(1.0, std::abs(x))) << "2 ranks, step " << step << " " << k;
-        EXPECT_EQ(x, c.at(step)[k].get<double>()) << "resumed, step " << step << " " << k;
-      }
     }
   }
   // A reference is refused with these loss types.
@@ -467,7 +453,7 @@ TEST(PreferenceLearning, DpoRaisesHeldOutRewardAccuracyAndExactMatch) {
 // bundled pairs: the held-out margin between chosen and rejected replies (β ×
 // the mean token log-probs) widens from the SFT model's, which an eval-only
 // run with the same loss type measures first, and the greedy exact match
-// does not fall below the SFT model's.
+// does not fall (by more than 2 points) below the SFT model's.
 TEST(PreferenceLearning, ReferenceFreeLossesLearnThePairs) {
   ASSERT_TRUE(stdfs::exists(sft_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
   const auto src = anvil::testing::source_dir();
@@ -495,13 +481,17 @@ TEST(PreferenceLearning, ReferenceFreeLossesLearnThePairs) {
     std::cout << "[" << type << "_tiny] held-out margin (nats per token): " << before["eval/rewards/margins"].get<double>() / beta
               << " -> " << last["eval/rewards/margins"].get<double>() / beta << "; exact match SFT "
               << sft["eval/exact_match"].get<double>() << " -> " << last["eval/exact_match"].get<double>() << "\n";
-    anvil::testing::record_figure(type + " held-out margin gain (nats per token)", gain, 0.0, 0.0);
+    // Over 4 fixtures x 2 seeds (docs/reliability.md): the margin gained 0.090-0.187 (orpo) and 0.211-0.309
+    // (simpo) nats per token; exact match changed +0.042..+0.135 and +0.027..+0.117. The paper's SimPO
+    // without the NLL term lost 0.075 here: the second check catches that displacement.
+    const double min_gain = type == "orpo" ? 0.03 : 0.08;
+    anvil::testing::record_figure(type + " held-out margin gain (nats per token)", gain, 0.0, min_gain);
     anvil::testing::record_figure(type + " held-out reward accuracy", last["eval/rewards/accuracies"].get<double>(),
                                   before["eval/rewards/accuracies"].get<double>(), 0.0);
     const double change = last["eval/exact_match"].get<double>() - sft["eval/exact_match"].get<double>();
-    anvil::testing::record_figure(type + " held-out exact match change", change, 0.0, 0.0);
-    EXPECT_GT(gain, 0.0) << last.dump();
-    EXPECT_GE(change, 0.0) << last.dump();
+    anvil::testing::record_figure(type + " held-out exact match change", change, 0.0, -0.02);
+    EXPECT_GE(gain, min_gain) << last.dump();
+    EXPECT_GE(change, -0.02) << last.dump();
   }
 }
 
