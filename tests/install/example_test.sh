@@ -16,7 +16,7 @@ bin="$TMP/build/weighted_trainer"
 cd "$ROOT"
 fail() { echo "FAIL: $*"; exit 1; }
 
-"$bin" --help | grep -q "sft, pretrain, reward, dpo, ppo, ilql, weighted_sft" || fail "--help does not list weighted_sft"
+"$bin" --help | grep -qE "sft, pretrain, reward, dpo, ppo, ilql, .*weighted_sft" || fail "--help does not list weighted_sft"
 "$bin" --print-config-reference | grep -q '`weighted_sft.digit_weight`' || fail "reference lacks the section"
 # Its section's keys are checked like built-in ones.
 if out="$("$bin" --config examples/custom_objective/weighted_sft.yaml weighted_sft.digit_weight=-1 2>&1)"; then
