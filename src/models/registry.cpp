@@ -6,7 +6,7 @@
 
 namespace anvil::models {
 namespace gpt2 { ModelFamily family(); }
-namespace llama { ModelFamily family(); }
+namespace llama { ModelFamily family(); ModelFamily qwen2_family(); ModelFamily qwen3_family(); }
 namespace neox { ModelFamily family(); }
 namespace opt { ModelFamily family(); }
 
@@ -16,6 +16,8 @@ const std::vector<ModelFamily>& families() {
   static const std::vector<ModelFamily> all = {
       gpt2::family(),
       llama::family(),
+      llama::qwen2_family(),  // LLaMA with q/k/v biases
+      llama::qwen3_family(),  // LLaMA with per-head q/k RMSNorm
       neox::family(),
       opt::family(),
   };

@@ -92,7 +92,9 @@ TEST_P(Family, SavedFolderReloadsIdentically) {
   EXPECT_TRUE(at::equal(back->forward(ids), model_->forward(ids)));
 }
 
-INSTANTIATE_TEST_SUITE_P(DebugFlavors, Family, ::testing::Values("gpt2-debug", "llama-debug", "pythia-debug", "opt-debug"),
+INSTANTIATE_TEST_SUITE_P(DebugFlavors, Family,
+                         ::testing::Values("gpt2-debug", "llama-debug", "qwen2-debug", "qwen3-debug", "pythia-debug",
+                                           "opt-debug"),
                          [](const auto& info) {
                            auto n = info.param;
                            n.erase(std::remove(n.begin(), n.end(), '-'), n.end());
@@ -183,9 +185,18 @@ TEST(HfImport, AMissingTensorNamesTheWeightFiles) {
                          "(model-00001-of-00002.safetensors, model-00002-of-00002.safetensors) holds it");
 }
 
+TEST(HfImport, QwenSlidingWindowIsRefused) {
+  const std::string qwen2 = R"({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+      "num_hidden_layers": 2, "num_attention_heads": 2)";
+  EXPECT_EQ(load_error(qwen2 + R"(, "use_sliding_window": true, "sliding_window": 4})"),
+            "config.json: use_sliding_window: sliding-window attention is not supported; only full attention (false)");
+  EXPECT_EQ(load_error(qwen2 + R"(, "layer_types": ["full_attention", "sliding_attention"]})"),
+            "config.json: layer_types: layer type \"sliding_attention\" is not supported; only \"full_attention\"");
+}
+
 TEST(HfImport, UnsupportedConfigsNameTheFileAndKey) {
   EXPECT_EQ(load_error(R"({"model_type": "mamba"})"),
-            "config.json: model_type \"mamba\" is not supported; supported: gpt2, llama, gpt_neox, opt");
+            "config.json: model_type \"mamba\" is not supported; supported: gpt2, llama, qwen2, qwen3, gpt_neox, opt");
   const std::string opt = R"({"model_type": "opt", "vocab_size": 10, "hidden_size": 8, "ffn_dim": 16,
       "num_hidden_layers": 1, "num_attention_heads": 2)";
   EXPECT_EQ(load_error(opt + R"(, "activation_function": "quick_gelu"})"),

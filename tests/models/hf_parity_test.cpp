@@ -86,6 +86,8 @@ void check_family(const std::string& family) {
 
 TEST(HfParity, Gpt2LogitsGradientsAndGreedyGenerationMatchTransformers) { check_family("gpt2"); }
 TEST(HfParity, LlamaLogitsGradientsAndGreedyGenerationMatchTransformers) { check_family("llama"); }
+TEST(HfParity, Qwen2LogitsGradientsAndGreedyGenerationMatchTransformers) { check_family("qwen2"); }
+TEST(HfParity, Qwen3LogitsGradientsAndGreedyGenerationMatchTransformers) { check_family("qwen3"); }
 TEST(HfParity, NeoXLogitsGradientsAndGreedyGenerationMatchTransformers) { check_family("neox"); }
 TEST(HfParity, OptLogitsGradientsAndGreedyGenerationMatchTransformers) { check_family("opt"); }
 

@@ -10,7 +10,7 @@ save_pretrained, plus:
                          generate(do_sample=False), one prompt at a time
 and WORKDIR/index.json listing {name, family}.
 
-usage: make_hf_references.py WORKDIR [FAMILY]   (FAMILY: gpt2, llama, neox or opt; default all)
+usage: make_hf_references.py WORKDIR [FAMILY]   (FAMILY: gpt2, llama, qwen2, qwen3, neox or opt; default all)
 """
 import json
 import os
@@ -20,7 +20,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import (GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig,
-                          LlamaForCausalLM, OPTConfig, OPTForCausalLM)
+                          LlamaForCausalLM, OPTConfig, OPTForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
 
 # Wider init than 0.02 so that greedy argmaxes are not near-ties.
 STD = 0.1
@@ -44,6 +45,23 @@ def configs():
         num_key_value_heads=1, head_dim=32, max_position_embeddings=256, rope_theta=500000.0,
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                       "original_max_position_embeddings": 16},
+        initializer_range=STD))
+    # Qwen2 / Qwen2.5: biases on q, k and v, none on o_proj; untied (7B) and tied (0.5B) heads.
+    yield "qwen2-gqa", "qwen2", Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=97, hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, max_position_embeddings=64, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        initializer_range=STD))
+    yield "qwen2-tied", "qwen2", Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=83, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, tie_word_embeddings=True, max_position_embeddings=64, initializer_range=STD))
+    # Qwen3: per-head q_norm / k_norm, head_dim given (wider than hidden / heads), with and without biases.
+    yield "qwen3-head-dim", "qwen3", Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=101, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=64, rope_theta=1000000.0,
+        tie_word_embeddings=True, initializer_range=STD))
+    yield "qwen3-bias", "qwen3", Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=79, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, head_dim=16, attention_bias=True, max_position_embeddings=64,
         initializer_range=STD))
     yield "pythia-parallel", "neox", GPTNeoXForCausalLM(GPTNeoXConfig(
         vocab_size=103, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,

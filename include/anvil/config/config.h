@@ -66,8 +66,9 @@ struct ModelConfig {
   template <class V>
   void visit(V& v) {
     v.field("family", family,
-            "Model family: gpt2, llama, neox (GPT-NeoX / Pythia) or opt (OPT / Galactica). See docs/models.md.",
-            one_of({"gpt2", "llama", "neox", "opt"}));
+            "Model family: gpt2, llama, qwen2 (Qwen2 / Qwen2.5), qwen3, neox (GPT-NeoX / Pythia) or opt (OPT / "
+            "Galactica). See docs/models.md.",
+            one_of({"gpt2", "llama", "qwen2", "qwen3", "neox", "opt"}));
     v.field("from", from,
             "HF-layout folder (config.json + model.safetensors, e.g. an Anvil checkpoint or a downloaded "
             "Hugging Face model) to initialise from. Its config.json then defines the model: the shape keys "

@@ -35,6 +35,15 @@ struct LlamaOptions {
   TORCH_ARG(std::string, hidden_act) = "silu";
   TORCH_ARG(double, attention_dropout) = 0.0;
   TORCH_ARG(double, initializer_range) = 0.02;
+  /// The HF model_type this model is saved as: llama, qwen2 (Qwen2 / Qwen2.5)
+  /// or qwen3. Qwen2 is LLaMA with biases on q, k and v (qkv_bias); Qwen3 is
+  /// LLaMA with an RMSNorm over each head of q and k before RoPE (qk_norm).
+  TORCH_ARG(std::string, model_type) = "llama";
+  /// Biases on q_proj, k_proj and v_proj only (Qwen2's); attention_bias puts
+  /// them on o_proj too.
+  TORCH_ARG(bool, qkv_bias) = false;
+  /// q_norm / k_norm: RMSNorm(head_dim) of each query and key head (Qwen3's).
+  TORCH_ARG(bool, qk_norm) = false;
 
  public:
   int64_t dim_per_head() const { return head_dim_ > 0 ? head_dim_ : hidden_size_ / num_attention_heads_; }
@@ -47,6 +56,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const ForwardArgs& args,
                      size_t layer);
   layers::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  layers::RMSNorm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
   int64_t n_heads, n_kv_heads, head_dim;
   double dropout;
 };
@@ -92,7 +102,7 @@ class LlamaForCausalLM final : public CausalLM {
 
   OutputHead output_head() override;
   std::string block_prefix(int64_t i) const override { return "model.layers." + std::to_string(i); }
-  std::string family() const override { return "llama"; }
+  std::string family() const override { return options.model_type(); }
   int64_t vocab_size() const override { return options.vocab_size(); }
   int64_t hidden_size() const override { return options.hidden_size(); }
   int64_t max_positions() const override { return options.max_position_embeddings(); }

@@ -19,17 +19,25 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaOptions& o)
       n_kv_heads(o.num_key_value_heads()),
       head_dim(o.dim_per_head()),
       dropout(o.attention_dropout()) {
-  q_proj = register_module("q_proj", linear(o.hidden_size(), n_heads * head_dim, o.attention_bias()));
-  k_proj = register_module("k_proj", linear(o.hidden_size(), n_kv_heads * head_dim, o.attention_bias()));
-  v_proj = register_module("v_proj", linear(o.hidden_size(), n_kv_heads * head_dim, o.attention_bias()));
+  const bool qkv = o.attention_bias() || o.qkv_bias();
+  q_proj = register_module("q_proj", linear(o.hidden_size(), n_heads * head_dim, qkv));
+  k_proj = register_module("k_proj", linear(o.hidden_size(), n_kv_heads * head_dim, qkv));
+  v_proj = register_module("v_proj", linear(o.hidden_size(), n_kv_heads * head_dim, qkv));
   o_proj = register_module("o_proj", linear(n_heads * head_dim, o.hidden_size(), o.attention_bias()));
+  if (o.qk_norm()) {
+    q_norm = register_module("q_norm", layers::RMSNorm(layers::RMSNormOptions(head_dim).eps(o.rms_norm_eps())));
+    k_norm = register_module("k_norm", layers::RMSNorm(layers::RMSNormOptions(head_dim).eps(o.rms_norm_eps())));
+  }
 }
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                        const ForwardArgs& args, size_t layer) {
   const auto B = x.size(0), T = x.size(1);
-  auto q = q_proj(x).view({B, T, n_heads, head_dim}).transpose(1, 2);     // (B, H, T, D)
-  auto k = k_proj(x).view({B, T, n_kv_heads, head_dim}).transpose(1, 2);  // (B, Hkv, T, D)
+  auto q = q_proj(x).view({B, T, n_heads, head_dim});
+  auto k = k_proj(x).view({B, T, n_kv_heads, head_dim});
+  if (q_norm) q = q_norm(q), k = k_norm(k);  // per head, before RoPE (Qwen3)
+  q = q.transpose(1, 2);  // (B, H, T, D)
+  k = k.transpose(1, 2);  // (B, Hkv, T, D)
   auto v = v_proj(x).view({B, T, n_kv_heads, head_dim}).transpose(1, 2);
   q = layers::apply_rope(q, cos, sin);
   k = layers::apply_rope(k, cos, sin);
@@ -120,9 +128,12 @@ void LlamaForCausalLM::reset_parameters() {
 
 nlohmann::json LlamaForCausalLM::hf_config() const {
   const auto& o = options;
+  const auto& type = o.model_type();
+  const char* architecture = type == "qwen2" ? "Qwen2ForCausalLM" : type == "qwen3" ? "Qwen3ForCausalLM"
+                                                                                   : "LlamaForCausalLM";
   nlohmann::json j = {
-      {"architectures", {"LlamaForCausalLM"}},
-      {"model_type", "llama"},
+      {"architectures", {architecture}},
+      {"model_type", type},
       {"vocab_size", o.vocab_size()},
       {"hidden_size", o.hidden_size()},
       {"intermediate_size", o.intermediate_size()},
@@ -141,6 +152,13 @@ nlohmann::json LlamaForCausalLM::hf_config() const {
       {"pretraining_tp", 1},
       {"torch_dtype", "float32"},
   };
+  if (type != "llama") {
+    j.erase("mlp_bias");
+    j.erase("pretraining_tp");
+    j["use_sliding_window"] = false;
+    j["max_window_layers"] = o.num_hidden_layers();
+    if (type == "qwen2") j.erase("attention_bias"), j.erase("head_dim");  // q/k/v biases are Qwen2's own
+  }
   write_hf_rope(j, o.rope(), /*write_partial=*/false);
   write_hf_special_tokens(j, special_tokens);
   return j;

@@ -10,7 +10,8 @@ namespace {
 /// Meta's SwiGLU width: 2/3 of 4h, rounded up to a multiple of 256.
 int64_t default_intermediate(int64_t hidden) { return 256 * ((8 * hidden / 3 + 255) / 256); }
 
-std::shared_ptr<CausalLM> from_config(const config::ModelConfig& c) {
+/// Our typed config as `model_type` (llama, qwen2, qwen3) shapes it.
+std::shared_ptr<CausalLM> from_typed_config(const config::ModelConfig& c, const std::string& model_type) {
   layers::RopeOptions rope;
   rope.theta(c.rope_theta);
   if (c.rope_scaling.type == "llama3")
@@ -33,12 +34,20 @@ std::shared_ptr<CausalLM> from_config(const config::ModelConfig& c) {
       .tie_word_embeddings(c.tie_embeddings == "true")
       .hidden_act(c.activation == "auto" ? "silu" : c.activation)
       .attention_dropout(c.dropout)
-      .initializer_range(c.initializer_range);
+      .initializer_range(c.initializer_range)
+      .model_type(model_type)
+      .qkv_bias(model_type == "qwen2")
+      .qk_norm(model_type == "qwen3");
+  if (model_type == "qwen2" && c.attention_bias)
+    throw ConfigError("model.attention_bias: Qwen2 has biases on q, k and v (not on o_proj) by its definition; "
+                      "leave the key out");
   return std::make_shared<LlamaForCausalLM>(o);
 }
 
-std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::string& where) {
-  HfConfigReader r(j, where, "LLaMA");
+/// An HF config.json of `model_type` llama, qwen2 or qwen3.
+std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& where, const std::string& model_type) {
+  const bool qwen2 = model_type == "qwen2", qwen3 = model_type == "qwen3";
+  HfConfigReader r(j, where, qwen2 ? "Qwen2" : qwen3 ? "Qwen3" : "LLaMA");
   LlamaOptions o;
   o.vocab_size(r.integer("vocab_size"))
       .hidden_size(r.integer("hidden_size"))
@@ -46,11 +55,14 @@ std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::str
       .num_hidden_layers(r.integer("num_hidden_layers"))
       .num_attention_heads(r.integer("num_attention_heads"));
   o.num_key_value_heads(r.integer("num_key_value_heads", o.num_attention_heads()))
-      .head_dim(r.integer("head_dim", 0))
+      .head_dim(qwen2 ? 0 : r.integer("head_dim", qwen3 ? 128 : 0))  // Qwen3Config's default is 128
       .max_position_embeddings(r.integer("max_position_embeddings", 2048))
       .rms_norm_eps(r.number("rms_norm_eps", 1e-6, HfConfigReader::Bound::positive))
-      .attention_bias(r.boolean("attention_bias", false))
-      .mlp_bias(r.boolean("mlp_bias", false))
+      .attention_bias(qwen2 ? false : r.boolean("attention_bias", false))
+      .mlp_bias(qwen2 || qwen3 ? false : r.boolean("mlp_bias", false))
+      .model_type(model_type)
+      .qkv_bias(qwen2)
+      .qk_norm(qwen3)
       .tie_word_embeddings(r.boolean("tie_word_embeddings", false))
       .hidden_act(r.string("hidden_act", "silu"))
       .attention_dropout(r.number("attention_dropout", 0.0, HfConfigReader::Bound::probability))
@@ -63,16 +75,34 @@ std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::str
                                          o.num_attention_heads()));
   if (!layers::is_supported_activation(o.hidden_act()))
     r.fail("hidden_act", concat("\"", o.hidden_act(), "\" is not supported"));
+  if (qwen2 || qwen3) {
+    // Sliding-window attention (Mistral's, Qwen's when use_sliding_window) is not implemented.
+    if (r.boolean("use_sliding_window", false))
+      r.fail("use_sliding_window", "sliding-window attention is not supported; only full attention (false)");
+    if (j.contains("layer_types") && j["layer_types"].is_array())
+      for (const auto& t : j["layer_types"])
+        if (t != "full_attention")
+          r.fail("layer_types", concat("layer type ", t.dump(), " is not supported; only \"full_attention\""));
+  }
   auto rope = r.rope(o.dim_per_head(), 10000.0, 1.0);
-  if (rope.rotary_dim() != o.dim_per_head()) r.fail("partial_rotary_factor", "partial rotary is not supported for LLaMA");
+  if (rope.rotary_dim() != o.dim_per_head()) r.fail("partial_rotary_factor", "partial rotary is not supported");
   o.rope(rope);
   auto model = std::make_shared<LlamaForCausalLM>(o);
   model->special_tokens = r.special_tokens();
   return model;
 }
 
+template <const char* Type>
+ModelFamily make_family() {
+  return {Type, Type, [](const config::ModelConfig& c) { return from_typed_config(c, Type); },
+          [](const nlohmann::json& j, const std::string& where) { return from_hf(j, where, Type); }};
+}
+constexpr char kLlama[] = "llama", kQwen2[] = "qwen2", kQwen3[] = "qwen3";
+
 }  // namespace
 
-ModelFamily family() { return {"llama", "llama", from_config, from_hf_config}; }
+ModelFamily family() { return make_family<kLlama>(); }
+ModelFamily qwen2_family() { return make_family<kQwen2>(); }
+ModelFamily qwen3_family() { return make_family<kQwen3>(); }
 
 }  // namespace anvil::models::llama
