@@ -1,5 +1,7 @@
 #include "test_util.h"
 
+#include "anvil/models/registry.h"
+
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -67,6 +69,23 @@ std::string env_or(const char* name, const char* fallback) {
 // so that a rebuild during its hour cannot change them under it.
 std::string trainer_bin() { return env_or("ANVIL_TRAINER_BIN", ANVIL_TRAINER_BIN); }
 std::string cli_bin() { return env_or("ANVIL_CLI_BIN", ANVIL_CLI_BIN); }
+std::vector<std::string> debug_flavors() {
+  std::vector<std::string> out;
+  for (const auto& f : models::family_names()) out.push_back(f + "-debug");
+  return out;
+}
+std::string flavor_test_name(const std::string& flavor) {
+  auto n = flavor;
+  std::erase(n, '-');
+  std::erase(n, '.');
+  return n;
+}
+std::string mpirun(int ranks) {
+  // --oversubscribe: more ranks than this machine's cores; --bind-to none:
+  // ranks share the cores instead of each being pinned to one.
+  return ranks > 0 ? "mpirun --allow-run-as-root --oversubscribe --bind-to none -np " + std::to_string(ranks) + " "
+                   : std::string();
+}
 std::string python_bin() { return ANVIL_PYTHON; }
 
 TrainerProcess::TrainerProcess(const std::filesystem::path& config, const std::filesystem::path& out,

@@ -34,6 +34,14 @@ int run(const std::string& cmd, std::string* out = nullptr);
 std::string source_dir();
 std::string trainer_bin();
 std::string cli_bin();
+/// configs/models/<family>-debug for every family of the model registry, in
+/// its order: the tiny flavors tests that cover every family run.
+std::vector<std::string> debug_flavors();
+/// The test-name form of a flavor ("qwen2-debug" -> "qwen2debug").
+std::string flavor_test_name(const std::string& flavor);
+/// "mpirun ... -np RANKS " (more ranks than cores allowed, none pinned), or ""
+/// for ranks <= 0: the prefix of a command run on RANKS processes.
+std::string mpirun(int ranks);
 std::string python_bin();
 
 /// Runs a Python reference script of tests/parity (`script OUT.json`) with the

@@ -19,6 +19,7 @@
 #include "anvil/core/error.h"
 #include "anvil/generation/generate.h"
 #include "anvil/core/fs.h"
+#include "anvil/core/hub_cache.h"
 #include "anvil/core/logging.h"
 #include "anvil/data/chat.h"
 #include "anvil/data/datasets.h"
@@ -519,6 +520,24 @@ void add_format(CLI::App* cmd, ChatFormatFlags& fmt, CLI::Option* needs) {
   if (needs) t->needs(needs);
 }
 
+/// --model / --tokenizer / --base: a folder (or file), or a Hugging Face model
+/// id (owner/name[@revision]) read from the local cache, replaced by its
+/// snapshot folder; an id not in the cache says where Anvil looked.
+CLI::Validator hub_path() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        if (const auto r = anvil::hub::resolve(s)) {
+          s = r->string();
+          return "";
+        }
+        if (anvil::hub::is_repo_id(s))
+          return anvil::concat("\"", s, "\" is no folder here, nor a model in the Hugging Face cache: ",
+                               anvil::hub::explain_missing(s));
+        return "";
+      },
+      "PATH|HUB_ID");
+}
+
 Command add_generate(CLI::App& app) {
   struct Flags {
     std::string model_dir, in, out;
@@ -532,7 +551,9 @@ Command add_generate(CLI::App& app) {
   };
   auto f = std::make_shared<Flags>();
   auto* gen = app.add_subcommand("generate", "Continue prompts (token ids or text) with a model folder");
-  gen->add_option("--model", f->model_dir, "Model folder (a checkpoint, an export or an HF folder)")->required();
+  gen->add_option("--model", f->model_dir, "Model folder (a checkpoint, an export or an HF folder)")
+      ->required()
+      ->transform(hub_path());
   auto* gin = gen->add_option("--input", f->in, "ids.json: a JSON list of token-id lists (any lengths)");
   auto* gout = gen->add_option("--output", f->out, "out.json: a JSON list of the generated id lists");
   auto* gp = gen->add_option("--prompt", f->prompts, "Prompt text (repeatable; \\n is a newline); prints JSON lines");
@@ -574,7 +595,9 @@ Command add_chat(CLI::App& app) {
   };
   auto f = std::make_shared<Flags>();
   auto* chat = app.add_subcommand("chat", "Talk to a model folder: one user turn per line on stdin");
-  chat->add_option("--model", f->model_dir, "Model folder with its tokenizer")->required();
+  chat->add_option("--model", f->model_dir, "Model folder with its tokenizer")
+      ->required()
+      ->transform(hub_path());
   chat->add_flag("--no-history", f->no_history, "Answer each line on its own, forgetting earlier turns");
   add_format(chat, f->fmt, nullptr);
   chat->add_option("--system", f->fmt.system, "System prompt: a system turn first (plain: a line before the user's)");
@@ -601,7 +624,8 @@ Command add_export(CLI::App& app) {
                 "The checkpoint is a LoRA adapter (a run with lora.r): write its base model with the adapters folded "
                 "into the weights");
   exp->add_option("--base", f->base,
-                  "With --merge-lora: the base model's folder (default: adapter_config.json's base_model_name_or_path)");
+                  "With --merge-lora: the base model's folder (default: adapter_config.json's base_model_name_or_path)")
+      ->transform(hub_path());
   return {exp, [f] { return cmd_export(f->ckpt, f->out, f->dtype, f->merge_lora, f->base); }};
 }
 
@@ -612,7 +636,9 @@ Command add_logits(CLI::App& app) {
   };
   auto f = std::make_shared<Flags>();
   auto* logc = app.add_subcommand("logits", "Write a model's logits for given token ids");
-  logc->add_option("--model", f->model_dir, "Model folder (HF layout)")->required();
+  logc->add_option("--model", f->model_dir, "Model folder (HF layout)")
+      ->required()
+      ->transform(hub_path());
   logc->add_option("--input", f->in, "ids.json: a JSON list of equal-length token-id lists")->required();
   logc->add_option("--output", f->out, "out.safetensors with float32 `logits` [batch, seq, vocab]")->required();
   add_placement(logc, f->where);
@@ -630,7 +656,8 @@ Command add_score(CLI::App& app) {
   auto* scorec =
       app.add_subcommand("score", "Score replies with a reward model: one JSON line of rewards per input line");
   scorec->add_option("--model", f->model_dir, "Reward-model folder (a checkpoint or export of algorithm: reward)")
-      ->required();
+      ->required()
+      ->transform(hub_path());
   add_placement(scorec, f->where);
   scorec->add_option("--input", f->in, "JSONL: {prompt, chosen, rejected}, {prompt, ranked: [...]} or "
                                        "{prompt, response} per line")->required();
@@ -648,7 +675,8 @@ Command add_tokenize(CLI::App& app) {
   auto f = std::make_shared<Flags>();
   auto* tokc = app.add_subcommand("tokenize", "Tokenize (or --decode) one line at a time");
   tokc->add_option("--tokenizer", f->tok_path, "Tokenizer file (tokenizer.json, .model) or a folder holding one")
-      ->required();
+      ->required()
+      ->transform(hub_path());
   tokc->add_option("--type", f->type, "auto, hf or sentencepiece")->capture_default_str();
   tokc->add_option("--input", f->in, "Text lines (or JSON id lists with --decode); - reads standard input")->required();
   tokc->add_option("--output", f->out,
@@ -668,7 +696,9 @@ Command add_prepare(CLI::App& app) {
   };
   auto f = std::make_shared<Flags>();
   auto* prep = app.add_subcommand("prepare", "Tokenize pretraining text into memory-mapped token shards");
-  prep->add_option("--tokenizer", f->tok_path, "Tokenizer file or a folder holding one")->required();
+  prep->add_option("--tokenizer", f->tok_path, "Tokenizer file or a folder holding one")
+      ->required()
+      ->transform(hub_path());
   prep->add_option("--type", f->type, "auto, hf or sentencepiece")->capture_default_str();
   prep->add_option("--input", f->in, "A .jsonl file (one {text} document a line) or a text file (one document "
                                      "a line); repeatable")->required();

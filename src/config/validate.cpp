@@ -9,12 +9,19 @@
 #include <tuple>
 #include <variant>
 
+#include "anvil/core/hub_cache.h"
 #include "config_internal.h"
 
 namespace anvil::config {
 namespace {
 
 using Fail = std::function<void(const std::string& key, const std::string& what)>;
+
+/// The hub half of a "not found" message: empty unless `path` has the form of a Hub model id.
+std::string hub_note(const std::string& path) {
+  if (!hub::is_repo_id(path)) return "";
+  return concat(", nor a Hugging Face model id in the local cache: ", hub::explain_missing(path));
+}
 
 void check_model(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
   if (!c.model.from.empty()) {
@@ -33,9 +40,18 @@ void check_model(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
     for (const auto& [key, set] : opt_only)
       if (set) fail(key, concat("applies to model.family opt only, not ", c.model.family));
   }
+  const auto& f = c.model.family;
+  const bool gemma = f == "gemma2" || f == "gemma3_text";
+  if (c.model.sliding_window > 0 && f != "mistral" && f != "phi3" && f != "qwen2" && f != "qwen3" && !gemma)
+    fail("model.sliding_window",
+         concat("applies to model.family mistral, phi3, qwen2, qwen3, gemma2 or gemma3_text only, not ", f));
   for (const auto& t : c.tokenizer.add_special_tokens)
     if (t.empty()) fail("tokenizer.add_special_tokens", "expected non-empty token strings");
-  if (c.model.from.empty() && c.model.hidden_size % c.model.num_heads != 0)
+  const bool llama_code = f == "llama" || f == "qwen2" || f == "qwen3" || f == "mistral" || f == "phi3";
+  if (c.model.head_dim > 0 && !llama_code && !gemma)
+    fail("model.head_dim", concat("applies to model.family llama, qwen2, qwen3, mistral, phi3, gemma2 or "
+                                  "gemma3_text only, not ", f));
+  if (c.model.from.empty() && c.model.head_dim == 0 && c.model.hidden_size % c.model.num_heads != 0)
     fail("model.num_heads", concat("expected a divisor of model.hidden_size (", c.model.hidden_size, "), got ",
                                    c.model.num_heads));
   if (c.model.from.empty() && c.model.num_kv_heads > 0 && c.model.num_heads % c.model.num_kv_heads != 0)
@@ -57,9 +73,10 @@ void check_lora(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
   if (!c.tokenizer.add_special_tokens.empty())
     fail("tokenizer.add_special_tokens",
          "cannot be used with LoRA: the new tokens' embedding rows would stay frozen at their initial mean");
-  if (!c.model.lora_from.empty() && !std::filesystem::is_regular_file(c.model.lora_from + "/adapter_config.json"))
+  if (!c.model.lora_from.empty() &&
+      !std::filesystem::is_regular_file(hub::local_path(c.model.lora_from) / "adapter_config.json"))
     fail("model.lora_from", concat("expected a PEFT adapter folder (with adapter_config.json), got \"",
-                                   c.model.lora_from, "\""));
+                                   c.model.lora_from, "\"", hub_note(c.model.lora_from)));
 }
 
 void check_training(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
@@ -85,16 +102,22 @@ void check_training(const RunConfig& c, const FlatConfig& flat, const Fail& fail
     fail("tokenizer.path", "required key is missing; expected a tokenizer file (or set model.from)");
 }
 
-enum Kind { kFile, kFolder, kFileOrFolder };
+/// What a path key names; kModel and kTokenizer (a model folder, a tokenizer
+/// file or folder) may also be Hub ids read from the local cache.
+enum Kind { kFile, kFolder, kFileOrFolder, kModel, kTokenizer };
 
 void must_exist(const Fail& fail, const char* key, const std::string& path, Kind kind) {
   if (path.empty()) return;
   std::error_code ec;
-  const bool file = std::filesystem::is_regular_file(path, ec), folder = std::filesystem::is_directory(path, ec);
-  const bool ok = kind == kFile ? file : kind == kFolder ? folder : file || folder;
+  const bool hub = kind == kModel || kind == kTokenizer;
+  const auto local = hub ? hub::local_path(path) : std::filesystem::path(path);
+  const bool file = std::filesystem::is_regular_file(local, ec), folder = std::filesystem::is_directory(local, ec);
+  const bool ok = kind == kFile ? file : kind == kFolder || kind == kModel ? folder : file || folder;
   if (!ok)
-    fail(key, concat("expected an existing ", kind == kFile ? "file" : kind == kFolder ? "folder" : "file or folder",
-                     ", got \"", path, "\" (paths are relative to the working directory)"));
+    fail(key, concat("expected an existing ",
+                     kind == kFile ? "file" : kind == kFolder || kind == kModel ? "folder" : "file or folder",
+                     ", got \"", path, "\" (paths are relative to the working directory)",
+                     hub ? hub_note(path) : std::string()));
 }
 
 void check_data(const RunConfig& c, const Fail& fail) {
@@ -120,19 +143,11 @@ void check_data(const RunConfig& c, const Fail& fail) {
   };
   check_list("data.train", c.data.train, true);
   check_list("data.eval", c.data.eval, false);
-  must_exist(fail, "tokenizer.path", c.tokenizer.path, kFileOrFolder);
-  if (!c.model.from.empty() && !std::filesystem::is_directory(c.model.from)) {
-    // A hub name ("facebook/galactica-125m") is a folder the user downloads: no hub is reached at run time.
-    const auto& m = c.model.from;
-    const bool hub_like = m.find('/') != std::string::npos && m.find('/') == m.rfind('/') && m.front() != '/' &&
-                          m.front() != '.';
-    fail("model.from",
-         concat("expected an existing model folder, got \"", m, "\" (paths are relative to the working directory)",
-                hub_like ? concat("; Anvil reads no model hub at run time: download it first, for example with "
-                                  "`huggingface-cli download ", m, " --local-dir ", m,
-                                  "` (or `git clone https://huggingface.co/", m, " ", m,
-                                  "`), then run from the folder that holds ", m, "/")
-                         : std::string()));
+  must_exist(fail, "tokenizer.path", c.tokenizer.path, kTokenizer);
+  if (!c.model.from.empty() && !std::filesystem::is_directory(hub::local_path(c.model.from))) {
+    // A Hub name ("Qwen/Qwen2.5-0.5B") is read from the local Hugging Face cache; no hub is reached at run time.
+    fail("model.from", concat("expected an existing model folder, got \"", c.model.from,
+                              "\" (paths are relative to the working directory)", hub_note(c.model.from)));
   }
 }
 
@@ -166,17 +181,17 @@ void check_algorithms(const RunConfig& c, const Fail& fail) {
       if (item.scale != "none" || item.clip != 0)
         fail(key + (item.scale != "none" ? ".scale" : ".clip"),
              "applies to the summed score: set ppo.reward.scale / ppo.reward.clip");
-      must_exist(fail, (key + ".model").c_str(), item.model, kFolder);
+      must_exist(fail, (key + ".model").c_str(), item.model, kModel);
     }
     if (c.ppo.dynamic_sampling && c.ppo.samples_per_prompt < 2)
       fail("ppo.dynamic_sampling", concat("drops groups whose samples all scored the same, so it needs "
                                           "ppo.samples_per_prompt of at least 2, got ", c.ppo.samples_per_prompt));
   }
-  must_exist(fail, "dpo.reference", c.dpo.reference, kFolder);
-  must_exist(fail, "ppo.reference", c.ppo.reference, kFolder);
-  must_exist(fail, "ppo.reward.model", c.ppo.reward.model, kFolder);
-  must_exist(fail, "ppo.critic_from", c.ppo.critic_from, kFolder);
-  must_exist(fail, "ilql.reward.model", c.ilql.reward.model, kFolder);
+  must_exist(fail, "dpo.reference", c.dpo.reference, kModel);
+  must_exist(fail, "ppo.reference", c.ppo.reference, kModel);
+  must_exist(fail, "ppo.reward.model", c.ppo.reward.model, kModel);
+  must_exist(fail, "ppo.critic_from", c.ppo.critic_from, kModel);
+  must_exist(fail, "ilql.reward.model", c.ilql.reward.model, kModel);
   if (!c.ppo.critic_from.empty() && c.ppo.advantage != "gae")
     fail("ppo.critic_from", concat("advantage ", c.ppo.advantage, " has no critic; a separate critic serves gae"));
   must_exist(fail, "train.resume_from", c.train.resume_from, kFolder);

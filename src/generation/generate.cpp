@@ -86,6 +86,7 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
   }
   const bool padded = std::any_of(lengths.begin(), lengths.end(), [L](int64_t n) { return n < L; });
   auto input = at::tensor(ids, at::kLong).view({B, L}).to(device);  // (B, L)
+  const auto prompt_ids = input;
   auto prompt_valid = at::tensor(valid, at::kByte).view({B, L}).to(at::kBool).to(device);
   // Which of the S key slots each row may attend to; the decoded tokens' slots are switched on as they come.
   auto key_valid = at::zeros({B, S}, prompt_valid.options());
@@ -94,7 +95,10 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
 
   // Where a graph can run: on CUDA, nothing per step needs the host.
   const bool host_per_step = !opt.logits_processors.empty() || static_cast<bool>(opt.score_fn);
-  const bool use_graph = device.is_cuda() && detail::StepGraph::built() && !host_per_step && steps > 2 &&
+  // A model whose positions past N are encoded differently recomputes its cache once the batch grows past N.
+  const int64_t recompute_at = model.cache_recompute_length();
+  const bool recomputes = recompute_at > 0 && L <= recompute_at && L + steps > recompute_at;
+  const bool use_graph = device.is_cuda() && detail::StepGraph::built() && !host_per_step && !recomputes && steps > 2 &&
                          (opt.cuda_graphs == CudaGraphs::kOn || opt.cuda_graphs == CudaGraphs::kAuto);
   if (opt.cuda_graphs == CudaGraphs::kOn && device.is_cuda() && !use_graph)
     log::warn("generate: cuda_graphs on, but ",
@@ -108,6 +112,7 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
   models::ForwardArgs args;
   args.cache = &cache;
   args.position_ids = (prompt_valid.to(at::kLong).cumsum(1) - 1).clamp_min(0);  // (B, L)
+  const auto prompt_positions = args.position_ids;
   if (padded) {
     auto causal = at::ones({L, L}, prompt_valid.options()).tril();
     // A pad query sees itself, so no attention row is empty.
@@ -209,7 +214,30 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
           padded ? key_valid.narrow(1, 0, keys_now).view({key_valid.size(0), 1, 1, keys_now}) : at::Tensor();
     }
     step_t.add_(1);
-    const auto last = model.hidden_states(input, args).select(1, -1);
+    at::Tensor last;
+    if (!in_graph && recomputes && L + taken == recompute_at + 1) {
+      // The batch just grew past the model's switch length (Phi-3's LongRoPE): like transformers, drop the
+      // cache and run the whole sequence, prompt and tokens so far, once more.
+      const auto n = L + taken;
+      const auto gen = tokens.index_select(0, rows).narrow(1, 0, taken);  // its last column is `next`
+      const auto full = at::cat({prompt_ids.index_select(0, rows), gen}, 1);
+      models::ForwardArgs again;
+      again.cache = &cache;
+      again.position_ids = at::cat({prompt_positions.index_select(0, rows),
+                                    next_pos - (taken - 1) + at::arange(taken, long_opts).unsqueeze(0)},
+                                   1);
+      if (padded) {
+        const auto kv = key_valid.narrow(1, 0, n);
+        const auto eye = at::eye(n, kv.options());
+        again.attention_mask = (at::ones({n, n}, kv.options()).tril() & kv.view({kv.size(0), 1, 1, n})) | eye;
+      }
+      cache.keys.clear();
+      cache.values.clear();
+      cache.length = 0;
+      last = model.hidden_states(full, again).select(1, -1);
+    } else {
+      last = model.hidden_states(input, args).select(1, -1);
+    }
     next_pos.add_(1);
     next.copy_(choose_next(last, step_t));
   };

@@ -12,6 +12,7 @@
 
 #include "anvil/core/error.h"
 #include "anvil/core/fs.h"
+#include "anvil/core/hub_cache.h"
 #include "anvil/io/safetensors.h"
 #include "anvil/models/registry.h"
 #include "io/saved_parameters.h"
@@ -236,15 +237,19 @@ void load_base_weights(models::CausalLM& model, const stdfs::path& dir) {
 /// one: a reward model's, heads), then the adapters.
 std::shared_ptr<models::CausalLM> load_adapter_dir(const stdfs::path& dir, const stdfs::path& base) {
   auto o = read_peft_config(dir);
-  const stdfs::path from = base.empty() ? stdfs::path(o.base_model) : base;
-  if (from.empty() || !stdfs::exists(from / "config.json"))
+  const std::string named = base.empty() ? o.base_model : base.string();
+  const stdfs::path from = hub::local_path(named);  // a folder, or a Hub id's cached snapshot
+  if (named.empty() || !stdfs::exists(from / "config.json"))
     throw CheckpointError(concat(dir.string(), ": a LoRA adapter whose base model ",
-                                 from.empty() ? std::string("is not named") : "\"" + from.string() + "\" is not a model folder",
-                                 " (adapter_config.json's base_model_name_or_path); give the base folder with --base"));
+                                 named.empty() ? std::string("is not named") : "\"" + named + "\" is not a model folder",
+                                 " (adapter_config.json's base_model_name_or_path); give the base folder with --base",
+                                 hub::is_repo_id(named) && !stdfs::exists(named)
+                                     ? concat("; as a Hugging Face model id: ", hub::explain_missing(named))
+                                     : std::string()));
   const bool own_config = stdfs::exists(dir / "config.json") || stdfs::exists(dir / kAdapterModelConfig);
   auto model = model_from_config(own_config ? dir : from);
   load_base_weights(*model, from);
-  o.base_model = stdfs::absolute(from).string();
+  o.base_model = stdfs::exists(named) ? stdfs::absolute(named).string() : named;  // an id stays one, as in PEFT
   models::add_lora(*model, o, (dir / kAdapterConfig).string() + ": target_modules");
   load_peft_weights(*model, dir);
   if (stdfs::exists(dir / kHeadsFile)) copy_tensors(*model, {dir / kHeadsFile});
@@ -321,7 +326,8 @@ std::shared_ptr<models::CausalLM> model_from_config(const stdfs::path& dir) {
   return model;
 }
 
-std::shared_ptr<models::CausalLM> load_model_dir(const stdfs::path& dir, const stdfs::path& base) {
+std::shared_ptr<models::CausalLM> load_model_dir(const stdfs::path& dir_or_id, const stdfs::path& base) {
+  const auto dir = hub::local_path(dir_or_id.string());  // a Hub id names its cached snapshot
   if (stdfs::exists(dir / "sharding.json") && !stdfs::exists(dir / "model.safetensors") && !is_peft_adapter_dir(dir))
     throw CheckpointError(concat(dir.string(), ": a sharded checkpoint (written by a multi-process or sharded run); "
                                  "consolidate it first with: anvil export --checkpoint ", dir.string(), " --out DIR"));

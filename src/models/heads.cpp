@@ -27,7 +27,9 @@ void CausalLM::add_score_head(double init_std) {
 
 at::Tensor CausalLM::logits(const at::Tensor& hidden) {
   const auto head = output_head();
-  return layers::lm_head(hidden, head.weight, head.bias);
+  auto out = layers::lm_head(hidden, head.weight, head.bias);
+  if (const double cap = final_logit_softcap(); cap > 0) out = at::tanh(out / cap) * cap;
+  return out;
 }
 
 void CausalLM::resize_vocab(int64_t n) {

@@ -67,6 +67,28 @@ class HfConfigReader {
     if (!v->is_string()) fail(key, concat("expected a string, got ", v->dump()));
     return v->get<std::string>();
   }
+  /// `layer_types`: one "full_attention" or "sliding_attention" per layer;
+  /// empty when the key is missing.
+  std::vector<std::string> layer_types(int64_t layers) const {
+    std::vector<std::string> types;
+    const auto* lt = find("layer_types");
+    if (!lt) return types;
+    if (!lt->is_array() || static_cast<int64_t>(lt->size()) != layers)
+      fail("layer_types", concat("expected a list of ", layers, " layer types, got ", lt->dump()));
+    for (const auto& t : *lt) {
+      if (t != "full_attention" && t != "sliding_attention")
+        fail("layer_types", concat("layer type ", t.dump(),
+                                   " is not supported; expected \"full_attention\" or \"sliding_attention\""));
+      types.push_back(t.get<std::string>());
+    }
+    return types;
+  }
+  /// The embedding's padding_idx, transformers' nn.Embedding(..., pad_token_id): -1 without one.
+  int64_t padding_idx(const SpecialTokens& special, int64_t vocab_size) const {
+    if (special.pad >= vocab_size)
+      fail("pad_token_id", concat(special.pad, " is not below vocab_size ", vocab_size));
+    return special.pad;
+  }
   /// bos/eos/pad ids; a list of EOS ids (LLaMA 3) keeps its first.
   SpecialTokens special_tokens() const {
     auto id = [&](const char* key) -> int64_t {
@@ -80,7 +102,10 @@ class HfConfigReader {
   }
   /// Rotary settings from transformers 5's `rope_parameters` or the older
   /// rope_theta / rope_scaling / rotary_pct / rotary_emb_base fields.
-  layers::RopeOptions rope(int64_t head_dim, double default_theta, double default_partial) const {
+  /// LongRoPE (Phi-3) takes its factor, when not given, from max_positions /
+  /// original_max (the config's top-level original_max_position_embeddings).
+  layers::RopeOptions rope(int64_t head_dim, double default_theta, double default_partial, int64_t max_positions = 0,
+                           int64_t original_max = 0) const {
     layers::RopeOptions o;
     o.head_dim(head_dim);
     double theta = number("rope_theta", number("rotary_emb_base", default_theta, Bound::positive), Bound::positive);
@@ -100,13 +125,42 @@ class HfConfigReader {
             .low_freq_factor(sub.number("low_freq_factor", 1.0, Bound::positive))
             .high_freq_factor(sub.number("high_freq_factor", 4.0, Bound::positive))
             .original_max_positions(sub.integer("original_max_position_embeddings", 8192));
+      } else if (type == "longrope" || type == "su") {  // "su": Phi-3's first name for it
+        // HF _compute_longrope_parameters.
+        const auto factors = [&](const char* k) {
+          const auto* v = sub.find(k);
+          if (!v || !v->is_array()) sub.fail(k, "expected a list of numbers");
+          std::vector<double> out;
+          for (const auto& x : *v) {
+            if (!x.is_number() || !(x.get<double>() > 0)) sub.fail(k, concat("expected numbers > 0, got ", x.dump()));
+            out.push_back(x.get<double>());
+          }
+          return out;
+        };
+        const auto orig = sub.integer("original_max_position_embeddings", original_max > 0 ? original_max : 4096);
+        double factor = sub.number("factor", 0.0);
+        if (factor == 0.0) factor = static_cast<double>(max_positions) / static_cast<double>(orig);
+        const double attention = sub.number(
+            "attention_factor",
+            factor <= 1.0 ? 1.0 : std::sqrt(1 + std::log(factor) / std::log(static_cast<double>(orig))),
+            Bound::positive);
+        o.type("longrope")
+            .short_factor(factors("short_factor"))
+            .long_factor(factors("long_factor"))
+            .original_max_positions(orig)
+            .attention_factor(attention);
       } else if (type != "default") {
-        fail(key + ".rope_type", concat("\"", type, "\" is not supported; supported: default, llama3"));
+        fail(key + ".rope_type", concat("\"", type, "\" is not supported; supported: default, llama3, longrope"));
       }
     }
     if (!(partial > 0 && partial <= 1)) fail("rotary_pct", concat("expected a fraction in (0, 1], got ", partial));
     o.theta(theta).rotary_dim(static_cast<int64_t>(static_cast<double>(head_dim) * partial));
     if (o.rotary_dim() % 2 != 0) fail("rotary_pct", concat("gives an odd rotary dimension ", o.rotary_dim()));
+    if (o.type() == "longrope")
+      for (const auto* f : {&o.short_factor(), &o.long_factor()})
+        if (static_cast<int64_t>(f->size()) != o.rotary_dim() / 2)
+          fail(key + (f == &o.short_factor() ? ".short_factor" : ".long_factor"),
+               concat("expected ", o.rotary_dim() / 2, " numbers (rotary dims / 2), got ", f->size()));
     return o;
   }
 
@@ -131,6 +185,17 @@ inline void write_hf_rope(nlohmann::json& j, const layers::RopeOptions& o, bool 
                         {"high_freq_factor", o.high_freq_factor()},
                         {"original_max_position_embeddings", o.original_max_positions()}};
     j["rope_scaling"] = s;
+    params.update(s);
+  }
+  if (o.type() == "longrope") {
+    nlohmann::json s = {{"rope_type", "longrope"},
+                        {"type", "longrope"},
+                        {"short_factor", o.short_factor()},
+                        {"long_factor", o.long_factor()},
+                        {"attention_factor", o.attention_factor()},
+                        {"original_max_position_embeddings", o.original_max_positions()}};
+    j["rope_scaling"] = s;
+    s.erase("type");
     params.update(s);
   }
   j["rope_parameters"] = params;

@@ -65,12 +65,6 @@ at::Tensor LoraLayer::with_adapter(const at::Tensor& x, const at::Tensor& base, 
   return base + (at::linear(at::linear(h, lora_A->weight), lora_B->weight) * lora_scaling).to(base.scalar_type());
 }
 
-std::vector<std::string> default_lora_targets(const std::string& family) {
-  if (family == "gpt2") return {"c_attn"};
-  if (family == "neox") return {"query_key_value"};
-  return {"q_proj", "v_proj"};  // llama, opt
-}
-
 std::vector<std::string> lora_target_names(CausalLM& model) {
   std::set<std::string> names;
   for (const auto& a : adaptable_layers(model)) names.insert(a.last);
@@ -80,7 +74,7 @@ std::vector<std::string> lora_target_names(CausalLM& model) {
 std::vector<std::string> add_lora(CausalLM& model, LoraOptions o, const std::string& key) {
   if (o.r <= 0) throw ConfigError(concat("lora.r must be positive to add adapters, got ", o.r));
   if (has_lora(model)) throw ConfigError("the model already has LoRA adapters");
-  if (o.target_modules.empty()) o.target_modules = default_lora_targets(model.family());
+  if (o.target_modules.empty()) o.target_modules = model.default_lora_targets();
   const auto layers = adaptable_layers(model);
   const auto available = lora_target_names(model);
   const bool all = o.target_modules.size() == 1 && o.target_modules[0] == "all-linear";

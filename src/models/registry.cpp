@@ -6,7 +6,17 @@
 
 namespace anvil::models {
 namespace gpt2 { ModelFamily family(); }
-namespace llama { ModelFamily family(); ModelFamily qwen2_family(); ModelFamily qwen3_family(); }
+namespace llama {
+ModelFamily family();
+ModelFamily qwen2_family();
+ModelFamily qwen3_family();
+ModelFamily mistral_family();
+ModelFamily phi3_family();
+}  // namespace llama
+namespace gemma {
+ModelFamily gemma2_family();
+ModelFamily gemma3_family();
+}  // namespace gemma
 namespace neox { ModelFamily family(); }
 namespace opt { ModelFamily family(); }
 
@@ -18,6 +28,10 @@ const std::vector<ModelFamily>& families() {
       llama::family(),
       llama::qwen2_family(),  // LLaMA with q/k/v biases
       llama::qwen3_family(),  // LLaMA with per-head q/k RMSNorm
+      llama::mistral_family(),  // LLaMA with sliding-window attention
+      llama::phi3_family(),  // LLaMA with fused qkv / gate_up projections, LongRoPE
+      gemma::gemma2_family(),
+      gemma::gemma3_family(),
       neox::family(),
       opt::family(),
   };

@@ -4,6 +4,7 @@
 
 #include "anvil/core/error.h"
 #include "anvil/core/fs.h"
+#include "anvil/core/hub_cache.h"
 #include "anvil/core/logging.h"
 #include "anvil/tokenizer/tokenizer.h"
 
@@ -155,7 +156,8 @@ std::string fingerprint(const Tokenizer& tok) {
   return out;
 }
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& type, const stdfs::path& path) {
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& type, const stdfs::path& path_or_id) {
+  const auto path = hub::local_path(path_or_id.string());  // a Hub id names its cached snapshot
   if (type != "auto" && type != "hf" && type != "sentencepiece")
     throw ConfigError(concat("tokenizer.type: unknown tokenizer type \"", type,
                              "\"; expected auto, hf or sentencepiece"));
@@ -172,7 +174,8 @@ bool has_tokenizer(const stdfs::path& dir) {
   return stdfs::is_regular_file(dir / kHfFile) || stdfs::is_regular_file(dir / kSentencePieceFile);
 }
 
-std::unique_ptr<Tokenizer> load_tokenizer_from_model_dir(const stdfs::path& dir) {
+std::unique_ptr<Tokenizer> load_tokenizer_from_model_dir(const stdfs::path& dir_or_id) {
+  const auto dir = hub::local_path(dir_or_id.string());
   const bool has_sp = stdfs::is_regular_file(dir / kSentencePieceFile);
   if (stdfs::is_regular_file(dir / kHfFile)) {
     if (!has_sp) return load_hf_file(dir / kHfFile);

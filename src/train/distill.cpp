@@ -107,15 +107,7 @@ class DistillObjective final : public Objective {
     stop_id_ = tmpl_->end_of_turn_id(tok);
     if (d_.teacher.empty()) throw ConfigError("distill.teacher: algorithm distill needs the teacher's model folder");
     data_ = load_mixture<data::PromptDataset>(cfg, [&](const config::DatasetConfig& d, const std::string& key) {
-      if (stdfs::is_directory(d.path))
-        throw ConfigError(concat(key, ".path: algorithm distill reads a JSONL file, got the folder \"", d.path, "\""));
-      data::ReadOptions o;
-      o.prompt_field = d.prompt_field;
-      o.template_name = cfg.data.template_name;
-      o.max_length = cfg.data.max_length;
-      o.on_error = data::parse_on_error(cfg.data.on_error);
-      auto ds = std::make_shared<data::PromptDataset>(data::PromptDataset::load(d.path, tok, o));
-      log::info(d.path, ": ", ds->size(), " prompts (", ds->stats().summary(), ")");
+      auto ds = load_prompts(cfg, d, key, tok);
       responses_[ds.get()] = responses(*ds, d.response_field, key);
       return std::shared_ptr<const data::PromptDataset>(ds);
     });

@@ -313,10 +313,7 @@ at::Tensor IlqlObjective::loss_sum(models::CausalLM& model, const Batch& batch, 
 }
 
 Metrics IlqlObjective::step_metrics(const Sums& sums) const {
-  const auto get = [&](const std::string& k) {
-    const auto it = sums.find(k);
-    return it == sums.end() ? 0.0 : it->second.item<double>();
-  };
+  const auto get = [&](const std::string& k) { return sum_value(sums, k); };
   const auto& o = s_->o;
   const double n = std::max(1.0, get("count"));
   Metrics m{{"losses/loss_q", get("loss_q") / n},

@@ -48,35 +48,26 @@ void add_kto_sums(const KtoLossOutput& out, const at::Tensor& policy_logps, cons
   add_sum(sums, "kl_batches", at::scalar_tensor(1.0, at::kDouble));
 }
 
-namespace {
-
-double total(const Sums& s, const std::string& key) {
-  auto it = s.find(key);
-  return it == s.end() ? 0.0 : it->second.item<double>();
-}
-
-}  // namespace
-
 Metrics kto_metrics(const Sums& sums, const std::string& prefix) {
   Metrics m;
-  const double chosen = total(sums, "count/chosen"), rejected = total(sums, "count/rejected");
+  const double chosen = sum_value(sums, "count/chosen"), rejected = sum_value(sums, "count/rejected");
   double mean_chosen = 0, mean_rejected = 0;
   if (chosen > 0) {
-    mean_chosen = total(sums, "rewards/chosen") / chosen;
+    mean_chosen = sum_value(sums, "rewards/chosen") / chosen;
     m[prefix + "rewards/chosen"] = mean_chosen;
-    m[prefix + "logps/chosen"] = total(sums, "logps/chosen") / chosen;
+    m[prefix + "logps/chosen"] = sum_value(sums, "logps/chosen") / chosen;
   }
   if (rejected > 0) {
-    mean_rejected = total(sums, "rewards/rejected") / rejected;
+    mean_rejected = sum_value(sums, "rewards/rejected") / rejected;
     m[prefix + "rewards/rejected"] = mean_rejected;
-    m[prefix + "logps/rejected"] = total(sums, "logps/rejected") / rejected;
+    m[prefix + "logps/rejected"] = sum_value(sums, "logps/rejected") / rejected;
   }
   if (chosen + rejected > 0) {
     m[prefix + "rewards/margins"] = mean_chosen - mean_rejected;  // TRL: a missing side counts 0
     m[prefix + "count/chosen"] = chosen;
     m[prefix + "count/rejected"] = rejected;
   }
-  if (const double n = total(sums, "kl_batches"); n > 0) m[prefix + "kl"] = total(sums, "kl") / n;
+  if (const double n = sum_value(sums, "kl_batches"); n > 0) m[prefix + "kl"] = sum_value(sums, "kl") / n;
   return m;
 }
 
@@ -278,16 +269,7 @@ class KtoObjective final : public Objective {
         pad_id_(tok.padding_id()),
         stop_id_(data::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok)) {
     data_ = load_mixture<KtoDataset>(cfg, [&](const config::DatasetConfig& d, const std::string& key) {
-      if (d.format != "auto" && d.format != "preference")
-        throw ConfigError(concat(key, ".format: algorithm kto reads KTO or preference records, got ", d.format));
-      if (stdfs::is_directory(d.path))
-        throw ConfigError(concat(key, ".path: algorithm kto reads a JSONL file, got the folder \"", d.path, "\""));
-      data::ReadOptions o;
-      o.prompt_field = d.prompt_field;
-      o.template_name = cfg.data.template_name;
-      o.max_length = cfg.data.max_length;
-      o.drop_overflow = cfg.data.on_overflow == "drop";
-      o.on_error = data::parse_on_error(cfg.data.on_error);
+      const auto o = record_read_options(cfg, d, key, "preference", "KTO or preference records");
       auto ds = std::make_shared<KtoDataset>(KtoDataset::load(d.path, tok, o));
       int64_t good = 0;
       for (int64_t i = 0; i < ds->size(); ++i) good += (*ds)[i].desirable;

@@ -33,6 +33,12 @@ class EvalMode {
 
 Batch to_batch(data::LmBatch b);
 
+/// The value of sum `key` as a double, 0 when the step recorded none.
+inline double sum_value(const Sums& sums, const std::string& key) {
+  const auto it = sums.find(key);
+  return it == sums.end() ? 0.0 : it->second.item<double>();
+}
+
 /// A resumable stream of micro-batches over a mixture. Every rank walks the
 /// same global stream: a global micro-batch is `world * micro_batch_size`
 /// rows and rank r gets rows [r * m, (r + 1) * m). The state is the global
@@ -95,6 +101,16 @@ using LmData = MixtureData<data::LmDataset>;
 
 /// How data.* and a dataset's fields read a JSONL file (sft, offline_rl, prompts).
 data::ReadOptions read_options(const config::RunConfig& cfg, const config::DatasetConfig& d);
+
+/// How data.* and dataset `d` (named `key` in errors) read a JSONL file of
+/// records of `format` (prompts, preference); `what` names them in errors.
+/// Throws ConfigError when d.format names another format or d.path is a folder.
+data::ReadOptions record_read_options(const config::RunConfig& cfg, const config::DatasetConfig& d,
+                                      const std::string& key, const std::string& format, const std::string& what);
+
+/// The prompts of dataset `d` ({prompt} records; ppo, distill), logged.
+std::shared_ptr<data::PromptDataset> load_prompts(const config::RunConfig& cfg, const config::DatasetConfig& d,
+                                                  const std::string& key, const tokenizer::Tokenizer& tok);
 
 /// Loads every dataset of data.train / data.eval with
 /// `load(const config::DatasetConfig&, const std::string& key)` and splits off

@@ -93,7 +93,7 @@ struct RowCodec {
 /// each position's entropy too (no grad).
 at::Tensor token_logps(models::CausalLM& model, const at::Tensor& sel, const at::Tensor& tokens, double temperature,
                        bool fused, at::Tensor* entropy = nullptr) {
-  if (fused) {
+  if (fused && model.final_logit_softcap() == 0) {  // soft-capped logits (Gemma) take the plain head
     const auto head = model.output_head();
     at::Tensor ent;
     auto logp = fused_linear_logprobs(sel.reshape({-1, sel.size(-1)}), head.weight, head.bias, tokens.reshape({-1}),
@@ -159,22 +159,6 @@ struct PpoObjective::State {
 };
 
 namespace {
-
-std::shared_ptr<const data::PromptDataset> load_prompts(const config::RunConfig& cfg, const config::DatasetConfig& d,
-                                                        const std::string& key, const tokenizer::Tokenizer& tok) {
-  if (d.format != "auto" && d.format != "prompts")
-    throw ConfigError(concat(key, ".format: algorithm ppo reads prompts ({prompt} records), got ", d.format));
-  if (std::filesystem::is_directory(d.path))
-    throw ConfigError(concat(key, ".path: algorithm ppo reads a prompts JSONL file, got the folder \"", d.path, "\""));
-  data::ReadOptions o;
-  o.prompt_field = d.prompt_field;
-  o.template_name = cfg.data.template_name;
-  o.max_length = cfg.data.max_length;
-  o.on_error = data::parse_on_error(cfg.data.on_error);
-  auto ds = std::make_shared<data::PromptDataset>(data::PromptDataset::load(d.path, tok, o));
-  log::info(d.path, ": ", ds->size(), " prompts (", ds->stats().summary(), ")");
-  return ds;
-}
 
 }  // namespace
 
@@ -673,10 +657,7 @@ at::Tensor PpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
 }
 
 Metrics PpoObjective::step_metrics(const Sums& sums) const {
-  const auto get = [&](const char* k) {
-    const auto it = sums.find(k);
-    return it == sums.end() ? 0.0 : it->second.item<double>();
-  };
+  const auto get = [&](const std::string& k) { return sum_value(sums, k); };
   const double n = std::max(1.0, get("tokens"));
   Metrics m{{"loss/policy_avg", get("pg_loss") / n},     {"policy/approxkl_avg", get("approxkl") / n},
             {"policy/clipfrac_avg", get("clipfrac") / n}, {"policy/entropy_avg", get("entropy") / n},

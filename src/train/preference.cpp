@@ -26,26 +26,11 @@ namespace {
 
 namespace stdfs = std::filesystem;
 
-double total(const Sums& s, const std::string& key) {
-  auto it = s.find(key);
-  return it == s.end() ? 0.0 : it->second.item<double>();
-}
-
 int64_t resolve_pad(const tokenizer::Tokenizer& tok) { return tok.padding_id(); }
 
 std::shared_ptr<const data::PreferenceDataset> load_set(const config::RunConfig& cfg, const config::DatasetConfig& d,
                                                         const std::string& key, const tokenizer::Tokenizer& tok) {
-  if (d.format != "auto" && d.format != "preference")
-    throw ConfigError(concat(key, ".format: algorithm ", cfg.algorithm, " reads preference data, got ", d.format));
-  if (stdfs::is_directory(d.path))
-    throw ConfigError(concat(key, ".path: algorithm ", cfg.algorithm,
-                             " reads a preference JSONL file, got the folder \"", d.path, "\""));
-  data::ReadOptions o;
-  o.prompt_field = d.prompt_field;
-  o.template_name = cfg.data.template_name;
-  o.max_length = cfg.data.max_length;
-  o.drop_overflow = cfg.data.on_overflow == "drop";
-  o.on_error = data::parse_on_error(cfg.data.on_error);
+  const auto o = record_read_options(cfg, d, key, "preference", "preference data");
   auto ds = std::make_shared<data::PreferenceDataset>(data::PreferenceDataset::load(d.path, tok, o));
   const auto& s = ds->stats();
   int64_t ranked = 0;
@@ -142,7 +127,8 @@ std::pair<at::Tensor, at::Tensor> fused_sequence_logps(models::CausalLM& model, 
 
 std::pair<at::Tensor, at::Tensor> model_sequence_logps(models::CausalLM& model, const at::Tensor& ids,
                                                        const at::Tensor& labels, bool fused) {
-  if (fused) return fused_sequence_logps(model, model.hidden_states(ids, {}), labels);
+  if (fused && model.final_logit_softcap() == 0)  // soft-capped logits (Gemma) take the plain head
+    return fused_sequence_logps(model, model.hidden_states(ids, {}), labels);
   return sequence_logps(model.forward(ids), labels);
 }
 
@@ -190,7 +176,8 @@ DpoLossOutput dpo_loss(const at::Tensor& policy_chosen, const at::Tensor& policy
   } else {
     TORCH_CHECK(false, "dpo_loss: unknown loss_type ", opt.loss_type);
   }
-  return {losses, (beta * (policy_chosen - ref_chosen)).detach(), (beta * (policy_rejected - ref_rejected)).detach()};
+  return {losses, (beta * (policy_chosen - ref_chosen)).detach(), (beta * (policy_rejected - ref_rejected)).detach(),
+          at::Tensor()};
 }
 
 void add_dpo_sums(const DpoLossOutput& out, const at::Tensor& policy_chosen, const at::Tensor& policy_rejected,
@@ -211,14 +198,14 @@ void add_dpo_sums(const DpoLossOutput& out, const at::Tensor& policy_chosen, con
 }
 
 Metrics dpo_metrics(const Sums& sums, const std::string& prefix) {
-  const double n = total(sums, "pairs");
+  const double n = sum_value(sums, "pairs");
   if (n <= 0) return {};
   Metrics m;
   for (const char* k : {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
                         "logps/chosen", "logps/rejected"})
-    m[prefix + k] = total(sums, k) / n;
+    m[prefix + k] = sum_value(sums, k) / n;
   for (const char* k : {"nll_loss", "log_odds_ratio", "log_odds_chosen"})
-    if (sums.count(k)) m[prefix + k] = total(sums, k) / n;
+    if (sums.count(k)) m[prefix + k] = sum_value(sums, k) / n;
   return m;
 }
 
@@ -269,13 +256,13 @@ void add_ranking_sums(const at::Tensor& rewards, const RankingPairs& pairs, Sums
 }
 
 Metrics ranking_metrics(const Sums& sums, const std::string& prefix) {
-  const double pairs = total(sums, "pairs"), n = total(sums, "replies");
+  const double pairs = sum_value(sums, "pairs"), n = sum_value(sums, "replies");
   if (pairs <= 0 || n <= 0) return {};
-  const double mean = total(sums, "reward") / n;
-  return {{prefix + "accuracy", total(sums, "correct") / pairs},
-          {prefix + "margin", total(sums, "margin") / pairs},
+  const double mean = sum_value(sums, "reward") / n;
+  return {{prefix + "accuracy", sum_value(sums, "correct") / pairs},
+          {prefix + "margin", sum_value(sums, "margin") / pairs},
           {prefix + "rewards/mean", mean},
-          {prefix + "rewards/std", std::sqrt(std::max(0.0, total(sums, "reward_sq") / n - mean * mean))}};
+          {prefix + "rewards/std", std::sqrt(std::max(0.0, sum_value(sums, "reward_sq") / n - mean * mean))}};
 }
 
 // ---- data ----------------------------------------------------------------------

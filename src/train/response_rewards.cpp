@@ -182,10 +182,11 @@ std::vector<double> ResponseRewards::score(const std::vector<const data::PromptS
     queries.push_back({prompts[i]->prompt, tok.decode(responses[i]), prompts[i]->record, ended[i]});
   std::vector<double> out(queries.size(), 0.0);
   if (components) components->clear();
+  const bool named = !names().empty();  // components are kept for named sources only
   for (const auto& s : sources_) {
     const auto part = s->score(prompts, queries);
     for (size_t i = 0; i < out.size(); ++i) out[i] += s->weight * part[i];
-    if (components && !names().empty()) components->push_back(part);
+    if (components && named) components->push_back(part);
   }
   return out;
 }

@@ -15,6 +15,7 @@
 #include "anvil/core/device.h"
 #include "anvil/core/error.h"
 #include "anvil/core/fs.h"
+#include "anvil/core/hub_cache.h"
 #include "anvil/core/logging.h"
 #include "anvil/data/chat.h"
 #include "anvil/distributed/checkpoint.h"
@@ -53,13 +54,18 @@ at::Device parse_device(const std::string& d) {
 
 /// LoRA: the adapters of model.lora_from, or new ones per the lora section.
 void add_adapters(const config::RunConfig& cfg, models::CausalLM& model) {
-  const auto base = cfg.model.from.empty() ? std::string() : stdfs::absolute(cfg.model.from).string();
+  // The adapter's base_model_name_or_path: an absolute folder, or the Hub id as written (as PEFT records it).
+  const auto& from = cfg.model.from;
+  const auto base = from.empty()                 ? std::string()
+                    : stdfs::exists(from)         ? stdfs::absolute(from).string()
+                                                  : from;
   if (!cfg.model.lora_from.empty()) {
-    auto o = io::read_peft_config(cfg.model.lora_from);
+    const auto adapter = hub::local_path(cfg.model.lora_from);
+    auto o = io::read_peft_config(adapter);
     o.base_model = base;
     const auto targets = models::add_lora(model, o, concat("model.lora_from: ", cfg.model.lora_from, "/",
                                                            io::kAdapterConfig, ": target_modules"));
-    io::load_peft_weights(model, cfg.model.lora_from);
+    io::load_peft_weights(model, adapter);
     log::info("lora: continuing the adapter in ", cfg.model.lora_from, " (r ", o.r, ", alpha ", o.alpha, " on ",
               nlohmann::json(targets).dump(), ")");
   } else if (cfg.lora.r > 0) {

@@ -18,19 +18,6 @@
 
 namespace anvil::train {
 
-data::ReadOptions read_options(const config::RunConfig& cfg, const config::DatasetConfig& d) {
-  data::ReadOptions o;
-  o.prompt_field = d.prompt_field;
-  o.response_field = d.response_field;
-  o.template_name = cfg.data.template_name;
-  o.max_length = cfg.data.max_length;
-  o.drop_overflow = cfg.data.on_overflow == "drop";
-  o.train_on_prompt = cfg.sft.train_on_prompt;
-  o.add_eos = cfg.sft.add_eos;
-  o.on_error = data::parse_on_error(cfg.data.on_error);
-  return o;
-}
-
 namespace {
 
 std::string resolve_format(const config::RunConfig& cfg, const config::DatasetConfig& d, const std::string& key) {
@@ -119,7 +106,8 @@ at::Tensor lm_batch_loss_sum(models::CausalLM& model, const Batch& batch, const 
     args.position_ids = batch.tensors.at("position_ids").to(device);
     args.attention_mask = data::document_causal_mask(it->second.to(device));
   }
-  if (o.fused) return fused_lm_loss_sum(model, model.hidden_states(ids, args), labels, o.chunk);
+  if (o.fused && model.final_logit_softcap() == 0)  // soft-capped logits (Gemma) take the plain head
+    return fused_lm_loss_sum(model, model.hidden_states(ids, args), labels, o.chunk);
   return causal_lm_loss_sum(model.forward(ids, args), labels.to(device));
 }
 

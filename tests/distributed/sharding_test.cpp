@@ -41,16 +41,12 @@ train: {max_steps: 20, micro_batch_size: 2, global_batch_size: 12, save_every: 1
 eval: {batch_size: 8, max_batches: 2, generate_samples: 2, max_new_tokens: 6, table_rows: 0}
 )";
 
-std::string mpirun(int ranks) {
-  // --oversubscribe: more ranks than this machine's cores; --bind-to none:
-  // ranks share the cores instead of each being pinned to one.
-  return "mpirun --allow-run-as-root --oversubscribe --bind-to none -np " + std::to_string(ranks) + " ";
-}
+using anvil::testing::mpirun;
 
 /// Runs the trainer on `ranks` processes (0 = plain single process, no mpirun).
 int train(const stdfs::path& cfg, const stdfs::path& out, int ranks, const std::string& extra = "",
           std::string* log = nullptr) {
-  const auto cmd = (ranks > 0 ? mpirun(ranks) : std::string()) + anvil::testing::trainer_bin() + " --config " +
+  const auto cmd = mpirun(ranks) + anvil::testing::trainer_bin() + " --config " +
                    cfg.string() + " output_dir=" + out.string() + " " + extra;
   std::string o;
   const int rc = anvil::testing::run("cd " + anvil::testing::source_dir() + " && " + cmd, &o);
@@ -154,6 +150,25 @@ TEST_F(DistRuns, EveryStrategyOnTwoAndThreeRanksTrainsLikeOneProcess) {
       EXPECT_EQ(max_param_diff(out / "checkpoint-20" / "model.safetensors", exported(out) / "model.safetensors"), 0.0)
           << name;
     }
+}
+
+// Every family of the registry (its debug flavor; the run above is GPT-2's):
+// 2 full_shard ranks log the losses of one process and save the same weights.
+TEST_F(DistRuns, EveryFamilyOnTwoFullShardRanksTrainsLikeOneProcess) {
+  for (const auto& flavor : anvil::testing::debug_flavors()) {
+    if (flavor == "gpt2-debug") continue;
+    SCOPED_TRACE(flavor);
+    const auto one = *dir_ / (flavor + "-one"), two = *dir_ / (flavor + "-two");
+    const auto extra = "--config configs/models/" + flavor + ".yaml train.max_steps=4 train.save_every=4 " +
+                       "train.eval_every=4 train.global_batch_size=4 eval.generate_samples=0";
+    ASSERT_EQ(train(cfg(), one, 0, extra), 0);
+    ASSERT_EQ(train(cfg(), two, 2, extra + " dist.sharding=full_shard"), 0);
+    const auto a = read_metrics(one / "metrics.jsonl"), b = read_metrics(two / "metrics.jsonl");
+    ASSERT_EQ(a.size(), 4u);
+    expect_close_losses(a, b, 1, 4, 1e-5, flavor);
+    EXPECT_LE(max_param_diff(one / "checkpoint-4" / "model.safetensors", two / "checkpoint-4" / "model.safetensors"),
+              1e-5);
+  }
 }
 
 TEST_F(DistRuns, FullShardHoldsAboutOneNthOfTheStatePerRank) {
@@ -321,7 +336,7 @@ TEST_F(DistRuns, ShardedCheckpointsExplainWhatCannotReadThem) {
     const auto out = *dir_ / name;
     stdfs::create_directories(out);
     stdfs::copy(src, out / "checkpoint-20", stdfs::copy_options::recursive);
-    const auto cmd = (ranks > 0 ? mpirun(ranks) : std::string()) + anvil::testing::trainer_bin() + " --config " +
+    const auto cmd = mpirun(ranks) + anvil::testing::trainer_bin() + " --config " +
                      cfg().string() + " output_dir=" + out.string() + " train.max_steps=22 " + extra;
     EXPECT_NE(anvil::testing::run("cd " + anvil::testing::source_dir() + " && " + cmd, &log), 0) << name;
     return log;
@@ -572,7 +587,7 @@ TEST(RankSplitEval, ExactMatchCountsEveryPromptOnce) {
 // Activation checkpointing in-process: the same gradients, dropout included
 // (the RNG state of the forward is restored for the recomputation).
 TEST(ActivationCheckpointing, SameGradientsWithDropout) {
-  for (const char* family : {"gpt2", "llama", "neox"}) {
+  for (const auto& family : models::family_names()) {
     config::ModelConfig mc;
     mc.family = family;
     mc.vocab_size = 50, mc.hidden_size = 32, mc.num_layers = 3, mc.num_heads = 4, mc.max_position_embeddings = 16;

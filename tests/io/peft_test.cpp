@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -129,8 +130,17 @@ TEST(Lora, PeftLoadsOursAndWeLoadPeftsWithEqualLogits) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> flavors = {
       {"gpt2-debug", {"c_attn", "c_proj"}},
       {"llama-debug", {"all-linear"}},
-      {"pythia-debug", {"query_key_value", "dense_4h_to_h"}},
-      {"opt-debug", {"q_proj", "v_proj", "fc1"}}};
+      {"neox-debug", {"query_key_value", "dense_4h_to_h"}},
+      {"opt-debug", {"q_proj", "v_proj", "fc1"}},
+      {"qwen2-debug", {"q_proj", "k_proj", "v_proj", "o_proj"}},
+      {"qwen3-debug", {"all-linear"}},
+      {"mistral-debug", {"q_proj", "v_proj", "down_proj"}},
+      {"phi3-debug", {"qkv_proj", "gate_up_proj", "o_proj"}},
+      {"gemma2-debug", {"q_proj", "v_proj", "up_proj"}},
+      {"gemma3_text-debug", {"all-linear"}}};
+  // Every family of the registry has its case.
+  for (const auto& f : anvil::testing::debug_flavors())
+    EXPECT_TRUE(std::any_of(flavors.begin(), flavors.end(), [&](const auto& c) { return c.first == f; })) << f;
   for (const auto& [flavor, targets] : flavors) {
     at::manual_seed(11);
     auto model = build_flavor(flavor);

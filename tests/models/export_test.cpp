@@ -15,7 +15,7 @@ TEST(Export, TrainedModelsOfEveryFamilyLoadInTransformersWithTheSameLogits) {
   anvil::testing::TempDir dir;
   const auto src = anvil::testing::source_dir();
   std::string out, exports;
-  for (const std::string flavor : {"gpt2-debug", "llama-debug", "qwen2-debug", "qwen3-debug", "pythia-debug", "opt-debug"}) {
+  for (const auto& flavor : anvil::testing::debug_flavors()) {
     SCOPED_TRACE(flavor);
     const auto run_dir = dir / ("run-" + flavor);
     const auto train = "cd " + src + " && " + anvil::testing::trainer_bin() +

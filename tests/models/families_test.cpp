@@ -1,25 +1,30 @@
-// Behaviour every family must share, checked on each debug flavor in
-// configs/models/: causality, KV cache = recompute, left padding = no
-// padding, save/load round trip; and the named flavors' sizes.
+// Behaviour every family must share, checked on the debug flavor of each
+// family the registry holds (configs/models/<family>-debug.yaml): causality,
+// KV cache = recompute, left padding = no padding, packed documents = separate
+// ones, save/load round trip; sliding windows; and the named flavors' sizes.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "anvil/config/config.h"
 #include "anvil/io/hf_model.h"
 #include "anvil/io/safetensors.h"
 #include "anvil/models/registry.h"
+#include "data/collate.h"
 #include "test_util.h"
 
 namespace anvil::models {
 namespace {
 
-std::shared_ptr<CausalLM> build_flavor(const std::string& flavor, int64_t vocab) {
+std::shared_ptr<CausalLM> build_flavor(const std::string& flavor, int64_t vocab,
+                                       const std::vector<std::string>& overrides = {}) {
   const auto src = anvil::testing::source_dir();
-  auto cfg = config::load_config({src + "/configs/quickstart.yaml", src + "/configs/models/" + flavor + ".yaml"},
-                                 {"output_dir=unused"});
+  auto all = overrides;
+  all.push_back("output_dir=unused");
+  auto cfg = config::load_config({src + "/configs/quickstart.yaml", src + "/configs/models/" + flavor + ".yaml"}, all);
   auto mc = cfg.model;
   if (mc.vocab_size == 0) mc.vocab_size = vocab;
   auto model = family_by_name(mc.family).from_config(mc);
@@ -31,6 +36,23 @@ int64_t count_parameters(const CausalLM& m) {
   int64_t n = 0;
   for (const auto& p : m.parameters()) n += p.numel();
   return n;
+}
+
+/// The parameters of a flavor too large to build here (7 B floats are 29 GB):
+/// the count is affine in the vocabulary and in the number of blocks (every
+/// block of a flavor has the same shape), so the models built with 1 or 2
+/// blocks and 1 or 2 vocabulary rows give it for the flavor's own sizes.
+int64_t count_parameters_by_extension(const std::string& flavor) {
+  const auto count = [&](int64_t vocab, int64_t layers) {
+    return count_parameters(*build_flavor(
+        flavor, 0, {"model.vocab_size=" + std::to_string(vocab), "model.num_layers=" + std::to_string(layers)}));
+  };
+  const auto base = count(1, 1), per_block = count(1, 2) - base, per_row = count(2, 1) - base;
+  const auto src = anvil::testing::source_dir();
+  const auto m = config::load_config({src + "/configs/quickstart.yaml", src + "/configs/models/" + flavor + ".yaml"},
+                                     {"output_dir=unused"})
+                     .model;
+  return base + (m.num_layers - 1) * per_block + (m.vocab_size - 1) * per_row;
 }
 
 class Family : public ::testing::TestWithParam<std::string> {
@@ -80,6 +102,41 @@ TEST_P(Family, LeftPaddedRowsMatchUnpaddedOnes) {
   EXPECT_LE((padded[0] - row0[0]).abs().max().item<double>(), 1e-5);
 }
 
+TEST_P(Family, PackedDocumentsMatchSeparateOnes) {
+  // Documents of 7 and 5 tokens in one row: positions restart at each
+  // document and attention stays inside it (windows included), so each
+  // document's logits are its own forward's.
+  auto ids = at::randint(61, {1, 12}, at::kLong);
+  auto doc = at::cat({at::zeros({7}, at::kLong), at::ones({5}, at::kLong)}).unsqueeze(0);
+  ForwardArgs args;
+  args.position_ids = at::cat({at::arange(7, at::kLong), at::arange(5, at::kLong)}).unsqueeze(0);
+  args.attention_mask = data::document_causal_mask(doc);
+  auto packed = model_->forward(ids, args);
+  auto first = model_->forward(ids.narrow(1, 0, 7)), second = model_->forward(ids.narrow(1, 7, 5));
+  EXPECT_LE((packed.narrow(1, 0, 7) - first).abs().max().item<double>(), 1e-5);
+  EXPECT_LE((packed.narrow(1, 7, 5) - second).abs().max().item<double>(), 1e-5);
+}
+
+// The sliding window reaches no further back than its width: a token more
+// than `window` positions back does not change the logits, one inside does.
+TEST(SlidingWindow, TokensOutsideTheWindowAreNotSeen) {
+  at::manual_seed(3);
+  torch::NoGradGuard no_grad;
+  for (const std::string flavor : {"mistral-debug", "phi3-debug"}) {
+    SCOPED_TRACE(flavor);
+    auto model = build_flavor(flavor, 61);
+    const auto w = model->hf_config()["sliding_window"].get<int64_t>();
+    auto a = at::randint(61, {1, 12}, at::kLong);
+    auto b = a.clone();
+    b[0][0] = (a[0][0].item<int64_t>() + 1) % 61;  // only token 0 differs
+    auto la = model->forward(a), lb = model->forward(b);
+    // Two layers: token 0 reaches position p through a chain of at most two windows.
+    const int64_t reach = 2 * (w - 1);
+    EXPECT_TRUE(at::equal(la.narrow(1, reach + 1, 11 - reach), lb.narrow(1, reach + 1, 11 - reach)));
+    EXPECT_FALSE(at::allclose(la.narrow(1, 1, 1), lb.narrow(1, 1, 1), 0, 1e-6));
+  }
+}
+
 TEST_P(Family, SavedFolderReloadsIdentically) {
   anvil::testing::TempDir dir;
   model_->special_tokens = {1, 2, 3};
@@ -92,14 +149,8 @@ TEST_P(Family, SavedFolderReloadsIdentically) {
   EXPECT_TRUE(at::equal(back->forward(ids), model_->forward(ids)));
 }
 
-INSTANTIATE_TEST_SUITE_P(DebugFlavors, Family,
-                         ::testing::Values("gpt2-debug", "llama-debug", "qwen2-debug", "qwen3-debug", "pythia-debug",
-                                           "opt-debug"),
-                         [](const auto& info) {
-                           auto n = info.param;
-                           n.erase(std::remove(n.begin(), n.end(), '-'), n.end());
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(DebugFlavors, Family, ::testing::ValuesIn(anvil::testing::debug_flavors()),
+                         [](const auto& info) { return anvil::testing::flavor_test_name(info.param); });
 
 TEST(Flavors, EveryNamedFlavorIsAValidConfig) {
   const auto src = anvil::testing::source_dir();
@@ -119,6 +170,16 @@ TEST(Flavors, PublishedParameterCounts) {
   // OPT's tied head; opt-350m's 512-wide embeddings, project_in / project_out, post-LN (no final LayerNorm).
   EXPECT_EQ(count_parameters(*build_flavor("opt-125m", 0)), 125239296);
   EXPECT_EQ(count_parameters(*build_flavor("opt-350m", 0)), 331196416);
+  // Qwen2.5, Qwen3-0.6B, Gemma-2-2B and Gemma-3-1B (tied heads), Mistral-7B-v0.1 and Phi-3-mini (untied), as
+  // their model cards give them.
+  // Built with 1 or 2 blocks and vocabulary rows, extended to the flavor's sizes.
+  EXPECT_EQ(count_parameters_by_extension("qwen2.5-0.5b"), 494032768);
+  EXPECT_EQ(count_parameters_by_extension("qwen2.5-1.5b"), 1543714304);
+  EXPECT_EQ(count_parameters_by_extension("qwen3-0.6b"), 596049920);
+  EXPECT_EQ(count_parameters_by_extension("mistral-7b"), 7241732096);
+  EXPECT_EQ(count_parameters_by_extension("phi3-mini"), 3821079552);
+  EXPECT_EQ(count_parameters_by_extension("gemma2-2b"), 2614341888);
+  EXPECT_EQ(count_parameters_by_extension("gemma3-1b"), 999885952);
 }
 
 }  // namespace
@@ -185,18 +246,56 @@ TEST(HfImport, AMissingTensorNamesTheWeightFiles) {
                          "(model-00001-of-00002.safetensors, model-00002-of-00002.safetensors) holds it");
 }
 
-TEST(HfImport, QwenSlidingWindowIsRefused) {
+/// The config.json the model loaded from `config_json` writes back.
+nlohmann::json reloaded_config(const std::string& config_json) {
+  const auto j = nlohmann::json::parse(config_json);
+  const auto& family = family_by_hf_model_type(j.at("model_type").get<std::string>(), "config.json");
+  return family.from_hf_config(j, "config.json")->hf_config();
+}
+
+// Sliding windows as transformers reads them: Qwen's only with
+// use_sliding_window (on the layers layer_types or max_window_layers name),
+// Mistral's 4096 when the key is missing and none when null, Phi-3's none
+// unless set; unknown layer types and LongRoPE factors of the wrong length
+// name the key.
+TEST(HfImport, SlidingWindowsAndLongRopeAreReadAsTransformersReadsThem) {
   const std::string qwen2 = R"({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
-      "num_hidden_layers": 2, "num_attention_heads": 2)";
-  EXPECT_EQ(load_error(qwen2 + R"(, "use_sliding_window": true, "sliding_window": 4})"),
-            "config.json: use_sliding_window: sliding-window attention is not supported; only full attention (false)");
-  EXPECT_EQ(load_error(qwen2 + R"(, "layer_types": ["full_attention", "sliding_attention"]})"),
-            "config.json: layer_types: layer type \"sliding_attention\" is not supported; only \"full_attention\"");
+      "num_hidden_layers": 3, "num_attention_heads": 2)";
+  auto j = reloaded_config(qwen2 + R"(, "use_sliding_window": true, "sliding_window": 4, "max_window_layers": 1})");
+  EXPECT_EQ(j["sliding_window"], 4);
+  EXPECT_EQ(j["layer_types"], nlohmann::json({"full_attention", "sliding_attention", "sliding_attention"}));
+  j = reloaded_config(qwen2 + R"(, "use_sliding_window": false, "sliding_window": 4,
+      "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention"]})");
+  EXPECT_EQ(j["use_sliding_window"], false);
+  EXPECT_TRUE(j["sliding_window"].is_null());
+  EXPECT_EQ(load_error(qwen2 + R"(, "use_sliding_window": true, "layer_types": ["full_attention", "chunked_attention",
+      "full_attention"]})"),
+            "config.json: layer_types: layer type \"chunked_attention\" is not supported; expected "
+            "\"full_attention\" or \"sliding_attention\"");
+  EXPECT_EQ(load_error(qwen2 + R"(, "use_sliding_window": true, "layer_types": ["full_attention"]})"),
+            "config.json: layer_types: expected a list of 3 layer types, got [\"full_attention\"]");
+  const std::string mistral = R"({"model_type": "mistral", "vocab_size": 10, "hidden_size": 8,
+      "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2)";
+  EXPECT_EQ(reloaded_config(mistral + "}")["sliding_window"], 4096);
+  EXPECT_TRUE(reloaded_config(mistral + R"(, "sliding_window": null})")["sliding_window"].is_null());
+  EXPECT_EQ(load_error(mistral + R"(, "sliding_window": 0})"),
+            "config.json: sliding_window: expected an integer >= 1, got 0");
+  const std::string phi3 = R"({"model_type": "phi3", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+      "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 64,
+      "original_max_position_embeddings": 16)";
+  EXPECT_TRUE(reloaded_config(phi3 + "}")["sliding_window"].is_null());
+  j = reloaded_config(phi3 + R"(, "rope_scaling": {"type": "su", "short_factor": [1, 1], "long_factor": [2, 3]}})");
+  EXPECT_EQ(j["rope_parameters"]["rope_type"], "longrope");
+  EXPECT_NEAR(j["rope_parameters"]["attention_factor"].get<double>(), std::sqrt(1 + std::log(4.0) / std::log(16.0)),
+              1e-12);
+  EXPECT_EQ(load_error(phi3 + R"(, "rope_scaling": {"type": "longrope", "short_factor": [1], "long_factor": [2, 3]}})"),
+            "config.json: rope_scaling.short_factor: expected 2 numbers (rotary dims / 2), got 1");
 }
 
 TEST(HfImport, UnsupportedConfigsNameTheFileAndKey) {
   EXPECT_EQ(load_error(R"({"model_type": "mamba"})"),
-            "config.json: model_type \"mamba\" is not supported; supported: gpt2, llama, qwen2, qwen3, gpt_neox, opt");
+            "config.json: model_type \"mamba\" is not supported; supported: gpt2, llama, qwen2, qwen3, mistral, phi3, "
+            "gemma2, gemma3_text, gpt_neox, opt");
   const std::string opt = R"({"model_type": "opt", "vocab_size": 10, "hidden_size": 8, "ffn_dim": 16,
       "num_hidden_layers": 1, "num_attention_heads": 2)";
   EXPECT_EQ(load_error(opt + R"(, "activation_function": "quick_gelu"})"),
@@ -207,7 +306,7 @@ TEST(HfImport, UnsupportedConfigsNameTheFileAndKey) {
   const std::string llama = R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
       "num_hidden_layers": 1, "num_attention_heads": 2)";
   EXPECT_EQ(load_error(llama + R"(, "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0}})"),
-            "config.json: rope_parameters.rope_type: \"yarn\" is not supported; supported: default, llama3");
+            "config.json: rope_parameters.rope_type: \"yarn\" is not supported; supported: default, llama3, longrope");
   EXPECT_EQ(load_error(llama + R"(, "num_key_value_heads": 3})"),
             "config.json: num_key_value_heads: 3 must divide num_attention_heads 2");
   EXPECT_EQ(load_error(llama + R"(, "hidden_act": "xielu"})"), "config.json: hidden_act: \"xielu\" is not supported");

@@ -10,7 +10,8 @@ save_pretrained, plus:
                          generate(do_sample=False), one prompt at a time
 and WORKDIR/index.json listing {name, family}.
 
-usage: make_hf_references.py WORKDIR [FAMILY]   (FAMILY: gpt2, llama, qwen2, qwen3, neox or opt; default all)
+usage: make_hf_references.py WORKDIR [FAMILY]
+       (FAMILY: gpt2, llama, qwen2, qwen3, mistral, phi3, gemma2, gemma3_text, neox or opt; default all)
 """
 import json
 import os
@@ -19,9 +20,10 @@ import sys
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from transformers import (GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig,
-                          LlamaForCausalLM, OPTConfig, OPTForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM)
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config,
+                          GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig,
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, OPTConfig, OPTForCausalLM, Phi3Config,
+                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 # Wider init than 0.02 so that greedy argmaxes are not near-ties.
 STD = 0.1
@@ -63,6 +65,80 @@ def configs():
         vocab_size=79, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=4, head_dim=16, attention_bias=True, max_position_embeddings=64,
         initializer_range=STD))
+    # Qwen2 with use_sliding_window: full attention below max_window_layers, a window of 6 above.
+    yield "qwen2-window", "qwen2", Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=89, hidden_size=64, intermediate_size=112, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, use_sliding_window=True, sliding_window=6, max_window_layers=1,
+        max_position_embeddings=64, initializer_range=STD))
+    # Mistral: sliding windows narrower than the 17-token inputs and the 21-token generations.
+    yield "mistral-window", "mistral", MistralForCausalLM(MistralConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, sliding_window=5, max_position_embeddings=64, rope_theta=10000.0,
+        initializer_range=STD))
+    yield "mistral-head-dim", "mistral", MistralForCausalLM(MistralConfig(
+        vocab_size=83, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, head_dim=16, sliding_window=8, max_position_embeddings=64, rope_theta=1000000.0,
+        initializer_range=STD))
+    yield "mistral-no-window", "mistral", MistralForCausalLM(MistralConfig(
+        vocab_size=79, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, sliding_window=None, tie_word_embeddings=True, max_position_embeddings=64,
+        initializer_range=STD))
+    # Phi-3: fused qkv_proj / gate_up_proj; a window (Phi-3-mini-4k); LongRoPE with the 17-token inputs past
+    # original_max_position_embeddings (long factors, attention factor sqrt(2)); partial rotary (Phi-4-mini).
+    yield "phi3-window", "phi3", Phi3ForCausalLM(Phi3Config(
+        vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, sliding_window=6, max_position_embeddings=64, original_max_position_embeddings=64,
+        initializer_range=STD, pad_token_id=0, bos_token_id=1, eos_token_id=2))
+    g = torch.Generator().manual_seed(5)
+    yield "phi3-longrope", "phi3", Phi3ForCausalLM(Phi3Config(
+        vocab_size=91, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64, original_max_position_embeddings=8,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                         "short_factor": (1 + torch.rand(8, generator=g)).tolist(),
+                         "long_factor": (1 + 4 * torch.rand(8, generator=g)).tolist()},
+        initializer_range=STD, pad_token_id=0, bos_token_id=1, eos_token_id=2))
+    yield "phi3-partial", "phi3", Phi3ForCausalLM(Phi3Config(
+        vocab_size=73, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, partial_rotary_factor=0.5, tie_word_embeddings=True, max_position_embeddings=64,
+        original_max_position_embeddings=64, initializer_range=STD, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2))
+    # Gemma 2: (1 + w) RMSNorms before and after attention and MLP, sqrt(hidden)-scaled embeddings, scores
+    # scaled by query_pre_attn_scalar^-1/2, tanh soft-caps tight enough to bite, sliding and global layers
+    # alternating with a window narrower than the inputs; pad_token_id's embedding row gets no gradient.
+    yield "gemma2-softcap", "gemma2", Gemma2ForCausalLM(Gemma2Config(
+        vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24, sliding_window=5,
+        attn_logit_softcapping=1.0, final_logit_softcapping=5.0, max_position_embeddings=64,
+        initializer_range=STD, pad_token_id=0))
+    yield "gemma2-untied", "gemma2", Gemma2ForCausalLM(Gemma2Config(
+        vocab_size=83, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, head_dim=24, query_pre_attn_scalar=12, sliding_window=8,
+        attn_logit_softcapping=None, final_logit_softcapping=None, tie_word_embeddings=False,
+        max_position_embeddings=64, rope_theta=1000.0, initializer_range=STD, pad_token_id=1))
+    yield "gemma2-default-caps", "gemma2", Gemma2ForCausalLM(Gemma2Config(
+        vocab_size=71, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, sliding_window=4, attention_bias=True, max_position_embeddings=64,
+        initializer_range=STD, pad_token_id=0))
+    # Gemma 3: q/k norms, a separate local RoPE base for the sliding layers, linear scaling of the global
+    # RoPE (Gemma 3 4B and up), 2 sliding layers to a global one.
+    yield "gemma3-pattern", "gemma3_text", Gemma3ForCausalLM(Gemma3TextConfig(
+        vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, sliding_window=5,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"], max_position_embeddings=64,
+        initializer_range=STD, pad_token_id=0))
+    yield "gemma3-linear-rope", "gemma3_text", Gemma3ForCausalLM(Gemma3TextConfig(
+        vocab_size=89, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=20, sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        max_position_embeddings=64, initializer_range=STD, pad_token_id=0))
+    yield "gemma3-softcap-untied", "gemma3_text", Gemma3ForCausalLM(Gemma3TextConfig(
+        vocab_size=79, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, head_dim=16, sliding_window=4, attn_logit_softcapping=2.0,
+        final_logit_softcapping=6.0, tie_word_embeddings=False, attention_bias=True,
+        layer_types=["full_attention", "sliding_attention"], max_position_embeddings=64,
+        initializer_range=STD, pad_token_id=2))
     yield "pythia-parallel", "neox", GPTNeoXForCausalLM(GPTNeoXConfig(
         vocab_size=103, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
         rotary_pct=0.25, use_parallel_residual=True, max_position_embeddings=64, initializer_range=STD))
@@ -139,8 +215,14 @@ def main():
                                    do_sample=False, max_new_tokens=12, min_new_tokens=12, eos_token_id=None,
                                    pad_token_id=0)
                 outputs.append(g[0, len(p):].tolist())
+        # LongRoPE picks its factors from the furthest position of the whole batch, so a left-padded batch
+        # of these prompts is computed differently from each prompt alone: only the one-at-a-time
+        # generation is comparable.
+        rope = getattr(model.config, "rope_parameters", None) or {}
+        batch_dependent = rope.get("rope_type") == "longrope"
         with open(os.path.join(d, "generate.json"), "w") as f:
-            json.dump({"prompts": prompts, "max_new_tokens": 12, "outputs": outputs}, f)
+            json.dump({"prompts": prompts, "max_new_tokens": 12, "outputs": outputs,
+                       "batch_dependent": batch_dependent}, f)
         index.append({"name": name, "family": family})
         print(f"{name}: loss {out.loss.item():.4f}")
     with open(os.path.join(work, "index.json"), "w") as f:

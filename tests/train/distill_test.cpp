@@ -66,9 +66,7 @@ eval: {generate_samples: 8, batch_size: 8, max_new_tokens: 6}
 logging: {level: warn}
 )");
   auto train = [&](const std::string& name, const std::string& extra, int ranks = 0) {
-    const auto mpi = ranks > 0 ? "mpirun --allow-run-as-root --oversubscribe --bind-to none -np " +
-                                     std::to_string(ranks) + " "
-                               : std::string();
+    const auto mpi = anvil::testing::mpirun(ranks);
     return run("cd " + src + " && " + mpi + anvil::testing::trainer_bin() + " --config " +
                    (dir / "distill.yaml").string() + shape + " output_dir=" + (dir / name).string() +
                    " distill.teacher=" + (dir / "teacher" / "checkpoint-3").string() +

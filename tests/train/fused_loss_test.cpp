@@ -82,9 +82,7 @@ TEST_P(FusedLoss, EqualsThePlainLossAndGradients) {
   EXPECT_FALSE(none_g.empty());
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, FusedLoss,
-                         ::testing::Values("gpt2-debug", "llama-debug", "qwen2-debug", "qwen3-debug", "pythia-debug",
-                                           "opt-debug"));
+INSTANTIATE_TEST_SUITE_P(Families, FusedLoss, ::testing::ValuesIn(anvil::testing::debug_flavors()));
 
 /// The plain composition the fused function must equal.
 at::Tensor plain_loss(const at::Tensor& h, const at::Tensor& w, const at::Tensor& b, const at::Tensor& y) {

@@ -219,9 +219,7 @@ using anvil::testing::fixture_checkpoint;
 std::string ilql_run(const stdfs::path& out, const std::string& extra, int ranks = 0) {
   std::string log;
   const auto cmd = "cd " + anvil::testing::source_dir() + " && " +
-                   (ranks > 0 ? "mpirun --allow-run-as-root --oversubscribe --bind-to none -np " +
-                                    std::to_string(ranks) + " "
-                              : std::string()) +
+                   anvil::testing::mpirun(ranks) +
                    anvil::testing::trainer_bin() + " --config configs/ilql_tiny.yaml output_dir=" + out.string() +
                    " model.from=" + fixture_checkpoint().string() + " train.threads=1 " + extra +
                    anvil::testing::seed_override() + " 2>&1";

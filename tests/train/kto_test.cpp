@@ -112,9 +112,7 @@ TEST(KtoRuns, ShardAndResumeExactly) {
   anvil::testing::write_text(dir / "kto.yaml", tiny_kto("data/dpo_train.jsonl", "data/dpo_eval.jsonl"));
   std::string out;
   auto train = [&](const std::string& name, const std::string& extra, int ranks = 0) {
-    const auto mpi = ranks > 0 ? "mpirun --allow-run-as-root --oversubscribe --bind-to none -np " +
-                                     std::to_string(ranks) + " "
-                               : std::string();
+    const auto mpi = anvil::testing::mpirun(ranks);
     return run("cd " + src + " && " + mpi + anvil::testing::trainer_bin() + " --config " + (dir / "kto.yaml").string() +
                    " output_dir=" + (dir / name).string() + " kto.undesirable_weight=1.33 train.eval_every=8 " +
                    extra + " 2>&1",

@@ -51,8 +51,7 @@ Rekeyed rekeyed(const TempDir& dir) {
 
 std::string trainer(const std::string& config, const stdfs::path& out, const std::string& extra, int ranks = 0) {
   return "cd " + anvil::testing::source_dir() + " && " +
-         (ranks > 0 ? "mpirun --allow-run-as-root --oversubscribe --bind-to none -np " + std::to_string(ranks) + " "
-                    : std::string()) +
+         anvil::testing::mpirun(ranks) +
          anvil::testing::trainer_bin() + " --config " + config + " output_dir=" + out.string() +
          " model.from=" + fixture_checkpoint().string() + " train.threads=1 " + extra + anvil::testing::seed_override() +
          " 2>&1";

@@ -492,9 +492,7 @@ std::string ppo_run(const stdfs::path& out, const std::string& extra, int ranks 
   const auto& w = weak_upper();
   std::string log;
   const auto cmd = "cd " + anvil::testing::source_dir() + " && " +
-                   (ranks > 0 ? "mpirun --allow-run-as-root --oversubscribe --bind-to none -np " +
-                                    std::to_string(ranks) + " "
-                              : std::string()) +
+                   anvil::testing::mpirun(ranks) +
                    anvil::testing::trainer_bin() + " --config " + config + " output_dir=" + out.string() +
                    " model.from=" + w.model.string() + " 'data.train=[{path: " + w.prompts.string() +
                    "}]' data.eval[0].path=" + w.eval.string() + " eval.generate_samples=1000 eval.batch_size=100" +

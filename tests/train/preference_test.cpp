@@ -200,7 +200,7 @@ TEST(RewardModel, ExportLoadsInTransformersWithTheSameScores) {
   const auto src = anvil::testing::source_dir();
   std::string out;
   anvil::testing::write_text(dir / "rm.yaml", tiny_run("reward", "data/pref_train.jsonl"));
-  for (const std::string flavor : {"gpt2-debug", "llama-debug", "pythia-debug"}) {
+  for (const std::string flavor : {"gpt2-debug", "llama-debug", "neox-debug"}) {
     SCOPED_TRACE(flavor);
     const auto run_dir = dir / ("run-" + flavor);
     ASSERT_EQ(run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config " + (dir / "rm.yaml").string() +
@@ -336,9 +336,7 @@ TEST(Dpo, ReferenceFreeRunsShardAndResumeExactly) {
                              " train.global_batch_size=16 train.log_every=1 train.save_every=4 logging.level=warn";
     std::string out;
     auto train = [&](const std::string& name, const std::string& extra, int ranks = 0) {
-      const auto mpi = ranks > 0 ? "mpirun --allow-run-as-root --oversubscribe --bind-to none -np " +
-                                       std::to_string(ranks) + " "
-                                 : std::string();
+      const auto mpi = anvil::testing::mpirun(ranks);
       return run("cd " + src + " && " + mpi + anvil::testing::trainer_bin() + " --config " +
                      (dir / "dpo.yaml").string() + " output_dir=" + (dir / (type + name)).string() + keys + " " +
                      extra + " 2>&1",

@@ -45,6 +45,7 @@ struct ModelConfig {
   int64_t num_layers = 4;
   int64_t num_heads = 4;
   int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
   int64_t intermediate_size = 0;
   std::string activation = "auto";
   double dropout = 0.0;
@@ -52,6 +53,7 @@ struct ModelConfig {
   double initializer_range = 0.02;
   std::string tie_embeddings = "auto";
   bool attention_bias = false;
+  int64_t sliding_window = 0;
   double rope_theta = 10000.0;
   RopeScalingConfig rope_scaling;
   double rotary_pct = 1.0;
@@ -66,13 +68,15 @@ struct ModelConfig {
   template <class V>
   void visit(V& v) {
     v.field("family", family,
-            "Model family: gpt2, llama, qwen2 (Qwen2 / Qwen2.5), qwen3, neox (GPT-NeoX / Pythia) or opt (OPT / "
+            "Model family: gpt2, llama, qwen2 (Qwen2 / Qwen2.5), qwen3, mistral, phi3 (Phi-3 / Phi-3.5 / "
+            "Phi-4-mini), gemma2, gemma3_text (Gemma 3's text model), neox (GPT-NeoX / Pythia) or opt (OPT / "
             "Galactica). See docs/models.md.",
-            one_of({"gpt2", "llama", "qwen2", "qwen3", "neox", "opt"}));
+            one_of({"gpt2", "llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text", "neox", "opt"}));
     v.field("from", from,
             "HF-layout folder (config.json + model.safetensors, e.g. an Anvil checkpoint or a downloaded "
-            "Hugging Face model) to initialise from. Its config.json then defines the model: the shape keys "
-            "below may not be set.");
+            "Hugging Face model) to initialise from, or a Hugging Face model id (owner/name[@revision]) read "
+            "from the local Hugging Face cache. Its config.json then defines the model: the shape keys below "
+            "may not be set.");
     v.field("vocab_size", vocab_size, "Vocabulary size; 0 = the tokenizer's.", non_negative());
     v.field("max_position_embeddings", max_position_embeddings, "Longest sequence the model accepts.",
             positive());
@@ -81,6 +85,10 @@ struct ModelConfig {
     v.field("num_heads", num_heads, "Attention (query) heads; must divide hidden_size.", positive());
     v.field("num_kv_heads", num_kv_heads,
             "llama: key/value heads for grouped-query attention; must divide num_heads. 0 = num_heads.",
+            non_negative());
+    v.field("head_dim", head_dim,
+            "llama, qwen2, qwen3, mistral, phi3: width of each attention head when it is not hidden_size / "
+            "num_heads (Qwen3: 128); 0 = hidden_size / num_heads.",
             non_negative());
     v.field("intermediate_size", intermediate_size,
             "MLP width; 0 = the family's default (gpt2, neox: 4 * hidden_size; llama: 8/3 * hidden_size "
@@ -100,9 +108,14 @@ struct ModelConfig {
             "false). GPT-2 is always tied.",
             one_of({"auto", "true", "false"}));
     v.field("attention_bias", attention_bias, "llama: biases on q/k/v/o projections (Qwen-style).");
+    v.field("sliding_window", sliding_window,
+            "mistral, phi3, qwen2, qwen3: each token attends to this many latest positions (its own included) on "
+            "every layer, in training, packing and the KV cache alike; 0 = full attention.",
+            non_negative());
     v.field("rope_theta", rope_theta, "llama, neox: rotary base.", positive());
     v.section("rope_scaling", rope_scaling, "llama: rotary frequency scaling.");
-    v.field("rotary_pct", rotary_pct, "neox: fraction of each head's dims that rotate (Pythia: 0.25).",
+    v.field("rotary_pct", rotary_pct,
+            "neox, phi3: fraction of each head's dims that rotate (Pythia: 0.25; HF partial_rotary_factor).",
             Rule{"a number in (0, 1]", [](double x) { return x > 0 && x <= 1; }, {}});
     v.field("parallel_residual", parallel_residual,
             "neox: x + attn(ln1(x)) + mlp(ln2(x)) when true, sequential residuals when false.");

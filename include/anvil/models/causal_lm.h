@@ -85,6 +85,13 @@ class CausalLM : public torch::nn::Module {
     at::Tensor bias;    // (V) or undefined
   };
   virtual OutputHead output_head() = 0;
+  /// cap > 0: logits become cap * tanh(logits / cap) (Gemma's
+  /// final_logit_softcapping); the fused loss heads then give way to the plain one.
+  virtual double final_logit_softcap() const { return 0.0; }
+  /// N > 0: positions past N are encoded differently (LongRoPE's long
+  /// factors), so generation recomputes the whole KV cache at the step where a
+  /// sequence first grows past N tokens, as transformers' Phi-3 does; 0 = never.
+  virtual int64_t cache_recompute_length() const { return 0; }
   /// (..., C) hidden states -> (..., V) logits.
   at::Tensor logits(const at::Tensor& hidden);
 
@@ -115,6 +122,10 @@ class CausalLM : public torch::nn::Module {
   /// Names of the LM output head's parameters (empty when tied to the
   /// embedding); a sequence-classification folder does not store them.
   virtual std::vector<std::string> lm_head_parameters() const { return {}; }
+
+  /// The modules LoRA adapts when lora.target_modules is empty (PEFT's
+  /// default for the family where PEFT has one): last name components.
+  virtual std::vector<std::string> default_lora_targets() const = 0;
 
   /// Resizes the vocabulary to `n` rows as transformers'
   /// resize_token_embeddings does: the input embedding and an untied LM head

@@ -102,6 +102,7 @@ class GPT2LMHeadModel final : public CausalLM {
   OutputHead output_head() override;
   std::string block_prefix(int64_t i) const override { return "transformer.h." + std::to_string(i); }
   std::string family() const override { return "gpt2"; }
+  std::vector<std::string> default_lora_targets() const override { return {"c_attn"}; }
   int64_t vocab_size() const override { return options.vocab_size(); }
   int64_t hidden_size() const override { return options.n_embd(); }
   int64_t max_positions() const override { return options.n_positions(); }

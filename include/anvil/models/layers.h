@@ -9,6 +9,8 @@
 
 #include <string>
 
+#include <vector>
+
 #include "anvil/models/causal_lm.h"
 #include "anvil/models/lora.h"
 
@@ -50,22 +52,33 @@ struct RopeOptions {
   /// Leading dims of each head that rotate (GPT-NeoX rotary_pct * head_dim).
   TORCH_ARG(int64_t, rotary_dim) = 64;
   TORCH_ARG(double, theta) = 10000.0;
-  /// "default" or "llama3".
+  /// "default", "linear" (inverse frequencies / factor; Gemma 3's global
+  /// layers), "llama3" or "longrope" (Phi-3).
   TORCH_ARG(std::string, type) = "default";
   // llama3 scaling.
   TORCH_ARG(double, factor) = 8.0;
   TORCH_ARG(double, low_freq_factor) = 1.0;
   TORCH_ARG(double, high_freq_factor) = 4.0;
+  /// llama3, longrope: the context length of pretraining.
   TORCH_ARG(int64_t, original_max_positions) = 8192;
+  /// longrope: per-frequency divisors (rotary_dim / 2 each) of sequences up to
+  /// original_max_positions (short) and longer ones (long), and the factor
+  /// cos and sin are multiplied by (HF attention_factor).
+  TORCH_ARG(std::vector<double>, short_factor) = {};
+  TORCH_ARG(std::vector<double>, long_factor) = {};
+  TORCH_ARG(double, attention_factor) = 1.0;
 };
 
-/// Inverse frequencies (rotary_dim / 2), float32, scaled per the rope type.
-at::Tensor rope_inv_freq(const RopeOptions& o);
+/// Inverse frequencies (rotary_dim / 2), float32, scaled per the rope type;
+/// for longrope, those of sequences longer than original_max_positions when
+/// `long_context`.
+at::Tensor rope_inv_freq(const RopeOptions& o, bool long_context = false);
 
-/// cos, sin of shape (B, 1, T, rotary_dim) for (B, T) positions (B may be 1);
-/// inv_freq must be on the positions' device.
+/// cos, sin of shape (B, 1, T, rotary_dim) for (B, T) positions (B may be 1),
+/// multiplied by `scale` (longrope's attention factor); inv_freq must be on the
+/// positions' device.
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, const at::Tensor& position_ids,
-                                               at::ScalarType dtype);
+                                               at::ScalarType dtype, double scale = 1.0);
 
 /// Rotates the first rotary_dim features of x (B, H, T, D) in place of HF's
 /// apply_rotary_pos_emb (rotate_half convention).
@@ -91,11 +104,32 @@ bool is_supported_activation(const std::string& name);
 /// (1, T), which broadcasts over the batch.
 at::Tensor positions(const ForwardArgs& args, int64_t batch, int64_t seq, const at::Device& device);
 
+/// How attention() attends, beyond causal attention over every cached slot.
+struct AttentionOptions {
+  double dropout = 0.0;
+  /// W > 0: a query sees only the W latest slots up to its own (Mistral's
+  /// window: key slot j with i - W < j <= i for query slot i, as
+  /// transformers' sliding-window mask), on top of args.attention_mask.
+  int64_t sliding_window = 0;
+  /// Scores are q . k times this; 0 = 1 / sqrt(head_dim) (Gemma: query_pre_attn_scalar^-1/2).
+  double scale = 0.0;
+  /// cap > 0: scores become cap * tanh(scores / cap) before the mask (Gemma 2);
+  /// computed by matmul and softmax in float32, as transformers' eager attention.
+  double softcap = 0.0;
+};
+
 /// Scaled dot-product attention of new queries q (B, Hq, T, D) over the
 /// cached and new keys/values k, v (B, Hkv, T, D) with Hkv dividing Hq; stores
 /// k, v in args.cache (layer `layer`). Returns (B, T, Hq * D).
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ForwardArgs& args,
-                     size_t layer, double dropout_p);
+                     size_t layer, const AttentionOptions& o);
+inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ForwardArgs& args,
+                            size_t layer, double dropout_p, int64_t sliding_window = 0) {
+  AttentionOptions o;
+  o.dropout = dropout_p;
+  o.sliding_window = sliding_window;
+  return attention(q, k, v, args, layer, o);
+}
 
 /// Calls `block(x)` through the runner installed in `args`, if any.
 inline at::Tensor run_block(const ForwardArgs& args, size_t layer, const at::Tensor& x, const BlockFn& block) {

@@ -1,8 +1,9 @@
 #pragma once
-// LLaMA (Touvron et al. 2023) and its descendants (LLaMA 2/3, TinyLlama,
-// Mistral-style GQA): RMSNorm, rotary positions (optionally LLaMA-3 scaled),
-// SwiGLU MLP, grouped-query attention. Parameter names are HF's
-// LlamaForCausalLM names.
+// LLaMA (Touvron et al. 2023) and its descendants (LLaMA 2/3, TinyLlama):
+// RMSNorm, rotary positions (optionally LLaMA-3 scaled), SwiGLU MLP,
+// grouped-query attention. Qwen2 / Qwen2.5, Qwen3, Mistral and Phi-3 are
+// options of the same code (LlamaOptions::model_type). Parameter names are
+// HF's (LlamaForCausalLM, Qwen2ForCausalLM, ..., Phi3ForCausalLM).
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -27,7 +28,8 @@ struct LlamaOptions {
   TORCH_ARG(int64_t, head_dim) = 0;
   TORCH_ARG(int64_t, max_position_embeddings) = 2048;
   TORCH_ARG(double, rms_norm_eps) = 1e-6;
-  /// theta, type (default | llama3) and scaling; head/rotary dims are filled in.
+  /// theta, type (default | llama3 | longrope) and scaling; head and rotary
+  /// dims are filled in from head_dim and partial_rotary_factor.
   TORCH_ARG(layers::RopeOptions, rope) = {};
   TORCH_ARG(bool, attention_bias) = false;
   TORCH_ARG(bool, mlp_bias) = false;
@@ -44,21 +46,48 @@ struct LlamaOptions {
   TORCH_ARG(bool, qkv_bias) = false;
   /// q_norm / k_norm: RMSNorm(head_dim) of each query and key head (Qwen3's).
   TORCH_ARG(bool, qk_norm) = false;
+  /// Sliding-window attention: a query sees the `sliding_window` latest
+  /// positions up to its own (Mistral, Phi-3, Qwen with use_sliding_window);
+  /// 0 = full attention.
+  TORCH_ARG(int64_t, sliding_window) = 0;
+  /// Per layer, "sliding_attention" or "full_attention" (HF layer_types);
+  /// empty = every layer slides when sliding_window > 0.
+  TORCH_ARG(std::vector<std::string>, layer_types) = {};
+  /// Phi-3's fused projections: qkv_proj (q, k, v rows in that order) in place
+  /// of q/k/v_proj and gate_up_proj (gate rows, then up rows) in place of
+  /// gate_proj / up_proj.
+  TORCH_ARG(bool, fused_projections) = false;
+  /// Fraction of each head's leading dims that rotate (Phi-3 / Phi-4-mini's
+  /// partial_rotary_factor); the rest pass through.
+  TORCH_ARG(double, partial_rotary_factor) = 1.0;
+  /// The embedding row of pad_token_id, which gets no gradient (HF's
+  /// nn.Embedding padding_idx, set from an HF config's pad_token_id); -1 = none.
+  TORCH_ARG(int64_t, padding_idx) = -1;
+  /// Dropout on the attention and MLP outputs before each residual add (Phi-3 resid_pdrop).
+  TORCH_ARG(double, residual_dropout) = 0.0;
 
  public:
   int64_t dim_per_head() const { return head_dim_ > 0 ? head_dim_ : hidden_size_ / num_attention_heads_; }
+  /// The window of layer `i` (0 = full attention).
+  int64_t window_of(int64_t i) const {
+    if (sliding_window_ <= 0) return 0;
+    if (layer_types_.empty()) return sliding_window_;
+    return layer_types_.at(static_cast<size_t>(i)) == "sliding_attention" ? sliding_window_ : 0;
+  }
 };
 
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
-  explicit LlamaAttentionImpl(const LlamaOptions& o);
+  LlamaAttentionImpl(const LlamaOptions& o, int64_t layer);
   /// x (B, T, C); cos/sin (B, 1, T, D).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const ForwardArgs& args,
                      size_t layer);
   layers::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  layers::Linear qkv_proj{nullptr};                  // fused_projections only (then q/k/v_proj are null)
   layers::RMSNorm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
   int64_t n_heads, n_kv_heads, head_dim;
   double dropout;
+  int64_t window;  // this layer's sliding window, 0 = full attention
 };
 TORCH_MODULE(LlamaAttention);
 
@@ -68,18 +97,20 @@ class LlamaMLPImpl : public torch::nn::Module {
   explicit LlamaMLPImpl(const LlamaOptions& o);
   at::Tensor forward(const at::Tensor& x);
   layers::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  layers::Linear gate_up_proj{nullptr};  // fused_projections only (then gate/up_proj are null)
   std::string act;
 };
 TORCH_MODULE(LlamaMLP);
 
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
-  explicit LlamaDecoderLayerImpl(const LlamaOptions& o);
+  LlamaDecoderLayerImpl(const LlamaOptions& o, int64_t layer);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const ForwardArgs& args,
                      size_t layer);
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
   layers::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  double residual_dropout;
 };
 TORCH_MODULE(LlamaDecoderLayer);
 
@@ -91,7 +122,9 @@ class LlamaModelImpl : public torch::nn::Module {
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   layers::RMSNorm norm{nullptr};
-  at::Tensor inv_freq;  // (rotary_dim / 2), not a parameter
+  at::Tensor inv_freq;       // (rotary_dim / 2), not a parameter
+  at::Tensor long_inv_freq;  // longrope: beyond original_max_positions; else undefined
+  layers::RopeOptions rope;
   int64_t max_positions;
 };
 TORCH_MODULE(LlamaModel);
@@ -109,6 +142,13 @@ class LlamaForCausalLM final : public CausalLM {
   int64_t num_layers() const override { return options.num_hidden_layers(); }
   nlohmann::json hf_config() const override;
   std::string checkpoint_key(const std::string& name) const override;
+  int64_t cache_recompute_length() const override {
+    return options.rope().type() == "longrope" ? options.rope().original_max_positions() : 0;
+  }
+  std::vector<std::string> default_lora_targets() const override {
+    if (options.fused_projections()) return {"qkv_proj"};
+    return {"q_proj", "v_proj"};
+  }
   std::vector<std::string> lm_head_parameters() const override {
     return options.tie_word_embeddings() ? std::vector<std::string>{} : std::vector<std::string>{"lm_head.weight"};
   }

@@ -50,10 +50,6 @@ class LoraLayer {
   at::Tensor with_adapter(const at::Tensor& x, const at::Tensor& base, bool training) const;
 };
 
-/// PEFT's default target_modules for a family (gpt2: c_attn; llama, opt:
-/// q_proj, v_proj; neox: query_key_value).
-std::vector<std::string> default_lora_targets(const std::string& family);
-
 /// The distinct last name parts of the model's adaptable layers, sorted.
 std::vector<std::string> lora_target_names(CausalLM& model);
 

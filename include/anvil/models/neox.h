@@ -93,6 +93,7 @@ class GPTNeoXForCausalLM final : public CausalLM {
   OutputHead output_head() override;
   std::string block_prefix(int64_t i) const override { return "gpt_neox.layers." + std::to_string(i); }
   std::string family() const override { return "neox"; }
+  std::vector<std::string> default_lora_targets() const override { return {"query_key_value"}; }
   int64_t vocab_size() const override { return options.vocab_size(); }
   int64_t hidden_size() const override { return options.hidden_size(); }
   int64_t max_positions() const override { return options.max_position_embeddings(); }

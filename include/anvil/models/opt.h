@@ -48,6 +48,7 @@ class OPTForCausalLM final : public CausalLM {
   OutputHead output_head() override;
   std::string block_prefix(int64_t i) const override { return "model.decoder.layers." + std::to_string(i); }
   std::string family() const override { return "opt"; }
+  std::vector<std::string> default_lora_targets() const override { return {"q_proj", "v_proj"}; }
   int64_t vocab_size() const override { return options.vocab_size(); }
   /// The width the LM head reads: word_embed_proj_dim (after project_out).
   int64_t hidden_size() const override { return options.word_embed_proj_dim(); }

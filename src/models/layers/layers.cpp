@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <limits>
+#include <optional>
 
 namespace anvil::models {
 
@@ -59,13 +61,23 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
   return weight * h.to(x.scalar_type());
 }
 
-at::Tensor rope_inv_freq(const RopeOptions& o) {
+at::Tensor rope_inv_freq(const RopeOptions& o, bool long_context) {
   TORCH_CHECK(o.rotary_dim() % 2 == 0 && o.rotary_dim() <= o.head_dim(), "rotary_dim ", o.rotary_dim(),
               " must be even and at most head_dim ", o.head_dim());
   // As HF: base ** (arange(0, dim, 2) / dim), in float32.
   auto exponent = at::arange(0, o.rotary_dim(), 2, at::kLong).to(at::kFloat) / static_cast<double>(o.rotary_dim());
+  if (o.type() == "longrope") {
+    // Phi-3 (HF _compute_longrope_parameters): 1 / (ext_factors * base ** exponent).
+    const auto& f = long_context ? o.long_factor() : o.short_factor();
+    TORCH_CHECK(static_cast<int64_t>(f.size()) == o.rotary_dim() / 2, "longrope: ",
+                long_context ? "long" : "short", "_factor has ", f.size(), " entries, expected rotary_dim / 2 = ",
+                o.rotary_dim() / 2);
+    auto ext = at::tensor(f, at::kDouble).to(at::kFloat);
+    return 1.0 / (ext * at::pow(o.theta(), exponent));
+  }
   auto inv_freq = 1.0 / at::pow(o.theta(), exponent);
   if (o.type() == "default") return inv_freq;
+  if (o.type() == "linear") return inv_freq / o.factor();  // HF _compute_linear_scaling_rope_parameters
   TORCH_CHECK(o.type() == "llama3", "unsupported rope type ", o.type());
   // LLaMA 3.1: long wavelengths slowed by `factor`, short ones kept, a smooth
   // blend in between (HF _compute_llama3_parameters).
@@ -81,10 +93,11 @@ at::Tensor rope_inv_freq(const RopeOptions& o) {
 }
 
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, const at::Tensor& position_ids,
-                                               at::ScalarType dtype) {
+                                               at::ScalarType dtype, double scale) {
   auto freqs = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;  // (B, T, R/2)
   auto emb = at::cat({freqs, freqs}, -1).unsqueeze(1);                                        // (B, 1, T, R)
-  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+  if (scale == 1.0) return {emb.cos().to(dtype), emb.sin().to(dtype)};
+  return {(emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)};
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -136,25 +149,54 @@ at::Tensor positions(const ForwardArgs& args, int64_t batch, int64_t seq, const 
 }
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new, const ForwardArgs& args,
-                     size_t layer, double dropout_p) {
+                     size_t layer, const AttentionOptions& o) {
   const int64_t B = q.size(0), Hq = q.size(1), T = q.size(2), D = q.size(3);
   TORCH_CHECK(Hq % k_new.size(1) == 0, "key/value heads must divide query heads");
   at::Tensor k = k_new, v = v_new;
   const int64_t past = args.cache ? args.cache->length : 0;
   if (args.cache) std::tie(k, v) = args.cache->update(layer, k_new, v_new);
   const bool gqa = k.size(1) != Hq;
-  at::Tensor y;
-  if (args.attention_mask.defined()) {
-    y = at::scaled_dot_product_attention(q, k, v, args.attention_mask, dropout_p, false, std::nullopt, gqa);
+  const int64_t S = k.size(2);
+  const auto idx = q.options().dtype(at::kLong);
+  // Query slot i: past + i, or the cache's slot when the positions live on the device.
+  const auto query_slots = [&] {
+    return (args.cache && args.cache->slots.defined() ? args.cache->slots.to(at::kLong) : at::arange(T, idx) + past)
+        .unsqueeze(1);
+  };
+  // Which key slots each query sees: `mask` (true = may attend), or plain causal when `causal`.
+  at::Tensor mask;
+  bool causal = false;
+  if (o.sliding_window > 0 && S > o.sliding_window) {
+    // The window binds: slots are positions within a left-padded row or a packed document.
+    const auto qi = query_slots();
+    const auto kj = at::arange(S, idx).unsqueeze(0);
+    auto band = (kj <= qi).logical_and(kj > qi - o.sliding_window);  // (T, S)
+    mask = args.attention_mask.defined() ? args.attention_mask.logical_and(band) : band;
+  } else if (args.attention_mask.defined()) {
+    mask = args.attention_mask;
   } else if (past == 0 || T == 1) {
-    // No past: plain causal. One new token: it sees everything cached.
-    y = at::scaled_dot_product_attention(q, k, v, {}, dropout_p, /*is_causal=*/past == 0 && T > 1, std::nullopt,
-                                         gqa);
+    causal = past == 0 && T > 1;  // one new token sees everything cached
   } else {
-    // Query i (absolute position past + i) sees keys 0 .. past + i.
-    auto qi = at::arange(T, q.options().dtype(at::kLong)).unsqueeze(1) + past;
-    auto kj = at::arange(past + T, q.options().dtype(at::kLong)).unsqueeze(0);
-    y = at::scaled_dot_product_attention(q, k, v, kj <= qi, dropout_p, false, std::nullopt, gqa);
+    mask = at::arange(S, idx).unsqueeze(0) <= query_slots();  // query i (past + i) sees keys 0 .. past + i
+  }
+  const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(D));
+  at::Tensor y;
+  if (o.softcap > 0) {
+    // transformers' eager attention with soft-capping (Gemma 2): SDPA has no cap.
+    const auto rep = Hq / k.size(1);
+    const auto kk = rep > 1 ? k.repeat_interleave(rep, 1) : k, vv = rep > 1 ? v.repeat_interleave(rep, 1) : v;
+    auto scores = at::matmul(q, kk.transpose(-2, -1)) * scale;
+    scores = at::tanh(scores / o.softcap) * o.softcap;
+    if (causal) mask = at::ones({T, S}, idx.dtype(at::kBool)).tril();
+    if (mask.defined())
+      scores = scores.masked_fill(mask.logical_not(), std::numeric_limits<float>::lowest());
+    auto probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+    if (o.dropout > 0) probs = at::dropout(probs, o.dropout, true);
+    y = at::matmul(probs, vv);
+  } else {
+    const auto s = o.scale > 0 ? std::optional<double>(o.scale) : std::nullopt;
+    const auto m = mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt;
+    y = at::scaled_dot_product_attention(q, k, v, m, o.dropout, causal, s, gqa);
   }
   return y.transpose(1, 2).reshape({B, T, Hq * D});  // (B, T, Hq * D)
 }

@@ -14,15 +14,20 @@ layers::Linear linear(int64_t in, int64_t out, bool bias) {
 
 }  // namespace
 
-LlamaAttentionImpl::LlamaAttentionImpl(const LlamaOptions& o)
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaOptions& o, int64_t layer)
     : n_heads(o.num_attention_heads()),
       n_kv_heads(o.num_key_value_heads()),
       head_dim(o.dim_per_head()),
-      dropout(o.attention_dropout()) {
+      dropout(o.attention_dropout()),
+      window(o.window_of(layer)) {
   const bool qkv = o.attention_bias() || o.qkv_bias();
-  q_proj = register_module("q_proj", linear(o.hidden_size(), n_heads * head_dim, qkv));
-  k_proj = register_module("k_proj", linear(o.hidden_size(), n_kv_heads * head_dim, qkv));
-  v_proj = register_module("v_proj", linear(o.hidden_size(), n_kv_heads * head_dim, qkv));
+  if (o.fused_projections()) {
+    qkv_proj = register_module("qkv_proj", linear(o.hidden_size(), (n_heads + 2 * n_kv_heads) * head_dim, qkv));
+  } else {
+    q_proj = register_module("q_proj", linear(o.hidden_size(), n_heads * head_dim, qkv));
+    k_proj = register_module("k_proj", linear(o.hidden_size(), n_kv_heads * head_dim, qkv));
+    v_proj = register_module("v_proj", linear(o.hidden_size(), n_kv_heads * head_dim, qkv));
+  }
   o_proj = register_module("o_proj", linear(n_heads * head_dim, o.hidden_size(), o.attention_bias()));
   if (o.qk_norm()) {
     q_norm = register_module("q_norm", layers::RMSNorm(layers::RMSNormOptions(head_dim).eps(o.rms_norm_eps())));
@@ -33,29 +38,48 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaOptions& o)
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                        const ForwardArgs& args, size_t layer) {
   const auto B = x.size(0), T = x.size(1);
-  auto q = q_proj(x).view({B, T, n_heads, head_dim});
-  auto k = k_proj(x).view({B, T, n_kv_heads, head_dim});
+  at::Tensor q, k, v;
+  if (qkv_proj) {  // Phi-3: q, k, v rows of one projection
+    auto parts = qkv_proj(x).split_with_sizes({n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim}, -1);
+    q = parts[0].view({B, T, n_heads, head_dim});
+    k = parts[1].view({B, T, n_kv_heads, head_dim});
+    v = parts[2].view({B, T, n_kv_heads, head_dim});
+  } else {
+    q = q_proj(x).view({B, T, n_heads, head_dim});
+    k = k_proj(x).view({B, T, n_kv_heads, head_dim});
+    v = v_proj(x).view({B, T, n_kv_heads, head_dim});
+  }
   if (q_norm) q = q_norm(q), k = k_norm(k);  // per head, before RoPE (Qwen3)
   q = q.transpose(1, 2);  // (B, H, T, D)
   k = k.transpose(1, 2);  // (B, Hkv, T, D)
-  auto v = v_proj(x).view({B, T, n_kv_heads, head_dim}).transpose(1, 2);
+  v = v.transpose(1, 2);
   q = layers::apply_rope(q, cos, sin);
   k = layers::apply_rope(k, cos, sin);
-  return o_proj(layers::attention(q, k, v, args, layer, is_training() ? dropout : 0.0));
+  return o_proj(layers::attention(q, k, v, args, layer, is_training() ? dropout : 0.0, window));
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaOptions& o) : act(o.hidden_act()) {
-  gate_proj = register_module("gate_proj", linear(o.hidden_size(), o.intermediate_size(), o.mlp_bias()));
-  up_proj = register_module("up_proj", linear(o.hidden_size(), o.intermediate_size(), o.mlp_bias()));
+  if (o.fused_projections()) {
+    gate_up_proj =
+        register_module("gate_up_proj", linear(o.hidden_size(), 2 * o.intermediate_size(), o.mlp_bias()));
+  } else {
+    gate_proj = register_module("gate_proj", linear(o.hidden_size(), o.intermediate_size(), o.mlp_bias()));
+    up_proj = register_module("up_proj", linear(o.hidden_size(), o.intermediate_size(), o.mlp_bias()));
+  }
   down_proj = register_module("down_proj", linear(o.intermediate_size(), o.hidden_size(), o.mlp_bias()));
 }
 
 at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
+  if (gate_up_proj) {  // Phi-3: gate rows, then up rows
+    auto parts = gate_up_proj(x).chunk(2, -1);
+    return down_proj(layers::activation(parts[0], act) * parts[1]);
+  }
   return down_proj(layers::activation(gate_proj(x), act) * up_proj(x));
 }
 
-LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaOptions& o) {
-  self_attn = register_module("self_attn", LlamaAttention(o));
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaOptions& o, int64_t layer)
+    : residual_dropout(o.residual_dropout()) {
+  self_attn = register_module("self_attn", LlamaAttention(o, layer));
   mlp = register_module("mlp", LlamaMLP(o));
   input_layernorm =
       register_module("input_layernorm", layers::RMSNorm(layers::RMSNormOptions(o.hidden_size()).eps(o.rms_norm_eps())));
@@ -65,17 +89,25 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaOptions& o) {
 
 at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                           const ForwardArgs& args, size_t layer) {
-  auto h = x + self_attn(input_layernorm(x), cos, sin, args, layer);
-  return h + mlp(post_attention_layernorm(h));
+  const double p = is_training() ? residual_dropout : 0.0;  // Phi-3's resid_pdrop
+  auto a = self_attn(input_layernorm(x), cos, sin, args, layer);
+  auto h = x + (p > 0 ? at::dropout(a, p, true) : a);
+  auto m = mlp(post_attention_layernorm(h));
+  return h + (p > 0 ? at::dropout(m, p, true) : m);
 }
 
-LlamaModelImpl::LlamaModelImpl(const LlamaOptions& o) : max_positions(o.max_position_embeddings()) {
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(o.vocab_size(), o.hidden_size()));
+LlamaModelImpl::LlamaModelImpl(const LlamaOptions& o) : rope(o.rope()), max_positions(o.max_position_embeddings()) {
+  auto emb = torch::nn::EmbeddingOptions(o.vocab_size(), o.hidden_size());
+  if (o.padding_idx() >= 0) emb.padding_idx(o.padding_idx());
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(emb));
   layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < o.num_hidden_layers(); ++i) layers->push_back(LlamaDecoderLayer(o));
+  for (int64_t i = 0; i < o.num_hidden_layers(); ++i) layers->push_back(LlamaDecoderLayer(o, i));
   norm = register_module("norm", layers::RMSNorm(layers::RMSNormOptions(o.hidden_size()).eps(o.rms_norm_eps())));
-  auto rope = o.rope();
-  inv_freq = layers::rope_inv_freq(rope.head_dim(o.dim_per_head()).rotary_dim(o.dim_per_head()));
+  // As HF: int(head_dim * partial_rotary_factor) leading dims rotate.
+  rope.head_dim(o.dim_per_head())
+      .rotary_dim(static_cast<int64_t>(static_cast<double>(o.dim_per_head()) * o.partial_rotary_factor() + 1e-6));
+  inv_freq = layers::rope_inv_freq(rope);
+  if (rope.type() == "longrope") long_inv_freq = layers::rope_inv_freq(rope, /*long_context=*/true);
 }
 
 at::Tensor LlamaModelImpl::forward(const at::Tensor& input_ids, const ForwardArgs& args) {
@@ -85,8 +117,18 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& input_ids, const ForwardArg
               max_positions);
   if (inv_freq.device() != input_ids.device()) inv_freq = inv_freq.to(input_ids.device());
   auto x = embed_tokens(input_ids);  // (B, T, C)
-  auto [cos, sin] = layers::rope_cos_sin(inv_freq, layers::positions(args, B, T, input_ids.device()),
-                                         x.scalar_type());  // (B, 1, T, D)
+  const auto pos = layers::positions(args, B, T, input_ids.device());
+  auto freq = inv_freq;
+  if (long_inv_freq.defined()) {
+    // LongRoPE (HF longrope_frequency_update): the long factors once the
+    // batch's furthest position passes the pretraining context, per call.
+    const int64_t last = args.position_ids.defined() ? pos.max().item<int64_t>() : past + T - 1;
+    if (last + 1 > rope.original_max_positions()) {
+      if (long_inv_freq.device() != input_ids.device()) long_inv_freq = long_inv_freq.to(input_ids.device());
+      freq = long_inv_freq;
+    }
+  }
+  auto [cos, sin] = layers::rope_cos_sin(freq, pos, x.scalar_type(), rope.attention_factor());  // (B, 1, T, R)
   for (size_t i = 0; i < layers->size(); ++i) {
     auto layer = layers[i]->as<LlamaDecoderLayer>();
     x = layers::run_block(args, i, x,
@@ -124,13 +166,17 @@ void LlamaForCausalLM::reset_parameters() {
     else if (name.ends_with("bias")) t.zero_();
     else t.normal_(0.0, options.initializer_range());
   }
+  if (options.padding_idx() >= 0) model->embed_tokens->weight[options.padding_idx()].zero_();
 }
 
 nlohmann::json LlamaForCausalLM::hf_config() const {
   const auto& o = options;
   const auto& type = o.model_type();
-  const char* architecture = type == "qwen2" ? "Qwen2ForCausalLM" : type == "qwen3" ? "Qwen3ForCausalLM"
-                                                                                   : "LlamaForCausalLM";
+  const char* architecture = type == "qwen2"     ? "Qwen2ForCausalLM"
+                             : type == "qwen3"   ? "Qwen3ForCausalLM"
+                             : type == "mistral" ? "MistralForCausalLM"
+                             : type == "phi3"    ? "Phi3ForCausalLM"
+                                                 : "LlamaForCausalLM";
   nlohmann::json j = {
       {"architectures", {architecture}},
       {"model_type", type},
@@ -152,15 +198,38 @@ nlohmann::json LlamaForCausalLM::hf_config() const {
       {"pretraining_tp", 1},
       {"torch_dtype", "float32"},
   };
-  if (type != "llama") {
-    j.erase("mlp_bias");
-    j.erase("pretraining_tp");
-    j["use_sliding_window"] = false;
-    j["max_window_layers"] = o.num_hidden_layers();
+  const auto window = o.sliding_window() > 0 ? nlohmann::json(o.sliding_window()) : nlohmann::json(nullptr);
+  if (type != "llama") j.erase("mlp_bias"), j.erase("pretraining_tp");
+  if (type == "qwen2" || type == "qwen3") {
+    j["use_sliding_window"] = o.sliding_window() > 0;
+    j["sliding_window"] = window;
+    std::vector<std::string> types;
+    for (int64_t i = 0; i < o.num_hidden_layers(); ++i)
+      types.push_back(o.window_of(i) > 0 ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+    // Layers below max_window_layers are full: the first sliding layer, when the windows are contiguous at the end.
+    int64_t first = o.num_hidden_layers();
+    while (first > 0 && o.window_of(first - 1) > 0) --first;
+    j["max_window_layers"] = first;
     if (type == "qwen2") j.erase("attention_bias"), j.erase("head_dim");  // q/k/v biases are Qwen2's own
   }
-  write_hf_rope(j, o.rope(), /*write_partial=*/false);
+  if (type == "mistral") j.erase("attention_bias"), j["sliding_window"] = window;
+  if (type == "phi3") {
+    j.erase("attention_bias");
+    j["sliding_window"] = window;
+    j["resid_pdrop"] = o.residual_dropout();
+    j["embd_pdrop"] = 0.0;
+    j["original_max_position_embeddings"] =
+        o.rope().type() == "longrope" ? o.rope().original_max_positions() : o.max_position_embeddings();
+  }
+  auto rope = o.rope();
+  rope.head_dim(o.dim_per_head()).rotary_dim(model->rope.rotary_dim());
+  write_hf_rope(j, rope, /*write_partial=*/type == "phi3");
+  if (type == "phi3") j["partial_rotary_factor"] = o.partial_rotary_factor();
   write_hf_special_tokens(j, special_tokens);
+  if (o.padding_idx() >= 0) j["pad_token_id"] = o.padding_idx();
+  // None rather than the config class's default (Phi-3: 32000, Gemma: 0), which would be a padding_idx there.
+  if (!j.contains("pad_token_id")) j["pad_token_id"] = nullptr;
   return j;
 }
 

@@ -1,5 +1,6 @@
-// LLaMA's entry in the model registry: our typed config and HF config.json
-// both map onto LlamaOptions.
+// The registry entries of LLaMA and the families that are options of its code
+// (qwen2, qwen3, mistral, phi3): our typed config and HF config.json both map
+// onto LlamaOptions.
 #include "../hf_config_reader.h"
 #include "anvil/models/llama.h"
 #include "anvil/models/registry.h"
@@ -10,7 +11,7 @@ namespace {
 /// Meta's SwiGLU width: 2/3 of 4h, rounded up to a multiple of 256.
 int64_t default_intermediate(int64_t hidden) { return 256 * ((8 * hidden / 3 + 255) / 256); }
 
-/// Our typed config as `model_type` (llama, qwen2, qwen3) shapes it.
+/// Our typed config as `model_type` (llama, qwen2, qwen3, mistral, phi3) shapes it.
 std::shared_ptr<CausalLM> from_typed_config(const config::ModelConfig& c, const std::string& model_type) {
   layers::RopeOptions rope;
   rope.theta(c.rope_theta);
@@ -20,6 +21,7 @@ std::shared_ptr<CausalLM> from_typed_config(const config::ModelConfig& c, const 
         .low_freq_factor(c.rope_scaling.low_freq_factor)
         .high_freq_factor(c.rope_scaling.high_freq_factor)
         .original_max_positions(c.rope_scaling.original_max_position_embeddings);
+  const bool phi3 = model_type == "phi3";
   LlamaOptions o;
   o.vocab_size(c.vocab_size)
       .hidden_size(c.hidden_size)
@@ -27,6 +29,7 @@ std::shared_ptr<CausalLM> from_typed_config(const config::ModelConfig& c, const 
       .num_hidden_layers(c.num_layers)
       .num_attention_heads(c.num_heads)
       .num_key_value_heads(c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads)
+      .head_dim(c.head_dim)
       .max_position_embeddings(c.max_position_embeddings)
       .rms_norm_eps(c.layer_norm_eps)
       .rope(rope)
@@ -37,17 +40,37 @@ std::shared_ptr<CausalLM> from_typed_config(const config::ModelConfig& c, const 
       .initializer_range(c.initializer_range)
       .model_type(model_type)
       .qkv_bias(model_type == "qwen2")
-      .qk_norm(model_type == "qwen3");
-  if (model_type == "qwen2" && c.attention_bias)
-    throw ConfigError("model.attention_bias: Qwen2 has biases on q, k and v (not on o_proj) by its definition; "
-                      "leave the key out");
+      .qk_norm(model_type == "qwen3")
+      .sliding_window(c.sliding_window)
+      .fused_projections(phi3)
+      .partial_rotary_factor(phi3 ? c.rotary_pct : 1.0)
+      .residual_dropout(phi3 ? c.dropout : 0.0);
+  if (c.attention_bias && (model_type == "qwen2" || model_type == "mistral" || phi3))
+    throw ConfigError(concat("model.attention_bias: ", model_type,
+                             model_type == "qwen2" ? " has biases on q, k and v (not on o_proj) by its definition"
+                                                   : " has no attention biases",
+                             "; leave the key out"));
+  if (c.rotary_pct != 1.0 && !phi3)
+    throw ConfigError(concat("model.rotary_pct: partial rotary applies to neox and phi3, not ", model_type));
   return std::make_shared<LlamaForCausalLM>(o);
 }
 
-/// An HF config.json of `model_type` llama, qwen2 or qwen3.
+/// The reader's name of a model_type, for messages.
+const char* display_name(const std::string& t) {
+  return t == "qwen2" ? "Qwen2" : t == "qwen3" ? "Qwen3" : t == "mistral" ? "Mistral" : t == "phi3" ? "Phi-3" : "LLaMA";
+}
+
+/// `sliding_window` of an HF config: `absent` when the key is missing, 0 when null.
+int64_t window_key(const HfConfigReader& r, const nlohmann::json& j, int64_t absent) {
+  if (!j.contains("sliding_window")) return absent;
+  return j["sliding_window"].is_null() ? 0 : r.integer("sliding_window");
+}
+
+/// An HF config.json of `model_type` llama, qwen2, qwen3, mistral or phi3.
 std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& where, const std::string& model_type) {
-  const bool qwen2 = model_type == "qwen2", qwen3 = model_type == "qwen3";
-  HfConfigReader r(j, where, qwen2 ? "Qwen2" : qwen3 ? "Qwen3" : "LLaMA");
+  const bool qwen2 = model_type == "qwen2", qwen3 = model_type == "qwen3", llama = model_type == "llama",
+             phi3 = model_type == "phi3";
+  HfConfigReader r(j, where, display_name(model_type));
   LlamaOptions o;
   o.vocab_size(r.integer("vocab_size"))
       .hidden_size(r.integer("hidden_size"))
@@ -57,12 +80,14 @@ std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& wh
   o.num_key_value_heads(r.integer("num_key_value_heads", o.num_attention_heads()))
       .head_dim(qwen2 ? 0 : r.integer("head_dim", qwen3 ? 128 : 0))  // Qwen3Config's default is 128
       .max_position_embeddings(r.integer("max_position_embeddings", 2048))
-      .rms_norm_eps(r.number("rms_norm_eps", 1e-6, HfConfigReader::Bound::positive))
-      .attention_bias(qwen2 ? false : r.boolean("attention_bias", false))
-      .mlp_bias(qwen2 || qwen3 ? false : r.boolean("mlp_bias", false))
+      .rms_norm_eps(r.number("rms_norm_eps", phi3 ? 1e-5 : 1e-6, HfConfigReader::Bound::positive))
+      .attention_bias(llama || qwen3 ? r.boolean("attention_bias", false) : false)
+      .mlp_bias(llama ? r.boolean("mlp_bias", false) : false)
       .model_type(model_type)
       .qkv_bias(qwen2)
       .qk_norm(qwen3)
+      .fused_projections(phi3)
+      .residual_dropout(phi3 ? r.number("resid_pdrop", 0.0, HfConfigReader::Bound::probability) : 0.0)
       .tie_word_embeddings(r.boolean("tie_word_embeddings", false))
       .hidden_act(r.string("hidden_act", "silu"))
       .attention_dropout(r.number("attention_dropout", 0.0, HfConfigReader::Bound::probability))
@@ -75,20 +100,33 @@ std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& wh
                                          o.num_attention_heads()));
   if (!layers::is_supported_activation(o.hidden_act()))
     r.fail("hidden_act", concat("\"", o.hidden_act(), "\" is not supported"));
-  if (qwen2 || qwen3) {
-    // Sliding-window attention (Mistral's, Qwen's when use_sliding_window) is not implemented.
-    if (r.boolean("use_sliding_window", false))
-      r.fail("use_sliding_window", "sliding-window attention is not supported; only full attention (false)");
-    if (j.contains("layer_types") && j["layer_types"].is_array())
-      for (const auto& t : j["layer_types"])
-        if (t != "full_attention")
-          r.fail("layer_types", concat("layer type ", t.dump(), " is not supported; only \"full_attention\""));
+  // Sliding windows as transformers reads them: Mistral's on every layer (4096
+  // when the key is missing, none when null), Phi-3's on every layer when set,
+  // Qwen's only with use_sliding_window and then on the layers layer_types
+  // names (by default those from max_window_layers on).
+  if (model_type == "mistral") o.sliding_window(window_key(r, j, 4096));
+  if (phi3) o.sliding_window(window_key(r, j, 0));
+  if ((qwen2 || qwen3) && r.boolean("use_sliding_window", false)) {
+    o.sliding_window(window_key(r, j, 4096));
+    auto types = r.layer_types(o.num_hidden_layers());
+    if (types.empty()) {
+      const auto from = r.integer("max_window_layers", 28);
+      for (int64_t i = 0; i < o.num_hidden_layers(); ++i)
+        types.push_back(i >= from ? "sliding_attention" : "full_attention");
+    }
+    o.layer_types(types);
   }
-  auto rope = r.rope(o.dim_per_head(), 10000.0, 1.0);
-  if (rope.rotary_dim() != o.dim_per_head()) r.fail("partial_rotary_factor", "partial rotary is not supported");
+  // Phi-3's RoPE without a factor: max_position_embeddings / original_max_position_embeddings.
+  const auto original_max = phi3 ? r.integer("original_max_position_embeddings", 4096) : 0;
+  auto rope = r.rope(o.dim_per_head(), 10000.0, 1.0, o.max_position_embeddings(), original_max);
+  o.partial_rotary_factor(static_cast<double>(rope.rotary_dim()) / static_cast<double>(o.dim_per_head()));
+  if (rope.rotary_dim() != o.dim_per_head() && !phi3)
+    r.fail("partial_rotary_factor", "partial rotary is not supported");
   o.rope(rope);
+  const auto special = r.special_tokens();
+  o.padding_idx(r.padding_idx(special, o.vocab_size()));
   auto model = std::make_shared<LlamaForCausalLM>(o);
-  model->special_tokens = r.special_tokens();
+  model->special_tokens = special;
   return model;
 }
 
@@ -97,12 +135,15 @@ ModelFamily make_family() {
   return {Type, Type, [](const config::ModelConfig& c) { return from_typed_config(c, Type); },
           [](const nlohmann::json& j, const std::string& where) { return from_hf(j, where, Type); }};
 }
-constexpr char kLlama[] = "llama", kQwen2[] = "qwen2", kQwen3[] = "qwen3";
+constexpr char kLlama[] = "llama", kQwen2[] = "qwen2", kQwen3[] = "qwen3", kMistral[] = "mistral",
+               kPhi3[] = "phi3";
 
 }  // namespace
 
 ModelFamily family() { return make_family<kLlama>(); }
 ModelFamily qwen2_family() { return make_family<kQwen2>(); }
 ModelFamily qwen3_family() { return make_family<kQwen3>(); }
+ModelFamily mistral_family() { return make_family<kMistral>(); }
+ModelFamily phi3_family() { return make_family<kPhi3>(); }
 
 }  // namespace anvil::models::llama

@@ -53,11 +53,7 @@ std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::str
   if (!layers::is_supported_activation(o.activation_function()))
     r.fail("activation_function", concat("\"", o.activation_function(), "\" is not supported"));
   auto special = r.special_tokens();
-  if (special.pad >= 0) {
-    if (special.pad >= o.vocab_size())
-      r.fail("pad_token_id", concat(special.pad, " is not below vocab_size ", o.vocab_size()));
-    o.padding_idx(special.pad);
-  }
+  o.padding_idx(r.padding_idx(special, o.vocab_size()));
   auto model = std::make_shared<OPTForCausalLM>(o);
   model->special_tokens = special;
   return model;

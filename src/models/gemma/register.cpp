@@ -1,0 +1,149 @@
+// The registry entries of Gemma 2 (gemma2) and Gemma 3's text model
+// (gemma3_text): our typed config and HF config.json both map onto GemmaOptions.
+#include "../hf_config_reader.h"
+#include "anvil/models/gemma.h"
+#include "anvil/models/registry.h"
+
+namespace anvil::models::gemma {
+namespace {
+
+/// Gemma 2's layers alternate, sliding first; Gemma 3 has 5 sliding layers to a global one.
+std::vector<std::string> default_layer_types(int64_t n, int64_t pattern) {
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back((i + 1) % pattern != 0 ? "sliding_attention" : "full_attention");
+  return out;
+}
+
+/// Our typed config: Gemma 2's soft-caps (50 on scores, 30 on logits), Gemma 3's
+/// q/k norms and its local RoPE base 10000; scores scaled by head_dim^-1/2.
+std::shared_ptr<CausalLM> from_typed_config(const config::ModelConfig& c, const std::string& model_type) {
+  const bool g3 = model_type == "gemma3_text";
+  const auto head_dim = c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_heads;
+  layers::RopeOptions rope, local;
+  rope.theta(c.rope_theta);
+  local.theta(g3 ? 10000.0 : c.rope_theta);
+  GemmaOptions o;
+  o.model_type(model_type)
+      .vocab_size(c.vocab_size)
+      .hidden_size(c.hidden_size)
+      .intermediate_size(c.intermediate_size > 0 ? c.intermediate_size : 4 * c.hidden_size)
+      .num_hidden_layers(c.num_layers)
+      .num_attention_heads(c.num_heads)
+      .num_key_value_heads(c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads)
+      .head_dim(head_dim)
+      .max_position_embeddings(c.max_position_embeddings)
+      .rms_norm_eps(c.layer_norm_eps)
+      .rope(rope)
+      .local_rope(local)
+      .attention_bias(c.attention_bias)
+      .hidden_act(c.activation == "auto" ? "gelu_pytorch_tanh" : c.activation)
+      .attention_dropout(c.dropout)
+      .initializer_range(c.initializer_range)
+      .query_pre_attn_scalar(static_cast<double>(head_dim))
+      .attn_logit_softcapping(g3 ? 0.0 : 50.0)
+      .final_logit_softcapping(g3 ? 0.0 : 30.0)
+      // Without a window every position fits: the sliding layers see everything.
+      .sliding_window(c.sliding_window > 0 ? c.sliding_window : c.max_position_embeddings)
+      .layer_types(default_layer_types(c.num_layers, g3 ? 6 : 2))
+      .qk_norm(g3)
+      .tie_word_embeddings(c.tie_embeddings != "false");
+  return std::make_shared<GemmaForCausalLM>(o);
+}
+
+/// A soft-cap: `def` when the key is missing, 0 (none) when null.
+double softcap(const HfConfigReader& r, const nlohmann::json& j, const char* key, double def) {
+  if (!j.contains(key)) return def;
+  return j[key].is_null() ? 0.0 : r.number(key, def, HfConfigReader::Bound::positive);
+}
+
+/// One rope_parameters entry of Gemma 3 (default or linear).
+layers::RopeOptions rope_of(const nlohmann::json& entry, const std::string& where, double default_theta) {
+  if (!entry.is_object()) throw CheckpointError(concat(where, ": expected an object, got ", entry.dump()));
+  HfConfigReader sub(entry, where, "Gemma 3");
+  layers::RopeOptions o;
+  o.theta(sub.number("rope_theta", default_theta, HfConfigReader::Bound::positive));
+  const auto type = sub.string("rope_type", sub.string("type", "default"));
+  if (type == "linear") o.type("linear").factor(sub.number("factor", 1.0, HfConfigReader::Bound::positive));
+  else if (type != "default")
+    sub.fail("rope_type", concat("\"", type, "\" is not supported for Gemma 3; supported: default, linear"));
+  return o;
+}
+
+/// An HF config.json of `model_type` gemma2 or gemma3_text.
+std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& where, const std::string& model_type) {
+  const bool g3 = model_type == "gemma3_text";
+  HfConfigReader r(j, where, g3 ? "Gemma 3" : "Gemma 2");
+  GemmaOptions o;
+  o.model_type(model_type)
+      .vocab_size(r.integer("vocab_size"))
+      .hidden_size(r.integer("hidden_size"))
+      .intermediate_size(r.integer("intermediate_size"))
+      .num_hidden_layers(r.integer("num_hidden_layers"))
+      .num_attention_heads(r.integer("num_attention_heads"));
+  o.num_key_value_heads(r.integer("num_key_value_heads", o.num_attention_heads()))
+      .head_dim(r.integer("head_dim", 256))
+      .max_position_embeddings(r.integer("max_position_embeddings", g3 ? 131072 : 8192))
+      .rms_norm_eps(r.number("rms_norm_eps", 1e-6, HfConfigReader::Bound::positive))
+      .attention_bias(r.boolean("attention_bias", false))
+      .hidden_act(r.string("hidden_activation", r.string("hidden_act", "gelu_pytorch_tanh")))
+      .attention_dropout(r.number("attention_dropout", 0.0, HfConfigReader::Bound::probability))
+      .initializer_range(r.number("initializer_range", 0.02))
+      .query_pre_attn_scalar(r.number("query_pre_attn_scalar", 256, HfConfigReader::Bound::positive))
+      // transformers' Gemma 3 reads attn_logit_softcapping but never applies it (its attention passes no softcap).
+      .attn_logit_softcapping(g3 ? 0.0 : softcap(r, j, "attn_logit_softcapping", 50.0))
+      .final_logit_softcapping(softcap(r, j, "final_logit_softcapping", g3 ? 0.0 : 30.0))
+      .sliding_window(r.integer("sliding_window", 4096))
+      .qk_norm(g3)
+      .tie_word_embeddings(r.boolean("tie_word_embeddings", true));
+  if (o.num_attention_heads() % o.num_key_value_heads() != 0)
+    r.fail("num_key_value_heads", concat(o.num_key_value_heads(), " must divide num_attention_heads ",
+                                         o.num_attention_heads()));
+  if (!layers::is_supported_activation(o.hidden_act()))
+    r.fail("hidden_activation", concat("\"", o.hidden_act(), "\" is not supported"));
+  if (r.boolean("use_bidirectional_attention", false))
+    r.fail("use_bidirectional_attention", "bidirectional (embedding) Gemma models are not causal LMs");
+  auto types = r.layer_types(o.num_hidden_layers());
+  if (types.empty()) types = default_layer_types(o.num_hidden_layers(), g3 ? r.integer("sliding_window_pattern", 6) : 2);
+  o.layer_types(types);
+  if (!g3) {
+    auto rope = r.rope(o.head_dim(), 10000.0, 1.0);
+    if (rope.rotary_dim() != o.head_dim()) r.fail("partial_rotary_factor", "partial rotary is not supported");
+    o.rope(rope).local_rope(rope);
+  } else {
+    // transformers 5: rope_parameters per layer type; transformers 4: rope_theta + rope_scaling (global) and
+    // rope_local_base_freq (sliding).
+    const auto* params = r.find("rope_parameters");
+    if (params && params->is_object() && params->contains("full_attention")) {
+      o.rope(rope_of((*params)["full_attention"], where + ": rope_parameters.full_attention", 1e6));
+      o.local_rope(params->contains("sliding_attention")
+                       ? rope_of((*params)["sliding_attention"], where + ": rope_parameters.sliding_attention", 1e4)
+                       : layers::RopeOptions().theta(1e4));
+    } else {
+      auto global = params ? rope_of(*params, where + ": rope_parameters", r.number("rope_theta", 1e6))
+                           : layers::RopeOptions().theta(r.number("rope_theta", 1e6, HfConfigReader::Bound::positive));
+      if (const auto* s = r.find("rope_scaling")) global = rope_of(*s, where + ": rope_scaling", global.theta());
+      o.rope(global);
+      o.local_rope(layers::RopeOptions().theta(
+          r.number("rope_local_base_freq", 10000.0, HfConfigReader::Bound::positive)));
+    }
+  }
+  const auto special = r.special_tokens();
+  o.padding_idx(r.padding_idx(special, o.vocab_size()));
+  auto model = std::make_shared<GemmaForCausalLM>(o);
+  model->special_tokens = special;
+  return model;
+}
+
+template <const char* Type>
+ModelFamily make_family() {
+  return {Type, Type, [](const config::ModelConfig& c) { return from_typed_config(c, Type); },
+          [](const nlohmann::json& j, const std::string& where) { return from_hf(j, where, Type); }};
+}
+constexpr char kGemma2[] = "gemma2", kGemma3[] = "gemma3_text";
+
+}  // namespace
+
+ModelFamily gemma2_family() { return make_family<kGemma2>(); }
+ModelFamily gemma3_family() { return make_family<kGemma3>(); }
+
+}  // namespace anvil::models::gemma

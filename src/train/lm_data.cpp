@@ -1,0 +1,45 @@
+// The dataset-reading helpers of train/lm_data.h shared by the objectives.
+#include "train/lm_data.h"
+
+#include <filesystem>
+
+namespace anvil::train {
+
+data::ReadOptions read_options(const config::RunConfig& cfg, const config::DatasetConfig& d) {
+  data::ReadOptions o;
+  o.prompt_field = d.prompt_field;
+  o.response_field = d.response_field;
+  o.template_name = cfg.data.template_name;
+  o.max_length = cfg.data.max_length;
+  o.drop_overflow = cfg.data.on_overflow == "drop";
+  o.train_on_prompt = cfg.sft.train_on_prompt;
+  o.add_eos = cfg.sft.add_eos;
+  o.on_error = data::parse_on_error(cfg.data.on_error);
+  return o;
+}
+
+data::ReadOptions record_read_options(const config::RunConfig& cfg, const config::DatasetConfig& d,
+                                      const std::string& key, const std::string& format, const std::string& what) {
+  if (d.format != "auto" && d.format != format)
+    throw ConfigError(concat(key, ".format: algorithm ", cfg.algorithm, " reads ", what, ", got ", d.format));
+  if (std::filesystem::is_directory(d.path))
+    throw ConfigError(concat(key, ".path: algorithm ", cfg.algorithm, " reads a JSONL file of ", what,
+                             ", got the folder \"", d.path, "\""));
+  data::ReadOptions o;
+  o.prompt_field = d.prompt_field;
+  o.template_name = cfg.data.template_name;
+  o.max_length = cfg.data.max_length;
+  o.drop_overflow = cfg.data.on_overflow == "drop";
+  o.on_error = data::parse_on_error(cfg.data.on_error);
+  return o;
+}
+
+std::shared_ptr<data::PromptDataset> load_prompts(const config::RunConfig& cfg, const config::DatasetConfig& d,
+                                                  const std::string& key, const tokenizer::Tokenizer& tok) {
+  auto o = record_read_options(cfg, d, key, "prompts", "prompts ({prompt} records)");
+  auto ds = std::make_shared<data::PromptDataset>(data::PromptDataset::load(d.path, tok, o));
+  log::info(d.path, ": ", ds->size(), " prompts (", ds->stats().summary(), ")");
+  return ds;
+}
+
+}  // namespace anvil::train
