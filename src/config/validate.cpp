@@ -104,7 +104,7 @@ void check_training(const RunConfig& c, const FlatConfig& flat, const Fail& fail
 
 /// What a path key names; kModel and kTokenizer (a model folder, a tokenizer
 /// file or folder) may also be Hub ids read from the local cache.
-enum Kind { kFile, kFolder, kFileOrFolder, kModel, kTokenizer };
+enum Kind { kFile, kFolder, kModel, kTokenizer };
 
 void must_exist(const Fail& fail, const char* key, const std::string& path, Kind kind) {
   if (path.empty()) return;
