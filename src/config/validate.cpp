@@ -28,7 +28,8 @@ void check_model(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
     // The shape of a loaded model is its config.json's; a second source of
     // truth would be silently ignored.
     for (const auto& [k, entry] : flat)
-      if (k.rfind("model.", 0) == 0 && k != "model.from" && k != "model.family" && k != "model.lora_from")
+      if (k.rfind("model.", 0) == 0 && k != "model.from" && k != "model.family" && k != "model.lora_from" &&
+          k != "model.router_aux_loss_coef")
         fail(k, concat("cannot be set together with model.from (the model's shape and dropout come from ",
                        c.model.from, "/config.json)"));
   }
@@ -42,15 +43,27 @@ void check_model(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
   }
   const auto& f = c.model.family;
   const bool gemma = f == "gemma2" || f == "gemma3_text";
-  if (c.model.sliding_window > 0 && f != "mistral" && f != "phi3" && f != "qwen2" && f != "qwen3" && !gemma)
-    fail("model.sliding_window",
-         concat("applies to model.family mistral, phi3, qwen2, qwen3, gemma2 or gemma3_text only, not ", f));
+  if (c.model.sliding_window > 0 && f != "mistral" && f != "phi3" && f != "qwen2" && f != "qwen3" && !gemma &&
+      f != "mixtral" && f != "qwen3_moe")
+    fail("model.sliding_window", concat("applies to model.family mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe, "
+                                        "gemma2 or gemma3_text only, not ", f));
   for (const auto& t : c.tokenizer.add_special_tokens)
     if (t.empty()) fail("tokenizer.add_special_tokens", "expected non-empty token strings");
-  const bool llama_code = f == "llama" || f == "qwen2" || f == "qwen3" || f == "mistral" || f == "phi3";
+  const bool moe = f == "mixtral" || f == "qwen3_moe";
+  const bool llama_code = f == "llama" || f == "qwen2" || f == "qwen3" || f == "mistral" || f == "phi3" || moe;
   if (c.model.head_dim > 0 && !llama_code && !gemma)
-    fail("model.head_dim", concat("applies to model.family llama, qwen2, qwen3, mistral, phi3, gemma2 or "
-                                  "gemma3_text only, not ", f));
+    fail("model.head_dim", concat("applies to model.family llama, qwen2, qwen3, mistral, phi3, mixtral, "
+                                  "qwen3_moe, gemma2 or gemma3_text only, not ", f));
+  if (c.model.from.empty() && !moe) {
+    const std::pair<const char*, bool> moe_only[] = {{"model.num_experts", c.model.num_experts != 0},
+                                                     {"model.num_experts_per_tok", c.model.num_experts_per_tok != 2},
+                                                     {"model.moe_intermediate_size", c.model.moe_intermediate_size != 0},
+                                                     {"model.router_aux_loss_coef", c.model.router_aux_loss_coef != -1}};
+    for (const auto& [key, set] : moe_only)
+      if (set) fail(key, concat("applies to model.family mixtral or qwen3_moe only, not ", f));
+  }
+  if (c.model.from.empty() && f == "mixtral" && c.model.moe_intermediate_size != 0)
+    fail("model.moe_intermediate_size", "Mixtral's experts are intermediate_size wide; leave the key out");
   if (c.model.from.empty() && c.model.head_dim == 0 && c.model.hidden_size % c.model.num_heads != 0)
     fail("model.num_heads", concat("expected a divisor of model.hidden_size (", c.model.hidden_size, "), got ",
                                    c.model.num_heads));

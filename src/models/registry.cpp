@@ -12,6 +12,8 @@ ModelFamily qwen2_family();
 ModelFamily qwen3_family();
 ModelFamily mistral_family();
 ModelFamily phi3_family();
+ModelFamily mixtral_family();
+ModelFamily qwen3_moe_family();
 }  // namespace llama
 namespace gemma {
 ModelFamily gemma2_family();
@@ -30,6 +32,8 @@ const std::vector<ModelFamily>& families() {
       llama::qwen3_family(),  // LLaMA with per-head q/k RMSNorm
       llama::mistral_family(),  // LLaMA with sliding-window attention
       llama::phi3_family(),  // LLaMA with fused qkv / gate_up projections, LongRoPE
+      llama::mixtral_family(),  // Mistral with a mixture of experts
+      llama::qwen3_moe_family(),  // Qwen3 with a mixture of experts
       gemma::gemma2_family(),
       gemma::gemma3_family(),
       neox::family(),

@@ -108,6 +108,7 @@ class EngineImpl : public Engine {
     for_each([](EngineImpl& e) { e.begin_step(); });
     AccumulateOptions ao;
     ao.step_targets = step_targets;
+    ao.world = world_size();
     ao.read_loss = read_loss;
     ao.before_backward = [&](bool last) { for_each([&](EngineImpl& e) { e.before_backward(last); }); };
     ao.after_backward = [&] { for_each([](EngineImpl& e) { e.after_backward(); }); };

@@ -157,8 +157,22 @@ StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, co
   // weighted 0 and it gives no gradient. Supervised data never gets here (samples without a target are dropped).
   const double scale = s.num_targets > 0 ? 1.0 / static_cast<double>(s.num_targets) : 0.0;
   at::Tensor total;  // summed on the device: one host read per step, not per micro-batch
+  // Mixture of experts: each micro-batch's load-balancing loss (transformers'), averaged over the
+  // micro-batches and ranks of the step (their gradients are summed), with the model's weight.
+  const double aux_weight = model.router_aux_loss_coef;
+  const double aux_share = 1.0 / static_cast<double>(batches.size() * std::max<int64_t>(options.world, 1));
+  at::Tensor aux_total;
   for (size_t i = 0; i < batches.size(); ++i) {
+    if (aux_weight > 0) model.begin_router_stats();
     auto loss = objective.loss_sum(model, batches[i], s.sums);
+    if (aux_weight > 0) {
+      auto aux = model.take_aux_loss(aux_weight * aux_share);
+      if (aux.defined()) {
+        add_sum(s.sums, "moe/aux_loss", aux * aux_share);
+        auto weighted = (aux * (aux_weight * aux_share)).to(at::kDouble);
+        aux_total = aux_total.defined() ? aux_total + weighted : weighted;
+      }
+    }
     if (options.before_backward) options.before_backward(i + 1 == batches.size());
     (loss * scale).backward();
     if (options.after_backward) options.after_backward();
@@ -166,6 +180,7 @@ StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, co
     total = total.defined() ? total + detached : detached;
   }
   s.loss_tensor = total.defined() ? total * scale : at::zeros({}, at::kDouble);
+  if (aux_total.defined()) s.loss_tensor = s.loss_tensor + aux_total.to(s.loss_tensor.device());
   if (options.read_loss) s.loss = s.loss_tensor.item<double>();
   return s;
 }
@@ -385,6 +400,7 @@ class TrainLoop {
     stop_ = head[1] > 0;
     Metrics m{{"loss", s.loss}, {"lr", lr}, {"num_targets", static_cast<double>(step_targets)}};
     for (const auto& [k, v] : objective_.step_metrics(s.sums)) m[k] = v;
+    if (const auto aux = s.sums.find("moe/aux_loss"); aux != s.sums.end()) m["moe/aux_loss"] = aux->second.item<double>();
     // The loss is summed over ranks and the norm is global, so every rank takes the same decision.
     if (cfg_.train.grad_clip > 0) m["grad_norm"] = norm;
     for (const auto& [k, v] : engine_.step_metrics()) m[k] = v;

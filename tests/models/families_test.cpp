@@ -42,17 +42,25 @@ int64_t count_parameters(const CausalLM& m) {
 /// the count is affine in the vocabulary and in the number of blocks (every
 /// block of a flavor has the same shape), so the models built with 1 or 2
 /// blocks and 1 or 2 vocabulary rows give it for the flavor's own sizes.
+/// A mixture of experts is built with 1 or 2 experts per block too (a block's
+/// count is affine in its experts).
 int64_t count_parameters_by_extension(const std::string& flavor) {
-  const auto count = [&](int64_t vocab, int64_t layers) {
-    return count_parameters(*build_flavor(
-        flavor, 0, {"model.vocab_size=" + std::to_string(vocab), "model.num_layers=" + std::to_string(layers)}));
-  };
-  const auto base = count(1, 1), per_block = count(1, 2) - base, per_row = count(2, 1) - base;
   const auto src = anvil::testing::source_dir();
   const auto m = config::load_config({src + "/configs/quickstart.yaml", src + "/configs/models/" + flavor + ".yaml"},
                                      {"output_dir=unused"})
                      .model;
-  return base + (m.num_layers - 1) * per_block + (m.vocab_size - 1) * per_row;
+  const bool moe = m.num_experts > 0;
+  const auto count = [&](int64_t vocab, int64_t layers, int64_t experts) {
+    std::vector<std::string> o{"model.vocab_size=" + std::to_string(vocab),
+                               "model.num_layers=" + std::to_string(layers)};
+    if (moe) o.push_back("model.num_experts=" + std::to_string(experts)), o.push_back("model.num_experts_per_tok=1");
+    return count_parameters(*build_flavor(flavor, 0, o));
+  };
+  const auto base = count(1, 1, 1), per_block = count(1, 2, 1) - base, per_row = count(2, 1, 1) - base;
+  // Each expert of each block (with its router row).
+  const auto per_expert = moe ? count(1, 1, 2) - base : 0;
+  const auto experts = moe ? m.num_experts - 1 : 0;
+  return base + (m.num_layers - 1) * per_block + (m.vocab_size - 1) * per_row + m.num_layers * experts * per_expert;
 }
 
 class Family : public ::testing::TestWithParam<std::string> {
@@ -180,6 +188,9 @@ TEST(Flavors, PublishedParameterCounts) {
   EXPECT_EQ(count_parameters_by_extension("phi3-mini"), 3821079552);
   EXPECT_EQ(count_parameters_by_extension("gemma2-2b"), 2614341888);
   EXPECT_EQ(count_parameters_by_extension("gemma3-1b"), 999885952);
+  // Mixtral-8x7B (46.7 B) and Qwen3-30B-A3B (30.5 B), every parameter of every expert.
+  EXPECT_EQ(count_parameters_by_extension("mixtral-8x7b"), 46702792704);
+  EXPECT_EQ(count_parameters_by_extension("qwen3-30b-a3b"), 30532122624);
 }
 
 }  // namespace
@@ -295,7 +306,7 @@ TEST(HfImport, SlidingWindowsAndLongRopeAreReadAsTransformersReadsThem) {
 TEST(HfImport, UnsupportedConfigsNameTheFileAndKey) {
   EXPECT_EQ(load_error(R"({"model_type": "mamba"})"),
             "config.json: model_type \"mamba\" is not supported; supported: gpt2, llama, qwen2, qwen3, mistral, phi3, "
-            "gemma2, gemma3_text, gpt_neox, opt");
+            "mixtral, qwen3_moe, gemma2, gemma3_text, gpt_neox, opt");
   const std::string opt = R"({"model_type": "opt", "vocab_size": 10, "hidden_size": 8, "ffn_dim": 16,
       "num_hidden_layers": 1, "num_attention_heads": 2)";
   EXPECT_EQ(load_error(opt + R"(, "activation_function": "quick_gelu"})"),
@@ -340,6 +351,112 @@ TEST(HfImport, OutOfRangeNumbersNameTheFileAndKey) {
   EXPECT_EQ(load_error(R"({"model_type": "gpt_neox", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
       "num_hidden_layers": 1, "num_attention_heads": 2, "hidden_dropout": -0.1})"),
             "config.json: hidden_dropout: expected a probability in [0, 1), got -0.1");
+}
+
+}  // namespace
+}  // namespace anvil::models
+
+// Mixtures of experts beyond transformers' parity (hf_parity_test.cpp): the
+// load-balancing loss's gradient through activation checkpointing, and
+// at::_grouped_mm against the per-expert loop.
+#include "anvil/models/activation_checkpointing.h"
+#include "anvil/models/moe.h"
+
+namespace anvil::models {
+namespace {
+
+struct AuxRun {
+  double aux = 0;
+  std::map<std::string, at::Tensor> grads;
+};
+
+AuxRun aux_run(const std::string& flavor, bool checkpointing, double weight) {
+  at::manual_seed(11);
+  auto model = build_flavor(flavor, 61);
+  if (checkpointing)
+    model->set_block_runner([](size_t, const at::Tensor& x, const BlockFn& block) { return checkpoint_block(block, x); });
+  auto ids = at::randint(61, {3, 10}, at::kLong);
+  model->begin_router_stats();
+  auto logits = model->forward(ids);
+  auto loss = at::cross_entropy_loss(logits.narrow(1, 0, 9).reshape({-1, 61}), ids.narrow(1, 1, 9).reshape(-1));
+  auto aux = model->take_aux_loss(weight);
+  loss.backward();
+  AuxRun r;
+  r.aux = aux.item<double>();
+  for (const auto& p : model->named_parameters()) r.grads.emplace(p.key(), p.value().grad().clone());
+  return r;
+}
+
+TEST(MixtureOfExperts, AuxLossGradientReachesTheRoutersThroughActivationCheckpointing) {
+  for (const std::string flavor : {"mixtral-debug", "qwen3_moe-debug"}) {
+    SCOPED_TRACE(flavor);
+    const auto plain = aux_run(flavor, false, 0.5), ckpt = aux_run(flavor, true, 0.5), none = aux_run(flavor, false, 0);
+    // Balanced routing gives k = 2 (E * sum_e (k / E) (1 / E)); the init's near-uniform router is near it.
+    EXPECT_GT(plain.aux, 1.5);
+    EXPECT_LT(plain.aux, 4.0);
+    EXPECT_DOUBLE_EQ(plain.aux, ckpt.aux);
+    size_t routers = 0;
+    for (const auto& [name, g] : plain.grads) {
+      EXPECT_TRUE(at::allclose(g, ckpt.grads.at(name), 1e-5, 1e-7)) << name;
+      if (name.ends_with(".gate.weight")) {
+        ++routers;
+        // The loss's weight shows in the routers' gradients (and only there and upstream).
+        EXPECT_GT((g - none.grads.at(name)).abs().max().item<double>(), 1e-4) << name;
+      }
+      if (name.find("lm_head") != std::string::npos || name == "model.norm.weight")
+        EXPECT_TRUE(at::allclose(g, none.grads.at(name), 0, 1e-7)) << name;
+    }
+    EXPECT_EQ(routers, 2u);
+  }
+}
+
+TEST(MixtureOfExperts, GroupedMatmulMatchesThePerExpertLoop) {
+  at::manual_seed(3);
+  moe::MoeOptions o;
+  o.hidden_size(64).intermediate_size(48).num_experts(6).top_k(2);
+  moe::SparseMoeBlock loop(o), grouped(o);
+  {
+    at::NoGradGuard no_grad;
+    auto src = loop->named_parameters();
+    for (auto& p : loop->parameters()) p.normal_(0, 0.3);
+    for (auto& p : grouped->named_parameters()) p.value().copy_(src[p.key()]);
+  }
+  loop->compute = moe::ExpertCompute::kLoop;
+  grouped->compute = moe::ExpertCompute::kGrouped;
+  auto x = at::randn({2, 9, 64});
+  auto xa = x.clone().requires_grad_(), xb = x.clone().requires_grad_();
+  auto ya = loop->forward(xa, {}), yb = grouped->forward(xb, {});
+  EXPECT_TRUE(at::allclose(ya, yb, 1e-5, 1e-5));
+  const auto g = at::randn_like(ya);
+  ya.backward(g);
+  yb.backward(g);
+  EXPECT_TRUE(at::allclose(xa.grad(), xb.grad(), 1e-5, 1e-5));
+  auto pa = loop->named_parameters(), pb = grouped->named_parameters();
+  for (const auto& p : pa) EXPECT_TRUE(at::allclose(p.value().grad(), pb[p.key()].grad(), 1e-5, 1e-5)) << p.key();
+}
+
+TEST(HfImport, MixtureOfExpertsConfigErrorsNameTheKey) {
+  const std::string mixtral = R"({"model_type": "mixtral", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+      "num_hidden_layers": 2, "num_attention_heads": 2)";
+  EXPECT_EQ(load_error(mixtral + R"(, "num_local_experts": 2, "num_experts_per_tok": 3})"),
+            "config.json: num_experts_per_tok: 3 exceeds the 2 experts");
+  const std::string qwen = R"({"model_type": "qwen3_moe", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+      "num_hidden_layers": 2, "num_attention_heads": 2, "num_experts": 4, "num_experts_per_tok": 2)";
+  EXPECT_EQ(load_error(qwen + R"(, "mlp_only_layers": [5]})"),
+            "config.json: mlp_only_layers: expected layer indices in [0, 2), got [5]");
+  // transformers 5 writes num_local_experts for Qwen3-MoE; the Hub's folders say num_experts.
+  anvil::testing::TempDir dir;
+  anvil::testing::write_text(dir / "config.json", R"({"model_type": "qwen3_moe", "vocab_size": 10, "hidden_size": 8,
+      "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "num_local_experts": 3,
+      "num_experts_per_tok": 1, "moe_intermediate_size": 4, "mlp_only_layers": [0]})");
+  const auto config = nlohmann::json::parse(anvil::testing::read_text(dir / "config.json"));
+  auto m = family_by_hf_model_type("qwen3_moe", "config.json").from_hf_config(config, "config.json");
+  EXPECT_EQ(m->num_experts(), 3);
+  EXPECT_EQ(m->router_aux_loss_coef, 0.0) << "no output_router_logits: transformers adds no load-balancing loss";
+  const auto params = m->named_parameters();
+  EXPECT_TRUE(params.contains("model.layers.0.mlp.gate_proj.weight")) << "layer 0 is dense";
+  EXPECT_TRUE(params.contains("model.layers.1.mlp.experts.2.up_proj.weight"));
+  EXPECT_EQ(params["model.layers.1.mlp.experts.2.up_proj.weight"].size(0), 4);
 }
 
 }  // namespace

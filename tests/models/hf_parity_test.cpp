@@ -38,15 +38,27 @@ void check_family(const std::string& family) {
     model->eval();
     io::SafetensorsFile ref(model_dir / "reference.safetensors");
 
-    // Logits and the loss.
+    // Logits and the loss; a mixture of experts trained with output_router_logits adds the load-balancing
+    // loss, whose gradient reaches the routers through the layers' outputs.
     const auto ids = ref.get("ids");
+    const bool aux = ref.contains("aux_loss");
+    EXPECT_EQ(aux, model->router_aux_loss_coef > 0) << "output_router_logits sets the loss weight";
+    if (aux) model->begin_router_stats();
     auto logits = model->forward(ids);
     const auto ref_logits = ref.get("logits");
     ASSERT_EQ(logits.sizes(), ref_logits.sizes());
     EXPECT_LE(max_abs(logits - ref_logits), kTol) << "logits";
     const auto targets = ids.size(0) * (ids.size(1) - 1);
     auto loss = train::causal_lm_loss_sum(logits, ids) / static_cast<double>(targets);
-    EXPECT_NEAR(loss.item<double>(), ref.get("loss").item<double>(), kTol);
+    double total = loss.item<double>();
+    if (aux) {
+      const double weight = model->router_aux_loss_coef;
+      const auto a = model->take_aux_loss(weight);
+      ASSERT_TRUE(a.defined());
+      EXPECT_NEAR(a.item<double>(), ref.get("aux_loss").item<double>(), kTol) << "aux_loss";
+      total += weight * a.item<double>();
+    }
+    EXPECT_NEAR(total, ref.get("loss").item<double>(), kTol);
 
     // Gradients of that loss w.r.t. every parameter, relative to the largest entry.
     model->zero_grad();
@@ -95,6 +107,8 @@ TEST(HfParity, MistralLogitsGradientsAndGreedyGenerationMatchTransformers) { che
 TEST(HfParity, Phi3LogitsGradientsAndGreedyGenerationMatchTransformers) { check_family("phi3"); }
 TEST(HfParity, Gemma2LogitsGradientsAndGreedyGenerationMatchTransformers) { check_family("gemma2"); }
 TEST(HfParity, Gemma3LogitsGradientsAndGreedyGenerationMatchTransformers) { check_family("gemma3_text"); }
+TEST(HfParity, MixtralLogitsGradientsAndGreedyGenerationMatchTransformers) { check_family("mixtral"); }
+TEST(HfParity, Qwen3MoeLogitsGradientsAndGreedyGenerationMatchTransformers) { check_family("qwen3_moe"); }
 TEST(HfParity, NeoXLogitsGradientsAndGreedyGenerationMatchTransformers) { check_family("neox"); }
 TEST(HfParity, OptLogitsGradientsAndGreedyGenerationMatchTransformers) { check_family("opt"); }
 

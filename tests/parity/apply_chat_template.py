@@ -17,8 +17,8 @@ tokens of every format below and writes, for each template NAME:
 
 The templates are written for this test in the style of each family's own
 (ChatML/Qwen with a default system prompt, LLaMA-3, LLaMA-2 and Mistral
-[INST], Zephyr, Gemma, Phi-3, Open-Assistant, and one using namespace,
-tojson and filters; Zephyr's marks only the content, not the EOS after
+[INST], Zephyr, Gemma, Phi-3, Open-Assistant, Qwen2.5-style tool calls,
+Qwen3-style reasoning, and one using namespace, tojson and filters; Zephyr's marks only the content, not the EOS after
 it). Those marked with {% generation %} get transformers'
 assistant masks (return_assistant_tokens_mask=True). Each also has a NAME-nogen
 variant without the generation tags, whose mask is computed here by the rule
@@ -224,6 +224,56 @@ TOOLS = """{%- if tools %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
 """
 
+# Reasoning replies in the style of Qwen3's: a reply's reasoning comes from
+# reasoning_content or from a <think>...</think> prefix of its content, and is
+# kept only for the replies after the last real user query (found by a
+# reversed loop with a namespace; tool responses in user turns do not count),
+# each of which gets a think block, empty when there is no reasoning;
+# enable_thinking=false writes an empty block into the generation prompt.
+REASONING = """{%- if messages[0].role == 'system' %}
+    {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == 'user' and message.content is string and
+          not (message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- set content = message.content if message.content is string else '' %}
+    {%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>\n' }}
+    {%- elif message.role == 'assistant' %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- elif '</think>' in content %}
+            {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+        {%- endif %}
+        {{- '<|im_start|>assistant\n' }}
+        {%- generation %}
+            {%- if loop.index0 > ns.last_query_index %}
+                {{- '<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+            {%- else %}
+                {{- content }}
+            {%- endif %}
+            {{- '<|im_end|>' }}
+        {%- endgeneration %}
+        {{- '\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}
+"""
+
 TEMPLATES = {
     "chatml": (CHATML, {"eos_token": "<|im_end|>"}),
     "llama3": (LLAMA3, {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}),
@@ -235,6 +285,7 @@ TEMPLATES = {
     "oasst": (OASST, {"eos_token": "</s>"}),
     "summary": (SUMMARY, {"eos_token": "<|im_end|>"}),
     "tools": (TOOLS, {"eos_token": "<|im_end|>"}),
+    "reasoning": (REASONING, {"eos_token": "<|im_end|>"}),
 }
 
 CONVERSATIONS = [
@@ -295,6 +346,23 @@ TOOL_CONVERSATIONS = [
       {"role": "tool", "content": "snow"}, {"role": "assistant", "content": "Snow."}], None),
     ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
       {"role": "assistant", "content": "Hello."}], []),
+]
+
+# (messages, None) for the reasoning template: reasoning_content, a <think> prefix in the content, a reply
+# before the last query (its reasoning dropped), a tool response in a user turn, no reasoning at all.
+REASONING_CONVERSATIONS = [
+    ([{"role": "user", "content": "What is 17 * 3?"},
+      {"role": "assistant", "reasoning_content": "17 * 3 = 51.", "content": "51"}], None),
+    ([{"role": "system", "content": "Think, then answer."}, {"role": "user", "content": "2 + 2?"},
+      {"role": "assistant", "content": "<think>\nTwo and two.\n</think>\n\n4"},
+      {"role": "user", "content": "And 3 + 3?"},
+      {"role": "assistant", "reasoning_content": "\nThree and three.\n", "content": "\n6"}], None),
+    ([{"role": "user", "content": "Weather in Oslo?"},
+      {"role": "assistant", "reasoning_content": "Ask the tool.", "content": "<tool_call>oslo</tool_call>"},
+      {"role": "user", "content": "<tool_response>rain</tool_response>"},
+      {"role": "assistant", "content": "<think>It rains.</think>Rain."}], None),
+    ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}], None),
+    ([{"role": "user", "content": "Only a question?"}], None),
 ]
 
 REPLY = " Blue, like the sky. 🌿"
@@ -463,7 +531,7 @@ def main():
     names = []
     plain = [(conv, None) for conv in CONVERSATIONS]
     for name, (template, special) in TEMPLATES.items():
-        conversations = TOOL_CONVERSATIONS if name == "tools" else plain
+        conversations = {"tools": TOOL_CONVERSATIONS, "reasoning": REASONING_CONVERSATIONS}.get(name, plain)
         write_template(work, name, template, special, tok_json, conversations)
         write_template(work, name + "-nogen", strip_generation(template), special, tok_json, conversations)
         names += [name, name + "-nogen"]

@@ -6,12 +6,15 @@ save_pretrained, plus:
   reference.safetensors  ids (B, T), logits (B, T, V), loss (), and
                          grad.<checkpoint name> for every parameter, where
                          loss = transformers' causal-LM loss with labels = ids
+                         (mixtures of experts with output_router_logits: plus
+                         router_aux_loss_coef * aux_loss, and aux_loss ())
   generate.json          {"prompts", "max_new_tokens", "outputs"}: greedy
                          generate(do_sample=False), one prompt at a time
 and WORKDIR/index.json listing {name, family}.
 
 usage: make_hf_references.py WORKDIR [FAMILY]
-       (FAMILY: gpt2, llama, qwen2, qwen3, mistral, phi3, gemma2, gemma3_text, neox or opt; default all)
+       (FAMILY: gpt2, llama, qwen2, qwen3, mistral, phi3, gemma2, gemma3_text, mixtral, qwen3_moe, neox
+        or opt; default all)
 """
 import json
 import os
@@ -22,8 +25,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config,
                           GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig,
-                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, OPTConfig, OPTForCausalLM, Phi3Config,
-                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, MixtralConfig, MixtralForCausalLM,
+                          OPTConfig, OPTForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 # Wider init than 0.02 so that greedy argmaxes are not near-ties.
 STD = 0.1
@@ -142,6 +146,38 @@ def configs():
     yield "pythia-parallel", "neox", GPTNeoXForCausalLM(GPTNeoXConfig(
         vocab_size=103, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
         rotary_pct=0.25, use_parallel_residual=True, max_position_embeddings=64, initializer_range=STD))
+    # Mixtral: Mistral attention, top-k routing over SwiGLU experts with the top-k weights renormalised; the
+    # load-balancing loss in the loss (output_router_logits) with a weight large enough to show in gradients.
+    yield "mixtral-top2-aux", "mixtral", MixtralForCausalLM(MixtralConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, output_router_logits=True,
+        router_aux_loss_coef=0.05, max_position_embeddings=64, initializer_range=STD))
+    yield "mixtral-window-top1-tied", "mixtral", MixtralForCausalLM(MixtralConfig(
+        vocab_size=89, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, head_dim=16, num_local_experts=3, num_experts_per_tok=1, sliding_window=4,
+        tie_word_embeddings=True, output_router_logits=True, router_aux_loss_coef=0.1,
+        max_position_embeddings=64, initializer_range=STD))
+    yield "mixtral-no-aux", "mixtral", MixtralForCausalLM(MixtralConfig(
+        vocab_size=71, hidden_size=32, intermediate_size=80, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=1, num_local_experts=5, num_experts_per_tok=3, max_position_embeddings=64,
+        initializer_range=STD))
+    # Qwen3-MoE: Qwen3 attention; norm_topk_prob on and off, dense layers (mlp_only_layers,
+    # decoder_sparse_step) beside sparse ones.
+    yield "qwen3-moe-norm-aux", "qwen3_moe", Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=112, moe_intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=4, num_experts_per_tok=2,
+        norm_topk_prob=True, output_router_logits=True, router_aux_loss_coef=0.05, max_position_embeddings=64,
+        initializer_range=STD))
+    yield "qwen3-moe-dense-layer", "qwen3_moe", Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        vocab_size=83, hidden_size=48, intermediate_size=96, moe_intermediate_size=40, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, head_dim=16, num_experts=6, num_experts_per_tok=2,
+        norm_topk_prob=False, mlp_only_layers=[1], attention_bias=True, output_router_logits=True,
+        router_aux_loss_coef=0.1, max_position_embeddings=64, initializer_range=STD))
+    yield "qwen3-moe-sparse-step-tied", "qwen3_moe", Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        vocab_size=79, hidden_size=32, intermediate_size=64, moe_intermediate_size=24, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=3,
+        norm_topk_prob=True, decoder_sparse_step=2, tie_word_embeddings=True, max_position_embeddings=64,
+        initializer_range=STD))
     yield "neox-sequential", "neox", GPTNeoXForCausalLM(GPTNeoXConfig(
         vocab_size=71, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=3,
         rotary_pct=0.5, rotary_emb_base=1000, use_parallel_residual=False, hidden_act="gelu_new",
@@ -166,18 +202,36 @@ def configs():
         init_std=STD, pad_token_id=1))
 
 
-def checkpoint_names(model, model_dir):
-    """Parameter name -> the name save_pretrained wrote (transformers 5 renames some on save)."""
+def saved_gradients(model, model_dir):
+    """Each parameter's gradient under the name(s) save_pretrained wrote: transformers 5 renames some on save,
+    and saves a mixture of experts' fused (E, 2I, C) gate_up_proj / (E, C, I) down_proj per expert, as the
+    Hub's checkpoints hold them (Mixtral: block_sparse_moe.experts.<e>.w1 / w3 / w2; Qwen3-MoE:
+    mlp.experts.<e>.gate_proj / up_proj / down_proj)."""
     with safe_open(os.path.join(model_dir, "model.safetensors"), "pt") as f:
         saved = set(f.keys())
+    mixtral = model.config.model_type == "mixtral"
+    gate, up, down = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
     out = {}
-    for n, _ in model.named_parameters():
-        if n in saved:
-            out[n] = n
+    for n, p in model.named_parameters():
+        g = p.grad.detach()
+        moe_prefix = n.rsplit("experts.", 1)[0].replace(".mlp.", ".block_sparse_moe." if mixtral else ".mlp.")
+        if n.endswith("experts.gate_up_proj"):
+            half = g.shape[1] // 2
+            for e in range(g.shape[0]):
+                out[f"{moe_prefix}experts.{e}.{gate}.weight"] = g[e, :half]
+                out[f"{moe_prefix}experts.{e}.{up}.weight"] = g[e, half:]
+        elif n.endswith("experts.down_proj"):
+            for e in range(g.shape[0]):
+                out[f"{moe_prefix}experts.{e}.{down}.weight"] = g[e]
+        elif mixtral and n.endswith("mlp.gate.weight"):
+            out[n.replace(".mlp.", ".block_sparse_moe.")] = g
         elif n == "lm_head.weight" and "embed_out.weight" in saved:
-            out[n] = "embed_out.weight"
+            out["embed_out.weight"] = g
         else:
-            raise SystemExit(f"cannot find {n} among the saved tensors {sorted(saved)}")
+            out[n] = g
+    missing = [k for k in out if k not in saved]
+    if missing:
+        raise SystemExit(f"cannot find {missing} among the saved tensors {sorted(saved)}")
     return out
 
 
@@ -196,15 +250,18 @@ def main():
             for n, p in model.named_parameters():
                 if n.endswith("bias") or "norm" in n or ".ln_" in n:
                     p.add_(0.2 * torch.randn_like(p))
+                if n.endswith("mlp.gate.weight"):  # routers: clear choices, not the init's near-ties
+                    p.normal_(0.0, 1.0)
         model.save_pretrained(d)
-        names = checkpoint_names(model, d)
         vocab = model.config.vocab_size
         ids = torch.randint(0, vocab, (3, 17))
         out = model(ids, labels=ids)
         out.loss.backward()
         tensors = {"ids": ids, "logits": out.logits.detach().contiguous(), "loss": out.loss.detach()}
-        for n, p in model.named_parameters():
-            tensors["grad." + names[n]] = p.grad.detach().contiguous()
+        if getattr(out, "aux_loss", None) is not None:
+            tensors["aux_loss"] = out.aux_loss.detach().float()
+        for n, g in saved_gradients(model, d).items():
+            tensors["grad." + n] = g.contiguous()
         save_file(tensors, os.path.join(d, "reference.safetensors"))
 
         prompts = [torch.randint(0, vocab, (n,)).tolist() for n in (5, 9, 3, 1)]

@@ -15,6 +15,16 @@ Writes into WORKDIR:
                  special_tokens_map.json and a config naming no special token
   opt/           as facebook/opt-*: GPT-2 byte-level BPE over the fairseq
                  specials, a TemplateProcessing that prepends </s>
+  qwen2/          as Qwen2 / Qwen2.5 / Qwen3: transformers' own Qwen2TokenizerFast
+                 pipeline (NFC, Split(Qwen regex, single digits) + ByteLevel
+                 without its regex) over a trained byte-level vocabulary, the
+                 ChatML specials and Qwen3's non-special <think> / <tool_call>
+                 added tokens
+  gemma/         as Gemma 2 / 3: transformers' own GemmaTokenizerFast pipeline
+                 (Replace " " -> U+2581, Split(" ", merged with previous), BPE
+                 with byte fallback; Replace / ByteFallback / Fuse decoders)
+                 over sp_bpe's vocabulary, <bos> added; for gemma/ also
+                 "ids_special" (add_special_tokens=True)
   sp_unigram/    sentencepiece unigram (tokenizer.model)
   sp_bpe/        sentencepiece BPE with byte_fallback (tokenizer.model)
   llama_first/   sp_bpe converted by transformers' LlamaTokenizerFast
@@ -306,6 +316,35 @@ def converted_sentencepiece(lines, work):
     return list(specs)
 
 
+def qwen2(lines, d):
+    """Qwen2TokenizerFast's pipeline, as transformers builds it, over a byte-level BPE trained on the corpus."""
+    from transformers import Qwen2TokenizerFast
+    trained = json.loads(byte_level_bpe(lines, normalizers.NFC(), pre_tokenizers.ByteLevel(add_prefix_space=False),
+                                        ["<|endoftext|>"]).to_str())
+    vocab = trained["model"]["vocab"]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in trained["model"]["merges"]]
+    tok = Qwen2TokenizerFast(vocab=vocab, merges=merges, unk_token=None, bos_token=None,
+                             eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                    for t in ("<think>", "</think>", "<tool_call>", "</tool_call>")])
+    tok.save_pretrained(d)
+    write_hf_expected(d, lines)
+
+
+def gemma(lines, work):
+    """GemmaTokenizerFast's pipeline, as transformers builds it, over sp_bpe's vocabulary and merges."""
+    from transformers import GemmaTokenizerFast
+    from transformers.tokenization_utils_base import generate_merges
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(work, "sp_bpe", "tokenizer.model"))
+    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    tok = GemmaTokenizerFast(vocab=vocab, merges=generate_merges(vocab), add_bos_token=True)
+    tok.add_special_tokens({"additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]})
+    d = os.path.join(work, "gemma")
+    tok.save_pretrained(d)
+    write_hf_expected(d, lines, with_special_tokens=True)
+
+
 def main():
     work = sys.argv[1]
     os.makedirs(work, exist_ok=True)
@@ -353,7 +392,9 @@ def main():
     train_sentencepiece(lines, os.path.join(work, "sp_unigram"), model_type="unigram")
     train_sentencepiece(lines, os.path.join(work, "sp_bpe"), model_type="bpe", byte_fallback=True)
     converted = converted_sentencepiece(lines, work)
-    print(f"wrote {len(lines)} lines and {7 + len(converted)} tokenizers to {work}")
+    qwen2(lines, os.path.join(work, "qwen2"))
+    gemma(lines, work)
+    print(f"wrote {len(lines)} lines and {9 + len(converted)} tokenizers to {work}")
 
 
 if __name__ == "__main__":

@@ -150,6 +150,34 @@ TEST(TokenizerParity, OptPrependsEndOfSequence) {
   EXPECT_EQ(tok->bos_id(), tok->token_to_id("</s>"));
 }
 
+// Qwen2 / Qwen2.5 / Qwen3's pipeline as transformers' Qwen2TokenizerFast builds
+// it: NFC, the Qwen split (digits one by one), byte-level BPE; ChatML markers
+// are special, Qwen3's <think> and <tool_call> are added but not special.
+TEST(TokenizerParity, Qwen2SplitAndAddedTokens) {
+  check_parity("qwen2", "qwen2");
+  const auto tok = load_tokenizer("auto", references().dir / "qwen2");
+  EXPECT_FALSE(tok->add_bos());
+  EXPECT_EQ(tok->eos_id(), *tok->token_to_id("<|im_end|>"));
+  EXPECT_EQ(tok->encode("2024").size(), 4u);
+  const auto think = tok->token_to_id("<think>");
+  ASSERT_TRUE(think.has_value());
+  EXPECT_EQ(tok->encode("<think>").size(), 1u);
+  // decode(ids) drops special tokens, not the non-special <think>.
+  EXPECT_EQ(tok->decode(tok->encode("<|im_start|>a<think>b<|im_end|>")), "a<think>b");
+}
+
+// Gemma 2 / 3's pipeline as transformers' GemmaTokenizerFast builds it: spaces
+// to U+2581 by a normalizer, no prefix, BPE with byte fallback, <bos> added.
+TEST(TokenizerParity, GemmaReplaceByteFallbackAndBos) {
+  check_parity("gemma", "gemma");  // checks transformers' ids with add_special_tokens=True too
+  const auto tok = load_tokenizer("auto", references().dir / "gemma");
+  EXPECT_TRUE(tok->add_bos());
+  EXPECT_EQ(tok->bos_id(), *tok->token_to_id("<bos>"));
+  EXPECT_EQ(tok->eos_id(), *tok->token_to_id("<eos>"));
+  EXPECT_EQ(tok->pad_id(), *tok->token_to_id("<pad>"));
+  EXPECT_EQ(tok->encode("<start_of_turn>user").front(), *tok->token_to_id("<start_of_turn>"));
+}
+
 // SentencePiece BPE with byte fallback as transformers converts it: Metaspace
 // (prepend_scheme first, legacy=False; always, legacy=True), the Replace /
 // ByteFallback / Fuse / Strip decoders.

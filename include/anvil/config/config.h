@@ -63,15 +63,20 @@ struct ModelConfig {
   bool linear_bias = true;
   bool layer_norm_affine = true;
   bool final_layer_norm = true;
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 2;
+  int64_t moe_intermediate_size = 0;
+  double router_aux_loss_coef = -1;
   std::string lora_from;
 
   template <class V>
   void visit(V& v) {
     v.field("family", family,
             "Model family: gpt2, llama, qwen2 (Qwen2 / Qwen2.5), qwen3, mistral, phi3 (Phi-3 / Phi-3.5 / "
-            "Phi-4-mini), gemma2, gemma3_text (Gemma 3's text model), neox (GPT-NeoX / Pythia) or opt (OPT / "
-            "Galactica). See docs/models.md.",
-            one_of({"gpt2", "llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text", "neox", "opt"}));
+            "Phi-4-mini), gemma2, gemma3_text (Gemma 3's text model), mixtral, qwen3_moe (mixtures of experts), "
+            "neox (GPT-NeoX / Pythia) or opt (OPT / Galactica). See docs/models.md.",
+            one_of({"gpt2", "llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text", "mixtral",
+                    "qwen3_moe", "neox", "opt"}));
     v.field("from", from,
             "HF-layout folder (config.json + model.safetensors, e.g. an Anvil checkpoint or a downloaded "
             "Hugging Face model) to initialise from, or a Hugging Face model id (owner/name[@revision]) read "
@@ -130,6 +135,21 @@ struct ModelConfig {
             "opt: LayerNorm weights and biases (HF layer_norm_elementwise_affine).");
     v.field("final_layer_norm", final_layer_norm,
             "opt: the decoder's final LayerNorm (false = HF _remove_final_layer_norm).");
+    v.field("num_experts", num_experts,
+            "mixtral, qwen3_moe: experts per sparse layer (HF num_local_experts / num_experts); 0 = 8.",
+            non_negative());
+    v.field("num_experts_per_tok", num_experts_per_tok,
+            "mixtral, qwen3_moe: experts each token is routed to (top-k).", positive());
+    v.field("moe_intermediate_size", moe_intermediate_size,
+            "qwen3_moe: each expert's MLP width; 0 = intermediate_size (Mixtral's experts are "
+            "intermediate_size wide).",
+            non_negative());
+    v.field("router_aux_loss_coef", router_aux_loss_coef,
+            "mixtral, qwen3_moe: weight of the load-balancing loss (transformers' load_balancing_loss_func, "
+            "logged as moe/aux_loss) that every objective adds to its loss. -1 = as the model says: a "
+            "folder's router_aux_loss_coef when its output_router_logits is true, else 0 (transformers' "
+            "rule); 0.001 for a model built from these keys. May be set with model.from.",
+            Rule{"-1 or a number >= 0", [](double x) { return x == -1 || x >= 0; }, {}});
     v.field("lora_from", lora_from,
             "PEFT adapter folder (adapter_config.json + adapter_model.safetensors, e.g. a LoRA run's "
             "checkpoint) to continue training from: its r, alpha, dropout and target_modules replace the lora "

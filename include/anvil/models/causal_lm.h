@@ -5,7 +5,10 @@
 #include <torch/nn/modules/container/moduledict.h>
 #include <torch/nn/modules/linear.h>
 
+#include <ATen/core/grad_mode.h>
+
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -48,6 +51,21 @@ using BlockFn = std::function<at::Tensor(const at::Tensor&)>;
 /// from outside (CausalLM::set_block_runner), so models know nothing of either.
 using BlockRunner = std::function<at::Tensor(size_t layer, const at::Tensor& x, const BlockFn& block)>;
 
+/// What the mixture-of-experts layers of one micro-batch's forwards record
+/// for the load-balancing loss (CausalLM::take_aux_loss), and the gradient
+/// that loss sends back to their routers.
+struct RouterStats {
+  /// False once the loss is taken: a checkpointed block run again in
+  /// backward records nothing twice.
+  bool open = true;
+  std::vector<at::Tensor> counts;  // per MoE layer call, (E) float32: top-k choices of each expert
+  std::vector<at::Tensor> probs;   // per MoE layer call, (E) float32: router probabilities summed over tokens
+  double rows = 0;                 // tokens summed over those calls
+  /// (E) float32, set by take_aux_loss: d(weight * aux_loss) / d(probs[l]),
+  /// the same for every layer l; each router receives it in backward.
+  at::Tensor grad;
+};
+
 /// Inputs beyond the token ids. Defaults mean: positions continue after the
 /// cache, causal attention over every cached and new token.
 struct ForwardArgs {
@@ -59,6 +77,9 @@ struct ForwardArgs {
   KVCache* cache = nullptr;
   /// Set by CausalLM::hidden_states from the model's installed runner.
   const BlockRunner* block_runner = nullptr;
+  /// Set by CausalLM::hidden_states while router statistics are recorded
+  /// (begin_router_stats) and gradients are on.
+  std::shared_ptr<RouterStats> router;
 };
 
 /// Token ids the model's config.json records.
@@ -74,9 +95,11 @@ class CausalLM : public torch::nn::Module {
 
   /// (B, T) token ids -> (B, T, C) final (normalised) hidden states.
   at::Tensor hidden_states(const at::Tensor& input_ids, const ForwardArgs& args) {
-    if (!block_runner_ || args.block_runner) return forward_hidden(input_ids, args);
+    const bool route = router_stats_ && !args.router && at::GradMode::is_enabled();
+    if ((!block_runner_ || args.block_runner) && !route) return forward_hidden(input_ids, args);
     auto a = args;
-    a.block_runner = &block_runner_;
+    if (!a.block_runner && block_runner_) a.block_runner = &block_runner_;
+    if (route) a.router = router_stats_;
     return forward_hidden(input_ids, a);
   }
   /// The LM head: logits = hidden W^T + b (bias undefined when the family has none).
@@ -105,6 +128,25 @@ class CausalLM : public torch::nn::Module {
     args.cache = cache;
     return forward(input_ids, args);
   }
+
+  /// Mixture-of-experts families: experts per sparse layer; 0 = a dense model.
+  virtual int64_t num_experts() const { return 0; }
+  /// The weight of the load-balancing loss every objective adds to its loss
+  /// (0 = none): a folder's router_aux_loss_coef when its
+  /// output_router_logits is true, as transformers trains it; the
+  /// model.router_aux_loss_coef key sets it.
+  double router_aux_loss_coef = 0.0;
+  /// Starts recording the routers of the forwards with gradients that follow
+  /// (a micro-batch's), for take_aux_loss.
+  void begin_router_stats() { router_stats_ = std::make_shared<RouterStats>(); }
+  /// Stops recording and returns the load-balancing loss of what was recorded,
+  /// transformers' load_balancing_loss_func over every MoE layer call:
+  /// E * sum_e (choices of e / rows) * (probability mass of e / rows), a
+  /// detached float32 scalar (undefined when nothing was recorded). Its
+  /// gradient, times `weight`, reaches the routers in the next backward
+  /// through their layers' outputs, so it holds through activation
+  /// checkpointing and sharding; add `weight * loss` to the reported loss.
+  at::Tensor take_aux_loss(double weight);
 
   virtual std::string family() const = 0;
   virtual int64_t vocab_size() const = 0;
@@ -198,6 +240,7 @@ class CausalLM : public torch::nn::Module {
 
  private:
   BlockRunner block_runner_;
+  std::shared_ptr<RouterStats> router_stats_;
   torch::nn::Linear score_head_{nullptr};
   torch::nn::ModuleDict heads_{nullptr};
   std::map<std::string, HeadOptions> head_options_;

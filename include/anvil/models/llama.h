@@ -1,9 +1,10 @@
 #pragma once
 // LLaMA (Touvron et al. 2023) and its descendants (LLaMA 2/3, TinyLlama):
 // RMSNorm, rotary positions (optionally LLaMA-3 scaled), SwiGLU MLP,
-// grouped-query attention. Qwen2 / Qwen2.5, Qwen3, Mistral and Phi-3 are
-// options of the same code (LlamaOptions::model_type). Parameter names are
-// HF's (LlamaForCausalLM, Qwen2ForCausalLM, ..., Phi3ForCausalLM).
+// grouped-query attention. Qwen2 / Qwen2.5, Qwen3, Mistral, Phi-3 and the
+// mixture-of-experts Mixtral and Qwen3-MoE are options of the same code
+// (LlamaOptions::model_type). Parameter names are HF's (LlamaForCausalLM,
+// Qwen2ForCausalLM, ..., MixtralForCausalLM, Qwen3MoeForCausalLM).
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -13,6 +14,7 @@
 
 #include "anvil/models/causal_lm.h"
 #include "anvil/models/layers.h"
+#include "anvil/models/moe.h"
 
 namespace anvil::models::llama {
 
@@ -65,6 +67,20 @@ struct LlamaOptions {
   TORCH_ARG(int64_t, padding_idx) = -1;
   /// Dropout on the attention and MLP outputs before each residual add (Phi-3 resid_pdrop).
   TORCH_ARG(double, residual_dropout) = 0.0;
+  /// Mixture of experts (mixtral, qwen3_moe): experts per sparse layer; 0 = dense.
+  TORCH_ARG(int64_t, num_experts) = 0;
+  TORCH_ARG(int64_t, num_experts_per_tok) = 2;
+  /// Each expert's width; 0 = intermediate_size (Mixtral). Qwen3-MoE's dense
+  /// layers keep intermediate_size.
+  TORCH_ARG(int64_t, moe_intermediate_size) = 0;
+  TORCH_ARG(bool, norm_topk_prob) = true;
+  TORCH_ARG(double, router_jitter_noise) = 0.0;
+  /// Qwen3-MoE: layers with a dense MLP, and every decoder_sparse_step-th layer sparse.
+  TORCH_ARG(std::vector<int64_t>, mlp_only_layers) = {};
+  TORCH_ARG(int64_t, decoder_sparse_step) = 1;
+  /// config.json's load-balancing loss settings, written back on export.
+  TORCH_ARG(double, router_aux_loss_coef) = 0.001;
+  TORCH_ARG(bool, output_router_logits) = false;
 
  public:
   int64_t dim_per_head() const { return head_dim_ > 0 ? head_dim_ : hidden_size_ / num_attention_heads_; }
@@ -73,6 +89,13 @@ struct LlamaOptions {
     if (sliding_window_ <= 0) return 0;
     if (layer_types_.empty()) return sliding_window_;
     return layer_types_.at(static_cast<size_t>(i)) == "sliding_attention" ? sliding_window_ : 0;
+  }
+  /// Whether layer `i` has a mixture of experts in place of its MLP (transformers' rule).
+  bool sparse_layer(int64_t i) const {
+    if (num_experts_ <= 0) return false;
+    for (auto l : mlp_only_layers_)
+      if (l == i) return false;
+    return (i + 1) % decoder_sparse_step_ == 0;
   }
 };
 
@@ -108,7 +131,8 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const ForwardArgs& args,
                      size_t layer);
   LlamaAttention self_attn{nullptr};
-  LlamaMLP mlp{nullptr};
+  LlamaMLP mlp{nullptr};          // null in a sparse layer
+  moe::SparseMoeBlock moe{nullptr};  // sparse layers: "block_sparse_moe" (Mixtral) or "mlp" (Qwen3-MoE)
   layers::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   double residual_dropout;
 };
@@ -140,6 +164,7 @@ class LlamaForCausalLM final : public CausalLM {
   int64_t hidden_size() const override { return options.hidden_size(); }
   int64_t max_positions() const override { return options.max_position_embeddings(); }
   int64_t num_layers() const override { return options.num_hidden_layers(); }
+  int64_t num_experts() const override { return options.num_experts(); }
   nlohmann::json hf_config() const override;
   std::string checkpoint_key(const std::string& name) const override;
   int64_t cache_recompute_length() const override {

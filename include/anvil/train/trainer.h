@@ -20,6 +20,9 @@ namespace anvil::train {
 struct AccumulateOptions {
   /// Target units of the whole step over all ranks; 0 = those of `batches`.
   int64_t step_targets = 0;
+  /// Ranks whose gradients are summed into the step (the load-balancing
+  /// loss of a mixture of experts is averaged over them).
+  int64_t world = 1;
   /// Called before each backward; `last` on the final micro-batch.
   std::function<void(bool last)> before_backward;
   std::function<void()> after_backward;

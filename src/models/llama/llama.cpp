@@ -80,7 +80,21 @@ at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaOptions& o, int64_t layer)
     : residual_dropout(o.residual_dropout()) {
   self_attn = register_module("self_attn", LlamaAttention(o, layer));
-  mlp = register_module("mlp", LlamaMLP(o));
+  if (o.sparse_layer(layer)) {
+    const bool mixtral = o.model_type() == "mixtral";
+    moe::MoeOptions m;
+    m.hidden_size(o.hidden_size())
+        .intermediate_size(o.moe_intermediate_size() > 0 ? o.moe_intermediate_size() : o.intermediate_size())
+        .num_experts(o.num_experts())
+        .top_k(o.num_experts_per_tok())
+        .norm_topk_prob(o.norm_topk_prob())
+        .jitter_noise(o.router_jitter_noise())
+        .act(o.hidden_act())
+        .expert_names(mixtral ? "w1_w2_w3" : "gate_up_down");
+    moe = register_module(mixtral ? "block_sparse_moe" : "mlp", moe::SparseMoeBlock(m));
+  } else {
+    mlp = register_module("mlp", LlamaMLP(o));
+  }
   input_layernorm =
       register_module("input_layernorm", layers::RMSNorm(layers::RMSNormOptions(o.hidden_size()).eps(o.rms_norm_eps())));
   post_attention_layernorm = register_module(
@@ -92,7 +106,7 @@ at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor&
   const double p = is_training() ? residual_dropout : 0.0;  // Phi-3's resid_pdrop
   auto a = self_attn(input_layernorm(x), cos, sin, args, layer);
   auto h = x + (p > 0 ? at::dropout(a, p, true) : a);
-  auto m = mlp(post_attention_layernorm(h));
+  auto m = moe ? moe->forward(post_attention_layernorm(h), args) : mlp(post_attention_layernorm(h));
   return h + (p > 0 ? at::dropout(m, p, true) : m);
 }
 
@@ -172,11 +186,13 @@ void LlamaForCausalLM::reset_parameters() {
 nlohmann::json LlamaForCausalLM::hf_config() const {
   const auto& o = options;
   const auto& type = o.model_type();
-  const char* architecture = type == "qwen2"     ? "Qwen2ForCausalLM"
-                             : type == "qwen3"   ? "Qwen3ForCausalLM"
-                             : type == "mistral" ? "MistralForCausalLM"
-                             : type == "phi3"    ? "Phi3ForCausalLM"
-                                                 : "LlamaForCausalLM";
+  const char* architecture = type == "qwen2"       ? "Qwen2ForCausalLM"
+                             : type == "qwen3"     ? "Qwen3ForCausalLM"
+                             : type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+                             : type == "mistral"   ? "MistralForCausalLM"
+                             : type == "mixtral"   ? "MixtralForCausalLM"
+                             : type == "phi3"      ? "Phi3ForCausalLM"
+                                                   : "LlamaForCausalLM";
   nlohmann::json j = {
       {"architectures", {architecture}},
       {"model_type", type},
@@ -200,7 +216,7 @@ nlohmann::json LlamaForCausalLM::hf_config() const {
   };
   const auto window = o.sliding_window() > 0 ? nlohmann::json(o.sliding_window()) : nlohmann::json(nullptr);
   if (type != "llama") j.erase("mlp_bias"), j.erase("pretraining_tp");
-  if (type == "qwen2" || type == "qwen3") {
+  if (type == "qwen2" || type == "qwen3" || type == "qwen3_moe") {
     j["use_sliding_window"] = o.sliding_window() > 0;
     j["sliding_window"] = window;
     std::vector<std::string> types;
@@ -213,7 +229,22 @@ nlohmann::json LlamaForCausalLM::hf_config() const {
     j["max_window_layers"] = first;
     if (type == "qwen2") j.erase("attention_bias"), j.erase("head_dim");  // q/k/v biases are Qwen2's own
   }
-  if (type == "mistral") j.erase("attention_bias"), j["sliding_window"] = window;
+  if (type == "mistral" || type == "mixtral") j.erase("attention_bias"), j["sliding_window"] = window;
+  if (o.num_experts() > 0) {
+    j["num_experts_per_tok"] = o.num_experts_per_tok();
+    j["router_aux_loss_coef"] = o.router_aux_loss_coef();
+    j["output_router_logits"] = o.output_router_logits();
+    if (type == "mixtral") {
+      j["num_local_experts"] = o.num_experts();
+      j["router_jitter_noise"] = o.router_jitter_noise();
+    } else {
+      j["num_experts"] = o.num_experts();
+      j["moe_intermediate_size"] = o.moe_intermediate_size() > 0 ? o.moe_intermediate_size() : o.intermediate_size();
+      j["norm_topk_prob"] = o.norm_topk_prob();
+      j["decoder_sparse_step"] = o.decoder_sparse_step();
+      j["mlp_only_layers"] = o.mlp_only_layers();
+    }
+  }
   if (type == "phi3") {
     j.erase("attention_bias");
     j["sliding_window"] = window;
