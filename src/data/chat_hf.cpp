@@ -70,10 +70,20 @@ jinja::RenderResult render(const tokenizer::Tokenizer& tok, const std::vector<Me
   const auto t = compiled(tok);
   std::vector<std::pair<std::string, Value>> vars;
   try {
+    // `tools`: the tools' JSON array, or an object of every extra input (a record's chat_template_kwargs
+    // with its "tools"; datasets.cpp record_tools).
+    auto extra = tools.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json::parse(tools);
+    nlohmann::ordered_json tool_list = extra;
+    if (extra.is_object()) {
+      tool_list = extra["tools"];
+      extra.erase("tools");
+    }
     vars = {{"messages", messages_value(messages)},
             {"add_generation_prompt", Value::boolean(generation_prompt)},
-            {"tools", tools.empty() ? Value::none() : json_value(nlohmann::ordered_json::parse(tools))},
+            {"tools", tool_list.is_null() ? Value::none() : json_value(tool_list)},
             {"documents", Value::none()}};
+    if (extra.is_object())
+      for (const auto& [k, v] : extra.items()) vars.emplace_back(k, json_value(v));
   } catch (const jinja::EvalError& e) {  // a message beyond the limits of data/jinja_limits.h
     throw DataError(concat("data.template hf: the conversation is beyond what a chat template takes: ", e.what()));
   }

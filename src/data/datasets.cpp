@@ -134,12 +134,27 @@ std::vector<Message> record_messages(const Record& r, const std::string& prompt_
 }
 
 std::string record_tools(const Record& r) {
-  if (!r.has("tools")) return {};
-  const auto& t = r.at("tools");
-  if (!t.is_array()) r.fail("tools", concat("expected a list of tool schemas (JSON objects), got ", t.type_name()));
-  for (size_t i = 0; i < t.size(); ++i)
-    if (!t[i].is_object()) r.fail(concat("tools[", i, "]"), concat("expected a JSON object, got ", t[i].type_name()));
-  return r.ordered("tools").dump();
+  std::string tools;
+  if (r.has("tools")) {
+    const auto& t = r.at("tools");
+    if (!t.is_array()) r.fail("tools", concat("expected a list of tool schemas (JSON objects), got ", t.type_name()));
+    for (size_t i = 0; i < t.size(); ++i)
+      if (!t[i].is_object()) r.fail(concat("tools[", i, "]"), concat("expected a JSON object, got ", t[i].type_name()));
+    tools = r.ordered("tools").dump();
+  }
+  if (!r.has("chat_template_kwargs")) return tools;
+  // TRL's chat_template_kwargs: more variables for the template (Qwen3's enable_thinking), as
+  // apply_chat_template(..., **kwargs) passes them. The inputs travel as one JSON object then.
+  const auto& k = r.at("chat_template_kwargs");
+  if (!k.is_object())
+    r.fail("chat_template_kwargs", concat("expected a JSON object of template variables, got ", k.type_name()));
+  auto inputs = r.ordered("chat_template_kwargs");
+  for (const char* reserved : {"messages", "add_generation_prompt", "tools", "documents", "bos_token", "eos_token",
+                               "pad_token"})
+    if (inputs.contains(reserved))
+      r.fail(concat("chat_template_kwargs.", reserved), "is set by Anvil itself; expected other template variables");
+  inputs["tools"] = tools.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json::parse(tools);
+  return inputs.dump();
 }
 
 bool is_text_prompt(const Record& r, const std::string& prompt_field) {

@@ -57,6 +57,9 @@ models::LoraOptions read_peft_config(const stdfs::path& dir) {
                                  j["bias"].dump()));
   require_unset(j, "use_dora", path, "DoRA adapters are not supported");
   require_unset(j, "use_rslora", path, "rank-stabilised scaling is not supported");
+  require_unset(j, "target_parameters", path,
+                "adapters on parameters (a mixture of experts' 3-D expert weights and router, which PEFT's "
+                "all-linear adds on transformers 5) are not supported; target linear modules such as q_proj");
   require_unset(j, "rank_pattern", path, "per-layer ranks are not supported");
   require_unset(j, "alpha_pattern", path, "per-layer alphas are not supported");
   require_unset(j, "layers_to_transform", path, "adapters on some layers only are not supported");

@@ -85,6 +85,9 @@ std::vector<std::string> add_lora(CausalLM& model, LoraOptions o, const std::str
                                  " model's blocks; expected some of: ", joined(available), ", or all-linear"));
   std::set<std::string> used;
   for (const auto& a : layers) {
+    // all-linear as PEFT sees a transformers 5 mixture of experts: its experts are 3-D tensors, not linear
+    // modules, so they get no adapter unless named.
+    if (all && a.name.find(".experts.") != std::string::npos) continue;
     if (!all && std::none_of(o.target_modules.begin(), o.target_modules.end(),
                              [&](const std::string& t) { return matches(a, t); }))
       continue;

@@ -154,6 +154,42 @@ TEST(ChatTemplateHf, TokenIdsAndAssistantMasksMatchTransformers) {
   EXPECT_GE(compared, 100);
 }
 
+// A record's chat_template_kwargs (TRL's) reach the template as variables, as
+// apply_chat_template(..., enable_thinking=False) passes them; built-in
+// templates and the standard variables refuse them.
+TEST(ChatTemplateHf, RecordChatTemplateKwargsAreTemplateVariables) {
+  TempDir dir;
+  ASSERT_TRUE(make_refs(dir));
+  auto tok = tokenizer::load_tokenizer_from_model_dir(dir / "refs" / "reasoning");
+  const auto& hf = ChatTemplate::get("hf");
+  int compared = 0;
+  for (const auto& c : read_lines(dir / "refs" / "reasoning-kwargs.jsonl")) {
+    SCOPED_TRACE(c["messages"].dump());
+    const auto line = json{{"messages", c["messages"]}, {"chat_template_kwargs", c["chat_template_kwargs"]}}.dump();
+    const auto parsed = nlohmann::json::parse(line);
+    const Record rec(parsed, "data.jsonl:1", line);
+    const auto ids = hf.encode_prompt(*tok, messages_of(c["messages"]), record_tools(rec));
+    EXPECT_EQ(ids, c["prompt_ids"].get<std::vector<int64_t>>());
+    EXPECT_NE(ids, hf.encode_prompt(*tok, messages_of(c["messages"]))) << "enable_thinking=false changes the prompt";
+    ++compared;
+  }
+  EXPECT_EQ(compared, 5);
+  const auto error = [](const std::string& line) {
+    const auto parsed = nlohmann::json::parse(line);
+    return error_of([&] { record_tools(Record(parsed, "data.jsonl:3", line)); });
+  };
+  EXPECT_NE(error(R"({"chat_template_kwargs": [1]})").find("chat_template_kwargs"), std::string::npos);
+  EXPECT_NE(error(R"({"chat_template_kwargs": {"add_generation_prompt": true}})")
+                .find("chat_template_kwargs.add_generation_prompt"),
+            std::string::npos);
+  const auto plain = json{{"chat_template_kwargs", {{"enable_thinking", false}}}}.dump();
+  const auto parsed = nlohmann::json::parse(plain);
+  const auto kwargs = record_tools(Record(parsed, "data.jsonl:4", plain));
+  EXPECT_NE(error_of([&] { ChatTemplate::get("chatml").encode_prompt(*tok, {{"user", "hi"}}, kwargs); })
+                .find("chat_template_kwargs"),
+            std::string::npos);
+}
+
 // A template error names the template's line and column; raise_exception's message surfaces.
 TEST(ChatTemplateHf, TemplateErrorsNameLineAndColumn) {
   const auto error = [](const std::string& tmpl) {

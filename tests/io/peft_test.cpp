@@ -119,6 +119,9 @@ TEST(Lora, BadAdapterConfigsNameFileAndKey) {
   j["target_modules"] = ".*attn.*";
   expect_error(j, "target_modules");
   j = ok;
+  j["target_parameters"] = {"gate_up_proj", "down_proj"};  // PEFT's all-linear on a transformers 5 MoE
+  expect_error(j, "target_parameters");
+  j = ok;
   j.erase("r");
   expect_error(j, "r is missing");
 }
@@ -137,7 +140,9 @@ TEST(Lora, PeftLoadsOursAndWeLoadPeftsWithEqualLogits) {
       {"mistral-debug", {"q_proj", "v_proj", "down_proj"}},
       {"phi3-debug", {"qkv_proj", "gate_up_proj", "o_proj"}},
       {"gemma2-debug", {"q_proj", "v_proj", "up_proj"}},
-      {"gemma3_text-debug", {"all-linear"}}};
+      {"gemma3_text-debug", {"all-linear"}},
+      {"mixtral-debug", {"q_proj", "k_proj", "v_proj", "o_proj"}},
+      {"qwen3_moe-debug", {"q_proj", "v_proj", "o_proj"}}};
   // Every family of the registry has its case.
   for (const auto& f : anvil::testing::debug_flavors())
     EXPECT_TRUE(std::any_of(flavors.begin(), flavors.end(), [&](const auto& c) { return c.first == f; })) << f;

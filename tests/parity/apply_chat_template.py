@@ -26,6 +26,10 @@ docs/data.md states ("Chat templates as written"): each reply trains what it
 adds to the text, render(messages[:i+1]) minus render(messages[:i],
 add_generation_prompt=True), up to and including the end-of-turn token.
 
+WORKDIR/reasoning-kwargs.jsonl: {"messages", "chat_template_kwargs",
+"prompt_ids"}, the reasoning template's generation prompts with
+enable_thinking=False passed to apply_chat_template.
+
 WORKDIR/jinja.jsonl holds jinja2 renderings (transformers' environment) of
 the interpreter cases in JINJA_CASES, {"template", "vars", "text",
 "generation"} or {"template", "vars", "error"}.
@@ -537,6 +541,18 @@ def main():
         names += [name, name + "-nogen"]
     with open(os.path.join(work, "templates.json"), "w") as f:
         json.dump(names, f)
+    # Template variables beyond the standard ones (TRL's chat_template_kwargs): enable_thinking=False in the
+    # generation prompts of the reasoning template.
+    template, special = TEMPLATES["reasoning"]
+    hf = PreTrainedTokenizerFast(tokenizer_file=tok_json, **special)
+    with open(os.path.join(work, "reasoning-kwargs.jsonl"), "w") as f:
+        for conv, _ in REASONING_CONVERSATIONS:
+            last = max((i for i, m in enumerate(conv) if m["role"] == "assistant"), default=len(conv))
+            kwargs = {"enable_thinking": False}
+            prompt = list(hf.apply_chat_template(conv[:last], chat_template=template, tokenize=True, return_dict=True,
+                                                 add_generation_prompt=True, **kwargs)["input_ids"])
+            f.write(json.dumps({"messages": conv[:last], "chat_template_kwargs": kwargs, "prompt_ids": prompt},
+                               ensure_ascii=False) + "\n")
     jinja_references(work)
 
 
