@@ -31,7 +31,25 @@ def hf_config(m):
             num_key_value_heads=m.get("num_kv_heads", m["num_heads"]),
             max_position_embeddings=m["max_position_embeddings"], rms_norm_eps=m.get("layer_norm_eps", 1e-6),
             rope_theta=m.get("rope_theta", 10000.0), tie_word_embeddings=m.get("tie_word_embeddings", False))
-    raise SystemExit(f"bench/gpu: family {m['family']} has no transformers twin here (gpt2, llama)")
+    if m["family"] == "qwen3_moe":
+        # As Anvil builds it from these keys: every layer sparse, top-k probabilities renormalised, the
+        # load-balancing loss in the loss with weight 0.001.
+        return transformers.Qwen3MoeConfig(
+            vocab_size=m["vocab_size"], hidden_size=m["hidden_size"], intermediate_size=m["intermediate_size"],
+            moe_intermediate_size=m["moe_intermediate_size"], num_hidden_layers=m["num_layers"],
+            num_attention_heads=m["num_heads"], num_key_value_heads=m.get("num_kv_heads", m["num_heads"]),
+            head_dim=m.get("head_dim") or m["hidden_size"] // m["num_heads"], num_experts=m["num_experts"],
+            num_experts_per_tok=m.get("num_experts_per_tok", 2), norm_topk_prob=True, output_router_logits=True,
+            router_aux_loss_coef=0.001, max_position_embeddings=m["max_position_embeddings"],
+            rms_norm_eps=m.get("layer_norm_eps", 1e-6), rope_theta=m.get("rope_theta", 10000.0),
+            tie_word_embeddings=False)
+    raise SystemExit(f"bench/gpu: family {m['family']} has no transformers twin here (gpt2, llama, qwen3_moe)")
+
+
+def moe_shape(m):
+    """(head_dim, experts, experts per token, expert width) of a qwen3_moe config."""
+    return (m.get("head_dim") or m["hidden_size"] // m["num_heads"], m["num_experts"],
+            m.get("num_experts_per_tok", 2), m["moe_intermediate_size"])
 
 
 def parameter_count(m):
@@ -41,6 +59,10 @@ def parameter_count(m):
     if m["family"] == "gpt2":
         return V * d + m["max_position_embeddings"] * d + L * (12 * d * d + 13 * d) + 2 * d
     h, kv, inter = m["num_heads"], m.get("num_kv_heads", m["num_heads"]), m["intermediate_size"]
+    if m["family"] == "qwen3_moe":
+        hd, e, _, mi = moe_shape(m)
+        block = d * h * hd + 2 * d * kv * hd + h * hd * d + 2 * hd + 2 * d + e * d + e * 3 * d * mi
+        return 2 * V * d + L * block + d  # untied head
     hd = d // h
     block = d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * inter + 2 * d
     head = 0 if m.get("tie_word_embeddings", False) else V * d
@@ -51,7 +73,11 @@ def flops_per_token(m, seq):
     """(6N + 12 L d T, parameter count): PaLM's appendix-B training FLOPs per
     token with N counted as the GPU issue's table counts it, every parameter
     but GPT-2's learned position table (a tied GPT-2 head counts once; LLaMA's
-    untied input embedding is counted too, as that table did)."""
+    untied input embedding is counted too, as that table did); a mixture of
+    experts counts the experts a token is routed to."""
     total = parameter_count(m)
     n = total - (m["max_position_embeddings"] * m["hidden_size"] if m["family"] == "gpt2" else 0)
+    if m["family"] == "qwen3_moe":  # the parameters a token goes through: k of the experts
+        _, e, k, mi = moe_shape(m)
+        n -= m["num_layers"] * (e - k) * 3 * m["hidden_size"] * mi
     return 6 * n + 12 * m["num_layers"] * m["hidden_size"] * seq, total

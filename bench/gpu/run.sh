@@ -12,6 +12,8 @@
 #                                   against the CPU and transformers (PASS/FAIL lines; exit status 1 on a FAIL)
 #                            train  GPT-2 124M 16x1024 and LLaMA 1.1B 4x2048 in bf16:
 #                                   Anvil, transformers eager (autocast), transformers + torch.compile
+#                            moe    a 0.5 B Qwen3-MoE (32 experts, 4 per token) 8x1024 in bf16: Anvil (grouped_mm
+#                                   experts) and transformers eager (autocast), both with the load-balancing loss
 #                            fp32   GPT-2 in fp32 with TF32 (train.tf32), Anvil and transformers eager
 #                            shard  Anvil GPT-2 bf16 under 1-rank NCCL full_shard, and with activation checkpointing
 #                            ckpt   LLaMA 1.1B checkpoint stall: background saves vs ANVIL_CHECKPOINT_SYNC=1
@@ -41,11 +43,11 @@ for arg; do
     --smoke) SMOKE=1 ;;
     --no-build) BUILD_IT=0 ;;
     -h | --help) sed -n 2,31p "$0"; exit 0 ;;
-    check | train | fp32 | shard | ckpt | gen | profile) sections+=("$arg") ;;
-    *) echo "bench/gpu/run.sh: unknown argument \"$arg\" (sections: check train fp32 shard ckpt gen profile)" >&2; exit 2 ;;
+    check | train | moe | fp32 | shard | ckpt | gen | profile) sections+=("$arg") ;;
+    *) echo "bench/gpu/run.sh: unknown argument \"$arg\" (sections: check train moe fp32 shard ckpt gen profile)" >&2; exit 2 ;;
   esac
 done
-SECTIONS=" ${sections[*]:-check train fp32 shard ckpt gen profile} "
+SECTIONS=" ${sections[*]:-check train moe fp32 shard ckpt gen profile} "
 has() { [[ $SECTIONS == *" $1 "* ]]; }
 PY=${PYTHON:-python3}
 OUTD=${OUT:-/tmp/anvil-gpu-bench}
@@ -59,12 +61,14 @@ export PYTHONPATH=$ROOT/bench/gpu${PYTHONPATH:+:$PYTHONPATH}
 if ((SMOKE)); then
   BUILD=${BUILD:-build} DEVICE=cpu LIMIT=180 COMPILE=${SMOKE_COMPILE:-0}
   GPT2=configs/models/gpt2-debug.yaml LLAMA=configs/models/llama-debug.yaml
+  MOE=configs/models/qwen3_moe-debug.yaml MOE_SHAPE="2 64"
   GPT2_SHAPE="2 64" LLAMA_SHAPE="2 64" STEPS=8 WARMUP=3 GEN_PROMPT=8 GEN_NEW=8 GEN_BATCHES="4" GEN_GROUPS=2x2 GEN_GROUP_NEW=6
   VOCAB=$($PY -c "import sentencepiece as s; print(s.SentencePieceProcessor(model_file='data/tokenizer.model').vocab_size())")
   CORPUS_LINES=60 CORPUS_WORDS=300
 else
   BUILD=${BUILD:-/tmp/anvil-gpu-build} DEVICE=cuda LIMIT=420 COMPILE=1
   GPT2=configs/models/gpt2-124m.yaml LLAMA=configs/models/llama-1b.yaml
+  MOE=bench/gpu/qwen3_moe-0.5b.yaml MOE_SHAPE="8 1024"
   GPT2_SHAPE="16 1024" LLAMA_SHAPE="4 2048" STEPS=25 WARMUP=5 GEN_PROMPT=128 GEN_NEW=128
   GEN_BATCHES=${GEN_BATCHES:-"1 32 128"} GEN_GROUPS=16x8 GEN_GROUP_NEW=256
   VOCAB=""  # both configs set vocab_size
@@ -132,7 +136,7 @@ done
 
 # --- data: token shards of a random-word corpus (pretrain, packed rows) ------------------------
 DATA=$W/shards
-if [[ ! -f $DATA/meta.json ]] && (has check || has train || has fp32 || has shard || has ckpt || has profile); then
+if [[ ! -f $DATA/meta.json ]] && (has check || has train || has moe || has fp32 || has shard || has ckpt || has profile); then
   $PY - "$W/corpus.txt" "$CORPUS_LINES" "$CORPUS_WORDS" <<'PY'
 import random, sys
 random.seed(0)
@@ -188,6 +192,7 @@ if has check; then
   stamp "checks on $DEVICE"
   : >"$OUTD/checks.txt"
   DBG_GPT2=configs/models/gpt2-debug.yaml DBG_LLAMA=configs/models/llama-debug.yaml
+  DBG_MOE=configs/models/qwen3_moe-debug.yaml
   # Anvil's kernels (src/kernels/) against ATen in double, then timed against the ATen composition they
   # replace (the timing lines: $OUTD/kernels.jsonl).
   "$BUILD/bin/bench_kernels" --device "$DEVICE" >"$W/kernels.txt" 2>&1 || FAILED=1
@@ -205,6 +210,12 @@ if has check; then
     check losses "$n: $DEVICE bf16 losses ~ float32" "$W/runs/chk-$n-bf16/metrics.jsonl" \
       "$W/runs/chk-$n-fp32/metrics.jsonl" --atol 0.05
   done
+  # A mixture of experts: at::_grouped_mm experts on CUDA against the CPU's per-expert loop, 5 steps (a
+  # router's top-k choice flipped by round-off changes a token's experts, hence the looser bound).
+  anvil_run chk-moe-cpu "$DBG_MOE" 4 64 fp32 train.max_steps=5 train.device=cpu
+  anvil_run chk-moe-fp32 "$DBG_MOE" 4 64 fp32 train.max_steps=5
+  check losses "qwen3_moe-debug: $DEVICE float32 losses (grouped experts) ~ the CPU's (per-expert loop)" \
+    "$W/runs/chk-moe-fp32/metrics.jsonl" "$W/runs/chk-moe-cpu/metrics.jsonl" --atol 2e-3 --rtol 1e-4
   # The fused LM head + loss (the default; vocabulary padded to 64 on CUDA) = whole logits, then the loss.
   for prec in fp32 bf16; do
     anvil_run chk-gpt2-debug-plain-$prec "$DBG_GPT2" 4 64 $prec "${few[@]}" train.fused_loss=false
@@ -287,6 +298,14 @@ if has train; then
       ((${TRAIN_PEERS:-1})) && hf_train "$1" "$2" "$3" autocast 0
       ((COMPILE && ${TRAIN_PEERS:-1})) && hf_train "$1" "$2" "$3" autocast 1
     done
+  done
+fi
+if has moe; then
+  set -- $MOE_SHAPE
+  for r in $(seq "$ROUNDS"); do
+    stamp "moe $MOE $1x$2, round $r"
+    anvil_train anvil "$MOE" "$1" "$2" bf16
+    ((${TRAIN_PEERS:-1})) && hf_train "$MOE" "$1" "$2" autocast 0
   done
 fi
 if has fp32; then

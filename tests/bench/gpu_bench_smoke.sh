@@ -18,11 +18,11 @@ if ! OUT=$OUTD BUILD=$BUILD PYTHON=$SRC/.venv/bin/python bash bench/gpu/run.sh -
 fi
 T=$OUTD/table.md
 fail=0
-# The check section's 20 comparisons (on the CPU: bench_kernels' 4 against ATen in double and its
+# The check section's 21 comparisons (on the CPU: bench_kernels' 4 against ATen in double and its
 # chi-square test of the sampler; the other
-# 15 CPU against CPU, which must pass trivially).
+# 16 CPU against CPU, which must pass trivially).
 n=$(grep -c '^PASS ' "$OUTD/checks.txt")
-[[ $n == 20 ]] || { echo "expected 20 PASS lines from the checks, got $n"; fail=1; }
+[[ $n == 21 ]] || { echo "expected 21 PASS lines from the checks, got $n"; fail=1; }
 row() { # a table row matching the regex, with a number in the tokens/s column
   grep -qE "^\| $1 \| [0-9][0-9,]* \|" "$T" || { echo "no row matching: $1"; fail=1; }
 }
@@ -30,6 +30,8 @@ row "gpt2-debug, 2 x 64, bf16 \| anvil \(n=1\)"
 row "gpt2-debug, 2 x 64, bf16 \| transformers-eager \(n=1\)"
 row "llama-debug, 2 x 64, bf16 \| anvil \(n=1\)"
 row "llama-debug, 2 x 64, bf16 \| transformers-eager \(n=1\)"
+row "qwen3_moe-debug, 2 x 64, bf16 \| anvil \(n=1\)"
+row "qwen3_moe-debug, 2 x 64, bf16 \| transformers-eager \(n=1\)"
 row "gpt2-debug, 2 x 64, tf32 \| anvil \(n=1\)"
 row "gpt2-debug, 2 x 64, tf32 \| transformers-eager \(n=1\)"
 row "gpt2-debug, 2 x 64, bf16 \| anvil-full_shard \(n=1\)"
