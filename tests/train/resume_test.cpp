@@ -143,3 +143,57 @@ TEST_F(ResumeTest, ASecondInterruptExitsAtOnceSayingSo) {
 
 }  // namespace
 }  // namespace anvil::train
+
+namespace anvil::train {
+namespace {
+
+// A mixture of experts (Mixtral) with its load-balancing loss in the loss:
+// stopped by SIGTERM and resumed, every step's loss and moe/aux_loss equal the
+// uninterrupted run's bit for bit (the router statistics live within a
+// micro-batch, the jitter-free routing is a function of the weights); and the
+// load-balancing loss is logged on every step.
+TEST(ResumeMoe, MixtralWithItsLoadBalancingLossResumesBitIdentical) {
+  TempDir dir;
+  const auto config = dir / "moe.yaml";
+  anvil::testing::write_text(config, R"(
+model: {family: mixtral, max_position_embeddings: 32, hidden_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2,
+        intermediate_size: 64, num_experts: 4, num_experts_per_tok: 2, router_aux_loss_coef: 0.01}
+tokenizer: {path: data/tokenizer.model}
+data: {train: [{path: data/sft_train.jsonl}]}
+optimizer: {lr: 1.0e-3, weight_decay: 0.01}
+train: {max_steps: 12, micro_batch_size: 8, grad_accum_steps: 2, save_every: 4, log_every: 1000, threads: 1}
+eval: {generate_samples: 0}
+)");
+  const auto run = [&](const stdfs::path& out, const std::string& env) {
+    TrainerProcess p(config, out, dir / "log.txt", env);
+    EXPECT_EQ(p.wait(), 0) << anvil::testing::read_text(dir / "log.txt");
+  };
+  const auto lines_of = [](const stdfs::path& metrics) {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(metrics);
+    std::string line;
+    while (std::getline(in, line))
+      if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+    return out;
+  };
+  run(dir / "ref", "");
+  run(dir / "cut", "ANVIL_TEST_SIGNALS_AT_STEP=5:TERM");
+  const auto cut = metric_lines(dir / "cut" / "metrics.jsonl");
+  ASSERT_GE(cut, 5u);
+  ASSERT_LT(cut, 12u);
+  run(dir / "cut", "");
+  const auto ref = lines_of(dir / "ref" / "metrics.jsonl"), resumed = lines_of(dir / "cut" / "metrics.jsonl");
+  ASSERT_EQ(ref.size(), 12u);
+  ASSERT_EQ(resumed.size(), 12u);
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_TRUE(ref[i].contains("moe/aux_loss")) << "step " << i + 1;
+    EXPECT_EQ(resumed[i]["loss"].get<double>(), ref[i]["loss"].get<double>()) << "step " << i + 1;
+    EXPECT_EQ(resumed[i]["moe/aux_loss"].get<double>(), ref[i]["moe/aux_loss"].get<double>()) << "step " << i + 1;
+    // Two experts of four per token: k = 2 when balanced, at most E = 4.
+    EXPECT_GT(ref[i]["moe/aux_loss"].get<double>(), 1.9);
+    EXPECT_LT(ref[i]["moe/aux_loss"].get<double>(), 4.0);
+  }
+}
+
+}  // namespace
+}  // namespace anvil::train
