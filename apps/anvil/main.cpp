@@ -107,7 +107,29 @@ struct ChatFormatFlags {
   bool force = false;   // --force-template
   std::string system;   // --system
   bool show_ids = false;  // --show-prompt-ids
+  std::string kwargs;   // --template-kwargs (a JSON object)
 };
+
+/// --template-kwargs as the template's extra inputs (data::record_tools' form:
+/// the variables plus "tools": null), "" without it.
+std::string template_inputs(const ChatFormatFlags& f) {
+  if (f.kwargs.empty()) return {};
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(f.kwargs);
+  } catch (const nlohmann::json::exception&) {
+  }
+  if (!j.is_object())
+    throw anvil::ConfigError(anvil::concat("--template-kwargs: expected a JSON object of template variables, e.g. "
+                                           "'{\"enable_thinking\": false}', got '", f.kwargs, "'"));
+  for (const char* reserved : {"messages", "add_generation_prompt", "tools", "documents", "bos_token", "eos_token",
+                               "pad_token"})
+    if (j.contains(reserved))
+      throw anvil::ConfigError(anvil::concat("--template-kwargs: \"", reserved,
+                                             "\" is set by Anvil itself; expected other template variables"));
+  j["tools"] = nullptr;
+  return j.dump();
+}
 
 /// The folder's recorded format, unless --template names another: a
 /// contradiction is an error, or with --force-template a logged override.
@@ -164,11 +186,12 @@ int cmd_generate(const std::string& model_dir, const std::vector<std::string>& p
   if (chat) {  // each prompt is one user turn in the folder's chat format
     const auto& tmpl = folder_template(*tok, model_dir, format);
     if (!eos_given) opt.eos_id = tmpl.end_of_turn_id(*tok);
+    const auto inputs = template_inputs(format);
     for (const auto& p : prompts) {
       std::vector<anvil::data::Message> msgs;
       if (!format.system.empty()) msgs.push_back({"system", format.system});
       msgs.push_back({"user", p});
-      ids.push_back(tmpl.encode_prompt(*tok, msgs));
+      ids.push_back(tmpl.encode_prompt(*tok, msgs, inputs));
     }
   } else {
     for (const auto& p : prompts) ids.push_back(tok->encode(p));
@@ -193,6 +216,7 @@ int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions op
   auto tok = anvil::tokenizer::load_tokenizer_from_model_dir(model_dir);
   const auto& tmpl = folder_template(*tok, model_dir, format);
   const auto& system = format.system;
+  const auto inputs = template_inputs(format);
   opt.eos_id = tmpl.end_of_turn_id(*tok);
   const bool tty = ::isatty(STDIN_FILENO) != 0;
   if (tty) std::cerr << "anvil chat: " << model->family() << " from " << model_dir << " (" << tmpl.name()
@@ -217,7 +241,7 @@ int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions op
       std::vector<anvil::data::Message> msgs;
       if (!system.empty()) msgs.push_back({"system", system});
       msgs.insert(msgs.end(), history.begin(), history.end());
-      prompt = tmpl.encode_prompt(*tok, msgs);
+      prompt = tmpl.encode_prompt(*tok, msgs, inputs);
       if (static_cast<int64_t>(prompt.size()) <= room || history.size() <= 1) break;
       history.erase(history.begin(), history.begin() + std::min<size_t>(2, history.size() - 1));
     }
@@ -520,6 +544,14 @@ void add_format(CLI::App* cmd, ChatFormatFlags& fmt, CLI::Option* needs) {
   if (needs) t->needs(needs);
 }
 
+/// --template-kwargs, for the commands that render generation prompts.
+void add_template_kwargs(CLI::App* cmd, ChatFormatFlags& fmt) {
+  cmd->add_option("--template-kwargs", fmt.kwargs,
+                  "More variables for the folder's own Jinja chat_template, a JSON object, as "
+                  "apply_chat_template(..., **kwargs) passes them: '{\"enable_thinking\": false}' gives Qwen3's "
+                  "prompt without thinking");
+}
+
 /// --model / --tokenizer / --base: a folder (or file), or a Hugging Face model
 /// id (owner/name[@revision]) read from the local cache, replaced by its
 /// snapshot folder; an id not in the cache says where Anvil looked.
@@ -566,6 +598,7 @@ Command add_generate(CLI::App& app) {
   auto* gchat = gen->add_flag("--chat", f->chat, "Each --prompt is a user turn in the folder's chat format");
   gchat->needs(gp);
   add_format(gen, f->fmt, gchat);
+  add_template_kwargs(gen, f->fmt);
   gen->add_option("--system", f->fmt.system, "With --chat: a system turn before each prompt")->needs(gchat);
   f->sampling.add(gen);
   add_placement(gen, f->where);
@@ -600,6 +633,7 @@ Command add_chat(CLI::App& app) {
       ->transform(hub_path());
   chat->add_flag("--no-history", f->no_history, "Answer each line on its own, forgetting earlier turns");
   add_format(chat, f->fmt, nullptr);
+  add_template_kwargs(chat, f->fmt);
   chat->add_option("--system", f->fmt.system, "System prompt: a system turn first (plain: a line before the user's)");
   f->sampling.add(chat);
   add_placement(chat, f->where);

@@ -284,8 +284,8 @@ TokenizedChat PieceTemplate::tokenize(const tokenizer::Tokenizer& tok, const std
 void check_plain_messages(const std::string& name, const std::vector<Message>& messages, const std::string& tools) {
   const auto hint = " (tool use renders only with a model's own chat_template: data.template hf)";
   if (!tools.empty() && tools.front() == '{')
-    throw DataError(concat("data.template ", name, ": the record has chat_template_kwargs, variables only a "
-                           "tokenizer's own Jinja template (data.template: hf) reads"));
+    throw DataError(concat("data.template ", name, ": chat_template_kwargs (template variables) are read only by "
+                           "a tokenizer's own Jinja template (data.template: hf, --template hf)"));
   if (!tools.empty() && tools != "[]")
     throw DataError(concat("data.template ", name, ": the conversation has tools", hint));
   for (const auto& m : messages)

@@ -9,8 +9,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "anvil/config/config.h"
 #include "anvil/data/chat.h"
 #include "anvil/data/datasets.h"
+#include "anvil/io/hf_model.h"
+#include "anvil/models/registry.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "data/chat_hf.h"
 #include "data/jinja.h"
@@ -182,6 +185,31 @@ TEST(ChatTemplateHf, RecordChatTemplateKwargsAreTemplateVariables) {
   EXPECT_NE(error(R"({"chat_template_kwargs": {"add_generation_prompt": true}})")
                 .find("chat_template_kwargs.add_generation_prompt"),
             std::string::npos);
+  // `anvil generate --chat --template-kwargs` renders the same prompt (a tiny random model saved with the
+  // template's tokenizer; only the prompt is compared).
+  {
+    config::ModelConfig mc;
+    mc.family = "gpt2", mc.vocab_size = tok->vocab_size(), mc.hidden_size = 32, mc.num_layers = 1, mc.num_heads = 2;
+    auto model = models::family_by_name("gpt2").from_config(mc);
+    const auto folder = dir / "model";
+    std::filesystem::create_directories(folder);
+    io::save_model_dir(folder, *model, tok.get());
+    const auto last = read_lines(dir / "refs" / "reasoning-kwargs.jsonl").back();  // one user turn
+    ASSERT_EQ(last["messages"].size(), 1u);
+    std::string out;
+    ASSERT_EQ(run(anvil::testing::cli_bin() + " generate --chat --model " + folder.string() + " --prompt '" +
+                      last["messages"][0]["content"].get<std::string>() +
+                      "' --template-kwargs '{\"enable_thinking\": false}' --show-prompt-ids --max-new-tokens 1 2>&1",
+                  &out),
+              0)
+        << out;
+    EXPECT_NE(out.find("prompt ids: " + json(last["prompt_ids"]).dump()), std::string::npos) << out;
+    EXPECT_NE(run(anvil::testing::cli_bin() + " generate --chat --model " + folder.string() +
+                      " --prompt hi --template-kwargs '{\"messages\": 1}' 2>&1",
+                  &out),
+              0);
+    EXPECT_NE(out.find("--template-kwargs: \"messages\" is set by Anvil itself"), std::string::npos) << out;
+  }
   const auto plain = json{{"chat_template_kwargs", {{"enable_thinking", false}}}}.dump();
   const auto parsed = nlohmann::json::parse(plain);
   const auto kwargs = record_tools(Record(parsed, "data.jsonl:4", plain));
