@@ -30,7 +30,9 @@
 #      $OUT/work; on a lent GPU machine, whose tool returns 8 files of $OUT, put it outside: /tmp/anvil-gpu-work),
 #      PYTHON (default python3), ROUNDS (alternations per comparison, default 1), SMOKE_COMPILE=1 (compile
 #      peers in --smoke too), GEN_BATCHES (default "1 32 128"), GEN_COMPILE=0 (gen: leave out the static-cache
-#      + torch.compile peer, about a minute per shape), TRAIN_PEERS=0 (train, profile: Anvil alone)
+#      + torch.compile peer, about a minute per shape), TRAIN_PEERS=0 (train, profile: Anvil alone),
+#      TRAIN_EAGER=0 (train: no transformers eager peer, the compiled one stays), PROFILE_PEER=0 (profile:
+#      Anvil alone). Sections run in the order given, so a call cut by a time limit loses the last ones.
 # Without a registry (the lent GPU machines): run bench/gpu/fetch_debs.sh on a Debian machine first and
 # send .gpudeps with the repository (device call: carry [".gpudeps"]); they are unpacked into
 # /tmp/anvil-deps.
@@ -42,7 +44,7 @@ for arg; do
   case $arg in
     --smoke) SMOKE=1 ;;
     --no-build) BUILD_IT=0 ;;
-    -h | --help) sed -n 2,31p "$0"; exit 0 ;;
+    -h | --help) sed -n 2,33p "$0"; exit 0 ;;
     check | train | moe | fp32 | shard | ckpt | gen | profile) sections+=("$arg") ;;
     *) echo "bench/gpu/run.sh: unknown argument \"$arg\" (sections: check train moe fp32 shard ckpt gen profile)" >&2; exit 2 ;;
   esac
@@ -187,7 +189,7 @@ hf_train() {
 
 FAILED=0
 check() { $PY bench/gpu/check.py "$@" | tee -a "$OUTD/checks.txt" || FAILED=1; }
-if has check; then
+sec_check() {
   # Correctness on the device before any speed: tiny models, a few steps each.
   stamp "checks on $DEVICE"
   : >"$OUTD/checks.txt"
@@ -270,8 +272,8 @@ if has check; then
     --device "$DEVICE" >/dev/null 2>>"$W/gen.err"
   check logits "anvil logits on $DEVICE = transformers'" --dir "$C" --ids "$C/prompts_b4.json" \
     --ours "$C/logits.safetensors" --device "$DEVICE" --atol 1e-4
-fi
-if has profile; then
+}
+sec_profile() {
   # Where a step's time goes, Anvil's and the compiled peer's side by side: steps 5-7 of 8 (summary.txt:
   # wall time per step, top kernels, GPU busy fraction, kernel launches and host syncs per step).
   set -- $GPT2_SHAPE
@@ -280,43 +282,43 @@ if has profile; then
     cp "$W/runs/anvil-profile/profile/summary.txt" "$OUTD/profile-anvil.txt" && cat "$OUTD/profile-anvil.txt"
   fi
   rm -rf "$W"/runs/anvil-profile/checkpoint-*
-  if ((${TRAIN_PEERS:-1} == 0)); then
-    echo "profile: the compiled peer left out (TRAIN_PEERS=0)"
+  if ((${PROFILE_PEER:-${TRAIN_PEERS:-1}} == 0)); then
+    echo "profile: the compiled peer left out (TRAIN_PEERS=0 or PROFILE_PEER=0)"
   elif timeout "$LIMIT" $PY bench/gpu/profile_hf.py --model "$GPT2" "${VOCAB_ARG[@]}" --batch "$1" --seq "$2" \
     --compile "$COMPILE" --warmup 4 --steps 3 --device "$DEVICE" --out "$W/profile-hf" >/dev/null 2>>"$W/hf.err"; then
     cp "$W/profile-hf/summary.txt" "$OUTD/profile-hf.txt" && cat "$OUTD/profile-hf.txt"
   else
     echo "bench/gpu/profile_hf.py failed; the end of $W/hf.err:"; tail -n 15 "$W/hf.err"
   fi
-fi
-if has train; then
+}
+sec_train() {
   for shape in "$GPT2 $GPT2_SHAPE" "$LLAMA $LLAMA_SHAPE"; do
     set -- $shape
     for r in $(seq "$ROUNDS"); do
       stamp "train $1 $2x$3, round $r"
       anvil_train anvil "$1" "$2" "$3" bf16
-      ((${TRAIN_PEERS:-1})) && hf_train "$1" "$2" "$3" autocast 0
+      ((${TRAIN_PEERS:-1} && ${TRAIN_EAGER:-1})) && hf_train "$1" "$2" "$3" autocast 0
       ((COMPILE && ${TRAIN_PEERS:-1})) && hf_train "$1" "$2" "$3" autocast 1
     done
   done
-fi
-if has moe; then
+}
+sec_moe() {
   set -- $MOE_SHAPE
   for r in $(seq "$ROUNDS"); do
     stamp "moe $MOE $1x$2, round $r"
     anvil_train anvil "$MOE" "$1" "$2" bf16
     ((${TRAIN_PEERS:-1})) && hf_train "$MOE" "$1" "$2" autocast 0
   done
-fi
-if has fp32; then
+}
+sec_fp32() {
   set -- $GPT2_SHAPE
   for r in $(seq "$ROUNDS"); do
     stamp "fp32 (TF32 matmuls) $GPT2, round $r"
     anvil_train anvil "$GPT2" "$1" "$2" tf32
     hf_train "$GPT2" "$1" "$2" fp32 0
   done
-fi
-if has shard; then
+}
+sec_shard() {
   set -- $GPT2_SHAPE
   stamp "full_shard $GPT2"
   # One rank through the NCCL backend on the GPU; the CPU smoke run shards in-process.
@@ -327,8 +329,8 @@ if has shard; then
   anvil_train anvil-full_shard-ckpt "$GPT2" "$1" "$2" bf16 "${shard[@]}" train.activation_checkpointing=true
   anvil_train anvil-ckpt "$GPT2" "$1" "$2" bf16 train.activation_checkpointing=true
   RUN_ENV=()
-fi
-if has ckpt; then
+}
+sec_ckpt() {
   set -- $LLAMA_SHAPE
   stamp "checkpoint stall $LLAMA"
   # 10 steps, saving every 4, background (the default) and synchronous; the table lists the stall of
@@ -338,8 +340,8 @@ if has ckpt; then
   RUN_ENV=(ANVIL_CHECKPOINT_SYNC=1)
   anvil_train anvil-save-sync "$LLAMA" "$1" "$2" bf16 "${ck[@]}"
   RUN_ENV=()
-fi
-if has gen; then
+}
+sec_gen() {
   G=$W/gen-model
   stamp "generation $GPT2"
   [[ -f $G/config.json ]] || $PY bench/gpu/hf_generate.py make --model "$GPT2" "${VOCAB_ARG[@]}" --out "$G" \
@@ -375,7 +377,10 @@ if has gen; then
         tee -a "$RES" || { echo "transformers.generate groups $grp failed:"; tail -n 15 "$W/hf.err"; }
     done
   done
-fi
+}
+
+# The sections in the order given (a call cut by a time limit loses the last ones).
+for s in $SECTIONS; do "sec_$s"; done
 
 stamp "done"
 echo
