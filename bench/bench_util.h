@@ -11,7 +11,8 @@
 namespace anvil::bench {
 
 /// --key value pairs; every key must have a default in `defaults`.
-inline std::map<std::string, std::string> parse_args(int argc, char** argv, std::map<std::string, std::string> defaults) {
+inline std::map<std::string, std::string> parse_args(int argc, char** argv,
+                                                     std::map<std::string, std::string> defaults) {
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k.rfind("--", 0) != 0 || !defaults.count(k.substr(2))) {

@@ -21,8 +21,9 @@
 
 int main(int argc, char** argv) {
   using namespace anvil;
-  auto a = bench::parse_args(argc, argv, {{"config", "configs/quickstart.yaml"}, {"threads", "2"},
-                                          {"loader_batches", "300"}, {"train_steps", "30"}});
+  auto a = bench::parse_args(
+      argc, argv,
+      {{"config", "configs/quickstart.yaml"}, {"threads", "2"}, {"loader_batches", "300"}, {"train_steps", "30"}});
   at::set_num_threads(std::stoi(a["threads"]));
   log::configure(log::Level::warn);
   auto cfg = config::load_config({a["config"]}, {"output_dir=/tmp/anvil-bench-loader"});
@@ -34,8 +35,8 @@ int main(int argc, char** argv) {
   model->train();
   if (cfg.data.max_length == 0) cfg.data.max_length = model->max_positions();
 
-  nlohmann::json out = {{"config", a["config"]}, {"micro_batch_size", cfg.train.micro_batch_size},
-                        {"threads", std::stoi(a["threads"])}};
+  nlohmann::json out = {
+      {"config", a["config"]}, {"micro_batch_size", cfg.train.micro_batch_size}, {"threads", std::stoi(a["threads"])}};
   const int n_loader = std::stoi(a["loader_batches"]);
   for (bool packing : {false, true}) {
     auto c = cfg;

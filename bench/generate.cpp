@@ -18,11 +18,22 @@
 int main(int argc, char** argv) {
   using namespace anvil;
   auto a = bench::parse_args(argc, argv,
-                             {{"model", ""}, {"prompts", ""}, {"new", "128"}, {"mode", "greedy"}, {"device", "cpu"},
-                              {"dtype", "float32"}, {"repeats", "3"}, {"threads", "0"}, {"tokens-out", ""}, {"cuda-graphs", "auto"}, {"seed", "0"}});
+                             {{"model", ""},
+                              {"prompts", ""},
+                              {"new", "128"},
+                              {"mode", "greedy"},
+                              {"device", "cpu"},
+                              {"dtype", "float32"},
+                              {"repeats", "3"},
+                              {"threads", "0"},
+                              {"tokens-out", ""},
+                              {"cuda-graphs", "auto"},
+                              {"seed", "0"}});
   if (a["model"].empty() || a["prompts"].empty()) {
-    std::fprintf(stderr, "usage: bench_generate --model DIR --prompts ids.json [--new N] [--mode greedy|sample] "
-                         "[--device cuda] [--dtype bfloat16] [--repeats R] [--tokens-out F] [--cuda-graphs auto|on|off] [--seed S]\n");
+    std::fprintf(
+        stderr,
+        "usage: bench_generate --model DIR --prompts ids.json [--new N] [--mode greedy|sample] "
+        "[--device cuda] [--dtype bfloat16] [--repeats R] [--tokens-out F] [--cuda-graphs auto|on|off] [--seed S]\n");
     return 2;
   }
   if (std::stoi(a["threads"]) > 0) at::set_num_threads(std::stoi(a["threads"]));

@@ -54,9 +54,11 @@ int check_cross_entropy(const at::Device& device, at::ScalarType dtype, int64_t 
   // bfloat16, of values at most 1).
   const double loss_tol = 2e-5, grad_tol = dtype == at::kFloat ? 4e-6 : dtype == at::kHalf ? 1e-3 : 4e-3;
   char detail[256];
-  std::snprintf(detail, sizeof detail, "%ld x %ld (vocab %ld), max |loss diff| %.3g (allowed %g), max |grad diff| %.3g "
-                "(allowed %g), padding gradient %g", static_cast<long>(rows), static_cast<long>(width),
-                static_cast<long>(vocab), loss_diff, loss_tol, grad_diff, grad_tol, pad);
+  std::snprintf(detail, sizeof detail,
+                "%ld x %ld (vocab %ld), max |loss diff| %.3g (allowed %g), max |grad diff| %.3g "
+                "(allowed %g), padding gradient %g",
+                static_cast<long>(rows), static_cast<long>(width), static_cast<long>(vocab), loss_diff, loss_tol,
+                grad_diff, grad_tol, pad);
   return report(loss_diff <= loss_tol && grad_diff <= grad_tol && pad == 0,
                 std::string("cross_entropy_rows on ") + device.str() + ", " + c10::toString(dtype) +
                     " = ATen cross_entropy (double)",
@@ -79,8 +81,10 @@ int check_draw(const at::Device& device) {
   const double masked = counts[V - 1].item<double>();
   char detail[256];
   // 6 degrees of freedom: P(chi-square > 22.46) = 0.001.
-  std::snprintf(detail, sizeof detail, "%ld rows over 8 tokens, chi-square %.2f (allowed 22.46, p = 0.001, 6 dof), "
-                "masked token drawn %g times", static_cast<long>(rows), chi2, masked);
+  std::snprintf(detail, sizeof detail,
+                "%ld rows over 8 tokens, chi-square %.2f (allowed 22.46, p = 0.001, 6 dof), "
+                "masked token drawn %g times",
+                static_cast<long>(rows), chi2, masked);
   failed += report(chi2 <= 22.46 && masked == 0,
                    "inverse_cdf_draw on " + device.str() + ": tokens follow the softmax's probabilities", detail);
   if (device.is_cuda()) {
@@ -93,9 +97,11 @@ int check_draw(const at::Device& device) {
     const auto ref = kernels::inverse_cdf_draw_reference(x.to(device), uu.to(device)).cpu();
     const auto differ = mine.ne(ref).sum().item<int64_t>();
     const bool masked_drawn = at::isinf(x.gather(1, mine.unsqueeze(1))).any().item<bool>();
-    std::snprintf(detail, sizeof detail, "%ld rows x %ld, %ld tokens differ (allowed 0.5 %%: float rounding at bin "
-                  "edges), masked token drawn: %s", static_cast<long>(n), static_cast<long>(vocab),
-                  static_cast<long>(differ), masked_drawn ? "yes" : "no");
+    std::snprintf(detail, sizeof detail,
+                  "%ld rows x %ld, %ld tokens differ (allowed 0.5 %%: float rounding at bin "
+                  "edges), masked token drawn: %s",
+                  static_cast<long>(n), static_cast<long>(vocab), static_cast<long>(differ),
+                  masked_drawn ? "yes" : "no");
     failed += report(differ * 200 <= n && !masked_drawn, "inverse_cdf_draw CUDA kernel = ATen reference", detail);
   }
   return failed;
@@ -153,14 +159,23 @@ int main(int argc, char** argv) {
       const auto u = at::rand({128}, at::TensorOptions().dtype(at::kDouble).device(device));
       const double draw_kernel = time_it(device, 50, [&] { kernels::inverse_cdf_draw(scores, u); });
       const double draw_aten = time_it(device, 50, [&] { kernels::inverse_cdf_draw_reference(scores, u); });
-      std::printf("%s\n", nlohmann::json({{"kernel", "inverse_cdf_draw"}, {"device", device.str()}, {"dtype", "float32"},
-                                          {"rows", 128}, {"width", vocab}, {"cuda_ms", draw_kernel * 1e3},
-                                          {"aten_ms", draw_aten * 1e3}, {"speedup", draw_aten / draw_kernel}})
+      std::printf("%s\n", nlohmann::json({{"kernel", "inverse_cdf_draw"},
+                                          {"device", device.str()},
+                                          {"dtype", "float32"},
+                                          {"rows", 128},
+                                          {"width", vocab},
+                                          {"cuda_ms", draw_kernel * 1e3},
+                                          {"aten_ms", draw_aten * 1e3},
+                                          {"speedup", draw_aten / draw_kernel}})
                               .dump()
                               .c_str());
-      std::printf("%s\n", nlohmann::json({{"kernel", "cross_entropy_rows"}, {"device", device.str()},
-                                          {"dtype", "bfloat16"}, {"rows", rows}, {"width", width},
-                                          {"cuda_ms", (kernel - copy) * 1e3}, {"aten_ms", (aten - copy) * 1e3},
+      std::printf("%s\n", nlohmann::json({{"kernel", "cross_entropy_rows"},
+                                          {"device", device.str()},
+                                          {"dtype", "bfloat16"},
+                                          {"rows", rows},
+                                          {"width", width},
+                                          {"cuda_ms", (kernel - copy) * 1e3},
+                                          {"aten_ms", (aten - copy) * 1e3},
                                           {"speedup", (aten - copy) / (kernel - copy)}})
                               .dump()
                               .c_str());

@@ -33,20 +33,27 @@ std::vector<std::vector<int64_t>> recompute(anvil::models::CausalLM& model, cons
 
 int main(int argc, char** argv) {
   using namespace anvil;
-  auto a = bench::parse_args(argc, argv, {{"threads", "2"}, {"batch", "1"}, {"prompt", "32"}, {"new", "128"},
-                                          {"repeats", "3"}});
+  auto a = bench::parse_args(argc, argv,
+                             {{"threads", "2"}, {"batch", "1"}, {"prompt", "32"}, {"new", "128"}, {"repeats", "3"}});
   at::set_num_threads(std::stoi(a["threads"]));
   at::manual_seed(0);
   torch::NoGradGuard no_grad;
   const int64_t B = std::stol(a["batch"]), P = std::stol(a["prompt"]), N = std::stol(a["new"]);
   models::llama::LlamaOptions o;
-  o.vocab_size(8192).hidden_size(288).intermediate_size(768).num_hidden_layers(6).num_attention_heads(6)
-      .num_key_value_heads(6).max_position_embeddings(P + N).initializer_range(0.1);  // peaked logits, no ties
+  o.vocab_size(8192)
+      .hidden_size(288)
+      .intermediate_size(768)
+      .num_hidden_layers(6)
+      .num_attention_heads(6)
+      .num_key_value_heads(6)
+      .max_position_embeddings(P + N)
+      .initializer_range(0.1);  // peaked logits, no ties
   models::llama::LlamaForCausalLM model(o);
   model.eval();
   auto prompts = at::randint(o.vocab_size(), {B, P}, at::kLong);
   std::vector<std::vector<int64_t>> prompt_lists;
-  for (int64_t b = 0; b < B; ++b) prompt_lists.emplace_back(prompts[b].data_ptr<int64_t>(), prompts[b].data_ptr<int64_t>() + P);
+  for (int64_t b = 0; b < B; ++b)
+    prompt_lists.emplace_back(prompts[b].data_ptr<int64_t>(), prompts[b].data_ptr<int64_t>() + P);
   generation::SamplingOptions opt;
   opt.max_new_tokens = N;
 

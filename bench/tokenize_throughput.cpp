@@ -1,7 +1,7 @@
 // Single-threaded encoding throughput of a tokenizer (tokenizer.json or
 // tokenizer.model) over a corpus: one encode per line, or per document of
-// --lines-per-doc lines joined by "\n", as a data pipeline tokenizes records. bench/tokenize_hf.py measures Hugging Face `tokenizers`
-// (and sentencepiece) on the same files; bench/run.sh runs both.
+// --lines-per-doc lines joined by "\n", as a data pipeline tokenizes records. bench/tokenize_hf.py measures Hugging
+// Face `tokenizers` (and sentencepiece) on the same files; bench/run.sh runs both.
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -12,8 +12,8 @@
 
 int main(int argc, char** argv) {
   using namespace anvil;
-  auto a = bench::parse_args(argc, argv, {{"tokenizer", ""}, {"corpus", ""}, {"repeat", "5"}, {"warmup", "1"},
-                                          {"lines-per-doc", "1"}});
+  auto a = bench::parse_args(
+      argc, argv, {{"tokenizer", ""}, {"corpus", ""}, {"repeat", "5"}, {"warmup", "1"}, {"lines-per-doc", "1"}});
   if (a["tokenizer"].empty() || a["corpus"].empty()) {
     std::fprintf(stderr, "usage: bench_tokenize_throughput --tokenizer DIR_OR_FILE --corpus FILE [--repeat N]\n");
     return 2;
@@ -30,8 +30,10 @@ int main(int argc, char** argv) {
     const size_t per_doc = std::stoul(a["lines-per-doc"]);
     std::string line;
     while (std::getline(in, line)) {
-      if (lines++ % per_doc == 0) docs.emplace_back();
-      else docs.back() += '\n';
+      if (lines++ % per_doc == 0)
+        docs.emplace_back();
+      else
+        docs.back() += '\n';
       docs.back() += line;
     }
     for (const auto& d : docs) bytes += d.size();

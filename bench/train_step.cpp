@@ -15,9 +15,18 @@
 
 int main(int argc, char** argv) {
   using namespace anvil;
-  auto a = bench::parse_args(argc, argv, {{"threads", "2"}, {"batch", "8"}, {"seq", "256"}, {"steps", "10"},
-                                          {"warmup", "3"}, {"fused", "1"}, {"vocab", "8192"}, {"hidden", "288"},
-                                          {"layers", "6"}, {"heads", "6"}, {"intermediate", "768"}});
+  auto a = bench::parse_args(argc, argv,
+                             {{"threads", "2"},
+                              {"batch", "8"},
+                              {"seq", "256"},
+                              {"steps", "10"},
+                              {"warmup", "3"},
+                              {"fused", "1"},
+                              {"vocab", "8192"},
+                              {"hidden", "288"},
+                              {"layers", "6"},
+                              {"heads", "6"},
+                              {"intermediate", "768"}});
   at::set_num_threads(std::stoi(a["threads"]));
   at::manual_seed(0);
   models::llama::LlamaOptions o;

@@ -12,8 +12,13 @@ namespace anvil::fuzz {
 
 inline void exercise_tokenizer(const tokenizer::Tokenizer& tok) {
   constexpr std::string_view kTexts[] = {
-      "Hello world", "  12 + 7 = 19\n\n", "h\xc3\xa9llo \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\xa4\x96",
-      "<|endoftext|><s></s><|im_start|>user\nhi<|im_end|>", "", "\xff\xfe broken utf-8 \xc3", "a\tb\r\nc",
+      "Hello world",
+      "  12 + 7 = 19\n\n",
+      "h\xc3\xa9llo \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\xa4\x96",
+      "<|endoftext|><s></s><|im_start|>user\nhi<|im_end|>",
+      "",
+      "\xff\xfe broken utf-8 \xc3",
+      "a\tb\r\nc",
   };
   for (const auto text : kTexts) {
     const auto ids = tok.encode(text);

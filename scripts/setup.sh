@@ -9,7 +9,7 @@ TORCH_VERSION="2.11.0"
 DEB_PACKAGES=(build-essential cmake ninja-build ccache pkg-config
   libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev libgtest-dev
   libsentencepiece-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev python3-venv
-  openmpi-bin libopenmpi-dev libzstd-dev)
+  openmpi-bin libopenmpi-dev libzstd-dev clang-format)
 # sentencepiece 0.1.99 segments exactly as Debian's libsentencepiece (0.1.97)
 # that we link; 0.2.x breaks some unigram ties the other way.
 PY_PACKAGES=("torch==${TORCH_VERSION}" "numpy" "transformers" "tokenizers"

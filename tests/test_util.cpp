@@ -23,8 +23,8 @@ namespace anvil::testing {
 
 TempDir::TempDir() {
   std::random_device rd;
-  path_ = std::filesystem::temp_directory_path() / ("anvil-test-" + std::to_string(::getpid()) + "-" +
-                                                    std::to_string(rd()));
+  path_ = std::filesystem::temp_directory_path() /
+          ("anvil-test-" + std::to_string(::getpid()) + "-" + std::to_string(rd()));
   std::filesystem::create_directories(path_);
 }
 
@@ -33,9 +33,7 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
-void write_text(const std::filesystem::path& p, const std::string& text) {
-  std::ofstream(p, std::ios::binary) << text;
-}
+void write_text(const std::filesystem::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
 
 std::string read_text(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -214,8 +212,9 @@ std::string tiny_sft_run(int64_t max_steps, int64_t save_every) {
          "data: {train: [{path: data/sft_train.jsonl}]}\n"
          "optimizer: {lr: 1.0e-3}\n"
          "schedule: {warmup_steps: 0}\n"
-         "train: {max_steps: " + std::to_string(max_steps) + ", micro_batch_size: 4, save_every: " +
-         std::to_string(save_every) + ", keep_checkpoints: 0, log_every: 1000, threads: 1}\n"
+         "train: {max_steps: " +
+         std::to_string(max_steps) + ", micro_batch_size: 4, save_every: " + std::to_string(save_every) +
+         ", keep_checkpoints: 0, log_every: 1000, threads: 1}\n"
          "eval: {generate_samples: 0}\n";
 }
 

@@ -51,7 +51,8 @@ std::vector<std::vector<int64_t>> read_id_lists(const std::string& input, bool e
                                            " (all rows must have the same length)"));
     std::vector<int64_t> row;
     for (const auto& id : j[i]) {
-      if (!id.is_number_integer()) throw anvil::DataError(anvil::concat(input, ": entry ", i, ": ids must be integers"));
+      if (!id.is_number_integer())
+        throw anvil::DataError(anvil::concat(input, ": entry ", i, ": ids must be integers"));
       const auto v = id.get<int64_t>();
       if (v < 0 || v >= vocab)
         throw anvil::DataError(anvil::concat(input, ": entry ", i, ": token id ", v, " is outside [0, ", vocab, ")"));
@@ -96,18 +97,18 @@ void use_ilql_heads(anvil::models::CausalLM& model, const std::string& dir, doub
   try {
     opt.score_fn = anvil::train::ilql_score_fn(model, beta);
   } catch (const std::invalid_argument& e) {
-    throw anvil::ConfigError(anvil::concat("--ilql-beta: ", dir, ": ", e.what(),
-                                           "; it takes a checkpoint of algorithm: ilql"));
+    throw anvil::ConfigError(
+        anvil::concat("--ilql-beta: ", dir, ": ", e.what(), "; it takes a checkpoint of algorithm: ilql"));
   }
 }
 
 /// How the chat tools pick a model folder's chat format.
 struct ChatFormatFlags {
-  std::string name;     // --template ("" = the folder's)
-  bool force = false;   // --force-template
-  std::string system;   // --system
+  std::string name;       // --template ("" = the folder's)
+  bool force = false;     // --force-template
+  std::string system;     // --system
   bool show_ids = false;  // --show-prompt-ids
-  std::string kwargs;   // --template-kwargs (a JSON object)
+  std::string kwargs;     // --template-kwargs (a JSON object)
 };
 
 /// --template-kwargs as the template's extra inputs (data::record_tools' form:
@@ -120,10 +121,12 @@ std::string template_inputs(const ChatFormatFlags& f) {
   } catch (const nlohmann::json::exception&) {
   }
   if (!j.is_object())
-    throw anvil::ConfigError(anvil::concat("--template-kwargs: expected a JSON object of template variables, e.g. "
-                                           "'{\"enable_thinking\": false}', got '", f.kwargs, "'"));
-  for (const char* reserved : {"messages", "add_generation_prompt", "tools", "documents", "bos_token", "eos_token",
-                               "pad_token"})
+    throw anvil::ConfigError(
+        anvil::concat("--template-kwargs: expected a JSON object of template variables, e.g. "
+                      "'{\"enable_thinking\": false}', got '",
+                      f.kwargs, "'"));
+  for (const char* reserved :
+       {"messages", "add_generation_prompt", "tools", "documents", "bos_token", "eos_token", "pad_token"})
     if (j.contains(reserved))
       throw anvil::ConfigError(anvil::concat("--template-kwargs: \"", reserved,
                                              "\" is set by Anvil itself; expected other template variables"));
@@ -139,7 +142,9 @@ const anvil::data::ChatTemplate& folder_template(const anvil::tokenizer::Tokeniz
       tok, f.name.empty() ? "auto" : f.name, "--template", model_dir, f.force ? "" : "--force-template"));
 }
 
-void show_prompt_ids(const std::vector<int64_t>& ids) { std::cerr << "prompt ids: " << nlohmann::json(ids).dump() << "\n"; }
+void show_prompt_ids(const std::vector<int64_t>& ids) {
+  std::cerr << "prompt ids: " << nlohmann::json(ids).dump() << "\n";
+}
 
 /// A prompt must leave the model room for one new token: longer, it is an
 /// error naming `what`, its length and the limit, or with --truncate left it
@@ -156,13 +161,13 @@ void fit_prompt(std::vector<int64_t>& ids, int64_t positions, int64_t max_new_to
                                            "; shorten it, or pass --truncate left to keep its last tokens"));
     const int64_t keep = std::max<int64_t>(1, std::min(limit, positions - max_new_tokens));
     ids.erase(ids.begin(), ids.end() - keep);
-    anvil::log::warn(what, ": the prompt is ", n, " tokens; kept its last ", keep, " (--truncate left; the model reads ",
-                     positions, " positions)");
+    anvil::log::warn(what, ": the prompt is ", n, " tokens; kept its last ", keep,
+                     " (--truncate left; the model reads ", positions, " positions)");
     return;
   }
   if (n + max_new_tokens > positions)
-    anvil::log::warn(what, ": the reply is cut at ", positions - n, " tokens (a ", n, "-token prompt, --max-new-tokens ",
-                     max_new_tokens, ", ", positions, " positions)");
+    anvil::log::warn(what, ": the reply is cut at ", positions - n, " tokens (a ", n,
+                     "-token prompt, --max-new-tokens ", max_new_tokens, ", ", positions, " positions)");
 }
 
 int cmd_generate(const std::string& model_dir, const std::vector<std::string>& prompts, const std::string& input,
@@ -219,8 +224,9 @@ int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions op
   const auto inputs = template_inputs(format);
   opt.eos_id = tmpl.end_of_turn_id(*tok);
   const bool tty = ::isatty(STDIN_FILENO) != 0;
-  if (tty) std::cerr << "anvil chat: " << model->family() << " from " << model_dir << " (" << tmpl.name()
-                     << " format). Empty line or /quit ends, /reset forgets the conversation.\n";
+  if (tty)
+    std::cerr << "anvil chat: " << model->family() << " from " << model_dir << " (" << tmpl.name()
+              << " format). Empty line or /quit ends, /reset forgets the conversation.\n";
   std::vector<anvil::data::Message> history;
   std::string line;
   int64_t line_no = 0;
@@ -273,15 +279,16 @@ int cmd_logits(const std::string& model_dir, const std::string& input, const std
   const auto rows = read_id_lists(input, /*equal_lengths=*/true, model->vocab_size());
   std::vector<int64_t> flat;
   for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
-  auto ids = at::tensor(flat, at::kLong).view({static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())});
+  auto ids =
+      at::tensor(flat, at::kLong).view({static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())});
   auto logits = model->forward(ids.to(model->parameters().front().device())).to(at::kCPU, at::kFloat);  // (B, T, V)
   anvil::io::save_safetensors(output, {{"logits", logits}});
   return 0;
 }
 
 /// Scores every reply of every line with a reward model; one JSON line out per line in.
-int cmd_score(const std::string& model_dir, const std::string& input, const ChatFormatFlags& format,
-              int64_t batch_size, const Placement& where) {
+int cmd_score(const std::string& model_dir, const std::string& input, const ChatFormatFlags& format, int64_t batch_size,
+              const Placement& where) {
   const auto rm = anvil::rewards::RewardModel::load(model_dir, format.name, format.force);
   where.apply(*rm.model_ptr());
   struct Line {
@@ -373,7 +380,8 @@ int cmd_tokenize(const std::string& tok_path, const std::string& type, const std
       continue;
     }
     auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_array() || !std::all_of(j.begin(), j.end(), [](const auto& v) { return v.is_number_integer(); }))
+    if (j.is_discarded() || !j.is_array() ||
+        !std::all_of(j.begin(), j.end(), [](const auto& v) { return v.is_number_integer(); }))
       throw anvil::DataError(anvil::concat(input, ":", lineno, ": expected a JSON list of token ids"));
     out << tok->decode(j.get<std::vector<int64_t>>(), !keep_special) << "\n";
   }
@@ -382,16 +390,18 @@ int cmd_tokenize(const std::string& tok_path, const std::string& type, const std
 
 /// Text (JSONL records or plain lines) -> memory-mapped token shards.
 int cmd_prepare(const std::string& tok_path, const std::string& type, const std::vector<std::string>& inputs,
-                const std::string& output, const std::vector<std::string>& text_fields, int64_t shard_tokens, bool no_eos,
-                const std::string& on_error, const std::string& format) {
+                const std::string& output, const std::vector<std::string>& text_fields, int64_t shard_tokens,
+                bool no_eos, const std::string& on_error, const std::string& format) {
   auto tok = anvil::tokenizer::load_tokenizer(type, tok_path);
   anvil::data::ShardWriterOptions wo;
   wo.shard_tokens = shard_tokens;
   wo.append_eos = !no_eos;
   std::optional<anvil::data::ShardWriter> shards;
   std::optional<anvil::data::MegatronWriter> megatron;
-  if (format == "megatron") megatron.emplace(output, tok->vocab_size(), tok->eos_id(), !no_eos);
-  else shards.emplace(output, tok->vocab_size(), tok->eos_id(), wo);
+  if (format == "megatron")
+    megatron.emplace(output, tok->vocab_size(), tok->eos_id(), !no_eos);
+  else
+    shards.emplace(output, tok->vocab_size(), tok->eos_id(), wo);
   struct {
     std::optional<anvil::data::ShardWriter>& s;
     std::optional<anvil::data::MegatronWriter>& m;
@@ -430,8 +440,10 @@ int cmd_prepare(const std::string& tok_path, const std::string& type, const std:
   }
   const auto docs = writer.num_docs();
   const auto tokens = writer.num_tokens();
-  if (shards) shards->finish(tok->kind(), inputs, anvil::tokenizer::fingerprint(*tok));
-  else megatron->finish();
+  if (shards)
+    shards->finish(tok->kind(), inputs, anvil::tokenizer::fingerprint(*tok));
+  else
+    megatron->finish();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::cout << "prepared " << output << ": " << docs << " documents, " << tokens << " tokens"
             << (skipped ? anvil::concat(", ", skipped, " malformed lines skipped") : std::string()) << " ("
@@ -445,12 +457,13 @@ int cmd_export(const std::string& ckpt, const std::string& out, const std::strin
                const std::string& base) {
   if (merge_lora || anvil::io::is_peft_adapter_dir(ckpt)) {
     if (!merge_lora)
-      throw anvil::ConfigError(anvil::concat(
-          "export: ", ckpt, " is a LoRA adapter (adapter_config.json): add --merge-lora to write its base model with "
-          "the adapters folded in (the folder itself loads in PEFT as is)"));
+      throw anvil::ConfigError(
+          anvil::concat("export: ", ckpt,
+                        " is a LoRA adapter (adapter_config.json): add --merge-lora to write its base model with "
+                        "the adapters folded in (the folder itself loads in PEFT as is)"));
     if (!anvil::io::is_peft_adapter_dir(ckpt))
-      throw anvil::ConfigError(anvil::concat("export --merge-lora: ", ckpt,
-                                             " has no adapter_config.json; it is not a LoRA checkpoint"));
+      throw anvil::ConfigError(
+          anvil::concat("export --merge-lora: ", ckpt, " has no adapter_config.json; it is not a LoRA checkpoint"));
     anvil::io::check_export_target(out, dtype);
     auto model = anvil::io::load_model_dir(ckpt, base);
     anvil::models::merge_lora(*model);
@@ -461,8 +474,10 @@ int cmd_export(const std::string& ckpt, const std::string& out, const std::strin
     return 0;
   }
   const bool sharded = anvil::distributed::is_sharded_checkpoint(ckpt);
-  if (sharded) anvil::distributed::export_sharded_checkpoint(ckpt, out, dtype);
-  else anvil::io::export_model_dir(ckpt, out, dtype);
+  if (sharded)
+    anvil::distributed::export_sharded_checkpoint(ckpt, out, dtype);
+  else
+    anvil::io::export_model_dir(ckpt, out, dtype);
   std::cout << "exported " << (sharded ? "(consolidated shards of) " : "") << ckpt << " to " << out << " (" << dtype
             << ")\n";
   return 0;
@@ -534,11 +549,13 @@ struct SamplingFlags {
 
 /// --template (needing `needs` when given), --force-template, --show-prompt-ids.
 void add_format(CLI::App* cmd, ChatFormatFlags& fmt, CLI::Option* needs) {
-  auto* t = cmd->add_option("--template", fmt.name, "Chat format: plain, chatml, llama3, oasst, or hf (the folder's "
-                                                    "own Jinja chat_template as written; default: the format "
-                                                    "the folder's tokenizer_config.json records, else plain)");
-  auto* f = cmd->add_flag("--force-template", fmt.force, "Use --template even where it contradicts the folder's "
-                                                          "recorded format");
+  auto* t = cmd->add_option("--template", fmt.name,
+                            "Chat format: plain, chatml, llama3, oasst, or hf (the folder's "
+                            "own Jinja chat_template as written; default: the format "
+                            "the folder's tokenizer_config.json records, else plain)");
+  auto* f = cmd->add_flag("--force-template", fmt.force,
+                          "Use --template even where it contradicts the folder's "
+                          "recorded format");
   f->needs(t);
   cmd->add_flag("--show-prompt-ids", fmt.show_ids, "Print each prompt's token ids (JSON) to stderr");
   if (needs) t->needs(needs);
@@ -563,8 +580,8 @@ CLI::Validator hub_path() {
           return "";
         }
         if (anvil::hub::is_repo_id(s))
-          return anvil::concat("\"", s, "\" is no folder here, nor a model in the Hugging Face cache: ",
-                               anvil::hub::explain_missing(s));
+          return anvil::concat(
+              "\"", s, "\" is no folder here, nor a model in the Hugging Face cache: ", anvil::hub::explain_missing(s));
         return "";
       },
       "PATH|HUB_ID");
@@ -592,8 +609,9 @@ Command add_generate(CLI::App& app) {
   gin->needs(gout);
   gout->needs(gin);
   gp->excludes(gin);
-  f->eos = gen->add_option("--eos-id", f->eos_id, "Stop token (default: the model's eos_token_id, or with --chat "
-                                                   "the format's end of turn; -1 = none)");
+  f->eos = gen->add_option("--eos-id", f->eos_id,
+                           "Stop token (default: the model's eos_token_id, or with --chat "
+                           "the format's end of turn; -1 = none)");
   gen->add_option("--batch-size", f->sampling.opt.batch_size, "Prompts decoded together (0 = all)");
   auto* gchat = gen->add_flag("--chat", f->chat, "Each --prompt is a user turn in the folder's chat format");
   gchat->needs(gp);
@@ -628,9 +646,7 @@ Command add_chat(CLI::App& app) {
   };
   auto f = std::make_shared<Flags>();
   auto* chat = app.add_subcommand("chat", "Talk to a model folder: one user turn per line on stdin");
-  chat->add_option("--model", f->model_dir, "Model folder with its tokenizer")
-      ->required()
-      ->transform(hub_path());
+  chat->add_option("--model", f->model_dir, "Model folder with its tokenizer")->required()->transform(hub_path());
   chat->add_flag("--no-history", f->no_history, "Answer each line on its own, forgetting earlier turns");
   add_format(chat, f->fmt, nullptr);
   add_template_kwargs(chat, f->fmt);
@@ -670,9 +686,7 @@ Command add_logits(CLI::App& app) {
   };
   auto f = std::make_shared<Flags>();
   auto* logc = app.add_subcommand("logits", "Write a model's logits for given token ids");
-  logc->add_option("--model", f->model_dir, "Model folder (HF layout)")
-      ->required()
-      ->transform(hub_path());
+  logc->add_option("--model", f->model_dir, "Model folder (HF layout)")->required()->transform(hub_path());
   logc->add_option("--input", f->in, "ids.json: a JSON list of equal-length token-id lists")->required();
   logc->add_option("--output", f->out, "out.safetensors with float32 `logits` [batch, seq, vocab]")->required();
   add_placement(logc, f->where);
@@ -693,12 +707,14 @@ Command add_score(CLI::App& app) {
       ->required()
       ->transform(hub_path());
   add_placement(scorec, f->where);
-  scorec->add_option("--input", f->in, "JSONL: {prompt, chosen, rejected}, {prompt, ranked: [...]} or "
-                                       "{prompt, response} per line")->required();
+  scorec
+      ->add_option("--input", f->in,
+                   "JSONL: {prompt, chosen, rejected}, {prompt, ranked: [...]} or "
+                   "{prompt, response} per line")
+      ->required();
   add_format(scorec, f->fmt, nullptr);
   scorec->add_option("--batch-size", f->batch, "Replies scored together")->capture_default_str();
-  return {scorec,
-          [f] { return cmd_score(f->model_dir, f->in, f->fmt, std::max<int64_t>(1, f->batch), f->where); }};
+  return {scorec, [f] { return cmd_score(f->model_dir, f->in, f->fmt, std::max<int64_t>(1, f->batch), f->where); }};
 }
 
 Command add_tokenize(CLI::App& app) {
@@ -734,16 +750,22 @@ Command add_prepare(CLI::App& app) {
       ->required()
       ->transform(hub_path());
   prep->add_option("--type", f->type, "auto, hf or sentencepiece")->capture_default_str();
-  prep->add_option("--input", f->in, "A .jsonl file (one {text} document a line) or a text file (one document "
-                                     "a line); repeatable")->required();
-  prep->add_option("--output", f->out, "New folder for meta.json and the shards (--format megatron: the "
-                                       "PREFIX of PREFIX.bin and PREFIX.idx)")->required();
-  prep->add_option("--format", f->format, "anvil (token shards) or megatron (a GPT-NeoX / Megatron indexed "
-                                          "dataset, MMIDIDX)")
+  prep->add_option("--input", f->in,
+                   "A .jsonl file (one {text} document a line) or a text file (one document "
+                   "a line); repeatable")
+      ->required();
+  prep->add_option("--output", f->out,
+                   "New folder for meta.json and the shards (--format megatron: the "
+                   "PREFIX of PREFIX.bin and PREFIX.idx)")
+      ->required();
+  prep->add_option("--format", f->format,
+                   "anvil (token shards) or megatron (a GPT-NeoX / Megatron indexed "
+                   "dataset, MMIDIDX)")
       ->check(CLI::IsMember({"anvil", "megatron"}))
       ->capture_default_str();
-  prep->add_option("--text-field", f->text_fields, "JSONL field holding the text (default text; repeat to join "
-                                                   "several fields, e.g. --text-field prompt --text-field response)");
+  prep->add_option("--text-field", f->text_fields,
+                   "JSONL field holding the text (default text; repeat to join "
+                   "several fields, e.g. --text-field prompt --text-field response)");
   prep->add_option("--shard-tokens", f->shard_tokens, "Tokens per shard")->capture_default_str();
   prep->add_flag("--no-eos", f->no_eos, "Do not end each document with EOS");
   prep->add_option("--on-error", f->on_error, "Malformed JSONL lines: fail or skip")->capture_default_str();

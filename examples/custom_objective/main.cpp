@@ -86,7 +86,7 @@ class WeightedSft final : public anvil::train::Objective {
 
 int main(int argc, char** argv) {
   anvil::config::register_section<WeightedSftConfig>("weighted_sft", "Digit-weighted SFT (algorithm: weighted_sft).",
-                                                        "weighted_sft");
+                                                     "weighted_sft");
   // It reads what sft reads (data, eval generation), except the keys of sft's
   // own loss: setting those in a weighted_sft config is an error, not a no-op.
   auto reads = anvil::config::keys_read_by("sft");

@@ -19,7 +19,6 @@
 namespace anvil::config {
 namespace {
 
-
 std::string describe(const YAML::Node& node) {
   if (!node.IsDefined() || node.IsNull()) return "nothing (null)";
   if (node.IsMap()) return "a map";
@@ -58,7 +57,6 @@ void flatten(const YAML::Node& node, const std::string& prefix, const std::strin
   out[prefix] = Entry{node, where_of(file, node), file, order};
 }
 
-
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
@@ -84,23 +82,28 @@ std::string format_double(double x) {
 
 // ---- type traits: how a field type reads from YAML and how it is named -----
 
-template <class T> struct TypeInfo;
-template <> struct TypeInfo<bool> {
+template <class T>
+struct TypeInfo;
+template <>
+struct TypeInfo<bool> {
   static constexpr const char* name = "true or false";
   static bool read(const YAML::Node& n) { return n.as<bool>(); }
   static std::string show(bool v) { return v ? "true" : "false"; }
 };
-template <> struct TypeInfo<int64_t> {
+template <>
+struct TypeInfo<int64_t> {
   static constexpr const char* name = "an integer";
   static int64_t read(const YAML::Node& n) { return n.as<int64_t>(); }
   static std::string show(int64_t v) { return std::to_string(v); }
 };
-template <> struct TypeInfo<double> {
+template <>
+struct TypeInfo<double> {
   static constexpr const char* name = "a number";
   static double read(const YAML::Node& n) { return n.as<double>(); }
   static std::string show(double v) { return format_double(v); }
 };
-template <> struct TypeInfo<std::string> {
+template <>
+struct TypeInfo<std::string> {
   static constexpr const char* name = "a string";
   static std::string read(const YAML::Node& n) {
     if (!n.IsScalar()) throw YAML::BadConversion(n.Mark());
@@ -108,7 +111,8 @@ template <> struct TypeInfo<std::string> {
   }
   static std::string show(const std::string& v) { return v.empty() ? "\"\"" : v; }
 };
-template <> struct TypeInfo<std::vector<double>> {
+template <>
+struct TypeInfo<std::vector<double>> {
   static constexpr const char* name = "a list of numbers";
   static std::vector<double> read(const YAML::Node& n) {
     if (!n.IsSequence()) throw YAML::BadConversion(n.Mark());
@@ -122,7 +126,8 @@ template <> struct TypeInfo<std::vector<double>> {
     return s + "]";
   }
 };
-template <> struct TypeInfo<std::vector<int64_t>> {
+template <>
+struct TypeInfo<std::vector<int64_t>> {
   static constexpr const char* name = "a list of integers";
   static std::vector<int64_t> read(const YAML::Node& n) {
     if (!n.IsSequence()) throw YAML::BadConversion(n.Mark());
@@ -137,7 +142,8 @@ template <> struct TypeInfo<std::vector<int64_t>> {
   }
 };
 
-template <> struct TypeInfo<std::vector<std::string>> {
+template <>
+struct TypeInfo<std::vector<std::string>> {
   static constexpr const char* name = "a list of strings";
   static std::vector<std::string> read(const YAML::Node& n) {
     if (!n.IsSequence()) throw YAML::BadConversion(n.Mark());
@@ -314,8 +320,8 @@ class Parser {
       // A TRL / transformers name (TrainingArguments, GRPOConfig, LoraConfig)
       // for one of our keys, in any section or none.
       const auto last = path.substr(path.rfind('.') == std::string::npos ? 0 : path.rfind('.') + 1);
-      if (const auto ours = foreign_key_names().find(last); ours != foreign_key_names().end() &&
-                                                             known_.count(ours->second) && ours->second != path) {
+      if (const auto ours = foreign_key_names().find(last);
+          ours != foreign_key_names().end() && known_.count(ours->second) && ours->second != path) {
         errors_->add(concat(entry.where, ": ", path, ": unknown key; did you mean ", ours->second, "? (", last,
                             " is the TRL / transformers name)"));
         continue;
@@ -452,7 +458,6 @@ class Reference {
   std::ostringstream rows_;
 };
 
-
 // `data.train[1].fraction=0.2`: sets one key of one item of a list that an
 // earlier source set (the names errors use). Returns false if `ov` is not of
 // that form.
@@ -482,8 +487,10 @@ bool override_list_item(FlatConfig& flat, const std::string& key, const YAML::No
   if (!field.empty()) {
     YAML::Node item = list[index];
     if (!item.IsMap()) throw ConfigError(concat(where, ": ", base, "[", index, "]: expected a map, got a value"));
-    if (value.IsNull()) item.remove(field);
-    else item[field] = value;
+    if (value.IsNull())
+      item.remove(field);
+    else
+      item[field] = value;
   } else {
     list[index] = value;
   }
@@ -504,10 +511,9 @@ FlatConfig read_sources(const std::vector<std::string>& files, const std::vector
     try {
       root = YAML::LoadFile(file);
     } catch (const YAML::BadFile&) {
-      throw ConfigError(concat(given, ": cannot read config file",
-                               file == given && std::filesystem::path(given).parent_path().empty()
-                                   ? " (looked here and in configs/)"
-                                   : ""));
+      throw ConfigError(concat(
+          given, ": cannot read config file",
+          file == given && std::filesystem::path(given).parent_path().empty() ? " (looked here and in configs/)" : ""));
     } catch (const YAML::ParserException& e) {
       throw ConfigError(concat(file, ":", e.mark.line + 1, ": invalid YAML: ", e.msg, tab_hint(file)));
     }
@@ -667,13 +673,13 @@ std::vector<RegisteredSection>& section_list() {
 }  // namespace
 
 void register_section(RegisteredSection section) {
-  static const std::set<std::string> builtin = {"output_dir", "algorithm", "model", "tokenizer", "data",
-                                                "optimizer", "schedule", "train", "dist", "eval", "logging",
-                                                "sft", "reward", "dpo", "ppo", "ilql"};
+  static const std::set<std::string> builtin = {"output_dir", "algorithm", "model", "tokenizer", "data",    "optimizer",
+                                                "schedule",   "train",     "dist",  "eval",      "logging", "sft",
+                                                "reward",     "dpo",       "ppo",   "ilql"};
   std::lock_guard<std::mutex> lock(algorithm_mutex());
   auto& list = section_list();
-  if (section.name.empty() || section.name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") !=
-                                  std::string::npos)
+  if (section.name.empty() ||
+      section.name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos)
     throw ConfigError(concat("register_section: \"", section.name, "\": expected a name of a-z, 0-9 and _"));
   if (!section.make) throw ConfigError(concat("register_section: ", section.name, ": no maker given"));
   if (builtin.count(section.name) ||
@@ -711,10 +717,9 @@ void add_algorithm_name(const std::string& name) {
 
 bool may_change_on_resume(const std::string& key) {
   static const std::set<std::string> keys = {
-      "train.max_steps",   "train.save_every",         "train.eval_every",          "train.log_every",
-      "train.keep_checkpoints", "train.threads",          "train.tf32",                "train.resume",
-      "train.resume_from",      "train.allow_config_change", "dist.timeout_s",   "output_dir",
-      "train.profile_steps",
+      "train.max_steps", "train.save_every", "train.eval_every", "train.log_every", "train.keep_checkpoints",
+      "train.threads", "train.tf32", "train.resume", "train.resume_from", "train.allow_config_change", "dist.timeout_s",
+      "output_dir", "train.profile_steps",
       // Where the run executes, not what it trains: a run may resume on
       // another device, world size or sharding strategy (docs/distributed.md).
       "train.device", "dist.sharding", "dist.backend", "dist.consolidated_checkpoints"};

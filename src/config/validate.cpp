@@ -30,14 +30,15 @@ void check_model(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
     for (const auto& [k, entry] : flat)
       if (k.rfind("model.", 0) == 0 && k != "model.from" && k != "model.family" && k != "model.lora_from" &&
           k != "model.router_aux_loss_coef")
-        fail(k, concat("cannot be set together with model.from (the model's shape and dropout come from ",
-                       c.model.from, "/config.json)"));
+        fail(k, concat("cannot be set together with model.from (the model's shape and dropout come from ", c.model.from,
+                       "/config.json)"));
   }
   if (c.model.family != "opt") {
-    const std::pair<const char*, bool> opt_only[] = {
-        {"model.pre_layer_norm", !c.model.pre_layer_norm}, {"model.embed_proj_dim", c.model.embed_proj_dim != 0},
-        {"model.linear_bias", !c.model.linear_bias},       {"model.layer_norm_affine", !c.model.layer_norm_affine},
-        {"model.final_layer_norm", !c.model.final_layer_norm}};
+    const std::pair<const char*, bool> opt_only[] = {{"model.pre_layer_norm", !c.model.pre_layer_norm},
+                                                     {"model.embed_proj_dim", c.model.embed_proj_dim != 0},
+                                                     {"model.linear_bias", !c.model.linear_bias},
+                                                     {"model.layer_norm_affine", !c.model.layer_norm_affine},
+                                                     {"model.final_layer_norm", !c.model.final_layer_norm}};
     for (const auto& [key, set] : opt_only)
       if (set) fail(key, concat("applies to model.family opt only, not ", c.model.family));
   }
@@ -46,30 +47,33 @@ void check_model(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
   if (c.model.sliding_window > 0 && f != "mistral" && f != "phi3" && f != "qwen2" && f != "qwen3" && !gemma &&
       f != "mixtral" && f != "qwen3_moe")
     fail("model.sliding_window", concat("applies to model.family mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe, "
-                                        "gemma2 or gemma3_text only, not ", f));
+                                        "gemma2 or gemma3_text only, not ",
+                                        f));
   for (const auto& t : c.tokenizer.add_special_tokens)
     if (t.empty()) fail("tokenizer.add_special_tokens", "expected non-empty token strings");
   const bool moe = f == "mixtral" || f == "qwen3_moe";
   const bool llama_code = f == "llama" || f == "qwen2" || f == "qwen3" || f == "mistral" || f == "phi3" || moe;
   if (c.model.head_dim > 0 && !llama_code && !gemma)
     fail("model.head_dim", concat("applies to model.family llama, qwen2, qwen3, mistral, phi3, mixtral, "
-                                  "qwen3_moe, gemma2 or gemma3_text only, not ", f));
+                                  "qwen3_moe, gemma2 or gemma3_text only, not ",
+                                  f));
   if (c.model.from.empty() && !moe) {
-    const std::pair<const char*, bool> moe_only[] = {{"model.num_experts", c.model.num_experts != 0},
-                                                     {"model.num_experts_per_tok", c.model.num_experts_per_tok != 2},
-                                                     {"model.moe_intermediate_size", c.model.moe_intermediate_size != 0},
-                                                     {"model.router_aux_loss_coef", c.model.router_aux_loss_coef != -1}};
+    const std::pair<const char*, bool> moe_only[] = {
+        {"model.num_experts", c.model.num_experts != 0},
+        {"model.num_experts_per_tok", c.model.num_experts_per_tok != 2},
+        {"model.moe_intermediate_size", c.model.moe_intermediate_size != 0},
+        {"model.router_aux_loss_coef", c.model.router_aux_loss_coef != -1}};
     for (const auto& [key, set] : moe_only)
       if (set) fail(key, concat("applies to model.family mixtral or qwen3_moe only, not ", f));
   }
   if (c.model.from.empty() && f == "mixtral" && c.model.moe_intermediate_size != 0)
     fail("model.moe_intermediate_size", "Mixtral's experts are intermediate_size wide; leave the key out");
   if (c.model.from.empty() && c.model.head_dim == 0 && c.model.hidden_size % c.model.num_heads != 0)
-    fail("model.num_heads", concat("expected a divisor of model.hidden_size (", c.model.hidden_size, "), got ",
-                                   c.model.num_heads));
+    fail("model.num_heads",
+         concat("expected a divisor of model.hidden_size (", c.model.hidden_size, "), got ", c.model.num_heads));
   if (c.model.from.empty() && c.model.num_kv_heads > 0 && c.model.num_heads % c.model.num_kv_heads != 0)
-    fail("model.num_kv_heads", concat("expected a divisor of model.num_heads (", c.model.num_heads, "), got ",
-                                      c.model.num_kv_heads));
+    fail("model.num_kv_heads",
+         concat("expected a divisor of model.num_heads (", c.model.num_heads, "), got ", c.model.num_kv_heads));
   if (c.model.from.empty() && c.model.family == "gpt2" && c.model.tie_embeddings == "false")
     fail("model.tie_embeddings", "GPT-2's output head is always tied to its embedding; expected auto or true");
   if (c.model.from.empty() && c.model.family == "gpt2" && c.model.activation != "auto" &&
@@ -81,8 +85,7 @@ void check_lora(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
   (void)flat;  // a printed config sets every lora key, so unused keys are not errors
   if (c.lora.r == 0 && c.model.lora_from.empty()) return;
   const char* key = c.model.lora_from.empty() ? "lora.r" : "model.lora_from";
-  if (c.model.from.empty())
-    fail(key, "LoRA adapts a pretrained model: set model.from to the base model's folder");
+  if (c.model.from.empty()) fail(key, "LoRA adapts a pretrained model: set model.from to the base model's folder");
   if (!c.tokenizer.add_special_tokens.empty())
     fail("tokenizer.add_special_tokens",
          "cannot be used with LoRA: the new tokens' embedding rows would stay frozen at their initial mean");
@@ -95,14 +98,13 @@ void check_lora(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
 void check_training(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
   if (c.train.global_batch_size > 0) {
     if (c.train.global_batch_size % c.train.micro_batch_size != 0)
-      fail("train.global_batch_size", concat("expected a multiple of train.micro_batch_size (", c.train.micro_batch_size,
-                                             "), got ", c.train.global_batch_size));
+      fail("train.global_batch_size", concat("expected a multiple of train.micro_batch_size (",
+                                             c.train.micro_batch_size, "), got ", c.train.global_batch_size));
     if (flat.count("train.grad_accum_steps") &&
         c.train.grad_accum_steps * c.train.micro_batch_size != c.train.global_batch_size)
       fail("train.grad_accum_steps", concat("conflicts with train.global_batch_size (", c.train.global_batch_size,
                                             " samples = ", c.train.global_batch_size / c.train.micro_batch_size,
-                                            " micro-batches of ", c.train.micro_batch_size,
-                                            "); set one of the two"));
+                                            " micro-batches of ", c.train.micro_batch_size, "); set one of the two"));
   }
   if (c.optimizer.betas.size() != 2)
     fail("optimizer.betas", concat("expected a list of 2 numbers, got ", c.optimizer.betas.size()));
@@ -128,7 +130,9 @@ void must_exist(const Fail& fail, const char* key, const std::string& path, Kind
   const bool ok = kind == kFile ? file : kind == kFolder || kind == kModel ? folder : file || folder;
   if (!ok)
     fail(key, concat("expected an existing ",
-                     kind == kFile ? "file" : kind == kFolder || kind == kModel ? "folder" : "file or folder",
+                     kind == kFile                       ? "file"
+                     : kind == kFolder || kind == kModel ? "folder"
+                                                         : "file or folder",
                      ", got \"", path, "\" (paths are relative to the working directory)",
                      hub ? hub_note(path) : std::string()));
 }
@@ -142,17 +146,17 @@ void check_data(const RunConfig& c, const Fail& fail) {
       const auto& d = list[i];
       const auto item = concat(key, "[", i, "]");
       std::error_code ec;
-      if (!std::filesystem::exists(d.path, ec) && !std::filesystem::exists(d.path + ".idx", ec))  // or a Megatron PREFIX
+      if (!std::filesystem::exists(d.path, ec) &&
+          !std::filesystem::exists(d.path + ".idx", ec))  // or a Megatron PREFIX
         fail(item + ".path", concat("expected an existing file or folder, got \"", d.path,
                                     "\" (paths are relative to the working directory)"));
       const int modes = (d.fraction > 0) + (d.size > 0) + (d.weight > 0);
-      if (train && modes > 1)
-        fail(item + ".fraction", "set at most one of fraction, size and weight for a dataset");
+      if (train && modes > 1) fail(item + ".fraction", "set at most one of fraction, size and weight for a dataset");
       weighted += d.weight > 0;
     }
     if (train && weighted > 0 && weighted != list.size())
-      fail(concat(key, "[0].weight"), concat("either every dataset of ", key,
-                                             " has a weight or none has; ", weighted, " of ", list.size(), " do"));
+      fail(concat(key, "[0].weight"), concat("either every dataset of ", key, " has a weight or none has; ", weighted,
+                                             " of ", list.size(), " do"));
   };
   check_list("data.train", c.data.train, true);
   check_list("data.eval", c.data.eval, false);
@@ -168,8 +172,7 @@ void check_algorithms(const RunConfig& c, const Fail& fail) {
   if (c.algorithm == "dpo" && c.dpo.label_smoothing > 0 && (c.dpo.loss_type == "ipo" || c.dpo.loss_type == "hinge"))
     fail("dpo.label_smoothing", concat("applies to loss_type sigmoid (cDPO) and robust; ", c.dpo.loss_type,
                                        " takes 0, got ", c.dpo.label_smoothing));
-  const bool reference_free =
-      c.dpo.loss_type == "orpo" || c.dpo.loss_type == "simpo" || c.dpo.loss_type == "cpo";
+  const bool reference_free = c.dpo.loss_type == "orpo" || c.dpo.loss_type == "simpo" || c.dpo.loss_type == "cpo";
   if (c.algorithm == "dpo" && reference_free) {
     if (!c.dpo.reference.empty())
       fail("dpo.reference", concat("loss_type ", c.dpo.loss_type, " uses no reference model; leave it empty"));
@@ -184,8 +187,8 @@ void check_algorithms(const RunConfig& c, const Fail& fail) {
   }
   if (c.algorithm == "ppo") {
     const auto& r = c.ppo.reward;
-    const bool single = !r.model.empty() || !r.command.empty() || !r.exact_match.empty() || !r.regex.empty() ||
-                        !r.function.empty();
+    const bool single =
+        !r.model.empty() || !r.command.empty() || !r.exact_match.empty() || !r.regex.empty() || !r.function.empty();
     if (single && !c.ppo.rewards.empty())
       fail("ppo.rewards", "cannot be set together with a source in ppo.reward (list every source in ppo.rewards)");
     for (size_t i = 0; i < c.ppo.rewards.size(); ++i) {
@@ -198,7 +201,8 @@ void check_algorithms(const RunConfig& c, const Fail& fail) {
     }
     if (c.ppo.dynamic_sampling && c.ppo.samples_per_prompt < 2)
       fail("ppo.dynamic_sampling", concat("drops groups whose samples all scored the same, so it needs "
-                                          "ppo.samples_per_prompt of at least 2, got ", c.ppo.samples_per_prompt));
+                                          "ppo.samples_per_prompt of at least 2, got ",
+                                          c.ppo.samples_per_prompt));
   }
   must_exist(fail, "dpo.reference", c.dpo.reference, kModel);
   must_exist(fail, "ppo.reference", c.ppo.reference, kModel);
@@ -342,7 +346,8 @@ void add_algorithm_name(const std::string& name, const std::vector<std::string>&
   for (const auto& k : default_keys()) known.insert(k.name);
   for (const auto& key : reads)
     if (!known.count(key))
-      throw ConfigError(concat("algorithm ", name, ": reads \"", key, "\", which is not a config key (keys are named "
+      throw ConfigError(concat("algorithm ", name, ": reads \"", key,
+                               "\", which is not a config key (keys are named "
                                "as keys_read_by names them, e.g. data.train[].response_field)"));
   add_algorithm_name(name);
   auto& d = declared_reads();

@@ -94,7 +94,8 @@ std::string explain_missing(const std::string& id) {
   std::error_code ec;
   std::string what;
   if (!stdfs::is_directory(repo, ec)) {
-    what = concat("no ", repo.string(), " (the Hugging Face cache: HF_HUB_CACHE, else HUGGINGFACE_HUB_CACHE, else "
+    what = concat("no ", repo.string(),
+                  " (the Hugging Face cache: HF_HUB_CACHE, else HUGGINGFACE_HUB_CACHE, else "
                   "HF_HOME/hub, else XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub)");
   } else {
     std::string known;

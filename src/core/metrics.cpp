@@ -9,8 +9,7 @@
 
 namespace anvil {
 
-MetricsWriter::MetricsWriter(const std::filesystem::path& path, int64_t keep_until_step)
-    : path_(path) {
+MetricsWriter::MetricsWriter(const std::filesystem::path& path, int64_t keep_until_step) : path_(path) {
   if (std::filesystem::exists(path)) {
     std::ifstream in(path);
     std::vector<std::string> kept;

@@ -52,7 +52,9 @@ void varint(std::string& out, uint64_t v) {
   }
   out.push_back(static_cast<char>(v));
 }
-void key(std::string& out, int field, int wire) { varint(out, static_cast<uint64_t>(field) << 3 | static_cast<uint64_t>(wire)); }
+void key(std::string& out, int field, int wire) {
+  varint(out, static_cast<uint64_t>(field) << 3 | static_cast<uint64_t>(wire));
+}
 void bytes_field(std::string& out, int field, const std::string& b) {
   key(out, field, 2);
   varint(out, b.size());
@@ -77,8 +79,7 @@ void int_field(std::string& out, int field, int64_t v) {
 
 std::string event_head(int64_t step) {
   std::string e;
-  const double now =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   double_field(e, 1, now);
   int_field(e, 2, step);
   return e;
@@ -100,9 +101,9 @@ TensorBoardWriter::TensorBoardWriter(const stdfs::path& dir, std::optional<int64
   ::gethostname(host, sizeof(host) - 1);
   // TensorBoard reads a folder's files in name order: the time leads, to the
   // microsecond, so a resumed run's file comes after the run it continues.
-  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
-                      std::chrono::system_clock::now().time_since_epoch())
-                      .count();
+  const auto us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
   char stamp[32];
   std::snprintf(stamp, sizeof(stamp), "%lld.%06lld", static_cast<long long>(us / 1000000),
                 static_cast<long long>(us % 1000000));
@@ -150,8 +151,8 @@ void TensorBoardWriter::text(int64_t step, const std::string& tag, const std::st
   std::string plugin, metadata, tensor, value, summary;
   bytes_field(plugin, 1, "text");
   bytes_field(metadata, 1, plugin);
-  int_field(tensor, 1, 7);         // DT_STRING
-  bytes_field(tensor, 2, "");      // a scalar: no dims
+  int_field(tensor, 1, 7);     // DT_STRING
+  bytes_field(tensor, 2, "");  // a scalar: no dims
   bytes_field(tensor, 8, markdown);
   bytes_field(value, 1, tag);
   bytes_field(value, 8, tensor);

@@ -39,8 +39,7 @@ class PieceTemplate : public ChatTemplate {
   virtual Piece end_of_turn(const tokenizer::Tokenizer& tok) const = 0;
   /// What the template does to a message's content (llama3 trims it).
   virtual std::string content(const std::string& c) const { return c; }
-  TokenizedChat tokenize(const tokenizer::Tokenizer& tok, const std::vector<Piece>& pieces,
-                         bool train_on_prompt) const;
+  TokenizedChat tokenize(const tokenizer::Tokenizer& tok, const std::vector<Piece>& pieces, bool train_on_prompt) const;
 };
 
 using Piece = PieceTemplate::Piece;
@@ -284,7 +283,8 @@ TokenizedChat PieceTemplate::tokenize(const tokenizer::Tokenizer& tok, const std
 void check_plain_messages(const std::string& name, const std::vector<Message>& messages, const std::string& tools) {
   const auto hint = " (tool use renders only with a model's own chat_template: data.template hf)";
   if (!tools.empty() && tools.front() == '{')
-    throw DataError(concat("data.template ", name, ": chat_template_kwargs (template variables) are read only by "
+    throw DataError(concat("data.template ", name,
+                           ": chat_template_kwargs (template variables) are read only by "
                            "a tokenizer's own Jinja template (data.template: hf, --template hf)"));
   if (!tools.empty() && tools != "[]")
     throw DataError(concat("data.template ", name, ": the conversation has tools", hint));
@@ -326,8 +326,7 @@ RecordedChatFormat recorded_chat_format(const tokenizer::Tokenizer& tok) {
 }
 
 std::string resolve_chat_template(const tokenizer::Tokenizer& tok, const std::string& requested,
-                                  const std::string& what, const std::string& where,
-                                  const std::string& override_hint) {
+                                  const std::string& what, const std::string& where, const std::string& override_hint) {
   const auto rec = recorded_chat_format(tok);
   using Kind = RecordedChatFormat::Kind;
   if (requested.empty() || requested == "auto") {
@@ -336,7 +335,8 @@ std::string resolve_chat_template(const tokenizer::Tokenizer& tok, const std::st
   }
   if (requested == "hf") {
     if (rec.kind == Kind::none)
-      throw ConfigError(concat(what, " hf: ", where, " records no chat_template (tokenizer_config.json's "
+      throw ConfigError(concat(what, " hf: ", where,
+                               " records no chat_template (tokenizer_config.json's "
                                "chat_template, or chat_template.jinja) to render; name a built-in format (plain, "
                                "chatml, llama3, oasst) instead"));
     return requested;

@@ -338,10 +338,10 @@ class Aligner {
   std::vector<int64_t> char_of_;  // the character index of each byte
   int64_t n_chars_ = 0;
   std::vector<std::pair<int64_t, int64_t>> out_;  // each token's characters [begin, end)
-  size_t pos_ = 0;    // bytes of text_ accounted for
-  size_t ctx_ = 0;    // the group before the current one (decode context)
-  size_t group_ = 0;  // the current group's first token
-  std::string prev_;  // decode of ids_[ctx_, group_)
+  size_t pos_ = 0;                                // bytes of text_ accounted for
+  size_t ctx_ = 0;                                // the group before the current one (decode context)
+  size_t group_ = 0;                              // the current group's first token
+  std::string prev_;                              // decode of ids_[ctx_, group_)
 };
 
 }  // namespace

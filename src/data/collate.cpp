@@ -70,9 +70,9 @@ LmBatch collate_packed(const std::vector<std::vector<const LmSample*>>& rows, in
 
 at::Tensor document_causal_mask(const at::Tensor& doc_ids) {
   const auto T = doc_ids.size(1);
-  auto same = doc_ids.unsqueeze(2).eq(doc_ids.unsqueeze(1));                                 // (B, T, T)
-  auto causal = at::ones({T, T}, doc_ids.options().dtype(at::kBool)).tril();                // (T, T)
-  return same.logical_and(causal).unsqueeze(1);                                             // (B, 1, T, T)
+  auto same = doc_ids.unsqueeze(2).eq(doc_ids.unsqueeze(1));                  // (B, T, T)
+  auto causal = at::ones({T, T}, doc_ids.options().dtype(at::kBool)).tril();  // (T, T)
+  return same.logical_and(causal).unsqueeze(1);                               // (B, 1, T, T)
 }
 
 }  // namespace anvil::data

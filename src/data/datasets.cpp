@@ -37,8 +37,7 @@ void at_record(const Record& rec, F&& f) {
 
 template <class T>
 void require_samples(const std::filesystem::path& path, const std::vector<T>& samples, const DatasetStats& s) {
-  if (samples.empty())
-    throw DataError(concat(path.string(), ": no usable samples (", s.summary(), ")"));
+  if (samples.empty()) throw DataError(concat(path.string(), ": no usable samples (", s.summary(), ")"));
 }
 
 std::string message_text(const std::vector<Message>& msgs, size_t end) {
@@ -60,7 +59,8 @@ namespace {
 // with more (tool use) is kept whole, in the line's key order.
 std::vector<Message> message_list(const Record& r, const std::string& name) {
   const auto& m = r.at(name);
-  if (!m.is_array() || m.empty()) r.fail(name, concat("expected a non-empty list of {role, content}, got ", m.type_name()));
+  if (!m.is_array() || m.empty())
+    r.fail(name, concat("expected a non-empty list of {role, content}, got ", m.type_name()));
   std::optional<nlohmann::ordered_json> ordered;  // parsed again only for a message with more
   std::vector<Message> out;
   for (size_t i = 0; i < m.size(); ++i) {
@@ -68,7 +68,8 @@ std::vector<Message> message_list(const Record& r, const std::string& name) {
     if (!m[i].is_object()) r.fail(field, concat("expected an object {role, content}, got ", m[i].type_name()));
     const auto& mi = m[i];
     if (!mi.contains("role") || !mi["role"].is_string())
-      r.fail(field + ".role", mi.contains("role") ? concat("expected a string, got ", mi["role"].type_name()) : "missing");
+      r.fail(field + ".role",
+             mi.contains("role") ? concat("expected a string, got ", mi["role"].type_name()) : "missing");
     Message msg{mi["role"].get<std::string>(), ""};
     if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool")
       r.fail(field + ".role", concat("expected system, user, assistant or tool, got \"", msg.role, "\""));
@@ -101,9 +102,10 @@ std::string field_names(const Record& r) {
 }
 
 // What an SFT line may hold, for the message of a line that holds none of it.
-[[noreturn]] void not_an_sft_record(const Record& r, const std::string& prompt_field, const std::string& response_field) {
-  throw DataError(concat(r.where(), ": expected an SFT record: {\"", prompt_field, "\", \"", response_field,
-                         "\"}", response_field == "response" ? " (or TRL's \"completion\")" : "",
+[[noreturn]] void not_an_sft_record(const Record& r, const std::string& prompt_field,
+                                    const std::string& response_field) {
+  throw DataError(concat(r.where(), ": expected an SFT record: {\"", prompt_field, "\", \"", response_field, "\"}",
+                         response_field == "response" ? " (or TRL's \"completion\")" : "",
                          ", or {\"messages\": [{role, content}, ...]}; this line has fields ", field_names(r),
                          ". data.train[].prompt_field and response_field map other names"));
 }
@@ -122,8 +124,8 @@ std::vector<Message> record_messages(const Record& r, const std::string& prompt_
   if (!with_response) return out;
   // TRL's prompt-completion format: "completion", a string or a list of
   // messages, when the default response field is absent.
-  const auto field = response_field == "response" && !r.has("response") && r.has("completion") ? "completion"
-                                                                                               : response_field;
+  const auto field =
+      response_field == "response" && !r.has("response") && r.has("completion") ? "completion" : response_field;
   if (!r.has(field)) not_an_sft_record(r, prompt_field, response_field);
   if (r.at(field).is_array()) {
     for (auto& m : message_list(r, field)) out.push_back(std::move(m));
@@ -149,8 +151,8 @@ std::string record_tools(const Record& r) {
   if (!k.is_object())
     r.fail("chat_template_kwargs", concat("expected a JSON object of template variables, got ", k.type_name()));
   auto inputs = r.ordered("chat_template_kwargs");
-  for (const char* reserved : {"messages", "add_generation_prompt", "tools", "documents", "bos_token", "eos_token",
-                               "pad_token"})
+  for (const char* reserved :
+       {"messages", "add_generation_prompt", "tools", "documents", "bos_token", "eos_token", "pad_token"})
     if (inputs.contains(reserved))
       r.fail(concat("chat_template_kwargs.", reserved), "is set by Anvil itself; expected other template variables");
   inputs["tools"] = tools.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json::parse(tools);
@@ -222,7 +224,8 @@ std::optional<SftSample> make_sft_sample(const tokenizer::Tokenizer& tok, const 
   return s;
 }
 
-SftDataset SftDataset::load(const std::filesystem::path& path, const tokenizer::Tokenizer& tok, const ReadOptions& opt) {
+SftDataset SftDataset::load(const std::filesystem::path& path, const tokenizer::Tokenizer& tok,
+                            const ReadOptions& opt) {
   SftDataset ds;
   ds.name_ = path.string();
   const auto r = read_jsonl(path, opt.on_error, [&](const Record& rec) {
@@ -299,8 +302,8 @@ PreferenceDataset PreferenceDataset::load(const std::filesystem::path& path, con
       throw DataError(concat(rec.where(), ": expected a preference record: {\"", opt.prompt_field,
                              "\", \"chosen\", \"rejected\"} or {\"", opt.prompt_field,
                              "\", \"ranked\": [best, ..., worst]} (TRL's implicit-prompt {\"chosen\", \"rejected\"} "
-                             "too); this line has fields ", field_names(rec),
-                             ". data.train[].prompt_field maps another prompt name"));
+                             "too); this line has fields ",
+                             field_names(rec), ". data.train[].prompt_field maps another prompt name"));
     std::vector<Message> msgs;
     if (!rec.has(opt.prompt_field)) {
       // TRL's implicit prompt: chosen and rejected hold it as a shared start.
@@ -317,7 +320,8 @@ PreferenceDataset PreferenceDataset::load(const std::filesystem::path& path, con
       if (!list.is_array() || list.size() < 2)
         rec.fail("ranked", concat("expected a list of at least 2 replies, best first, got ", list.dump()));
       for (size_t i = 0; i < list.size(); ++i) {
-        if (!list[i].is_string()) rec.fail(concat("ranked[", i, "]"), concat("expected a string, got ", list[i].dump()));
+        if (!list[i].is_string())
+          rec.fail(concat("ranked[", i, "]"), concat("expected a string, got ", list[i].dump()));
         s.reply_texts.push_back(list[i].get<std::string>());
       }
     } else {
@@ -388,7 +392,8 @@ OfflineRlDataset OfflineRlDataset::load(const std::filesystem::path& path, const
     std::vector<double> per_token;
     if (rec.has("rewards")) {
       const auto& list = rec.at("rewards");
-      if (!list.is_array() || list.empty()) rec.fail("rewards", "expected a non-empty list of numbers, one per response token");
+      if (!list.is_array() || list.empty())
+        rec.fail("rewards", "expected a non-empty list of numbers, one per response token");
       for (const auto& x : list) {
         if (!x.is_number() || !std::isfinite(x.get<double>())) rec.fail("rewards", "expected finite numbers");
         per_token.push_back(x.get<double>());
@@ -400,16 +405,17 @@ OfflineRlDataset OfflineRlDataset::load(const std::filesystem::path& path, const
                              is_text_pair(rec, opt), record_tools(rec));
     if (!s) return;
     if (!per_token.empty()) {
-      const auto labelled = std::count_if(s->labels.begin(), s->labels.end(), [](int64_t l) { return l != kIgnoreIndex; });
+      const auto labelled =
+          std::count_if(s->labels.begin(), s->labels.end(), [](int64_t l) { return l != kIgnoreIndex; });
       if (static_cast<int64_t>(per_token.size()) != labelled)
-        rec.fail("rewards", concat("expected one number per response token: the response has ", labelled,
-                                   " tokens with its end of turn (anvil tokenize shows them), the list ",
-                                   per_token.size()));
+        rec.fail("rewards",
+                 concat("expected one number per response token: the response has ", labelled,
+                        " tokens with its end of turn (anvil tokenize shows them), the list ", per_token.size()));
     }
     double total = reward;
     for (const auto r : per_token) total += r;
-    ds.samples_.push_back({std::move(s->input_ids), std::move(s->labels), s->prompt_tokens, total,
-                           std::move(per_token), std::move(s->prompt), std::move(s->response)});
+    ds.samples_.push_back({std::move(s->input_ids), std::move(s->labels), s->prompt_tokens, total, std::move(per_token),
+                           std::move(s->prompt), std::move(s->response)});
   });
   absorb(ds.stats_, r);
   require_samples(path, ds.samples_, ds.stats_);

@@ -86,9 +86,12 @@ constexpr Mapping kLower[] = {
 
 const char* full_case(char32_t c, CaseMap which) {
   switch (which) {
-    case CaseMap::upper: return find(kUpper, c);
-    case CaseMap::title: return find(kTitle, c);
-    case CaseMap::lower: return find(kLower, c);
+    case CaseMap::upper:
+      return find(kUpper, c);
+    case CaseMap::title:
+      return find(kTitle, c);
+    case CaseMap::lower:
+      return find(kLower, c);
   }
   return nullptr;
 }

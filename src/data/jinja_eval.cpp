@@ -118,19 +118,35 @@ class Renderer {
       const Level level(depth_, kMaxRenderDepth, kNesting);
       Meter::steps(1);
       switch (s.kind) {
-        case Stmt::Kind::text: emit(s.text); return Flow::normal;
-        case Stmt::Kind::output: emit(to_str(eval(*s.expr))); return Flow::normal;
+        case Stmt::Kind::text:
+          emit(s.text);
+          return Flow::normal;
+        case Stmt::Kind::output:
+          emit(to_str(eval(*s.expr)));
+          return Flow::normal;
         case Stmt::Kind::if_:
           for (const auto& [test, body] : s.branches)
             if (truthy(eval(*test))) return exec(body);
           return exec(s.else_body);
-        case Stmt::Kind::for_: exec_for(s); return Flow::normal;
-        case Stmt::Kind::set: assign(s.target, eval(*s.expr)); return Flow::normal;
-        case Stmt::Kind::set_block: exec_set_block(s); return Flow::normal;
-        case Stmt::Kind::generation: exec_generation(s); return Flow::normal;
-        case Stmt::Kind::break_: return Flow::break_;
-        case Stmt::Kind::continue_: return Flow::continue_;
-        case Stmt::Kind::macro: define_macro(s); return Flow::normal;
+        case Stmt::Kind::for_:
+          exec_for(s);
+          return Flow::normal;
+        case Stmt::Kind::set:
+          assign(s.target, eval(*s.expr));
+          return Flow::normal;
+        case Stmt::Kind::set_block:
+          exec_set_block(s);
+          return Flow::normal;
+        case Stmt::Kind::generation:
+          exec_generation(s);
+          return Flow::normal;
+        case Stmt::Kind::break_:
+          return Flow::break_;
+        case Stmt::Kind::continue_:
+          return Flow::continue_;
+        case Stmt::Kind::macro:
+          define_macro(s);
+          return Flow::normal;
       }
     } catch (const EvalError& e) {
       fail(s.pos, e);
@@ -177,8 +193,8 @@ class Renderer {
   static Value loop_object(const std::vector<Value>& items, size_t i) {
     static const auto keys = [] {
       std::vector<Value> k;
-      for (const char* name : {"index", "index0", "revindex", "revindex0", "first", "last", "length", "depth",
-                               "depth0", "previtem", "nextitem", "cycle", "changed"})
+      for (const char* name : {"index", "index0", "revindex", "revindex0", "first", "last", "length", "depth", "depth0",
+                               "previtem", "nextitem", "cycle", "changed"})
         k.push_back(Value::string(name));
       return k;
     }();
@@ -189,24 +205,23 @@ class Renderer {
     loop->loop = true;
     const auto n = static_cast<int64_t>(items.size());
     const auto k = static_cast<int64_t>(i);
-    const Value values[] = {
-        Value::integer(k + 1),
-        Value::integer(k),
-        Value::integer(n - k),
-        Value::integer(n - k - 1),
-        Value::boolean(k == 0),
-        Value::boolean(k == n - 1),
-        Value::integer(n),
-        Value::integer(1),
-        Value::integer(0),
-        k > 0 ? items[i - 1] : Value::undefined("there is no previous item"),
-        k + 1 < n ? items[i + 1] : Value::undefined("there is no next item"),
-        Value::function("loop.cycle",
-                        [k](CallArgs& ca) {
-                          if (ca.pos.empty()) throw EvalError("no items for cycling given");
-                          return ca.pos[static_cast<size_t>(k) % ca.pos.size()];
-                        }),
-        changed};
+    const Value values[] = {Value::integer(k + 1),
+                            Value::integer(k),
+                            Value::integer(n - k),
+                            Value::integer(n - k - 1),
+                            Value::boolean(k == 0),
+                            Value::boolean(k == n - 1),
+                            Value::integer(n),
+                            Value::integer(1),
+                            Value::integer(0),
+                            k > 0 ? items[i - 1] : Value::undefined("there is no previous item"),
+                            k + 1 < n ? items[i + 1] : Value::undefined("there is no next item"),
+                            Value::function("loop.cycle",
+                                            [k](CallArgs& ca) {
+                                              if (ca.pos.empty()) throw EvalError("no items for cycling given");
+                                              return ca.pos[static_cast<size_t>(k) % ca.pos.size()];
+                                            }),
+                            changed};
     loop->attrs.items.reserve(keys.size());
     for (size_t j = 0; j < keys.size(); ++j) loop->attrs.add_new(keys[j], values[j]);
     return Value::ns(loop);
@@ -301,8 +316,10 @@ class Renderer {
   Value eval_inner(const Expr& e) {
     using K = Expr::Kind;
     switch (e.kind) {
-      case K::literal: return e.value;
-      case K::name: return lookup(e.name);
+      case K::literal:
+        return e.value;
+      case K::name:
+        return lookup(e.name);
       case K::list:
       case K::tuple: {
         std::vector<Value> items;
@@ -314,7 +331,8 @@ class Renderer {
         for (size_t i = 0; i + 1 < e.args.size(); i += 2) d->set(eval(*e.args[i]), eval(*e.args[i + 1]));
         return Value::dict(d);
       }
-      case K::attr: return get_attr(eval(*e.target), e.name);
+      case K::attr:
+        return get_attr(eval(*e.target), e.name);
       case K::item: {
         const Value obj = eval(*e.target);
         return get_item(obj, eval(*e.args[0]));
@@ -326,7 +344,8 @@ class Renderer {
         const auto part = [&](size_t i) { return e.args[i] ? eval(*e.args[i]) : Value::none(); };
         return get_slice(obj, part(0), part(1), part(2));
       }
-      case K::call: return eval_call(e);
+      case K::call:
+        return eval_call(e);
       case K::filter: {
         const Value v = eval(*e.target);
         auto ca = call_args(e);
@@ -337,13 +356,15 @@ class Renderer {
         auto ca = call_args(e);
         return Value::boolean(apply_test(e.name, v, ca));
       }
-      case K::neg: return negate(eval(*e.args[0]));
+      case K::neg:
+        return negate(eval(*e.args[0]));
       case K::pos: {
         Value v = eval(*e.args[0]);
         if (!v.is_number()) throw EvalError(concat("bad operand type for unary +: '", type_name(v), "'"));
         return v.kind() == Value::Kind::boolean ? Value::integer(v.as_int()) : v;
       }
-      case K::not_: return Value::boolean(!truthy(eval(*e.args[0])));
+      case K::not_:
+        return Value::boolean(!truthy(eval(*e.args[0])));
       case K::and_: {
         Value a = eval(*e.args[0]);
         return truthy(a) ? eval(*e.args[1]) : a;
@@ -356,7 +377,8 @@ class Renderer {
         const Value a = eval(*e.args[0]);
         return binary_op(e.name, a, eval(*e.args[1]));
       }
-      case K::compare: return eval_compare(e);
+      case K::compare:
+        return eval_compare(e);
       case K::concat: {
         std::string out;
         for (const auto& a : e.args) out += to_str(eval(*a));

@@ -255,8 +255,7 @@ std::string format_filter(const std::string& fmt, const std::vector<Value>& args
       if (c == 's') {
         out += to_str(a);
         check_text_size(static_cast<int64_t>(out.size()));
-      }
-      else if (a.is_number())
+      } else if (a.is_number())
         out += std::to_string(a.kind() == Value::Kind::floating ? float_to_int(a.as_double()) : a.as_int());
       else
         throw EvalError(concat("format: %", c, " format: a real number is required, not ", type_name(a)));
@@ -346,8 +345,7 @@ Value number_filter(const Value& v, const Args& a, bool integer) {
     if (v.kind() == Value::Kind::floating && std::isfinite(v.as_double()))
       return Value::integer(float_to_int(v.as_double()));
     if (v.is_string() && parse_py_int(v.str(), static_cast<int>(base), &i)) return Value::integer(i);
-    if (v.is_string() && parse_py_float(v.str(), &d) && std::isfinite(d))
-      return Value::integer(float_to_int(d));
+    if (v.is_string() && parse_py_float(v.str(), &d) && std::isfinite(d)) return Value::integer(float_to_int(d));
     return def;
   }
   double d = 0;

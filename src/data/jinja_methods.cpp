@@ -477,7 +477,8 @@ Value get_attr(const Value& obj, const std::string& name) {
       const Value* v = obj.ns_obj().attrs.find(name);
       return v ? *v : no_attribute(obj, name);
     }
-    default: return no_attribute(obj, name);
+    default:
+      return no_attribute(obj, name);
   }
 }
 

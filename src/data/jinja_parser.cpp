@@ -69,16 +69,25 @@ class Parser {
 
   static std::string describe(const Token& t) {
     switch (t.type) {
-      case Token::Type::eof: return "end of template";
-      case Token::Type::var_end: return "end of print statement '}}'";
-      case Token::Type::block_end: return "end of statement block '%}'";
-      case Token::Type::var_begin: return "'{{'";
-      case Token::Type::block_begin: return "'{%'";
-      case Token::Type::text: return "template text";
-      case Token::Type::string: return "a string";
+      case Token::Type::eof:
+        return "end of template";
+      case Token::Type::var_end:
+        return "end of print statement '}}'";
+      case Token::Type::block_end:
+        return "end of statement block '%}'";
+      case Token::Type::var_begin:
+        return "'{{'";
+      case Token::Type::block_begin:
+        return "'{%'";
+      case Token::Type::text:
+        return "template text";
+      case Token::Type::string:
+        return "a string";
       case Token::Type::integer:
-      case Token::Type::floating: return "a number";
-      default: return "'" + t.value + "'";
+      case Token::Type::floating:
+        return "a number";
+      default:
+        return "'" + t.value + "'";
     }
   }
   void expect_op(const char* op) {
@@ -445,7 +454,8 @@ class Parser {
         e->value = t.type == Token::Type::integer ? Value::integer(t.ival) : Value::floating(t.fval);
         return e;
       }
-      default: break;
+      default:
+        break;
     }
     if (is_op("(")) {
       next();

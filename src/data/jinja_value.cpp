@@ -101,11 +101,16 @@ double Value::as_double() const {
 
 const void* Value::identity() const {
   switch (kind()) {
-    case Kind::list: return &list_obj();
-    case Kind::dict: return &dict_obj();
-    case Kind::ns: return &ns_obj();
-    case Kind::function: return &function_obj();
-    default: return nullptr;
+    case Kind::list:
+      return &list_obj();
+    case Kind::dict:
+      return &dict_obj();
+    case Kind::ns:
+      return &ns_obj();
+    case Kind::function:
+      return &function_obj();
+    default:
+      return nullptr;
   }
 }
 
@@ -150,20 +155,28 @@ void DictObj::note(const Value& key, const Value& value) {
 
 int nesting(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::list: return v.list_obj().depth;
-    case Value::Kind::dict: return v.dict_obj().depth;
-    case Value::Kind::ns: return v.ns_obj().attrs.depth;
-    default: return 0;
+    case Value::Kind::list:
+      return v.list_obj().depth;
+    case Value::Kind::dict:
+      return v.dict_obj().depth;
+    case Value::Kind::ns:
+      return v.ns_obj().attrs.depth;
+    default:
+      return 0;
   }
 }
 
 bool holds_object(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::list: return v.list_obj().holds_object;
-    case Value::Kind::dict: return v.dict_obj().holds_object;
+    case Value::Kind::list:
+      return v.list_obj().holds_object;
+    case Value::Kind::dict:
+      return v.dict_obj().holds_object;
     case Value::Kind::ns:
-    case Value::Kind::function: return true;
-    default: return false;
+    case Value::Kind::function:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -219,8 +232,10 @@ bool is_py_space(char32_t c) {
     case 0x2029:
     case 0x202F:
     case 0x205F:
-    case 0x3000: return true;
-    default: return c >= 0x2000 && c <= 0x200A;
+    case 0x3000:
+      return true;
+    default:
+      return c >= 0x2000 && c <= 0x200A;
   }
 }
 
@@ -288,17 +303,26 @@ std::string py_strip(std::string_view s, const std::string* chars, bool left, bo
 
 std::string type_name(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::undefined: return "Undefined";
-    case Value::Kind::none: return "NoneType";
-    case Value::Kind::boolean: return "bool";
-    case Value::Kind::integer: return "int";
-    case Value::Kind::floating: return "float";
-    case Value::Kind::string: return "str";
+    case Value::Kind::undefined:
+      return "Undefined";
+    case Value::Kind::none:
+      return "NoneType";
+    case Value::Kind::boolean:
+      return "bool";
+    case Value::Kind::integer:
+      return "int";
+    case Value::Kind::floating:
+      return "float";
+    case Value::Kind::string:
+      return "str";
     case Value::Kind::list:
       return v.list_obj().lazy ? "generator" : v.list_obj().is_range ? "range" : v.list_obj().tuple ? "tuple" : "list";
-    case Value::Kind::dict: return "dict";
-    case Value::Kind::ns: return v.ns_obj().loop ? "LoopContext" : "Namespace";
-    case Value::Kind::function: return "function";
+    case Value::Kind::dict:
+      return "dict";
+    case Value::Kind::ns:
+      return v.ns_obj().loop ? "LoopContext" : "Namespace";
+    case Value::Kind::function:
+      return "function";
   }
   return "object";
 }
@@ -346,8 +370,10 @@ bool printable(char32_t c) {
     case UTF8PROC_CATEGORY_CN:
     case UTF8PROC_CATEGORY_ZL:
     case UTF8PROC_CATEGORY_ZP:
-    case UTF8PROC_CATEGORY_ZS: return false;
-    default: return true;
+    case UTF8PROC_CATEGORY_ZS:
+      return false;
+    default:
+      return true;
   }
 }
 
@@ -407,14 +433,22 @@ std::string dict_str(const DictObj& d) {
 
 std::string to_str(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::undefined: return "";
-    case Value::Kind::none: return "None";
-    case Value::Kind::boolean: return v.as_bool() ? "True" : "False";
-    case Value::Kind::integer: return std::to_string(v.as_int());
-    case Value::Kind::floating: return float_repr(v.as_double());
-    case Value::Kind::string: return v.str();
-    case Value::Kind::list: return sequence_str(v.list_obj());
-    case Value::Kind::dict: return dict_str(v.dict_obj());
+    case Value::Kind::undefined:
+      return "";
+    case Value::Kind::none:
+      return "None";
+    case Value::Kind::boolean:
+      return v.as_bool() ? "True" : "False";
+    case Value::Kind::integer:
+      return std::to_string(v.as_int());
+    case Value::Kind::floating:
+      return float_repr(v.as_double());
+    case Value::Kind::string:
+      return v.str();
+    case Value::Kind::list:
+      return sequence_str(v.list_obj());
+    case Value::Kind::dict:
+      return dict_str(v.dict_obj());
     case Value::Kind::ns:
       if (v.ns_obj().loop) throw EvalError("printing the loop object is not supported");
       return "<Namespace " + dict_str(v.ns_obj().attrs) + ">";
@@ -435,14 +469,22 @@ std::string repr(const Value& v) {
 bool truthy(const Value& v) {
   switch (v.kind()) {
     case Value::Kind::undefined:
-    case Value::Kind::none: return false;
-    case Value::Kind::boolean: return v.as_bool();
-    case Value::Kind::integer: return v.as_int() != 0;
-    case Value::Kind::floating: return v.as_double() != 0.0;
-    case Value::Kind::string: return !v.str().empty();
-    case Value::Kind::list: return v.list_obj().lazy || !v.list_obj().items.empty();
-    case Value::Kind::dict: return !v.dict_obj().items.empty();
-    default: return true;
+    case Value::Kind::none:
+      return false;
+    case Value::Kind::boolean:
+      return v.as_bool();
+    case Value::Kind::integer:
+      return v.as_int() != 0;
+    case Value::Kind::floating:
+      return v.as_double() != 0.0;
+    case Value::Kind::string:
+      return !v.str().empty();
+    case Value::Kind::list:
+      return v.list_obj().lazy || !v.list_obj().items.empty();
+    case Value::Kind::dict:
+      return !v.dict_obj().items.empty();
+    default:
+      return true;
   }
 }
 
@@ -456,7 +498,8 @@ bool equal(const Value& a, const Value& b) {
   if (a.kind() != b.kind()) return false;
   switch (a.kind()) {
     case K::undefined:
-    case K::none: return true;
+    case K::none:
+      return true;
     case K::string:
       Meter::text(static_cast<int64_t>(std::min(a.str().size(), b.str().size())));
       return a.str() == b.str();
@@ -477,7 +520,8 @@ bool equal(const Value& a, const Value& b) {
       }
       return true;
     }
-    default: return a.identity() == b.identity();
+    default:
+      return a.identity() == b.identity();
   }
 }
 
@@ -505,11 +549,12 @@ int compare(const Value& a, const Value& b) {
 }
 
 std::vector<Value> iterate(const Value& v) {
-  Meter::steps(v.is_list() ? static_cast<int64_t>(v.list_obj().items.size())
+  Meter::steps(v.is_list()   ? static_cast<int64_t>(v.list_obj().items.size())
                : v.is_dict() ? static_cast<int64_t>(v.dict_obj().items.size())
                              : 1);
   switch (v.kind()) {
-    case Value::Kind::undefined: return {};
+    case Value::Kind::undefined:
+      return {};
     case Value::Kind::list: {
       auto& l = v.list_obj();
       if (l.lazy) {
@@ -531,21 +576,25 @@ std::vector<Value> iterate(const Value& v) {
       for (char32_t c : decode_utf8(v.str())) chars.push_back(Value::string(encode_utf8(std::u32string(1, c))));
       return chars;
     }
-    default: throw EvalError(concat("'", type_name(v), "' object is not iterable"));
+    default:
+      throw EvalError(concat("'", type_name(v), "' object is not iterable"));
   }
 }
 
 int64_t length(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::undefined: return 0;
+    case Value::Kind::undefined:
+      return 0;
     case Value::Kind::string:
       Meter::text(static_cast<int64_t>(v.str().size()));
       return code_points(v.str());
     case Value::Kind::list:
       if (v.list_obj().lazy) throw EvalError("object of type 'generator' has no len(); convert it with |list first");
       return static_cast<int64_t>(v.list_obj().items.size());
-    case Value::Kind::dict: return static_cast<int64_t>(v.dict_obj().items.size());
-    default: throw EvalError(concat("object of type '", type_name(v), "' has no len()"));
+    case Value::Kind::dict:
+      return static_cast<int64_t>(v.dict_obj().items.size());
+    default:
+      throw EvalError(concat("object of type '", type_name(v), "' has no len()"));
   }
 }
 
@@ -566,12 +615,23 @@ std::string html_escape(std::string_view s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -586,14 +646,29 @@ void json_quote(const std::string& s, bool ascii, std::string& out) {
   char buf[16];
   for (char32_t c : decode_utf8(s)) {
     switch (c) {
-      case '"': out += "\\\""; continue;
-      case '\\': out += "\\\\"; continue;
-      case '\n': out += "\\n"; continue;
-      case '\r': out += "\\r"; continue;
-      case '\t': out += "\\t"; continue;
-      case '\b': out += "\\b"; continue;
-      case '\f': out += "\\f"; continue;
-      default: break;
+      case '"':
+        out += "\\\"";
+        continue;
+      case '\\':
+        out += "\\\\";
+        continue;
+      case '\n':
+        out += "\\n";
+        continue;
+      case '\r':
+        out += "\\r";
+        continue;
+      case '\t':
+        out += "\\t";
+        continue;
+      case '\b':
+        out += "\\b";
+        continue;
+      case '\f':
+        out += "\\f";
+        continue;
+      default:
+        break;
     }
     if (c < 0x20 || (ascii && c >= 0x7F)) {
       if (c >= 0x10000) {
@@ -619,12 +694,18 @@ std::string json_float(double d) {
 
 std::string json_key(const Value& k) {
   switch (k.kind()) {
-    case Value::Kind::string: return k.str();
-    case Value::Kind::boolean: return k.as_bool() ? "true" : "false";
-    case Value::Kind::none: return "null";
-    case Value::Kind::integer: return std::to_string(k.as_int());
-    case Value::Kind::floating: return json_float(k.as_double());
-    default: throw EvalError(concat("keys must be str, int, float, bool or None, not ", type_name(k)));
+    case Value::Kind::string:
+      return k.str();
+    case Value::Kind::boolean:
+      return k.as_bool() ? "true" : "false";
+    case Value::Kind::none:
+      return "null";
+    case Value::Kind::integer:
+      return std::to_string(k.as_int());
+    case Value::Kind::floating:
+      return json_float(k.as_double());
+    default:
+      throw EvalError(concat("keys must be str, int, float, bool or None, not ", type_name(k)));
   }
 }
 
@@ -661,11 +742,21 @@ void json_container(const Items& items, char open, char close, const JsonOptions
 
 void json_value(const Value& v, const JsonOptions& o, int level, std::string& out) {
   switch (v.kind()) {
-    case Value::Kind::none: out += "null"; return;
-    case Value::Kind::boolean: out += v.as_bool() ? "true" : "false"; return;
-    case Value::Kind::integer: out += std::to_string(v.as_int()); return;
-    case Value::Kind::floating: out += json_float(v.as_double()); return;
-    case Value::Kind::string: json_quote(v.str(), o.ensure_ascii, out); return;
+    case Value::Kind::none:
+      out += "null";
+      return;
+    case Value::Kind::boolean:
+      out += v.as_bool() ? "true" : "false";
+      return;
+    case Value::Kind::integer:
+      out += std::to_string(v.as_int());
+      return;
+    case Value::Kind::floating:
+      out += json_float(v.as_double());
+      return;
+    case Value::Kind::string:
+      json_quote(v.str(), o.ensure_ascii, out);
+      return;
     case Value::Kind::list:
       if (!v.list_obj().lazy && !v.list_obj().is_range) {
         json_container(
@@ -688,7 +779,8 @@ void json_value(const Value& v, const JsonOptions& o, int level, std::string& ou
           out);
       return;
     }
-    default: break;
+    default:
+      break;
   }
   throw EvalError(concat("Object of type ", type_name(v), " is not JSON serializable"));
 }

@@ -52,18 +52,30 @@ Dtype dtype_named(const std::string& name) {
 /// streaming's NDArray value dtype codes (encodings.py, _int2value_dtype).
 const char* dtype_of_code(uint8_t code) {
   switch (code) {
-    case 8: return "uint8";
-    case 9: return "int8";
-    case 16: return "uint16";
-    case 17: return "int16";
-    case 18: return "float16";
-    case 32: return "uint32";
-    case 33: return "int32";
-    case 34: return "float32";
-    case 64: return "uint64";
-    case 65: return "int64";
-    case 66: return "float64";
-    default: return nullptr;
+    case 8:
+      return "uint8";
+    case 9:
+      return "int8";
+    case 16:
+      return "uint16";
+    case 17:
+      return "int16";
+    case 18:
+      return "float16";
+    case 32:
+      return "uint32";
+    case 33:
+      return "int32";
+    case 34:
+      return "float32";
+    case 64:
+      return "uint64";
+    case 65:
+      return "int64";
+    case 66:
+      return "float64";
+    default:
+      return nullptr;
   }
 }
 

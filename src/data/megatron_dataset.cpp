@@ -59,15 +59,32 @@ struct Unmap {
 /// Megatron's DType codes -> (kind, bytes).
 bool dtype_of(uint8_t code, char& kind, int& bytes) {
   switch (code) {
-    case 1: kind = 'u', bytes = 1; return true;  // uint8
-    case 2: kind = 'i', bytes = 1; return true;  // int8
-    case 3: kind = 'i', bytes = 2; return true;  // int16
-    case 4: kind = 'i', bytes = 4; return true;  // int32
-    case 5: kind = 'i', bytes = 8; return true;  // int64
-    case 6: kind = 'f', bytes = 8; return true;  // float64
-    case 7: kind = 'f', bytes = 4; return true;  // float32
-    case 8: kind = 'u', bytes = 2; return true;  // uint16
-    default: return false;
+    case 1:
+      kind = 'u', bytes = 1;
+      return true;  // uint8
+    case 2:
+      kind = 'i', bytes = 1;
+      return true;  // int8
+    case 3:
+      kind = 'i', bytes = 2;
+      return true;  // int16
+    case 4:
+      kind = 'i', bytes = 4;
+      return true;  // int32
+    case 5:
+      kind = 'i', bytes = 8;
+      return true;  // int64
+    case 6:
+      kind = 'f', bytes = 8;
+      return true;  // float64
+    case 7:
+      kind = 'f', bytes = 4;
+      return true;  // float32
+    case 8:
+      kind = 'u', bytes = 2;
+      return true;  // uint16
+    default:
+      return false;
   }
 }
 
@@ -119,9 +136,10 @@ std::shared_ptr<const TokenShards> TokenShards::open_megatron(const stdfs::path&
   auto starts = std::make_unique<std::vector<int64_t>>();
   for (uint64_t d = 0; d < D; ++d) {
     const auto at = read_at<int64_t>(idx, docs + d * 8);
-    if (at < 0 || static_cast<uint64_t>(at) > S || (d == 0 && at != 0) || (d > 0 && at < read_at<int64_t>(idx, docs + (d - 1) * 8)))
-      throw bad(concat("document index ", d, " is ", at, "; expected 0, then non-decreasing sequence indices up to ",
-                       S));
+    if (at < 0 || static_cast<uint64_t>(at) > S || (d == 0 && at != 0) ||
+        (d > 0 && at < read_at<int64_t>(idx, docs + (d - 1) * 8)))
+      throw bad(
+          concat("document index ", d, " is ", at, "; expected 0, then non-decreasing sequence indices up to ", S));
     starts->push_back(seq_start[static_cast<size_t>(at)]);
   }
   if (starts->back() != seq_start[S])
@@ -146,10 +164,10 @@ std::shared_ptr<const TokenShards> TokenShards::open_megatron(const stdfs::path&
   const char* data = static_cast<const char*>(s.data);
   for (int64_t i = 0; i < s.tokens; ++i) {
     const auto id = ts->token(s, i);
-    const bool whole = ts->kind_ != 'f' || (ts->token_bytes_ == 4 ? read_at<float>(data, static_cast<size_t>(i) * 4) ==
-                                                                        static_cast<float>(id)
-                                                                  : read_at<double>(data, static_cast<size_t>(i) * 8) ==
-                                                                        static_cast<double>(id));
+    const bool whole =
+        ts->kind_ != 'f' ||
+        (ts->token_bytes_ == 4 ? read_at<float>(data, static_cast<size_t>(i) * 4) == static_cast<float>(id)
+                               : read_at<double>(data, static_cast<size_t>(i) * 8) == static_cast<double>(id));
     if (id < 0 || !whole)
       throw DataError(concat(bin_path.string(), ": token ", i, " is not a token id (a non-negative integer)"));
     ts->vocab_size_ = std::max(ts->vocab_size_, id + 1);

@@ -144,8 +144,8 @@ void MixtureSampler::set_state(const SamplerState& s) {
   state_ = s;
   build_plan();
   if (s.offset > epoch_length())
-    throw CheckpointError(concat("sampler state (epoch ", s.epoch, ", offset ", s.offset,
-                                 ") does not fit an epoch of ", epoch_length(), " samples; did the data change?"));
+    throw CheckpointError(concat("sampler state (epoch ", s.epoch, ", offset ", s.offset, ") does not fit an epoch of ",
+                                 epoch_length(), " samples; did the data change?"));
 }
 
 }  // namespace anvil::data

@@ -211,8 +211,8 @@ std::shared_ptr<const TokenShards> TokenShards::open(const stdfs::path& dir) {
     const auto idx = dir / (name + ".idx");
     s.starts = static_cast<const int64_t*>(map_file(idx, static_cast<size_t>(s.docs + 1) * 8, s.idx_bytes));
     if (s.starts[0] != 0 || s.starts[s.docs] != s.tokens || !std::is_sorted(s.starts, s.starts + s.docs + 1))
-      throw DataError(concat(idx.string(), ": document offsets do not span the shard's ", s.tokens,
-                             " tokens in order"));
+      throw DataError(
+          concat(idx.string(), ": document offsets do not span the shard's ", s.tokens, " tokens in order"));
     // Every id is checked here, once, so a damaged or foreign shard is named
     // before training instead of failing as an out-of-range index at step N.
     for (int64_t i = 0; i < s.tokens; ++i)

@@ -33,7 +33,9 @@ stdfs::path shard_file(const stdfs::path& dir, int64_t s, int64_t n) {
   return dir / "shards" / concat("shard-", five(s), "-of-", five(n), ".safetensors");
 }
 
-stdfs::path rng_file(const stdfs::path& dir, int64_t rank) { return dir / "rng" / concat("rank-", five(rank), ".safetensors"); }
+stdfs::path rng_file(const stdfs::path& dir, int64_t rank) {
+  return dir / "rng" / concat("rank-", five(rank), ".safetensors");
+}
 
 nlohmann::json read_meta(const stdfs::path& dir) {
   const auto path = dir / "sharding.json";
@@ -165,10 +167,10 @@ stdfs::path publish_sharded_save(const ShardedSave& s, double timeout_s,
       if (!stdfs::exists(written_mark(s.tmp, r))) missing.push_back(r);
     if (missing.empty()) break;
     if (std::chrono::steady_clock::now() > deadline)
-      throw CheckpointError(concat("checkpoint-", s.state.step, " in ", s.output_dir.string(), ": ",
-                                   missing.size(), " rank(s) (the first: rank ", missing.front(),
-                                   ") did not finish writing their shard within ", timeout_s,
-                                   " s (dist.timeout_s); ", s.tmp.string(), " stays unpublished"));
+      throw CheckpointError(concat("checkpoint-", s.state.step, " in ", s.output_dir.string(), ": ", missing.size(),
+                                   " rank(s) (the first: rank ", missing.front(),
+                                   ") did not finish writing their shard within ", timeout_s, " s (dist.timeout_s); ",
+                                   s.tmp.string(), " stays unpublished"));
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   for (int64_t r = 0; r < s.world; ++r) stdfs::remove(written_mark(s.tmp, r));

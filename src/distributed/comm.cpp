@@ -40,8 +40,8 @@ Watchdog::Scope::~Scope() {
 
 void Watchdog::loop() {
   std::unique_lock<std::mutex> lock(mu_);
-  const auto tick = std::min<std::chrono::milliseconds>(timeout_ / 4 + std::chrono::milliseconds(1),
-                                                        std::chrono::milliseconds(500));
+  const auto tick =
+      std::min<std::chrono::milliseconds>(timeout_ / 4 + std::chrono::milliseconds(1), std::chrono::milliseconds(500));
   while (!stop_) {
     cv_.wait_for(lock, tick);
     if (stop_ || !busy_) continue;
@@ -110,8 +110,8 @@ std::shared_ptr<Communicator> make_communicator(const ProcessInfo& proc, const a
   }
   if (backend == "mpi") {
     if (!device.is_cpu())
-      throw ConfigError(concat("dist.backend: mpi reduces CPU tensors; train.device is ", device.str(),
-                               " (use nccl on GPUs)"));
+      throw ConfigError(
+          concat("dist.backend: mpi reduces CPU tensors; train.device is ", device.str(), " (use nccl on GPUs)"));
     if (proc.launcher != "mpirun")
       throw ConfigError(concat("dist.backend: mpi needs the ranks started by mpirun (this one came from ",
                                proc.launcher, "); e.g. mpirun -np ", proc.world_size,

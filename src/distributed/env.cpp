@@ -65,8 +65,10 @@ ProcessInfo discover(const EnvLookup& env) {
     if (p.world_size < 1) throw ConfigError(concat("environment variable ", l.world, "=0: expected at least 1"));
     if (p.rank >= p.world_size)
       throw ConfigError(concat("environment: ", l.rank, "=", p.rank, " is not below ", l.world, "=", p.world_size));
-    if (const auto lr = env(l.local_rank)) p.local_rank = parse_int(l.local_rank, *lr);
-    else p.local_rank = p.rank;  // one node
+    if (const auto lr = env(l.local_rank))
+      p.local_rank = parse_int(l.local_rank, *lr);
+    else
+      p.local_rank = p.rank;  // one node
     // SLURM_NTASKS_PER_NODE may be a list like "4(x2)"; its leading count is this layout's.
     if (auto lw = env(l.local_world)) {
       auto v = *lw;
@@ -79,7 +81,8 @@ ProcessInfo discover(const EnvLookup& env) {
       throw ConfigError(concat("environment: ", l.local_rank, "=", p.local_rank, " is not below the ",
                                p.local_world_size, " processes per node"));
     if (p.launcher == "slurm")
-      if (const auto nodes = env("SLURM_JOB_NODELIST"); nodes && !nodes->empty()) p.master_addr = first_slurm_host(*nodes);
+      if (const auto nodes = env("SLURM_JOB_NODELIST"); nodes && !nodes->empty())
+        p.master_addr = first_slurm_host(*nodes);
     break;
   }
   if (const auto a = env("MASTER_ADDR"); a && !a->empty()) p.master_addr = *a;

@@ -16,15 +16,23 @@ namespace {
 
 MPI_Datatype mpi_type(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return MPI_FLOAT;
-    case at::kDouble: return MPI_DOUBLE;
-    case at::kLong: return MPI_INT64_T;
-    case at::kInt: return MPI_INT32_T;
-    case at::kByte: return MPI_UINT8_T;
-    case at::kBool: return MPI_C_BOOL;
+    case at::kFloat:
+      return MPI_FLOAT;
+    case at::kDouble:
+      return MPI_DOUBLE;
+    case at::kLong:
+      return MPI_INT64_T;
+    case at::kInt:
+      return MPI_INT32_T;
+    case at::kByte:
+      return MPI_UINT8_T;
+    case at::kBool:
+      return MPI_C_BOOL;
     case at::kBFloat16:
-    case at::kHalf: return MPI_UINT16_T;  // moved, never reduced
-    default: TORCH_CHECK(false, "mpi: unsupported dtype ", t);
+    case at::kHalf:
+      return MPI_UINT16_T;  // moved, never reduced
+    default:
+      TORCH_CHECK(false, "mpi: unsupported dtype ", t);
   }
 }
 
@@ -81,8 +89,7 @@ class MpiCommunicator final : public Communicator {
     Watchdog::Scope scope(*watchdog_, "all_reduce", what);
     if (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf) {
       auto f = t.to(at::kFloat);
-      check(MPI_Allreduce(MPI_IN_PLACE, f.data_ptr(), static_cast<int>(f.numel()), MPI_FLOAT, MPI_SUM,
-                          MPI_COMM_WORLD),
+      check(MPI_Allreduce(MPI_IN_PLACE, f.data_ptr(), static_cast<int>(f.numel()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
             "all_reduce");
       t.copy_(f);
       return;

@@ -35,8 +35,8 @@ class NcclCommunicator final : public Communicator {
     so.waitWorkers = true;
     so.timeout = timeout;
     try {
-      store_ = c10::make_intrusive<c10d::PrefixStore>(
-          "anvil/", c10::make_intrusive<c10d::TCPStore>(proc.master_addr, so));
+      store_ =
+          c10::make_intrusive<c10d::PrefixStore>("anvil/", c10::make_intrusive<c10d::TCPStore>(proc.master_addr, so));
     } catch (const std::exception& e) {
       throw ConfigError(concat("rendezvous at ", proc.master_addr, ":", proc.master_port,
                                " (MASTER_ADDR:MASTER_PORT) failed on rank ", rank_, ": ", e.what()));

@@ -28,9 +28,12 @@ Sharding parse_sharding(const std::string& name) {
 
 std::string to_string(Sharding s) {
   switch (s) {
-    case Sharding::NoShard: return "no_shard";
-    case Sharding::ShardGradOp: return "shard_grad_op";
-    case Sharding::FullShard: return "full_shard";
+    case Sharding::NoShard:
+      return "no_shard";
+    case Sharding::ShardGradOp:
+      return "shard_grad_op";
+    case Sharding::FullShard:
+      return "full_shard";
   }
   return "?";
 }
@@ -71,8 +74,8 @@ struct ShardedModel::Unit {
   size_t index = 0;
   std::vector<at::Tensor> params;
   int64_t numel = 0, padded = 0, shard = 0;  // shard = elements this rank owns (padded)
-  at::Tensor master;  // float32 (shard), the optimizer's parameter
-  at::Tensor whole;   // param_dtype (padded); the module's parameters are views of it
+  at::Tensor master;                         // float32 (shard), the optimizer's parameter
+  at::Tensor whole;                          // param_dtype (padded); the module's parameters are views of it
   bool resident = true;
   bool needs_reduce = false;
   // An all-gather in flight (a prefetch): its work and its input.
@@ -163,12 +166,16 @@ ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_
     const bool frozen_root = u == static_cast<size_t>(L);
     if (options_.frozen && sharded && !frozen_root)
       unit->master = unit->whole.narrow(0, rank * unit->shard, unit->shard).clone();
-    else if (options_.frozen) unit->master = sharded ? unit->whole.narrow(0, rank * unit->shard, unit->shard) : unit->whole;
-    else if (!sharded && fp32) unit->master = unit->whole;
-    else if (!sharded) unit->master = flat;
+    else if (options_.frozen)
+      unit->master = sharded ? unit->whole.narrow(0, rank * unit->shard, unit->shard) : unit->whole;
+    else if (!sharded && fp32)
+      unit->master = unit->whole;
+    else if (!sharded)
+      unit->master = flat;
     else if (fp32 && options_.strategy == Sharding::ShardGradOp)
       unit->master = unit->whole.narrow(0, rank * unit->shard, unit->shard);
-    else unit->master = flat.narrow(0, rank * unit->shard, unit->shard).clone();
+    else
+      unit->master = flat.narrow(0, rank * unit->shard, unit->shard).clone();
     if (!options_.frozen) unit->master.mutable_grad() = at::zeros_like(unit->master);
     for (size_t k = 0; k < unit->params.size(); ++k) {
       const auto& fp = layout.params[k];
@@ -201,8 +208,8 @@ std::pair<int64_t, int64_t> ShardedModel::shard_range(size_t u) const {
 
 at::Tensor ShardedModel::slice_for_rank(size_t u, const at::Tensor& whole) const {
   const auto& unit = *units_.at(u);
-  TORCH_CHECK(whole.numel() == unit.numel, "slice_for_rank: expected ", unit.numel, " elements for ",
-              layouts_[u].name, ", got ", whole.numel());
+  TORCH_CHECK(whole.numel() == unit.numel, "slice_for_rank: expected ", unit.numel, " elements for ", layouts_[u].name,
+              ", got ", whole.numel());
   auto out = at::zeros({unit.shard}, whole.options());
   const auto [b, e] = shard_range(u);
   if (e > b) out.narrow(0, 0, e - b).copy_(whole.reshape(-1).narrow(0, b, e - b));
@@ -294,7 +301,7 @@ at::Tensor ShardedModel::run_block(size_t layer, const at::Tensor& x, const mode
     release(u);
     if (grad && y.requires_grad())
       y.register_hook([this, layer](const at::Tensor& g) {
-        gather(*units_[layer]);  // before the block's backward
+        gather(*units_[layer]);                           // before the block's backward
         if (layer > 0) start_gather(*units_[layer - 1]);  // the next block backward needs
         return g;
       });
@@ -341,8 +348,10 @@ void ShardedModel::begin_step() {
   for (const auto& v : units_) peak_gathered_ += static_cast<int64_t>(v->whole.storage().nbytes());
   for (auto& u : units_) {
     auto& g = u->master.mutable_grad();
-    if (g.defined()) g.zero_();
-    else g = at::zeros_like(u->master);  // the optimizer's zero_grad() drops it
+    if (g.defined())
+      g.zero_();
+    else
+      g = at::zeros_like(u->master);  // the optimizer's zero_grad() drops it
   }
   if (options_.strategy == Sharding::FullShard) gather(*units_.back());
 }
@@ -391,8 +400,10 @@ void ShardedModel::after_optimizer_step() {
       if (u->gathering) gather(*u);
       if (u->resident) {
         u->resident = false;  // its values are stale now
-        if (pinned_) gather(*u);
-        else free_storage(u->whole);
+        if (pinned_)
+          gather(*u);
+        else
+          free_storage(u->whole);
       }
     }
     return;

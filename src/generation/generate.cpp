@@ -27,8 +27,7 @@ at::Tensor final_scores(const at::Tensor& scores, const SamplingOptions& opt) {
   return is_greedy(opt) ? scores : warp(scores, opt);
 }
 
-at::Tensor choose(const at::Tensor& final, const SamplingOptions& opt, const at::Tensor& keys,
-                  const at::Tensor& step) {
+at::Tensor choose(const at::Tensor& final, const SamplingOptions& opt, const at::Tensor& keys, const at::Tensor& step) {
   return is_greedy(opt) ? final.argmax(-1) : draw(final, keys, step);
 }
 
@@ -44,8 +43,7 @@ at::Tensor sample(const at::Tensor& logits_in, const SamplingOptions& opt, at::G
     for (auto& k : keys) k = static_cast<int64_t>(row_key(g->random64()));
   }
   const auto opts = at::TensorOptions().dtype(at::kLong).device(logits.device());
-  return choose(final_scores(logits, opt), opt, at::tensor(keys, at::kLong).to(logits.device()),
-                at::zeros({}, opts))
+  return choose(final_scores(logits, opt), opt, at::tensor(keys, at::kLong).to(logits.device()), at::zeros({}, opts))
       .to(at::kCPU);
 }
 
@@ -101,9 +99,10 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
   const bool use_graph = device.is_cuda() && detail::StepGraph::built() && !host_per_step && !recomputes && steps > 2 &&
                          (opt.cuda_graphs == CudaGraphs::kOn || opt.cuda_graphs == CudaGraphs::kAuto);
   if (opt.cuda_graphs == CudaGraphs::kOn && device.is_cuda() && !use_graph)
-    log::warn("generate: cuda_graphs on, but ",
-              host_per_step ? "a logits processor or score_fn needs the host each step" : "this build has no CUDA graphs",
-              "; decoding eagerly");
+    log::warn(
+        "generate: cuda_graphs on, but ",
+        host_per_step ? "a logits processor or score_fn needs the host each step" : "this build has no CUDA graphs",
+        "; decoding eagerly");
   // On the CPU finished rows leave the batch (a sync costs nothing there); elsewhere they are masked.
   const bool compact = device.is_cpu();
 
@@ -130,7 +129,8 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
     counts = at::zeros({B, V}, at::TensorOptions().dtype(at::kFloat).device(device));
   auto rows = at::arange(B, long_opts);  // (B') current row -> batch row
   auto tokens = at::zeros({B, steps}, long_opts);
-  at::Tensor lps = logprobs ? at::zeros({B, steps}, at::TensorOptions().dtype(at::kFloat).device(device)) : at::Tensor();
+  at::Tensor lps =
+      logprobs ? at::zeros({B, steps}, at::TensorOptions().dtype(at::kFloat).device(device)) : at::Tensor();
   auto done = at::zeros({B}, at::TensorOptions().dtype(at::kBool).device(device));
 
   // Scores -> next token (B'), recorded at column `col` (a 0-dim device tensor) of `tokens` / `lps`.
@@ -139,7 +139,8 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
   auto choose_next = [&](const at::Tensor& last_hidden, const at::Tensor& col) {
     auto logits = model.logits(last_hidden);
     auto scores = opt.score_fn ? opt.score_fn(last_hidden, logits) : logits;
-    TORCH_CHECK(scores.dim() == 2 && scores.size(0) == last_hidden.size(0), "score_fn must return (rows, vocab) scores");
+    TORCH_CHECK(scores.dim() == 2 && scores.size(0) == last_hidden.size(0),
+                "score_fn must return (rows, vocab) scores");
     scores = scores.to(device, at::kFloat);
     if (wants_penalties(opt)) scores = apply_penalties(scores, seen, counts, opt);
     if (!opt.logits_processors.empty()) {
@@ -223,9 +224,9 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
       const auto full = at::cat({prompt_ids.index_select(0, rows), gen}, 1);
       models::ForwardArgs again;
       again.cache = &cache;
-      again.position_ids = at::cat({prompt_positions.index_select(0, rows),
-                                    next_pos - (taken - 1) + at::arange(taken, long_opts).unsqueeze(0)},
-                                   1);
+      again.position_ids = at::cat(
+          {prompt_positions.index_select(0, rows), next_pos - (taken - 1) + at::arange(taken, long_opts).unsqueeze(0)},
+          1);
       if (padded) {
         const auto kv = key_valid.narrow(1, 0, n);
         const auto eye = at::eye(n, kv.options());
@@ -333,7 +334,8 @@ Generation run(models::CausalLM& model, const std::vector<std::vector<int64_t>>&
   // Each prompt's stream: its own seed, or the call's seed and its index.
   std::vector<int64_t> keys(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i)
-    keys[i] = static_cast<int64_t>(opt.row_seeds.empty() ? row_key(row_key(opt.seed) ^ (i + 1)) : row_key(opt.row_seeds[i]));
+    keys[i] =
+        static_cast<int64_t>(opt.row_seeds.empty() ? row_key(row_key(opt.seed) ^ (i + 1)) : row_key(opt.row_seeds[i]));
   Generation g;
   g.tokens.reserve(prompts.size());
   const size_t batch = opt.batch_size > 0 ? static_cast<size_t>(opt.batch_size) : std::max<size_t>(prompts.size(), 1);

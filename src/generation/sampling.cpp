@@ -86,9 +86,9 @@ at::Tensor counter_uniform(const at::Tensor& keys, const at::Tensor& step, int64
   TORCH_CHECK(keys.dim() == 1 && keys.scalar_type() == at::kLong, "counter_uniform: keys must be (B) int64");
   TORCH_CHECK(step.dim() == 0 && step.scalar_type() == at::kLong, "counter_uniform: step must be a 0-dim int64");
   // One stream per (row, step), then one value per vocabulary index.
-  auto base = mix(keys + step.mul(as_signed(kGolden)));                               // (B)
+  auto base = mix(keys + step.mul(as_signed(kGolden)));                                          // (B)
   auto cols = mix(at::arange(vocab, keys.options()).mul(as_signed(0xD1B54A32D192ED03ull)) + 1);  // (V)
-  auto z = mix(at::bitwise_xor(base.unsqueeze(1), cols.unsqueeze(0)));                 // (B, V)
+  auto z = mix(at::bitwise_xor(base.unsqueeze(1), cols.unsqueeze(0)));                           // (B, V)
   // The top 52 bits, centred in their interval: exactly representable, never 0 or 1.
   return (shr(z, 12).to(at::kDouble) + 0.5) * std::ldexp(1.0, -52);
 }

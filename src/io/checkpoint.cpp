@@ -229,7 +229,8 @@ std::optional<stdfs::path> latest_checkpoint(const stdfs::path& output_dir) {
 
 TrainerState load_checkpoint(const stdfs::path& dir, models::CausalLM& model, torch::optim::Optimizer& optimizer) {
   if (stdfs::exists(dir / "sharding.json"))
-    throw CheckpointError(concat(dir.string(), ": written by a sharded run (see its sharding.json); "
+    throw CheckpointError(concat(dir.string(),
+                                 ": written by a sharded run (see its sharding.json); "
                                  "distributed::load_sharded_checkpoint reads it"));
   const auto j = read_trainer_state(dir);
   load_weights(model, dir);

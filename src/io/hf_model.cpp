@@ -34,7 +34,8 @@ void add_saved_heads(models::CausalLM& model, const stdfs::path& dir) {
   if (!stdfs::exists(path)) return;
   const auto j = read_json(path);
   if (!j.is_object() || !j.contains("heads") || !j["heads"].is_object())
-    throw CheckpointError(concat(path.string(), ": expected {\"heads\": {name: {\"out_features\": N, \"bias\": "
+    throw CheckpointError(concat(path.string(),
+                                 ": expected {\"heads\": {name: {\"out_features\": N, \"bias\": "
                                  "true|false}}}"));
   for (const auto& [name, h] : j["heads"].items()) {
     const auto where = concat(path.string(), ": heads.", name);
@@ -50,8 +51,9 @@ void add_saved_heads(models::CausalLM& model, const stdfs::path& dir) {
     if (name.empty() || name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos)
       throw CheckpointError(concat(where, ": expected a head name of a-z, 0-9 and _"));
     if (!model.has_head(name))
-      model.add_head(name, models::CausalLM::HeadOptions{h["out_features"].get<int64_t>(),
-                                                         h.value("hidden_features", int64_t{0}), h.value("bias", true)});
+      model.add_head(
+          name, models::CausalLM::HeadOptions{h["out_features"].get<int64_t>(), h.value("hidden_features", int64_t{0}),
+                                              h.value("bias", true)});
   }
 }
 
@@ -119,10 +121,14 @@ void save_weight_files(const stdfs::path& dir, models::CausalLM& model, const st
   const auto saved = saved_parameters(model);
   TensorMap tensors, heads;
   for (const auto& [name, t] : all)
-    if (is_head_parameter(name)) heads.emplace(name, t);
-    else if (saved(name)) tensors.emplace(name, t);
-  if (lora) save_peft_adapter(dir, model, tensors);
-  else save_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
+    if (is_head_parameter(name))
+      heads.emplace(name, t);
+    else if (saved(name))
+      tensors.emplace(name, t);
+  if (lora)
+    save_peft_adapter(dir, model, tensors);
+  else
+    save_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
   if (!heads.empty()) save_safetensors(dir / kHeadsFile, heads, {{"format", "pt"}});
 }
 
@@ -185,8 +191,8 @@ std::set<std::string> copy_tensors(models::CausalLM& model, const std::vector<st
       if (name.empty()) continue;  // tied head, legacy buffer
       auto it = params.find(name);
       if (it == params.end())
-        throw CheckpointError(concat(file.string(), ": tensor \"", stored, "\" is not a parameter of this ",
-                                     model.family(), " model"));
+        throw CheckpointError(
+            concat(file.string(), ": tensor \"", stored, "\" is not a parameter of this ", model.family(), " model"));
       if (loaded.count(name))
         throw CheckpointError(concat(file.string(), ": tensor \"", stored, "\" duplicates parameter \"", name, "\""));
       const auto shape = f.shape(stored);
@@ -240,12 +246,13 @@ std::shared_ptr<models::CausalLM> load_adapter_dir(const stdfs::path& dir, const
   const std::string named = base.empty() ? o.base_model : base.string();
   const stdfs::path from = hub::local_path(named);  // a folder, or a Hub id's cached snapshot
   if (named.empty() || !stdfs::exists(from / "config.json"))
-    throw CheckpointError(concat(dir.string(), ": a LoRA adapter whose base model ",
-                                 named.empty() ? std::string("is not named") : "\"" + named + "\" is not a model folder",
-                                 " (adapter_config.json's base_model_name_or_path); give the base folder with --base",
-                                 hub::is_repo_id(named) && !stdfs::exists(named)
-                                     ? concat("; as a Hugging Face model id: ", hub::explain_missing(named))
-                                     : std::string()));
+    throw CheckpointError(
+        concat(dir.string(), ": a LoRA adapter whose base model ",
+               named.empty() ? std::string("is not named") : "\"" + named + "\" is not a model folder",
+               " (adapter_config.json's base_model_name_or_path); give the base folder with --base",
+               hub::is_repo_id(named) && !stdfs::exists(named)
+                   ? concat("; as a Hugging Face model id: ", hub::explain_missing(named))
+                   : std::string()));
   const bool own_config = stdfs::exists(dir / "config.json") || stdfs::exists(dir / kAdapterModelConfig);
   auto model = model_from_config(own_config ? dir : from);
   load_base_weights(*model, from);
@@ -306,8 +313,7 @@ void write_model_dir_atomic(models::CausalLM& model, const tokenizer::Tokenizer*
 std::shared_ptr<models::CausalLM> model_from_config(const stdfs::path& dir) {
   auto cfg_path = dir / "config.json";
   if (!stdfs::exists(cfg_path) && stdfs::exists(dir / kAdapterModelConfig)) cfg_path = dir / kAdapterModelConfig;
-  if (!stdfs::exists(cfg_path))
-    throw CheckpointError(concat(dir.string(), ": not a model folder (no config.json)"));
+  if (!stdfs::exists(cfg_path)) throw CheckpointError(concat(dir.string(), ": not a model folder (no config.json)"));
   const auto j = read_json(cfg_path);
   if (!j.contains("model_type") || !j["model_type"].is_string())
     throw CheckpointError(concat(cfg_path.string(), ": model_type: expected a string"));
@@ -315,8 +321,9 @@ std::shared_ptr<models::CausalLM> model_from_config(const stdfs::path& dir) {
   auto model = family.from_hf_config(j, cfg_path.string());
   if (is_sequence_classification(j)) {
     const auto labels = j.contains("id2label") && j["id2label"].is_object() ? j["id2label"].size()
-                        : j.contains("num_labels") && j["num_labels"].is_number_integer() ? j["num_labels"].get<size_t>()
-                                                                                          : 2;
+                        : j.contains("num_labels") && j["num_labels"].is_number_integer()
+                            ? j["num_labels"].get<size_t>()
+                            : 2;
     if (labels != 1)
       throw CheckpointError(concat(cfg_path.string(), ": a sequence-classification model with ", labels,
                                    " labels; Anvil reads reward models (num_labels 1)"));
@@ -329,8 +336,10 @@ std::shared_ptr<models::CausalLM> model_from_config(const stdfs::path& dir) {
 std::shared_ptr<models::CausalLM> load_model_dir(const stdfs::path& dir_or_id, const stdfs::path& base) {
   const auto dir = hub::local_path(dir_or_id.string());  // a Hub id names its cached snapshot
   if (stdfs::exists(dir / "sharding.json") && !stdfs::exists(dir / "model.safetensors") && !is_peft_adapter_dir(dir))
-    throw CheckpointError(concat(dir.string(), ": a sharded checkpoint (written by a multi-process or sharded run); "
-                                 "consolidate it first with: anvil export --checkpoint ", dir.string(), " --out DIR"));
+    throw CheckpointError(concat(dir.string(),
+                                 ": a sharded checkpoint (written by a multi-process or sharded run); "
+                                 "consolidate it first with: anvil export --checkpoint ",
+                                 dir.string(), " --out DIR"));
   if (is_peft_adapter_dir(dir) && weight_files_absent(dir)) return load_adapter_dir(dir, base);
   auto model = model_from_config(dir);
   load_weights(*model, dir);

@@ -22,9 +22,8 @@ struct DtypeName {
   at::ScalarType type;
 };
 constexpr DtypeName kDtypes[] = {
-    {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf},   {"BF16", at::kBFloat16},
-    {"I64", at::kLong},   {"I32", at::kInt},   {"I16", at::kShort},  {"I8", at::kChar},
-    {"U8", at::kByte},    {"BOOL", at::kBool},
+    {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf}, {"BF16", at::kBFloat16}, {"I64", at::kLong},
+    {"I32", at::kInt},    {"I16", at::kShort}, {"I8", at::kChar},  {"U8", at::kByte},       {"BOOL", at::kBool},
 };
 
 const char* dtype_name(at::ScalarType t) {
@@ -50,9 +49,8 @@ void save_safetensors(const std::filesystem::path& path, const TensorMap& tensor
   for (const auto& [name, t] : tensors) {
     auto c = t.detach().to(at::kCPU).contiguous();
     const size_t bytes = c.numel() * c.element_size();
-    header[name] = {{"dtype", dtype_name(c.scalar_type())},
-                    {"shape", c.sizes().vec()},
-                    {"data_offsets", {offset, offset + bytes}}};
+    header[name] = {
+        {"dtype", dtype_name(c.scalar_type())}, {"shape", c.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
     data.push_back(std::move(c));
   }

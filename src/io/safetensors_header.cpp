@@ -29,7 +29,8 @@ size_t safetensors_dtype_size(const std::string& dtype) {
 }
 
 SafetensorsHeader parse_safetensors_header(const char* bytes, size_t size, const std::string& where) {
-  if (size < 8) throw CheckpointError(concat(where, ": not a safetensors file (", size, " bytes, expected at least 8)"));
+  if (size < 8)
+    throw CheckpointError(concat(where, ": not a safetensors file (", size, " bytes, expected at least 8)"));
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
   if (n > kMaxHeaderBytes || n > size - 8)
@@ -78,8 +79,8 @@ SafetensorsHeader parse_safetensors_header(const char* bytes, size_t size, const
     entry.begin = off[0].get<size_t>();
     entry.end = off[1].get<size_t>();
     if (entry.begin > entry.end || entry.end > data_size)
-      throw bad(concat("data_offsets [", entry.begin, ", ", entry.end, "] outside the data section (", data_size,
-                       " bytes)"));
+      throw bad(
+          concat("data_offsets [", entry.begin, ", ", entry.end, "] outside the data section (", data_size, " bytes)"));
     if (entry.end - entry.begin != numel * element)
       throw bad(concat("data_offsets span ", entry.end - entry.begin, " bytes, expected ", numel * element,
                        " for its dtype and shape"));
@@ -88,7 +89,8 @@ SafetensorsHeader parse_safetensors_header(const char* bytes, size_t size, const
   }
   std::sort(spans.begin(), spans.end());
   for (size_t i = 1; i < spans.size(); ++i)
-    if (spans[i].first < spans[i - 1].second) throw CheckpointError(concat(where, ": tensors overlap in the data section"));
+    if (spans[i].first < spans[i - 1].second)
+      throw CheckpointError(concat(where, ": tensors overlap in the data section"));
   return out;
 }
 

@@ -32,8 +32,8 @@ nlohmann::json read_trainer_state(const std::filesystem::path& dir) {
     throw CheckpointError(concat(path, ": format_version ", j["format_version"].get<int64_t>(),
                                  " is not supported (expected ", kFormatVersion, ")"));
   if (j.contains("data") && !j["data"].is_object())
-    throw CheckpointError(concat(path, ": data: expected an object (the data stream's position), got ",
-                                 j["data"].dump()));
+    throw CheckpointError(
+        concat(path, ": data: expected an object (the data stream's position), got ", j["data"].dump()));
   return j;
 }
 

@@ -61,9 +61,11 @@ at::Tensor cross_entropy_rows(at::Tensor& logits, const at::Tensor& targets, int
     const c10::cuda::CUDAGuard guard(logits.device());
     const auto y = targets.to(logits.device(), at::kLong).contiguous();
     auto loss = at::empty({logits.size(0)}, logits.options().dtype(at::kFloat));
-    const auto scale = grad && grad_scale.defined() ? grad_scale.to(logits.device(), at::kFloat).contiguous() : at::Tensor();
-    TORCH_CHECK(!scale.defined() || scale.numel() == logits.size(0), "cross_entropy_rows: one grad_scale per row expected");
-    const auto code = dtype == at::kFloat ? cuda::Dtype::kFloat
+    const auto scale =
+        grad && grad_scale.defined() ? grad_scale.to(logits.device(), at::kFloat).contiguous() : at::Tensor();
+    TORCH_CHECK(!scale.defined() || scale.numel() == logits.size(0),
+                "cross_entropy_rows: one grad_scale per row expected");
+    const auto code = dtype == at::kFloat  ? cuda::Dtype::kFloat
                       : dtype == at::kHalf ? cuda::Dtype::kHalf
                                            : cuda::Dtype::kBFloat16;
     const int rc = cuda::cross_entropy_rows(logits.data_ptr(), code, logits.size(0), logits.size(1), vocab,

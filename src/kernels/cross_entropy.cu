@@ -23,11 +23,17 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162f
 template <typename T>
 __device__ __forceinline__ T from_float(float x);
 template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 
 /// (m, s): s = sum exp(x - m) over what was seen; m = -inf with s = 0 when nothing was.
 __device__ __forceinline__ void combine(float& m, float& s, float m2, float s2) {
@@ -49,9 +55,9 @@ struct alignas(sizeof(T) * kVec) Pack {
 
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kThreads)
-    cross_entropy_rows_kernel(T* __restrict__ logits, int64_t stride, int64_t vocab, const int64_t* __restrict__ targets,
-                              int64_t ignore_index, float* __restrict__ loss, bool grad,
-                              const float* __restrict__ grad_scale) {
+    cross_entropy_rows_kernel(T* __restrict__ logits, int64_t stride, int64_t vocab,
+                              const int64_t* __restrict__ targets, int64_t ignore_index, float* __restrict__ loss,
+                              bool grad, const float* __restrict__ grad_scale) {
   const int64_t r = blockIdx.x;
   T* row = logits + r * stride;
   const int64_t y = targets[r];
@@ -157,8 +163,10 @@ int cross_entropy_rows(void* logits, Dtype dtype, int64_t rows, int64_t stride, 
   if (rows == 0) return 0;
   const auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
-    case Dtype::kFloat: return launch<float>(logits, rows, stride, vocab, targets, ignore_index, loss, grad, grad_scale, s);
-    case Dtype::kHalf: return launch<__half>(logits, rows, stride, vocab, targets, ignore_index, loss, grad, grad_scale, s);
+    case Dtype::kFloat:
+      return launch<float>(logits, rows, stride, vocab, targets, ignore_index, loss, grad, grad_scale, s);
+    case Dtype::kHalf:
+      return launch<__half>(logits, rows, stride, vocab, targets, ignore_index, loss, grad, grad_scale, s);
     case Dtype::kBFloat16:
       return launch<__nv_bfloat16>(logits, rows, stride, vocab, targets, ignore_index, loss, grad, grad_scale, s);
   }

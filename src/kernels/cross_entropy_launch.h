@@ -15,8 +15,7 @@ enum class Dtype { kFloat, kHalf, kBFloat16 };
 /// ignored rows and on the padding columns), times grad_scale[r] when
 /// `grad_scale` is not null. `stream` is a cudaStream_t.
 /// Returns a cudaError_t (0: launched).
-int cross_entropy_rows(void* logits, Dtype dtype, int64_t rows, int64_t stride, int64_t vocab,
-                       const int64_t* targets, int64_t ignore_index, float* loss, bool grad, const float* grad_scale,
-                       void* stream);
+int cross_entropy_rows(void* logits, Dtype dtype, int64_t rows, int64_t stride, int64_t vocab, const int64_t* targets,
+                       int64_t ignore_index, float* loss, bool grad, const float* grad_scale, void* stream);
 
 }  // namespace anvil::kernels::cuda

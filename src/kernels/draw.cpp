@@ -18,16 +18,17 @@ at::Tensor inverse_cdf_draw_reference(const at::Tensor& scores, const at::Tensor
   TORCH_CHECK(scores.dim() == 2 && uniforms.dim() == 1 && uniforms.size(0) == scores.size(0),
               "inverse_cdf_draw: scores (B, V) and uniforms (B) expected");
   // Float64 sums, so that the last tokens' bins are not lost to rounding; a removed token's bin is empty.
-  const auto cdf = scores.softmax(-1, at::kFloat).to(at::kDouble).cumsum(-1);                 // (B, V)
-  const auto target = uniforms.to(cdf.device(), at::kDouble).unsqueeze(1) * cdf.narrow(1, cdf.size(1) - 1, 1);  // (B, 1)
+  const auto cdf = scores.softmax(-1, at::kFloat).to(at::kDouble).cumsum(-1);  // (B, V)
+  const auto target =
+      uniforms.to(cdf.device(), at::kDouble).unsqueeze(1) * cdf.narrow(1, cdf.size(1) - 1, 1);  // (B, 1)
   return at::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true).squeeze(1).clamp_max(scores.size(1) - 1);
 }
 
 at::Tensor inverse_cdf_draw(const at::Tensor& scores, const at::Tensor& uniforms) {
 #if ANVIL_WITH_CUDA_KERNELS
   static std::atomic<bool> off{false};
-  if (!off.load() && scores.is_cuda() && scores.dim() == 2 && scores.scalar_type() == at::kFloat && uniforms.dim() == 1 &&
-      uniforms.size(0) == scores.size(0) && scores.size(1) > 0) {
+  if (!off.load() && scores.is_cuda() && scores.dim() == 2 && scores.scalar_type() == at::kFloat &&
+      uniforms.dim() == 1 && uniforms.size(0) == scores.size(0) && scores.size(1) > 0) {
     const c10::cuda::CUDAGuard guard(scores.device());
     const auto x = scores.contiguous();
     const auto u = uniforms.to(scores.device(), at::kDouble).contiguous();

@@ -42,10 +42,12 @@ __global__ void __launch_bounds__(kThreads)
 
   float m = -INFINITY;
   for (int64_t v = threadIdx.x; v < vocab; v += kThreads) m = fmaxf(m, row[v]);
-  m = block_reduce(m, [](float a, float b) { return fmaxf(a, b); }, fscratch);
+  m = block_reduce(
+      m, [](float a, float b) { return fmaxf(a, b); }, fscratch);
   float s = 0.f;
   for (int64_t v = threadIdx.x; v < vocab; v += kThreads) s += expf(row[v] - m);
-  s = block_reduce(s, [](float a, float b) { return a + b; }, fscratch);
+  s = block_reduce(
+      s, [](float a, float b) { return a + b; }, fscratch);
 
   // This thread's segment and its probability mass.
   const int64_t seg = (vocab + kThreads - 1) / kThreads;

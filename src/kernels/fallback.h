@@ -15,7 +15,8 @@ namespace anvil::kernels::detail {
 inline bool no_code_for_this_gpu(int rc, const char* kernel, std::atomic<bool>& off) {
   if (rc != 98 && rc != 209) return false;
   if (!off.exchange(true))
-    log::warn(kernel, ": this build has no CUDA code for this GPU's architecture (set TORCH_CUDA_ARCH_LIST, "
+    log::warn(kernel,
+              ": this build has no CUDA code for this GPU's architecture (set TORCH_CUDA_ARCH_LIST, "
               "e.g. 8.0;9.0, when configuring); using the ATen path, which is slower");
   return true;
 }

@@ -16,8 +16,7 @@ namespace anvil::models {
 void CausalLM::add_score_head(double init_std) {
   if (has_score_head()) return;
   auto ref = parameters().front();
-  score_head_ = register_module(
-      "score", torch::nn::Linear(torch::nn::LinearOptions(hidden_size(), 1).bias(false)));
+  score_head_ = register_module("score", torch::nn::Linear(torch::nn::LinearOptions(hidden_size(), 1).bias(false)));
   {
     at::NoGradGuard no_grad;
     score_head_->weight.normal_(0.0, init_std);  // HF _init_weights: normal(0, initializer_range)

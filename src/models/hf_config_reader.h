@@ -46,8 +46,8 @@ class HfConfigReader {
     if (!v) return def;
     if (!v->is_number()) fail(key, concat("expected a number, got ", v->dump()));
     const double x = v->get<double>();
-    const bool ok = std::isfinite(x) && (bound == Bound::positive ? x > 0 : x >= 0) &&
-                    (bound != Bound::probability || x < 1);
+    const bool ok =
+        std::isfinite(x) && (bound == Bound::positive ? x > 0 : x >= 0) && (bound != Bound::probability || x < 1);
     if (!ok)
       fail(key, concat(bound == Bound::positive      ? "expected a number > 0"
                        : bound == Bound::probability ? "expected a probability in [0, 1)"
@@ -85,8 +85,7 @@ class HfConfigReader {
   }
   /// The embedding's padding_idx, transformers' nn.Embedding(..., pad_token_id): -1 without one.
   int64_t padding_idx(const SpecialTokens& special, int64_t vocab_size) const {
-    if (special.pad >= vocab_size)
-      fail("pad_token_id", concat(special.pad, " is not below vocab_size ", vocab_size));
+    if (special.pad >= vocab_size) fail("pad_token_id", concat(special.pad, " is not below vocab_size ", vocab_size));
     return special.pad;
   }
   /// bos/eos/pad ids; a list of EOS ids (LLaMA 3) keeps its first.
@@ -140,10 +139,10 @@ class HfConfigReader {
         const auto orig = sub.integer("original_max_position_embeddings", original_max > 0 ? original_max : 4096);
         double factor = sub.number("factor", 0.0);
         if (factor == 0.0) factor = static_cast<double>(max_positions) / static_cast<double>(orig);
-        const double attention = sub.number(
-            "attention_factor",
-            factor <= 1.0 ? 1.0 : std::sqrt(1 + std::log(factor) / std::log(static_cast<double>(orig))),
-            Bound::positive);
+        const double attention =
+            sub.number("attention_factor",
+                       factor <= 1.0 ? 1.0 : std::sqrt(1 + std::log(factor) / std::log(static_cast<double>(orig))),
+                       Bound::positive);
         o.type("longrope")
             .short_factor(factors("short_factor"))
             .long_factor(factors("long_factor"))

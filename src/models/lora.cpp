@@ -41,8 +41,8 @@ std::vector<Adaptable> adaptable_layers(CausalLM& model) {
     auto* layer = dynamic_cast<LoraLayer*>(item.value().get());
     if (layer == nullptr) continue;
     const auto& name = item.key();
-    const bool in_block = std::any_of(prefixes.begin(), prefixes.end(),
-                                      [&](const std::string& p) { return name.rfind(p, 0) == 0; });
+    const bool in_block =
+        std::any_of(prefixes.begin(), prefixes.end(), [&](const std::string& p) { return name.rfind(p, 0) == 0; });
     if (in_block) out.push_back({name, last_part(name), item.value().get(), layer});
   }
   return out;
@@ -134,8 +134,10 @@ LoraOptions lora_options(CausalLM& model) {
     o.base_model = a.layer->lora_base_model;
   }
   for (const auto& [last, names] : with)
-    if (!without.count(last)) o.target_modules.push_back(last);
-    else o.target_modules.insert(o.target_modules.end(), names.begin(), names.end());
+    if (!without.count(last))
+      o.target_modules.push_back(last);
+    else
+      o.target_modules.insert(o.target_modules.end(), names.begin(), names.end());
   return o;
 }
 

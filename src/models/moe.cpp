@@ -47,16 +47,14 @@ struct RouteAuxGrad : public torch::autograd::Function<RouteAuxGrad> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto holder = c10::static_intrusive_pointer_cast<StatsHolder>(ctx->saved_data["stats"].toCapsule());
     const auto& g = holder->stats->grad;
-    auto prob_grad = g.defined() ? g.to(grads[0].device(), at::kFloat)
-                                 : at::zeros({ctx->saved_data["experts"].toInt()},
-                                             grads[0].options().dtype(at::kFloat));
+    auto prob_grad = g.defined()
+                         ? g.to(grads[0].device(), at::kFloat)
+                         : at::zeros({ctx->saved_data["experts"].toInt()}, grads[0].options().dtype(at::kFloat));
     return {grads[0], prob_grad, at::Tensor()};
   }
 };
 
-layers::Linear linear(int64_t in, int64_t out) {
-  return layers::Linear(torch::nn::LinearOptions(in, out).bias(false));
-}
+layers::Linear linear(int64_t in, int64_t out) { return layers::Linear(torch::nn::LinearOptions(in, out).bias(false)); }
 
 }  // namespace
 
@@ -71,7 +69,8 @@ at::Tensor ExpertImpl::forward(const at::Tensor& x) { return down(layers::activa
 
 SparseMoeBlockImpl::SparseMoeBlockImpl(const MoeOptions& o) : options(o) {
   TORCH_CHECK(o.top_k() >= 1 && o.top_k() <= o.num_experts(), "num_experts_per_tok must be in [1, num_experts]");
-  gate = register_module("gate", torch::nn::Linear(torch::nn::LinearOptions(o.hidden_size(), o.num_experts()).bias(false)));
+  gate = register_module("gate",
+                         torch::nn::Linear(torch::nn::LinearOptions(o.hidden_size(), o.num_experts()).bias(false)));
   experts = register_module("experts", torch::nn::ModuleList());
   for (int64_t e = 0; e < o.num_experts(); ++e) experts->push_back(Expert(o));
 }
@@ -93,8 +92,8 @@ at::Tensor SparseMoeBlockImpl::forward(const at::Tensor& input, const ForwardArg
     auto* ex = e->as<Expert>();
     adapters = adapters || ex->gate->has_adapter() || ex->up->has_adapter() || ex->down->has_adapter();
   }
-  const bool grouped = compute == ExpertCompute::kGrouped ||
-                       (compute == ExpertCompute::kAuto && x.is_cuda() && !adapters);
+  const bool grouped =
+      compute == ExpertCompute::kGrouped || (compute == ExpertCompute::kAuto && x.is_cuda() && !adapters);
   auto out = (grouped && !adapters ? grouped_experts(flat, index, weights) : loop_experts(flat, index, weights))
                  .view(input.sizes());
 

@@ -5,7 +5,9 @@
 #include "anvil/core/error.h"
 
 namespace anvil::models {
-namespace gpt2 { ModelFamily family(); }
+namespace gpt2 {
+ModelFamily family();
+}
 namespace llama {
 ModelFamily family();
 ModelFamily qwen2_family();
@@ -19,8 +21,12 @@ namespace gemma {
 ModelFamily gemma2_family();
 ModelFamily gemma3_family();
 }  // namespace gemma
-namespace neox { ModelFamily family(); }
-namespace opt { ModelFamily family(); }
+namespace neox {
+ModelFamily family();
+}
+namespace opt {
+ModelFamily family();
+}
 
 namespace {
 // One line per family.
@@ -28,11 +34,11 @@ const std::vector<ModelFamily>& families() {
   static const std::vector<ModelFamily> all = {
       gpt2::family(),
       llama::family(),
-      llama::qwen2_family(),  // LLaMA with q/k/v biases
-      llama::qwen3_family(),  // LLaMA with per-head q/k RMSNorm
-      llama::mistral_family(),  // LLaMA with sliding-window attention
-      llama::phi3_family(),  // LLaMA with fused qkv / gate_up projections, LongRoPE
-      llama::mixtral_family(),  // Mistral with a mixture of experts
+      llama::qwen2_family(),      // LLaMA with q/k/v biases
+      llama::qwen3_family(),      // LLaMA with per-head q/k RMSNorm
+      llama::mistral_family(),    // LLaMA with sliding-window attention
+      llama::phi3_family(),       // LLaMA with fused qkv / gate_up projections, LongRoPE
+      llama::mixtral_family(),    // Mistral with a mixture of experts
       llama::qwen3_moe_family(),  // Qwen3 with a mixture of experts
       gemma::gemma2_family(),
       gemma::gemma3_family(),

@@ -17,9 +17,7 @@
 namespace anvil::rewards {
 namespace {
 
-std::string clip_text(const std::string& s, size_t n = 300) {
-  return s.size() <= n ? s : s.substr(0, n) + "...";
-}
+std::string clip_text(const std::string& s, size_t n = 300) { return s.size() <= n ? s : s.substr(0, n) + "..."; }
 
 }  // namespace
 
@@ -55,8 +53,10 @@ RewardProgram::~RewardProgram() {
   for (int i = 0; pid_ > 0 && i < 200; ++i) {
     int status = 0;
     const auto r = ::waitpid(pid_, &status, WNOHANG);
-    if (r == pid_ || (r < 0 && errno == ECHILD)) pid_ = -1;
-    else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (r == pid_ || (r < 0 && errno == ECHILD))
+      pid_ = -1;
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (group_ > 0) ::kill(-group_, SIGKILL);
   if (pid_ > 0) ::waitpid(pid_, nullptr, 0);
@@ -73,8 +73,7 @@ std::string RewardProgram::exit_status() {
 }
 
 void RewardProgram::fail(const nlohmann::json& record, const std::string& what) {
-  throw Error(concat("ppo.reward.command \"", command_, "\": ", what, "; the record was ",
-                     clip_text(record.dump())));
+  throw Error(concat("ppo.reward.command \"", command_, "\": ", what, "; the record was ", clip_text(record.dump())));
 }
 
 double RewardProgram::ask(const nlohmann::json& record) {

@@ -18,8 +18,8 @@ struct SpecialTokenConfig {
   std::optional<std::string> bos, eos, pad;  // token strings
   std::optional<bool> add_bos, add_eos;
   std::filesystem::path source;  // the file they came from, for messages ("" if none)
-  std::string config_json;  // tokenizer_config.json's text, when there is one (kept for save())
-  std::string chat_template;  // tokenizer_config.json's chat_template, or chat_template.jinja
+  std::string config_json;       // tokenizer_config.json's text, when there is one (kept for save())
+  std::string chat_template;     // tokenizer_config.json's chat_template, or chat_template.jinja
 };
 
 /// Reads `dir`/tokenizer_config.json and `dir`/special_tokens_map.json; either
@@ -29,8 +29,8 @@ SpecialTokenConfig read_special_token_config(const std::filesystem::path& dir);
 /// Writes `dir`/tokenizer_config.json for `tok`: the keys of `source_config`
 /// (a JSON object's text, or "") with tokenizer_class (`default_class` when the source
 /// names none), the special tokens, add_bos_token and the chat template set.
-void write_tokenizer_config(const std::filesystem::path& dir, const Tokenizer& tok,
-                            const std::string& source_config, const char* default_class);
+void write_tokenizer_config(const std::filesystem::path& dir, const Tokenizer& tok, const std::string& source_config,
+                            const char* default_class);
 
 std::unique_ptr<Tokenizer> make_hf_tokenizer(const std::filesystem::path& tokenizer_json,
                                              const SpecialTokenConfig& cfg);

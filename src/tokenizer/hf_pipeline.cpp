@@ -102,7 +102,8 @@ PrependScheme prepend_scheme(const json& j, const std::string& key, const JsonSo
   const auto found = std::find_if(std::begin(kSchemes), std::end(kSchemes),
                                   [&](const auto& s) { return scheme->is_string() && *scheme == s.first; });
   if (found == std::end(kSchemes))
-    src.fail(key + ".prepend_scheme", concat("unsupported scheme ", scheme->dump(), "; expected first, always or never"));
+    src.fail(key + ".prepend_scheme",
+             concat("unsupported scheme ", scheme->dump(), "; expected first, always or never"));
   if (has_add && add != (found->second != PrependScheme::kNever))
     src.fail(key + ".add_prefix_space", concat("does not match prepend_scheme \"", found->first, "\""));
   return found->second;
@@ -118,13 +119,13 @@ Behavior parse_behavior(const json& j, const std::string& key, const JsonSource&
   const auto found = std::find_if(std::begin(kBehaviors), std::end(kBehaviors),
                                   [&](const auto& b) { return behavior.is_string() && behavior == b.first; });
   if (found == std::end(kBehaviors))
-    src.fail(key + ".behavior", concat("unsupported behavior ", behavior.dump(),
-                                       "; expected Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous"));
+    src.fail(key + ".behavior",
+             concat("unsupported behavior ", behavior.dump(),
+                    "; expected Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous"));
   return found->second;
 }
 
-constexpr const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 }  // namespace
 
@@ -198,7 +199,8 @@ void parse_pre_tokenizer(const json& j, const std::string& key, const JsonSource
       parse_pre_tokenizer(list[i], concat(key, ".pretokenizers[", i, "]"), src, steps);
     return;
   } else if (type == "ByteLevel") {
-    if (std::any_of(steps.begin(), steps.end(), [](const auto& s) { return s.kind == PreTokenizerStep::Kind::kByteLevel; }))
+    if (std::any_of(steps.begin(), steps.end(),
+                    [](const auto& s) { return s.kind == PreTokenizerStep::Kind::kByteLevel; }))
       src.fail(key, "a second ByteLevel pre-tokenizer is not supported");
     step.kind = PreTokenizerStep::Kind::kByteLevel;
     step.add_prefix_space = src.bool_or(j, "add_prefix_space", true, key);
@@ -228,8 +230,10 @@ std::string metaspace(const PreTokenizerStep& step, std::string_view piece, bool
   std::string out;
   out.reserve(piece.size() + step.replacement.size());
   for (const char c : piece) {
-    if (c == ' ') out += step.replacement;
-    else out += c;
+    if (c == ' ')
+      out += step.replacement;
+    else
+      out += c;
   }
   const bool prepend = step.prepend == PrependScheme::kAlways || (step.prepend == PrependScheme::kFirst && at_start);
   if (prepend && out.compare(0, step.replacement.size(), step.replacement) != 0) out.insert(0, step.replacement);
@@ -245,22 +249,28 @@ std::vector<Span> fold_spans(std::vector<Span> spans, Behavior behavior) {
       return spans;
     case Behavior::kContiguous:
       for (const auto& sp : spans) {
-        if (sp.flag == prev && !out.empty()) out.back().end = sp.end;
-        else out.push_back({sp.begin, sp.end, false});
+        if (sp.flag == prev && !out.empty())
+          out.back().end = sp.end;
+        else
+          out.push_back({sp.begin, sp.end, false});
         prev = sp.flag;
       }
       break;
     case Behavior::kMergedWithPrevious:
       for (const auto& sp : spans) {
-        if (sp.flag && !prev && !out.empty()) out.back().end = sp.end;
-        else out.push_back({sp.begin, sp.end, false});
+        if (sp.flag && !prev && !out.empty())
+          out.back().end = sp.end;
+        else
+          out.push_back({sp.begin, sp.end, false});
         prev = sp.flag;
       }
       break;
     case Behavior::kMergedWithNext:
       for (auto it = spans.rbegin(); it != spans.rend(); ++it) {
-        if (it->flag && !prev && !out.empty()) out.back().begin = it->begin;
-        else out.push_back({it->begin, it->end, false});
+        if (it->flag && !prev && !out.empty())
+          out.back().begin = it->begin;
+        else
+          out.push_back({it->begin, it->end, false});
         prev = it->flag;
       }
       std::reverse(out.begin(), out.end());
@@ -308,8 +318,9 @@ void DecoderChain::parse_step(const json& j, const std::string& key, const JsonS
     step.content = char_of(j, "replacement", key, src);
     step.prepend = prepend_scheme(j, key, src);
   } else {
-    src.fail(key + ".type", concat("unsupported decoder \"", type,
-                                   "\"; expected ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace or Sequence"));
+    src.fail(key + ".type",
+             concat("unsupported decoder \"", type,
+                    "\"; expected ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace or Sequence"));
   }
   steps_.push_back(std::move(step));
 }
@@ -320,7 +331,10 @@ namespace {
 int byte_token(std::string_view t) {
   if (t.size() != 6 || t.substr(0, 3) != "<0x" || t[5] != '>') return -1;
   const auto hex = [](char c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
   };
   const int hi = hex(t[3]), lo = hex(t[4]);
   return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
@@ -332,8 +346,10 @@ void byte_fallback(std::vector<std::string>& tokens) {
   size_t pending = 0;
   const auto flush = [&] {
     if (pending == 0) return;
-    if (is_valid_utf8(bytes)) out.push_back(bytes);
-    else out.insert(out.end(), pending, "\xEF\xBF\xBD");  // one U+FFFD per byte token
+    if (is_valid_utf8(bytes))
+      out.push_back(bytes);
+    else
+      out.insert(out.end(), pending, "\xEF\xBF\xBD");  // one U+FFFD per byte token
     bytes.clear();
     pending = 0;
   };

@@ -134,9 +134,7 @@ class DecoderChain {
   // The file has no decoder.
   bool none() const { return !present_; }
   // The chain is a lone ByteLevel decoder: ids decode through a byte table.
-  bool byte_level_only() const {
-    return steps_.size() == 1 && steps_.front().kind == Step::Kind::kByteLevel;
-  }
+  bool byte_level_only() const { return steps_.size() == 1 && steps_.front().kind == Step::Kind::kByteLevel; }
   // HF's Decoder::decode: each step maps the token strings, then they are joined.
   std::string decode(std::vector<std::string> tokens) const;
 

@@ -30,7 +30,6 @@ namespace anvil::tokenizer {
 namespace {
 
 namespace stdfs = std::filesystem;
-using nlohmann::json;
 using detail::AddedToken;
 using detail::apply_merges;
 using detail::byte_alphabet;
@@ -51,6 +50,7 @@ using detail::to_valid_utf8;
 using detail::TokenTrie;
 using detail::word_cache;
 using detail::WordCache;
+using nlohmann::json;
 
 // ---------------------------------------------------------------- the tokenizer
 
@@ -101,8 +101,8 @@ class HfTokenizer final : public Tokenizer {
   uint64_t instance_;
 
   // model
-  StringMap<int32_t> vocab_;        // as written (byte-level characters)
-  StringMap<int32_t> bytes_vocab_;  // raw bytes -> id (ignore_merges)
+  StringMap<int32_t> vocab_;                 // as written (byte-level characters)
+  StringMap<int32_t> bytes_vocab_;           // raw bytes -> id (ignore_merges)
   std::array<int32_t, 256> byte_ids_{};      // byte-level character of each byte -> id
   std::array<int32_t, 256> fallback_ids_{};  // <0xNN> -> id (byte_fallback)
   MergeMap merges_;
@@ -257,7 +257,7 @@ void HfTokenizer::parse_added_tokens(const json& list) {
     a.rstrip = src_.bool_or(t, "rstrip", false, key);
     a.single_word = src_.bool_or(t, "single_word", false, key);
     a.normalized = src_.bool_or(t, "normalized", !a.special, key);
-    if (a.content.empty()) continue;  // HF ignores these
+    if (a.content.empty()) continue;                                               // HF ignores these
     if (const auto seen = added_ids_.find(a.content); seen != added_ids_.end()) {  // the later flags win
       const auto prev = std::find_if(added_.begin(), added_.end(), [&](const auto& x) { return x.id == seen->second; });
       a.id = prev->id;
@@ -273,9 +273,8 @@ void HfTokenizer::parse_added_tokens(const json& list) {
     } else if (added_.empty()) {
       a.id = model_size;
     } else {
-      const int32_t max_added = std::max_element(added_.begin(), added_.end(), [](const auto& x, const auto& y) {
-                                  return x.id < y.id;
-                                })->id;
+      const int32_t max_added =
+          std::max_element(added_.begin(), added_.end(), [](const auto& x, const auto& y) { return x.id < y.id; })->id;
       a.id = max_added >= model_size || model_size == 0 ? max_added + 1 : model_size;
     }
     added_ids_.emplace(a.content, a.id);
@@ -384,8 +383,7 @@ void HfTokenizer::resolve_special_tokens(const json& post_processor, const detai
               " as Galactica does");
   }
   add_bos_ = cfg.add_bos.value_or(template_adds_bos);
-  if (add_bos_ && bos_ < 0)
-    throw Error(concat(cfg.source.string(), ": add_bos_token: true, but no bos_token is set"));
+  if (add_bos_ && bos_ < 0) throw Error(concat(cfg.source.string(), ": add_bos_token: true, but no bos_token is set"));
   for (const int64_t id : {bos_, eos_, pad_})
     if (id >= 0 && id < vocab_size()) id_flags_[id] |= kSpecial;
 }
@@ -446,8 +444,10 @@ std::vector<int64_t> HfTokenizer::encode(std::string_view text) const {
   }
   split_added(text, raw_trie_, [&](size_t b, size_t e, int32_t index) {
     if (e <= b) return;
-    if (index >= 0) out.push_back(added_[index].id);
-    else encode_between_added(text.substr(b, e - b), b == 0, st);
+    if (index >= 0)
+      out.push_back(added_[index].id);
+    else
+      encode_between_added(text.substr(b, e - b), b == 0, st);
   });
   return out;
 }
@@ -465,8 +465,10 @@ void HfTokenizer::encode_between_added(std::string_view piece, bool at_start, En
   }
   split_added(piece, normalized_trie_, [&](size_t b, size_t e, int32_t index) {
     if (e <= b) return;
-    if (index >= 0) st.out.push_back(added_[index].id);
-    else pre_tokenize(0, piece.substr(b, e - b), false, at_start && b == 0, words);
+    if (index >= 0)
+      st.out.push_back(added_[index].id);
+    else
+      pre_tokenize(0, piece.substr(b, e - b), false, at_start && b == 0, words);
   });
 }
 
@@ -474,8 +476,7 @@ void HfTokenizer::encode_between_added(std::string_view piece, bool at_start, En
 // come out in order. After the ByteLevel step, later steps see byte-level
 // characters (byte_chars), as in HF; words reach the sink as raw bytes.
 template <class Sink>
-void HfTokenizer::pre_tokenize(size_t step, std::string_view piece, bool byte_chars, bool at_start,
-                               Sink& sink) const {
+void HfTokenizer::pre_tokenize(size_t step, std::string_view piece, bool byte_chars, bool at_start, Sink& sink) const {
   if (piece.empty()) return;
   if (step == steps_.size()) {
     if (!byte_chars) {
@@ -496,8 +497,10 @@ void HfTokenizer::pre_tokenize(size_t step, std::string_view piece, bool byte_ch
   };
   if (st.kind == PreTokenizerStep::Kind::kMetaspace) {
     const auto text = detail::metaspace(st, piece, at_start);
-    if (st.regex) split(text);
-    else pre_tokenize(step + 1, text, byte_chars, at_start, sink);
+    if (st.regex)
+      split(text);
+    else
+      pre_tokenize(step + 1, text, byte_chars, at_start, sink);
     return;
   }
   if (st.kind != PreTokenizerStep::Kind::kByteLevel) {
@@ -519,8 +522,10 @@ void HfTokenizer::pre_tokenize(size_t step, std::string_view piece, bool byte_ch
       pre_tokenize(step + 1, chars, true, at_start && word.data() == piece.data(), sink);
     }
   };
-  if (st.regex) split_by(st, piece, next);
-  else next(piece);
+  if (st.regex)
+    split_by(st, piece, next);
+  else
+    next(piece);
 }
 
 void HfTokenizer::encode_word(std::string_view word, EncodeState& st) const {
@@ -542,8 +547,10 @@ void HfTokenizer::encode_word(std::string_view word, EncodeState& st) const {
   }
   std::vector<int32_t> ids;
   ids.reserve(word.size());
-  if (byte_level_) byte_symbols(word, ids);
-  else char_symbols(word, ids);
+  if (byte_level_)
+    byte_symbols(word, ids);
+  else
+    char_symbols(word, ids);
   apply_merges(merges_, ids);
   st.out.insert(st.out.end(), ids.begin(), ids.end());
   if (cacheable) {
@@ -602,7 +609,8 @@ void HfTokenizer::char_symbols(std::string_view word, std::vector<int32_t>& ids)
 
 std::string HfTokenizer::decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
   const auto keep = [&](int64_t id) {  // HF drops ids it has no token for
-    return id >= 0 && id < vocab_size() && (id_flags_[id] & kKnown) && !(skip_special_tokens && (id_flags_[id] & kSpecial));
+    return id >= 0 && id < vocab_size() && (id_flags_[id] & kKnown) &&
+           !(skip_special_tokens && (id_flags_[id] & kSpecial));
   };
   if (!byte_table_) {
     std::vector<std::string> tokens;

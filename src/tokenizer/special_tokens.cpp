@@ -28,8 +28,8 @@ json read_object(const stdfs::path& file) {
 }
 
 json added_token_entry(int64_t id, const std::string& content) {
-  return {{"id", id},          {"content", content}, {"single_word", false}, {"lstrip", false},
-          {"rstrip", false},   {"normalized", false}, {"special", true}};
+  return {{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+          {"rstrip", false}, {"normalized", false}, {"special", true}};
 }
 
 class WithSpecialTokens final : public Tokenizer {
@@ -148,7 +148,8 @@ class WithSpecialTokens final : public Tokenizer {
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> with_special_tokens(std::unique_ptr<Tokenizer> base, const std::vector<std::string>& tokens) {
+std::unique_ptr<Tokenizer> with_special_tokens(std::unique_ptr<Tokenizer> base,
+                                               const std::vector<std::string>& tokens) {
   if (tokens.empty()) return base;
   return std::make_unique<WithSpecialTokens>(std::move(base), tokens);
 }

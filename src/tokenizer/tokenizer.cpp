@@ -79,8 +79,9 @@ std::string chat_template_entry(const json& j, const stdfs::path& file) {
         return t["template"].get<std::string>();
     return "";
   }
-  throw Error(concat(file.string(), ": chat_template: expected a Jinja template string or a list of "
-                                    "{\"name\", \"template\"}"));
+  throw Error(concat(file.string(),
+                     ": chat_template: expected a Jinja template string or a list of "
+                     "{\"name\", \"template\"}"));
 }
 
 }  // namespace
@@ -126,8 +127,10 @@ void write_tokenizer_config(const stdfs::path& dir, const Tokenizer& tok, const 
   token("pad_token", tok.pad_id());
   j["add_bos_token"] = tok.add_bos();
   if (!j.contains("add_eos_token")) j["add_eos_token"] = false;
-  if (tok.chat_template().empty()) j.erase("chat_template");
-  else j["chat_template"] = tok.chat_template();
+  if (tok.chat_template().empty())
+    j.erase("chat_template");
+  else
+    j["chat_template"] = tok.chat_template();
   fs::write_file_atomic(dir / kConfigFile, j.dump(2) + "\n");
 }
 
@@ -159,8 +162,8 @@ std::string fingerprint(const Tokenizer& tok) {
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& type, const stdfs::path& path_or_id) {
   const auto path = hub::local_path(path_or_id.string());  // a Hub id names its cached snapshot
   if (type != "auto" && type != "hf" && type != "sentencepiece")
-    throw ConfigError(concat("tokenizer.type: unknown tokenizer type \"", type,
-                             "\"; expected auto, hf or sentencepiece"));
+    throw ConfigError(
+        concat("tokenizer.type: unknown tokenizer type \"", type, "\"; expected auto, hf or sentencepiece"));
   if (!stdfs::exists(path)) throw Error(concat(path.string(), ": tokenizer file or folder not found"));
   const bool dir = stdfs::is_directory(path);
   if (type == "hf") return load_hf_file(dir ? path / kHfFile : path);

@@ -76,8 +76,10 @@ void copy_on_host(const HostCopy& c) {
   auto& dst = *c.dst;
   if (!dst.defined()) dst = at::empty(c.src.sizes(), at::TensorOptions().dtype(c.src.scalar_type()));
   // A plain memcpy: no intra-op thread pool on this thread.
-  if (c.src.is_contiguous()) std::memcpy(dst.data_ptr(), c.src.data_ptr(), dst.nbytes());
-  else dst.copy_(c.src);
+  if (c.src.is_contiguous())
+    std::memcpy(dst.data_ptr(), c.src.data_ptr(), dst.nbytes());
+  else
+    dst.copy_(c.src);
 }
 
 int delay_from_env() {
@@ -134,8 +136,7 @@ stdfs::path CheckpointWriter::start(Job job) {
   join(/*wait=*/true);
   const double waited = seconds_since(t0);
   Staging staging;
-  for (size_t i = 0; i < job.tensors.size(); ++i)
-    staging.stage(*job.tensors[i], i < maps_.size() ? maps_[i] : nullptr);
+  for (size_t i = 0; i < job.tensors.size(); ++i) staging.stage(*job.tensors[i], i < maps_.size() ? maps_[i] : nullptr);
   payload_ = job.payload;  // the previous job's buffers go unless reused above
   maps_ = job.tensors;
   std::vector<c10::Event> events;  // the thread waits for the device copies, the loop does not

@@ -5,14 +5,12 @@
 // tensors into host memory, then writes the temp folder, fsyncs it and
 // publishes it (rename, prune) with the code that writes a save at once
 // (io::save_checkpoint; for a rank of a sharded run its shard and, on rank
-// 0, the publication once every rank has written: distributed/checkpoint.h). The loop goes on with the next step's forward and
-// backward meanwhile, which only read the weights; the engine calls
-// wait_copied() before anything changes them in place (the optimizer step,
-// set_parameters). From a GPU the copies are queued on the save's stream
-// into pinned buffers, so they precede any later update and the loop need
-// not wait. At most one write is in flight: the next save waits for it
-// first. A write's failure is thrown by the next call that looks at it (the
-// next save, collect, the end of the run), never dropped.
+// 0, the publication once every rank has written: distributed/checkpoint.h). The loop goes on with the next step's
+// forward and backward meanwhile, which only read the weights; the engine calls wait_copied() before anything changes
+// them in place (the optimizer step, set_parameters). From a GPU the copies are queued on the save's stream into pinned
+// buffers, so they precede any later update and the loop need not wait. At most one write is in flight: the next save
+// waits for it first. A write's failure is thrown by the next call that looks at it (the next save, collect, the end of
+// the run), never dropped.
 //
 // The host buffers are kept and reused by the next save: copying into
 // memory already mapped costs a memcpy, not page faults (or, from a GPU, a
@@ -70,8 +68,7 @@ class CheckpointWriter {
   /// whose tensors are the live ones (on any device). Returns job.dir.
   std::filesystem::path start(Job job);
   /// start() for a single-process checkpoint (io::save_checkpoint).
-  std::filesystem::path start(const std::filesystem::path& output_dir, io::CheckpointParts parts,
-                              int64_t keep_last);
+  std::filesystem::path start(const std::filesystem::path& output_dir, io::CheckpointParts parts, int64_t keep_last);
   /// Waits for the write in flight, throwing its failure; its time is still
   /// reported by the next collect().
   void finish() { join(/*wait=*/true); }

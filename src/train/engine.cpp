@@ -87,8 +87,7 @@ TrainedParameters trained_parameters(models::CausalLM& model, const Trains& trai
       p.value().set_requires_grad(false);
     }
   }
-  if (out.all.empty())
-    throw ConfigError(concat(who, " trains none of the model's parameters"));
+  if (out.all.empty()) throw ConfigError(concat(who, " trains none of the model's parameters"));
   return out;
 }
 
@@ -248,15 +247,16 @@ class PlainEngine final : public EngineImpl {
               const std::string& who, const ResumeFrom& resume)
       : model_(std::move(model)), device_(model_->parameters().front().device()) {
     if (cfg.train.activation_checkpointing)
-      model_->set_block_runner([](size_t, const at::Tensor& x, const models::BlockFn& block) {
-        return models::checkpoint_block(block, x);
-      });
+      model_->set_block_runner(
+          [](size_t, const at::Tensor& x, const models::BlockFn& block) { return models::checkpoint_block(block, x); });
     auto trained = trained_parameters(*model_, trains, who, cfg.optimizer);
     optimizer_ = optim::make_optimizer(cfg.optimizer, trained.decayed, trained.not_decayed);
     params_ = std::move(trained.all);
     if (!resume.dir) return;
-    if (resume.resumed) *resume.resumed = io::load_checkpoint(*resume.dir, *model_, *optimizer_);
-    else io::load_model_and_optimizer(*resume.dir, *model_, *optimizer_);
+    if (resume.resumed)
+      *resume.resumed = io::load_checkpoint(*resume.dir, *model_, *optimizer_);
+    else
+      io::load_model_and_optimizer(*resume.dir, *model_, *optimizer_);
   }
 
   models::CausalLM& model() override { return *model_; }
@@ -356,13 +356,17 @@ class ShardedEngine final : public EngineImpl {
     std::unique_ptr<torch::optim::Optimizer> plain;
     if (resume.dir && (!resume.resumed || !distributed::is_sharded_checkpoint(*resume.dir))) {
       plain = optim::make_optimizer(cfg.optimizer, model->parameters());
-      if (resume.resumed) *resume.resumed = io::load_checkpoint(*resume.dir, *model, *plain);
-      else io::load_model_and_optimizer(*resume.dir, *model, *plain);
+      if (resume.resumed)
+        *resume.resumed = io::load_checkpoint(*resume.dir, *model, *plain);
+      else
+        io::load_model_and_optimizer(*resume.dir, *model, *plain);
     }
     sharded_ = std::make_unique<distributed::ShardedModel>(model, comm, sharding_options(cfg));
     optimizer_ = optim::make_optimizer(cfg.optimizer, sharded_->master_parameters());
-    if (plain) distributed::import_optimizer_state(*sharded_, *plain, *optimizer_);
-    else if (resume.dir) *resume.resumed = distributed::load_sharded_checkpoint(*resume.dir, *sharded_, *optimizer_);
+    if (plain)
+      distributed::import_optimizer_state(*sharded_, *plain, *optimizer_);
+    else if (resume.dir)
+      *resume.resumed = distributed::load_sharded_checkpoint(*resume.dir, *sharded_, *optimizer_);
     freeze(trains, who, cfg.optimizer);
   }
 
@@ -459,9 +463,9 @@ class ShardedEngine final : public EngineImpl {
       return saves_.start(std::move(job));
     }
     // Written at once: every rank writes its shard between barriers.
-    const auto dir = distributed::save_sharded_checkpoint(
-        output_dir, *sharded_, *optimizer_, tok, state, config_yaml, keep_last, consolidated_,
-        [this](const stdfs::path& dir) { write_companions(dir); });
+    const auto dir =
+        distributed::save_sharded_checkpoint(output_dir, *sharded_, *optimizer_, tok, state, config_yaml, keep_last,
+                                             consolidated_, [this](const stdfs::path& dir) { write_companions(dir); });
     log::info("saved ", dir.string());
     return dir;
   }
@@ -500,9 +504,7 @@ class ShardedEngine final : public EngineImpl {
             {"memory/peak_gathered_parameter_bytes", static_cast<double>(mem.peak_gathered)},
             {"memory/optimizer_bytes", static_cast<double>(optimizer_bytes(*optimizer_))}};
   }
-  void write_companion(const stdfs::path& dir) override {
-    distributed::save_consolidated(dir, *sharded_, *optimizer_);
-  }
+  void write_companion(const stdfs::path& dir) override { distributed::save_consolidated(dir, *sharded_, *optimizer_); }
   void gather_own() override { sharded_->gather_full_parameters(); }
   void release_own() override { sharded_->release_full_parameters(); }
 
@@ -539,8 +541,10 @@ class ShardedEngine final : public EngineImpl {
         any = any || trained;
         const int64_t lo = std::max(b, p.offset), hi = std::min(e, p.offset + p.numel);
         if (hi <= lo) continue;
-        if (!trained) add(frozen_, u, lo - b, hi - lo);
-        else if (!no_decay.count(p.name)) add(decayed_, u, lo - b, hi - lo);
+        if (!trained)
+          add(frozen_, u, lo - b, hi - lo);
+        else if (!no_decay.count(p.name))
+          add(decayed_, u, lo - b, hi - lo);
       }
     }
     if (!any) throw ConfigError(concat(who, " trains none of the model's parameters"));
@@ -600,7 +604,7 @@ class ShardedEngine final : public EngineImpl {
   std::vector<Slice> frozen_;   // this rank's parameters the run does not train
   std::vector<Slice> decayed_;  // this rank's trained parameters weight decay applies to
   double weight_decay_ = 0;     // AdamW's, applied by finish_own to decayed_
-  bool frozen_zeroed_ = false;           // this step's frozen gradients are zero
+  bool frozen_zeroed_ = false;  // this step's frozen gradients are zero
   std::string sharding_, param_dtype_;
   bool consolidated_;
   double timeout_s_;  // how long rank 0's writer waits for the other ranks' shards
@@ -661,7 +665,7 @@ FrozenModel RunContext::freeze(std::shared_ptr<models::CausalLM> model) const {
 }
 
 std::shared_ptr<models::CausalLM> RunContext::train(const std::string& name, std::shared_ptr<models::CausalLM> model,
-                                                   double lr) const {
+                                                    double lr) const {
   TORCH_CHECK(model != nullptr, "RunContext::train: no model");
   if (name.empty() || name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos)
     throw ConfigError(concat("RunContext::train: the name \"", name, "\" is not of a-z, 0-9 and _"));
@@ -713,7 +717,8 @@ EngineStart make_engine(const config::RunConfig& cfg, std::shared_ptr<models::Ca
     std::optional<stdfs::path> dir;
     if (resume_from) dir = *resume_from / comp.name;
     engine->add_companion(comp.name,
-                          build(comp.model, c, [](const std::string&) { return true; }, comp.name, ResumeFrom{dir}),
+                          build(
+                              comp.model, c, [](const std::string&) { return true; }, comp.name, ResumeFrom{dir}),
                           comp.lr / cfg.optimizer.lr);
   }
   out.engine = std::move(engine);

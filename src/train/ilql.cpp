@@ -106,7 +106,8 @@ void add_ilql_heads(models::CausalLM& model, bool two_qs) {
     at::NoGradGuard no_grad;
     const auto prefix = "heads." + q;  // "heads.q1.0.weight" -> "heads.target_q1.0.weight"
     for (const auto& p : params)
-      if (p.key().rfind(prefix + ".", 0) == 0) params["heads." + target + p.key().substr(prefix.size())].copy_(p.value());
+      if (p.key().rfind(prefix + ".", 0) == 0)
+        params["heads." + target + p.key().substr(prefix.size())].copy_(p.value());
   }
   if (!model.has_head("v")) model.add_head("v", {1, 2 * C});
 }
@@ -175,7 +176,12 @@ class OfflineSource final : public BatchSource {
  public:
   OfflineSource(const MixtureData<data::OfflineRlDataset>& data, uint64_t seed, int64_t micro_batch, int64_t pad_id,
                 double mean, double scale)
-      : data_(data), sampler_(data.mixture, seed, data.shuffle), micro_(micro_batch), pad_(pad_id), mean_(mean), scale_(scale) {}
+      : data_(data),
+        sampler_(data.mixture, seed, data.shuffle),
+        micro_(micro_batch),
+        pad_(pad_id),
+        mean_(mean),
+        scale_(scale) {}
   Batch next() override {
     std::vector<const data::OfflineRlSample*> rows;
     for (int64_t i = 0; i < micro_; ++i) {
@@ -224,10 +230,13 @@ IlqlObjective::IlqlObjective(const config::RunConfig& cfg, const tokenizer::Toke
   train_cfg.data.eval.clear();  // held-out prompts are read below
   s.data = load_mixture<data::OfflineRlDataset>(train_cfg, [&](const config::DatasetConfig& d, const std::string& key) {
     if (d.format != "auto" && d.format != "offline_rl")
-      throw ConfigError(concat(key, ".format: algorithm ilql trains on offline_rl records ({prompt, response, "
-                               "reward}), got ", d.format));
+      throw ConfigError(concat(key,
+                               ".format: algorithm ilql trains on offline_rl records ({prompt, response, "
+                               "reward}), got ",
+                               d.format));
     if (d.eval_fraction > 0)
-      throw ConfigError(concat(key, ".eval_fraction: algorithm ilql evaluates by sampling held-out prompts; give "
+      throw ConfigError(concat(key,
+                               ".eval_fraction: algorithm ilql evaluates by sampling held-out prompts; give "
                                "them as data.eval (prompts records)"));
     auto ds = std::make_shared<data::OfflineRlDataset>(data::OfflineRlDataset::load(d.path, tok, read_options(cfg, d)));
     log::info(d.path, ": ", ds->size(), " offline RL samples (", ds->stats().summary(), ")");
@@ -237,8 +246,8 @@ IlqlObjective::IlqlObjective(const config::RunConfig& cfg, const tokenizer::Toke
     const auto& d = cfg.data.eval[i];
     const auto key = concat("data.eval[", i, "]");
     if (d.format != "auto" && d.format != "prompts")
-      throw ConfigError(concat(key, ".format: algorithm ilql evaluates on prompts records ({prompt, ...}), got ",
-                               d.format));
+      throw ConfigError(
+          concat(key, ".format: algorithm ilql evaluates on prompts records ({prompt, ...}), got ", d.format));
     auto o = read_options(cfg, d);
     s.eval_sets.push_back(std::make_shared<data::PromptDataset>(data::PromptDataset::load(d.path, tok, o)));
   }
@@ -401,8 +410,8 @@ EvalResult IlqlObjective::evaluate(models::CausalLM& model) {
     totals[0] += scores[i];
     totals[1] += static_cast<double>(out[i].size());
     if (static_cast<int64_t>(result.samples.size()) < s.cfg.eval.table_rows)
-      result.samples.push_back({mine[i]->prompt, s.tok.decode(out[i]),
-                                s.rewards->enabled() ? concat("reward ", scores[i]) : std::string()});
+      result.samples.push_back(
+          {mine[i]->prompt, s.tok.decode(out[i]), s.rewards->enabled() ? concat("reward ", scores[i]) : std::string()});
   }
   if (split) s.ranks.all_sum(totals);
   const auto n = static_cast<double>(all.size());

@@ -138,7 +138,9 @@ KtoDataset KtoDataset::load(const stdfs::path& path, const tokenizer::Tokenizer&
       for (const auto& [k, v] : rec.json().items()) fields += (fields.empty() ? "" : ", ") + k;
       throw DataError(concat(rec.where(), ": expected a KTO record: {\"", pf,
                              "\", \"completion\", \"label\": true | false} (TRL's unpaired preference format) or a "
-                             "pair {\"", pf, "\", \"chosen\", \"rejected\"} (unpaired into a desirable and an "
+                             "pair {\"",
+                             pf,
+                             "\", \"chosen\", \"rejected\"} (unpaired into a desirable and an "
                              "undesirable example); this line has fields ",
                              fields.empty() ? std::string("none") : fields,
                              ". data.train[].prompt_field maps another prompt name"));
@@ -200,7 +202,8 @@ Batch collate_kto(const std::vector<const KtoSample*>& ex, int64_t pad_id, int64
   TORCH_CHECK(!ex.empty(), "collate_kto: empty batch");
   const auto n = static_cast<int64_t>(ex.size());
   std::vector<std::pair<const std::vector<int64_t>*, std::vector<int64_t>>> rows;  // prompt, completion
-  for (int64_t i = 0; i < n; ++i) rows.push_back({&ex[static_cast<size_t>(i)]->prompt_ids, ex[static_cast<size_t>(i)]->completion_ids});
+  for (int64_t i = 0; i < n; ++i)
+    rows.push_back({&ex[static_cast<size_t>(i)]->prompt_ids, ex[static_cast<size_t>(i)]->completion_ids});
   for (int64_t i = 0; i < n; ++i) {
     auto c = ex[static_cast<size_t>((i + n - 1) % n)]->completion_ids;
     const auto& p = ex[static_cast<size_t>(i)]->prompt_ids;
@@ -273,8 +276,8 @@ class KtoObjective final : public Objective {
       auto ds = std::make_shared<KtoDataset>(KtoDataset::load(d.path, tok, o));
       int64_t good = 0;
       for (int64_t i = 0; i < ds->size(); ++i) good += (*ds)[i].desirable;
-      log::info(d.path, ": ", ds->size(), " examples, ", good, " desirable and ", ds->size() - good,
-                " undesirable (", ds->stats().summary(), ")");
+      log::info(d.path, ": ", ds->size(), " examples, ", good, " desirable and ", ds->size() - good, " undesirable (",
+                ds->stats().summary(), ")");
       for (const auto& e : ds->stats().first_errors) log::warn("skipped: ", e);
       return std::shared_ptr<const KtoDataset>(std::move(ds));
     });

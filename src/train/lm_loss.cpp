@@ -62,7 +62,10 @@ struct HeadGradients {
   at::Tensor h, w, b;
 
   HeadGradients(const at::Tensor& hidden, bool nh, bool nw, bool nb, int64_t chunk)
-      : need_h(nh), need_w(nw), need_b(nb), chunks(chunk < hidden.size(0)),
+      : need_h(nh),
+        need_w(nw),
+        need_b(nb),
+        chunks(chunk < hidden.size(0)),
         acc(hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat),
         h(nh ? at::empty_like(hidden) : at::Tensor()) {}
 
@@ -74,8 +77,10 @@ struct HeadGradients {
     }
     if (need_w) {
       auto part = at::mm(g.t(), x);
-      if (!w.defined()) w = chunks ? part.to(acc) : part;
-      else w.add_(part);
+      if (!w.defined())
+        w = chunks ? part.to(acc) : part;
+      else
+        w.add_(part);
     }
     if (need_b) {
       auto part = g.sum(0, false, acc);
@@ -122,8 +127,8 @@ struct FusedLinearCrossEntropy : public torch::autograd::Function<FusedLinearCro
       auto t = ctx->saved_data[key].toTensor();
       return t.defined() ? t * go.to(t.scalar_type()) : t;
     };
-    return {scaled("gh"), scaled("gw"), scaled("gb"), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(),  at::Tensor(),  at::Tensor(),  at::Tensor()};
+    return {scaled("gh"), scaled("gw"), scaled("gb"), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -224,7 +229,8 @@ at::Tensor fused_linear_logprobs(const at::Tensor& hidden, const at::Tensor& wei
   TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
               "fused_linear_logprobs: hidden (N, C) and weight (V, C) expected, got ", hidden.sizes(), " and ",
               weight.sizes());
-  TORCH_CHECK(targets.dim() == 1 && targets.size(0) == hidden.size(0), "fused_linear_logprobs: one target per row expected");
+  TORCH_CHECK(targets.dim() == 1 && targets.size(0) == hidden.size(0),
+              "fused_linear_logprobs: one target per row expected");
   TORCH_CHECK(temperature > 0, "fused_linear_logprobs: temperature must be positive");
   const auto h = hidden.contiguous();
   const int64_t pad_to = resolved_pad(h, o);

@@ -21,12 +21,8 @@ ObjectiveFactory make() {
 struct Registry {
   std::mutex mutex;
   std::map<std::string, ObjectiveFactory> factories{
-      {"sft", make<LmObjective>()},
-      {"pretrain", make<LmObjective>()},
-      {"reward", make<RewardObjective>()},
-      {"dpo", make<DpoObjective>()},
-      {"ppo", make<PpoObjective>()},
-      {"ilql", make<IlqlObjective>()},
+      {"sft", make<LmObjective>()},  {"pretrain", make<LmObjective>()}, {"reward", make<RewardObjective>()},
+      {"dpo", make<DpoObjective>()}, {"ppo", make<PpoObjective>()},     {"ilql", make<IlqlObjective>()},
   };
 };
 
@@ -42,8 +38,10 @@ void add_objective(const std::string& name, ObjectiveFactory factory, const std:
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   if (r.factories.count(name)) throw ConfigError(concat("algorithm \"", name, "\" is already registered"));
-  if (reads) config::add_algorithm_name(name, *reads);
-  else config::add_algorithm_name(name);
+  if (reads)
+    config::add_algorithm_name(name, *reads);
+  else
+    config::add_algorithm_name(name);
   r.factories.emplace(name, std::move(factory));
 }
 

@@ -117,12 +117,12 @@ struct PpoObjective::State {
   RankContext ranks;
   FrozenModel reference;
   std::unique_ptr<ResponseRewards> rewards;
-  bool value_head = false;                  // advantage gae: values from a head or a critic
+  bool value_head = false;                   // advantage gae: values from a head or a critic
   std::shared_ptr<models::CausalLM> critic;  // ppo.critic_from: trained beside the policy (RunContext::train)
   double kl_coef = 0;
   RunningMoments moments;
-  double rollout_kl = 0;        // mean summed KL of the last rollout, for the controller
-  int64_t rollout_rows = 0;     // sequences per rollout (all ranks)
+  double rollout_kl = 0;     // mean summed KL of the last rollout, for the controller
+  int64_t rollout_rows = 0;  // sequences per rollout (all ranks)
   int64_t steps_done_in_iteration = 0;
   double learn_seconds = 0;
   std::chrono::steady_clock::time_point learn_start;
@@ -158,9 +158,7 @@ struct PpoObjective::State {
                               uint64_t seed) const;
 };
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 PpoObjective::PpoObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)
     : s_(std::make_unique<State>(cfg, tok)) {
@@ -170,8 +168,8 @@ PpoObjective::PpoObjective(const config::RunConfig& cfg, const tokenizer::Tokeni
   s_->kl_coef = p.kl_coef;
   s_->data = load_mixture<data::PromptDataset>(
       cfg, [&](const config::DatasetConfig& d, const std::string& key) { return load_prompts(cfg, d, key, tok); });
-  s_->prompts = std::make_unique<data::MixtureSampler>(s_->data.mixture, static_cast<uint64_t>(cfg.train.seed),
-                                                     s_->data.shuffle);
+  s_->prompts =
+      std::make_unique<data::MixtureSampler>(s_->data.mixture, static_cast<uint64_t>(cfg.train.seed), s_->data.shuffle);
   RolloutRow first;
   first.prompt = (*s_->data.train.front())[0].prompt_ids;
   s_->source = std::make_unique<StepBatches>(s_->prompts.get(), collate_rollout({&first}, s_->pad_id), "ppo");
@@ -313,9 +311,8 @@ void PpoObjective::State::forward_logps(models::CausalLM& model, std::vector<Rol
     const auto hidden = model.hidden_states(ids, {});
     const auto H = hidden.size(-1);
     const auto sel = hidden.gather(1, pos.unsqueeze(-1).expand({pos.size(0), pos.size(1), H}));
-    const auto logp = token_logps(model, sel, b.tensors.at("tokens").to(device), ppo.temperature,
-                                  cfg.train.fused_loss)
-                          .cpu();
+    const auto logp =
+        token_logps(model, sel, b.tensors.at("tokens").to(device), ppo.temperature, cfg.train.fused_loss).cpu();
     at::Tensor v;
     if (values) v = this->values(model, ids, pos, sel).cpu();
     for (size_t i = start; i < end; ++i) {
@@ -376,9 +373,9 @@ Batch collate_rollout(const std::vector<const RolloutRow*>& rows, int64_t pad_id
     b.num_targets += per_row ? 1 : (counted ? n : 0);
     b.num_tokens += P + n;
   }
-  b.tensors = {{"input_ids", ids},     {"positions", pos},   {"tokens", tokens},   {"mask", mask},
-               {"old_logp", old_logp}, {"ref_logp", ref_logp}, {"old_values", old_values},
-               {"advantages", advantages}, {"returns", returns}, {"weights", weights}};
+  b.tensors = {{"input_ids", ids},     {"positions", pos},     {"tokens", tokens},         {"mask", mask},
+               {"old_logp", old_logp}, {"ref_logp", ref_logp}, {"old_values", old_values}, {"advantages", advantages},
+               {"returns", returns},   {"weights", weights}};
   return b;
 }
 
@@ -483,7 +480,7 @@ std::vector<RolloutRow> PpoObjective::State::fill_groups(Engine& engine, uint64_
   };
   sort_groups(first);
   while (kept.size() < want && rounds < ppo.dynamic_sampling_max_rounds) {
-    Metrics more;  // the first round's reward statistics stand; times add up
+    Metrics more;                             // the first round's reward statistics stand; times add up
     auto rows = collect(engine, seed, more);  // fresh prompts: row seeds follow their place in the stream
     for (const char* k : {"time/rollout_s", "time/reward_s"}) m[k] += more[k];
     sort_groups(rows);
@@ -537,8 +534,8 @@ std::pair<at::Tensor, at::Tensor> PpoObjective::State::advantages(const std::vec
     const auto& o = ppo.overlong_penalty;
     std::vector<double> penalty;
     for (const auto& r : rows)
-      penalty.push_back(overlong_penalty(static_cast<int64_t>(r.response.size()), o.length > 0 ? o.length : ppo.max_new_tokens,
-                                         o.buffer, o.factor));
+      penalty.push_back(overlong_penalty(static_cast<int64_t>(r.response.size()),
+                                         o.length > 0 ? o.length : ppo.max_new_tokens, o.buffer, o.factor));
     const auto pen = at::tensor(penalty, at::kDouble);
     m["objective/overlong_penalty"] = pen.mean().item<double>();
     scores = scores + pen;
@@ -630,10 +627,9 @@ at::Tensor PpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
   at::Tensor values;
   if (s_->value_head) values = s_->values(model, ids, pos, sel);
   const auto weights = t("weights");
-  const auto terms = ppo_loss_sums(logp, t("old_logp"), t("advantages"), values, t("old_values"), t("returns"), mask,
-                                   {p.cliprange, p.cliprange_value, p.cliprange_high,
-                                    p.importance_sampling_level == "sequence"},
-                                   weights);
+  const auto terms = ppo_loss_sums(
+      logp, t("old_logp"), t("advantages"), values, t("old_values"), t("returns"), mask,
+      {p.cliprange, p.cliprange_value, p.cliprange_high, p.importance_sampling_level == "sequence"}, weights);
   auto loss = terms.policy;
   add_sum(sums, "pg_loss", terms.policy);
   add_sum(sums, "clipfrac", terms.clipfrac);
@@ -659,8 +655,10 @@ at::Tensor PpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
 Metrics PpoObjective::step_metrics(const Sums& sums) const {
   const auto get = [&](const std::string& k) { return sum_value(sums, k); };
   const double n = std::max(1.0, get("tokens"));
-  Metrics m{{"loss/policy_avg", get("pg_loss") / n},     {"policy/approxkl_avg", get("approxkl") / n},
-            {"policy/clipfrac_avg", get("clipfrac") / n}, {"policy/entropy_avg", get("entropy") / n},
+  Metrics m{{"loss/policy_avg", get("pg_loss") / n},
+            {"policy/approxkl_avg", get("approxkl") / n},
+            {"policy/clipfrac_avg", get("clipfrac") / n},
+            {"policy/entropy_avg", get("entropy") / n},
             {"val/ratio", get("ratio") / n},
             {"clip_ratio/low_mean", get("clip_low") / n},
             {"clip_ratio/high_mean", get("clip_high") / n},
@@ -701,7 +699,8 @@ EvalResult PpoObjective::evaluate(models::CausalLM& model) {
   std::vector<RolloutPrompt> all;
   for (const auto& ref : s.data.eval) {
     if (static_cast<int64_t>(all.size()) >= s.cfg.eval.generate_samples) break;
-    all.push_back({&(*s.data.eval_sets[static_cast<size_t>(ref.dataset)])[ref.index], static_cast<int64_t>(all.size())});
+    all.push_back(
+        {&(*s.data.eval_sets[static_cast<size_t>(ref.dataset)])[ref.index], static_cast<int64_t>(all.size())});
   }
   if (all.empty()) return result;
   const bool split = s.ranks.splits(static_cast<int64_t>(all.size()));

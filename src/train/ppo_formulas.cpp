@@ -60,16 +60,16 @@ at::Tensor masked_whiten(const at::Tensor& x, const at::Tensor& mask, const std:
 }
 
 at::Tensor grpo_advantages(const at::Tensor& scores, int64_t group) {
-  TORCH_CHECK(group >= 2 && scores.numel() % group == 0, "grpo_advantages: groups of ", group, " over ",
-              scores.numel(), " scores");
+  TORCH_CHECK(group >= 2 && scores.numel() % group == 0, "grpo_advantages: groups of ", group, " over ", scores.numel(),
+              " scores");
   const auto s = scores.view({-1, group});
   return ((s - s.mean(1, true)) / (s.std(1, /*unbiased=*/true, true) + 1e-4)).view(-1);
 }
 
 at::Tensor grpo_advantages(const at::Tensor& scores, int64_t group, const std::string& scale_rewards) {
   if (scale_rewards == "group") return grpo_advantages(scores, group);
-  TORCH_CHECK(group >= 2 && scores.numel() % group == 0, "grpo_advantages: groups of ", group, " over ",
-              scores.numel(), " scores");
+  TORCH_CHECK(group >= 2 && scores.numel() % group == 0, "grpo_advantages: groups of ", group, " over ", scores.numel(),
+              " scores");
   const auto s = scores.view({-1, group});
   const auto centred = (s - s.mean(1, true)).view(-1);
   if (scale_rewards == "none") return centred;
@@ -103,8 +103,8 @@ double overlong_penalty(int64_t tokens, int64_t length, int64_t buffer, double f
 }
 
 at::Tensor rloo_advantages(const at::Tensor& scores, int64_t group) {
-  TORCH_CHECK(group >= 2 && scores.numel() % group == 0, "rloo_advantages: groups of ", group, " over ",
-              scores.numel(), " scores");
+  TORCH_CHECK(group >= 2 && scores.numel() % group == 0, "rloo_advantages: groups of ", group, " over ", scores.numel(),
+              " scores");
   const auto s = scores.view({-1, group});
   return (s - (s.sum(1, true) - s) / static_cast<double>(group - 1)).view(-1);
 }

@@ -35,8 +35,8 @@ std::shared_ptr<const data::PreferenceDataset> load_set(const config::RunConfig&
   const auto& s = ds->stats();
   int64_t ranked = 0;
   for (int64_t i = 0; i < ds->size(); ++i) ranked += !(*ds)[i].is_pair();
-  log::info(d.path, ": ", ds->size(), " examples", ranked ? concat(", ", ranked, " with more than 2 ranked replies") : "",
-            " (", s.summary(), ")");
+  log::info(d.path, ": ", ds->size(), " examples",
+            ranked ? concat(", ", ranked, " with more than 2 ranked replies") : "", " (", s.summary(), ")");
   for (const auto& e : s.first_errors) log::warn("skipped: ", e);
   return ds;
 }
@@ -143,8 +143,8 @@ at::Tensor dpo_logps(const at::Tensor& sums, const at::Tensor& counts, const std
   return mean ? sums / counts.to(sums.scalar_type()) : sums;
 }
 
-DpoLossOutput dpo_loss(const at::Tensor& policy_chosen, const at::Tensor& policy_rejected,
-                       const at::Tensor& ref_chosen, const at::Tensor& ref_rejected, const DpoLossOptions& opt) {
+DpoLossOutput dpo_loss(const at::Tensor& policy_chosen, const at::Tensor& policy_rejected, const at::Tensor& ref_chosen,
+                       const at::Tensor& ref_rejected, const DpoLossOptions& opt) {
   const double beta = opt.beta, eps = opt.label_smoothing;
   if (reference_free(opt.loss_type)) {
     DpoLossOutput out;
@@ -201,8 +201,8 @@ Metrics dpo_metrics(const Sums& sums, const std::string& prefix) {
   const double n = sum_value(sums, "pairs");
   if (n <= 0) return {};
   Metrics m;
-  for (const char* k : {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
-                        "logps/chosen", "logps/rejected"})
+  for (const char* k : {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+                        "logps/rejected"})
     m[prefix + k] = sum_value(sums, k) / n;
   for (const char* k : {"nll_loss", "log_odds_ratio", "log_odds_chosen"})
     if (sums.count(k)) m[prefix + k] = sum_value(sums, k) / n;
@@ -361,8 +361,8 @@ struct RewardObjective::State {
 RewardObjective::RewardObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)
     : s_(new State{cfg, resolve_pad(tok), load_preference_data(cfg, tok), nullptr}) {
   data::MixtureSampler sampler(s_->data.mixture, static_cast<uint64_t>(cfg.train.seed), s_->data.shuffle);
-  s_->source =
-      std::make_unique<PreferenceBatchSource>(s_->data.train, std::move(sampler), cfg.train.micro_batch_size, s_->pad_id);
+  s_->source = std::make_unique<PreferenceBatchSource>(s_->data.train, std::move(sampler), cfg.train.micro_batch_size,
+                                                       s_->pad_id);
 }
 
 RewardObjective::~RewardObjective() = default;
@@ -417,7 +417,7 @@ struct DpoObjective::State {
   DpoLossOptions loss_opt;
   PreferenceData data;
   std::unique_ptr<PreferenceBatchSource> source;
-  FrozenModel reference;  // empty once its log-probs are precomputed
+  FrozenModel reference;                         // empty once its log-probs are precomputed
   models::CausalLM* policy_reference = nullptr;  // LoRA: the policy, adapters off
   std::string reference_desc;
   /// Precomputed reference sums per (train set) and (eval set): (N, K) float64.
@@ -448,15 +448,15 @@ DpoObjective::DpoObjective(const config::RunConfig& cfg, const tokenizer::Tokeni
     for (size_t d = 0; d < sets.size(); ++d)
       for (int64_t i = 0; i < sets[d]->size(); ++i)
         if (!(*sets[d])[i].is_pair())
-          throw DataError(concat(key, ": example ", i + 1, " (prompt \"", (*sets[d])[i].prompt, "\") ranks ",
-                                 (*sets[d])[i].replies.size(),
-                                 " replies; DPO trains on chosen/rejected pairs (ranked lists are for algorithm: reward)"));
+          throw DataError(concat(
+              key, ": example ", i + 1, " (prompt \"", (*sets[d])[i].prompt, "\") ranks ", (*sets[d])[i].replies.size(),
+              " replies; DPO trains on chosen/rejected pairs (ranked lists are for algorithm: reward)"));
   };
   check_pairs(s_->data.train, "data.train");
   check_pairs(s_->data.eval_sets, "data.eval");
   data::MixtureSampler sampler(s_->data.mixture, static_cast<uint64_t>(cfg.train.seed), s_->data.shuffle);
-  s_->source =
-      std::make_unique<PreferenceBatchSource>(s_->data.train, std::move(sampler), cfg.train.micro_batch_size, s_->pad_id);
+  s_->source = std::make_unique<PreferenceBatchSource>(s_->data.train, std::move(sampler), cfg.train.micro_batch_size,
+                                                       s_->pad_id);
 }
 
 DpoObjective::~DpoObjective() = default;
@@ -477,7 +477,7 @@ void DpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
     for (const auto& f : stdfs::directory_iterator(path))
       if (f.path().extension() == ".safetensors")
         s_->reference_desc += concat(";", f.path().filename().string(), ":", stdfs::file_size(f.path()), ":",
-                                  stdfs::last_write_time(f.path()).time_since_epoch().count());
+                                     stdfs::last_write_time(f.path()).time_since_epoch().count());
   } else {
     s_->reference_desc = concat("initial weights, seed ", s_->cfg.train.seed, ", ", model.hf_config().dump());
   }
@@ -593,8 +593,9 @@ at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
   at::Tensor policy_sums, counts;
   {
     NoDropout guard(model, s_->cfg.dpo.disable_dropout);
-    std::tie(policy_sums, counts) = model_sequence_logps(model, batch.tensors.at("input_ids").to(device),
-                                                         batch.tensors.at("labels").to(device), s_->cfg.train.fused_loss);
+    std::tie(policy_sums, counts) =
+        model_sequence_logps(model, batch.tensors.at("input_ids").to(device), batch.tensors.at("labels").to(device),
+                             s_->cfg.train.fused_loss);
   }
   // Rows alternate chosen, rejected (every example is a pair).
   const auto& type = s_->loss_opt.loss_type;
@@ -612,11 +613,12 @@ at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
   add_dpo_sums(out, pc, pr, sums);
   // The chosen reply's mean token NLL per pair: RPO's term, ORPO's SFT term,
   // CPO's (and TRL's CPO-SimPO's) behaviour-cloning term.
-  const double nll_weight = type == "orpo"                      ? 1.0
+  const double nll_weight = type == "orpo"                     ? 1.0
                             : type == "cpo" || type == "simpo" ? s_->cfg.dpo.cpo_alpha
-                                                                : s_->cfg.dpo.rpo_alpha;
+                                                               : s_->cfg.dpo.rpo_alpha;
   if (nll_weight > 0) {
-    auto chosen = policy_sums.view({-1, 2}).select(1, 0) / counts.view({-1, 2}).select(1, 0).to(policy_sums.scalar_type());
+    auto chosen =
+        policy_sums.view({-1, 2}).select(1, 0) / counts.view({-1, 2}).select(1, 0).to(policy_sums.scalar_type());
     add_sum(sums, "nll_loss", -chosen.detach().sum());
     return (out.losses - nll_weight * chosen).sum();
   }

@@ -44,8 +44,8 @@ std::string trim(const std::string& s) {
 std::string field_text(const nlohmann::json& record, const std::string& field, const std::string& key,
                        const std::string& where) {
   if (!record.contains(field) || record[field].is_null())
-    throw DataError(concat(where, ": ", key, " compares the response with field \"", field,
-                           "\", which this record lacks"));
+    throw DataError(
+        concat(where, ": ", key, " compares the response with field \"", field, "\", which this record lacks"));
   return record[field].is_string() ? record[field].get<std::string>() : record[field].dump();
 }
 
@@ -219,13 +219,13 @@ std::vector<double> ResponseRewards::Source::score(const std::vector<const data:
   } else if (fn) {
     out = fn(queries);
     if (out.size() != queries.size())
-      throw Error(concat(key, ".function \"", r.function, "\" returned ", out.size(), " rewards for ",
-                         queries.size(), " responses"));
+      throw Error(concat(key, ".function \"", r.function, "\" returned ", out.size(), " rewards for ", queries.size(),
+                         " responses"));
   } else if (model) {
     std::vector<std::vector<int64_t>> ids;
     for (size_t i = 0; i < queries.size(); ++i)
-      ids.push_back(model->encode(prompts[i]->messages, prompts[i]->text_prompt, queries[i].response,
-                                  prompts[i]->tools));
+      ids.push_back(
+          model->encode(prompts[i]->messages, prompts[i]->text_prompt, queries[i].response, prompts[i]->tools));
     const auto scores = model->score(ids, r.batch_size);
     out.assign(scores.begin(), scores.end());
   }

@@ -41,13 +41,13 @@ at::Device parse_device(const std::string& d) {
   if (device.is_cuda()) {
     const int n = torch::cuda::device_count();  // a DeviceIndex (int8): printed as a number
     if (n == 0)
-      throw ConfigError(concat("train.device: ", d, ", but no usable CUDA GPU is visible (",
-                               at::hasCUDA() ? "check nvidia-smi and CUDA_VISIBLE_DEVICES"
-                                             : "this LibTorch has no CUDA support",
-                               "); use train.device=cpu to train on the CPU"));
+      throw ConfigError(
+          concat("train.device: ", d, ", but no usable CUDA GPU is visible (",
+                 at::hasCUDA() ? "check nvidia-smi and CUDA_VISIBLE_DEVICES" : "this LibTorch has no CUDA support",
+                 "); use train.device=cpu to train on the CPU"));
     if (device.has_index() && device.index() >= n)
-      throw ConfigError(concat("train.device: ", d, ", but ", n, n == 1 ? " GPU is" : " GPUs are",
-                               " visible (cuda:0", n > 1 ? concat(" to cuda:", n - 1) : std::string(), ")"));
+      throw ConfigError(concat("train.device: ", d, ", but ", n, n == 1 ? " GPU is" : " GPUs are", " visible (cuda:0",
+                               n > 1 ? concat(" to cuda:", n - 1) : std::string(), ")"));
   }
   return device;
 }
@@ -56,15 +56,13 @@ at::Device parse_device(const std::string& d) {
 void add_adapters(const config::RunConfig& cfg, models::CausalLM& model) {
   // The adapter's base_model_name_or_path: an absolute folder, or the Hub id as written (as PEFT records it).
   const auto& from = cfg.model.from;
-  const auto base = from.empty()                 ? std::string()
-                    : stdfs::exists(from)         ? stdfs::absolute(from).string()
-                                                  : from;
+  const auto base = from.empty() ? std::string() : stdfs::exists(from) ? stdfs::absolute(from).string() : from;
   if (!cfg.model.lora_from.empty()) {
     const auto adapter = hub::local_path(cfg.model.lora_from);
     auto o = io::read_peft_config(adapter);
     o.base_model = base;
-    const auto targets = models::add_lora(model, o, concat("model.lora_from: ", cfg.model.lora_from, "/",
-                                                           io::kAdapterConfig, ": target_modules"));
+    const auto targets = models::add_lora(
+        model, o, concat("model.lora_from: ", cfg.model.lora_from, "/", io::kAdapterConfig, ": target_modules"));
     io::load_peft_weights(model, adapter);
     log::info("lora: continuing the adapter in ", cfg.model.lora_from, " (r ", o.r, ", alpha ", o.alpha, " on ",
               nlohmann::json(targets).dump(), ")");
@@ -88,8 +86,8 @@ std::shared_ptr<models::CausalLM> build_model(const config::RunConfig& cfg, cons
   }
   if (model->vocab_size() < tok.vocab_size()) {
     if (cfg.tokenizer.add_special_tokens.empty())
-      throw ConfigError(concat("model.vocab_size: ", model->vocab_size(), " is smaller than the tokenizer's ",
-                               tok.vocab_size()));
+      throw ConfigError(
+          concat("model.vocab_size: ", model->vocab_size(), " is smaller than the tokenizer's ", tok.vocab_size()));
     // The added special tokens need rows (transformers' resize_token_embeddings).
     const auto m = cfg.tokenizer.resize_to_multiple_of;
     const auto n = m > 0 ? (tok.vocab_size() + m - 1) / m * m : tok.vocab_size();
@@ -100,8 +98,8 @@ std::shared_ptr<models::CausalLM> build_model(const config::RunConfig& cfg, cons
   model->special_tokens = {tok.bos_id(), tok.eos_id(), tok.pad_id()};
   if (cfg.model.router_aux_loss_coef >= 0) {
     if (model->num_experts() == 0)
-      throw ConfigError(concat("model.router_aux_loss_coef: the ", model->family(), " model of ", cfg.model.from,
-                               " has no experts"));
+      throw ConfigError(
+          concat("model.router_aux_loss_coef: the ", model->family(), " model of ", cfg.model.from, " has no experts"));
     model->router_aux_loss_coef = cfg.model.router_aux_loss_coef;
   }
   if (model->num_experts() > 0)
@@ -128,7 +126,8 @@ std::unique_ptr<tokenizer::Tokenizer> build_tokenizer(const config::RunConfig& c
 /// (untrained pad tokens) dropped.
 std::string render_first_row(const Batch& batch, const tokenizer::Tokenizer& tok) {
   const auto ids_it = batch.tensors.find("input_ids"), labels_it = batch.tensors.find("labels");
-  if (ids_it == batch.tensors.end() || labels_it == batch.tensors.end()) return "(this objective's batches hold no input_ids/labels)";
+  if (ids_it == batch.tensors.end() || labels_it == batch.tensors.end())
+    return "(this objective's batches hold no input_ids/labels)";
   const auto ids = ids_it->second[0].contiguous(), labels = labels_it->second[0].contiguous();
   const auto* id = ids.data_ptr<int64_t>();
   const auto* label = labels.data_ptr<int64_t>();
@@ -192,18 +191,19 @@ void check_resume_config(const stdfs::path& ckpt, const std::string& config_yaml
   if (blocked.empty()) return;
   std::string list;
   for (const auto& c : blocked) list += concat("\n  ", c.key, ": ", c.before, " -> ", c.after);
-  throw ConfigError(concat("resuming ", ckpt.string(), ": this config differs from the run's (", saved_path.string(),
-                           ") in keys that change training:", list,
-                           "\nStart a new run with another output_dir, or set train.allow_config_change=true to "
-                           "continue with the new values (each start's config is kept in output_dir/config-history/)."));
+  throw ConfigError(
+      concat("resuming ", ckpt.string(), ": this config differs from the run's (", saved_path.string(),
+             ") in keys that change training:", list,
+             "\nStart a new run with another output_dir, or set train.allow_config_change=true to "
+             "continue with the new values (each start's config is kept in output_dir/config-history/)."));
 }
-
 
 /// Sharded runs (several ranks, a sharding strategy or mixed precision on
 /// one, or one resuming a sharded checkpoint) get a communicator; a plain
 /// single-process run has none.
 std::shared_ptr<distributed::Communicator> make_comm(const config::RunConfig& cfg, const distributed::ProcessInfo& proc,
-                                              const at::Device& device, const std::optional<stdfs::path>& latest) {
+                                                     const at::Device& device,
+                                                     const std::optional<stdfs::path>& latest) {
   const bool sharded = proc.world_size > 1 || cfg.dist.sharding != "no_shard" || cfg.dist.param_dtype != "float32" ||
                        cfg.dist.reduce_dtype != "float32" || (latest && distributed::is_sharded_checkpoint(*latest));
   if (!sharded) return nullptr;
@@ -311,15 +311,13 @@ void print_plan(RunSetup& r, const config::RunConfig& cfg) {
   } else {
     if (const auto epoch = r.objective->train_source().samples_per_epoch(); epoch > 0)
       plan << " = "
-           << format_number(static_cast<double>(cfg.train.max_steps * samples_per_step) / static_cast<double>(epoch),
-                            3)
+           << format_number(static_cast<double>(cfg.train.max_steps * samples_per_step) / static_cast<double>(epoch), 3)
            << " epochs of " << epoch << " samples";
     plan << "\n  tokens per step: about " << std::llround(tokens_per_sample * static_cast<double>(samples_per_step))
          << " (the first micro-batch holds " << first.num_tokens << " tokens and " << first.num_targets << " "
          << r.objective->target_unit() << ")\n";
   }
-  plan
-       << "  memory: about " << format_bytes(16.0 * static_cast<double>(n_params))
+  plan << "  memory: about " << format_bytes(16.0 * static_cast<double>(n_params))
        << " for weights, gradients and AdamW state (fp32: 4 + 4 + 8 bytes per parameter"
        << (world > 1 && cfg.dist.sharding != "no_shard" ? ", before sharding" : "") << "), plus activations\n"
        << "  resume: "

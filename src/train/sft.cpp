@@ -24,12 +24,13 @@ std::string resolve_format(const config::RunConfig& cfg, const config::DatasetCo
   auto f = d.format;
   if (f == "auto")
     f = std::filesystem::is_directory(d.path) || data::is_megatron_dataset(d.path) ? "pretrain"
-        : cfg.algorithm == "pretrain"                                               ? ""
-                                                                                    : "sft";
+        : cfg.algorithm == "pretrain"                                              ? ""
+                                                                                   : "sft";
   if (f.empty())
-    throw ConfigError(concat(key, ".path: algorithm pretrain reads token shards (a folder of anvil prepare), a "
-                             "Megatron indexed dataset (PREFIX.bin + PREFIX.idx) or an MDS folder; \"", d.path,
-                             "\" is none of these (convert text with anvil prepare, see docs/data.md)"));
+    throw ConfigError(concat(key,
+                             ".path: algorithm pretrain reads token shards (a folder of anvil prepare), a "
+                             "Megatron indexed dataset (PREFIX.bin + PREFIX.idx) or an MDS folder; \"",
+                             d.path, "\" is none of these (convert text with anvil prepare, see docs/data.md)"));
   if (f != "sft" && f != "pretrain")
     throw ConfigError(concat(key, ".format: algorithm ", cfg.algorithm, " reads sft or pretrain data, got ", f));
   if (f == "sft" && cfg.algorithm == "pretrain")
@@ -48,7 +49,8 @@ std::shared_ptr<const data::LmDataset> load_one(const config::RunConfig& cfg, co
     const bool foreign = megatron || mds;  // no vocabulary recorded: the largest id is checked
     if (!foreign) data::check_shard_tokenizer(*shards, tok, d.path);
     if (shards->vocab_size() > tok.vocab_size())
-      throw DataError(concat(d.path, foreign ? ": holds token ids up to " : ": shards were written with a vocabulary of ",
+      throw DataError(concat(d.path,
+                             foreign ? ": holds token ids up to " : ": shards were written with a vocabulary of ",
                              foreign ? shards->vocab_size() - 1 : shards->vocab_size(), ", the tokenizer has ",
                              tok.vocab_size(), " tokens"));
     auto ds = std::make_shared<data::PretrainDataset>(shards, cfg.data.max_length, d.path);
@@ -68,7 +70,7 @@ std::shared_ptr<const data::LmDataset> load_one(const config::RunConfig& cfg, co
 at::Tensor causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
   const auto V = logits.size(-1);
   auto shift_logits = logits.narrow(1, 0, logits.size(1) - 1).reshape({-1, V}).to(at::kFloat);  // (B*(T-1), V)
-  auto shift_labels = labels.narrow(1, 1, labels.size(1) - 1).reshape({-1});                   // (B*(T-1))
+  auto shift_labels = labels.narrow(1, 1, labels.size(1) - 1).reshape({-1});                    // (B*(T-1))
   return at::cross_entropy_loss(shift_logits, shift_labels, {}, at::Reduction::Sum, data::kIgnoreIndex);
 }
 
@@ -124,8 +126,8 @@ Batch to_batch(data::LmBatch b) {
   return out;
 }
 
-LmBatchSource::LmBatchSource(std::vector<std::shared_ptr<const data::LmDataset>> datasets,
-                             data::MixtureSampler sampler, Options opt)
+LmBatchSource::LmBatchSource(std::vector<std::shared_ptr<const data::LmDataset>> datasets, data::MixtureSampler sampler,
+                             Options opt)
     : datasets_(std::move(datasets)), sampler_(std::move(sampler)), opt_(opt) {
   TORCH_CHECK(opt_.world >= 1 && opt_.rank >= 0 && opt_.rank < opt_.world, "LmBatchSource: bad rank/world");
   TORCH_CHECK(!opt_.packing || opt_.max_length > 0, "LmBatchSource: packing needs max_length");
@@ -162,8 +164,8 @@ Batch LmBatchSource::next() {
 }
 
 nlohmann::json sampler_state(const data::MixtureSampler& sampler) {
-  return {{"epoch", sampler.state().epoch}, {"offset", sampler.state().offset},
-          {"epoch_length", sampler.epoch_length()}};
+  return {
+      {"epoch", sampler.state().epoch}, {"offset", sampler.state().offset}, {"epoch_length", sampler.epoch_length()}};
 }
 
 void restore_sampler(data::MixtureSampler& sampler, const nlohmann::json& state) {
@@ -171,7 +173,8 @@ void restore_sampler(data::MixtureSampler& sampler, const nlohmann::json& state)
   if (state.contains("epoch_length") && state["epoch_length"].is_number_integer() &&
       state["epoch_length"].get<int64_t>() != sampler.epoch_length())
     log::warn("the data changed since the checkpoint (an epoch held ", state["epoch_length"].get<int64_t>(),
-              " samples, now ", sampler.epoch_length(), "): the stream continues at the saved position of the new data");
+              " samples, now ", sampler.epoch_length(),
+              "): the stream continues at the saved position of the new data");
 }
 
 nlohmann::json LmBatchSource::state() const { return sampler_state(sampler_); }
@@ -216,7 +219,8 @@ void exact_match_eval(models::CausalLM& model, const tokenizer::Tokenizer& tok, 
     const auto i = mine[k];
     auto text = tok.decode(outs[k]);
     exact[0] += text == references[i];
-    if (static_cast<int64_t>(r.samples.size()) < eval.table_rows) r.samples.push_back({prompt_texts[i], text, references[i]});
+    if (static_cast<int64_t>(r.samples.size()) < eval.table_rows)
+      r.samples.push_back({prompt_texts[i], text, references[i]});
   }
   if (split) ranks.all_sum(exact);
   r.metrics["eval/exact_match"] = exact[0] / static_cast<double>(prompts.size());
@@ -240,7 +244,8 @@ LmData load_lm_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& to
 }
 
 struct LmObjective::State {
-  State(std::string n, config::EvalConfig e, const tokenizer::Tokenizer& t) : name(std::move(n)), eval_cfg(std::move(e)), tok(t) {}
+  State(std::string n, config::EvalConfig e, const tokenizer::Tokenizer& t)
+      : name(std::move(n)), eval_cfg(std::move(e)), tok(t) {}
   std::string name;
   config::EvalConfig eval_cfg;
   const tokenizer::Tokenizer& tok;
@@ -307,7 +312,7 @@ EvalResult LmObjective::evaluate(models::CausalLM& model) {
     int64_t n_batches = (n_eval + s_->eval_cfg.batch_size - 1) / s_->eval_cfg.batch_size;
     if (s_->eval_cfg.max_batches > 0) n_batches = std::min(n_batches, s_->eval_cfg.max_batches);
     const bool split = ranks_.splits(n_batches);  // several ranks take every world-th batch
-    std::vector<double> sums{0, 0};              // loss, targets
+    std::vector<double> sums{0, 0};               // loss, targets
     for (int64_t k = 0; k < n_batches; ++k) {
       if (split && !ranks_.mine(k)) continue;
       const int64_t i = k * s_->eval_cfg.batch_size;
@@ -325,7 +330,7 @@ EvalResult LmObjective::evaluate(models::CausalLM& model) {
       std::vector<std::vector<const data::LmSample*>> rows;
       for (const auto* smp : samples) rows.push_back({smp});
       auto b = s_->packing ? to_batch(data::collate_packed(rows, static_cast<int64_t>(longest), s_->pad_id))
-                        : to_batch(data::collate_unpacked(samples, s_->pad_id));
+                           : to_batch(data::collate_unpacked(samples, s_->pad_id));
       sums[0] += lm_batch_loss_sum(model, b, s_->loss).item<double>();
       sums[1] += static_cast<double>(b.num_targets);
     }

@@ -86,8 +86,10 @@ std::string fixed(double x, int digits) {
 nlohmann::json profile_summary(const std::vector<TraceEvent>& events, bool gpu, const std::string& source) {
   std::vector<const TraceEvent*> steps, host;
   for (const auto& e : events) {
-    if (is_step(e)) steps.push_back(&e);
-    else if (!e.on_device) host.push_back(&e);
+    if (is_step(e))
+      steps.push_back(&e);
+    else if (!e.on_device)
+      host.push_back(&e);
   }
   std::sort(steps.begin(), steps.end(), [](auto* a, auto* b) { return a->start_ns < b->start_ns; });
   // The window: from the first step's start to the end of the last step or
@@ -147,7 +149,9 @@ nlohmann::json profile_summary(const std::vector<TraceEvent>& events, bool gpu, 
 
   auto step_ms = nlohmann::json::array();
   for (const auto* s : steps) step_ms.push_back(static_cast<double>(s->duration_ns) / 1e6);
-  const auto step_number = [&](const TraceEvent* e) { return std::stoll(e->name.substr(std::string(kStepPrefix).size())); };
+  const auto step_number = [&](const TraceEvent* e) {
+    return std::stoll(e->name.substr(std::string(kStepPrefix).size()));
+  };
   return {{"source", source},
           {"device", gpu ? "cuda" : "cpu"},
           {"steps", static_cast<int64_t>(steps.size())},
@@ -156,8 +160,8 @@ nlohmann::json profile_summary(const std::vector<TraceEvent>& events, bool gpu, 
           {"window_ms", window_ns / 1e6},
           {"wall_ms_per_step", window_ns / 1e6 / static_cast<double>(n_steps)},
           {"step_ms", step_ms},
-          {"gpu_busy_fraction", gpu && window_ns > 0 ? nlohmann::json(std::min(1.0, union_ns(busy) / window_ns))
-                                                     : nlohmann::json(nullptr)},
+          {"gpu_busy_fraction",
+           gpu && window_ns > 0 ? nlohmann::json(std::min(1.0, union_ns(busy) / window_ns)) : nlohmann::json(nullptr)},
           {"kernel_launches_per_step", static_cast<double>(launches) / static_cast<double>(n_steps)},
           {"host_syncs_per_step", static_cast<double>(syncs) / static_cast<double>(n_steps)},
           {"ranked_by", gpu ? "gpu_time" : "self_cpu_time"},

@@ -96,7 +96,8 @@ void print_eval(int64_t step, const EvalResult& r) {
     return s.size() > 40 ? s.substr(0, 37) + "..." : s;
   };
   std::ostringstream t;
-  t << std::left << std::setw(42) << "prompt" << std::setw(42) << "generated" << "reference\n";
+  t << std::left << std::setw(42) << "prompt" << std::setw(42) << "generated"
+    << "reference\n";
   for (const auto& row : r.samples)
     t << std::setw(42) << clip(row[0]) << std::setw(42) << clip(row[1]) << clip(row[2]) << "\n";
   log::info("\n", t.str());
@@ -204,15 +205,18 @@ EvalResult evaluate(Engine& engine, Objective& objective) {
 /// metrics and config files stay as they were.
 TrainResult evaluate_only(RunSetup& r, Engine& engine, const config::RunConfig& cfg, int64_t step) {
   if (!r.latest && cfg.model.from.empty())
-    log::warn("--eval-only: no checkpoint in ", r.out_dir.string(), " and no model.from; evaluating a freshly "
+    log::warn("--eval-only: no checkpoint in ", r.out_dir.string(),
+              " and no model.from; evaluating a freshly "
               "initialised model");
   auto e = evaluate(engine, *r.objective);
   if (e.metrics.empty())
     throw ConfigError("--eval-only: the config has no evaluation data (data.eval or data.train[].eval_fraction)");
   if (r.lead) {
     print_eval(step, e);
-    nlohmann::json j = {{"step", step}, {"checkpoint", r.latest ? r.latest->string() : cfg.model.from},
-                        {"metrics", e.metrics}, {"samples", nlohmann::json::array()}};
+    nlohmann::json j = {{"step", step},
+                        {"checkpoint", r.latest ? r.latest->string() : cfg.model.from},
+                        {"metrics", e.metrics},
+                        {"samples", nlohmann::json::array()}};
     for (const auto& row : e.samples)
       j["samples"].push_back({{"prompt", row[0]}, {"generated", row[1]}, {"reference", row[2]}});
     const auto file = r.out_dir / concat("eval-step-", step, ".json");
@@ -261,8 +265,8 @@ class TrainLoop {
   TrainResult run() {
     int64_t n_params = 0;
     for (const auto& p : engine_.model().parameters()) n_params += p.numel();
-    const auto params_str = n_params >= 1e9 ? format_number(n_params / 1e9, 3) + "B"
-                                            : format_number(n_params / 1e6, 3) + "M";
+    const auto params_str =
+        n_params >= 1e9 ? format_number(n_params / 1e9, 3) + "B" : format_number(n_params / 1e6, 3) + "M";
     const auto where = engine_.describe();
     log::info("model: ", engine_.model().family(), ", ", params_str, " parameters on ", engine_.device().str(), "; ",
               cfg_.algorithm, " for ", cfg_.train.max_steps, " steps of ",
@@ -400,7 +404,8 @@ class TrainLoop {
     stop_ = head[1] > 0;
     Metrics m{{"loss", s.loss}, {"lr", lr}, {"num_targets", static_cast<double>(step_targets)}};
     for (const auto& [k, v] : objective_.step_metrics(s.sums)) m[k] = v;
-    if (const auto aux = s.sums.find("moe/aux_loss"); aux != s.sums.end()) m["moe/aux_loss"] = aux->second.item<double>();
+    if (const auto aux = s.sums.find("moe/aux_loss"); aux != s.sums.end())
+      m["moe/aux_loss"] = aux->second.item<double>();
     // The loss is summed over ranks and the norm is global, so every rank takes the same decision.
     if (cfg_.train.grad_clip > 0) m["grad_norm"] = norm;
     for (const auto& [k, v] : engine_.step_metrics()) m[k] = v;
@@ -438,8 +443,11 @@ class TrainLoop {
     const auto intact = kept ? concat("; the last checkpoint, ", kept->string(), ", is as it was")
                              : std::string("; no checkpoint was written");
     if (cfg_.train.on_nonfinite == "stop")
-      throw Error(concat("step ", step_ + 1, ": the ", what, " (not finite); the step was not applied and "
-                         "nothing was saved from it", intact, ". Lower optimizer.lr or check the data; "
+      throw Error(concat("step ", step_ + 1, ": the ", what,
+                         " (not finite); the step was not applied and "
+                         "nothing was saved from it",
+                         intact,
+                         ". Lower optimizer.lr or check the data; "
                          "train.on_nonfinite: skip drops such steps instead"));
     ++nonfinite_total_;
     if (++nonfinite_in_a_row_ >= cfg_.train.max_nonfinite_in_a_row)
@@ -472,8 +480,8 @@ class TrainLoop {
     }
     if (!run_.lead || step_ <= first_step_) return;
     std::ostringstream os;
-    os << "run summary: steps " << first_step_ << " -> " << step_ << " in " << format_seconds(result_.wall_s)
-       << ", " << format_number(static_cast<double>(result_.tokens), 4) << " tokens ("
+    os << "run summary: steps " << first_step_ << " -> " << step_ << " in " << format_seconds(result_.wall_s) << ", "
+       << format_number(static_cast<double>(result_.tokens), 4) << " tokens ("
        << format_number(static_cast<double>(result_.tokens) / std::max(result_.wall_s, 1e-9), 4)
        << " tokens/s); final loss " << format_number(last_loss_);
     for (const auto& [k, v] : result_.last_eval) os << ", " << k << " " << format_number(v);

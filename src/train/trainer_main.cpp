@@ -45,13 +45,19 @@ int trainer_main(int argc, char** argv) {
   std::signal(SIGINT, on_signal_outside_loop);
   std::signal(SIGTERM, on_signal_outside_loop);
   // Testing hook: a signal at a chosen moment of start-up.
-  if (const char* sig = std::getenv("ANVIL_TEST_SIGNAL_AT_STARTUP"); sig && std::string(sig) == "INT") std::raise(SIGINT);
+  if (const char* sig = std::getenv("ANVIL_TEST_SIGNAL_AT_STARTUP"); sig && std::string(sig) == "INT")
+    std::raise(SIGINT);
 
-  CLI::App app{"Anvil trainer: trains a model from YAML configs. Later --config files and key.path=value "
-               "overrides win. Re-running with the same output_dir resumes."};
-  app.footer("Algorithms (algorithm:): " + join(anvil::config::algorithm_names()) + "\n"
-             "Chat templates (data.template:): auto, hf (the model's own Jinja), " + join(anvil::data::ChatTemplate::names()) + "\n"
-             "Model families (model.family:): " + join(anvil::models::family_names()) +
+  CLI::App app{
+      "Anvil trainer: trains a model from YAML configs. Later --config files and key.path=value "
+      "overrides win. Re-running with the same output_dir resumes."};
+  app.footer("Algorithms (algorithm:): " + join(anvil::config::algorithm_names()) +
+             "\n"
+             "Chat templates (data.template:): auto, hf (the model's own Jinja), " +
+             join(anvil::data::ChatTemplate::names()) +
+             "\n"
+             "Model families (model.family:): " +
+             join(anvil::models::family_names()) +
              "; debug-size flavors in configs/models/\n"
              "Example: trainer --config configs/quickstart.yaml train.max_steps=200\n"
              "Docs: docs/getting-started.md, every key: docs/config.md (or --print-config-reference)");

@@ -13,7 +13,8 @@ using anvil::testing::write_text;
 
 std::string base_yaml() {
   const auto src = anvil::testing::source_dir();
-  return "output_dir: /tmp/x\ntokenizer:\n  path: " + src + "/data/tokenizer.model\ndata:\n  train:\n    - path: " + src +
+  return "output_dir: /tmp/x\ntokenizer:\n  path: " + src +
+         "/data/tokenizer.model\ndata:\n  train:\n    - path: " + src +
          "/data/sft_train.jsonl\ntrain:\n  max_steps: 10\n";
 }
 
@@ -87,16 +88,23 @@ TEST_F(ConfigTest, ATabInTheIndentationIsNamed) {
 
 // TRL / transformers argument names, in their section or another, point at our key.
 TEST_F(ConfigTest, TrlAndTransformersNamesSuggestOurKey) {
-  const auto bad = write("trl.yaml", "optimizer:\n  learning_rate: 1.0e-4\ntrain:\n  batch_size: 8\n"
-                                     "  gradient_accumulation_steps: 2\n");
+  const auto bad = write("trl.yaml",
+                         "optimizer:\n  learning_rate: 1.0e-4\ntrain:\n  batch_size: 8\n"
+                         "  gradient_accumulation_steps: 2\n");
   EXPECT_EQ(error_of({base_, bad}, {}),
             "3 errors in the config:\n"
-            "  " + bad + ":2: optimizer.learning_rate: unknown key; did you mean optimizer.lr? (learning_rate is the "
-            "TRL / transformers name)\n"
-            "  " + bad + ":4: train.batch_size: unknown key; did you mean train.micro_batch_size? (batch_size is the "
-            "TRL / transformers name)\n"
-            "  " + bad + ":5: train.gradient_accumulation_steps: unknown key; did you mean train.grad_accum_steps? "
-            "(gradient_accumulation_steps is the TRL / transformers name)");
+            "  " +
+                bad +
+                ":2: optimizer.learning_rate: unknown key; did you mean optimizer.lr? (learning_rate is the "
+                "TRL / transformers name)\n"
+                "  " +
+                bad +
+                ":4: train.batch_size: unknown key; did you mean train.micro_batch_size? (batch_size is the "
+                "TRL / transformers name)\n"
+                "  " +
+                bad +
+                ":5: train.gradient_accumulation_steps: unknown key; did you mean train.grad_accum_steps? "
+                "(gradient_accumulation_steps is the TRL / transformers name)");
   EXPECT_EQ(error_of({base_}, {"lora.lora_alpha=32"}),
             "command line (lora.lora_alpha=32): lora.lora_alpha: unknown key; did you mean lora.alpha? (lora_alpha is "
             "the TRL / transformers name)");
@@ -116,13 +124,15 @@ TEST_F(ConfigTest, ChoiceAndListValues) {
 
 TEST_F(ConfigTest, MissingRequiredKey) {
   auto f = write("noout.yaml", "train:\n  max_steps: 1\n");
-  EXPECT_EQ(error_of({f}, {}),
-            f + ": output_dir: required key is missing; expected a string (set it in a config file or as output_dir=...)");
+  EXPECT_EQ(
+      error_of({f}, {}),
+      f + ": output_dir: required key is missing; expected a string (set it in a config file or as output_dir=...)");
   // A required number has no default to fall back on (found by fuzzing: a
   // config without train.max_steps loaded as max_steps 0).
   auto nosteps = write("nosteps.yaml", "output_dir: x\n");
-  EXPECT_EQ(error_of({nosteps}, {}), nosteps + ": train.max_steps: required key is missing; expected an integer "
-                                               "(set it in a config file or as train.max_steps=...)");
+  EXPECT_EQ(error_of({nosteps}, {}), nosteps +
+                                         ": train.max_steps: required key is missing; expected an integer "
+                                         "(set it in a config file or as train.max_steps=...)");
 }
 
 TEST_F(ConfigTest, KeysMustBePlainNames) {
@@ -133,7 +143,8 @@ TEST_F(ConfigTest, KeysMustBePlainNames) {
 
 TEST_F(ConfigTest, CrossFieldChecksNameTheKey) {
   auto bad = write("bad.yaml", "model:\n  hidden_size: 100\n  num_heads: 3\n");
-  EXPECT_EQ(error_of({base_, bad}, {}), bad + ":3: model.num_heads: expected a divisor of model.hidden_size (100), got 3");
+  EXPECT_EQ(error_of({base_, bad}, {}),
+            bad + ":3: model.num_heads: expected a divisor of model.hidden_size (100), got 3");
   EXPECT_EQ(error_of({base_}, {"train.device=tpu"}),
             "command line (train.device=tpu): train.device: expected cpu, cuda or cuda:N, got \"tpu\"");
 }
@@ -142,8 +153,10 @@ TEST_F(ConfigTest, ShapeKeysConflictWithModelFrom) {
   const auto from = dir_.path().string();
   auto f = write("from.yaml", "model:\n  from: " + from + "\n  hidden_size: 64\n");
   EXPECT_EQ(error_of({base_, f}, {}),
-            f + ":3: model.hidden_size: cannot be set together with model.from (the model's shape and dropout come "
-                "from " + from + "/config.json)");
+            f +
+                ":3: model.hidden_size: cannot be set together with model.from (the model's shape and dropout come "
+                "from " +
+                from + "/config.json)");
 }
 
 TEST_F(ConfigTest, ModelFromLaterInTheChainReplacesEarlierShapeKeys) {
@@ -156,8 +169,9 @@ TEST_F(ConfigTest, ModelFromLaterInTheChainReplacesEarlierShapeKeys) {
   EXPECT_EQ(c.model.hidden_size, RunConfig{}.model.hidden_size);
   EXPECT_EQ(c.model.dropout, RunConfig{}.model.dropout);
   // Set after model.from, a shape key still conflicts.
-  EXPECT_NE(error_of({base_}, {"model.from=" + from, "model.dropout=0.2"}).find("cannot be set together with model.from"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of({base_}, {"model.from=" + from, "model.dropout=0.2"}).find("cannot be set together with model.from"),
+      std::string::npos);
 }
 
 TEST_F(ConfigTest, NullRemovesAKeyAnEarlierSourceSet) {
@@ -200,12 +214,18 @@ TEST_F(ConfigTest, TokenizerPathTakesAFolder) {
 
 TEST_F(ConfigTest, EveryErrorOfALoadIsReportedTogether) {
   auto bad = write("bad.yaml", "train:\n  max_step: 3\n  micro_batch: 2\noptimizer:\n  lr: -1\n");
-  EXPECT_EQ(error_of({base_, bad}, {"schedule.decay=exp"}),
-            "4 errors in the config:\n"
-            "  " + bad + ":5: optimizer.lr: expected a positive number, got \"-1\"\n"
-            "  command line (schedule.decay=exp): schedule.decay: expected one of cosine, linear, constant, got \"exp\"\n"
-            "  " + bad + ":2: train.max_step: unknown key; did you mean train.max_steps?\n"
-            "  " + bad + ":3: train.micro_batch: unknown key; did you mean train.micro_batch_size?");
+  EXPECT_EQ(
+      error_of({base_, bad}, {"schedule.decay=exp"}),
+      "4 errors in the config:\n"
+      "  " +
+          bad +
+          ":5: optimizer.lr: expected a positive number, got \"-1\"\n"
+          "  command line (schedule.decay=exp): schedule.decay: expected one of cosine, linear, constant, got \"exp\"\n"
+          "  " +
+          bad +
+          ":2: train.max_step: unknown key; did you mean train.max_steps?\n"
+          "  " +
+          bad + ":3: train.micro_batch: unknown key; did you mean train.micro_batch_size?");
 }
 
 TEST_F(ConfigTest, MissingDataOrTokenizerFilesFailBeforeAnyWork) {
@@ -226,8 +246,8 @@ TEST_F(ConfigTest, DatasetListsAreCheckedItemByItem) {
   auto two = write("two.yaml", "data:\n  train:\n    - path: " + train + "\n      fraction: 0.5\n      size: 10\n");
   EXPECT_EQ(error_of({base_, two}, {}),
             two + ":4: data.train[0].fraction: set at most one of fraction, size and weight for a dataset");
-  auto mixed = write("mixed.yaml", "data:\n  train:\n    - path: " + train + "\n      weight: 2\n    - path: " + train +
-                                       "\n");
+  auto mixed =
+      write("mixed.yaml", "data:\n  train:\n    - path: " + train + "\n      weight: 2\n    - path: " + train + "\n");
   EXPECT_EQ(error_of({base_, mixed}, {}),
             mixed + ":4: data.train[0].weight: either every dataset of data.train has a weight or none has; 1 of 2 do");
   auto scalar = write("scalar.yaml", "data:\n  train: " + train + "\n");
@@ -297,7 +317,8 @@ TEST_F(ConfigTest, OnlyTheRunsAlgorithmReadsItsSection) {
 
 TEST_F(ConfigTest, ReferenceListsEveryContractKey) {
   const auto ref = reference_markdown();
-  for (const char* key : {"`output_dir`", "`train.max_steps`", "`train.save_every`", "`train.eval_every`", "`train.seed`"})
+  for (const char* key :
+       {"`output_dir`", "`train.max_steps`", "`train.save_every`", "`train.eval_every`", "`train.seed`"})
     EXPECT_NE(ref.find(key), std::string::npos) << key;
 }
 

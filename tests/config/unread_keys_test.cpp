@@ -22,9 +22,7 @@ namespace stdfs = std::filesystem;
 using anvil::testing::TempDir;
 using anvil::testing::write_text;
 
-bool allowed(const Rule& rule, double x) {
-  return (!rule.number || rule.number(x)) && !(rule.off && *rule.off == x);
-}
+bool allowed(const Rule& rule, double x) { return (!rule.number || rule.number(x)) && !(rule.off && *rule.off == x); }
 
 std::string text(double x) {
   std::ostringstream os;
@@ -59,7 +57,8 @@ std::string other_value(const std::vector<double>& value, const Rule& rule) {
 }
 std::string other_value(const std::vector<int64_t>& value, const Rule& rule) {
   // Ascending, as a range (train.profile_steps) takes them.
-  const std::vector<int64_t> c = value == std::vector<int64_t>{1, 2} ? std::vector<int64_t>{2, 3} : std::vector<int64_t>{1, 2};
+  const std::vector<int64_t> c =
+      value == std::vector<int64_t>{1, 2} ? std::vector<int64_t>{2, 3} : std::vector<int64_t>{1, 2};
   if (!allowed(rule, static_cast<double>(c[0])) || !allowed(rule, static_cast<double>(c[1])))
     ADD_FAILURE() << "no other valid list of integers";
   return "[" + std::to_string(c[0]) + ", " + std::to_string(c[1]) + "]";
@@ -144,10 +143,11 @@ TEST_F(UnreadKeys, EveryKeyOfEverySectionIsReadOrRefusedUnderEveryAlgorithm) {
       auto key = name;
       if (const auto at = key.find("[]"); at != std::string::npos) key.replace(at, 2, "[0]");
       auto e = error_of({base_}, {"algorithm=" + algorithm, key + "=" + value});
-      if (const auto at = key.find("[0]."); at != std::string::npos && e.find("no list to index") != std::string::npos) {
+      if (const auto at = key.find("[0].");
+          at != std::string::npos && e.find("no list to index") != std::string::npos) {
         // A list the base config leaves empty (ppo.rewards): set it whole, with one item; errors name the list.
-        e = error_of({base_}, {"algorithm=" + algorithm,
-                               key.substr(0, at) + "=[{" + key.substr(at + 4) + ": " + value + "}]"});
+        e = error_of({base_},
+                     {"algorithm=" + algorithm, key.substr(0, at) + "=[{" + key.substr(at + 4) + ": " + value + "}]"});
         key = key.substr(0, at);
       }
       const auto section = key.substr(0, key.find_first_of(".["));
@@ -181,11 +181,11 @@ TEST_F(UnreadKeys, LossChunkSizeUnderDpoIsAnErrorNamingTheKeyAndItsReaders) {
 }
 
 TEST_F(UnreadKeys, AListItemsKeyPointsAtTheItem) {
-  const auto file = write("dpo.yaml",
-                          "algorithm: dpo\ndata:\n  train:\n    - path: " + anvil::testing::source_dir() +
-                              "/data/sft_train.jsonl\n      response_field: answer\n");
-  EXPECT_EQ(error_of({base_, file}, {}), file + ":5: data.train[0].response_field: not read by algorithm dpo (read "
-                                                "by sft, ilql, distill); remove it");
+  const auto file = write("dpo.yaml", "algorithm: dpo\ndata:\n  train:\n    - path: " + anvil::testing::source_dir() +
+                                          "/data/sft_train.jsonl\n      response_field: answer\n");
+  EXPECT_EQ(error_of({base_, file}, {}), file +
+                                             ":5: data.train[0].response_field: not read by algorithm dpo (read "
+                                             "by sft, ilql, distill); remove it");
 }
 
 TEST_F(UnreadKeys, DefaultValuesAndOffValuesAreAccepted) {

@@ -120,28 +120,28 @@ logging: {level: warn}
                                 &out),
             0)
       << out;
-  const auto adapter = nlohmann::json::parse(anvil::testing::read_text(dir / "lora" / "checkpoint-1" /
-                                                                        "adapter_config.json"));
+  const auto adapter =
+      nlohmann::json::parse(anvil::testing::read_text(dir / "lora" / "checkpoint-1" / "adapter_config.json"));
   EXPECT_EQ(adapter["base_model_name_or_path"], "Org/Tiny");
   // The adapter's base resolves through the cache when it is loaded again.
   anvil::testing::write_text(dir / "ids.json", "[[5, 6, 7]]");
-  ASSERT_EQ(anvil::testing::run(env + anvil::testing::cli_bin() + " logits --model " +
-                                    (dir / "lora" / "checkpoint-1").string() + " --input " +
-                                    (dir / "ids.json").string() + " --output " + (dir / "a.safetensors").string() +
-                                    " 2>&1",
-                                &out),
-            0)
+  ASSERT_EQ(
+      anvil::testing::run(env + anvil::testing::cli_bin() + " logits --model " +
+                              (dir / "lora" / "checkpoint-1").string() + " --input " + (dir / "ids.json").string() +
+                              " --output " + (dir / "a.safetensors").string() + " 2>&1",
+                          &out),
+      0)
       << out;
-  ASSERT_EQ(anvil::testing::run(env + anvil::testing::cli_bin() + " logits --model Org/Tiny --input " +
-                                    (dir / "ids.json").string() + " --output " + (dir / "b.safetensors").string() +
-                                    " 2>&1",
-                                &out),
-            0)
+  ASSERT_EQ(
+      anvil::testing::run(env + anvil::testing::cli_bin() + " logits --model Org/Tiny --input " +
+                              (dir / "ids.json").string() + " --output " + (dir / "b.safetensors").string() + " 2>&1",
+                          &out),
+      0)
       << out;
 
   EXPECT_NE(anvil::testing::run("cd " + src + " && " + env + anvil::testing::trainer_bin() + " --config " +
-                                    (dir / "from.yaml").string() + " model.from=Org/Missing output_dir=" +
-                                    (dir / "missing").string() + " 2>&1",
+                                    (dir / "from.yaml").string() +
+                                    " model.from=Org/Missing output_dir=" + (dir / "missing").string() + " 2>&1",
                                 &out),
             0);
   EXPECT_NE(out.find("model.from: expected an existing model folder, got \"Org/Missing\""), std::string::npos) << out;

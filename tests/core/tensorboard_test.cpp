@@ -25,8 +25,8 @@ namespace stdfs = std::filesystem;
 
 nlohmann::json read_logs(const stdfs::path& dir) {
   std::string out;
-  EXPECT_EQ(run(anvil::testing::python_bin() + " " + anvil::testing::source_dir() + "/tests/parity/tensorboard_read.py " +
-                    dir.string() + " 2>/dev/null",
+  EXPECT_EQ(run(anvil::testing::python_bin() + " " + anvil::testing::source_dir() +
+                    "/tests/parity/tensorboard_read.py " + dir.string() + " 2>/dev/null",
                 &out),
             0)
       << out;
@@ -59,8 +59,7 @@ TEST(TensorBoard, ScalarsAndTextReadBackInTensorBoard) {
 TEST(TensorBoard, TrainerLogsEqualMetricsJsonlAcrossAResume) {
   TempDir dir;
   anvil::testing::write_text(dir / "run.yaml", anvil::testing::tiny_sft_run(20, 10) + "output_dir: " +
-                                                   (dir / "out").string() +
-                                                   "\nlogging: {tensorboard: true}\n");
+                                                   (dir / "out").string() + "\nlogging: {tensorboard: true}\n");
   const auto cmd = "cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() + " --config " +
                    (dir / "run.yaml").string() +
                    " train.log_every=1 train.eval_every=10 'data.eval=[{path: data/sft_eval.jsonl}]' "

@@ -213,8 +213,9 @@ TEST(ChatTemplateHf, RecordChatTemplateKwargsAreTemplateVariables) {
   const auto plain = json{{"chat_template_kwargs", {{"enable_thinking", false}}}}.dump();
   const auto parsed = nlohmann::json::parse(plain);
   const auto kwargs = record_tools(Record(parsed, "data.jsonl:4", plain));
-  EXPECT_NE(error_of([&] { ChatTemplate::get("chatml").encode_prompt(*tok, {{"user", "hi"}}, kwargs); })
-                .find("chat_template_kwargs"),
+  EXPECT_NE(error_of([&] {
+              ChatTemplate::get("chatml").encode_prompt(*tok, {{"user", "hi"}}, kwargs);
+            }).find("chat_template_kwargs"),
             std::string::npos);
 }
 
@@ -376,31 +377,38 @@ TEST(ChatTemplateHf, ToolUseRecordsTrainAsTransformersRendersThem) {
   };
   const auto where = (dir / "bad.jsonl").string() + ":1: ";
   const std::string user = R"({"role": "user", "content": "Hi"})";
-  const std::string call = R"({"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}]})";
+  const std::string call =
+      R"({"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}]})";
   EXPECT_EQ(error(R"({"messages": [)" + user + ", " + call + "]}"),
-            where + "data.template chatml: an assistant message has tool_calls (tool use renders only with a "
-                    "model's own chat_template: data.template hf)");
+            where +
+                "data.template chatml: an assistant message has tool_calls (tool use renders only with a "
+                "model's own chat_template: data.template hf)");
   EXPECT_EQ(error(R"({"messages": [)" + user + R"(, {"role": "assistant", "content": "x"}], "tools": [{"a": 1}]})"),
-            where + "data.template chatml: the conversation has tools (tool use renders only with a model's own "
-                    "chat_template: data.template hf)");
-  EXPECT_EQ(error(R"({"messages": [)" + user + R"(, {"role": "tool", "content": "5"}, {"role": "assistant", "content": "x"}]})"),
-            where + "message role \"tool\": expected system, user or assistant (tool messages render only with "
-                    "data.template hf)");
+            where +
+                "data.template chatml: the conversation has tools (tool use renders only with a model's own "
+                "chat_template: data.template hf)");
+  EXPECT_EQ(error(R"({"messages": [)" + user +
+                  R"(, {"role": "tool", "content": "5"}, {"role": "assistant", "content": "x"}]})"),
+            where +
+                "message role \"tool\": expected system, user or assistant (tool messages render only with "
+                "data.template hf)");
   o.template_name = "hf";
   EXPECT_EQ(error(R"({"messages": [)" + user + R"(, {"role": "assistant", "content": "x"}], "tools": {"a": 1}})"),
             where + "field \"tools\": expected a list of tool schemas (JSON objects), got object");
   EXPECT_EQ(error(R"({"messages": [)" + user + R"(, {"role": "assistant"}]})"),
             where + "field \"messages[1].content\": missing (only a message with tool_calls may leave it out)");
   EXPECT_EQ(error(R"({"messages": [)" + user + R"(, {"role": "assistant", "tool_calls": []}]})"),
-            where + "field \"messages[1].tool_calls\": expected a non-empty list of {type, function: {name, "
-                    "arguments}}, got array");
+            where +
+                "field \"messages[1].tool_calls\": expected a non-empty list of {type, function: {name, "
+                "arguments}}, got array");
   EXPECT_EQ(error(R"({"messages": [)" + user + R"(, {"role": "bot", "content": "x"}]})"),
             where + "field \"messages[1].role\": expected system, user, assistant or tool, got \"bot\"");
   // Other fields of a message are not rendered by the built-in templates, as
   // before, and an empty tools list has nothing to render.
   o.template_name = "chatml";
-  write_text(dir / "extra.jsonl",
-             R"({"messages": [)" + user + R"(, {"role": "assistant", "content": "x", "weight": 1}], "tools": []})" "\n");
+  write_text(dir / "extra.jsonl", R"({"messages": [)" + user +
+                                      R"(, {"role": "assistant", "content": "x", "weight": 1}], "tools": []})"
+                                      "\n");
   EXPECT_EQ(SftDataset::load(dir / "extra.jsonl", *tok, o)[0].input_ids,
             ChatTemplate::get("chatml").encode(*tok, {{"user", "Hi"}, {"assistant", "x"}}, false).input_ids);
 }

@@ -138,8 +138,8 @@ TEST(Datasets, OnErrorSkipCountsAndReportsBadLines) {
 TEST(Datasets, OverflowIsTruncatedOrDroppedAndCounted) {
   TempDir dir;
   write_text(dir / "d.jsonl",
-             "{\"prompt\": \"reverse: abcdefg\\n\", \"response\": \"gfedcba\"}\n"        // 17 + 8 tokens
-             "{\"prompt\": \"add: 1+2\\n\", \"response\": \"3\"}\n"                      // 9 + 2
+             "{\"prompt\": \"reverse: abcdefg\\n\", \"response\": \"gfedcba\"}\n"       // 17 + 8 tokens
+             "{\"prompt\": \"add: 1+2\\n\", \"response\": \"3\"}\n"                     // 9 + 2
              "{\"prompt\": \"reverse: abcdefghijklmnop\\n\", \"response\": \"x\"}\n");  // prompt alone too long
   auto tok = bundled_tokenizer();
   ReadOptions o;
@@ -209,11 +209,12 @@ TEST(ChatTemplates, MissingMarkersAndUntrainableSamplesAreReported) {
 
   auto tok = tokenizer::load_tokenizer("auto", chat_refs() / "tok");
   TempDir dir;
-  write_text(dir / "d.jsonl",
-             "{\"messages\": [{\"role\": \"user\", \"content\": \"no reply here\"}]}\n"
-             "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}\n"
-             "{\"prompt\": \"a very long prompt that leaves no room for the reply, a very long prompt that leaves no "
-             "room for the reply, a very long prompt that leaves no room\", \"response\": \"x\"}\n");
+  write_text(
+      dir / "d.jsonl",
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"no reply here\"}]}\n"
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}\n"
+      "{\"prompt\": \"a very long prompt that leaves no room for the reply, a very long prompt that leaves no "
+      "room for the reply, a very long prompt that leaves no room\", \"response\": \"x\"}\n");
   ReadOptions o;
   o.template_name = "chatml";
   o.max_length = 40;
@@ -265,12 +266,14 @@ TEST(Formats, PreferencePromptsAndOfflineRl) {
   EXPECT_EQ(pref[0].rejected_ids().back(), *tok->token_to_id("<|im_end|>"));
 
   write_text(dir / "bad.jsonl", "{\"prompt\": \"q\", \"chosen\": \"a\", \"rejected\": \"b\", \"margin\": \"big\"}\n");
-  EXPECT_NE(error_of([&] { PreferenceDataset::load(dir / "bad.jsonl", *tok, o); })
-                .find("d.jsonl:1: field \"margin\": expected a number, got string"),
+  EXPECT_NE(error_of([&] {
+              PreferenceDataset::load(dir / "bad.jsonl", *tok, o);
+            }).find("d.jsonl:1: field \"margin\": expected a number, got string"),
             std::string::npos);
   write_text(dir / "bad2.jsonl", "{\"prompt\": \"q\", \"chosen\": \"a\"}\n");
-  EXPECT_NE(error_of([&] { PreferenceDataset::load(dir / "bad2.jsonl", *tok, o); })
-                .find("2.jsonl:1: missing field \"rejected\""),
+  EXPECT_NE(error_of([&] {
+              PreferenceDataset::load(dir / "bad2.jsonl", *tok, o);
+            }).find("2.jsonl:1: missing field \"rejected\""),
             std::string::npos);
 
   // Ranked replies (K-wise), best first.
@@ -331,16 +334,17 @@ TEST(Formats, PreferencePromptsAndOfflineRl) {
   ASSERT_EQ(prompts.size(), 2);
   EXPECT_EQ(prompts[0].prompt_ids, pref[0].prompt_ids);
 
-  write_text(dir / "r.jsonl", "{\"prompt\": \"What is 2+2?\", \"response\": \"4\", \"reward\": 1}\n"
-                              "{\"prompt\": \"What is 2+2?\", \"response\": \"5\", \"reward\": -0.5}\n");
+  write_text(dir / "r.jsonl",
+             "{\"prompt\": \"What is 2+2?\", \"response\": \"4\", \"reward\": 1}\n"
+             "{\"prompt\": \"What is 2+2?\", \"response\": \"5\", \"reward\": -0.5}\n");
   auto rl = OfflineRlDataset::load(dir / "r.jsonl", *tok, o);
   ASSERT_EQ(rl.size(), 2);
   EXPECT_EQ(rl[1].reward, -0.5);
   EXPECT_EQ(rl[0].prompt_tokens, static_cast<int64_t>(pref[0].prompt_ids.size()));
   write_text(dir / "r2.jsonl", "{\"prompt\": \"q\", \"response\": \"a\"}\n");
-  EXPECT_NE(error_of([&] { OfflineRlDataset::load(dir / "r2.jsonl", *tok, o); })
-                .find("2.jsonl:1: missing field \"reward\""),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { OfflineRlDataset::load(dir / "r2.jsonl", *tok, o); }).find("2.jsonl:1: missing field \"reward\""),
+      std::string::npos);
 }
 
 // ---- mixtures and resumable sampling ----------------------------------------------
@@ -371,8 +375,10 @@ TEST(Mixture, FractionsAndSizesAreFreshSubsetsEveryEpoch) {
     EXPECT_EQ(seen[1].size(), 20u);
     EXPECT_EQ(seen[2].size(), 10u);  // every sample twice, half of them three times
     for (auto [i, n] : reps) EXPECT_TRUE(n == 2 || n == 3);
-    if (epoch == 0) subset0 = seen;
-    else EXPECT_NE(seen[0], subset0[0]) << "epoch " << epoch << " reused epoch 0's subset";
+    if (epoch == 0)
+      subset0 = seen;
+    else
+      EXPECT_NE(seen[0], subset0[0]) << "epoch " << epoch << " reused epoch 0's subset";
   }
 }
 
@@ -460,7 +466,8 @@ TEST(Mixture, ResumeMidEpochAndAtTheBoundaryGivesTheSameStreamForAnyWorldSize) {
         for (int64_t r = 0; r < world; ++r) before.push_back(source(r, world, m));
         for (int64_t r = 0; r < world; ++r) take(before[static_cast<size_t>(r)], cut);
         const auto state = before[0].state();
-        for (int64_t r = 1; r < world; ++r) EXPECT_EQ(before[static_cast<size_t>(r)].state(), state);  // global position
+        for (int64_t r = 1; r < world; ++r)
+          EXPECT_EQ(before[static_cast<size_t>(r)].state(), state);  // global position
         for (int64_t r = 0; r < world; ++r) {
           after.push_back(source(r, world, m));
           after.back().restore(state);
@@ -470,7 +477,8 @@ TEST(Mixture, ResumeMidEpochAndAtTheBoundaryGivesTheSameStreamForAnyWorldSize) {
           for (size_t k = 0; k < cont.size(); ++k)
             EXPECT_TRUE(cont[k].equal(uninterrupted[k])) << "world " << world << " cut " << cut << " rank " << r;
         }
-        if (!packing && cut == 6 && world == 1) EXPECT_EQ(state["epoch"].get<int64_t>() * 36 + state["offset"].get<int64_t>(), 36);
+        if (!packing && cut == 6 && world == 1)
+          EXPECT_EQ(state["epoch"].get<int64_t>() * 36 + state["offset"].get<int64_t>(), 36);
       }
     }
   }
@@ -500,8 +508,10 @@ void check_packing(const std::string& family) {
   int64_t unpacked_targets = 0;
   for (auto s : samples) {
     for (size_t d = 0; d < s.doc_starts.size(); ++d) {
-      const auto b = s.doc_starts[d], e = d + 1 < s.doc_starts.size() ? s.doc_starts[d + 1] : static_cast<int64_t>(s.input_ids.size());
-      LmSample doc{{s.input_ids.begin() + b, s.input_ids.begin() + e}, {s.labels.begin() + b, s.labels.begin() + e}, {0}};
+      const auto b = s.doc_starts[d],
+                 e = d + 1 < s.doc_starts.size() ? s.doc_starts[d + 1] : static_cast<int64_t>(s.input_ids.size());
+      LmSample doc{
+          {s.input_ids.begin() + b, s.input_ids.begin() + e}, {s.labels.begin() + b, s.labels.begin() + e}, {0}};
       auto batch = train::to_batch(collate_unpacked({&doc}, 0));
       unpacked += train::lm_batch_loss_sum(*model, batch).item<double>();
       unpacked_targets += batch.num_targets;
@@ -640,19 +650,24 @@ TEST(TokenShards, DataPreparedWithAnotherTokenizerIsRefusedNamingBoth) {
   ASSERT_NE(tokenizer::fingerprint(*other), fp);
   const auto err = error_of([&] { check_shard_tokenizer(*same, *other, "data/shards"); });
   EXPECT_NE(err.find("data/shards: the shards were written with another tokenizer than this run's (meta.json: a "
-                     "sentencepiece tokenizer of " + std::to_string(tok->vocab_size()) + " tokens, EOS " +
-                     std::to_string(tok->eos_id()) + ", fingerprint " + fp + "; tokenizer.path: a sentencepiece "
-                     "tokenizer of " + std::to_string(other->vocab_size()) + " tokens"),
+                     "sentencepiece tokenizer of " +
+                     std::to_string(tok->vocab_size()) + " tokens, EOS " + std::to_string(tok->eos_id()) +
+                     ", fingerprint " + fp +
+                     "; tokenizer.path: a sentencepiece "
+                     "tokenizer of " +
+                     std::to_string(other->vocab_size()) + " tokens"),
             std::string::npos)
       << err;
   EXPECT_NE(err.find("Re-run anvil prepare with the run's tokenizer"), std::string::npos) << err;
   // Shards from before the fingerprint: the vocabulary size and EOS decide.
   EXPECT_NO_THROW(check_shard_tokenizer(*write("old", tok->vocab_size(), tok->eos_id(), ""), *tok, "old"));
-  EXPECT_NE(error_of([&] { check_shard_tokenizer(*write("old_vocab", 100, tok->eos_id(), ""), *tok, "old_vocab"); })
-                .find("old_vocab: the shards were written with another tokenizer"),
+  EXPECT_NE(error_of([&] {
+              check_shard_tokenizer(*write("old_vocab", 100, tok->eos_id(), ""), *tok, "old_vocab");
+            }).find("old_vocab: the shards were written with another tokenizer"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { check_shard_tokenizer(*write("old_eos", tok->vocab_size(), 7, ""), *tok, "old_eos"); })
-                .find("EOS 7"),
+  EXPECT_NE(error_of([&] {
+              check_shard_tokenizer(*write("old_eos", tok->vocab_size(), 7, ""), *tok, "old_eos");
+            }).find("EOS 7"),
             std::string::npos);
 }
 

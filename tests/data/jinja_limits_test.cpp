@@ -47,9 +47,7 @@ std::string error_of(const std::string& tmpl) {
   return what;
 }
 
-std::string render(const std::string& tmpl) {
-  return Template(tmpl).render({{"messages", Value::list({})}}).text;
-}
+std::string render(const std::string& tmpl) { return Template(tmpl).render({{"messages", Value::list({})}}).text; }
 
 const char* const kSelfRecursive = "{% macro f(x) %}{{ f(x) }}{% endmacro %}{{ f(1) }}";
 
@@ -111,9 +109,8 @@ TEST(JinjaLimits, NestedIfBlocksStopAtTheBlockDepth) {
 
 // Macros deep in expressions: what is in progress at once while rendering is bounded as well.
 TEST(JinjaLimits, RecursionThroughDeepExpressionsStopsAtTheRenderDepth) {
-  const std::string tmpl =
-      "{% macro f(n) %}{% if n > 0 %}{{ " + repeat("[", 40) + "f(n - 1)" + repeat("]", 40) + " }}{% endif %}" +
-      "{% endmacro %}{{ f(100) }}";
+  const std::string tmpl = "{% macro f(n) %}{% if n > 0 %}{{ " + repeat("[", 40) + "f(n - 1)" + repeat("]", 40) +
+                           " }}{% endif %}" + "{% endmacro %}{{ f(100) }}";
   const auto e = error_of(tmpl);
   EXPECT_NE(e.find("chat_template line 1, column "), std::string::npos) << e;
   EXPECT_NE(e.find("statements, expressions and macro calls nested deeper than 512, the limit for chat templates"),
@@ -122,17 +119,20 @@ TEST(JinjaLimits, RecursionThroughDeepExpressionsStopsAtTheRenderDepth) {
 }
 
 TEST(JinjaLimits, LoopsAndOutputAreBounded) {
-  const auto steps = error_of(
-      "{% for a in range(100000) %}\n{% for b in range(100000) %}{% endfor %}{% endfor %}");
+  const auto steps = error_of("{% for a in range(100000) %}\n{% for b in range(100000) %}{% endfor %}{% endfor %}");
   EXPECT_NE(steps.find("chat_template line 2, column "), std::string::npos) << steps;
-  EXPECT_NE(steps.find("more than 2000000 steps (statements, expressions, loop iterations and items visited), the limit "
-                          "for chat templates"), std::string::npos) << steps;
+  EXPECT_NE(
+      steps.find("more than 2000000 steps (statements, expressions, loop iterations and items visited), the limit "
+                 "for chat templates"),
+      std::string::npos)
+      << steps;
   const auto output = error_of("{% for a in range(100000) %}{{ 'x' * 1000 }}{% endfor %}");
   EXPECT_NE(output.find("chat_template line 1, column "), std::string::npos) << output;
   EXPECT_NE(output.find("longer than 67108864, the limit for chat templates"), std::string::npos) << output;
   const auto huge = error_of("{{ 'x' * 1000000000000 }}");
-  EXPECT_EQ(huge, "chat_template line 1, column 8: a string or output of 1000000000000 bytes, longer than 67108864, "
-                  "the limit for chat templates");
+  EXPECT_EQ(huge,
+            "chat_template line 1, column 8: a string or output of 1000000000000 bytes, longer than 67108864, "
+            "the limit for chat templates");
   const auto text = error_of(
       "{% set ns = namespace(s='') %}{% for a in range(100000) %}{% set ns.s = ns.s ~ 'xxxxxxxxxx' %}{% endfor %}");
   EXPECT_NE(text.find("bytes of text in all"), std::string::npos) << text;
@@ -219,8 +219,7 @@ TEST(JinjaLimits, AnvilChatRefusesARecursiveTemplate) {
                      &out);
   EXPECT_GT(rc, 0) << out;
   EXPECT_LT(rc, 128) << out;  // 128 + a signal's number: the crash this guards against
-  EXPECT_NE(out.find("chat_template line 1, column 20: macro calls nested deeper than 128"), std::string::npos)
-      << out;
+  EXPECT_NE(out.find("chat_template line 1, column 20: macro calls nested deeper than 128"), std::string::npos) << out;
   // The trainer on such a folder stops the same way.
   write_text(folder / "tokenizer_config.json", config(kSelfRecursive));
   const int trained = train("run2", &out);

@@ -53,21 +53,26 @@ TEST(Megatron, EveryDtypeOfMegatronCoreReadsInPlaceWithItsDocuments) {
 
 TEST(Megatron, PrepareWritesWhatMegatronCoreReadsAsAnvilsOwnShards) {
   TempDir dir;
-  std::ofstream(dir / "docs.jsonl") << R"({"text": "upper: abc\nABC"})" << "\n"
-                                    << R"({"text": "add: 12+30\n42"})" << "\n"
-                                    << R"({"text": "a longer document, with punctuation; and digits 0123"})" << "\n";
+  std::ofstream(dir / "docs.jsonl") << R"({"text": "upper: abc\nABC"})"
+                                    << "\n"
+                                    << R"({"text": "add: 12+30\n42"})"
+                                    << "\n"
+                                    << R"({"text": "a longer document, with punctuation; and digits 0123"})"
+                                    << "\n";
   const auto prep = anvil::testing::cli_bin() + " prepare --tokenizer " + anvil::testing::source_dir() +
                     "/data/tokenizer.model --input " + (dir / "docs.jsonl").string();
   std::string log;
   ASSERT_EQ(run(prep + " --output " + (dir / "shards").string() + " 2>&1", &log), 0) << log;
-  ASSERT_EQ(run(prep + " --format megatron --output " + (dir / "mg" / "docs_text_document").string() + " 2>&1", &log), 0)
+  ASSERT_EQ(run(prep + " --format megatron --output " + (dir / "mg" / "docs_text_document").string() + " 2>&1", &log),
+            0)
       << log;
   const auto ours = documents(*TokenShards::open(dir / "shards"));
   const auto theirs = nlohmann::json::parse(python("read " + (dir / "mg" / "docs_text_document").string()));
   EXPECT_EQ(theirs.get<std::vector<std::vector<int64_t>>>(), ours);
   EXPECT_EQ(documents(*TokenShards::open_megatron(dir / "mg" / "docs_text_document")), ours);
   // An existing prefix is refused, not overwritten.
-  EXPECT_NE(run(prep + " --format megatron --output " + (dir / "mg" / "docs_text_document").string() + " 2>&1", &log), 0);
+  EXPECT_NE(run(prep + " --format megatron --output " + (dir / "mg" / "docs_text_document").string() + " 2>&1", &log),
+            0);
   EXPECT_NE(log.find("exists"), std::string::npos) << log;
 }
 
@@ -82,8 +87,9 @@ TEST(Megatron, PretrainingMixesMegatronAndAnvilShards) {
   ASSERT_EQ(run(prep + " --format megatron --output " + (dir / "mg" / "eval").string() + " 2>&1", &log), 0) << log;
   const auto cmd = "cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() +
                    " --config configs/pretrain_tiny.yaml output_dir=" + (dir / "out").string() +
-                   " 'data.train=[{path: " + (dir / "shards").string() + ", weight: 1}, {path: " +
-                   (dir / "mg" / "eval").string() + ", weight: 1}]' data.max_length=16 train.max_steps=4 "
+                   " 'data.train=[{path: " + (dir / "shards").string() +
+                   ", weight: 1}, {path: " + (dir / "mg" / "eval").string() +
+                   ", weight: 1}]' data.max_length=16 train.max_steps=4 "
                    "train.save_every=4 train.eval_every=0 schedule.warmup_steps=1 train.threads=1 2>&1";
   ASSERT_EQ(run(cmd, &log), 0) << log;
   EXPECT_NE(log.find((dir / "mg" / "eval").string() + ": "), std::string::npos) << log;

@@ -19,7 +19,9 @@ TEST(TokenizeCli, EncodesLinesAndDecodesThemBack) {
   anvil::testing::write_text(dir / "in.txt", text);
   std::string out;
   ASSERT_EQ(anvil::testing::run(anvil::testing::cli_bin() + " tokenize --tokenizer " + tok + " --input " +
-                                (dir / "in.txt").string() + " --output " + (dir / "ids.jsonl").string(), &out), 0)
+                                    (dir / "in.txt").string() + " --output " + (dir / "ids.jsonl").string(),
+                                &out),
+            0)
       << out;
   auto lib = load_tokenizer("sentencepiece", tok);
   std::istringstream ids(anvil::testing::read_text(dir / "ids.jsonl"));
@@ -29,7 +31,9 @@ TEST(TokenizeCli, EncodesLinesAndDecodesThemBack) {
     EXPECT_EQ(nlohmann::json::parse(line).get<std::vector<int64_t>>(), lib->encode(l)) << l;
   }
   ASSERT_EQ(anvil::testing::run(anvil::testing::cli_bin() + " tokenize --decode --tokenizer " + tok + " --input " +
-                                (dir / "ids.jsonl").string() + " --output " + (dir / "back.txt").string(), &out), 0)
+                                    (dir / "ids.jsonl").string() + " --output " + (dir / "back.txt").string(),
+                                &out),
+            0)
       << out;
   EXPECT_EQ(anvil::testing::read_text(dir / "back.txt"), text);
 }
@@ -49,7 +53,9 @@ TEST(TokenizeCli, HfTokenizerFolderWithSpecialTokens) {
   anvil::testing::write_text(dir / "in.txt", text);
   const auto cli = anvil::testing::cli_bin();
   ASSERT_EQ(anvil::testing::run(cli + " tokenize --tokenizer " + tok + " --input " + (dir / "in.txt").string() +
-                                    " --output " + (dir / "ids.jsonl").string(), &out), 0)
+                                    " --output " + (dir / "ids.jsonl").string(),
+                                &out),
+            0)
       << out;
   auto lib = load_tokenizer("auto", tok);
   EXPECT_EQ(lib->kind(), "hf");
@@ -61,12 +67,16 @@ TEST(TokenizeCli, HfTokenizerFolderWithSpecialTokens) {
   }
   EXPECT_EQ(lib->encode("<|im_start|>")[0], *lib->token_to_id("<|im_start|>"));
   ASSERT_EQ(anvil::testing::run(cli + " tokenize --decode --keep-special-tokens --tokenizer " + tok + " --input " +
-                                    (dir / "ids.jsonl").string() + " --output " + (dir / "back.txt").string(), &out), 0)
+                                    (dir / "ids.jsonl").string() + " --output " + (dir / "back.txt").string(),
+                                &out),
+            0)
       << out;
   EXPECT_EQ(anvil::testing::read_text(dir / "back.txt"), text);
   // Without the flag, special tokens are dropped.
   ASSERT_EQ(anvil::testing::run(cli + " tokenize --decode --tokenizer " + tok + " --input " +
-                                    (dir / "ids.jsonl").string() + " --output " + (dir / "plain.txt").string(), &out), 0)
+                                    (dir / "ids.jsonl").string() + " --output " + (dir / "plain.txt").string(),
+                                &out),
+            0)
       << out;
   EXPECT_EQ(anvil::testing::read_text(dir / "plain.txt"), "user\nGrün — ein schönes Wort 🌿\n   \n");
 }

@@ -37,10 +37,15 @@ TEST(DistEnv, NoLauncherIsOneProcess) {
 }
 
 TEST(DistEnv, Torchrun) {
-  const auto p = from({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
-                       {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29400"},
+  const auto p = from({{"RANK", "5"},
+                       {"WORLD_SIZE", "8"},
+                       {"LOCAL_RANK", "1"},
+                       {"LOCAL_WORLD_SIZE", "4"},
+                       {"MASTER_ADDR", "node0"},
+                       {"MASTER_PORT", "29400"},
                        // torchrun inside an sbatch job: torchrun's variables win.
-                       {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}});
+                       {"SLURM_PROCID", "0"},
+                       {"SLURM_NTASKS", "2"}});
   EXPECT_EQ(p.launcher, "torchrun");
   EXPECT_EQ(p.rank, 5);
   EXPECT_EQ(p.world_size, 8);
@@ -51,8 +56,10 @@ TEST(DistEnv, Torchrun) {
 }
 
 TEST(DistEnv, OpenMpi) {
-  const auto p = from({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "3"},
-                       {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}});
+  const auto p = from({{"OMPI_COMM_WORLD_RANK", "2"},
+                       {"OMPI_COMM_WORLD_SIZE", "3"},
+                       {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}});
   EXPECT_EQ(p.launcher, "mpirun");
   EXPECT_EQ(p.rank, 2);
   EXPECT_EQ(p.world_size, 3);
@@ -61,8 +68,11 @@ TEST(DistEnv, OpenMpi) {
 }
 
 TEST(DistEnv, SlurmTakesTheFirstNodeAsMaster) {
-  const auto p = from({{"SLURM_PROCID", "9"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "1"},
-                       {"SLURM_NTASKS_PER_NODE", "8(x2)"}, {"SLURM_JOB_NODELIST", "gpu[03-04],cpu1"}});
+  const auto p = from({{"SLURM_PROCID", "9"},
+                       {"SLURM_NTASKS", "16"},
+                       {"SLURM_LOCALID", "1"},
+                       {"SLURM_NTASKS_PER_NODE", "8(x2)"},
+                       {"SLURM_JOB_NODELIST", "gpu[03-04],cpu1"}});
   EXPECT_EQ(p.launcher, "slurm");
   EXPECT_EQ(p.rank, 9);
   EXPECT_EQ(p.world_size, 16);
@@ -79,12 +89,15 @@ TEST(DistEnv, BadValuesNameTheVariable) {
   EXPECT_NE(error_of({{"RANK", "one"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}})
                 .find("RANK=\"one\": expected a non-negative integer"),
             std::string::npos);
-  EXPECT_NE(error_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}).find("RANK=2 is not below WORLD_SIZE=2"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}).find("RANK=2 is not below WORLD_SIZE=2"),
+      std::string::npos);
   EXPECT_NE(error_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}}).find("MASTER_ADDR is not set"), std::string::npos);
   EXPECT_NE(error_of({{"MASTER_PORT", "70000"}}).find("MASTER_PORT=70000: expected a port"), std::string::npos);
-  EXPECT_NE(error_of({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"},
-                      {"OMPI_COMM_WORLD_LOCAL_RANK", "3"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}})
+  EXPECT_NE(error_of({{"OMPI_COMM_WORLD_RANK", "0"},
+                      {"OMPI_COMM_WORLD_SIZE", "2"},
+                      {"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
+                      {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}})
                 .find("OMPI_COMM_WORLD_LOCAL_RANK=3 is not below the 2 processes per node"),
             std::string::npos);
 }

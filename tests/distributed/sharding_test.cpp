@@ -46,8 +46,8 @@ using anvil::testing::mpirun;
 /// Runs the trainer on `ranks` processes (0 = plain single process, no mpirun).
 int train(const stdfs::path& cfg, const stdfs::path& out, int ranks, const std::string& extra = "",
           std::string* log = nullptr) {
-  const auto cmd = mpirun(ranks) + anvil::testing::trainer_bin() + " --config " +
-                   cfg.string() + " output_dir=" + out.string() + " " + extra;
+  const auto cmd = mpirun(ranks) + anvil::testing::trainer_bin() + " --config " + cfg.string() +
+                   " output_dir=" + out.string() + " " + extra;
   std::string o;
   const int rc = anvil::testing::run("cd " + anvil::testing::source_dir() + " && " + cmd, &o);
   if (log) *log = o;
@@ -73,7 +73,8 @@ void expect_close_losses(const std::map<int64_t, nlohmann::json>& want, const st
       if (!want.at(s).contains(key)) continue;
       ASSERT_TRUE(got.at(s).contains(key)) << what << ": step " << s << " lacks " << key;
       const double a = want.at(s)[key].get<double>(), b = got.at(s)[key].get<double>();
-      EXPECT_LE(std::abs(a - b), rel * std::abs(a)) << what << ", step " << s << ", " << key << ": " << a << " vs " << b;
+      EXPECT_LE(std::abs(a - b), rel * std::abs(a))
+          << what << ", step " << s << ", " << key << ": " << a << " vs " << b;
     }
   }
 }
@@ -119,8 +120,9 @@ class DistRuns : public ::testing::Test {
     const auto dst = out.string() + "-export";
     if (!stdfs::exists(dst)) {
       std::string o;
-      EXPECT_EQ(anvil::testing::run(anvil::testing::cli_bin() + " export --checkpoint " + (out / "checkpoint-20").string() +
-                                        " --output " + dst, &o),
+      EXPECT_EQ(anvil::testing::run(anvil::testing::cli_bin() + " export --checkpoint " +
+                                        (out / "checkpoint-20").string() + " --output " + dst,
+                                    &o),
                 0)
           << o;
     }
@@ -142,8 +144,7 @@ TEST_F(DistRuns, EveryStrategyOnTwoAndThreeRanksTrainsLikeOneProcess) {
       expect_close_losses(base, got, 1, 20, 1e-5, name);
       // Sharded checkpoints consolidate (anvil export) into the same weights.
       ASSERT_TRUE(stdfs::exists(out / "checkpoint-20" / "sharding.json")) << name;
-      EXPECT_LE(max_param_diff(plain() / "checkpoint-20" / "model.safetensors",
-                               exported(out) / "model.safetensors"),
+      EXPECT_LE(max_param_diff(plain() / "checkpoint-20" / "model.safetensors", exported(out) / "model.safetensors"),
                 1e-5)
           << name;
       // ... and the checkpoint's own consolidated model.safetensors holds them.
@@ -174,9 +175,9 @@ TEST_F(DistRuns, EveryFamilyOnTwoFullShardRanksTrainsLikeOneProcess) {
 TEST_F(DistRuns, FullShardHoldsAboutOneNthOfTheStatePerRank) {
   const double whole = state_bytes(read_metrics(plain() / "metrics.jsonl").at(20));
   for (const int ranks : {2, 3}) {
-    const auto m = read_metrics(run("full_shard-" + std::to_string(ranks), ranks, "dist.sharding=full_shard") /
-                                "metrics.jsonl")
-                       .at(20);
+    const auto m =
+        read_metrics(run("full_shard-" + std::to_string(ranks), ranks, "dist.sharding=full_shard") / "metrics.jsonl")
+            .at(20);
     const double ratio = state_bytes(m) / whole;
     // Exactly 1/N but for padding each unit to a multiple of N elements.
     EXPECT_GE(ratio, 1.0 / ranks) << ranks;
@@ -187,7 +188,8 @@ TEST_F(DistRuns, FullShardHoldsAboutOneNthOfTheStatePerRank) {
   const auto m2 = read_metrics(run("full_shard-2", 2, "dist.sharding=full_shard") / "metrics.jsonl").at(20);
   const double params = read_metrics(plain() / "metrics.jsonl").at(20)["memory/parameter_bytes"].get<double>();
   const double peak = m2["memory/peak_gathered_parameter_bytes"].get<double>();
-  const double block = 4.0 * (2 * 2 * 32 + 32 * 96 + 96 + 32 * 32 + 32 + 32 * 128 + 128 + 128 * 32 + 32);  // GPT-2 block
+  const double block =
+      4.0 * (2 * 2 * 32 + 32 * 96 + 96 + 32 * 32 + 32 + 32 * 128 + 128 + 128 * 32 + 32);  // GPT-2 block
   EXPECT_NEAR(peak, params - 2 * block, 4 * 2 * 64) << "peak whole bytes " << peak << " of " << params;
   // shard_grad_op keeps whole parameters (its float32 masters are slices of
   // them) and shards gradients and moments: (1 + 3 / N) / 4 of the state.
@@ -241,14 +243,14 @@ TEST_F(DistRuns, MixedPrecisionTrainsCloseToFloat32) {
 
 TEST_F(DistRuns, ActivationCheckpointingGivesTheSameLossesAndGradients) {
   const auto base = read_metrics(run("full_shard-2", 2, "dist.sharding=full_shard") / "metrics.jsonl");
-  const auto ac = read_metrics(run("full_shard-2-ac", 2, "dist.sharding=full_shard train.activation_checkpointing=true") /
-                               "metrics.jsonl");
+  const auto ac = read_metrics(
+      run("full_shard-2-ac", 2, "dist.sharding=full_shard train.activation_checkpointing=true") / "metrics.jsonl");
   expect_close_losses(base, ac, 1, 20, 1e-6, "full_shard + activation checkpointing");
   // One plain process with dropout: the recomputed blocks draw the same
   // masks, so the runs are bit-identical.
   const auto plain_drop = read_metrics(run("plain-dropout", 0, "model.dropout=0.1") / "metrics.jsonl");
-  const auto plain_drop_ac =
-      read_metrics(run("plain-dropout-ac", 0, "model.dropout=0.1 train.activation_checkpointing=true") / "metrics.jsonl");
+  const auto plain_drop_ac = read_metrics(
+      run("plain-dropout-ac", 0, "model.dropout=0.1 train.activation_checkpointing=true") / "metrics.jsonl");
   for (int64_t s = 1; s <= 20; ++s)
     EXPECT_EQ(plain_drop.at(s)["loss"].get<double>(), plain_drop_ac.at(s)["loss"].get<double>()) << "step " << s;
 }
@@ -257,8 +259,8 @@ TEST_F(DistRuns, BadLaunchesFailWithAMessage) {
   std::string log;
   const auto out = *dir_ / "bad";
   // 12 samples = 6 micro-batches of 2 do not split among 4 ranks.
-  const auto cmd = mpirun(4) + anvil::testing::trainer_bin() + " --config " + cfg().string() + " output_dir=" +
-                   out.string();
+  const auto cmd =
+      mpirun(4) + anvil::testing::trainer_bin() + " --config " + cfg().string() + " output_dir=" + out.string();
   EXPECT_NE(anvil::testing::run("cd " + anvil::testing::source_dir() + " && " + cmd, &log), 0);
   EXPECT_NE(log.find("train.global_batch_size: a step of 6 micro-batches of 2 samples does not divide among 4 ranks"),
             std::string::npos)
@@ -280,9 +282,9 @@ TEST_F(DistRuns, BadLaunchesFailWithAMessage) {
 TEST_F(DistRuns, NonFiniteStepsAreDecidedAlikeOnEveryRank) {
   const auto mpi = [&](const std::string& name, const std::string& faults, const std::string& extra, std::string* log) {
     const auto cmd = "cd " + anvil::testing::source_dir() + " && ANVIL_TEST_NONFINITE=" + faults + " timeout 300 " +
-                     mpirun(2) + anvil::testing::trainer_bin() + " --config " + cfg().string() + " output_dir=" +
-                     (*dir_ / name).string() + " dist.sharding=full_shard train.max_steps=6 train.save_every=2 " +
-                     "train.eval_every=0 " + extra;
+                     mpirun(2) + anvil::testing::trainer_bin() + " --config " + cfg().string() +
+                     " output_dir=" + (*dir_ / name).string() +
+                     " dist.sharding=full_shard train.max_steps=6 train.save_every=2 " + "train.eval_every=0 " + extra;
     return anvil::testing::run(cmd, log);
   };
   std::string log;
@@ -310,7 +312,8 @@ TEST_F(DistRuns, ShardedCheckpointsExplainWhatCannotReadThem) {
   const auto src = run("full_shard-2", 2, "dist.sharding=full_shard") / "checkpoint-20";
   std::string log;
   // A consolidated sharded checkpoint is a model folder too.
-  EXPECT_EQ(anvil::testing::run(anvil::testing::cli_bin() + " generate --model " + src.string() + " --prompt hi", &log), 0)
+  EXPECT_EQ(anvil::testing::run(anvil::testing::cli_bin() + " generate --model " + src.string() + " --prompt hi", &log),
+            0)
       << log;
   // ... and transformers loads it as is.
   EXPECT_EQ(anvil::testing::run(anvil::testing::python_bin() +
@@ -323,10 +326,11 @@ TEST_F(DistRuns, ShardedCheckpointsExplainWhatCannotReadThem) {
   EXPECT_NE(log.find("loaded GPT2LMHeadModel"), std::string::npos) << log;
   // Without the consolidated model, generation says to export first.
   const auto shards_only =
-      run("full_shard-2-shards-only", 2, "dist.sharding=full_shard dist.consolidated_checkpoints=false") / "checkpoint-20";
+      run("full_shard-2-shards-only", 2, "dist.sharding=full_shard dist.consolidated_checkpoints=false") /
+      "checkpoint-20";
   EXPECT_FALSE(stdfs::exists(shards_only / "model.safetensors"));
-  EXPECT_NE(anvil::testing::run(anvil::testing::cli_bin() + " generate --model " + shards_only.string() + " --prompt hi",
-                                &log),
+  EXPECT_NE(anvil::testing::run(
+                anvil::testing::cli_bin() + " generate --model " + shards_only.string() + " --prompt hi", &log),
             0);
   EXPECT_NE(log.find("a sharded checkpoint (written by a multi-process or sharded run); consolidate it first with: "
                      "anvil export --checkpoint"),
@@ -336,8 +340,8 @@ TEST_F(DistRuns, ShardedCheckpointsExplainWhatCannotReadThem) {
     const auto out = *dir_ / name;
     stdfs::create_directories(out);
     stdfs::copy(src, out / "checkpoint-20", stdfs::copy_options::recursive);
-    const auto cmd = mpirun(ranks) + anvil::testing::trainer_bin() + " --config " +
-                     cfg().string() + " output_dir=" + out.string() + " train.max_steps=22 " + extra;
+    const auto cmd = mpirun(ranks) + anvil::testing::trainer_bin() + " --config " + cfg().string() +
+                     " output_dir=" + out.string() + " train.max_steps=22 " + extra;
     EXPECT_NE(anvil::testing::run("cd " + anvil::testing::source_dir() + " && " + cmd, &log), 0) << name;
     return log;
   };
@@ -359,13 +363,14 @@ TEST_F(DistRuns, ShardedCheckpointsExplainWhatCannotReadThem) {
 TEST_F(DistRuns, AnErrorOnOneRankEndsTheRunAtOnce) {
   anvil::testing::write_text(*dir_ / "bad.jsonl", "{\"prompt\": \"a\", \"response\": \"b\"}\nnot json\n");
   auto text = anvil::testing::read_text(cfg());
-  text.replace(text.find("data/sft_train.jsonl"), std::string("data/sft_train.jsonl").size(), (*dir_ / "bad.jsonl").string());
+  text.replace(text.find("data/sft_train.jsonl"), std::string("data/sft_train.jsonl").size(),
+               (*dir_ / "bad.jsonl").string());
   anvil::testing::write_text(*dir_ / "bad.yaml", text);
   const auto out = (*dir_ / "mpmd").string();
-  const auto cmd = "cd " + anvil::testing::source_dir() + " && timeout 120 mpirun --allow-run-as-root --oversubscribe " +
-                   "--bind-to none -np 1 " + anvil::testing::trainer_bin() + " --config " + cfg().string() +
-                   " output_dir=" + out + " : -np 1 " + anvil::testing::trainer_bin() + " --config " +
-                   (*dir_ / "bad.yaml").string() + " output_dir=" + out;
+  const auto cmd = "cd " + anvil::testing::source_dir() +
+                   " && timeout 120 mpirun --allow-run-as-root --oversubscribe " + "--bind-to none -np 1 " +
+                   anvil::testing::trainer_bin() + " --config " + cfg().string() + " output_dir=" + out + " : -np 1 " +
+                   anvil::testing::trainer_bin() + " --config " + (*dir_ / "bad.yaml").string() + " output_dir=" + out;
   std::string log;
   const auto t0 = std::chrono::steady_clock::now();
   const int rc = anvil::testing::run(cmd, &log);
@@ -401,8 +406,8 @@ Outcome fail_rank_one(const stdfs::path& cfg, const stdfs::path& out, int sig, c
   const auto log = out.string() + ".log";
   const auto cmd = "cd " + anvil::testing::source_dir() + " && exec " + mpirun(2) + anvil::testing::trainer_bin() +
                    " --config " + cfg.string() + " output_dir=" + out.string() +
-                   " train.max_steps=100000 train.save_every=0 train.eval_every=0 dist.timeout_s=4 " + extra + " > " + log +
-                   " 2>&1";
+                   " train.max_steps=100000 train.save_every=0 train.eval_every=0 dist.timeout_s=4 " + extra + " > " +
+                   log + " 2>&1";
   const pid_t launcher = ::fork();
   if (launcher == 0) {
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
@@ -598,8 +603,9 @@ TEST(ActivationCheckpointing, SameGradientsWithDropout) {
     auto ids = at::randint(50, {2, 12}, at::kLong);
     auto grads = [&](bool checkpointed) {
       if (checkpointed)
-        model->set_block_runner(
-            [](size_t, const at::Tensor& x, const models::BlockFn& block) { return models::checkpoint_block(block, x); });
+        model->set_block_runner([](size_t, const at::Tensor& x, const models::BlockFn& block) {
+          return models::checkpoint_block(block, x);
+        });
       else
         model->set_block_runner(nullptr);
       for (auto& p : model->parameters()) p.mutable_grad().reset();

@@ -17,11 +17,11 @@ TEST(DocsCommands, GettingStartedAndReadmeCommandsRun) {
   const auto fixture = std::filesystem::path(ANVIL_FIXTURE_DIR) / "quickstart-sft";
   ASSERT_TRUE(std::filesystem::exists(fixture / "checkpoint-1500")) << fixture;
   std::string out;
-  const int rc = anvil::testing::run(anvil::testing::python_bin() + " " + anvil::testing::source_dir() +
-                                         "/tests/docs/run_doc_commands.py " + anvil::testing::source_dir() + " " +
-                                         build.string() + " " + fixture.string() + " " + (dir / "work").string() +
-                                         " 2>&1",
-                                     &out);
+  const int rc =
+      anvil::testing::run(anvil::testing::python_bin() + " " + anvil::testing::source_dir() +
+                              "/tests/docs/run_doc_commands.py " + anvil::testing::source_dir() + " " + build.string() +
+                              " " + fixture.string() + " " + (dir / "work").string() + " 2>&1",
+                          &out);
   std::cout << out;
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find(" 0 failed"), std::string::npos);

@@ -92,9 +92,7 @@ TEST(Lora, UnknownTargetNamesTheLayersTheModelHas) {
 
 TEST(Lora, BadAdapterConfigsNameFileAndKey) {
   TempDir dir;
-  auto write = [&](const nlohmann::json& j) {
-    std::ofstream(dir / "adapter_config.json") << j.dump();
-  };
+  auto write = [&](const nlohmann::json& j) { std::ofstream(dir / "adapter_config.json") << j.dump(); };
   const nlohmann::json ok = {{"peft_type", "LORA"}, {"r", 4}, {"lora_alpha", 8}, {"target_modules", {"c_attn"}}};
   write(ok);
   EXPECT_EQ(io::read_peft_config(dir.path()).r, 4);
@@ -181,9 +179,9 @@ TEST(Lora, PeftLoadsOursAndWeLoadPeftsWithEqualLogits) {
   }
   std::ofstream(dir / "cases.json") << cases.dump();
   std::string out;
-  const auto cmd = anvil::testing::python_bin() + " " + anvil::testing::source_dir() +
-                   "/tests/parity/peft_parity.py " + anvil::testing::cli_bin() + " " + dir.path().string() + " " +
-                   (dir / "cases.json").string() + " 2>&1";
+  const auto cmd = anvil::testing::python_bin() + " " + anvil::testing::source_dir() + "/tests/parity/peft_parity.py " +
+                   anvil::testing::cli_bin() + " " + dir.path().string() + " " + (dir / "cases.json").string() +
+                   " 2>&1";
   ASSERT_EQ(anvil::testing::run(cmd, &out), 0) << out;
   EXPECT_NE(out.find("peft parity OK"), std::string::npos) << out;
 }
@@ -201,8 +199,8 @@ TEST(Lora, ExportWithoutMergeSaysHow) {
   stdfs::create_directories(adapter);
   io::save_model_dir(adapter, *model, nullptr);
   std::string out;
-  EXPECT_NE(anvil::testing::run(anvil::testing::cli_bin() + " export --checkpoint " + adapter.string() +
-                                    " --output " + (dir / "x").string() + " 2>&1",
+  EXPECT_NE(anvil::testing::run(anvil::testing::cli_bin() + " export --checkpoint " + adapter.string() + " --output " +
+                                    (dir / "x").string() + " 2>&1",
                                 &out),
             0);
   EXPECT_NE(out.find("--merge-lora"), std::string::npos) << out;
@@ -213,11 +211,11 @@ TEST(Lora, ExportWithoutMergeSaysHow) {
                                 &out),
             0);
   EXPECT_NE(out.find("--base"), std::string::npos) << out;
-  EXPECT_EQ(anvil::testing::run(anvil::testing::cli_bin() + " export --merge-lora --checkpoint " + adapter.string() +
-                                    " --base " + (dir / "moved").string() + " --output " + (dir / "y").string() +
-                                    " 2>&1",
-                                &out),
-            0)
+  EXPECT_EQ(
+      anvil::testing::run(anvil::testing::cli_bin() + " export --merge-lora --checkpoint " + adapter.string() +
+                              " --base " + (dir / "moved").string() + " --output " + (dir / "y").string() + " 2>&1",
+                          &out),
+      0)
       << out;
 }
 

@@ -68,7 +68,8 @@ TEST(Safetensors, RejectsCorruptFilesWithAMessage) {
   EXPECT_NE(load_error(p).find("unsupported dtype \"Q4\""), std::string::npos);
 
   write_text(p, header_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
-                            R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", 16));
+                            R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                            16));
   EXPECT_NE(load_error(p).find("overlap"), std::string::npos);
 
   write_text(p, header_file(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,0]}})", 0));

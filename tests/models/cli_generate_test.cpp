@@ -22,8 +22,14 @@ class CliGenerate : public ::testing::Test {
   void SetUp() override {
     at::manual_seed(5);
     models::llama::LlamaOptions o;
-    o.vocab_size(326).hidden_size(32).intermediate_size(64).num_hidden_layers(2).num_attention_heads(4)
-        .num_key_value_heads(2).max_position_embeddings(48).initializer_range(0.2);
+    o.vocab_size(326)
+        .hidden_size(32)
+        .intermediate_size(64)
+        .num_hidden_layers(2)
+        .num_attention_heads(4)
+        .num_key_value_heads(2)
+        .max_position_embeddings(48)
+        .initializer_range(0.2);
     model_ = std::make_shared<models::llama::LlamaForCausalLM>(o);
     model_->special_tokens = {1, 2, 3};
     auto tok = tokenizer::load_tokenizer("sentencepiece", anvil::testing::source_dir() + "/data/tokenizer.model");
@@ -76,10 +82,10 @@ TEST_F(CliGenerate, DeviceAndDtypeFlags) {
   EXPECT_EQ(nlohmann::json::parse(generate("--max-new-tokens 4 --eos-id -1 --dtype bfloat16")).size(), 3u);
   if (!at::hasCUDA()) {
     std::string out;
-    EXPECT_NE(run(anvil::testing::cli_bin() + " generate --model " + dir_.path().string() +
-                      " --prompt hi --device cuda 2>&1",
-                  &out),
-              0);
+    EXPECT_NE(
+        run(anvil::testing::cli_bin() + " generate --model " + dir_.path().string() + " --prompt hi --device cuda 2>&1",
+            &out),
+        0);
     EXPECT_NE(out.find("--device: cuda, but this machine has no CUDA device"), std::string::npos) << out;
   }
 }
@@ -152,10 +158,10 @@ TEST_F(CliGenerate, APromptLongerThanThePositionsIsRefusedOrTruncatedOnRequest) 
   // Text: a --prompt, and a chat line, of about 80 tokens.
   std::string text;
   for (int i = 0; i < 20; ++i) text += "reverse: abc ";
-  EXPECT_NE(run(anvil::testing::cli_bin() + " generate --model " + dir_.path().string() + " --prompt '" + text +
-                    "' 2>&1",
-                &out),
-            0);
+  EXPECT_NE(
+      run(anvil::testing::cli_bin() + " generate --model " + dir_.path().string() + " --prompt '" + text + "' 2>&1",
+          &out),
+      0);
   EXPECT_NE(out.find("--prompt 1: the prompt is "), std::string::npos) << out;
   const auto chat = "printf 'hi\n" + text + "\n' | " + anvil::testing::cli_bin() + " chat --model " +
                     dir_.path().string() + " --max-new-tokens 4";

@@ -26,7 +26,10 @@ TEST(Export, TrainedModelsOfEveryFamilyLoadInTransformersWithTheSameLogits) {
     ASSERT_EQ(run(train, &out), 0) << out;
     const auto exported = dir / ("export-" + flavor);
     ASSERT_EQ(run(anvil::testing::cli_bin() + " export --checkpoint " + (run_dir / "checkpoint-3").string() +
-                      " --output " + exported.string(), &out), 0) << out;
+                      " --output " + exported.string(),
+                  &out),
+              0)
+        << out;
     // A standalone folder: model, config, generation config and tokenizer, no trainer state.
     for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.model"})
       EXPECT_TRUE(std::filesystem::exists(exported / f)) << f;
@@ -53,21 +56,29 @@ TEST(Export, Bfloat16ExportAndRefusalToOverwrite) {
   const auto ckpt = (dir / "run" / "checkpoint-1").string();
   const auto bf16 = dir / "bf16";
   ASSERT_EQ(run(anvil::testing::cli_bin() + " export --checkpoint " + ckpt + " --output " + bf16.string() +
-                    " --dtype bfloat16", &out), 0) << out;
+                    " --dtype bfloat16",
+                &out),
+            0)
+      << out;
   SafetensorsFile f(bf16 / "model.safetensors");
   EXPECT_EQ(f.get("model.norm.weight").scalar_type(), at::kBFloat16);
   EXPECT_NE(anvil::testing::read_text(bf16 / "config.json").find("\"bfloat16\""), std::string::npos);
   // bf16 weights load back (converted to the model's float32).
   anvil::testing::write_text(dir / "ids.json", "[[1, 2, 3]]");
   ASSERT_EQ(run(anvil::testing::cli_bin() + " logits --model " + bf16.string() + " --input " +
-                    (dir / "ids.json").string() + " --output " + (dir / "l.safetensors").string(), &out), 0) << out;
+                    (dir / "ids.json").string() + " --output " + (dir / "l.safetensors").string(),
+                &out),
+            0)
+      << out;
   EXPECT_EQ(SafetensorsFile(dir / "l.safetensors").get("logits").sizes(), at::IntArrayRef({1, 3, 326}));
 
   // An existing non-empty folder is never overwritten; nothing half-written is left.
   EXPECT_EQ(run(anvil::testing::cli_bin() + " export --checkpoint " + ckpt + " --output " + bf16.string(), &out), 2);
   EXPECT_NE(out.find("already exists and is not an empty folder"), std::string::npos) << out;
   EXPECT_EQ(run(anvil::testing::cli_bin() + " export --checkpoint " + ckpt + " --output " + (dir / "x").string() +
-                    " --dtype int8", &out), 2);
+                    " --dtype int8",
+                &out),
+            2);
   EXPECT_NE(out.find("--dtype: expected float32, bfloat16 or float16, got \"int8\""), std::string::npos) << out;
   EXPECT_FALSE(std::filesystem::exists(dir / "x"));
 }

@@ -374,7 +374,8 @@ AuxRun aux_run(const std::string& flavor, bool checkpointing, double weight) {
   at::manual_seed(11);
   auto model = build_flavor(flavor, 61);
   if (checkpointing)
-    model->set_block_runner([](size_t, const at::Tensor& x, const BlockFn& block) { return checkpoint_block(block, x); });
+    model->set_block_runner(
+        [](size_t, const at::Tensor& x, const BlockFn& block) { return checkpoint_block(block, x); });
   auto ids = at::randint(61, {3, 10}, at::kLong);
   model->begin_router_stats();
   auto logits = model->forward(ids);

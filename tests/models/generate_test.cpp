@@ -104,7 +104,8 @@ TEST(Sampling, DrawsFollowTheDistributionOnAnyRowAndStep) {
   EXPECT_LT(chi2(across_rows), 22.46);
   std::vector<int64_t> one_row;
   const auto key = at::tensor(std::vector<int64_t>{static_cast<int64_t>(row_key(42))});
-  for (int64_t t = 0; t < N; ++t) one_row.push_back(draw(scores.unsqueeze(0), key, at::scalar_tensor(t, at::kLong))[0].item<int64_t>());
+  for (int64_t t = 0; t < N; ++t)
+    one_row.push_back(draw(scores.unsqueeze(0), key, at::scalar_tensor(t, at::kLong))[0].item<int64_t>());
   EXPECT_LT(chi2(at::tensor(one_row)), 22.46);
   // Uniforms: a pure function of (key, step, index), strictly inside (0, 1).
   const auto u = counter_uniform(keys.narrow(0, 0, 64), at::scalar_tensor(3, at::kLong), 1000);
@@ -166,13 +167,13 @@ TEST(Generation, LogprobsEqualAForwardPassAndProcessorsReshapeScores) {
   const int64_t banned = g.tokens[0][0];
   std::vector<std::pair<int64_t, size_t>> seen;
   SamplingOptions ban = opt;
-  ban.logits_processors.push_back(
-      [&](const at::Tensor& scores, const std::vector<int64_t>& index, const std::vector<std::vector<int64_t>>& so_far) {
-        for (size_t r = 0; r < index.size(); ++r) seen.emplace_back(index[r], so_far[r].size());
-        auto out = scores.clone();
-        out.select(1, banned).fill_(-INFINITY);
-        return out;
-      });
+  ban.logits_processors.push_back([&](const at::Tensor& scores, const std::vector<int64_t>& index,
+                                      const std::vector<std::vector<int64_t>>& so_far) {
+    for (size_t r = 0; r < index.size(); ++r) seen.emplace_back(index[r], so_far[r].size());
+    auto out = scores.clone();
+    out.select(1, banned).fill_(-INFINITY);
+    return out;
+  });
   const auto b = generate_with_logprobs(*model, prompts, ban);
   for (const auto& toks : b.tokens)
     for (auto t : toks) EXPECT_NE(t, banned);
@@ -234,8 +235,10 @@ TEST(Generation, RepeatedPromptsShareOnePrefillAndDecodeAsAlone) {
     EXPECT_EQ(g.tokens, ref.tokens);
     for (size_t i = 0; i < prompts.size(); ++i)
       for (size_t t = 0; t < ref.logprobs[i].size(); ++t) EXPECT_NEAR(g.logprobs[i][t], ref.logprobs[i][t], 1e-5);
-    if (greedy) EXPECT_EQ(g.tokens[0], g.tokens[1]);
-    else EXPECT_NE(g.tokens[0], g.tokens[1]) << "rows of one prompt draw from their own seeds";
+    if (greedy)
+      EXPECT_EQ(g.tokens[0], g.tokens[1]);
+    else
+      EXPECT_NE(g.tokens[0], g.tokens[1]) << "rows of one prompt draw from their own seeds";
   }
 }
 
@@ -251,7 +254,8 @@ TEST(Generation, PenaltiesSteerAwayFromRepeats) {
   const auto fresh = generate(*model, prompts, pen);
   for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_EQ(distinct(fresh[i]), fresh[i].size()) << "a token repeated under a presence penalty";
-    EXPECT_LT(distinct(plain[i]), plain[i].size()) << "the tiny model repeats without one (else the test shows nothing)";
+    EXPECT_LT(distinct(plain[i]), plain[i].size())
+        << "the tiny model repeats without one (else the test shows nothing)";
   }
 }
 

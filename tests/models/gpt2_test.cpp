@@ -22,8 +22,8 @@ TEST(GPT2, ParameterNamesAndShapesAreHuggingFaces) {
   GPT2LMHeadModel m(tiny());
   std::vector<std::pair<std::string, std::vector<int64_t>>> got;
   for (const auto& p : m.named_parameters()) got.emplace_back(p.key(), p.value().sizes().vec());
-  std::vector<std::pair<std::string, std::vector<int64_t>>> want = {
-      {"transformer.wte.weight", {50, 32}}, {"transformer.wpe.weight", {16, 32}}};
+  std::vector<std::pair<std::string, std::vector<int64_t>>> want = {{"transformer.wte.weight", {50, 32}},
+                                                                    {"transformer.wpe.weight", {16, 32}}};
   for (int i = 0; i < 2; ++i) {
     const auto h = "transformer.h." + std::to_string(i) + ".";
     want.push_back({h + "ln_1.weight", {32}});
@@ -82,8 +82,8 @@ TEST(GPT2, KVCacheMatchesFullRecompute) {
   auto ids = at::randint(0, 50, {2, 12}, at::kLong);
   auto full = m.forward(ids);
   KVCache cache;
-  auto first = m.forward(ids.narrow(1, 0, 5), &cache);   // prefill
-  auto chunk = m.forward(ids.narrow(1, 5, 3), &cache);   // several tokens with a past
+  auto first = m.forward(ids.narrow(1, 0, 5), &cache);  // prefill
+  auto chunk = m.forward(ids.narrow(1, 5, 3), &cache);  // several tokens with a past
   std::vector<at::Tensor> steps = {first, chunk};
   for (int64_t t = 8; t < 12; ++t) steps.push_back(m.forward(ids.narrow(1, t, 1), &cache));
   EXPECT_EQ(cache.length, 12);

@@ -214,9 +214,7 @@ TEST(TokenizerParity, MetaspaceNeverAndOlderForm) {
   check_parity("metaspace_old", "metaspace_old");
 }
 
-TEST(TokenizerParity, SentencePieceUnigram) {
-  check_parity("sp_unigram", "sp_unigram/tokenizer.model");
-}
+TEST(TokenizerParity, SentencePieceUnigram) { check_parity("sp_unigram", "sp_unigram/tokenizer.model"); }
 
 TEST(TokenizerParity, SentencePieceBpe) {
   check_parity("sp_bpe", "sp_bpe/tokenizer.model");
@@ -272,8 +270,8 @@ TEST(TokenizerLoading, DefaultsWithoutConfigSaveAndReload) {
   // Invalid UTF-8 is read as Python would decode it with errors="replace".
   EXPECT_EQ(tok->encode("a\xff"), tok->encode("a\xef\xbf\xbd"));
 
-  write_json(dir / "tokenizer_config.json", {{"bos_token", "a"}, {"eos_token", {{"content", "b"}}},
-                                             {"pad_token", nullptr}, {"add_bos_token", true}});
+  write_json(dir / "tokenizer_config.json",
+             {{"bos_token", "a"}, {"eos_token", {{"content", "b"}}}, {"pad_token", nullptr}, {"add_bos_token", true}});
   anvil::testing::write_text(dir / "tokenizer.model", "not read: tokenizer.json comes first");
   EXPECT_TRUE(has_tokenizer(dir.path()));
   const auto configured = load_tokenizer_from_model_dir(dir.path());
@@ -296,9 +294,10 @@ TEST(TokenizerLoading, DefaultsWithoutConfigSaveAndReload) {
 TEST(TokenizerLoading, FolderWithAnUnsupportedTokenizerJsonFallsBackToTokenizerModel) {
   anvil::testing::TempDir dir;
   // A folder whose tokenizer.json is a SentencePiece unigram conversion.
-  anvil::testing::write_text(dir / "tokenizer.json",
-                             R"({"model": {"type": "Unigram", "vocab": [], "byte_fallback": true},)"
-                             R"( "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581"}, "added_tokens": []})");
+  anvil::testing::write_text(
+      dir / "tokenizer.json",
+      R"({"model": {"type": "Unigram", "vocab": [], "byte_fallback": true},)"
+      R"( "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581"}, "added_tokens": []})");
   std::string err;
   try {
     load_tokenizer_from_model_dir(dir.path());
@@ -330,8 +329,9 @@ TEST(TokenizerErrors, MessagesNameFileAndKey) {
 
   spec = tiny_tokenizer();
   spec["pre_tokenizer"] = json::parse(R"({"type": "Sequence", "pretokenizers": [{"type": "Whitespace"}]})");
-  expect_error(spec, "pre_tokenizer.pretokenizers[0].type: unsupported pre-tokenizer \"Whitespace\"; "
-                     "expected ByteLevel, Split, Digits, Metaspace or Sequence");
+  expect_error(spec,
+               "pre_tokenizer.pretokenizers[0].type: unsupported pre-tokenizer \"Whitespace\"; "
+               "expected ByteLevel, Split, Digits, Metaspace or Sequence");
 
   spec = tiny_tokenizer();
   spec["pre_tokenizer"] = {{"type", "Metaspace"}};
@@ -347,8 +347,9 @@ TEST(TokenizerErrors, MessagesNameFileAndKey) {
 
   spec = tiny_tokenizer();
   spec["decoder"] = {{"type", "CTC"}};
-  expect_error(spec, "decoder.type: unsupported decoder \"CTC\"; "
-                     "expected ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace or Sequence");
+  expect_error(spec,
+               "decoder.type: unsupported decoder \"CTC\"; "
+               "expected ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace or Sequence");
 
   spec = tiny_tokenizer();
   spec["decoder"] = json::parse(R"({"type": "Sequence", "decoders": [{"type": "Fuse"}, {"type": "WordPiece"}]})");
@@ -385,8 +386,9 @@ TEST(TokenizerErrors, MessagesNameFileAndKey) {
   write_json(dir / "tokenizer.json", tiny_tokenizer());
   write_json(dir / "tokenizer_config.json", {{"eos_token", "<|nope|>"}});
   const auto msg = load_error("auto", dir.path());
-  EXPECT_NE(msg.find((dir / "tokenizer_config.json").string() + ": eos_token: token \"<|nope|>\" is not in the vocabulary"),
-            std::string::npos)
+  EXPECT_NE(
+      msg.find((dir / "tokenizer_config.json").string() + ": eos_token: token \"<|nope|>\" is not in the vocabulary"),
+      std::string::npos)
       << msg;
 
   try {
@@ -407,7 +409,8 @@ TEST(TokenizerErrors, SentencePieceConfigNamesFileAndKey) {
   stdfs::copy_file(refs.dir / "sp_bpe" / "tokenizer.model", dir / "tokenizer.model");
   write_json(dir / "tokenizer_config.json", {{"pad_token", "<pad-nowhere>"}});
   const auto msg = load_error("auto", dir.path());
-  EXPECT_NE(msg.find((dir / "tokenizer_config.json").string() + ": pad_token: token \"<pad-nowhere>\" is not in the vocabulary"),
+  EXPECT_NE(msg.find((dir / "tokenizer_config.json").string() +
+                     ": pad_token: token \"<pad-nowhere>\" is not in the vocabulary"),
             std::string::npos)
       << msg;
 }

@@ -85,15 +85,17 @@ TEST(ChatFormat, TrainerChatAndTransformersAgreeOnTheExportedFolderForEveryTempl
   TempDir dir;
   std::string out;
   ASSERT_TRUE(make_refs(dir));
-  const std::vector<Chat> chats = {{"", "What is 2+2?"}, {"You are terse.", "Name a colour."},
-                                   {"", "Zähle: 1, 22, 333, 4444"}};
-  std::string convs = conversation({{"user", "What is 2+2?"}, {"assistant", "4"}}) +
-                      conversation({{"system", "You are terse."}, {"user", "Name a colour."},
-                                    {"assistant", " Blue, like the sky. "}}) +
-                      conversation({{"user", "Zähle: 1, 22, 333, 4444"}, {"assistant", "I'm counting: 10000!"}}) +
-                      // multi-turn, and a user turn that already ends its line
-                      conversation({{"user", "Name a colour."}, {"assistant", "Blue"}, {"user", "Another one?\n"},
-                                    {"assistant", "Grün — ein schönes Wort 🌿"}});
+  const std::vector<Chat> chats = {
+      {"", "What is 2+2?"}, {"You are terse.", "Name a colour."}, {"", "Zähle: 1, 22, 333, 4444"}};
+  std::string convs =
+      conversation({{"user", "What is 2+2?"}, {"assistant", "4"}}) +
+      conversation({{"system", "You are terse."}, {"user", "Name a colour."}, {"assistant", " Blue, like the sky. "}}) +
+      conversation({{"user", "Zähle: 1, 22, 333, 4444"}, {"assistant", "I'm counting: 10000!"}}) +
+      // multi-turn, and a user turn that already ends its line
+      conversation({{"user", "Name a colour."},
+                    {"assistant", "Blue"},
+                    {"user", "Another one?\n"},
+                    {"assistant", "Grün — ein schönes Wort 🌿"}});
   write_text(dir / "convs.jsonl", convs);
 
   for (const std::string name : ChatTemplate::names()) {
@@ -102,19 +104,20 @@ TEST(ChatFormat, TrainerChatAndTransformersAgreeOnTheExportedFolderForEveryTempl
     const auto run_dir = dir / ("run-" + name);
     ASSERT_EQ(run(in_source(anvil::testing::trainer_bin() +
                             " --config configs/quickstart.yaml --config configs/models/gpt2-debug.yaml output_dir=" +
-                            run_dir.string() + " tokenizer.type=auto tokenizer.path=" + (dir / "refs" / "tok").string() +
-                            " 'data.train=[{path: " + (dir / "convs.jsonl").string() + "}]' data.eval=null data.template=" +
-                            name + " data.max_length=64 train.max_steps=1 train.micro_batch_size=2 "
+                            run_dir.string() + " tokenizer.type=auto tokenizer.path=" +
+                            (dir / "refs" / "tok").string() + " 'data.train=[{path: " + (dir / "convs.jsonl").string() +
+                            "}]' data.eval=null data.template=" + name +
+                            " data.max_length=64 train.max_steps=1 train.micro_batch_size=2 "
                             "schedule.warmup_steps=0 train.threads=1 logging.level=warn"),
                   &out),
               0)
         << out;
     const auto ckpt = run_dir / "checkpoint-1";
     const auto exported = dir / ("export-" + name);
-    ASSERT_EQ(run(anvil::testing::cli_bin() + " export --checkpoint " + ckpt.string() + " --output " +
-                      exported.string(),
-                  &out),
-              0)
+    ASSERT_EQ(
+        run(anvil::testing::cli_bin() + " export --checkpoint " + ckpt.string() + " --output " + exported.string(),
+            &out),
+        0)
         << out;
 
     // The folder records the format; Anvil reads it back as this template.
@@ -196,14 +199,17 @@ TEST(ChatFormat, RewardModelsAreScoredInTheFormatTheyWereTrainedIn) {
              "{\"prompt\": \"What is 2+2?\", \"chosen\": \"4\", \"rejected\": \"5\"}\n"
              "{\"prompt\": [{\"role\": \"system\", \"content\": \"You are terse.\"}, {\"role\": \"user\", "
              "\"content\": \"Name a colour.\"}], \"chosen\": \"Blue\", \"rejected\": \"I do not know\"}\n");
-  ASSERT_EQ(run(in_source(anvil::testing::trainer_bin() +
-                          " --config configs/rm_tiny.yaml --config configs/models/gpt2-debug.yaml model.from=null "
-                          "output_dir=" + (dir / "rm").string() + " tokenizer.type=auto tokenizer.path=" +
-                          (dir / "refs" / "tok").string() + " 'data.train=[{path: " + (dir / "pref.jsonl").string() +
-                          "}]' data.eval=null data.template=chatml data.max_length=64 train.max_steps=1 train.micro_batch_size=2 "
-                          "schedule.warmup_steps=0 train.threads=1 logging.level=warn"),
-                &out),
-            0)
+  ASSERT_EQ(
+      run(in_source(
+              anvil::testing::trainer_bin() +
+              " --config configs/rm_tiny.yaml --config configs/models/gpt2-debug.yaml model.from=null "
+              "output_dir=" +
+              (dir / "rm").string() + " tokenizer.type=auto tokenizer.path=" + (dir / "refs" / "tok").string() +
+              " 'data.train=[{path: " + (dir / "pref.jsonl").string() +
+              "}]' data.eval=null data.template=chatml data.max_length=64 train.max_steps=1 train.micro_batch_size=2 "
+              "schedule.warmup_steps=0 train.threads=1 logging.level=warn"),
+          &out),
+      0)
       << out;
   const auto ckpt = dir / "rm" / "checkpoint-1";
   // No --template: the checkpoint's chatml, prompts rendered as in training.
@@ -225,13 +231,14 @@ TEST(ChatFormat, RewardModelsAreScoredInTheFormatTheyWereTrainedIn) {
   // The library call anvil score makes gives the same rewards.
   const auto rm = rewards::RewardModel::load(ckpt);
   EXPECT_EQ(rm.chat_template().name(), "chatml");
-  const auto lib = rm.score({rm.encode({{"user", "What is 2+2?"}}, true, "4"), rm.encode({{"user", "What is 2+2?"}}, true, "5")});
+  const auto lib =
+      rm.score({rm.encode({{"user", "What is 2+2?"}}, true, "4"), rm.encode({{"user", "What is 2+2?"}}, true, "5")});
   ASSERT_EQ(lib.size(), 2u);
   EXPECT_NEAR(lib[0], cli_rewards[0][0], 1e-6);
   EXPECT_NEAR(lib[1], cli_rewards[0][1], 1e-6);
-  write_text(dir / "convs.jsonl", conversation({{"user", "What is 2+2?"}, {"assistant", "4"}}) +
-                                      conversation({{"system", "You are terse."}, {"user", "Name a colour."},
-                                                    {"assistant", "Blue"}}));
+  write_text(dir / "convs.jsonl",
+             conversation({{"user", "What is 2+2?"}, {"assistant", "4"}}) +
+                 conversation({{"system", "You are terse."}, {"user", "Name a colour."}, {"assistant", "Blue"}}));
   json header;
   const auto hf = transformers_view(ckpt, dir / "convs.jsonl", &header);
   ASSERT_EQ(hf.size(), 2u);
@@ -275,9 +282,9 @@ TEST(ChatFormatOnQuickstart, MessagesTextChatAndTransformersGiveTheSamePrompt) {
   std::string out;
   // The checkpoint records plain, and its SentencePiece export loads in AutoTokenizer.
   const auto exported = dir / "export";
-  ASSERT_EQ(run(anvil::testing::cli_bin() + " export --checkpoint " + ckpt.string() + " --output " + exported.string(),
-                &out),
-            0)
+  ASSERT_EQ(
+      run(anvil::testing::cli_bin() + " export --checkpoint " + ckpt.string() + " --output " + exported.string(), &out),
+      0)
       << out;
   auto tok = tokenizer::load_tokenizer_from_model_dir(exported);
   EXPECT_EQ(recorded_chat_format(*tok).name, "plain");
@@ -320,9 +327,10 @@ TEST(ChatFormatOnQuickstart, MessagesTextChatAndTransformersGiveTheSamePrompt) {
   double em[2] = {-1, -1};
   for (int k = 0; k < 2; ++k) {
     const auto out_dir = dir / (k ? "eval-msgs" : "eval-text");
-    ASSERT_EQ(run(in_source(anvil::testing::trainer_bin() + " --eval-only --config configs/quickstart.yaml model.from=" +
-                            ckpt.string() + " output_dir=" + out_dir.string() + " data.eval[0].path=" +
-                            (dir / (k ? "msgs.jsonl" : "text.jsonl")).string() +
+    ASSERT_EQ(run(in_source(anvil::testing::trainer_bin() +
+                            " --eval-only --config configs/quickstart.yaml model.from=" + ckpt.string() +
+                            " output_dir=" + out_dir.string() +
+                            " data.eval[0].path=" + (dir / (k ? "msgs.jsonl" : "text.jsonl")).string() +
                             " data.template=auto eval.generate_samples=100 train.threads=1"),
                   &out),
               0)

@@ -123,8 +123,8 @@ TEST_F(CheckpointAsync, BackgroundCheckpointsAreByteIdenticalToOnesWrittenAtOnce
   // before trainer_state.json.
   const auto background = run_to_end(dir_ / "async", "ANVIL_TEST_CHECKPOINT_WRITE_DELAY_MS=300");
   const auto log = anvil::testing::read_text(dir_ / "log.txt");
-  EXPECT_NE(log.find("writing " + (dir_ / "async" / "checkpoint-2").string() + " in the background"),
-            std::string::npos) << log;
+  EXPECT_NE(log.find("writing " + (dir_ / "async" / "checkpoint-2").string() + " in the background"), std::string::npos)
+      << log;
   ASSERT_EQ(background, at_once);  // bit for bit
 
   for (const char* ckpt : {"checkpoint-2", "checkpoint-4", "checkpoint-6"}) {
@@ -153,8 +153,8 @@ TEST_F(CheckpointAsync, BackgroundCheckpointsAreByteIdenticalToOnesWrittenAtOnce
   int writes = 0;
   for (const int64_t step : {3, 4, 5}) writes += lines.at(step).contains("time/checkpoint_write_s");
   EXPECT_EQ(writes, 1);
-  EXPECT_NE(log.find("saved " + (dir_ / "async" / "checkpoint-6").string() + " in the background: "),
-            std::string::npos) << log;
+  EXPECT_NE(log.find("saved " + (dir_ / "async" / "checkpoint-6").string() + " in the background: "), std::string::npos)
+      << log;
 }
 
 // A file-size limit (ulimit -f, SIGXFSZ ignored) makes the first background
@@ -181,11 +181,13 @@ TEST_F(CheckpointAsync, OneRankMixedPrecisionRunsSaveInTheBackgroundAndResumeBit
   ASSERT_EQ(reference.size(), 6u);
   const auto ref_log = anvil::testing::read_text(dir_ / "log.txt");
   EXPECT_NE(ref_log.find("writing " + (dir_ / "ref" / "checkpoint-2").string() + " in the background"),
-            std::string::npos) << ref_log;
+            std::string::npos)
+      << ref_log;
   const auto ckpt = dir_ / "ref" / "checkpoint-2";
   EXPECT_FALSE(stdfs::exists(ckpt / "sharding.json"));
   EXPECT_EQ(io::SafetensorsFile(ckpt / "model.safetensors").get("transformer.wte.weight").scalar_type(), at::kFloat);
-  EXPECT_TRUE(io::SafetensorsFile(ckpt / "optimizer.safetensors").contains("transformer.h.1.mlp.c_fc.weight.exp_avg_sq"));
+  EXPECT_TRUE(
+      io::SafetensorsFile(ckpt / "optimizer.safetensors").contains("transformer.h.1.mlp.c_fc.weight.exp_avg_sq"));
 
   const auto out = dir_ / "killed";
   const auto tmp = kill_while_writing_checkpoint_4(out);

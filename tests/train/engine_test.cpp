@@ -140,11 +140,13 @@ TEST(Engine, RegisteredObjectiveRunsWithItsHooksInOrderAndItsStateResumes) {
   events().clear();
   auto result = run_training(tiny(dir, "hooked_sft", {"train.max_steps=4"}));
   EXPECT_EQ(result.step, 4);
-  const std::vector<std::string> first = {
-      "prepare",
-      "before_iteration 0 at step 0", "micro-batch", "after_step 1", "micro-batch", "after_step 2", "state 2",
-      "before_iteration 1 at step 2", "micro-batch", "after_step 3", "micro-batch", "after_step 4", "evaluate",
-      "state 4"};
+  const std::vector<std::string> first = {"prepare",     "before_iteration 0 at step 0",
+                                          "micro-batch", "after_step 1",
+                                          "micro-batch", "after_step 2",
+                                          "state 2",     "before_iteration 1 at step 2",
+                                          "micro-batch", "after_step 3",
+                                          "micro-batch", "after_step 4",
+                                          "evaluate",    "state 4"};
   EXPECT_EQ(events(), first);
 
   // Resume from checkpoint-2 with a longer run: state and iteration count come back.
@@ -152,12 +154,22 @@ TEST(Engine, RegisteredObjectiveRunsWithItsHooksInOrderAndItsStateResumes) {
   events().clear();
   result = run_training(tiny(dir, "hooked_sft", {"train.max_steps=6"}));
   EXPECT_EQ(result.step, 6);
-  const std::vector<std::string> resumed = {
-      "prepare", "restore {\"counter\":2}",
-      "before_iteration 1 at step 2", "micro-batch", "after_step 3", "micro-batch", "after_step 4", "evaluate",
-      "state 4",
-      "before_iteration 2 at step 4", "micro-batch", "after_step 5", "micro-batch", "after_step 6", "evaluate",
-      "state 6"};
+  const std::vector<std::string> resumed = {"prepare",
+                                            "restore {\"counter\":2}",
+                                            "before_iteration 1 at step 2",
+                                            "micro-batch",
+                                            "after_step 3",
+                                            "micro-batch",
+                                            "after_step 4",
+                                            "evaluate",
+                                            "state 4",
+                                            "before_iteration 2 at step 4",
+                                            "micro-batch",
+                                            "after_step 5",
+                                            "micro-batch",
+                                            "after_step 6",
+                                            "evaluate",
+                                            "state 6"};
   EXPECT_EQ(events(), resumed);
   // The iteration's metrics join its first step's line; every step has a line.
   std::ifstream in(dir / "out" / "metrics.jsonl");
@@ -169,17 +181,17 @@ TEST(Engine, RegisteredObjectiveRunsWithItsHooksInOrderAndItsStateResumes) {
     EXPECT_EQ(j.contains("rollout/score"), j["step"].get<int64_t>() % 2 == 1) << line;
   }
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
-  const auto state = nlohmann::json::parse(anvil::testing::read_text(dir / "out" / "checkpoint-6" / "trainer_state.json"));
+  const auto state =
+      nlohmann::json::parse(anvil::testing::read_text(dir / "out" / "checkpoint-6" / "trainer_state.json"));
   EXPECT_EQ(state["objective"]["counter"], 6);
   EXPECT_EQ(state["iteration"], 3);
 
-  EXPECT_THROW(register_objective("hooked_sft", [](const config::RunConfig&, const tokenizer::Tokenizer&) {
-                 return std::unique_ptr<Objective>();
-               }),
-               ConfigError);
-  EXPECT_THROW(register_objective("Bad Name", [](const config::RunConfig&, const tokenizer::Tokenizer&) {
-                 return std::unique_ptr<Objective>();
-               }),
+  EXPECT_THROW(
+      register_objective("hooked_sft", [](const config::RunConfig&,
+                                          const tokenizer::Tokenizer&) { return std::unique_ptr<Objective>(); }),
+      ConfigError);
+  EXPECT_THROW(register_objective("Bad Name", [](const config::RunConfig&,
+                                                 const tokenizer::Tokenizer&) { return std::unique_ptr<Objective>(); }),
                ConfigError);
 }
 
@@ -193,7 +205,8 @@ TEST(Engine, HeadsAreSavedBesideTheHfFolderAndRestoredOnResume) {
   auto names = heads.names();
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{"heads.value.bias", "heads.value.weight"}));
-  for (const auto& n : io::SafetensorsFile(ckpt / "model.safetensors").names()) EXPECT_NE(n.rfind("heads.", 0), 0u) << n;
+  for (const auto& n : io::SafetensorsFile(ckpt / "model.safetensors").names())
+    EXPECT_NE(n.rfind("heads.", 0), 0u) << n;
   EXPECT_EQ(nlohmann::json::parse(anvil::testing::read_text(ckpt / "heads.json"))["heads"]["value"]["out_features"], 1);
   // The head trained, and load_model_dir brings it back.
   io::SafetensorsFile early(a / "out" / "checkpoint-2" / "heads.safetensors");
@@ -236,8 +249,9 @@ TEST(Engine, FrozenParametersAreNeitherUpdatedNorDecayed) {
   // The sharded engine (full_shard on one rank here): the frozen weight is
   // the same initial value as on the plain path, at every checkpoint.
   TempDir dir2;
-  ASSERT_EQ(run_training(tiny(dir2, "frozen_sft", {"optimizer.weight_decay=0.5", "train.max_steps=4",
-                                                   "dist.sharding=full_shard", "dist.consolidated_checkpoints=true"}))
+  ASSERT_EQ(run_training(tiny(dir2, "frozen_sft",
+                              {"optimizer.weight_decay=0.5", "train.max_steps=4", "dist.sharding=full_shard",
+                               "dist.consolidated_checkpoints=true"}))
                 .step,
             4);
   io::SafetensorsFile sharded(dir2 / "out" / "checkpoint-4" / "model.safetensors");
@@ -251,10 +265,10 @@ TEST(Engine, FrozenParametersAreNeitherUpdatedNorDecayed) {
 TEST(Engine, FrozenParametersStayOnTwoShardedRanks) {
   register_once();
   if (const char* out = std::getenv("ANVIL_ENGINE_TEST_DIR")) {  // a rank
-    const auto r = run_training(tiny_in(out, "frozen_sft", {"optimizer.weight_decay=0.5", "train.max_steps=4",
-                                                            "dist.sharding=full_shard",
-                                                            "dist.consolidated_checkpoints=true", "train.threads=1",
-                                                            "train.grad_accum_steps=2"}));
+    const auto r =
+        run_training(tiny_in(out, "frozen_sft",
+                             {"optimizer.weight_decay=0.5", "train.max_steps=4", "dist.sharding=full_shard",
+                              "dist.consolidated_checkpoints=true", "train.threads=1", "train.grad_accum_steps=2"}));
     EXPECT_EQ(r.step, 4);
     return;
   }
@@ -264,8 +278,8 @@ TEST(Engine, FrozenParametersStayOnTwoShardedRanks) {
   const auto self = stdfs::read_symlink("/proc/self/exe").string();
   ASSERT_EQ(anvil::testing::run("ANVIL_ENGINE_TEST_DIR=" + dir.path().string() +
                                     " mpirun --allow-run-as-root --oversubscribe --bind-to none -x "
-                                    "ANVIL_ENGINE_TEST_DIR -np 2 " + self +
-                                    " --gtest_filter=Engine.FrozenParametersStayOnTwoShardedRanks 2>&1",
+                                    "ANVIL_ENGINE_TEST_DIR -np 2 " +
+                                    self + " --gtest_filter=Engine.FrozenParametersStayOnTwoShardedRanks 2>&1",
                                 &log),
             0)
       << log;
@@ -287,8 +301,8 @@ TEST(Engine, FrozenModelsAreShardedLikeThePolicy) {
     std::string log;
     const auto self = stdfs::read_symlink("/proc/self/exe").string();
     ASSERT_EQ(anvil::testing::run("ANVIL_FROZEN_TEST=1 mpirun --allow-run-as-root --oversubscribe --bind-to none -x "
-                                  "ANVIL_FROZEN_TEST -np 2 " + self +
-                                      " --gtest_filter=Engine.FrozenModelsAreShardedLikeThePolicy 2>&1",
+                                  "ANVIL_FROZEN_TEST -np 2 " +
+                                      self + " --gtest_filter=Engine.FrozenModelsAreShardedLikeThePolicy 2>&1",
                                   &log),
               0)
         << log;

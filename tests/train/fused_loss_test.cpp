@@ -73,8 +73,7 @@ TEST_P(FusedLoss, EqualsThePlainLossAndGradients) {
   const auto [all_got, all_got_g] = loss_and_grads(*model, b, {true, 5});
   EXPECT_NEAR(all_got, all_want, 1e-5 * all_want);
   for (const auto& [name, g] : all_want_g)
-    EXPECT_LE((all_got_g.at(name) - g).abs().max().item<double>(), 1e-5 * g.abs().max().item<double>() + 1e-7)
-        << name;
+    EXPECT_LE((all_got_g.at(name) - g).abs().max().item<double>(), 1e-5 * g.abs().max().item<double>() + 1e-7) << name;
   // No target at all: zero, and backward still runs.
   b.tensors["labels"] = at::full_like(ids, data::kIgnoreIndex);
   const auto [none, none_g] = loss_and_grads(*model, b, {true, 7});
@@ -103,17 +102,17 @@ TEST(FusedLinearCrossEntropy, BiasPaddingAndAFrozenHeadEqualThePlainComposition)
         auto w = (at::randn({V, C}, at::kDouble) * 0.3).requires_grad_(!frozen);
         auto b = at::randn({V}, at::kDouble).requires_grad_();
         const auto want = plain_loss(h, w, b, y);
-        const auto want_g = torch::autograd::grad({want * 1.7}, frozen ? std::vector<at::Tensor>{h, b}
-                                                                    : std::vector<at::Tensor>{h, w, b});
+        const auto want_g = torch::autograd::grad(
+            {want * 1.7}, frozen ? std::vector<at::Tensor>{h, b} : std::vector<at::Tensor>{h, w, b});
         FusedLossOptions o;
         o.chunk = chunk;
         o.pad_to = pad_to;
         const auto got = fused_linear_cross_entropy(h, w, b, y, o);
         EXPECT_EQ(got.scalar_type(), at::kDouble);
-        const auto got_g = torch::autograd::grad({got * 1.7}, frozen ? std::vector<at::Tensor>{h, b}
-                                                                  : std::vector<at::Tensor>{h, w, b});
-        const std::string where = "pad_to " + std::to_string(pad_to) + (frozen ? ", frozen" : "") + ", chunk " +
-                                  std::to_string(chunk);
+        const auto got_g = torch::autograd::grad(
+            {got * 1.7}, frozen ? std::vector<at::Tensor>{h, b} : std::vector<at::Tensor>{h, w, b});
+        const std::string where =
+            "pad_to " + std::to_string(pad_to) + (frozen ? ", frozen" : "") + ", chunk " + std::to_string(chunk);
         EXPECT_NEAR(got.item<double>(), want.item<double>(), 1e-12 * std::abs(want.item<double>())) << where;
         for (size_t i = 0; i < want_g.size(); ++i) {
           EXPECT_EQ(got_g[i].sizes(), want_g[i].sizes()) << where;
@@ -147,8 +146,10 @@ TEST(FusedLinearCrossEntropy, BFloat16KeepsItsDtypeAndFollowsTheFloatComputation
   const auto want = plain_loss(hf, wf, {}, y);
   want.backward();
   EXPECT_NEAR(got.item<double>(), want.item<double>(), 1e-2 * want.item<double>());
-  EXPECT_LE((h.grad().to(at::kFloat) - hf.grad()).abs().max().item<double>(), 2e-2 * hf.grad().abs().max().item<double>());
-  EXPECT_LE((w.grad().to(at::kFloat) - wf.grad()).abs().max().item<double>(), 2e-2 * wf.grad().abs().max().item<double>());
+  EXPECT_LE((h.grad().to(at::kFloat) - hf.grad()).abs().max().item<double>(),
+            2e-2 * hf.grad().abs().max().item<double>());
+  EXPECT_LE((w.grad().to(at::kFloat) - wf.grad()).abs().max().item<double>(),
+            2e-2 * wf.grad().abs().max().item<double>());
 }
 
 TEST(FusedLinearLogprobs, EqualTheLogSoftmaxOfThePlainLogitsWithGradients) {
@@ -174,8 +175,8 @@ TEST(FusedLinearLogprobs, EqualTheLogSoftmaxOfThePlainLogitsWithGradients) {
         at::Tensor ent;
         const auto got = fused_linear_logprobs(h, w, b, y, temperature, o, &ent);
         const auto got_g = torch::autograd::grad({(got * upstream).sum()}, {h, w, b});
-        const std::string where = "temperature " + std::to_string(temperature) + ", pad_to " +
-                                  std::to_string(pad_to) + ", chunk " + std::to_string(chunk);
+        const std::string where = "temperature " + std::to_string(temperature) + ", pad_to " + std::to_string(pad_to) +
+                                  ", chunk " + std::to_string(chunk);
         EXPECT_LE((got - want).abs().max().item<double>(), 1e-12) << where;
         EXPECT_EQ(got.masked_select(valid.logical_not()).abs().sum().item<double>(), 0.0) << where;
         EXPECT_FALSE(ent.requires_grad());
@@ -230,7 +231,7 @@ TEST(FusedLinearCrossEntropy, AutomaticChunksKeepTheFloatLogitsWithinTheBudget) 
   FusedLossOptions o;
   EXPECT_EQ(fused_loss_chunk_rows(16384, 50304, o), 4096);  // GPT-2, 16 x 1024: 5,336 rows fit, 4 equal chunks
   EXPECT_EQ(fused_loss_chunk_rows(5336, 50304, o), 5336);
-  EXPECT_EQ(fused_loss_chunk_rows(100, 50304, o), 100);                                  // all at once
+  EXPECT_EQ(fused_loss_chunk_rows(100, 50304, o), 100);  // all at once
   o.chunk = 7;
   EXPECT_EQ(fused_loss_chunk_rows(16384, 50304, o), 7);
 }

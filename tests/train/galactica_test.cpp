@@ -28,8 +28,10 @@ std::string tiny(const stdfs::path& out, const std::string& extra, int* rc = nul
                    " --config sft_galactica_tiny.yaml output_dir=" + out.string() + " train.threads=1 " + extra +
                    anvil::testing::seed_override() + " 2>&1";
   const int code = run(cmd, &log);
-  if (rc) *rc = code;
-  else EXPECT_EQ(code, 0) << cmd << "\n" << log;
+  if (rc)
+    *rc = code;
+  else
+    EXPECT_EQ(code, 0) << cmd << "\n" << log;
   return log;
 }
 
@@ -53,8 +55,9 @@ TEST(GalacticaTiny, LearnsAndResumesBitExactlyAfterSigkill) {
   if (anvil::testing::sweeping()) return;
 
   const auto out = dir / "killed";
-  const auto cmd = anvil::testing::trainer_bin() + " --config configs/sft_galactica_tiny.yaml output_dir=" +
-                   out.string() + " train.threads=1 " + common;
+  const auto cmd = anvil::testing::trainer_bin() +
+                   " --config configs/sft_galactica_tiny.yaml output_dir=" + out.string() + " train.threads=1 " +
+                   common;
   std::string klog;
   ASSERT_EQ(run("cd " + anvil::testing::source_dir() + " && (" + cmd + " >" + (dir / "killed.log").string() +
                     " 2>&1 & pid=$!; for i in $(seq 1 6000); do [ -f " +
@@ -80,8 +83,9 @@ TEST(GalacticaTiny, LearnsAndResumesBitExactlyAfterSigkill) {
 // checkpoint loads in transformers (model and tokenizer) with the new size.
 TEST(GalacticaTiny, AddedSpecialTokensGrowTheVocabularyAsTransformersDoes) {
   TempDir dir;
-  tiny(dir / "base", "train.max_steps=20 train.save_every=20 train.eval_every=0 schedule.warmup_steps=2 data.template=plain "
-                          "'tokenizer.add_special_tokens=[]'");
+  tiny(dir / "base",
+       "train.max_steps=20 train.save_every=20 train.eval_every=0 schedule.warmup_steps=2 data.template=plain "
+       "'tokenizer.add_special_tokens=[]'");
   const auto base = dir / "base" / "checkpoint-20";
   anvil::testing::write_text(
       dir / "grown.yaml",
@@ -121,10 +125,11 @@ TEST(GalacticaTiny, AddedSpecialTokensGrowTheVocabularyAsTransformersDoes) {
                 &out),
             0)
       << out;
-  EXPECT_EQ(run(anvil::testing::python_bin() + " -c \"import json,sys; from transformers import AutoTokenizer; "
-                                               "t = AutoTokenizer.from_pretrained(sys.argv[1]); "
-                                               "print(json.dumps(t.encode('<|prompter|>abc<|assistant|>', "
-                                               "add_special_tokens=False)))\" " +
+  EXPECT_EQ(run(anvil::testing::python_bin() +
+                    " -c \"import json,sys; from transformers import AutoTokenizer; "
+                    "t = AutoTokenizer.from_pretrained(sys.argv[1]); "
+                    "print(json.dumps(t.encode('<|prompter|>abc<|assistant|>', "
+                    "add_special_tokens=False)))\" " +
                     grown.string() + " 2>/dev/null",
                 &out),
             0)
@@ -144,8 +149,8 @@ TEST(GalacticaConfig, AMissingModelFolderSaysHowToGetIt) {
       << log;
   EXPECT_NE(log.find("nor a Hugging Face model id in the local cache"), std::string::npos) << log;
   EXPECT_NE(log.find("huggingface-cli download facebook/galactica-125m`"), std::string::npos) << log;
-  EXPECT_NE(run("cd " + dir.path().string() + " && " + anvil::testing::trainer_bin() + " --config nope.yaml 2>&1", &log),
-            0);
+  EXPECT_NE(
+      run("cd " + dir.path().string() + " && " + anvil::testing::trainer_bin() + " --config nope.yaml 2>&1", &log), 0);
   EXPECT_NE(log.find("nope.yaml: cannot read config file (looked here and in configs/)"), std::string::npos) << log;
 }
 

@@ -218,8 +218,7 @@ using anvil::testing::fixture_checkpoint;
 /// configs/ilql_tiny.yaml from the fixture with `extra` overrides.
 std::string ilql_run(const stdfs::path& out, const std::string& extra, int ranks = 0) {
   std::string log;
-  const auto cmd = "cd " + anvil::testing::source_dir() + " && " +
-                   anvil::testing::mpirun(ranks) +
+  const auto cmd = "cd " + anvil::testing::source_dir() + " && " + anvil::testing::mpirun(ranks) +
                    anvil::testing::trainer_bin() + " --config configs/ilql_tiny.yaml output_dir=" + out.string() +
                    " model.from=" + fixture_checkpoint().string() + " train.threads=1 " + extra +
                    anvil::testing::seed_override() + " 2>&1";
@@ -248,7 +247,8 @@ TEST(IlqlRuns, ShapedSamplingBeatsTheDataAndBetaZeroAndResumesExactly) {
   const double plain = eval_reward(dir / "run" / "eval-step-300.json");
   double data_mean = 0, n = 0;
   std::ifstream f(anvil::testing::source_dir() + "/data/ilql_train.jsonl");
-  for (std::string line; std::getline(f, line); n += 1) data_mean += nlohmann::json::parse(line)["reward"].get<double>();
+  for (std::string line; std::getline(f, line); n += 1)
+    data_mean += nlohmann::json::parse(line)["reward"].get<double>();
   data_mean /= n;
   std::cout << "[ilql upper] held-out mean reward: data " << data_mean << ", beta 0 " << plain << ", beta 4 " << shaped
             << "\n";
@@ -299,7 +299,8 @@ TEST(IlqlRuns, TwoShardedRanksMatchOneProcessAndBf16Trains) {
   ilql_run(dir / "one", common);
   const auto log = ilql_run(dir / "two", common + " dist.sharding=full_shard", 2);
   ilql_run(dir / "bf16", common + " dist.param_dtype=bfloat16 train.activation_checkpointing=true");
-  const auto a = anvil::testing::metrics_by_step(dir / "one" / "metrics.jsonl"), b = anvil::testing::metrics_by_step(dir / "two" / "metrics.jsonl"),
+  const auto a = anvil::testing::metrics_by_step(dir / "one" / "metrics.jsonl"),
+             b = anvil::testing::metrics_by_step(dir / "two" / "metrics.jsonl"),
              c = anvil::testing::metrics_by_step(dir / "bf16" / "metrics.jsonl");
   ASSERT_EQ(b.size(), 12u) << log;
   ASSERT_EQ(c.size(), 12u);
@@ -315,8 +316,7 @@ TEST(IlqlRuns, TwoShardedRanksMatchOneProcessAndBf16Trains) {
   // The two-rank checkpoint holds the same heads, targets included.
   io::SafetensorsFile x(dir / "one" / "checkpoint-12" / "heads.safetensors"),
       y(dir / "two" / "checkpoint-12" / "heads.safetensors");
-  for (const auto& name : x.names())
-    EXPECT_LE((x.get(name) - y.get(name)).abs().max().item<double>(), 1e-5) << name;
+  for (const auto& name : x.names()) EXPECT_LE((x.get(name) - y.get(name)).abs().max().item<double>(), 1e-5) << name;
 }
 
 // anvil generate --ilql-beta samples a checkpoint's heads; a model without them is refused.

@@ -58,7 +58,8 @@ std::string tiny_kto(const std::string& train, const std::string& eval) {
   return anvil::concat(R"(algorithm: kto
 tokenizer: {path: data/tokenizer.model}
 model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 1, num_heads: 2}
-data: {train: [{path: )", train, R"(}], eval: [{path: )", eval, R"(}], max_length: 32}
+data: {train: [{path: )",
+                       train, R"(}], eval: [{path: )", eval, R"(}], max_length: 32}
 optimizer: {lr: 1.0e-3, weight_decay: 0.0}
 schedule: {warmup_steps: 1}
 train: {max_steps: 8, micro_batch_size: 8, global_batch_size: 16, log_every: 1, save_every: 4, eval_every: 0, threads: 1}
@@ -76,7 +77,8 @@ TEST(KtoData, UnpairedAndPairedRecordsAndTheirErrors) {
 {"prompt": [{"role": "user", "content": "add: 2+2\n"}], "completion": [{"role": "assistant", "content": "5"}], "label": false}
 {"prompt": "add: 3+4\n", "chosen": "7", "rejected": "8"}
 )");
-  anvil::testing::write_text(dir / "kto.yaml", tiny_kto((dir / "mixed.jsonl").string(), (dir / "mixed.jsonl").string()));
+  anvil::testing::write_text(dir / "kto.yaml",
+                             tiny_kto((dir / "mixed.jsonl").string(), (dir / "mixed.jsonl").string()));
   std::string out;
   const auto trainer = anvil::testing::trainer_bin() + " --config " + (dir / "kto.yaml").string() + " output_dir=";
   ASSERT_EQ(run("cd " + src + " && " + trainer + (dir / "ok").string() + " --dry-run logging.level=info 2>&1", &out), 0)
@@ -86,14 +88,15 @@ TEST(KtoData, UnpairedAndPairedRecordsAndTheirErrors) {
     const char* line;
     const char* message;
   };
-  for (const auto& b : {Bad{R"({"prompt": "x", "completion": "y", "label": 1})",
-                            "bad.jsonl:1: field \"label\": expected true (desirable) or false (undesirable), got 1"},
-                        Bad{R"({"prompt": "x", "completion": "y"})", "bad.jsonl:1: expected a KTO record"},
-                        Bad{R"({"prompt": "x", "completion": [{"role": "user", "content": "y"}], "label": true})",
-                            "bad.jsonl:1: field \"completion\": expected a string or a list of one assistant message"}}) {
+  for (const auto& b :
+       {Bad{R"({"prompt": "x", "completion": "y", "label": 1})",
+            "bad.jsonl:1: field \"label\": expected true (desirable) or false (undesirable), got 1"},
+        Bad{R"({"prompt": "x", "completion": "y"})", "bad.jsonl:1: expected a KTO record"},
+        Bad{R"({"prompt": "x", "completion": [{"role": "user", "content": "y"}], "label": true})",
+            "bad.jsonl:1: field \"completion\": expected a string or a list of one assistant message"}}) {
     anvil::testing::write_text(dir / "bad.jsonl", std::string(b.line) + "\n");
-    EXPECT_NE(run("cd " + src + " && " + trainer + (dir / "bad").string() + " --dry-run 'data.train=[{path: " +
-                      (dir / "bad.jsonl").string() + "}]' 2>&1",
+    EXPECT_NE(run("cd " + src + " && " + trainer + (dir / "bad").string() +
+                      " --dry-run 'data.train=[{path: " + (dir / "bad.jsonl").string() + "}]' 2>&1",
                   &out),
               0);
     EXPECT_NE(out.find(b.message), std::string::npos) << out;
@@ -114,8 +117,8 @@ TEST(KtoRuns, ShardAndResumeExactly) {
   auto train = [&](const std::string& name, const std::string& extra, int ranks = 0) {
     const auto mpi = anvil::testing::mpirun(ranks);
     return run("cd " + src + " && " + mpi + anvil::testing::trainer_bin() + " --config " + (dir / "kto.yaml").string() +
-                   " output_dir=" + (dir / name).string() + " kto.undesirable_weight=1.33 train.eval_every=8 " +
-                   extra + " 2>&1",
+                   " output_dir=" + (dir / name).string() + " kto.undesirable_weight=1.33 train.eval_every=8 " + extra +
+                   " 2>&1",
                &out);
   };
   ASSERT_EQ(train("one", "train.max_steps=8"), 0) << out;
@@ -145,9 +148,9 @@ TEST(PreferenceLearning, KtoLearnsFromUnpairedExamples) {
   const auto src = anvil::testing::source_dir();
   std::string out;
   const auto cmd = [&](const std::string& name) {
-    return "cd " + src + " && " + anvil::testing::trainer_bin() + " --config configs/examples/kto_tiny.yaml output_dir=" +
-           (dir / name).string() + " model.from=" + sft.string() + " train.threads=1" +
-           anvil::testing::seed_override() + " 2>&1";
+    return "cd " + src + " && " + anvil::testing::trainer_bin() +
+           " --config configs/examples/kto_tiny.yaml output_dir=" + (dir / name).string() +
+           " model.from=" + sft.string() + " train.threads=1" + anvil::testing::seed_override() + " 2>&1";
   };
   ASSERT_EQ(run(cmd("before") + " --eval-only", &out), 0) << out;
   const auto before = nlohmann::json::parse(anvil::testing::read_text(dir / "before" / "eval-step-0.json"))["metrics"];
@@ -156,8 +159,8 @@ TEST(PreferenceLearning, KtoLearnsFromUnpairedExamples) {
   ASSERT_TRUE(before.contains("eval/rewards/margins") && last.contains("eval/rewards/margins")) << out;
   const double gain = last["eval/rewards/margins"].get<double>() - before["eval/rewards/margins"].get<double>();
   std::cout << "[kto_tiny] held-out reward margin: " << before["eval/rewards/margins"].get<double>() << " -> "
-            << last["eval/rewards/margins"].get<double>() << "; exact match " << before["eval/exact_match"].get<double>()
-            << " -> " << last["eval/exact_match"].get<double>() << "\n";
+            << last["eval/rewards/margins"].get<double>() << "; exact match "
+            << before["eval/exact_match"].get<double>() << " -> " << last["eval/exact_match"].get<double>() << "\n";
   // Over 4 fixtures x 2 seeds (docs/reliability.md): margin 2.51-3.09, exact match change -0.018..+0.032.
   // At TRL's beta 0.1 the exact match fell 0.13: the second check catches that displacement.
   anvil::testing::record_figure("held-out reward margin gain", gain, 0.0, 1.0);

@@ -37,9 +37,12 @@ Rekeyed rekeyed(const TempDir& dir) {
     for (std::string line; std::getline(f, line);) {
       auto j = nlohmann::json::parse(line);
       auto p = j["prompt"].get<std::string>();
-      if (p.rfind("reverse: ", 0) == 0) p = "mirror: " + p.substr(9);
-      else if (p.rfind("upper: ", 0) == 0) p = "caps: " + p.substr(7);
-      else continue;
+      if (p.rfind("reverse: ", 0) == 0)
+        p = "mirror: " + p.substr(9);
+      else if (p.rfind("upper: ", 0) == 0)
+        p = "caps: " + p.substr(7);
+      else
+        continue;
       j["prompt"] = p;
       o << j.dump() << "\n";
     }
@@ -50,18 +53,16 @@ Rekeyed rekeyed(const TempDir& dir) {
 }
 
 std::string trainer(const std::string& config, const stdfs::path& out, const std::string& extra, int ranks = 0) {
-  return "cd " + anvil::testing::source_dir() + " && " +
-         anvil::testing::mpirun(ranks) +
-         anvil::testing::trainer_bin() + " --config " + config + " output_dir=" + out.string() +
-         " model.from=" + fixture_checkpoint().string() + " train.threads=1 " + extra + anvil::testing::seed_override() +
-         " 2>&1";
+  return "cd " + anvil::testing::source_dir() + " && " + anvil::testing::mpirun(ranks) + anvil::testing::trainer_bin() +
+         " --config " + config + " output_dir=" + out.string() + " model.from=" + fixture_checkpoint().string() +
+         " train.threads=1 " + extra + anvil::testing::seed_override() + " 2>&1";
 }
 
 std::string sft_run(const Rekeyed& data, const stdfs::path& out, const std::string& extra, int ranks = 0) {
   std::string log;
   const auto cmd = trainer("configs/quickstart.yaml", out,
-                           "'data.train=[{path: " + data.train.string() + "}]' data.eval[0].path=" +
-                               data.eval.string() + " eval.generate_samples=1000 " + extra,
+                           "'data.train=[{path: " + data.train.string() +
+                               "}]' data.eval[0].path=" + data.eval.string() + " eval.generate_samples=1000 " + extra,
                            ranks);
   EXPECT_EQ(run(cmd, &log), 0) << cmd << "\n" << log;
   return log;
@@ -94,12 +95,12 @@ TEST(LoraLearning, AdaptersLearnANewFormatCloseToFullFineTuning) {
                 &log),
             0)
       << log;
-  const auto base_em = nlohmann::json::parse(anvil::testing::read_text(dir / "base" / "eval-step-0.json"))["metrics"]
-                           ["eval/exact_match"]
-                               .get<double>();
+  const auto base_em =
+      nlohmann::json::parse(anvil::testing::read_text(dir / "base" / "eval-step-0.json"))["metrics"]["eval/exact_match"]
+          .get<double>();
   sft_run(data, dir / "full", "optimizer.lr=1e-3" + common);
-  const auto lora_log =
-      sft_run(data, dir / "lora", "optimizer.lr=6e-3 lora.r=8 lora.alpha=16 'lora.target_modules=[all-linear]'" + common);
+  const auto lora_log = sft_run(data, dir / "lora",
+                                "optimizer.lr=6e-3 lora.r=8 lora.alpha=16 'lora.target_modules=[all-linear]'" + common);
   const double full_em = last_value(dir / "full" / "metrics.jsonl", "eval/exact_match");
   const double lora_em = last_value(dir / "lora" / "metrics.jsonl", "eval/exact_match");
   std::cout << "held-out exact match: base " << base_em << ", full " << full_em << ", lora " << lora_em << "\n";
@@ -117,8 +118,8 @@ TEST(LoraLearning, AdaptersLearnANewFormatCloseToFullFineTuning) {
   const double lora_opt = last_value(dir / "lora" / "metrics.jsonl", "memory/optimizer_bytes");
   const double full_grad = last_value(dir / "full" / "metrics.jsonl", "memory/gradient_bytes");
   const double lora_grad = last_value(dir / "lora" / "metrics.jsonl", "memory/gradient_bytes");
-  std::cout << "optimizer bytes: full " << full_opt << ", lora " << lora_opt << "; gradient bytes: full "
-            << full_grad << ", lora " << lora_grad << "\n";
+  std::cout << "optimizer bytes: full " << full_opt << ", lora " << lora_opt << "; gradient bytes: full " << full_grad
+            << ", lora " << lora_grad << "\n";
   EXPECT_LT(lora_opt, 0.1 * full_opt);
   EXPECT_LT(lora_grad, 0.1 * full_grad);
   // The checkpoint is a PEFT adapter folder: no copy of the base.
@@ -146,7 +147,8 @@ TEST(LoraRuns, ResumeIsExactAndLoraFromContinues) {
       " optimizer.lr=3e-3 lora.r=4 lora.dropout=0.1 train.max_steps=30 train.log_every=1 train.eval_every=1000 "
       "train.keep_checkpoints=0 schedule.warmup_steps=5";
   sft_run(data, dir / "a", common + " train.save_every=15");
-  sft_run(data, dir / "b", common + " train.save_every=1000 train.resume_from=" + (dir / "a" / "checkpoint-15").string());
+  sft_run(data, dir / "b",
+          common + " train.save_every=1000 train.resume_from=" + (dir / "a" / "checkpoint-15").string());
   const auto a = anvil::testing::read_losses(dir / "a" / "metrics.jsonl");
   const auto b = anvil::testing::read_losses(dir / "b" / "metrics.jsonl");
   ASSERT_EQ(a.size(), 30u);
@@ -158,7 +160,8 @@ TEST(LoraRuns, ResumeIsExactAndLoraFromContinues) {
   // A new run from the adapter: it starts where the adapter is, far below the base's first loss.
   const auto log = sft_run(data, dir / "c",
                            " optimizer.lr=1e-3 train.max_steps=1 train.log_every=1 train.eval_every=1000 "
-                           "schedule.warmup_steps=0 model.lora_from=" + (dir / "a" / "checkpoint-30").string());
+                           "schedule.warmup_steps=0 model.lora_from=" +
+                               (dir / "a" / "checkpoint-30").string());
   EXPECT_NE(log.find("lora: continuing the adapter"), std::string::npos) << log;
   const auto c = anvil::testing::read_losses(dir / "c" / "metrics.jsonl");
   ASSERT_EQ(c.size(), 1u);
@@ -215,9 +218,8 @@ TEST(LoraRuns, RewardModelTrainsItsScoreHeadWithAdapters) {
   const auto in = dir / "pairs.jsonl";
   anvil::testing::write_text(in, "{\"prompt\": \"upper: abc\\n\", \"response\": \"ABC\"}\n");
   std::string out;
-  ASSERT_EQ(run(anvil::testing::cli_bin() + " score --model " + ckpt.string() + " --input " + in.string() + " 2>&1",
-                &out),
-            0)
+  ASSERT_EQ(
+      run(anvil::testing::cli_bin() + " score --model " + ckpt.string() + " --input " + in.string() + " 2>&1", &out), 0)
       << out;
   EXPECT_NE(out.find("reward"), std::string::npos) << out;
 }

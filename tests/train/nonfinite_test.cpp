@@ -42,7 +42,8 @@ TEST(NonFinite, StopNamesTheStepAndKeepsTheLastCheckpoint) {
   const auto r = train(dir, "loss@5");
   EXPECT_NE(r.rc, 0) << r.log;
   EXPECT_NE(r.log.find("step 5: the loss is inf (not finite); the step was not applied and nothing was saved "
-                       "from it; the last checkpoint, " + (dir / "out" / "checkpoint-4").string() + ", is as it was"),
+                       "from it; the last checkpoint, " +
+                       (dir / "out" / "checkpoint-4").string() + ", is as it was"),
             std::string::npos)
       << r.log;
   EXPECT_TRUE(stdfs::exists(dir / "out" / "checkpoint-4" / "trainer_state.json"));
@@ -77,12 +78,15 @@ TEST(NonFinite, SkipDropsTheStepAndCountsIt) {
   for (size_t i = 0; i < m.size(); ++i) EXPECT_EQ(m[i]["nonfinite_steps"].get<int64_t>(), counts[i]) << m[i];
   // Never applied: the weights after steps 3 and 4 are those after step 2; step 5 trains again.
   std::string out;
-  const auto model = [&](int step) { return (dir / "out" / ("checkpoint-" + std::to_string(step)) / "model.safetensors").string(); };
+  const auto model = [&](int step) {
+    return (dir / "out" / ("checkpoint-" + std::to_string(step)) / "model.safetensors").string();
+  };
   EXPECT_EQ(run("cmp " + model(2) + " " + model(3), &out), 0) << out;
   EXPECT_EQ(run("cmp " + model(2) + " " + model(4), &out), 0) << out;
   EXPECT_NE(run("cmp -s " + model(4) + " " + model(5), &out), 0);
   // The count is part of the trainer state, so a resumed run continues it.
-  const auto state = nlohmann::json::parse(anvil::testing::read_text(dir / "out" / "checkpoint-6" / "trainer_state.json"));
+  const auto state =
+      nlohmann::json::parse(anvil::testing::read_text(dir / "out" / "checkpoint-6" / "trainer_state.json"));
   EXPECT_EQ(state["nonfinite_steps"].get<int64_t>(), 2);
 }
 

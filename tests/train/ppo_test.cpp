@@ -80,8 +80,8 @@ TEST(PpoFormulas, KlRewardsGaeWhiteningAndClippedLossesMatchTheReference) {
     const auto B = mask.size(0);
     for (auto [a, b] : {std::pair<int64_t, int64_t>{0, 2}, {2, B}}) {
       auto s = [&](const at::Tensor& t) { return t.slice(0, a, b); };
-      const auto t = ppo_loss_sums(s(logp_new), s(logp_old), s(white), s(values_new), s(values_old), s(ret), s(mask),
-                                   clip);
+      const auto t =
+          ppo_loss_sums(s(logp_new), s(logp_old), s(white), s(values_new), s(values_old), s(ret), s(mask), clip);
       pg += t.policy.item<double>(), vf += t.value.item<double>(), cf += t.clipfrac.item<double>();
       vcf += t.vf_clipfrac.item<double>(), akl += t.approxkl.item<double>(), ratio += t.ratio.item<double>();
     }
@@ -164,8 +164,8 @@ TEST(PpoFormulas, GrpoVariantsMatchTheReference) {
       targets += batch.num_targets;
       const auto m = batch.tensors.at("mask").to(at::kDouble), wt = batch.tensors.at("weights").to(at::kDouble);
       const auto s = [&](const at::Tensor& t) { return t.slice(0, a, b).narrow(1, 0, m.size(1)); };
-      const auto terms = ppo_loss_sums(s(logp_new), s(logp_old), batch.tensors.at("advantages").to(at::kDouble), {},
-                                       {}, {}, m, clip, wt);
+      const auto terms = ppo_loss_sums(s(logp_new), s(logp_old), batch.tensors.at("advantages").to(at::kDouble), {}, {},
+                                       {}, m, clip, wt);
       auto sum = terms.policy;
       if (beta > 0) sum = sum + beta * (kl_estimate(s(logp_new), s(ref), "k3") * wt).sum();
       loss += sum.item<double>();
@@ -244,9 +244,7 @@ TEST(PpoRollout, MasksCoverExactlyTheGeneratedTokens) {
 
 // ---- the reward program ------------------------------------------------------------
 
-std::string py(const std::string& code) {
-  return anvil::testing::python_bin() + " -u -c '" + code + "'";
-}
+std::string py(const std::string& code) { return anvil::testing::python_bin() + " -u -c '" + code + "'"; }
 
 TEST(RewardProgram, RoundTripsRecordsInOrder) {
   rewards::RewardProgram p(py("import json,sys\n"
@@ -254,7 +252,8 @@ TEST(RewardProgram, RoundTripsRecordsInOrder) {
                               "  r = json.loads(l)\n"
                               "  print(json.dumps({\"reward\": len(r[\"response\"]) + r.get(\"bonus\", 0)}))"),
                            30);
-  const auto out = p.score({{{"prompt", "p"}, {"response", "abc"}}, {{"prompt", "q"}, {"response", ""}, {"bonus", 2.5}}});
+  const auto out =
+      p.score({{{"prompt", "p"}, {"response", "abc"}}, {{"prompt", "q"}, {"response", ""}, {"bonus", 2.5}}});
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(out[0], 3.0);
   EXPECT_EQ(out[1], 2.5);
@@ -267,13 +266,16 @@ TEST(RewardProgram, GetsTheRecordAsWrittenAndTheSampleUnderItsOwnNames) {
   TempDir dir;
   const auto seen = (dir / "seen.jsonl").string();
   config::PpoRewardConfig c;
-  c.command = py("import json,sys\n"
-                 "out = open(\"" + seen + "\", \"a\")\n"
-                 "for l in sys.stdin:\n"
-                 "  r = json.loads(l)\n"
-                 "  out.write(l); out.flush()\n"
-                 "  s = r[\"sample\"]\n"
-                 "  print(json.dumps({\"reward\": float(s[\"completion\"].strip() == r.get(\"answer\", r[\"response\"]))}))");
+  c.command =
+      py("import json,sys\n"
+         "out = open(\"" +
+         seen +
+         "\", \"a\")\n"
+         "for l in sys.stdin:\n"
+         "  r = json.loads(l)\n"
+         "  out.write(l); out.flush()\n"
+         "  s = r[\"sample\"]\n"
+         "  print(json.dumps({\"reward\": float(s[\"completion\"].strip() == r.get(\"answer\", r[\"response\"]))}))");
   c.timeout_s = 30;
   train::ResponseRewards rewards(c, "ppo.reward", true);
   rewards.prepare(train::RunContext{}, "test");
@@ -284,8 +286,9 @@ TEST(RewardProgram, GetsTheRecordAsWrittenAndTheSampleUnderItsOwnNames) {
   text.where = "a.jsonl:1";
   chat.prompt = "be brief\nsay yo";
   chat.messages = {{"system", "be brief"}, {"user", "say yo"}};
-  chat.record = {{"messages", {{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "say yo"}}}},
-                 {"answer", "yo"}};
+  chat.record = {
+      {"messages", {{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "say yo"}}}},
+      {"answer", "yo"}};
   chat.where = "b.jsonl:4";
   const auto scores = rewards.score({&text, &chat, &text}, {tok->encode("3"), tok->encode("yo"), tok->encode("4")},
                                     {true, false, true}, *tok);
@@ -397,8 +400,13 @@ TEST(PpoConfig, DryRunPlansTheRolloutsTheRunMakes) {
 TEST(PpoConfig, ACausalLmAsTheRewardModelIsNamedByItsKey) {
   TempDir dir;
   models::llama::LlamaOptions o;
-  o.vocab_size(326).hidden_size(16).intermediate_size(32).num_hidden_layers(1).num_attention_heads(2)
-      .num_key_value_heads(2).max_position_embeddings(32);
+  o.vocab_size(326)
+      .hidden_size(16)
+      .intermediate_size(32)
+      .num_hidden_layers(1)
+      .num_attention_heads(2)
+      .num_key_value_heads(2)
+      .max_position_embeddings(32);
   models::llama::LlamaForCausalLM lm(o);
   const auto tok = tokenizer::load_tokenizer("auto", anvil::testing::source_dir() + "/data/tokenizer.model");
   stdfs::create_directories(dir / "lm");
@@ -416,11 +424,16 @@ TEST(PpoConfig, BadSettingsAndRecordsNameTheKeyOrTheLine) {
   ASSERT_EQ(tiny_ppo(dir, "--dry-run", &log), 0) << log;
   EXPECT_NE(log.find("algorithm: ppo"), std::string::npos) << log;
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"ppo.reward.regex=response", "ppo.reward: expected exactly one of model, command, exact_match, regex or function, got 2"},
-      {"ppo.reward.exact_match=", "ppo.reward: expected exactly one of model, command, exact_match, regex or function, got 0"},
-      {"ppo.advantage=grpo", "ppo.samples_per_prompt: advantage grpo compares the samples of a prompt, so it needs at least 2"},
-      {"ppo.prompts_per_rollout=40", "ppo.prompts_per_rollout: a rollout of 40 x 1 = 40 sequences does not split into minibatches of 32"},
-      {"ppo.reward.exact_match= ppo.reward.function=nope", "ppo.reward.function: no reward function \"nope\" is registered"},
+      {"ppo.reward.regex=response",
+       "ppo.reward: expected exactly one of model, command, exact_match, regex or function, got 2"},
+      {"ppo.reward.exact_match=",
+       "ppo.reward: expected exactly one of model, command, exact_match, regex or function, got 0"},
+      {"ppo.advantage=grpo",
+       "ppo.samples_per_prompt: advantage grpo compares the samples of a prompt, so it needs at least 2"},
+      {"ppo.prompts_per_rollout=40",
+       "ppo.prompts_per_rollout: a rollout of 40 x 1 = 40 sequences does not split into minibatches of 32"},
+      {"ppo.reward.exact_match= ppo.reward.function=nope",
+       "ppo.reward.function: no reward function \"nope\" is registered"},
       {"ppo.kl_estimator=k2", "ppo.kl_estimator"},
       {"ppo.reward.model=/nonexistent", "ppo.reward.model"},
       {"ppo.critic_from=/nonexistent", "ppo.critic_from"},
@@ -473,11 +486,12 @@ const WeakUpper& weak_upper() {
     noisy.close(), prompts.close(), eval.close();
     std::string log;
     EXPECT_EQ(run("cd " + src + " && " + anvil::testing::trainer_bin() +
-                      " --config configs/quickstart.yaml output_dir=" + (*dir / "sft").string() +
-                      " model.from=" + fixture_checkpoint().string() + " 'data.train=[{path: " +
-                      (*dir / "noisy.jsonl").string() + "}]' data.eval[0].path=" + out.eval.string() +
+                      " --config configs/quickstart.yaml output_dir=" + (*dir / "sft").string() + " model.from=" +
+                      fixture_checkpoint().string() + " 'data.train=[{path: " + (*dir / "noisy.jsonl").string() +
+                      "}]' data.eval[0].path=" + out.eval.string() +
                       " train.max_steps=100 train.save_every=100 train.eval_every=100 schedule.warmup_steps=10"
-                      " optimizer.lr=1e-3 eval.generate_samples=1000 train.threads=1" + anvil::testing::seed_override(),
+                      " optimizer.lr=1e-3 eval.generate_samples=1000 train.threads=1" +
+                      anvil::testing::seed_override(),
                   &log),
               0)
         << log;
@@ -491,8 +505,7 @@ std::string ppo_run(const stdfs::path& out, const std::string& extra, int ranks 
                     const std::string& config = "configs/ppo_tiny.yaml") {
   const auto& w = weak_upper();
   std::string log;
-  const auto cmd = "cd " + anvil::testing::source_dir() + " && " +
-                   anvil::testing::mpirun(ranks) +
+  const auto cmd = "cd " + anvil::testing::source_dir() + " && " + anvil::testing::mpirun(ranks) +
                    anvil::testing::trainer_bin() + " --config " + config + " output_dir=" + out.string() +
                    " model.from=" + w.model.string() + " 'data.train=[{path: " + w.prompts.string() +
                    "}]' data.eval[0].path=" + w.eval.string() + " eval.generate_samples=1000 eval.batch_size=100" +
@@ -540,7 +553,8 @@ TEST(PpoLearning, ExactMatchRewardRaisesHeldOutExactMatchWithBoundedKl) {
   EXPECT_GE(with_train + 1, iterations) << "time/train_s on every iteration after the first";
   // The checkpoint holds the value head beside the HF files and the objective's state.
   EXPECT_TRUE(stdfs::exists(dir / "ppo" / "checkpoint-200" / "heads.safetensors"));
-  const auto state = nlohmann::json::parse(anvil::testing::read_text(dir / "ppo" / "checkpoint-200" / "trainer_state.json"));
+  const auto state =
+      nlohmann::json::parse(anvil::testing::read_text(dir / "ppo" / "checkpoint-200" / "trainer_state.json"));
   EXPECT_TRUE(state["objective"].contains("kl_coef")) << state.dump();
 }
 
@@ -552,12 +566,15 @@ TEST(PpoLearning, GrpoAndRlooRaiseTheVerifiableReward) {
   const std::map<std::string, std::string> variants{
       {"grpo", "ppo.advantage=grpo train.max_steps=160 train.eval_every=160 train.save_every=160"},
       {"rloo", "ppo.advantage=rloo train.max_steps=160 train.eval_every=160 train.save_every=160"},
-      {"dapo", "ppo.advantage=grpo ppo.cliprange_high=0.28 ppo.mask_truncated_completions=true ppo.kl_coef=0"
-               " train.max_steps=80 train.eval_every=80 train.save_every=80"},
-      {"dr_grpo", "ppo.advantage=grpo ppo.loss_aggregation=constant ppo.scale_rewards=none train.max_steps=80"
-                  " train.eval_every=80 train.save_every=80"},
-      {"reinforce_pp_baseline", "ppo.advantage=reinforce_pp_baseline train.max_steps=80 train.eval_every=80"
-                                " train.save_every=80"}};
+      {"dapo",
+       "ppo.advantage=grpo ppo.cliprange_high=0.28 ppo.mask_truncated_completions=true ppo.kl_coef=0"
+       " train.max_steps=80 train.eval_every=80 train.save_every=80"},
+      {"dr_grpo",
+       "ppo.advantage=grpo ppo.loss_aggregation=constant ppo.scale_rewards=none train.max_steps=80"
+       " train.eval_every=80 train.save_every=80"},
+      {"reinforce_pp_baseline",
+       "ppo.advantage=reinforce_pp_baseline train.max_steps=80 train.eval_every=80"
+       " train.save_every=80"}};
   for (const auto& [name, keys] : variants) {
     const char* adv = name.c_str();
     TempDir dir;
@@ -647,7 +664,8 @@ TEST(PpoRuns, TwoShardedRanksMatchOneProcess) {
       "train.max_steps=12 train.eval_every=12 train.save_every=0 train.log_every=1 train.micro_batch_size=16";
   ppo_run(dir / "one", common);
   const auto log = ppo_run(dir / "two", common + " dist.sharding=full_shard", 2);
-  const auto a = anvil::testing::metrics_by_step(dir / "one" / "metrics.jsonl"), b = anvil::testing::metrics_by_step(dir / "two" / "metrics.jsonl");
+  const auto a = anvil::testing::metrics_by_step(dir / "one" / "metrics.jsonl"),
+             b = anvil::testing::metrics_by_step(dir / "two" / "metrics.jsonl");
   ASSERT_EQ(a.size(), 12u);
   ASSERT_EQ(b.size(), 12u) << log;
   for (const auto& [step, m] : a)
@@ -697,11 +715,11 @@ TEST(PpoRuns, GrpoVariantsShardAndResumeExactly) {
     if (m.contains("val/num_eos_tokens")) masked |= m["val/num_eos_tokens"].get<double>() < 64;
     clipped |= m["clip_ratio/region_mean"].get<double>() > 0;
     if (m.contains("objective/overlong_penalty")) penalised |= m["objective/overlong_penalty"].get<double>() < 0;
-    for (const char* key : {"loss", "objective/scores", "objective/kl", "loss/policy_avg", "policy/kl_avg",
-                            "clip_ratio/low_mean", "clip_ratio/high_mean", "grad_norm",
-                            "objective/overlong_penalty", "objective/rlhf_reward", "rewards/exact/mean",
-                            "rewards/regex_1/mean", "rewards/regex_1/std", "dynamic_sampling/rounds",
-                            "dynamic_sampling/dropped_groups", "dynamic_sampling/short_groups"}) {
+    for (const char* key :
+         {"loss", "objective/scores", "objective/kl", "loss/policy_avg", "policy/kl_avg", "clip_ratio/low_mean",
+          "clip_ratio/high_mean", "grad_norm", "objective/overlong_penalty", "objective/rlhf_reward",
+          "rewards/exact/mean", "rewards/regex_1/mean", "rewards/regex_1/std", "dynamic_sampling/rounds",
+          "dynamic_sampling/dropped_groups", "dynamic_sampling/short_groups"}) {
       if (!m.contains(key)) continue;
       ASSERT_TRUE(b.at(step).contains(key) && c.at(step).contains(key)) << step << " " << key;
       const double x = m[key].get<double>(), y = b.at(step)[key].get<double>();
@@ -779,7 +797,8 @@ TEST(PpoRuns, KilledAndResumedRunMatchesTheUninterruptedOne) {
                    "}]' data.eval[0].path=" + w.eval.string() + " train.threads=1 " + common;
   std::string log;
   ASSERT_EQ(run("cd " + anvil::testing::source_dir() + " && (" + cmd + " >" + (dir / "killed.log").string() +
-                    " 2>&1 & pid=$!; for i in $(seq 1 6000); do [ -f " + (out / "checkpoint-32" / "trainer_state.json").string() +
+                    " 2>&1 & pid=$!; for i in $(seq 1 6000); do [ -f " +
+                    (out / "checkpoint-32" / "trainer_state.json").string() +
                     " ] && break; sleep 0.02; done; kill -9 $pid; wait $pid; true)",
                 &log),
             0)
@@ -787,7 +806,8 @@ TEST(PpoRuns, KilledAndResumedRunMatchesTheUninterruptedOne) {
   ASSERT_TRUE(stdfs::exists(out / "checkpoint-32" / "trainer_state.json"));
   ASSERT_FALSE(stdfs::exists(out / "checkpoint-160")) << "the run ended before it was killed";
   ppo_run(out, common);  // resumes from the newest checkpoint
-  const auto a = anvil::testing::metrics_by_step(dir / "straight" / "metrics.jsonl"), b = anvil::testing::metrics_by_step(out / "metrics.jsonl");
+  const auto a = anvil::testing::metrics_by_step(dir / "straight" / "metrics.jsonl"),
+             b = anvil::testing::metrics_by_step(out / "metrics.jsonl");
   ASSERT_EQ(a.size(), 160u);
   ASSERT_EQ(b.size(), 160u);
   for (const auto& [step, m] : a)
@@ -853,7 +873,8 @@ TEST(PpoRuns, SeparateCriticLearnsResumesAndShards) {
       "train.max_steps=12 train.eval_every=0 train.save_every=12 train.log_every=1 train.micro_batch_size=16" + critic;
   ppo_run(dir / "one", shortrun);
   const auto log = ppo_run(dir / "two", shortrun + " dist.sharding=full_shard", 2);
-  const auto x = anvil::testing::metrics_by_step(dir / "one" / "metrics.jsonl"), y = anvil::testing::metrics_by_step(dir / "two" / "metrics.jsonl");
+  const auto x = anvil::testing::metrics_by_step(dir / "one" / "metrics.jsonl"),
+             y = anvil::testing::metrics_by_step(dir / "two" / "metrics.jsonl");
   ASSERT_EQ(y.size(), 12u) << log;
   for (const auto& [step, m] : x)
     for (const char* key : {"loss", "loss/value_avg", "critic/grad_norm", "objective/scores", "objective/kl"}) {

@@ -131,7 +131,8 @@ TEST(PreferenceFormulas, RewardLossesAndMetricsMatchTheReference) {
     EXPECT_NEAR(loss, c["loss"].get<double>(), 1e-6);
     Sums sums;
     add_ranking_sums(rewards, pairs, sums);
-    for (const auto& [k, v] : c["metrics"].items()) EXPECT_NEAR(ranking_metrics(sums).at(k), v.get<double>(), 1e-6) << k;
+    for (const auto& [k, v] : c["metrics"].items())
+      EXPECT_NEAR(ranking_metrics(sums).at(k), v.get<double>(), 1e-6) << k;
   }
 }
 
@@ -163,7 +164,7 @@ TEST(PreferenceLogps, OnlyReplyTokensCount) {
   }
   // Changing what the prompt and padding positions predict changes nothing.
   auto other = logits.clone();
-  other.select(1, 0).select(0, 0).fill_(9.0);  // row 0, position 0 predicts a prompt token
+  other.select(1, 0).select(0, 0).fill_(9.0);      // row 0, position 0 predicts a prompt token
   other.select(0, 3).narrow(0, 2, 4).fill_(-4.0);  // row 3's padding
   EXPECT_TRUE(at::equal(sequence_logps(other, labels).first, sums));
   // Pairs: every (better, worse) within an example.
@@ -187,12 +188,14 @@ std::vector<nlohmann::json> metric_lines(const stdfs::path& p) {
 std::string tiny_run(const std::string& algorithm, const std::string& train, const std::string& extra = "") {
   return anvil::concat("algorithm: ", algorithm, R"(
 tokenizer: {path: data/tokenizer.model}
-data: {train: [{path: )", train, R"(, size: 256}], eval: [{path: data/pref_eval.jsonl}], max_length: 32}
+data: {train: [{path: )",
+                       train, R"(, size: 256}], eval: [{path: data/pref_eval.jsonl}], max_length: 32}
 optimizer: {lr: 1.0e-3, weight_decay: 0.0}
 schedule: {warmup_steps: 1}
 train: {max_steps: 4, micro_batch_size: 8, log_every: 1000, eval_every: 0, threads: 1}
 eval: {generate_samples: 0, batch_size: 50, max_batches: 1}
-)", extra);
+)",
+                       extra);
 }
 
 TEST(RewardModel, ExportLoadsInTransformersWithTheSameScores) {
@@ -203,12 +206,18 @@ TEST(RewardModel, ExportLoadsInTransformersWithTheSameScores) {
   for (const std::string flavor : {"gpt2-debug", "llama-debug", "neox-debug"}) {
     SCOPED_TRACE(flavor);
     const auto run_dir = dir / ("run-" + flavor);
-    ASSERT_EQ(run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config " + (dir / "rm.yaml").string() +
-                      " --config configs/models/" + flavor + ".yaml output_dir=" + run_dir.string() +
-                      " logging.level=warn", &out), 0) << out;
+    ASSERT_EQ(
+        run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config " + (dir / "rm.yaml").string() +
+                " --config configs/models/" + flavor + ".yaml output_dir=" + run_dir.string() + " logging.level=warn",
+            &out),
+        0)
+        << out;
     const auto exported = dir / ("export-" + flavor);
     ASSERT_EQ(run(anvil::testing::cli_bin() + " export --checkpoint " + (run_dir / "checkpoint-4").string() +
-                      " --output " + exported.string(), &out), 0) << out;
+                      " --output " + exported.string(),
+                  &out),
+              0)
+        << out;
     // Our reload, on right-padded rows (pad 3) of different lengths.
     auto model = io::load_model_dir(exported);
     ASSERT_TRUE(model->has_score_head());
@@ -229,7 +238,9 @@ TEST(RewardModel, ExportLoadsInTransformersWithTheSameScores) {
     // transformers' AutoModelForSequenceClassification on the exported folder.
     ASSERT_EQ(run(anvil::testing::python_bin() + " " + src + "/tests/parity/score_in_transformers.py " +
                       exported.string() + " " + (dir / "ids.json").string() + " " + (dir / "hf.json").string(),
-                  &out), 0) << out;
+                  &out),
+              0)
+        << out;
     const auto hf = nlohmann::json::parse(anvil::testing::read_text(dir / "hf.json"));
     EXPECT_TRUE(hf["class"].get<std::string>().ends_with("ForSequenceClassification")) << hf.dump();
     EXPECT_EQ(hf["num_labels"], 1);
@@ -243,25 +254,34 @@ TEST(RewardModel, ExportLoadsInTransformersWithTheSameScores) {
   }
   // A reward model is not a language model: SFT from it is refused, with the reason.
   anvil::testing::write_text(dir / "sft.yaml", anvil::concat("model: {from: ", (dir / "export-gpt2-debug").string(),
-                                                      "}\ndata: {train: [{path: data/sft_train.jsonl}]}\n"
-                                                      "train: {max_steps: 1}\n"));
+                                                             "}\ndata: {train: [{path: data/sft_train.jsonl}]}\n"
+                                                             "train: {max_steps: 1}\n"));
   EXPECT_NE(run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config " + (dir / "sft.yaml").string() +
-                    " output_dir=" + (dir / "sft").string(), &out), 0);
+                    " output_dir=" + (dir / "sft").string(),
+                &out),
+            0);
   EXPECT_NE(out.find("is a reward model"), std::string::npos) << out;
   // generate needs an LM head, which a reward model does not keep.
   EXPECT_NE(run(anvil::testing::cli_bin() + " generate --model " + (dir / "export-gpt2-debug").string() +
-                    " --prompt 'add: 1+2\\n'", &out), 0);
+                    " --prompt 'add: 1+2\\n'",
+                &out),
+            0);
   EXPECT_NE(out.find("is a reward model"), std::string::npos) << out;
   // anvil score needs a reward model.
   ASSERT_EQ(run("cd " + src + " && " + anvil::testing::trainer_bin() +
                     " --config configs/quickstart.yaml --config configs/models/gpt2-debug.yaml output_dir=" +
-                    (dir / "lm").string() + " train.max_steps=1 schedule.warmup_steps=0 eval.generate_samples=0 "
-                    "train.threads=1 logging.level=warn", &out), 0) << out;
+                    (dir / "lm").string() +
+                    " train.max_steps=1 schedule.warmup_steps=0 eval.generate_samples=0 "
+                    "train.threads=1 logging.level=warn",
+                &out),
+            0)
+      << out;
   EXPECT_NE(run(anvil::testing::cli_bin() + " score --model " + (dir / "lm" / "checkpoint-1").string() +
-                    " --input data/pref_eval.jsonl 2>&1 >/dev/null", &out), 0);
+                    " --input data/pref_eval.jsonl 2>&1 >/dev/null",
+                &out),
+            0);
   EXPECT_NE(out.find("is not a reward model"), std::string::npos) << out;
 }
-
 
 // A LLaMA reward model (untied LM head, which its checkpoints leave out)
 // resumed from step 2 continues with the uninterrupted run's losses.
@@ -273,7 +293,8 @@ TEST(RewardModel, ResumedRunMatchesTheUninterruptedOne) {
   auto train = [&](const std::string& name, const std::string& extra) {
     return run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config " + (dir / "rm.yaml").string() +
                    " --config configs/models/llama-debug.yaml output_dir=" + (dir / name).string() +
-                   " reward.center_rewards_coefficient=0.01 " + extra, &out);
+                   " reward.center_rewards_coefficient=0.01 " + extra,
+               &out);
   };
   ASSERT_EQ(train("straight", ""), 0) << out;
   ASSERT_EQ(train("resumed", "train.max_steps=2"), 0) << out;
@@ -292,11 +313,13 @@ TEST(Dpo, PrecomputedReferenceGivesTheInProcessLosses) {
   TempDir dir;
   const auto src = anvil::testing::source_dir();
   std::string out;
-  const auto model = "model: {family: gpt2, max_position_embeddings: 32, hidden_size: 64, num_layers: 2, num_heads: 4}\n";
+  const auto model =
+      "model: {family: gpt2, max_position_embeddings: 32, hidden_size: 64, num_layers: 2, num_heads: 4}\n";
   anvil::testing::write_text(dir / "dpo.yaml", tiny_run("dpo", "data/dpo_train.jsonl", model));
   auto train = [&](const std::string& name, const std::string& extra) {
     return run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config " + (dir / "dpo.yaml").string() +
-                   " output_dir=" + (dir / name).string() + " " + extra, &out);
+                   " output_dir=" + (dir / name).string() + " " + extra,
+               &out);
   };
   ASSERT_EQ(train("inproc", "train.eval_every=4"), 0) << out;
   ASSERT_EQ(train("cached", "train.eval_every=4 dpo.precompute_reference=true"), 0) << out;
@@ -318,7 +341,9 @@ TEST(Dpo, PrecomputedReferenceGivesTheInProcessLosses) {
   // Ranked lists are for reward models; DPO says so.
   anvil::testing::write_text(dir / "dpo2.yaml", tiny_run("dpo", "data/pref_ranked_train.jsonl", model));
   EXPECT_NE(run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config " + (dir / "dpo2.yaml").string() +
-                    " output_dir=" + (dir / "r").string(), &out), 0);
+                    " output_dir=" + (dir / "r").string(),
+                &out),
+            0);
   EXPECT_NE(out.find("DPO trains on chosen/rejected pairs"), std::string::npos) << out;
 }
 
@@ -328,7 +353,8 @@ TEST(Dpo, PrecomputedReferenceGivesTheInProcessLosses) {
 TEST(Dpo, ReferenceFreeRunsShardAndResumeExactly) {
   TempDir dir;
   const auto src = anvil::testing::source_dir();
-  const auto model = "model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 1, num_heads: 2}\n";
+  const auto model =
+      "model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 1, num_heads: 2}\n";
   anvil::testing::write_text(dir / "dpo.yaml", tiny_run("dpo", "data/dpo_train.jsonl", model));
   for (const std::string type : {"orpo", "simpo", "cpo"}) {
     SCOPED_TRACE(type);
@@ -395,17 +421,22 @@ TEST(PreferenceLearning, RewardModelRanksHeldOutPairs) {
   std::string out;
   const auto src = anvil::testing::source_dir();
   ASSERT_EQ(run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config configs/rm_tiny.yaml output_dir=" +
-                    dir.path().string() + " model.from=" + sft_checkpoint().string() + " train.eval_every=0 train.threads=1" +
-                    anvil::testing::seed_override(), &out), 0)
+                    dir.path().string() + " model.from=" + sft_checkpoint().string() +
+                    " train.eval_every=0 train.threads=1" + anvil::testing::seed_override(),
+                &out),
+            0)
       << out;
   const auto last = metric_lines(dir / "metrics.jsonl").back();
   anvil::testing::record_figure("held-out pair accuracy", last["eval/accuracy"].get<double>(), 0.5, 0.9);
   EXPECT_GE(last["eval/accuracy"].get<double>(), 0.9) << last.dump();
   EXPECT_GT(last["accuracy"].get<double>(), 0.85) << last.dump();  // train-time metric, no prefix
   // anvil score on the eval file agrees with the trainer's eval/accuracy.
-  ASSERT_EQ(run("cd " + src + " && " + anvil::testing::cli_bin() + " score --model " +
-                    (dir / "checkpoint-300").string() + " --input data/pref_eval.jsonl 2>&1 >" +
-                    (dir / "scores.jsonl").string(), &out), 0) << out;
+  ASSERT_EQ(
+      run("cd " + src + " && " + anvil::testing::cli_bin() + " score --model " + (dir / "checkpoint-300").string() +
+              " --input data/pref_eval.jsonl 2>&1 >" + (dir / "scores.jsonl").string(),
+          &out),
+      0)
+      << out;
   int64_t right = 0, n = 0;
   for (const auto& j : metric_lines(dir / "scores.jsonl")) {
     right += j["chosen"].get<double>() > j["rejected"].get<double>();
@@ -423,17 +454,19 @@ TEST(PreferenceLearning, DpoRaisesHeldOutRewardAccuracyAndExactMatch) {
   // The fixture is the quickstart as shipped, so its metrics are the SFT model's on the same
   // 400 held-out prompts the DPO run evaluates.
   const auto sft = sft_metrics();
-  const double beta = anvil::config::load_config({src + "/configs/dpo_tiny.yaml"},
-                                                 {"model.from=" + sft_checkpoint().string()})
-                          .dpo.beta;
+  const double beta =
+      anvil::config::load_config({src + "/configs/dpo_tiny.yaml"}, {"model.from=" + sft_checkpoint().string()})
+          .dpo.beta;
   ASSERT_EQ(run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config configs/dpo_tiny.yaml output_dir=" +
-                    dir.path().string() + " model.from=" + sft_checkpoint().string() + " train.eval_every=0 train.threads=1" +
-                    anvil::testing::seed_override(), &out), 0)
+                    dir.path().string() + " model.from=" + sft_checkpoint().string() +
+                    " train.eval_every=0 train.threads=1" + anvil::testing::seed_override(),
+                &out),
+            0)
       << out;
   const auto last = metric_lines(dir / "metrics.jsonl").back();
   anvil::testing::record_figure("held-out reward accuracy", last["eval/rewards/accuracies"].get<double>(), 0.0, 0.90);
-  anvil::testing::record_figure("chosen log-prob change (nats)", last["eval/rewards/chosen"].get<double>() / beta,
-                                0.0, -0.05);
+  anvil::testing::record_figure("chosen log-prob change (nats)", last["eval/rewards/chosen"].get<double>() / beta, 0.0,
+                                -0.05);
   EXPECT_GE(last["eval/rewards/accuracies"].get<double>(), 0.90) << last.dump();
   EXPECT_GT(last["eval/rewards/margins"].get<double>(), 0.0) << last.dump();
   // No likelihood displacement: rewards/chosen = beta x the change in the held-out chosen
@@ -475,8 +508,10 @@ TEST(PreferenceLearning, ReferenceFreeLossesLearnThePairs) {
                                                    {"model.from=" + sft_checkpoint().string()})
                             .dpo.beta;
     // The margin in nats of mean token log-prob.
-    const double gain = (last["eval/rewards/margins"].get<double>() - before["eval/rewards/margins"].get<double>()) / beta;
-    std::cout << "[" << type << "_tiny] held-out margin (nats per token): " << before["eval/rewards/margins"].get<double>() / beta
+    const double gain =
+        (last["eval/rewards/margins"].get<double>() - before["eval/rewards/margins"].get<double>()) / beta;
+    std::cout << "[" << type
+              << "_tiny] held-out margin (nats per token): " << before["eval/rewards/margins"].get<double>() / beta
               << " -> " << last["eval/rewards/margins"].get<double>() / beta << "; exact match SFT "
               << sft["eval/exact_match"].get<double>() << " -> " << last["eval/exact_match"].get<double>() << "\n";
     // Over 4 fixtures x 2 seeds (docs/reliability.md): the margin gained 0.090-0.187 (orpo) and 0.211-0.309

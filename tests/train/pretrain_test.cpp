@@ -35,12 +35,12 @@ TEST(Pretrain, PrepareThenTrainPackedOnShardsLearns) {
   const auto src = anvil::testing::source_dir();
   std::string out;
   const auto shards = (dir / "shards").string();
-  ASSERT_EQ(anvil::testing::run(anvil::testing::cli_bin() + " prepare --tokenizer " + src +
-                                    "/data/tokenizer.model --input " + src +
-                                    "/data/sft_train.jsonl --text-field prompt --text-field response --output " +
-                                    shards + " --shard-tokens 200000 2>&1",
-                                &out),
-            0)
+  ASSERT_EQ(
+      anvil::testing::run(anvil::testing::cli_bin() + " prepare --tokenizer " + src + "/data/tokenizer.model --input " +
+                              src + "/data/sft_train.jsonl --text-field prompt --text-field response --output " +
+                              shards + " --shard-tokens 200000 2>&1",
+                          &out),
+      0)
       << out;
   EXPECT_NE(out.find("prepared " + shards + ": 20000 documents"), std::string::npos) << out;
   auto ts = data::TokenShards::open(shards);
@@ -68,7 +68,8 @@ TEST(Pretrain, PrepareThenTrainPackedOnShardsLearns) {
 
 TEST(Pretrain, PrepareReportsBadLinesOrSkipsThem) {
   TempDir dir;
-  anvil::testing::write_text(dir / "in.jsonl", "{\"text\": \"add: 1+1\"}\n{\"txt\": \"oops\"}\n{\"text\": \"sort: ba\"}\n");
+  anvil::testing::write_text(dir / "in.jsonl",
+                             "{\"text\": \"add: 1+1\"}\n{\"txt\": \"oops\"}\n{\"text\": \"sort: ba\"}\n");
   const auto base = anvil::testing::cli_bin() + " prepare --tokenizer " + anvil::testing::source_dir() +
                     "/data/tokenizer.model --input " + (dir / "in.jsonl").string() + " --output ";
   std::string out;
@@ -93,7 +94,8 @@ TEST(DataResume, PackedMixtureResumesWithTheUninterruptedLosses) {
                     " schedule.warmup_steps=0 schedule.decay=constant train.save_every=4 train.eval_every=0"
                     " eval.generate_samples=0 train.threads=1 train.log_every=100 train.keep_checkpoints=0";
   std::string out;
-  ASSERT_EQ(anvil::testing::run(base + " output_dir=" + (dir / "straight").string() + " train.max_steps=45 2>&1", &out), 0)
+  ASSERT_EQ(anvil::testing::run(base + " output_dir=" + (dir / "straight").string() + " train.max_steps=45 2>&1", &out),
+            0)
       << out;
   EXPECT_NE(out.find("mixture: an epoch is 350 samples"), std::string::npos) << out;
   // Stop mid-epoch (step 13), again just after the first epoch ended (about 10 samples a step), then run on.

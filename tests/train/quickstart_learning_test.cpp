@@ -26,9 +26,9 @@ std::string content_key(const std::string& cmd) {
   const auto bin = stdfs::path(anvil::testing::trainer_bin());
   std::string out;
   const auto sums = "cd " + anvil::testing::source_dir() +
-                   " && sha256sum configs/quickstart.yaml data/sft_train.jsonl data/sft_eval.jsonl "
-                   "data/tokenizer.model " + bin.string() + " " + (bin.parent_path().parent_path() / "lib").string() +
-                   "/libanvil.so*";
+                    " && sha256sum configs/quickstart.yaml data/sft_train.jsonl data/sft_eval.jsonl "
+                    "data/tokenizer.model " +
+                    bin.string() + " " + (bin.parent_path().parent_path() / "lib").string() + "/libanvil.so*";
   EXPECT_EQ(run(sums, &out), 0) << out;
   return cmd + "\n" + out;
 }

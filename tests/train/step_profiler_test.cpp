@@ -113,10 +113,8 @@ TEST(StepProfiler, SummaryOfAGpuTrace) {
 TEST(StepProfiler, SummaryOfACpuTraceRanksBySelfTime) {
   const int64_t ms = 1000000;
   std::vector<TraceEvent> ev = {
-      {"ProfilerStep#1", false, 0, 10 * ms, 1},
-      {"aten::linear", false, 0, 8 * ms, 1},
-      {"aten::mm", false, 1 * ms, 6 * ms, 1},
-      {"aten::add", false, 8 * ms, 1 * ms, 1},
+      {"ProfilerStep#1", false, 0, 10 * ms, 1}, {"aten::linear", false, 0, 8 * ms, 1},
+      {"aten::mm", false, 1 * ms, 6 * ms, 1},   {"aten::add", false, 8 * ms, 1 * ms, 1},
       {"aten::mm", false, 0, 3 * ms, 2},  // another thread: not nested in aten::linear
   };
   const auto s = profile_summary(ev, /*gpu=*/false, "test");

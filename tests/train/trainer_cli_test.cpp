@@ -85,9 +85,9 @@ TEST(TrainerCli, AMissingGpuIsNamed) {
 TEST(TrainerCli, CtrlCDuringStartUpSaysWhatHappened) {
   TempDir dir;
   std::string log;
-  EXPECT_EQ(anvil::testing::train_in(dir, anvil::testing::tiny_sft_run(2, 2), "", &log,
-                                     "ANVIL_TEST_SIGNAL_AT_STARTUP=INT "),
-            130);
+  EXPECT_EQ(
+      anvil::testing::train_in(dir, anvil::testing::tiny_sft_run(2, 2), "", &log, "ANVIL_TEST_SIGNAL_AT_STARTUP=INT "),
+      130);
   EXPECT_NE(log.find("trainer: interrupted (SIGINT) outside the training loop; nothing was trained or saved since "
                      "the last complete checkpoint"),
             std::string::npos)

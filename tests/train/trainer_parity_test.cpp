@@ -66,7 +66,8 @@ std::vector<double> anvil_losses(const TempDir& dir, const nlohmann::json& s, co
                     "optimizer:\n  lr: 3.0e-3\n  betas: [0.9, 0.98]\n  eps: 1.0e-8\n  weight_decay: " +
                     std::to_string(s["weight_decay"].get<double>()) +
                     "\nschedule:\n  warmup_steps: 20\n  decay: cosine\n  min_lr_ratio: 0.0\n"
-                    "train:\n  max_steps: " + std::to_string(kSteps) +
+                    "train:\n  max_steps: " +
+                    std::to_string(kSteps) +
                     "\n  micro_batch_size: 8\n  grad_accum_steps: " + std::to_string(s["accum"].get<int64_t>()) +
                     "\n  grad_clip: 1.0\n  log_every: 1\n  save_every: 1000\n  eval_every: 0\n  threads: 1\n";
   TempDir run_dir;

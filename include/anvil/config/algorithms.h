@@ -105,7 +105,8 @@ struct PpoRewardConfig {
             "folder. Frozen, and sharded like the policy.");
     v.field("command", command,
             "Reward program: a shell command started once; it reads one JSON object per line on stdin (the prompt "
-            "record as written, plus the sample: {completion, prompt_text, ended}; docs/algorithms.md) and answers one line "
+            "record as written, plus the sample: {completion, prompt_text, ended}; docs/algorithms.md) and answers one "
+            "line "
             "{\"reward\": x} each.");
     v.field("timeout_s", timeout_s, "Seconds the reward program may take to answer one record.", positive());
     v.field("exact_match", exact_match,
@@ -117,8 +118,7 @@ struct PpoRewardConfig {
             "A reward function a linking program registered (anvil::train::register_reward_function).");
     v.field("scale", scale, "none, or running: divide scores by the running std of every score so far (trlx).",
             one_of({"none", "running"}));
-    v.field("clip", clip, "Clip (scaled) scores to [-clip, clip] (trlx's cliprange_reward); 0 = off.",
-            non_negative());
+    v.field("clip", clip, "Clip (scaled) scores to [-clip, clip] (trlx's cliprange_reward); 0 = off.", non_negative());
     v.field("batch_size", batch_size, "Rows the reward model scores at once.", positive());
   }
 };
@@ -196,9 +196,10 @@ struct PpoConfig {
     v.field("prompts_per_rollout", prompts_per_rollout,
             "Prompts each rollout draws from data.train (over all ranks; a multiple of the world size).", positive());
     v.field("samples_per_prompt", samples_per_prompt,
-            "Responses sampled per prompt (at least 2 for advantage grpo, rloo and reinforce_pp_baseline).", positive());
-    v.field("ppo_epochs", ppo_epochs,
-            "Passes over each rollout, in minibatches of train.global_batch_size sequences.", positive());
+            "Responses sampled per prompt (at least 2 for advantage grpo, rloo and reinforce_pp_baseline).",
+            positive());
+    v.field("ppo_epochs", ppo_epochs, "Passes over each rollout, in minibatches of train.global_batch_size sequences.",
+            positive());
     v.field("max_new_tokens", max_new_tokens, "Most tokens a rollout response may have.", positive());
     v.field("temperature", temperature, "Sampling temperature; log-probs are taken at the same temperature.",
             positive());
@@ -215,19 +216,20 @@ struct PpoConfig {
             "to the end, whitened over the rollout, no critic) or reinforce_pp_baseline (the same on each score "
             "minus its group's mean).",
             one_of({"gae", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"}));
-    v.field("kl_coef", kl_coef,
-            "KL penalty coefficient (initial value when target_kl is set; GRPO's beta).", non_negative());
+    v.field("kl_coef", kl_coef, "KL penalty coefficient (initial value when target_kl is set; GRPO's beta).",
+            non_negative());
     v.field("kl_estimator", kl_estimator, "Per-token KL estimator: k1 (logp - ref) or k3.", one_of({"k1", "k3"}));
     v.field("target_kl", target_kl,
             "Adaptive KL controller target (Ziegler et al.): the summed KL per sequence to aim for; 0 = fixed "
             "kl_coef.",
             non_negative());
     v.field("kl_horizon", kl_horizon, "Adaptive KL controller horizon, in sequences.", positive());
-    v.field("gamma", gamma, "GAE discount.",
-            Rule{"a number in [0, 1]", [](double x) { return x >= 0 && x <= 1; }, {}});
+    v.field("gamma", gamma, "GAE discount.", Rule{"a number in [0, 1]", [](double x) { return x >= 0 && x <= 1; }, {}});
     v.field("lam", lam, "GAE lambda.", Rule{"a number in [0, 1]", [](double x) { return x >= 0 && x <= 1; }, {}});
-    v.field("cliprange", cliprange, "Policy ratio clip epsilon: the ratio is clipped to [1 - cliprange, 1 + "
-            "cliprange_high].", positive());
+    v.field("cliprange", cliprange,
+            "Policy ratio clip epsilon: the ratio is clipped to [1 - cliprange, 1 + "
+            "cliprange_high].",
+            positive());
     v.field("cliprange_high", cliprange_high,
             "Upper clip epsilon (DAPO's clip-higher, TRL's epsilon_high); 0 = cliprange.", non_negative());
     v.field("cliprange_value", cliprange_value, "Value clip range around the rollout's values.", positive());
@@ -240,8 +242,8 @@ struct PpoConfig {
             "paper, TRL's grpo) or constant (summed, divided by loss_constant x responses: Dr. GRPO, TRL's "
             "dr_grpo).",
             one_of({"token_mean", "sequence_mean", "constant"}));
-    v.field("loss_constant", loss_constant,
-            "loss_aggregation constant: the divisor per response; 0 = max_new_tokens.", non_negative());
+    v.field("loss_constant", loss_constant, "loss_aggregation constant: the divisor per response; 0 = max_new_tokens.",
+            non_negative());
     v.field("scale_rewards", scale_rewards,
             "advantage grpo: divide each score's distance from its group's mean by the group's std (group), by the "
             "std of the whole rollout (batch), or by nothing (none: Dr. GRPO).",

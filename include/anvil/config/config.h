@@ -27,8 +27,7 @@ struct RopeScalingConfig {
   void visit(V& v) {
     v.field("type", type, "none, or llama3 (LLaMA 3.1 long-context scaling).", one_of({"none", "llama3"}));
     v.field("factor", factor, "Slow-down of the long wavelengths.", positive());
-    v.field("low_freq_factor", low_freq_factor, "Wavelengths above original / low_freq_factor are scaled.",
-            positive());
+    v.field("low_freq_factor", low_freq_factor, "Wavelengths above original / low_freq_factor are scaled.", positive());
     v.field("high_freq_factor", high_freq_factor, "Wavelengths below original / high_freq_factor are kept.",
             positive());
     v.field("original_max_position_embeddings", original_max_position_embeddings,
@@ -83,8 +82,7 @@ struct ModelConfig {
             "from the local Hugging Face cache. Its config.json then defines the model: the shape keys below "
             "may not be set.");
     v.field("vocab_size", vocab_size, "Vocabulary size; 0 = the tokenizer's.", non_negative());
-    v.field("max_position_embeddings", max_position_embeddings, "Longest sequence the model accepts.",
-            positive());
+    v.field("max_position_embeddings", max_position_embeddings, "Longest sequence the model accepts.", positive());
     v.field("hidden_size", hidden_size, "Width of the residual stream (GPT-2 n_embd).", positive());
     v.field("num_layers", num_layers, "Transformer blocks (GPT-2 n_layer).", positive());
     v.field("num_heads", num_heads, "Attention (query) heads; must divide hidden_size.", positive());
@@ -106,8 +104,7 @@ struct ModelConfig {
     v.field("dropout", dropout, "Dropout on embeddings, attention and residuals (GPT-2 *_pdrop).",
             in_open_unit_interval());
     v.field("layer_norm_eps", layer_norm_eps, "LayerNorm / RMSNorm epsilon.", positive());
-    v.field("initializer_range", initializer_range, "Std of the normal init (0.02 in all three families).",
-            positive());
+    v.field("initializer_range", initializer_range, "Std of the normal init (0.02 in all three families).", positive());
     v.field("tie_embeddings", tie_embeddings,
             "Output head shares the input embedding: true, false, or auto (gpt2: true, llama and neox: "
             "false). GPT-2 is always tied.",
@@ -138,8 +135,8 @@ struct ModelConfig {
     v.field("num_experts", num_experts,
             "mixtral, qwen3_moe: experts per sparse layer (HF num_local_experts / num_experts); 0 = 8.",
             non_negative());
-    v.field("num_experts_per_tok", num_experts_per_tok,
-            "mixtral, qwen3_moe: experts each token is routed to (top-k).", positive());
+    v.field("num_experts_per_tok", num_experts_per_tok, "mixtral, qwen3_moe: experts each token is routed to (top-k).",
+            positive());
     v.field("moe_intermediate_size", moe_intermediate_size,
             "qwen3_moe: each expert's MLP width; 0 = intermediate_size (Mixtral's experts are "
             "intermediate_size wide).",
@@ -169,8 +166,7 @@ struct LoraConfig {
   template <class V>
   void visit(V& v) {
     v.field("r", r, "Adapter rank; 0 = no LoRA (every weight trains).", non_negative());
-    v.field("alpha", alpha, "Scaling numerator: the update is (alpha / r) B A x (PEFT's lora_alpha).",
-            positive());
+    v.field("alpha", alpha, "Scaling numerator: the update is (alpha / r) B A x (PEFT's lora_alpha).", positive());
     v.field("dropout", dropout, "Dropout on the adapter's input while training (PEFT's lora_dropout).",
             in_open_unit_interval());
     v.field("target_modules", target_modules,
@@ -241,8 +237,7 @@ struct DatasetConfig {
             "Sampling weight: every sample of an epoch comes from dataset i with probability weight_i / sum; an "
             "epoch is as long as all datasets together. All datasets of a list use weights or none does.",
             non_negative());
-    v.field("eval_fraction", eval_fraction,
-            "Held out of training (a fixed random subset) and added to the eval set.",
+    v.field("eval_fraction", eval_fraction, "Held out of training (a fixed random subset) and added to the eval set.",
             read_by({"sft", "pretrain", "reward", "dpo", "ppo"},  // ilql evaluates on prompts: data.eval
                     Rule{"a number in [0, 1)", [](double x) { return x >= 0 && x < 1; }, {}}));
     v.field("prompt_field", prompt_field, "JSON field holding the prompt.",
@@ -271,15 +266,15 @@ struct DataConfig {
   void visit(V& v) {
     v.list("train", train, "Training datasets: one or more, mixed as their fraction / size / weight say.");
     v.list("eval", eval, "Held-out datasets (same keys; fraction, size and weight are ignored).");
-    v.field("template", template_name,
-            "Chat format that turns prompts and messages into tokens: auto (the one recorded with the model's "
-            "tokenizer: a built-in one by name, any other Jinja chat_template as hf; else plain), hf (the "
-            "tokenizer's own Jinja chat_template from tokenizer_config.json, rendered as transformers' "
-            "apply_chat_template does; docs/data.md), plain (turns as written, user turns ending in a newline, "
-            "replies in EOS), chatml, llama3, oasst (Open-Assistant). Only assistant turns are trained; "
-            "checkpoints record it as tokenizer_config.json's chat_template.",
-            read_by({"sft", "reward", "dpo", "ppo", "ilql"},
-                    one_of({"auto", "hf", "plain", "chatml", "llama3", "oasst"})));
+    v.field(
+        "template", template_name,
+        "Chat format that turns prompts and messages into tokens: auto (the one recorded with the model's "
+        "tokenizer: a built-in one by name, any other Jinja chat_template as hf; else plain), hf (the "
+        "tokenizer's own Jinja chat_template from tokenizer_config.json, rendered as transformers' "
+        "apply_chat_template does; docs/data.md), plain (turns as written, user turns ending in a newline, "
+        "replies in EOS), chatml, llama3, oasst (Open-Assistant). Only assistant turns are trained; "
+        "checkpoints record it as tokenizer_config.json's chat_template.",
+        read_by({"sft", "reward", "dpo", "ppo", "ilql"}, one_of({"auto", "hf", "plain", "chatml", "llama3", "oasst"})));
     v.field("max_length", max_length,
             "Longest tokenized sample (prompt + response + EOS), and the row length when packing; "
             "0 = model.max_position_embeddings.",
@@ -376,7 +371,8 @@ struct TrainConfig {
     v.field("micro_batch_size", micro_batch_size, "Samples per forward/backward pass.", positive());
     v.field("grad_accum_steps", grad_accum_steps,
             "Micro-batches per optimizer step, summed over all ranks (each rank runs grad_accum_steps / "
-            "world_size); when global_batch_size is also set, the two must agree. The loss is normalised by the step's total "
+            "world_size); when global_batch_size is also set, the two must agree. The loss is normalised by the step's "
+            "total "
             "number of target tokens over all ranks.",
             positive());
     v.field("global_batch_size", global_batch_size,
@@ -402,11 +398,9 @@ struct TrainConfig {
     v.field("seed", seed, "Seed for init, data order and dropout.", non_negative());
     v.field("save_every", save_every, "Checkpoint every N steps (and always at the end); 0 = end only.",
             non_negative());
-    v.field("eval_every", eval_every, "Evaluate every N steps (and at the end); 0 = end only.",
-            non_negative());
+    v.field("eval_every", eval_every, "Evaluate every N steps (and at the end); 0 = end only.", non_negative());
     v.field("log_every", log_every, "Console progress every N steps.", positive());
-    v.field("keep_checkpoints", keep_checkpoints, "Most recent checkpoints kept; 0 keeps all.",
-            non_negative());
+    v.field("keep_checkpoints", keep_checkpoints, "Most recent checkpoints kept; 0 keeps all.", non_negative());
     v.field("device", device, "Device: cpu, cuda or cuda:N.");
     v.field("tf32", tf32,
             "CUDA: float32 matmuls and convolutions on TensorFloat-32 tensor cores (PyTorch's "

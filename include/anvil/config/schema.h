@@ -23,11 +23,23 @@ struct Rule {
 };
 
 inline Rule any() { return {}; }
-inline Rule required() { Rule r; r.required = true; r.expected = "a value"; return r; }
+inline Rule required() {
+  Rule r;
+  r.required = true;
+  r.expected = "a value";
+  return r;
+}
 /// A rule that must also be set by some config source (no usable default).
-inline Rule required(Rule r) { r.required = true; return r; }
-inline Rule positive() { return {"a positive number", [](double x) { return x > 0; }, {}}; }
-inline Rule non_negative() { return {"a number >= 0", [](double x) { return x >= 0; }, {}}; }
+inline Rule required(Rule r) {
+  r.required = true;
+  return r;
+}
+inline Rule positive() {
+  return {"a positive number", [](double x) { return x > 0; }, {}};
+}
+inline Rule non_negative() {
+  return {"a number >= 0", [](double x) { return x >= 0; }, {}};
+}
 inline Rule at_least(double lo, std::string expected) {
   return {std::move(expected), [lo](double x) { return x >= lo; }, {}};
 }

@@ -22,12 +22,20 @@ void write(Level level, std::string_view message);
 void progress(std::string_view line);
 
 template <class... Args>
-void debug(Args&&... args) { write(Level::debug, concat(std::forward<Args>(args)...)); }
+void debug(Args&&... args) {
+  write(Level::debug, concat(std::forward<Args>(args)...));
+}
 template <class... Args>
-void info(Args&&... args) { write(Level::info, concat(std::forward<Args>(args)...)); }
+void info(Args&&... args) {
+  write(Level::info, concat(std::forward<Args>(args)...));
+}
 template <class... Args>
-void warn(Args&&... args) { write(Level::warn, concat(std::forward<Args>(args)...)); }
+void warn(Args&&... args) {
+  write(Level::warn, concat(std::forward<Args>(args)...));
+}
 template <class... Args>
-void error(Args&&... args) { write(Level::error, concat(std::forward<Args>(args)...)); }
+void error(Args&&... args) {
+  write(Level::error, concat(std::forward<Args>(args)...));
+}
 
 }  // namespace anvil::log

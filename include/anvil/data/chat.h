@@ -99,8 +99,7 @@ RecordedChatFormat recorded_chat_format(const tokenizer::Tokenizer& tok);
 /// `override_hint` is empty (then it is logged and used); the error names
 /// `override_hint` as the way to insist.
 std::string resolve_chat_template(const tokenizer::Tokenizer& tok, const std::string& requested,
-                                  const std::string& what, const std::string& where,
-                                  const std::string& override_hint);
+                                  const std::string& what, const std::string& where, const std::string& override_hint);
 
 /// The plain format for one prompt/response pair: prompt + response (+ EOS).
 TokenizedChat encode_plain(const tokenizer::Tokenizer& tok, const std::string& prompt, const std::string& response,

@@ -96,7 +96,9 @@ class SftDataset final : public LmDataset {
   static SftDataset load(const std::filesystem::path& path, const tokenizer::Tokenizer& tok, const ReadOptions& opt);
 
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
-  int64_t length(int64_t i) const override { return static_cast<int64_t>(samples_[static_cast<size_t>(i)].input_ids.size()); }
+  int64_t length(int64_t i) const override {
+    return static_cast<int64_t>(samples_[static_cast<size_t>(i)].input_ids.size());
+  }
   void get(int64_t i, LmSample& out) const override;
   std::string name() const override { return name_; }
   const SftSample& operator[](int64_t i) const { return samples_[static_cast<size_t>(i)]; }
@@ -122,8 +124,8 @@ std::optional<SftSample> make_sft_sample(const tokenizer::Tokenizer& tok, const 
 /// prompt is a string or a messages list; the replies are competing assistant
 /// turns, best first.
 struct PreferenceSample {
-  std::vector<int64_t> prompt_ids;              // rendered prompt with the assistant header
-  std::vector<std::vector<int64_t>> replies;    // each reply + end of turn, best first (K >= 2)
+  std::vector<int64_t> prompt_ids;            // rendered prompt with the assistant header
+  std::vector<std::vector<int64_t>> replies;  // each reply + end of turn, best first (K >= 2)
   std::optional<double> margin;
   std::string prompt;
   std::vector<std::string> reply_texts;

@@ -51,7 +51,6 @@ struct ReadStats {
 /// Calls `fn` for every non-blank line. A line that is not a JSON object, or
 /// for which `fn` throws DataError, stops the read (fail) or is counted and
 /// skipped (skip).
-ReadStats read_jsonl(const std::filesystem::path& path, OnError on_error,
-                     const std::function<void(const Record&)>& fn);
+ReadStats read_jsonl(const std::filesystem::path& path, OnError on_error, const std::function<void(const Record&)>& fn);
 
 }  // namespace anvil::data

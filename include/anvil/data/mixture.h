@@ -14,10 +14,10 @@ namespace anvil::data {
 /// One dataset of a mixture. Exactly one of fraction / take / weight applies
 /// (fraction = 1 when none is set).
 struct MixtureSpec {
-  int64_t size = 0;          // samples available
-  double fraction = 0;       // per-epoch share, a fresh subset each epoch (> 1 repeats)
-  int64_t take = 0;          // per-epoch count, a fresh subset each epoch
-  double weight = 0;         // sampling weight (all specs or none)
+  int64_t size = 0;              // samples available
+  double fraction = 0;           // per-epoch share, a fresh subset each epoch (> 1 repeats)
+  int64_t take = 0;              // per-epoch count, a fresh subset each epoch
+  double weight = 0;             // sampling weight (all specs or none)
   std::vector<int64_t> indices;  // the dataset's usable indices; empty = 0..size-1
 };
 

@@ -45,10 +45,9 @@ bool is_sharded_checkpoint(const std::filesystem::path& dir);
 /// model.safetensors (gathered unit by unit), so the folder is an HF model
 /// folder as well.
 std::filesystem::path save_sharded_checkpoint(const std::filesystem::path& output_dir, ShardedModel& model,
-                                              torch::optim::Optimizer& optimizer,
-                                              const tokenizer::Tokenizer* tokenizer, const io::TrainerState& state,
-                                              const std::string& run_config_yaml, int64_t keep_last,
-                                              bool consolidated = true,
+                                              torch::optim::Optimizer& optimizer, const tokenizer::Tokenizer* tokenizer,
+                                              const io::TrainerState& state, const std::string& run_config_yaml,
+                                              int64_t keep_last, bool consolidated = true,
                                               const std::function<void(const std::filesystem::path&)>& extra = {});
 
 /// A sharded checkpoint between its collective part and its files. The
@@ -57,11 +56,11 @@ std::filesystem::path save_sharded_checkpoint(const std::filesystem::path& outpu
 struct ShardedSave {
   std::filesystem::path output_dir, tmp;
   int64_t rank = 0, world = 1, keep_last = 0;
-  io::TensorMap shard;  // "<unit>.param", ".exp_avg", ".exp_avg_sq" of this rank's slice
-  std::filesystem::path shard_file;  // empty: this rank writes no shard (no_shard, rank > 0)
-  io::TensorMap rng;    // this rank's generator states
-  io::TensorMap whole;  // rank 0 with consolidated checkpoints: the gathered model by HF name
-  nlohmann::json meta;  // rank 0: sharding.json
+  io::TensorMap shard;                // "<unit>.param", ".exp_avg", ".exp_avg_sq" of this rank's slice
+  std::filesystem::path shard_file;   // empty: this rank writes no shard (no_shard, rank > 0)
+  io::TensorMap rng;                  // this rank's generator states
+  io::TensorMap whole;                // rank 0 with consolidated checkpoints: the gathered model by HF name
+  nlohmann::json meta;                // rank 0: sharding.json
   models::CausalLM* model = nullptr;  // rank 0: for config.json (its config, never its tensors)
   const tokenizer::Tokenizer* tokenizer = nullptr;
   io::TrainerState state;
@@ -85,8 +84,9 @@ void write_sharded_files(const ShardedSave& save);
 /// rank's mark (a CheckpointError naming the missing ranks after that), then
 /// writes trainer_state.json (after `before_complete`), fsyncs and publishes
 /// the folder, keeping the newest keep_last. Returns it.
-std::filesystem::path publish_sharded_save(const ShardedSave& save, double timeout_s,
-                                           const std::function<void(const std::filesystem::path&)>& before_complete = {});
+std::filesystem::path publish_sharded_save(
+    const ShardedSave& save, double timeout_s,
+    const std::function<void(const std::filesystem::path&)>& before_complete = {});
 
 /// Collective: `model` whole in HF layout and its AdamW state by parameter
 /// name (a reward model's LM head left out), gathered to rank 0 (the other

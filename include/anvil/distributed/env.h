@@ -15,8 +15,8 @@ namespace anvil::distributed {
 struct ProcessInfo {
   int64_t rank = 0;
   int64_t world_size = 1;
-  int64_t local_rank = 0;        // rank on this node (selects the GPU)
-  int64_t local_world_size = 1;  // processes on this node
+  int64_t local_rank = 0;                 // rank on this node (selects the GPU)
+  int64_t local_world_size = 1;           // processes on this node
   std::string master_addr = "127.0.0.1";  // rendezvous (c10d TCPStore) host
   int64_t master_port = 29500;            // torchrun's default
   std::string launcher = "none";          // none | torchrun | mpirun | slurm

@@ -30,8 +30,8 @@ enum class CudaGraphs { kAuto, kOn, kOff };
 struct SamplingOptions : WarpOptions {
   int64_t max_new_tokens = 32;
   bool greedy = true;
-  int64_t eos_id = -1;   // stop a sequence when produced (kept in its output)
-  uint64_t seed = 0;     // rows without row_seeds draw from (seed, prompt index); the global RNG is never touched
+  int64_t eos_id = -1;     // stop a sequence when produced (kept in its output)
+  uint64_t seed = 0;       // rows without row_seeds draw from (seed, prompt index); the global RNG is never touched
   int64_t batch_size = 0;  // prompts decoded together; 0 = all
   std::vector<LogitsProcessor> logits_processors;  // applied in order, after the penalties, before the warpers
   /// Next-token scores from the model's heads rather than its LM logits alone:
@@ -70,8 +70,7 @@ struct Generation {
 /// rows leave the batch. A batch's budget is also capped by the model's
 /// max_positions minus its longest prompt. The model is put in eval mode for
 /// the call and restored afterwards.
-std::vector<std::vector<int64_t>> generate(models::CausalLM& model,
-                                           const std::vector<std::vector<int64_t>>& prompts,
+std::vector<std::vector<int64_t>> generate(models::CausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
                                            const SamplingOptions& opt);
 
 /// generate(), with each new token's log-probability (for RL rollouts).

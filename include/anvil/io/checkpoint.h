@@ -46,8 +46,7 @@ ModelState model_state(models::CausalLM& model, torch::optim::Optimizer& optimiz
 
 /// Writes `state` into `dir` (created): the HF folder (with the tokenizer's
 /// files when given), optimizer.safetensors and optimizer.json.
-void save_model_state(const std::filesystem::path& dir, const ModelState& state,
-                      const tokenizer::Tokenizer* tokenizer);
+void save_model_state(const std::filesystem::path& dir, const ModelState& state, const tokenizer::Tokenizer* tokenizer);
 
 struct CheckpointParts {
   ModelState model;

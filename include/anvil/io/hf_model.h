@@ -32,8 +32,7 @@ inline bool is_head_parameter(const std::string& name) { return name.rfind("head
 
 /// Writes config.json, generation_config.json, model.safetensors and the
 /// tokenizer's files into `dir` (which must exist).
-void save_model_dir(const std::filesystem::path& dir, models::CausalLM& model,
-                    const tokenizer::Tokenizer* tokenizer);
+void save_model_dir(const std::filesystem::path& dir, models::CausalLM& model, const tokenizer::Tokenizer* tokenizer);
 
 /// Writes the weights of `model`, given as `tensors` (parameter name -> value;
 /// all of them), into `dir`: named heads in heads.safetensors, the rest in
@@ -44,9 +43,9 @@ void save_weight_files(const std::filesystem::path& dir, models::CausalLM& model
                        const std::map<std::string, at::Tensor>& tensors);
 
 /// Writes config.json (kAdapterModelConfig for a model with LoRA adapters),
-/// generation_config.json, heads.json (when the model has named heads) and the tokenizer's files (no weights). config.json's dtype is `dtype`, or the parameters' when undefined.
-void save_model_config(const std::filesystem::path& dir, models::CausalLM& model,
-                       const tokenizer::Tokenizer* tokenizer,
+/// generation_config.json, heads.json (when the model has named heads) and the tokenizer's files (no weights).
+/// config.json's dtype is `dtype`, or the parameters' when undefined.
+void save_model_config(const std::filesystem::path& dir, models::CausalLM& model, const tokenizer::Tokenizer* tokenizer,
                        std::optional<at::ScalarType> dtype = std::nullopt);
 
 /// Builds the model `dir`/config.json describes (with the heads heads.json

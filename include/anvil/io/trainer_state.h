@@ -1,7 +1,8 @@
 #pragma once
 // trainer_state.json: the last file of a checkpoint folder (its presence marks
 // the folder complete). It holds the step, the batch source's position, the
-// non-finite step count and the objective's own state (Objective::state()). Torch-free, so the fuzz targets can link it alone.
+// non-finite step count and the objective's own state (Objective::state()). Torch-free, so the fuzz targets can link it
+// alone.
 
 #include <cstdint>
 #include <filesystem>

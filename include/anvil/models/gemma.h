@@ -57,9 +57,7 @@ struct GemmaOptions {
   TORCH_ARG(int64_t, padding_idx) = -1;
 
  public:
-  bool sliding(int64_t layer) const {
-    return layer_types_.at(static_cast<size_t>(layer)) == "sliding_attention";
-  }
+  bool sliding(int64_t layer) const { return layer_types_.at(static_cast<size_t>(layer)) == "sliding_attention"; }
 };
 
 /// Gemma's RMSNorm: x / rms(x) * (1 + w) in float32, cast back; w starts at 0.

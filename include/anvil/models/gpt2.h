@@ -29,7 +29,6 @@ struct GPT2Options {
   TORCH_ARG(double, layer_norm_epsilon) = 1e-5;
   TORCH_ARG(double, initializer_range) = 0.02;
 
-
  public:
   int64_t inner() const { return n_inner_ > 0 ? n_inner_ : 4 * n_embd_; }
 };
@@ -116,6 +115,7 @@ class GPT2LMHeadModel final : public CausalLM {
 
   GPT2Options options;
   GPT2Model transformer{nullptr};
+
  protected:
   at::Tensor forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) override;
   std::string embedding_parameter() const override { return "transformer.wte.weight"; }

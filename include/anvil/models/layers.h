@@ -37,9 +37,7 @@ TORCH_MODULE(RMSNorm);
 class LinearImpl : public torch::nn::LinearImpl, public LoraLayer {
  public:
   using torch::nn::LinearImpl::LinearImpl;
-  at::Tensor forward(const at::Tensor& x) {
-    return with_adapter(x, torch::nn::LinearImpl::forward(x), is_training());
-  }
+  at::Tensor forward(const at::Tensor& x) { return with_adapter(x, torch::nn::LinearImpl::forward(x), is_training()); }
   int64_t in_features() const override { return options.in_features(); }
   int64_t out_features() const override { return options.out_features(); }
   void add_to_weight(const at::Tensor& delta_out_in) override;

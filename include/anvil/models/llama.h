@@ -131,7 +131,7 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const ForwardArgs& args,
                      size_t layer);
   LlamaAttention self_attn{nullptr};
-  LlamaMLP mlp{nullptr};          // null in a sparse layer
+  LlamaMLP mlp{nullptr};             // null in a sparse layer
   moe::SparseMoeBlock moe{nullptr};  // sparse layers: "block_sparse_moe" (Mixtral) or "mlp" (Qwen3-MoE)
   layers::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   double residual_dropout;

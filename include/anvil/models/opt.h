@@ -65,6 +65,7 @@ class OPTForCausalLM final : public CausalLM {
   void reset_parameters();
 
   OPTOptions options;
+
  protected:
   at::Tensor forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) override;
   std::string embedding_parameter() const override { return "model.decoder.embed_tokens.weight"; }

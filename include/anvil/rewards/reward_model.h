@@ -22,8 +22,8 @@ class RewardModel {
   /// contradicts it is an error unless `force_format`. Throws ConfigError
   /// naming `key` (the flag or config key that named the folder) when the
   /// folder has no score head.
-  static RewardModel load(const std::filesystem::path& dir, const std::string& format = "",
-                          bool force_format = false, const std::string& key = "--model");
+  static RewardModel load(const std::filesystem::path& dir, const std::string& format = "", bool force_format = false,
+                          const std::string& key = "--model");
 
   RewardModel(std::shared_ptr<models::CausalLM> model, std::shared_ptr<const tokenizer::Tokenizer> tok,
               const std::string& template_name);

@@ -79,7 +79,7 @@ void add_ilql_heads(models::CausalLM& model, bool two_qs);
 /// with advantage shaping (`anvil generate --ilql-beta`). Throws
 /// std::invalid_argument when the model has no ILQL heads.
 std::function<at::Tensor(const at::Tensor& hidden, const at::Tensor& logits)> ilql_score_fn(models::CausalLM& model,
-                                                                                           double beta);
+                                                                                            double beta);
 
 // ---- the objective ---------------------------------------------------------------
 

@@ -65,14 +65,14 @@ struct RunningMoments {
 /// (the loop divides by the step's tokens, making them masked means), and
 /// their statistics.
 struct PpoLossSums {
-  at::Tensor policy;        // sum of max(-A r, -A clip(r))
-  at::Tensor value;         // sum of 0.5 max((v - R)^2, (clip(v) - R)^2); undefined without values
-  at::Tensor clipfrac;      // tokens whose ratio was clipped
-  at::Tensor clip_low;      // tokens with A < 0 whose ratio fell below 1 - cliprange (TRL's clip_ratio/low)
-  at::Tensor clip_high;     // tokens with A > 0 whose ratio rose above 1 + cliprange_high (clip_ratio/high)
-  at::Tensor vf_clipfrac;   // tokens whose value was clipped
-  at::Tensor approxkl;      // sum of 0.5 (logp - old)^2
-  at::Tensor ratio;         // sum of the ratios
+  at::Tensor policy;       // sum of max(-A r, -A clip(r))
+  at::Tensor value;        // sum of 0.5 max((v - R)^2, (clip(v) - R)^2); undefined without values
+  at::Tensor clipfrac;     // tokens whose ratio was clipped
+  at::Tensor clip_low;     // tokens with A < 0 whose ratio fell below 1 - cliprange (TRL's clip_ratio/low)
+  at::Tensor clip_high;    // tokens with A > 0 whose ratio rose above 1 + cliprange_high (clip_ratio/high)
+  at::Tensor vf_clipfrac;  // tokens whose value was clipped
+  at::Tensor approxkl;     // sum of 0.5 (logp - old)^2
+  at::Tensor ratio;        // sum of the ratios
 };
 struct PpoClip {
   double cliprange = 0.2;

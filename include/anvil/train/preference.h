@@ -48,8 +48,8 @@ struct DpoLossOutput {
 ///   orpo   -beta * logsigmoid(log odds(pi_c) - log odds(pi_r)), odds p / (1 - p)
 ///   simpo  -logsigmoid(beta * (pi_c - pi_r) - gamma)  (label smoothing as cDPO)
 ///   cpo    -logsigmoid(beta * (pi_c - pi_r))          (label smoothing as cDPO)
-DpoLossOutput dpo_loss(const at::Tensor& policy_chosen, const at::Tensor& policy_rejected,
-                       const at::Tensor& ref_chosen, const at::Tensor& ref_rejected, const DpoLossOptions& opt);
+DpoLossOutput dpo_loss(const at::Tensor& policy_chosen, const at::Tensor& policy_rejected, const at::Tensor& ref_chosen,
+                       const at::Tensor& ref_rejected, const DpoLossOptions& opt);
 
 /// The log-probs a loss type compares: sums, or per-token means for ipo,
 /// orpo and simpo.

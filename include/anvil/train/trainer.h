@@ -41,8 +41,8 @@ struct TrainResult {
   int64_t step = 0;          // steps completed
   bool interrupted = false;  // stopped early by SIGTERM/SIGINT
   Metrics last_eval;
-  int64_t tokens = 0;        // input tokens of this run's steps
-  double wall_s = 0;         // of this run's steps
+  int64_t tokens = 0;           // input tokens of this run's steps
+  double wall_s = 0;            // of this run's steps
   std::string best_checkpoint;  // the kept checkpoint with the lowest eval/loss ("" if none)
 };
 

@@ -112,8 +112,8 @@ GemmaModelImpl::GemmaModelImpl(const GemmaOptions& o)
 at::Tensor GemmaModelImpl::forward(const at::Tensor& input_ids, const ForwardArgs& args) {
   const auto B = input_ids.size(0), T = input_ids.size(1);
   const int64_t past = args.cache ? args.cache->length : 0;
-  TORCH_CHECK(past + T <= max_positions, "sequence of ", past + T, " tokens exceeds max_position_embeddings=",
-              max_positions);
+  TORCH_CHECK(past + T <= max_positions, "sequence of ", past + T,
+              " tokens exceeds max_position_embeddings=", max_positions);
   const auto device = input_ids.device();
   if (inv_freq.device() != device) inv_freq = inv_freq.to(device), local_inv_freq = local_inv_freq.to(device);
   auto x = embed_tokens(input_ids);
@@ -136,12 +136,11 @@ at::Tensor GemmaModelImpl::forward(const at::Tensor& input_ids, const ForwardArg
 GemmaForCausalLM::GemmaForCausalLM(const GemmaOptions& o) : options(o) {
   TORCH_CHECK(o.num_attention_heads() % o.num_key_value_heads() == 0,
               "num_key_value_heads must divide num_attention_heads");
-  TORCH_CHECK(static_cast<int64_t>(o.layer_types().size()) == o.num_hidden_layers(),
-              "gemma: one layer type per layer");
+  TORCH_CHECK(static_cast<int64_t>(o.layer_types().size()) == o.num_hidden_layers(), "gemma: one layer type per layer");
   model = register_module("model", GemmaModel(o));
   if (!o.tie_word_embeddings())
-    lm_head = register_module(
-        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(o.hidden_size(), o.vocab_size()).bias(false)));
+    lm_head = register_module("lm_head",
+                              torch::nn::Linear(torch::nn::LinearOptions(o.hidden_size(), o.vocab_size()).bias(false)));
   reset_parameters();
 }
 
@@ -159,8 +158,10 @@ void GemmaForCausalLM::reset_parameters() {
   for (auto& p : named_parameters()) {
     const auto& name = p.key();
     auto& t = p.value();
-    if (name.ends_with("norm.weight") || name.ends_with("bias")) t.zero_();
-    else t.normal_(0.0, options.initializer_range());
+    if (name.ends_with("norm.weight") || name.ends_with("bias"))
+      t.zero_();
+    else
+      t.normal_(0.0, options.initializer_range());
   }
   if (options.padding_idx() >= 0) model->embed_tokens->weight[options.padding_idx()].zero_();
 }

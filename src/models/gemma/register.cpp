@@ -63,7 +63,8 @@ layers::RopeOptions rope_of(const nlohmann::json& entry, const std::string& wher
   layers::RopeOptions o;
   o.theta(sub.number("rope_theta", default_theta, HfConfigReader::Bound::positive));
   const auto type = sub.string("rope_type", sub.string("type", "default"));
-  if (type == "linear") o.type("linear").factor(sub.number("factor", 1.0, HfConfigReader::Bound::positive));
+  if (type == "linear")
+    o.type("linear").factor(sub.number("factor", 1.0, HfConfigReader::Bound::positive));
   else if (type != "default")
     sub.fail("rope_type", concat("\"", type, "\" is not supported for Gemma 3; supported: default, linear"));
   return o;
@@ -96,14 +97,15 @@ std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& wh
       .qk_norm(g3)
       .tie_word_embeddings(r.boolean("tie_word_embeddings", true));
   if (o.num_attention_heads() % o.num_key_value_heads() != 0)
-    r.fail("num_key_value_heads", concat(o.num_key_value_heads(), " must divide num_attention_heads ",
-                                         o.num_attention_heads()));
+    r.fail("num_key_value_heads",
+           concat(o.num_key_value_heads(), " must divide num_attention_heads ", o.num_attention_heads()));
   if (!layers::is_supported_activation(o.hidden_act()))
     r.fail("hidden_activation", concat("\"", o.hidden_act(), "\" is not supported"));
   if (r.boolean("use_bidirectional_attention", false))
     r.fail("use_bidirectional_attention", "bidirectional (embedding) Gemma models are not causal LMs");
   auto types = r.layer_types(o.num_hidden_layers());
-  if (types.empty()) types = default_layer_types(o.num_hidden_layers(), g3 ? r.integer("sliding_window_pattern", 6) : 2);
+  if (types.empty())
+    types = default_layer_types(o.num_hidden_layers(), g3 ? r.integer("sliding_window_pattern", 6) : 2);
   o.layer_types(types);
   if (!g3) {
     auto rope = r.rope(o.head_dim(), 10000.0, 1.0);
@@ -123,8 +125,8 @@ std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& wh
                            : layers::RopeOptions().theta(r.number("rope_theta", 1e6, HfConfigReader::Bound::positive));
       if (const auto* s = r.find("rope_scaling")) global = rope_of(*s, where + ": rope_scaling", global.theta());
       o.rope(global);
-      o.local_rope(layers::RopeOptions().theta(
-          r.number("rope_local_base_freq", 10000.0, HfConfigReader::Bound::positive)));
+      o.local_rope(
+          layers::RopeOptions().theta(r.number("rope_local_base_freq", 10000.0, HfConfigReader::Bound::positive)));
     }
   }
   const auto special = r.special_tokens();

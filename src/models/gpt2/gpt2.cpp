@@ -38,8 +38,8 @@ AttentionImpl::AttentionImpl(const GPT2Options& o)
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x, const ForwardArgs& args, size_t layer) {
   const auto B = x.size(0), T = x.size(1), D = n_embd / n_head;
-  auto qkv = c_attn(x).split(n_embd, -1);                      // 3 x (B, T, C)
-  auto q = qkv[0].view({B, T, n_head, D}).transpose(1, 2);     // (B, H, T, D)
+  auto qkv = c_attn(x).split(n_embd, -1);                   // 3 x (B, T, C)
+  auto q = qkv[0].view({B, T, n_head, D}).transpose(1, 2);  // (B, H, T, D)
   auto k = qkv[1].view({B, T, n_head, D}).transpose(1, 2);
   auto v = qkv[2].view({B, T, n_head, D}).transpose(1, 2);
   auto y = layers::attention(q, k, v, args, layer, is_training() ? attn_pdrop : 0.0);  // (B, T, C)
@@ -56,11 +56,11 @@ at::Tensor MLPImpl::forward(const at::Tensor& x) {
 }
 
 BlockImpl::BlockImpl(const GPT2Options& o)
-    : ln_1(register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()})
-                                                           .eps(o.layer_norm_epsilon())))),
+    : ln_1(register_module(
+          "ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()}).eps(o.layer_norm_epsilon())))),
       attn(register_module("attn", Attention(o))),
-      ln_2(register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()})
-                                                           .eps(o.layer_norm_epsilon())))),
+      ln_2(register_module(
+          "ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()}).eps(o.layer_norm_epsilon())))),
       mlp(register_module("mlp", MLP(o))) {}
 
 at::Tensor BlockImpl::forward(const at::Tensor& x, const ForwardArgs& args, size_t layer) {
@@ -73,8 +73,8 @@ GPT2ModelImpl::GPT2ModelImpl(const GPT2Options& o)
       wpe(register_module("wpe", torch::nn::Embedding(o.n_positions(), o.n_embd()))),
       drop(register_module("drop", torch::nn::Dropout(o.embd_pdrop()))),
       h(register_module("h", torch::nn::ModuleList())),
-      ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()})
-                                                           .eps(o.layer_norm_epsilon())))) {
+      ln_f(register_module(
+          "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()}).eps(o.layer_norm_epsilon())))) {
   for (int64_t i = 0; i < o.n_layer(); ++i) h->push_back(Block(o));
 }
 
@@ -84,7 +84,7 @@ at::Tensor GPT2ModelImpl::forward(const at::Tensor& input_ids, const ForwardArgs
   TORCH_CHECK(past + T <= wpe->weight.size(0), "sequence of ", past + T,
               " tokens exceeds n_positions=", wpe->weight.size(0));
   auto pos = layers::positions(args, B, T, input_ids.device());  // (B, T)
-  auto x = drop(wte(input_ids) + wpe(pos));                       // (B, T, C)
+  auto x = drop(wte(input_ids) + wpe(pos));                      // (B, T, C)
   for (size_t i = 0; i < h->size(); ++i) {
     auto block = h[i]->as<Block>();
     x = layers::run_block(args, i, x, [block, args, i](const at::Tensor& t) { return block->forward(t, args, i); });

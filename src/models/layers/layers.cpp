@@ -69,9 +69,8 @@ at::Tensor rope_inv_freq(const RopeOptions& o, bool long_context) {
   if (o.type() == "longrope") {
     // Phi-3 (HF _compute_longrope_parameters): 1 / (ext_factors * base ** exponent).
     const auto& f = long_context ? o.long_factor() : o.short_factor();
-    TORCH_CHECK(static_cast<int64_t>(f.size()) == o.rotary_dim() / 2, "longrope: ",
-                long_context ? "long" : "short", "_factor has ", f.size(), " entries, expected rotary_dim / 2 = ",
-                o.rotary_dim() / 2);
+    TORCH_CHECK(static_cast<int64_t>(f.size()) == o.rotary_dim() / 2, "longrope: ", long_context ? "long" : "short",
+                "_factor has ", f.size(), " entries, expected rotary_dim / 2 = ", o.rotary_dim() / 2);
     auto ext = at::tensor(f, at::kDouble).to(at::kFloat);
     return 1.0 / (ext * at::pow(o.theta(), exponent));
   }
@@ -95,7 +94,7 @@ at::Tensor rope_inv_freq(const RopeOptions& o, bool long_context) {
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, const at::Tensor& position_ids,
                                                at::ScalarType dtype, double scale) {
   auto freqs = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;  // (B, T, R/2)
-  auto emb = at::cat({freqs, freqs}, -1).unsqueeze(1);                                        // (B, 1, T, R)
+  auto emb = at::cat({freqs, freqs}, -1).unsqueeze(1);                // (B, 1, T, R)
   if (scale == 1.0) return {emb.cos().to(dtype), emb.sin().to(dtype)};
   return {(emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)};
 }
@@ -110,8 +109,8 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 }
 
 bool is_supported_activation(const std::string& name) {
-  return name == "gelu" || name == "gelu_new" || name == "gelu_pytorch_tanh" || name == "silu" ||
-         name == "swish" || name == "relu";
+  return name == "gelu" || name == "gelu_new" || name == "gelu_pytorch_tanh" || name == "silu" || name == "swish" ||
+         name == "relu";
 }
 
 at::Tensor activation(const at::Tensor& x, const std::string& name) {
@@ -188,8 +187,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_new, const at::Ten
     auto scores = at::matmul(q, kk.transpose(-2, -1)) * scale;
     scores = at::tanh(scores / o.softcap) * o.softcap;
     if (causal) mask = at::ones({T, S}, idx.dtype(at::kBool)).tril();
-    if (mask.defined())
-      scores = scores.masked_fill(mask.logical_not(), std::numeric_limits<float>::lowest());
+    if (mask.defined()) scores = scores.masked_fill(mask.logical_not(), std::numeric_limits<float>::lowest());
     auto probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
     if (o.dropout > 0) probs = at::dropout(probs, o.dropout, true);
     y = at::matmul(probs, vv);

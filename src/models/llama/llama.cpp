@@ -50,8 +50,8 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
     v = v_proj(x).view({B, T, n_kv_heads, head_dim});
   }
   if (q_norm) q = q_norm(q), k = k_norm(k);  // per head, before RoPE (Qwen3)
-  q = q.transpose(1, 2);  // (B, H, T, D)
-  k = k.transpose(1, 2);  // (B, Hkv, T, D)
+  q = q.transpose(1, 2);                     // (B, H, T, D)
+  k = k.transpose(1, 2);                     // (B, Hkv, T, D)
   v = v.transpose(1, 2);
   q = layers::apply_rope(q, cos, sin);
   k = layers::apply_rope(k, cos, sin);
@@ -60,8 +60,7 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaOptions& o) : act(o.hidden_act()) {
   if (o.fused_projections()) {
-    gate_up_proj =
-        register_module("gate_up_proj", linear(o.hidden_size(), 2 * o.intermediate_size(), o.mlp_bias()));
+    gate_up_proj = register_module("gate_up_proj", linear(o.hidden_size(), 2 * o.intermediate_size(), o.mlp_bias()));
   } else {
     gate_proj = register_module("gate_proj", linear(o.hidden_size(), o.intermediate_size(), o.mlp_bias()));
     up_proj = register_module("up_proj", linear(o.hidden_size(), o.intermediate_size(), o.mlp_bias()));
@@ -95,8 +94,8 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaOptions& o, int64_t laye
   } else {
     mlp = register_module("mlp", LlamaMLP(o));
   }
-  input_layernorm =
-      register_module("input_layernorm", layers::RMSNorm(layers::RMSNormOptions(o.hidden_size()).eps(o.rms_norm_eps())));
+  input_layernorm = register_module("input_layernorm",
+                                    layers::RMSNorm(layers::RMSNormOptions(o.hidden_size()).eps(o.rms_norm_eps())));
   post_attention_layernorm = register_module(
       "post_attention_layernorm", layers::RMSNorm(layers::RMSNormOptions(o.hidden_size()).eps(o.rms_norm_eps())));
 }
@@ -127,8 +126,8 @@ LlamaModelImpl::LlamaModelImpl(const LlamaOptions& o) : rope(o.rope()), max_posi
 at::Tensor LlamaModelImpl::forward(const at::Tensor& input_ids, const ForwardArgs& args) {
   const auto B = input_ids.size(0), T = input_ids.size(1);
   const int64_t past = args.cache ? args.cache->length : 0;
-  TORCH_CHECK(past + T <= max_positions, "sequence of ", past + T, " tokens exceeds max_position_embeddings=",
-              max_positions);
+  TORCH_CHECK(past + T <= max_positions, "sequence of ", past + T,
+              " tokens exceeds max_position_embeddings=", max_positions);
   if (inv_freq.device() != input_ids.device()) inv_freq = inv_freq.to(input_ids.device());
   auto x = embed_tokens(input_ids);  // (B, T, C)
   const auto pos = layers::positions(args, B, T, input_ids.device());
@@ -145,8 +144,8 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& input_ids, const ForwardArg
   auto [cos, sin] = layers::rope_cos_sin(freq, pos, x.scalar_type(), rope.attention_factor());  // (B, 1, T, R)
   for (size_t i = 0; i < layers->size(); ++i) {
     auto layer = layers[i]->as<LlamaDecoderLayer>();
-    x = layers::run_block(args, i, x,
-                          [layer, cos, sin, args, i](const at::Tensor& t) { return layer->forward(t, cos, sin, args, i); });
+    x = layers::run_block(
+        args, i, x, [layer, cos, sin, args, i](const at::Tensor& t) { return layer->forward(t, cos, sin, args, i); });
   }
   if (args.cache) args.cache->advance(T);
   return norm(x);
@@ -157,8 +156,8 @@ LlamaForCausalLM::LlamaForCausalLM(const LlamaOptions& o) : options(o) {
               "num_key_value_heads must divide num_attention_heads");
   model = register_module("model", LlamaModel(o));
   if (!o.tie_word_embeddings())
-    lm_head = register_module(
-        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(o.hidden_size(), o.vocab_size()).bias(false)));
+    lm_head = register_module("lm_head",
+                              torch::nn::Linear(torch::nn::LinearOptions(o.hidden_size(), o.vocab_size()).bias(false)));
   reset_parameters();
 }
 
@@ -176,9 +175,12 @@ void LlamaForCausalLM::reset_parameters() {
   for (auto& p : named_parameters()) {
     const auto& name = p.key();
     auto& t = p.value();
-    if (name.ends_with("norm.weight")) t.fill_(1.0);
-    else if (name.ends_with("bias")) t.zero_();
-    else t.normal_(0.0, options.initializer_range());
+    if (name.ends_with("norm.weight"))
+      t.fill_(1.0);
+    else if (name.ends_with("bias"))
+      t.zero_();
+    else
+      t.normal_(0.0, options.initializer_range());
   }
   if (options.padding_idx() >= 0) model->embed_tokens->weight[options.padding_idx()].zero_();
 }

@@ -90,8 +90,8 @@ int64_t window_key(const HfConfigReader& r, const nlohmann::json& j, int64_t abs
 /// The experts of an HF config.json of model_type mixtral or qwen3_moe, as transformers reads them.
 void read_experts(const HfConfigReader& r, const nlohmann::json& j, LlamaOptions& o, bool mixtral) {
   // Qwen3MoeConfig writes num_local_experts since transformers 5; the Hub's folders say num_experts.
-  const char* experts = mixtral || (!j.contains("num_experts") && j.contains("num_local_experts")) ? "num_local_experts"
-                                                                                                  : "num_experts";
+  const char* experts =
+      mixtral || (!j.contains("num_experts") && j.contains("num_local_experts")) ? "num_local_experts" : "num_experts";
   o.num_experts(r.integer(experts, mixtral ? 8 : 128))
       .num_experts_per_tok(r.integer("num_experts_per_tok", mixtral ? 2 : 8))
       .router_aux_loss_coef(r.number("router_aux_loss_coef", 0.001))
@@ -110,7 +110,8 @@ void read_experts(const HfConfigReader& r, const nlohmann::json& j, LlamaOptions
     if (!v->is_array()) r.fail("mlp_only_layers", concat("expected a list of layer indices, got ", v->dump()));
     for (const auto& i : *v) {
       if (!i.is_number_integer() || i.get<int64_t>() < 0 || i.get<int64_t>() >= o.num_hidden_layers())
-        r.fail("mlp_only_layers", concat("expected layer indices in [0, ", o.num_hidden_layers(), "), got ", v->dump()));
+        r.fail("mlp_only_layers",
+               concat("expected layer indices in [0, ", o.num_hidden_layers(), "), got ", v->dump()));
       dense.push_back(i.get<int64_t>());
     }
   }
@@ -147,8 +148,8 @@ std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& wh
     r.fail("num_attention_heads", concat(o.num_attention_heads(), " does not divide hidden_size ", o.hidden_size(),
                                          " and no head_dim is given"));
   if (o.num_attention_heads() % o.num_key_value_heads() != 0)
-    r.fail("num_key_value_heads", concat(o.num_key_value_heads(), " must divide num_attention_heads ",
-                                         o.num_attention_heads()));
+    r.fail("num_key_value_heads",
+           concat(o.num_key_value_heads(), " must divide num_attention_heads ", o.num_attention_heads()));
   if (!layers::is_supported_activation(o.hidden_act()))
     r.fail("hidden_act", concat("\"", o.hidden_act(), "\" is not supported"));
   // Sliding windows as transformers reads them: Mistral's on every layer (4096
@@ -190,8 +191,8 @@ ModelFamily make_family() {
   return {Type, Type, [](const config::ModelConfig& c) { return from_typed_config(c, Type); },
           [](const nlohmann::json& j, const std::string& where) { return from_hf(j, where, Type); }};
 }
-constexpr char kLlama[] = "llama", kQwen2[] = "qwen2", kQwen3[] = "qwen3", kMistral[] = "mistral",
-               kPhi3[] = "phi3", kMixtral[] = "mixtral", kQwen3Moe[] = "qwen3_moe";
+constexpr char kLlama[] = "llama", kQwen2[] = "qwen2", kQwen3[] = "qwen3", kMistral[] = "mistral", kPhi3[] = "phi3",
+               kMixtral[] = "mixtral", kQwen3Moe[] = "qwen3_moe";
 
 }  // namespace
 

@@ -69,16 +69,16 @@ NeoXModelImpl::NeoXModelImpl(const NeoXOptions& o) : max_positions(o.max_positio
 at::Tensor NeoXModelImpl::forward(const at::Tensor& input_ids, const ForwardArgs& args) {
   const auto B = input_ids.size(0), T = input_ids.size(1);
   const int64_t past = args.cache ? args.cache->length : 0;
-  TORCH_CHECK(past + T <= max_positions, "sequence of ", past + T, " tokens exceeds max_position_embeddings=",
-              max_positions);
+  TORCH_CHECK(past + T <= max_positions, "sequence of ", past + T,
+              " tokens exceeds max_position_embeddings=", max_positions);
   if (inv_freq.device() != input_ids.device()) inv_freq = inv_freq.to(input_ids.device());
   auto x = emb_dropout(embed_in(input_ids));  // (B, T, C)
   auto [cos, sin] = layers::rope_cos_sin(inv_freq, layers::positions(args, B, T, input_ids.device()),
                                          x.scalar_type());  // (B, 1, T, R)
   for (size_t i = 0; i < layers->size(); ++i) {
     auto layer = layers[i]->as<NeoXLayer>();
-    x = layers::run_block(args, i, x,
-                          [layer, cos, sin, args, i](const at::Tensor& t) { return layer->forward(t, cos, sin, args, i); });
+    x = layers::run_block(
+        args, i, x, [layer, cos, sin, args, i](const at::Tensor& t) { return layer->forward(t, cos, sin, args, i); });
   }
   if (args.cache) args.cache->advance(T);
   return final_layer_norm(x);
@@ -108,10 +108,14 @@ void GPTNeoXForCausalLM::reset_parameters() {
   for (auto& p : named_parameters()) {
     const auto& name = p.key();
     auto& t = p.value();
-    const bool is_norm = name.find("layernorm.") != std::string::npos || name.find("final_layer_norm.") != std::string::npos;
-    if (is_norm) name.ends_with("weight") ? t.fill_(1.0) : t.zero_();
-    else if (name.ends_with("bias")) t.zero_();
-    else t.normal_(0.0, options.initializer_range());
+    const bool is_norm =
+        name.find("layernorm.") != std::string::npos || name.find("final_layer_norm.") != std::string::npos;
+    if (is_norm)
+      name.ends_with("weight") ? t.fill_(1.0) : t.zero_();
+    else if (name.ends_with("bias"))
+      t.zero_();
+    else
+      t.normal_(0.0, options.initializer_range());
   }
 }
 

@@ -49,7 +49,8 @@ std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::str
       .initializer_range(r.number("initializer_range", 0.02));
   if (o.hidden_size() % o.num_attention_heads() != 0)
     r.fail("num_attention_heads", concat(o.num_attention_heads(), " does not divide hidden_size ", o.hidden_size()));
-  if (!r.boolean("attention_bias", true)) r.fail("attention_bias", "GPT-NeoX without attention biases is not supported");
+  if (!r.boolean("attention_bias", true))
+    r.fail("attention_bias", "GPT-NeoX without attention biases is not supported");
   if (!layers::is_supported_activation(o.hidden_act()))
     r.fail("hidden_act", concat("\"", o.hidden_act(), "\" is not supported"));
   o.rope(r.rope(o.head_dim(), 10000.0, 0.25));

@@ -26,7 +26,9 @@ torch::nn::LayerNorm layer_norm(const OPTOptions& o) {
 
 struct Attention : torch::nn::Module {
   explicit Attention(const OPTOptions& o)
-      : heads(o.num_attention_heads()), head_dim(o.hidden_size() / o.num_attention_heads()), dropout(o.attention_dropout()) {
+      : heads(o.num_attention_heads()),
+        head_dim(o.hidden_size() / o.num_attention_heads()),
+        dropout(o.attention_dropout()) {
     k_proj = register_module("k_proj", linear(o.hidden_size(), o.hidden_size(), o.enable_bias()));
     v_proj = register_module("v_proj", linear(o.hidden_size(), o.hidden_size(), o.enable_bias()));
     q_proj = register_module("q_proj", linear(o.hidden_size(), o.hidden_size(), o.enable_bias()));
@@ -90,8 +92,8 @@ struct OPTForCausalLM::Decoder : torch::nn::Module {
   at::Tensor forward(const at::Tensor& input_ids, const ForwardArgs& args) {
     const auto B = input_ids.size(0), T = input_ids.size(1);
     const int64_t past = args.cache ? args.cache->length : 0;
-    TORCH_CHECK(past + T <= max_positions, "sequence of ", past + T, " tokens exceeds max_position_embeddings=",
-                max_positions);
+    TORCH_CHECK(past + T <= max_positions, "sequence of ", past + T,
+                " tokens exceeds max_position_embeddings=", max_positions);
     auto x = embed_tokens(input_ids);
     if (project_in) x = project_in(x);
     x = drop(x + embed_positions(layers::positions(args, B, T, input_ids.device()) + kPositionOffset));
@@ -147,9 +149,12 @@ void OPTForCausalLM::reset_parameters() {
   for (auto& p : named_parameters()) {
     const auto& name = p.key();
     auto& t = p.value();
-    if (name.find("layer_norm.") != std::string::npos) name.ends_with("weight") ? t.fill_(1.0) : t.zero_();
-    else if (name.ends_with("bias")) t.zero_();
-    else t.normal_(0.0, options.init_std());
+    if (name.find("layer_norm.") != std::string::npos)
+      name.ends_with("weight") ? t.fill_(1.0) : t.zero_();
+    else if (name.ends_with("bias"))
+      t.zero_();
+    else
+      t.normal_(0.0, options.init_std());
   }
   if (options.padding_idx() >= 0) decoder_->embed_tokens->weight[options.padding_idx()].zero_();
 }
