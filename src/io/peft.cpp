@@ -7,6 +7,7 @@
 #include "anvil/core/error.h"
 #include "anvil/core/fs.h"
 #include "anvil/io/safetensors.h"
+#include "anvil/models/registry.h"
 
 namespace anvil::io {
 namespace {
@@ -53,8 +54,8 @@ models::LoraOptions read_peft_config(const stdfs::path& dir) {
   if (need("peft_type") != "LORA")
     throw CheckpointError(concat(path.string(), ": peft_type: expected \"LORA\", got ", j["peft_type"].dump()));
   if (j.contains("bias") && j["bias"] != "none")
-    throw CheckpointError(concat(path.string(), ": bias: expected \"none\" (Anvil's adapters train no biases), got ",
-                                 j["bias"].dump()));
+    throw CheckpointError(
+        concat(path.string(), ": bias: expected \"none\" (Anvil's adapters train no biases), got ", j["bias"].dump()));
   require_unset(j, "use_dora", path, "DoRA adapters are not supported");
   require_unset(j, "use_rslora", path, "rank-stabilised scaling is not supported");
   require_unset(j, "target_parameters", path,
@@ -83,15 +84,18 @@ models::LoraOptions read_peft_config(const stdfs::path& dir) {
       o.target_modules.push_back(x.get<std::string>());
     }
   } else {
-    throw CheckpointError(concat(path.string(), ": target_modules: expected a list of layer names or "
-                                 "\"all-linear\" (a regular expression is not supported), got ", t.dump()));
+    throw CheckpointError(concat(path.string(),
+                                 ": target_modules: expected a list of layer names or "
+                                 "\"all-linear\" (a regular expression is not supported), got ",
+                                 t.dump()));
   }
   if (j.contains("base_model_name_or_path") && j["base_model_name_or_path"].is_string())
     o.base_model = j["base_model_name_or_path"].get<std::string>();
   return o;
 }
 
-void save_peft_adapter(const stdfs::path& dir, models::CausalLM& model, const std::map<std::string, at::Tensor>& tensors) {
+void save_peft_adapter(const stdfs::path& dir, models::CausalLM& model,
+                       const std::map<std::string, at::Tensor>& tensors) {
   const auto o = models::lora_options(model);
   TensorMap out;
   if (tensors.empty()) {
@@ -112,7 +116,7 @@ void save_peft_adapter(const stdfs::path& dir, models::CausalLM& model, const st
       {"lora_dropout", o.dropout},
       {"target_modules", o.target_modules},
       {"bias", "none"},
-      {"fan_in_fan_out", model.family() == "gpt2"},  // HF GPT-2's Conv1D stores (in, out)
+      {"fan_in_fan_out", models::family_by_name(model.family()).conv1d_weights},
       {"modules_to_save", reward ? nlohmann::json::array({"score"}) : nlohmann::json(nullptr)},
       {"inference_mode", true},
       {"init_lora_weights", true},
@@ -150,9 +154,9 @@ void load_peft_weights(models::CausalLM& model, const stdfs::path& dir) {
     const auto name = key(stored);
     auto it = params.find(name);
     if (it == params.end())
-      throw CheckpointError(concat(file.string(), ": tensor \"", stored, "\" is not an adapter parameter of this ",
-                                   model.family(), " model (adapters on: ",
-                                   nlohmann::json(models::lora_options(model).target_modules).dump(), ")"));
+      throw CheckpointError(
+          concat(file.string(), ": tensor \"", stored, "\" is not an adapter parameter of this ", model.family(),
+                 " model (adapters on: ", nlohmann::json(models::lora_options(model).target_modules).dump(), ")"));
     const auto shape = f.shape(stored);
     if (at::IntArrayRef(shape) != it->second.sizes())
       throw CheckpointError(concat(file.string(), ": tensor \"", stored, "\" has shape ", at::IntArrayRef(shape),

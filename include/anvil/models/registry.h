@@ -20,6 +20,9 @@ struct ModelFamily {
   std::function<std::shared_ptr<CausalLM>(const config::ModelConfig&)> from_config;
   /// Model shaped by an HF config.json; `where` names the file for errors.
   std::function<std::shared_ptr<CausalLM>(const nlohmann::json&, const std::string& where)> from_hf_config;
+  /// Its HF modules store linear weights as (in, out), GPT-2's Conv1D: PEFT
+  /// adapters of it say fan_in_fan_out.
+  bool conv1d_weights = false;
 };
 
 const ModelFamily& family_by_name(const std::string& name);

@@ -42,8 +42,7 @@ std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::str
       .attn_pdrop(r.number("attn_pdrop", 0.1, HfConfigReader::Bound::probability))
       .layer_norm_epsilon(r.number("layer_norm_epsilon", 1e-5, HfConfigReader::Bound::positive))
       .initializer_range(r.number("initializer_range", 0.02));
-  if (o.n_embd() % o.n_head() != 0)
-    r.fail("n_head", concat(o.n_head(), " must divide n_embd (", o.n_embd(), ")"));
+  if (o.n_embd() % o.n_head() != 0) r.fail("n_head", concat(o.n_head(), " must divide n_embd (", o.n_embd(), ")"));
   auto model = std::make_shared<GPT2LMHeadModel>(o);
   model->special_tokens = r.special_tokens();
   return model;
@@ -51,6 +50,10 @@ std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::str
 
 }  // namespace
 
-ModelFamily family() { return {"gpt2", "gpt2", from_config, from_hf_config}; }
+ModelFamily family() {
+  ModelFamily f{"gpt2", "gpt2", from_config, from_hf_config};
+  f.conv1d_weights = true;  // HF GPT-2's Conv1D
+  return f;
+}
 
 }  // namespace anvil::models::gpt2
