@@ -45,6 +45,7 @@ struct DistillConfig {
   double beta = 0.5;
   double temperature = 0.9;
   int64_t max_new_tokens = 32;
+  bool seq_kd = false;
 
   void visit(config::FieldVisitor& v) {
     v.field("teacher", teacher,
@@ -61,6 +62,9 @@ struct DistillConfig {
     v.field("temperature", temperature, "Sampling temperature, also dividing both models' logits in the loss.",
             config::positive());
     v.field("max_new_tokens", max_new_tokens, "Most tokens of a sampled response.", config::positive());
+    v.field("seq_kd", seq_kd,
+            "Sequence-level KD (TRL's seq_kd): the steps that are not on-policy train on the teacher's samples "
+            "(temperature, max_new_tokens) instead of the dataset's responses, so records need no response.");
   }
 };
 
@@ -71,7 +75,6 @@ struct DistillSample {
   std::vector<int64_t> response;
   std::string response_text;
 };
-
 
 /// Rows prompt + response; labels are the response tokens. num_targets =
 /// response tokens.
@@ -111,13 +114,13 @@ class DistillObjective final : public Objective {
       responses_[ds.get()] = responses(*ds, d.response_field, key);
       return std::shared_ptr<const data::PromptDataset>(ds);
     });
-    prompts_ = std::make_unique<data::MixtureSampler>(data_.mixture, static_cast<uint64_t>(cfg.train.seed),
-                                                      data_.shuffle);
+    prompts_ =
+        std::make_unique<data::MixtureSampler>(data_.mixture, static_cast<uint64_t>(cfg.train.seed), data_.shuffle);
     const auto& first = sample(data_.train.front().get(), 0);
     source_ = std::make_unique<StepBatches>(
-        prompts_.get(), collate({{&first.prompt->prompt_ids, first.response.empty() ? &first.prompt->prompt_ids
-                                                                                     : &first.response}},
-                                pad_id_),
+        prompts_.get(),
+        collate({{&first.prompt->prompt_ids, first.response.empty() ? &first.prompt->prompt_ids : &first.response}},
+                pad_id_),
         "distill");
   }
 
@@ -150,9 +153,10 @@ class DistillObjective final : public Objective {
       row_seeds.push_back(seed ^ (global * 0x9E3779B97F4A7C15ull));
     }
     std::vector<std::vector<int64_t>> sampled(rows.size());
-    if (on_policy) {
-      // Every rank samples every row (per-row seeds: the same tokens anywhere).
-      auto whole = engine.gathered();
+    // The student's samples (on-policy), the teacher's (seq_kd) or the dataset's responses. Every rank
+    // samples every row (per-row seeds: the same tokens anywhere), with the sampling model whole.
+    const bool by_teacher = !on_policy && d_.seq_kd;
+    if (on_policy || by_teacher) {
       generation::SamplingOptions so;
       so.greedy = false;
       so.temperature = d_.temperature;
@@ -161,17 +165,27 @@ class DistillObjective final : public Objective {
       so.row_seeds = row_seeds;
       std::vector<std::vector<int64_t>> prompts;
       for (const auto* r : rows) prompts.push_back(r->prompt->prompt_ids);
-      EvalMode eval(engine.model());
-      sampled = generation::generate(engine.model(), prompts, so);
+      if (on_policy) {
+        auto whole = engine.gathered();
+        EvalMode eval(engine.model());
+        sampled = generation::generate(engine.model(), prompts, so);
+      } else {
+        auto whole = teacher_.gathered();
+        EvalMode eval(*teacher_);
+        sampled = generation::generate(*teacher_, prompts, so);
+      }
     } else {
       for (size_t i = 0; i < rows.size(); ++i) {
         if (rows[i]->response.empty())
-          throw DataError(concat(rows[i]->prompt->where, ": distill.lmbda < 1 trains on the dataset's responses too, "
-                                 "and this record has none (data.train[].response_field)"));
+          throw DataError(concat(rows[i]->prompt->where,
+                                 ": distill.lmbda < 1 trains on the dataset's responses too, "
+                                 "and this record has none (data.train[].response_field; or let the teacher "
+                                 "sample them: distill.seq_kd)"));
         sampled[i] = rows[i]->response;
       }
     }
     on_policy_ = on_policy;
+    by_teacher_ = by_teacher;
     std::vector<Batch> micro_batches;
     for (int64_t k = 0; k < micro; ++k) {
       std::vector<std::pair<const std::vector<int64_t>*, const std::vector<int64_t>*>> chunk;
@@ -186,8 +200,10 @@ class DistillObjective final : public Objective {
   Metrics step_metrics(const Sums& sums) const override {
     const double n = sums.count("rows") ? sums.at("rows").item<double>() : 0;
     if (n <= 0) return {};
-    return {{"distill/on_policy", sums.at("on_policy").item<double>() / n},
-            {"distill/response_length", sums.at("response_tokens").item<double>() / n}};
+    Metrics m{{"distill/on_policy", sums.at("on_policy").item<double>() / n},
+              {"distill/response_length", sums.at("response_tokens").item<double>() / n}};
+    if (d_.seq_kd) m["distill/teacher_sampled"] = sums.at("teacher_sampled").item<double>() / n;
+    return m;
   }
 
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override {
@@ -208,6 +224,7 @@ class DistillObjective final : public Objective {
     const auto rows = static_cast<double>(ids.size(0));
     add_sum(sums, "rows", at::scalar_tensor(rows, at::kDouble));
     add_sum(sums, "on_policy", at::scalar_tensor(on_policy_ ? rows : 0.0, at::kDouble));
+    if (d_.seq_kd) add_sum(sums, "teacher_sampled", at::scalar_tensor(by_teacher_ ? rows : 0.0, at::kDouble));
     add_sum(sums, "response_tokens", at::scalar_tensor(static_cast<double>(batch.num_targets), at::kDouble));
     return jsd.sum();
   }
@@ -224,13 +241,15 @@ class DistillObjective final : public Objective {
       texts.push_back(s.prompt->prompt);
       references.push_back(s.response_text);
     }
-    if (!prompts.empty()) exact_match_eval(model, tok_, cfg_.eval, stop_id_, prompts, texts, references, result, ranks_);
+    if (!prompts.empty())
+      exact_match_eval(model, tok_, cfg_.eval, stop_id_, prompts, texts, references, result, ranks_);
     return result;
   }
 
  private:
   /// The dataset's responses (field `field`, encoded as replies), "" where a record has none.
-  std::vector<DistillSample> responses(const data::PromptDataset& ds, const std::string& field, const std::string& key) {
+  std::vector<DistillSample> responses(const data::PromptDataset& ds, const std::string& field,
+                                       const std::string& key) {
     std::vector<DistillSample> out;
     for (int64_t i = 0; i < ds.size(); ++i) {
       const auto& p = ds[i];
@@ -263,7 +282,8 @@ class DistillObjective final : public Objective {
   std::unique_ptr<data::MixtureSampler> prompts_;
   std::unique_ptr<StepBatches> source_;
   FrozenModel teacher_;
-  bool on_policy_ = false;  // the step's responses are the student's samples
+  bool on_policy_ = false;   // the step's responses are the student's samples
+  bool by_teacher_ = false;  // the teacher's samples (seq_kd)
 };
 
 const bool kRegistered = [] {

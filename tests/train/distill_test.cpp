@@ -1,13 +1,16 @@
 // On-policy distillation (algorithm: distill, src/train/distill.*): the
 // generalised JSD against an independent Python reference
 // (tests/parity/distill_reference.py, the GKD paper's definition), two
-// full_shard ranks and resume against one process, and learning from the
+// full_shard ranks and resume against one process (also with the teacher
+// sampling the responses: seq_kd), and learning from the
 // quickstart's SFT model towards its later checkpoint (the ctest fixture).
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 
 #include "anvil/core/error.h"
 #include "test_util.h"
@@ -50,8 +53,8 @@ TEST(DistillRuns, ShardAndResumeExactly) {
   const std::string shape =
       " model.family=gpt2 model.max_position_embeddings=32 model.hidden_size=32 model.num_layers=1 model.num_heads=2";
   std::string out;
-  ASSERT_EQ(run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config configs/quickstart.yaml output_dir=" +
-                    (dir / "teacher").string() + shape +
+  ASSERT_EQ(run("cd " + src + " && " + anvil::testing::trainer_bin() +
+                    " --config configs/quickstart.yaml output_dir=" + (dir / "teacher").string() + shape +
                     " train.max_steps=3 train.save_every=3 train.eval_every=0 train.threads=1 logging.level=warn 2>&1",
                 &out),
             0)
@@ -93,6 +96,43 @@ logging: {level: warn}
                 &out),
             0);
   EXPECT_NE(out.find("distill.teacher: algorithm distill needs the teacher's model folder"), std::string::npos) << out;
+
+  // seq_kd (TRL's): the steps that are not on-policy train on the teacher's samples, so records without a
+  // response serve; the teacher, gathered whole for sampling under full_shard, gives the same tokens on
+  // every rank and after a resume. Without seq_kd such a record stops the run, naming the key.
+  std::string prompts_only;
+  {
+    std::istringstream in(anvil::testing::read_text(stdfs::path(src) / "data" / "sft_add_train.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty()) continue;
+      auto j = nlohmann::json::parse(line);
+      j.erase("response");
+      prompts_only += j.dump() + "\n";
+    }
+  }
+  anvil::testing::write_text(dir / "prompts.jsonl", prompts_only);
+  const std::string seq = " 'data.train=[{path: " + (dir / "prompts.jsonl").string() +
+                          "}]' train.max_steps=8 train.save_every=4 distill.seq_kd=true";
+  ASSERT_EQ(train("seq-one", seq), 0) << out;
+  ASSERT_EQ(train("seq-two", seq + " dist.sharding=full_shard", 2), 0) << out;
+  ASSERT_EQ(train("seq-resumed", seq), 0) << out;
+  stdfs::remove_all(dir / "seq-resumed" / "checkpoint-8");
+  ASSERT_EQ(train("seq-resumed", seq), 0) << out;
+  anvil::testing::expect_runs_agree(dir / "seq-one", dir / "seq-two", dir / "seq-resumed", 8);
+  std::set<double> seq_kinds;
+  for (const auto& [step, m] : anvil::testing::metrics_by_step(dir / "seq-one" / "metrics.jsonl")) {
+    ASSERT_TRUE(m.contains("distill/teacher_sampled")) << m.dump();
+    const double on = m["distill/on_policy"].get<double>();
+    seq_kinds.insert(on);
+    EXPECT_EQ(m["distill/teacher_sampled"].get<double>(), 1.0 - on) << "step " << step << ": " << m.dump();
+    EXPECT_GT(m["distill/response_length"].get<double>(), 0.0) << m.dump();
+  }
+  EXPECT_EQ(seq_kinds.size(), 2u) << "want on-policy and teacher-sampled steps both";
+  EXPECT_NE(train("seq-refused",
+                  " 'data.train=[{path: " + (dir / "prompts.jsonl").string() + "}]' train.max_steps=2 distill.lmbda=0"),
+            0);
+  EXPECT_NE(out.find("prompts.jsonl"), std::string::npos) << out;
+  EXPECT_NE(out.find("distill.seq_kd"), std::string::npos) << out;
 }
 
 // configs/examples/distill_tiny.yaml: the quickstart's SFT model at step 1000
@@ -112,8 +152,9 @@ TEST(DistillLearning, StudentMovesTowardsTheTeacher) {
            anvil::testing::seed_override() + " 2>&1";
   };
   ASSERT_EQ(run(cmd("before") + " --eval-only", &out), 0) << out;
-  const double before = nlohmann::json::parse(anvil::testing::read_text(dir / "before" / "eval-step-0.json"))
-                            ["metrics"]["eval/exact_match"].get<double>();
+  const double before = nlohmann::json::parse(anvil::testing::read_text(
+      dir / "before" / "eval-step-0.json"))["metrics"]["eval/exact_match"]
+                            .get<double>();
   ASSERT_EQ(run(cmd("run"), &out), 0) << out;
   const auto last = anvil::testing::metric_lines(dir / "run" / "metrics.jsonl").back();
   const double after = last["eval/exact_match"].get<double>();
