@@ -10,8 +10,16 @@ CF=$(command -v clang-format-14 || command -v clang-format || true)
 [ -n "$CF" ] || { echo "[format] clang-format is missing: run scripts/setup.sh" >&2; exit 1; }
 mapfile -t files < <(git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
 if [ "${1:-}" = "--check" ]; then
-  bad=()
-  for f in "${files[@]}"; do "$CF" --style=file "$f" | cmp -s - "$f" || bad+=("$f"); done
+  # One clang-format for every file: each one that would change is reported as an error.
+  rc=0
+  out=$("$CF" --style=file --dry-run -Werror "${files[@]}" 2>&1) || rc=$?
+  mapfile -t bad < <(printf '%s\n' "$out" |
+    sed -n 's/^\([^:]*\):[0-9]*:[0-9]*: error: code should be clang-formatted.*/\1/p' | sort -u)
+  if [ $rc -ne 0 ] && [ ${#bad[@]} -eq 0 ]; then
+    printf '%s\n' "$out" | tail -n 20 >&2
+    echo "[format] $CF failed (exit status $rc)" >&2
+    exit 1
+  fi
   if [ ${#bad[@]} -gt 0 ]; then
     echo "[format] ${#bad[@]} file(s) differ from .clang-format's layout:" >&2
     printf '  %s\n' "${bad[@]}" >&2
