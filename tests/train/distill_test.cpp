@@ -164,5 +164,47 @@ TEST(DistillLearning, StudentMovesTowardsTheTeacher) {
   EXPECT_GT(after, before) << last.dump();
 }
 
+// distill.seq_kd with lmbda 0 on prompt-only records (the quickstart's SFT
+// prompts without their responses): the step-1000 student learns from the
+// final checkpoint's samples alone, scored by the same held-out exact match.
+TEST(DistillLearning, SeqKdLearnsFromTheTeachersSamplesAlone) {
+  ASSERT_TRUE(stdfs::exists(anvil::testing::fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
+  const auto run_dir = anvil::testing::fixture_checkpoint().parent_path();
+  TempDir dir;
+  const auto src = anvil::testing::source_dir();
+  std::string prompts_only;
+  {
+    std::istringstream in(anvil::testing::read_text(stdfs::path(src) / "data" / "sft_train.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty()) continue;
+      auto j = nlohmann::json::parse(line);
+      j.erase("response");
+      prompts_only += j.dump() + "\n";
+    }
+  }
+  anvil::testing::write_text(dir / "prompts.jsonl", prompts_only);
+  std::string out;
+  const auto cmd = [&](const std::string& name) {
+    return "cd " + src + " && " + anvil::testing::trainer_bin() +
+           " --config configs/examples/distill_tiny.yaml output_dir=" + (dir / name).string() +
+           " model.from=" + (run_dir / "checkpoint-1000").string() +
+           " distill.teacher=" + (run_dir / "checkpoint-1500").string() +
+           " 'data.train=[{path: " + (dir / "prompts.jsonl").string() +
+           "}]' distill.seq_kd=true distill.lmbda=0 train.threads=1" + anvil::testing::seed_override() + " 2>&1";
+  };
+  ASSERT_EQ(run(cmd("before") + " --eval-only", &out), 0) << out;
+  const double before = nlohmann::json::parse(anvil::testing::read_text(
+      dir / "before" / "eval-step-0.json"))["metrics"]["eval/exact_match"]
+                            .get<double>();
+  ASSERT_EQ(run(cmd("run"), &out), 0) << out;
+  const auto lines = anvil::testing::metric_lines(dir / "run" / "metrics.jsonl");
+  for (const auto& m : lines)
+    if (m.contains("distill/teacher_sampled")) EXPECT_EQ(m["distill/teacher_sampled"].get<double>(), 1.0) << m.dump();
+  const double after = lines.back()["eval/exact_match"].get<double>();
+  std::cout << "[distill_tiny, seq_kd] held-out exact match: student " << before << " -> " << after << "\n";
+  anvil::testing::record_figure("held-out exact match gain (seq_kd)", after - before, 0.0, 0.0);
+  EXPECT_GT(after, before) << lines.back().dump();
+}
+
 }  // namespace
 }  // namespace anvil::train
