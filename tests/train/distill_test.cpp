@@ -23,6 +23,19 @@ using anvil::testing::run;
 using anvil::testing::TempDir;
 namespace stdfs = std::filesystem;
 
+/// The records of `from` without their "response" field, written to `to`.
+void write_prompts_only(const stdfs::path& from, const stdfs::path& to) {
+  std::string out;
+  std::istringstream in(anvil::testing::read_text(from));
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    auto j = nlohmann::json::parse(line);
+    j.erase("response");
+    out += j.dump() + "\n";
+  }
+  anvil::testing::write_text(to, out);
+}
+
 at::Tensor matrix(const nlohmann::json& j) {
   std::vector<at::Tensor> rows;
   for (const auto& r : j) rows.push_back(at::tensor(r.get<std::vector<double>>(), at::kDouble));
@@ -100,17 +113,7 @@ logging: {level: warn}
   // seq_kd (TRL's): the steps that are not on-policy train on the teacher's samples, so records without a
   // response serve; the teacher, gathered whole for sampling under full_shard, gives the same tokens on
   // every rank and after a resume. Without seq_kd such a record stops the run, naming the key.
-  std::string prompts_only;
-  {
-    std::istringstream in(anvil::testing::read_text(stdfs::path(src) / "data" / "sft_add_train.jsonl"));
-    for (std::string line; std::getline(in, line);) {
-      if (line.empty()) continue;
-      auto j = nlohmann::json::parse(line);
-      j.erase("response");
-      prompts_only += j.dump() + "\n";
-    }
-  }
-  anvil::testing::write_text(dir / "prompts.jsonl", prompts_only);
+  write_prompts_only(stdfs::path(src) / "data" / "sft_add_train.jsonl", dir / "prompts.jsonl");
   const std::string seq = " 'data.train=[{path: " + (dir / "prompts.jsonl").string() +
                           "}]' train.max_steps=8 train.save_every=4 distill.seq_kd=true";
   ASSERT_EQ(train("seq-one", seq), 0) << out;
@@ -172,17 +175,7 @@ TEST(DistillLearning, SeqKdLearnsFromTheTeachersSamplesAlone) {
   const auto run_dir = anvil::testing::fixture_checkpoint().parent_path();
   TempDir dir;
   const auto src = anvil::testing::source_dir();
-  std::string prompts_only;
-  {
-    std::istringstream in(anvil::testing::read_text(stdfs::path(src) / "data" / "sft_train.jsonl"));
-    for (std::string line; std::getline(in, line);) {
-      if (line.empty()) continue;
-      auto j = nlohmann::json::parse(line);
-      j.erase("response");
-      prompts_only += j.dump() + "\n";
-    }
-  }
-  anvil::testing::write_text(dir / "prompts.jsonl", prompts_only);
+  write_prompts_only(stdfs::path(src) / "data" / "sft_train.jsonl", dir / "prompts.jsonl");
   std::string out;
   const auto cmd = [&](const std::string& name) {
     return "cd " + src + " && " + anvil::testing::trainer_bin() +
