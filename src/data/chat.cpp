@@ -57,10 +57,14 @@ std::string trim(const std::string& s) {
   return s.substr(b, e - b + 1);
 }
 
-void check_role(const std::string& role) {
+/// `tool`: the template renders a tool message as its Jinja does (plain and
+/// chatml write every role alike), e.g. a ppo.environment's answers.
+void check_role(const std::string& role, bool tool = false) {
+  if (tool && role == "tool") return;
   if (role != "system" && role != "user" && role != "assistant")
-    throw DataError(concat("message role \"", role, "\": expected system, user or assistant",
-                           role == "tool" ? " (tool messages render only with data.template hf)" : ""));
+    throw DataError(
+        concat("message role \"", role, "\": expected system, user or assistant", tool ? " or tool" : "",
+               role == "tool" ? " (tool messages render only with data.template plain, chatml or hf)" : ""));
 }
 
 Piece eos_piece(const tokenizer::Tokenizer& tok, bool trained) {
@@ -94,7 +98,7 @@ class Plain final : public PieceTemplate {
     std::vector<Piece> out;
     if (adds_bos(tok)) out.push_back(token(tok.bos_id(), "<bos>", false));
     for (const auto& m : messages) {
-      check_role(m.role);
+      check_role(m.role, true);
       if (m.role != "assistant") {
         const bool ends_line = !m.content.empty() && m.content.back() == '\n';
         out.push_back(text(ends_line ? m.content : m.content + "\n"));
@@ -127,7 +131,7 @@ class ChatML final : public PieceTemplate {
     std::vector<Piece> out;
     if (adds_bos(tok)) out.push_back(token(tok.bos_id(), "<bos>", false));
     for (const auto& m : messages) {
-      check_role(m.role);
+      check_role(m.role, true);
       const bool a = m.role == "assistant";
       out.push_back(marker("<|im_start|>"));
       out.push_back(text(m.role + "\n"));

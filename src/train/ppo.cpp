@@ -31,6 +31,7 @@
 #include "anvil/io/hf_model.h"
 #include "anvil/models/lora.h"
 #include "anvil/train/engine.h"
+#include "rewards/environment.h"
 #include "train/lm_data.h"
 #include "train/lm_loss.h"
 #include "train/ppo_rollout.h"
@@ -51,7 +52,7 @@ struct RolloutPrompt {
 /// Packs rows into doubles for the exchange (all_sum of zero-filled slots).
 struct RowCodec {
   int64_t max_prompt, max_response;
-  int64_t width() const { return 4 + max_prompt + max_response * 4; }
+  int64_t width() const { return 4 + max_prompt + max_response * 5; }
   void put(const RolloutRow& r, double* out) const {
     out[0] = static_cast<double>(r.prompt.size());
     out[1] = static_cast<double>(r.response.size());
@@ -65,6 +66,7 @@ struct RowCodec {
       p[max_response + i] = r.old_logp[i];
       p[2 * max_response + i] = r.ref_logp.empty() ? 0 : r.ref_logp[i];
       p[3 * max_response + i] = r.values.empty() ? 0 : r.values[i];
+      p[4 * max_response + i] = r.is_appended(i) ? 1 : 0;
     }
   }
   RolloutRow get(const double* in) const {
@@ -80,7 +82,9 @@ struct RowCodec {
       r.old_logp.push_back(static_cast<float>(p[max_response + i]));
       r.ref_logp.push_back(static_cast<float>(p[2 * max_response + i]));
       r.values.push_back(static_cast<float>(p[3 * max_response + i]));
+      r.appended.push_back(p[4 * max_response + i] != 0 ? 1 : 0);
     }
+    if (std::none_of(r.appended.begin(), r.appended.end(), [](uint8_t a) { return a != 0; })) r.appended.clear();
     return r;
   }
 };
@@ -117,7 +121,9 @@ struct PpoObjective::State {
   RankContext ranks;
   FrozenModel reference;
   std::unique_ptr<ResponseRewards> rewards;
-  bool value_head = false;                   // advantage gae: values from a head or a critic
+  std::unique_ptr<rewards::EnvironmentProgram> environment;  // ppo.environment.command: multi-turn rollouts
+  const data::ChatTemplate* chat = nullptr;                  // renders the environment's messages
+  bool value_head = false;                                   // advantage gae: values from a head or a critic
   std::shared_ptr<models::CausalLM> critic;  // ppo.critic_from: trained beside the policy (RunContext::train)
   double kl_coef = 0;
   RunningMoments moments;
@@ -142,6 +148,15 @@ struct PpoObjective::State {
                             int64_t per_prompt, std::vector<std::vector<double>>* components = nullptr);
   std::vector<RolloutRow> generate(models::CausalLM& policy, const std::vector<RolloutPrompt>& mine, int64_t per_prompt,
                                    uint64_t seed, bool greedy);
+  /// Multi-turn rollouts with the environment (ppo.environment): turns of
+  /// generation, each answered by the program, until it says done.
+  std::vector<RolloutRow> episodes(models::CausalLM& policy, const std::vector<RolloutPrompt>& mine, int64_t per_prompt,
+                                   uint64_t seed, bool greedy);
+  /// The tokens that follow an assistant turn's end of turn when `message`
+  /// is appended to `conversation` (which ends with that turn), up to the
+  /// next assistant header, as the chat template renders them.
+  std::vector<int64_t> appended_tokens(const std::vector<data::Message>& conversation, const data::Message& message,
+                                       const data::PromptSample& sample) const;
   void forward_logps(models::CausalLM& model, std::vector<RolloutRow>& rows, bool reference_model, bool values);
   /// Per-token values (B, R) of the tokens at `pos` of `ids`: the critic's,
   /// or the value head's on the policy's hidden states `sel` there.
@@ -182,7 +197,10 @@ PpoObjective::PpoObjective(const config::RunConfig& cfg, const tokenizer::Tokeni
                              p.samples_per_prompt, " = ", s_->rollout_rows,
                              " sequences does not split into minibatches of ", s_->minibatch_rows(),
                              " (train.global_batch_size, or micro_batch_size x grad_accum_steps)"));
-  s_->rewards = std::make_unique<ResponseRewards>(p.reward, "ppo.reward", p.rewards, "ppo.rewards", true);
+  // With an environment, its reward at done is the score, and the reward sources are optional extras.
+  s_->rewards = std::make_unique<ResponseRewards>(p.reward, "ppo.reward", p.rewards, "ppo.rewards",
+                                                  p.environment.command.empty());
+  if (!p.environment.command.empty()) s_->chat = &data::ChatTemplate::get(cfg.data.template_name);
   s_->value_head = p.advantage == "gae";
 }
 
@@ -209,6 +227,9 @@ std::string PpoObjective::plan(int64_t max_steps) const {
   if (p.dynamic_sampling)
     os << "; dynamic_sampling may draw up to " << p.dynamic_sampling_max_rounds << " x " << p.prompts_per_rollout
        << " prompts per rollout";
+  if (!p.environment.command.empty())
+    os << "; each response is an episode of up to " << p.max_turns << " assistant turns with ppo.environment, "
+       << p.max_new_tokens << " tokens in all (appended messages included)";
   os << "\n  tokens per step: up to " << mb * p.max_new_tokens << " response tokens (" << mb << " responses x "
      << p.max_new_tokens << "), with their prompts";
   return os.str();
@@ -222,6 +243,12 @@ void PpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
   if (model.has_score_head())
     throw ConfigError("model.from: algorithm ppo trains a policy (a causal LM), but the model is a reward model");
   s_->ranks = ranks_;
+  if (!s_->ppo.environment.command.empty() && !s_->environment) {
+    s_->environment =
+        std::make_unique<rewards::EnvironmentProgram>(s_->ppo.environment.command, s_->ppo.environment.timeout_s);
+    log::info("ppo: environment \"", s_->ppo.environment.command, "\" started; rollouts of up to ", s_->ppo.max_turns,
+              " assistant turns and ", s_->ppo.max_new_tokens, " tokens after the prompt");
+  }
   if (s_->ppo.prompts_per_rollout % ranks_.world != 0)
     throw ConfigError(concat("ppo.prompts_per_rollout: ", s_->ppo.prompts_per_rollout, " prompts do not divide among ",
                              ranks_.world, " ranks"));
@@ -269,6 +296,7 @@ at::Tensor PpoObjective::State::values(models::CausalLM& policy, const at::Tenso
 
 std::vector<RolloutRow> PpoObjective::State::generate(models::CausalLM& policy, const std::vector<RolloutPrompt>& mine,
                                                       int64_t per_prompt, uint64_t seed, bool greedy) {
+  if (environment) return episodes(policy, mine, per_prompt, seed, greedy);
   std::vector<std::vector<int64_t>> prompts;
   generation::SamplingOptions so;
   so.greedy = greedy;
@@ -291,6 +319,110 @@ std::vector<RolloutRow> PpoObjective::State::generate(models::CausalLM& policy, 
     rows[i].prompt = prompts[i];
     rows[i].response = out[i];
     rows[i].ended = !out[i].empty() && out[i].back() == stop_id;
+  }
+  return rows;
+}
+
+std::vector<int64_t> PpoObjective::State::appended_tokens(const std::vector<data::Message>& conversation,
+                                                          const data::Message& message,
+                                                          const data::PromptSample& sample) const {
+  // What the template writes after the turn's end of turn (chatml's newline),
+  // then the message and the next assistant header: the rendering with the
+  // message minus the rendering without it.
+  const auto before = chat->encode(tok, conversation, false, sample.tools).input_ids;
+  auto next = conversation;
+  next.push_back(message);
+  const auto after = chat->encode_prompt(tok, next, sample.tools);
+  if (after.size() < before.size() || !std::equal(before.begin(), before.end(), after.begin()))
+    throw DataError(concat(sample.where, ": data.template ", chat->name(), " renders the conversation with the ",
+                           "environment's ", message.role, " message so that it does not begin with the ",
+                           "conversation as rendered before it; its tokens cannot be appended to the rollout"));
+  const auto eot = std::find(before.rbegin(), before.rend(), stop_id);
+  if (eot == before.rend())
+    throw Error(concat("data.template ", chat->name(), ": an assistant turn renders without its end of turn (token ",
+                       stop_id, ")"));
+  std::vector<int64_t> out(eot.base(), before.end());
+  out.insert(out.end(), after.begin() + static_cast<std::ptrdiff_t>(before.size()), after.end());
+  return out;
+}
+
+std::vector<RolloutRow> PpoObjective::State::episodes(models::CausalLM& policy, const std::vector<RolloutPrompt>& mine,
+                                                      int64_t per_prompt, uint64_t seed, bool greedy) {
+  struct Episode {
+    const data::PromptSample* sample;
+    std::vector<data::Message> conversation;
+    uint64_t seed;
+    bool open = true;
+  };
+  const int64_t budget = greedy ? cfg.eval.max_new_tokens : ppo.max_new_tokens;  // every token after the prompt
+  std::vector<Episode> eps;
+  std::vector<RolloutRow> rows;
+  for (const auto& p : mine)
+    for (int64_t k = 0; k < per_prompt; ++k) {
+      // A text prompt is the user's first message.
+      auto conversation = p.sample->messages;
+      if (p.sample->text_prompt || conversation.empty()) conversation = {{"user", p.sample->prompt}};
+      eps.push_back({p.sample, std::move(conversation),
+                     seed ^ (static_cast<uint64_t>(p.global_index * per_prompt + k) * 0x9E3779B97F4A7C15ull)});
+      rows.emplace_back();
+      rows.back().prompt = p.sample->prompt_ids;
+      rows.back().turns = 0;
+    }
+  for (int64_t turn = 1; turn <= ppo.max_turns; ++turn) {
+    std::vector<size_t> open;
+    for (size_t i = 0; i < eps.size(); ++i)
+      if (eps[i].open) open.push_back(i);
+    if (open.empty()) break;
+    generation::SamplingOptions so;
+    so.greedy = greedy;
+    so.temperature = ppo.temperature;
+    so.top_k = ppo.top_k;
+    so.top_p = ppo.top_p;
+    so.eos_id = stop_id;
+    so.batch_size = greedy ? cfg.eval.batch_size : ppo.generation_batch_size;
+    so.max_new_tokens = 0;
+    std::vector<std::vector<int64_t>> contexts;
+    for (const auto i : open) {
+      auto context = rows[i].prompt;
+      context.insert(context.end(), rows[i].response.begin(), rows[i].response.end());
+      contexts.push_back(std::move(context));
+      // Each turn its own stream, from the sample's place in the prompt stream and the turn.
+      so.row_seeds.push_back(eps[i].seed + static_cast<uint64_t>(turn - 1) * 0xD1B54A32D192ED03ull);
+      so.max_new_tokens = std::max<int64_t>(so.max_new_tokens, budget - static_cast<int64_t>(rows[i].response.size()));
+    }
+    const auto out = generation::generate(policy, contexts, so);
+    for (size_t j = 0; j < open.size(); ++j) {
+      auto& e = eps[open[j]];
+      auto& r = rows[open[j]];
+      auto t = out[j];
+      const auto room = static_cast<size_t>(budget - static_cast<int64_t>(r.response.size()));
+      if (t.size() > room) t.resize(room);  // a longer budget served another row
+      const bool ended = !t.empty() && t.back() == stop_id;
+      r.response.insert(r.response.end(), t.begin(), t.end());
+      r.appended.resize(r.response.size(), 0);
+      r.answer.assign(t.begin(), ended ? t.end() - 1 : t.end());
+      r.ended = ended;
+      r.turns = turn;
+      e.conversation.push_back({"assistant", tok.decode(r.answer)});
+      const bool out_of_room = static_cast<int64_t>(r.response.size()) >= budget;
+      auto reply = environment->step(rewards::environment_line(e.sample->record, e.conversation, turn,
+                                                               turn == ppo.max_turns || !ended || out_of_room, ended,
+                                                               e.sample->where));
+      if (!reply.done) {
+        const auto more = appended_tokens(e.conversation, reply.message, *e.sample);
+        if (static_cast<int64_t>(r.response.size() + more.size()) < budget) {
+          r.response.insert(r.response.end(), more.begin(), more.end());
+          r.appended.resize(r.response.size(), 1);
+          e.conversation.push_back(reply.message);
+          continue;  // the policy takes the next turn
+        }
+        // No room for the message and another turn: the episode ends here.
+        reply = environment->step(
+            rewards::environment_line(e.sample->record, e.conversation, turn, true, ended, e.sample->where));
+      }
+      r.env_reward = reply.reward;
+      e.open = false;
+    }
   }
   return rows;
 }
@@ -329,6 +461,47 @@ void PpoObjective::State::forward_logps(models::CausalLM& model, std::vector<Rol
   }
 }
 
+GeneratedTokens generated_tokens(const std::vector<RolloutRow>& rows) {
+  GeneratedTokens g;
+  g.places.resize(rows.size());
+  int64_t A = 1;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (size_t j = 0; j < rows[i].response.size(); ++j)
+      if (!rows[i].is_appended(j)) g.places[i].push_back(static_cast<int64_t>(j));
+    A = std::max<int64_t>(A, static_cast<int64_t>(g.places[i].size()));
+    g.response_width = std::max<int64_t>(g.response_width, static_cast<int64_t>(rows[i].response.size()));
+  }
+  const auto N = static_cast<int64_t>(rows.size());
+  g.mask = at::zeros({N, A}, at::kDouble), g.logp = at::zeros({N, A}, at::kDouble);
+  g.ref = at::zeros({N, A}, at::kDouble), g.values = at::zeros({N, A}, at::kDouble);
+  auto ma = g.mask.accessor<double, 2>(), la = g.logp.accessor<double, 2>(), ra = g.ref.accessor<double, 2>();
+  auto va = g.values.accessor<double, 2>();
+  for (int64_t i = 0; i < N; ++i) {
+    const auto& r = rows[static_cast<size_t>(i)];
+    const auto& at_ = g.places[static_cast<size_t>(i)];
+    for (size_t k = 0; k < at_.size(); ++k) {
+      const auto j = static_cast<size_t>(at_[k]);
+      const auto kk = static_cast<int64_t>(k);
+      ma[i][kk] = 1;
+      la[i][kk] = r.old_logp[j];
+      ra[i][kk] = r.ref_logp[j];
+      if (!r.values.empty()) va[i][kk] = r.values[j];
+    }
+  }
+  return g;
+}
+
+at::Tensor at_response_places(const at::Tensor& x, const GeneratedTokens& g) {
+  const auto N = x.size(0);
+  auto out = at::zeros({N, std::max<int64_t>(g.response_width, 1)}, x.options());
+  for (int64_t i = 0; i < N; ++i) {
+    const auto& at_ = g.places[static_cast<size_t>(i)];
+    if (at_.empty()) continue;
+    out[i].index_copy_(0, at::tensor(at_, at::kLong), x[i].narrow(0, 0, static_cast<int64_t>(at_.size())));
+  }
+  return out;
+}
+
 Batch collate_rollout(const std::vector<const RolloutRow*>& rows, int64_t pad_id, const at::Tensor& adv,
                       const at::Tensor& ret, const std::vector<int64_t>& index, const LossWeighting& weighting) {
   const auto B = static_cast<int64_t>(rows.size());
@@ -353,14 +526,18 @@ Batch collate_rollout(const std::vector<const RolloutRow*>& rows, int64_t pad_id
     std::copy(r.response.begin(), r.response.end(), pi + P);
     for (int64_t j = 0; j < R; ++j) pos[i][j] = std::min(P - 1 + j, T - 1);
     const bool counted = !(weighting.mask_truncated && !r.ended);
-    const float w = !counted                                   ? 0.f
-                    : weighting.aggregation == "sequence_mean" ? 1.f / static_cast<float>(std::max<int64_t>(n, 1))
-                    : weighting.aggregation == "constant"      ? static_cast<float>(1.0 / weighting.constant)
-                                                               : 1.f;
+    int64_t generated = 0;  // the tokens the policy chose (not an environment's)
+    for (int64_t j = 0; j < n; ++j) generated += !r.is_appended(static_cast<size_t>(j));
+    const float w = !counted ? 0.f
+                    : weighting.aggregation == "sequence_mean"
+                        ? 1.f / static_cast<float>(std::max<int64_t>(generated, 1))
+                    : weighting.aggregation == "constant" ? static_cast<float>(1.0 / weighting.constant)
+                                                          : 1.f;
     for (int64_t j = 0; j < n; ++j) {
+      const bool trained = counted && !r.is_appended(static_cast<size_t>(j));
       tokens[i][j] = r.response[static_cast<size_t>(j)];
-      mask[i][j] = counted ? 1 : 0;
-      weights[i][j] = w;
+      mask[i][j] = trained ? 1 : 0;
+      weights[i][j] = trained ? w : 0.f;
       if (!r.old_logp.empty()) old_logp[i][j] = r.old_logp[static_cast<size_t>(j)];
       if (!r.ref_logp.empty()) ref_logp[i][j] = r.ref_logp[static_cast<size_t>(j)];
       if (!r.values.empty()) old_values[i][j] = r.values[static_cast<size_t>(j)];
@@ -370,7 +547,7 @@ Batch collate_rollout(const std::vector<const RolloutRow*>& rows, int64_t pad_id
       advantages[i].narrow(0, 0, n).copy_(adv[g].narrow(0, 0, n));
       returns[i].narrow(0, 0, n).copy_(ret[g].narrow(0, 0, n));
     }
-    b.num_targets += per_row ? 1 : (counted ? n : 0);
+    b.num_targets += per_row ? 1 : (counted ? generated : 0);
     b.num_tokens += P + n;
   }
   b.tensors = {{"input_ids", ids},     {"positions", pos},     {"tokens", tokens},         {"mask", mask},
@@ -387,11 +564,18 @@ std::vector<double> PpoObjective::State::score(const std::vector<RolloutPrompt>&
   std::vector<bool> ended;
   for (size_t i = 0; i < rows.size(); ++i) {
     of.push_back(prompts[i / static_cast<size_t>(per_prompt)].sample);
-    responses.push_back(rows[i].response);
-    if (rows[i].ended) responses.back().pop_back();  // the end of turn is the template's, not the answer's
+    if (environment) {  // the reward sources read the last assistant turn
+      responses.push_back(rows[i].answer);
+    } else {
+      responses.push_back(rows[i].response);
+      if (rows[i].ended) responses.back().pop_back();  // the end of turn is the template's, not the answer's
+    }
     ended.push_back(rows[i].ended);
   }
-  return rewards->score(of, responses, ended, tok, components);
+  auto out = rewards->score(of, responses, ended, tok, components);
+  if (environment)
+    for (size_t i = 0; i < rows.size(); ++i) out[i] += rows[i].env_reward;
+  return out;
 }
 
 std::vector<RolloutRow> PpoObjective::State::collect(Engine& engine, uint64_t seed, Metrics& m) {
@@ -415,6 +599,20 @@ std::vector<RolloutRow> PpoObjective::State::collect(Engine& engine, uint64_t se
     m["time/rollout_s"] = rollout_s;
     if (rollout_s > 0) m["rollout/tokens_per_s"] = static_cast<double>(produced) / rollout_s;
     forward_logps(engine.model(), local, false, value_head);
+  }
+  if (environment) {
+    // The episodes, over the whole rollout: assistant turns, appended tokens and the environment's reward.
+    std::vector<double> st(3, 0.0);
+    for (const auto& row : local) {
+      st[0] += static_cast<double>(row.turns);
+      st[1] += static_cast<double>(std::count(row.appended.begin(), row.appended.end(), uint8_t{1}));
+      st[2] += row.env_reward;
+    }
+    if (W > 1) ranks.all_sum(st);
+    const auto n = static_cast<double>(P * K);
+    m["env/turns"] = st[0] / n;
+    m["env/appended_tokens"] = st[1] / n;
+    m["env/reward"] = st[2] / n;
   }
   const auto t1 = std::chrono::steady_clock::now();
   if (reference) {
@@ -500,27 +698,16 @@ std::vector<RolloutRow> PpoObjective::State::fill_groups(Engine& engine, uint64_
 std::pair<at::Tensor, at::Tensor> PpoObjective::State::advantages(const std::vector<RolloutRow>& rows, Metrics& m) {
   const auto N = static_cast<int64_t>(rows.size());
   const int64_t K = ppo.samples_per_prompt;
-  int64_t R = 1;
-  for (const auto& r : rows) R = std::max<int64_t>(R, static_cast<int64_t>(r.response.size()));
-  auto mask = at::zeros({N, R}, at::kDouble), logp = at::zeros({N, R}, at::kDouble);
-  auto ref = at::zeros({N, R}, at::kDouble), values = at::zeros({N, R}, at::kDouble);
-  auto ma = mask.accessor<double, 2>(), la = logp.accessor<double, 2>(), ra = ref.accessor<double, 2>();
-  auto va = values.accessor<double, 2>();
+  // The formulas run over each row's generated tokens, side by side (tokens an environment appended are no actions).
+  const auto g = generated_tokens(rows);
+  const auto &mask = g.mask, &logp = g.logp, &ref = g.ref, &values = g.values;
   std::vector<double> raw;
   int64_t eos = 0;
   double length = 0;
-  for (int64_t i = 0; i < N; ++i) {
-    const auto& r = rows[static_cast<size_t>(i)];
+  for (const auto& r : rows) {
     raw.push_back(r.score);
     eos += r.ended;
     length += static_cast<double>(r.response.size());
-    for (size_t j = 0; j < r.response.size(); ++j) {
-      const auto jj = static_cast<int64_t>(j);
-      ma[i][jj] = 1;
-      la[i][jj] = r.old_logp[j];
-      ra[i][jj] = r.ref_logp[j];
-      if (!r.values.empty()) va[i][jj] = r.values[j];
-    }
   }
   // Scores -> (scaled, clipped) -> per-token rewards -> advantages.
   auto scores = at::tensor(raw, at::kDouble);
@@ -571,7 +758,7 @@ std::pair<at::Tensor, at::Tensor> PpoObjective::State::advantages(const std::vec
   m["objective/rlhf_reward"] = (scores + non_score.sum(1)).mean().item<double>();  // with the overlong penalty
   m["val/num_eos_tokens"] = static_cast<double>(eos);
   m["val/response_length"] = length / static_cast<double>(N);
-  return {adv.to(at::kFloat), ret.to(at::kFloat)};
+  return {at_response_places(adv.to(at::kFloat), g), at_response_places(ret.to(at::kFloat), g)};
 }
 
 std::vector<Batch> PpoObjective::State::schedule(const std::vector<RolloutRow>& rows, const at::Tensor& adv,
@@ -715,11 +902,12 @@ EvalResult PpoObjective::evaluate(models::CausalLM& model) {
     scores = s.score(mine, rows, 1, &parts);
   }
   const auto names = s.rewards->names();
-  std::vector<double> totals(2 + names.size(), 0.0);
+  std::vector<double> totals(3 + names.size(), 0.0);
   for (size_t i = 0; i < rows.size(); ++i) {
     totals[0] += scores[i];
     totals[1] += static_cast<double>(rows[i].response.size());
-    for (size_t j = 0; j < names.size(); ++j) totals[2 + j] += parts[j][i];
+    totals[2] += static_cast<double>(rows[i].turns);
+    for (size_t j = 0; j < names.size(); ++j) totals[3 + j] += parts[j][i];
     if (static_cast<int64_t>(result.samples.size()) < s.cfg.eval.table_rows) {
       auto response = rows[i].response;
       if (rows[i].ended) response.pop_back();
@@ -730,8 +918,9 @@ EvalResult PpoObjective::evaluate(models::CausalLM& model) {
   const auto n = static_cast<double>(all.size());
   result.metrics["eval/reward"] = totals[0] / n;
   result.metrics["eval/response_length"] = totals[1] / n;
-  if (s.rewards->is_exact_match()) result.metrics["eval/exact_match"] = totals[0] / n;
-  for (size_t j = 0; j < names.size(); ++j) result.metrics["eval/rewards/" + names[j]] = totals[2 + j] / n;
+  if (s.rewards->is_exact_match() && !s.environment) result.metrics["eval/exact_match"] = totals[0] / n;
+  if (s.environment) result.metrics["eval/turns"] = totals[2] / n;
+  for (size_t j = 0; j < names.size(); ++j) result.metrics["eval/rewards/" + names[j]] = totals[3 + j] / n;
   return result;
 }
 

@@ -18,12 +18,36 @@ struct RolloutRow {
   bool ended = false;
   std::vector<float> old_logp, ref_logp, values;  // per response token
   double score = 0;
+  /// Multi-turn rollouts (ppo.environment): 1 where a response token belongs
+  /// to a message the environment appended (no part in the loss or the KL);
+  /// empty when every token was generated.
+  std::vector<uint8_t> appended;
+  // Known to the rank that generated the row only (not exchanged):
+  std::vector<int64_t> answer;  // the last assistant turn, without its end of turn
+  double env_reward = 0;        // the environment's reward at done
+  int64_t turns = 1;            // assistant turns taken
+  bool is_appended(size_t j) const { return !appended.empty() && appended[j] != 0; }
 };
+
+/// A rollout's per-token tensors over each row's generated tokens side by
+/// side (N x A, A the most generated tokens of a row; tokens an environment
+/// appended are no actions, so the formulas skip them): mask, old and
+/// reference log-probs and values, float64; `places`, each generated token's
+/// index in its response.
+struct GeneratedTokens {
+  at::Tensor mask, logp, ref, values;
+  std::vector<std::vector<int64_t>> places;
+  int64_t response_width = 1;  // the longest response, appended tokens included
+};
+GeneratedTokens generated_tokens(const std::vector<RolloutRow>& rows);
+/// (N x A) per-generated-token values back in their places of the
+/// (N x response_width) responses: 0 at appended tokens and past the end.
+at::Tensor at_response_places(const at::Tensor& x, const GeneratedTokens& g);
 
 /// Right-padded rows of prompt + response (`input_ids`, B x T) and, per
 /// response token (B x R, response-aligned): `tokens`, `positions` (the
 /// position whose logits predict the token: prompt length - 1 + j), `mask`
-/// (1 on generated tokens, 0 on padding; a response ends at its EOS),
+/// (1 on generated tokens, 0 on padding and appended tokens; a response ends at its EOS),
 /// `old_logp`, `ref_logp`, `old_values`, and `advantages` / `returns` taken
 /// from rows `index` of the rollout-wide (N x R') tensors when given.
 /// How the per-token losses of a step are weighed (ppo.loss_aggregation,
@@ -36,7 +60,7 @@ struct LossWeighting {
 
 /// ... and `weights` (B x R), each token's weight in the loss sum, with
 /// num_targets the step's divisor: token_mean: weight 1, num_targets = the
-/// masked tokens; sequence_mean: 1 / the response's length, num_targets =
+/// masked tokens; sequence_mean: 1 / the response's generated tokens, num_targets =
 /// rows; constant: 1 / constant, num_targets = rows. With mask_truncated, a
 /// response that did not end has mask and weights 0 (it still counts as a
 /// row).

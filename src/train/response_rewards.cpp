@@ -167,7 +167,7 @@ void ResponseRewards::prepare(const RunContext& ctx, const std::string& who) {
       log::info(who, ": reward model ", c.model, " (", s->model->chat_template().name(), " format)");
     }
     if (!c.command.empty()) {
-      s->program = std::make_unique<rewards::RewardProgram>(c.command, c.timeout_s);
+      s->program = std::make_unique<rewards::RewardProgram>(c.command, c.timeout_s, s->key + ".command");
       log::info(who, ": reward program \"", c.command, "\" started");
     }
   }

@@ -387,11 +387,24 @@ TEST(ChatTemplateHf, ToolUseRecordsTrainAsTransformersRendersThem) {
             where +
                 "data.template chatml: the conversation has tools (tool use renders only with a model's own "
                 "chat_template: data.template hf)");
-  EXPECT_EQ(error(R"({"messages": [)" + user +
-                  R"(, {"role": "tool", "content": "5"}, {"role": "assistant", "content": "x"}]})"),
-            where +
-                "message role \"tool\": expected system, user or assistant (tool messages render only with "
-                "data.template hf)");
+  // A tool message without tool_calls renders in chatml (and plain) as their Jinja renders any role: what a
+  // ppo.environment appends. oasst has no form for it.
+  const std::string tool_turn =
+      R"({"messages": [)" + user + R"(, {"role": "tool", "content": "5"}, {"role": "assistant", "content": "x"}]})";
+  EXPECT_EQ(error(tool_turn), "(no error)");
+  {
+    write_text(dir / "tool.jsonl", tool_turn + "\n");
+    const auto ds = SftDataset::load(dir / "tool.jsonl", *tok, o);
+    ASSERT_EQ(ds.size(), 1);
+    EXPECT_NE(tok->decode(ds[0].input_ids, false).find("<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\nx"),
+              std::string::npos)
+        << tok->decode(ds[0].input_ids, false);
+  }
+  o.template_name = "oasst";
+  EXPECT_EQ(error(tool_turn), where +
+                                  "message role \"tool\": expected system, user or assistant (tool messages render "
+                                  "only with data.template plain, chatml or hf)");
+  o.template_name = "chatml";
   o.template_name = "hf";
   EXPECT_EQ(error(R"({"messages": [)" + user + R"(, {"role": "assistant", "content": "x"}], "tools": {"a": 1}})"),
             where + "field \"tools\": expected a list of tool schemas (JSON objects), got object");

@@ -52,6 +52,13 @@ DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), L_max the longest allo
 response, L_cache the buffer: 0 when |y| <= L_max - L_cache;
 ((L_max - L_cache) - |y|) / L_cache when L_max - L_cache < |y| <= L_max; -1 beyond;
 times the factor.
+Multi-turn episodes (ppo.environment): a response holds generated tokens (the
+policy's actions) and tokens an environment appended (observations). Only
+actions have a KL, a reward, a value and an advantage: the score goes to the
+last action, GAE's next value is the next action's (0 after the last), and
+the losses are means over the actions (sequence_mean: per response over its
+actions). Written here in the responses' own columns, stepping over the
+appended ones.
 Running reward scaling (trlx RunningMoments, scale_reward "running"): the moments
 are merged with each batch (population variance inside the batch, Chan's merge),
 std = sqrt(var * n / (n - 1)); scores are divided by the running std, then
@@ -303,6 +310,49 @@ def overlong_cases():
     return out
 
 
+def episode_case(seed, kl_coef, gamma, lam, eps):
+    B, R = 4, 9
+    g = torch.Generator().manual_seed(seed)
+    u = lambda *s: torch.rand(*s, generator=g, dtype=DTYPE)
+    lens = [9, 7, 5, 3]
+    mask = torch.zeros(B, R, dtype=DTYPE)
+    appended = torch.zeros(B, R, dtype=DTYPE)
+    for i, n in enumerate(lens):
+        mask[i, :n] = 1
+    appended[0, 3:5] = 1  # a tool's message between two turns
+    appended[1, 2:3] = 1
+    appended[1, 5:6] = 1
+    actions = mask * (1 - appended)
+    f32 = lambda x: x.to(torch.float32).to(DTYPE)  # a rollout row holds float32 log-probs and values
+    logp_old, ref = f32(-3 * u(B, R) * mask), f32(-3 * u(B, R) * mask)
+    values_old = f32((u(B, R) - 0.5) * mask)
+    scores = 2 * u(B) - 1
+    logp_new = f32(logp_old + 0.6 * (u(B, R) - 0.5) * mask)
+    k = kl(logp_old, ref, "k1") * actions
+    rewards = -kl_coef * k
+    adv = torch.zeros(B, R, dtype=DTYPE)
+    for i in range(B):
+        acts = [t for t in range(R) if actions[i, t] > 0]
+        rewards[i, acts[-1]] += scores[i]
+        last = 0.0
+        for n, t in reversed(list(enumerate(acts))):
+            nxt = values_old[i, acts[n + 1]].item() if n + 1 < len(acts) else 0.0
+            delta = rewards[i, t].item() + gamma * nxt - values_old[i, t].item()
+            last = delta + gamma * lam * last
+            adv[i, t] = last
+    returns = (adv + values_old) * actions
+    # GRPO's clipped loss on these actions, with a per-response advantage (scores centred on their mean).
+    seq_adv = (scores - scores.mean()).unsqueeze(1) * actions
+    ratio = torch.exp(logp_new - logp_old)
+    per_token = -torch.minimum(ratio * seq_adv, torch.clamp(ratio, 1 - eps, 1 + eps) * seq_adv)
+    return {"kl_coef": kl_coef, "gamma": gamma, "lam": lam, "eps": eps, "shape": [B, R], "mask": to_list(mask),
+            "appended": to_list(appended), "logp_old": to_list(logp_old), "ref": to_list(ref),
+            "values_old": to_list(values_old), "scores": to_list(scores), "logp_new": to_list(logp_new),
+            "advantages": to_list(adv), "returns": to_list(returns), "seq_advantages": to_list(seq_adv),
+            "token_mean_loss": ((per_token * actions).sum() / actions.sum()).item(),
+            "sequence_mean_loss": ((per_token * actions).sum(1) / actions.sum(1)).mean().item()}
+
+
 def grpo_family_cases():
     return [
         grpo_family_case(11, "dapo", 0.2, 0.28, "group", "token", True, 0.0, 7),
@@ -324,6 +374,7 @@ def main():
         "grpo_family": grpo_family_cases(),
         "reinforce": [reinforce_case(21, False, 0.05), reinforce_case(22, True, 0.1)],
         "overlong": overlong_cases(),
+        "episodes": [episode_case(31, 0.05, 1.0, 0.95, 0.2), episode_case(32, 0.1, 0.9, 0.8, 0.1)],
     }
     with open(sys.argv[1], "w") as f:
         json.dump(cases, f)

@@ -148,6 +148,39 @@ TEST(ChatFormat, TrainerChatAndTransformersAgreeOnTheExportedFolderForEveryTempl
                 hf[i]["prompt_ids"].get<std::vector<int64_t>>());
     }
 
+    // plain and chatml render a tool message (what a ppo.environment appends) as their Jinja does in
+    // transformers, through the whole conversation and the generation prompt after the message.
+    if (name == "plain" || name == "chatml") {
+      write_text(
+          dir / "tool.jsonl",
+          conversation({{"user", "add: 123+456"}, {"assistant", "123+456"}, {"tool", "579"}, {"assistant", "579"}}));
+      const auto tool_ds = SftDataset::load(dir / "tool.jsonl", *tok, o);
+      json tool_header;
+      const auto tool_hf = transformers_view(exported, dir / "tool.jsonl", &tool_header);
+      ASSERT_EQ(tool_ds.size(), 1);
+      ASSERT_EQ(tool_hf.size(), 1u) << tool_header.dump();
+      EXPECT_EQ(tool_ds[0].input_ids, tool_hf[0]["ids"].get<std::vector<int64_t>>());
+      std::vector<int64_t> tool_mask;
+      for (auto l : tool_ds[0].labels) tool_mask.push_back(l != kIgnoreIndex);
+      EXPECT_EQ(tool_mask, tool_hf[0]["mask"].get<std::vector<int64_t>>());
+      const std::vector<Message> upto = {{"user", "add: 123+456"}, {"assistant", "123+456"}, {"tool", "579"}};
+      std::string gen_out;
+      json gen = {{"messages", json::array()}};
+      for (const auto& m : upto) gen["messages"].push_back({{"role", m.role}, {"content", m.content}});
+      write_text(dir / "tool_prompt.py",
+                 "import json,sys\nfrom transformers import AutoTokenizer\n"
+                 "t = AutoTokenizer.from_pretrained(sys.argv[1])\n"
+                 "print(json.dumps(list(t.apply_chat_template(json.loads(sys.argv[2]), tokenize=True, "
+                 "add_generation_prompt=True, return_dict=True)[\"input_ids\"])))\n");
+      ASSERT_EQ(run(anvil::testing::python_bin() + " " + (dir / "tool_prompt.py").string() + " " + exported.string() +
+                        " '" + gen["messages"].dump() + "' 2>/dev/null",
+                    &gen_out),
+                0)
+          << gen_out;
+      EXPECT_EQ(ChatTemplate::get(name).encode_prompt(*tok, upto),
+                json::parse(gen_out.substr(gen_out.rfind('['))).get<std::vector<int64_t>>());
+    }
+
     // anvil chat and generate --chat on the folder (no --template): the same prompts.
     for (size_t i = 0; i < chats.size(); ++i) {
       SCOPED_TRACE("chat " + std::to_string(i));

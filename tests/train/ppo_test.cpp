@@ -197,6 +197,57 @@ TEST(PpoFormulas, ReinforcePlusPlusAndOverlongPenaltyMatchTheReference) {
         << c.dump();
 }
 
+// Multi-turn episodes: the KL, rewards, GAE and returns run over each
+// response's generated tokens, stepping over the ones an environment
+// appended, and GRPO's token_mean / sequence_mean losses average over the
+// generated tokens, as the reference writes them in the responses' columns.
+TEST(PpoFormulas, EpisodesSkipAppendedTokensAsTheReferenceDoes) {
+  const auto& cases = reference()["episodes"];
+  ASSERT_EQ(cases.size(), 2u);
+  for (const auto& c : cases) {
+    const auto mask = matrix(c, "mask"), appended = matrix(c, "appended"), logp_old = matrix(c, "logp_old");
+    const auto ref = matrix(c, "ref"), values_old = matrix(c, "values_old"), logp_new = matrix(c, "logp_new");
+    const auto B = mask.size(0), R = mask.size(1);
+    std::vector<RolloutRow> rows(static_cast<size_t>(B));
+    for (int64_t i = 0; i < B; ++i) {
+      auto& r = rows[static_cast<size_t>(i)];
+      r.prompt = {1};
+      for (int64_t t = 0; t < R && mask[i][t].item<double>() > 0; ++t) {
+        r.response.push_back(3 + t);
+        r.appended.push_back(appended[i][t].item<double>() > 0 ? 1 : 0);
+        r.old_logp.push_back(static_cast<float>(logp_old[i][t].item<double>()));
+        r.ref_logp.push_back(static_cast<float>(ref[i][t].item<double>()));
+        r.values.push_back(static_cast<float>(values_old[i][t].item<double>()));
+      }
+      r.ended = true;
+    }
+    const auto g = generated_tokens(rows);
+    ASSERT_EQ(g.response_width, R);
+    const auto kl = kl_estimate(g.logp, g.ref, "k1") * g.mask;
+    const auto [adv, ret] =
+        gae(token_rewards(kl, doubles(c["scores"]), g.mask, c["kl_coef"]), g.values, g.mask, c["gamma"], c["lam"]);
+    expect_close(at_response_places(adv, g), c["advantages"], "advantages");
+    expect_close(at_response_places(ret, g), c["returns"], "returns");
+
+    // GRPO's clipped loss through the rollout's collation: appended tokens weigh nothing.
+    const auto seq_adv = matrix(c, "seq_advantages");
+    for (const char* agg : {"token_mean", "sequence_mean"}) {
+      SCOPED_TRACE(agg);
+      std::vector<const RolloutRow*> ptrs;
+      std::vector<int64_t> index;
+      for (int64_t i = 0; i < B; ++i) ptrs.push_back(&rows[static_cast<size_t>(i)]), index.push_back(i);
+      LossWeighting w;
+      w.aggregation = agg;
+      const auto b = collate_rollout(ptrs, 0, seq_adv.to(at::kFloat), at::zeros({B, R}), index, w);
+      const auto t =
+          ppo_loss_sums(logp_new.to(at::kFloat), b.tensors.at("old_logp"), b.tensors.at("advantages"), {}, {}, {},
+                        b.tensors.at("mask"), {c["eps"].get<double>(), 0.2}, b.tensors.at("weights"));
+      EXPECT_NEAR(t.policy.item<double>() / static_cast<double>(b.num_targets),
+                  c[std::string(agg) + "_loss"].get<double>(), 1e-6);
+    }
+  }
+}
+
 // Only generated tokens are trained: each response token is scored from the
 // logits of the position before it, the prompt and the padding are masked
 // out, and a response ends at its EOS (nothing after it is generated).

@@ -155,6 +155,24 @@ struct OverlongPenaltyConfig {
   }
 };
 
+/// A multi-turn environment for PPO's rollouts (tool calls, users, games):
+/// a long-lived program speaking JSON lines, like a reward program.
+struct EnvironmentConfig {
+  std::string command;
+  double timeout_s = 30;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("command", command,
+            "Environment program: a shell command started once. After each assistant turn it reads one JSON object "
+            "per line on stdin (the prompt record as written, plus episode: {messages, turn, final, ended}; "
+            "docs/algorithms.md) and answers one line: {\"role\": \"tool\" or \"user\", \"content\": ...} to "
+            "append a message and let the policy take another turn, or {\"done\": true, \"reward\": x}. The "
+            "appended tokens take no part in the loss or the KL. Empty = single-turn rollouts.");
+    v.field("timeout_s", timeout_s, "Seconds the environment program may take to answer one line.", positive());
+  }
+};
+
 /// Options of the `ppo` algorithm (online RL: PPO, GRPO, RLOO, REINFORCE++).
 struct PpoConfig {
   int64_t prompts_per_rollout = 16;
@@ -190,6 +208,8 @@ struct PpoConfig {
   double critic_learning_rate = 0;
   PpoRewardConfig reward;
   std::vector<WeightedRewardConfig> rewards;
+  EnvironmentConfig environment;
+  int64_t max_turns = 4;
 
   template <class V>
   void visit(V& v) {
@@ -280,6 +300,15 @@ struct PpoConfig {
            "Several reward sources summed with weights (TRL's reward_funcs and reward_weights): each item takes "
            "one source's keys as ppo.reward does, plus weight and name; each source's scores are logged as "
            "rewards/<name>/mean and /std. Leave ppo.reward's sources empty when using it.");
+    v.section("environment", environment,
+              "Multi-turn rollouts: a program that answers each assistant turn with a tool or user message (rendered "
+              "by the chat template and appended) or ends the episode with a reward. max_new_tokens then bounds all "
+              "of a rollout's tokens after the prompt, every turn and appended message included (verl's "
+              "response_length).");
+    v.field("max_turns", max_turns,
+            "With ppo.environment: the most assistant turns in one rollout; the last is sent with final: true and "
+            "must be answered with done.",
+            positive());
   }
 };
 

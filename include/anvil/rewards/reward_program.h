@@ -3,19 +3,23 @@
 // reads one JSON object per line on stdin and answers one line
 // {"reward": <number>} per object on stdout, in order. This is how a Python
 // (or any) reward function plugs into PPO without Python inside Anvil. Its
-// stderr goes to the trainer's. docs/algorithms.md.
+// stderr is passed through to the trainer's, and its end is quoted in the
+// error that stops a run. docs/algorithms.md.
 
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <sys/types.h>
 #include <vector>
 
 namespace anvil::rewards {
 
+class JsonLinesProgram;
+
 class RewardProgram {
  public:
-  /// Starts the program. `timeout_s` bounds the wait for each answer.
-  RewardProgram(std::string command, double timeout_s);
+  /// Starts the program. `timeout_s` bounds the wait for each answer; `key`
+  /// names the config key that set the command, in errors.
+  RewardProgram(std::string command, double timeout_s, const std::string& key = "ppo.reward.command");
   /// Closes its stdin and waits for it to exit (killed after 2 s, with
   /// whatever it started).
   ~RewardProgram();
@@ -27,19 +31,10 @@ class RewardProgram {
   /// {"reward": <finite number>}, or does not answer within the timeout.
   std::vector<double> score(const std::vector<nlohmann::json>& records);
 
-  const std::string& command() const { return command_; }
+  const std::string& command() const;
 
  private:
-  double ask(const nlohmann::json& record);
-  [[noreturn]] void fail(const nlohmann::json& record, const std::string& what);
-  std::string exit_status();
-
-  std::string command_;
-  double timeout_s_;
-  pid_t pid_ = -1;
-  pid_t group_ = -1;  // its process group
-  int to_child_ = -1, from_child_ = -1;
-  std::string buffer_;  // bytes read past the last answer line
+  std::unique_ptr<JsonLinesProgram> program_;
 };
 
 }  // namespace anvil::rewards
