@@ -146,6 +146,18 @@ struct PpoObjective::State {
   }
   std::vector<double> score(const std::vector<RolloutPrompt>& prompts, const std::vector<RolloutRow>& rows,
                             int64_t per_prompt, std::vector<std::vector<double>>* components = nullptr);
+  /// The rollout's sampling (greedy: eval's), up to max_new_tokens (eval's), without row seeds.
+  generation::SamplingOptions sampling(bool greedy) const {
+    generation::SamplingOptions so;
+    so.greedy = greedy;
+    so.temperature = ppo.temperature;
+    so.top_k = ppo.top_k;
+    so.top_p = ppo.top_p;
+    so.eos_id = stop_id;
+    so.max_new_tokens = greedy ? cfg.eval.max_new_tokens : ppo.max_new_tokens;
+    so.batch_size = greedy ? cfg.eval.batch_size : ppo.generation_batch_size;
+    return so;
+  }
   std::vector<RolloutRow> generate(models::CausalLM& policy, const std::vector<RolloutPrompt>& mine, int64_t per_prompt,
                                    uint64_t seed, bool greedy);
   /// Multi-turn rollouts with the environment (ppo.environment): turns of
@@ -298,14 +310,7 @@ std::vector<RolloutRow> PpoObjective::State::generate(models::CausalLM& policy, 
                                                       int64_t per_prompt, uint64_t seed, bool greedy) {
   if (environment) return episodes(policy, mine, per_prompt, seed, greedy);
   std::vector<std::vector<int64_t>> prompts;
-  generation::SamplingOptions so;
-  so.greedy = greedy;
-  so.temperature = ppo.temperature;
-  so.top_k = ppo.top_k;
-  so.top_p = ppo.top_p;
-  so.eos_id = stop_id;
-  so.max_new_tokens = greedy ? cfg.eval.max_new_tokens : ppo.max_new_tokens;
-  so.batch_size = greedy ? cfg.eval.batch_size : ppo.generation_batch_size;
+  auto so = sampling(greedy);
   for (const auto& p : mine)
     for (int64_t k = 0; k < per_prompt; ++k) {
       prompts.push_back(p.sample->prompt_ids);
@@ -373,14 +378,8 @@ std::vector<RolloutRow> PpoObjective::State::episodes(models::CausalLM& policy, 
     for (size_t i = 0; i < eps.size(); ++i)
       if (eps[i].open) open.push_back(i);
     if (open.empty()) break;
-    generation::SamplingOptions so;
-    so.greedy = greedy;
-    so.temperature = ppo.temperature;
-    so.top_k = ppo.top_k;
-    so.top_p = ppo.top_p;
-    so.eos_id = stop_id;
-    so.batch_size = greedy ? cfg.eval.batch_size : ppo.generation_batch_size;
-    so.max_new_tokens = 0;
+    auto so = sampling(greedy);
+    so.max_new_tokens = 0;  // the most any open episode has room for, below
     std::vector<std::vector<int64_t>> contexts;
     for (const auto i : open) {
       auto context = rows[i].prompt;

@@ -5,7 +5,7 @@ Usage: run_doc_commands.py SOURCE_DIR BUILD_DIR QUICKSTART_RUN WORKDIR
 Executes every command of the ```sh and ```python blocks of
 docs/getting-started.md and of the README's two command blocks (the first
 lines, and "Quickstart, step by step"), in order, from WORKDIR: a sandbox
-whose build/, configs/, data/, scripts/ and .venv/ point into the source and
+whose build/, configs/, data/, scripts/, examples/ and .venv/ point into the source and
 build trees, and whose runs/quickstart is a copy of QUICKSTART_RUN (the
 test-suite's trained quickstart run), so that runs/quickstart/checkpoint-1000
 and -1500 exist as after `scripts/quickstart.sh`. Every command must exit 0.
@@ -132,6 +132,7 @@ def sandbox(src, build, quickstart_run, work):
     os.makedirs(os.path.join(work, "runs"))
     for name, target in [("build", build), ("configs", os.path.join(src, "configs")),
                          ("data", os.path.join(src, "data")), ("scripts", os.path.join(src, "scripts")),
+                         ("examples", os.path.join(src, "examples")),
                          (".venv", os.path.join(src, ".venv"))]:
         os.symlink(target, os.path.join(work, name))
     shutil.copytree(quickstart_run, os.path.join(work, "runs", "quickstart"))

@@ -164,14 +164,23 @@ std::string ok_environment(const stdfs::path& dir, const stdfs::path& log = {}) 
   return anvil::testing::python_bin() + " -u " + script.string();
 }
 
+/// The trainer on configs/grpo_tool_tiny.yaml from the fixture, on the two-digit additions, every step logged
+/// (run from the source folder).
+std::string grpo_env_trainer(const stdfs::path& out, const std::string& extra) {
+  return anvil::testing::trainer_bin() + " --config configs/grpo_tool_tiny.yaml output_dir=" + out.string() +
+         " model.from=" + fixture_checkpoint().string() +
+         " 'data.train=[{path: data/sft_add_train.jsonl}]' data.eval=null train.threads=1"
+         " train.eval_every=0 train.log_every=1 ppo.max_new_tokens=12 " +
+         extra;
+}
+
+std::string grpo_env_cmd(const stdfs::path& out, const std::string& extra, int ranks = 0) {
+  return "cd " + anvil::testing::source_dir() + " && " + anvil::testing::mpirun(ranks) + grpo_env_trainer(out, extra);
+}
+
 std::string grpo_env_run(const stdfs::path& out, const std::string& extra, int ranks = 0) {
   std::string log;
-  const auto cmd = "cd " + anvil::testing::source_dir() + " && " + anvil::testing::mpirun(ranks) +
-                   anvil::testing::trainer_bin() + " --config configs/grpo_tool_tiny.yaml output_dir=" + out.string() +
-                   " model.from=" + fixture_checkpoint().string() +
-                   " 'data.train=[{path: data/sft_add_train.jsonl}]' data.eval=null train.threads=1"
-                   " train.eval_every=0 train.log_every=1 ppo.max_new_tokens=12 " +
-                   extra + " 2>&1";
+  const auto cmd = grpo_env_cmd(out, extra, ranks) + " 2>&1";
   EXPECT_EQ(run(cmd, &log), 0) << cmd << "\n" << log;
   return log;
 }
@@ -190,14 +199,10 @@ TEST(PpoRuns, EnvironmentEpisodesShardAndResumeAfterAKill) {
                common + "dist.sharding=full_shard 'ppo.environment.command=" + ok_environment(dir.path()) + "'", 2);
   // Killed once checkpoint-4 is written, then resumed.
   const auto out = dir / "killed";
-  const auto cmd = "cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() +
-                   " --config configs/grpo_tool_tiny.yaml output_dir=" + out.string() +
-                   " model.from=" + fixture_checkpoint().string() +
-                   " 'data.train=[{path: data/sft_add_train.jsonl}]' data.eval=null train.threads=1"
-                   " train.eval_every=0 train.log_every=1 ppo.max_new_tokens=12 " +
-                   common + "'ppo.environment.command=" + ok_environment(dir.path()) + "'";
+  const auto cmd = grpo_env_trainer(out, common + "'ppo.environment.command=" + ok_environment(dir.path()) + "'");
   std::string log;
-  ASSERT_EQ(run("(" + cmd + " >" + (dir / "killed.log").string() + " 2>&1 & pid=$!; for i in $(seq 1 6000); do [ -f " +
+  ASSERT_EQ(run("cd " + anvil::testing::source_dir() + " && (" + cmd + " >" + (dir / "killed.log").string() +
+                    " 2>&1 & pid=$!; for i in $(seq 1 6000); do [ -f " +
                     (out / "checkpoint-4" / "trainer_state.json").string() +
                     " ] && break; sleep 0.02; done; kill -9 $pid; wait $pid; true)",
                 &log),
@@ -245,12 +250,7 @@ TEST(PpoRuns, EnvironmentEpisodesShardAndResumeAfterAKill) {
                              "{\"role\": \"tool\", \"content\": \"ok\"}), flush=True)\n");
   const auto failing = anvil::testing::python_bin() + " -u " + (dir / "failing_env.py").string();
   const auto failed = dir / "failed";
-  const auto fail_cmd = "cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() +
-                        " --config configs/grpo_tool_tiny.yaml output_dir=" + failed.string() +
-                        " model.from=" + fixture_checkpoint().string() +
-                        " 'data.train=[{path: data/sft_add_train.jsonl}]' data.eval=null train.threads=1"
-                        " train.eval_every=0 train.log_every=1 ppo.max_new_tokens=12 " +
-                        common + "'ppo.environment.command=" + failing + "' 2>&1";
+  const auto fail_cmd = grpo_env_cmd(failed, common + "'ppo.environment.command=" + failing + "'") + " 2>&1";
   EXPECT_NE(run(fail_cmd, &log), 0) << log;
   EXPECT_NE(log.find("ppo.environment.command"), std::string::npos) << log;
   EXPECT_NE(log.find("exited with status 5"), std::string::npos) << log;
