@@ -1,6 +1,6 @@
 #pragma once
 // Internal (not installed): a PPO rollout's rows and their collation into
-// training micro-batches (src/train/ppo.cpp).
+// training micro-batches (src/train/ppo_rollout.cpp).
 
 #include <ATen/core/Tensor.h>
 
@@ -27,6 +27,16 @@ struct RolloutRow {
   double env_reward = 0;        // the environment's reward at done
   int64_t turns = 1;            // assistant turns taken
   bool is_appended(size_t j) const { return !appended.empty() && appended[j] != 0; }
+};
+
+/// Packs rows into doubles for the exchange between ranks (all_sum of
+/// zero-filled slots): lengths, ended, score, tokens, log-probs, values and
+/// the appended marks.
+struct RowCodec {
+  int64_t max_prompt, max_response;
+  int64_t width() const { return 4 + max_prompt + max_response * 5; }
+  void put(const RolloutRow& r, double* out) const;
+  RolloutRow get(const double* in) const;
 };
 
 /// A rollout's per-token tensors over each row's generated tokens side by
