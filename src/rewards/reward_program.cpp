@@ -1,4 +1,4 @@
-#include "anvil/rewards/reward_program.h"
+#include "rewards/reward_program.h"
 
 #include <cmath>
 

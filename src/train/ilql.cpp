@@ -21,12 +21,14 @@
 #include "anvil/data/datasets.h"
 #include "anvil/data/mixture.h"
 #include "anvil/generation/generate.h"
+#include "anvil/rewards/rewards.h"
 #include "anvil/train/engine.h"
 #include "train/ilql_data.h"
 #include "train/lm_data.h"
-#include "train/response_rewards.h"
 
 namespace anvil::train {
+
+using rewards::ResponseRewards;
 
 // ---- formulas ------------------------------------------------------------------
 
@@ -288,7 +290,7 @@ void IlqlObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
   if (!had)
     log::info("ilql: added heads ", s_->o.two_qs ? "q1, q2, target_q1, target_q2" : "q1, target_q1", ", v (MLPs ",
               model.hidden_size(), " -> ", 2 * model.hidden_size(), " -> vocab / 1)");
-  s_->rewards->prepare(ctx, "ilql");
+  s_->rewards->prepare([&ctx](auto m) { return ctx.freeze(std::move(m)); }, "ilql");
 }
 
 at::Tensor IlqlObjective::loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) {

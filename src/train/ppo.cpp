@@ -30,16 +30,18 @@
 #include "anvil/generation/generate.h"
 #include "anvil/io/hf_model.h"
 #include "anvil/models/lora.h"
+#include "anvil/rewards/rewards.h"
 #include "anvil/train/engine.h"
 #include "rewards/environment.h"
 #include "train/lm_data.h"
 #include "train/lm_loss.h"
 #include "train/ppo_rollout.h"
-#include "train/response_rewards.h"
 #include "train/run_setup.h"
 #include "train/step_batches.h"
 
 namespace anvil::train {
+
+using rewards::ResponseRewards;
 
 namespace {
 
@@ -245,14 +247,14 @@ void PpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
   if (models::has_lora(model) && s_->ppo.reference.empty()) {
     // As PEFT users do: the reference is the policy with its adapters off.
     log::info("ppo: reference model: the policy with its LoRA adapters off (no second copy)");
-    s_->rewards->prepare(ctx, "ppo");
+    s_->rewards->prepare([&ctx](auto m) { return ctx.freeze(std::move(m)); }, "ppo");
     return;
   }
   auto reference = load_reference(ref_path, "ppo.reference", model);
   s_->reference = ctx.freeze(std::move(reference));
   log::info("ppo: reference model from ", ref_path.empty() ? std::string("the initial weights") : ref_path, " (",
             s_->reference.parameter_bytes(), " parameter bytes on this rank)");
-  s_->rewards->prepare(ctx, "ppo");
+  s_->rewards->prepare([&ctx](auto m) { return ctx.freeze(std::move(m)); }, "ppo");
 }
 
 at::Tensor PpoObjective::State::values(models::CausalLM& policy, const at::Tensor& ids, const at::Tensor& pos,

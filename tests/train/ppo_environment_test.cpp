@@ -11,7 +11,7 @@
 #include <fstream>
 
 #include "anvil/core/error.h"
-#include "anvil/rewards/reward_program.h"
+#include "rewards/reward_program.h"
 #include "anvil/train/ppo.h"
 #include "rewards/environment.h"
 #include "test_util.h"

@@ -18,12 +18,10 @@
 #include "anvil/io/safetensors.h"
 #include "anvil/models/llama.h"
 #include "anvil/models/registry.h"
-#include "anvil/rewards/reward_program.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "anvil/train/ppo.h"
 #include "test_util.h"
 #include "train/ppo_rollout.h"
-#include "train/response_rewards.h"
 
 namespace anvil::train {
 namespace {
@@ -291,114 +289,6 @@ TEST(PpoRollout, MasksCoverExactlyTheGeneratedTokens) {
   const auto grad = torch::autograd::grad({terms.policy}, {logp})[0];
   EXPECT_TRUE((grad * (1 - mask)).abs().sum().item<double>() == 0);
   EXPECT_TRUE((grad.abs() > 0).eq(mask > 0).all().item<bool>());
-}
-
-// ---- the reward program ------------------------------------------------------------
-
-std::string py(const std::string& code) { return anvil::testing::python_bin() + " -u -c '" + code + "'"; }
-
-TEST(RewardProgram, RoundTripsRecordsInOrder) {
-  rewards::RewardProgram p(py("import json,sys\n"
-                              "for l in sys.stdin:\n"
-                              "  r = json.loads(l)\n"
-                              "  print(json.dumps({\"reward\": len(r[\"response\"]) + r.get(\"bonus\", 0)}))"),
-                           30);
-  const auto out =
-      p.score({{{"prompt", "p"}, {"response", "abc"}}, {{"prompt", "q"}, {"response", ""}, {"bonus", 2.5}}});
-  ASSERT_EQ(out.size(), 2u);
-  EXPECT_EQ(out[0], 3.0);
-  EXPECT_EQ(out[1], 2.5);
-  EXPECT_EQ(p.score({{{"prompt", "p"}, {"response", "xy"}}}).at(0), 2.0);  // still alive
-}
-
-// A reward program gets the record as written, and the sample in an object of
-// its own: a record's `response` (a reference answer) and `prompt` survive.
-TEST(RewardProgram, GetsTheRecordAsWrittenAndTheSampleUnderItsOwnNames) {
-  TempDir dir;
-  const auto seen = (dir / "seen.jsonl").string();
-  config::PpoRewardConfig c;
-  c.command =
-      py("import json,sys\n"
-         "out = open(\"" +
-         seen +
-         "\", \"a\")\n"
-         "for l in sys.stdin:\n"
-         "  r = json.loads(l)\n"
-         "  out.write(l); out.flush()\n"
-         "  s = r[\"sample\"]\n"
-         "  print(json.dumps({\"reward\": float(s[\"completion\"].strip() == r.get(\"answer\", r[\"response\"]))}))");
-  c.timeout_s = 30;
-  train::ResponseRewards rewards(c, "ppo.reward", true);
-  rewards.prepare(train::RunContext{}, "test");
-  const auto tok = tokenizer::load_tokenizer("auto", anvil::testing::source_dir() + "/data/tokenizer.model");
-  data::PromptSample text, chat;
-  text.prompt = "add: 1+2\n";
-  text.record = {{"prompt", "add: 1+2\n"}, {"response", "3"}, {"id", 7}};
-  text.where = "a.jsonl:1";
-  chat.prompt = "be brief\nsay yo";
-  chat.messages = {{"system", "be brief"}, {"user", "say yo"}};
-  chat.record = {
-      {"messages", {{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "say yo"}}}},
-      {"answer", "yo"}};
-  chat.where = "b.jsonl:4";
-  const auto scores = rewards.score({&text, &chat, &text}, {tok->encode("3"), tok->encode("yo"), tok->encode("4")},
-                                    {true, false, true}, *tok);
-  EXPECT_EQ(scores, (std::vector<double>{1.0, 1.0, 0.0}));
-  std::ifstream in(seen);
-  std::vector<nlohmann::json> lines;
-  for (std::string l; std::getline(in, l);) lines.push_back(nlohmann::json::parse(l));
-  ASSERT_EQ(lines.size(), 3u);
-  EXPECT_EQ(lines[0]["response"], "3");  // the record's own field, not the sample
-  EXPECT_EQ(lines[0]["prompt"], "add: 1+2\n");
-  EXPECT_EQ(lines[0]["id"], 7);
-  EXPECT_EQ(lines[0]["sample"], nlohmann::json({{"completion", "3"}, {"prompt_text", "add: 1+2\n"}, {"ended", true}}));
-  EXPECT_EQ(lines[2]["response"], "3");
-  EXPECT_EQ(lines[2]["sample"]["completion"], "4");
-  EXPECT_EQ(lines[1]["messages"], chat.record["messages"]);  // a conversation as written
-  EXPECT_EQ(lines[1]["sample"],
-            nlohmann::json({{"completion", "yo"}, {"prompt_text", "be brief\nsay yo"}, {"ended", false}}));
-  // Where the record has neither, `prompt` and `response` are the prompt's text and the sample.
-  EXPECT_EQ(lines[1]["prompt"], "be brief\nsay yo");
-  EXPECT_EQ(lines[1]["response"], "yo");
-  // A record that already uses one of the sample's names is refused, naming its line.
-  data::PromptSample clash = text;
-  clash.record["sample"] = "x";
-  try {
-    rewards.score({&clash}, {tok->encode("3")}, {true}, *tok);
-    ADD_FAILURE() << "no error";
-  } catch (const DataError& e) {
-    EXPECT_NE(std::string(e.what()).find("a.jsonl:1: the record has a field \"sample\", which ppo.reward.command"),
-              std::string::npos)
-        << e.what();
-  }
-}
-
-std::string error_of(const std::string& program, double timeout_s) {
-  try {
-    rewards::RewardProgram p(program, timeout_s);
-    p.score({{{"prompt", "p1"}, {"response", "first"}}, {{"prompt", "p2"}, {"response", "second"}}});
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-TEST(RewardProgram, ACrashAMalformedReplyAndATimeoutNameTheCommandAndTheRecord) {
-  // Answers the first record, then dies.
-  auto e = error_of(py("import sys\nsys.stdin.readline()\nprint(\"{\\\"reward\\\": 1}\")\nsys.exit(3)"), 30);
-  EXPECT_NE(e.find("ppo.reward.command"), std::string::npos) << e;
-  EXPECT_NE(e.find("exited with status 3"), std::string::npos) << e;
-  EXPECT_NE(e.find("\"second\""), std::string::npos) << e;
-  e = error_of(py("import sys\nfor l in sys.stdin: print(\"ok\")"), 30);
-  EXPECT_NE(e.find("answered \"ok\""), std::string::npos) << e;
-  EXPECT_NE(e.find("\"first\""), std::string::npos) << e;
-  e = error_of(py("import sys\nfor l in sys.stdin: print(\"{\\\"score\\\": 1}\")"), 30);
-  EXPECT_NE(e.find("expected a line {\"reward\": <finite number>}"), std::string::npos) << e;
-  e = error_of(py("import sys,time\nfor l in sys.stdin: time.sleep(30)"), 0.5);
-  EXPECT_NE(e.find("no answer within 0.5 s"), std::string::npos) << e;
-  EXPECT_NE(e.find("\"first\""), std::string::npos) << e;
-  e = error_of("/nonexistent/reward-program", 30);
-  EXPECT_NE(e.find("exited with status 127"), std::string::npos) << e;
 }
 
 // ---- configs ------------------------------------------------------------------

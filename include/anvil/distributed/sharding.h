@@ -165,4 +165,47 @@ class ShardedModel {
   int64_t peak_gathered_ = 0;
 };
 
+/// A model that never trains (a DPO or PPO reference, a reward model, a
+/// critic's target), held for forward passes the way the run holds the
+/// policy: under `dist.sharding: full_shard` each rank keeps 1/world of every
+/// block and gathers a block only for its forward (the root unit, embeddings
+/// and heads, stays whole); otherwise the whole model. No gradients, no
+/// optimizer state. Build it with train::RunContext::freeze.
+///
+/// A sharded frozen model's forward is a collective: every rank runs the
+/// same forwards in the same order. Where ranks do different work (an
+/// evaluation split among ranks), hold gathered() around it.
+class FrozenModel {
+ public:
+  FrozenModel() = default;
+  FrozenModel(std::shared_ptr<models::CausalLM> model, std::shared_ptr<ShardedModel> sharded);
+
+  explicit operator bool() const { return model_ != nullptr; }
+  models::CausalLM& operator*() const { return *model_; }
+  models::CausalLM* operator->() const { return model_.get(); }
+  bool sharded() const { return sharded_ != nullptr; }
+  /// Bytes of parameters this process holds now.
+  int64_t parameter_bytes() const;
+  /// Frees the model.
+  void reset();
+
+  /// Keeps every parameter whole on this rank while it lives.
+  class Gathered {
+   public:
+    explicit Gathered(ShardedModel* s) : sharded_(s) {}
+    Gathered(Gathered&& o) noexcept : sharded_(o.sharded_) { o.sharded_ = nullptr; }
+    Gathered(const Gathered&) = delete;
+    Gathered& operator=(const Gathered&) = delete;
+    ~Gathered();
+
+   private:
+    ShardedModel* sharded_;
+  };
+  [[nodiscard]] Gathered gathered();
+
+ private:
+  std::shared_ptr<models::CausalLM> model_;
+  std::shared_ptr<ShardedModel> sharded_;
+};
+
 }  // namespace anvil::distributed

@@ -88,48 +88,9 @@ std::vector<double> sum_over_ranks(const RankContext& ranks, std::vector<double>
 
 class Engine;
 
-/// A model that never trains (a DPO or PPO reference, a reward model, a
-/// critic's target), held for forward passes the way the run holds the
-/// policy: under `dist.sharding: full_shard` each rank keeps 1/world of every
-/// block and gathers a block only for its forward (the root unit, embeddings
-/// and heads, stays whole); otherwise the whole model. No gradients, no
-/// optimizer state. Build it with RunContext::freeze.
-///
-/// A sharded frozen model's forward is a collective: every rank runs the
-/// same forwards in the same order. Where ranks do different work (an
-/// evaluation split among ranks), hold gathered() around it.
-class FrozenModel {
- public:
-  FrozenModel() = default;
-  FrozenModel(std::shared_ptr<models::CausalLM> model, std::shared_ptr<distributed::ShardedModel> sharded);
-
-  explicit operator bool() const { return model_ != nullptr; }
-  models::CausalLM& operator*() const { return *model_; }
-  models::CausalLM* operator->() const { return model_.get(); }
-  bool sharded() const { return sharded_ != nullptr; }
-  /// Bytes of parameters this process holds now.
-  int64_t parameter_bytes() const;
-  /// Frees the model.
-  void reset();
-
-  /// Keeps every parameter whole on this rank while it lives.
-  class Gathered {
-   public:
-    explicit Gathered(distributed::ShardedModel* s) : sharded_(s) {}
-    Gathered(Gathered&& o) noexcept : sharded_(o.sharded_) { o.sharded_ = nullptr; }
-    Gathered(const Gathered&) = delete;
-    Gathered& operator=(const Gathered&) = delete;
-    ~Gathered();
-
-   private:
-    distributed::ShardedModel* sharded_;
-  };
-  [[nodiscard]] Gathered gathered();
-
- private:
-  std::shared_ptr<models::CausalLM> model_;
-  std::shared_ptr<distributed::ShardedModel> sharded_;
-};
+/// A model that never trains, held as the run holds the policy (defined in
+/// distributed/, where reward sources below train/ can hold one too).
+using FrozenModel = distributed::FrozenModel;
 
 /// A second model a run trains beside the policy (PPO's separate critic).
 /// The loss the objective returns may involve it: one backward fills both

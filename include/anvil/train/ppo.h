@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "anvil/rewards/rewards.h"
 #include "anvil/train/objective.h"
 
 namespace anvil::train {
@@ -110,20 +111,11 @@ at::Tensor grpo_advantages(const at::Tensor& scores, int64_t group, const std::s
 
 // ---- rewards a program supplies ------------------------------------------------
 
-/// What a reward function sees of one sample: the prompt and response texts
-/// and the whole prompt record (its extra fields: an answer, tests, ...).
-struct RewardQuery {
-  std::string prompt;
-  std::string response;
-  nlohmann::json record;
-  bool ended = true;  // the response ended with the end of turn (not cut by max_new_tokens)
-};
-/// One reward per query, in order.
-using RewardFn = std::function<std::vector<double>(const std::vector<RewardQuery>& queries)>;
-
-/// Makes `ppo.reward.function: <name>` call `fn`. Register before the run
-/// starts. Throws ConfigError when the name is taken.
-void register_reward_function(const std::string& name, RewardFn fn);
+/// Reward functions live in rewards/ (anvil/rewards/rewards.h); these names
+/// keep programs written against train:: building.
+using rewards::register_reward_function;
+using rewards::RewardFn;
+using rewards::RewardQuery;
 
 // ---- the objective ---------------------------------------------------------------
 
