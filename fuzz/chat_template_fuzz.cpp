@@ -15,7 +15,7 @@
 #include "anvil/data/chat.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "data/chat_hf.h"
-#include "data/jinja_limits.h"
+#include "jinja/limits.h"
 #include "fuzz_util.h"
 
 namespace {
@@ -28,13 +28,13 @@ using anvil::data::Message;
 constexpr size_t kMaxTokenized = 16 << 10;
 // Each assistant turn renders the conversation twice more (data/chat_hf.cpp).
 constexpr size_t kMaxMessages = 6;
-// One input's renderings share one budget (data/jinja_limits.h), a tenth of
+// One input's renderings share one budget (jinja/limits.h), a tenth of
 // one rendering's: an encode renders a dozen times, and the fuzzer's
 // instrumentation makes a step several times slower, so with the real budget
 // each input that loops would take seconds. The limits' own values are
-// tested in tests/data/jinja_limits_test.cpp.
-constexpr int64_t kSteps = anvil::data::jinja::kMaxSteps / 10;
-constexpr int64_t kText = anvil::data::jinja::kMaxTextWork / 10;
+// tested in tests/jinja/limits_test.cpp.
+constexpr int64_t kSteps = anvil::jinja::kMaxSteps / 10;
+constexpr int64_t kText = anvil::jinja::kMaxTextWork / 10;
 
 // The hf tokenizer with ChatML's tokens, and an EOS and BOS for the templates' variables.
 anvil::tokenizer::Tokenizer& tokenizer() {
@@ -82,7 +82,7 @@ void check(bool ok, const char* what) {
 }
 
 void run(const std::string& tmpl, uint8_t options, const std::vector<Message>& messages, const std::string& tools) {
-  const anvil::data::jinja::Meter budget(kSteps, kText);
+  const anvil::jinja::Meter budget(kSteps, kText);
   auto& tok = tokenizer();
   tok.set_chat_template(tmpl);
   const auto r = anvil::data::render_chat(tok, messages, options & 1, tools);

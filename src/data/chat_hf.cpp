@@ -17,8 +17,8 @@
 #include <string_view>
 
 #include "anvil/core/error.h"
-#include "data/jinja.h"
-#include "data/jinja_limits.h"
+#include "jinja/jinja.h"
+#include "jinja/limits.h"
 
 namespace anvil::data {
 namespace {
@@ -84,7 +84,7 @@ jinja::RenderResult render(const tokenizer::Tokenizer& tok, const std::vector<Me
             {"documents", Value::none()}};
     if (extra.is_object())
       for (const auto& [k, v] : extra.items()) vars.emplace_back(k, json_value(v));
-  } catch (const jinja::EvalError& e) {  // a message beyond the limits of data/jinja_limits.h
+  } catch (const jinja::EvalError& e) {  // a message beyond the limits of jinja/limits.h
     throw DataError(concat("data.template hf: the conversation is beyond what a chat template takes: ", e.what()));
   }
   const std::pair<const char*, int64_t> special[] = {

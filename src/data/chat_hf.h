@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "anvil/data/chat.h"
-#include "data/jinja.h"
+#include "jinja/jinja.h"
 
 namespace anvil::data {
 

@@ -16,7 +16,7 @@
 #include "anvil/models/registry.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "data/chat_hf.h"
-#include "data/jinja.h"
+#include "jinja/jinja.h"
 #include "test_util.h"
 
 namespace anvil::data {

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <iterator>
 
-#include "data/jinja_value.h"
+#include "jinja/value.h"
 
-namespace anvil::data::jinja {
+namespace anvil::jinja {
 namespace {
 
 struct Mapping {
@@ -96,4 +96,4 @@ const char* full_case(char32_t c, CaseMap which) {
   return nullptr;
 }
 
-}  // namespace anvil::data::jinja
+}  // namespace anvil::jinja

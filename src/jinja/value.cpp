@@ -1,4 +1,4 @@
-#include "data/jinja_value.h"
+#include "jinja/value.h"
 
 #include <utf8proc.h>
 
@@ -8,10 +8,10 @@
 #include <cstdio>
 
 #include "anvil/core/error.h"
-#include "data/jinja_limits.h"
+#include "jinja/limits.h"
 #include "tokenizer/unicode.h"
 
-namespace anvil::data::jinja {
+namespace anvil::jinja {
 
 // ---------------------------------------------------------------- construction
 
@@ -793,4 +793,4 @@ std::string to_json(const Value& v, const JsonOptions& o) {
   return out;
 }
 
-}  // namespace anvil::data::jinja
+}  // namespace anvil::jinja

@@ -1,7 +1,7 @@
 // A chat template is untrusted input (a model folder's
 // tokenizer_config.json): templates that recurse, nest or loop without end
 // end, within seconds, in an error naming the template's line and column and
-// the limit reached (src/data/jinja_limits.h), never in a crash; templates
+// the limit reached (src/jinja/limits.h), never in a crash; templates
 // that nest as real ones do render as before. docs/data.md, "Chat templates
 // as written".
 #include <gtest/gtest.h>
@@ -14,17 +14,18 @@
 #include "anvil/data/chat.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "data/chat_hf.h"
-#include "data/jinja.h"
-#include "data/jinja_limits.h"
+#include "jinja/jinja.h"
+#include "jinja/limits.h"
 #include "test_util.h"
 
-namespace anvil::data::jinja {
+namespace anvil::jinja {
 namespace {
 
 using anvil::testing::run;
 using anvil::testing::TempDir;
 using anvil::testing::write_text;
 using json = nlohmann::ordered_json;
+using data::json_value;  // chat_hf.h: a JSON value as the engine sees it
 
 std::string repeat(const std::string& s, int n) {
   std::string out;
@@ -229,4 +230,4 @@ TEST(JinjaLimits, AnvilChatRefusesARecursiveTemplate) {
 }
 
 }  // namespace
-}  // namespace anvil::data::jinja
+}  // namespace anvil::jinja

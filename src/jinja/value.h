@@ -15,7 +15,7 @@
 #include <variant>
 #include <vector>
 
-namespace anvil::data::jinja {
+namespace anvil::jinja {
 
 /// A failure while evaluating, without a position yet; the evaluator adds
 /// the template's line and column.
@@ -86,7 +86,7 @@ class Value {
   Value() = default;  // undefined
   static Value undefined(std::string hint = {});
   // Strings, lists and dicts made while a template renders count against its
-  // budget (data/jinja_limits.h); one longer than kMaxTextBytes, or values
+  // budget (jinja/limits.h); one longer than kMaxTextBytes, or values
   // nested deeper than kMaxValueDepth, are an EvalError.
   static Value none();
   static Value boolean(bool b);
@@ -198,4 +198,4 @@ std::string case_char(char32_t c, CaseMap which);
 /// str.strip / lstrip / rstrip: whitespace when `chars` is null.
 std::string py_strip(std::string_view s, const std::string* chars, bool left, bool right);
 
-}  // namespace anvil::data::jinja
+}  // namespace anvil::jinja

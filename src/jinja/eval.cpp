@@ -4,16 +4,16 @@
 // arguments and the template's top level. {% generation %} spans are
 // recorded as transformers' AssistantTracker does: the start is the length
 // of the top-level output so far, the end that plus the block's length.
-// The rendering keeps within data/jinja_limits.h: how deep it recurses
+// The rendering keeps within jinja/limits.h: how deep it recurses
 // (statements, expressions, macro calls), how much it writes, and its work.
 
 #include <unordered_map>
 
-#include "data/jinja.h"
-#include "data/jinja_builtins.h"
-#include "data/jinja_limits.h"
+#include "jinja/jinja.h"
+#include "jinja/builtins.h"
+#include "jinja/limits.h"
 
-namespace anvil::data::jinja {
+namespace anvil::jinja {
 namespace {
 
 enum class Flow { normal, break_, continue_ };
@@ -511,4 +511,4 @@ bool Template::uses(const std::string& name) const {
   return std::find(names_.begin(), names_.end(), name) != names_.end();
 }
 
-}  // namespace anvil::data::jinja
+}  // namespace anvil::jinja

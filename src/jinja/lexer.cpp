@@ -9,9 +9,9 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "data/jinja.h"
+#include "jinja/jinja.h"
 
-namespace anvil::data::jinja {
+namespace anvil::jinja {
 
 std::string located(Pos p, const std::string& what) {
   return concat("chat_template line ", p.line, ", column ", p.col, ": ", what);
@@ -358,4 +358,4 @@ class Lexer {
 
 std::vector<Token> lex(const std::string& source) { return Lexer(source).run(); }
 
-}  // namespace anvil::data::jinja
+}  // namespace anvil::jinja

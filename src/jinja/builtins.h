@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "data/jinja_value.h"
+#include "jinja/value.h"
 
-namespace anvil::data::jinja {
+namespace anvil::jinja {
 
 /// raise_exception(message): the template refuses its input.
 class Raised : public EvalError {
@@ -73,4 +73,4 @@ bool parse_py_float(const std::string& s, double* out);
 Value call_str_method(const std::string& s, const std::string& name, CallArgs& args);
 bool is_str_method(const std::string& name);
 
-}  // namespace anvil::data::jinja
+}  // namespace anvil::jinja

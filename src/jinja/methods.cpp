@@ -13,10 +13,10 @@
 #include <set>
 
 #include "anvil/core/error.h"
-#include "data/jinja_builtins.h"
-#include "data/jinja_limits.h"
+#include "jinja/builtins.h"
+#include "jinja/limits.h"
 
-namespace anvil::data::jinja {
+namespace anvil::jinja {
 
 // ---------------------------------------------------------------- argument binding
 
@@ -445,7 +445,7 @@ Value no_attribute(const Value& obj, const std::string& name) {
   return Value::undefined(concat("'", type_name(obj), " object' has no attribute '", name, "'"));
 }
 Value no_element(const Value& obj, const Value& key) {
-  const bool slice = key.is_list() && key.list_obj().lazy;  // see the slice case of jinja_eval.cpp
+  const bool slice = key.is_list() && key.list_obj().lazy;  // see the slice case of eval.cpp
   return Value::undefined(concat(type_name(obj), " object has no element ", slice ? "(a slice)" : repr(key)));
 }
 
@@ -779,4 +779,4 @@ std::vector<std::pair<std::string, Value>> globals() {
   return g;
 }
 
-}  // namespace anvil::data::jinja
+}  // namespace anvil::jinja

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "anvil/core/error.h"
-#include "data/jinja_value.h"
+#include "jinja/value.h"
 
-namespace anvil::data::jinja {
+namespace anvil::jinja {
 
 /// The template is not valid Jinja, or uses what Anvil does not support.
 class SyntaxError : public ConfigError {
@@ -134,4 +134,4 @@ class Template {
   std::vector<std::string> names_;
 };
 
-}  // namespace anvil::data::jinja
+}  // namespace anvil::jinja

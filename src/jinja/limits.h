@@ -13,9 +13,9 @@
 #include <string>
 
 #include "anvil/core/error.h"
-#include "data/jinja_value.h"
+#include "jinja/value.h"
 
-namespace anvil::data::jinja {
+namespace anvil::jinja {
 
 /// Parsing: expressions inside one another (parentheses, operators, lists
 /// and dicts, calls, filters, attribute and item chains).
@@ -104,4 +104,4 @@ class Meter {
   int64_t text_ = 0;
 };
 
-}  // namespace anvil::data::jinja
+}  // namespace anvil::jinja

@@ -14,10 +14,10 @@
 #include <set>
 
 #include "anvil/core/error.h"
-#include "data/jinja_builtins.h"
-#include "data/jinja_limits.h"
+#include "jinja/builtins.h"
+#include "jinja/limits.h"
 
-namespace anvil::data::jinja {
+namespace anvil::jinja {
 namespace {
 
 const std::set<std::string>& supported_filters() {
@@ -677,4 +677,4 @@ bool apply_test(const std::string& name, const Value& v, CallArgs& ca) {
   return c <= 0;  // <=, le
 }
 
-}  // namespace anvil::data::jinja
+}  // namespace anvil::jinja

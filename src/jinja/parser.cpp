@@ -2,7 +2,7 @@
 // chat templates. Precedence, loosest first: `x if c else y`, or, and, not,
 // comparisons (==, !=, <, <=, >, >=, in, not in; chainable), + -, ~,
 // * / // %, **, unary - +, then postfix (.attr, [item], [a:b:c], calls),
-// filters (|f) and tests (is t). Nesting is bounded (data/jinja_limits.h):
+// filters (|f) and tests (is t). Nesting is bounded (jinja/limits.h):
 // blocks inside blocks, and expressions inside expressions, whether by
 // recursion here or by chains this builds in a loop (a.b.c..., 1+1+...),
 // since the evaluator, the checks and the tree's destructor recurse as deep
@@ -11,10 +11,10 @@
 #include <algorithm>
 #include <set>
 
-#include "data/jinja.h"
-#include "data/jinja_limits.h"
+#include "jinja/jinja.h"
+#include "jinja/limits.h"
 
-namespace anvil::data::jinja {
+namespace anvil::jinja {
 namespace {
 
 ExprPtr make(Expr::Kind k, Pos p) {
@@ -657,4 +657,4 @@ class Parser {
 
 Body parse(const std::vector<Token>& tokens) { return Parser(tokens).parse_template(); }
 
-}  // namespace anvil::data::jinja
+}  // namespace anvil::jinja
