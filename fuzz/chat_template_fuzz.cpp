@@ -12,21 +12,21 @@
 #include <string>
 #include <vector>
 
-#include "anvil/data/chat.h"
+#include "anvil/chat/chat.h"
 #include "anvil/tokenizer/tokenizer.h"
-#include "data/chat_hf.h"
+#include "chat/hf.h"
 #include "jinja/limits.h"
 #include "fuzz_util.h"
 
 namespace {
 
 using json = nlohmann::ordered_json;
-using anvil::data::Message;
+using anvil::chat::Message;
 
 // Renderings longer than this are not tokenized: a tokenizer under ASan
 // takes seconds on megabytes, which is not what this target looks for.
 constexpr size_t kMaxTokenized = 16 << 10;
-// Each assistant turn renders the conversation twice more (data/chat_hf.cpp).
+// Each assistant turn renders the conversation twice more (chat/hf.cpp).
 constexpr size_t kMaxMessages = 6;
 // One input's renderings share one budget (jinja/limits.h), a tenth of
 // one rendering's: an encode renders a dozen times, and the fuzzer's
@@ -85,11 +85,11 @@ void run(const std::string& tmpl, uint8_t options, const std::vector<Message>& m
   const anvil::jinja::Meter budget(kSteps, kText);
   auto& tok = tokenizer();
   tok.set_chat_template(tmpl);
-  const auto r = anvil::data::render_chat(tok, messages, options & 1, tools);
+  const auto r = anvil::chat::render_chat(tok, messages, options & 1, tools);
   // (A span may end past the text: a block inside a macro whose output is not written, as in transformers.)
   for (const auto& [b, e] : r.generation) check(0 <= b && b <= e, "a generation span that is not a range");
   if (r.text.size() > kMaxTokenized) return;
-  const auto& hf = anvil::data::hf_chat_template();
+  const auto& hf = anvil::chat::hf_chat_template();
   const auto chat = hf.encode(tok, messages, options & 2, tools);
   check(chat.labels.size() == chat.input_ids.size(), "labels and ids differ in length");
   check(chat.prompt_tokens >= 0 && chat.prompt_tokens <= static_cast<int64_t>(chat.input_ids.size()),

@@ -21,7 +21,7 @@
 #include "anvil/core/fs.h"
 #include "anvil/core/hub_cache.h"
 #include "anvil/core/logging.h"
-#include "anvil/data/chat.h"
+#include "anvil/chat/chat.h"
 #include "anvil/data/datasets.h"
 #include "anvil/data/jsonl.h"
 #include "anvil/data/token_shards.h"
@@ -136,9 +136,9 @@ std::string template_inputs(const ChatFormatFlags& f) {
 
 /// The folder's recorded format, unless --template names another: a
 /// contradiction is an error, or with --force-template a logged override.
-const anvil::data::ChatTemplate& folder_template(const anvil::tokenizer::Tokenizer& tok, const std::string& model_dir,
+const anvil::chat::ChatTemplate& folder_template(const anvil::tokenizer::Tokenizer& tok, const std::string& model_dir,
                                                  const ChatFormatFlags& f) {
-  return anvil::data::ChatTemplate::get(anvil::data::resolve_chat_template(
+  return anvil::chat::ChatTemplate::get(anvil::chat::resolve_chat_template(
       tok, f.name.empty() ? "auto" : f.name, "--template", model_dir, f.force ? "" : "--force-template"));
 }
 
@@ -193,7 +193,7 @@ int cmd_generate(const std::string& model_dir, const std::vector<std::string>& p
     if (!eos_given) opt.eos_id = tmpl.end_of_turn_id(*tok);
     const auto inputs = template_inputs(format);
     for (const auto& p : prompts) {
-      std::vector<anvil::data::Message> msgs;
+      std::vector<anvil::chat::Message> msgs;
       if (!format.system.empty()) msgs.push_back({"system", format.system});
       msgs.push_back({"user", p});
       ids.push_back(tmpl.encode_prompt(*tok, msgs, inputs));
@@ -227,7 +227,7 @@ int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions op
   if (tty)
     std::cerr << "anvil chat: " << model->family() << " from " << model_dir << " (" << tmpl.name()
               << " format). Empty line or /quit ends, /reset forgets the conversation.\n";
-  std::vector<anvil::data::Message> history;
+  std::vector<anvil::chat::Message> history;
   std::string line;
   int64_t line_no = 0;
   while (true) {
@@ -244,7 +244,7 @@ int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions op
     const auto room = std::max(model->max_positions() / 2, model->max_positions() - opt.max_new_tokens);
     std::vector<int64_t> prompt;
     while (true) {  // forget the oldest turns until the prompt fits
-      std::vector<anvil::data::Message> msgs;
+      std::vector<anvil::chat::Message> msgs;
       if (!system.empty()) msgs.push_back({"system", system});
       msgs.insert(msgs.end(), history.begin(), history.end());
       prompt = tmpl.encode_prompt(*tok, msgs, inputs);

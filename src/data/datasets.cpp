@@ -176,7 +176,7 @@ bool is_text_pair(const Record& r, const ReadOptions& opt) {
 }
 }  // namespace
 
-std::vector<int64_t> encode_record_prompt(const tokenizer::Tokenizer& tok, const ChatTemplate& tmpl,
+std::vector<int64_t> encode_record_prompt(const tokenizer::Tokenizer& tok, const chat::ChatTemplate& tmpl,
                                           const std::vector<Message>& messages, bool text_prompt,
                                           const std::string& tools) {
   if (!(text_prompt && tmpl.name() == "plain" && messages.size() == 1)) return tmpl.encode_prompt(tok, messages, tools);
@@ -191,9 +191,10 @@ std::optional<SftSample> make_sft_sample(const tokenizer::Tokenizer& tok, const 
                                          const ReadOptions& opt, DatasetStats& stats, bool text_pair,
                                          const std::string& tools) {
   const bool pair = text_pair && messages.size() == 2 && messages[0].role == "user" && messages[1].role == "assistant";
-  const auto t = opt.template_name == "plain" && pair
-                     ? encode_plain(tok, messages[0].content, messages[1].content, opt.add_eos, opt.train_on_prompt)
-                     : ChatTemplate::get(opt.template_name).encode(tok, messages, opt.train_on_prompt, tools);
+  const auto t =
+      opt.template_name == "plain" && pair
+          ? chat::encode_plain(tok, messages[0].content, messages[1].content, opt.add_eos, opt.train_on_prompt)
+          : chat::ChatTemplate::get(opt.template_name).encode(tok, messages, opt.train_on_prompt, tools);
   SftSample s;
   s.input_ids = t.input_ids;
   s.labels = t.labels;
@@ -294,7 +295,7 @@ void implicit_prompt(const Record& r, std::vector<Message>& prompt, std::vector<
 PreferenceDataset PreferenceDataset::load(const std::filesystem::path& path, const tokenizer::Tokenizer& tok,
                                           const ReadOptions& opt) {
   PreferenceDataset ds;
-  const auto& tmpl = ChatTemplate::get(opt.template_name);
+  const auto& tmpl = chat::ChatTemplate::get(opt.template_name);
   const auto r = read_jsonl(path, opt.on_error, [&](const Record& rec) {
     PreferenceSample s;
     const bool replies = rec.has("chosen") || rec.has("rejected") || rec.has("ranked");
@@ -362,7 +363,7 @@ PreferenceDataset PreferenceDataset::load(const std::filesystem::path& path, con
 PromptDataset PromptDataset::load(const std::filesystem::path& path, const tokenizer::Tokenizer& tok,
                                   const ReadOptions& opt) {
   PromptDataset ds;
-  const auto& tmpl = ChatTemplate::get(opt.template_name);
+  const auto& tmpl = chat::ChatTemplate::get(opt.template_name);
   const auto r = read_jsonl(path, opt.on_error, [&](const Record& rec) {
     const auto msgs = record_messages(rec, opt.prompt_field, "", false);
     PromptSample s;

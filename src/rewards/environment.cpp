@@ -11,7 +11,7 @@ namespace {
 constexpr const char* kMessage = "{\"role\": \"tool\" or \"user\", \"content\": <string>}";
 constexpr const char* kDone = "{\"done\": true, \"reward\": <finite number>}";
 
-nlohmann::json message_json(const data::Message& m) {
+nlohmann::json message_json(const chat::Message& m) {
   if (!m.json.empty()) return nlohmann::json::parse(m.json);
   return {{"role", m.role}, {"content", m.content}};
 }
@@ -53,7 +53,7 @@ EnvironmentReply EnvironmentProgram::step(const nlohmann::json& line) {
   return r;
 }
 
-nlohmann::json environment_line(const nlohmann::json& record, const std::vector<data::Message>& messages, int64_t turn,
+nlohmann::json environment_line(const nlohmann::json& record, const std::vector<chat::Message>& messages, int64_t turn,
                                 bool final, bool ended, const std::string& where) {
   auto line = record.is_object() ? record : nlohmann::json::object();
   if (line.contains("episode"))

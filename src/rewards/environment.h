@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "anvil/data/chat.h"
+#include "anvil/chat/chat.h"
 
 namespace anvil::rewards {
 
@@ -20,7 +20,7 @@ class JsonLinesProgram;
 struct EnvironmentReply {
   bool done = false;
   double reward = 0;      // when done
-  data::Message message;  // when not done
+  chat::Message message;  // when not done
 };
 
 class EnvironmentProgram {
@@ -45,7 +45,7 @@ class EnvironmentProgram {
 /// The line an environment gets: `record` as written plus
 /// episode {messages, turn, final, ended}. A record with its own `episode`
 /// field is a DataError naming `where`.
-nlohmann::json environment_line(const nlohmann::json& record, const std::vector<data::Message>& messages, int64_t turn,
+nlohmann::json environment_line(const nlohmann::json& record, const std::vector<chat::Message>& messages, int64_t turn,
                                 bool final, bool ended, const std::string& where);
 
 }  // namespace anvil::rewards

@@ -17,23 +17,23 @@ RewardModel RewardModel::load(const std::filesystem::path& dir, const std::strin
                              model->hf_config()["architectures"][0].get<std::string>(),
                              "; expected a ...ForSequenceClassification folder from algorithm: reward)"));
   std::shared_ptr<const tokenizer::Tokenizer> tok = tokenizer::load_tokenizer_from_model_dir(dir);
-  const auto name = data::resolve_chat_template(*tok, format.empty() ? "auto" : format, "--template", dir.string(),
+  const auto name = chat::resolve_chat_template(*tok, format.empty() ? "auto" : format, "--template", dir.string(),
                                                 force_format ? "" : "--force-template");
   return RewardModel(std::move(model), std::move(tok), name);
 }
 
 RewardModel::RewardModel(std::shared_ptr<models::CausalLM> model, std::shared_ptr<const tokenizer::Tokenizer> tok,
                          const std::string& template_name)
-    : model_(std::move(model)), tok_(std::move(tok)), tmpl_(&data::ChatTemplate::get(template_name)) {
+    : model_(std::move(model)), tok_(std::move(tok)), tmpl_(&chat::ChatTemplate::get(template_name)) {
   TORCH_CHECK(model_->has_score_head(), "RewardModel: the model has no score head");
 }
 
-std::vector<int64_t> RewardModel::encode_prompt(const std::vector<data::Message>& prompt, bool text_prompt,
+std::vector<int64_t> RewardModel::encode_prompt(const std::vector<chat::Message>& prompt, bool text_prompt,
                                                 const std::string& tools) const {
   return data::encode_record_prompt(*tok_, *tmpl_, prompt, text_prompt, tools);
 }
 
-std::vector<int64_t> RewardModel::encode(const std::vector<data::Message>& prompt, bool text_prompt,
+std::vector<int64_t> RewardModel::encode(const std::vector<chat::Message>& prompt, bool text_prompt,
                                          const std::string& reply, const std::string& tools) const {
   auto row = encode_prompt(prompt, text_prompt, tools);
   const auto r = tmpl_->encode_reply(*tok_, reply);

@@ -12,7 +12,7 @@
 #include "anvil/config/config.h"
 #include "anvil/core/error.h"
 #include "anvil/core/logging.h"
-#include "anvil/data/chat.h"
+#include "anvil/chat/chat.h"
 #include "anvil/data/datasets.h"
 #include "anvil/data/mixture.h"
 #include "anvil/generation/generate.h"
@@ -83,7 +83,7 @@ Batch collate(const std::vector<std::pair<const std::vector<int64_t>*, const std
   int64_t T = 1;
   for (const auto& [p, r] : rows) T = std::max<int64_t>(T, static_cast<int64_t>(p->size() + r->size()));
   const auto B = static_cast<int64_t>(rows.size());
-  auto ids = at::full({B, T}, pad_id, at::kLong), labels = at::full({B, T}, data::kIgnoreIndex, at::kLong);
+  auto ids = at::full({B, T}, pad_id, at::kLong), labels = at::full({B, T}, chat::kIgnoreIndex, at::kLong);
   Batch b;
   for (int64_t i = 0; i < B; ++i) {
     const auto& [p, r] = rows[static_cast<size_t>(i)];
@@ -106,7 +106,7 @@ class DistillObjective final : public Objective {
         d_(cfg.extensions.get<DistillConfig>("distill")),
         tok_(tok),
         pad_id_(tok.padding_id()),
-        tmpl_(&data::ChatTemplate::get(cfg.data.template_name)) {
+        tmpl_(&chat::ChatTemplate::get(cfg.data.template_name)) {
     stop_id_ = tmpl_->end_of_turn_id(tok);
     if (d_.teacher.empty()) throw ConfigError("distill.teacher: algorithm distill needs the teacher's model folder");
     data_ = load_mixture<data::PromptDataset>(cfg, [&](const config::DatasetConfig& d, const std::string& key) {
@@ -212,7 +212,7 @@ class DistillObjective final : public Objective {
     const auto labels = batch.tensors.at("labels").to(device);
     const auto T = ids.size(1);
     // Position t predicts token t + 1: the positions before each response token.
-    const auto mask = labels.narrow(1, 1, T - 1).ne(data::kIgnoreIndex);
+    const auto mask = labels.narrow(1, 1, T - 1).ne(chat::kIgnoreIndex);
     const auto student = model.forward(ids).narrow(1, 0, T - 1).index({mask});
     at::Tensor teacher;
     {
@@ -276,7 +276,7 @@ class DistillObjective final : public Objective {
   DistillConfig d_;
   const tokenizer::Tokenizer& tok_;
   int64_t pad_id_, stop_id_ = -1;
-  const data::ChatTemplate* tmpl_;
+  const chat::ChatTemplate* tmpl_;
   MixtureData<data::PromptDataset> data_;
   std::map<const data::PromptDataset*, std::vector<DistillSample>> responses_;
   std::unique_ptr<data::MixtureSampler> prompts_;

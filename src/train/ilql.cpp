@@ -17,7 +17,7 @@
 
 #include "anvil/core/error.h"
 #include "anvil/core/logging.h"
-#include "anvil/data/chat.h"
+#include "anvil/chat/chat.h"
 #include "anvil/data/datasets.h"
 #include "anvil/data/mixture.h"
 #include "anvil/generation/generate.h"
@@ -137,7 +137,7 @@ Batch collate_offline(const std::vector<const data::OfflineRlSample*>& samples, 
   for (size_t i = 0; i < samples.size(); ++i) {
     const auto& s = *samples[i];
     for (size_t t = 1; t < s.labels.size(); ++t)
-      if (s.labels[t] != data::kIgnoreIndex) acts[i].push_back(static_cast<int64_t>(t));
+      if (s.labels[t] != chat::kIgnoreIndex) acts[i].push_back(static_cast<int64_t>(t));
     T = std::max<int64_t>(T, static_cast<int64_t>(s.input_ids.size()));
     A = std::max<int64_t>(A, static_cast<int64_t>(acts[i].size()));
   }
@@ -226,7 +226,7 @@ IlqlObjective::IlqlObjective(const config::RunConfig& cfg, const tokenizer::Toke
     : s_(std::make_unique<State>(cfg, tok)) {
   auto& s = *s_;
   s.pad_id = tok.padding_id();
-  s.stop_id = data::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok);
+  s.stop_id = chat::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok);
   s.qs = s.o.two_qs ? std::vector<std::string>{"q1", "q2"} : std::vector<std::string>{"q1"};
   auto train_cfg = cfg;
   train_cfg.data.eval.clear();  // held-out prompts are read below

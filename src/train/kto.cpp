@@ -10,7 +10,7 @@
 #include "anvil/config/config.h"
 #include "anvil/core/error.h"
 #include "anvil/core/logging.h"
-#include "anvil/data/chat.h"
+#include "anvil/chat/chat.h"
 #include "anvil/data/datasets.h"
 #include "anvil/data/jsonl.h"
 #include "anvil/data/mixture.h"
@@ -128,7 +128,7 @@ std::string completion_text(const data::Record& rec, const std::string& field) {
 
 KtoDataset KtoDataset::load(const stdfs::path& path, const tokenizer::Tokenizer& tok, const data::ReadOptions& opt) {
   KtoDataset ds;
-  const auto& tmpl = data::ChatTemplate::get(opt.template_name);
+  const auto& tmpl = chat::ChatTemplate::get(opt.template_name);
   const auto& pf = opt.prompt_field;
   const auto r = data::read_jsonl(path, opt.on_error, [&](const data::Record& rec) {
     const bool paired = rec.has("chosen") || rec.has("rejected");
@@ -214,7 +214,7 @@ Batch collate_kto(const std::vector<const KtoSample*>& ex, int64_t pad_id, int64
   int64_t T = 0;
   for (const auto& [p, c] : rows) T = std::max<int64_t>(T, static_cast<int64_t>(p->size() + c.size()));
   auto ids = at::full({2 * n, T}, pad_id, at::kLong);
-  auto labels = at::full({2 * n, T}, data::kIgnoreIndex, at::kLong);
+  auto labels = at::full({2 * n, T}, chat::kIgnoreIndex, at::kLong);
   auto* pi = ids.data_ptr<int64_t>();
   auto* pl = labels.data_ptr<int64_t>();
   Batch b;
@@ -270,7 +270,7 @@ class KtoObjective final : public Objective {
         kto_(cfg.extensions.get<KtoConfig>("kto")),
         tok_(tok),
         pad_id_(tok.padding_id()),
-        stop_id_(data::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok)) {
+        stop_id_(chat::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok)) {
     data_ = load_mixture<KtoDataset>(cfg, [&](const config::DatasetConfig& d, const std::string& key) {
       const auto o = record_read_options(cfg, d, key, "preference", "KTO or preference records");
       auto ds = std::make_shared<KtoDataset>(KtoDataset::load(d.path, tok, o));

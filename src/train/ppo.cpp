@@ -24,7 +24,7 @@
 
 #include "anvil/core/error.h"
 #include "anvil/core/logging.h"
-#include "anvil/data/chat.h"
+#include "anvil/chat/chat.h"
 #include "anvil/data/datasets.h"
 #include "anvil/data/mixture.h"
 #include "anvil/generation/generate.h"
@@ -84,7 +84,7 @@ struct PpoObjective::State {
   FrozenModel reference;
   std::unique_ptr<ResponseRewards> rewards;
   std::unique_ptr<rewards::EnvironmentProgram> environment;  // ppo.environment.command: multi-turn rollouts
-  const data::ChatTemplate* chat = nullptr;                  // renders the environment's messages
+  const chat::ChatTemplate* chat = nullptr;                  // renders the environment's messages
   bool value_head = false;                                   // advantage gae: values from a head or a critic
   std::shared_ptr<models::CausalLM> critic;  // ppo.critic_from: trained beside the policy (RunContext::train)
   double kl_coef = 0;
@@ -129,7 +129,7 @@ struct PpoObjective::State {
   /// The tokens that follow an assistant turn's end of turn when `message`
   /// is appended to `conversation` (which ends with that turn), up to the
   /// next assistant header, as the chat template renders them.
-  std::vector<int64_t> appended_tokens(const std::vector<data::Message>& conversation, const data::Message& message,
+  std::vector<int64_t> appended_tokens(const std::vector<chat::Message>& conversation, const chat::Message& message,
                                        const data::PromptSample& sample) const;
   void forward_logps(models::CausalLM& model, std::vector<RolloutRow>& rows, bool reference_model, bool values);
   /// Per-token values (B, R) of the tokens at `pos` of `ids`: the critic's,
@@ -151,7 +151,7 @@ PpoObjective::PpoObjective(const config::RunConfig& cfg, const tokenizer::Tokeni
     : s_(std::make_unique<State>(cfg, tok)) {
   const auto& p = s_->ppo;
   s_->pad_id = tok.padding_id();
-  s_->stop_id = data::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok);
+  s_->stop_id = chat::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok);
   s_->kl_coef = p.kl_coef;
   s_->data = load_mixture<data::PromptDataset>(
       cfg, [&](const config::DatasetConfig& d, const std::string& key) { return load_prompts(cfg, d, key, tok); });
@@ -172,7 +172,7 @@ PpoObjective::PpoObjective(const config::RunConfig& cfg, const tokenizer::Tokeni
   // With an environment, its reward at done is the score, and the reward sources are optional extras.
   s_->rewards = std::make_unique<ResponseRewards>(p.reward, "ppo.reward", p.rewards, "ppo.rewards",
                                                   p.environment.command.empty());
-  if (!p.environment.command.empty()) s_->chat = &data::ChatTemplate::get(cfg.data.template_name);
+  if (!p.environment.command.empty()) s_->chat = &chat::ChatTemplate::get(cfg.data.template_name);
   s_->value_head = p.advantage == "gae";
 }
 
@@ -288,8 +288,8 @@ std::vector<RolloutRow> PpoObjective::State::generate(models::CausalLM& policy, 
   return rows;
 }
 
-std::vector<int64_t> PpoObjective::State::appended_tokens(const std::vector<data::Message>& conversation,
-                                                          const data::Message& message,
+std::vector<int64_t> PpoObjective::State::appended_tokens(const std::vector<chat::Message>& conversation,
+                                                          const chat::Message& message,
                                                           const data::PromptSample& sample) const {
   // What the template writes after the turn's end of turn (chatml's newline),
   // then the message and the next assistant header: the rendering with the
@@ -315,7 +315,7 @@ std::vector<RolloutRow> PpoObjective::State::episodes(models::CausalLM& policy, 
                                                       int64_t per_prompt, uint64_t seed, bool greedy) {
   struct Episode {
     const data::PromptSample* sample;
-    std::vector<data::Message> conversation;
+    std::vector<chat::Message> conversation;
     uint64_t seed;
     bool open = true;
   };

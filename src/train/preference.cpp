@@ -100,7 +100,7 @@ std::pair<at::Tensor, at::Tensor> sequence_logps(const at::Tensor& logits, const
   const auto T = logits.size(1);
   auto shift_logits = logits.narrow(1, 0, T - 1).to(at::kFloat);  // (B, T-1, V)
   auto shift_labels = labels.narrow(1, 1, T - 1);                 // (B, T-1)
-  auto mask = shift_labels.ne(data::kIgnoreIndex);
+  auto mask = shift_labels.ne(chat::kIgnoreIndex);
   auto safe = at::where(mask, shift_labels, at::zeros_like(shift_labels));
   auto logp = shift_logits.log_softmax(-1).gather(-1, safe.unsqueeze(-1)).squeeze(-1);
   return {(logp * mask).sum(-1), mask.sum(-1)};
@@ -113,14 +113,14 @@ namespace {
 std::pair<at::Tensor, at::Tensor> fused_sequence_logps(models::CausalLM& model, const at::Tensor& hidden,
                                                        const at::Tensor& labels) {
   const auto B = labels.size(0), T = labels.size(1);
-  const auto shifted = next_token_targets(labels, data::kIgnoreIndex);
+  const auto shifted = next_token_targets(labels, chat::kIgnoreIndex);
   const auto head = model.output_head();
   FusedLossOptions o;
-  o.ignore_index = data::kIgnoreIndex;
+  o.ignore_index = chat::kIgnoreIndex;
   const auto logp = fused_linear_logprobs(hidden.reshape({-1, hidden.size(-1)}), head.weight, head.bias,
                                           shifted.reshape({-1}), 1.0, o)
                         .view({B, T});
-  return {logp.sum(-1), shifted.ne(data::kIgnoreIndex).sum(-1)};
+  return {logp.sum(-1), shifted.ne(chat::kIgnoreIndex).sum(-1)};
 }
 
 }  // namespace
@@ -277,7 +277,7 @@ Batch collate_preferences(const std::vector<const data::PreferenceSample*>& exam
       T = std::max<int64_t>(T, static_cast<int64_t>(e->prompt_ids.size() + r.size()));
     }
   auto ids = at::full({rows, T}, pad_id, at::kLong);
-  auto labels = at::full({rows, T}, data::kIgnoreIndex, at::kLong);
+  auto labels = at::full({rows, T}, chat::kIgnoreIndex, at::kLong);
   auto* pi = ids.data_ptr<int64_t>();
   auto* pl = labels.data_ptr<int64_t>();
   std::vector<int64_t> per, dataset, index;
@@ -435,7 +435,7 @@ DpoObjective::DpoObjective(const config::RunConfig& cfg, const tokenizer::Tokeni
     : s_(new State{cfg,
                    tok,
                    resolve_pad(tok),
-                   data::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok),
+                   chat::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok),
                    {cfg.dpo.loss_type, cfg.dpo.beta, cfg.dpo.label_smoothing, cfg.dpo.simpo_gamma},
                    load_preference_data(cfg, tok),
                    nullptr,

@@ -17,7 +17,7 @@
 #include "anvil/core/fs.h"
 #include "anvil/core/hub_cache.h"
 #include "anvil/core/logging.h"
-#include "anvil/data/chat.h"
+#include "anvil/chat/chat.h"
 #include "anvil/distributed/checkpoint.h"
 #include "anvil/distributed/env.h"
 #include "anvil/io/checkpoint.h"
@@ -133,12 +133,12 @@ std::string render_first_row(const Batch& batch, const tokenizer::Tokenizer& tok
   const auto* label = labels.data_ptr<int64_t>();
   int64_t n = ids.numel();
   const int64_t pad = tok.padding_id();
-  while (n > 0 && id[n - 1] == pad && label[n - 1] == data::kIgnoreIndex) --n;
+  while (n > 0 && id[n - 1] == pad && label[n - 1] == chat::kIgnoreIndex) --n;
   std::string out;
   for (int64_t i = 0; i < n;) {
-    const bool trained = label[i] != data::kIgnoreIndex;
+    const bool trained = label[i] != chat::kIgnoreIndex;
     std::vector<int64_t> span;
-    for (; i < n && (label[i] != data::kIgnoreIndex) == trained; ++i) span.push_back(id[i]);
+    for (; i < n && (label[i] != chat::kIgnoreIndex) == trained; ++i) span.push_back(id[i]);
     const auto text = tok.decode(span, false);
     out += trained ? "[[" + text + "]]" : text;
   }
@@ -222,15 +222,15 @@ std::string resolve_template(const config::RunConfig& cfg, tokenizer::Tokenizer&
   const auto recorder =
       from_model && !cfg.tokenizer.path.empty() ? tokenizer::load_tokenizer_from_model_dir(where) : nullptr;
   const auto& rec_tok = recorder ? *recorder : tok;
-  const auto name = data::resolve_chat_template(rec_tok, cfg.data.template_name, "data.template", where, "");
+  const auto name = chat::resolve_chat_template(rec_tok, cfg.data.template_name, "data.template", where, "");
   if (cfg.data.template_name == "auto")
     log::info("data.template: ", name,
               name == "hf" ? concat(", the chat_template of ", where, " rendered as written")
-              : data::recorded_chat_format(rec_tok).kind == data::RecordedChatFormat::Kind::builtin
+              : chat::recorded_chat_format(rec_tok).kind == chat::RecordedChatFormat::Kind::builtin
                   ? concat(", the format recorded in ", where)
                   : concat(" (", where, " records no chat format)"));
   // hf renders the recorded Jinja itself, which the run's tokenizer may not carry.
-  tok.set_chat_template(name == "hf" ? rec_tok.chat_template() : data::ChatTemplate::get(name).jinja(tok));
+  tok.set_chat_template(name == "hf" ? rec_tok.chat_template() : chat::ChatTemplate::get(name).jinja(tok));
   return name;
 }
 

@@ -71,20 +71,20 @@ at::Tensor causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels
   const auto V = logits.size(-1);
   auto shift_logits = logits.narrow(1, 0, logits.size(1) - 1).reshape({-1, V}).to(at::kFloat);  // (B*(T-1), V)
   auto shift_labels = labels.narrow(1, 1, labels.size(1) - 1).reshape({-1});                    // (B*(T-1))
-  return at::cross_entropy_loss(shift_logits, shift_labels, {}, at::Reduction::Sum, data::kIgnoreIndex);
+  return at::cross_entropy_loss(shift_logits, shift_labels, {}, at::Reduction::Sum, chat::kIgnoreIndex);
 }
 
 at::Tensor fused_lm_loss_sum(models::CausalLM& model, const at::Tensor& hidden, const at::Tensor& labels,
                              int64_t chunk) {
   const auto C = hidden.size(-1);
-  const auto shifted = next_token_targets(labels, data::kIgnoreIndex).reshape({-1});
+  const auto shifted = next_token_targets(labels, chat::kIgnoreIndex).reshape({-1});
   auto h = hidden.reshape({-1, C});
   auto y = shifted;
   // Rows without a target (prompts, padding) are not projected: found where
   // the labels are (the batch's are on the host, so no device sync), and
   // skipped only when they are worth an index_select.
   if (!labels.is_cuda()) {
-    const auto valid = shifted.ne(data::kIgnoreIndex);
+    const auto valid = shifted.ne(chat::kIgnoreIndex);
     const int64_t n = valid.sum().item<int64_t>();
     if (n < shifted.size(0) * 9 / 10) {
       const auto rows = valid.nonzero().squeeze(1);
@@ -95,7 +95,7 @@ at::Tensor fused_lm_loss_sum(models::CausalLM& model, const at::Tensor& hidden, 
   const auto head = model.output_head();
   FusedLossOptions o;
   o.chunk = chunk;
-  o.ignore_index = data::kIgnoreIndex;
+  o.ignore_index = chat::kIgnoreIndex;
   return fused_linear_cross_entropy(h, head.weight, head.bias, y.to(hidden.device()), o);
 }
 
@@ -261,7 +261,7 @@ LmObjective::LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenize
     : s_(std::make_unique<State>(cfg.algorithm, cfg.eval, tok)) {
   if (cfg.data.max_length <= 0) throw ConfigError("data.max_length: expected a positive row length");
   s_->data = load_lm_data(cfg, tok);
-  if (cfg.algorithm == "sft") s_->stop_id = data::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok);
+  if (cfg.algorithm == "sft") s_->stop_id = chat::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok);
   data::MixtureSampler sampler(s_->data.mixture, static_cast<uint64_t>(cfg.train.seed), s_->data.shuffle);
   if (s_->data.train.size() > 1) {
     std::vector<int64_t> per(s_->data.train.size(), 0);

@@ -13,7 +13,7 @@
 #include "anvil/config/config.h"
 #include "anvil/core/cli.h"
 #include "anvil/core/error.h"
-#include "anvil/data/chat.h"
+#include "anvil/chat/chat.h"
 #include "anvil/models/registry.h"
 #include "anvil/train/trainer.h"
 
@@ -54,7 +54,7 @@ int trainer_main(int argc, char** argv) {
   app.footer("Algorithms (algorithm:): " + join(anvil::config::algorithm_names()) +
              "\n"
              "Chat templates (data.template:): auto, hf (the model's own Jinja), " +
-             join(anvil::data::ChatTemplate::names()) +
+             join(anvil::chat::ChatTemplate::names()) +
              "\n"
              "Model families (model.family:): " +
              join(anvil::models::family_names()) +

@@ -25,6 +25,10 @@
 namespace anvil::data {
 namespace {
 
+using chat::ChatTemplate;
+using chat::encode_plain;
+using chat::TokenizedChat;
+
 using anvil::testing::TempDir;
 using anvil::testing::write_text;
 

@@ -11,9 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "anvil/data/chat.h"
+#include "anvil/chat/chat.h"
 #include "anvil/tokenizer/tokenizer.h"
-#include "data/chat_hf.h"
+#include "chat/hf.h"
 #include "jinja/jinja.h"
 #include "jinja/limits.h"
 #include "test_util.h"
@@ -25,7 +25,7 @@ using anvil::testing::run;
 using anvil::testing::TempDir;
 using anvil::testing::write_text;
 using json = nlohmann::ordered_json;
-using data::json_value;  // chat_hf.h: a JSON value as the engine sees it
+using chat::json_value;  // chat_hf.h: a JSON value as the engine sees it
 
 std::string repeat(const std::string& s, int n) {
   std::string out;

@@ -1,4 +1,4 @@
-"""Interpreter cases for tests/data/chat_template_hf_test.cpp: templates
+"""Interpreter cases for tests/chat/template_hf_test.cpp: templates
 (with JINJA_VARS, plus each case's extra variables) that jinja2, set up as
 transformers sets it up, renders (or refuses) and Anvil must render (or
 refuse) the same. Run by apply_chat_template.py."""

@@ -52,7 +52,7 @@ void check_accumulation(at::ScalarType dtype) {
     const int len = 4 + 3 * i, prompt = 2 + i % 3;
     for (int t = 0; t < len; ++t) s.input_ids.push_back((7 * i + 3 * t) % 40);
     s.labels = s.input_ids;
-    for (int t = 0; t < prompt; ++t) s.labels[t] = data::kIgnoreIndex;
+    for (int t = 0; t < prompt; ++t) s.labels[t] = chat::kIgnoreIndex;
     samples.push_back(s);
   }
   std::vector<const data::LmSample*> all;

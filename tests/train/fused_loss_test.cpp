@@ -11,7 +11,7 @@
 #include <map>
 
 #include "anvil/config/config.h"
-#include "anvil/data/chat.h"
+#include "anvil/chat/chat.h"
 #include "anvil/models/registry.h"
 #include "anvil/train/sft.h"
 #include "test_util.h"
@@ -51,8 +51,8 @@ TEST_P(FusedLoss, EqualsThePlainLossAndGradients) {
   Batch b;
   auto ids = at::randint(97, {3, 17}, at::kLong);
   auto labels = ids.clone();
-  labels.narrow(1, 0, 6).fill_(data::kIgnoreIndex);      // prompts
-  labels[2].narrow(0, 12, 5).fill_(data::kIgnoreIndex);  // padding
+  labels.narrow(1, 0, 6).fill_(chat::kIgnoreIndex);      // prompts
+  labels[2].narrow(0, 12, 5).fill_(chat::kIgnoreIndex);  // padding
   b.tensors["input_ids"] = ids;
   b.tensors["labels"] = labels;
   const auto [want, want_g] = loss_and_grads(*model, b, {/*fused=*/false, 0});
@@ -75,7 +75,7 @@ TEST_P(FusedLoss, EqualsThePlainLossAndGradients) {
   for (const auto& [name, g] : all_want_g)
     EXPECT_LE((all_got_g.at(name) - g).abs().max().item<double>(), 1e-5 * g.abs().max().item<double>() + 1e-7) << name;
   // No target at all: zero, and backward still runs.
-  b.tensors["labels"] = at::full_like(ids, data::kIgnoreIndex);
+  b.tensors["labels"] = at::full_like(ids, chat::kIgnoreIndex);
   const auto [none, none_g] = loss_and_grads(*model, b, {true, 7});
   EXPECT_EQ(none, 0.0);
   EXPECT_FALSE(none_g.empty());

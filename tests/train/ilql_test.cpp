@@ -121,7 +121,7 @@ TEST(IlqlData, OnlyResponseTokensCarryTermsAndPaddingNever) {
     const auto& s = ds[i];
     std::vector<int64_t> response;  // the labelled tokens
     for (size_t k = 0; k < s.labels.size(); ++k)
-      if (s.labels[k] != data::kIgnoreIndex) response.push_back(static_cast<int64_t>(k));
+      if (s.labels[k] != chat::kIgnoreIndex) response.push_back(static_cast<int64_t>(k));
     const auto n = static_cast<int64_t>(response.size());
     expected_targets += n;
     for (int64_t j = 0; j < A; ++j) {

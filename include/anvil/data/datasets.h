@@ -8,11 +8,16 @@
 #include <string>
 #include <vector>
 
-#include "anvil/data/chat.h"
+#include "anvil/chat/chat.h"
 #include "anvil/data/jsonl.h"
 #include "anvil/tokenizer/tokenizer.h"
 
 namespace anvil::data {
+
+/// Datasets hold conversations as chat/ renders them: chat::Message and
+/// chat::kIgnoreIndex are chat's.
+using chat::kIgnoreIndex;
+using chat::Message;
 
 /// A language-modelling sample: ids, labels (kIgnoreIndex = not trained) and
 /// where documents start inside it ({0} for one document).
@@ -77,7 +82,7 @@ bool is_text_prompt(const Record& r, const std::string& prompt_field);
 /// A prompt to continue from, as every reader renders it: with `plain` and a
 /// text prompt, BOS (when the tokenizer adds one) + the text as written;
 /// otherwise the template's generation prompt for `messages`.
-std::vector<int64_t> encode_record_prompt(const tokenizer::Tokenizer& tok, const ChatTemplate& tmpl,
+std::vector<int64_t> encode_record_prompt(const tokenizer::Tokenizer& tok, const chat::ChatTemplate& tmpl,
                                           const std::vector<Message>& messages, bool text_prompt,
                                           const std::string& tools = {});
 

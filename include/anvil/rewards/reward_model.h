@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "anvil/data/chat.h"
+#include "anvil/chat/chat.h"
 #include "anvil/models/causal_lm.h"
 #include "anvil/tokenizer/tokenizer.h"
 
@@ -31,10 +31,10 @@ class RewardModel {
   /// The prompt as training rendered it (anvil::data::PreferenceDataset):
   /// the template's generation prompt, or with `plain` a text prompt as
   /// written. `tools`: the record's (data::record_tools), for hf templates.
-  std::vector<int64_t> encode_prompt(const std::vector<data::Message>& prompt, bool text_prompt,
+  std::vector<int64_t> encode_prompt(const std::vector<chat::Message>& prompt, bool text_prompt,
                                      const std::string& tools = {}) const;
   /// Prompt + reply (+ the end of turn), the row a reward is read from.
-  std::vector<int64_t> encode(const std::vector<data::Message>& prompt, bool text_prompt, const std::string& reply,
+  std::vector<int64_t> encode(const std::vector<chat::Message>& prompt, bool text_prompt, const std::string& reply,
                               const std::string& tools = {}) const;
 
   /// One reward per row of token ids. Rows are right-padded with the
@@ -45,12 +45,12 @@ class RewardModel {
   models::CausalLM& model() const { return *model_; }
   const std::shared_ptr<models::CausalLM>& model_ptr() const { return model_; }
   const tokenizer::Tokenizer& tokenizer() const { return *tok_; }
-  const data::ChatTemplate& chat_template() const { return *tmpl_; }
+  const chat::ChatTemplate& chat_template() const { return *tmpl_; }
 
  private:
   std::shared_ptr<models::CausalLM> model_;
   std::shared_ptr<const tokenizer::Tokenizer> tok_;
-  const data::ChatTemplate* tmpl_;
+  const chat::ChatTemplate* tmpl_;
 };
 
 }  // namespace anvil::rewards

@@ -14,7 +14,7 @@
 
 #include "anvil/tokenizer/tokenizer.h"
 
-namespace anvil::data {
+namespace anvil::chat {
 
 /// Label value that the loss ignores (HF / PyTorch convention).
 constexpr int64_t kIgnoreIndex = -100;
@@ -105,4 +105,4 @@ std::string resolve_chat_template(const tokenizer::Tokenizer& tok, const std::st
 TokenizedChat encode_plain(const tokenizer::Tokenizer& tok, const std::string& prompt, const std::string& response,
                            bool add_eos, bool train_on_prompt);
 
-}  // namespace anvil::data
+}  // namespace anvil::chat

@@ -1,4 +1,4 @@
-#include "anvil/data/chat.h"
+#include "anvil/chat/chat.h"
 
 #include <map>
 #include <memory>
@@ -6,9 +6,9 @@
 
 #include "anvil/core/error.h"
 #include "anvil/core/logging.h"
-#include "data/chat_hf.h"
+#include "chat/hf.h"
 
-namespace anvil::data {
+namespace anvil::chat {
 namespace {
 
 /// The built-in templates: a conversation renders to pieces (text, or a
@@ -373,4 +373,4 @@ TokenizedChat encode_plain(const tokenizer::Tokenizer& tok, const std::string& p
   return out;
 }
 
-}  // namespace anvil::data
+}  // namespace anvil::chat

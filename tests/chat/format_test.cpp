@@ -9,13 +9,13 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "anvil/data/chat.h"
+#include "anvil/chat/chat.h"
 #include "anvil/data/datasets.h"
 #include "anvil/rewards/reward_model.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "test_util.h"
 
-namespace anvil::data {
+namespace anvil::chat {
 namespace {
 
 namespace stdfs = std::filesystem;
@@ -23,6 +23,8 @@ using anvil::testing::read_text;
 using anvil::testing::run;
 using anvil::testing::TempDir;
 using anvil::testing::write_text;
+using data::ReadOptions;
+using data::SftDataset;
 using nlohmann::json;
 
 std::string in_source(const std::string& cmd) { return "cd " + anvil::testing::source_dir() + " && " + cmd; }
@@ -293,7 +295,7 @@ TEST(ChatFormat, HfFolderWithItsOwnJinjaTemplateIsRenderedAsWritten) {
   write_text(tokdir / "tokenizer_config.json", cfg.dump());
   auto tok = tokenizer::load_tokenizer("auto", tokdir);
   EXPECT_EQ(recorded_chat_format(*tok).kind, RecordedChatFormat::Kind::custom);
-  // auto renders it as written (tests/data/chat_template_hf_test.cpp), as does hf.
+  // auto renders it as written (tests/chat/template_hf_test.cpp), as does hf.
   EXPECT_EQ(resolve_chat_template(*tok, "auto", "data.template", tokdir.string(), ""), "hf");
   EXPECT_EQ(resolve_chat_template(*tok, "hf", "data.template", tokdir.string(), ""), "hf");
   EXPECT_EQ(ChatTemplate::get("hf").encode_prompt(*tok, {{"user", "ab"}, {"assistant", "c"}}), tok->encode("abc"));
@@ -401,4 +403,4 @@ TEST(ChatFormatOnQuickstart, MessagesTextChatAndTransformersGiveTheSamePrompt) {
 }
 
 }  // namespace
-}  // namespace anvil::data
+}  // namespace anvil::chat

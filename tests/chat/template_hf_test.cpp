@@ -10,16 +10,16 @@
 #include <nlohmann/json.hpp>
 
 #include "anvil/config/config.h"
-#include "anvil/data/chat.h"
+#include "anvil/chat/chat.h"
 #include "anvil/data/datasets.h"
 #include "anvil/io/hf_model.h"
 #include "anvil/models/registry.h"
 #include "anvil/tokenizer/tokenizer.h"
-#include "data/chat_hf.h"
+#include "chat/hf.h"
 #include "jinja/jinja.h"
 #include "test_util.h"
 
-namespace anvil::data {
+namespace anvil::chat {
 namespace {
 
 namespace stdfs = std::filesystem;
@@ -27,6 +27,13 @@ using anvil::testing::read_text;
 using anvil::testing::run;
 using anvil::testing::TempDir;
 using anvil::testing::write_text;
+using data::OnError;
+using data::PreferenceDataset;
+using data::PromptDataset;
+using data::ReadOptions;
+using data::Record;
+using data::record_tools;
+using data::SftDataset;
 using json = nlohmann::ordered_json;
 
 /// dir/refs: the templates' tokenizer folders and transformers' renderings.
@@ -498,4 +505,4 @@ TEST(ChatTemplateHf, TrainerRecordsTheTemplateAndAnvilChatUsesIt) {
 }
 
 }  // namespace
-}  // namespace anvil::data
+}  // namespace anvil::chat

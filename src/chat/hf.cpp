@@ -7,7 +7,7 @@
 // (its rendering minus the rendering up to it with add_generation_prompt),
 // up to and including the end-of-turn token.
 
-#include "data/chat_hf.h"
+#include "chat/hf.h"
 
 #include <algorithm>
 #include <map>
@@ -20,7 +20,7 @@
 #include "jinja/jinja.h"
 #include "jinja/limits.h"
 
-namespace anvil::data {
+namespace anvil::chat {
 namespace {
 
 using jinja::Value;
@@ -411,4 +411,4 @@ std::vector<int64_t> assistant_mask(const std::vector<std::pair<int64_t, int64_t
   return mask;
 }
 
-}  // namespace anvil::data
+}  // namespace anvil::chat

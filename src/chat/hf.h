@@ -11,10 +11,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "anvil/data/chat.h"
+#include "anvil/chat/chat.h"
 #include "jinja/jinja.h"
 
-namespace anvil::data {
+namespace anvil::chat {
 
 /// The `hf` template: ChatTemplate::get("hf").
 const ChatTemplate& hf_chat_template();
@@ -42,4 +42,4 @@ std::vector<std::pair<int64_t, int64_t>> token_offsets(const tokenizer::Tokenize
 std::vector<int64_t> assistant_mask(const std::vector<std::pair<int64_t, int64_t>>& offsets,
                                     const std::vector<std::pair<int64_t, int64_t>>& spans);
 
-}  // namespace anvil::data
+}  // namespace anvil::chat
