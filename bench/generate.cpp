@@ -12,7 +12,7 @@
 
 #include "anvil/distributed/sharding.h"
 #include "anvil/generation/generate.h"
-#include "anvil/io/hf_model.h"
+#include "anvil/checkpoint/hf_model.h"
 #include "bench_util.h"
 
 int main(int argc, char** argv) {
@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   }
   if (std::stoi(a["threads"]) > 0) at::set_num_threads(std::stoi(a["threads"]));
   const auto prompts = nlohmann::json::parse(std::ifstream(a["prompts"])).get<std::vector<std::vector<int64_t>>>();
-  auto model = io::load_model_dir(a["model"]);
+  auto model = checkpoint::load_model_dir(a["model"]);
   const at::Device device(a["device"]);
   model->to(device, distributed::parse_dtype(a["dtype"]));
   generation::SamplingOptions opt;

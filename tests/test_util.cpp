@@ -55,6 +55,15 @@ int run(const std::string& cmd, std::string* out) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+int kill_after_checkpoint(const std::string& cmd, const std::filesystem::path& log_file,
+                          const std::filesystem::path& checkpoint, std::string* out) {
+  // The trainer is the background job itself (exec), so the kill reaches it and not a subshell.
+  return run("cd " + source_dir() + " && (exec " + cmd + " >" + log_file.string() + " 2>&1) & pid=$!; " +
+                 "for i in $(seq 1 6000); do [ -f " + (checkpoint / "trainer_state.json").string() +
+                 " ] && break; sleep 0.02; done; kill -9 $pid; wait $pid; true",
+             out);
+}
+
 std::string source_dir() { return ANVIL_SOURCE_DIR; }
 namespace {
 std::string env_or(const char* name, const char* fallback) {

@@ -30,6 +30,12 @@ std::string read_text(const std::filesystem::path& p);
 
 /// Runs a command through /bin/sh; returns its exit status, output in `out`.
 int run(const std::string& cmd, std::string* out = nullptr);
+/// Starts `cmd` (a trainer command line) in the background from the source
+/// tree, its output to `log_file`; once `checkpoint`/trainer_state.json exists
+/// (waiting up to 120 s), kills it with SIGKILL, as a crash would. Returns
+/// run()'s status; the caller checks what the killed run left.
+int kill_after_checkpoint(const std::string& cmd, const std::filesystem::path& log_file,
+                          const std::filesystem::path& checkpoint, std::string* out = nullptr);
 
 std::string source_dir();
 std::string trainer_bin();

@@ -27,8 +27,8 @@
 #include "anvil/data/token_shards.h"
 #include "anvil/distributed/checkpoint.h"
 #include "anvil/distributed/sharding.h"
-#include "anvil/io/hf_model.h"
-#include "anvil/io/peft.h"
+#include "anvil/checkpoint/hf_model.h"
+#include "anvil/checkpoint/peft.h"
 #include "anvil/models/lora.h"
 #include "anvil/train/ilql.h"
 #include "anvil/io/safetensors.h"
@@ -81,7 +81,7 @@ struct Placement {
 
 /// generate, chat and logits need the LM head a reward model does not keep.
 std::shared_ptr<anvil::models::CausalLM> load_language_model(const std::string& dir, const Placement& where) {
-  auto model = anvil::io::load_model_dir(dir);
+  auto model = anvil::checkpoint::load_model_dir(dir);
   if (model->has_score_head())
     throw anvil::ConfigError(anvil::concat("--model: ", dir, " is a reward model (",
                                            model->hf_config()["architectures"][0].get<std::string>(),
@@ -455,21 +455,21 @@ int cmd_prepare(const std::string& tok_path, const std::string& type, const std:
 /// checkpoint with --merge-lora as its base with the adapters folded in.
 int cmd_export(const std::string& ckpt, const std::string& out, const std::string& dtype, bool merge_lora,
                const std::string& base) {
-  if (merge_lora || anvil::io::is_peft_adapter_dir(ckpt)) {
+  if (merge_lora || anvil::checkpoint::is_peft_adapter_dir(ckpt)) {
     if (!merge_lora)
       throw anvil::ConfigError(
           anvil::concat("export: ", ckpt,
                         " is a LoRA adapter (adapter_config.json): add --merge-lora to write its base model with "
                         "the adapters folded in (the folder itself loads in PEFT as is)"));
-    if (!anvil::io::is_peft_adapter_dir(ckpt))
+    if (!anvil::checkpoint::is_peft_adapter_dir(ckpt))
       throw anvil::ConfigError(
           anvil::concat("export --merge-lora: ", ckpt, " has no adapter_config.json; it is not a LoRA checkpoint"));
-    anvil::io::check_export_target(out, dtype);
-    auto model = anvil::io::load_model_dir(ckpt, base);
+    anvil::checkpoint::check_export_target(out, dtype);
+    auto model = anvil::checkpoint::load_model_dir(ckpt, base);
     anvil::models::merge_lora(*model);
     std::unique_ptr<anvil::tokenizer::Tokenizer> tok;
     if (anvil::tokenizer::has_tokenizer(ckpt)) tok = anvil::tokenizer::load_tokenizer_from_model_dir(ckpt);
-    anvil::io::write_model_dir_atomic(*model, tok.get(), out, dtype);
+    anvil::checkpoint::write_model_dir_atomic(*model, tok.get(), out, dtype);
     std::cout << "exported " << ckpt << " with its LoRA adapters merged to " << out << " (" << dtype << ")\n";
     return 0;
   }
@@ -477,7 +477,7 @@ int cmd_export(const std::string& ckpt, const std::string& out, const std::strin
   if (sharded)
     anvil::distributed::export_sharded_checkpoint(ckpt, out, dtype);
   else
-    anvil::io::export_model_dir(ckpt, out, dtype);
+    anvil::checkpoint::export_model_dir(ckpt, out, dtype);
   std::cout << "exported " << (sharded ? "(consolidated shards of) " : "") << ckpt << " to " << out << " (" << dtype
             << ")\n";
   return 0;

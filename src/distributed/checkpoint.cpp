@@ -13,7 +13,7 @@
 
 #include "anvil/core/error.h"
 #include "anvil/core/fs.h"
-#include "anvil/io/hf_model.h"
+#include "anvil/checkpoint/hf_model.h"
 #include "anvil/io/safetensors.h"
 #include "anvil/optim/optimizer.h"
 
@@ -93,7 +93,7 @@ ShardedSave prepare_sharded_save(const stdfs::path& output_dir, ShardedModel& mo
       }
     }
   }
-  s.rng = io::rng_state(masters.front().device());
+  s.rng = checkpoint::rng_state(masters.front().device());
   // The whole model in HF layout, gathered one unit at a time; only rank 0 keeps it.
   if (consolidated)
     for (size_t u = 0; u < masters.size(); ++u) {
@@ -148,11 +148,11 @@ void write_sharded_files(const ShardedSave& s) {
   written.push_back(rng_file(s.tmp, s.rank));
   io::save_safetensors(written.back(), s.rng);
   if (s.rank == 0) {
-    if (!s.whole.empty()) io::save_weight_files(s.tmp, *s.model, s.whole);  // as io::save_model_dir
+    if (!s.whole.empty()) checkpoint::save_weight_files(s.tmp, *s.model, s.whole);  // as checkpoint::save_model_dir
     fs::write_file_atomic(s.tmp / "sharding.json", s.meta.dump(1) + "\n");
-    io::save_model_config(s.tmp, *s.model, s.tokenizer, at::kFloat);
+    checkpoint::save_model_config(s.tmp, *s.model, s.tokenizer, at::kFloat);
     fs::write_file_atomic(s.tmp / "config.yaml", s.run_config_yaml);
-    for (const auto& [name, state] : s.companions) io::save_model_state(s.tmp / name, state, nullptr);
+    for (const auto& [name, state] : s.companions) checkpoint::save_model_state(s.tmp / name, state, nullptr);
   }
   for (const auto& f : written) fs::fsync_path(f);
   fs::write_file_atomic(written_mark(s.tmp, s.rank), "");
@@ -177,7 +177,7 @@ stdfs::path publish_sharded_save(const ShardedSave& s, double timeout_s,
   if (before_complete) before_complete(s.tmp);
   io::write_trainer_state(s.tmp, s.state);  // last: marks the folder complete
   fs::fsync_tree(s.tmp);
-  io::publish_checkpoint(s.tmp, s.output_dir, s.state.step, s.keep_last);
+  checkpoint::publish_checkpoint(s.tmp, s.output_dir, s.state.step, s.keep_last);
   return s.output_dir / concat("checkpoint-", s.state.step);
 }
 
@@ -197,13 +197,13 @@ stdfs::path save_sharded_checkpoint(const stdfs::path& output_dir, ShardedModel&
   return output_dir / concat("checkpoint-", state.step);
 }
 
-io::ModelState gather_consolidated(ShardedModel& model, torch::optim::Optimizer& optimizer) {
+checkpoint::ModelState gather_consolidated(ShardedModel& model, torch::optim::Optimizer& optimizer) {
   const bool lead = model.comm().rank() == 0;
-  std::set<std::string> omit;  // a reward model's folder has no LM head (as io::save_model_dir)
+  std::set<std::string> omit;  // a reward model's folder has no LM head (as checkpoint::save_model_dir)
   if (model.model().has_score_head())
     for (const auto& n : model.model().lm_head_parameters()) omit.insert(n);
   const auto masters = model.master_parameters();
-  io::ModelState out;
+  checkpoint::ModelState out;
   out.model = &model.model();
   out.dtype = at::kFloat;
   for (size_t u = 0; u < masters.size(); ++u) {
@@ -227,7 +227,7 @@ io::ModelState gather_consolidated(ShardedModel& model, torch::optim::Optimizer&
 
 void save_consolidated(const stdfs::path& dir, ShardedModel& model, torch::optim::Optimizer& optimizer) {
   const auto state = gather_consolidated(model, optimizer);
-  if (model.comm().rank() == 0) io::save_model_state(dir, state, nullptr);
+  if (model.comm().rank() == 0) checkpoint::save_model_state(dir, state, nullptr);
 }
 
 std::map<std::string, at::Tensor> read_sharded_units(const stdfs::path& dir, const std::string& kind) {
@@ -297,7 +297,7 @@ io::TrainerState load_sharded_checkpoint(const stdfs::path& dir, ShardedModel& m
   // generators start from rank 0's (dropout masks then differ from the old run).
   auto path = rng_file(dir, model.comm().rank());
   if (!stdfs::exists(path)) path = rng_file(dir, 0);
-  io::load_rng_state(path, model.master_parameters().front().device());
+  checkpoint::load_rng_state(path, model.master_parameters().front().device());
   return io::trainer_state_of(j);
 }
 
@@ -330,8 +330,8 @@ void import_optimizer_state(ShardedModel& model, torch::optim::Optimizer& per_pa
 }
 
 void export_sharded_checkpoint(const stdfs::path& dir, const stdfs::path& output, const std::string& dtype) {
-  io::check_export_target(output, dtype);
-  auto model = io::model_from_config(dir);
+  checkpoint::check_export_target(output, dtype);
+  auto model = checkpoint::model_from_config(dir);
   const auto meta = read_meta(dir);
   const auto units = read_sharded_units(dir, "param");
   std::map<std::string, at::Tensor> params;
@@ -367,7 +367,7 @@ void export_sharded_checkpoint(const stdfs::path& dir, const stdfs::path& output
       model->special_tokens.pad = g.value("pad_token_id", int64_t{-1});
     }
   }
-  io::write_model_dir_atomic(*model, tok.get(), output, dtype);
+  checkpoint::write_model_dir_atomic(*model, tok.get(), output, dtype);
 }
 
 }  // namespace anvil::distributed

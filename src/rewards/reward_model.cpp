@@ -5,13 +5,13 @@
 
 #include "anvil/core/error.h"
 #include "anvil/data/datasets.h"
-#include "anvil/io/hf_model.h"
+#include "anvil/checkpoint/hf_model.h"
 
 namespace anvil::rewards {
 
 RewardModel RewardModel::load(const std::filesystem::path& dir, const std::string& format, bool force_format,
                               const std::string& key) {
-  auto model = io::load_model_dir(dir);
+  auto model = checkpoint::load_model_dir(dir);
   if (!model->has_score_head())
     throw ConfigError(concat(key, ": ", dir.string(), " is not a reward model (its config.json names ",
                              model->hf_config()["architectures"][0].get<std::string>(),

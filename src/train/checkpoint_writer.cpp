@@ -87,7 +87,7 @@ int delay_from_env() {
   return v ? std::max(0, std::atoi(v)) : 0;
 }
 
-/// The message of a failed write: a CheckpointError's own (io::save_checkpoint
+/// The message of a failed write: a CheckpointError's own (checkpoint::save_checkpoint
 /// names the checkpoint), else one naming the checkpoint. Only the message
 /// crosses threads: std::exception_ptr's members would bind to the torch
 /// wheel's exported copies (tests/core/symbol_binding_test.sh).
@@ -113,8 +113,9 @@ CheckpointWriter::~CheckpointWriter() {
   }
 }
 
-stdfs::path CheckpointWriter::start(const stdfs::path& output_dir, io::CheckpointParts parts, int64_t keep_last) {
-  auto p = std::make_shared<io::CheckpointParts>(std::move(parts));
+stdfs::path CheckpointWriter::start(const stdfs::path& output_dir, checkpoint::CheckpointParts parts,
+                                    int64_t keep_last) {
+  auto p = std::make_shared<checkpoint::CheckpointParts>(std::move(parts));
   Job job;
   job.step = p->state.step;
   job.dir = output_dir / concat("checkpoint-", job.step);
@@ -125,7 +126,7 @@ stdfs::path CheckpointWriter::start(const stdfs::path& output_dir, io::Checkpoin
   }
   job.write = [p = p.get(), output_dir, keep_last](const std::function<void(const stdfs::path&)>& before_complete) {
     p->before_complete = before_complete;
-    io::save_checkpoint(output_dir, *p, keep_last);
+    checkpoint::save_checkpoint(output_dir, *p, keep_last);
   };
   job.payload = std::move(p);
   return start(std::move(job));

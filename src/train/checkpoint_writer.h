@@ -4,7 +4,7 @@
 // values) to one background thread and returns. The thread copies the
 // tensors into host memory, then writes the temp folder, fsyncs it and
 // publishes it (rename, prune) with the code that writes a save at once
-// (io::save_checkpoint; for a rank of a sharded run its shard and, on rank
+// (checkpoint::save_checkpoint; for a rank of a sharded run its shard and, on rank
 // 0, the publication once every rank has written: distributed/checkpoint.h). The loop goes on with the next step's
 // forward and backward meanwhile, which only read the weights; the engine calls wait_copied() before anything changes
 // them in place (the optimizer step, set_parameters). From a GPU the copies are queued on the save's stream into pinned
@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "anvil/core/metrics.h"
-#include "anvil/io/checkpoint.h"
+#include "anvil/checkpoint/checkpoint.h"
 
 namespace anvil::train {
 
@@ -67,8 +67,9 @@ class CheckpointWriter {
   /// Waits for the previous write (throwing its failure), then starts `job`,
   /// whose tensors are the live ones (on any device). Returns job.dir.
   std::filesystem::path start(Job job);
-  /// start() for a single-process checkpoint (io::save_checkpoint).
-  std::filesystem::path start(const std::filesystem::path& output_dir, io::CheckpointParts parts, int64_t keep_last);
+  /// start() for a single-process checkpoint (checkpoint::save_checkpoint).
+  std::filesystem::path start(const std::filesystem::path& output_dir, checkpoint::CheckpointParts parts,
+                              int64_t keep_last);
   /// Waits for the write in flight, throwing its failure; its time is still
   /// reported by the next collect().
   void finish() { join(/*wait=*/true); }

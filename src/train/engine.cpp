@@ -17,12 +17,12 @@
 #include "anvil/models/activation_checkpointing.h"
 #include "anvil/distributed/checkpoint.h"
 #include "anvil/distributed/sharding.h"
-#include "anvil/io/checkpoint.h"
-#include "anvil/io/hf_model.h"
+#include "anvil/checkpoint/checkpoint.h"
+#include "anvil/checkpoint/hf_model.h"
 #include "anvil/models/lora.h"
 #include "anvil/optim/optimizer.h"
 #include "anvil/train/trainer.h"
-#include "io/saved_parameters.h"
+#include "checkpoint/saved_parameters.h"
 #include "train/checkpoint_writer.h"
 
 namespace anvil::train {
@@ -214,11 +214,11 @@ class EngineImpl : public Engine {
 /// its last member: the writer's thread reads the model until joined.
 class BackgroundSaves {
  public:
-  /// A single-process checkpoint (io::save_checkpoint's layout), in the
+  /// A single-process checkpoint (checkpoint::save_checkpoint's layout), in the
   /// background or, under ANVIL_CHECKPOINT_SYNC=1, at once.
-  stdfs::path save(const stdfs::path& output_dir, io::CheckpointParts parts, int64_t keep_last) {
+  stdfs::path save(const stdfs::path& output_dir, checkpoint::CheckpointParts parts, int64_t keep_last) {
     if (background_checkpoints()) return writer().start(output_dir, std::move(parts), keep_last);
-    const auto dir = io::save_checkpoint(output_dir, parts, keep_last);
+    const auto dir = checkpoint::save_checkpoint(output_dir, parts, keep_last);
     log::info("saved ", dir.string());
     return dir;
   }
@@ -254,9 +254,9 @@ class PlainEngine final : public EngineImpl {
     params_ = std::move(trained.all);
     if (!resume.dir) return;
     if (resume.resumed)
-      *resume.resumed = io::load_checkpoint(*resume.dir, *model_, *optimizer_);
+      *resume.resumed = checkpoint::load_checkpoint(*resume.dir, *model_, *optimizer_);
     else
-      io::load_model_and_optimizer(*resume.dir, *model_, *optimizer_);
+      checkpoint::load_model_and_optimizer(*resume.dir, *model_, *optimizer_);
   }
 
   models::CausalLM& model() override { return *model_; }
@@ -296,15 +296,15 @@ class PlainEngine final : public EngineImpl {
  protected:
   stdfs::path save_own(const stdfs::path& output_dir, const io::TrainerState& state, const tokenizer::Tokenizer* tok,
                        const std::string& config_yaml, int64_t keep_last) override {
-    io::CheckpointParts parts;
-    parts.model = io::model_state(*model_, *optimizer_);
+    checkpoint::CheckpointParts parts;
+    parts.model = checkpoint::model_state(*model_, *optimizer_);
     parts.tokenizer = tok;
-    parts.rng = io::rng_state(device_);
+    parts.rng = checkpoint::rng_state(device_);
     parts.state = state;
     parts.run_config_yaml = config_yaml;
     for (const auto& [name, e] : companion_engines()) {
       auto& c = static_cast<PlainEngine&>(*e);
-      parts.companions.emplace_back(name, io::model_state(*c.model_, *c.optimizer_));
+      parts.companions.emplace_back(name, checkpoint::model_state(*c.model_, *c.optimizer_));
     }
     return saves_.save(output_dir, std::move(parts), keep_last);
   }
@@ -322,7 +322,9 @@ class PlainEngine final : public EngineImpl {
             {"memory/gradient_bytes", static_cast<double>(storage_bytes(gradients(), seen))},
             {"memory/optimizer_bytes", static_cast<double>(optimizer_bytes(*optimizer_))}};
   }
-  void write_companion(const stdfs::path& dir) override { io::save_model_and_optimizer(dir, *model_, *optimizer_); }
+  void write_companion(const stdfs::path& dir) override {
+    checkpoint::save_model_and_optimizer(dir, *model_, *optimizer_);
+  }
   void gather_own() override {}
   void release_own() override {}
 
@@ -357,9 +359,9 @@ class ShardedEngine final : public EngineImpl {
     if (resume.dir && (!resume.resumed || !distributed::is_sharded_checkpoint(*resume.dir))) {
       plain = optim::make_optimizer(cfg.optimizer, model->parameters());
       if (resume.resumed)
-        *resume.resumed = io::load_checkpoint(*resume.dir, *model, *plain);
+        *resume.resumed = checkpoint::load_checkpoint(*resume.dir, *model, *plain);
       else
-        io::load_model_and_optimizer(*resume.dir, *model, *plain);
+        checkpoint::load_model_and_optimizer(*resume.dir, *model, *plain);
     }
     sharded_ = std::make_unique<distributed::ShardedModel>(model, comm, sharding_options(cfg));
     optimizer_ = optim::make_optimizer(cfg.optimizer, sharded_->master_parameters());
@@ -427,10 +429,10 @@ class ShardedEngine final : public EngineImpl {
   stdfs::path save_own(const stdfs::path& output_dir, const io::TrainerState& state, const tokenizer::Tokenizer* tok,
                        const std::string& config_yaml, int64_t keep_last) override {
     if (single_process_layout()) {
-      io::CheckpointParts parts;
+      checkpoint::CheckpointParts parts;
       parts.model = master_state();
       parts.tokenizer = tok;
-      parts.rng = io::rng_state(device_);
+      parts.rng = checkpoint::rng_state(device_);
       parts.state = state;
       parts.run_config_yaml = config_yaml;
       for (const auto& [name, e] : companion_engines())
@@ -576,13 +578,13 @@ class ShardedEngine final : public EngineImpl {
       if (!static_cast<ShardedEngine&>(*e).frozen_.empty()) return false;
     return true;
   }
-  /// io::model_state() of the masters: each parameter and its AdamW moments
+  /// checkpoint::model_state() of the masters: each parameter and its AdamW moments
   /// as views of the flat float32 units (no copies).
-  io::ModelState master_state() {
-    io::ModelState out;
+  checkpoint::ModelState master_state() {
+    checkpoint::ModelState out;
     out.model = model_.get();
     out.dtype = at::kFloat;
-    const auto saved = io::saved_parameters(*model_);
+    const auto saved = checkpoint::saved_parameters(*model_);
     const auto masters = sharded_->master_parameters();
     for (size_t u = 0; u < masters.size(); ++u) {
       auto* st = optim::adamw_state(*optimizer_, masters[u]);
@@ -679,7 +681,7 @@ EngineStart make_engine(const config::RunConfig& cfg, std::shared_ptr<models::Ca
   const bool lora = models::has_lora(*model);
   const Trains trains = [&objective, lora](const std::string& n) {
     return objective.trains(n) &&
-           (!lora || models::is_lora_parameter(n) || io::is_head_parameter(n) || n.rfind("score.", 0) == 0);
+           (!lora || models::is_lora_parameter(n) || checkpoint::is_head_parameter(n) || n.rfind("score.", 0) == 0);
   };
   if (lora) log_trainable(*model, trains);
   auto engine = build(std::move(model), cfg, trains, concat("algorithm: ", objective.name()),

@@ -28,7 +28,7 @@
 #include "anvil/data/datasets.h"
 #include "anvil/data/mixture.h"
 #include "anvil/generation/generate.h"
-#include "anvil/io/hf_model.h"
+#include "anvil/checkpoint/hf_model.h"
 #include "anvil/models/lora.h"
 #include "anvil/rewards/rewards.h"
 #include "anvil/train/engine.h"
@@ -226,7 +226,7 @@ void PpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
                              ranks_.world, " ranks"));
   const auto& critic_from = s_->ppo.critic_from;
   if (!critic_from.empty()) {
-    auto critic = io::load_model_dir(critic_from);
+    auto critic = checkpoint::load_model_dir(critic_from);
     if (critic->vocab_size() != model.vocab_size())
       throw ConfigError(concat("ppo.critic_from: ", critic_from, " has a vocabulary of ", critic->vocab_size(),
                                " tokens, the policy ", model.vocab_size(), "; the critic reads the policy's tokens"));

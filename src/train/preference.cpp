@@ -12,7 +12,7 @@
 
 #include "anvil/core/error.h"
 #include "anvil/core/logging.h"
-#include "anvil/io/hf_model.h"
+#include "anvil/checkpoint/hf_model.h"
 #include "anvil/io/safetensors.h"
 #include "anvil/models/lora.h"
 #include "anvil/models/registry.h"

@@ -20,9 +20,9 @@
 #include "anvil/chat/chat.h"
 #include "anvil/distributed/checkpoint.h"
 #include "anvil/distributed/env.h"
-#include "anvil/io/checkpoint.h"
-#include "anvil/io/hf_model.h"
-#include "anvil/io/peft.h"
+#include "anvil/checkpoint/checkpoint.h"
+#include "anvil/checkpoint/hf_model.h"
+#include "anvil/checkpoint/peft.h"
 #include "anvil/models/lora.h"
 #include "anvil/models/registry.h"
 
@@ -59,11 +59,12 @@ void add_adapters(const config::RunConfig& cfg, models::CausalLM& model) {
   const auto base = from.empty() ? std::string() : stdfs::exists(from) ? stdfs::absolute(from).string() : from;
   if (!cfg.model.lora_from.empty()) {
     const auto adapter = hub::local_path(cfg.model.lora_from);
-    auto o = io::read_peft_config(adapter);
+    auto o = checkpoint::read_peft_config(adapter);
     o.base_model = base;
     const auto targets = models::add_lora(
-        model, o, concat("model.lora_from: ", cfg.model.lora_from, "/", io::kAdapterConfig, ": target_modules"));
-    io::load_peft_weights(model, adapter);
+        model, o,
+        concat("model.lora_from: ", cfg.model.lora_from, "/", checkpoint::kAdapterConfig, ": target_modules"));
+    checkpoint::load_peft_weights(model, adapter);
     log::info("lora: continuing the adapter in ", cfg.model.lora_from, " (r ", o.r, ", alpha ", o.alpha, " on ",
               nlohmann::json(targets).dump(), ")");
   } else if (cfg.lora.r > 0) {
@@ -77,7 +78,7 @@ void add_adapters(const config::RunConfig& cfg, models::CausalLM& model) {
 std::shared_ptr<models::CausalLM> build_model(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
   std::shared_ptr<models::CausalLM> model;
   if (!cfg.model.from.empty()) {
-    model = io::load_model_dir(cfg.model.from);
+    model = checkpoint::load_model_dir(cfg.model.from);
     log::info("model: loaded ", model->family(), " from ", cfg.model.from);
   } else {
     auto mc = cfg.model;
@@ -162,7 +163,7 @@ std::optional<stdfs::path> checkpoint_to_resume(const config::RunConfig& cfg, co
                                io::kTrainerStateFile, ")"));
     return from;
   }
-  auto latest = io::latest_checkpoint(out_dir);
+  auto latest = checkpoint::latest_checkpoint(out_dir);
   if (latest && cfg.train.resume == "never")
     throw ConfigError(concat("train.resume: never, but ", out_dir.string(), " holds ", latest->filename().string(),
                              "; use another output_dir, or train.resume: auto to continue that run"));

@@ -11,7 +11,7 @@
 #include "anvil/core/logging.h"
 #include "anvil/data/token_shards.h"
 #include "anvil/generation/generate.h"
-#include "anvil/io/hf_model.h"
+#include "anvil/checkpoint/hf_model.h"
 #include "anvil/models/registry.h"
 #include "train/lm_data.h"
 #include "train/lm_loss.h"
@@ -229,7 +229,7 @@ void exact_match_eval(models::CausalLM& model, const tokenizer::Tokenizer& tok, 
 std::shared_ptr<models::CausalLM> load_reference(const std::string& path, const std::string& key,
                                                  models::CausalLM& policy) {
   if (path.empty()) return models::clone_model(policy);
-  auto reference = io::load_model_dir(path);
+  auto reference = checkpoint::load_model_dir(path);
   if (reference->has_score_head())
     throw ConfigError(concat(key, ": ", path, " is a reward model; the reference must be a causal LM"));
   if (reference->vocab_size() != policy.vocab_size())

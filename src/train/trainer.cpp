@@ -22,7 +22,7 @@
 #include "anvil/core/tensorboard.h"
 #include "anvil/core/fs.h"
 #include "anvil/core/logging.h"
-#include "anvil/io/checkpoint.h"
+#include "anvil/checkpoint/checkpoint.h"
 #include "anvil/optim/optimizer.h"
 #include "anvil/optim/schedule.h"
 #include "train/run_setup.h"
@@ -439,7 +439,7 @@ class TrainLoop {
     const auto what = !std::isfinite(loss) ? concat("loss is ", loss) : concat("gradient norm is ", norm);
     if (cfg_.train.on_nonfinite == "stop" || nonfinite_in_a_row_ + 1 >= cfg_.train.max_nonfinite_in_a_row)
       engine_.collect_save(/*wait=*/true);  // the checkpoint named below is the newest on disk
-    const auto kept = io::latest_checkpoint(run_.out_dir);
+    const auto kept = checkpoint::latest_checkpoint(run_.out_dir);
     const auto intact = kept ? concat("; the last checkpoint, ", kept->string(), ", is as it was")
                              : std::string("; no checkpoint was written");
     if (cfg_.train.on_nonfinite == "stop")

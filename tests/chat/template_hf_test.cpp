@@ -12,7 +12,7 @@
 #include "anvil/config/config.h"
 #include "anvil/chat/chat.h"
 #include "anvil/data/datasets.h"
-#include "anvil/io/hf_model.h"
+#include "anvil/checkpoint/hf_model.h"
 #include "anvil/models/registry.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "chat/hf.h"
@@ -200,7 +200,7 @@ TEST(ChatTemplateHf, RecordChatTemplateKwargsAreTemplateVariables) {
     auto model = models::family_by_name("gpt2").from_config(mc);
     const auto folder = dir / "model";
     std::filesystem::create_directories(folder);
-    io::save_model_dir(folder, *model, tok.get());
+    checkpoint::save_model_dir(folder, *model, tok.get());
     const auto last = read_lines(dir / "refs" / "reasoning-kwargs.jsonl").back();  // one user turn
     ASSERT_EQ(last["messages"].size(), 1u);
     std::string out;

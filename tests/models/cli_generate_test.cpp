@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "anvil/generation/generate.h"
-#include "anvil/io/hf_model.h"
+#include "anvil/checkpoint/hf_model.h"
 #include "anvil/io/safetensors.h"
 #include "anvil/models/llama.h"
 #include "anvil/tokenizer/tokenizer.h"
@@ -33,7 +33,7 @@ class CliGenerate : public ::testing::Test {
     model_ = std::make_shared<models::llama::LlamaForCausalLM>(o);
     model_->special_tokens = {1, 2, 3};
     auto tok = tokenizer::load_tokenizer("sentencepiece", anvil::testing::source_dir() + "/data/tokenizer.model");
-    io::save_model_dir(dir_.path(), *model_, tok.get());
+    checkpoint::save_model_dir(dir_.path(), *model_, tok.get());
     anvil::testing::write_text(dir_ / "ids.json", "[[5, 6, 7, 8, 9], [10], [11, 12, 13]]");
   }
   std::string generate(const std::string& flags) {

@@ -6,8 +6,9 @@
 #include "anvil/io/safetensors.h"
 #include "test_util.h"
 
-namespace anvil::io {
+namespace anvil::checkpoint {
 namespace {
+using io::SafetensorsFile;
 
 using anvil::testing::run;
 
@@ -84,4 +85,4 @@ TEST(Export, Bfloat16ExportAndRefusalToOverwrite) {
 }
 
 }  // namespace
-}  // namespace anvil::io
+}  // namespace anvil::checkpoint

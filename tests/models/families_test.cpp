@@ -10,7 +10,7 @@
 #include <filesystem>
 
 #include "anvil/config/config.h"
-#include "anvil/io/hf_model.h"
+#include "anvil/checkpoint/hf_model.h"
 #include "anvil/io/safetensors.h"
 #include "anvil/models/registry.h"
 #include "data/collate.h"
@@ -148,8 +148,8 @@ TEST(SlidingWindow, TokensOutsideTheWindowAreNotSeen) {
 TEST_P(Family, SavedFolderReloadsIdentically) {
   anvil::testing::TempDir dir;
   model_->special_tokens = {1, 2, 3};
-  io::save_model_dir(dir.path(), *model_, nullptr);
-  auto back = io::load_model_dir(dir.path());
+  checkpoint::save_model_dir(dir.path(), *model_, nullptr);
+  auto back = checkpoint::load_model_dir(dir.path());
   back->eval();
   EXPECT_EQ(back->family(), model_->family());
   EXPECT_EQ(back->special_tokens.eos, 2);
@@ -203,7 +203,7 @@ std::string load_error(const std::string& config_json) {
   anvil::testing::TempDir dir;
   anvil::testing::write_text(dir / "config.json", config_json);
   try {
-    io::load_model_dir(dir.path());
+    checkpoint::load_model_dir(dir.path());
   } catch (const std::exception& e) {
     return std::string(e.what()).substr(dir.path().string().size() + 1);  // drop the temp folder
   }
@@ -220,7 +220,7 @@ TEST(HfImport, AMissingTensorNamesTheWeightFiles) {
   cfg.model.vocab_size = 61;
   auto model = family_by_name(cfg.model.family).from_config(cfg.model);
   anvil::testing::TempDir dir;
-  io::save_model_dir(dir.path(), *model, nullptr);
+  checkpoint::save_model_dir(dir.path(), *model, nullptr);
   io::TensorMap all;
   {
     io::SafetensorsFile f(dir / "model.safetensors");
@@ -231,7 +231,7 @@ TEST(HfImport, AMissingTensorNamesTheWeightFiles) {
   all.erase(gone);
   const auto error = [&] {
     try {
-      io::load_model_dir(dir.path());
+      checkpoint::load_model_dir(dir.path());
     } catch (const std::exception& e) {
       return std::string(e.what());
     }

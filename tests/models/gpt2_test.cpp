@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/utils.h>
 
-#include "anvil/io/hf_model.h"
+#include "anvil/checkpoint/hf_model.h"
 #include "anvil/models/layers.h"
 #include "anvil/models/registry.h"
 #include "test_util.h"
@@ -93,8 +93,8 @@ TEST(GPT2, KVCacheMatchesFullRecompute) {
 TEST(GPT2, SavedFolderReloadsIdentically) {
   anvil::testing::TempDir dir;
   auto m = std::make_shared<GPT2LMHeadModel>(tiny());
-  io::save_model_dir(dir.path(), *m, nullptr);
-  auto back = io::load_model_dir(dir.path());
+  checkpoint::save_model_dir(dir.path(), *m, nullptr);
+  auto back = checkpoint::load_model_dir(dir.path());
   EXPECT_EQ(back->family(), "gpt2");
   auto ids = at::randint(0, 50, {2, 9}, at::kLong);
   EXPECT_TRUE(at::equal(back->forward(ids), m->forward(ids)));

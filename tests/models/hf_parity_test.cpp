@@ -9,7 +9,7 @@
 
 #include "anvil/core/fs.h"
 #include "anvil/generation/generate.h"
-#include "anvil/io/hf_model.h"
+#include "anvil/checkpoint/hf_model.h"
 #include "anvil/io/safetensors.h"
 #include "anvil/train/sft.h"
 #include "test_util.h"
@@ -33,7 +33,7 @@ void check_family(const std::string& family) {
     const auto name = entry["name"].get<std::string>();
     SCOPED_TRACE(name);
     const auto model_dir = dir / name;
-    auto model = io::load_model_dir(model_dir);
+    auto model = checkpoint::load_model_dir(model_dir);
     ASSERT_EQ(model->family(), family);
     model->eval();
     io::SafetensorsFile ref(model_dir / "reference.safetensors");

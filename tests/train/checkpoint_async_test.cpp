@@ -15,8 +15,8 @@
 #include <optional>
 #include <thread>
 
-#include "anvil/io/checkpoint.h"
-#include "anvil/io/hf_model.h"
+#include "anvil/checkpoint/checkpoint.h"
+#include "anvil/checkpoint/hf_model.h"
 #include "anvil/io/safetensors.h"
 #include "anvil/io/trainer_state.h"
 #include "test_util.h"
@@ -103,11 +103,11 @@ TEST_F(CheckpointAsync, SigkillDuringABackgroundWriteKeepsThePreviousCheckpointA
   EXPECT_TRUE(stdfs::exists(*tmp / "model.safetensors"));
   EXPECT_FALSE(stdfs::exists(*tmp / io::kTrainerStateFile));
   EXPECT_FALSE(stdfs::exists(out / "checkpoint-4"));
-  const auto latest = io::latest_checkpoint(out);
+  const auto latest = checkpoint::latest_checkpoint(out);
   ASSERT_TRUE(latest);
   EXPECT_EQ(latest->string(), (out / "checkpoint-2").string());
   EXPECT_EQ(io::trainer_state_of(io::read_trainer_state(out / "checkpoint-2")).step, 2);
-  EXPECT_NO_THROW(io::load_model_dir(out / "checkpoint-2"));
+  EXPECT_NO_THROW(checkpoint::load_model_dir(out / "checkpoint-2"));
   EXPECT_TRUE(
       io::SafetensorsFile(out / "checkpoint-2" / "optimizer.safetensors").contains("transformer.wte.weight.exp_avg"));
 

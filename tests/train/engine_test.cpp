@@ -12,7 +12,7 @@
 
 #include "anvil/config/config.h"
 #include "anvil/core/error.h"
-#include "anvil/io/hf_model.h"
+#include "anvil/checkpoint/hf_model.h"
 #include "anvil/io/safetensors.h"
 #include "anvil/core/tensor_bytes.h"
 #include "anvil/distributed/env.h"
@@ -211,7 +211,7 @@ TEST(Engine, HeadsAreSavedBesideTheHfFolderAndRestoredOnResume) {
   // The head trained, and load_model_dir brings it back.
   io::SafetensorsFile early(a / "out" / "checkpoint-2" / "heads.safetensors");
   EXPECT_FALSE(early.get("heads.value.weight").equal(heads.get("heads.value.weight")));
-  auto loaded = io::load_model_dir(ckpt);
+  auto loaded = checkpoint::load_model_dir(ckpt);
   ASSERT_TRUE(loaded->has_head("value"));
   EXPECT_TRUE(loaded->named_parameters()["heads.value.weight"].equal(heads.get("heads.value.weight")));
 

@@ -59,13 +59,7 @@ TEST(GalacticaTiny, LearnsAndResumesBitExactlyAfterSigkill) {
                    " --config configs/sft_galactica_tiny.yaml output_dir=" + out.string() + " train.threads=1 " +
                    common;
   std::string klog;
-  ASSERT_EQ(run("cd " + anvil::testing::source_dir() + " && (" + cmd + " >" + (dir / "killed.log").string() +
-                    " 2>&1 & pid=$!; for i in $(seq 1 6000); do [ -f " +
-                    (out / "checkpoint-100" / "trainer_state.json").string() +
-                    " ] && break; sleep 0.02; done; kill -9 $pid; wait $pid; true)",
-                &klog),
-            0)
-      << klog;
+  ASSERT_EQ(anvil::testing::kill_after_checkpoint(cmd, dir / "killed.log", out / "checkpoint-100", &klog), 0) << klog;
   ASSERT_TRUE(stdfs::exists(out / "checkpoint-100" / "trainer_state.json"));
   tiny(out, common);
   const auto b = anvil::testing::metrics_by_step(out / "metrics.jsonl");

@@ -267,13 +267,7 @@ TEST(IlqlRuns, ShapedSamplingBeatsTheDataAndBetaZeroAndResumesExactly) {
   const auto cmd = anvil::testing::trainer_bin() + " --config configs/ilql_tiny.yaml output_dir=" + out.string() +
                    " model.from=" + fixture_checkpoint().string() + " train.threads=1 " + common;
   std::string log;
-  ASSERT_EQ(run("cd " + anvil::testing::source_dir() + " && (" + cmd + " >" + (dir / "killed.log").string() +
-                    " 2>&1 & pid=$!; for i in $(seq 1 6000); do [ -f " +
-                    (out / "checkpoint-200" / "trainer_state.json").string() +
-                    " ] && break; sleep 0.02; done; kill -9 $pid; wait $pid; true)",
-                &log),
-            0)
-      << log;
+  ASSERT_EQ(anvil::testing::kill_after_checkpoint(cmd, dir / "killed.log", out / "checkpoint-200", &log), 0) << log;
   ASSERT_FALSE(stdfs::exists(out / "checkpoint-300")) << "the run ended before it was killed";
   ilql_run(out, common);
   const auto b = anvil::testing::metrics_by_step(out / "metrics.jsonl");

@@ -201,13 +201,7 @@ TEST(PpoRuns, EnvironmentEpisodesShardAndResumeAfterAKill) {
   const auto out = dir / "killed";
   const auto cmd = grpo_env_trainer(out, common + "'ppo.environment.command=" + ok_environment(dir.path()) + "'");
   std::string log;
-  ASSERT_EQ(run("cd " + anvil::testing::source_dir() + " && (" + cmd + " >" + (dir / "killed.log").string() +
-                    " 2>&1 & pid=$!; for i in $(seq 1 6000); do [ -f " +
-                    (out / "checkpoint-4" / "trainer_state.json").string() +
-                    " ] && break; sleep 0.02; done; kill -9 $pid; wait $pid; true)",
-                &log),
-            0)
-      << log;
+  ASSERT_EQ(anvil::testing::kill_after_checkpoint(cmd, dir / "killed.log", out / "checkpoint-4", &log), 0) << log;
   ASSERT_TRUE(stdfs::exists(out / "checkpoint-4" / "trainer_state.json"));
   ASSERT_FALSE(stdfs::exists(out / "checkpoint-12")) << "the run ended before it was killed";
   grpo_env_run(out, common + "'ppo.environment.command=" + ok_environment(dir.path()) + "'");

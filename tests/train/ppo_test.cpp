@@ -14,7 +14,7 @@
 
 #include "anvil/config/config.h"
 #include "anvil/core/error.h"
-#include "anvil/io/hf_model.h"
+#include "anvil/checkpoint/hf_model.h"
 #include "anvil/io/safetensors.h"
 #include "anvil/models/llama.h"
 #include "anvil/models/registry.h"
@@ -351,7 +351,7 @@ TEST(PpoConfig, ACausalLmAsTheRewardModelIsNamedByItsKey) {
   models::llama::LlamaForCausalLM lm(o);
   const auto tok = tokenizer::load_tokenizer("auto", anvil::testing::source_dir() + "/data/tokenizer.model");
   stdfs::create_directories(dir / "lm");
-  io::save_model_dir(dir / "lm", lm, tok.get());
+  checkpoint::save_model_dir(dir / "lm", lm, tok.get());
   std::string log;
   EXPECT_NE(tiny_ppo(dir, "ppo.reward.exact_match= ppo.reward.model=" + (dir / "lm").string(), &log), 0);
   EXPECT_NE(log.find("ppo.reward.model: " + (dir / "lm").string() + " is not a reward model"), std::string::npos)
@@ -737,13 +737,7 @@ TEST(PpoRuns, KilledAndResumedRunMatchesTheUninterruptedOne) {
                    " model.from=" + w.model.string() + " 'data.train=[{path: " + w.prompts.string() +
                    "}]' data.eval[0].path=" + w.eval.string() + " train.threads=1 " + common;
   std::string log;
-  ASSERT_EQ(run("cd " + anvil::testing::source_dir() + " && (" + cmd + " >" + (dir / "killed.log").string() +
-                    " 2>&1 & pid=$!; for i in $(seq 1 6000); do [ -f " +
-                    (out / "checkpoint-32" / "trainer_state.json").string() +
-                    " ] && break; sleep 0.02; done; kill -9 $pid; wait $pid; true)",
-                &log),
-            0)
-      << log;
+  ASSERT_EQ(anvil::testing::kill_after_checkpoint(cmd, dir / "killed.log", out / "checkpoint-32", &log), 0) << log;
   ASSERT_TRUE(stdfs::exists(out / "checkpoint-32" / "trainer_state.json"));
   ASSERT_FALSE(stdfs::exists(out / "checkpoint-160")) << "the run ended before it was killed";
   ppo_run(out, common);  // resumes from the newest checkpoint

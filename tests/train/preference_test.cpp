@@ -13,7 +13,7 @@
 
 #include "anvil/config/config.h"
 #include "anvil/core/error.h"
-#include "anvil/io/hf_model.h"
+#include "anvil/checkpoint/hf_model.h"
 #include "anvil/models/registry.h"
 #include "anvil/train/preference.h"
 #include "train/preference_data.h"
@@ -219,7 +219,7 @@ TEST(RewardModel, ExportLoadsInTransformersWithTheSameScores) {
               0)
         << out;
     // Our reload, on right-padded rows (pad 3) of different lengths.
-    auto model = io::load_model_dir(exported);
+    auto model = checkpoint::load_model_dir(exported);
     ASSERT_TRUE(model->has_score_head());
     EXPECT_EQ(model->special_tokens.pad, 3);
     model->eval();

@@ -14,7 +14,7 @@
 #include <set>
 
 #include "anvil/config/config.h"
-#include "anvil/io/hf_model.h"
+#include "anvil/checkpoint/hf_model.h"
 #include "anvil/optim/optimizer.h"
 #include "test_util.h"
 
@@ -102,7 +102,7 @@ TEST_P(TrainerParity, SftLossCurveEqualsTransformersTrainer) {
   // The parameters the Trainer leaves undecayed are the ones Anvil does.
   config::OptimizerConfig opt;
   opt.weight_decay = c.weight_decay;
-  auto model = io::load_model_dir(dir / "init");
+  auto model = checkpoint::load_model_dir(dir / "init");
   auto ours = optim::no_decay_parameters(opt, *model);
   std::sort(ours.begin(), ours.end());
   EXPECT_EQ(ours, ref["not_decayed"].get<std::vector<std::string>>());

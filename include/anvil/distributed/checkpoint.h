@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "anvil/distributed/sharding.h"
-#include "anvil/io/checkpoint.h"
+#include "anvil/checkpoint/checkpoint.h"
 #include "anvil/tokenizer/tokenizer.h"
 
 namespace anvil::distributed {
@@ -67,7 +67,7 @@ struct ShardedSave {
   std::string run_config_yaml;
   /// Rank 0: models trained beside the policy (gather_consolidated), each
   /// written whole into the folder of its name.
-  std::vector<std::pair<std::string, io::ModelState>> companions;
+  std::vector<std::pair<std::string, checkpoint::ModelState>> companions;
 };
 
 /// Collective: the part of a save every rank does together (the temporary
@@ -91,12 +91,12 @@ std::filesystem::path publish_sharded_save(
 /// Collective: `model` whole in HF layout and its AdamW state by parameter
 /// name (a reward model's LM head left out), gathered to rank 0 (the other
 /// ranks get empty maps); the tensors are fresh unless one rank holds all.
-io::ModelState gather_consolidated(ShardedModel& model, torch::optim::Optimizer& optimizer);
+checkpoint::ModelState gather_consolidated(ShardedModel& model, torch::optim::Optimizer& optimizer);
 
 /// Collective: rank 0 writes `model` whole and its AdamW state by parameter
-/// name into `dir`, as io::save_model_and_optimizer does for one process (a
+/// name into `dir`, as checkpoint::save_model_and_optimizer does for one process (a
 /// companion model's part of a checkpoint: it reads back into any number of
-/// ranks with io::load_model_and_optimizer and import_optimizer_state).
+/// ranks with checkpoint::load_model_and_optimizer and import_optimizer_state).
 void save_consolidated(const std::filesystem::path& dir, ShardedModel& model, torch::optim::Optimizer& optimizer);
 
 /// Restores master weights, AdamW state and this rank's RNG (when the

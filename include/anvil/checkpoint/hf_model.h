@@ -11,7 +11,7 @@
 #include "anvil/models/causal_lm.h"
 #include "anvil/tokenizer/tokenizer.h"
 
-namespace anvil::io {
+namespace anvil::checkpoint {
 
 /// Named heads (CausalLM::add_head) are saved beside the HF files: their
 /// weights in heads.safetensors ("heads.<name>.weight" / ".bias"), their
@@ -83,4 +83,4 @@ void export_model_dir(const std::filesystem::path& checkpoint, const std::filesy
 /// base is already in the model).
 void load_weights(models::CausalLM& model, const std::filesystem::path& dir);
 
-}  // namespace anvil::io
+}  // namespace anvil::checkpoint

@@ -13,12 +13,16 @@
 #include "anvil/io/trainer_state.h"
 #include "test_util.h"
 
-namespace anvil::io {
+namespace anvil::checkpoint {
 namespace {
 
 using anvil::testing::run;
 using anvil::testing::TempDir;
 namespace stdfs = std::filesystem;
+using io::kTrainerStateFile;
+using io::read_trainer_state;
+using io::SafetensorsFile;
+using io::trainer_state_of;
 
 int train(const TempDir& dir, const std::string& extra, std::string* log, const std::string& prefix = "") {
   return anvil::testing::train_in(dir, anvil::testing::tiny_sft_run(2, 2), extra, log, prefix);
@@ -105,4 +109,4 @@ TEST(TrainerStateFile, DamagedFieldsAreNamed) {
 }
 
 }  // namespace
-}  // namespace anvil::io
+}  // namespace anvil::checkpoint

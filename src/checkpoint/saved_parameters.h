@@ -8,7 +8,7 @@
 
 #include "anvil/models/causal_lm.h"
 
-namespace anvil::io {
+namespace anvil::checkpoint {
 
 /// Whether `model`'s folder holds a parameter, by name: not a reward model's
 /// LM head (HF's ...ForSequenceClassification has none), and with LoRA
@@ -16,4 +16,4 @@ namespace anvil::io {
 /// stays in the folder the adapter names).
 std::function<bool(const std::string&)> saved_parameters(models::CausalLM& model);
 
-}  // namespace anvil::io
+}  // namespace anvil::checkpoint

@@ -26,7 +26,7 @@
 #include "anvil/models/causal_lm.h"
 #include "anvil/tokenizer/tokenizer.h"
 
-namespace anvil::io {
+namespace anvil::checkpoint {
 
 /// A model's part of a checkpoint, by Hugging Face parameter name: the
 /// weights its folder holds and its AdamW state. The tensors are the live ones
@@ -35,8 +35,8 @@ struct ModelState {
   /// Read for its config, heads and adapters (which training never changes),
   /// never for its tensors.
   models::CausalLM* model = nullptr;
-  TensorMap weights;  // the parameters its folder holds (a LoRA run's: the adapters and heads)
-  TensorMap moments;  // "<name>.exp_avg", ".exp_avg_sq", ".max_exp_avg_sq"
+  io::TensorMap weights;  // the parameters its folder holds (a LoRA run's: the adapters and heads)
+  io::TensorMap moments;  // "<name>.exp_avg", ".exp_avg_sq", ".max_exp_avg_sq"
   nlohmann::json steps = nlohmann::json::object();  // each stepped parameter's step count
   at::ScalarType dtype = at::kFloat;                // config.json's
 };
@@ -51,8 +51,8 @@ void save_model_state(const std::filesystem::path& dir, const ModelState& state,
 struct CheckpointParts {
   ModelState model;
   const tokenizer::Tokenizer* tokenizer = nullptr;
-  TensorMap rng;  // rng_state()
-  TrainerState state;
+  io::TensorMap rng;  // rng_state()
+  io::TrainerState state;
   std::string run_config_yaml;
   /// Models trained beside the policy, each written into the folder of its name.
   std::vector<std::pair<std::string, ModelState>> companions;
@@ -74,7 +74,7 @@ void publish_checkpoint(const std::filesystem::path& tmp, const std::filesystem:
 
 /// The default random generators' states, the CPU's and `device`'s (when not
 /// the CPU), keyed by device name (host copies).
-TensorMap rng_state(const at::Device& device);
+io::TensorMap rng_state(const at::Device& device);
 /// Writes rng_state(`device`) to `path` (safetensors).
 void save_rng_state(const std::filesystem::path& path, const at::Device& device);
 /// Restores them. A GPU state stored under another index (another rank's
@@ -98,7 +98,7 @@ void load_model_and_optimizer(const std::filesystem::path& dir, models::CausalLM
                               torch::optim::Optimizer& optimizer);
 
 /// Restores weights, optimizer state and RNG state; returns the trainer state.
-TrainerState load_checkpoint(const std::filesystem::path& dir, models::CausalLM& model,
-                             torch::optim::Optimizer& optimizer);
+io::TrainerState load_checkpoint(const std::filesystem::path& dir, models::CausalLM& model,
+                                 torch::optim::Optimizer& optimizer);
 
-}  // namespace anvil::io
+}  // namespace anvil::checkpoint

@@ -1,6 +1,6 @@
-#include "anvil/io/hf_model.h"
+#include "anvil/checkpoint/hf_model.h"
 
-#include "anvil/io/peft.h"
+#include "anvil/checkpoint/peft.h"
 #include "anvil/models/lora.h"
 
 #include <ATen/ATen.h>
@@ -15,9 +15,9 @@
 #include "anvil/core/hub_cache.h"
 #include "anvil/io/safetensors.h"
 #include "anvil/models/registry.h"
-#include "io/saved_parameters.h"
+#include "checkpoint/saved_parameters.h"
 
-namespace anvil::io {
+namespace anvil::checkpoint {
 namespace {
 
 namespace stdfs = std::filesystem;
@@ -119,7 +119,7 @@ std::function<bool(const std::string&)> saved_parameters(models::CausalLM& model
 void save_weight_files(const stdfs::path& dir, models::CausalLM& model, const std::map<std::string, at::Tensor>& all) {
   const bool lora = models::has_lora(model);
   const auto saved = saved_parameters(model);
-  TensorMap tensors, heads;
+  io::TensorMap tensors, heads;
   for (const auto& [name, t] : all)
     if (is_head_parameter(name))
       heads.emplace(name, t);
@@ -128,12 +128,12 @@ void save_weight_files(const stdfs::path& dir, models::CausalLM& model, const st
   if (lora)
     save_peft_adapter(dir, model, tensors);
   else
-    save_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
-  if (!heads.empty()) save_safetensors(dir / kHeadsFile, heads, {{"format", "pt"}});
+    io::save_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
+  if (!heads.empty()) io::save_safetensors(dir / kHeadsFile, heads, {{"format", "pt"}});
 }
 
 void save_model_dir(const stdfs::path& dir, models::CausalLM& model, const tokenizer::Tokenizer* tokenizer) {
-  TensorMap all;
+  io::TensorMap all;
   for (const auto& p : model.named_parameters()) all.emplace(p.key(), p.value());
   save_weight_files(dir, model, all);
   save_model_config(dir, model, tokenizer);
@@ -185,7 +185,7 @@ std::set<std::string> copy_tensors(models::CausalLM& model, const std::vector<st
   std::set<std::string> loaded;
   at::NoGradGuard no_grad;
   for (const auto& file : files) {
-    SafetensorsFile f(file);
+    io::SafetensorsFile f(file);
     for (const auto& stored : f.names()) {
       const auto name = model.checkpoint_key(stored);
       if (name.empty()) continue;  // tied head, legacy buffer
@@ -346,4 +346,4 @@ std::shared_ptr<models::CausalLM> load_model_dir(const stdfs::path& dir_or_id, c
   return model;
 }
 
-}  // namespace anvil::io
+}  // namespace anvil::checkpoint

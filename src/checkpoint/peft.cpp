@@ -1,4 +1,4 @@
-#include "anvil/io/peft.h"
+#include "anvil/checkpoint/peft.h"
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -9,7 +9,7 @@
 #include "anvil/io/safetensors.h"
 #include "anvil/models/registry.h"
 
-namespace anvil::io {
+namespace anvil::checkpoint {
 namespace {
 
 namespace stdfs = std::filesystem;
@@ -97,7 +97,7 @@ models::LoraOptions read_peft_config(const stdfs::path& dir) {
 void save_peft_adapter(const stdfs::path& dir, models::CausalLM& model,
                        const std::map<std::string, at::Tensor>& tensors) {
   const auto o = models::lora_options(model);
-  TensorMap out;
+  io::TensorMap out;
   if (tensors.empty()) {
     for (const auto& p : model.named_parameters())
       if (in_adapter(p.key())) out.emplace(kPrefix + p.key(), p.value().detach());
@@ -105,7 +105,7 @@ void save_peft_adapter(const stdfs::path& dir, models::CausalLM& model,
     for (const auto& [name, t] : tensors)
       if (in_adapter(name)) out.emplace(kPrefix + name, t);
   }
-  save_safetensors(dir / kAdapterWeights, out, {{"format", "pt"}});
+  io::save_safetensors(dir / kAdapterWeights, out, {{"format", "pt"}});
   const bool reward = model.has_score_head();
   nlohmann::json c = {
       {"peft_type", "LORA"},
@@ -133,7 +133,7 @@ void save_peft_adapter(const stdfs::path& dir, models::CausalLM& model,
 void load_peft_weights(models::CausalLM& model, const stdfs::path& dir) {
   const auto file = dir / kAdapterWeights;
   if (!stdfs::exists(file)) throw CheckpointError(concat(dir.string(), ": no ", kAdapterWeights));
-  SafetensorsFile f(file);
+  io::SafetensorsFile f(file);
   auto key = [](std::string name) {
     if (name.rfind(kPrefix, 0) == 0) name = name.substr(std::string(kPrefix).size());
     // PEFT names a saved module copy "<module>.modules_to_save.<adapter>." in some versions.
@@ -176,4 +176,4 @@ models::LoraOptions load_peft_adapter(models::CausalLM& model, const stdfs::path
   return o;
 }
 
-}  // namespace anvil::io
+}  // namespace anvil::checkpoint

@@ -1,4 +1,4 @@
-#include "anvil/io/checkpoint.h"
+#include "anvil/checkpoint/checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/Generator.h>
@@ -12,12 +12,12 @@
 #include "anvil/core/error.h"
 #include "anvil/core/fs.h"
 #include "anvil/core/logging.h"
-#include "anvil/io/hf_model.h"
+#include "anvil/checkpoint/hf_model.h"
 #include "anvil/io/safetensors.h"
 #include "anvil/optim/optimizer.h"
-#include "io/saved_parameters.h"
+#include "checkpoint/saved_parameters.h"
 
-namespace anvil::io {
+namespace anvil::checkpoint {
 namespace {
 
 namespace stdfs = std::filesystem;
@@ -41,7 +41,7 @@ std::vector<std::pair<int64_t, stdfs::path>> complete_checkpoints(const stdfs::p
   if (!stdfs::is_directory(output_dir)) return out;
   for (const auto& e : stdfs::directory_iterator(output_dir)) {
     auto step = checkpoint_step(e.path());
-    if (step && e.is_directory() && stdfs::exists(e.path() / kTrainerStateFile)) out.emplace_back(*step, e.path());
+    if (step && e.is_directory() && stdfs::exists(e.path() / io::kTrainerStateFile)) out.emplace_back(*step, e.path());
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -67,7 +67,7 @@ void load_optimizer_state(const stdfs::path& dir, models::CausalLM& model, torch
   const auto meta = nlohmann::json::parse(fs::read_file(meta_path), nullptr, false);
   if (meta.is_discarded() || !meta.is_object() || !meta.contains("steps") || !meta["steps"].is_object())
     throw CheckpointError(concat(meta_path.string(), ": expected a JSON object with a \"steps\" object"));
-  SafetensorsFile file(dir / kOptimizerFile);
+  io::SafetensorsFile file(dir / kOptimizerFile);
   for (const auto& item : model.named_parameters()) {
     const auto& name = item.key();
     const auto& p = item.value();
@@ -95,7 +95,7 @@ void load_optimizer_state(const stdfs::path& dir, models::CausalLM& model, torch
 
 void save_optimizer_moments(const stdfs::path& dir, const std::map<std::string, at::Tensor>& moments,
                             const nlohmann::json& steps) {
-  save_safetensors(dir / kOptimizerFile, moments);
+  io::save_safetensors(dir / kOptimizerFile, moments);
   const nlohmann::json meta = {{"optimizer", "adamw"}, {"format_version", kFormatVersion}, {"steps", steps}};
   fs::write_file_atomic(dir / kOptimizerMeta, meta.dump(2) + "\n");
 }
@@ -146,11 +146,11 @@ stdfs::path save_checkpoint(const stdfs::path& output_dir, const CheckpointParts
 
   try {
     save_model_state(tmp, parts.model, parts.tokenizer);
-    save_safetensors(tmp / "rng_state.safetensors", parts.rng);
+    io::save_safetensors(tmp / "rng_state.safetensors", parts.rng);
     fs::write_file_atomic(tmp / "config.yaml", parts.run_config_yaml);
     for (const auto& [name, companion] : parts.companions) save_model_state(tmp / name, companion, nullptr);
     if (parts.before_complete) parts.before_complete(tmp);
-    write_trainer_state(tmp, parts.state);  // written last
+    io::write_trainer_state(tmp, parts.state);  // written last
     fs::fsync_tree(tmp);
   } catch (const std::exception& e) {
     // A full disk or an unwritable folder: the unfinished folder goes, the
@@ -195,8 +195,8 @@ void publish_checkpoint(const stdfs::path& tmp, const stdfs::path& output_dir, i
   }
 }
 
-TensorMap rng_state(const at::Device& device) {
-  TensorMap states;
+io::TensorMap rng_state(const at::Device& device) {
+  io::TensorMap states;
   for (const auto& d : rng_devices(device)) {
     auto gen = at::globalContext().defaultGenerator(d);
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -205,10 +205,12 @@ TensorMap rng_state(const at::Device& device) {
   return states;
 }
 
-void save_rng_state(const stdfs::path& path, const at::Device& device) { save_safetensors(path, rng_state(device)); }
+void save_rng_state(const stdfs::path& path, const at::Device& device) {
+  io::save_safetensors(path, rng_state(device));
+}
 
 void load_rng_state(const stdfs::path& path, const at::Device& device) {
-  SafetensorsFile f(path);
+  io::SafetensorsFile f(path);
   for (const auto& d : rng_devices(device)) {
     auto key = d.str();
     if (!f.contains(key) && !d.is_cpu())  // another rank's file: its GPU had another index
@@ -227,16 +229,16 @@ std::optional<stdfs::path> latest_checkpoint(const stdfs::path& output_dir) {
   return all.back().second;
 }
 
-TrainerState load_checkpoint(const stdfs::path& dir, models::CausalLM& model, torch::optim::Optimizer& optimizer) {
+io::TrainerState load_checkpoint(const stdfs::path& dir, models::CausalLM& model, torch::optim::Optimizer& optimizer) {
   if (stdfs::exists(dir / "sharding.json"))
     throw CheckpointError(concat(dir.string(),
                                  ": written by a sharded run (see its sharding.json); "
                                  "distributed::load_sharded_checkpoint reads it"));
-  const auto j = read_trainer_state(dir);
+  const auto j = io::read_trainer_state(dir);
   load_weights(model, dir);
   load_optimizer_state(dir, model, optimizer);
   load_rng_state(dir / "rng_state.safetensors", model.parameters().front().device());
-  return trainer_state_of(j);
+  return io::trainer_state_of(j);
 }
 
-}  // namespace anvil::io
+}  // namespace anvil::checkpoint

@@ -12,7 +12,7 @@
 #include "anvil/models/causal_lm.h"
 #include "anvil/models/lora.h"
 
-namespace anvil::io {
+namespace anvil::checkpoint {
 
 inline constexpr const char* kAdapterConfig = "adapter_config.json";
 inline constexpr const char* kAdapterWeights = "adapter_model.safetensors";
@@ -38,4 +38,4 @@ void load_peft_weights(models::CausalLM& model, const std::filesystem::path& dir
 /// Installs the adapters `dir` describes on `model` and loads their weights.
 models::LoraOptions load_peft_adapter(models::CausalLM& model, const std::filesystem::path& dir);
 
-}  // namespace anvil::io
+}  // namespace anvil::checkpoint

@@ -1,4 +1,4 @@
-// LoRA adapters (models/lora.h) and PEFT adapter folders (io/peft.h): PEFT
+// LoRA adapters (models/lora.h) and PEFT adapter folders (checkpoint/peft.h): PEFT
 // loads ours and we load PEFT's with equal logits, a merged export gives the
 // adapted logits in plain transformers (tests/parity/peft_parity.py), on every
 // family; adapters start as the identity, can be switched off, and bad names
@@ -14,8 +14,8 @@
 
 #include "anvil/config/config.h"
 #include "anvil/core/error.h"
-#include "anvil/io/hf_model.h"
-#include "anvil/io/peft.h"
+#include "anvil/checkpoint/hf_model.h"
+#include "anvil/checkpoint/peft.h"
 #include "anvil/models/lora.h"
 #include "anvil/models/registry.h"
 #include "test_util.h"
@@ -95,11 +95,11 @@ TEST(Lora, BadAdapterConfigsNameFileAndKey) {
   auto write = [&](const nlohmann::json& j) { std::ofstream(dir / "adapter_config.json") << j.dump(); };
   const nlohmann::json ok = {{"peft_type", "LORA"}, {"r", 4}, {"lora_alpha", 8}, {"target_modules", {"c_attn"}}};
   write(ok);
-  EXPECT_EQ(io::read_peft_config(dir.path()).r, 4);
+  EXPECT_EQ(checkpoint::read_peft_config(dir.path()).r, 4);
   auto expect_error = [&](nlohmann::json j, const std::string& needle) {
     write(j);
     try {
-      io::read_peft_config(dir.path());
+      checkpoint::read_peft_config(dir.path());
       ADD_FAILURE() << "expected an error for " << j.dump();
     } catch (const Error& e) {
       const std::string what = e.what();
@@ -150,7 +150,7 @@ TEST(Lora, PeftLoadsOursAndWeLoadPeftsWithEqualLogits) {
     const auto base = dir / (flavor + "-base"), adapter = dir / (flavor + "-adapter"),
                merged = dir / (flavor + "-merged");
     stdfs::create_directories(base);
-    io::save_model_dir(base, *model, nullptr);
+    checkpoint::save_model_dir(base, *model, nullptr);
     LoraOptions o;
     o.r = 4;
     o.alpha = 16;
@@ -160,11 +160,11 @@ TEST(Lora, PeftLoadsOursAndWeLoadPeftsWithEqualLogits) {
     add_lora(*model, o);
     randomize_adapters(*model);
     stdfs::create_directories(adapter);
-    io::save_model_dir(adapter, *model, nullptr);
+    checkpoint::save_model_dir(adapter, *model, nullptr);
     EXPECT_TRUE(stdfs::exists(adapter / "adapter_model.safetensors"));
     EXPECT_FALSE(stdfs::exists(adapter / "model.safetensors")) << "the base stays where it is";
     EXPECT_FALSE(stdfs::exists(adapter / "config.json")) << "transformers would look for the weights here";
-    EXPECT_TRUE(stdfs::exists(adapter / io::kAdapterModelConfig));
+    EXPECT_TRUE(stdfs::exists(adapter / checkpoint::kAdapterModelConfig));
     std::string out;
     ASSERT_EQ(anvil::testing::run(anvil::testing::cli_bin() + " export --merge-lora --checkpoint " + adapter.string() +
                                       " --output " + merged.string() + " 2>&1",
@@ -191,13 +191,13 @@ TEST(Lora, ExportWithoutMergeSaysHow) {
   auto model = build_flavor("gpt2-debug");
   const auto base = dir / "base", adapter = dir / "adapter";
   stdfs::create_directories(base);
-  io::save_model_dir(base, *model, nullptr);
+  checkpoint::save_model_dir(base, *model, nullptr);
   LoraOptions o;
   o.r = 2;
   o.base_model = base.string();
   add_lora(*model, o);
   stdfs::create_directories(adapter);
-  io::save_model_dir(adapter, *model, nullptr);
+  checkpoint::save_model_dir(adapter, *model, nullptr);
   std::string out;
   EXPECT_NE(anvil::testing::run(anvil::testing::cli_bin() + " export --checkpoint " + adapter.string() + " --output " +
                                     (dir / "x").string() + " 2>&1",
