@@ -14,8 +14,8 @@
 
 namespace anvil::data {
 
-/// Datasets hold conversations as chat/ renders them: chat::Message and
-/// chat::kIgnoreIndex are chat's.
+/// Datasets hold conversations as chat/ renders them: data::Message and
+/// data::kIgnoreIndex name chat's.
 using chat::kIgnoreIndex;
 using chat::Message;
 
