@@ -196,8 +196,8 @@ std::string tab_hint(const std::string& file) {
 }
 
 /// TRL / transformers argument names -> our keys, for did-you-mean.
-const std::map<std::string, std::string>& foreign_key_names() {
-  static const std::map<std::string, std::string> names = {
+std::map<std::string, std::string> foreign_key_names() {
+  std::map<std::string, std::string> names = {
       {"learning_rate", "optimizer.lr"},
       {"adam_epsilon", "optimizer.eps"},
       {"adam_beta1", "optimizer.betas"},
@@ -220,15 +220,9 @@ const std::map<std::string, std::string>& foreign_key_names() {
       {"lora_alpha", "lora.alpha"},
       {"lora_dropout", "lora.dropout"},
       {"lora_r", "lora.r"},
-      {"num_generations", "ppo.samples_per_prompt"},
-      {"max_completion_length", "ppo.max_new_tokens"},
-      {"num_ppo_epochs", "ppo.ppo_epochs"},
-      {"num_iterations", "ppo.ppo_epochs"},
-      {"epsilon", "ppo.cliprange"},
-      {"cliprange", "ppo.cliprange"},
-      {"vf_coef", "ppo.vf_coef"},
-      {"kl_coef", "ppo.kl_coef"},
   };
+  for (const auto& s : registered_sections())
+    for (const auto& [theirs, ours] : s.foreign_names) names.emplace(theirs, ours);
   return names;
 }
 
@@ -280,9 +274,12 @@ class Parser {
     prefix_ = saved;
   }
 
-  /// A list of maps, each parsed with S's own fields: data.train[0].path, ...
+  /// A list of maps, each parsed with its item type's own fields: data.train[0].path, ...
   template <class S>
-  void list(const char* key, std::vector<S>& items, const char* /*doc*/) {
+  void list(const char* key, std::vector<S>& items, const char* doc) {
+    list_of(key, ListRef::of(items), doc);
+  }
+  void list_of(const char* key, const ListRef& items, const char* /*doc*/) {
     const auto path = prefix_ + key;
     known_.insert(path);
     auto it = flat_.find(path);
@@ -293,35 +290,39 @@ class Parser {
       errors_->add(concat(where, ": ", path, ": expected a list of maps (- key: value), got ", describe(node)));
       return;
     }
-    std::vector<S> parsed;
+    std::vector<size_t> maps;
     for (size_t i = 0; i < node.size(); ++i) {
-      const auto item_path = concat(path, "[", i, "]");
-      if (!node[i].IsMap()) {
-        errors_->add(concat(where_of(file, node[i]), ": ", item_path, ": expected a map, got ", describe(node[i])));
+      if (node[i].IsMap()) {
+        maps.push_back(i);
         continue;
       }
+      errors_->add(concat(where_of(file, node[i]), ": ", path, "[", i, "]: expected a map, got ", describe(node[i])));
+    }
+    items.resize(maps.size());
+    for (size_t j = 0; j < maps.size(); ++j) {
+      const auto i = maps[j];
+      const auto item_path = concat(path, "[", i, "]");
       FlatConfig sub;
       flatten(node[i], item_path, file, sub);
       for (auto& [k, e] : sub)
         if (file.rfind("command line", 0) == 0) e.where = where;
       Parser p(std::move(sub), where, *errors_);
       p.prefix_ = item_path + ".";
-      S item;
-      item.visit(p);
+      detail::FieldVisitorFor<Parser> fields(p);
+      items.visit(j, fields);
       p.reject_unknown();
-      parsed.push_back(std::move(item));
     }
-    items = std::move(parsed);
   }
 
   void reject_unknown() const {
+    const auto foreign = foreign_key_names();
     for (const auto& [path, entry] : flat_) {
       if (known_.count(path)) continue;
       // A TRL / transformers name (TrainingArguments, GRPOConfig, LoraConfig)
       // for one of our keys, in any section or none.
       const auto last = path.substr(path.rfind('.') == std::string::npos ? 0 : path.rfind('.') + 1);
-      if (const auto ours = foreign_key_names().find(last);
-          ours != foreign_key_names().end() && known_.count(ours->second) && ours->second != path) {
+      if (const auto ours = foreign.find(last);
+          ours != foreign.end() && known_.count(ours->second) && ours->second != path) {
         errors_->add(concat(entry.where, ": ", path, ": unknown key; did you mean ", ours->second, "? (", last,
                             " is the TRL / transformers name)"));
         continue;
@@ -393,11 +394,15 @@ class Printer {
     --depth_;
   }
   template <class S>
-  void list(const char* key, std::vector<S>& items, const char*) {
+  void list(const char* key, std::vector<S>& items, const char* doc) {
+    list_of(key, ListRef::of(items), doc);
+  }
+  void list_of(const char* key, const ListRef& items, const char*) {
     out_ << YAML::Key << key << YAML::Value << YAML::BeginSeq;
-    for (auto& item : items) {
+    detail::FieldVisitorFor<Printer> fields(*this);
+    for (size_t i = 0; i < items.size(); ++i) {
       out_ << YAML::BeginMap;
-      item.visit(*this);
+      items.visit(i, fields);
       out_ << YAML::EndMap;
     }
     out_ << YAML::EndSeq;
@@ -423,9 +428,10 @@ class Reference {
   void field(const char* key, T& value, const char* doc, const Rule& rule = {}) {
     std::string allowed = rule.expected;
     if (rule.required) allowed = rule.number ? "required; " + rule.expected : "required";
-    if (!rule.read_by.empty()) {
+    if (rule.declared) {
       allowed += allowed.empty() ? "read by " : "; read by ";
-      for (size_t i = 0; i < rule.read_by.size(); ++i) allowed += (i ? ", " : "") + rule.read_by[i];
+      const auto readers = readers_of(prefix_ + key);
+      for (size_t i = 0; i < readers.size(); ++i) allowed += (i ? ", " : "") + readers[i];
       if constexpr (std::is_arithmetic_v<T>)
         if (rule.off) allowed += concat(" (any algorithm takes ", TypeInfo<T>::show(static_cast<T>(*rule.off)), ")");
     }
@@ -441,12 +447,15 @@ class Reference {
     prefix_ = saved;
   }
   template <class S>
-  void list(const char* key, std::vector<S>&, const char* doc) {
+  void list(const char* key, std::vector<S>& items, const char* doc) {
+    list_of(key, ListRef::of(items), doc);
+  }
+  void list_of(const char* key, const ListRef& items, const char* doc) {
     const auto saved = prefix_;
     prefix_ += std::string(key) + "[].";
     rows_ << "| **`" << prefix_.substr(0, prefix_.size() - 1) << "`** | list of maps | `[]` | | " << doc << " |\n";
-    S item;
-    item.visit(*this);
+    detail::FieldVisitorFor<Reference> fields(*this);
+    items.visit_default(fields);
     prefix_ = saved;
   }
   std::string str() const {
@@ -644,7 +653,8 @@ std::vector<ConfigChange> config_changes(const std::string& before_yaml, const s
   for (const auto& [k, e] : b) keys.insert(k);
   // Sections of other algorithms than the new config's are not part of its
   // run (configs saved before they were left out of config.yaml list them).
-  const auto algo = b.count("algorithm") ? b.at("algorithm").node.as<std::string>("sft") : std::string("sft");
+  const auto fallback = RunConfig{}.algorithm;
+  const auto algo = b.count("algorithm") ? b.at("algorithm").node.as<std::string>(fallback) : fallback;
   std::vector<ConfigChange> out;
   for (const auto& k : keys) {
     const auto owner = section_algorithm(k.substr(0, k.find_first_of(".[")));
@@ -660,7 +670,7 @@ std::mutex& algorithm_mutex() {
   return m;
 }
 std::vector<std::string>& algorithm_list() {
-  static std::vector<std::string> names = {"sft", "pretrain", "reward", "dpo", "ppo", "ilql"};
+  static std::vector<std::string> names;
   return names;
 }
 }  // namespace
@@ -674,8 +684,7 @@ std::vector<RegisteredSection>& section_list() {
 
 void register_section(RegisteredSection section) {
   static const std::set<std::string> builtin = {"output_dir", "algorithm", "model", "tokenizer", "data",    "optimizer",
-                                                "schedule",   "train",     "dist",  "eval",      "logging", "sft",
-                                                "reward",     "dpo",       "ppo",   "ilql"};
+                                                "schedule",   "train",     "dist",  "eval",      "logging", "lora"};
   std::lock_guard<std::mutex> lock(algorithm_mutex());
   auto& list = section_list();
   if (section.name.empty() ||
@@ -689,8 +698,6 @@ void register_section(RegisteredSection section) {
 }
 
 std::string section_algorithm(const std::string& section) {
-  if (section == "sft" || section == "reward" || section == "dpo" || section == "ppo" || section == "ilql")
-    return section;
   std::lock_guard<std::mutex> lock(algorithm_mutex());
   for (const auto& s : section_list())
     if (s.name == section) return s.algorithm;

@@ -1,6 +1,6 @@
-// Cross-field checks of a parsed config, and the keys a run's algorithm does
-// not read (Rule::read_by): every problem is reported with the file and line
-// of the key, all of them together (config_internal.h).
+// Cross-field checks of a parsed config (the registered sections' own among
+// them), and the keys a run's algorithm does not read (read_if_declared): every problem is reported with the file and
+// line of the key, all of them together (config_internal.h).
 #include <filesystem>
 #include <functional>
 #include <mutex>
@@ -168,49 +168,7 @@ void check_data(const RunConfig& c, const Fail& fail) {
   }
 }
 
-void check_algorithms(const RunConfig& c, const Fail& fail) {
-  if (c.algorithm == "dpo" && c.dpo.label_smoothing > 0 && (c.dpo.loss_type == "ipo" || c.dpo.loss_type == "hinge"))
-    fail("dpo.label_smoothing", concat("applies to loss_type sigmoid (cDPO) and robust; ", c.dpo.loss_type,
-                                       " takes 0, got ", c.dpo.label_smoothing));
-  const bool reference_free = c.dpo.loss_type == "orpo" || c.dpo.loss_type == "simpo" || c.dpo.loss_type == "cpo";
-  if (c.algorithm == "dpo" && reference_free) {
-    if (!c.dpo.reference.empty())
-      fail("dpo.reference", concat("loss_type ", c.dpo.loss_type, " uses no reference model; leave it empty"));
-    if (c.dpo.precompute_reference)
-      fail("dpo.precompute_reference", concat("loss_type ", c.dpo.loss_type, " uses no reference model"));
-    if (c.dpo.rpo_alpha > 0)
-      fail("dpo.rpo_alpha", concat("loss_type ", c.dpo.loss_type,
-                                   c.dpo.loss_type == "orpo" ? " has the chosen reply's NLL built in"
-                                                             : " weighs the chosen reply's NLL with dpo.cpo_alpha"));
-    if (c.dpo.label_smoothing > 0 && c.dpo.loss_type == "orpo")
-      fail("dpo.label_smoothing", "applies to loss_type sigmoid, robust, simpo and cpo; orpo takes 0");
-  }
-  if (c.algorithm == "ppo") {
-    const auto& r = c.ppo.reward;
-    const bool single =
-        !r.model.empty() || !r.command.empty() || !r.exact_match.empty() || !r.regex.empty() || !r.function.empty();
-    if (single && !c.ppo.rewards.empty())
-      fail("ppo.rewards", "cannot be set together with a source in ppo.reward (list every source in ppo.rewards)");
-    for (size_t i = 0; i < c.ppo.rewards.size(); ++i) {
-      const auto& item = c.ppo.rewards[i];
-      const auto key = concat("ppo.rewards[", i, "]");
-      if (item.scale != "none" || item.clip != 0)
-        fail(key + (item.scale != "none" ? ".scale" : ".clip"),
-             "applies to the summed score: set ppo.reward.scale / ppo.reward.clip");
-      must_exist(fail, (key + ".model").c_str(), item.model, kModel);
-    }
-    if (c.ppo.dynamic_sampling && c.ppo.samples_per_prompt < 2)
-      fail("ppo.dynamic_sampling", concat("drops groups whose samples all scored the same, so it needs "
-                                          "ppo.samples_per_prompt of at least 2, got ",
-                                          c.ppo.samples_per_prompt));
-  }
-  must_exist(fail, "dpo.reference", c.dpo.reference, kModel);
-  must_exist(fail, "ppo.reference", c.ppo.reference, kModel);
-  must_exist(fail, "ppo.reward.model", c.ppo.reward.model, kModel);
-  must_exist(fail, "ppo.critic_from", c.ppo.critic_from, kModel);
-  must_exist(fail, "ilql.reward.model", c.ilql.reward.model, kModel);
-  if (!c.ppo.critic_from.empty() && c.ppo.advantage != "gae")
-    fail("ppo.critic_from", concat("advantage ", c.ppo.advantage, " has no critic; a separate critic serves gae"));
+void check_run(const RunConfig& c, const Fail& fail) {
   must_exist(fail, "train.resume_from", c.train.resume_from, kFolder);
   if (!c.train.resume_from.empty() && c.train.resume == "never")
     fail("train.resume_from", "cannot be set together with train.resume: never");
@@ -219,7 +177,7 @@ void check_algorithms(const RunConfig& c, const Fail& fail) {
     fail("train.device", concat("expected cpu, cuda or cuda:N, got \"", d, "\""));
 }
 
-// ---- keys that only some algorithms read (Rule::read_by) --------------------
+// ---- keys that only some algorithms read (read_if_declared) -----------------
 
 using Value = std::variant<bool, int64_t, double, std::string, std::vector<double>, std::vector<int64_t>,
                            std::vector<std::string>>;
@@ -229,7 +187,7 @@ using Value = std::variant<bool, int64_t, double, std::string, std::vector<doubl
 struct Key {
   std::string path, name;
   Value value;
-  std::vector<std::string> read_by;
+  bool declared = false;
   std::optional<double> off;
 };
 
@@ -240,7 +198,7 @@ class KeyLister {
   explicit KeyLister(bool one_item) : one_item_(one_item) {}
   template <class T>
   void field(const char* key, T& value, const char*, const Rule& rule = {}) {
-    keys.push_back({path_ + key, name_ + key, Value(std::in_place_type<T>, value), rule.read_by, rule.off});
+    keys.push_back({path_ + key, name_ + key, Value(std::in_place_type<T>, value), rule.declared, rule.off});
   }
   template <class S>
   void section(const char* key, S& s, const char*) {
@@ -251,17 +209,20 @@ class KeyLister {
     std::tie(path_, name_) = saved;
   }
   template <class S>
-  void list(const char* key, std::vector<S>& items, const char*) {
+  void list(const char* key, std::vector<S>& items, const char* doc) {
+    list_of(key, ListRef::of(items), doc);
+  }
+  void list_of(const char* key, const ListRef& items, const char*) {
     const auto saved = std::make_pair(path_, name_);
     name_ += std::string(key) + "[].";
+    detail::FieldVisitorFor<KeyLister> fields(*this);
     if (one_item_) {
-      S item;
       path_ = name_;
-      item.visit(*this);
+      items.visit_default(fields);
     }
     for (size_t i = 0; !one_item_ && i < items.size(); ++i) {
       path_ = concat(saved.first, key, "[", i, "].");
-      items[i].visit(*this);
+      items.visit(i, fields);
     }
     std::tie(path_, name_) = saved;
   }
@@ -297,23 +258,17 @@ DeclaredReads& declared_reads() {
 }
 
 bool algorithm_reads(const std::string& algorithm, const Key& key) {
-  if (key.read_by.empty() || std::count(key.read_by.begin(), key.read_by.end(), algorithm)) return true;
+  if (!key.declared) return true;
   auto& d = declared_reads();
   std::lock_guard<std::mutex> lock(d.mutex);
-  if (const auto it = d.by_algorithm.find(algorithm); it != d.by_algorithm.end()) return it->second.count(key.name);
-  // Rule::read_by names the built-in algorithms that read a key; a registered
-  // one that listed no keys is taken to read them all.
-  static const std::set<std::string> builtin = {"sft", "pretrain", "reward", "dpo", "ppo", "ilql"};
-  return !builtin.count(algorithm);
+  // One registered without a list is taken to read every key.
+  const auto it = d.by_algorithm.find(algorithm);
+  return it == d.by_algorithm.end() || it->second.count(key.name);
 }
 
 std::string readers(const Key& key) {
   std::string out;
-  for (const auto& a : key.read_by) out += (out.empty() ? "" : ", ") + a;
-  auto& d = declared_reads();
-  std::lock_guard<std::mutex> lock(d.mutex);
-  for (const auto& [algorithm, keys] : d.by_algorithm)
-    if (keys.count(key.name)) out += (out.empty() ? "" : ", ") + algorithm;
+  for (const auto& a : readers_of(key.name)) out += (out.empty() ? "" : ", ") + a;
   return out;
 }
 
@@ -356,12 +311,36 @@ void add_algorithm_name(const std::string& name, const std::vector<std::string>&
 }
 
 std::vector<std::string> keys_read_by(const std::string& algorithm) {
+  const auto names = algorithm_names();
+  if (std::find(names.begin(), names.end(), algorithm) == names.end())
+    throw ConfigError(concat("keys_read_by: no algorithm \"", algorithm, "\" is registered"));
   std::vector<std::string> out;
   for (const auto& k : default_keys()) {
     const auto owner = section_algorithm(section_of(k.name));
     if ((owner.empty() || owner == algorithm) && algorithm_reads(algorithm, k)) out.push_back(k.name);
   }
   return out;
+}
+
+std::vector<std::string> dataset_keys(const std::vector<std::string>& fields) {
+  std::vector<std::string> out;
+  for (const char* list : {"data.train[].", "data.eval[]."})
+    for (const auto& f : fields) out.push_back(list + f);
+  return out;
+}
+
+std::vector<std::string> readers_of(const std::string& key) {
+  std::vector<std::string> out;
+  const auto names = algorithm_names();
+  auto& d = declared_reads();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  for (const auto& a : names)
+    if (const auto it = d.by_algorithm.find(a); it != d.by_algorithm.end() && it->second.count(key)) out.push_back(a);
+  return out;
+}
+
+void Checks::model_folder(const std::string& key, const std::string& path) const {
+  must_exist(fail_, key.c_str(), path, kModel);
 }
 
 void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sources, Errors& errors) {
@@ -385,7 +364,12 @@ void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sou
   check_training(c, flat, fail);
   check_lora(c, flat, fail);
   check_data(c, fail);
-  check_algorithms(c, fail);
+  check_run(c, fail);
+  // The registered sections' own checks (the built-in objectives' among them),
+  // for the sections this run reads.
+  const Checks checks(fail);
+  for (const auto& s : registered_sections())
+    if (s.check && (s.algorithm.empty() || s.algorithm == c.algorithm)) s.check(c, checks);
   check_unread_keys(c, fail);
 }
 

@@ -173,7 +173,7 @@ class ModelSource final : public RewardSource {
 
 /// The kind of the one source a section sets ("" when none), or a
 /// ConfigError unless at most one is set (exactly one when `required`).
-std::string source_kind(const config::PpoRewardConfig& c, const std::string& key, bool required) {
+std::string source_kind(const SourceConfig& c, const std::string& key, bool required) {
   std::string kind;
   int sources = 0;
   for (const auto& [name, v] : {std::pair<const char*, const std::string*>{"model", &c.model},
@@ -198,7 +198,7 @@ void register_reward_function(const std::string& name, RewardFn fn) {
     throw ConfigError(concat("reward function \"", name, "\" is already registered"));
 }
 
-std::unique_ptr<RewardSource> make_reward_source(const config::PpoRewardConfig& c, const std::string& key) {
+std::unique_ptr<RewardSource> make_reward_source(const SourceConfig& c, const std::string& key) {
   const auto kind = source_kind(c, key, false);
   if (kind == "exact_match") return std::make_unique<ExactMatchSource>(c.exact_match, key);
   if (kind == "regex") return std::make_unique<RegexSource>(c.regex, key);
@@ -221,11 +221,11 @@ nlohmann::json program_record(const RewardQuery& q, const std::string& where, co
   return rec;
 }
 
-ResponseRewards::ResponseRewards(const config::PpoRewardConfig& config, std::string key, bool required)
+ResponseRewards::ResponseRewards(const SourceConfig& config, std::string key, bool required)
     : ResponseRewards(config, std::move(key), {}, "", required) {}
 
-ResponseRewards::ResponseRewards(const config::PpoRewardConfig& config, std::string key,
-                                 const std::vector<config::WeightedRewardConfig>& list, const std::string& list_key,
+ResponseRewards::ResponseRewards(const SourceConfig& config, std::string key,
+                                 const std::vector<WeightedSourceConfig>& list, const std::string& list_key,
                                  bool required) {
   if (list.empty()) {
     source_kind(config, key, required);

@@ -289,12 +289,11 @@ class DistillObjective final : public Objective {
 const bool kRegistered = [] {
   config::register_section<DistillConfig>(
       "distill", "Options of the distill algorithm (on-policy distillation from a teacher: GKD).", "distill");
-  // It reads what ppo reads of data and eval (prompts, greedy eval), and the
-  // response field of sft data (the dataset's responses).
-  auto reads = config::keys_read_by("sft");
-  std::erase_if(reads, [](const std::string& k) {
-    return k.rfind("sft.", 0) == 0 || k == "train.loss_chunk_size" || k == "train.fused_loss" || k == "data.packing";
-  });
+  // It reads what sft reads of data and eval (prompts, responses, greedy eval), but
+  // neither the fused head nor packing.
+  auto reads = config::dataset_keys({"eval_fraction", "prompt_field", "response_field", "token_dtype"});
+  reads.insert(reads.end(), {"data.template", "data.on_overflow", "data.on_error", "eval.max_batches",
+                             "eval.generate_samples", "eval.max_new_tokens", "eval.table_rows"});
   register_objective(
       "distill",
       [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {

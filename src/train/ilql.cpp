@@ -209,7 +209,7 @@ class OfflineSource final : public BatchSource {
 
 struct IlqlObjective::State {
   config::RunConfig cfg;
-  const config::IlqlConfig& o;
+  const IlqlConfig& o;
   const tokenizer::Tokenizer& tok;
   int64_t pad_id = 0, stop_id = -1;
   MixtureData<data::OfflineRlDataset> data;
@@ -219,7 +219,7 @@ struct IlqlObjective::State {
   std::vector<std::string> qs;
   RankContext ranks;
 
-  State(const config::RunConfig& c, const tokenizer::Tokenizer& t) : cfg(c), o(cfg.ilql), tok(t) {}
+  State(const config::RunConfig& c, const tokenizer::Tokenizer& t) : cfg(c), o(ilql_config(cfg)), tok(t) {}
 };
 
 IlqlObjective::IlqlObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)
@@ -422,5 +422,26 @@ EvalResult IlqlObjective::evaluate(models::CausalLM& model) {
   if (s.rewards->is_exact_match()) result.metrics["eval/exact_match"] = totals[0] / n;
   return result;
 }
+
+// ilql: registered as a linking program registers its objectives
+// (examples/custom_objective).
+namespace {
+const bool kRegistered = [] {
+  config::register_section<IlqlConfig>("ilql", "Offline RL: ILQL (algorithm: ilql; docs/algorithms.md).", "ilql",
+                                       [](const IlqlConfig& o, const config::RunConfig&, const config::Checks& checks) {
+                                         checks.model_folder("ilql.reward.model", o.reward.model);
+                                       });
+  auto reads = config::dataset_keys({"prompt_field", "response_field"});
+  reads.insert(reads.end(),
+               {"data.template", "data.on_overflow", "data.on_error", "eval.generate_samples", "eval.table_rows"});
+  register_objective(
+      "ilql",
+      [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
+        return std::make_unique<IlqlObjective>(cfg, tok);
+      },
+      reads);
+  return true;
+}();
+}  // namespace
 
 }  // namespace anvil::train

@@ -15,6 +15,7 @@
 #include "anvil/data/jsonl.h"
 #include "anvil/data/mixture.h"
 #include "anvil/models/lora.h"
+#include "anvil/train/preference.h"
 #include "train/lm_data.h"
 #include "train/preference_data.h"
 
@@ -399,9 +400,8 @@ class KtoObjective final : public Objective {
 const bool kRegistered = [] {
   config::register_section<KtoConfig>(
       "kto", "Options of the kto algorithm (KTO: unpaired desirable and undesirable completions).", "kto");
-  // It reads what dpo reads (data, eval generation, the fused head), but not dpo's own section.
-  auto reads = config::keys_read_by("dpo");
-  std::erase_if(reads, [](const std::string& k) { return k.rfind("dpo.", 0) == 0; });
+  // It reads what dpo reads of data and eval, and the fused head.
+  const auto reads = dpo_reads();
   register_objective(
       "kto",
       [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {

@@ -12,8 +12,8 @@ data::ReadOptions read_options(const config::RunConfig& cfg, const config::Datas
   o.template_name = cfg.data.template_name;
   o.max_length = cfg.data.max_length;
   o.drop_overflow = cfg.data.on_overflow == "drop";
-  o.train_on_prompt = cfg.sft.train_on_prompt;
-  o.add_eos = cfg.sft.add_eos;
+  o.train_on_prompt = sft_config(cfg).train_on_prompt;
+  o.add_eos = sft_config(cfg).add_eos;
   o.on_error = data::parse_on_error(cfg.data.on_error);
   return o;
 }

@@ -13,6 +13,7 @@
 #include "anvil/data/datasets.h"
 #include "anvil/data/mixture.h"
 #include "anvil/train/objective.h"
+#include "anvil/train/sft.h"
 #include "data/collate.h"
 
 namespace anvil::train {

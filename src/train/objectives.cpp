@@ -1,29 +1,18 @@
-// The algorithm registry: the built-in objectives, one line each, and those a
-// linking program registers (register_objective).
+// The algorithm registry. Every objective registers itself here, the
+// built-in ones from their own files (sft.cpp, preference.cpp, ppo.cpp, ...)
+// as a linking program does (register_objective).
 #include <map>
 #include <mutex>
 
 #include "anvil/core/error.h"
-#include "anvil/train/ilql.h"
 #include "anvil/train/objective.h"
-#include "anvil/train/ppo.h"
-#include "anvil/train/preference.h"
-#include "anvil/train/sft.h"
 
 namespace anvil::train {
 namespace {
 
-template <class T>
-ObjectiveFactory make() {
-  return [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) { return std::make_unique<T>(cfg, tok); };
-}
-
 struct Registry {
   std::mutex mutex;
-  std::map<std::string, ObjectiveFactory> factories{
-      {"sft", make<LmObjective>()},  {"pretrain", make<LmObjective>()}, {"reward", make<RewardObjective>()},
-      {"dpo", make<DpoObjective>()}, {"ppo", make<PpoObjective>()},     {"ilql", make<IlqlObjective>()},
-  };
+  std::map<std::string, ObjectiveFactory> factories;
 };
 
 Registry& registry() {

@@ -74,7 +74,7 @@ at::Tensor token_logps(models::CausalLM& model, const at::Tensor& sel, const at:
 
 struct PpoObjective::State {
   config::RunConfig cfg;
-  const config::PpoConfig& ppo;
+  const PpoConfig& ppo;
   const tokenizer::Tokenizer& tok;
   int64_t pad_id = 0, stop_id = -1;
   MixtureData<data::PromptDataset> data;
@@ -95,7 +95,7 @@ struct PpoObjective::State {
   double learn_seconds = 0;
   std::chrono::steady_clock::time_point learn_start;
 
-  State(const config::RunConfig& c, const tokenizer::Tokenizer& t) : cfg(c), ppo(cfg.ppo), tok(t) {}
+  State(const config::RunConfig& c, const tokenizer::Tokenizer& t) : cfg(c), ppo(ppo_config(cfg)), tok(t) {}
 
   int64_t minibatch_rows() const { return cfg.train.micro_batch_size * micro_per_step(); }
   LossWeighting weighting() const {
@@ -787,5 +787,59 @@ EvalResult PpoObjective::evaluate(models::CausalLM& model) {
   for (size_t j = 0; j < names.size(); ++j) result.metrics["eval/rewards/" + names[j]] = totals[3 + j] / n;
   return result;
 }
+
+// ppo: registered as a linking program registers its objectives
+// (examples/custom_objective).
+namespace {
+
+void check_ppo(const PpoConfig& p, const config::RunConfig&, const config::Checks& checks) {
+  const auto& r = p.reward;
+  const bool single =
+      !r.model.empty() || !r.command.empty() || !r.exact_match.empty() || !r.regex.empty() || !r.function.empty();
+  if (single && !p.rewards.empty())
+    checks.fail("ppo.rewards", "cannot be set together with a source in ppo.reward (list every source in ppo.rewards)");
+  for (size_t i = 0; i < p.rewards.size(); ++i) {
+    const auto& item = p.rewards[i];
+    const auto key = concat("ppo.rewards[", i, "]");
+    if (item.scale != "none" || item.clip != 0)
+      checks.fail(key + (item.scale != "none" ? ".scale" : ".clip"),
+                  "applies to the summed score: set ppo.reward.scale / ppo.reward.clip");
+    checks.model_folder(key + ".model", item.model);
+  }
+  if (p.dynamic_sampling && p.samples_per_prompt < 2)
+    checks.fail("ppo.dynamic_sampling", concat("drops groups whose samples all scored the same, so it needs "
+                                               "ppo.samples_per_prompt of at least 2, got ",
+                                               p.samples_per_prompt));
+  checks.model_folder("ppo.reference", p.reference);
+  checks.model_folder("ppo.reward.model", p.reward.model);
+  checks.model_folder("ppo.critic_from", p.critic_from);
+  if (!p.critic_from.empty() && p.advantage != "gae")
+    checks.fail("ppo.critic_from", concat("advantage ", p.advantage, " has no critic; a separate critic serves gae"));
+}
+
+const bool kRegistered = [] {
+  config::register_section<PpoConfig>("ppo", "Online RL: PPO, GRPO and RLOO (algorithm: ppo; docs/algorithms.md).",
+                                      "ppo", check_ppo,
+                                      {{"num_generations", "ppo.samples_per_prompt"},
+                                       {"max_completion_length", "ppo.max_new_tokens"},
+                                       {"num_ppo_epochs", "ppo.ppo_epochs"},
+                                       {"num_iterations", "ppo.ppo_epochs"},
+                                       {"epsilon", "ppo.cliprange"},
+                                       {"cliprange", "ppo.cliprange"},
+                                       {"vf_coef", "ppo.vf_coef"},
+                                       {"kl_coef", "ppo.kl_coef"}});
+  auto reads = config::dataset_keys({"eval_fraction", "prompt_field"});
+  reads.insert(reads.end(), {"data.template", "data.on_error", "train.fused_loss", "eval.generate_samples",
+                             "eval.max_new_tokens", "eval.table_rows"});
+  register_objective(
+      "ppo",
+      [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
+        return std::make_unique<PpoObjective>(cfg, tok);
+      },
+      reads);
+  return true;
+}();
+
+}  // namespace
 
 }  // namespace anvil::train

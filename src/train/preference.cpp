@@ -391,12 +391,12 @@ at::Tensor RewardObjective::State::rewards(models::CausalLM& model, const Batch&
 }
 
 at::Tensor RewardObjective::loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) {
-  NoDropout guard(model, s_->cfg.reward.disable_dropout);
+  NoDropout guard(model, reward_config(s_->cfg).disable_dropout);
   auto r = s_->rewards(model, batch);
   RankingPairs pairs{batch.tensors.at("better"), batch.tensors.at("worse"), batch.tensors.at("margin"),
                      batch.tensors.at("weight")};
   add_ranking_sums(r, pairs, sums);
-  return ranking_loss_sum(r, pairs, s_->cfg.reward.center_rewards_coefficient);
+  return ranking_loss_sum(r, pairs, reward_config(s_->cfg).center_rewards_coefficient);
 }
 
 EvalResult RewardObjective::evaluate(models::CausalLM& model) {
@@ -436,7 +436,8 @@ DpoObjective::DpoObjective(const config::RunConfig& cfg, const tokenizer::Tokeni
                    tok,
                    resolve_pad(tok),
                    chat::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok),
-                   {cfg.dpo.loss_type, cfg.dpo.beta, cfg.dpo.label_smoothing, cfg.dpo.simpo_gamma},
+                   {dpo_config(cfg).loss_type, dpo_config(cfg).beta, dpo_config(cfg).label_smoothing,
+                    dpo_config(cfg).simpo_gamma},
                    load_preference_data(cfg, tok),
                    nullptr,
                    {},
@@ -466,11 +467,12 @@ BatchSource& DpoObjective::train_source() { return *s_->source; }
 void DpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
   if (model.has_score_head())
     throw ConfigError("model.from: algorithm dpo trains a language model, but the model is a reward model");
-  if (reference_free(s_->cfg.dpo.loss_type)) {
-    log::info("dpo: loss_type ", s_->cfg.dpo.loss_type, " compares the policy's own log-probs; no reference model");
+  if (reference_free(dpo_config(s_->cfg).loss_type)) {
+    log::info("dpo: loss_type ", dpo_config(s_->cfg).loss_type,
+              " compares the policy's own log-probs; no reference model");
     return;
   }
-  const auto& path = !s_->cfg.dpo.reference.empty() ? s_->cfg.dpo.reference : s_->cfg.model.from;
+  const auto& path = !dpo_config(s_->cfg).reference.empty() ? dpo_config(s_->cfg).reference : s_->cfg.model.from;
   if (!path.empty()) {
     // Identify the reference by its folder and weight files, for the cache.
     s_->reference_desc = concat("folder ", stdfs::weakly_canonical(path).string());
@@ -482,7 +484,7 @@ void DpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
     s_->reference_desc = concat("initial weights, seed ", s_->cfg.train.seed, ", ", model.hf_config().dump());
   }
   const auto cache = ctx.output_dir / "reference_logps.safetensors";
-  if (s_->cfg.dpo.precompute_reference && stdfs::exists(cache)) {
+  if (dpo_config(s_->cfg).precompute_reference && stdfs::exists(cache)) {
     io::SafetensorsFile f(cache);
     const auto it = f.metadata().find("fingerprint");
     if (it != f.metadata().end() && it->second == s_->fingerprint()) {
@@ -493,25 +495,25 @@ void DpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
     }
     log::info("dpo: ", cache.string(), " was computed for other data or another reference; recomputing");
   }
-  if (models::has_lora(model) && s_->cfg.dpo.reference.empty()) {
+  if (models::has_lora(model) && dpo_config(s_->cfg).reference.empty()) {
     // As TRL does with a PEFT model: the reference is the policy with its
     // adapters off, so no second copy is held.
     s_->policy_reference = &model;
     log::info("dpo: reference model: the policy with its LoRA adapters off (no second copy)");
-    if (s_->cfg.dpo.precompute_reference) s_->precompute(ctx);
+    if (dpo_config(s_->cfg).precompute_reference) s_->precompute(ctx);
     return;
   }
   auto reference = load_reference(path, "dpo.reference", model);
   s_->reference = ctx.freeze(std::move(reference));
   log::info("dpo: reference model from ", path.empty() ? std::string("the initial weights") : path,
-            s_->cfg.dpo.precompute_reference
+            dpo_config(s_->cfg).precompute_reference
                 ? std::string(" (precomputing its log-probs)")
                 : concat(" (kept in memory, ", s_->reference.parameter_bytes(), " parameter bytes",
                          s_->reference.sharded() && ctx.sharding.strategy == distributed::Sharding::FullShard
                              ? concat(" on this rank: full_shard over ", ctx.comm->world_size(), " ranks")
                              : std::string(),
                          ")"));
-  if (s_->cfg.dpo.precompute_reference) s_->precompute(ctx);
+  if (dpo_config(s_->cfg).precompute_reference) s_->precompute(ctx);
 }
 
 std::string DpoObjective::State::fingerprint() const {
@@ -592,7 +594,7 @@ at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
   const auto device = model.parameters().front().device();
   at::Tensor policy_sums, counts;
   {
-    NoDropout guard(model, s_->cfg.dpo.disable_dropout);
+    NoDropout guard(model, dpo_config(s_->cfg).disable_dropout);
     std::tie(policy_sums, counts) =
         model_sequence_logps(model, batch.tensors.at("input_ids").to(device), batch.tensors.at("labels").to(device),
                              s_->cfg.train.fused_loss);
@@ -614,8 +616,8 @@ at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
   // The chosen reply's mean token NLL per pair: RPO's term, ORPO's SFT term,
   // CPO's (and TRL's CPO-SimPO's) behaviour-cloning term.
   const double nll_weight = type == "orpo"                     ? 1.0
-                            : type == "cpo" || type == "simpo" ? s_->cfg.dpo.cpo_alpha
-                                                               : s_->cfg.dpo.rpo_alpha;
+                            : type == "cpo" || type == "simpo" ? dpo_config(s_->cfg).cpo_alpha
+                                                               : dpo_config(s_->cfg).rpo_alpha;
   if (nll_weight > 0) {
     auto chosen =
         policy_sums.view({-1, 2}).select(1, 0) / counts.view({-1, 2}).select(1, 0).to(policy_sums.scalar_type());
@@ -645,6 +647,58 @@ EvalResult DpoObjective::evaluate(models::CausalLM& model) {
   }
   exact_match_eval(model, s_->tok, s_->cfg.eval, s_->stop_id, prompts, texts, references, result, ranks_);
   return result;
+}
+
+// reward and dpo: registered as a linking program registers its objectives
+// (examples/custom_objective).
+namespace {
+
+void check_dpo(const DpoConfig& d, const config::RunConfig&, const config::Checks& checks) {
+  if (d.label_smoothing > 0 && (d.loss_type == "ipo" || d.loss_type == "hinge"))
+    checks.fail("dpo.label_smoothing", concat("applies to loss_type sigmoid (cDPO) and robust; ", d.loss_type,
+                                              " takes 0, got ", d.label_smoothing));
+  if (reference_free(d.loss_type)) {
+    if (!d.reference.empty())
+      checks.fail("dpo.reference", concat("loss_type ", d.loss_type, " uses no reference model; leave it empty"));
+    if (d.precompute_reference)
+      checks.fail("dpo.precompute_reference", concat("loss_type ", d.loss_type, " uses no reference model"));
+    if (d.rpo_alpha > 0)
+      checks.fail("dpo.rpo_alpha", concat("loss_type ", d.loss_type,
+                                          d.loss_type == "orpo" ? " has the chosen reply's NLL built in"
+                                                                : " weighs the chosen reply's NLL with dpo.cpo_alpha"));
+    if (d.label_smoothing > 0 && d.loss_type == "orpo")
+      checks.fail("dpo.label_smoothing", "applies to loss_type sigmoid, robust, simpo and cpo; orpo takes 0");
+  }
+  checks.model_folder("dpo.reference", d.reference);
+}
+
+const bool kRegistered = [] {
+  config::register_section<RewardConfig>("reward", "Reward-model training (algorithm: reward).", "reward");
+  config::register_section<DpoConfig>("dpo", "Direct preference optimisation (algorithm: dpo).", "dpo", check_dpo);
+  auto reward = config::dataset_keys({"eval_fraction", "prompt_field"});
+  reward.insert(reward.end(), {"data.template", "data.on_overflow", "data.on_error", "eval.max_batches"});
+  register_objective(
+      "reward",
+      [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
+        return std::make_unique<RewardObjective>(cfg, tok);
+      },
+      reward);
+  register_objective(
+      "dpo",
+      [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
+        return std::make_unique<DpoObjective>(cfg, tok);
+      },
+      dpo_reads());
+  return true;
+}();
+
+}  // namespace
+
+std::vector<std::string> dpo_reads() {
+  auto keys = config::dataset_keys({"eval_fraction", "prompt_field"});
+  keys.insert(keys.end(), {"data.template", "data.on_overflow", "data.on_error", "train.fused_loss", "eval.max_batches",
+                           "eval.generate_samples", "eval.max_new_tokens", "eval.table_rows"});
+  return keys;
 }
 
 }  // namespace anvil::train

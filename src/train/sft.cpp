@@ -356,4 +356,24 @@ EvalResult LmObjective::evaluate(models::CausalLM& model) {
   return r;
 }
 
+// sft and pretrain: registered as a linking program registers its objectives
+// (examples/custom_objective), with the keys each reads of those only some do.
+namespace {
+const bool kRegistered = [] {
+  config::register_section<SftConfig>("sft", "Supervised fine-tuning (algorithm: sft).", "sft");
+  const auto make = [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
+    return std::make_unique<LmObjective>(cfg, tok);
+  };
+  auto sft = config::dataset_keys({"eval_fraction", "prompt_field", "response_field", "token_dtype"});
+  sft.insert(sft.end(), {"data.template", "data.on_overflow", "data.on_error", "data.packing", "train.fused_loss",
+                         "train.loss_chunk_size", "eval.max_batches", "eval.generate_samples", "eval.max_new_tokens",
+                         "eval.table_rows"});
+  register_objective("sft", make, sft);
+  auto pretrain = config::dataset_keys({"eval_fraction", "token_dtype"});
+  pretrain.insert(pretrain.end(), {"data.packing", "train.fused_loss", "train.loss_chunk_size", "eval.max_batches"});
+  register_objective("pretrain", make, pretrain);
+  return true;
+}();
+}  // namespace
+
 }  // namespace anvil::train

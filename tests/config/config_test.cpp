@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "anvil/core/error.h"
+#include "anvil/train/preference.h"
 #include "test_util.h"
 
 namespace anvil::config {
@@ -299,7 +300,7 @@ TEST_F(ConfigTest, OnlyTheRunsAlgorithmReadsItsSection) {
   EXPECT_NE(e.find("reward.center_rewards_coefficient: the reward section is read by algorithm: reward"),
             std::string::npos)
       << e;
-  EXPECT_EQ(load_config({base_}, {"algorithm=dpo", "dpo.beta=0.2"}).dpo.beta, 0.2);
+  EXPECT_EQ(train::dpo_config(load_config({base_}, {"algorithm=dpo", "dpo.beta=0.2"})).beta, 0.2);
   // The printed config holds the run's own section only, and loads back.
   const auto sft = to_yaml(load_config({base_}, {}));
   EXPECT_NE(sft.find("\nsft:\n"), std::string::npos) << sft;

@@ -81,11 +81,15 @@ class KeyLister {
     prefix_ = saved;
   }
   template <class S>
-  void list(const char* key, std::vector<S>&, const char*) {
+  void list(const char* key, std::vector<S>& items, const char* doc) {
+    list_of(key, ListRef::of(items), doc);
+  }
+  // A list inside a registered section (ppo.rewards) comes as a ListRef.
+  void list_of(const char* key, const ListRef& items, const char*) {
     const auto saved = prefix_;
     prefix_ += std::string(key) + "[].";
-    S item;
-    item.visit(*this);
+    detail::FieldVisitorFor<KeyLister> fields(*this);
+    items.visit_default(fields);
     prefix_ = saved;
   }
   std::vector<std::pair<std::string, std::string>> keys;
@@ -195,7 +199,7 @@ TEST_F(UnreadKeys, DefaultValuesAndOffValuesAreAccepted) {
   EXPECT_EQ(error_of({base_}, {"algorithm=pretrain", "eval.generate_samples=0", "eval.table_rows=0"}), "<no error>");
   EXPECT_EQ(error_of({base_}, {"algorithm=reward", "eval.generate_samples=5"}),
             "command line (eval.generate_samples=5): eval.generate_samples: not read by algorithm reward (read by sft, "
-            "dpo, ppo, ilql, distill, kto); remove it");
+            "dpo, ppo, ilql, kto, distill); remove it");
   for (const auto& algorithm : {"sft", "pretrain", "reward", "dpo", "ppo", "ilql"}) {
     const auto cfg = load_config({base_}, {std::string("algorithm=") + algorithm});
     const auto printed = write(std::string(algorithm) + "-printed.yaml", to_yaml(cfg));
@@ -225,9 +229,27 @@ TEST_F(UnreadKeys, TheReferenceSaysWhichAlgorithmsReadAKey) {
   const auto ref = reference_markdown();
   EXPECT_NE(ref.find("| `train.loss_chunk_size` | an integer | `0` | a number >= 0; read by sft, pretrain |"),
             std::string::npos);
-  EXPECT_NE(ref.find("| `eval.generate_samples` | an integer | `64` | a number >= 0; read by sft, dpo, ppo, ilql (any "
-                     "algorithm takes 0) |"),
+  EXPECT_NE(ref.find("| `eval.generate_samples` | an integer | `64` | a number >= 0; read by sft, dpo, ppo, ilql, "
+                     "kto, distill (any algorithm takes 0) |"),
             std::string::npos);
+}
+
+// The built-in objectives take the path a linking program takes: each
+// registered its section (with its checks) and its name, in its own file;
+// the config layer names none of them.
+TEST(BuiltinObjectives, RegisterTheirSectionsAndNamesAsProgramsDo) {
+  const auto names = algorithm_names();
+  const std::vector<std::string> builtin = {"sft", "pretrain", "reward", "dpo", "ppo", "ilql", "kto", "distill"};
+  ASSERT_GE(names.size(), builtin.size());
+  EXPECT_EQ(std::vector<std::string>(names.begin(), names.begin() + builtin.size()), builtin);
+  std::set<std::string> sections;
+  for (const auto& s : registered_sections()) sections.insert(s.name);
+  for (const char* s : {"sft", "reward", "dpo", "ppo", "ilql", "kto", "distill"}) {
+    EXPECT_TRUE(sections.count(s)) << s;
+    EXPECT_EQ(section_algorithm(s), s);
+  }
+  // keys_read_by knows only registered algorithms (a typo is not "reads everything").
+  EXPECT_THROW(keys_read_by("dpoo"), ConfigError);
 }
 
 // Shipped configs name files of the machine they were written for (models,

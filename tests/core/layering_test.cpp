@@ -102,4 +102,32 @@ TEST(Layering, PpoAndIlqlReachRewardsNotEachOther) {
   EXPECT_TRUE(reaches_rewards["ilql"]);
 }
 
+// The config layer names no algorithm: the objectives register their
+// sections, checks and the keys they read (register_section,
+// register_objective) from their own files, as a linking program does. The
+// data formats (sft, pretrain, ...) and RunConfig's default algorithm are
+// values, not algorithms' rules, and stay.
+TEST(Layering, TheConfigLayerNamesNoAlgorithm) {
+  const stdfs::path src = anvil::testing::source_dir();
+  const std::regex named(
+      R"re("(reward|dpo|ppo|ilql|kto|distill)[".]|\b(Sft|Reward|Dpo|Ppo|Ilql)Config\b|\.(sft|reward|dpo|ppo|ilql)\.)re");
+  size_t files = 0;
+  for (const auto* dir : {"src/config", "include/anvil/config"})
+    for (const auto& e : stdfs::directory_iterator(src / dir)) {
+      ++files;
+      std::ifstream in(e.path());
+      size_t n = 0;
+      for (std::string l; std::getline(in, l);) {
+        ++n;
+        // Doc strings may name an algorithm that reads a key; code may not.
+        const auto code = l.substr(0, l.find("//"));
+        std::smatch m;
+        if (code.find("v.field(") == std::string::npos && std::regex_search(code, m, named))
+          ADD_FAILURE() << e.path().string() << ":" << n << ": names an algorithm (" << m[0]
+                        << "): register it from the objective's own file";
+      }
+    }
+  EXPECT_GE(files, 4u);
+}
+
 }  // namespace

@@ -39,7 +39,7 @@ TEST(RewardSources, ExactMatchRegexAndFunctionScoreThroughOneInterface) {
   const auto a = at_line("t.jsonl:1"), b = at_line("t.jsonl:2"), c = at_line("t.jsonl:3");
   const std::vector<const data::PromptSample*> prompts{&a, &b, &c};
 
-  config::PpoRewardConfig cfg;
+  SourceConfig cfg;
   cfg.exact_match = "answer";
   auto exact = make_reward_source(cfg, "ppo.reward");
   ASSERT_NE(exact, nullptr);
@@ -76,7 +76,7 @@ TEST(RewardSources, ExactMatchRegexAndFunctionScoreThroughOneInterface) {
 // kept under its name.
 TEST(RewardSources, WeightedSourcesSumAndKeepEachSourcesRewards) {
   register_reward_function("rewards_test_weighted", lengths);
-  std::vector<config::WeightedRewardConfig> list(2);
+  std::vector<WeightedSourceConfig> list(2);
   list[0].exact_match = "answer";
   list[0].weight = 2;
   list[1].function = "rewards_test_weighted";
@@ -100,7 +100,7 @@ TEST(RewardSources, WeightedSourcesSumAndKeepEachSourcesRewards) {
   EXPECT_EQ(r.gathered().size(), 2u);  // nothing sharded: empty holds
 
   // One unnamed source keeps no components, and is the exact-match one eval/exact_match reports.
-  config::PpoRewardConfig one;
+  SourceConfig one;
   one.exact_match = "answer";
   ResponseRewards single(one, "ppo.reward", true);
   EXPECT_TRUE(single.is_exact_match());
@@ -121,20 +121,20 @@ std::string config_error(const std::function<void()>& f) {
 
 // Errors name the key (and for a record, its file:line).
 TEST(RewardSources, ErrorsNameTheKeyAndTheRecord) {
-  config::PpoRewardConfig two;
+  SourceConfig two;
   two.exact_match = "answer";
   two.regex = "pattern";
   EXPECT_EQ(config_error([&] { make_reward_source(two, "ppo.rewards[1]"); }),
             "ppo.rewards[1]: expected at most one of model, command, exact_match, regex or function, got 2");
   EXPECT_EQ(config_error([&] { ResponseRewards({}, "ppo.reward", true); }),
             "ppo.reward: expected exactly one of model, command, exact_match, regex or function, got 0");
-  config::PpoRewardConfig unknown;
+  SourceConfig unknown;
   unknown.function = "rewards_test_nobody";
   EXPECT_NE(config_error([&] {
               make_reward_source(unknown, "ilql.reward");
             }).find("ilql.reward.function: no reward function \"rewards_test_nobody\" is registered"),
             std::string::npos);
-  std::vector<config::WeightedRewardConfig> same(2);
+  std::vector<WeightedSourceConfig> same(2);
   same[0].exact_match = same[1].exact_match = "answer";
   same[0].name = same[1].name = "match";
   EXPECT_EQ(config_error([&] { ResponseRewards({}, "ppo.reward", same, "ppo.rewards", true); }),
@@ -145,7 +145,7 @@ TEST(RewardSources, ErrorsNameTheKeyAndTheRecord) {
 
   const auto b = at_line("t.jsonl:2");
   const std::vector<RewardQuery> lacking = {{"p", "3", {{"other", 1}}, true}};
-  config::PpoRewardConfig exact;
+  SourceConfig exact;
   exact.exact_match = "answer";
   try {
     make_reward_source(exact, "ppo.reward")->score({&b}, lacking);
@@ -155,7 +155,7 @@ TEST(RewardSources, ErrorsNameTheKeyAndTheRecord) {
               "t.jsonl:2: ppo.reward.exact_match compares the response with field \"answer\", which this record "
               "lacks");
   }
-  config::PpoRewardConfig regex;
+  SourceConfig regex;
   regex.regex = "pattern";
   try {
     make_reward_source(regex, "ppo.reward")->score({&b}, {{"p", "3", {{"pattern", "(["}}, true}});
@@ -167,7 +167,7 @@ TEST(RewardSources, ErrorsNameTheKeyAndTheRecord) {
         << e.what();
   }
   register_reward_function("rewards_test_short", [](const std::vector<RewardQuery>&) { return std::vector<double>{}; });
-  config::PpoRewardConfig short_fn;
+  SourceConfig short_fn;
   short_fn.function = "rewards_test_short";
   try {
     make_reward_source(short_fn, "ppo.reward")->score({&b}, lacking);
@@ -200,7 +200,7 @@ TEST(RewardProgram, RoundTripsRecordsInOrder) {
 TEST(RewardProgram, GetsTheRecordAsWrittenAndTheSampleUnderItsOwnNames) {
   TempDir dir;
   const auto seen = (dir / "seen.jsonl").string();
-  config::PpoRewardConfig c;
+  SourceConfig c;
   c.command =
       py("import json,sys\n"
          "out = open(\"" +

@@ -454,9 +454,9 @@ TEST(PreferenceLearning, DpoRaisesHeldOutRewardAccuracyAndExactMatch) {
   // The fixture is the quickstart as shipped, so its metrics are the SFT model's on the same
   // 400 held-out prompts the DPO run evaluates.
   const auto sft = sft_metrics();
-  const double beta =
-      anvil::config::load_config({src + "/configs/dpo_tiny.yaml"}, {"model.from=" + sft_checkpoint().string()})
-          .dpo.beta;
+  const double beta = dpo_config(anvil::config::load_config({src + "/configs/dpo_tiny.yaml"},
+                                                            {"model.from=" + sft_checkpoint().string()}))
+                          .beta;
   ASSERT_EQ(run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config configs/dpo_tiny.yaml output_dir=" +
                     dir.path().string() + " model.from=" + sft_checkpoint().string() +
                     " train.eval_every=0 train.threads=1" + anvil::testing::seed_override(),
@@ -504,9 +504,9 @@ TEST(PreferenceLearning, ReferenceFreeLossesLearnThePairs) {
     ASSERT_EQ(run(cmd("run") + " 2>&1", &out), 0) << out;
     const auto last = metric_lines(dir / "run" / "metrics.jsonl").back();
     ASSERT_TRUE(before.contains("eval/rewards/margins") && last.contains("eval/rewards/margins")) << out;
-    const double beta = anvil::config::load_config({src + "/configs/examples/" + type + "_tiny.yaml"},
-                                                   {"model.from=" + sft_checkpoint().string()})
-                            .dpo.beta;
+    const double beta = dpo_config(anvil::config::load_config({src + "/configs/examples/" + type + "_tiny.yaml"},
+                                                              {"model.from=" + sft_checkpoint().string()}))
+                            .beta;
     // The margin in nats of mean token log-prob.
     const double gain =
         (last["eval/rewards/margins"].get<double>() - before["eval/rewards/margins"].get<double>()) / beta;

@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "anvil/config/algorithms.h"
 #include "anvil/config/schema.h"
 
 namespace anvil::config {
@@ -238,17 +237,13 @@ struct DatasetConfig {
             "epoch is as long as all datasets together. All datasets of a list use weights or none does.",
             non_negative());
     v.field("eval_fraction", eval_fraction, "Held out of training (a fixed random subset) and added to the eval set.",
-            read_by({"sft", "pretrain", "reward", "dpo", "ppo"},  // ilql evaluates on prompts: data.eval
-                    Rule{"a number in [0, 1)", [](double x) { return x >= 0 && x < 1; }, {}}));
-    v.field("prompt_field", prompt_field, "JSON field holding the prompt.",
-            read_by({"sft", "reward", "dpo", "ppo", "ilql"}));
-    v.field("response_field", response_field, "JSON field holding the response (sft, offline_rl).",
-            read_by({"sft", "ilql"}));
+            read_if_declared(Rule{"a number in [0, 1)", [](double x) { return x >= 0 && x < 1; }, {}}));
+    v.field("prompt_field", prompt_field, "JSON field holding the prompt.", read_if_declared());
+    v.field("response_field", response_field, "JSON field holding the response (sft, offline_rl).", read_if_declared());
     v.field("token_dtype", token_dtype,
             "MDS folders: dtype of the token ids in a `bytes` tokens column, which stores none (llm-foundry's "
             "token_encoding_type); ndarray columns carry their own.",
-            read_by({"sft", "pretrain"},
-                    one_of({"uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"})));
+            read_if_declared(one_of({"uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"})));
   }
 };
 
@@ -266,15 +261,14 @@ struct DataConfig {
   void visit(V& v) {
     v.list("train", train, "Training datasets: one or more, mixed as their fraction / size / weight say.");
     v.list("eval", eval, "Held-out datasets (same keys; fraction, size and weight are ignored).");
-    v.field(
-        "template", template_name,
-        "Chat format that turns prompts and messages into tokens: auto (the one recorded with the model's "
-        "tokenizer: a built-in one by name, any other Jinja chat_template as hf; else plain), hf (the "
-        "tokenizer's own Jinja chat_template from tokenizer_config.json, rendered as transformers' "
-        "apply_chat_template does; docs/data.md), plain (turns as written, user turns ending in a newline, "
-        "replies in EOS), chatml, llama3, oasst (Open-Assistant). Only assistant turns are trained; "
-        "checkpoints record it as tokenizer_config.json's chat_template.",
-        read_by({"sft", "reward", "dpo", "ppo", "ilql"}, one_of({"auto", "hf", "plain", "chatml", "llama3", "oasst"})));
+    v.field("template", template_name,
+            "Chat format that turns prompts and messages into tokens: auto (the one recorded with the model's "
+            "tokenizer: a built-in one by name, any other Jinja chat_template as hf; else plain), hf (the "
+            "tokenizer's own Jinja chat_template from tokenizer_config.json, rendered as transformers' "
+            "apply_chat_template does; docs/data.md), plain (turns as written, user turns ending in a newline, "
+            "replies in EOS), chatml, llama3, oasst (Open-Assistant). Only assistant turns are trained; "
+            "checkpoints record it as tokenizer_config.json's chat_template.",
+            read_if_declared(one_of({"auto", "hf", "plain", "chatml", "llama3", "oasst"})));
     v.field("max_length", max_length,
             "Longest tokenized sample (prompt + response + EOS), and the row length when packing; "
             "0 = model.max_position_embeddings.",
@@ -282,15 +276,15 @@ struct DataConfig {
     v.field("on_overflow", on_overflow,
             "Samples longer than max_length: truncate them (from the right) or drop them; both are "
             "counted and reported.",
-            read_by({"sft", "reward", "dpo", "ilql"}, one_of({"truncate", "drop"})));
+            read_if_declared(one_of({"truncate", "drop"})));
     v.field("on_error", on_error,
             "A malformed line (bad JSON, missing field, wrong type): fail names file, line and field and stops; "
             "skip counts and reports such lines and goes on.",
-            read_by({"sft", "reward", "dpo", "ppo", "ilql"}, one_of({"fail", "skip"})));
+            read_if_declared(one_of({"fail", "skip"})));
     v.field("packing", packing,
             "Pack several samples into each max_length row; positions restart and attention stops at every "
             "document boundary, so the loss equals unpacked training.",
-            read_by({"sft", "pretrain"}));
+            read_if_declared());
     v.field("shuffle", shuffle,
             "Draw the training samples in a fresh seeded order each epoch (and interleave a mixture's datasets); "
             "false = each file's own order, dataset after dataset, every epoch, as a sequential sampler does "
@@ -389,11 +383,11 @@ struct TrainConfig {
             "head in the same pass (Liger's fused linear cross-entropy) and skip tokens without a target; dpo and "
             "ppo (all advantages) get token log-probs whose backward recomputes each chunk's logits. false = logits "
             "for the whole micro-batch. docs/algorithms.md.",
-            read_by({"sft", "pretrain", "dpo", "ppo"}));
+            read_if_declared());
     v.field("loss_chunk_size", loss_chunk_size,
             "sft and pretrain, with train.fused_loss: target tokens projected to logits at a time; 0 = as few "
             "equal chunks as keep each chunk's float32 logits within 1 GiB.",
-            read_by({"sft", "pretrain"}, non_negative()));
+            read_if_declared(non_negative()));
     v.field("grad_clip", grad_clip, "Max global gradient L2 norm; 0 disables clipping.", non_negative());
     v.field("seed", seed, "Seed for init, data order and dropout.", non_negative());
     v.field("save_every", save_every, "Checkpoint every N steps (and always at the end); 0 = end only.",
@@ -484,15 +478,15 @@ struct EvalConfig {
     v.field("batch_size", batch_size, "Samples per eval forward pass, and eval prompts generated for together.",
             positive());
     v.field("max_batches", max_batches, "Eval-loss batches per eval; 0 = the whole eval set.",
-            read_by({"sft", "pretrain", "reward", "dpo"}, non_negative()));
+            read_if_declared(non_negative()));
     v.field("generate_samples", generate_samples,
             "Eval prompts answered greedily for eval/exact_match (ilql: sampled as ilql.* says); 0 disables "
             "generation.",
-            read_by({"sft", "dpo", "ppo", "ilql"}, non_negative(), 0));
+            read_if_declared(non_negative(), 0));
     v.field("max_new_tokens", max_new_tokens, "Generation budget per eval prompt (ilql: ilql.max_new_tokens).",
-            read_by({"sft", "dpo", "ppo"}, positive()));
+            read_if_declared(positive()));
     v.field("table_rows", table_rows, "Prompt / generated / reference rows printed per eval.",
-            read_by({"sft", "dpo", "ppo", "ilql"}, non_negative(), 0));
+            read_if_declared(non_negative(), 0));
   }
 };
 
@@ -511,10 +505,43 @@ struct LoggingConfig {
   }
 };
 
-/// How a registered section lists its fields: `void visit(FieldVisitor& v)`
-/// calls v.field(key, value, doc, rule) for each, as built-in sections do.
-/// Fields are bool, int64_t, double, std::string, std::vector<double> or
-/// std::vector<std::string>.
+class FieldVisitor;
+
+/// A nested section of a registered section (ppo.reward), as FieldVisitor
+/// passes it: visits the section's fields.
+struct SectionRef {
+  std::function<void(FieldVisitor&)> visit;
+  template <class S>
+  static SectionRef of(S& s) {
+    return {[&s](FieldVisitor& v) { s.visit(v); }};
+  }
+};
+
+/// A list of maps inside a registered section (ppo.rewards), as FieldVisitor
+/// passes it: its size, a resize to default items, and item i's fields (or a
+/// default item's, for the reference).
+struct ListRef {
+  std::function<size_t()> size;
+  std::function<void(size_t)> resize;
+  std::function<void(size_t, FieldVisitor&)> visit;
+  std::function<void(FieldVisitor&)> visit_default;
+  template <class S>
+  static ListRef of(std::vector<S>& items) {
+    return {[&items] { return items.size(); }, [&items](size_t n) { items.assign(n, S{}); },
+            [&items](size_t i, FieldVisitor& v) { items.at(i).visit(v); },
+            [](FieldVisitor& v) {
+              S item;
+              item.visit(v);
+            }};
+  }
+};
+
+/// How a registered section lists its fields: `template <class V> void
+/// visit(V& v)` (or `void visit(FieldVisitor& v)`) calls v.field(key, value,
+/// doc, rule) for each, v.section(key, sub, doc) for a nested struct and
+/// v.list(key, items, doc) for a std::vector of structs, as built-in sections
+/// do. Fields are bool, int64_t, double, std::string, or std::vector of
+/// double, int64_t or std::string.
 class FieldVisitor {
  public:
   virtual ~FieldVisitor() = default;
@@ -523,10 +550,21 @@ class FieldVisitor {
   virtual void field(const char* key, double& value, const char* doc, const Rule& rule) = 0;
   virtual void field(const char* key, std::string& value, const char* doc, const Rule& rule) = 0;
   virtual void field(const char* key, std::vector<double>& value, const char* doc, const Rule& rule) = 0;
+  virtual void field(const char* key, std::vector<int64_t>& value, const char* doc, const Rule& rule) = 0;
   virtual void field(const char* key, std::vector<std::string>& value, const char* doc, const Rule& rule) = 0;
+  virtual void section(const char* key, const SectionRef& s, const char* doc) = 0;
+  virtual void list(const char* key, const ListRef& items, const char* doc) = 0;
   template <class T>
   void field(const char* key, T& value, const char* doc) {
     field(key, value, doc, Rule{});
+  }
+  template <class S>
+  void section(const char* key, S& s, const char* doc) {
+    section(key, SectionRef::of(s), doc);
+  }
+  template <class S>
+  void list(const char* key, std::vector<S>& items, const char* doc) {
+    list(key, ListRef::of(items), doc);
   }
 };
 
@@ -538,7 +576,7 @@ class Extension {
   virtual std::unique_ptr<Extension> clone() const = 0;
 };
 
-/// The Extension holding a `T` (a struct with `void visit(FieldVisitor&)`).
+/// The Extension holding a `T` (a struct with `visit`, as FieldVisitor says).
 template <class T>
 class ExtensionOf final : public Extension {
  public:
@@ -547,28 +585,55 @@ class ExtensionOf final : public Extension {
   std::unique_ptr<Extension> clone() const override { return std::make_unique<ExtensionOf>(*this); }
 };
 
-/// A section a program registered: its name, doc line and a maker of its defaults.
+struct RunConfig;
+
+/// What a registered section's check reports problems through: each with the
+/// key's file and line, together with every other problem of the config.
+class Checks {
+ public:
+  using Fail = std::function<void(const std::string& key, const std::string& what)>;
+  explicit Checks(Fail fail) : fail_(std::move(fail)) {}
+  /// `key` (e.g. "ppo.rewards[1].clip", a path as the config has it) is
+  /// wrong; `what` says why and what was expected.
+  void fail(const std::string& key, const std::string& what) const { fail_(key, what); }
+  /// `path`, the value of `key`, must be a model folder (or a Hugging Face
+  /// model id in the local cache); empty passes.
+  void model_folder(const std::string& key, const std::string& path) const;
+
+ private:
+  Fail fail_;
+};
+
+/// A section a program (or the library, for its built-in objectives)
+/// registered: its name, doc line and a maker of its defaults.
 struct RegisteredSection {
   std::string name;
   std::string doc;
   std::function<std::unique_ptr<Extension>()> make;
   std::string algorithm;  // the algorithm that reads it ("" = every run)
+  /// Cross-field checks, run once the whole config has parsed, when the run
+  /// reads the section.
+  std::function<void(const RunConfig& cfg, const Checks& checks)> check = {};
+  /// Other trainers' names for its keys: {last part of the name, our key}
+  /// ({"num_generations", "ppo.samples_per_prompt"}), named in the message
+  /// when a config uses them.
+  std::vector<std::pair<std::string, std::string>> foreign_names = {};
 };
 
 /// Registers the top-level config section `name`: its keys load from files
 /// and overrides, print, appear in the reference and are checked on resume
 /// like a built-in section's. A section of an `algorithm` is accepted only in
-/// configs of that algorithm (as sft:, reward: and dpo: are). Throws
-/// ConfigError when the name is taken.
+/// configs of that algorithm. Throws ConfigError when the name is taken.
 void register_section(RegisteredSection section);
+/// The same for the section held as a `T`; `check(section, cfg, checks)`
+/// (optional) runs the section's cross-field checks.
 template <class T>
-void register_section(const std::string& name, const std::string& doc, const std::string& algorithm = "") {
-  register_section(
-      {name, doc, [] { return std::unique_ptr<Extension>(std::make_unique<ExtensionOf<T>>()); }, algorithm});
-}
+void register_section(const std::string& name, const std::string& doc, const std::string& algorithm = "",
+                      std::function<void(const T& section, const RunConfig& cfg, const Checks& checks)> check = {},
+                      std::vector<std::pair<std::string, std::string>> foreign_names = {});
 
-/// The algorithm that reads top-level section `section` (sft, reward, dpo,
-/// or a registered section's), "" when every run does.
+/// The algorithm that reads top-level section `section` (a registered
+/// section's), "" when every run does.
 std::string section_algorithm(const std::string& section);
 std::vector<RegisteredSection> registered_sections();
 
@@ -592,14 +657,33 @@ class Extensions {
     if (!e) e = s.make();
     return *e;
   }
-  /// The values of section `name` as a `T`; throws std::out_of_range when the
-  /// section is not registered or holds another type.
+  /// The values of section `name` as a `T`, its defaults when the config has
+  /// not set it; throws std::out_of_range when the section is not registered
+  /// or holds another type.
   template <class T>
   const T& get(const std::string& name) const {
     const auto it = sections_.find(name);
-    const auto* e = it == sections_.end() ? nullptr : dynamic_cast<const ExtensionOf<T>*>(it->second.get());
+    if (it == sections_.end()) {
+      static const T defaults{};
+      for (const auto& s : registered_sections())
+        if (s.name == name && dynamic_cast<const ExtensionOf<T>*>(s.make().get())) return defaults;
+      throw std::out_of_range("config section \"" + name + "\" is not registered");
+    }
+    const auto* e = dynamic_cast<const ExtensionOf<T>*>(it->second.get());
     if (!e) throw std::out_of_range("config section \"" + name + "\" is not registered with this type");
     return e->value;
+  }
+  /// The values of section `name` as a `T`, to change (tests, programs that
+  /// build a config in code); created with its defaults when missing.
+  template <class T>
+  T& get(const std::string& name) {
+    for (const auto& s : registered_sections())
+      if (s.name == name) {
+        auto* e = dynamic_cast<ExtensionOf<T>*>(&at(s));
+        if (!e) break;
+        return e->value;
+      }
+    throw std::out_of_range("config section \"" + name + "\" is not registered with this type");
   }
 
  private:
@@ -607,23 +691,45 @@ class Extensions {
 };
 
 namespace detail {
-/// Gives a registered section's fields to one of the config layer's visitors.
+/// Gives a registered section's fields to one of the config layer's visitors
+/// (those RunConfig::visit takes: field, section and list templates, and
+/// list_of(key, const ListRef&, doc) for a list inside a registered section).
 template <class V>
 class FieldVisitorFor final : public FieldVisitor {
  public:
   explicit FieldVisitorFor(V& v) : v_(v) {}
+  using FieldVisitor::field;
+  using FieldVisitor::list;
+  using FieldVisitor::section;
   void field(const char* k, bool& x, const char* d, const Rule& r) override { v_.field(k, x, d, r); }
   void field(const char* k, int64_t& x, const char* d, const Rule& r) override { v_.field(k, x, d, r); }
   void field(const char* k, double& x, const char* d, const Rule& r) override { v_.field(k, x, d, r); }
   void field(const char* k, std::string& x, const char* d, const Rule& r) override { v_.field(k, x, d, r); }
   void field(const char* k, std::vector<double>& x, const char* d, const Rule& r) override { v_.field(k, x, d, r); }
+  void field(const char* k, std::vector<int64_t>& x, const char* d, const Rule& r) override { v_.field(k, x, d, r); }
   void field(const char* k, std::vector<std::string>& x, const char* d, const Rule& r) override {
     v_.field(k, x, d, r);
   }
+  void section(const char* k, const SectionRef& s, const char* d) override;
+  void list(const char* k, const ListRef& items, const char* d) override { v_.list_of(k, items, d); }
 
  private:
   V& v_;
 };
+/// A SectionRef as the config layer's visitors take a section: a struct with visit(V&).
+struct SectionShim {
+  const SectionRef& ref;
+  template <class V>
+  void visit(V& v) {
+    FieldVisitorFor<V> a(v);
+    ref.visit(a);
+  }
+};
+template <class V>
+void FieldVisitorFor<V>::section(const char* k, const SectionRef& s, const char* d) {
+  SectionShim shim{s};
+  v_.section(k, shim, d);
+}
 struct ExtensionShim {
   Extension& ext;
   template <class V>
@@ -634,22 +740,30 @@ struct ExtensionShim {
 };
 }  // namespace detail
 
-/// The names `algorithm:` accepts: sft, pretrain, reward, dpo, and those a
-/// program registered through train::register_objective.
+/// The names `algorithm:` accepts: those registered through
+/// train::register_objective (the library's own, then a program's), in the
+/// order they were registered.
 std::vector<std::string> algorithm_names();
 /// Adds `name` to algorithm_names() (train::register_objective calls it);
 /// throws ConfigError when it is already there. Without `reads`, the
-/// algorithm is taken to read every key; with it, the keys that only some
-/// algorithms read (Rule::read_by) are its only when listed there, by the
-/// names keys_read_by gives (a key it does not know is a ConfigError).
+/// algorithm is taken to read every key; with it, of the keys that only some
+/// algorithms read (read_if_declared), it reads those listed, by the names
+/// keys_read_by gives (a key it does not know is a ConfigError).
 void add_algorithm_name(const std::string& name);
 void add_algorithm_name(const std::string& name, const std::vector<std::string>& reads);
 
 /// Every key that a run of `algorithm` reads, as the reference names them
 /// (train.loss_chunk_size, data.train[].response_field): all keys but those
-/// of other algorithms' sections and those Rule::read_by gives to others. Set
-/// to a value other than its default, any other key is a config error.
+/// of other algorithms' sections and the read_if_declared keys it did not
+/// declare. Set to a value other than its default, any other key is a config
+/// error. Throws ConfigError when no such algorithm is registered.
 std::vector<std::string> keys_read_by(const std::string& algorithm);
+/// data.train[].<field> and data.eval[].<field> for each of `fields`: how a
+/// registering objective names the dataset keys it reads.
+std::vector<std::string> dataset_keys(const std::vector<std::string>& fields);
+/// The algorithms that declared they read the read_if_declared key `key`
+/// (named as keys_read_by names it), in registration order.
+std::vector<std::string> readers_of(const std::string& key);
 
 struct RunConfig {
   std::string output_dir;
@@ -664,12 +778,10 @@ struct RunConfig {
   EvalConfig eval;
   LoggingConfig logging;
   LoraConfig lora;
-  SftConfig sft;
-  RewardConfig reward;
-  DpoConfig dpo;
-  PpoConfig ppo;
-  IlqlConfig ilql;
-  Extensions extensions;  // the sections programs registered (register_section)
+  /// The sections objectives registered (register_section): the built-in
+  /// objectives' (sft, dpo, ppo, ...) and a linking program's. Read one with
+  /// extensions.get<T>(name).
+  Extensions extensions;
 
   template <class V>
   void visit(V& v) {
@@ -678,12 +790,8 @@ struct RunConfig {
             "output_dir resumes from its latest complete checkpoint.",
             required());
     v.field("algorithm", algorithm,
-            "Training objective: sft (supervised fine-tuning, loss on responses), pretrain (loss on every "
-            "token of token shards), reward (reward model on preference pairs or ranked replies), dpo "
-            "(direct preference optimisation), ppo (online RL from sampled responses and a reward: PPO, GRPO, "
-            "RLOO), ilql (offline RL from responses with rewards), or one a linking program registered "
-            "(docs/library.md). "
-            "docs/algorithms.md.",
+            "Training objective: one of the registered algorithms, the library's (docs/algorithms.md) or one a "
+            "linking program registered (docs/library.md).",
             one_of(algorithm_names()));
     v.section("model", model, "Model architecture.");
     v.section("tokenizer", tokenizer, "Tokenizer.");
@@ -695,17 +803,26 @@ struct RunConfig {
     v.section("eval", eval, "Evaluation.");
     v.section("logging", logging, "Logging.");
     v.section("lora", lora, "LoRA adapters: train a few low-rank matrices instead of every weight (docs/lora.md).");
-    v.section("sft", sft, "Supervised fine-tuning (algorithm: sft).");
-    v.section("reward", reward, "Reward-model training (algorithm: reward).");
-    v.section("dpo", dpo, "Direct preference optimisation (algorithm: dpo).");
-    v.section("ppo", ppo, "Online RL: PPO, GRPO and RLOO (algorithm: ppo; docs/algorithms.md).");
-    v.section("ilql", ilql, "Offline RL: ILQL (algorithm: ilql; docs/algorithms.md).");
     for (const auto& s : registered_sections()) {
       detail::ExtensionShim shim{extensions.at(s)};
       v.section(s.name.c_str(), shim, s.doc.c_str());
     }
   }
 };
+
+template <class T>
+void register_section(const std::string& name, const std::string& doc, const std::string& algorithm,
+                      std::function<void(const T& section, const RunConfig& cfg, const Checks& checks)> check,
+                      std::vector<std::pair<std::string, std::string>> foreign_names) {
+  RegisteredSection s{name, doc, [] { return std::unique_ptr<Extension>(std::make_unique<ExtensionOf<T>>()); },
+                      algorithm};
+  if (check)
+    s.check = [name, check](const RunConfig& cfg, const Checks& checks) {
+      check(cfg.extensions.get<T>(name), cfg, checks);
+    };
+  s.foreign_names = std::move(foreign_names);
+  register_section(std::move(s));
+}
 
 /// Where each config value came from, for messages that point at it.
 class ConfigSources;

@@ -2,8 +2,9 @@
 // Validation rules attached to config fields. A config struct lists its
 // fields once, in `template <class V> void visit(V& v)`, with key, doc and
 // rule; the same list drives parsing, --print-config and the reference docs.
-// A rule also says which algorithms read its key (read_by), so a key set for
-// a run that would ignore it is an error instead of a silent no-op.
+// A rule also says whether every algorithm reads its key or only those that
+// declare it when they register (read_if_declared), so a key set for a run
+// that would ignore it is an error instead of a silent no-op.
 
 #include <functional>
 #include <optional>
@@ -18,7 +19,7 @@ struct Rule {
   std::function<bool(double)> number;        // for numeric fields (and each list element)
   std::vector<std::string> choices;          // for string fields; empty = any
   bool required = false;                     // must be set by some config source
-  std::vector<std::string> read_by = {};     // the algorithms that read the key; empty = every one
+  bool declared = false;                     // read only by the algorithms that declare it (read_if_declared)
   std::optional<double> off = std::nullopt;  // a value asking for nothing (0 = no generation), taken anywhere
 };
 
@@ -54,17 +55,18 @@ inline Rule one_of(std::vector<std::string> choices) {
   for (size_t i = 0; i < choices.size(); ++i) e += (i ? ", " : " ") + choices[i];
   return {e, {}, std::move(choices)};
 }
-/// `r`, for a key that only `algorithms` read (built-in names, or those of
-/// objectives a program registers): set to another value than its default in
-/// a run of any other algorithm, the key is an error that names the readers.
-/// An `off` value (one that turns the key's feature off) is accepted anywhere.
-inline Rule read_by(std::vector<std::string> algorithms, Rule r = {}) {
-  r.read_by = std::move(algorithms);
+/// `r`, for a key that only some algorithms read: those that list it when
+/// they register (train::register_objective's `reads`). Set to another value
+/// than its default in a run of any other algorithm, the key is an error that
+/// names its readers. An `off` value (one that turns the key's feature off)
+/// is accepted anywhere.
+inline Rule read_if_declared(Rule r = {}) {
+  r.declared = true;
   return r;
 }
-inline Rule read_by(std::vector<std::string> algorithms, Rule r, double off) {
+inline Rule read_if_declared(Rule r, double off) {
   r.off = off;
-  return read_by(std::move(algorithms), std::move(r));
+  return read_if_declared(std::move(r));
 }
 
 }  // namespace anvil::config

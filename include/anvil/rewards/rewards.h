@@ -34,6 +34,60 @@
 
 namespace anvil::rewards {
 
+/// Where PPO's rewards come from (exactly one source).
+struct SourceConfig {
+  std::string model;
+  std::string command;
+  double timeout_s = 60;
+  std::string exact_match;
+  std::string regex;
+  std::string function;
+  std::string scale = "none";
+  double clip = 0;
+  int64_t batch_size = 64;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("model", model,
+            "Reward-model folder: an algorithm: reward checkpoint or export, or an HF ...ForSequenceClassification "
+            "folder. Frozen, and sharded like the policy.");
+    v.field("command", command,
+            "Reward program: a shell command started once; it reads one JSON object per line on stdin (the prompt "
+            "record as written, plus the sample: {completion, prompt_text, ended}; docs/algorithms.md) and answers one "
+            "line "
+            "{\"reward\": x} each.");
+    v.field("timeout_s", timeout_s, "Seconds the reward program may take to answer one record.", config::positive());
+    v.field("exact_match", exact_match,
+            "Verifiable reward: 1 when the response, trimmed, equals this field of the prompt record, else 0.");
+    v.field("regex", regex,
+            "Verifiable reward: 1 when the response contains a match of the regular expression (ECMAScript) held "
+            "in this field of the prompt record, else 0.");
+    v.field("function", function,
+            "A reward function a linking program registered (anvil::train::register_reward_function).");
+    v.field("scale", scale, "none, or running: divide scores by the running std of every score so far (trlx).",
+            config::one_of({"none", "running"}));
+    v.field("clip", clip, "Clip (scaled) scores to [-clip, clip] (trlx's cliprange_reward); 0 = off.",
+            config::non_negative());
+    v.field("batch_size", batch_size, "Rows the reward model scores at once.", config::positive());
+  }
+};
+
+/// One of several reward sources (ppo.rewards): a source as in ppo.reward,
+/// its weight in the summed score and the name its metrics take.
+struct WeightedSourceConfig : SourceConfig {
+  double weight = 1.0;
+  std::string name;
+
+  template <class V>
+  void visit(V& v) {
+    SourceConfig::visit(v);
+    v.field("weight", weight, "The source's weight in the score (TRL's reward_weights).");
+    v.field("name", name,
+            "The name its metrics take (rewards/<name>/mean, /std); empty = the source's key and position "
+            "(exact_match_0, ...).");
+  }
+};
+
 /// What a reward source sees of one sample: the prompt and response texts
 /// and the whole prompt record (its extra fields: an answer, tests, ...).
 struct RewardQuery {
@@ -80,7 +134,7 @@ class RewardSource {
 /// The source a reward section sets, or nullptr when it sets none. `key`
 /// names the section in errors ("ppo.rewards[1]"). Throws ConfigError when it
 /// sets more than one, or names a function nobody registered.
-std::unique_ptr<RewardSource> make_reward_source(const config::PpoRewardConfig& config, const std::string& key);
+std::unique_ptr<RewardSource> make_reward_source(const SourceConfig& config, const std::string& key);
 
 /// The JSON line a reward program gets for one sample: the prompt record as
 /// written (a reference `response` or `completion` included), plus `sample`:
@@ -96,11 +150,11 @@ class ResponseRewards {
  public:
   /// `key` names the section in errors ("ppo.reward"). Throws ConfigError
   /// unless exactly one source is set (at most one when not `required`).
-  ResponseRewards(const config::PpoRewardConfig& config, std::string key, bool required);
+  ResponseRewards(const SourceConfig& config, std::string key, bool required);
   /// Several sources summed with their weights (ppo.rewards, named
   /// `list_key` in errors); with an empty `list`, the one of `config`.
-  ResponseRewards(const config::PpoRewardConfig& config, std::string key,
-                  const std::vector<config::WeightedRewardConfig>& list, const std::string& list_key, bool required);
+  ResponseRewards(const SourceConfig& config, std::string key, const std::vector<WeightedSourceConfig>& list,
+                  const std::string& list_key, bool required);
   ~ResponseRewards();
   ResponseRewards(const ResponseRewards&) = delete;
   ResponseRewards& operator=(const ResponseRewards&) = delete;

@@ -16,10 +16,66 @@
 
 #include "anvil/config/config.h"
 #include "anvil/models/causal_lm.h"
+#include "anvil/rewards/rewards.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "anvil/train/objective.h"
 
 namespace anvil::train {
+
+/// Options of the `ilql` algorithm (offline RL: implicit language Q-learning,
+/// as trlx defines it; docs/algorithms.md).
+struct IlqlConfig {
+  double tau = 0.7;
+  double gamma = 0.99;
+  double cql_scale = 0.1;
+  double awac_scale = 1.0;
+  double awac_beta = 0;
+  double alpha = 0.001;
+  int64_t steps_for_target_q_sync = 5;
+  bool two_qs = true;
+  bool normalize_rewards = true;
+  double beta = 1.0;
+  int64_t top_k = 20;
+  double temperature = 1.0;
+  int64_t max_new_tokens = 32;
+  rewards::SourceConfig reward;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("tau", tau, "Expectile of the V regression toward min(target Qs).",
+            config::Rule{"a number in (0, 1)", [](double x) { return x > 0 && x < 1; }, {}});
+    v.field("gamma", gamma, "Discount.",
+            config::Rule{"a number in [0, 1]", [](double x) { return x >= 0 && x <= 1; }, {}});
+    v.field("cql_scale", cql_scale, "Weight of the CQL term (cross-entropy of the Q values on the taken tokens).",
+            config::non_negative());
+    v.field("awac_scale", awac_scale, "Weight of the AWAC term (cross-entropy of the LM logits on the data).",
+            config::non_negative());
+    v.field("awac_beta", awac_beta,
+            "AWAC weight exp(awac_beta (min target Q - V)) on the LM cross-entropy (trlx's ILQLConfig.beta); 0 = "
+            "weight 1.",
+            config::non_negative());
+    v.field("alpha", alpha, "Polyak rate of the target Q heads: target <- alpha q + (1 - alpha) target.",
+            config::Rule{"a number in (0, 1]", [](double x) { return x > 0 && x <= 1; }, {}});
+    v.field("steps_for_target_q_sync", steps_for_target_q_sync, "Optimizer steps between target Q updates.",
+            config::positive());
+    v.field("two_qs", two_qs, "Two Q heads (and targets), taking their minimum; false = one.");
+    v.field("normalize_rewards", normalize_rewards,
+            "Standardise the dataset's rewards (mean 0, std 1 over the responses' total rewards), as trlx does.");
+    v.field("beta", beta,
+            "Advantage shaping of the eval's sampling: scores = log-softmax + beta (min target Q - V); 0 = plain "
+            "sampling.",
+            config::non_negative());
+    v.field("top_k", top_k, "Eval sampling among the k likeliest shaped scores (0 = all).", config::non_negative());
+    v.field("temperature", temperature, "Eval sampling temperature.", config::positive());
+    v.field("max_new_tokens", max_new_tokens, "Most tokens an eval response may have.", config::positive());
+    v.section("reward", reward,
+              "How the eval scores its sampled responses (optional): at most one of model, command, exact_match, "
+              "regex, function, as ppo.reward.");
+  }
+};
+
+/// The run's ilql section (its defaults when the config sets none).
+inline const IlqlConfig& ilql_config(const config::RunConfig& cfg) { return cfg.extensions.get<IlqlConfig>("ilql"); }
 
 // ---- formulas (tested against an independent Python reference) -------------------
 

@@ -20,6 +20,188 @@
 
 namespace anvil::train {
 
+/// DAPO's soft overlong punishment of a response's score.
+struct OverlongPenaltyConfig {
+  int64_t buffer = 0;
+  double factor = 1.0;
+  int64_t length = 0;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("buffer", buffer,
+            "Tokens before the longest allowed response over which the penalty grows from 0 to -factor; 0 = off.",
+            config::non_negative());
+    v.field("factor", factor, "The penalty at the longest allowed response.", config::non_negative());
+    v.field("length", length, "The longest allowed response, in tokens; 0 = ppo.max_new_tokens.",
+            config::non_negative());
+  }
+};
+
+/// A multi-turn environment for PPO's rollouts (tool calls, users, games):
+/// a long-lived program speaking JSON lines, like a reward program.
+struct EnvironmentConfig {
+  std::string command;
+  double timeout_s = 30;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("command", command,
+            "Environment program: a shell command started once. After each assistant turn it reads one JSON object "
+            "per line on stdin (the prompt record as written, plus episode: {messages, turn, final, ended}; "
+            "docs/algorithms.md) and answers one line: {\"role\": \"tool\" or \"user\", \"content\": ...} to "
+            "append a message and let the policy take another turn, or {\"done\": true, \"reward\": x}. The "
+            "appended tokens take no part in the loss or the KL. Empty = single-turn rollouts.");
+    v.field("timeout_s", timeout_s, "Seconds the environment program may take to answer one line.", config::positive());
+  }
+};
+
+/// Options of the `ppo` algorithm (online RL: PPO, GRPO, RLOO, REINFORCE++).
+struct PpoConfig {
+  int64_t prompts_per_rollout = 16;
+  int64_t samples_per_prompt = 1;
+  int64_t ppo_epochs = 4;
+  int64_t max_new_tokens = 32;
+  double temperature = 1.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  int64_t generation_batch_size = 0;
+  std::string reference;
+  std::string advantage = "gae";
+  double kl_coef = 0.05;
+  std::string kl_estimator = "k1";
+  double target_kl = 0;
+  double kl_horizon = 10000;
+  double gamma = 1.0;
+  double lam = 0.95;
+  double cliprange = 0.2;
+  double cliprange_high = 0;
+  double cliprange_value = 0.2;
+  double vf_coef = 0.1;
+  bool whiten_advantages = true;
+  std::string loss_aggregation = "token_mean";
+  double loss_constant = 0;
+  std::string scale_rewards = "group";
+  std::string importance_sampling_level = "token";
+  bool mask_truncated_completions = false;
+  OverlongPenaltyConfig overlong_penalty;
+  bool dynamic_sampling = false;
+  int64_t dynamic_sampling_max_rounds = 4;
+  std::string critic_from;
+  double critic_learning_rate = 0;
+  rewards::SourceConfig reward;
+  std::vector<rewards::WeightedSourceConfig> rewards;
+  EnvironmentConfig environment;
+  int64_t max_turns = 4;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("prompts_per_rollout", prompts_per_rollout,
+            "Prompts each rollout draws from data.train (over all ranks; a multiple of the world size).",
+            config::positive());
+    v.field("samples_per_prompt", samples_per_prompt,
+            "Responses sampled per prompt (at least 2 for advantage grpo, rloo and reinforce_pp_baseline).",
+            config::positive());
+    v.field("ppo_epochs", ppo_epochs, "Passes over each rollout, in minibatches of train.global_batch_size sequences.",
+            config::positive());
+    v.field("max_new_tokens", max_new_tokens, "Most tokens a rollout response may have.", config::positive());
+    v.field("temperature", temperature, "Sampling temperature; log-probs are taken at the same temperature.",
+            config::positive());
+    v.field("top_k", top_k, "Sample among the k likeliest tokens (0 = all).", config::non_negative());
+    v.field("top_p", top_p, "Nucleus sampling mass (1 = off).",
+            config::Rule{"a number in (0, 1]", [](double x) { return x > 0 && x <= 1; }, {}});
+    v.field("generation_batch_size", generation_batch_size,
+            "Sequences generated together (0 = a rank's whole share of the rollout).", config::non_negative());
+    v.field("reference", reference,
+            "Reference model folder for the KL penalty. Empty = model.from, or a frozen copy of the initial weights.");
+    v.field("advantage", advantage,
+            "gae (PPO with a value head), grpo (group-normalised scores, KL in the loss, no critic), rloo "
+            "(leave-one-out baseline, no critic), reinforce_pp (REINFORCE++: the KL-penalised token rewards summed "
+            "to the end, whitened over the rollout, no critic) or reinforce_pp_baseline (the same on each score "
+            "minus its group's mean).",
+            config::one_of({"gae", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"}));
+    v.field("kl_coef", kl_coef, "KL penalty coefficient (initial value when target_kl is set; GRPO's beta).",
+            config::non_negative());
+    v.field("kl_estimator", kl_estimator, "Per-token KL estimator: k1 (logp - ref) or k3.",
+            config::one_of({"k1", "k3"}));
+    v.field("target_kl", target_kl,
+            "Adaptive KL controller target (Ziegler et al.): the summed KL per sequence to aim for; 0 = fixed "
+            "kl_coef.",
+            config::non_negative());
+    v.field("kl_horizon", kl_horizon, "Adaptive KL controller horizon, in sequences.", config::positive());
+    v.field("gamma", gamma, "GAE discount.",
+            config::Rule{"a number in [0, 1]", [](double x) { return x >= 0 && x <= 1; }, {}});
+    v.field("lam", lam, "GAE lambda.",
+            config::Rule{"a number in [0, 1]", [](double x) { return x >= 0 && x <= 1; }, {}});
+    v.field("cliprange", cliprange,
+            "Policy ratio clip epsilon: the ratio is clipped to [1 - cliprange, 1 + "
+            "cliprange_high].",
+            config::positive());
+    v.field("cliprange_high", cliprange_high,
+            "Upper clip epsilon (DAPO's clip-higher, TRL's epsilon_high); 0 = cliprange.", config::non_negative());
+    v.field("cliprange_value", cliprange_value, "Value clip range around the rollout's values.", config::positive());
+    v.field("vf_coef", vf_coef, "Weight of the value loss.", config::non_negative());
+    v.field("whiten_advantages", whiten_advantages,
+            "Whiten advantages over the rollout (gae, rloo, reinforce_pp and reinforce_pp_baseline).");
+    v.field("loss_aggregation", loss_aggregation,
+            "How per-token losses become the step's loss: token_mean (over every response token of the step: DAPO, "
+            "TRL's loss_type dapo), sequence_mean (each response's token mean, averaged over responses: GRPO's "
+            "paper, TRL's grpo) or constant (summed, divided by loss_constant x responses: Dr. GRPO, TRL's "
+            "dr_grpo).",
+            config::one_of({"token_mean", "sequence_mean", "constant"}));
+    v.field("loss_constant", loss_constant, "loss_aggregation constant: the divisor per response; 0 = max_new_tokens.",
+            config::non_negative());
+    v.field("scale_rewards", scale_rewards,
+            "advantage grpo: divide each score's distance from its group's mean by the group's std (group), by the "
+            "std of the whole rollout (batch), or by nothing (none: Dr. GRPO).",
+            config::one_of({"group", "batch", "none"}));
+    v.field("importance_sampling_level", importance_sampling_level,
+            "token: one ratio per token (PPO, GRPO); sequence: one ratio per response, exp of the mean log-ratio "
+            "over its tokens (GSPO), clipped with cliprange / cliprange_high.",
+            config::one_of({"token", "sequence"}));
+    v.field("mask_truncated_completions", mask_truncated_completions,
+            "Responses cut by max_new_tokens (no end of turn) take no part in the loss or its statistics (DAPO; "
+            "TRL's mask_truncated_completions).");
+    v.field("dynamic_sampling", dynamic_sampling,
+            "DAPO's dynamic sampling: groups whose samples all got the same score (no advantage to learn from) "
+            "are dropped and more prompts are drawn and sampled until prompts_per_rollout groups differ, at most "
+            "dynamic_sampling_max_rounds times; a rollout still short after that keeps some dropped groups "
+            "(logged as dynamic_sampling/short_groups).");
+    v.field("dynamic_sampling_max_rounds", dynamic_sampling_max_rounds,
+            "Most rounds of prompts_per_rollout prompts one rollout may draw with dynamic_sampling (the first "
+            "included).",
+            config::positive());
+    v.section("overlong_penalty", overlong_penalty,
+              "DAPO's soft overlong punishment, added to each score: 0 up to length - buffer tokens, then falling "
+              "linearly to -factor at length.");
+    v.field("critic_from", critic_from,
+            "advantage gae: a separate critic model trained beside the policy, initialised from this folder (a "
+            "reward model, whose score head becomes the value head, or any model of the policy's tokenizer). "
+            "Empty = a value head on the policy's trunk.");
+    v.field("critic_learning_rate", critic_learning_rate,
+            "The critic's peak learning rate (it follows the policy's schedule); 0 = optimizer.lr.",
+            config::non_negative());
+    v.section("reward", reward,
+              "Where rewards come from: exactly one of model, command, exact_match, regex, function (or none, "
+              "with ppo.rewards). Its scale and clip apply to the score, whichever sources it sums.");
+    v.list("rewards", rewards,
+           "Several reward sources summed with weights (TRL's reward_funcs and reward_weights): each item takes "
+           "one source's keys as ppo.reward does, plus weight and name; each source's scores are logged as "
+           "rewards/<name>/mean and /std. Leave ppo.reward's sources empty when using it.");
+    v.section("environment", environment,
+              "Multi-turn rollouts: a program that answers each assistant turn with a tool or user message (rendered "
+              "by the chat template and appended) or ends the episode with a reward. max_new_tokens then bounds all "
+              "of a rollout's tokens after the prompt, every turn and appended message included (verl's "
+              "response_length).");
+    v.field("max_turns", max_turns,
+            "With ppo.environment: the most assistant turns in one rollout; the last is sent with final: true and "
+            "must be answered with done.",
+            config::positive());
+  }
+};
+
+/// The run's ppo section (its defaults when the config sets none).
+inline const PpoConfig& ppo_config(const config::RunConfig& cfg) { return cfg.extensions.get<PpoConfig>("ppo"); }
+
 // ---- formulas (parity-tested against tests/parity/ppo_reference.py) ------------
 // Per-token tensors are response-aligned (B, R): row i's response tokens in
 // columns [0, len_i), `mask` 1 there and 0 after.

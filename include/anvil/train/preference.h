@@ -15,6 +15,79 @@
 
 namespace anvil::train {
 
+/// Options of the `reward` algorithm (reward-model training).
+struct RewardConfig {
+  double center_rewards_coefficient = 0;
+  bool disable_dropout = true;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("center_rewards_coefficient", center_rewards_coefficient,
+            "Adds c * mean((r_i + r_j)^2) over each example's pairs, keeping rewards centred on 0 (TRL's "
+            "center_rewards_coefficient; 0 = off).",
+            config::non_negative());
+    v.field("disable_dropout", disable_dropout, "Run the model without dropout while training (as TRL does).");
+  }
+};
+
+/// Options of the `dpo` algorithm (direct preference optimisation).
+struct DpoConfig {
+  double beta = 0.1;
+  std::string loss_type = "sigmoid";
+  double label_smoothing = 0;
+  double rpo_alpha = 0;
+  double simpo_gamma = 0.5;
+  double cpo_alpha = 1.0;
+  std::string reference;
+  bool precompute_reference = false;
+  bool disable_dropout = true;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("beta", beta,
+            "Strength of the implicit KL penalty to the reference (IPO: the regulariser tau; ORPO: the odds-ratio "
+            "weight lambda; SimPO / CPO: the reward scale).",
+            config::positive());
+    v.field("loss_type", loss_type,
+            "sigmoid (DPO), ipo (IPO, on length-normalised log-probs), hinge (SLiC), robust (robust DPO for "
+            "noisy labels), or without a reference model: orpo (ORPO: the chosen reply's NLL plus the odds-ratio "
+            "term, on length-normalised log-probs), simpo (SimPO: length-normalised log-probs, target margin "
+            "simpo_gamma) or cpo (CPO: summed log-probs plus cpo_alpha x the chosen reply's NLL).",
+            config::one_of({"sigmoid", "ipo", "hinge", "robust", "orpo", "simpo", "cpo"}));
+    v.field("label_smoothing", label_smoothing,
+            "Probability that a pair's preference is flipped (cDPO for sigmoid, robust DPO for robust); "
+            "0 = clean labels.",
+            config::Rule{"a number in [0, 0.5)", [](double x) { return x >= 0 && x < 0.5; }, {}});
+    v.field("rpo_alpha", rpo_alpha,
+            "Adds alpha * the chosen reply's mean token NLL to each pair's loss (RPO; TRL's rpo_alpha). It keeps "
+            "DPO from lowering the chosen replies' likelihood; 0 = plain DPO.",
+            config::non_negative());
+    v.field("simpo_gamma", simpo_gamma, "loss_type simpo: the target reward margin gamma (TRL's simpo_gamma).",
+            config::non_negative());
+    v.field("cpo_alpha", cpo_alpha,
+            "loss_type cpo and simpo: weight of the chosen reply's mean token NLL (TRL's cpo_alpha; 0 gives the "
+            "SimPO paper's loss).",
+            config::non_negative());
+    v.field("reference", reference,
+            "Reference model folder (HF layout). Empty = model.from, or a frozen copy of the initial weights "
+            "when model.from is empty. orpo, simpo and cpo load none.");
+    v.field("precompute_reference", precompute_reference,
+            "Compute the reference log-probs of every pair once before training, cache them in "
+            "output_dir/reference_logps.safetensors and free the reference model.");
+    v.field("disable_dropout", disable_dropout, "Run the policy without dropout while training (as TRL does).");
+  }
+};
+
+/// The run's reward and dpo sections (their defaults when the config sets none).
+inline const RewardConfig& reward_config(const config::RunConfig& cfg) {
+  return cfg.extensions.get<RewardConfig>("reward");
+}
+inline const DpoConfig& dpo_config(const config::RunConfig& cfg) { return cfg.extensions.get<DpoConfig>("dpo"); }
+/// The keys dpo reads of those only the objectives that declare them read
+/// (config::read_if_declared): an objective built on dpo's data and eval
+/// (kto) declares the same.
+std::vector<std::string> dpo_reads();
+
 // ---- formulas (parity-tested against tests/parity/preference_reference.py) ----
 
 /// Per-row sum of the log-probabilities of the tokens whose label is not

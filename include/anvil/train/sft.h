@@ -10,6 +10,21 @@
 
 namespace anvil::train {
 
+/// Options of the `sft` algorithm.
+struct SftConfig {
+  bool train_on_prompt = false;
+  bool add_eos = true;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("train_on_prompt", train_on_prompt, "Also compute the loss on prompt tokens.");
+    v.field("add_eos", add_eos, "Append EOS to every response (and train on it) so the model learns to stop.");
+  }
+};
+
+/// The run's sft section (its defaults when the config sets none).
+inline const SftConfig& sft_config(const config::RunConfig& cfg) { return cfg.extensions.get<SftConfig>("sft"); }
+
 /// Cross-entropy of next-token prediction summed over labels != ignore.
 /// logits (B, T, V), labels (B, T) aligned with the inputs.
 at::Tensor causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels);
