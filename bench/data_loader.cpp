@@ -14,7 +14,7 @@
 #include "anvil/config/config.h"
 #include "anvil/core/logging.h"
 #include "anvil/models/registry.h"
-#include "anvil/optim/optimizer.h"
+#include "optim/optimizer.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "anvil/train/sft.h"
 #include "bench_util.h"

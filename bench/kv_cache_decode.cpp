@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "anvil/generation/generate.h"
-#include "anvil/models/llama.h"
+#include "models/llama.h"
 #include "bench_util.h"
 
 namespace {

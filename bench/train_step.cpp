@@ -8,8 +8,8 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "anvil/models/llama.h"
-#include "anvil/optim/optimizer.h"
+#include "models/llama.h"
+#include "optim/optimizer.h"
 #include "anvil/train/sft.h"
 #include "bench_util.h"
 

@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "anvil/io/safetensors_header.h"
+#include "io/safetensors_header.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

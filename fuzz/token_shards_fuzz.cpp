@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "anvil/data/token_shards.h"
+#include "data/token_shards.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

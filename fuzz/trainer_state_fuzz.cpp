@@ -1,7 +1,7 @@
 // trainer_state.json of a checkpoint folder, as a resume reads it: validated,
 // turned into a TrainerState, and its data position given to a sampler.
 
-#include "anvil/data/mixture.h"
+#include "data/mixture.h"
 #include "anvil/io/trainer_state.h"
 #include "fuzz_util.h"
 

@@ -17,7 +17,7 @@
 #include <random>
 #include <sstream>
 
-#include "anvil/data/token_shards.h"
+#include "data/token_shards.h"
 
 namespace anvil::testing {
 

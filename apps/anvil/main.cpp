@@ -15,24 +15,24 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 
-#include "anvil/core/cli.h"
+#include "core/cli.h"
 #include "anvil/core/error.h"
 #include "anvil/generation/generate.h"
-#include "anvil/core/fs.h"
-#include "anvil/core/hub_cache.h"
+#include "core/fs.h"
+#include "core/hub_cache.h"
 #include "anvil/core/logging.h"
 #include "anvil/chat/chat.h"
 #include "anvil/data/datasets.h"
 #include "anvil/data/jsonl.h"
-#include "anvil/data/token_shards.h"
-#include "anvil/distributed/checkpoint.h"
+#include "data/token_shards.h"
+#include "distributed/checkpoint.h"
 #include "anvil/distributed/sharding.h"
 #include "anvil/checkpoint/hf_model.h"
-#include "anvil/checkpoint/peft.h"
-#include "anvil/models/lora.h"
+#include "checkpoint/peft.h"
+#include "models/lora.h"
 #include "anvil/train/ilql.h"
-#include "anvil/io/safetensors.h"
-#include "anvil/rewards/reward_model.h"
+#include "io/safetensors.h"
+#include "rewards/reward_model.h"
 #include "anvil/tokenizer/tokenizer.h"
 
 namespace {

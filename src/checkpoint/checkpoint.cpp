@@ -1,4 +1,4 @@
-#include "anvil/checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/Generator.h>
@@ -10,11 +10,11 @@
 #include <regex>
 
 #include "anvil/core/error.h"
-#include "anvil/core/fs.h"
+#include "core/fs.h"
 #include "anvil/core/logging.h"
 #include "anvil/checkpoint/hf_model.h"
-#include "anvil/io/safetensors.h"
-#include "anvil/optim/optimizer.h"
+#include "io/safetensors.h"
+#include "optim/optimizer.h"
 #include "checkpoint/saved_parameters.h"
 
 namespace anvil::checkpoint {

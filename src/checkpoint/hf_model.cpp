@@ -1,7 +1,7 @@
 #include "anvil/checkpoint/hf_model.h"
 
-#include "anvil/checkpoint/peft.h"
-#include "anvil/models/lora.h"
+#include "checkpoint/peft.h"
+#include "models/lora.h"
 
 #include <ATen/ATen.h>
 
@@ -11,9 +11,9 @@
 #include <unistd.h>
 
 #include "anvil/core/error.h"
-#include "anvil/core/fs.h"
-#include "anvil/core/hub_cache.h"
-#include "anvil/io/safetensors.h"
+#include "core/fs.h"
+#include "core/hub_cache.h"
+#include "io/safetensors.h"
 #include "anvil/models/registry.h"
 #include "checkpoint/saved_parameters.h"
 

@@ -1,12 +1,12 @@
-#include "anvil/checkpoint/peft.h"
+#include "checkpoint/peft.h"
 
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "anvil/core/error.h"
-#include "anvil/core/fs.h"
-#include "anvil/io/safetensors.h"
+#include "core/fs.h"
+#include "io/safetensors.h"
 #include "anvil/models/registry.h"
 
 namespace anvil::checkpoint {

@@ -9,7 +9,7 @@
 #include <tuple>
 #include <variant>
 
-#include "anvil/core/hub_cache.h"
+#include "core/hub_cache.h"
 #include "config_internal.h"
 
 namespace anvil::config {

@@ -1,4 +1,4 @@
-#include "anvil/core/cli.h"
+#include "core/cli.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,4 +1,4 @@
-#include "anvil/core/device.h"
+#include "core/device.h"
 
 #include <ATen/Context.h>
 #include <ATen/DeviceAccelerator.h>

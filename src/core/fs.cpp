@@ -1,4 +1,4 @@
-#include "anvil/core/fs.h"
+#include "core/fs.h"
 
 #include <fcntl.h>
 #include <unistd.h>

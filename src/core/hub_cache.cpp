@@ -1,4 +1,4 @@
-#include "anvil/core/hub_cache.h"
+#include "core/hub_cache.h"
 
 #include <cctype>
 #include <cstdlib>

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "anvil/core/error.h"
-#include "anvil/core/fs.h"
+#include "core/fs.h"
 
 namespace anvil {
 

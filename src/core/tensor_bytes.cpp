@@ -1,4 +1,4 @@
-#include "anvil/core/tensor_bytes.h"
+#include "core/tensor_bytes.h"
 
 #include <c10/core/StorageImpl.h>
 

@@ -10,7 +10,7 @@
 //   SessionLog { SessionStatus status = 1 (START = 1); }
 // A record: uint64 length, uint32 masked CRC of the length, the bytes, uint32
 // masked CRC of the bytes; masked = ((crc >> 15) | (crc << 17)) + 0xa282ead8.
-#include "anvil/core/tensorboard.h"
+#include "core/tensorboard.h"
 
 #include <unistd.h>
 

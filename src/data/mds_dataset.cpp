@@ -23,8 +23,8 @@
 #include <optional>
 
 #include "anvil/core/error.h"
-#include "anvil/core/fs.h"
-#include "anvil/data/token_shards.h"
+#include "core/fs.h"
+#include "data/token_shards.h"
 
 namespace anvil::data {
 namespace {

@@ -15,8 +15,8 @@
 #include <cstring>
 
 #include "anvil/core/error.h"
-#include "anvil/core/fs.h"
-#include "anvil/data/token_shards.h"
+#include "core/fs.h"
+#include "data/token_shards.h"
 
 namespace anvil::data {
 namespace {

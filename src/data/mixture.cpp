@@ -1,4 +1,4 @@
-#include "anvil/data/mixture.h"
+#include "data/mixture.h"
 
 #include <cmath>
 #include <numeric>

@@ -1,4 +1,4 @@
-#include "anvil/data/token_shards.h"
+#include "data/token_shards.h"
 #include "anvil/tokenizer/tokenizer.h"
 
 #include <fcntl.h>
@@ -13,7 +13,7 @@
 #include <random>
 
 #include "anvil/core/error.h"
-#include "anvil/core/fs.h"
+#include "core/fs.h"
 
 namespace anvil::data {
 namespace stdfs = std::filesystem;

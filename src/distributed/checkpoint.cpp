@@ -1,4 +1,4 @@
-#include "anvil/distributed/checkpoint.h"
+#include "distributed/checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/Generator.h>
@@ -12,10 +12,10 @@
 #include <thread>
 
 #include "anvil/core/error.h"
-#include "anvil/core/fs.h"
+#include "core/fs.h"
 #include "anvil/checkpoint/hf_model.h"
-#include "anvil/io/safetensors.h"
-#include "anvil/optim/optimizer.h"
+#include "io/safetensors.h"
+#include "optim/optimizer.h"
 
 namespace anvil::distributed {
 namespace {

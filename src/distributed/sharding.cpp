@@ -11,8 +11,8 @@
 #include <unordered_set>
 
 #include "anvil/core/error.h"
-#include "anvil/core/tensor_bytes.h"
-#include "anvil/models/activation_checkpointing.h"
+#include "core/tensor_bytes.h"
+#include "models/activation_checkpointing.h"
 
 namespace anvil::distributed {
 

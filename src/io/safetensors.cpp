@@ -1,4 +1,4 @@
-#include "anvil/io/safetensors.h"
+#include "io/safetensors.h"
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "anvil/core/error.h"
-#include "anvil/core/fs.h"
-#include "anvil/io/safetensors_header.h"
+#include "core/fs.h"
+#include "io/safetensors_header.h"
 
 namespace anvil::io {
 namespace {

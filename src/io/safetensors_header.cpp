@@ -1,4 +1,4 @@
-#include "anvil/io/safetensors_header.h"
+#include "io/safetensors_header.h"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>

@@ -1,7 +1,7 @@
 #include "anvil/io/trainer_state.h"
 
 #include "anvil/core/error.h"
-#include "anvil/core/fs.h"
+#include "core/fs.h"
 
 namespace anvil::io {
 namespace {

@@ -1,6 +1,6 @@
 // Activation checkpointing: a block keeps only its input and is run again in
 // backward, with the forward's random-number state, so dropout repeats.
-#include "anvil/models/activation_checkpointing.h"
+#include "models/activation_checkpointing.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/Generator.h>

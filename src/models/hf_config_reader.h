@@ -9,7 +9,7 @@
 
 #include "anvil/core/error.h"
 #include "anvil/models/causal_lm.h"
-#include "anvil/models/layers.h"
+#include "models/layers.h"
 
 namespace anvil::models {
 

@@ -1,4 +1,4 @@
-#include "anvil/models/lora.h"
+#include "models/lora.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/init.h>
@@ -9,7 +9,7 @@
 
 #include "anvil/core/error.h"
 #include "anvil/models/causal_lm.h"
-#include "anvil/models/layers.h"
+#include "models/layers.h"
 
 namespace anvil::models {
 namespace {

@@ -1,6 +1,6 @@
 // Sparse mixture-of-experts MLP and the load-balancing loss (transformers'
 // MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock and load_balancing_loss_func).
-#include "anvil/models/moe.h"
+#include "models/moe.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>

@@ -1,4 +1,4 @@
-#include "anvil/optim/optimizer.h"
+#include "optim/optimizer.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>

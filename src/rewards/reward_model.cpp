@@ -1,4 +1,4 @@
-#include "anvil/rewards/reward_model.h"
+#include "rewards/reward_model.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>

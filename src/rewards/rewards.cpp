@@ -9,7 +9,7 @@
 
 #include "anvil/core/error.h"
 #include "anvil/core/logging.h"
-#include "anvil/rewards/reward_model.h"
+#include "rewards/reward_model.h"
 #include "rewards/reward_program.h"
 
 namespace anvil::rewards {

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "anvil/core/error.h"
-#include "anvil/core/fs.h"
+#include "core/fs.h"
 #include "anvil/core/logging.h"
 #include "added_tokens.h"
 #include "backends.h"

@@ -8,7 +8,7 @@
 #include <map>
 
 #include "anvil/core/error.h"
-#include "anvil/core/fs.h"
+#include "core/fs.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "backends.h"
 

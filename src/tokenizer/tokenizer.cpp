@@ -3,8 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include "anvil/core/error.h"
-#include "anvil/core/fs.h"
-#include "anvil/core/hub_cache.h"
+#include "core/fs.h"
+#include "core/hub_cache.h"
 #include "anvil/core/logging.h"
 #include "anvil/tokenizer/tokenizer.h"
 

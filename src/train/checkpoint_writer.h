@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "anvil/core/metrics.h"
-#include "anvil/checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 namespace anvil::train {
 

@@ -14,7 +14,7 @@
 #include "anvil/core/logging.h"
 #include "anvil/chat/chat.h"
 #include "anvil/data/datasets.h"
-#include "anvil/data/mixture.h"
+#include "data/mixture.h"
 #include "anvil/generation/generate.h"
 #include "anvil/train/engine.h"
 #include "train/lm_data.h"
@@ -294,12 +294,7 @@ const bool kRegistered = [] {
   auto reads = config::dataset_keys({"eval_fraction", "prompt_field", "response_field", "token_dtype"});
   reads.insert(reads.end(), {"data.template", "data.on_overflow", "data.on_error", "eval.max_batches",
                              "eval.generate_samples", "eval.max_new_tokens", "eval.table_rows"});
-  register_objective(
-      "distill",
-      [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
-        return std::make_unique<DistillObjective>(cfg, tok);
-      },
-      reads);
+  register_objective<DistillObjective>("distill", reads);
   return true;
 }();
 

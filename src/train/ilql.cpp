@@ -19,7 +19,7 @@
 #include "anvil/core/logging.h"
 #include "anvil/chat/chat.h"
 #include "anvil/data/datasets.h"
-#include "anvil/data/mixture.h"
+#include "data/mixture.h"
 #include "anvil/generation/generate.h"
 #include "anvil/rewards/rewards.h"
 #include "anvil/train/engine.h"
@@ -290,7 +290,7 @@ void IlqlObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
   if (!had)
     log::info("ilql: added heads ", s_->o.two_qs ? "q1, q2, target_q1, target_q2" : "q1, target_q1", ", v (MLPs ",
               model.hidden_size(), " -> ", 2 * model.hidden_size(), " -> vocab / 1)");
-  s_->rewards->prepare([&ctx](auto m) { return ctx.freeze(std::move(m)); }, "ilql");
+  s_->rewards->prepare(ctx.freeze_fn(), "ilql");
 }
 
 at::Tensor IlqlObjective::loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) {
@@ -434,12 +434,7 @@ const bool kRegistered = [] {
   auto reads = config::dataset_keys({"prompt_field", "response_field"});
   reads.insert(reads.end(),
                {"data.template", "data.on_overflow", "data.on_error", "eval.generate_samples", "eval.table_rows"});
-  register_objective(
-      "ilql",
-      [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
-        return std::make_unique<IlqlObjective>(cfg, tok);
-      },
-      reads);
+  register_objective<IlqlObjective>("ilql", reads);
   return true;
 }();
 }  // namespace

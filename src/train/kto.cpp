@@ -13,8 +13,8 @@
 #include "anvil/chat/chat.h"
 #include "anvil/data/datasets.h"
 #include "anvil/data/jsonl.h"
-#include "anvil/data/mixture.h"
-#include "anvil/models/lora.h"
+#include "data/mixture.h"
+#include "models/lora.h"
 #include "anvil/train/preference.h"
 #include "train/lm_data.h"
 #include "train/preference_data.h"
@@ -402,12 +402,7 @@ const bool kRegistered = [] {
       "kto", "Options of the kto algorithm (KTO: unpaired desirable and undesirable completions).", "kto");
   // It reads what dpo reads of data and eval, and the fused head.
   const auto reads = dpo_reads();
-  register_objective(
-      "kto",
-      [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
-        return std::make_unique<KtoObjective>(cfg, tok);
-      },
-      reads);
+  register_objective<KtoObjective>("kto", reads);
   return true;
 }();
 

@@ -11,7 +11,7 @@
 #include "anvil/core/error.h"
 #include "anvil/core/logging.h"
 #include "anvil/data/datasets.h"
-#include "anvil/data/mixture.h"
+#include "data/mixture.h"
 #include "anvil/train/objective.h"
 #include "anvil/train/sft.h"
 #include "data/collate.h"

@@ -26,10 +26,10 @@
 #include "anvil/core/logging.h"
 #include "anvil/chat/chat.h"
 #include "anvil/data/datasets.h"
-#include "anvil/data/mixture.h"
+#include "data/mixture.h"
 #include "anvil/generation/generate.h"
 #include "anvil/checkpoint/hf_model.h"
-#include "anvil/models/lora.h"
+#include "models/lora.h"
 #include "anvil/rewards/rewards.h"
 #include "anvil/train/engine.h"
 #include "rewards/environment.h"
@@ -247,14 +247,14 @@ void PpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
   if (models::has_lora(model) && s_->ppo.reference.empty()) {
     // As PEFT users do: the reference is the policy with its adapters off.
     log::info("ppo: reference model: the policy with its LoRA adapters off (no second copy)");
-    s_->rewards->prepare([&ctx](auto m) { return ctx.freeze(std::move(m)); }, "ppo");
+    s_->rewards->prepare(ctx.freeze_fn(), "ppo");
     return;
   }
   auto reference = load_reference(ref_path, "ppo.reference", model);
   s_->reference = ctx.freeze(std::move(reference));
   log::info("ppo: reference model from ", ref_path.empty() ? std::string("the initial weights") : ref_path, " (",
             s_->reference.parameter_bytes(), " parameter bytes on this rank)");
-  s_->rewards->prepare([&ctx](auto m) { return ctx.freeze(std::move(m)); }, "ppo");
+  s_->rewards->prepare(ctx.freeze_fn(), "ppo");
 }
 
 at::Tensor PpoObjective::State::values(models::CausalLM& policy, const at::Tensor& ids, const at::Tensor& pos,
@@ -831,12 +831,7 @@ const bool kRegistered = [] {
   auto reads = config::dataset_keys({"eval_fraction", "prompt_field"});
   reads.insert(reads.end(), {"data.template", "data.on_error", "train.fused_loss", "eval.generate_samples",
                              "eval.max_new_tokens", "eval.table_rows"});
-  register_objective(
-      "ppo",
-      [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
-        return std::make_unique<PpoObjective>(cfg, tok);
-      },
-      reads);
+  register_objective<PpoObjective>("ppo", reads);
   return true;
 }();
 

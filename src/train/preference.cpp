@@ -13,8 +13,8 @@
 #include "anvil/core/error.h"
 #include "anvil/core/logging.h"
 #include "anvil/checkpoint/hf_model.h"
-#include "anvil/io/safetensors.h"
-#include "anvil/models/lora.h"
+#include "io/safetensors.h"
+#include "models/lora.h"
 #include "anvil/models/registry.h"
 #include "anvil/train/sft.h"
 #include "train/lm_data.h"
@@ -677,18 +677,8 @@ const bool kRegistered = [] {
   config::register_section<DpoConfig>("dpo", "Direct preference optimisation (algorithm: dpo).", "dpo", check_dpo);
   auto reward = config::dataset_keys({"eval_fraction", "prompt_field"});
   reward.insert(reward.end(), {"data.template", "data.on_overflow", "data.on_error", "eval.max_batches"});
-  register_objective(
-      "reward",
-      [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
-        return std::make_unique<RewardObjective>(cfg, tok);
-      },
-      reward);
-  register_objective(
-      "dpo",
-      [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
-        return std::make_unique<DpoObjective>(cfg, tok);
-      },
-      dpo_reads());
+  register_objective<RewardObjective>("reward", reward);
+  register_objective<DpoObjective>("dpo", dpo_reads());
   return true;
 }();
 

@@ -7,23 +7,24 @@
 #include <torch/cuda.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iomanip>
 #include <sstream>
 
-#include "anvil/core/device.h"
+#include "core/device.h"
 #include "anvil/core/error.h"
-#include "anvil/core/fs.h"
-#include "anvil/core/hub_cache.h"
+#include "core/fs.h"
+#include "core/hub_cache.h"
 #include "anvil/core/logging.h"
 #include "anvil/chat/chat.h"
-#include "anvil/distributed/checkpoint.h"
+#include "distributed/checkpoint.h"
 #include "anvil/distributed/env.h"
-#include "anvil/checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "anvil/checkpoint/hf_model.h"
-#include "anvil/checkpoint/peft.h"
-#include "anvil/models/lora.h"
+#include "checkpoint/peft.h"
+#include "models/lora.h"
 #include "anvil/models/registry.h"
 
 namespace anvil::train {
@@ -284,7 +285,11 @@ RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
   if (data_cfg.data.max_length > r.model->max_positions())
     throw ConfigError(concat("data.max_length: ", data_cfg.data.max_length, " exceeds the model's ",
                              r.model->max_positions(), " positions"));
-  if (cfg.algorithm != "pretrain") data_cfg.data.template_name = resolve_template(cfg, *r.tok);
+  // The chat format is resolved (and recorded with the tokenizer) for an
+  // algorithm that reads data.template, as it declared when it registered.
+  if (const auto reads = config::keys_read_by(cfg.algorithm);
+      std::find(reads.begin(), reads.end(), "data.template") != reads.end())
+    data_cfg.data.template_name = resolve_template(cfg, *r.tok);
   r.objective = make_objective(data_cfg, *r.tok);
   r.objective->set_ranks(r.ranks);
   return r;

@@ -9,7 +9,7 @@
 
 #include "anvil/core/error.h"
 #include "anvil/core/logging.h"
-#include "anvil/data/token_shards.h"
+#include "data/token_shards.h"
 #include "anvil/generation/generate.h"
 #include "anvil/checkpoint/hf_model.h"
 #include "anvil/models/registry.h"
@@ -361,17 +361,14 @@ EvalResult LmObjective::evaluate(models::CausalLM& model) {
 namespace {
 const bool kRegistered = [] {
   config::register_section<SftConfig>("sft", "Supervised fine-tuning (algorithm: sft).", "sft");
-  const auto make = [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
-    return std::make_unique<LmObjective>(cfg, tok);
-  };
   auto sft = config::dataset_keys({"eval_fraction", "prompt_field", "response_field", "token_dtype"});
   sft.insert(sft.end(), {"data.template", "data.on_overflow", "data.on_error", "data.packing", "train.fused_loss",
                          "train.loss_chunk_size", "eval.max_batches", "eval.generate_samples", "eval.max_new_tokens",
                          "eval.table_rows"});
-  register_objective("sft", make, sft);
+  register_objective<LmObjective>("sft", sft);
   auto pretrain = config::dataset_keys({"eval_fraction", "token_dtype"});
   pretrain.insert(pretrain.end(), {"data.packing", "train.fused_loss", "train.loss_chunk_size", "eval.max_batches"});
-  register_objective("pretrain", make, pretrain);
+  register_objective<LmObjective>("pretrain", pretrain);
   return true;
 }();
 }  // namespace

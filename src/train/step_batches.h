@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "anvil/core/error.h"
-#include "anvil/data/mixture.h"
+#include "data/mixture.h"
 #include "anvil/train/objective.h"
 #include "train/lm_data.h"
 

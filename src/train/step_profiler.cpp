@@ -13,7 +13,7 @@
 #include <set>
 
 #include "anvil/core/error.h"
-#include "anvil/core/fs.h"
+#include "core/fs.h"
 #include "anvil/core/logging.h"
 
 namespace anvil::train {

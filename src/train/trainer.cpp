@@ -17,14 +17,14 @@
 #include <optional>
 #include <sstream>
 
-#include "anvil/core/device.h"
+#include "core/device.h"
 #include "anvil/core/error.h"
-#include "anvil/core/tensorboard.h"
-#include "anvil/core/fs.h"
+#include "core/tensorboard.h"
+#include "core/fs.h"
 #include "anvil/core/logging.h"
-#include "anvil/checkpoint/checkpoint.h"
-#include "anvil/optim/optimizer.h"
-#include "anvil/optim/schedule.h"
+#include "checkpoint/checkpoint.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
 #include "train/run_setup.h"
 #include "train/step_profiler.h"
 

@@ -11,7 +11,7 @@
 #include <iostream>
 
 #include "anvil/config/config.h"
-#include "anvil/core/cli.h"
+#include "core/cli.h"
 #include "anvil/core/error.h"
 #include "anvil/chat/chat.h"
 #include "anvil/models/registry.h"

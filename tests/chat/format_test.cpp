@@ -11,7 +11,7 @@
 
 #include "anvil/chat/chat.h"
 #include "anvil/data/datasets.h"
-#include "anvil/rewards/reward_model.h"
+#include "rewards/reward_model.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "test_util.h"
 

@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "anvil/core/error.h"
-#include "anvil/data/mixture.h"
-#include "anvil/io/safetensors.h"
+#include "data/mixture.h"
+#include "io/safetensors.h"
 #include "anvil/io/trainer_state.h"
 #include "test_util.h"
 

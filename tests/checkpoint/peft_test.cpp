@@ -15,8 +15,8 @@
 #include "anvil/config/config.h"
 #include "anvil/core/error.h"
 #include "anvil/checkpoint/hf_model.h"
-#include "anvil/checkpoint/peft.h"
-#include "anvil/models/lora.h"
+#include "checkpoint/peft.h"
+#include "models/lora.h"
 #include "anvil/models/registry.h"
 #include "test_util.h"
 

@@ -1,10 +1,10 @@
-// train.tf32 and the accelerator memory metrics (anvil/core/device.h).
+// train.tf32 and the accelerator memory metrics (src/core/device.h).
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
-#include "anvil/core/device.h"
+#include "core/device.h"
 
 TEST(Device, Tf32SwitchesCublasAndCudnnBothWays) {
   auto& ctx = at::globalContext();

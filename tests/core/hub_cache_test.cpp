@@ -2,7 +2,7 @@
 // cache folder's environment variables, refs and snapshots as huggingface_hub
 // lays them out, messages for what is missing, and the trainer and the CLI
 // taking an id wherever they take a model folder.
-#include "anvil/core/hub_cache.h"
+#include "core/hub_cache.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

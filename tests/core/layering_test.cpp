@@ -130,4 +130,26 @@ TEST(Layering, TheConfigLayerNamesNoAlgorithm) {
   EXPECT_GE(files, 4u);
 }
 
+// include/anvil/ is the installed API: its headers include only each other
+// (an internal header there would be missing from the package), and the
+// surface only shrinks.
+TEST(Layering, PublicHeadersIncludeOnlyPublicHeaders) {
+  const stdfs::path src = anvil::testing::source_dir();
+  const std::regex quoted(R"re(^\s*#\s*include\s*"([^"]+)")re");
+  size_t headers = 0;
+  for (const auto& e : stdfs::recursive_directory_iterator(src / "include/anvil")) {
+    if (!e.is_regular_file() || e.path().extension() != ".h") continue;
+    ++headers;
+    std::ifstream in(e.path());
+    for (std::string l; std::getline(in, l);) {
+      std::smatch m;
+      if (!std::regex_search(l, m, quoted)) continue;
+      EXPECT_TRUE(stdfs::is_regular_file(src / "include" / m[1].str()))
+          << stdfs::relative(e.path(), src).string() << " includes \"" << m[1] << "\", which is not installed";
+    }
+  }
+  EXPECT_GE(headers, 14u);
+  EXPECT_LE(headers, 26u) << "a new public header: is it API (docs/library.md, \"What the headers hold\")?";
+}
+
 }  // namespace

@@ -13,7 +13,7 @@
 #include <set>
 #include <thread>
 
-#include "anvil/core/tensorboard.h"
+#include "core/tensorboard.h"
 #include "test_util.h"
 
 namespace anvil {

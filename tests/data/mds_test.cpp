@@ -10,7 +10,7 @@
 #include <fstream>
 
 #include "anvil/core/error.h"
-#include "anvil/data/token_shards.h"
+#include "data/token_shards.h"
 #include "test_util.h"
 
 namespace anvil::data {

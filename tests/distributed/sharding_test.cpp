@@ -16,8 +16,8 @@
 #include <thread>
 
 #include "anvil/distributed/sharding.h"
-#include "anvil/models/activation_checkpointing.h"
-#include "anvil/io/safetensors.h"
+#include "models/activation_checkpointing.h"
+#include "io/safetensors.h"
 #include "anvil/models/registry.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "anvil/train/sft.h"

@@ -3,15 +3,21 @@
 // forward/backward through the public dist API (one process).
 #include <anvil/config/config.h>
 #include <anvil/distributed/sharding.h>
-#include <anvil/models/gpt2.h>
+#include <anvil/models/registry.h>
 
 #include <iostream>
 #include <memory>
 
 int main() {
-  anvil::models::gpt2::GPT2Options o;
-  o.vocab_size(10).n_positions(8).n_embd(16).n_layer(2).n_head(2);
-  auto model = std::make_shared<anvil::models::gpt2::GPT2LMHeadModel>(o);
+  // A family by name, through the public registry (the families' own headers are internal).
+  anvil::config::ModelConfig mc;
+  mc.family = "gpt2";
+  mc.vocab_size = 10;
+  mc.max_position_embeddings = 8;
+  mc.hidden_size = 16;
+  mc.num_layers = 2;
+  mc.num_heads = 2;
+  auto model = anvil::models::family_by_name("gpt2").from_config(mc);
   auto logits = model->forward(at::zeros({1, 4}, at::kLong));
   std::cout << "logits " << logits.sizes() << " keys " << anvil::config::reference_markdown().size();
 

@@ -1,4 +1,4 @@
-#include "anvil/io/safetensors.h"
+#include "io/safetensors.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -7,8 +7,8 @@
 
 #include "anvil/generation/generate.h"
 #include "anvil/checkpoint/hf_model.h"
-#include "anvil/io/safetensors.h"
-#include "anvil/models/llama.h"
+#include "io/safetensors.h"
+#include "models/llama.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "test_util.h"
 

@@ -3,7 +3,7 @@
 // its logits with `anvil logits`.
 #include <gtest/gtest.h>
 
-#include "anvil/io/safetensors.h"
+#include "io/safetensors.h"
 #include "test_util.h"
 
 namespace anvil::checkpoint {

@@ -11,7 +11,7 @@
 
 #include "anvil/config/config.h"
 #include "anvil/checkpoint/hf_model.h"
-#include "anvil/io/safetensors.h"
+#include "io/safetensors.h"
 #include "anvil/models/registry.h"
 #include "data/collate.h"
 #include "test_util.h"
@@ -359,8 +359,8 @@ TEST(HfImport, OutOfRangeNumbersNameTheFileAndKey) {
 // Mixtures of experts beyond transformers' parity (hf_parity_test.cpp): the
 // load-balancing loss's gradient through activation checkpointing, and
 // at::_grouped_mm against the per-expert loop.
-#include "anvil/models/activation_checkpointing.h"
-#include "anvil/models/moe.h"
+#include "models/activation_checkpointing.h"
+#include "models/moe.h"
 
 namespace anvil::models {
 namespace {

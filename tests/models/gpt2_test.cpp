@@ -1,11 +1,11 @@
-#include "anvil/models/gpt2.h"
+#include "models/gpt2.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/utils.h>
 
 #include "anvil/checkpoint/hf_model.h"
-#include "anvil/models/layers.h"
+#include "models/layers.h"
 #include "anvil/models/registry.h"
 #include "test_util.h"
 

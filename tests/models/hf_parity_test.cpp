@@ -7,10 +7,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "anvil/core/fs.h"
+#include "core/fs.h"
 #include "anvil/generation/generate.h"
 #include "anvil/checkpoint/hf_model.h"
-#include "anvil/io/safetensors.h"
+#include "io/safetensors.h"
 #include "anvil/train/sft.h"
 #include "test_util.h"
 

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "anvil/core/error.h"
-#include "anvil/core/fs.h"
+#include "core/fs.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "test_util.h"
 

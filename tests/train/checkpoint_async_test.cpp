@@ -15,9 +15,9 @@
 #include <optional>
 #include <thread>
 
-#include "anvil/checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "anvil/checkpoint/hf_model.h"
-#include "anvil/io/safetensors.h"
+#include "io/safetensors.h"
 #include "anvil/io/trainer_state.h"
 #include "test_util.h"
 

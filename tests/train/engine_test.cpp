@@ -13,8 +13,8 @@
 #include "anvil/config/config.h"
 #include "anvil/core/error.h"
 #include "anvil/checkpoint/hf_model.h"
-#include "anvil/io/safetensors.h"
-#include "anvil/core/tensor_bytes.h"
+#include "io/safetensors.h"
+#include "core/tensor_bytes.h"
 #include "anvil/distributed/env.h"
 #include "anvil/models/registry.h"
 #include <unordered_set>

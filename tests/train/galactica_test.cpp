@@ -11,7 +11,7 @@
 #include <fstream>
 #include <map>
 
-#include "anvil/io/safetensors.h"
+#include "io/safetensors.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "test_util.h"
 

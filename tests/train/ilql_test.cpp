@@ -14,7 +14,7 @@
 #include <map>
 
 #include "anvil/data/datasets.h"
-#include "anvil/io/safetensors.h"
+#include "io/safetensors.h"
 #include "anvil/models/registry.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "anvil/train/ilql.h"

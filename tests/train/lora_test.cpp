@@ -11,7 +11,7 @@
 #include <fstream>
 #include <regex>
 
-#include "anvil/io/safetensors.h"
+#include "io/safetensors.h"
 #include "test_util.h"
 
 namespace anvil::train {

@@ -8,7 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "anvil/data/token_shards.h"
+#include "data/token_shards.h"
 #include "test_util.h"
 
 namespace anvil::train {

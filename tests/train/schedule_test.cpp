@@ -1,4 +1,4 @@
-#include "anvil/optim/schedule.h"
+#include "optim/schedule.h"
 
 #include <gtest/gtest.h>
 

@@ -15,7 +15,7 @@
 
 #include "anvil/config/config.h"
 #include "anvil/checkpoint/hf_model.h"
-#include "anvil/optim/optimizer.h"
+#include "optim/optimizer.h"
 #include "test_util.h"
 
 namespace anvil::train {

@@ -28,6 +28,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_set>
@@ -207,5 +208,10 @@ class FrozenModel {
   std::shared_ptr<models::CausalLM> model_;
   std::shared_ptr<ShardedModel> sharded_;
 };
+
+/// How a run holds a model that never trains (train::RunContext::freeze:
+/// moved to the run's device, sharded like the policy under full_shard), as
+/// the layers below train/ take it (a reward model's source).
+using FreezeFn = std::function<FrozenModel(std::shared_ptr<models::CausalLM>)>;
 
 }  // namespace anvil::distributed

@@ -103,9 +103,8 @@ using RewardFn = std::function<std::vector<double>(const std::vector<RewardQuery
 /// the run starts. Throws ConfigError when the name is taken.
 void register_reward_function(const std::string& name, RewardFn fn);
 
-/// How a run holds a model that never trains (train::RunContext::freeze:
-/// moved to the run's device, sharded like the policy under full_shard).
-using FreezeFn = std::function<distributed::FrozenModel(std::shared_ptr<models::CausalLM>)>;
+/// How a run holds a model that never trains (train::RunContext::freeze_fn).
+using distributed::FreezeFn;
 
 /// One source of rewards.
 class RewardSource {

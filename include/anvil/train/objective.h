@@ -120,6 +120,10 @@ struct RunContext {
   /// like the policy in a sharded run. Every rank must call it, in the same
   /// order, with the same architecture (rank 0's values are kept).
   FrozenModel freeze(std::shared_ptr<models::CausalLM> model) const;
+  /// freeze() as a function, for what is built below train/ (a reward source).
+  distributed::FreezeFn freeze_fn() const {
+    return [this](std::shared_ptr<models::CausalLM> m) { return freeze(std::move(m)); };
+  }
 
   /// Trains `model` beside the policy (CompanionModel), from Objective::prepare;
   /// returns it, moved to `device`. `name` (a-z, 0-9, _) names its checkpoint
@@ -226,6 +230,18 @@ void register_objective(const std::string& name, ObjectiveFactory factory);
 /// pass keys_read_by("sft") less what it ignores). Any other such key set in
 /// its config is then an error; without the list, none is.
 void register_objective(const std::string& name, ObjectiveFactory factory, const std::vector<std::string>& reads);
+
+/// The same for an objective built as `T(cfg, tok)`: how the built-in
+/// objectives register (src/train/sft.cpp, ppo.cpp, ...).
+template <class T>
+void register_objective(const std::string& name, const std::vector<std::string>& reads) {
+  register_objective(
+      name,
+      [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) -> std::unique_ptr<Objective> {
+        return std::make_unique<T>(cfg, tok);
+      },
+      reads);
+}
 
 /// Builds the objective named by `cfg.algorithm`.
 std::unique_ptr<Objective> make_objective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);

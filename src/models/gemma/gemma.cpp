@@ -1,4 +1,4 @@
-#include "anvil/models/gemma.h"
+#include "models/gemma.h"
 
 #include <ATen/ATen.h>
 

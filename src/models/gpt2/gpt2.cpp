@@ -1,4 +1,4 @@
-#include "anvil/models/gpt2.h"
+#include "models/gpt2.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/linear.h>
@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "anvil/core/error.h"
-#include "anvil/models/layers.h"
+#include "models/layers.h"
 #include "../hf_config_reader.h"
 
 namespace anvil::models::gpt2 {

@@ -1,4 +1,4 @@
-#include "anvil/models/layers.h"
+#include "models/layers.h"
 
 #include <ATen/ATen.h>
 

@@ -1,4 +1,4 @@
-#include "anvil/models/llama.h"
+#include "models/llama.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/linear.h>

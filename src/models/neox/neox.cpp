@@ -1,4 +1,4 @@
-#include "anvil/models/neox.h"
+#include "models/neox.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/linear.h>

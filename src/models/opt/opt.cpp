@@ -1,4 +1,4 @@
-#include "anvil/models/opt.h"
+#include "models/opt.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/linear.h>
@@ -6,7 +6,7 @@
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/normalization.h>
 
-#include "anvil/models/layers.h"
+#include "models/layers.h"
 #include "../hf_config_reader.h"
 
 namespace anvil::models::opt {

@@ -1,8 +1,8 @@
 // OPT's entry in the model registry: our typed config and HF config.json
 // (OPTConfig, transformers 4 and 5) both map onto OPTOptions.
 #include "../hf_config_reader.h"
-#include "anvil/models/layers.h"
-#include "anvil/models/opt.h"
+#include "models/layers.h"
+#include "models/opt.h"
 #include "anvil/models/registry.h"
 
 namespace anvil::models::opt {

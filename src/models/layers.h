@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "anvil/models/causal_lm.h"
-#include "anvil/models/lora.h"
+#include "models/lora.h"
 
 namespace anvil::models::layers {
 

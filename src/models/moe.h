@@ -10,7 +10,7 @@
 #include <string>
 
 #include "anvil/models/causal_lm.h"
-#include "anvil/models/layers.h"
+#include "models/layers.h"
 
 namespace anvil::models::moe {
 

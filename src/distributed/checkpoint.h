@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "anvil/distributed/sharding.h"
-#include "anvil/checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "anvil/tokenizer/tokenizer.h"
 
 namespace anvil::distributed {

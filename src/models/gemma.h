@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "anvil/models/causal_lm.h"
-#include "anvil/models/layers.h"
+#include "models/layers.h"
 
 namespace anvil::models::gemma {
 

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "anvil/models/causal_lm.h"
-#include "anvil/models/lora.h"
+#include "models/lora.h"
 
 namespace anvil::checkpoint {
 

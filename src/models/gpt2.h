@@ -11,7 +11,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "anvil/models/causal_lm.h"
-#include "anvil/models/lora.h"
+#include "models/lora.h"
 
 namespace anvil::models::gpt2 {
 

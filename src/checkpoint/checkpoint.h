@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "anvil/io/safetensors.h"
+#include "io/safetensors.h"
 #include "anvil/io/trainer_state.h"
 #include "anvil/models/causal_lm.h"
 #include "anvil/tokenizer/tokenizer.h"

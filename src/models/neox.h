@@ -13,7 +13,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "anvil/models/causal_lm.h"
-#include "anvil/models/layers.h"
+#include "models/layers.h"
 
 namespace anvil::models::neox {
 

@@ -13,8 +13,8 @@
 #include <torch/nn/pimpl.h>
 
 #include "anvil/models/causal_lm.h"
-#include "anvil/models/layers.h"
-#include "anvil/models/moe.h"
+#include "models/layers.h"
+#include "models/moe.h"
 
 namespace anvil::models::llama {
 
