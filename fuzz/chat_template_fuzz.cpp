@@ -41,7 +41,7 @@ anvil::tokenizer::Tokenizer& tokenizer() {
   static const auto tok = [] {
     const auto dir = anvil::fuzz::scratch_dir() / "tok";
     std::filesystem::create_directories(dir);
-    std::filesystem::copy_file(std::string(ANVIL_SOURCE_DIR) + "/fuzz/data/chatml-tokenizer.json",
+    std::filesystem::copy_file(std::string(anvil::fuzz::source_dir()) + "/fuzz/data/chatml-tokenizer.json",
                                dir / "tokenizer.json", std::filesystem::copy_options::overwrite_existing);
     anvil::fuzz::write_file(dir / "tokenizer_config.json",
                             R"({"eos_token": "<|im_end|>", "bos_token": "<|endoftext|>"})");

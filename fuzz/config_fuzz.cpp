@@ -11,7 +11,7 @@
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const bool in_source = ::chdir(ANVIL_SOURCE_DIR) == 0;  // the configs' relative paths resolve
+  static const bool in_source = ::chdir(anvil::fuzz::source_dir()) == 0;  // the configs' relative paths resolve
   (void)in_source;
   auto [yaml, rest] = anvil::fuzz::split_at_nul(data, size);
   std::vector<std::string> overrides;

@@ -21,6 +21,10 @@
 
 namespace anvil::fuzz {
 
+/// The checkout (fuzz/source_dir.cpp; one TU holds the absolute path, so
+/// that ccache reuses the targets' objects in another clone).
+const char* source_dir();
+
 /// A folder of this process's own, in /dev/shm when there is one (the
 /// targets write their input to files, as a user's data arrives).
 inline const std::filesystem::path& scratch_dir() {

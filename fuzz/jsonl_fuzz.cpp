@@ -11,10 +11,10 @@
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const auto plain_tok =
-      anvil::tokenizer::load_tokenizer("sentencepiece", std::string(ANVIL_SOURCE_DIR) + "/data/tokenizer.model");
-  static const auto chatml_tok =
-      anvil::tokenizer::load_tokenizer("hf", std::string(ANVIL_SOURCE_DIR) + "/fuzz/data/chatml-tokenizer.json");
+  static const auto plain_tok = anvil::tokenizer::load_tokenizer(
+      "sentencepiece", std::string(anvil::fuzz::source_dir()) + "/data/tokenizer.model");
+  static const auto chatml_tok = anvil::tokenizer::load_tokenizer(
+      "hf", std::string(anvil::fuzz::source_dir()) + "/fuzz/data/chatml-tokenizer.json");
   if (size < 1) return 0;
   const uint8_t mode = data[0];
   const auto& tok = mode & 2 ? chatml_tok : plain_tok;

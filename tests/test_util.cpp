@@ -126,8 +126,10 @@ bool TrainerProcess::running() {
 
 std::filesystem::path fixture_checkpoint() {
   if (const char* dir = std::getenv("ANVIL_FIXTURE_CHECKPOINT"); dir && *dir) return dir;
-  return std::filesystem::path(ANVIL_FIXTURE_DIR) / "quickstart-sft" / "checkpoint-1000";
+  return fixture_dir() / "quickstart-sft" / "checkpoint-1000";
 }
+
+std::filesystem::path fixture_dir() { return ANVIL_FIXTURE_DIR; }
 
 std::string seed_override() {
   const char* seed = std::getenv("ANVIL_TEST_SEED");

@@ -79,6 +79,8 @@ int train_in(const TempDir& dir, const std::string& yaml, const std::string& ext
 /// ctest fixture (tests that need it run after it), or the checkpoint
 /// $ANVIL_FIXTURE_CHECKPOINT names (a fixture of another seed, for the sweep).
 std::filesystem::path fixture_checkpoint();
+/// The build tree's folder of ctest fixtures (build/test-fixtures).
+std::filesystem::path fixture_dir();
 
 /// " train.seed=N" when ANVIL_TEST_SEED=N is set (scripts/learning_sweep.sh
 /// varies the seed of a learning test's own runs), else "". Learning tests

@@ -310,7 +310,7 @@ TEST(ChatFormat, HfFolderWithItsOwnJinjaTemplateIsRenderedAsWritten) {
 // apple\n", ...}) scored 0 on the same eval written as messages, and chat
 // answered differently from generate. Needs the quickstart fixture.
 TEST(ChatFormatOnQuickstart, MessagesTextChatAndTransformersGiveTheSamePrompt) {
-  const auto run_dir = stdfs::path(ANVIL_FIXTURE_DIR) / "quickstart-sft";
+  const auto run_dir = anvil::testing::fixture_dir() / "quickstart-sft";
   const auto ckpt = run_dir / "checkpoint-1500";
   ASSERT_TRUE(stdfs::exists(ckpt)) << ckpt;
   TempDir dir;

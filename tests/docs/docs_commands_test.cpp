@@ -14,7 +14,7 @@ namespace {
 TEST(DocsCommands, GettingStartedAndReadmeCommandsRun) {
   anvil::testing::TempDir dir;
   const auto build = std::filesystem::path(anvil::testing::trainer_bin()).parent_path().parent_path();
-  const auto fixture = std::filesystem::path(ANVIL_FIXTURE_DIR) / "quickstart-sft";
+  const auto fixture = anvil::testing::fixture_dir() / "quickstart-sft";
   ASSERT_TRUE(std::filesystem::exists(fixture / "checkpoint-1500")) << fixture;
   std::string out;
   const int rc =

@@ -5,11 +5,12 @@
 set -euo pipefail
 BUILD_DIR="$1"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-TMP="$(mktemp -d)"
+TMP="$(realpath "$(mktemp -d -p "$BUILD_DIR" install-test.XXXXXX)")"
 trap 'rm -rf "$TMP"' EXIT
+source "$ROOT/tests/install/ccache_env.sh"
 cmake --install "$BUILD_DIR" --prefix "$TMP/prefix" >/dev/null
 TORCH_PREFIX="$("$ROOT/.venv/bin/python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')"
-cmake -S "$ROOT/examples/custom_objective" -B "$TMP/build" -G Ninja \
+cmake -S "$ROOT/examples/custom_objective" -B "$TMP/build" -G Ninja "${CCACHE_LAUNCHER[@]}" \
   -DCMAKE_PREFIX_PATH="$TMP/prefix;$TORCH_PREFIX" >/dev/null
 cmake --build "$TMP/build" >/dev/null
 bin="$TMP/build/weighted_trainer"

@@ -34,8 +34,8 @@ std::string content_key(const std::string& cmd) {
 }
 
 TEST(QuickstartLearning, QuickstartReachesHeldOutAccuracy) {
-  const auto dir = stdfs::path(ANVIL_FIXTURE_DIR) / "quickstart-sft";
-  const auto key_file = stdfs::path(ANVIL_FIXTURE_DIR) / "quickstart-sft.key";
+  const auto dir = anvil::testing::fixture_dir() / "quickstart-sft";
+  const auto key_file = anvil::testing::fixture_dir() / "quickstart-sft.key";
   const auto cfg = anvil::config::load_config({anvil::testing::source_dir() + "/configs/quickstart.yaml"}, {});
   const auto cmd = "cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() +
                    " --config configs/quickstart.yaml output_dir=" + dir.string() + " train.threads=1";
