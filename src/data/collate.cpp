@@ -15,9 +15,11 @@ LmBatch collate_unpacked(const std::vector<const LmSample*>& samples, int64_t pa
   auto labels = at::full({B, static_cast<int64_t>(T)}, kIgnoreIndex, at::kLong);
   auto ia = ids.accessor<int64_t, 2>();
   auto la = labels.accessor<int64_t, 2>();
+  auto mask = at::zeros({B, static_cast<int64_t>(T)}, at::kBool);
   LmBatch out;
   for (int64_t b = 0; b < B; ++b) {
     const auto& s = *samples[static_cast<size_t>(b)];
+    mask[b].narrow(0, 0, static_cast<int64_t>(s.input_ids.size())).fill_(true);
     for (size_t t = 0; t < s.input_ids.size(); ++t) {
       ia[b][static_cast<int64_t>(t)] = s.input_ids[t];
       la[b][static_cast<int64_t>(t)] = s.labels[t];
@@ -27,6 +29,7 @@ LmBatch collate_unpacked(const std::vector<const LmSample*>& samples, int64_t pa
   }
   out.input_ids = ids;
   out.labels = labels;
+  out.attention_mask = mask;
   return out;
 }
 

@@ -11,12 +11,13 @@
 namespace anvil::data {
 
 struct LmBatch {
-  at::Tensor input_ids;     // (B, T) int64, padded with pad_id
-  at::Tensor labels;        // (B, T) int64, kIgnoreIndex on untrained tokens and padding
-  at::Tensor position_ids;  // (B, T) int64, restarting at every document; packed only
-  at::Tensor doc_ids;       // (B, T) int64, document number within the row (-1 = padding); packed only
-  int64_t num_targets = 0;  // labels[:, 1:] != kIgnoreIndex: the tokens the loss counts
-  int64_t num_tokens = 0;   // non-padding input tokens
+  at::Tensor input_ids;       // (B, T) int64, padded with pad_id
+  at::Tensor labels;          // (B, T) int64, kIgnoreIndex on untrained tokens and padding
+  at::Tensor position_ids;    // (B, T) int64, restarting at every document; packed only
+  at::Tensor doc_ids;         // (B, T) int64, document number within the row (-1 = padding); packed only
+  at::Tensor attention_mask;  // (B, T) bool, true = a real token, false = padding; unpacked only
+  int64_t num_targets = 0;    // labels[:, 1:] != kIgnoreIndex: the tokens the loss counts
+  int64_t num_tokens = 0;     // non-padding input tokens
 };
 
 /// One sample per row, right-padded to the longest. Right padding never

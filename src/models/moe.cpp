@@ -10,15 +10,18 @@ namespace anvil::models {
 at::Tensor CausalLM::take_aux_loss(double weight) {
   auto st = std::move(router_stats_);
   router_stats_.reset();
-  if (!st || st->counts.empty() || st->rows <= 0) return {};
+  if (!st || st->counts.empty() || !st->rows.defined()) return {};
   st->open = false;
   auto counts = st->counts.front(), probs = st->probs.front();
   for (size_t i = 1; i < st->counts.size(); ++i) counts = counts + st->counts[i], probs = probs + st->probs[i];
-  const double experts = static_cast<double>(counts.size(0)), rows = st->rows;
+  const double experts = static_cast<double>(counts.size(0));
   // aux = E * sum_e (C_e / rows) (P_e / rows), with C (top-k choices) constant;
   // d aux / d P_e = E C_e / rows^2 for the probability sums of every layer.
-  st->grad = counts * (weight * experts / (rows * rows));
-  return (counts * probs).sum() * (experts / (rows * rows));
+  // rows stays on the device (a masked count): no host read. A batch of
+  // padding alone counts nothing and gives 0, not 0 / 0.
+  const auto scale = experts / st->rows.clamp_min(1).square();
+  st->grad = counts * (scale * weight);
+  return (counts * probs).sum() * scale;
 }
 
 namespace moe {
@@ -99,14 +102,24 @@ at::Tensor SparseMoeBlockImpl::forward(const at::Tensor& input, const ForwardArg
 
   if (args.router) {
     auto& st = *args.router;
-    const auto prob_sum = probs.sum(0);  // (E)
+    // Padding (args.token_mask false) counts neither as a choice nor as probability mass.
+    at::Tensor keep;
+    if (args.token_mask.defined()) {
+      TORCH_CHECK(args.token_mask.numel() == flat.size(0), "SparseMoeBlock: token_mask has ", args.token_mask.numel(),
+                  " entries for ", flat.size(0), " tokens");
+      keep = args.token_mask.reshape({-1, 1}).to(probs.device(), probs.scalar_type());  // (N, 1)
+    }
+    const auto prob_sum = (keep.defined() ? probs * keep : probs).sum(0);  // (E)
     if (st.open) {
       at::NoGradGuard no_grad;
       auto counts = at::zeros({options.num_experts()}, probs.options());
-      counts.scatter_add_(0, index.reshape(-1), at::ones({index.numel()}, probs.options()));
+      const auto ones = keep.defined() ? keep.expand({flat.size(0), index.size(1)}).reshape(-1)
+                                       : at::ones({index.numel()}, probs.options());
+      counts.scatter_add_(0, index.reshape(-1), ones);
       st.counts.push_back(counts);
       st.probs.push_back(prob_sum.detach());
-      st.rows += static_cast<double>(flat.size(0));
+      const auto rows = keep.defined() ? keep.sum() : at::full({}, static_cast<double>(flat.size(0)), probs.options());
+      st.rows = st.rows.defined() ? st.rows + rows : rows;
     }
     if (prob_sum.requires_grad()) {
       auto holder = c10::make_intrusive<StatsHolder>();

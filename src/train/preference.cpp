@@ -126,10 +126,13 @@ std::pair<at::Tensor, at::Tensor> fused_sequence_logps(models::CausalLM& model, 
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> model_sequence_logps(models::CausalLM& model, const at::Tensor& ids,
-                                                       const at::Tensor& labels, bool fused) {
+                                                       const at::Tensor& labels, bool fused,
+                                                       const at::Tensor& token_mask) {
+  models::ForwardArgs args;
+  if (model.num_experts() > 0) args.token_mask = token_mask;
   if (fused && model.final_logit_softcap() == 0)  // soft-capped logits (Gemma) take the plain head
-    return fused_sequence_logps(model, model.hidden_states(ids, {}), labels);
-  return sequence_logps(model.forward(ids), labels);
+    return fused_sequence_logps(model, model.hidden_states(ids, args), labels);
+  return sequence_logps(model.forward(ids, args), labels);
 }
 
 bool reference_free(const std::string& loss_type) {
@@ -278,6 +281,7 @@ Batch collate_preferences(const std::vector<const data::PreferenceSample*>& exam
     }
   auto ids = at::full({rows, T}, pad_id, at::kLong);
   auto labels = at::full({rows, T}, chat::kIgnoreIndex, at::kLong);
+  auto mask = at::zeros({rows, T}, at::kBool);
   auto* pi = ids.data_ptr<int64_t>();
   auto* pl = labels.data_ptr<int64_t>();
   std::vector<int64_t> per, dataset, index;
@@ -291,6 +295,7 @@ Batch collate_preferences(const std::vector<const data::PreferenceSample*>& exam
       std::copy(ex.prompt_ids.begin(), ex.prompt_ids.end(), pi + row * T);
       std::copy(reply.begin(), reply.end(), pi + row * T + P);
       std::copy(reply.begin(), reply.end(), pl + row * T + P);
+      mask[row].narrow(0, 0, P + static_cast<int64_t>(reply.size())).fill_(true);
       b.num_tokens += P + static_cast<int64_t>(reply.size());
       ++row;
     }
@@ -302,6 +307,7 @@ Batch collate_preferences(const std::vector<const data::PreferenceSample*>& exam
   const auto pairs = ranking_pairs(per, margins);
   b.tensors["input_ids"] = ids;
   b.tensors["labels"] = labels;
+  b.tensors["attention_mask"] = mask;
   b.tensors["replies"] = at::tensor(per, at::kLong);
   b.tensors["better"] = pairs.better;
   b.tensors["worse"] = pairs.worse;
@@ -597,7 +603,7 @@ at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
     NoDropout guard(model, dpo_config(s_->cfg).disable_dropout);
     std::tie(policy_sums, counts) =
         model_sequence_logps(model, batch.tensors.at("input_ids").to(device), batch.tensors.at("labels").to(device),
-                             s_->cfg.train.fused_loss);
+                             s_->cfg.train.fused_loss, batch.tensors.at("attention_mask").to(device));
   }
   // Rows alternate chosen, rejected (every example is a pair).
   const auto& type = s_->loss_opt.loss_type;

@@ -32,9 +32,12 @@ class NoDropout {
 
 /// A model's summed log-probs of each row's labelled tokens (labels aligned
 /// with the inputs, kIgnoreIndex elsewhere) and their counts: ((B) float32,
-/// (B) int64); through the fused head (lm_loss.h) when `fused`.
+/// (B) int64); through the fused head (lm_loss.h) when `fused`. `token_mask`
+/// (B, T) bool, true = a real token: a mixture of experts' load-balancing
+/// statistics leave the rest out (models::ForwardArgs::token_mask).
 std::pair<at::Tensor, at::Tensor> model_sequence_logps(models::CausalLM& model, const at::Tensor& ids,
-                                                       const at::Tensor& labels, bool fused);
+                                                       const at::Tensor& labels, bool fused,
+                                                       const at::Tensor& token_mask = {});
 
 /// A preference batch: each example's replies are consecutive rows of
 /// prompt + reply (right-padded with pad_id).

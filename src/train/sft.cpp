@@ -108,6 +108,13 @@ at::Tensor lm_batch_loss_sum(models::CausalLM& model, const Batch& batch, const 
     args.position_ids = batch.tensors.at("position_ids").to(device);
     args.attention_mask = data::document_causal_mask(it->second.to(device));
   }
+  // Padding takes no part in a mixture of experts' load-balancing loss (transformers' attention_mask).
+  if (model.num_experts() > 0) {
+    if (auto it = batch.tensors.find("doc_ids"); it != batch.tensors.end())
+      args.token_mask = it->second.ge(0).to(device);
+    else if (auto m = batch.tensors.find("attention_mask"); m != batch.tensors.end())
+      args.token_mask = m->second.to(device);
+  }
   if (o.fused && model.final_logit_softcap() == 0)  // soft-capped logits (Gemma) take the plain head
     return fused_lm_loss_sum(model, model.hidden_states(ids, args), labels, o.chunk);
   return causal_lm_loss_sum(model.forward(ids, args), labels.to(device));
@@ -117,6 +124,7 @@ Batch to_batch(data::LmBatch b) {
   Batch out;
   out.tensors["input_ids"] = std::move(b.input_ids);
   out.tensors["labels"] = std::move(b.labels);
+  if (b.attention_mask.defined()) out.tensors["attention_mask"] = std::move(b.attention_mask);
   if (b.doc_ids.defined()) {
     out.tensors["position_ids"] = std::move(b.position_ids);
     out.tensors["doc_ids"] = std::move(b.doc_ids);

@@ -359,8 +359,11 @@ TEST(HfImport, OutOfRangeNumbersNameTheFileAndKey) {
 // Mixtures of experts beyond transformers' parity (hf_parity_test.cpp): the
 // load-balancing loss's gradient through activation checkpointing, and
 // at::_grouped_mm against the per-expert loop.
+#include "anvil/train/sft.h"
 #include "models/activation_checkpointing.h"
 #include "models/moe.h"
+#include "train/lm_data.h"
+#include "train/preference_data.h"
 
 namespace anvil::models {
 namespace {
@@ -434,6 +437,72 @@ TEST(MixtureOfExperts, GroupedMatmulMatchesThePerExpertLoop) {
   EXPECT_TRUE(at::allclose(xa.grad(), xb.grad(), 1e-5, 1e-5));
   auto pa = loop->named_parameters(), pb = grouped->named_parameters();
   for (const auto& p : pa) EXPECT_TRUE(at::allclose(p.value().grad(), pb[p.key()].grad(), 1e-5, 1e-5)) << p.key();
+}
+
+// An SFT batch's padding (right padding of unpacked rows, the tail of packed
+// ones) takes no part in the load-balancing loss: its statistics equal those
+// of each sample run alone, as transformers' attention_mask leaves it out.
+TEST(MixtureOfExperts, SftBatchesLeaveTheirPaddingOutOfTheLoadBalancingLoss) {
+  at::manual_seed(5);
+  auto model = build_flavor("qwen3_moe-debug", 61);
+  std::vector<data::LmSample> samples(3);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const auto n = std::vector<int64_t>{10, 6, 3}[i];
+    const auto ids = at::randint(61, {n}, at::kLong);
+    samples[i].input_ids.assign(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + n);
+    samples[i].labels = samples[i].input_ids;
+  }
+  std::vector<const data::LmSample*> all;
+  for (const auto& s : samples) all.push_back(&s);
+
+  model->begin_router_stats();
+  for (const auto& s : samples) (void)model->forward(at::tensor(s.input_ids).unsqueeze(0));
+  const double alone = model->take_aux_loss(1.0).item<double>();
+
+  auto aux_of = [&](const train::Batch& b) {
+    model->begin_router_stats();
+    (void)train::lm_batch_loss_sum(*model, b);
+    return model->take_aux_loss(1.0).item<double>();
+  };
+  const double unpacked = aux_of(train::to_batch(data::collate_unpacked(all, 0)));
+  const double packed = aux_of(train::to_batch(data::collate_packed({{all[0]}, {all[1], all[2]}}, 10, 0)));
+  EXPECT_NEAR(unpacked, alone, 1e-5);
+  EXPECT_NEAR(packed, alone, 1e-5);
+
+  // The padded ids without a mask count 11 padding tokens, which moves the figure.
+  model->begin_router_stats();
+  (void)model->forward(train::to_batch(data::collate_unpacked(all, 0)).tensors.at("input_ids"));
+  EXPECT_GT(std::abs(model->take_aux_loss(1.0).item<double>() - alone), 1e-4);
+}
+
+// DPO's rows (prompt + chosen, prompt + rejected, right-padded) likewise, as
+// TRL's concatenated forward passes its attention mask.
+TEST(MixtureOfExperts, PreferenceRowsLeaveTheirPaddingOutOfTheLoadBalancingLoss) {
+  at::manual_seed(6);
+  auto model = build_flavor("mixtral-debug", 61);
+  model->eval();  // no router jitter
+  auto ids = [](int64_t n) {
+    const auto t = at::randint(61, {n}, at::kLong);
+    return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + n);
+  };
+  data::PreferenceSample a, b;
+  a.prompt_ids = ids(4), a.replies = {ids(6), ids(2)};
+  b.prompt_ids = ids(3), b.replies = {ids(1), ids(5)};
+  model->begin_router_stats();
+  for (const auto* e : {&a, &b})
+    for (const auto& r : e->replies) {
+      auto row = e->prompt_ids;
+      row.insert(row.end(), r.begin(), r.end());
+      (void)model->forward(at::tensor(row).unsqueeze(0));
+    }
+  const double alone = model->take_aux_loss(1.0).item<double>();
+  const auto batch = train::collate_preferences({&a, &b}, {{0, 0}, {0, 1}}, 0);
+  for (const bool fused : {true, false}) {
+    model->begin_router_stats();
+    (void)train::model_sequence_logps(*model, batch.tensors.at("input_ids"), batch.tensors.at("labels"), fused,
+                                      batch.tensors.at("attention_mask"));
+    EXPECT_NEAR(model->take_aux_loss(1.0).item<double>(), alone, 1e-5) << "fused " << fused;
+  }
 }
 
 TEST(HfImport, MixtureOfExpertsConfigErrorsNameTheKey) {

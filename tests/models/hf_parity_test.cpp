@@ -57,6 +57,15 @@ void check_family(const std::string& family) {
       ASSERT_TRUE(a.defined());
       EXPECT_NEAR(a.item<double>(), ref.get("aux_loss").item<double>(), kTol) << "aux_loss";
       total += weight * a.item<double>();
+      // Padding (the attention_mask's zeros) takes no part: transformers' load_balancing_loss_func.
+      model->begin_router_stats();
+      models::ForwardArgs padded;
+      padded.token_mask = ref.get("aux_mask").ne(0);
+      (void)model->forward(ids, padded);
+      const auto m = model->take_aux_loss(weight);
+      ASSERT_TRUE(m.defined());
+      EXPECT_NEAR(m.item<double>(), ref.get("aux_loss_masked").item<double>(), kTol) << "aux_loss with padding";
+      EXPECT_GT(std::abs(m.item<double>() - a.item<double>()), 10 * kTol) << "the mask made no difference";
     }
     EXPECT_NEAR(total, ref.get("loss").item<double>(), kTol);
 

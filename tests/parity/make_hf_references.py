@@ -7,7 +7,8 @@ save_pretrained, plus:
                          grad.<checkpoint name> for every parameter, where
                          loss = transformers' causal-LM loss with labels = ids
                          (mixtures of experts with output_router_logits: plus
-                         router_aux_loss_coef * aux_loss, and aux_loss ())
+                         router_aux_loss_coef * aux_loss, and aux_loss ();
+                         aux_loss_masked with the attention_mask aux_mask)
   generate.json          {"prompts", "max_new_tokens", "outputs"}: greedy
                          generate(do_sample=False), one prompt at a time
 and WORKDIR/index.json listing {name, family}.
@@ -260,6 +261,13 @@ def main():
         tensors = {"ids": ids, "logits": out.logits.detach().contiguous(), "loss": out.loss.detach()}
         if getattr(out, "aux_loss", None) is not None:
             tensors["aux_loss"] = out.aux_loss.detach().float()
+            # Right-padded rows: load_balancing_loss_func leaves the masked tokens out.
+            mask = torch.ones_like(ids)
+            mask[0, -6:] = 0
+            mask[2, -3:] = 0
+            with torch.no_grad():
+                tensors["aux_mask"] = mask
+                tensors["aux_loss_masked"] = model(ids, attention_mask=mask).aux_loss.detach().float()
         for n, g in saved_gradients(model, d).items():
             tensors["grad." + n] = g.contiguous()
         save_file(tensors, os.path.join(d, "reference.safetensors"))

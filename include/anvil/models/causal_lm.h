@@ -60,7 +60,7 @@ struct RouterStats {
   bool open = true;
   std::vector<at::Tensor> counts;  // per MoE layer call, (E) float32: top-k choices of each expert
   std::vector<at::Tensor> probs;   // per MoE layer call, (E) float32: router probabilities summed over tokens
-  double rows = 0;                 // tokens summed over those calls
+  at::Tensor rows;                 // () float32: the tokens counted over those calls (ForwardArgs::token_mask)
   /// (E) float32, set by take_aux_loss: d(weight * aux_loss) / d(probs[l]),
   /// the same for every layer l; each router receives it in backward.
   at::Tensor grad;
@@ -80,6 +80,11 @@ struct ForwardArgs {
   /// Set by CausalLM::hidden_states while router statistics are recorded
   /// (begin_router_stats) and gradients are on.
   std::shared_ptr<RouterStats> router;
+  /// (B, T) bool, true = a real token, false = padding. Only the router
+  /// statistics of the load-balancing loss read it: padding counts neither as
+  /// a choice nor as probability mass, as transformers' load_balancing_loss_func
+  /// treats the model's attention_mask. Undefined = every token counts.
+  at::Tensor token_mask;
 };
 
 /// Token ids the model's config.json records.
@@ -141,7 +146,8 @@ class CausalLM : public torch::nn::Module {
   void begin_router_stats() { router_stats_ = std::make_shared<RouterStats>(); }
   /// Stops recording and returns the load-balancing loss of what was recorded,
   /// transformers' load_balancing_loss_func over every MoE layer call:
-  /// E * sum_e (choices of e / rows) * (probability mass of e / rows), a
+  /// E * sum_e (choices of e / rows) * (probability mass of e / rows), rows
+  /// being the tokens counted (ForwardArgs::token_mask) times the layers, a
   /// detached float32 scalar (undefined when nothing was recorded). Its
   /// gradient, times `weight`, reaches the routers in the next backward
   /// through their layers' outputs, so it holds through activation
