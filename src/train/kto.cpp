@@ -99,13 +99,6 @@ struct KtoConfig {
   }
 };
 
-/// One unpaired example: a completion (with the end of turn) to its prompt.
-struct KtoSample {
-  std::vector<int64_t> prompt_ids, completion_ids;
-  bool desirable = true;
-  std::string prompt, completion;
-};
-
 class KtoDataset {
  public:
   static KtoDataset load(const stdfs::path& path, const tokenizer::Tokenizer& tok, const data::ReadOptions& opt);
@@ -195,10 +188,8 @@ KtoDataset KtoDataset::load(const stdfs::path& path, const tokenizer::Tokenizer&
 
 using KtoData = MixtureData<KtoDataset>;
 
-/// A KTO micro-batch of n examples: rows 0..n-1 are prompt_i + completion_i,
-/// rows n..2n-1 prompt_i + completion_(i-1 mod n) (TRL's mismatched KL rows,
-/// cut to `max_length` when set). Tensors: input_ids, labels (completion
-/// tokens), desirable (n) bool. num_targets = n.
+}  // namespace
+
 Batch collate_kto(const std::vector<const KtoSample*>& ex, int64_t pad_id, int64_t max_length) {
   TORCH_CHECK(!ex.empty(), "collate_kto: empty batch");
   const auto n = static_cast<int64_t>(ex.size());
@@ -216,6 +207,7 @@ Batch collate_kto(const std::vector<const KtoSample*>& ex, int64_t pad_id, int64
   for (const auto& [p, c] : rows) T = std::max<int64_t>(T, static_cast<int64_t>(p->size() + c.size()));
   auto ids = at::full({2 * n, T}, pad_id, at::kLong);
   auto labels = at::full({2 * n, T}, chat::kIgnoreIndex, at::kLong);
+  auto mask = at::zeros({2 * n, T}, at::kBool);
   auto* pi = ids.data_ptr<int64_t>();
   auto* pl = labels.data_ptr<int64_t>();
   Batch b;
@@ -225,16 +217,20 @@ Batch collate_kto(const std::vector<const KtoSample*>& ex, int64_t pad_id, int64
     std::copy(p->begin(), p->end(), pi + row);
     std::copy(c.begin(), c.end(), pi + row + P);
     std::copy(c.begin(), c.end(), pl + row + P);
+    mask[static_cast<int64_t>(r)].narrow(0, 0, P + static_cast<int64_t>(c.size())).fill_(true);
     b.num_tokens += P + static_cast<int64_t>(c.size());
   }
   std::vector<uint8_t> good;
   for (const auto* e : ex) good.push_back(e->desirable);
   b.tensors["input_ids"] = ids;
   b.tensors["labels"] = labels;
+  b.tensors["attention_mask"] = mask;
   b.tensors["desirable"] = at::tensor(at::ArrayRef<uint8_t>(good), at::kByte).to(at::kBool);
   b.num_targets = n;
   return b;
 }
+
+namespace {
 
 /// Micro-batches of `micro_batch_size` examples from the train mixture.
 class KtoBatchSource final : public BatchSource {
@@ -314,7 +310,11 @@ class KtoObjective final : public Objective {
     at::Tensor policy, policy_kl;
     {
       NoDropout guard(model, kto_.disable_dropout);
-      policy = model_sequence_logps(model, ids.narrow(0, 0, n), labels.narrow(0, 0, n), fused).first;
+      // The policy's forward with gradients: its padding takes no part in a mixture of experts'
+      // load-balancing loss (TRL passes the completion's attention mask).
+      policy = model_sequence_logps(model, ids.narrow(0, 0, n), labels.narrow(0, 0, n), fused,
+                                    batch.tensors.at("attention_mask").narrow(0, 0, n).to(device))
+                   .first;
       torch::NoGradGuard no_grad;  // z0 takes no gradient (TRL computes it under no_grad)
       policy_kl = model_sequence_logps(model, ids.narrow(0, n, n), labels.narrow(0, n, n), fused).first;
     }

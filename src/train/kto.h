@@ -13,10 +13,25 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <vector>
 
 #include "anvil/train/objective.h"
 
 namespace anvil::train {
+
+/// One unpaired example: a completion (with the end of turn) to its prompt.
+struct KtoSample {
+  std::vector<int64_t> prompt_ids, completion_ids;
+  bool desirable = true;
+  std::string prompt, completion;
+};
+
+/// A KTO micro-batch of n examples: rows 0..n-1 are prompt_i + completion_i,
+/// rows n..2n-1 prompt_i + completion_(i-1 mod n) (TRL's mismatched KL rows,
+/// cut to `max_length` when set). Tensors: input_ids, labels (completion
+/// tokens), attention_mask (2n, T) bool (false = padding), desirable (n) bool.
+/// num_targets = n.
+Batch collate_kto(const std::vector<const KtoSample*>& ex, int64_t pad_id, int64_t max_length);
 
 struct KtoLossOptions {
   double beta = 0.1;

@@ -363,6 +363,7 @@ TEST(HfImport, OutOfRangeNumbersNameTheFileAndKey) {
 #include "models/activation_checkpointing.h"
 #include "models/moe.h"
 #include "train/lm_data.h"
+#include "train/kto.h"
 #include "train/preference_data.h"
 
 namespace anvil::models {
@@ -503,6 +504,36 @@ TEST(MixtureOfExperts, PreferenceRowsLeaveTheirPaddingOutOfTheLoadBalancingLoss)
                                       batch.tensors.at("attention_mask"));
     EXPECT_NEAR(model->take_aux_loss(1.0).item<double>(), alone, 1e-5) << "fused " << fused;
   }
+}
+
+// KTO's policy rows (prompt + completion, right-padded): TRL passes the
+// completion's attention mask to the forward whose aux_loss it adds.
+TEST(MixtureOfExperts, KtoRowsCarryTheirPaddingMask) {
+  at::manual_seed(7);
+  auto model = build_flavor("qwen3_moe-debug", 61);
+  auto ids = [](int64_t n) {
+    const auto t = at::randint(61, {n}, at::kLong);
+    return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + n);
+  };
+  train::KtoSample a, b;
+  a.prompt_ids = ids(5), a.completion_ids = ids(4);
+  b.prompt_ids = ids(2), b.completion_ids = ids(2), b.desirable = false;
+  const auto batch = train::collate_kto({&a, &b}, 0, 0);
+  const auto mask = batch.tensors.at("attention_mask");
+  ASSERT_EQ(mask.sizes(), batch.tensors.at("input_ids").sizes());
+  // Rows: a, b, then a's prompt with b's completion and b's with a's.
+  EXPECT_TRUE(at::equal(mask.sum(1), at::tensor({9, 4, 7, 6}, at::kLong))) << mask.sum(1);
+  model->begin_router_stats();
+  for (const auto* e : {&a, &b}) {
+    auto row = e->prompt_ids;
+    row.insert(row.end(), e->completion_ids.begin(), e->completion_ids.end());
+    (void)model->forward(at::tensor(row).unsqueeze(0));
+  }
+  const double alone = model->take_aux_loss(1.0).item<double>();
+  model->begin_router_stats();
+  (void)train::model_sequence_logps(*model, batch.tensors.at("input_ids").narrow(0, 0, 2),
+                                    batch.tensors.at("labels").narrow(0, 0, 2), true, mask.narrow(0, 0, 2));
+  EXPECT_NEAR(model->take_aux_loss(1.0).item<double>(), alone, 1e-5);
 }
 
 TEST(HfImport, MixtureOfExpertsConfigErrorsNameTheKey) {
