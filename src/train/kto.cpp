@@ -313,7 +313,7 @@ class KtoObjective final : public Objective {
       // The policy's forward with gradients: its padding takes no part in a mixture of experts'
       // load-balancing loss (TRL passes the completion's attention mask).
       policy = model_sequence_logps(model, ids.narrow(0, 0, n), labels.narrow(0, 0, n), fused,
-                                    batch.tensors.at("attention_mask").narrow(0, 0, n).to(device))
+                                    batch.tensors.at("attention_mask").narrow(0, 0, n))
                    .first;
       torch::NoGradGuard no_grad;  // z0 takes no gradient (TRL computes it under no_grad)
       policy_kl = model_sequence_logps(model, ids.narrow(0, n, n), labels.narrow(0, n, n), fused).first;

@@ -129,7 +129,7 @@ std::pair<at::Tensor, at::Tensor> model_sequence_logps(models::CausalLM& model, 
                                                        const at::Tensor& labels, bool fused,
                                                        const at::Tensor& token_mask) {
   models::ForwardArgs args;
-  if (model.num_experts() > 0) args.token_mask = token_mask;
+  if (model.num_experts() > 0 && token_mask.defined()) args.token_mask = token_mask.to(ids.device());
   if (fused && model.final_logit_softcap() == 0)  // soft-capped logits (Gemma) take the plain head
     return fused_sequence_logps(model, model.hidden_states(ids, args), labels);
   return sequence_logps(model.forward(ids, args), labels);
@@ -603,7 +603,7 @@ at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
     NoDropout guard(model, dpo_config(s_->cfg).disable_dropout);
     std::tie(policy_sums, counts) =
         model_sequence_logps(model, batch.tensors.at("input_ids").to(device), batch.tensors.at("labels").to(device),
-                             s_->cfg.train.fused_loss, batch.tensors.at("attention_mask").to(device));
+                             s_->cfg.train.fused_loss, batch.tensors.at("attention_mask"));
   }
   // Rows alternate chosen, rejected (every example is a pair).
   const auto& type = s_->loss_opt.loss_type;

@@ -33,8 +33,9 @@ class NoDropout {
 /// A model's summed log-probs of each row's labelled tokens (labels aligned
 /// with the inputs, kIgnoreIndex elsewhere) and their counts: ((B) float32,
 /// (B) int64); through the fused head (lm_loss.h) when `fused`. `token_mask`
-/// (B, T) bool, true = a real token: a mixture of experts' load-balancing
-/// statistics leave the rest out (models::ForwardArgs::token_mask).
+/// (B, T) bool on any device, true = a real token: a mixture of experts'
+/// load-balancing statistics leave the rest out (models::ForwardArgs::token_mask;
+/// a dense model does not read it, nor copy it to the device).
 std::pair<at::Tensor, at::Tensor> model_sequence_logps(models::CausalLM& model, const at::Tensor& ids,
                                                        const at::Tensor& labels, bool fused,
                                                        const at::Tensor& token_mask = {});
