@@ -16,6 +16,7 @@
 #include "io/safetensors.h"
 #include "anvil/models/registry.h"
 #include "checkpoint/saved_parameters.h"
+#include "models/init.h"
 
 namespace anvil::checkpoint {
 namespace {
@@ -341,7 +342,10 @@ std::shared_ptr<models::CausalLM> load_model_dir(const stdfs::path& dir_or_id, c
                                  "consolidate it first with: anvil export --checkpoint ",
                                  dir.string(), " --out DIR"));
   if (is_peft_adapter_dir(dir) && weight_files_absent(dir)) return load_adapter_dir(dir, base);
-  auto model = model_from_config(dir);
+  auto model = [&] {
+    models::SkipInitGuard loading;  // every parameter comes from the folder (load_weights checks it)
+    return model_from_config(dir);
+  }();
   load_weights(*model, dir);
   return model;
 }

@@ -8,11 +8,14 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <vector>
 
 #include "anvil/config/config.h"
 #include "anvil/checkpoint/hf_model.h"
 #include "io/safetensors.h"
 #include "anvil/models/registry.h"
+#include "models/init.h"
 #include "data/collate.h"
 #include "test_util.h"
 
@@ -54,6 +57,7 @@ int64_t count_parameters_by_extension(const std::string& flavor) {
     std::vector<std::string> o{"model.vocab_size=" + std::to_string(vocab),
                                "model.num_layers=" + std::to_string(layers)};
     if (moe) o.push_back("model.num_experts=" + std::to_string(experts)), o.push_back("model.num_experts_per_tok=1");
+    SkipInitGuard counting;  // shapes are all a count needs
     return count_parameters(*build_flavor(flavor, 0, o));
   };
   const auto base = count(1, 1, 1), per_block = count(1, 2, 1) - base, per_row = count(2, 1, 1) - base;
@@ -173,6 +177,7 @@ TEST(Flavors, EveryNamedFlavorIsAValidConfig) {
 
 TEST(Flavors, PublishedParameterCounts) {
   // As reported for the released checkpoints (tied GPT-2 head; Pythia's untied embed_out).
+  SkipInitGuard counting;
   EXPECT_EQ(count_parameters(*build_flavor("gpt2-124m", 0)), 124439808);
   EXPECT_EQ(count_parameters(*build_flavor("pythia-160m", 0)), 162322944);
   // OPT's tied head; opt-350m's 512-wide embeddings, project_in / project_out, post-LN (no final LayerNorm).
@@ -191,6 +196,39 @@ TEST(Flavors, PublishedParameterCounts) {
   // Mixtral-8x7B (46.7 B) and Qwen3-30B-A3B (30.5 B), every parameter of every expert.
   EXPECT_EQ(count_parameters_by_extension("mixtral-8x7b"), 46702792704);
   EXPECT_EQ(count_parameters_by_extension("qwen3-30b-a3b"), 30532122624);
+}
+
+// A model built to be loaded skips the families' random draws: the same
+// parameters and shapes, LibTorch's own initial values (finite for LLaMA,
+// whose parameters all come from LibTorch's modules), and the guard nests and
+// restores. Loading under it is what Family.SavedFolderReloadsIdentically and
+// the HfParity tests exercise (checkpoint::load_model_dir).
+TEST(Flavors, SkipInitGuardBuildsTheSameParametersWithoutTheDraws) {
+  EXPECT_FALSE(init_skipped());
+  std::map<std::string, std::vector<int64_t>> drawn, skipped;
+  at::manual_seed(1);
+  for (const auto& p : build_flavor("llama-debug", 61)->named_parameters()) drawn[p.key()] = p.value().sizes().vec();
+  std::shared_ptr<CausalLM> m;
+  {
+    SkipInitGuard outer;
+    {
+      SkipInitGuard inner;
+      EXPECT_TRUE(init_skipped());
+    }
+    EXPECT_TRUE(init_skipped());
+    m = build_flavor("llama-debug", 61);
+  }
+  EXPECT_FALSE(init_skipped());
+  for (const auto& p : m->named_parameters()) {
+    skipped[p.key()] = p.value().sizes().vec();
+    EXPECT_TRUE(at::isfinite(p.value()).all().item<bool>()) << p.key();
+  }
+  EXPECT_EQ(drawn, skipped);
+  // Not drawn: the norms keep LibTorch's (or the module's) values, not reset_parameters' ones.
+  at::manual_seed(1);
+  auto again = build_flavor("llama-debug", 61);
+  const auto a = again->named_parameters(), b = m->named_parameters();
+  EXPECT_FALSE(at::equal(a["model.layers.0.self_attn.q_proj.weight"], b["model.layers.0.self_attn.q_proj.weight"]));
 }
 
 }  // namespace

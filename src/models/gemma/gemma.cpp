@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "../hf_config_reader.h"
+#include "models/init.h"
 
 namespace anvil::models::gemma {
 namespace {
@@ -141,7 +142,7 @@ GemmaForCausalLM::GemmaForCausalLM(const GemmaOptions& o) : options(o) {
   if (!o.tie_word_embeddings())
     lm_head = register_module("lm_head",
                               torch::nn::Linear(torch::nn::LinearOptions(o.hidden_size(), o.vocab_size()).bias(false)));
-  reset_parameters();
+  if (!init_skipped()) reset_parameters();  // loading weights: they overwrite it (models/init.h)
 }
 
 at::Tensor GemmaForCausalLM::forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) {

@@ -9,6 +9,7 @@
 #include "anvil/core/error.h"
 #include "models/layers.h"
 #include "../hf_config_reader.h"
+#include "models/init.h"
 
 namespace anvil::models::gpt2 {
 
@@ -96,7 +97,7 @@ at::Tensor GPT2ModelImpl::forward(const at::Tensor& input_ids, const ForwardArgs
 GPT2LMHeadModel::GPT2LMHeadModel(const GPT2Options& o) : options(o) {
   TORCH_CHECK(o.n_embd() % o.n_head() == 0, "n_embd must be divisible by n_head");
   transformer = register_module("transformer", GPT2Model(o));
-  reset_parameters();
+  if (!init_skipped()) reset_parameters();  // loading weights: they overwrite it (models/init.h)
 }
 
 at::Tensor GPT2LMHeadModel::forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) {

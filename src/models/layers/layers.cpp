@@ -1,5 +1,7 @@
 #include "models/layers.h"
 
+#include "models/init.h"
+
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -7,6 +9,14 @@
 #include <optional>
 
 namespace anvil::models {
+
+namespace {
+thread_local bool skip_init = false;
+}  // namespace
+
+SkipInitGuard::SkipInitGuard() : previous_(skip_init) { skip_init = true; }
+SkipInitGuard::~SkipInitGuard() { skip_init = previous_; }
+bool init_skipped() { return skip_init; }
 
 std::pair<at::Tensor, at::Tensor> KVCache::update(size_t layer, const at::Tensor& k, const at::Tensor& v) {
   if (keys.size() <= layer) {

@@ -4,6 +4,7 @@
 #include <torch/nn/functional/linear.h>
 
 #include "../hf_config_reader.h"
+#include "models/init.h"
 
 namespace anvil::models::llama {
 namespace {
@@ -158,7 +159,7 @@ LlamaForCausalLM::LlamaForCausalLM(const LlamaOptions& o) : options(o) {
   if (!o.tie_word_embeddings())
     lm_head = register_module("lm_head",
                               torch::nn::Linear(torch::nn::LinearOptions(o.hidden_size(), o.vocab_size()).bias(false)));
-  reset_parameters();
+  if (!init_skipped()) reset_parameters();  // loading weights: they overwrite it (models/init.h)
 }
 
 at::Tensor LlamaForCausalLM::forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) {

@@ -4,6 +4,7 @@
 #include <torch/nn/functional/linear.h>
 
 #include "../hf_config_reader.h"
+#include "models/init.h"
 
 namespace anvil::models::neox {
 namespace {
@@ -91,7 +92,7 @@ GPTNeoXForCausalLM::GPTNeoXForCausalLM(const NeoXOptions& o) : options(o) {
   if (!o.tie_word_embeddings())
     embed_out = register_module(
         "embed_out", torch::nn::Linear(torch::nn::LinearOptions(o.hidden_size(), o.vocab_size()).bias(false)));
-  reset_parameters();
+  if (!init_skipped()) reset_parameters();  // loading weights: they overwrite it (models/init.h)
 }
 
 at::Tensor GPTNeoXForCausalLM::forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) {

@@ -8,6 +8,7 @@
 
 #include "models/layers.h"
 #include "../hf_config_reader.h"
+#include "models/init.h"
 
 namespace anvil::models::opt {
 namespace {
@@ -132,7 +133,7 @@ OPTForCausalLM::OPTForCausalLM(const OPTOptions& o) : options(o) {
   if (!o.tie_word_embeddings())
     lm_head_ = register_module(
         "lm_head", torch::nn::Linear(torch::nn::LinearOptions(o.word_embed_proj_dim(), o.vocab_size()).bias(false)));
-  reset_parameters();
+  if (!init_skipped()) reset_parameters();  // loading weights: they overwrite it (models/init.h)
 }
 
 at::Tensor OPTForCausalLM::forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) {
