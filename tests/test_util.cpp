@@ -131,6 +131,20 @@ std::filesystem::path fixture_checkpoint() {
 
 std::filesystem::path fixture_dir() { return ANVIL_FIXTURE_DIR; }
 
+ReferenceFolder::ReferenceFolder(const std::string& env, const std::string& script, const std::string& args) {
+  if (const char* dir = std::getenv(env.c_str()); dir && *dir) {
+    path_ = dir;
+    ok_ = std::filesystem::is_directory(path_);
+    if (!ok_) log_ = "$" + env + " names " + path_.string() + ", which is not a folder (did its ctest fixture fail?)";
+    return;
+  }
+  temp_ = std::make_unique<TempDir>();
+  path_ = temp_->path();
+  const auto cmd = python_bin() + " " + source_dir() + "/tests/parity/" + script + " " + path_.string() +
+                   (args.empty() ? "" : " " + args) + " 2>&1";
+  ok_ = run(cmd, &log_) == 0;
+}
+
 std::string seed_override() {
   const char* seed = std::getenv("ANVIL_TEST_SEED");
   return seed && *seed ? std::string(" train.seed=") + seed : std::string();

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -49,6 +50,27 @@ std::string flavor_test_name(const std::string& flavor);
 /// for ranks <= 0: the prefix of a command run on RANKS processes.
 std::string mpirun(int ranks);
 std::string python_bin();
+
+/// The folder of reference outputs that a script of tests/parity writes for
+/// all the tests of one file (`python script DIR [args]`). Under ctest, a
+/// fixture test runs the script once per ctest run and names its folder in
+/// the environment variable `env` (tests/CMakeLists.txt); a test run alone
+/// (no `env`) runs the script itself into a temp folder, with `args`.
+class ReferenceFolder {
+ public:
+  ReferenceFolder(const std::string& env, const std::string& script, const std::string& args = "");
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& p) const { return path_ / p; }
+  /// Whether the folder is there (the script succeeded); `log()` says why not.
+  bool ok() const { return ok_; }
+  const std::string& log() const { return log_; }
+
+ private:
+  std::unique_ptr<TempDir> temp_;
+  std::filesystem::path path_;
+  bool ok_ = false;
+  std::string log_;
+};
 
 /// Runs a Python reference script of tests/parity (`script OUT.json`) with the
 /// venv's python and returns the JSON it wrote; a failure is a test failure.

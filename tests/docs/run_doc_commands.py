@@ -27,7 +27,8 @@ What it changes, so that the whole set runs in a couple of minutes:
   first.
 - The output shown after the `--dry-run` command must appear in its output
   (the plan's lines; the resume line depends on the folder).
-Prints one line per command; exits 1 listing the failures.
+Prints one line per command, with the seconds it took; exits 1 listing the
+failures.
 """
 import glob
 import os
@@ -35,6 +36,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 CAP = "train.max_steps=20 train.save_every=20 schedule.warmup_steps=5"
 CAP_GENERATION = "eval.generate_samples=16"
@@ -183,14 +185,16 @@ def main():
                     continue
                 argv = ["bash", "-o", "pipefail", "-c", run]
                 shown = run
+            start = time.monotonic()
             p = subprocess.run(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            seconds = time.monotonic() - start
             ok = p.returncode == 0
             if ok and expected is not None:
                 for line in expected.splitlines():
                     if line.strip() and not line.startswith("  resume:") and line not in p.stdout:
                         ok = False
                         print(f"[docs] {doc}: the output shown for `{cmd}` has a line it does not print: {line!r}")
-            print(f"[docs] {'ok   ' if ok else 'FAIL '} {shown}", flush=True)
+            print(f"[docs] {'ok   ' if ok else 'FAIL '} {seconds:5.1f} s  {shown}", flush=True)
             if not ok:
                 failures.append((doc, shown, p.returncode, p.stdout[-3000:]))
     for doc, shown, rc, out in failures:

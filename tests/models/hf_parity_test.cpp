@@ -22,12 +22,13 @@ constexpr double kTol = 1e-4;
 double max_abs(const at::Tensor& t) { return t.abs().max().item<double>(); }
 
 void check_family(const std::string& family) {
-  anvil::testing::TempDir dir;
-  std::string out;
-  const auto cmd = anvil::testing::python_bin() + " " + anvil::testing::source_dir() +
-                   "/tests/parity/make_hf_references.py " + dir.path().string() + " " + family;
-  ASSERT_EQ(anvil::testing::run(cmd, &out), 0) << out;
-  const auto index = nlohmann::json::parse(fs::read_file(dir / "index.json"));
+  // Every family's references, made once per ctest run by the ParityReferences.Transformers fixture
+  // (tests/CMakeLists.txt); a test run alone makes its family's.
+  const anvil::testing::ReferenceFolder dir("ANVIL_HF_REFERENCES", "make_hf_references.py", family);
+  ASSERT_TRUE(dir.ok()) << dir.log();
+  nlohmann::json index = nlohmann::json::array();
+  for (const auto& entry : nlohmann::json::parse(fs::read_file(dir / "index.json")))
+    if (entry["family"] == family) index.push_back(entry);
   ASSERT_GE(index.size(), 2u) << "expected several " << family << " configs";
   for (const auto& entry : index) {
     const auto name = entry["name"].get<std::string>();

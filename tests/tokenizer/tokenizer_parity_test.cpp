@@ -21,12 +21,12 @@ namespace {
 namespace stdfs = std::filesystem;
 using nlohmann::json;
 
-// The references, made once for every test in this file.
+// The references: made once per ctest run by the ParityReferences.Tokenizers
+// fixture (tests/CMakeLists.txt), or once per process by a test run alone.
 struct References {
-  References() {
-    const auto cmd = anvil::testing::python_bin() + " " + anvil::testing::source_dir() +
-                     "/tests/parity/make_tokenizer_references.py " + dir.path().string();
-    ok = anvil::testing::run(cmd, &log) == 0;
+  References() : dir("ANVIL_TOKENIZER_REFERENCES", "make_tokenizer_references.py") {
+    ok = dir.ok();
+    log = dir.log();
     if (!ok) return;
     const auto corpus = fs::read_file(dir / "corpus.txt");
     for (size_t begin = 0, end; begin < corpus.size(); begin = end + 1) {  // '\n' only: lines hold \r, U+2028
@@ -35,7 +35,7 @@ struct References {
       lines.push_back(corpus.substr(begin, end - begin));
     }
   }
-  anvil::testing::TempDir dir;
+  anvil::testing::ReferenceFolder dir;
   bool ok = false;
   std::string log;
   std::vector<std::string> lines;
@@ -52,8 +52,8 @@ std::string quoted(const std::string& s) { return json(s).dump(-1, ' ', false, j
 void check_parity(const std::string& name, const std::string& load_path) {
   const auto& refs = references();
   ASSERT_TRUE(refs.ok) << refs.log;
-  const auto dir = refs.dir / name;
-  const auto tok = load_tokenizer("auto", refs.dir / load_path);
+  const auto dir = refs.dir.path() / name;
+  const auto tok = load_tokenizer("auto", refs.dir.path() / load_path);
 
   std::vector<json> expected;
   const auto jsonl = fs::read_file(dir / "expected.jsonl");
@@ -101,7 +101,7 @@ void check_parity(const std::string& name, const std::string& load_path) {
 
 TEST(TokenizerParity, Gpt2ByteLevel) {
   check_parity("gpt2", "gpt2");
-  const auto tok = load_tokenizer("auto", references().dir / "gpt2");
+  const auto tok = load_tokenizer("auto", references().dir.path() / "gpt2");
   EXPECT_EQ(tok->kind(), "hf");
   const auto im_start = tok->token_to_id("<|im_start|>");
   ASSERT_TRUE(im_start.has_value());
@@ -118,14 +118,14 @@ TEST(TokenizerParity, NeoxNfc) { check_parity("neox", "neox"); }
 
 TEST(TokenizerParity, Llama3Split) {
   check_parity("llama3", "llama3/tokenizer.json");
-  const auto tok = load_tokenizer("hf", references().dir / "llama3");
+  const auto tok = load_tokenizer("hf", references().dir.path() / "llama3");
   EXPECT_TRUE(tok->add_bos());
   EXPECT_EQ(tok->bos_id(), *tok->token_to_id("<|begin_of_text|>"));
 }
 
 TEST(TokenizerParity, GalacticaSplitsDigitsAndMarkers) {
   check_parity("galactica", "galactica");
-  const auto tok = load_tokenizer("auto", references().dir / "galactica");
+  const auto tok = load_tokenizer("auto", references().dir.path() / "galactica");
   // The folder names no special tokens: the fairseq ids, as Galactica's code.
   EXPECT_EQ(tok->bos_id(), 0);
   EXPECT_EQ(tok->pad_id(), 1);
@@ -144,7 +144,7 @@ TEST(TokenizerParity, GalacticaSplitsDigitsAndMarkers) {
 
 TEST(TokenizerParity, OptPrependsEndOfSequence) {
   check_parity("opt", "opt");  // checks transformers' ids with add_special_tokens=True too
-  const auto tok = load_tokenizer("auto", references().dir / "opt");
+  const auto tok = load_tokenizer("auto", references().dir.path() / "opt");
   EXPECT_TRUE(tok->add_bos());
   EXPECT_EQ(tok->bos_id(), 2);
   EXPECT_EQ(tok->bos_id(), tok->token_to_id("</s>"));
@@ -155,7 +155,7 @@ TEST(TokenizerParity, OptPrependsEndOfSequence) {
 // are special, Qwen3's <think> and <tool_call> are added but not special.
 TEST(TokenizerParity, Qwen2SplitAndAddedTokens) {
   check_parity("qwen2", "qwen2");
-  const auto tok = load_tokenizer("auto", references().dir / "qwen2");
+  const auto tok = load_tokenizer("auto", references().dir.path() / "qwen2");
   EXPECT_FALSE(tok->add_bos());
   EXPECT_EQ(tok->eos_id(), *tok->token_to_id("<|im_end|>"));
   EXPECT_EQ(tok->encode("2024").size(), 4u);
@@ -170,7 +170,7 @@ TEST(TokenizerParity, Qwen2SplitAndAddedTokens) {
 // to U+2581 by a normalizer, no prefix, BPE with byte fallback, <bos> added.
 TEST(TokenizerParity, GemmaReplaceByteFallbackAndBos) {
   check_parity("gemma", "gemma");  // checks transformers' ids with add_special_tokens=True too
-  const auto tok = load_tokenizer("auto", references().dir / "gemma");
+  const auto tok = load_tokenizer("auto", references().dir.path() / "gemma");
   EXPECT_TRUE(tok->add_bos());
   EXPECT_EQ(tok->bos_id(), *tok->token_to_id("<bos>"));
   EXPECT_EQ(tok->eos_id(), *tok->token_to_id("<eos>"));
@@ -183,7 +183,7 @@ TEST(TokenizerParity, GemmaReplaceByteFallbackAndBos) {
 // ByteFallback / Fuse / Strip decoders.
 TEST(TokenizerParity, SentencePieceConvertedMetaspaceFirst) {
   check_parity("llama_first", "llama_first");
-  const auto tok = load_tokenizer("auto", references().dir / "llama_first");
+  const auto tok = load_tokenizer("auto", references().dir.path() / "llama_first");
   EXPECT_EQ(tok->kind(), "hf");
   // Only the start of the text gets the prefix: not the text after an added token.
   const auto hello = tok->encode("hello");
@@ -195,7 +195,7 @@ TEST(TokenizerParity, SentencePieceConvertedMetaspaceFirst) {
 
 TEST(TokenizerParity, SentencePieceConvertedMetaspaceAlways) {
   check_parity("llama_always", "llama_always");
-  const auto tok = load_tokenizer("auto", references().dir / "llama_always");
+  const auto tok = load_tokenizer("auto", references().dir.path() / "llama_always");
   auto framed = tok->encode("hello");
   framed.insert(framed.begin(), *tok->token_to_id("<s>"));
   EXPECT_EQ(tok->encode("<s>hello"), framed);
@@ -203,7 +203,7 @@ TEST(TokenizerParity, SentencePieceConvertedMetaspaceAlways) {
 
 TEST(TokenizerParity, Llama2PrependReplaceNormalizers) {
   check_parity("llama2", "llama2/tokenizer.json");
-  const auto tok = load_tokenizer("auto", references().dir / "llama2");
+  const auto tok = load_tokenizer("auto", references().dir.path() / "llama2");
   EXPECT_TRUE(tok->add_bos());
   EXPECT_EQ(tok->bos_id(), 1);
   EXPECT_EQ(tok->eos_id(), 2);
@@ -218,7 +218,7 @@ TEST(TokenizerParity, SentencePieceUnigram) { check_parity("sp_unigram", "sp_uni
 
 TEST(TokenizerParity, SentencePieceBpe) {
   check_parity("sp_bpe", "sp_bpe/tokenizer.model");
-  const auto tok = load_tokenizer("sentencepiece", references().dir / "sp_bpe");
+  const auto tok = load_tokenizer("sentencepiece", references().dir.path() / "sp_bpe");
   EXPECT_EQ(tok->kind(), "sentencepiece");
   // Control pieces are dropped by default and kept as their piece text on request.
   const auto ids = tok->encode("Hello world");
@@ -406,7 +406,7 @@ TEST(TokenizerErrors, SentencePieceConfigNamesFileAndKey) {
   const auto& refs = references();
   ASSERT_TRUE(refs.ok) << refs.log;
   anvil::testing::TempDir dir;
-  stdfs::copy_file(refs.dir / "sp_bpe" / "tokenizer.model", dir / "tokenizer.model");
+  stdfs::copy_file(refs.dir.path() / "sp_bpe" / "tokenizer.model", dir / "tokenizer.model");
   write_json(dir / "tokenizer_config.json", {{"pad_token", "<pad-nowhere>"}});
   const auto msg = load_error("auto", dir.path());
   EXPECT_NE(msg.find((dir / "tokenizer_config.json").string() +

@@ -398,47 +398,84 @@ using anvil::testing::fixture_checkpoint;
 /// A quickstart model weak on one task: the fixture's checkpoint-1000,
 /// fine-tuned for 100 steps on `upper` examples whose answers are in lower
 /// case 60% of the time. Greedy, it answers most held-out `upper` prompts in
-/// lower case; sampled, it is right about 40% of the time. Built once.
+/// lower case; sampled, it is right about 40% of the time.
 struct WeakUpper {
   stdfs::path model, prompts, eval;
 };
-const WeakUpper& weak_upper() {
-  static TempDir* dir = new TempDir();  // kept for the whole test program
-  static const WeakUpper w = [] {
-    WeakUpper out{*dir / "sft" / "checkpoint-100", *dir / "upper_prompts.jsonl", *dir / "upper_eval.jsonl"};
-    const auto src = anvil::testing::source_dir();
-    std::ofstream noisy(*dir / "noisy.jsonl"), prompts(out.prompts), eval(out.eval);
-    std::ifstream train(src + "/data/sft_train.jsonl"), held(src + "/data/sft_eval.jsonl");
-    uint64_t x = 12345;
-    for (std::string line; std::getline(train, line);) {
-      auto j = nlohmann::json::parse(line);
-      if (j["prompt"].get<std::string>().rfind("upper:", 0) != 0) continue;
-      prompts << line << "\n";
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      if ((x >> 33) % 10 >= 4) {
-        auto r = j["response"].get<std::string>();
-        for (auto& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-        j["response"] = r;
-      }
-      noisy << j.dump() << "\n";
+
+/// Makes the weak model, its prompts and held-out prompts in `dir`.
+WeakUpper make_weak_upper(const stdfs::path& dir) {
+  WeakUpper out{dir / "sft" / "checkpoint-100", dir / "upper_prompts.jsonl", dir / "upper_eval.jsonl"};
+  const auto src = anvil::testing::source_dir();
+  std::ofstream noisy(dir / "noisy.jsonl"), prompts(out.prompts), eval(out.eval);
+  std::ifstream train(src + "/data/sft_train.jsonl"), held(src + "/data/sft_eval.jsonl");
+  uint64_t x = 12345;
+  for (std::string line; std::getline(train, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["prompt"].get<std::string>().rfind("upper:", 0) != 0) continue;
+    prompts << line << "\n";
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    if ((x >> 33) % 10 >= 4) {
+      auto r = j["response"].get<std::string>();
+      for (auto& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      j["response"] = r;
     }
-    for (std::string line; std::getline(held, line);)
-      if (nlohmann::json::parse(line)["prompt"].get<std::string>().rfind("upper:", 0) == 0) eval << line << "\n";
-    noisy.close(), prompts.close(), eval.close();
-    std::string log;
-    EXPECT_EQ(run("cd " + src + " && " + anvil::testing::trainer_bin() +
-                      " --config configs/quickstart.yaml output_dir=" + (*dir / "sft").string() + " model.from=" +
-                      fixture_checkpoint().string() + " 'data.train=[{path: " + (*dir / "noisy.jsonl").string() +
-                      "}]' data.eval[0].path=" + out.eval.string() +
-                      " train.max_steps=100 train.save_every=100 train.eval_every=100 schedule.warmup_steps=10"
-                      " optimizer.lr=1e-3 eval.generate_samples=1000 train.threads=1" +
-                      anvil::testing::seed_override(),
-                  &log),
-              0)
-        << log;
-    return out;
+    noisy << j.dump() << "\n";
+  }
+  for (std::string line; std::getline(held, line);)
+    if (nlohmann::json::parse(line)["prompt"].get<std::string>().rfind("upper:", 0) == 0) eval << line << "\n";
+  noisy.close(), prompts.close(), eval.close();
+  std::string log;
+  EXPECT_EQ(run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config configs/quickstart.yaml output_dir=" +
+                    (dir / "sft").string() + " model.from=" + fixture_checkpoint().string() + " 'data.train=[{path: " +
+                    (dir / "noisy.jsonl").string() + "}]' data.eval[0].path=" + out.eval.string() +
+                    " train.max_steps=100 train.save_every=100 train.eval_every=100 schedule.warmup_steps=10"
+                    " optimizer.lr=1e-3 eval.generate_samples=1000 train.threads=1" +
+                    anvil::testing::seed_override(),
+                &log),
+            0)
+      << log;
+  return out;
+}
+
+/// The weak model: under ctest, the one the PpoFixtures.WeakUpperModel
+/// fixture made once for every PPO entry (tests/CMakeLists.txt names its
+/// folder in $ANVIL_WEAK_UPPER); a test run alone makes its own, once per
+/// process.
+const WeakUpper& weak_upper() {
+  static const WeakUpper w = [] {
+    if (const char* shared = std::getenv("ANVIL_WEAK_UPPER"); shared && *shared) {
+      const stdfs::path dir = shared;
+      WeakUpper out{dir / "sft" / "checkpoint-100", dir / "upper_prompts.jsonl", dir / "upper_eval.jsonl"};
+      EXPECT_TRUE(stdfs::exists(out.model / "model.safetensors"))
+          << "$ANVIL_WEAK_UPPER names " << dir << ", which holds no weak model (did PpoFixtures.WeakUpperModel fail?)";
+      return out;
+    }
+    static TempDir* dir = new TempDir();  // kept for the whole test program
+    return make_weak_upper(dir->path());
   }();
   return w;
+}
+
+// The ctest fixture: the weak model, made in $ANVIL_WEAK_UPPER for every
+// PPO entry of this ctest run (in a temp folder when run alone).
+TEST(PpoFixtures, WeakUpperModel) {
+  ASSERT_TRUE(stdfs::exists(fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
+  const char* shared = std::getenv("ANVIL_WEAK_UPPER");
+  TempDir temp;
+  const stdfs::path dir = shared && *shared ? stdfs::path(shared) : temp.path();
+  stdfs::remove_all(dir);
+  stdfs::create_directories(dir);
+  const auto w = make_weak_upper(dir);
+  EXPECT_TRUE(stdfs::exists(w.model / "model.safetensors"));
+  // Weak on its task, as the PPO tests need (0.08 here, against the quickstart's ~0.9).
+  const double exact = [&] {
+    for (const auto& m : anvil::testing::metric_lines(dir / "sft" / "metrics.jsonl"))
+      if (m.contains("eval/exact_match")) return m["eval/exact_match"].get<double>();
+    return -1.0;
+  }();
+  EXPECT_GE(exact, 0.0) << "no eval line";
+  EXPECT_LT(exact, 0.5);
 }
 
 /// Runs `config` on the weak `upper` model, its prompts and held-out prompts, with `extra` overrides.
