@@ -34,7 +34,8 @@ struct WeightedSftConfig {
 class WeightedSft final : public anvil::train::Objective {
  public:
   WeightedSft(const anvil::config::RunConfig& cfg, const anvil::tokenizer::Tokenizer& tok)
-      : lm_(as_sft(cfg), tok), weight_(cfg.extensions.get<WeightedSftConfig>("weighted_sft").digit_weight) {
+      : lm_(cfg, tok, anvil::train::LmTask::sft),
+        weight_(cfg.extensions.get<WeightedSftConfig>("weighted_sft").digit_weight) {
     for (char c = '0'; c <= '9'; ++c)
       if (auto id = tok.token_to_id(std::string(1, c))) digits_.push_back(*id);
     if (digits_.empty()) throw anvil::ConfigError("weighted_sft: the tokenizer has no single-digit tokens");
@@ -73,10 +74,6 @@ class WeightedSft final : public anvil::train::Objective {
   }
 
  private:
-  static anvil::config::RunConfig as_sft(anvil::config::RunConfig cfg) {
-    cfg.algorithm = "sft";
-    return cfg;
-  }
   anvil::train::LmObjective lm_;
   double weight_;
   std::vector<int64_t> digits_;

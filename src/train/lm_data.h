@@ -156,7 +156,8 @@ std::shared_ptr<models::CausalLM> load_reference(const std::string& path, const 
                                                  models::CausalLM& policy);
 
 /// Loads every dataset of data.train / data.eval (logging what loading did)
-/// and splits off eval_fraction held-out samples.
-LmData load_lm_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
+/// and splits off eval_fraction held-out samples; `task` says which formats
+/// a data set may have (LmObjective's).
+LmData load_lm_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, LmTask task);
 
 }  // namespace anvil::train

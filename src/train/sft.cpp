@@ -20,27 +20,29 @@ namespace anvil::train {
 
 namespace {
 
-std::string resolve_format(const config::RunConfig& cfg, const config::DatasetConfig& d, const std::string& key) {
+std::string resolve_format(const config::RunConfig& cfg, const config::DatasetConfig& d, const std::string& key,
+                           LmTask task) {
   auto f = d.format;
   if (f == "auto")
     f = std::filesystem::is_directory(d.path) || data::is_megatron_dataset(d.path) ? "pretrain"
-        : cfg.algorithm == "pretrain"                                              ? ""
+        : task == LmTask::pretrain                                                 ? ""
                                                                                    : "sft";
   if (f.empty())
-    throw ConfigError(concat(key,
-                             ".path: algorithm pretrain reads token shards (a folder of anvil prepare), a "
+    throw ConfigError(concat(key, ".path: algorithm ", cfg.algorithm,
+                             " reads token shards (a folder of anvil prepare), a "
                              "Megatron indexed dataset (PREFIX.bin + PREFIX.idx) or an MDS folder; \"",
                              d.path, "\" is none of these (convert text with anvil prepare, see docs/data.md)"));
   if (f != "sft" && f != "pretrain")
     throw ConfigError(concat(key, ".format: algorithm ", cfg.algorithm, " reads sft or pretrain data, got ", f));
-  if (f == "sft" && cfg.algorithm == "pretrain")
-    throw ConfigError(concat(key, ".format: algorithm pretrain reads token shards (format pretrain), got sft"));
+  if (f == "sft" && task == LmTask::pretrain)
+    throw ConfigError(
+        concat(key, ".format: algorithm ", cfg.algorithm, " reads token shards (format pretrain), got sft"));
   return f;
 }
 
 std::shared_ptr<const data::LmDataset> load_one(const config::RunConfig& cfg, const config::DatasetConfig& d,
-                                                const std::string& key, const tokenizer::Tokenizer& tok) {
-  if (resolve_format(cfg, d, key) == "pretrain") {
+                                                const std::string& key, const tokenizer::Tokenizer& tok, LmTask task) {
+  if (resolve_format(cfg, d, key, task) == "pretrain") {
     const bool megatron = !std::filesystem::is_directory(d.path) && data::is_megatron_dataset(d.path);
     const bool mds = !megatron && data::is_mds_dataset(d.path);
     auto shards = megatron ? data::TokenShards::open_megatron(d.path)
@@ -104,16 +106,16 @@ at::Tensor lm_batch_loss_sum(models::CausalLM& model, const Batch& batch, const 
   auto ids = batch.tensors.at("input_ids").to(device);
   const auto& labels = batch.tensors.at("labels");
   models::ForwardArgs args;
+  // Padding takes no part in a mixture of experts' load-balancing loss (transformers' attention_mask):
+  // packed rows mark it with doc_ids < 0, padded ones with their attention_mask.
+  const bool experts = model.num_experts() > 0;
   if (auto it = batch.tensors.find("doc_ids"); it != batch.tensors.end()) {
+    const auto doc_ids = it->second.to(device);
     args.position_ids = batch.tensors.at("position_ids").to(device);
-    args.attention_mask = data::document_causal_mask(it->second.to(device));
-  }
-  // Padding takes no part in a mixture of experts' load-balancing loss (transformers' attention_mask).
-  if (model.num_experts() > 0) {
-    if (auto it = batch.tensors.find("doc_ids"); it != batch.tensors.end())
-      args.token_mask = it->second.ge(0).to(device);
-    else if (auto m = batch.tensors.find("attention_mask"); m != batch.tensors.end())
-      args.token_mask = m->second.to(device);
+    args.attention_mask = data::document_causal_mask(doc_ids);
+    if (experts) args.token_mask = doc_ids.ge(0);
+  } else if (auto m = batch.tensors.find("attention_mask"); experts && m != batch.tensors.end()) {
+    args.token_mask = m->second.to(device);
   }
   if (o.fused && model.final_logit_softcap() == 0)  // soft-capped logits (Gemma) take the plain head
     return fused_lm_loss_sum(model, model.hidden_states(ids, args), labels, o.chunk);
@@ -246,9 +248,9 @@ std::shared_ptr<models::CausalLM> load_reference(const std::string& path, const 
   return reference;
 }
 
-LmData load_lm_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
+LmData load_lm_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, LmTask task) {
   return load_mixture<data::LmDataset>(
-      cfg, [&](const config::DatasetConfig& d, const std::string& key) { return load_one(cfg, d, key, tok); });
+      cfg, [&](const config::DatasetConfig& d, const std::string& key) { return load_one(cfg, d, key, tok, task); });
 }
 
 struct LmObjective::State {
@@ -265,11 +267,11 @@ struct LmObjective::State {
   std::unique_ptr<LmBatchSource> source;
 };
 
-LmObjective::LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)
+LmObjective::LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, LmTask task)
     : s_(std::make_unique<State>(cfg.algorithm, cfg.eval, tok)) {
   if (cfg.data.max_length <= 0) throw ConfigError("data.max_length: expected a positive row length");
-  s_->data = load_lm_data(cfg, tok);
-  if (cfg.algorithm == "sft") s_->stop_id = chat::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok);
+  s_->data = load_lm_data(cfg, tok, task);
+  if (task == LmTask::sft) s_->stop_id = chat::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok);
   data::MixtureSampler sampler(s_->data.mixture, static_cast<uint64_t>(cfg.train.seed), s_->data.shuffle);
   if (s_->data.train.size() > 1) {
     std::vector<int64_t> per(s_->data.train.size(), 0);
@@ -373,10 +375,20 @@ const bool kRegistered = [] {
   sft.insert(sft.end(), {"data.template", "data.on_overflow", "data.on_error", "data.packing", "train.fused_loss",
                          "train.loss_chunk_size", "eval.max_batches", "eval.generate_samples", "eval.max_new_tokens",
                          "eval.table_rows"});
-  register_objective<LmObjective>("sft", sft);
+  register_objective(
+      "sft",
+      [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
+        return std::make_unique<LmObjective>(cfg, tok, LmTask::sft);
+      },
+      sft);
   auto pretrain = config::dataset_keys({"eval_fraction", "token_dtype"});
   pretrain.insert(pretrain.end(), {"data.packing", "train.fused_loss", "train.loss_chunk_size", "eval.max_batches"});
-  register_objective<LmObjective>("pretrain", pretrain);
+  register_objective(
+      "pretrain",
+      [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
+        return std::make_unique<LmObjective>(cfg, tok, LmTask::pretrain);
+      },
+      pretrain);
   return true;
 }();
 }  // namespace

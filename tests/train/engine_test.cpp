@@ -19,6 +19,7 @@
 #include "anvil/models/registry.h"
 #include <unordered_set>
 #include "anvil/train/sft.h"
+#include "anvil/tokenizer/tokenizer.h"
 #include "anvil/train/trainer.h"
 #include "test_util.h"
 
@@ -39,7 +40,7 @@ std::vector<std::string>& events() {
 class RecordingObjective final : public Objective {
  public:
   RecordingObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, bool freeze)
-      : inner_(sft_config(cfg), tok), freeze_(freeze) {}
+      : inner_(cfg, tok, LmTask::sft), freeze_(freeze) {}
 
   std::string name() const override { return freeze_ ? "frozen_sft" : "hooked_sft"; }
   void prepare(models::CausalLM& model, const RunContext& ctx) override {
@@ -89,10 +90,6 @@ class RecordingObjective final : public Objective {
   }
 
  private:
-  static config::RunConfig sft_config(config::RunConfig cfg) {
-    cfg.algorithm = "sft";
-    return cfg;
-  }
   LmObjective inner_;
   bool freeze_;
   int64_t counter_ = 0;
@@ -193,6 +190,28 @@ TEST(Engine, RegisteredObjectiveRunsWithItsHooksInOrderAndItsStateResumes) {
   EXPECT_THROW(register_objective("Bad Name", [](const config::RunConfig&,
                                                  const tokenizer::Tokenizer&) { return std::unique_ptr<Objective>(); }),
                ConfigError);
+}
+
+// The built-in LM objective takes its task from whoever holds it, not from
+// the run's algorithm name: under hooked_sft it reads SFT rows as sft's task
+// and refuses them as pretrain's, naming the run's own algorithm.
+TEST(Engine, LmObjectiveTakesItsTaskFromItsOwnerNotTheAlgorithmName) {
+  register_once();
+  TempDir dir;
+  auto cfg = tiny(dir, "hooked_sft", {});
+  cfg.data.max_length = 32;  // the trainer's setup resolves these two from the model and tokenizer
+  cfg.data.template_name = "plain";
+  const auto tok = tokenizer::load_tokenizer("auto", cfg.tokenizer.path);
+  LmObjective sft(cfg, *tok, LmTask::sft);
+  EXPECT_EQ(sft.name(), "hooked_sft");
+  try {
+    LmObjective pretrain(cfg, *tok, LmTask::pretrain);
+    ADD_FAILURE() << "pretrain's task accepted a JSONL file of SFT samples";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("data.train[0].path: algorithm hooked_sft reads token shards"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Engine, HeadsAreSavedBesideTheHfFolderAndRestoredOnResume) {

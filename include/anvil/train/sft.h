@@ -48,13 +48,19 @@ struct LmLossOptions {
 /// position_ids + doc_ids for the block-diagonal mask).
 at::Tensor lm_batch_loss_sum(models::CausalLM& model, const Batch& batch, const LmLossOptions& o = {});
 
+/// What an LmObjective trains on. sft: prompt + response samples (JSONL, or
+/// token shards), greedy generations stopping at the chat format's end of
+/// turn; pretrain: token shards only (prepared, Megatron or MDS).
+enum class LmTask { sft, pretrain };
+
 /// algorithm: sft and algorithm: pretrain: data.train / data.eval as a
 /// mixture (packed or not), eval loss and greedy exact match on held-out SFT
-/// prompts. A custom objective may hold one and delegate to it
-/// (examples/custom_objective).
+/// prompts. The task comes from the registration, not from cfg.algorithm, so
+/// a custom objective may hold one under its own algorithm name and delegate
+/// to it (examples/custom_objective).
 class LmObjective final : public Objective {
  public:
-  LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
+  LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, LmTask task = LmTask::sft);
   ~LmObjective() override;
   std::string name() const override;
   void prepare(models::CausalLM& model, const RunContext& ctx) override;
