@@ -435,6 +435,10 @@ class Reference {
       if constexpr (std::is_arithmetic_v<T>)
         if (rule.off) allowed += concat(" (any algorithm takes ", TypeInfo<T>::show(static_cast<T>(*rule.off)), ")");
     }
+    if (const auto families = model_families_reading(prefix_ + key); !families.empty()) {
+      allowed += allowed.empty() ? "model.family " : "; model.family ";
+      for (size_t i = 0; i < families.size(); ++i) allowed += (i ? ", " : "") + families[i];
+    }
     rows_ << "| `" << prefix_ << key << "` | " << TypeInfo<T>::name << " | `" << md_cell(TypeInfo<T>::show(value))
           << "` | " << allowed << " | " << md_cell(doc) << " |\n";
   }

@@ -1,8 +1,10 @@
 // Cross-field checks of a parsed config (the registered sections' own among
 // them), and the keys a run's algorithm does not read (read_if_declared): every problem is reported with the file and
 // line of the key, all of them together (config_internal.h).
+#include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -33,52 +35,14 @@ void check_model(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
         fail(k, concat("cannot be set together with model.from (the model's shape and dropout come from ", c.model.from,
                        "/config.json)"));
   }
-  if (c.model.family != "opt") {
-    const std::pair<const char*, bool> opt_only[] = {{"model.pre_layer_norm", !c.model.pre_layer_norm},
-                                                     {"model.embed_proj_dim", c.model.embed_proj_dim != 0},
-                                                     {"model.linear_bias", !c.model.linear_bias},
-                                                     {"model.layer_norm_affine", !c.model.layer_norm_affine},
-                                                     {"model.final_layer_norm", !c.model.final_layer_norm}};
-    for (const auto& [key, set] : opt_only)
-      if (set) fail(key, concat("applies to model.family opt only, not ", c.model.family));
-  }
-  const auto& f = c.model.family;
-  const bool gemma = f == "gemma2" || f == "gemma3_text";
-  if (c.model.sliding_window > 0 && f != "mistral" && f != "phi3" && f != "qwen2" && f != "qwen3" && !gemma &&
-      f != "mixtral" && f != "qwen3_moe")
-    fail("model.sliding_window", concat("applies to model.family mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe, "
-                                        "gemma2 or gemma3_text only, not ",
-                                        f));
   for (const auto& t : c.tokenizer.add_special_tokens)
     if (t.empty()) fail("tokenizer.add_special_tokens", "expected non-empty token strings");
-  const bool moe = f == "mixtral" || f == "qwen3_moe";
-  const bool llama_code = f == "llama" || f == "qwen2" || f == "qwen3" || f == "mistral" || f == "phi3" || moe;
-  if (c.model.head_dim > 0 && !llama_code && !gemma)
-    fail("model.head_dim", concat("applies to model.family llama, qwen2, qwen3, mistral, phi3, mixtral, "
-                                  "qwen3_moe, gemma2 or gemma3_text only, not ",
-                                  f));
-  if (c.model.from.empty() && !moe) {
-    const std::pair<const char*, bool> moe_only[] = {
-        {"model.num_experts", c.model.num_experts != 0},
-        {"model.num_experts_per_tok", c.model.num_experts_per_tok != 2},
-        {"model.moe_intermediate_size", c.model.moe_intermediate_size != 0},
-        {"model.router_aux_loss_coef", c.model.router_aux_loss_coef != -1}};
-    for (const auto& [key, set] : moe_only)
-      if (set) fail(key, concat("applies to model.family mixtral or qwen3_moe only, not ", f));
-  }
-  if (c.model.from.empty() && f == "mixtral" && c.model.moe_intermediate_size != 0)
-    fail("model.moe_intermediate_size", "Mixtral's experts are intermediate_size wide; leave the key out");
   if (c.model.from.empty() && c.model.head_dim == 0 && c.model.hidden_size % c.model.num_heads != 0)
     fail("model.num_heads",
          concat("expected a divisor of model.hidden_size (", c.model.hidden_size, "), got ", c.model.num_heads));
   if (c.model.from.empty() && c.model.num_kv_heads > 0 && c.model.num_heads % c.model.num_kv_heads != 0)
     fail("model.num_kv_heads",
          concat("expected a divisor of model.num_heads (", c.model.num_heads, "), got ", c.model.num_kv_heads));
-  if (c.model.from.empty() && c.model.family == "gpt2" && c.model.tie_embeddings == "false")
-    fail("model.tie_embeddings", "GPT-2's output head is always tied to its embedding; expected auto or true");
-  if (c.model.from.empty() && c.model.family == "gpt2" && c.model.activation != "auto" &&
-      c.model.activation != "gelu_new")
-    fail("model.activation", concat("GPT-2 supports only gelu_new (or auto), got ", c.model.activation));
 }
 
 void check_lora(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
@@ -294,6 +258,52 @@ void check_unread_keys(const RunConfig& c, const Fail& fail) {
   }
 }
 
+// ---- model keys that only some families read (FamilyKeys) -----------------
+
+struct FamilyRegistry {
+  std::mutex mutex;
+  std::vector<FamilyKeys> families;
+};
+FamilyRegistry& family_registry() {
+  static FamilyRegistry r;
+  return r;
+}
+
+std::vector<FamilyKeys> families() {
+  auto& r = family_registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.families;
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) out += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return out;
+}
+
+/// A model built from keys (not model.from, whose keys check_model refuses):
+/// a key that only some families read, set to another value than its default
+/// for a family that does not read it, is an error; then the family's own
+/// checks.
+void check_family_keys(const RunConfig& c, const Fail& fail) {
+  if (!c.model.from.empty()) return;
+  const auto all = families();
+  const auto family =
+      std::find_if(all.begin(), all.end(), [&](const FamilyKeys& f) { return f.name == c.model.family; });
+  if (family == all.end()) return;  // model.family's own rule reports it
+  std::map<std::string, Value> defaults;
+  for (auto& k : default_keys())
+    if (k.name.rfind("model.", 0) == 0) defaults.emplace(k.name, std::move(k.value));
+  RunConfig given = c;
+  for (const auto& k : keys_of(given, false)) {
+    const auto readers = model_families_reading(k.name);
+    if (readers.empty() || std::count(family->reads.begin(), family->reads.end(), k.name)) continue;
+    if (const auto d = defaults.find(k.name); d != defaults.end() && d->second == k.value) continue;
+    fail(k.path, concat("applies to model.family ", joined(readers), " only, not ", c.model.family));
+  }
+  if (family->check) family->check(c.model, Checks(fail));
+}
+
 }  // namespace
 
 void add_algorithm_name(const std::string& name, const std::vector<std::string>& reads) {
@@ -308,6 +318,37 @@ void add_algorithm_name(const std::string& name, const std::vector<std::string>&
   auto& d = declared_reads();
   std::lock_guard<std::mutex> lock(d.mutex);
   d.by_algorithm[name] = std::set<std::string>(reads.begin(), reads.end());
+}
+
+void add_model_family(FamilyKeys family) {
+  if (family.name.empty() ||
+      family.name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos)
+    throw ConfigError(concat("model family \"", family.name, "\": expected a name of a-z, 0-9 and _"));
+  std::set<std::string> known;
+  for (const auto& k : default_keys())
+    if (k.name.rfind("model.", 0) == 0) known.insert(k.name);
+  for (const auto& key : family.reads)
+    if (!known.count(key))
+      throw ConfigError(concat("model family ", family.name, ": reads \"", key,
+                               "\", which is not a key of the model section (e.g. model.sliding_window)"));
+  auto& r = family_registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (const auto& f : r.families)
+    if (f.name == family.name) throw ConfigError(concat("model family \"", family.name, "\" is already registered"));
+  r.families.push_back(std::move(family));
+}
+
+std::vector<std::string> model_family_names() {
+  std::vector<std::string> out;
+  for (const auto& f : families()) out.push_back(f.name);
+  return out;
+}
+
+std::vector<std::string> model_families_reading(const std::string& key) {
+  std::vector<std::string> out;
+  for (const auto& f : families())
+    if (std::count(f.reads.begin(), f.reads.end(), key)) out.push_back(f.name);
+  return out;
 }
 
 std::vector<std::string> keys_read_by(const std::string& algorithm) {
@@ -361,6 +402,7 @@ void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sou
     errors.add(concat(where, ": ", key, ": ", what));
   };
   check_model(c, flat, fail);
+  check_family_keys(c, fail);
   check_training(c, flat, fail);
   check_lora(c, flat, fail);
   check_data(c, fail);

@@ -65,6 +65,13 @@ const ModelFamily& family_by_hf_model_type(const std::string& model_type, const 
   throw CheckpointError(concat(where, ": model_type \"", model_type, "\" is not supported; supported: ", known));
 }
 
+// The config layer learns the families, their keys and checks from here:
+// model.family accepts these names and no others (config/ names none).
+const bool kRegisteredWithConfig = [] {
+  for (const auto& f : families()) config::add_model_family({f.name, f.config_keys, f.check});
+  return true;
+}();
+
 std::vector<std::string> family_names() {
   std::vector<std::string> out;
   for (const auto& f : families()) out.push_back(f.name);

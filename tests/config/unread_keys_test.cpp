@@ -13,6 +13,7 @@
 
 #include "anvil/config/config.h"
 #include "anvil/core/error.h"
+#include "anvil/models/registry.h"
 #include "test_util.h"
 
 namespace anvil::config {
@@ -250,6 +251,66 @@ TEST(BuiltinObjectives, RegisterTheirSectionsAndNamesAsProgramsDo) {
   }
   // keys_read_by knows only registered algorithms (a typo is not "reads everything").
   EXPECT_THROW(keys_read_by("dpoo"), ConfigError);
+}
+
+// Model keys that only some families read: for every family of the model
+// registry and every such key, set to a valid value other than its default,
+// the key is accepted when the family reads it and refused, naming the
+// families that do, when it does not. The config layer learns families,
+// keys and checks from the registry alone (src/models/registry.cpp).
+TEST_F(UnreadKeys, EveryFamilyKeyIsReadOrRefusedUnderEveryFamily) {
+  EXPECT_EQ(model_family_names(), models::family_names());
+  RunConfig defaults;
+  KeyLister lister;
+  defaults.visit(lister);
+  size_t refused = 0, accepted = 0;
+  for (const auto& family : model_family_names()) {
+    ASSERT_EQ(error_of({base_}, {"model.family=" + family}), "<no error>") << family;
+    for (const auto& [key, value] : lister.keys) {
+      const auto readers = model_families_reading(key);
+      if (key.rfind("model.", 0) != 0 || readers.empty()) continue;
+      const auto e = error_of({base_}, {"model.family=" + family, key + "=" + value});
+      if (std::count(readers.begin(), readers.end(), family)) {
+        ++accepted;
+        EXPECT_EQ(e.find(key + ": applies to model.family"), std::string::npos)
+            << family << " reads " << key << ": " << e;
+      } else {
+        ++refused;
+        EXPECT_NE(e.find(key + ": applies to model.family " + readers.front()), std::string::npos)
+            << family << ": " << e;
+        EXPECT_NE(e.find(" only, not " + family), std::string::npos) << e;
+      }
+    }
+  }
+  EXPECT_GT(refused, 0u);
+  EXPECT_GT(accepted, 0u);
+}
+
+TEST_F(UnreadKeys, AFamilyKeyNamesItsReadersAndAFamilyChecksItsOwnKeys) {
+  EXPECT_EQ(error_of({base_}, {"model.sliding_window=8"}),
+            "command line (model.sliding_window=8): model.sliding_window: applies to model.family qwen2, qwen3, "
+            "mistral, phi3, mixtral, qwen3_moe, gemma2 or gemma3_text only, not gpt2");
+  EXPECT_EQ(error_of({base_}, {"model.family=llama", "model.pre_layer_norm=false"}),
+            "command line (model.pre_layer_norm=false): model.pre_layer_norm: applies to model.family opt only, not "
+            "llama");
+  EXPECT_EQ(error_of({base_}, {"model.family=mixtral", "model.moe_intermediate_size=64"}),
+            "command line (model.moe_intermediate_size=64): model.moe_intermediate_size: applies to model.family "
+            "qwen3_moe only, not mixtral");
+  EXPECT_EQ(error_of({base_}, {"model.family=qwen3_moe", "model.moe_intermediate_size=64"}), "<no error>");
+  // Defaults are what a printed config holds: accepted for every family.
+  EXPECT_EQ(error_of({base_}, {"model.family=gpt2", "model.pre_layer_norm=true", "model.sliding_window=0"}),
+            "<no error>");
+  // GPT-2's own checks, registered by its folder (src/models/gpt2/register.cpp).
+  EXPECT_EQ(error_of({base_}, {"model.tie_embeddings=false"}),
+            "command line (model.tie_embeddings=false): model.tie_embeddings: GPT-2's output head is always tied to "
+            "its embedding; expected auto or true");
+  EXPECT_EQ(error_of({base_}, {"model.family=llama", "model.tie_embeddings=false"}), "<no error>");
+  // A family is registered once, with keys of the model section only.
+  EXPECT_THROW(add_model_family({"gpt2", {}}), ConfigError);
+  EXPECT_THROW(add_model_family({"unread_keys_family", {"model.slidng_window"}}), ConfigError);
+  EXPECT_THROW(add_model_family({"unread_keys_family", {"train.max_steps"}}), ConfigError);
+  const auto names = model_family_names();
+  EXPECT_EQ(std::find(names.begin(), names.end(), "unread_keys_family"), names.end());
 }
 
 // Shipped configs name files of the machine they were written for (models,

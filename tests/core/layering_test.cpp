@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "anvil/config/config.h"
+#include "anvil/models/registry.h"
 #include "test_util.h"
 
 namespace {
@@ -128,6 +130,32 @@ TEST(Layering, TheConfigLayerNamesNoAlgorithm) {
       }
     }
   EXPECT_GE(files, 4u);
+}
+
+// Nor a model family: the model registry hands the config layer each
+// family's name, the model keys it reads and its checks
+// (config::add_model_family). The default family is a value and stays.
+TEST(Layering, TheConfigLayerNamesNoModelFamily) {
+  const stdfs::path src = anvil::testing::source_dir();
+  const auto fallback = anvil::config::ModelConfig{}.family;
+  size_t names = 0;
+  for (const auto& family : anvil::models::family_names()) {
+    if (family == fallback) continue;
+    ++names;
+    const auto literal = "\"" + family + "\"";
+    for (const auto* dir : {"src/config", "include/anvil/config"})
+      for (const auto& e : stdfs::directory_iterator(src / dir)) {
+        std::ifstream in(e.path());
+        size_t n = 0;
+        for (std::string l; std::getline(in, l);) {
+          ++n;
+          if (l.substr(0, l.find("//")).find(literal) != std::string::npos)
+            ADD_FAILURE() << e.path().string() << ":" << n << ": names the model family " << literal
+                          << ": give it to the family's ModelFamily (config_keys, check)";
+        }
+      }
+  }
+  EXPECT_GE(names, 11u);
 }
 
 // include/anvil/ is the installed API: its headers include only each other

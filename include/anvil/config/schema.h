@@ -1,14 +1,27 @@
 #pragma once
-// Validation rules attached to config fields. A config struct lists its
-// fields once, in `template <class V> void visit(V& v)`, with key, doc and
-// rule; the same list drives parsing, --print-config and the reference docs.
-// A rule also says whether every algorithm reads its key or only those that
-// declare it when they register (read_if_declared), so a key set for a run
-// that would ignore it is an error instead of a silent no-op.
+// The config schema. Validation rules attached to config fields: a config
+// struct lists its fields once, in `template <class V> void visit(V& v)`,
+// with key, doc and rule; the same list drives parsing, --print-config and
+// the reference docs. A rule also says whether every algorithm reads its key
+// or only those that declare it when they register (read_if_declared), so a
+// key set for a run that would ignore it is an error instead of a silent
+// no-op.
+//
+// Then what registers itself with the config layer: top-level config
+// sections (an objective's ppo:, a program's own), the algorithms
+// `algorithm:` accepts with the keys each reads, and the model families
+// `model.family` accepts with the model keys each reads and its own checks.
+// Built-in objectives and families register through these same calls, from
+// their own files (src/train/sft.cpp, src/models/registry.cpp); config/
+// names none of them. config.h includes this header and defines RunConfig.
 
 #include <functional>
+#include <map>
+#include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace anvil::config {
@@ -68,5 +81,292 @@ inline Rule read_if_declared(Rule r, double off) {
   r.off = off;
   return read_if_declared(std::move(r));
 }
+
+struct ModelConfig;
+
+struct ModelConfig;
+
+class FieldVisitor;
+
+/// A nested section of a registered section (ppo.reward), as FieldVisitor
+/// passes it: visits the section's fields.
+struct SectionRef {
+  std::function<void(FieldVisitor&)> visit;
+  template <class S>
+  static SectionRef of(S& s) {
+    return {[&s](FieldVisitor& v) { s.visit(v); }};
+  }
+};
+
+/// A list of maps inside a registered section (ppo.rewards), as FieldVisitor
+/// passes it: its size, a resize to default items, and item i's fields (or a
+/// default item's, for the reference).
+struct ListRef {
+  std::function<size_t()> size;
+  std::function<void(size_t)> resize;
+  std::function<void(size_t, FieldVisitor&)> visit;
+  std::function<void(FieldVisitor&)> visit_default;
+  template <class S>
+  static ListRef of(std::vector<S>& items) {
+    return {[&items] { return items.size(); }, [&items](size_t n) { items.assign(n, S{}); },
+            [&items](size_t i, FieldVisitor& v) { items.at(i).visit(v); },
+            [](FieldVisitor& v) {
+              S item;
+              item.visit(v);
+            }};
+  }
+};
+
+/// How a registered section lists its fields: `template <class V> void
+/// visit(V& v)` (or `void visit(FieldVisitor& v)`) calls v.field(key, value,
+/// doc, rule) for each, v.section(key, sub, doc) for a nested struct and
+/// v.list(key, items, doc) for a std::vector of structs, as built-in sections
+/// do. Fields are bool, int64_t, double, std::string, or std::vector of
+/// double, int64_t or std::string.
+class FieldVisitor {
+ public:
+  virtual ~FieldVisitor() = default;
+  virtual void field(const char* key, bool& value, const char* doc, const Rule& rule) = 0;
+  virtual void field(const char* key, int64_t& value, const char* doc, const Rule& rule) = 0;
+  virtual void field(const char* key, double& value, const char* doc, const Rule& rule) = 0;
+  virtual void field(const char* key, std::string& value, const char* doc, const Rule& rule) = 0;
+  virtual void field(const char* key, std::vector<double>& value, const char* doc, const Rule& rule) = 0;
+  virtual void field(const char* key, std::vector<int64_t>& value, const char* doc, const Rule& rule) = 0;
+  virtual void field(const char* key, std::vector<std::string>& value, const char* doc, const Rule& rule) = 0;
+  virtual void section(const char* key, const SectionRef& s, const char* doc) = 0;
+  virtual void list(const char* key, const ListRef& items, const char* doc) = 0;
+  template <class T>
+  void field(const char* key, T& value, const char* doc) {
+    field(key, value, doc, Rule{});
+  }
+  template <class S>
+  void section(const char* key, S& s, const char* doc) {
+    section(key, SectionRef::of(s), doc);
+  }
+  template <class S>
+  void list(const char* key, std::vector<S>& items, const char* doc) {
+    list(key, ListRef::of(items), doc);
+  }
+};
+
+/// A registered config section's values, held by RunConfig::extensions.
+class Extension {
+ public:
+  virtual ~Extension() = default;
+  virtual void visit(FieldVisitor& v) = 0;
+  virtual std::unique_ptr<Extension> clone() const = 0;
+};
+
+/// The Extension holding a `T` (a struct with `visit`, as FieldVisitor says).
+template <class T>
+class ExtensionOf final : public Extension {
+ public:
+  T value;
+  void visit(FieldVisitor& v) override { value.visit(v); }
+  std::unique_ptr<Extension> clone() const override { return std::make_unique<ExtensionOf>(*this); }
+};
+
+struct RunConfig;
+
+/// What a registered section's check reports problems through: each with the
+/// key's file and line, together with every other problem of the config.
+class Checks {
+ public:
+  using Fail = std::function<void(const std::string& key, const std::string& what)>;
+  explicit Checks(Fail fail) : fail_(std::move(fail)) {}
+  /// `key` (e.g. "ppo.rewards[1].clip", a path as the config has it) is
+  /// wrong; `what` says why and what was expected.
+  void fail(const std::string& key, const std::string& what) const { fail_(key, what); }
+  /// `path`, the value of `key`, must be a model folder (or a Hugging Face
+  /// model id in the local cache); empty passes.
+  void model_folder(const std::string& key, const std::string& path) const;
+
+ private:
+  Fail fail_;
+};
+
+/// A section a program (or the library, for its built-in objectives)
+/// registered: its name, doc line and a maker of its defaults.
+struct RegisteredSection {
+  std::string name;
+  std::string doc;
+  std::function<std::unique_ptr<Extension>()> make;
+  std::string algorithm;  // the algorithm that reads it ("" = every run)
+  /// Cross-field checks, run once the whole config has parsed, when the run
+  /// reads the section.
+  std::function<void(const RunConfig& cfg, const Checks& checks)> check = {};
+  /// Other trainers' names for its keys: {last part of the name, our key}
+  /// ({"num_generations", "ppo.samples_per_prompt"}), named in the message
+  /// when a config uses them.
+  std::vector<std::pair<std::string, std::string>> foreign_names = {};
+};
+
+/// Registers the top-level config section `name`: its keys load from files
+/// and overrides, print, appear in the reference and are checked on resume
+/// like a built-in section's. A section of an `algorithm` is accepted only in
+/// configs of that algorithm. Throws ConfigError when the name is taken.
+void register_section(RegisteredSection section);
+/// The same for the section held as a `T`; `check(section, cfg, checks)`
+/// (optional) runs the section's cross-field checks.
+template <class T>
+void register_section(const std::string& name, const std::string& doc, const std::string& algorithm = "",
+                      std::function<void(const T& section, const RunConfig& cfg, const Checks& checks)> check = {},
+                      std::vector<std::pair<std::string, std::string>> foreign_names = {});
+
+/// The algorithm that reads top-level section `section` (a registered
+/// section's), "" when every run does.
+std::string section_algorithm(const std::string& section);
+std::vector<RegisteredSection> registered_sections();
+
+/// RunConfig's registered sections by name (deep-copied with the config).
+class Extensions {
+ public:
+  Extensions() = default;
+  Extensions(const Extensions& o) { *this = o; }
+  Extensions& operator=(const Extensions& o) {
+    if (this == &o) return *this;
+    sections_.clear();
+    for (const auto& [k, v] : o.sections_) sections_.emplace(k, v->clone());
+    return *this;
+  }
+  Extensions(Extensions&&) = default;
+  Extensions& operator=(Extensions&&) = default;
+
+  /// The section `name` (created with its defaults when missing).
+  Extension& at(const RegisteredSection& s) {
+    auto& e = sections_[s.name];
+    if (!e) e = s.make();
+    return *e;
+  }
+  /// The values of section `name` as a `T`, its defaults when the config has
+  /// not set it; throws std::out_of_range when the section is not registered
+  /// or holds another type.
+  template <class T>
+  const T& get(const std::string& name) const {
+    const auto it = sections_.find(name);
+    if (it == sections_.end()) {
+      static const T defaults{};
+      for (const auto& s : registered_sections())
+        if (s.name == name && dynamic_cast<const ExtensionOf<T>*>(s.make().get())) return defaults;
+      throw std::out_of_range("config section \"" + name + "\" is not registered");
+    }
+    const auto* e = dynamic_cast<const ExtensionOf<T>*>(it->second.get());
+    if (!e) throw std::out_of_range("config section \"" + name + "\" is not registered with this type");
+    return e->value;
+  }
+  /// The values of section `name` as a `T`, to change (tests, programs that
+  /// build a config in code); created with its defaults when missing.
+  template <class T>
+  T& get(const std::string& name) {
+    for (const auto& s : registered_sections())
+      if (s.name == name) {
+        auto* e = dynamic_cast<ExtensionOf<T>*>(&at(s));
+        if (!e) break;
+        return e->value;
+      }
+    throw std::out_of_range("config section \"" + name + "\" is not registered with this type");
+  }
+
+ private:
+  std::map<std::string, std::unique_ptr<Extension>> sections_;
+};
+
+namespace detail {
+/// Gives a registered section's fields to one of the config layer's visitors
+/// (those RunConfig::visit takes: field, section and list templates, and
+/// list_of(key, const ListRef&, doc) for a list inside a registered section).
+template <class V>
+class FieldVisitorFor final : public FieldVisitor {
+ public:
+  explicit FieldVisitorFor(V& v) : v_(v) {}
+  using FieldVisitor::field;
+  using FieldVisitor::list;
+  using FieldVisitor::section;
+  void field(const char* k, bool& x, const char* d, const Rule& r) override { v_.field(k, x, d, r); }
+  void field(const char* k, int64_t& x, const char* d, const Rule& r) override { v_.field(k, x, d, r); }
+  void field(const char* k, double& x, const char* d, const Rule& r) override { v_.field(k, x, d, r); }
+  void field(const char* k, std::string& x, const char* d, const Rule& r) override { v_.field(k, x, d, r); }
+  void field(const char* k, std::vector<double>& x, const char* d, const Rule& r) override { v_.field(k, x, d, r); }
+  void field(const char* k, std::vector<int64_t>& x, const char* d, const Rule& r) override { v_.field(k, x, d, r); }
+  void field(const char* k, std::vector<std::string>& x, const char* d, const Rule& r) override {
+    v_.field(k, x, d, r);
+  }
+  void section(const char* k, const SectionRef& s, const char* d) override;
+  void list(const char* k, const ListRef& items, const char* d) override { v_.list_of(k, items, d); }
+
+ private:
+  V& v_;
+};
+/// A SectionRef as the config layer's visitors take a section: a struct with visit(V&).
+struct SectionShim {
+  const SectionRef& ref;
+  template <class V>
+  void visit(V& v) {
+    FieldVisitorFor<V> a(v);
+    ref.visit(a);
+  }
+};
+template <class V>
+void FieldVisitorFor<V>::section(const char* k, const SectionRef& s, const char* d) {
+  SectionShim shim{s};
+  v_.section(k, shim, d);
+}
+struct ExtensionShim {
+  Extension& ext;
+  template <class V>
+  void visit(V& v) {
+    FieldVisitorFor<V> a(v);
+    ext.visit(a);
+  }
+};
+}  // namespace detail
+
+/// The names `algorithm:` accepts: those registered through
+/// train::register_objective (the library's own, then a program's), in the
+/// order they were registered.
+std::vector<std::string> algorithm_names();
+/// Adds `name` to algorithm_names() (train::register_objective calls it);
+/// throws ConfigError when it is already there. Without `reads`, the
+/// algorithm is taken to read every key; with it, of the keys that only some
+/// algorithms read (read_if_declared), it reads those listed, by the names
+/// keys_read_by gives (a key it does not know is a ConfigError).
+void add_algorithm_name(const std::string& name);
+void add_algorithm_name(const std::string& name, const std::vector<std::string>& reads);
+
+/// Every key that a run of `algorithm` reads, as the reference names them
+/// (train.loss_chunk_size, data.train[].response_field): all keys but those
+/// of other algorithms' sections and the read_if_declared keys it did not
+/// declare. Set to a value other than its default, any other key is a config
+/// error. Throws ConfigError when no such algorithm is registered.
+std::vector<std::string> keys_read_by(const std::string& algorithm);
+/// data.train[].<field> and data.eval[].<field> for each of `fields`: how a
+/// registering objective names the dataset keys it reads.
+std::vector<std::string> dataset_keys(const std::vector<std::string>& fields);
+/// The algorithms that declared they read the read_if_declared key `key`
+/// (named as keys_read_by names it), in registration order.
+std::vector<std::string> readers_of(const std::string& key);
+
+/// A model family as the config layer knows it: its name (model.family), the
+/// model keys it reads among those only some families read, and its own
+/// checks of a model built from keys (not run for model.from, whose
+/// config.json defines the model). models::ModelFamily registers one for
+/// each family of the model registry (src/models/registry.cpp).
+struct FamilyKeys {
+  std::string name;
+  /// Keys by their full name ("model.sliding_window"). A key that some
+  /// family reads and this one does not, set to another value than its
+  /// default, is a config error naming the families that read it.
+  std::vector<std::string> reads;
+  std::function<void(const ModelConfig& model, const Checks& checks)> check = {};
+};
+
+/// Adds a family to model_family_names(); throws ConfigError when the name is
+/// taken or a key it reads is not a model.* key.
+void add_model_family(FamilyKeys family);
+/// The names `model.family` accepts, in registration order.
+std::vector<std::string> model_family_names();
+/// The registered families that read `key` (a model.* key only some read),
+/// in registration order; empty when every family reads it.
+std::vector<std::string> model_families_reading(const std::string& key);
 
 }  // namespace anvil::config

@@ -23,6 +23,12 @@ struct ModelFamily {
   /// Its HF modules store linear weights as (in, out), GPT-2's Conv1D: PEFT
   /// adapters of it say fan_in_fan_out.
   bool conv1d_weights = false;
+  /// The model keys it reads among those only some families read
+  /// ("model.sliding_window"), and its own checks of a model built from keys:
+  /// the registry hands both to the config layer (config::add_model_family),
+  /// so a config sets only what its family reads.
+  std::vector<std::string> config_keys = {};
+  std::function<void(const config::ModelConfig& model, const config::Checks& checks)> check = {};
 };
 
 const ModelFamily& family_by_name(const std::string& name);

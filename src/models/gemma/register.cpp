@@ -138,8 +138,10 @@ std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& wh
 
 template <const char* Type>
 ModelFamily make_family() {
-  return {Type, Type, [](const config::ModelConfig& c) { return from_typed_config(c, Type); },
-          [](const nlohmann::json& j, const std::string& where) { return from_hf(j, where, Type); }};
+  ModelFamily f{Type, Type, [](const config::ModelConfig& c) { return from_typed_config(c, Type); },
+                [](const nlohmann::json& j, const std::string& where) { return from_hf(j, where, Type); }};
+  f.config_keys = {"model.head_dim", "model.sliding_window"};  // of the keys only some families read
+  return f;
 }
 constexpr char kGemma2[] = "gemma2", kGemma3[] = "gemma3_text";
 

@@ -53,6 +53,12 @@ std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::str
 ModelFamily family() {
   ModelFamily f{"gpt2", "gpt2", from_config, from_hf_config};
   f.conv1d_weights = true;  // HF GPT-2's Conv1D
+  f.check = [](const config::ModelConfig& c, const config::Checks& checks) {
+    if (c.tie_embeddings == "false")
+      checks.fail("model.tie_embeddings", "GPT-2's output head is always tied to its embedding; expected auto or true");
+    if (c.activation != "auto" && c.activation != "gelu_new")
+      checks.fail("model.activation", concat("GPT-2 supports only gelu_new (or auto), got ", c.activation));
+  };
   return f;
 }
 

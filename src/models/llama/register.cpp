@@ -187,21 +187,33 @@ std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& wh
 }
 
 template <const char* Type>
-ModelFamily make_family() {
-  return {Type, Type, [](const config::ModelConfig& c) { return from_typed_config(c, Type); },
-          [](const nlohmann::json& j, const std::string& where) { return from_hf(j, where, Type); }};
+ModelFamily make_family(std::vector<std::string> keys) {
+  ModelFamily f{Type, Type, [](const config::ModelConfig& c) { return from_typed_config(c, Type); },
+                [](const nlohmann::json& j, const std::string& where) { return from_hf(j, where, Type); }};
+  f.config_keys = std::move(keys);
+  return f;
+}
+// The keys of the model section that only some families read. Functions, not
+// namespace-scope vectors: the registry reads them during static
+// initialisation (src/models/registry.cpp), perhaps before this file's.
+std::vector<std::string> windowed() { return {"model.head_dim", "model.sliding_window"}; }
+std::vector<std::string> experts(std::vector<std::string> more) {
+  more.insert(more.end(), {"model.head_dim", "model.sliding_window", "model.num_experts", "model.num_experts_per_tok",
+                           "model.router_aux_loss_coef"});
+  return more;
 }
 constexpr char kLlama[] = "llama", kQwen2[] = "qwen2", kQwen3[] = "qwen3", kMistral[] = "mistral", kPhi3[] = "phi3",
                kMixtral[] = "mixtral", kQwen3Moe[] = "qwen3_moe";
 
 }  // namespace
 
-ModelFamily family() { return make_family<kLlama>(); }
-ModelFamily qwen2_family() { return make_family<kQwen2>(); }
-ModelFamily qwen3_family() { return make_family<kQwen3>(); }
-ModelFamily mistral_family() { return make_family<kMistral>(); }
-ModelFamily phi3_family() { return make_family<kPhi3>(); }
-ModelFamily mixtral_family() { return make_family<kMixtral>(); }
-ModelFamily qwen3_moe_family() { return make_family<kQwen3Moe>(); }
+ModelFamily family() { return make_family<kLlama>({"model.head_dim"}); }
+ModelFamily qwen2_family() { return make_family<kQwen2>(windowed()); }
+ModelFamily qwen3_family() { return make_family<kQwen3>(windowed()); }
+ModelFamily mistral_family() { return make_family<kMistral>(windowed()); }
+ModelFamily phi3_family() { return make_family<kPhi3>(windowed()); }
+// Mixtral's experts are intermediate_size wide; Qwen3-MoE's have their own width.
+ModelFamily mixtral_family() { return make_family<kMixtral>(experts({})); }
+ModelFamily qwen3_moe_family() { return make_family<kQwen3Moe>(experts({"model.moe_intermediate_size"})); }
 
 }  // namespace anvil::models::llama

@@ -61,6 +61,12 @@ std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::str
 
 }  // namespace
 
-ModelFamily family() { return {"opt", "opt", from_config, from_hf_config}; }
+ModelFamily family() {
+  ModelFamily f{"opt", "opt", from_config, from_hf_config};
+  // Of the keys only some families read: OPT's layer-norm placement, projections and biases.
+  f.config_keys = {"model.pre_layer_norm", "model.embed_proj_dim", "model.linear_bias", "model.layer_norm_affine",
+                   "model.final_layer_norm"};
+  return f;
+}
 
 }  // namespace anvil::models::opt
