@@ -1,9 +1,15 @@
 """transformers' own Trainer on an SFT run, for Anvil's trainer to follow.
 
-    trainer_reference.py init  SPEC.json OUT_DIR   # a random tiny GPT-2 folder (HF layout)
-    trainer_reference.py train SPEC.json OUT.json  # Trainer's loss at every step
+    trainer_reference.py DIR [CASE]
 
-SPEC names the model folder, the SentencePiece tokenizer, the JSONL data and
+writes DIR/train.jsonl (the first 4000 lines of data/sft_train.jsonl),
+DIR/init (a random tiny GPT-2 folder, HF layout) and, for every case of
+CASES (or CASE alone), DIR/CASE/spec.json and DIR/CASE/ref.json: the
+Trainer's loss at every step and the parameters it does not decay. One
+process runs them all (ctest's ParityReferences.Trainer fixture); the test
+(tests/train/trainer_parity_test.cpp) runs Anvil on each spec.json.
+
+A spec names the model folder, the SentencePiece tokenizer, the JSONL data and
 the settings (micro batch, accumulation, lr, schedule, weight decay, clipping,
 betas, eps, steps, max_length). The samples are built as Anvil's `plain` chat
 format documents them (docs/data.md): the prompt's tokens (its line ending in a
@@ -19,6 +25,7 @@ its decay groups
 normalisation over accumulated micro-batches (num_items_in_batch).
 """
 import json
+import os
 import sys
 
 import sentencepiece as spm
@@ -99,7 +106,36 @@ def train(spec, out_path):
                    "not_decayed": sorted(n for n, _ in model.named_parameters() if n not in decayed)}, f)
 
 
+# Name: (gradient accumulation, weight decay); the test's parameter names.
+CASES = {"accum1_nodecay": (1, 0.0), "accum2_nodecay": (2, 0.0), "accum1_decay": (1, 0.1), "accum2_decay": (2, 0.1)}
+
+
+def main(out, only=None):
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    os.makedirs(out, exist_ok=True)
+    data = os.path.join(out, "train.jsonl")
+    with open(os.path.join(src, "data", "sft_train.jsonl")) as f, open(data, "w") as d:
+        for i, line in enumerate(f):
+            if i == 4000:
+                break
+            d.write(line)
+    base = {"seed": 7, "tokenizer": os.path.abspath(os.path.join(src, "data", "tokenizer.model")), "data": data,
+            "model": os.path.join(out, "init"), "max_length": 32, "micro_batch": 8, "steps": 200, "lr": 3e-3,
+            "warmup": 20, "schedule": "cosine", "max_grad_norm": 1.0, "betas": [0.9, 0.98], "eps": 1e-8}
+    init(base, base["model"])
+    for name, (accum, decay) in CASES.items():
+        if only and name != only:
+            continue
+        d = os.path.join(out, name)
+        os.makedirs(d, exist_ok=True)
+        spec = dict(base, accum=accum, weight_decay=decay, work_dir=os.path.join(d, "hf"))
+        with open(os.path.join(d, "spec.json"), "w") as f:
+            json.dump(spec, f)
+        train(spec, os.path.join(d, "ref.json"))
+        print(f"{name}: {len(spec)} settings, reference written")
+
+
 if __name__ == "__main__":
-    with open(sys.argv[2]) as f:
-        spec = json.load(f)
-    {"init": init, "train": train}[sys.argv[1]](spec, sys.argv[3])
+    if len(sys.argv) not in (2, 3):
+        sys.exit(__doc__)
+    main(*sys.argv[1:])

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <set>
 
 #include "anvil/config/config.h"
@@ -21,7 +20,6 @@
 namespace anvil::train {
 namespace {
 
-using anvil::testing::run;
 using anvil::testing::TempDir;
 namespace stdfs = std::filesystem;
 
@@ -33,43 +31,26 @@ struct Case {
   double tolerance;  // per step, relative to max(1, |loss|) (the losses are 3-6)
 };
 
-nlohmann::json spec(const TempDir& dir, const Case& c) {
-  const auto src = anvil::testing::source_dir();
-  return {{"seed", 7},
-          {"tokenizer", src + "/data/tokenizer.model"},
-          {"data", (dir / "train.jsonl").string()},
-          {"model", (dir / "init").string()},
-          {"work_dir", (dir / "hf").string()},
-          {"max_length", 32},
-          {"micro_batch", 8},
-          {"accum", c.accum},
-          {"steps", kSteps},
-          {"lr", 3e-3},
-          {"weight_decay", c.weight_decay},
-          {"warmup", 20},
-          {"schedule", "cosine"},
-          {"max_grad_norm", 1.0},
-          {"betas", {0.9, 0.98}},
-          {"eps", 1e-8}};
+std::string case_name(const Case& c) {
+  return "accum" + std::to_string(c.accum) + (c.weight_decay > 0 ? "_decay" : "_nodecay");
 }
 
-std::string python(const std::string& verb, const stdfs::path& spec_file, const stdfs::path& out) {
-  return anvil::testing::python_bin() + " " + anvil::testing::source_dir() + "/tests/parity/trainer_reference.py " +
-         verb + " " + spec_file.string() + " " + out.string() + " 2>&1";
-}
-
-std::vector<double> anvil_losses(const TempDir& dir, const nlohmann::json& s, const std::string& name) {
-  const auto yaml = "algorithm: sft\nmodel:\n  from: " + s["model"].get<std::string>() +
-                    "\ntokenizer:\n  type: sentencepiece\n  path: " + s["tokenizer"].get<std::string>() +
-                    "\ndata:\n  train:\n    - path: " + s["data"].get<std::string>() +
-                    "\n  template: plain\n  max_length: 32\n  shuffle: false\n"
-                    "optimizer:\n  lr: 3.0e-3\n  betas: [0.9, 0.98]\n  eps: 1.0e-8\n  weight_decay: " +
-                    std::to_string(s["weight_decay"].get<double>()) +
-                    "\nschedule:\n  warmup_steps: 20\n  decay: cosine\n  min_lr_ratio: 0.0\n"
-                    "train:\n  max_steps: " +
-                    std::to_string(kSteps) +
-                    "\n  micro_batch_size: 8\n  grad_accum_steps: " + std::to_string(s["accum"].get<int64_t>()) +
-                    "\n  grad_clip: 1.0\n  log_every: 1\n  save_every: 1000\n  eval_every: 0\n  threads: 1\n";
+std::vector<double> anvil_losses(const nlohmann::json& s, const std::string& name) {
+  const auto yaml =
+      "algorithm: sft\nmodel:\n  from: " + s["model"].get<std::string>() +
+      "\ntokenizer:\n  type: sentencepiece\n  path: " + s["tokenizer"].get<std::string>() +
+      "\ndata:\n  train:\n    - path: " + s["data"].get<std::string>() +
+      "\n  template: plain\n  max_length: " + std::to_string(s["max_length"].get<int64_t>()) +
+      "\n  shuffle: false\n"
+      "optimizer:\n  lr: " +
+      std::to_string(s["lr"].get<double>()) +
+      "\n  betas: [0.9, 0.98]\n  eps: 1.0e-8\n  weight_decay: " + std::to_string(s["weight_decay"].get<double>()) +
+      "\nschedule:\n  warmup_steps: " + std::to_string(s["warmup"].get<int64_t>()) +
+      "\n  decay: cosine\n  min_lr_ratio: 0.0\n"
+      "train:\n  max_steps: " +
+      std::to_string(kSteps) + "\n  micro_batch_size: " + std::to_string(s["micro_batch"].get<int64_t>()) +
+      "\n  grad_accum_steps: " + std::to_string(s["accum"].get<int64_t>()) +
+      "\n  grad_clip: 1.0\n  log_every: 1\n  save_every: 1000\n  eval_every: 0\n  threads: 1\n";
   TempDir run_dir;
   std::string log;
   EXPECT_EQ(anvil::testing::train_in(run_dir, yaml, "", &log), 0) << log;
@@ -83,31 +64,28 @@ class TrainerParity : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TrainerParity, SftLossCurveEqualsTransformersTrainer) {
   const auto c = GetParam();
-  TempDir dir;
-  {
-    std::ifstream in(anvil::testing::source_dir() + "/data/sft_train.jsonl");
-    std::ofstream out(dir / "train.jsonl");
-    std::string line;
-    for (int i = 0; i < 4000 && std::getline(in, line); ++i) out << line << "\n";
-  }
-  const auto s = spec(dir, c);
-  anvil::testing::write_text(dir / "spec.json", s.dump());
-  std::string log;
-  ASSERT_EQ(run(python("init", dir / "spec.json", dir / "init"), &log), 0) << log;
-  ASSERT_EQ(run(python("train", dir / "spec.json", dir / "ref.json"), &log), 0) << log;
+  // The Trainer's runs of every case, made once per ctest run by the ParityReferences.Trainer fixture
+  // (tests/CMakeLists.txt); a test run alone makes its own case's.
+  const anvil::testing::ReferenceFolder refs("ANVIL_TRAINER_REFERENCES", "trainer_reference.py", case_name(c));
+  ASSERT_TRUE(refs.ok()) << refs.log();
+  const auto dir = refs / case_name(c);
+  const auto s = nlohmann::json::parse(anvil::testing::read_text(dir / "spec.json"));
+  ASSERT_EQ(s["accum"].get<int64_t>(), c.accum);
+  ASSERT_EQ(s["weight_decay"].get<double>(), c.weight_decay);
+  ASSERT_EQ(s["steps"].get<int64_t>(), kSteps);
   const auto ref = nlohmann::json::parse(anvil::testing::read_text(dir / "ref.json"));
   const auto want = ref["losses"].get<std::vector<double>>();
-  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps)) << log;
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
 
   // The parameters the Trainer leaves undecayed are the ones Anvil does.
   config::OptimizerConfig opt;
   opt.weight_decay = c.weight_decay;
-  auto model = checkpoint::load_model_dir(dir / "init");
+  auto model = checkpoint::load_model_dir(s["model"].get<std::string>());
   auto ours = optim::no_decay_parameters(opt, *model);
   std::sort(ours.begin(), ours.end());
   EXPECT_EQ(ours, ref["not_decayed"].get<std::vector<std::string>>());
 
-  const auto got = anvil_losses(dir, s, "anvil");
+  const auto got = anvil_losses(s, case_name(c));
   ASSERT_EQ(got.size(), want.size());
   // The first losses differ by float32 round-off already (the order of the
   // token sums): 5.6e-7 of 5.78 on a Zen 3.
@@ -128,10 +106,7 @@ TEST_P(TrainerParity, SftLossCurveEqualsTransformersTrainer) {
 INSTANTIATE_TEST_SUITE_P(Steps, TrainerParity,
                          ::testing::Values(Case{1, 0.0, 2e-6}, Case{2, 0.0, 2e-6}, Case{1, 0.1, 2e-6},
                                            Case{2, 0.1, 2e-6}),
-                         [](const auto& info) {
-                           return "accum" + std::to_string(info.param.accum) +
-                                  (info.param.weight_decay > 0 ? "_decay" : "_nodecay");
-                         });
+                         [](const auto& info) { return case_name(info.param); });
 
 }  // namespace
 }  // namespace anvil::train
