@@ -1,0 +1,58 @@
+// ppo's registration: its config section with its checks and the names
+// other trainers give its keys, and the algorithm with the keys it reads,
+// registered as a linking program registers its objectives
+// (examples/custom_objective). The objective is in ppo.cpp.
+#include "anvil/config/config.h"
+#include "anvil/core/error.h"
+#include "anvil/train/ppo.h"
+
+namespace anvil::train {
+
+namespace {
+
+void check_ppo(const PpoConfig& p, const config::RunConfig&, const config::Checks& checks) {
+  const auto& r = p.reward;
+  const bool single =
+      !r.model.empty() || !r.command.empty() || !r.exact_match.empty() || !r.regex.empty() || !r.function.empty();
+  if (single && !p.rewards.empty())
+    checks.fail("ppo.rewards", "cannot be set together with a source in ppo.reward (list every source in ppo.rewards)");
+  for (size_t i = 0; i < p.rewards.size(); ++i) {
+    const auto& item = p.rewards[i];
+    const auto key = concat("ppo.rewards[", i, "]");
+    if (item.scale != "none" || item.clip != 0)
+      checks.fail(key + (item.scale != "none" ? ".scale" : ".clip"),
+                  "applies to the summed score: set ppo.reward.scale / ppo.reward.clip");
+    checks.model_folder(key + ".model", item.model);
+  }
+  if (p.dynamic_sampling && p.samples_per_prompt < 2)
+    checks.fail("ppo.dynamic_sampling", concat("drops groups whose samples all scored the same, so it needs "
+                                               "ppo.samples_per_prompt of at least 2, got ",
+                                               p.samples_per_prompt));
+  checks.model_folder("ppo.reference", p.reference);
+  checks.model_folder("ppo.reward.model", p.reward.model);
+  checks.model_folder("ppo.critic_from", p.critic_from);
+  if (!p.critic_from.empty() && p.advantage != "gae")
+    checks.fail("ppo.critic_from", concat("advantage ", p.advantage, " has no critic; a separate critic serves gae"));
+}
+
+const bool kRegistered = [] {
+  config::register_section<PpoConfig>("ppo", "Online RL: PPO, GRPO and RLOO (algorithm: ppo; docs/algorithms.md).",
+                                      "ppo", check_ppo,
+                                      {{"num_generations", "ppo.samples_per_prompt"},
+                                       {"max_completion_length", "ppo.max_new_tokens"},
+                                       {"num_ppo_epochs", "ppo.ppo_epochs"},
+                                       {"num_iterations", "ppo.ppo_epochs"},
+                                       {"epsilon", "ppo.cliprange"},
+                                       {"cliprange", "ppo.cliprange"},
+                                       {"vf_coef", "ppo.vf_coef"},
+                                       {"kl_coef", "ppo.kl_coef"}});
+  auto reads = config::dataset_keys({"eval_fraction", "prompt_field"});
+  reads.insert(reads.end(), {"data.template", "data.on_error", "train.fused_loss", "eval.generate_samples",
+                             "eval.max_new_tokens", "eval.table_rows"});
+  register_objective<PpoObjective>("ppo", reads);
+  return true;
+}();
+
+}  // namespace
+
+}  // namespace anvil::train
