@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "anvil/generation/generate.h"
-#include "models/llama.h"
+#include "models/llama/llama.h"
 #include "bench_util.h"
 
 namespace {

@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "models/llama.h"
+#include "models/llama/llama.h"
 #include "optim/optimizer.h"
 #include "anvil/train/sft.h"
 #include "bench_util.h"

@@ -331,12 +331,27 @@ void add_model_family(FamilyKeys family) {
     if (!known.count(key))
       throw ConfigError(concat("model family ", family.name, ": reads \"", key,
                                "\", which is not a key of the model section (e.g. model.sliding_window)"));
+  // Its own keys: new keys of the model section, read by it alone.
+  if (family.own_keys) {
+    KeyLister own(true);
+    auto defaults = family.own_keys();
+    detail::ExtensionShim shim{*defaults};
+    shim.visit(own);
+    for (const auto& k : own.keys) {
+      const auto key = "model." + k.name;
+      if (known.count(key))
+        throw ConfigError(concat("model family ", family.name, ": its own key \"", key, "\" is already a model key"));
+      family.reads.push_back(key);
+    }
+  }
   auto& r = family_registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   for (const auto& f : r.families)
     if (f.name == family.name) throw ConfigError(concat("model family \"", family.name, "\" is already registered"));
   r.families.push_back(std::move(family));
 }
+
+std::vector<FamilyKeys> model_families() { return families(); }
 
 std::vector<std::string> model_family_names() {
   std::vector<std::string> out;

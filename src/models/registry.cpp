@@ -68,7 +68,7 @@ const ModelFamily& family_by_hf_model_type(const std::string& model_type, const 
 // The config layer learns the families, their keys and checks from here:
 // model.family accepts these names and no others (config/ names none).
 const bool kRegisteredWithConfig = [] {
-  for (const auto& f : families()) config::add_model_family({f.name, f.config_keys, f.check});
+  for (const auto& f : families()) config::add_model_family({f.name, f.config_keys, f.check, f.own_keys});
   return true;
 }();
 

@@ -8,7 +8,7 @@
 #include "anvil/generation/generate.h"
 #include "anvil/checkpoint/hf_model.h"
 #include "io/safetensors.h"
-#include "models/llama.h"
+#include "models/llama/llama.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "test_util.h"
 

@@ -9,7 +9,7 @@
 #include <set>
 
 #include "anvil/generation/sampling.h"
-#include "models/gpt2.h"
+#include "models/gpt2/gpt2.h"
 #include "test_util.h"
 
 namespace anvil::generation {

@@ -5,7 +5,7 @@
 #include <torch/utils.h>
 
 #include "data/collate.h"
-#include "models/gpt2.h"
+#include "models/gpt2/gpt2.h"
 #include "anvil/train/sft.h"
 #include "anvil/train/trainer.h"
 

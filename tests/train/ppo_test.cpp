@@ -16,7 +16,7 @@
 #include "anvil/core/error.h"
 #include "anvil/checkpoint/hf_model.h"
 #include "io/safetensors.h"
-#include "models/llama.h"
+#include "models/llama/llama.h"
 #include "anvil/models/registry.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "anvil/train/ppo.h"

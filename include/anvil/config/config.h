@@ -58,16 +58,15 @@ struct ModelConfig {
   RopeScalingConfig rope_scaling;
   double rotary_pct = 1.0;
   bool parallel_residual = true;
-  bool pre_layer_norm = true;
-  int64_t embed_proj_dim = 0;
-  bool linear_bias = true;
-  bool layer_norm_affine = true;
-  bool final_layer_norm = true;
   int64_t num_experts = 0;
   int64_t num_experts_per_tok = 2;
   int64_t moe_intermediate_size = 0;
   double router_aux_loss_coef = -1;
   std::string lora_from;
+  /// The keys that are one family's alone (FamilyKeys::own_keys; OPT's
+  /// layer-norm placement, projections and biases): read them with
+  /// own.get<T>(family).
+  FamilyOwnKeys own;
 
   template <class V>
   void visit(V& v) {
@@ -121,17 +120,6 @@ struct ModelConfig {
             Rule{"a number in (0, 1]", [](double x) { return x > 0 && x <= 1; }, {}});
     v.field("parallel_residual", parallel_residual,
             "neox: x + attn(ln1(x)) + mlp(ln2(x)) when true, sequential residuals when false.");
-    v.field("pre_layer_norm", pre_layer_norm,
-            "opt: LayerNorm before attention and MLP (HF do_layer_norm_before); false = post-LN (opt-350m).");
-    v.field("embed_proj_dim", embed_proj_dim,
-            "opt: embedding width when it differs from hidden_size, with project_in / project_out (HF "
-            "word_embed_proj_dim; opt-350m: 512); 0 = hidden_size.",
-            non_negative());
-    v.field("linear_bias", linear_bias, "opt: biases in attention and MLP (HF enable_bias).");
-    v.field("layer_norm_affine", layer_norm_affine,
-            "opt: LayerNorm weights and biases (HF layer_norm_elementwise_affine).");
-    v.field("final_layer_norm", final_layer_norm,
-            "opt: the decoder's final LayerNorm (false = HF _remove_final_layer_norm).");
     v.field("num_experts", num_experts,
             "mixtral, qwen3_moe: experts per sparse layer (HF num_local_experts / num_experts); 0 = 8.",
             non_negative());
@@ -151,6 +139,12 @@ struct ModelConfig {
             "PEFT adapter folder (adapter_config.json + adapter_model.safetensors, e.g. a LoRA run's "
             "checkpoint) to continue training from: its r, alpha, dropout and target_modules replace the lora "
             "section's, and its weights the new adapter's. Needs model.from (the adapter's base).");
+    // Each family's own keys, in the model section beside the shared ones.
+    for (const auto& f : model_families())
+      if (f.own_keys) {
+        detail::ExtensionShim shim{own.at(f)};
+        shim.visit(v);
+      }
   }
 };
 

@@ -347,26 +347,89 @@ std::vector<std::string> dataset_keys(const std::vector<std::string>& fields);
 std::vector<std::string> readers_of(const std::string& key);
 
 /// A model family as the config layer knows it: its name (model.family), the
-/// model keys it reads among those only some families read, and its own
-/// checks of a model built from keys (not run for model.from, whose
-/// config.json defines the model). models::ModelFamily registers one for
-/// each family of the model registry (src/models/registry.cpp).
+/// model keys it reads among those several families share, the keys that are
+/// its alone, and its own checks of a model built from keys (not run for
+/// model.from, whose config.json defines the model). models::ModelFamily
+/// registers one for each family of the model registry
+/// (src/models/registry.cpp).
 struct FamilyKeys {
   std::string name;
-  /// Keys by their full name ("model.sliding_window"). A key that some
-  /// family reads and this one does not, set to another value than its
-  /// default, is a config error naming the families that read it.
+  /// Shared keys it reads, by their full name ("model.sliding_window"). A
+  /// key that some family reads and this one does not, set to another value
+  /// than its default, is a config error naming the families that read it.
   std::vector<std::string> reads;
   std::function<void(const ModelConfig& model, const Checks& checks)> check = {};
+  /// Keys only it reads (family_keys<T>(): a struct with visit, as
+  /// FieldVisitor says). They sit in the model section beside the shared
+  /// ones (model.pre_layer_norm for opt), load, print, appear in the
+  /// reference and are checked on resume like them; ModelConfig::own holds
+  /// their values.
+  std::function<std::unique_ptr<Extension>()> own_keys = {};
 };
 
+/// The maker of a family's own keys, held as a `T`.
+template <class T>
+std::function<std::unique_ptr<Extension>()> family_keys() {
+  return [] { return std::unique_ptr<Extension>(std::make_unique<ExtensionOf<T>>()); };
+}
+
 /// Adds a family to model_family_names(); throws ConfigError when the name is
-/// taken or a key it reads is not a model.* key.
+/// taken, a key it reads is not a model.* key, or one of its own keys is
+/// already a key of the model section.
 void add_model_family(FamilyKeys family);
+/// The registered families, in registration order.
+std::vector<FamilyKeys> model_families();
 /// The names `model.family` accepts, in registration order.
 std::vector<std::string> model_family_names();
-/// The registered families that read `key` (a model.* key only some read),
-/// in registration order; empty when every family reads it.
+/// The registered families that read `key` (a model.* key only some read,
+/// its own keys among them), in registration order; empty when every family
+/// reads it.
 std::vector<std::string> model_families_reading(const std::string& key);
+
+/// The families' own keys of a ModelConfig, by family (deep-copied with it).
+class FamilyOwnKeys {
+ public:
+  FamilyOwnKeys() = default;
+  FamilyOwnKeys(const FamilyOwnKeys& o) { *this = o; }
+  FamilyOwnKeys& operator=(const FamilyOwnKeys& o) {
+    if (this == &o) return *this;
+    keys_.clear();
+    for (const auto& [k, v] : o.keys_) keys_.emplace(k, v->clone());
+    return *this;
+  }
+  FamilyOwnKeys(FamilyOwnKeys&&) = default;
+  FamilyOwnKeys& operator=(FamilyOwnKeys&&) = default;
+
+  /// Family `f`'s keys (created with their defaults when missing).
+  Extension& at(const FamilyKeys& f) {
+    auto& e = keys_[f.name];
+    if (!e) e = f.own_keys();
+    return *e;
+  }
+  /// Family `family`'s keys as a `T`, their defaults when the config has set
+  /// none; throws std::out_of_range when it registered no keys of this type.
+  template <class T>
+  const T& get(const std::string& family) const {
+    if (const auto it = keys_.find(family); it != keys_.end()) {
+      if (const auto* e = dynamic_cast<const ExtensionOf<T>*>(it->second.get())) return e->value;
+    } else {
+      static const T defaults{};
+      for (const auto& f : model_families())
+        if (f.name == family && f.own_keys && dynamic_cast<const ExtensionOf<T>*>(f.own_keys().get())) return defaults;
+    }
+    throw std::out_of_range("model family \"" + family + "\" registered no keys of this type");
+  }
+  /// The same, to change (tests, programs that build a config in code).
+  template <class T>
+  T& get(const std::string& family) {
+    for (const auto& f : model_families())
+      if (f.name == family && f.own_keys)
+        if (auto* e = dynamic_cast<ExtensionOf<T>*>(&at(f))) return e->value;
+    throw std::out_of_range("model family \"" + family + "\" registered no keys of this type");
+  }
+
+ private:
+  std::map<std::string, std::unique_ptr<Extension>> keys_;
+};
 
 }  // namespace anvil::config

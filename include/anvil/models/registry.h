@@ -23,12 +23,16 @@ struct ModelFamily {
   /// Its HF modules store linear weights as (in, out), GPT-2's Conv1D: PEFT
   /// adapters of it say fan_in_fan_out.
   bool conv1d_weights = false;
-  /// The model keys it reads among those only some families read
+  /// The model keys it reads among those several families share
   /// ("model.sliding_window"), and its own checks of a model built from keys:
-  /// the registry hands both to the config layer (config::add_model_family),
-  /// so a config sets only what its family reads.
+  /// the registry hands them, with its own keys below, to the config layer
+  /// (config::add_model_family), so a config sets only what its family reads.
   std::vector<std::string> config_keys = {};
   std::function<void(const config::ModelConfig& model, const config::Checks& checks)> check = {};
+  /// Keys that are its alone (config::family_keys<T>()), in the model
+  /// section beside the shared ones; from_config reads them with
+  /// model.own.get<T>(name).
+  std::function<std::unique_ptr<config::Extension>()> own_keys = {};
 };
 
 const ModelFamily& family_by_name(const std::string& name);

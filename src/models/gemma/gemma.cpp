@@ -1,4 +1,4 @@
-#include "models/gemma.h"
+#include "models/gemma/gemma.h"
 
 #include <ATen/ATen.h>
 

@@ -1,7 +1,7 @@
 // The registry entries of Gemma 2 (gemma2) and Gemma 3's text model
 // (gemma3_text): our typed config and HF config.json both map onto GemmaOptions.
 #include "../hf_config_reader.h"
-#include "models/gemma.h"
+#include "models/gemma/gemma.h"
 #include "anvil/models/registry.h"
 
 namespace anvil::models::gemma {

@@ -1,7 +1,7 @@
 // GPT-2's entry in the model registry: our typed config and HF config.json
 // both map onto GPT2Options.
 #include "../hf_config_reader.h"
-#include "models/gpt2.h"
+#include "models/gpt2/gpt2.h"
 #include "anvil/models/registry.h"
 
 namespace anvil::models::gpt2 {

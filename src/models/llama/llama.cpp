@@ -1,4 +1,4 @@
-#include "models/llama.h"
+#include "models/llama/llama.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/linear.h>

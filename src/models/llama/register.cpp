@@ -2,7 +2,7 @@
 // (qwen2, qwen3, mistral, phi3, and the mixture-of-experts mixtral and
 // qwen3_moe): our typed config and HF config.json both map onto LlamaOptions.
 #include "../hf_config_reader.h"
-#include "models/llama.h"
+#include "models/llama/llama.h"
 #include "anvil/models/registry.h"
 
 namespace anvil::models::llama {

@@ -1,4 +1,4 @@
-#include "models/neox.h"
+#include "models/neox/neox.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/linear.h>

@@ -1,7 +1,7 @@
 // GPT-NeoX's entry in the model registry: our typed config and HF config.json
 // (Pythia's and transformers 5's spellings) both map onto NeoXOptions.
 #include "../hf_config_reader.h"
-#include "models/neox.h"
+#include "models/neox/neox.h"
 #include "anvil/models/registry.h"
 
 namespace anvil::models::neox {

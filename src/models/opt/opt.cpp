@@ -1,4 +1,4 @@
-#include "models/opt.h"
+#include "models/opt/opt.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/linear.h>

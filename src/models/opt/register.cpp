@@ -2,13 +2,38 @@
 // (OPTConfig, transformers 4 and 5) both map onto OPTOptions.
 #include "../hf_config_reader.h"
 #include "models/layers.h"
-#include "models/opt.h"
+#include "models/opt/opt.h"
 #include "anvil/models/registry.h"
 
 namespace anvil::models::opt {
 namespace {
 
+/// OPT's own keys of the model section (model.pre_layer_norm, ...): no other
+/// family reads them (config::FamilyKeys::own_keys).
+struct OptKeys {
+  bool pre_layer_norm = true;
+  int64_t embed_proj_dim = 0;
+  bool linear_bias = true;
+  bool layer_norm_affine = true;
+  bool final_layer_norm = true;
+
+  void visit(config::FieldVisitor& v) {
+    v.field("pre_layer_norm", pre_layer_norm,
+            "opt: LayerNorm before attention and MLP (HF do_layer_norm_before); false = post-LN (opt-350m).");
+    v.field("embed_proj_dim", embed_proj_dim,
+            "opt: embedding width when it differs from hidden_size, with project_in / project_out (HF "
+            "word_embed_proj_dim; opt-350m: 512); 0 = hidden_size.",
+            config::non_negative());
+    v.field("linear_bias", linear_bias, "opt: biases in attention and MLP (HF enable_bias).");
+    v.field("layer_norm_affine", layer_norm_affine,
+            "opt: LayerNorm weights and biases (HF layer_norm_elementwise_affine).");
+    v.field("final_layer_norm", final_layer_norm,
+            "opt: the decoder's final LayerNorm (false = HF _remove_final_layer_norm).");
+  }
+};
+
 std::shared_ptr<CausalLM> from_config(const config::ModelConfig& c) {
+  const auto& own = c.own.get<OptKeys>("opt");
   OPTOptions o;
   o.vocab_size(c.vocab_size)
       .hidden_size(c.hidden_size)
@@ -16,11 +41,11 @@ std::shared_ptr<CausalLM> from_config(const config::ModelConfig& c) {
       .num_hidden_layers(c.num_layers)
       .num_attention_heads(c.num_heads)
       .max_position_embeddings(c.max_position_embeddings)
-      .word_embed_proj_dim(c.embed_proj_dim > 0 ? c.embed_proj_dim : c.hidden_size)
-      .do_layer_norm_before(c.pre_layer_norm)
-      .enable_bias(c.linear_bias)
-      .layer_norm_elementwise_affine(c.layer_norm_affine)
-      .remove_final_layer_norm(!c.final_layer_norm)
+      .word_embed_proj_dim(own.embed_proj_dim > 0 ? own.embed_proj_dim : c.hidden_size)
+      .do_layer_norm_before(own.pre_layer_norm)
+      .enable_bias(own.linear_bias)
+      .layer_norm_elementwise_affine(own.layer_norm_affine)
+      .remove_final_layer_norm(!own.final_layer_norm)
       .activation_function(c.activation == "auto" ? "relu" : c.activation)
       .tie_word_embeddings(c.tie_embeddings != "false")
       .dropout(c.dropout)
@@ -63,9 +88,7 @@ std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::str
 
 ModelFamily family() {
   ModelFamily f{"opt", "opt", from_config, from_hf_config};
-  // Of the keys only some families read: OPT's layer-norm placement, projections and biases.
-  f.config_keys = {"model.pre_layer_norm", "model.embed_proj_dim", "model.linear_bias", "model.layer_norm_affine",
-                   "model.final_layer_norm"};
+  f.own_keys = config::family_keys<OptKeys>();  // its layer-norm placement, projections and biases
   return f;
 }
 
