@@ -218,57 +218,82 @@ void register_section(const std::string& name, const std::string& doc, const std
 std::string section_algorithm(const std::string& section);
 std::vector<RegisteredSection> registered_sections();
 
-/// RunConfig's registered sections by name (deep-copied with the config).
-class Extensions {
+/// Values of registered structs by name (a config's registered sections, a
+/// model's families' own keys), deep-copied with the config that holds them.
+class ExtensionMap {
  public:
-  Extensions() = default;
-  Extensions(const Extensions& o) { *this = o; }
-  Extensions& operator=(const Extensions& o) {
+  using Maker = std::function<std::unique_ptr<Extension>()>;
+  ExtensionMap() = default;
+  ExtensionMap(const ExtensionMap& o) { *this = o; }
+  ExtensionMap& operator=(const ExtensionMap& o) {
     if (this == &o) return *this;
-    sections_.clear();
-    for (const auto& [k, v] : o.sections_) sections_.emplace(k, v->clone());
+    values_.clear();
+    for (const auto& [k, v] : o.values_) values_.emplace(k, v->clone());
     return *this;
   }
-  Extensions(Extensions&&) = default;
-  Extensions& operator=(Extensions&&) = default;
+  ExtensionMap(ExtensionMap&&) = default;
+  ExtensionMap& operator=(ExtensionMap&&) = default;
 
-  /// The section `name` (created with its defaults when missing).
-  Extension& at(const RegisteredSection& s) {
-    auto& e = sections_[s.name];
-    if (!e) e = s.make();
+ protected:
+  /// The value `name` (made by `make` when missing).
+  Extension& value_at(const std::string& name, const Maker& make) {
+    auto& e = values_[name];
+    if (!e) e = make();
     return *e;
   }
+  /// The value `name` as a `T`: the one held, else `make`'s defaults when it
+  /// makes a `T` (`make` is the registered maker, empty when there is none);
+  /// otherwise throws std::out_of_range(`missing`).
+  template <class T>
+  const T& value_as(const std::string& name, const Maker& make, const std::string& missing) const {
+    if (const auto it = values_.find(name); it != values_.end()) {
+      if (const auto* e = dynamic_cast<const ExtensionOf<T>*>(it->second.get())) return e->value;
+    } else if (make && dynamic_cast<const ExtensionOf<T>*>(make().get())) {
+      static const T defaults{};
+      return defaults;
+    }
+    throw std::out_of_range(missing);
+  }
+  /// The same, to change; created with its defaults when missing.
+  template <class T>
+  T& value_as(const std::string& name, const Maker& make, const std::string& missing) {
+    if (make)
+      if (auto* e = dynamic_cast<ExtensionOf<T>*>(&value_at(name, make))) return e->value;
+    throw std::out_of_range(missing);
+  }
+
+ private:
+  std::map<std::string, std::unique_ptr<Extension>> values_;
+};
+
+/// RunConfig's registered sections by name.
+class Extensions : public ExtensionMap {
+ public:
+  /// The section `s` (created with its defaults when missing).
+  Extension& at(const RegisteredSection& s) { return value_at(s.name, s.make); }
   /// The values of section `name` as a `T`, its defaults when the config has
   /// not set it; throws std::out_of_range when the section is not registered
-  /// or holds another type.
+  /// with this type.
   template <class T>
   const T& get(const std::string& name) const {
-    const auto it = sections_.find(name);
-    if (it == sections_.end()) {
-      static const T defaults{};
-      for (const auto& s : registered_sections())
-        if (s.name == name && dynamic_cast<const ExtensionOf<T>*>(s.make().get())) return defaults;
-      throw std::out_of_range("config section \"" + name + "\" is not registered");
-    }
-    const auto* e = dynamic_cast<const ExtensionOf<T>*>(it->second.get());
-    if (!e) throw std::out_of_range("config section \"" + name + "\" is not registered with this type");
-    return e->value;
+    return value_as<T>(name, maker(name), missing(name));
   }
   /// The values of section `name` as a `T`, to change (tests, programs that
   /// build a config in code); created with its defaults when missing.
   template <class T>
   T& get(const std::string& name) {
-    for (const auto& s : registered_sections())
-      if (s.name == name) {
-        auto* e = dynamic_cast<ExtensionOf<T>*>(&at(s));
-        if (!e) break;
-        return e->value;
-      }
-    throw std::out_of_range("config section \"" + name + "\" is not registered with this type");
+    return value_as<T>(name, maker(name), missing(name));
   }
 
  private:
-  std::map<std::string, std::unique_ptr<Extension>> sections_;
+  static Maker maker(const std::string& name) {
+    for (const auto& s : registered_sections())
+      if (s.name == name) return s.make;
+    return {};
+  }
+  static std::string missing(const std::string& name) {
+    return "config section \"" + name + "\" is not registered with this type";
+  }
 };
 
 namespace detail {
@@ -386,50 +411,32 @@ std::vector<std::string> model_family_names();
 /// reads it.
 std::vector<std::string> model_families_reading(const std::string& key);
 
-/// The families' own keys of a ModelConfig, by family (deep-copied with it).
-class FamilyOwnKeys {
+/// The families' own keys of a ModelConfig, by family.
+class FamilyOwnKeys : public ExtensionMap {
  public:
-  FamilyOwnKeys() = default;
-  FamilyOwnKeys(const FamilyOwnKeys& o) { *this = o; }
-  FamilyOwnKeys& operator=(const FamilyOwnKeys& o) {
-    if (this == &o) return *this;
-    keys_.clear();
-    for (const auto& [k, v] : o.keys_) keys_.emplace(k, v->clone());
-    return *this;
-  }
-  FamilyOwnKeys(FamilyOwnKeys&&) = default;
-  FamilyOwnKeys& operator=(FamilyOwnKeys&&) = default;
-
   /// Family `f`'s keys (created with their defaults when missing).
-  Extension& at(const FamilyKeys& f) {
-    auto& e = keys_[f.name];
-    if (!e) e = f.own_keys();
-    return *e;
-  }
+  Extension& at(const FamilyKeys& f) { return value_at(f.name, f.own_keys); }
   /// Family `family`'s keys as a `T`, their defaults when the config has set
   /// none; throws std::out_of_range when it registered no keys of this type.
   template <class T>
   const T& get(const std::string& family) const {
-    if (const auto it = keys_.find(family); it != keys_.end()) {
-      if (const auto* e = dynamic_cast<const ExtensionOf<T>*>(it->second.get())) return e->value;
-    } else {
-      static const T defaults{};
-      for (const auto& f : model_families())
-        if (f.name == family && f.own_keys && dynamic_cast<const ExtensionOf<T>*>(f.own_keys().get())) return defaults;
-    }
-    throw std::out_of_range("model family \"" + family + "\" registered no keys of this type");
+    return value_as<T>(family, maker(family), missing(family));
   }
   /// The same, to change (tests, programs that build a config in code).
   template <class T>
   T& get(const std::string& family) {
-    for (const auto& f : model_families())
-      if (f.name == family && f.own_keys)
-        if (auto* e = dynamic_cast<ExtensionOf<T>*>(&at(f))) return e->value;
-    throw std::out_of_range("model family \"" + family + "\" registered no keys of this type");
+    return value_as<T>(family, maker(family), missing(family));
   }
 
  private:
-  std::map<std::string, std::unique_ptr<Extension>> keys_;
+  static Maker maker(const std::string& family) {
+    for (const auto& f : model_families())
+      if (f.name == family) return f.own_keys;
+    return {};
+  }
+  static std::string missing(const std::string& family) {
+    return "model family \"" + family + "\" registered no keys of this type";
+  }
 };
 
 }  // namespace anvil::config
