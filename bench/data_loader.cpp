@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "anvil/config/config.h"
-#include "anvil/core/logging.h"
+#include "core/logging.h"
 #include "anvil/models/registry.h"
 #include "optim/optimizer.h"
 #include "anvil/tokenizer/tokenizer.h"

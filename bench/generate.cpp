@@ -10,7 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "anvil/distributed/sharding.h"
+#include "distributed/sharding.h"
 #include "anvil/generation/generate.h"
 #include "anvil/checkpoint/hf_model.h"
 #include "bench_util.h"

@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "anvil/data/datasets.h"
+#include "data/datasets.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "fuzz_util.h"
 

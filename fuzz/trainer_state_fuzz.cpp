@@ -2,7 +2,7 @@
 // turned into a TrainerState, and its data position given to a sampler.
 
 #include "data/mixture.h"
-#include "anvil/io/trainer_state.h"
+#include "io/trainer_state.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

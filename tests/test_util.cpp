@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "data/token_shards.h"
+#include "data/datasets.h"
 
 namespace anvil::testing {
 

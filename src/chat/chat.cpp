@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "anvil/core/error.h"
-#include "anvil/core/logging.h"
+#include "core/logging.h"
 #include "chat/hf.h"
 
 namespace anvil::chat {

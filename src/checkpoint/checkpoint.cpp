@@ -11,11 +11,12 @@
 
 #include "anvil/core/error.h"
 #include "core/fs.h"
-#include "anvil/core/logging.h"
+#include "core/logging.h"
 #include "anvil/checkpoint/hf_model.h"
 #include "io/safetensors.h"
 #include "optim/optimizer.h"
 #include "checkpoint/saved_parameters.h"
+#include "io/trainer_state.h"
 
 namespace anvil::checkpoint {
 namespace {

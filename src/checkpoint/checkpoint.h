@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "io/safetensors.h"
-#include "anvil/io/trainer_state.h"
+#include "io/trainer_state.h"
 #include "anvil/models/causal_lm.h"
 #include "anvil/tokenizer/tokenizer.h"
 

@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "anvil/core/error.h"
-#include "anvil/core/logging.h"
+#include "core/logging.h"
 #include "config_internal.h"
 
 namespace anvil::config {

@@ -3,7 +3,7 @@
 
 #include <c10/core/Device.h>
 
-#include "anvil/core/metrics.h"
+#include "core/metrics.h"
 
 namespace anvil {
 

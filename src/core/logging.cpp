@@ -1,5 +1,5 @@
 // spdlog lives here only; this TU is compiled without LibTorch's include path.
-#include "anvil/core/logging.h"
+#include "core/logging.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>

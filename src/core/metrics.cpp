@@ -1,4 +1,4 @@
-#include "anvil/core/metrics.h"
+#include "core/metrics.h"
 
 #include <nlohmann/json.hpp>
 #include <sstream>

@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "anvil/data/datasets.h"
+#include "data/datasets.h"
 
 namespace anvil::data {
 

@@ -1,4 +1,4 @@
-#include "anvil/data/datasets.h"
+#include "data/datasets.h"
 
 #include <algorithm>
 #include <cmath>

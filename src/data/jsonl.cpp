@@ -1,4 +1,4 @@
-#include "anvil/data/jsonl.h"
+#include "data/jsonl.h"
 
 #include <fstream>
 

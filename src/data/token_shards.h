@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "anvil/data/datasets.h"
+#include "data/datasets.h"
 
 namespace anvil::tokenizer {
 class Tokenizer;

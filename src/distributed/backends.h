@@ -6,7 +6,7 @@
 
 #include "anvil_dist_build_config.h"
 
-#include "anvil/distributed/comm.h"
+#include "distributed/comm.h"
 
 namespace anvil::distributed::detail {
 

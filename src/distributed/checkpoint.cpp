@@ -16,6 +16,7 @@
 #include "anvil/checkpoint/hf_model.h"
 #include "io/safetensors.h"
 #include "optim/optimizer.h"
+#include "io/trainer_state.h"
 
 namespace anvil::distributed {
 namespace {

@@ -32,9 +32,10 @@
 #include <utility>
 #include <vector>
 
-#include "anvil/distributed/sharding.h"
+#include "distributed/sharding.h"
 #include "checkpoint/checkpoint.h"
 #include "anvil/tokenizer/tokenizer.h"
+#include "io/trainer_state.h"
 
 namespace anvil::distributed {
 

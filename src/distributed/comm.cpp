@@ -1,4 +1,4 @@
-#include "anvil/distributed/comm.h"
+#include "distributed/comm.h"
 
 #include <ATen/ATen.h>
 

@@ -1,4 +1,4 @@
-#include "anvil/distributed/env.h"
+#include "distributed/env.h"
 
 #include <cstdlib>
 

@@ -1,4 +1,4 @@
-#include "anvil/distributed/sharding.h"
+#include "distributed/sharding.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/Generator.h>
@@ -437,33 +437,6 @@ MemoryBytes ShardedModel::memory() const {
   m.gradients = storage_bytes(grads, seen);
   m.peak_gathered = peak_gathered_;
   return m;
-}
-
-// ---- frozen models ---------------------------------------------------------------
-
-FrozenModel::FrozenModel(std::shared_ptr<models::CausalLM> model, std::shared_ptr<distributed::ShardedModel> sharded)
-    : model_(std::move(model)), sharded_(std::move(sharded)) {}
-
-int64_t FrozenModel::parameter_bytes() const {
-  if (!model_) return 0;
-  if (sharded_) return sharded_->memory().parameters;
-  std::unordered_set<const void*> seen;
-  return storage_bytes(model_->parameters(), seen);
-}
-
-void FrozenModel::reset() {
-  sharded_.reset();  // first: it unhooks the model's block runner
-  model_.reset();
-}
-
-FrozenModel::Gathered FrozenModel::gathered() {
-  if (!sharded_) return Gathered(nullptr);
-  sharded_->gather_full_parameters();
-  return Gathered(sharded_.get());
-}
-
-FrozenModel::Gathered::~Gathered() {
-  if (sharded_) sharded_->release_full_parameters();
 }
 
 }  // namespace anvil::distributed

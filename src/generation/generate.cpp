@@ -9,8 +9,9 @@
 #include <mutex>
 
 #include "anvil/core/error.h"
-#include "anvil/core/logging.h"
+#include "core/logging.h"
 #include "generation/step_graph.h"
+#include "generation/sampling.h"
 
 namespace anvil::generation {
 

@@ -1,4 +1,4 @@
-#include "anvil/generation/sampling.h"
+#include "generation/sampling.h"
 
 #include <ATen/ATen.h>
 

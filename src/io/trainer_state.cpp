@@ -1,4 +1,4 @@
-#include "anvil/io/trainer_state.h"
+#include "io/trainer_state.h"
 
 #include "anvil/core/error.h"
 #include "core/fs.h"

@@ -5,7 +5,7 @@
 
 #include <atomic>
 
-#include "anvil/core/logging.h"
+#include "core/logging.h"
 
 namespace anvil::kernels::detail {
 

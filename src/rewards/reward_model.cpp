@@ -4,7 +4,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "anvil/core/error.h"
-#include "anvil/data/datasets.h"
+#include "data/datasets.h"
 #include "anvil/checkpoint/hf_model.h"
 
 namespace anvil::rewards {

@@ -8,7 +8,7 @@
 #include <regex>
 
 #include "anvil/core/error.h"
-#include "anvil/core/logging.h"
+#include "core/logging.h"
 #include "rewards/reward_model.h"
 #include "rewards/reward_program.h"
 
@@ -55,7 +55,7 @@ class ExactMatchSource final : public RewardSource {
  public:
   ExactMatchSource(std::string field, std::string key) : field_(std::move(field)), key_(std::move(key)) {}
   std::string kind() const override { return "exact_match"; }
-  std::vector<double> score(const std::vector<const data::PromptSample*>& prompts,
+  std::vector<double> score(const std::vector<const chat::PromptSample*>& prompts,
                             const std::vector<RewardQuery>& queries) override {
     std::vector<double> out(queries.size(), 0.0);
     for (size_t i = 0; i < queries.size(); ++i)
@@ -73,7 +73,7 @@ class RegexSource final : public RewardSource {
  public:
   RegexSource(std::string field, std::string key) : field_(std::move(field)), key_(std::move(key)) {}
   std::string kind() const override { return "regex"; }
-  std::vector<double> score(const std::vector<const data::PromptSample*>& prompts,
+  std::vector<double> score(const std::vector<const chat::PromptSample*>& prompts,
                             const std::vector<RewardQuery>& queries) override {
     std::vector<double> out(queries.size(), 0.0);
     for (size_t i = 0; i < queries.size(); ++i) {
@@ -103,7 +103,7 @@ class ProgramSource final : public RewardSource {
     program_ = std::make_unique<RewardProgram>(command_, timeout_s_, key_ + ".command");
     log::info(who, ": reward program \"", command_, "\" started");
   }
-  std::vector<double> score(const std::vector<const data::PromptSample*>& prompts,
+  std::vector<double> score(const std::vector<const chat::PromptSample*>& prompts,
                             const std::vector<RewardQuery>& queries) override {
     if (!program_) throw Error(concat(key_, ".command: the reward program was not started (prepare)"));
     std::vector<nlohmann::json> records;
@@ -125,7 +125,7 @@ class FunctionSource final : public RewardSource {
   FunctionSource(std::string name, std::string key)
       : name_(std::move(name)), key_(std::move(key)), fn_(find_reward_function(name_, key_)) {}
   std::string kind() const override { return "function"; }
-  std::vector<double> score(const std::vector<const data::PromptSample*>& /*prompts*/,
+  std::vector<double> score(const std::vector<const chat::PromptSample*>& /*prompts*/,
                             const std::vector<RewardQuery>& queries) override {
     auto out = fn_(queries);
     if (out.size() != queries.size())
@@ -151,7 +151,7 @@ class ModelSource final : public RewardSource {
     model_ = std::make_unique<RewardModel>(std::move(rm));
     log::info(who, ": reward model ", dir_, " (", model_->chat_template().name(), " format)");
   }
-  std::vector<double> score(const std::vector<const data::PromptSample*>& prompts,
+  std::vector<double> score(const std::vector<const chat::PromptSample*>& prompts,
                             const std::vector<RewardQuery>& queries) override {
     if (!model_) throw Error(concat(key_, ".model: the reward model was not loaded (prepare)"));
     std::vector<std::vector<int64_t>> ids;
@@ -161,13 +161,13 @@ class ModelSource final : public RewardSource {
     const auto scores = model_->score(ids, batch_size_);
     return {scores.begin(), scores.end()};
   }
-  distributed::FrozenModel::Gathered gathered() override { return frozen_.gathered(); }
+  models::FrozenModel::Gathered gathered() override { return frozen_.gathered(); }
 
  private:
   std::string dir_;
   int64_t batch_size_;
   std::string key_;
-  distributed::FrozenModel frozen_;
+  models::FrozenModel frozen_;
   std::unique_ptr<RewardModel> model_;
 };
 
@@ -260,13 +260,13 @@ void ResponseRewards::prepare(const FreezeFn& freeze, const std::string& who) {
   for (auto& s : sources_) s.source->prepare(freeze, who);
 }
 
-std::vector<distributed::FrozenModel::Gathered> ResponseRewards::gathered() {
-  std::vector<distributed::FrozenModel::Gathered> out;
+std::vector<models::FrozenModel::Gathered> ResponseRewards::gathered() {
+  std::vector<models::FrozenModel::Gathered> out;
   for (auto& s : sources_) out.push_back(s.source->gathered());
   return out;
 }
 
-std::vector<double> ResponseRewards::score(const std::vector<const data::PromptSample*>& prompts,
+std::vector<double> ResponseRewards::score(const std::vector<const chat::PromptSample*>& prompts,
                                            const std::vector<std::vector<int64_t>>& responses,
                                            const std::vector<bool>& ended, const tokenizer::Tokenizer& tok,
                                            std::vector<std::vector<double>>* components) {

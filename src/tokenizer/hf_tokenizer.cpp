@@ -19,7 +19,7 @@
 
 #include "anvil/core/error.h"
 #include "core/fs.h"
-#include "anvil/core/logging.h"
+#include "core/logging.h"
 #include "added_tokens.h"
 #include "backends.h"
 #include "bpe.h"

@@ -5,7 +5,7 @@
 #include "anvil/core/error.h"
 #include "core/fs.h"
 #include "core/hub_cache.h"
-#include "anvil/core/logging.h"
+#include "core/logging.h"
 #include "anvil/tokenizer/tokenizer.h"
 
 #include <cstdio>

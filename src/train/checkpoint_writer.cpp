@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "anvil/core/error.h"
-#include "anvil/core/logging.h"
+#include "core/logging.h"
 
 namespace anvil::train {
 namespace {

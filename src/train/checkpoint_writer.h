@@ -35,7 +35,7 @@
 #include <thread>
 #include <vector>
 
-#include "anvil/core/metrics.h"
+#include "core/metrics.h"
 #include "checkpoint/checkpoint.h"
 
 namespace anvil::train {

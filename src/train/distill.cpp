@@ -11,9 +11,9 @@
 
 #include "anvil/config/config.h"
 #include "anvil/core/error.h"
-#include "anvil/core/logging.h"
+#include "core/logging.h"
 #include "anvil/chat/chat.h"
-#include "anvil/data/datasets.h"
+#include "data/datasets.h"
 #include "data/mixture.h"
 #include "anvil/generation/generate.h"
 #include "anvil/train/engine.h"
@@ -71,7 +71,7 @@ struct DistillConfig {
 /// A prompt (rendered with the generation header) and the dataset's response
 /// to it (token ids with the end of turn; empty when the record has none).
 struct DistillSample {
-  const data::PromptSample* prompt;
+  const chat::PromptSample* prompt;
   std::vector<int64_t> response;
   std::string response_text;
 };

@@ -2,6 +2,7 @@
 // ranks over distributed::ShardedModel. Everything the loop does to the model,
 // the optimizer and the checkpoint goes through here.
 #include "anvil/train/engine.h"
+#include "train/engine_setup.h"
 
 #include <torch/optim/adamw.h>
 
@@ -12,11 +13,11 @@
 #include <unordered_set>
 
 #include "anvil/core/error.h"
-#include "anvil/core/logging.h"
+#include "core/logging.h"
 #include "core/tensor_bytes.h"
 #include "models/activation_checkpointing.h"
 #include "distributed/checkpoint.h"
-#include "anvil/distributed/sharding.h"
+#include "distributed/sharding.h"
 #include "checkpoint/checkpoint.h"
 #include "anvil/checkpoint/hf_model.h"
 #include "models/lora.h"
@@ -24,6 +25,7 @@
 #include "anvil/train/trainer.h"
 #include "checkpoint/saved_parameters.h"
 #include "train/checkpoint_writer.h"
+#include "io/trainer_state.h"
 
 namespace anvil::train {
 namespace {
@@ -632,12 +634,14 @@ FrozenModel RunContext::freeze(std::shared_ptr<models::CausalLM> model) const {
   model->eval();
   for (auto& p : model->parameters()) p.set_requires_grad(false);
   if (!comm) return FrozenModel(std::move(model), nullptr);
-  auto so = sharding;
+  auto so = sharding ? *sharding : distributed::ShardingOptions{};
   so.frozen = true;
   so.activation_checkpointing = false;  // nothing is saved for a backward
   auto sharded = std::make_shared<distributed::ShardedModel>(model, comm, so);
   return FrozenModel(std::move(model), std::move(sharded));
 }
+
+bool RunContext::full_shard() const { return sharding && sharding->strategy == distributed::Sharding::FullShard; }
 
 std::shared_ptr<models::CausalLM> RunContext::train(const std::string& name, std::shared_ptr<models::CausalLM> model,
                                                     double lr) const {

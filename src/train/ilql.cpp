@@ -16,9 +16,9 @@
 #include <limits>
 
 #include "anvil/core/error.h"
-#include "anvil/core/logging.h"
+#include "core/logging.h"
 #include "anvil/chat/chat.h"
-#include "anvil/data/datasets.h"
+#include "data/datasets.h"
 #include "data/mixture.h"
 #include "anvil/generation/generate.h"
 #include "anvil/rewards/rewards.h"
@@ -373,13 +373,13 @@ void IlqlObjective::after_step(Engine& engine, int64_t step) {
 EvalResult IlqlObjective::evaluate(models::CausalLM& model) {
   auto& s = *s_;
   EvalResult result;
-  std::vector<const data::PromptSample*> all;
+  std::vector<const chat::PromptSample*> all;
   for (const auto& ds : s.eval_sets)
     for (int64_t i = 0; i < ds->size() && static_cast<int64_t>(all.size()) < s.cfg.eval.generate_samples; ++i)
       all.push_back(&(*ds)[i]);
   if (all.empty()) return result;
   const bool split = s.ranks.splits(static_cast<int64_t>(all.size()));
-  std::vector<const data::PromptSample*> mine;
+  std::vector<const chat::PromptSample*> mine;
   std::vector<std::vector<int64_t>> prompts;
   generation::SamplingOptions so;
   so.greedy = false;

@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "anvil/data/datasets.h"
+#include "data/datasets.h"
 #include "anvil/train/objective.h"
 
 namespace anvil::train {

@@ -9,10 +9,10 @@
 
 #include "anvil/config/config.h"
 #include "anvil/core/error.h"
-#include "anvil/core/logging.h"
+#include "core/logging.h"
 #include "anvil/chat/chat.h"
-#include "anvil/data/datasets.h"
-#include "anvil/data/jsonl.h"
+#include "data/datasets.h"
+#include "data/jsonl.h"
 #include "data/mixture.h"
 #include "models/lora.h"
 #include "anvil/train/preference.h"

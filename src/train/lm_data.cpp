@@ -2,6 +2,7 @@
 #include "train/lm_data.h"
 
 #include <filesystem>
+#include "data/datasets.h"
 
 namespace anvil::train {
 

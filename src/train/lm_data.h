@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "anvil/core/error.h"
-#include "anvil/core/logging.h"
-#include "anvil/data/datasets.h"
+#include "core/logging.h"
+#include "data/datasets.h"
 #include "data/mixture.h"
 #include "anvil/train/objective.h"
 #include "anvil/train/sft.h"

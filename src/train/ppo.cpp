@@ -23,9 +23,9 @@
 #include <sstream>
 
 #include "anvil/core/error.h"
-#include "anvil/core/logging.h"
+#include "core/logging.h"
 #include "anvil/chat/chat.h"
-#include "anvil/data/datasets.h"
+#include "data/datasets.h"
 #include "data/mixture.h"
 #include "anvil/generation/generate.h"
 #include "anvil/checkpoint/hf_model.h"
@@ -47,7 +47,7 @@ namespace {
 
 /// A prompt of the rollout: the sample and its place in the global stream.
 struct RolloutPrompt {
-  const data::PromptSample* sample;
+  const chat::PromptSample* sample;
   int64_t global_index;
 };
 
@@ -130,7 +130,7 @@ struct PpoObjective::State {
   /// is appended to `conversation` (which ends with that turn), up to the
   /// next assistant header, as the chat template renders them.
   std::vector<int64_t> appended_tokens(const std::vector<chat::Message>& conversation, const chat::Message& message,
-                                       const data::PromptSample& sample) const;
+                                       const chat::PromptSample& sample) const;
   void forward_logps(models::CausalLM& model, std::vector<RolloutRow>& rows, bool reference_model, bool values);
   /// Per-token values (B, R) of the tokens at `pos` of `ids`: the critic's,
   /// or the value head's on the policy's hidden states `sel` there.
@@ -290,7 +290,7 @@ std::vector<RolloutRow> PpoObjective::State::generate(models::CausalLM& policy, 
 
 std::vector<int64_t> PpoObjective::State::appended_tokens(const std::vector<chat::Message>& conversation,
                                                           const chat::Message& message,
-                                                          const data::PromptSample& sample) const {
+                                                          const chat::PromptSample& sample) const {
   // What the template writes after the turn's end of turn (chatml's newline),
   // then the message and the next assistant header: the rendering with the
   // message minus the rendering without it.
@@ -314,7 +314,7 @@ std::vector<int64_t> PpoObjective::State::appended_tokens(const std::vector<chat
 std::vector<RolloutRow> PpoObjective::State::episodes(models::CausalLM& policy, const std::vector<RolloutPrompt>& mine,
                                                       int64_t per_prompt, uint64_t seed, bool greedy) {
   struct Episode {
-    const data::PromptSample* sample;
+    const chat::PromptSample* sample;
     std::vector<chat::Message> conversation;
     uint64_t seed;
     bool open = true;
@@ -423,7 +423,7 @@ void PpoObjective::State::forward_logps(models::CausalLM& model, std::vector<Rol
 std::vector<double> PpoObjective::State::score(const std::vector<RolloutPrompt>& prompts,
                                                const std::vector<RolloutRow>& rows, int64_t per_prompt,
                                                std::vector<std::vector<double>>* components) {
-  std::vector<const data::PromptSample*> of;
+  std::vector<const chat::PromptSample*> of;
   std::vector<std::vector<int64_t>> responses;
   std::vector<bool> ended;
   for (size_t i = 0; i < rows.size(); ++i) {

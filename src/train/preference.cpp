@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "anvil/core/error.h"
-#include "anvil/core/logging.h"
+#include "core/logging.h"
 #include "anvil/checkpoint/hf_model.h"
 #include "io/safetensors.h"
 #include "models/lora.h"
@@ -19,7 +19,9 @@
 #include "anvil/train/sft.h"
 #include "train/lm_data.h"
 #include "train/lm_loss.h"
+#include "distributed/comm.h"
 #include "train/preference_data.h"
+#include "data/datasets.h"
 
 namespace anvil::train {
 namespace {
@@ -515,7 +517,7 @@ void DpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
             dpo_config(s_->cfg).precompute_reference
                 ? std::string(" (precomputing its log-probs)")
                 : concat(" (kept in memory, ", s_->reference.parameter_bytes(), " parameter bytes",
-                         s_->reference.sharded() && ctx.sharding.strategy == distributed::Sharding::FullShard
+                         s_->reference.sharded() && ctx.full_shard()
                              ? concat(" on this rank: full_shard over ", ctx.comm->world_size(), " ranks")
                              : std::string(),
                          ")"));

@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "anvil/data/datasets.h"
+#include "data/datasets.h"
 #include "data/mixture.h"
 #include "anvil/train/objective.h"
 #include "train/lm_data.h"

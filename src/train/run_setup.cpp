@@ -17,15 +17,17 @@
 #include "anvil/core/error.h"
 #include "core/fs.h"
 #include "core/hub_cache.h"
-#include "anvil/core/logging.h"
+#include "core/logging.h"
 #include "anvil/chat/chat.h"
 #include "distributed/checkpoint.h"
-#include "anvil/distributed/env.h"
+#include "distributed/env.h"
 #include "checkpoint/checkpoint.h"
 #include "anvil/checkpoint/hf_model.h"
 #include "checkpoint/peft.h"
 #include "models/lora.h"
 #include "anvil/models/registry.h"
+#include "io/trainer_state.h"
+#include "distributed/sharding.h"
 
 namespace anvil::train {
 namespace {

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "anvil/config/config.h"
-#include "anvil/distributed/comm.h"
+#include "distributed/comm.h"
 #include "anvil/models/causal_lm.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "anvil/train/objective.h"

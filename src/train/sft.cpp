@@ -8,13 +8,14 @@
 #include <filesystem>
 
 #include "anvil/core/error.h"
-#include "anvil/core/logging.h"
+#include "core/logging.h"
 #include "data/token_shards.h"
 #include "anvil/generation/generate.h"
 #include "anvil/checkpoint/hf_model.h"
 #include "anvil/models/registry.h"
 #include "train/lm_data.h"
 #include "train/lm_loss.h"
+#include "data/datasets.h"
 
 namespace anvil::train {
 

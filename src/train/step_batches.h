@@ -10,6 +10,7 @@
 #include "data/mixture.h"
 #include "anvil/train/objective.h"
 #include "train/lm_data.h"
+#include "data/datasets.h"
 
 namespace anvil::train {
 

@@ -21,12 +21,16 @@
 #include "anvil/core/error.h"
 #include "core/tensorboard.h"
 #include "core/fs.h"
-#include "anvil/core/logging.h"
+#include "core/logging.h"
 #include "checkpoint/checkpoint.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "train/engine_setup.h"
 #include "train/run_setup.h"
 #include "train/step_profiler.h"
+#include "core/metrics.h"
+#include "io/trainer_state.h"
+#include "distributed/sharding.h"
 
 namespace anvil::train {
 namespace {
@@ -521,7 +525,7 @@ TrainResult run_training(const config::RunConfig& cfg, const RunOptions& options
   ctx.output_dir = run.out_dir;
   ctx.device = run.device;
   ctx.comm = run.comm;
-  ctx.sharding = sharding_options(cfg);
+  ctx.sharding = std::make_shared<const distributed::ShardingOptions>(sharding_options(cfg));
   run.objective->prepare(*run.model, ctx);
   auto start = make_engine(cfg, run.model, run.comm, *run.objective, run.latest, *ctx.companions);
   int64_t step = 0;

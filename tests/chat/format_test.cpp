@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "anvil/chat/chat.h"
-#include "anvil/data/datasets.h"
+#include "data/datasets.h"
 #include "rewards/reward_model.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "test_util.h"

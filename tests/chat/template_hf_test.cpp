@@ -11,7 +11,7 @@
 
 #include "anvil/config/config.h"
 #include "anvil/chat/chat.h"
-#include "anvil/data/datasets.h"
+#include "data/datasets.h"
 #include "anvil/checkpoint/hf_model.h"
 #include "anvil/models/registry.h"
 #include "anvil/tokenizer/tokenizer.h"

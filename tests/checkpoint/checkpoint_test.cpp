@@ -10,8 +10,9 @@
 #include "anvil/core/error.h"
 #include "data/mixture.h"
 #include "io/safetensors.h"
-#include "anvil/io/trainer_state.h"
+#include "io/trainer_state.h"
 #include "test_util.h"
+#include "data/datasets.h"
 
 namespace anvil::checkpoint {
 namespace {

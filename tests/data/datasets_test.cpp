@@ -1,7 +1,7 @@
 // The data pipeline: formats, chat templates (against transformers'
 // apply_chat_template), bad input, mixtures, resumable sampling across ranks,
 // packing equivalence and token shards.
-#include "anvil/data/datasets.h"
+#include "data/datasets.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -4,7 +4,7 @@
 #include <map>
 
 #include "anvil/core/error.h"
-#include "anvil/distributed/env.h"
+#include "distributed/env.h"
 #include "test_util.h"
 
 namespace anvil::distributed {

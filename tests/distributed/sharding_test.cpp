@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "anvil/distributed/sharding.h"
+#include "distributed/sharding.h"
 #include "models/activation_checkpointing.h"
 #include "io/safetensors.h"
 #include "anvil/models/registry.h"

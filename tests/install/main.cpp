@@ -1,10 +1,11 @@
-// A C++ team's program linking the installed anvil package: a model, the
-// config reference, and one fully sharded, activation-checkpointed
-// forward/backward through the public dist API (one process).
+// A C++ team's program linking the installed anvil package: a model through
+// the public registry, the config reference, a forward/backward, and greedy
+// decoding with the KV cache that agrees with the forward pass's argmax.
 #include <anvil/config/config.h>
-#include <anvil/distributed/sharding.h>
+#include <anvil/generation/generate.h>
 #include <anvil/models/registry.h>
 
+#include <cmath>
 #include <iostream>
 #include <memory>
 
@@ -21,15 +22,18 @@ int main() {
   auto logits = model->forward(at::zeros({1, 4}, at::kLong));
   std::cout << "logits " << logits.sizes() << " keys " << anvil::config::reference_markdown().size();
 
-  auto comm = anvil::distributed::make_communicator(anvil::distributed::discover_from_environment(), at::kCPU, {});
-  anvil::distributed::ShardingOptions so;
-  so.strategy = anvil::distributed::Sharding::FullShard;
-  so.activation_checkpointing = true;
-  anvil::distributed::ShardedModel sharded(model, comm, so);
-  sharded.begin_step();
   model->forward(at::ones({2, 4}, at::kLong)).logsumexp(-1).sum().backward();
-  sharded.finish_backward();
-  const double norm = sharded.clip_grad_norm(0);
-  std::cout << " grad_norm " << norm << "\n";
-  return norm > 0 ? 0 : 1;
+  double norm = 0;
+  for (const auto& p : model->parameters())
+    if (p.grad().defined()) norm += p.grad().square().sum().item<double>();
+  std::cout << " grad_norm " << std::sqrt(norm);
+
+  // The first greedy token is the forward pass's argmax at the prompt's last position.
+  anvil::generation::SamplingOptions opt;
+  opt.max_new_tokens = 3;
+  const auto out = anvil::generation::generate(*model, {{1, 2, 3}}, opt);
+  model->eval();
+  const int64_t argmax = model->forward(at::tensor({1, 2, 3}, at::kLong).unsqueeze(0))[0][-1].argmax().item<int64_t>();
+  std::cout << " generated " << out.at(0).size() << " tokens\n";
+  return norm > 0 && out.at(0).size() == 3 && out[0][0] == argmax ? 0 : 1;
 }

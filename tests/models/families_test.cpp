@@ -403,6 +403,7 @@ TEST(HfImport, OutOfRangeNumbersNameTheFileAndKey) {
 #include "train/lm_data.h"
 #include "train/kto.h"
 #include "train/preference_data.h"
+#include "data/datasets.h"
 
 namespace anvil::models {
 namespace {

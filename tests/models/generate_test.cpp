@@ -8,7 +8,7 @@
 #include <cmath>
 #include <set>
 
-#include "anvil/generation/sampling.h"
+#include "generation/sampling.h"
 #include "models/gpt2/gpt2.h"
 #include "test_util.h"
 

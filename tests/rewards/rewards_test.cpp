@@ -18,8 +18,8 @@ using anvil::testing::TempDir;
 
 // ---- the sources -----------------------------------------------------------------
 
-data::PromptSample at_line(const std::string& where) {
-  data::PromptSample s;
+chat::PromptSample at_line(const std::string& where) {
+  chat::PromptSample s;
   s.where = where;
   return s;
 }
@@ -37,7 +37,7 @@ TEST(RewardSources, ExactMatchRegexAndFunctionScoreThroughOneInterface) {
                                             {"add: 2+2\n", "four", {{"answer", 4}, {"pattern", "[0-9]"}}, false},
                                             {"add: 2+2\n", "4", {{"answer", 4}, {"pattern", "^4"}}, true}};
   const auto a = at_line("t.jsonl:1"), b = at_line("t.jsonl:2"), c = at_line("t.jsonl:3");
-  const std::vector<const data::PromptSample*> prompts{&a, &b, &c};
+  const std::vector<const chat::PromptSample*> prompts{&a, &b, &c};
 
   SourceConfig cfg;
   cfg.exact_match = "answer";
@@ -215,7 +215,7 @@ TEST(RewardProgram, GetsTheRecordAsWrittenAndTheSampleUnderItsOwnNames) {
   ResponseRewards rewards(c, "ppo.reward", true);
   rewards.prepare({}, "test");
   const auto tok = tokenizer::load_tokenizer("auto", anvil::testing::source_dir() + "/data/tokenizer.model");
-  data::PromptSample text, chat;
+  chat::PromptSample text, chat;
   text.prompt = "add: 1+2\n";
   text.record = {{"prompt", "add: 1+2\n"}, {"response", "3"}, {"id", 7}};
   text.where = "a.jsonl:1";
@@ -245,7 +245,7 @@ TEST(RewardProgram, GetsTheRecordAsWrittenAndTheSampleUnderItsOwnNames) {
   EXPECT_EQ(lines[1]["prompt"], "be brief\nsay yo");
   EXPECT_EQ(lines[1]["response"], "yo");
   // A record that already uses one of the sample's names is refused, naming its line.
-  data::PromptSample clash = text;
+  chat::PromptSample clash = text;
   clash.record["sample"] = "x";
   try {
     rewards.score({&clash}, {tok->encode("3")}, {true}, *tok);

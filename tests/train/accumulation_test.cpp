@@ -8,6 +8,7 @@
 #include "models/gpt2/gpt2.h"
 #include "anvil/train/sft.h"
 #include "anvil/train/trainer.h"
+#include "data/datasets.h"
 
 namespace anvil::train {
 namespace {

@@ -18,7 +18,7 @@
 #include "checkpoint/checkpoint.h"
 #include "anvil/checkpoint/hf_model.h"
 #include "io/safetensors.h"
-#include "anvil/io/trainer_state.h"
+#include "io/trainer_state.h"
 #include "test_util.h"
 
 namespace anvil::train {

@@ -15,13 +15,14 @@
 #include "anvil/checkpoint/hf_model.h"
 #include "io/safetensors.h"
 #include "core/tensor_bytes.h"
-#include "anvil/distributed/env.h"
+#include "distributed/env.h"
 #include "anvil/models/registry.h"
 #include <unordered_set>
 #include "anvil/train/sft.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "anvil/train/trainer.h"
 #include "test_util.h"
+#include "distributed/sharding.h"
 
 namespace anvil::train {
 namespace {
@@ -343,7 +344,10 @@ TEST(Engine, FrozenModelsAreShardedLikeThePolicy) {
   RunContext ctx;
   ctx.comm = distributed::make_communicator(distributed::discover_from_environment(), at::kCPU, {});
   ASSERT_EQ(ctx.comm->world_size(), 2);
-  ctx.sharding.strategy = distributed::Sharding::FullShard;
+  distributed::ShardingOptions so;
+  so.strategy = distributed::Sharding::FullShard;
+  ctx.sharding = std::make_shared<const distributed::ShardingOptions>(so);
+  EXPECT_TRUE(ctx.full_shard());
   auto frozen = ctx.freeze(model);
   ASSERT_TRUE(frozen.sharded());
   // Blocks are half on each rank; the root unit (embeddings, norm, LM head) stays whole.

@@ -13,7 +13,7 @@
 #include <fstream>
 #include <map>
 
-#include "anvil/data/datasets.h"
+#include "data/datasets.h"
 #include "io/safetensors.h"
 #include "anvil/models/registry.h"
 #include "anvil/tokenizer/tokenizer.h"

@@ -18,6 +18,7 @@
 #include "anvil/train/preference.h"
 #include "train/preference_data.h"
 #include "test_util.h"
+#include "data/datasets.h"
 
 namespace anvil::train {
 namespace {

@@ -10,6 +10,7 @@
 
 #include "data/token_shards.h"
 #include "test_util.h"
+#include "data/datasets.h"
 
 namespace anvil::train {
 namespace {

@@ -8,6 +8,7 @@
 // (docs/data.md, "Chat templates as written").
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -81,6 +82,20 @@ class ChatTemplate {
 
  private:
   std::string name_;
+};
+
+/// A prompt of on-policy RL as a run holds it: rendered with the generation
+/// header (a built-in or hf template's encode_prompt, or the plain text),
+/// with its turns and the whole dataset line, which reward programs and
+/// verifiers read (data::PromptDataset loads them; rewards/ scores them).
+struct PromptSample {
+  std::vector<int64_t> prompt_ids;
+  std::string prompt;
+  std::vector<Message> messages;  // the prompt's turns
+  std::string tools;              // the record's tools (data::record_tools), for a reward model's template
+  bool text_prompt = false;       // a text prompt (data::is_text_prompt)
+  nlohmann::json record;          // the whole line: answers, tests, ... for rewards
+  std::string where;              // file:line, for messages
 };
 
 /// What a tokenizer records about its chat format (its chat_template).

@@ -5,7 +5,6 @@
 #include <functional>
 #include <vector>
 
-#include "anvil/generation/sampling.h"
 #include "anvil/models/causal_lm.h"
 
 namespace anvil::generation {
@@ -18,6 +17,17 @@ namespace anvil::generation {
 /// path has none.
 using LogitsProcessor = std::function<at::Tensor(const at::Tensor& scores, const std::vector<int64_t>& prompt_index,
                                                  const std::vector<std::vector<int64_t>>& produced)>;
+
+/// How a row's next token is chosen from its (V) scores.
+struct WarpOptions {
+  double temperature = 1.0;
+  int64_t top_k = 0;                // 0 = off
+  double top_p = 1.0;               // 1 = off
+  double min_p = 0.0;               // 0 = off
+  double repetition_penalty = 1.0;  // 1 = off; prompt and produced tokens (transformers)
+  double presence_penalty = 0.0;    // 0 = off; produced tokens (OpenAI, vLLM)
+  double frequency_penalty = 0.0;   // 0 = off; produced tokens, per occurrence (OpenAI, vLLM)
+};
 
 /// Whether decode steps are captured in a CUDA graph and replayed.
 enum class CudaGraphs { kAuto, kOn, kOff };

@@ -256,4 +256,64 @@ class CausalLM : public torch::nn::Module {
 /// rightmost token that is not `pad_id` (right or left padding), (B) int64.
 at::Tensor last_non_pad_index(const at::Tensor& input_ids, int64_t pad_id);
 
+/// Parameters this process holds a part of (a fully sharded model,
+/// distributed::ShardedModel), made whole on demand.
+class ShardedParameters {
+ public:
+  virtual ~ShardedParameters() = default;
+  /// Makes every parameter whole until release_full_parameters().
+  virtual void gather_full_parameters() = 0;
+  virtual void release_full_parameters() = 0;
+  /// Bytes of parameters this process holds now.
+  virtual int64_t held_parameter_bytes() const = 0;
+};
+
+/// A model that never trains (a DPO or PPO reference, a reward model, a
+/// critic's target), held for forward passes the way the run holds the
+/// policy: under `dist.sharding: full_shard` each rank keeps 1/world of every
+/// block and gathers a block only for its forward (the root unit, embeddings
+/// and heads, stays whole); otherwise the whole model. No gradients, no
+/// optimizer state. Build it with train::RunContext::freeze.
+///
+/// A sharded frozen model's forward is a collective: every rank runs the
+/// same forwards in the same order. Where ranks do different work (an
+/// evaluation split among ranks), hold gathered() around it.
+class FrozenModel {
+ public:
+  FrozenModel() = default;
+  FrozenModel(std::shared_ptr<models::CausalLM> model, std::shared_ptr<ShardedParameters> sharded);
+
+  explicit operator bool() const { return model_ != nullptr; }
+  models::CausalLM& operator*() const { return *model_; }
+  models::CausalLM* operator->() const { return model_.get(); }
+  bool sharded() const { return sharded_ != nullptr; }
+  /// Bytes of parameters this process holds now.
+  int64_t parameter_bytes() const;
+  /// Frees the model.
+  void reset();
+
+  /// Keeps every parameter whole on this rank while it lives.
+  class Gathered {
+   public:
+    explicit Gathered(ShardedParameters* s) : sharded_(s) {}
+    Gathered(Gathered&& o) noexcept : sharded_(o.sharded_) { o.sharded_ = nullptr; }
+    Gathered(const Gathered&) = delete;
+    Gathered& operator=(const Gathered&) = delete;
+    ~Gathered();
+
+   private:
+    ShardedParameters* sharded_;
+  };
+  [[nodiscard]] Gathered gathered();
+
+ private:
+  std::shared_ptr<models::CausalLM> model_;
+  std::shared_ptr<ShardedParameters> sharded_;
+};
+
+/// How a run holds a model that never trains (train::RunContext::freeze:
+/// moved to the run's device, sharded like the policy under full_shard), as
+/// the layers below train/ take it (a reward model's source).
+using FreezeFn = std::function<FrozenModel(std::shared_ptr<models::CausalLM>)>;
+
 }  // namespace anvil::models

@@ -27,8 +27,7 @@
 #include <vector>
 
 #include "anvil/config/config.h"
-#include "anvil/data/datasets.h"
-#include "anvil/distributed/sharding.h"
+#include "anvil/chat/chat.h"
 #include "anvil/models/causal_lm.h"
 #include "anvil/tokenizer/tokenizer.h"
 
@@ -104,7 +103,7 @@ using RewardFn = std::function<std::vector<double>(const std::vector<RewardQuery
 void register_reward_function(const std::string& name, RewardFn fn);
 
 /// How a run holds a model that never trains (train::RunContext::freeze_fn).
-using distributed::FreezeFn;
+using models::FreezeFn;
 
 /// One source of rewards.
 class RewardSource {
@@ -121,13 +120,11 @@ class RewardSource {
   /// One reward per query; `prompts[i]` is the sample queries[i] answers
   /// (its messages, where and record). Throws DataError naming the record's
   /// file:line for a record the source cannot read.
-  virtual std::vector<double> score(const std::vector<const data::PromptSample*>& prompts,
+  virtual std::vector<double> score(const std::vector<const chat::PromptSample*>& prompts,
                                     const std::vector<RewardQuery>& queries) = 0;
   /// Keeps a sharded reward model whole while the result lives (ranks that
   /// score different numbers of rows); nothing for the other sources.
-  [[nodiscard]] virtual distributed::FrozenModel::Gathered gathered() {
-    return distributed::FrozenModel::Gathered(nullptr);
-  }
+  [[nodiscard]] virtual models::FrozenModel::Gathered gathered() { return models::FrozenModel::Gathered(nullptr); }
 };
 
 /// The source a reward section sets, or nullptr when it sets none. `key`
@@ -170,11 +167,11 @@ class ResponseRewards {
   /// its prompt: the weighted sum of the sources' rewards; `ended`: the
   /// response ended with the end of turn. With several sources, `components`
   /// (when given) receives each source's unweighted rewards, in names() order.
-  std::vector<double> score(const std::vector<const data::PromptSample*>& prompts,
+  std::vector<double> score(const std::vector<const chat::PromptSample*>& prompts,
                             const std::vector<std::vector<int64_t>>& responses, const std::vector<bool>& ended,
                             const tokenizer::Tokenizer& tok, std::vector<std::vector<double>>* components = nullptr);
   /// Keeps sharded reward models whole, for scoring split unevenly among ranks.
-  [[nodiscard]] std::vector<distributed::FrozenModel::Gathered> gathered();
+  [[nodiscard]] std::vector<models::FrozenModel::Gathered> gathered();
 
  private:
   struct Weighted {

@@ -18,13 +18,13 @@
 #include <vector>
 
 #include "anvil/config/config.h"
-#include "anvil/core/metrics.h"
-#include "anvil/distributed/comm.h"
-#include "anvil/distributed/sharding.h"
-#include "anvil/io/trainer_state.h"
 #include "anvil/models/causal_lm.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "anvil/train/objective.h"
+
+namespace anvil::io {
+struct TrainerState;
+}  // namespace anvil::io
 
 namespace anvil::train {
 
@@ -142,26 +142,5 @@ class Engine {
   virtual void gather() = 0;
   virtual void release() = 0;
 };
-
-/// The sharding of a run's model (dist.sharding, dist.param_dtype,
-/// dist.reduce_dtype, train.activation_checkpointing).
-distributed::ShardingOptions sharding_options(const config::RunConfig& cfg);
-
-/// What make_engine built, and the trainer state of the checkpoint it
-/// restored (model, optimizer, RNG) when `resume_from` was given.
-struct EngineStart {
-  std::unique_ptr<Engine> engine;
-  std::optional<io::TrainerState> resumed;
-};
-
-/// Builds the engine for `model` (already on its device): sharded when
-/// `comm` is set, plain otherwise. The optimizer covers the parameters
-/// `objective.trains()`; the others are frozen (requires_grad false). The
-/// `companions` (RunContext::train) train beside it. Restores `resume_from`
-/// (a plain or a sharded checkpoint) when given, companions included.
-EngineStart make_engine(const config::RunConfig& cfg, std::shared_ptr<models::CausalLM> model,
-                        std::shared_ptr<distributed::Communicator> comm, const Objective& objective,
-                        const std::optional<std::filesystem::path>& resume_from,
-                        const std::vector<CompanionModel>& companions = {});
 
 }  // namespace anvil::train

@@ -20,11 +20,21 @@
 #include <vector>
 
 #include "anvil/config/config.h"
-#include "anvil/core/metrics.h"
-#include "anvil/distributed/comm.h"
-#include "anvil/distributed/sharding.h"
 #include "anvil/models/causal_lm.h"
 #include "anvil/tokenizer/tokenizer.h"
+
+namespace anvil {
+
+/// Named scalars: a step's or an evaluation's metrics, as metrics.jsonl and
+/// the log print them.
+using Metrics = std::map<std::string, double>;
+
+namespace distributed {
+class Communicator;
+struct ShardingOptions;
+}  // namespace distributed
+
+}  // namespace anvil
 
 namespace anvil::train {
 
@@ -88,9 +98,9 @@ std::vector<double> sum_over_ranks(const RankContext& ranks, std::vector<double>
 
 class Engine;
 
-/// A model that never trains, held as the run holds the policy (defined in
-/// distributed/, where reward sources below train/ can hold one too).
-using FrozenModel = distributed::FrozenModel;
+/// A model that never trains, held as the run holds the policy (declared in
+/// models/, where reward sources below train/ can hold one too).
+using models::FrozenModel;
 
 /// A second model a run trains beside the policy (PPO's separate critic).
 /// The loss the objective returns may involve it: one backward fills both
@@ -113,15 +123,18 @@ struct RunContext {
   at::Device device = at::kCPU;
   /// Set in a sharded run (several ranks, or a sharding or precision setting).
   std::shared_ptr<distributed::Communicator> comm;
-  /// The run's sharding, which frozen models follow (with `frozen` set).
-  distributed::ShardingOptions sharding;
+  /// The run's sharding, which frozen models follow (with `frozen` set);
+  /// null: ShardingOptions' defaults.
+  std::shared_ptr<const distributed::ShardingOptions> sharding;
+  /// Whether the run shards every parameter (dist.sharding: full_shard).
+  bool full_shard() const;
 
   /// Holds `model` (on any device; it is moved to `device`) frozen, sharded
   /// like the policy in a sharded run. Every rank must call it, in the same
   /// order, with the same architecture (rank 0's values are kept).
   FrozenModel freeze(std::shared_ptr<models::CausalLM> model) const;
   /// freeze() as a function, for what is built below train/ (a reward source).
-  distributed::FreezeFn freeze_fn() const {
+  models::FreezeFn freeze_fn() const {
     return [this](std::shared_ptr<models::CausalLM> m) { return freeze(std::move(m)); };
   }
 

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "anvil/config/config.h"
-#include "anvil/core/metrics.h"
 #include "anvil/models/causal_lm.h"
 #include "anvil/train/engine.h"
 #include "anvil/train/objective.h"

@@ -8,18 +8,9 @@
 
 #include <cstdint>
 
-namespace anvil::generation {
+#include "anvil/generation/generate.h"  // WarpOptions
 
-/// How a row's next token is chosen from its (V) scores.
-struct WarpOptions {
-  double temperature = 1.0;
-  int64_t top_k = 0;                // 0 = off
-  double top_p = 1.0;               // 1 = off
-  double min_p = 0.0;               // 0 = off
-  double repetition_penalty = 1.0;  // 1 = off; prompt and produced tokens (transformers)
-  double presence_penalty = 0.0;    // 0 = off; produced tokens (OpenAI, vLLM)
-  double frequency_penalty = 0.0;   // 0 = off; produced tokens, per occurrence (OpenAI, vLLM)
-};
+namespace anvil::generation {
 
 /// Penalties on (B, V) float scores: `seen` (B, V) bool marks the tokens of
 /// each row's prompt and output (repetition: a positive score is divided by the

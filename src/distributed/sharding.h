@@ -35,7 +35,7 @@
 #include <utility>
 #include <vector>
 
-#include "anvil/distributed/comm.h"
+#include "distributed/comm.h"
 #include "anvil/models/causal_lm.h"
 
 namespace anvil::distributed {
@@ -86,7 +86,7 @@ struct MemoryBytes {
   int64_t peak_gathered = 0;
 };
 
-class ShardedModel {
+class ShardedModel : public models::ShardedParameters {
  public:
   /// Flattens `model`'s parameters (rank 0's values win: they are broadcast)
   /// and installs the block runner. The model must already be on its device.
@@ -126,8 +126,9 @@ class ShardedModel {
 
   /// Makes every parameter whole until release_full_parameters() (eval,
   /// saving a consolidated model); blocks are then neither gathered nor freed.
-  void gather_full_parameters();
-  void release_full_parameters();
+  void gather_full_parameters() override;
+  void release_full_parameters() override;
+  int64_t held_parameter_bytes() const override { return memory().parameters; }
 
   /// Overwrites unit `u`'s master shard from `values` (the unit's whole flat
   /// float32 parameters, numel() elements) and refreshes whole parameters.
@@ -166,52 +167,9 @@ class ShardedModel {
   int64_t peak_gathered_ = 0;
 };
 
-/// A model that never trains (a DPO or PPO reference, a reward model, a
-/// critic's target), held for forward passes the way the run holds the
-/// policy: under `dist.sharding: full_shard` each rank keeps 1/world of every
-/// block and gathers a block only for its forward (the root unit, embeddings
-/// and heads, stays whole); otherwise the whole model. No gradients, no
-/// optimizer state. Build it with train::RunContext::freeze.
-///
-/// A sharded frozen model's forward is a collective: every rank runs the
-/// same forwards in the same order. Where ranks do different work (an
-/// evaluation split among ranks), hold gathered() around it.
-class FrozenModel {
- public:
-  FrozenModel() = default;
-  FrozenModel(std::shared_ptr<models::CausalLM> model, std::shared_ptr<ShardedModel> sharded);
-
-  explicit operator bool() const { return model_ != nullptr; }
-  models::CausalLM& operator*() const { return *model_; }
-  models::CausalLM* operator->() const { return model_.get(); }
-  bool sharded() const { return sharded_ != nullptr; }
-  /// Bytes of parameters this process holds now.
-  int64_t parameter_bytes() const;
-  /// Frees the model.
-  void reset();
-
-  /// Keeps every parameter whole on this rank while it lives.
-  class Gathered {
-   public:
-    explicit Gathered(ShardedModel* s) : sharded_(s) {}
-    Gathered(Gathered&& o) noexcept : sharded_(o.sharded_) { o.sharded_ = nullptr; }
-    Gathered(const Gathered&) = delete;
-    Gathered& operator=(const Gathered&) = delete;
-    ~Gathered();
-
-   private:
-    ShardedModel* sharded_;
-  };
-  [[nodiscard]] Gathered gathered();
-
- private:
-  std::shared_ptr<models::CausalLM> model_;
-  std::shared_ptr<ShardedModel> sharded_;
-};
-
-/// How a run holds a model that never trains (train::RunContext::freeze:
-/// moved to the run's device, sharded like the policy under full_shard), as
-/// the layers below train/ take it (a reward model's source).
-using FreezeFn = std::function<FrozenModel(std::shared_ptr<models::CausalLM>)>;
+/// The frozen model a run holds (train::RunContext::freeze) and its freezing
+/// function, as the layers above name them (anvil/models/causal_lm.h).
+using models::FreezeFn;
+using models::FrozenModel;
 
 }  // namespace anvil::distributed

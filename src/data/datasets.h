@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "anvil/chat/chat.h"
-#include "anvil/data/jsonl.h"
+#include "data/jsonl.h"
 #include "anvil/tokenizer/tokenizer.h"
 
 namespace anvil::data {
@@ -154,16 +154,9 @@ class PreferenceDataset {
   DatasetStats stats_;
 };
 
-/// {prompt}: prompts for on-policy RL, rendered with the generation header.
-struct PromptSample {
-  std::vector<int64_t> prompt_ids;
-  std::string prompt;
-  std::vector<Message> messages;  // the prompt's turns
-  std::string tools;              // the record's tools (record_tools), for a reward model's template
-  bool text_prompt = false;       // a text prompt (is_text_prompt)
-  nlohmann::json record;          // the whole line: answers, tests, ... for rewards
-  std::string where;              // file:line, for messages
-};
+/// {prompt}: prompts for on-policy RL (chat::PromptSample, which the rewards
+/// read).
+using chat::PromptSample;
 
 class PromptDataset {
  public:

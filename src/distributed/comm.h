@@ -14,7 +14,7 @@
 #include <memory>
 #include <string>
 
-#include "anvil/distributed/env.h"
+#include "distributed/env.h"
 
 namespace anvil::distributed {
 
