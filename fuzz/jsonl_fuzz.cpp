@@ -21,7 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto path = anvil::fuzz::scratch_dir() / "data.jsonl";
   anvil::fuzz::write_file(path, std::string_view(reinterpret_cast<const char*>(data) + 1, size - 1));
   anvil::data::ReadOptions opt;
-  opt.template_name = mode & 2 ? "chatml" : "plain";
+  opt.chat = &anvil::chat::ChatTemplate::get(mode & 2 ? "chatml" : "plain");
   opt.on_error = mode & 4 ? anvil::data::OnError::skip : anvil::data::OnError::fail;
   opt.max_length = mode & 8 ? 12 : 0;
   opt.train_on_prompt = mode & 16;

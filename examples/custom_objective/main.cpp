@@ -33,8 +33,9 @@ struct WeightedSftConfig {
 
 class WeightedSft final : public anvil::train::Objective {
  public:
-  WeightedSft(const anvil::config::RunConfig& cfg, const anvil::tokenizer::Tokenizer& tok)
-      : lm_(cfg, tok, anvil::train::LmTask::sft),
+  WeightedSft(const anvil::config::RunConfig& cfg, const anvil::tokenizer::Tokenizer& tok,
+              const anvil::chat::ChatTemplate& chat)
+      : lm_(cfg, tok, chat, anvil::train::LmTask::sft),
         weight_(cfg.extensions.get<WeightedSftConfig>("weighted_sft").digit_weight) {
     for (char c = '0'; c <= '9'; ++c)
       if (auto id = tok.token_to_id(std::string(1, c))) digits_.push_back(*id);
@@ -92,9 +93,8 @@ int main(int argc, char** argv) {
   });
   anvil::train::register_objective(
       "weighted_sft",
-      [](const anvil::config::RunConfig& cfg, const anvil::tokenizer::Tokenizer& tok) {
-        return std::make_unique<WeightedSft>(cfg, tok);
-      },
+      [](const anvil::config::RunConfig& cfg, const anvil::tokenizer::Tokenizer& tok,
+         const anvil::chat::ChatTemplate& chat) { return std::make_unique<WeightedSft>(cfg, tok, chat); },
       reads);
   return anvil::train::trainer_main(argc, argv);
 }

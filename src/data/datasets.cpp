@@ -187,14 +187,18 @@ std::vector<int64_t> encode_record_prompt(const tokenizer::Tokenizer& tok, const
   return ids;
 }
 
+const chat::ChatTemplate& chat_format(const ReadOptions& opt) {
+  return opt.chat ? *opt.chat : chat::ChatTemplate::get("plain");
+}
+
 std::optional<SftSample> make_sft_sample(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
                                          const ReadOptions& opt, DatasetStats& stats, bool text_pair,
                                          const std::string& tools) {
   const bool pair = text_pair && messages.size() == 2 && messages[0].role == "user" && messages[1].role == "assistant";
   const auto t =
-      opt.template_name == "plain" && pair
+      chat_format(opt).name() == "plain" && pair
           ? chat::encode_plain(tok, messages[0].content, messages[1].content, opt.add_eos, opt.train_on_prompt)
-          : chat::ChatTemplate::get(opt.template_name).encode(tok, messages, opt.train_on_prompt, tools);
+          : chat_format(opt).encode(tok, messages, opt.train_on_prompt, tools);
   SftSample s;
   s.input_ids = t.input_ids;
   s.labels = t.labels;
@@ -295,7 +299,7 @@ void implicit_prompt(const Record& r, std::vector<Message>& prompt, std::vector<
 PreferenceDataset PreferenceDataset::load(const std::filesystem::path& path, const tokenizer::Tokenizer& tok,
                                           const ReadOptions& opt) {
   PreferenceDataset ds;
-  const auto& tmpl = chat::ChatTemplate::get(opt.template_name);
+  const auto& tmpl = chat_format(opt);
   const auto r = read_jsonl(path, opt.on_error, [&](const Record& rec) {
     PreferenceSample s;
     const bool replies = rec.has("chosen") || rec.has("rejected") || rec.has("ranked");
@@ -363,7 +367,7 @@ PreferenceDataset PreferenceDataset::load(const std::filesystem::path& path, con
 PromptDataset PromptDataset::load(const std::filesystem::path& path, const tokenizer::Tokenizer& tok,
                                   const ReadOptions& opt) {
   PromptDataset ds;
-  const auto& tmpl = chat::ChatTemplate::get(opt.template_name);
+  const auto& tmpl = chat_format(opt);
   const auto r = read_jsonl(path, opt.on_error, [&](const Record& rec) {
     const auto msgs = record_messages(rec, opt.prompt_field, "", false);
     PromptSample s;

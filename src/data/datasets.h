@@ -41,13 +41,18 @@ class LmDataset {
 struct ReadOptions {
   std::string prompt_field = "prompt";
   std::string response_field = "response";
-  std::string template_name = "plain";
+  /// The run's chat format (set up once by the run, passed down); null:
+  /// plain.
+  const chat::ChatTemplate* chat = nullptr;
   int64_t max_length = 0;      // 0 = unlimited
   bool drop_overflow = false;  // else truncate (responses from the right)
   bool train_on_prompt = false;
   bool add_eos = true;  // plain template: EOS after each response
   OnError on_error = OnError::fail;
 };
+
+/// The chat format `opt` renders with: opt.chat, else plain.
+const chat::ChatTemplate& chat_format(const ReadOptions& opt);
 
 /// What loading did to the data, reported to the user.
 struct DatasetStats {

@@ -101,16 +101,16 @@ Batch collate(const std::vector<std::pair<const std::vector<int64_t>*, const std
 
 class DistillObjective final : public Objective {
  public:
-  DistillObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)
+  DistillObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat)
       : cfg_(cfg),
         d_(cfg.extensions.get<DistillConfig>("distill")),
         tok_(tok),
         pad_id_(tok.padding_id()),
-        tmpl_(&chat::ChatTemplate::get(cfg.data.template_name)) {
+        tmpl_(&chat) {
     stop_id_ = tmpl_->end_of_turn_id(tok);
     if (d_.teacher.empty()) throw ConfigError("distill.teacher: algorithm distill needs the teacher's model folder");
     data_ = load_mixture<data::PromptDataset>(cfg, [&](const config::DatasetConfig& d, const std::string& key) {
-      auto ds = load_prompts(cfg, d, key, tok);
+      auto ds = load_prompts(cfg, d, key, tok, chat);
       responses_[ds.get()] = responses(*ds, d.response_field, key);
       return std::shared_ptr<const data::PromptDataset>(ds);
     });

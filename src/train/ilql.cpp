@@ -222,11 +222,12 @@ struct IlqlObjective::State {
   State(const config::RunConfig& c, const tokenizer::Tokenizer& t) : cfg(c), o(ilql_config(cfg)), tok(t) {}
 };
 
-IlqlObjective::IlqlObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)
+IlqlObjective::IlqlObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok,
+                             const chat::ChatTemplate& chat)
     : s_(std::make_unique<State>(cfg, tok)) {
   auto& s = *s_;
   s.pad_id = tok.padding_id();
-  s.stop_id = chat::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok);
+  s.stop_id = chat.end_of_turn_id(tok);
   s.qs = s.o.two_qs ? std::vector<std::string>{"q1", "q2"} : std::vector<std::string>{"q1"};
   auto train_cfg = cfg;
   train_cfg.data.eval.clear();  // held-out prompts are read below
@@ -240,7 +241,8 @@ IlqlObjective::IlqlObjective(const config::RunConfig& cfg, const tokenizer::Toke
       throw ConfigError(concat(key,
                                ".eval_fraction: algorithm ilql evaluates by sampling held-out prompts; give "
                                "them as data.eval (prompts records)"));
-    auto ds = std::make_shared<data::OfflineRlDataset>(data::OfflineRlDataset::load(d.path, tok, read_options(cfg, d)));
+    auto ds =
+        std::make_shared<data::OfflineRlDataset>(data::OfflineRlDataset::load(d.path, tok, read_options(cfg, d, chat)));
     log::info(d.path, ": ", ds->size(), " offline RL samples (", ds->stats().summary(), ")");
     return ds;
   });
@@ -250,7 +252,7 @@ IlqlObjective::IlqlObjective(const config::RunConfig& cfg, const tokenizer::Toke
     if (d.format != "auto" && d.format != "prompts")
       throw ConfigError(
           concat(key, ".format: algorithm ilql evaluates on prompts records ({prompt, ...}), got ", d.format));
-    auto o = read_options(cfg, d);
+    auto o = read_options(cfg, d, chat);
     s.eval_sets.push_back(std::make_shared<data::PromptDataset>(data::PromptDataset::load(d.path, tok, o)));
   }
   // trlx standardises the rewards over the dataset: (r - mean) / (std + eps).

@@ -122,7 +122,7 @@ std::string completion_text(const data::Record& rec, const std::string& field) {
 
 KtoDataset KtoDataset::load(const stdfs::path& path, const tokenizer::Tokenizer& tok, const data::ReadOptions& opt) {
   KtoDataset ds;
-  const auto& tmpl = chat::ChatTemplate::get(opt.template_name);
+  const auto& tmpl = data::chat_format(opt);
   const auto& pf = opt.prompt_field;
   const auto r = data::read_jsonl(path, opt.on_error, [&](const data::Record& rec) {
     const bool paired = rec.has("chosen") || rec.has("rejected");
@@ -262,14 +262,14 @@ class KtoBatchSource final : public BatchSource {
 
 class KtoObjective final : public Objective {
  public:
-  KtoObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)
+  KtoObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat)
       : cfg_(cfg),
         kto_(cfg.extensions.get<KtoConfig>("kto")),
         tok_(tok),
         pad_id_(tok.padding_id()),
-        stop_id_(chat::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok)) {
+        stop_id_(chat.end_of_turn_id(tok)) {
     data_ = load_mixture<KtoDataset>(cfg, [&](const config::DatasetConfig& d, const std::string& key) {
-      const auto o = record_read_options(cfg, d, key, "preference", "KTO or preference records");
+      const auto o = record_read_options(cfg, d, chat, key, "preference", "KTO or preference records");
       auto ds = std::make_shared<KtoDataset>(KtoDataset::load(d.path, tok, o));
       int64_t good = 0;
       for (int64_t i = 0; i < ds->size(); ++i) good += (*ds)[i].desirable;

@@ -6,11 +6,12 @@
 
 namespace anvil::train {
 
-data::ReadOptions read_options(const config::RunConfig& cfg, const config::DatasetConfig& d) {
+data::ReadOptions read_options(const config::RunConfig& cfg, const config::DatasetConfig& d,
+                               const chat::ChatTemplate& chat) {
   data::ReadOptions o;
   o.prompt_field = d.prompt_field;
   o.response_field = d.response_field;
-  o.template_name = cfg.data.template_name;
+  o.chat = &chat;
   o.max_length = cfg.data.max_length;
   o.drop_overflow = cfg.data.on_overflow == "drop";
   o.train_on_prompt = sft_config(cfg).train_on_prompt;
@@ -20,7 +21,8 @@ data::ReadOptions read_options(const config::RunConfig& cfg, const config::Datas
 }
 
 data::ReadOptions record_read_options(const config::RunConfig& cfg, const config::DatasetConfig& d,
-                                      const std::string& key, const std::string& format, const std::string& what) {
+                                      const chat::ChatTemplate& chat, const std::string& key, const std::string& format,
+                                      const std::string& what) {
   if (d.format != "auto" && d.format != format)
     throw ConfigError(concat(key, ".format: algorithm ", cfg.algorithm, " reads ", what, ", got ", d.format));
   if (std::filesystem::is_directory(d.path))
@@ -28,7 +30,7 @@ data::ReadOptions record_read_options(const config::RunConfig& cfg, const config
                              ", got the folder \"", d.path, "\""));
   data::ReadOptions o;
   o.prompt_field = d.prompt_field;
-  o.template_name = cfg.data.template_name;
+  o.chat = &chat;
   o.max_length = cfg.data.max_length;
   o.drop_overflow = cfg.data.on_overflow == "drop";
   o.on_error = data::parse_on_error(cfg.data.on_error);
@@ -36,8 +38,9 @@ data::ReadOptions record_read_options(const config::RunConfig& cfg, const config
 }
 
 std::shared_ptr<data::PromptDataset> load_prompts(const config::RunConfig& cfg, const config::DatasetConfig& d,
-                                                  const std::string& key, const tokenizer::Tokenizer& tok) {
-  auto o = record_read_options(cfg, d, key, "prompts", "prompts ({prompt} records)");
+                                                  const std::string& key, const tokenizer::Tokenizer& tok,
+                                                  const chat::ChatTemplate& chat) {
+  auto o = record_read_options(cfg, d, chat, key, "prompts", "prompts ({prompt} records)");
   auto ds = std::make_shared<data::PromptDataset>(data::PromptDataset::load(d.path, tok, o));
   log::info(d.path, ": ", ds->size(), " prompts (", ds->stats().summary(), ")");
   return ds;

@@ -100,18 +100,22 @@ struct MixtureData {
 };
 using LmData = MixtureData<data::LmDataset>;
 
-/// How data.* and a dataset's fields read a JSONL file (sft, offline_rl, prompts).
-data::ReadOptions read_options(const config::RunConfig& cfg, const config::DatasetConfig& d);
+/// How data.* and a dataset's fields read a JSONL file (sft, offline_rl,
+/// prompts), rendered in the run's chat format `chat`.
+data::ReadOptions read_options(const config::RunConfig& cfg, const config::DatasetConfig& d,
+                               const chat::ChatTemplate& chat);
 
 /// How data.* and dataset `d` (named `key` in errors) read a JSONL file of
 /// records of `format` (prompts, preference); `what` names them in errors.
 /// Throws ConfigError when d.format names another format or d.path is a folder.
 data::ReadOptions record_read_options(const config::RunConfig& cfg, const config::DatasetConfig& d,
-                                      const std::string& key, const std::string& format, const std::string& what);
+                                      const chat::ChatTemplate& chat, const std::string& key, const std::string& format,
+                                      const std::string& what);
 
 /// The prompts of dataset `d` ({prompt} records; ppo, distill), logged.
 std::shared_ptr<data::PromptDataset> load_prompts(const config::RunConfig& cfg, const config::DatasetConfig& d,
-                                                  const std::string& key, const tokenizer::Tokenizer& tok);
+                                                  const std::string& key, const tokenizer::Tokenizer& tok,
+                                                  const chat::ChatTemplate& chat);
 
 /// Loads every dataset of data.train / data.eval with
 /// `load(const config::DatasetConfig&, const std::string& key)` and splits off
@@ -158,6 +162,7 @@ std::shared_ptr<models::CausalLM> load_reference(const std::string& path, const 
 /// Loads every dataset of data.train / data.eval (logging what loading did)
 /// and splits off eval_fraction held-out samples; `task` says which formats
 /// a data set may have (LmObjective's).
-LmData load_lm_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, LmTask task);
+LmData load_lm_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat,
+                    LmTask task);
 
 }  // namespace anvil::train

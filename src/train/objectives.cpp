@@ -44,7 +44,8 @@ void register_objective(const std::string& name, ObjectiveFactory factory, const
   add_objective(name, std::move(factory), &reads);
 }
 
-std::unique_ptr<Objective> make_objective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
+std::unique_ptr<Objective> make_objective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok,
+                                          const chat::ChatTemplate& chat) {
   ObjectiveFactory factory;
   {
     auto& r = registry();
@@ -53,7 +54,7 @@ std::unique_ptr<Objective> make_objective(const config::RunConfig& cfg, const to
     if (it == r.factories.end()) throw ConfigError(concat("algorithm: unknown algorithm \"", cfg.algorithm, "\""));
     factory = it->second;
   }
-  auto objective = factory(cfg, tok);
+  auto objective = factory(cfg, tok, chat);
   if (!objective) throw ConfigError(concat("algorithm: ", cfg.algorithm, ": its factory built no objective"));
   return objective;
 }

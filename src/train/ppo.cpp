@@ -147,14 +147,16 @@ struct PpoObjective::State {
                               uint64_t seed) const;
 };
 
-PpoObjective::PpoObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)
+PpoObjective::PpoObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok,
+                           const chat::ChatTemplate& chat)
     : s_(std::make_unique<State>(cfg, tok)) {
   const auto& p = s_->ppo;
   s_->pad_id = tok.padding_id();
-  s_->stop_id = chat::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok);
+  s_->stop_id = chat.end_of_turn_id(tok);
   s_->kl_coef = p.kl_coef;
-  s_->data = load_mixture<data::PromptDataset>(
-      cfg, [&](const config::DatasetConfig& d, const std::string& key) { return load_prompts(cfg, d, key, tok); });
+  s_->data = load_mixture<data::PromptDataset>(cfg, [&](const config::DatasetConfig& d, const std::string& key) {
+    return load_prompts(cfg, d, key, tok, chat);
+  });
   s_->prompts =
       std::make_unique<data::MixtureSampler>(s_->data.mixture, static_cast<uint64_t>(cfg.train.seed), s_->data.shuffle);
   RolloutRow first;
@@ -172,7 +174,7 @@ PpoObjective::PpoObjective(const config::RunConfig& cfg, const tokenizer::Tokeni
   // With an environment, its reward at done is the score, and the reward sources are optional extras.
   s_->rewards = std::make_unique<ResponseRewards>(p.reward, "ppo.reward", p.rewards, "ppo.rewards",
                                                   p.environment.command.empty());
-  if (!p.environment.command.empty()) s_->chat = &chat::ChatTemplate::get(cfg.data.template_name);
+  if (!p.environment.command.empty()) s_->chat = &chat;
   s_->value_head = p.advantage == "gae";
 }
 

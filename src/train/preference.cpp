@@ -31,8 +31,9 @@ namespace stdfs = std::filesystem;
 int64_t resolve_pad(const tokenizer::Tokenizer& tok) { return tok.padding_id(); }
 
 std::shared_ptr<const data::PreferenceDataset> load_set(const config::RunConfig& cfg, const config::DatasetConfig& d,
-                                                        const std::string& key, const tokenizer::Tokenizer& tok) {
-  const auto o = record_read_options(cfg, d, key, "preference", "preference data");
+                                                        const std::string& key, const tokenizer::Tokenizer& tok,
+                                                        const chat::ChatTemplate& chat) {
+  const auto o = record_read_options(cfg, d, chat, key, "preference", "preference data");
   auto ds = std::make_shared<data::PreferenceDataset>(data::PreferenceDataset::load(d.path, tok, o));
   const auto& s = ds->stats();
   int64_t ranked = 0;
@@ -321,9 +322,10 @@ Batch collate_preferences(const std::vector<const data::PreferenceSample*>& exam
   return b;
 }
 
-PreferenceData load_preference_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
+PreferenceData load_preference_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok,
+                                    const chat::ChatTemplate& chat) {
   return load_mixture<data::PreferenceDataset>(
-      cfg, [&](const config::DatasetConfig& d, const std::string& key) { return load_set(cfg, d, key, tok); });
+      cfg, [&](const config::DatasetConfig& d, const std::string& key) { return load_set(cfg, d, key, tok, chat); });
 }
 
 PreferenceBatchSource::PreferenceBatchSource(std::vector<std::shared_ptr<const data::PreferenceDataset>> datasets,
@@ -366,8 +368,9 @@ struct RewardObjective::State {
   at::Tensor rewards(models::CausalLM& model, const Batch& batch) const;
 };
 
-RewardObjective::RewardObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)
-    : s_(new State{cfg, resolve_pad(tok), load_preference_data(cfg, tok), nullptr}) {
+RewardObjective::RewardObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok,
+                                 const chat::ChatTemplate& chat)
+    : s_(new State{cfg, resolve_pad(tok), load_preference_data(cfg, tok, chat), nullptr}) {
   data::MixtureSampler sampler(s_->data.mixture, static_cast<uint64_t>(cfg.train.seed), s_->data.shuffle);
   s_->source = std::make_unique<PreferenceBatchSource>(s_->data.train, std::move(sampler), cfg.train.micro_batch_size,
                                                        s_->pad_id);
@@ -439,14 +442,15 @@ struct DpoObjective::State {
   std::string fingerprint() const;
 };
 
-DpoObjective::DpoObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)
+DpoObjective::DpoObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok,
+                           const chat::ChatTemplate& chat)
     : s_(new State{cfg,
                    tok,
                    resolve_pad(tok),
-                   chat::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok),
+                   chat.end_of_turn_id(tok),
                    {dpo_config(cfg).loss_type, dpo_config(cfg).beta, dpo_config(cfg).label_smoothing,
                     dpo_config(cfg).simpo_gamma},
-                   load_preference_data(cfg, tok),
+                   load_preference_data(cfg, tok, chat),
                    nullptr,
                    {},
                    nullptr,

@@ -50,7 +50,8 @@ Batch collate_preferences(const std::vector<const data::PreferenceSample*>& exam
 
 /// Preference datasets of data.train / data.eval, with eval_fraction splits.
 using PreferenceData = MixtureData<data::PreferenceDataset>;
-PreferenceData load_preference_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
+PreferenceData load_preference_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok,
+                                    const chat::ChatTemplate& chat);
 
 /// Micro-batches of `micro_batch_size` examples; like LmBatchSource, every
 /// rank walks the same global stream and takes its slice.

@@ -288,11 +288,14 @@ RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
     throw ConfigError(concat("data.max_length: ", data_cfg.data.max_length, " exceeds the model's ",
                              r.model->max_positions(), " positions"));
   // The chat format is resolved (and recorded with the tokenizer) for an
-  // algorithm that reads data.template, as it declared when it registered.
+  // algorithm that reads data.template, as it declared when it registered;
+  // plain for the others. The objective gets the object, built here once.
   if (const auto reads = config::keys_read_by(cfg.algorithm);
       std::find(reads.begin(), reads.end(), "data.template") != reads.end())
     data_cfg.data.template_name = resolve_template(cfg, *r.tok);
-  r.objective = make_objective(data_cfg, *r.tok);
+  const auto& chat = chat::ChatTemplate::get(data_cfg.data.template_name == "auto" ? std::string("plain")
+                                                                                   : data_cfg.data.template_name);
+  r.objective = make_objective(data_cfg, *r.tok, chat);
   r.objective->set_ranks(r.ranks);
   return r;
 }

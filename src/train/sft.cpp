@@ -42,7 +42,8 @@ std::string resolve_format(const config::RunConfig& cfg, const config::DatasetCo
 }
 
 std::shared_ptr<const data::LmDataset> load_one(const config::RunConfig& cfg, const config::DatasetConfig& d,
-                                                const std::string& key, const tokenizer::Tokenizer& tok, LmTask task) {
+                                                const std::string& key, const tokenizer::Tokenizer& tok,
+                                                const chat::ChatTemplate& chat, LmTask task) {
   if (resolve_format(cfg, d, key, task) == "pretrain") {
     const bool megatron = !std::filesystem::is_directory(d.path) && data::is_megatron_dataset(d.path);
     const bool mds = !megatron && data::is_mds_dataset(d.path);
@@ -61,7 +62,7 @@ std::shared_ptr<const data::LmDataset> load_one(const config::RunConfig& cfg, co
               " tokens, ", shards->num_docs(), " documents, ", shards->shards().size(), " shards)");
     return ds;
   }
-  auto ds = std::make_shared<data::SftDataset>(data::SftDataset::load(d.path, tok, read_options(cfg, d)));
+  auto ds = std::make_shared<data::SftDataset>(data::SftDataset::load(d.path, tok, read_options(cfg, d, chat)));
   const auto& s = ds->stats();
   log::info(d.path, ": ", ds->size(), " samples (", s.summary(), ")");
   for (const auto& e : s.first_errors) log::warn("skipped: ", e);
@@ -249,9 +250,11 @@ std::shared_ptr<models::CausalLM> load_reference(const std::string& path, const 
   return reference;
 }
 
-LmData load_lm_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, LmTask task) {
-  return load_mixture<data::LmDataset>(
-      cfg, [&](const config::DatasetConfig& d, const std::string& key) { return load_one(cfg, d, key, tok, task); });
+LmData load_lm_data(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat,
+                    LmTask task) {
+  return load_mixture<data::LmDataset>(cfg, [&](const config::DatasetConfig& d, const std::string& key) {
+    return load_one(cfg, d, key, tok, chat, task);
+  });
 }
 
 struct LmObjective::State {
@@ -268,11 +271,12 @@ struct LmObjective::State {
   std::unique_ptr<LmBatchSource> source;
 };
 
-LmObjective::LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, LmTask task)
+LmObjective::LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat,
+                         LmTask task)
     : s_(std::make_unique<State>(cfg.algorithm, cfg.eval, tok)) {
   if (cfg.data.max_length <= 0) throw ConfigError("data.max_length: expected a positive row length");
-  s_->data = load_lm_data(cfg, tok, task);
-  if (task == LmTask::sft) s_->stop_id = chat::ChatTemplate::get(cfg.data.template_name).end_of_turn_id(tok);
+  s_->data = load_lm_data(cfg, tok, chat, task);
+  if (task == LmTask::sft) s_->stop_id = chat.end_of_turn_id(tok);
   data::MixtureSampler sampler(s_->data.mixture, static_cast<uint64_t>(cfg.train.seed), s_->data.shuffle);
   if (s_->data.train.size() > 1) {
     std::vector<int64_t> per(s_->data.train.size(), 0);
@@ -378,16 +382,16 @@ const bool kRegistered = [] {
                          "eval.table_rows"});
   register_objective(
       "sft",
-      [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
-        return std::make_unique<LmObjective>(cfg, tok, LmTask::sft);
+      [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat) {
+        return std::make_unique<LmObjective>(cfg, tok, chat, LmTask::sft);
       },
       sft);
   auto pretrain = config::dataset_keys({"eval_fraction", "token_dtype"});
   pretrain.insert(pretrain.end(), {"data.packing", "train.fused_loss", "train.loss_chunk_size", "eval.max_batches"});
   register_objective(
       "pretrain",
-      [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
-        return std::make_unique<LmObjective>(cfg, tok, LmTask::pretrain);
+      [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat) {
+        return std::make_unique<LmObjective>(cfg, tok, chat, LmTask::pretrain);
       },
       pretrain);
   return true;

@@ -129,7 +129,7 @@ TEST(ChatFormat, TrainerChatAndTransformersAgreeOnTheExportedFolderForEveryTempl
 
     // The trainer's ids and trained tokens (data.template: auto on this folder).
     ReadOptions o;
-    o.template_name = name;
+    o.chat = &ChatTemplate::get(name);
     const auto ds = SftDataset::load(dir / "convs.jsonl", *tok, o);
     ASSERT_EQ(ds.size(), 4);
 
@@ -338,7 +338,7 @@ TEST(ChatFormatOnQuickstart, MessagesTextChatAndTransformersGiveTheSamePrompt) {
   write_text(dir / "text.jsonl", text);
   write_text(dir / "msgs.jsonl", msgs);
   ReadOptions o;
-  o.template_name = "plain";
+  o.chat = &chat::ChatTemplate::get("plain");
   const auto a = SftDataset::load(dir / "text.jsonl", *tok, o);
   const auto b = SftDataset::load(dir / "msgs.jsonl", *tok, o);
   ASSERT_EQ(a.size(), 100);

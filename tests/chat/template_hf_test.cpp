@@ -304,8 +304,9 @@ TEST(ChatTemplateHf, DatasetReaderRendersTheTemplate) {
   }
   write_text(dir / "convs.jsonl", data);
   ReadOptions o;
-  o.template_name = resolve_chat_template(*tok, "auto", "data.template", "llama2", "");
-  ASSERT_EQ(o.template_name, "hf");
+  const auto name = resolve_chat_template(*tok, "auto", "data.template", "llama2", "");
+  ASSERT_EQ(name, "hf");
+  o.chat = &ChatTemplate::get(name);
   // The assistant-first conversation is refused by the template's raise_exception.
   const auto err = error_of([&] { SftDataset::load(dir / "convs.jsonl", *tok, o); });
   EXPECT_EQ(err, (dir / "convs.jsonl").string() +
@@ -357,7 +358,7 @@ TEST(ChatTemplateHf, ToolUseRecordsTrainAsTransformersRendersThem) {
     write_text(dir / "tools.jsonl", data);
     write_text(dir / "prompts.jsonl", prompts);
     ReadOptions o;
-    o.template_name = "hf";
+    o.chat = &chat::ChatTemplate::get("hf");
     const auto ds = SftDataset::load(dir / "tools.jsonl", *tok, o);
     ASSERT_EQ(ds.size(), 5);
     for (int64_t i = 0; i < ds.size(); ++i) {
@@ -377,7 +378,7 @@ TEST(ChatTemplateHf, ToolUseRecordsTrainAsTransformersRendersThem) {
   // A built-in template refuses tool use; malformed tool fields are named.
   auto tok = tokenizer::load_tokenizer_from_model_dir(dir / "refs" / "chatml");
   ReadOptions o;
-  o.template_name = "chatml";
+  o.chat = &chat::ChatTemplate::get("chatml");
   const auto error = [&](const std::string& line) {
     write_text(dir / "bad.jsonl", line + "\n");
     return error_of([&] { SftDataset::load(dir / "bad.jsonl", *tok, o); });
@@ -407,12 +408,12 @@ TEST(ChatTemplateHf, ToolUseRecordsTrainAsTransformersRendersThem) {
               std::string::npos)
         << tok->decode(ds[0].input_ids, false);
   }
-  o.template_name = "oasst";
+  o.chat = &chat::ChatTemplate::get("oasst");
   EXPECT_EQ(error(tool_turn), where +
                                   "message role \"tool\": expected system, user or assistant (tool messages render "
                                   "only with data.template plain, chatml or hf)");
-  o.template_name = "chatml";
-  o.template_name = "hf";
+  o.chat = &chat::ChatTemplate::get("chatml");
+  o.chat = &chat::ChatTemplate::get("hf");
   EXPECT_EQ(error(R"({"messages": [)" + user + R"(, {"role": "assistant", "content": "x"}], "tools": {"a": 1}})"),
             where + "field \"tools\": expected a list of tool schemas (JSON objects), got object");
   EXPECT_EQ(error(R"({"messages": [)" + user + R"(, {"role": "assistant"}]})"),
@@ -425,7 +426,7 @@ TEST(ChatTemplateHf, ToolUseRecordsTrainAsTransformersRendersThem) {
             where + "field \"messages[1].role\": expected system, user, assistant or tool, got \"bot\"");
   // Other fields of a message are not rendered by the built-in templates, as
   // before, and an empty tools list has nothing to render.
-  o.template_name = "chatml";
+  o.chat = &chat::ChatTemplate::get("chatml");
   write_text(dir / "extra.jsonl", R"({"messages": [)" + user +
                                       R"(, {"role": "assistant", "content": "x", "weight": 1}], "tools": []})"
                                       "\n");

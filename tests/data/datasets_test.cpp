@@ -220,7 +220,7 @@ TEST(ChatTemplates, MissingMarkersAndUntrainableSamplesAreReported) {
       "{\"prompt\": \"a very long prompt that leaves no room for the reply, a very long prompt that leaves no "
       "room for the reply, a very long prompt that leaves no room\", \"response\": \"x\"}\n");
   ReadOptions o;
-  o.template_name = "chatml";
+  o.chat = &chat::ChatTemplate::get("chatml");
   o.max_length = 40;
   auto ds = SftDataset::load(dir / "d.jsonl", *tok, o);
   EXPECT_EQ(ds.size(), 1);
@@ -236,7 +236,7 @@ TEST(ChatTemplates, PromptGivenAsMessagesKeepsTheResponse) {
              "{\"prompt\": [{\"role\": \"system\", \"content\": \"Be terse.\"}, {\"role\": \"user\", "
              "\"content\": \"hi\"}], \"response\": \"yo\"}\n");
   ReadOptions o;
-  o.template_name = "chatml";
+  o.chat = &chat::ChatTemplate::get("chatml");
   auto ds = SftDataset::load(dir / "d.jsonl", *tok, o);
   ASSERT_EQ(ds.size(), 1);
   const std::vector<Message> conv{{"system", "Be terse."}, {"user", "hi"}, {"assistant", "yo"}};
@@ -253,7 +253,7 @@ TEST(Formats, PreferencePromptsAndOfflineRl) {
   auto tok = tokenizer::load_tokenizer("auto", chat_refs() / "tok");
   TempDir dir;
   ReadOptions o;
-  o.template_name = "chatml";
+  o.chat = &chat::ChatTemplate::get("chatml");
   write_text(dir / "p.jsonl",
              "{\"prompt\": \"What is 2+2?\", \"chosen\": \"4\", \"rejected\": \"5\", \"margin\": 1.5}\n"
              "{\"prompt\": [{\"role\": \"system\", \"content\": \"Be terse.\"}, {\"role\": \"user\", \"content\": "

@@ -40,8 +40,9 @@ std::vector<std::string>& events() {
 /// parameter.
 class RecordingObjective final : public Objective {
  public:
-  RecordingObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, bool freeze)
-      : inner_(cfg, tok, LmTask::sft), freeze_(freeze) {}
+  RecordingObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat,
+                     bool freeze)
+      : inner_(cfg, tok, chat, LmTask::sft), freeze_(freeze) {}
 
   std::string name() const override { return freeze_ ? "frozen_sft" : "hooked_sft"; }
   void prepare(models::CausalLM& model, const RunContext& ctx) override {
@@ -107,11 +108,13 @@ void register_once() {
   static std::once_flag once;
   std::call_once(once, [] {
     config::register_section<HookedConfig>("hooked", "A test section.", "hooked_sft");
-    register_objective("hooked_sft", [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
-      return std::make_unique<RecordingObjective>(cfg, tok, false);
+    register_objective("hooked_sft", [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok,
+                                        const chat::ChatTemplate& chat) {
+      return std::make_unique<RecordingObjective>(cfg, tok, chat, false);
     });
-    register_objective("frozen_sft", [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
-      return std::make_unique<RecordingObjective>(cfg, tok, true);
+    register_objective("frozen_sft", [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok,
+                                        const chat::ChatTemplate& chat) {
+      return std::make_unique<RecordingObjective>(cfg, tok, chat, true);
     });
   });
 }
@@ -184,12 +187,11 @@ TEST(Engine, RegisteredObjectiveRunsWithItsHooksInOrderAndItsStateResumes) {
   EXPECT_EQ(state["objective"]["counter"], 6);
   EXPECT_EQ(state["iteration"], 3);
 
-  EXPECT_THROW(
-      register_objective("hooked_sft", [](const config::RunConfig&,
-                                          const tokenizer::Tokenizer&) { return std::unique_ptr<Objective>(); }),
-      ConfigError);
-  EXPECT_THROW(register_objective("Bad Name", [](const config::RunConfig&,
-                                                 const tokenizer::Tokenizer&) { return std::unique_ptr<Objective>(); }),
+  EXPECT_THROW(register_objective("hooked_sft", [](const config::RunConfig&, const tokenizer::Tokenizer&,
+                                                   const chat::ChatTemplate&) { return std::unique_ptr<Objective>(); }),
+               ConfigError);
+  EXPECT_THROW(register_objective("Bad Name", [](const config::RunConfig&, const tokenizer::Tokenizer&,
+                                                 const chat::ChatTemplate&) { return std::unique_ptr<Objective>(); }),
                ConfigError);
 }
 
@@ -203,16 +205,62 @@ TEST(Engine, LmObjectiveTakesItsTaskFromItsOwnerNotTheAlgorithmName) {
   cfg.data.max_length = 32;  // the trainer's setup resolves these two from the model and tokenizer
   cfg.data.template_name = "plain";
   const auto tok = tokenizer::load_tokenizer("auto", cfg.tokenizer.path);
-  LmObjective sft(cfg, *tok, LmTask::sft);
+  const auto& plain = chat::ChatTemplate::get("plain");
+  LmObjective sft(cfg, *tok, plain, LmTask::sft);
   EXPECT_EQ(sft.name(), "hooked_sft");
   try {
-    LmObjective pretrain(cfg, *tok, LmTask::pretrain);
+    LmObjective pretrain(cfg, *tok, plain, LmTask::pretrain);
     ADD_FAILURE() << "pretrain's task accepted a JSONL file of SFT samples";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("data.train[0].path: algorithm hooked_sft reads token shards"),
               std::string::npos)
         << e.what();
   }
+}
+
+// The run's chat format reaches an objective as the object its factory gets,
+// not as a name looked up again: a template that counts its calls renders
+// every SFT sample and gives the end of turn, while cfg.data.template names
+// another format that this tokenizer could not render (chatml's markers are
+// not single tokens of it).
+class CountingTemplate final : public chat::ChatTemplate {
+ public:
+  CountingTemplate() : chat::ChatTemplate("counting") {}
+  chat::TokenizedChat encode(const tokenizer::Tokenizer& tok, const std::vector<chat::Message>& messages,
+                             bool train_on_prompt, const std::string& tools) const override {
+    ++encoded;
+    return plain().encode(tok, messages, train_on_prompt, tools);
+  }
+  std::vector<int64_t> encode_prompt(const tokenizer::Tokenizer& tok, const std::vector<chat::Message>& messages,
+                                     const std::string& tools) const override {
+    return plain().encode_prompt(tok, messages, tools);
+  }
+  std::vector<int64_t> encode_reply(const tokenizer::Tokenizer& tok, const std::string& content) const override {
+    return plain().encode_reply(tok, content);
+  }
+  int64_t end_of_turn_id(const tokenizer::Tokenizer& tok) const override {
+    ++stops;
+    return plain().end_of_turn_id(tok);
+  }
+  std::string jinja(const tokenizer::Tokenizer& tok) const override { return plain().jinja(tok); }
+  mutable int64_t encoded = 0, stops = 0;
+
+ private:
+  static const chat::ChatTemplate& plain() { return chat::ChatTemplate::get("plain"); }
+};
+
+TEST(Engine, AnObjectiveRendersWithTheChatFormatItIsGiven) {
+  register_once();
+  TempDir dir;
+  auto cfg = tiny(dir, "hooked_sft", {});
+  cfg.data.max_length = 32;
+  cfg.data.template_name = "chatml";
+  const auto tok = tokenizer::load_tokenizer("auto", cfg.tokenizer.path);
+  EXPECT_THROW((void)chat::ChatTemplate::get("chatml").end_of_turn_id(*tok), Error);
+  CountingTemplate counting;
+  LmObjective sft(cfg, *tok, counting, LmTask::sft);
+  EXPECT_GT(counting.encoded, 0);
+  EXPECT_EQ(counting.stops, 1);  // looked up once, at construction
 }
 
 TEST(Engine, HeadsAreSavedBesideTheHfFolderAndRestoredOnResume) {

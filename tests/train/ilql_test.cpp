@@ -101,7 +101,7 @@ data::OfflineRlDataset offline(const TempDir& dir, const std::vector<std::string
   f.close();
   auto tok = tokenizer::load_tokenizer("sentencepiece", anvil::testing::source_dir() + "/data/tokenizer.model");
   data::ReadOptions o;
-  o.template_name = "plain";
+  o.chat = &chat::ChatTemplate::get("plain");
   return data::OfflineRlDataset::load(path, *tok, o);
 }
 

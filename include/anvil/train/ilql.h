@@ -145,7 +145,7 @@ std::function<at::Tensor(const at::Tensor& hidden, const at::Tensor& logits)> il
 /// with ilql.reward when set.
 class IlqlObjective final : public Objective {
  public:
-  IlqlObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
+  IlqlObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat);
   ~IlqlObjective() override;
   std::string name() const override { return "ilql"; }
   std::string target_unit() const override { return "response tokens"; }

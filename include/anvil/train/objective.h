@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "anvil/chat/chat.h"
 #include "anvil/config/config.h"
 #include "anvil/models/causal_lm.h"
 #include "anvil/tokenizer/tokenizer.h"
@@ -227,9 +228,12 @@ class Objective {
   RankContext ranks_;
 };
 
-/// Builds an objective for a run (its config and tokenizer).
-using ObjectiveFactory =
-    std::function<std::unique_ptr<Objective>(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok)>;
+/// Builds an objective for a run: its config, its tokenizer, and its chat
+/// format, resolved once at setup (data.template against what the model
+/// records; plain for an algorithm that does not read data.template). The
+/// objective renders its data and stops its generations with that object.
+using ObjectiveFactory = std::function<std::unique_ptr<Objective>(
+    const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat)>;
 
 /// Registers an algorithm: `algorithm: <name>` in a config builds it with
 /// `factory`. The built-in ones (sft, pretrain, reward, dpo) are registered
@@ -244,19 +248,19 @@ void register_objective(const std::string& name, ObjectiveFactory factory);
 /// its config is then an error; without the list, none is.
 void register_objective(const std::string& name, ObjectiveFactory factory, const std::vector<std::string>& reads);
 
-/// The same for an objective built as `T(cfg, tok)`: how the built-in
+/// The same for an objective built as `T(cfg, tok, chat)`: how the built-in
 /// objectives register (src/train/sft.cpp, ppo.cpp, ...).
 template <class T>
 void register_objective(const std::string& name, const std::vector<std::string>& reads) {
   register_objective(
       name,
-      [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) -> std::unique_ptr<Objective> {
-        return std::make_unique<T>(cfg, tok);
-      },
+      [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok,
+         const chat::ChatTemplate& chat) -> std::unique_ptr<Objective> { return std::make_unique<T>(cfg, tok, chat); },
       reads);
 }
 
-/// Builds the objective named by `cfg.algorithm`.
-std::unique_ptr<Objective> make_objective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
+/// Builds the objective named by `cfg.algorithm`, with the run's chat format.
+std::unique_ptr<Objective> make_objective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok,
+                                          const chat::ChatTemplate& chat);
 
 }  // namespace anvil::train

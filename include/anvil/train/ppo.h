@@ -304,7 +304,7 @@ using rewards::RewardQuery;
 /// algorithm: ppo (ppo.advantage: gae, grpo or rloo).
 class PpoObjective final : public Objective {
  public:
-  PpoObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
+  PpoObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat);
   ~PpoObjective() override;
   std::string name() const override { return "ppo"; }
   std::string target_unit() const override { return "response tokens"; }

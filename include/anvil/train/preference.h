@@ -166,7 +166,7 @@ Metrics ranking_metrics(const Sums& sums, const std::string& prefix = "");
 /// reads each row's score at its last non-pad token, as HF does.
 class RewardObjective final : public Objective {
  public:
-  RewardObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
+  RewardObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat);
   ~RewardObjective() override;
   std::string name() const override { return "reward"; }
   std::string target_unit() const override { return "preference examples"; }
@@ -186,7 +186,7 @@ class RewardObjective final : public Objective {
 /// dpo.precompute_reference is set.
 class DpoObjective final : public Objective {
  public:
-  DpoObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok);
+  DpoObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat);
   ~DpoObjective() override;
   std::string name() const override { return "dpo"; }
   std::string target_unit() const override { return "preference examples"; }

@@ -60,7 +60,10 @@ enum class LmTask { sft, pretrain };
 /// to it (examples/custom_objective).
 class LmObjective final : public Objective {
  public:
-  LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, LmTask task = LmTask::sft);
+  /// `chat`: the run's chat format (ObjectiveFactory), which renders the
+  /// SFT data and whose end of turn stops greedy evaluation.
+  LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat,
+              LmTask task = LmTask::sft);
   ~LmObjective() override;
   std::string name() const override;
   void prepare(models::CausalLM& model, const RunContext& ctx) override;
