@@ -35,6 +35,10 @@ std::string case_name(const Case& c) {
   return "accum" + std::to_string(c.accum) + (c.weight_decay > 0 ? "_decay" : "_nodecay");
 }
 
+/// A number of spec.json as YAML reads it back exactly (JSON's shortest round-trip form).
+std::string json_number(const nlohmann::json& v) { return v.get<double>() == 0 ? "0.0" : v.dump(); }
+
+/// Anvil's run of the spec: every setting the Trainer got, read from spec.json.
 std::vector<double> anvil_losses(const nlohmann::json& s, const std::string& name) {
   const auto yaml =
       "algorithm: sft\nmodel:\n  from: " + s["model"].get<std::string>() +
@@ -43,14 +47,15 @@ std::vector<double> anvil_losses(const nlohmann::json& s, const std::string& nam
       "\n  template: plain\n  max_length: " + std::to_string(s["max_length"].get<int64_t>()) +
       "\n  shuffle: false\n"
       "optimizer:\n  lr: " +
-      std::to_string(s["lr"].get<double>()) +
-      "\n  betas: [0.9, 0.98]\n  eps: 1.0e-8\n  weight_decay: " + std::to_string(s["weight_decay"].get<double>()) +
+      json_number(s["lr"]) + "\n  betas: [" + json_number(s["betas"][0]) + ", " + json_number(s["betas"][1]) +
+      "]\n  eps: " + json_number(s["eps"]) + "\n  weight_decay: " + json_number(s["weight_decay"]) +
       "\nschedule:\n  warmup_steps: " + std::to_string(s["warmup"].get<int64_t>()) +
       "\n  decay: cosine\n  min_lr_ratio: 0.0\n"
       "train:\n  max_steps: " +
       std::to_string(kSteps) + "\n  micro_batch_size: " + std::to_string(s["micro_batch"].get<int64_t>()) +
       "\n  grad_accum_steps: " + std::to_string(s["accum"].get<int64_t>()) +
-      "\n  grad_clip: 1.0\n  log_every: 1\n  save_every: 1000\n  eval_every: 0\n  threads: 1\n";
+      "\n  grad_clip: " + json_number(s["max_grad_norm"]) +
+      "\n  log_every: 1\n  save_every: 1000\n  eval_every: 0\n  threads: 1\n";
   TempDir run_dir;
   std::string log;
   EXPECT_EQ(anvil::testing::train_in(run_dir, yaml, "", &log), 0) << log;
@@ -73,6 +78,7 @@ TEST_P(TrainerParity, SftLossCurveEqualsTransformersTrainer) {
   ASSERT_EQ(s["accum"].get<int64_t>(), c.accum);
   ASSERT_EQ(s["weight_decay"].get<double>(), c.weight_decay);
   ASSERT_EQ(s["steps"].get<int64_t>(), kSteps);
+  ASSERT_EQ(s["schedule"].get<std::string>(), "cosine");  // Anvil's decay: cosine to 0 (min_lr_ratio 0)
   const auto ref = nlohmann::json::parse(anvil::testing::read_text(dir / "ref.json"));
   const auto want = ref["losses"].get<std::vector<double>>();
   ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
