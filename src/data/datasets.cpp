@@ -195,10 +195,10 @@ std::optional<SftSample> make_sft_sample(const tokenizer::Tokenizer& tok, const 
                                          const ReadOptions& opt, DatasetStats& stats, bool text_pair,
                                          const std::string& tools) {
   const bool pair = text_pair && messages.size() == 2 && messages[0].role == "user" && messages[1].role == "assistant";
-  const auto t =
-      chat_format(opt).name() == "plain" && pair
-          ? chat::encode_plain(tok, messages[0].content, messages[1].content, opt.add_eos, opt.train_on_prompt)
-          : chat_format(opt).encode(tok, messages, opt.train_on_prompt, tools);
+  const auto& tmpl = chat_format(opt);
+  const auto t = tmpl.name() == "plain" && pair ? chat::encode_plain(tok, messages[0].content, messages[1].content,
+                                                                     opt.add_eos, opt.train_on_prompt)
+                                                : tmpl.encode(tok, messages, opt.train_on_prompt, tools);
   SftSample s;
   s.input_ids = t.input_ids;
   s.labels = t.labels;

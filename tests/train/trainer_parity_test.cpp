@@ -36,7 +36,7 @@ std::string case_name(const Case& c) {
 }
 
 /// A number of spec.json as YAML reads it back exactly (JSON's shortest round-trip form).
-std::string json_number(const nlohmann::json& v) { return v.get<double>() == 0 ? "0.0" : v.dump(); }
+std::string json_number(const nlohmann::json& v) { return v.dump(); }
 
 /// Anvil's run of the spec: every setting the Trainer got, read from spec.json.
 std::vector<double> anvil_losses(const nlohmann::json& s, const std::string& name) {
