@@ -24,11 +24,20 @@ using anvil::testing::TempDir;
 namespace stdfs = std::filesystem;
 
 constexpr int kSteps = 200;
+// Per step, relative to max(1, |loss|) (the losses are 3-6). The two runs sum
+// in different orders (the fused loss's chunks, the vector width of the CPU's
+// kernels), so float32 round-off parts them, and the parting grows as the
+// models move: on a Zen 4 (AVX-512) they agree within 1.5e-7 over the first
+// 10 steps and within 2.4e-6 over the 200 (accumulation 2, weight decay 0),
+// which the 2e-6 this test once asserted did not allow (docs/algorithms.md).
+// Any difference in what the step computes shows long before: decaying biases
+// and LayerNorm weights as well parts the curves by 2.8e-2.
+constexpr int kEarlySteps = 10;
+constexpr double kEarlyTolerance = 1e-6, kTolerance = 1e-5;
 
 struct Case {
   int64_t accum;
   double weight_decay;
-  double tolerance;  // per step, relative to max(1, |loss|) (the losses are 3-6)
 };
 
 std::string case_name(const Case& c) {
@@ -95,23 +104,26 @@ TEST_P(TrainerParity, SftLossCurveEqualsTransformersTrainer) {
   ASSERT_EQ(got.size(), want.size());
   // The first losses differ by float32 round-off already (the order of the
   // token sums): 5.6e-7 of 5.78 on a Zen 3.
-  double worst = 0;
-  size_t at = 0;
+  double worst = 0, worst_early = 0;
+  size_t at = 0, at_early = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     const double d = std::abs(got[i] - want[i]) / std::max(1.0, std::abs(want[i]));
     if (d > worst) worst = d, at = i;
+    if (i < kEarlySteps && d > worst_early) worst_early = d, at_early = i;
   }
   std::cout << "[trainer parity] accum " << c.accum << ", weight decay " << c.weight_decay << ": first loss "
             << got.front() << " (Trainer " << want.front() << "), last " << got.back() << " (Trainer " << want.back()
-            << "), largest relative difference " << worst << " at step " << at + 1 << "\n";
-  EXPECT_LE(worst, c.tolerance) << "step " << at + 1 << ": anvil " << got[at] << ", Trainer " << want[at];
+            << "), largest relative difference " << worst_early << " in the first " << kEarlySteps << " steps, "
+            << worst << " in all (step " << at + 1 << ")\n";
+  EXPECT_LE(worst_early, kEarlyTolerance)
+      << "step " << at_early + 1 << ": anvil " << got[at_early] << ", Trainer " << want[at_early];
+  EXPECT_LE(worst, kTolerance) << "step " << at + 1 << ": anvil " << got[at] << ", Trainer " << want[at];
   // The run learns, so the comparison covers a moving model.
   EXPECT_LT(want.back(), 0.8 * want.front());
 }
 
 INSTANTIATE_TEST_SUITE_P(Steps, TrainerParity,
-                         ::testing::Values(Case{1, 0.0, 2e-6}, Case{2, 0.0, 2e-6}, Case{1, 0.1, 2e-6},
-                                           Case{2, 0.1, 2e-6}),
+                         ::testing::Values(Case{1, 0.0}, Case{2, 0.0}, Case{1, 0.1}, Case{2, 0.1}),
                          [](const auto& info) { return case_name(info.param); });
 
 }  // namespace
