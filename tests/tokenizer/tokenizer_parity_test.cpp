@@ -402,7 +402,7 @@ TEST(TokenizerErrors, MessagesNameFileAndKey) {
   EXPECT_NE(load_error("auto", empty.path()).find("no tokenizer found"), std::string::npos);
 }
 
-TEST(TokenizerErrors, SentencePieceConfigNamesFileAndKey) {
+TEST(TokenizerParity, SentencePieceConfigErrorsNameFileAndKey) {
   const auto& refs = references();
   ASSERT_TRUE(refs.ok) << refs.log;
   anvil::testing::TempDir dir;
