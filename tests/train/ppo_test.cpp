@@ -766,7 +766,9 @@ TEST(PpoRuns, InterruptedMidIterationResumesExactly) {
 TEST(PpoRuns, KilledAndResumedRunMatchesTheUninterruptedOne) {
   ASSERT_TRUE(stdfs::exists(fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
   TempDir dir;
-  const std::string common = "train.max_steps=160 train.eval_every=0 train.save_every=16 train.log_every=1000";
+  // Killed after checkpoint-32, then 16 steps resumed: a fresh rollout, the adaptive KL coefficient
+  // and the optimizer's moments all carry over (it was 160 steps, 128 of them after the resume).
+  const std::string common = "train.max_steps=48 train.eval_every=0 train.save_every=16 train.log_every=1000";
   ppo_run(dir / "straight", common);
   const auto& w = weak_upper();
   const auto out = dir / "killed";
@@ -776,12 +778,12 @@ TEST(PpoRuns, KilledAndResumedRunMatchesTheUninterruptedOne) {
   std::string log;
   ASSERT_EQ(anvil::testing::kill_after_checkpoint(cmd, dir / "killed.log", out / "checkpoint-32", &log), 0) << log;
   ASSERT_TRUE(stdfs::exists(out / "checkpoint-32" / "trainer_state.json"));
-  ASSERT_FALSE(stdfs::exists(out / "checkpoint-160")) << "the run ended before it was killed";
+  ASSERT_FALSE(stdfs::exists(out / "checkpoint-48")) << "the run ended before it was killed";
   ppo_run(out, common);  // resumes from the newest checkpoint
   const auto a = anvil::testing::metrics_by_step(dir / "straight" / "metrics.jsonl"),
              b = anvil::testing::metrics_by_step(out / "metrics.jsonl");
-  ASSERT_EQ(a.size(), 160u);
-  ASSERT_EQ(b.size(), 160u);
+  ASSERT_EQ(a.size(), 48u);
+  ASSERT_EQ(b.size(), 48u);
   for (const auto& [step, m] : a)
     for (const char* key : {"loss", "objective/scores", "objective/kl", "objective/kl_coef", "grad_norm"}) {
       if (!m.contains(key)) continue;
@@ -802,7 +804,8 @@ TEST(PpoRuns, SeparateCriticLearnsResumesAndShards) {
   TempDir dir;
   const auto rm = tiny_reward_model(dir / "rm", 40);
   const std::string critic = " ppo.critic_from=" + rm.string() + " ppo.critic_learning_rate=3e-4";
-  const std::string common = "train.max_steps=160 train.eval_every=160 train.save_every=80 train.log_every=1" + critic;
+  // Saves at step 144 (a rollout boundary) for the resume below, and at the end.
+  const std::string common = "train.max_steps=160 train.eval_every=160 train.save_every=144 train.log_every=1" + critic;
   ppo_run(dir / "straight", common);
   const auto a = anvil::testing::metrics_by_step(dir / "straight" / "metrics.jsonl");
   ASSERT_EQ(a.size(), 160u);
@@ -828,12 +831,12 @@ TEST(PpoRuns, SeparateCriticLearnsResumesAndShards) {
     EXPECT_FALSE(at::equal(trained.get("score.weight"), initial.get("score.weight"))) << "the critic trained";
   }
 
-  // Resumed from checkpoint-80 in a fresh folder: steps 81..160 as before.
+  // Resumed from checkpoint-144 in a fresh folder: steps 145..160 as before.
   stdfs::create_directories(dir / "resumed");
-  stdfs::copy(dir / "straight" / "checkpoint-80", dir / "resumed" / "checkpoint-80", stdfs::copy_options::recursive);
+  stdfs::copy(dir / "straight" / "checkpoint-144", dir / "resumed" / "checkpoint-144", stdfs::copy_options::recursive);
   ppo_run(dir / "resumed", common);
   const auto b = anvil::testing::metrics_by_step(dir / "resumed" / "metrics.jsonl");
-  ASSERT_EQ(b.size(), 80u);
+  ASSERT_EQ(b.size(), 16u);
   for (const auto& [step, m] : b)
     for (const char* key : {"loss", "loss/value_avg", "critic/grad_norm", "objective/scores", "eval/exact_match"}) {
       if (!a.at(step).contains(key)) continue;
