@@ -13,7 +13,7 @@
 # name is the suite's ("ConfigTest"); its output shows each test's result and
 # time, and `anvil_tests --gtest_filter=Suite.Test` runs one test alone.
 if(CMAKE_SCRIPT_MODE_FILE)
-  # Script mode, after a link: EXE, FILTER, WORKDIR, PROPS (a ;-list, escaped), OUT.
+  # Script mode, after a link: EXE, FILTER, WORKDIR, PROPS (set_tests_properties' words, bracket-quoted), OUT.
   execute_process(COMMAND "${EXE}" --gtest_list_tests "--gtest_filter=${FILTER}"
                   WORKING_DIRECTORY "${WORKDIR}" OUTPUT_VARIABLE listing ERROR_VARIABLE err
                   RESULT_VARIABLE rc TIMEOUT 60)
@@ -48,8 +48,7 @@ set(ANVIL_TEST_SUITES_SCRIPT ${CMAKE_CURRENT_LIST_FILE})
 
 function(anvil_add_test_suites target)
   cmake_parse_arguments(A "" "FILTER;WORKING_DIRECTORY" "PROPERTIES" ${ARGN})
-  string(MAKE_C_IDENTIFIER "${A_FILTER}" tag)
-  string(MD5 tag "${tag}")
+  string(MD5 tag "${A_FILTER}")
   string(SUBSTRING "${tag}" 0 8 tag)
   set(out "${CMAKE_CURRENT_BINARY_DIR}/${target}_suites_${tag}.cmake")
   set(include_file "${CMAKE_CURRENT_BINARY_DIR}/${target}_suites_${tag}_include.cmake")
