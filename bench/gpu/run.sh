@@ -248,6 +248,21 @@ sec_check() {
     check losses "$prec run resumed at step 3 on $DEVICE = uninterrupted" "$W/runs/chk-resume-$prec/metrics.jsonl" \
       "$W/runs/chk-save-bg-$prec/metrics.jsonl"
   done
+  # Each step read while the next runs (train.overlap_step_reads, the default), steps 2 and 5 not finite and
+  # skipped inside the fused AdamW kernel = each step read at once, the skips decided on the host: the same
+  # checkpoint bytes (weights, moments, AdamW step counts). fp32: the plain engine; bf16: one sharded rank.
+  for prec in fp32 bf16; do
+    for overlap in true false; do
+      RUN_ENV=(ANVIL_TEST_NONFINITE=grad@2,loss@5)
+      anvil_run chk-overlap-$overlap-$prec "$DBG_GPT2" 4 64 $prec train.max_steps=8 train.save_every=4 \
+        train.keep_checkpoints=0 train.on_nonfinite=skip train.overlap_step_reads=$overlap
+      RUN_ENV=()
+    done
+    grep -q "each step read while the next runs" "$W/chk-overlap-true-$prec.log" ||
+      { echo "FAIL $prec: the overlapped run did not overlap its step reads" | tee -a "$OUTD/checks.txt"; FAILED=1; }
+    check same-files "$prec on $DEVICE: steps read while the next runs = read at once, 2 skipped (checkpoint-8)" \
+      "$W/runs/chk-overlap-true-$prec/checkpoint-8" "$W/runs/chk-overlap-false-$prec/checkpoint-8"
+  done
   # Generation and logits on the device: a random GPT-2 with peaked logits (no near-ties).
   C=$W/chk-model
   rm -rf "$C"

@@ -373,7 +373,9 @@ void ShardedModel::finish_backward() {
     for (size_t i = 0; i + 1 < units_.size(); ++i) release(*units_[i]);
 }
 
-double ShardedModel::clip_grad_norm(double max_norm) {
+double ShardedModel::clip_grad_norm(double max_norm) { return clip_grad_norm_on_device(max_norm).item<double>(); }
+
+at::Tensor ShardedModel::clip_grad_norm_on_device(double max_norm) {
   // The squares summed in double over every rank's shards; the coefficient
   // (torch's max_norm / (norm + 1e-6), applied when below 1) stays on the
   // device, so the step is queued whole and the norm is read once, at the end.
@@ -381,7 +383,7 @@ double ShardedModel::clip_grad_norm(double max_norm) {
   std::vector<at::Tensor> grads;
   for (auto& u : units_)
     if (u->master.grad().defined()) grads.push_back(u->master.grad());
-  if (grads.empty()) return 0.0;
+  if (grads.empty()) return at::zeros({}, units_.front()->master.options().dtype(at::kDouble));
   std::vector<at::Tensor> squares;
   for (const auto& n : at::_foreach_norm(grads, 2, at::kDouble)) squares.push_back(n.square());
   auto sq = at::stack(squares).sum().view({1});
@@ -391,7 +393,7 @@ double ShardedModel::clip_grad_norm(double max_norm) {
     const auto coef = at::clamp_max(max_norm / (total + 1e-6), 1.0).to(grads.front().scalar_type());
     at::_foreach_mul_(grads, coef);
   }
-  return total.item<double>();
+  return total;
 }
 
 void ShardedModel::after_optimizer_step() {

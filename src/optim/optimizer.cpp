@@ -5,6 +5,7 @@
 #include <torch/nn/modules/normalization.h>
 
 #include <cctype>
+#include <optional>
 #include <regex>
 
 namespace anvil::optim {
@@ -52,10 +53,39 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
     }
     if (params.empty()) continue;
     if (!advance.empty()) at::_foreach_add_(advance, 1);
+    std::optional<at::Tensor> found_inf;
+    if (skip_.defined()) found_inf = skip_;
     at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, o.lr(), std::get<0>(o.betas()),
-                      std::get<1>(o.betas()), o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false);
+                      std::get<1>(o.betas()), o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false,
+                      /*grad_scale=*/std::nullopt, found_inf);
+    // A skipped step takes its count back on the device (torch's _fused_adamw does the same after the kernel).
+    if (skip_.defined()) at::_foreach_add_(steps, skip_, -1);
+    if (skip_.defined()) {
+      auto& keys = stepped_[calls_ + 1];
+      for (const auto& p : params) keys.push_back(p.unsafeGetTensorImpl());
+    }
   }
+  ++calls_;
+  skip_ = at::Tensor();
+  while (stepped_.size() > 4) stepped_.erase(stepped_.begin());
   return loss;
+}
+
+int64_t FusedAdamW::skip_next_if(const at::Tensor& skip) {
+  TORCH_CHECK(skip.dim() == 0 && skip.scalar_type() == at::kFloat, "FusedAdamW: skip must be a 0-dim float32 tensor");
+  skip_ = skip;
+  return calls_ + 1;
+}
+
+void FusedAdamW::take_back(int64_t call) {
+  const auto it = stepped_.find(call);
+  TORCH_CHECK(it != stepped_.end(), "FusedAdamW: step ", call, " is not among the last steps taken with skip_next_if");
+  for (const void* key : it->second) {
+    auto& st = static_cast<torch::optim::AdamWParamState&>(*state().at(const_cast<void*>(key)));
+    st.step(st.step() - 1);
+    if (auto d = device_steps_.find(key); d != device_steps_.end() && d->second.count >= 0) --d->second.count;
+  }
+  stepped_.erase(it);
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::OptimizerConfig& c,

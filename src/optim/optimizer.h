@@ -4,6 +4,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
 
+#include <map>
 #include <memory>
 #include <unordered_map>
 
@@ -20,6 +21,17 @@ class FusedAdamW final : public torch::optim::AdamW {
   using torch::optim::AdamW::AdamW;
   at::Tensor step(LossClosure closure = nullptr) override;
 
+  /// The next step() leaves everything as it was where `skip` (a 0-dim
+  /// float32 tensor on the parameters' device) is 1: the kernel's found_inf,
+  /// as torch.amp's GradScaler uses it, so the decision never leaves the
+  /// device. Returns that step's number among this optimizer's steps, for
+  /// take_back().
+  int64_t skip_next_if(const at::Tensor& skip);
+  /// The host learned that step `call` (skip_next_if's number) was skipped:
+  /// the state's step counts of the parameters it stepped go back by one (the
+  /// device's counters already did). Only the last few steps can be taken back.
+  void take_back(int64_t call);
+
  private:
   /// The kernel's step counters, kept on the parameters' device and advanced
   /// in one launch per group; rebuilt from the state's count when it moved
@@ -29,6 +41,10 @@ class FusedAdamW final : public torch::optim::AdamW {
     at::Tensor value;
   };
   std::unordered_map<const void*, DeviceStep> device_steps_;
+  at::Tensor skip_;  // for the next step only
+  int64_t calls_ = 0;
+  /// The parameters each of the last few steps advanced, by step number.
+  std::map<int64_t, std::vector<const void*>> stepped_;
 };
 
 /// AdamW over `params`, with optimizer.weight_decay on all of them.

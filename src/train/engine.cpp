@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <unordered_set>
 
 #include "anvil/core/error.h"
@@ -48,12 +49,12 @@ int64_t optimizer_bytes(torch::optim::Optimizer& opt) {
 /// larger (0 = only measure): torch's clip_grad_norm_ (coefficient
 /// max_norm / (norm + 1e-6), applied when below 1) in a few fused launches,
 /// the coefficient staying on the device; the norm is read once.
-double clip_or_measure(const std::vector<at::Tensor>& params, double max_norm) {
+at::Tensor clip_or_measure(const std::vector<at::Tensor>& params, double max_norm) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   for (const auto& p : params)
     if (p.grad().defined()) grads.push_back(p.grad());
-  if (grads.empty()) return 0.0;
+  if (grads.empty()) return at::zeros({}, params.front().options().dtype(at::kDouble));
   const auto norms = at::_foreach_norm(grads, 2);
   std::vector<at::Tensor> flat;
   flat.reserve(norms.size());
@@ -65,8 +66,11 @@ double clip_or_measure(const std::vector<at::Tensor>& params, double max_norm) {
     const auto coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
     at::_foreach_mul_(grads, coef);
   }
-  return total.item<double>();
+  return total.to(at::kDouble);
 }
+
+/// The fused AdamW behind `opt`, or null (torch's unfused AdamW).
+optim::FusedAdamW* fused_adamw(torch::optim::Optimizer& opt) { return dynamic_cast<optim::FusedAdamW*>(&opt); }
 
 using Trains = std::function<bool(const std::string&)>;
 
@@ -116,13 +120,23 @@ class EngineImpl : public Engine {
     return accumulate_gradients(objective, model(), batches, ao);
   }
   double clip_grad_norm(double max_norm) final {
-    double norm = clip_own(max_norm);
+    double norm = clip_own(max_norm).item<double>();
     for (auto& c : companions_) {
-      c.norm = c.engine->clip_own(max_norm);
+      c.norm = c.engine->clip_own(max_norm).item<double>();
       if (!std::isfinite(c.norm)) norm = NAN;
     }
     return norm;
   }
+  bool steps_on_device() const final { return companions_.empty() && fused_adamw(optimizer_ref()) != nullptr; }
+  at::Tensor clip_grad_norm_on_device(double max_norm) final {
+    TORCH_CHECK(steps_on_device(), "clip_grad_norm_on_device: the engine cannot step on the device");
+    return clip_own(max_norm);
+  }
+  int64_t finish_step_on_device(const at::Tensor& skip) final {
+    TORCH_CHECK(steps_on_device(), "finish_step_on_device: the engine cannot step on the device");
+    return finish_own_on_device(skip.to(device(), at::kFloat));
+  }
+  void skipped_on_device(int64_t ticket) final { fused_adamw(optimizer_ref())->take_back(ticket); }
   Metrics step_metrics() const final {
     Metrics m;
     for (const auto& c : companions_) m[c.name + "/grad_norm"] = c.norm;
@@ -171,8 +185,13 @@ class EngineImpl : public Engine {
   virtual void begin_step() = 0;
   virtual void before_backward(bool last) { (void)last; }
   virtual void after_backward() {}
-  virtual double clip_own(double max_norm) = 0;
+  /// The norm as a 0-dim float64 tensor on the device, unread.
+  virtual at::Tensor clip_own(double max_norm) = 0;
   virtual void finish_own(bool apply) = 0;
+  /// finish_own with the fused optimizer told to skip where `skip` is 1; returns its step's number.
+  virtual int64_t finish_own_on_device(const at::Tensor& skip) = 0;
+  /// optimizer() of a const engine.
+  virtual torch::optim::Optimizer& optimizer_ref() const = 0;
   virtual Metrics memory_own() = 0;
   /// Writes the model whole with its optimizer state into `dir` (a companion's
   /// part of a checkpoint); a collective in a sharded run.
@@ -312,11 +331,18 @@ class PlainEngine final : public EngineImpl {
   }
   Metrics collect_own(bool wait) override { return saves_.collect(wait); }
   void begin_step() override { optimizer_->zero_grad(); }
-  double clip_own(double max_norm) override { return clip_or_measure(params_, max_norm); }
+  at::Tensor clip_own(double max_norm) override { return clip_or_measure(params_, max_norm); }
   void finish_own(bool apply) override {
     wait_for_save_copy();  // before the step changes what a background save copies (companions' too)
     if (apply) optimizer_->step();
   }
+  int64_t finish_own_on_device(const at::Tensor& skip) override {
+    wait_for_save_copy();
+    const int64_t call = fused_adamw(*optimizer_)->skip_next_if(skip);
+    optimizer_->step();
+    return call;
+  }
+  torch::optim::Optimizer& optimizer_ref() const override { return *optimizer_; }
   Metrics memory_own() override {
     std::unordered_set<const void*> seen;
     const auto all = model_->parameters();
@@ -480,27 +506,30 @@ class ShardedEngine final : public EngineImpl {
   }
   void before_backward(bool last) override { sharded_->set_grad_sync(last); }
   void after_backward() override { sharded_->finish_backward(); }
-  double clip_own(double max_norm) override {
+  at::Tensor clip_own(double max_norm) override {
     zero_frozen_gradients();
-    return sharded_->clip_grad_norm(max_norm);
+    return sharded_->clip_grad_norm_on_device(max_norm);
   }
   Metrics collect_own(bool wait) override { return saves_.collect(wait); }
   void finish_own(bool apply) override {
     wait_for_save_copy();  // before the step changes the masters and moments a background save copies
     if (apply) {
       zero_frozen_gradients();
-      if (weight_decay_ != 0) {
-        // AdamW's decoupled decay, p *= 1 - lr * wd before its update, on
-        // the decayed slices only (the optimizer's own is off).
-        at::NoGradGuard no_grad;
-        const auto masters = sharded_->master_parameters();
-        const double lr = optimizer_->param_groups().front().options().get_lr();
-        for (const auto& r : decayed_) masters[r.unit].narrow(0, r.offset, r.numel).mul_(1 - lr * weight_decay_);
-      }
+      decay(std::nullopt);
       optimizer_->step();
     }
     sharded_->after_optimizer_step();
   }
+  int64_t finish_own_on_device(const at::Tensor& skip) override {
+    wait_for_save_copy();
+    zero_frozen_gradients();
+    decay(skip);
+    const int64_t call = fused_adamw(*optimizer_)->skip_next_if(skip);
+    optimizer_->step();
+    sharded_->after_optimizer_step();
+    return call;
+  }
+  torch::optim::Optimizer& optimizer_ref() const override { return *optimizer_; }
   Metrics memory_own() override {
     const auto mem = sharded_->memory();
     return {{"memory/parameter_bytes", static_cast<double>(mem.parameters)},
@@ -509,6 +538,26 @@ class ShardedEngine final : public EngineImpl {
             {"memory/optimizer_bytes", static_cast<double>(optimizer_bytes(*optimizer_))}};
   }
   void write_companion(const stdfs::path& dir) override { distributed::save_consolidated(dir, *sharded_, *optimizer_); }
+  /// AdamW's decoupled decay, p *= 1 - lr * wd before its update, on the
+  /// decayed slices only (the optimizer's own is off); with `skip`, a factor
+  /// of 1 where the step is skipped, chosen on the device.
+  void decay(const std::optional<at::Tensor>& skip) {
+    if (weight_decay_ == 0) return;
+    at::NoGradGuard no_grad;
+    const auto masters = sharded_->master_parameters();
+    const double lr = optimizer_->param_groups().front().options().get_lr();
+    const double keep = 1 - lr * weight_decay_;
+    at::Tensor factor;
+    if (skip)  // the same float32 factor as the scalar's below, or exactly 1
+      factor = at::where(skip->gt(0), at::ones({}, skip->options()), at::full({}, keep, skip->options()));
+    for (const auto& r : decayed_) {
+      auto slice = masters[r.unit].narrow(0, r.offset, r.numel);
+      if (skip)
+        slice.mul_(factor);
+      else
+        slice.mul_(keep);
+    }
+  }
   void gather_own() override { sharded_->gather_full_parameters(); }
   void release_own() override { sharded_->release_full_parameters(); }
 

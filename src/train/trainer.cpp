@@ -275,7 +275,8 @@ class TrainLoop {
     log::info("model: ", engine_.model().family(), ", ", params_str, " parameters on ", engine_.device().str(), "; ",
               cfg_.algorithm, " for ", cfg_.train.max_steps, " steps of ",
               run_.micro_per_step * cfg_.train.micro_batch_size, " samples (", run_.micro_per_step,
-              " micro-batches of ", cfg_.train.micro_batch_size, ")", where.empty() ? "" : "; " + where);
+              " micro-batches of ", cfg_.train.micro_batch_size, ")", where.empty() ? "" : "; " + where,
+              overlap_ ? "; each step read while the next runs" : "");
     if (step_ >= cfg_.train.max_steps)
       log::info("the run in ", run_.out_dir.string(), " is already complete (step ", step_, " of ",
                 cfg_.train.max_steps, "); raise train.max_steps to train further");
@@ -283,9 +284,15 @@ class TrainLoop {
     t_start_ = std::chrono::steady_clock::now();
     try {
       while (step_ < cfg_.train.max_steps && !stop_) run_iteration();
+      if (last_) write_last();  // (the last iteration reads its step)
       profiler_.finish();
       engine_.collect_save(/*wait=*/true);  // the last checkpoint is on disk before the run ends
     } catch (...) {
+      try {  // a step the device finished before the error keeps its line
+        if (last_ && !reading_) write_last();
+      } catch (const std::exception& e) {
+        log::error(e.what());
+      }
       try {  // a checkpoint being written is finished; this error is the one the run ends with
         engine_.collect_save(/*wait=*/true);
       } catch (const std::exception& e) {
@@ -304,9 +311,9 @@ class TrainLoop {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   }
 
-  void write_metrics(const Metrics& m) {
-    if (metrics_) metrics_->write(step_, m);
-    if (tb_) tb_->scalars(step_, std::vector<std::pair<std::string, double>>(m.begin(), m.end()));
+  void write_metrics(int64_t step, const Metrics& m) {
+    if (metrics_) metrics_->write(step, m);
+    if (tb_) tb_->scalars(step, std::vector<std::pair<std::string, double>>(m.begin(), m.end()));
   }
   static std::string samples_markdown(const EvalResult& e) {
     auto cell = [](std::string s) {
@@ -319,26 +326,61 @@ class TrainLoop {
     return md;
   }
 
+  /// A step the loop has run, and its metrics line once its values are read.
+  /// With train.overlap_step_reads the step is queued on the device whole
+  /// (skipped there when not finite) and read after the next one is queued.
+  struct StepRecord {
+    int64_t step = 0;  // its number: steps done once it is
+    double lr = 0;
+    int64_t targets = 0, tokens = 0;
+    std::chrono::steady_clock::time_point t0;
+    StepStats stats;      // the loss and sums, on the device until read
+    at::Tensor norm;      // the gradient norm, on the device until read
+    int64_t ticket = -1;  // Engine::finish_step_on_device's
+    Metrics known;        // what was known when it was queued (memory, the iteration's metrics)
+    bool read = false;
+    Metrics line;  // once read
+  };
+
+  /// Whether this run's steps are read one step late (train.overlap_step_reads).
+  bool overlapped() const {
+    return cfg_.train.overlap_step_reads && run_.ranks.world == 1 && engine_.steps_on_device() &&
+           objective_.overlaps_step_reads();
+  }
+
+  /// Writes the line of the last step run (reading it first when it was queued).
+  void write_last() {
+    write_metrics(last_->step, read_step(*last_));
+    last_.reset();
+  }
+
   /// before_iteration, then the iteration's steps; eval and save at its end.
   void run_iteration() {
     const int64_t start = step_;
     profiler_.begin_step(step_ + 1);  // a rollout before the iteration counts toward its first step
     Metrics extra = objective_.before_iteration(engine_, iteration_, step_);
     const int64_t n = std::min(std::max<int64_t>(1, objective_.steps_per_iteration()), cfg_.train.max_steps - step_);
-    Metrics m;
     // A stop request finishes the iteration: an RL run then saves at the
     // rollout boundary, as its periodic saves do, and resumes exactly.
     for (int64_t k = 0; k < n; ++k) {
-      if (k > 0) write_metrics(m);  // all but the iteration's last line
       profiler_.begin_step(step_ + 1);
-      m = train_step();
+      if (last_ && last_->read) write_last();  // read at once: its line goes out before the next step
+      auto next = overlap_ ? queue_step(std::exchange(extra, {})) : train_step(std::exchange(extra, {}));
+      if (last_) write_last();  // overlapped: read now, while the device runs the step just queued
+      last_ = std::move(next);
       profiler_.end_step(step_);
-      m.insert(extra.begin(), extra.end());
-      extra.clear();
     }
     ++iteration_;
     const bool last = step_ == cfg_.train.max_steps;
-    if (crossed(start, step_, cfg_.train.eval_every) || last) {
+    const bool eval = crossed(start, step_, cfg_.train.eval_every) || last;
+    const bool save = crossed(start, step_, cfg_.train.save_every) || last || stop_;
+    // Overlapped, an iteration without eval or save leaves its step unread
+    // until the next step is queued.
+    if (overlap_ && !eval && !save) return;
+    auto m = read_step(*last_);
+    const int64_t at = last_->step;
+    last_.reset();
+    if (eval) {
       auto e = evaluate(engine_, objective_);
       if (!e.metrics.empty()) {
         if (run_.lead) print_eval(step_, e);
@@ -348,8 +390,8 @@ class TrainLoop {
         if (const auto it = e.metrics.find("eval/loss"); it != e.metrics.end()) eval_loss_at_[step_] = it->second;
       }
     }
-    write_metrics(m);
-    if (crossed(start, step_, cfg_.train.save_every) || last || stop_) save();
+    write_metrics(at, m);
+    if (save) this->save();
     if (stop_) {
       engine_.collect_save(/*wait=*/true);
       log::warn("stop requested: saved step ", step_, " and exiting; re-run the same command to resume");
@@ -357,9 +399,14 @@ class TrainLoop {
     }
   }
 
-  /// One optimizer step over the next micro-batches; returns its metrics line.
-  Metrics train_step() {
-    const auto t0 = std::chrono::steady_clock::now();
+  /// The micro-batches of the next step, its learning rate set; the forward
+  /// and backward queued, with any injected fault (ANVIL_TEST_NONFINITE).
+  /// `known`: metrics for its line from before it (the iteration's).
+  StepRecord begin_step(Metrics known) {
+    StepRecord r;
+    r.known = std::move(known);
+    r.t0 = std::chrono::steady_clock::now();
+    r.step = step_ + 1;
     // Tests: signals raised at a known step, ANVIL_TEST_SIGNALS_AT_STEP=STEP:SIG[,SIG...] with SIG INT or
     // TERM (a real pair of signals from outside races the save the first one starts).
     static const std::pair<int64_t, std::vector<int>> test_signals = [] {
@@ -381,65 +428,130 @@ class TrainLoop {
     // Every rank reads the whole step (same order, same padding as on one
     // rank) and keeps micro-batches rank, rank + world, ...
     std::vector<Batch> batches;
-    int64_t step_targets = 0, step_tokens = 0;
     for (int64_t i = 0; i < run_.micro_per_step; ++i) {
       auto b = objective_.train_source().next();
-      step_targets += b.num_targets;
-      step_tokens += b.num_tokens;
+      r.targets += b.num_targets;
+      r.tokens += b.num_tokens;
       if (i % run_.ranks.world == run_.ranks.rank) batches.push_back(std::move(b));
     }
-    const double lr = optim::lr_at(cfg_.schedule, cfg_.optimizer.lr, step_, cfg_.train.max_steps);
-    engine_.set_lr(lr);
+    r.lr = optim::lr_at(cfg_.schedule, cfg_.optimizer.lr, step_, cfg_.train.max_steps);
+    engine_.set_lr(r.lr);
     // The loss stays on the device until the gradient norm is read: the step
     // waits for the device once, with the clipping already queued.
-    auto s = engine_.backward(objective_, batches, step_targets, /*read_loss=*/false);
-    const auto injected = injected_.find(step_ + 1);
-    if (injected != injected_.end() && injected->second == "grad") {
+    r.stats = engine_.backward(objective_, batches, r.targets, /*read_loss=*/false);
+    if (const auto it = injected_.find(r.step); it != injected_.end()) {
       at::NoGradGuard no_grad;
-      engine_.gradients().front().fill_(NAN);
+      if (it->second == "grad")
+        engine_.gradients().front().fill_(NAN);
+      else if (run_.lead)  // rank 0's loss only: the ranks agree through the reduction
+        r.stats.loss_tensor = r.stats.loss_tensor + std::numeric_limits<double>::infinity();
     }
-    const double norm = engine_.clip_grad_norm(cfg_.train.grad_clip);
-    s.loss = s.loss_tensor.item<double>();
-    if (injected != injected_.end() && injected->second == "loss" && run_.lead)
-      s.loss = std::numeric_limits<double>::infinity();
-    // One reduction for the loss, the objective's sums and the stop flag.
-    const auto head = sum_over_ranks(run_.ranks, {s.loss, g_stop.load() ? 1.0 : 0.0}, s.sums);
-    s.loss = head[0];
-    stop_ = head[1] > 0;
-    Metrics m{{"loss", s.loss}, {"lr", lr}, {"num_targets", static_cast<double>(step_targets)}};
-    for (const auto& [k, v] : objective_.step_metrics(s.sums)) m[k] = v;
-    if (const auto aux = s.sums.find("moe/aux_loss"); aux != s.sums.end())
-      m["moe/aux_loss"] = aux->second.item<double>();
-    // The loss is summed over ranks and the norm is global, so every rank takes the same decision.
-    if (cfg_.train.grad_clip > 0) m["grad_norm"] = norm;
-    for (const auto& [k, v] : engine_.step_metrics()) m[k] = v;
-    const bool finite = std::isfinite(s.loss) && std::isfinite(norm);
-    if (!finite) guard_nonfinite(s.loss, norm);
-    engine_.finish_step(finite);
+    return r;
+  }
+
+  /// What the loop knows of a step once it is applied (or skipped).
+  void end_step(StepRecord& r) {
     ++step_;
+    for (const auto& [k, v] : engine_.memory()) r.known[k] = v;
+    for (const auto& [k, v] : accelerator_memory_metrics(run_.device)) r.known[k] = v;
+  }
+
+  /// One optimizer step read at once: the loss and norm are read (and
+  /// summed over ranks) before the optimizer steps, and the step is applied
+  /// only when both are finite.
+  StepRecord train_step(Metrics known) {
+    auto r = begin_step(std::move(known));
+    const double norm = engine_.clip_grad_norm(cfg_.train.grad_clip);
+    double loss = r.stats.loss_tensor.item<double>();
+    // One reduction for the loss, the objective's sums and the stop flag.
+    const auto head = sum_over_ranks(run_.ranks, {loss, g_stop.load() ? 1.0 : 0.0}, r.stats.sums);
+    loss = head[0];
+    stop_ = head[1] > 0;
+    // The loss is summed over ranks and the norm is global, so every rank takes the same decision.
+    const bool finite = std::isfinite(loss) && std::isfinite(norm);
+    if (!finite) guard_nonfinite(r.step, loss, norm);
+    const auto companions = engine_.step_metrics();
+    engine_.finish_step(finite);
+    end_step(r);
     if (finite) {
       nonfinite_in_a_row_ = 0;
       objective_.after_step(engine_, step_);
     }
+    r.line = line(r, loss, norm, companions);
+    r.read = true;
+    return r;
+  }
+
+  /// One optimizer step queued whole: clipping, the non-finite check and the
+  /// optimizer step all on the device; nothing here waits for it.
+  StepRecord queue_step(Metrics known) {
+    auto r = begin_step(std::move(known));
+    r.norm = engine_.clip_grad_norm_on_device(cfg_.train.grad_clip);
+    const auto loss = r.stats.loss_tensor.to(r.norm.device());
+    const auto skip = at::logical_not(at::isfinite(loss).logical_and(at::isfinite(r.norm))).to(at::kFloat);
+    r.ticket = engine_.finish_step_on_device(skip);
+    stop_ = g_stop.load();
+    end_step(r);
+    return r;
+  }
+
+  /// The metrics line of step `r`, reading it first when it was queued: one
+  /// copy to the host for its loss, norm and sums. A skipped step is counted
+  /// (or stops the run) here, and after_step() runs for an applied one.
+  Metrics read_step(StepRecord& r) {
+    if (r.read) return std::move(r.line);
+    reading_ = true;
+    std::vector<at::Tensor> values = {r.stats.loss_tensor.to(r.norm.device(), at::kDouble).reshape({}),
+                                      r.norm.to(at::kDouble)};
+    for (const auto& [key, t] : r.stats.sums) values.push_back(t.to(r.norm.device(), at::kDouble).reshape({}));
+    const auto host = at::stack(values).cpu();
+    const double* v = host.data_ptr<double>();
+    size_t i = 2;
+    for (auto& [key, t] : r.stats.sums) t = at::scalar_tensor(v[i++], at::kDouble);
+    const double loss = v[0], norm = v[1];
+    if (std::isfinite(loss) && std::isfinite(norm)) {
+      nonfinite_in_a_row_ = 0;
+      objective_.after_step(engine_, r.step);
+    } else {
+      engine_.skipped_on_device(r.ticket);
+      guard_nonfinite(r.step, loss, norm);
+    }
+    r.read = true;
+    reading_ = false;
+    return line(r, loss, norm, {});
+  }
+
+  /// A read step's metrics line; the progress line at the log cadence.
+  Metrics line(StepRecord& r, double loss, double norm, const Metrics& companions) {
+    Metrics m{{"loss", loss}, {"lr", r.lr}, {"num_targets", static_cast<double>(r.targets)}};
+    for (const auto& [k, v] : objective_.step_metrics(r.stats.sums)) m[k] = v;
+    if (const auto aux = r.stats.sums.find("moe/aux_loss"); aux != r.stats.sums.end())
+      m["moe/aux_loss"] = aux->second.item<double>();
+    if (cfg_.train.grad_clip > 0) m["grad_norm"] = norm;
+    for (const auto& [k, v] : companions) m[k] = v;
     if (cfg_.train.on_nonfinite == "skip") m["nonfinite_steps"] = static_cast<double>(nonfinite_total_);
-    for (const auto& [k, v] : engine_.memory()) m[k] = v;
-    for (const auto& [k, v] : accelerator_memory_metrics(run_.device)) m[k] = v;
+    for (const auto& [k, v] : r.known) m.emplace(k, v);
     // How long saves since the last line blocked the loop, and background writes finished since.
     for (const auto& [k, v] : engine_.collect_save(/*wait=*/false)) m[k] = v;
-    m["tokens_per_s"] = static_cast<double>(step_tokens) / seconds_since(t0);
-    result_.tokens += step_tokens;
-    last_loss_ = s.loss;
-    if (every(step_, cfg_.train.log_every) || step_ == cfg_.train.max_steps) {
-      const double eta = seconds_since(t_start_) / static_cast<double>(step_ - first_step_) *
-                         static_cast<double>(cfg_.train.max_steps - step_);
-      log::progress(progress_line(step_, cfg_.train.max_steps, m, m["tokens_per_s"], eta));
+    // From the later of its start and the previous step's read: overlapped, steps follow each other on the device.
+    const auto now = std::chrono::steady_clock::now();
+    const auto from = std::max(r.t0, last_read_);
+    last_read_ = now;
+    m["tokens_per_s"] = static_cast<double>(r.tokens) / std::chrono::duration<double>(now - from).count();
+    result_.tokens += r.tokens;
+    last_loss_ = loss;
+    if (every(r.step, cfg_.train.log_every) || r.step == cfg_.train.max_steps) {
+      const double eta = seconds_since(t_start_) / static_cast<double>(r.step - first_step_) *
+                         static_cast<double>(cfg_.train.max_steps - r.step);
+      log::progress(progress_line(r.step, cfg_.train.max_steps, m, m["tokens_per_s"], eta));
     }
     return m;
   }
 
-  /// A non-finite loss or gradient norm: stop (on_nonfinite: stop, or too
-  /// many in a row), else count it; the step is not applied either way.
-  void guard_nonfinite(double loss, double norm) {
+  /// A non-finite loss or gradient norm at step `step`: stop (on_nonfinite:
+  /// stop, or too many in a row), else count it; the step is not applied
+  /// either way.
+  void guard_nonfinite(int64_t step, double loss, double norm) {
     const auto what = !std::isfinite(loss) ? concat("loss is ", loss) : concat("gradient norm is ", norm);
     if (cfg_.train.on_nonfinite == "stop" || nonfinite_in_a_row_ + 1 >= cfg_.train.max_nonfinite_in_a_row)
       engine_.collect_save(/*wait=*/true);  // the checkpoint named below is the newest on disk
@@ -447,7 +559,7 @@ class TrainLoop {
     const auto intact = kept ? concat("; the last checkpoint, ", kept->string(), ", is as it was")
                              : std::string("; no checkpoint was written");
     if (cfg_.train.on_nonfinite == "stop")
-      throw Error(concat("step ", step_ + 1, ": the ", what,
+      throw Error(concat("step ", step, ": the ", what,
                          " (not finite); the step was not applied and "
                          "nothing was saved from it",
                          intact,
@@ -455,10 +567,10 @@ class TrainLoop {
                          "train.on_nonfinite: skip drops such steps instead"));
     ++nonfinite_total_;
     if (++nonfinite_in_a_row_ >= cfg_.train.max_nonfinite_in_a_row)
-      throw Error(concat("step ", step_ + 1, ": ", nonfinite_in_a_row_, " non-finite steps in a row (the ", what,
+      throw Error(concat("step ", step, ": ", nonfinite_in_a_row_, " non-finite steps in a row (the ", what,
                          "; train.max_nonfinite_in_a_row is ", cfg_.train.max_nonfinite_in_a_row,
                          "); stopping without saving", intact));
-    log::warn("step ", step_ + 1, ": the ", what, "; step skipped (", nonfinite_total_, " so far)");
+    log::warn("step ", step, ": the ", what, "; step skipped (", nonfinite_total_, " so far)");
   }
 
   void save() {
@@ -505,6 +617,10 @@ class TrainLoop {
   int64_t step_ = 0, iteration_ = 0, first_step_ = 0;
   int64_t nonfinite_total_ = 0, nonfinite_in_a_row_ = 0;
   bool stop_ = false;
+  const bool overlap_ = overlapped();
+  std::optional<StepRecord> last_;  // the last step run, its line not yet written
+  bool reading_ = false;            // inside read_step (an error there leaves its step unread)
+  std::chrono::steady_clock::time_point last_read_;
   double last_loss_ = NAN;
   std::chrono::steady_clock::time_point t_start_;
   std::map<int64_t, double> eval_loss_at_;  // for the best checkpoint of the summary

@@ -55,5 +55,49 @@ TEST(FusedAdamW, MatchesTorchAdamWAndSharesItsCheckpointState) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_LE((a[i] - c[i]).abs().max().item<double>(), 1e-6) << i;
 }
 
+// A step skipped on the device (skip_next_if, the kernel's found_inf) leaves
+// parameters, moments and the device's step counters as they were; once the
+// host takes its count back (take_back, possibly after a later step), the
+// optimizer equals one that never took the step, state and next steps alike.
+TEST(FusedAdamW, StepSkippedOnTheDeviceEqualsNoStep) {
+  torch::optim::AdamWOptions o(1e-2);
+  o.betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1);
+  auto a = make_params(), b = make_params();
+  FusedAdamW skipping(a, o), plain(b, o);
+  const auto one = at::ones({}, at::kFloat), zero = at::zeros({}, at::kFloat);
+  // a: step 1 skipped (no state before it), 2 applied, 3 skipped, 4 and 5 applied; step 3 is taken back only
+  // after step 4. b: the applied steps alone, with the same gradients.
+  int64_t first = 0, third = 0;
+  for (int step = 1; step <= 5; ++step) {
+    set_grads(a, step);
+    const bool skip = step == 1 || step == 3;
+    const int64_t ticket = skipping.skip_next_if(skip ? one : zero);
+    if (step == 1) first = ticket;
+    if (step == 3) third = ticket;
+    const auto before = a.front().detach().clone();
+    skipping.step();
+    if (skip) EXPECT_TRUE(at::equal(before, a.front())) << "step " << step << " moved the parameters";
+    if (step == 1) skipping.take_back(first);
+    if (step == 4) skipping.take_back(third);
+    if (!skip) {
+      set_grads(b, step);
+      plain.step();
+    }
+  }
+  EXPECT_EQ(first, 1);
+  EXPECT_EQ(third, 3);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(at::equal(a[i], b[i])) << i;
+    const auto* sa = adamw_state(skipping, a[i]);
+    const auto* sb = adamw_state(plain, b[i]);
+    ASSERT_TRUE(sa && sb);
+    EXPECT_EQ(sa->step(), 3) << i;
+    EXPECT_EQ(sa->step(), sb->step()) << i;
+    EXPECT_TRUE(at::equal(sa->exp_avg(), sb->exp_avg())) << i;
+    EXPECT_TRUE(at::equal(sa->exp_avg_sq(), sb->exp_avg_sq())) << i;
+  }
+  EXPECT_THROW(skipping.take_back(99), c10::Error);  // not a step it took
+}
+
 }  // namespace
 }  // namespace anvil::optim

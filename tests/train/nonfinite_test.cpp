@@ -102,5 +102,85 @@ TEST(NonFinite, SkipStopsAfterTooManyInARow) {
   EXPECT_FALSE(stdfs::exists(dir / "out" / "checkpoint-4"));
 }
 
+// train.overlap_step_reads (the default on one process): a step is queued
+// whole, skipped on the device when it is not finite, and read once the next
+// step is queued. Its lines, counts and checkpoints (weights, AdamW moments
+// and step counts) are those of reading each step at once, skipped steps
+// included: the first (no AdamW state yet), one read while the next step runs
+// (3 and 7) and one read at a save (4).
+// Both engines: the plain one, and the sharded one on one rank with the
+// decoupled weight decay it applies itself.
+class OverlappedSteps : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OverlappedSteps, EqualReadingEachStepAtOnceWithSkippedSteps) {
+  const std::string faults = "ANVIL_TEST_NONFINITE=grad@1,loss@3,grad@4,loss@7 ";
+  const std::string extra = "train.on_nonfinite=skip train.log_every=1 " + GetParam();
+  TempDir late, now;
+  train::Run a, b;
+  a.rc = anvil::testing::train_in(late, anvil::testing::tiny_sft_run(8, 4), extra, &a.log, faults);
+  b.rc = anvil::testing::train_in(now, anvil::testing::tiny_sft_run(8, 4), extra + " train.overlap_step_reads=false",
+                                  &b.log, faults);
+  ASSERT_EQ(a.rc, 0) << a.log;
+  ASSERT_EQ(b.rc, 0) << b.log;
+  EXPECT_NE(a.log.find("each step read while the next runs"), std::string::npos) << a.log;
+  EXPECT_EQ(b.log.find("each step read while the next runs"), std::string::npos) << b.log;
+  for (const auto* warning :
+       {"step 1: the gradient norm is nan; step skipped (1 so far)", "step 3: the loss is inf; step skipped (2 so far)",
+        "step 4: the gradient norm is nan; step skipped (3 so far)",
+        "step 7: the loss is inf; step skipped (4 so far)"}) {
+    EXPECT_NE(a.log.find(warning), std::string::npos) << warning << "\n" << a.log;
+    EXPECT_NE(b.log.find(warning), std::string::npos) << warning << "\n" << b.log;
+  }
+  const auto ma = metrics(late / "out" / "metrics.jsonl"), mb = metrics(now / "out" / "metrics.jsonl");
+  ASSERT_EQ(ma.size(), 8u);
+  ASSERT_EQ(mb.size(), 8u);
+  for (size_t i = 0; i < ma.size(); ++i) {
+    EXPECT_EQ(ma[i]["step"], mb[i]["step"]);
+    for (const auto* key : {"loss", "grad_norm", "lr", "num_targets", "nonfinite_steps"})
+      EXPECT_EQ(ma[i][key].dump(), mb[i][key].dump()) << "step " << i + 1 << " " << key;
+    std::vector<std::string> ka, kb;  // time/...: a background write's time joins whichever line follows it
+    for (const auto& [k, v] : ma[i].items())
+      if (k.rfind("time/", 0) != 0) ka.push_back(k);
+    for (const auto& [k, v] : mb[i].items())
+      if (k.rfind("time/", 0) != 0) kb.push_back(k);
+    EXPECT_EQ(ka, kb) << "step " << i + 1;
+  }
+  // Steps 5, 6 and 8 trained: the runs did not stand still.
+  EXPECT_NE(ma[4]["loss"].dump(), ma[5]["loss"].dump());
+  std::string out;
+  for (const auto* step : {"checkpoint-4", "checkpoint-8"}) {
+    for (const auto* file : {"model.safetensors", "optimizer.safetensors", "optimizer.json"})
+      EXPECT_EQ(run("cmp " + (late / "out" / step / file).string() + " " + (now / "out" / step / file).string(), &out),
+                0)
+          << step << "/" << file << ": " << out;
+    const auto sa = nlohmann::json::parse(anvil::testing::read_text(late / "out" / step / "trainer_state.json"));
+    const auto sb = nlohmann::json::parse(anvil::testing::read_text(now / "out" / step / "trainer_state.json"));
+    EXPECT_EQ(sa["nonfinite_steps"], sb["nonfinite_steps"]) << step;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, OverlappedSteps,
+                         ::testing::Values("", "dist.sharding=full_shard optimizer.weight_decay=0.1"),
+                         [](const auto& info) { return info.param.empty() ? "plain" : "sharded_one_rank"; });
+
+// Overlapped, a non-finite step under on_nonfinite: stop is found while the
+// next step runs: the run stops naming it, and nothing after the last
+// checkpoint is saved or logged.
+TEST(OverlappedStepsStop, NamesTheStepFoundWhileTheNextRuns) {
+  TempDir dir;
+  std::string log;
+  const int rc = anvil::testing::train_in(dir, anvil::testing::tiny_sft_run(8, 4), "train.log_every=1", &log,
+                                          "ANVIL_TEST_NONFINITE=grad@6 ");
+  EXPECT_NE(rc, 0) << log;
+  EXPECT_NE(log.find("each step read while the next runs"), std::string::npos) << log;
+  EXPECT_NE(log.find("step 6: the gradient norm is nan (not finite); the step was not applied and nothing was saved "
+                     "from it; the last checkpoint, " +
+                     (dir / "out" / "checkpoint-4").string() + ", is as it was"),
+            std::string::npos)
+      << log;
+  EXPECT_FALSE(stdfs::exists(dir / "out" / "checkpoint-8"));
+  EXPECT_EQ(metrics(dir / "out" / "metrics.jsonl").back()["step"].get<int64_t>(), 5);
+}
+
 }  // namespace
 }  // namespace anvil::train

@@ -338,6 +338,7 @@ struct TrainConfig {
   bool activation_checkpointing = false;
   bool fused_loss = true;
   int64_t loss_chunk_size = 0;
+  bool overlap_step_reads = true;
   double grad_clip = 1.0;
   int64_t seed = 1234;
   int64_t save_every = 0;
@@ -383,6 +384,12 @@ struct TrainConfig {
             "sft and pretrain, with train.fused_loss: target tokens projected to logits at a time; 0 = as few "
             "equal chunks as keep each chunk's float32 logits within 1 GiB.",
             read_if_declared(non_negative()));
+    v.field("overlap_step_reads", overlap_step_reads,
+            "Read each step's loss, gradient norm and metrics only once the next step is queued, with the "
+            "non-finite check (train.on_nonfinite) decided on the device inside the fused AdamW step, so the host "
+            "never waits for the device between steps. Applies on one process with optimizer.fused to sft, "
+            "pretrain, reward, dpo and kto; other runs read each step at once. Metrics, checkpoints and results "
+            "are the same either way; false reads each step at once. docs/algorithms.md.");
     v.field("grad_clip", grad_clip, "Max global gradient L2 norm; 0 disables clipping.", non_negative());
     v.field("seed", seed, "Seed for init, data order and dropout.", non_negative());
     v.field("save_every", save_every, "Checkpoint every N steps (and always at the end); 0 = end only.",

@@ -78,6 +78,24 @@ class Engine {
   /// Applies the optimizer step (`apply`), or discards the gradients of a
   /// skipped one; either way the step is over.
   virtual void finish_step(bool apply) = 0;
+
+  // ---- Steps decided on the device (train.overlap_step_reads). The loop
+  // queues a step whole and reads its loss and gradient norm after the next
+  // step is queued, so the host never waits for the device in between.
+
+  /// Whether this engine can: the optimizer is the fused AdamW
+  /// (optimizer.fused) and there are no companion models.
+  virtual bool steps_on_device() const = 0;
+  /// clip_grad_norm with the norm left on the device: a 0-dim float64 tensor.
+  virtual at::Tensor clip_grad_norm_on_device(double max_norm) = 0;
+  /// finish_step with the decision on the device: the step is applied unless
+  /// `skip` (0-dim float32 on device(), 0 or 1) is 1. Returns the step's
+  /// ticket for skipped_on_device().
+  virtual int64_t finish_step_on_device(const at::Tensor& skip) = 0;
+  /// The host has read that the step of `ticket` (one of the last few) was
+  /// skipped: the optimizer's host-side step counts go back by one, as if
+  /// finish_step(false) had been called for it.
+  virtual void skipped_on_device(int64_t ticket) = 0;
   /// Sets the policy's named parameters (HF names, heads.* included) to
   /// `values`, outside the optimizer: a target network's Polyak update, an
   /// EMA. Every rank passes the same values (a collective in a sharded run:
