@@ -5,6 +5,12 @@
 
 namespace anvil {
 
+at::Tensor to_device(const at::Tensor& t, const c10::Device& device) {
+  if (!t.defined() || !device.is_cuda() || !t.is_cpu()) return t.defined() ? t.to(device) : t;
+  const auto pinned = t.is_pinned() ? t : t.pin_memory();
+  return pinned.to(t.options().device(device), /*non_blocking=*/true);
+}
+
 void set_tf32(bool on) {
   at::globalContext().setAllowTF32CuBLAS(on);
   at::globalContext().setAllowTF32CuDNN(on);

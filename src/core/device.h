@@ -1,6 +1,8 @@
 #pragma once
-// Device-wide switches and the accelerator's memory counters.
+// Device-wide switches, host-to-device copies and the accelerator's memory
+// counters.
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include "core/metrics.h"
@@ -10,6 +12,14 @@ namespace anvil {
 /// float32 matmuls and convolutions on TensorFloat-32 tensor cores (CUDA), or
 /// IEEE float32 (PyTorch's default). No effect on the CPU.
 void set_tf32(bool on);
+
+/// `t` on `device`. A host tensor bound for CUDA goes through pinned memory
+/// and is copied without waiting: a pageable tensor's `.to(cuda)` is a copy
+/// followed by a stream synchronize, which makes the host wait for every
+/// kernel queued before it; a pinned one's copy is queued behind them (the
+/// caching host allocator keeps the pinned block until the copy has run).
+/// Anywhere else, `t.to(device)`.
+at::Tensor to_device(const at::Tensor& t, const c10::Device& device);
 
 /// The caching allocator's counters for `device` since the previous call
 /// (whose peaks it then resets): memory/gpu_peak_bytes (the most bytes held

@@ -9,6 +9,7 @@
 
 #include "anvil/config/config.h"
 #include "anvil/core/error.h"
+#include "core/device.h"
 #include "core/logging.h"
 #include "anvil/chat/chat.h"
 #include "data/datasets.h"
@@ -306,7 +307,8 @@ class KtoObjective final : public Objective {
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override {
     const auto device = model.parameters().front().device();
     const auto n = batch.num_targets;
-    const auto ids = batch.tensors.at("input_ids").to(device), labels = batch.tensors.at("labels").to(device);
+    const auto ids = to_device(batch.tensors.at("input_ids"), device),
+               labels = to_device(batch.tensors.at("labels"), device);
     const bool fused = cfg_.train.fused_loss;
     at::Tensor policy, policy_kl;
     {
@@ -321,7 +323,7 @@ class KtoObjective final : public Objective {
     }
     const auto ref = reference_sums(ids, labels).to(policy.scalar_type());
     const auto kl = kto_kl(policy_kl, ref.narrow(0, n, n));
-    const auto desirable = batch.tensors.at("desirable").to(device);
+    const auto desirable = to_device(batch.tensors.at("desirable"), device);
     const auto out = kto_loss(policy, ref.narrow(0, 0, n), desirable, kl,
                               {kto_.beta, kto_.desirable_weight, kto_.undesirable_weight});
     add_kto_sums(out, policy, desirable, kl, sums);

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "anvil/core/error.h"
+#include "core/device.h"
 #include "core/logging.h"
 #include "anvil/checkpoint/hf_model.h"
 #include "io/safetensors.h"
@@ -242,11 +243,11 @@ RankingPairs ranking_pairs(const std::vector<int64_t>& replies_per_example,
 at::Tensor ranking_loss_sum(const at::Tensor& rewards, const RankingPairs& pairs, double center_coefficient) {
   const auto dev = rewards.device();
   const auto type = rewards.scalar_type();
-  auto rb = rewards.index_select(0, pairs.better.to(dev));
-  auto rw = rewards.index_select(0, pairs.worse.to(dev));
-  auto term = -at::log_sigmoid(rb - rw - pairs.margin.to(dev, type));
+  auto rb = rewards.index_select(0, to_device(pairs.better, dev));
+  auto rw = rewards.index_select(0, to_device(pairs.worse, dev));
+  auto term = -at::log_sigmoid(rb - rw - to_device(pairs.margin, dev).to(type));
   if (center_coefficient > 0) term = term + center_coefficient * (rb + rw).pow(2);
-  return (term * pairs.weight.to(dev, type)).sum();
+  return (term * to_device(pairs.weight, dev).to(type)).sum();
 }
 
 void add_ranking_sums(const at::Tensor& rewards, const RankingPairs& pairs, Sums& sums) {
@@ -396,7 +397,7 @@ void RewardObjective::prepare(models::CausalLM& model, const RunContext&) {
 
 at::Tensor RewardObjective::State::rewards(models::CausalLM& model, const Batch& batch) const {
   const auto device = model.parameters().front().device();
-  auto ids = batch.tensors.at("input_ids").to(device);
+  auto ids = to_device(batch.tensors.at("input_ids"), device);
   auto hidden = model.hidden_states(ids, {});
   return model.score(hidden, models::last_non_pad_index(ids, pad_id));
 }
@@ -585,8 +586,8 @@ at::Tensor DpoObjective::State::reference_forward(const Batch& batch) {
   std::optional<EvalMode> eval;
   if (policy_reference) base.emplace(m), eval.emplace(m);  // the frozen reference is in eval mode too
   const auto device = m.parameters().front().device();
-  return model_sequence_logps(m, batch.tensors.at("input_ids").to(device), batch.tensors.at("labels").to(device),
-                              cfg.train.fused_loss)
+  return model_sequence_logps(m, to_device(batch.tensors.at("input_ids"), device),
+                              to_device(batch.tensors.at("labels"), device), cfg.train.fused_loss)
       .first;
 }
 
@@ -607,9 +608,9 @@ at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
   at::Tensor policy_sums, counts;
   {
     NoDropout guard(model, dpo_config(s_->cfg).disable_dropout);
-    std::tie(policy_sums, counts) =
-        model_sequence_logps(model, batch.tensors.at("input_ids").to(device), batch.tensors.at("labels").to(device),
-                             s_->cfg.train.fused_loss, batch.tensors.at("attention_mask"));
+    std::tie(policy_sums, counts) = model_sequence_logps(model, to_device(batch.tensors.at("input_ids"), device),
+                                                         to_device(batch.tensors.at("labels"), device),
+                                                         s_->cfg.train.fused_loss, batch.tensors.at("attention_mask"));
   }
   // Rows alternate chosen, rejected (every example is a pair).
   const auto& type = s_->loss_opt.loss_type;

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "anvil/core/error.h"
+#include "core/device.h"
 #include "core/logging.h"
 #include "data/token_shards.h"
 #include "anvil/generation/generate.h"
@@ -92,7 +93,7 @@ at::Tensor fused_lm_loss_sum(models::CausalLM& model, const at::Tensor& hidden, 
     const int64_t n = valid.sum().item<int64_t>();
     if (n < shifted.size(0) * 9 / 10) {
       const auto rows = valid.nonzero().squeeze(1);
-      h = h.index_select(0, rows.to(hidden.device()));
+      h = h.index_select(0, to_device(rows, hidden.device()));
       y = shifted.index_select(0, rows);
     }
   }
@@ -100,28 +101,28 @@ at::Tensor fused_lm_loss_sum(models::CausalLM& model, const at::Tensor& hidden, 
   FusedLossOptions o;
   o.chunk = chunk;
   o.ignore_index = chat::kIgnoreIndex;
-  return fused_linear_cross_entropy(h, head.weight, head.bias, y.to(hidden.device()), o);
+  return fused_linear_cross_entropy(h, head.weight, head.bias, to_device(y, hidden.device()), o);
 }
 
 at::Tensor lm_batch_loss_sum(models::CausalLM& model, const Batch& batch, const LmLossOptions& o) {
   const auto device = model.parameters().front().device();
-  auto ids = batch.tensors.at("input_ids").to(device);
+  auto ids = to_device(batch.tensors.at("input_ids"), device);
   const auto& labels = batch.tensors.at("labels");
   models::ForwardArgs args;
   // Padding takes no part in a mixture of experts' load-balancing loss (transformers' attention_mask):
   // packed rows mark it with doc_ids < 0, padded ones with their attention_mask.
   const bool experts = model.num_experts() > 0;
   if (auto it = batch.tensors.find("doc_ids"); it != batch.tensors.end()) {
-    const auto doc_ids = it->second.to(device);
-    args.position_ids = batch.tensors.at("position_ids").to(device);
+    const auto doc_ids = to_device(it->second, device);
+    args.position_ids = to_device(batch.tensors.at("position_ids"), device);
     args.attention_mask = data::document_causal_mask(doc_ids);
     if (experts) args.token_mask = doc_ids.ge(0);
   } else if (auto m = batch.tensors.find("attention_mask"); experts && m != batch.tensors.end()) {
-    args.token_mask = m->second.to(device);
+    args.token_mask = to_device(m->second, device);
   }
   if (o.fused && model.final_logit_softcap() == 0)  // soft-capped logits (Gemma) take the plain head
     return fused_lm_loss_sum(model, model.hidden_states(ids, args), labels, o.chunk);
-  return causal_lm_loss_sum(model.forward(ids, args), labels.to(device));
+  return causal_lm_loss_sum(model.forward(ids, args), to_device(labels, device));
 }
 
 Batch to_batch(data::LmBatch b) {

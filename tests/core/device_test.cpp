@@ -1,6 +1,7 @@
-// train.tf32 and the accelerator memory metrics (src/core/device.h).
+// train.tf32, host-to-device copies and the accelerator memory metrics (src/core/device.h).
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
+#include <ATen/DeviceAccelerator.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
@@ -40,4 +41,27 @@ TEST(Device, CudaPeakCoversATensorAndResetsAfterReading) {
   // Freed and reset: the next window's peak is what is held now.
   auto next = anvil::accelerator_memory_metrics(dev);
   EXPECT_LT(next["memory/gpu_peak_bytes"], static_cast<double>(bytes));
+}
+
+TEST(Device, ToDeviceOnTheCpuIsPlainTo) {
+  const auto t = at::arange(6, at::kLong);
+  const auto moved = anvil::to_device(t, at::Device(at::kCPU));
+  EXPECT_TRUE(at::equal(moved, t));
+  EXPECT_FALSE(anvil::to_device(at::Tensor(), at::Device(at::kCPU)).defined());
+}
+
+// A host tensor reaches the GPU without the host waiting for the kernels
+// queued before the copy, and with the values it had when copied.
+TEST(Device, HostTensorsReachCudaWithoutWaitingForTheStream) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const at::Device dev(at::kCUDA, 0);
+  auto a = at::randn({4096, 4096}, at::TensorOptions().device(dev));
+  for (int i = 0; i < 20; ++i) a = at::tanh(at::matmul(a, a));  // some tens of milliseconds queued
+  auto host = at::arange(1 << 16, at::kLong);
+  const auto on_device = anvil::to_device(host, dev);
+  const bool queued = !at::accelerator::getCurrentStream(dev.index()).query();
+  host.fill_(-1);  // the copy was taken from pinned memory, not from here
+  at::accelerator::synchronizeDevice(dev.index());
+  EXPECT_TRUE(queued) << "to_device waited for the stream";
+  EXPECT_TRUE(at::equal(on_device.cpu(), at::arange(1 << 16, at::kLong)));
 }
