@@ -32,7 +32,8 @@
 #      peers in --smoke too), GEN_BATCHES (default "1 32 128"), GEN_COMPILE=0 (gen: leave out the static-cache
 #      + torch.compile peer, about a minute per shape), TRAIN_PEERS=0 (train, profile: Anvil alone),
 #      TRAIN_EAGER=0 (train: no transformers eager peer, the compiled one stays), PROFILE_PEER=0 (profile:
-#      Anvil alone). Sections run in the order given, so a call cut by a time limit loses the last ones.
+#      Anvil alone), TRAIN_AB=0 (train, profile: no second Anvil GPT-2 run with
+#      train.overlap_step_reads=false). Sections run in the order given, so a call cut by a time limit loses the last ones.
 # Without a registry (the lent GPU machines): run bench/gpu/fetch_debs.sh on a Debian machine first and
 # send .gpudeps with the repository (device call: carry [".gpudeps"]); they are unpacked into
 # /tmp/anvil-deps.
@@ -297,6 +298,14 @@ sec_profile() {
     cp "$W/runs/anvil-profile/profile/summary.txt" "$OUTD/profile-anvil.txt" && cat "$OUTD/profile-anvil.txt"
   fi
   rm -rf "$W"/runs/anvil-profile/checkpoint-*
+  # The same steps read one at a time (train.overlap_step_reads=false), appended to the same file: the GPU
+  # busy fraction and host syncs the overlap moves.
+  if ((${TRAIN_AB:-1})) && anvil_run anvil-profile-each "$GPT2" "$1" "$2" bf16 train.max_steps=8 \
+    "train.profile_steps=[5,7]" train.overlap_step_reads=false; then
+    { echo; echo "---- the same, train.overlap_step_reads=false (each step read before the next is queued)"
+      cat "$W/runs/anvil-profile-each/profile/summary.txt"; } | tee -a "$OUTD/profile-anvil.txt"
+  fi
+  rm -rf "$W"/runs/anvil-profile-each/checkpoint-*
   if ((${PROFILE_PEER:-${TRAIN_PEERS:-1}} == 0)); then
     echo "profile: the compiled peer left out (TRAIN_PEERS=0 or PROFILE_PEER=0)"
   elif timeout "$LIMIT" $PY bench/gpu/profile_hf.py --model "$GPT2" "${VOCAB_ARG[@]}" --batch "$1" --seq "$2" \
@@ -312,6 +321,9 @@ sec_train() {
     for r in $(seq "$ROUNDS"); do
       stamp "train $1 $2x$3, round $r"
       anvil_train anvil "$1" "$2" "$3" bf16
+      # The same run reading each step before queueing the next (what train.overlap_step_reads saves).
+      [[ $1 == "$GPT2" ]] && ((${TRAIN_AB:-1})) &&
+        anvil_train anvil-read-each-step "$1" "$2" "$3" bf16 train.overlap_step_reads=false
       ((${TRAIN_PEERS:-1} && ${TRAIN_EAGER:-1})) && hf_train "$1" "$2" "$3" autocast 0
       ((COMPILE && ${TRAIN_PEERS:-1})) && hf_train "$1" "$2" "$3" autocast 1
     done

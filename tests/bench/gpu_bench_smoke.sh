@@ -28,6 +28,7 @@ row() { # a table row matching the regex, with a number in the tokens/s column
 }
 row "gpt2-debug, 2 x 64, bf16 \| anvil \(n=1\)"
 row "gpt2-debug, 2 x 64, bf16 \| transformers-eager \(n=1\)"
+row "gpt2-debug, 2 x 64, bf16 \| anvil-read-each-step \(n=1\)"
 row "llama-debug, 2 x 64, bf16 \| anvil \(n=1\)"
 row "llama-debug, 2 x 64, bf16 \| transformers-eager \(n=1\)"
 row "qwen3_moe-debug, 2 x 64, bf16 \| anvil \(n=1\)"
@@ -54,6 +55,9 @@ for who in anvil hf; do
 done
 grep -q "^profile (anvil): steps 5-7 (3) on cpu" "$OUTD/profile-anvil.txt" 2>/dev/null ||
   { echo "the anvil profile is not of steps 5-7"; fail=1; }
+[[ $(grep -c "^profile (anvil): steps 5-7 (3) on cpu" "$OUTD/profile-anvil.txt" 2>/dev/null) == 2 ]] &&
+  grep -q "^---- the same, train.overlap_step_reads=false" "$OUTD/profile-anvil.txt" ||
+  { echo "no second anvil profile with train.overlap_step_reads=false"; fail=1; }
 # $OUT holds the summaries alone (a lent GPU machine returns 8 files of it); runs and logs are in WORK.
 n=$(find "$OUTD" -maxdepth 1 -type f ! -name log | wc -l)
 ((n <= 8)) || { echo "run.sh left $n files in OUT (at most 8):"; ls "$OUTD"; fail=1; }
