@@ -336,6 +336,7 @@ class TrainLoop {
     std::chrono::steady_clock::time_point t0;
     StepStats stats;      // the loss and sums, on the device until read
     at::Tensor norm;      // the gradient norm, on the device until read
+    at::Tensor reduced;   // several ranks: [loss, stop flag, sums...] summed over ranks on the device
     int64_t ticket = -1;  // Engine::finish_step_on_device's
     Metrics known;        // what was known when it was queued (memory, the iteration's metrics)
     bool read = false;
@@ -344,7 +345,7 @@ class TrainLoop {
 
   /// Whether this run's steps are read one step late (train.overlap_step_reads).
   bool overlapped() const {
-    return cfg_.train.overlap_step_reads && run_.ranks.world == 1 && engine_.steps_on_device() &&
+    return cfg_.train.overlap_step_reads && (run_.ranks.world == 1 || run_.comm) && engine_.steps_on_device() &&
            objective_.overlaps_step_reads();
   }
 
@@ -487,10 +488,21 @@ class TrainLoop {
   StepRecord queue_step(Metrics known) {
     auto r = begin_step(std::move(known));
     r.norm = engine_.clip_grad_norm_on_device(cfg_.train.grad_clip);
-    const auto loss = r.stats.loss_tensor.to(r.norm.device());
+    auto loss = r.stats.loss_tensor.to(r.norm.device(), at::kDouble).reshape({});
+    if (run_.ranks.world > 1) {
+      // One reduction on the device for the loss, the stop flag and the objective's sums, read with the
+      // step: every rank then takes the same decisions, the stop one step later than on one process.
+      std::vector<at::Tensor> parts = {loss, at::full({}, g_stop.load() ? 1.0 : 0.0, loss.options())};
+      for (const auto& [key, t] : r.stats.sums) parts.push_back(t.to(loss.device(), at::kDouble).reshape({}));
+      r.reduced = at::stack(parts);
+      run_.comm->all_reduce_sum(r.reduced, "step statistics");
+      loss = r.reduced[0];
+    } else {
+      stop_ = g_stop.load();
+    }
+    // The norm is global, the loss summed over ranks: every rank skips alike.
     const auto skip = at::logical_not(at::isfinite(loss).logical_and(at::isfinite(r.norm))).to(at::kFloat);
     r.ticket = engine_.finish_step_on_device(skip);
-    stop_ = g_stop.load();
     end_step(r);
     return r;
   }
@@ -501,14 +513,20 @@ class TrainLoop {
   Metrics read_step(StepRecord& r) {
     if (r.read) return std::move(r.line);
     reading_ = true;
-    std::vector<at::Tensor> values = {r.stats.loss_tensor.to(r.norm.device(), at::kDouble).reshape({}),
-                                      r.norm.to(at::kDouble)};
-    for (const auto& [key, t] : r.stats.sums) values.push_back(t.to(r.norm.device(), at::kDouble).reshape({}));
-    const auto host = at::stack(values).cpu();
+    // [norm, loss, stop flag (several ranks), sums...]
+    std::vector<at::Tensor> values = {r.norm.to(at::kDouble).reshape({1})};
+    if (r.reduced.defined()) {
+      values.push_back(r.reduced);
+    } else {
+      values.push_back(r.stats.loss_tensor.to(r.norm.device(), at::kDouble).reshape({1}));
+      for (const auto& [key, t] : r.stats.sums) values.push_back(t.to(r.norm.device(), at::kDouble).reshape({1}));
+    }
+    const auto host = at::cat(values).cpu();
     const double* v = host.data_ptr<double>();
+    const double norm = v[0], loss = v[1];
     size_t i = 2;
+    if (r.reduced.defined() && v[i++] > 0) stop_ = true;
     for (auto& [key, t] : r.stats.sums) t = at::scalar_tensor(v[i++], at::kDouble);
-    const double loss = v[0], norm = v[1];
     if (std::isfinite(loss) && std::isfinite(norm)) {
       nonfinite_in_a_row_ = 0;
       objective_.after_step(engine_, r.step);

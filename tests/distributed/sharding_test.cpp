@@ -307,6 +307,26 @@ TEST_F(DistRuns, NonFiniteStepsAreDecidedAlikeOnEveryRank) {
   };
   EXPECT_EQ(anvil::testing::run("cmp " + model(2) + " " + model(4), &o), 0) << o;
   EXPECT_NE(anvil::testing::run("cmp -s " + model(4) + " " + model(6), &o), 0);
+  // The decision was taken on the device (train.overlap_step_reads, the loss and stop flag all-reduced with
+  // the step and read while the next ran): the lines and every checkpoint file equal reading each step at once.
+  EXPECT_NE(log.find("each step read while the next runs"), std::string::npos) << log;
+  std::string at_once;
+  ASSERT_EQ(mpi("nf-skip-at-once", "loss@3,grad@4", "train.on_nonfinite=skip train.overlap_step_reads=false", &at_once),
+            0)
+      << at_once;
+  EXPECT_EQ(at_once.find("each step read while the next runs"), std::string::npos) << at_once;
+  const auto m1 = read_metrics(*dir_ / "nf-skip-at-once" / "metrics.jsonl");
+  ASSERT_EQ(m1.size(), 6u);
+  for (int64_t step = 1; step <= 6; ++step)
+    for (const auto* key : {"loss", "grad_norm", "nonfinite_steps"})
+      EXPECT_EQ(m.at(step)[key].dump(), m1.at(step)[key].dump()) << "step " << step << " " << key;
+  for (const auto* file : {"model.safetensors", "shards/shard-00000-of-00002.safetensors",
+                           "shards/shard-00001-of-00002.safetensors", "sharding.json"})
+    EXPECT_EQ(anvil::testing::run("cmp " + (*dir_ / "nf-skip" / "checkpoint-6" / file).string() + " " +
+                                      (*dir_ / "nf-skip-at-once" / "checkpoint-6" / file).string(),
+                                  &o),
+              0)
+        << file << ": " << o;
   EXPECT_NE(mpi("nf-stop", "loss@3", "", &log), 0);
   EXPECT_NE(log.find("step 3: the loss is inf (not finite)"), std::string::npos) << log;
   EXPECT_TRUE(stdfs::exists(*dir_ / "nf-stop" / "checkpoint-2" / "trainer_state.json"));
