@@ -11,6 +11,7 @@
 
 #include "anvil/config/config.h"
 #include "anvil/core/error.h"
+#include "core/device.h"
 #include "core/logging.h"
 #include "anvil/chat/chat.h"
 #include "data/datasets.h"
@@ -208,8 +209,8 @@ class DistillObjective final : public Objective {
 
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override {
     const auto device = model.parameters().front().device();
-    const auto ids = batch.tensors.at("input_ids").to(device);
-    const auto labels = batch.tensors.at("labels").to(device);
+    const auto ids = to_device(batch.tensors.at("input_ids"), device);
+    const auto labels = to_device(batch.tensors.at("labels"), device);
     const auto T = ids.size(1);
     // Position t predicts token t + 1: the positions before each response token.
     const auto mask = labels.narrow(1, 1, T - 1).ne(chat::kIgnoreIndex);

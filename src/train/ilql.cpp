@@ -16,6 +16,7 @@
 #include <limits>
 
 #include "anvil/core/error.h"
+#include "core/device.h"
 #include "core/logging.h"
 #include "anvil/chat/chat.h"
 #include "data/datasets.h"
@@ -298,7 +299,7 @@ void IlqlObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
 at::Tensor IlqlObjective::loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) {
   const auto& o = s_->o;
   const auto device = model.parameters().front().device();
-  auto t = [&](const char* k) { return batch.tensors.at(k).to(device); };
+  auto t = [&](const char* k) { return to_device(batch.tensors.at(k), device); };
   const auto ids = t("input_ids"), states = t("states");
   const auto hidden = model.hidden_states(ids, {});
   const auto H = hidden.size(-1), A = states.size(1) - 1;

@@ -23,6 +23,7 @@
 #include <sstream>
 
 #include "anvil/core/error.h"
+#include "core/device.h"
 #include "core/logging.h"
 #include "anvil/chat/chat.h"
 #include "data/datasets.h"
@@ -399,13 +400,13 @@ void PpoObjective::State::forward_logps(models::CausalLM& model, std::vector<Rol
     std::vector<const RolloutRow*> chunk;
     for (size_t i = start; i < end; ++i) chunk.push_back(&rows[i]);
     const auto b = collate_rollout(chunk, pad_id);
-    const auto ids = b.tensors.at("input_ids").to(device);
-    const auto pos = b.tensors.at("positions").to(device);
+    const auto ids = to_device(b.tensors.at("input_ids"), device);
+    const auto pos = to_device(b.tensors.at("positions"), device);
     const auto hidden = model.hidden_states(ids, {});
     const auto H = hidden.size(-1);
     const auto sel = hidden.gather(1, pos.unsqueeze(-1).expand({pos.size(0), pos.size(1), H}));
     const auto logp =
-        token_logps(model, sel, b.tensors.at("tokens").to(device), ppo.temperature, cfg.train.fused_loss).cpu();
+        token_logps(model, sel, to_device(b.tensors.at("tokens"), device), ppo.temperature, cfg.train.fused_loss).cpu();
     at::Tensor v;
     if (values) v = this->values(model, ids, pos, sel).cpu();
     for (size_t i = start; i < end; ++i) {
@@ -670,7 +671,7 @@ at::Tensor PpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
   const auto& p = s_->ppo;
   EvalMode no_dropout(model);  // as TRL: dropout would make the ratio noisy
   const auto device = model.parameters().front().device();
-  auto t = [&](const char* k) { return batch.tensors.at(k).to(device); };
+  auto t = [&](const char* k) { return to_device(batch.tensors.at(k), device); };
   const auto ids = t("input_ids"), pos = t("positions"), mask = t("mask");
   const auto hidden = model.hidden_states(ids, {});
   const auto H = hidden.size(-1);
