@@ -288,7 +288,7 @@ class KtoObjective final : public Objective {
   std::string target_unit() const override { return "KTO examples"; }
   BatchSource& train_source() override { return *source_; }
   Metrics step_metrics(const Sums& sums) const override { return kto_metrics(sums); }
-  bool overlaps_step_reads() const override { return true; }  // no after_step
+  StepReads step_reads() const override { return StepReads::late; }  // no after_step
 
   void prepare(models::CausalLM& model, const RunContext& ctx) override {
     if (model.has_score_head())

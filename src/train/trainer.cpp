@@ -346,7 +346,7 @@ class TrainLoop {
   /// Whether this run's steps are read one step late (train.overlap_step_reads).
   bool overlapped() const {
     return cfg_.train.overlap_step_reads && (run_.ranks.world == 1 || run_.comm) && engine_.steps_on_device() &&
-           objective_.overlaps_step_reads();
+           objective_.step_reads() != Objective::StepReads::at_once;
   }
 
   /// Writes the line of the last step run (reading it first when it was queued).
@@ -359,6 +359,8 @@ class TrainLoop {
   void run_iteration() {
     const int64_t start = step_;
     profiler_.begin_step(step_ + 1);  // a rollout before the iteration counts toward its first step
+    // The last iteration's last step, before a rollout that needs its after_step().
+    if (last_ && objective_.step_reads() == Objective::StepReads::within_iteration) write_last();
     Metrics extra = objective_.before_iteration(engine_, iteration_, step_);
     const int64_t n = std::min(std::max<int64_t>(1, objective_.steps_per_iteration()), cfg_.train.max_steps - step_);
     // A stop request finishes the iteration: an RL run then saves at the

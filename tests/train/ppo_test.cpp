@@ -792,6 +792,45 @@ TEST(PpoRuns, KilledAndResumedRunMatchesTheUninterruptedOne) {
     }
 }
 
+// train.overlap_step_reads on PPO (value head on the policy, the adaptive KL
+// controller in after_step) and GRPO: each step is read while the next runs,
+// an iteration's last step before the next rollout. With step 3 not finite
+// and skipped, every line and the final checkpoint equal reading each step
+// at once.
+TEST(PpoRuns, StepsReadWhileTheNextRunsEqualReadAtOnce) {
+  ASSERT_TRUE(stdfs::exists(fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
+  TempDir dir;
+  const std::string common =
+      "train.max_steps=12 train.eval_every=0 train.save_every=12 train.log_every=1 train.on_nonfinite=skip";
+  ::setenv("ANVIL_TEST_NONFINITE", "grad@3", 1);
+  for (const std::string config : {"configs/ppo_tiny.yaml", "configs/grpo_tiny.yaml"}) {
+    const auto name = stdfs::path(config).stem().string();
+    const auto late = ppo_run(dir / (name + "-late"), common, 0, config);
+    const auto now = ppo_run(dir / (name + "-now"), common + " train.overlap_step_reads=false", 0, config);
+    EXPECT_NE(late.find("each step read while the next runs"), std::string::npos) << late;
+    EXPECT_EQ(now.find("each step read while the next runs"), std::string::npos) << now;
+    EXPECT_NE(late.find("step 3: the gradient norm is nan; step skipped (1 so far)"), std::string::npos) << late;
+    const auto a = anvil::testing::metrics_by_step(dir / (name + "-late") / "metrics.jsonl"),
+               b = anvil::testing::metrics_by_step(dir / (name + "-now") / "metrics.jsonl");
+    ASSERT_EQ(a.size(), 12u) << name;
+    ASSERT_EQ(b.size(), 12u) << name;
+    for (const auto& [step, m] : a)
+      for (const auto& [key, value] : m.items()) {
+        if (key.rfind("time/", 0) == 0 || key.find("per_s") != std::string::npos) continue;  // timings
+        ASSERT_TRUE(b.at(step).contains(key)) << name << " step " << step << " " << key;
+        EXPECT_EQ(value.dump(), b.at(step)[key].dump()) << name << " step " << step << " " << key;
+      }
+    std::string out;
+    for (const auto* file : {"model.safetensors", "optimizer.safetensors", "optimizer.json", "trainer_state.json"})
+      EXPECT_EQ(run("cmp " + (dir / (name + "-late") / "checkpoint-12" / file).string() + " " +
+                        (dir / (name + "-now") / "checkpoint-12" / file).string(),
+                    &out),
+                0)
+          << name << " " << file << ": " << out;
+  }
+  ::unsetenv("ANVIL_TEST_NONFINITE");
+}
+
 // ppo.critic_from: a separate critic initialised from a reward model (its
 // score head becomes the value head) trains beside the policy with its own
 // optimizer and gradient norm. The policy still learns the task; checkpoints

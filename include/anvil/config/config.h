@@ -388,7 +388,8 @@ struct TrainConfig {
             "Read each step's loss, gradient norm and metrics only once the next step is queued, with the "
             "non-finite check (train.on_nonfinite) decided on the device inside the fused AdamW step, so the host "
             "never waits for the device between steps. Applies with optimizer.fused to sft, pretrain, reward, "
-            "dpo and kto (on several ranks the loss and stop flag are all-reduced on the device, and a stop takes "
+            "dpo, kto and ppo without a separate critic (on several ranks the loss and stop flag are all-reduced on "
+            "the device, and a stop takes "
             "one step more); other runs read each step at once. Metrics, checkpoints and results are the same "
             "either way; false reads each step at once. docs/algorithms.md.");
     v.field("grad_clip", grad_clip, "Max global gradient L2 norm; 0 disables clipping.", non_negative());

@@ -210,13 +210,19 @@ class Objective {
     (void)engine;
     (void)step;
   }
-  /// Whether the loop may read a step's loss, gradient norm and sums only
-  /// once it has queued the next step (train.overlap_step_reads), so that the
-  /// host never waits for the device between steps. after_step() and
-  /// step_metrics() of a step then run after the next step is queued. Keep
-  /// false (the default) when after_step() changes the model or what the
-  /// next step reads.
-  virtual bool overlaps_step_reads() const { return false; }
+  /// When the loop may read a step's loss, gradient norm and sums
+  /// (train.overlap_step_reads): once it has queued the next step, so that
+  /// the host never waits for the device between steps. after_step() and
+  /// step_metrics() of a step then run after the next step is queued.
+  enum class StepReads {
+    at_once,           ///< before the next step is queued (the default)
+    within_iteration,  ///< late, but an iteration's last step before the next before_iteration()
+    late,              ///< late, across iterations too
+  };
+  /// Keep at_once (the default) when after_step() changes the model or what
+  /// the next step reads; within_iteration when only the next iteration's
+  /// before_iteration() needs after_step() done (PPO's KL controller).
+  virtual StepReads step_reads() const { return StepReads::at_once; }
   /// The objective's own state, saved in every checkpoint (trainer_state.json
   /// "objective") and given to restore() on resume; null when it keeps none.
   virtual nlohmann::json state() const { return nullptr; }

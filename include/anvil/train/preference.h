@@ -175,7 +175,7 @@ class RewardObjective final : public Objective {
   Metrics step_metrics(const Sums& sums) const override { return ranking_metrics(sums); }
   EvalResult evaluate(models::CausalLM& model) override;
   BatchSource& train_source() override;
-  bool overlaps_step_reads() const override { return true; }  // no after_step
+  StepReads step_reads() const override { return StepReads::late; }  // no after_step
 
  private:
   struct State;
@@ -196,7 +196,7 @@ class DpoObjective final : public Objective {
   Metrics step_metrics(const Sums& sums) const override { return dpo_metrics(sums); }
   EvalResult evaluate(models::CausalLM& model) override;
   BatchSource& train_source() override;
-  bool overlaps_step_reads() const override { return true; }  // no after_step
+  StepReads step_reads() const override { return StepReads::late; }  // no after_step
 
  private:
   struct State;

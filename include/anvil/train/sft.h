@@ -70,7 +70,7 @@ class LmObjective final : public Objective {
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override;
   EvalResult evaluate(models::CausalLM& model) override;
   BatchSource& train_source() override;
-  bool overlaps_step_reads() const override { return true; }  // no after_step
+  StepReads step_reads() const override { return StepReads::late; }  // no after_step
 
  private:
   struct State;
