@@ -373,12 +373,10 @@ void ShardedModel::finish_backward() {
     for (size_t i = 0; i + 1 < units_.size(); ++i) release(*units_[i]);
 }
 
-double ShardedModel::clip_grad_norm(double max_norm) { return clip_grad_norm_on_device(max_norm).item<double>(); }
-
 at::Tensor ShardedModel::clip_grad_norm_on_device(double max_norm) {
   // The squares summed in double over every rank's shards; the coefficient
   // (torch's max_norm / (norm + 1e-6), applied when below 1) stays on the
-  // device, so the step is queued whole and the norm is read once, at the end.
+  // device, so the step is queued whole; the caller reads the norm.
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   for (auto& u : units_)

@@ -118,10 +118,8 @@ class ShardedModel : public models::ShardedParameters {
   /// for every reduction; master gradients then hold the sum over ranks.
   void finish_backward();
   /// Global L2 norm of the master gradients (over all ranks); scales them to
-  /// `max_norm` when larger (0 = only measure).
-  double clip_grad_norm(double max_norm);
-  /// clip_grad_norm without reading the norm: a 0-dim float64 tensor on the
-  /// device (nothing waits for the device).
+  /// `max_norm` when larger (0 = only measure). The norm is returned unread,
+  /// a 0-dim float64 tensor on the device: nothing waits for the device.
   at::Tensor clip_grad_norm_on_device(double max_norm);
   /// After the optimizer stepped the masters: refreshes whole parameters
   /// (no_shard, shard_grad_op) or frees the root unit (full_shard).

@@ -48,7 +48,8 @@ int64_t optimizer_bytes(torch::optim::Optimizer& opt) {
 /// Global L2 norm of the gradients of `params`, clipped to `max_norm` when
 /// larger (0 = only measure): torch's clip_grad_norm_ (coefficient
 /// max_norm / (norm + 1e-6), applied when below 1) in a few fused launches,
-/// the coefficient staying on the device; the norm is read once.
+/// the coefficient staying on the device; the norm is returned unread (a
+/// 0-dim float64 tensor on the device).
 at::Tensor clip_or_measure(const std::vector<at::Tensor>& params, double max_norm) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
