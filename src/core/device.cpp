@@ -6,7 +6,8 @@
 namespace anvil {
 
 at::Tensor to_device(const at::Tensor& t, const c10::Device& device) {
-  if (!t.defined() || !device.is_cuda() || !t.is_cpu()) return t.defined() ? t.to(device) : t;
+  if (!t.defined()) return t;
+  if (!device.is_cuda() || !t.is_cpu()) return t.to(device);
   const auto pinned = t.is_pinned() ? t : t.pin_memory();
   return pinned.to(t.options().device(device), /*non_blocking=*/true);
 }

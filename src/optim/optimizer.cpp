@@ -53,14 +53,14 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
     }
     if (params.empty()) continue;
     if (!advance.empty()) at::_foreach_add_(advance, 1);
-    std::optional<at::Tensor> found_inf;
-    if (skip_.defined()) found_inf = skip_;
+    const auto found_inf = skip_.defined() ? std::optional<at::Tensor>(skip_) : std::nullopt;
     at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, o.lr(), std::get<0>(o.betas()),
                       std::get<1>(o.betas()), o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false,
                       /*grad_scale=*/std::nullopt, found_inf);
-    // A skipped step takes its count back on the device (torch's _fused_adamw does the same after the kernel).
-    if (skip_.defined()) at::_foreach_add_(steps, skip_, -1);
     if (skip_.defined()) {
+      // A skipped step takes its count back on the device (torch's _fused_adamw does the same after the
+      // kernel), and on the host once take_back() is told.
+      at::_foreach_add_(steps, skip_, -1);
       auto& keys = stepped_[calls_ + 1];
       for (const auto& p : params) keys.push_back(p.unsafeGetTensorImpl());
     }

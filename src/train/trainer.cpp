@@ -439,8 +439,8 @@ class TrainLoop {
     }
     r.lr = optim::lr_at(cfg_.schedule, cfg_.optimizer.lr, step_, cfg_.train.max_steps);
     engine_.set_lr(r.lr);
-    // The loss stays on the device until the gradient norm is read: the step
-    // waits for the device once, with the clipping already queued.
+    // The loss stays on the device: train_step reads it with the gradient norm
+    // (one wait, the clipping queued), queue_step with the whole step, later.
     r.stats = engine_.backward(objective_, batches, r.targets, /*read_loss=*/false);
     if (const auto it = injected_.find(r.step); it != injected_.end()) {
       at::NoGradGuard no_grad;
