@@ -9,16 +9,24 @@
 // inverse_cdf_draw: a chi-square test of the drawn tokens against the
 // softmax's probabilities, tokens at -inf never drawn; on CUDA, the tokens of
 // the kernel against the ATen reference's on the same uniforms.
+// packed attention: layers::attention over packed documents, which on CUDA
+// runs flash attention with cumulative lengths, against the block-diagonal
+// mask in float32 on the same bfloat16 values (output and the gradients of q,
+// k, v, with and without a sliding window), then on CUDA both timed, forward
+// and backward.
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "bench_util.h"
+#include "data/collate.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/draw.h"
+#include "models/layers.h"
 
 namespace {
 
@@ -122,6 +130,101 @@ double time_it(const at::Device& device, int reps, F&& f) {
   return bench::median(t);
 }
 
+/// Packed rows' documents: 4 rows of 1024 tokens cut at random, padding after the last document of each row.
+at::Tensor random_documents(at::Generator& gen, int64_t rows, int64_t len) {
+  auto doc = at::full({rows, len}, -1, at::kLong);
+  for (int64_t b = 0; b < rows; ++b) {
+    int64_t t = 0, d = 0;
+    const int64_t end = len - at::randint(0, 64, {1}, gen).item<int64_t>();
+    while (t < end) {
+      const int64_t n = std::min(end - t, at::randint(1, len / 2, {1}, gen).item<int64_t>());
+      doc[b].narrow(0, t, n).fill_(d++);
+      t += n;
+    }
+  }
+  return doc;
+}
+
+struct AttentionRun {
+  at::Tensor y, dq, dk, dv;
+  std::string node;  // the autograd node under the output's view
+};
+
+AttentionRun run_attention(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, const at::Tensor& w,
+                           const models::ForwardArgs& args, const models::layers::AttentionOptions& o) {
+  auto q = q0.detach().clone().set_requires_grad(true), k = k0.detach().clone().set_requires_grad(true),
+       v = v0.detach().clone().set_requires_grad(true);
+  AttentionRun r;
+  r.y = models::layers::attention(q, k, v, args, 0, o);
+  for (auto fn = r.y.grad_fn(); fn && r.node.size() < 200;
+       fn = fn->next_edges().empty() ? nullptr : fn->next_edges()[0].function)
+    r.node += fn->name() + " ";
+  torch::autograd::backward({(r.y * w.to(r.y.scalar_type())).sum()});
+  r.y = r.y.detach();
+  r.dq = q.grad(), r.dk = k.grad(), r.dv = v.grad();
+  return r;
+}
+
+int check_packed_attention(const at::Device& device, int64_t window) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(29);
+  const int64_t B = 4, T = 1024, Hq = 8, Hk = 2, D = 64;
+  const auto doc = random_documents(gen, B, T);
+  const auto offsets = data::document_offsets(doc);
+  const auto bf = at::TensorOptions().dtype(at::kBFloat16).device(device);
+  const auto q = at::randn({B, Hq, T, D}, gen).to(bf), k = at::randn({B, Hk, T, D}, gen).to(bf),
+             v = at::randn({B, Hk, T, D}, gen).to(bf), w = at::randn({B, T, Hq * D}, gen).to(device);
+  models::ForwardArgs packed, masked;
+  packed.documents.doc_ids = doc.to(device);
+  packed.documents.cu_seqlens = offsets->cu_seqlens.to(device);
+  packed.documents.max_seqlen = offsets->max_seqlen;
+  masked.attention_mask = models::layers::document_causal_mask(doc.to(device));
+  models::layers::AttentionOptions o;
+  o.sliding_window = window;
+  const auto flash = run_attention(q, k, v, w, packed, o);
+  const auto ref = run_attention(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), w, masked, o);
+  // Relative to the reference's largest value: bfloat16 keeps 8 bits, and flash attention rounds its
+  // output and gradients once to it.
+  const auto rel = [](const at::Tensor& a, const at::Tensor& b) {
+    return (a.to(at::kFloat) - b).abs().max().item<double>() / b.abs().max().item<double>();
+  };
+  const double dy = rel(flash.y, ref.y), dq = rel(flash.dq, ref.dq), dk = rel(flash.dk, ref.dk),
+               dv = rel(flash.dv, ref.dv), tol = 2e-2;
+  // On CUDA the packed path must be flash attention's; on the CPU (--smoke) both attend through the mask.
+  const bool took_flash = flash.node.find("FlashAttentionBackward") != std::string::npos || !device.is_cuda();
+  char detail[512];
+  std::snprintf(detail, sizeof detail,
+                "%ld documents in %ld x %ld tokens, %ld/%ld heads of %ld, window %ld: max relative diff "
+                "y %.3g, dq %.3g, dk %.3g, dv %.3g (allowed %g); autograd: %s",
+                static_cast<long>(offsets->cu_seqlens.size(0) - 1), static_cast<long>(B), static_cast<long>(T),
+                static_cast<long>(Hq), static_cast<long>(Hk), static_cast<long>(D), static_cast<long>(window), dy, dq,
+                dk, dv, tol, flash.node.c_str());
+  int failed =
+      report(took_flash && dy <= tol && dq <= tol && dk <= tol && dv <= tol,
+             "packed attention on " + device.str() +
+                 ": documents (on CUDA, flash attention with cumulative lengths) = the block-diagonal mask (float32)",
+             detail);
+  if (window == 0 && device.is_cuda()) {
+    // Both in bfloat16, forward and backward: what packed rows cost a layer with and without the mask.
+    const auto qb = q.detach().clone().set_requires_grad(true);
+    const auto step = [&](const models::ForwardArgs& args) {
+      auto y = models::layers::attention(qb, k, v, args, 0, o);
+      torch::autograd::backward({y.sum()});
+    };
+    const double t_flash = time_it(device, 20, [&] { step(packed); });
+    const double t_mask = time_it(device, 20, [&] { step(masked); });
+    std::printf("%s\n", nlohmann::json({{"kernel", "packed_attention"},
+                                        {"device", device.str()},
+                                        {"dtype", "bfloat16"},
+                                        {"shape", "4 x 1024, 8/2 heads of 64, fwd + bwd"},
+                                        {"cuda_ms", t_flash * 1e3},
+                                        {"aten_ms", t_mask * 1e3},
+                                        {"speedup", t_mask / t_flash}})
+                            .dump()
+                            .c_str());
+  }
+  return failed;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -135,6 +238,7 @@ int main(int argc, char** argv) {
     failed += check_cross_entropy(device, dtype, 33, 517, 515);    // odd widths
   }
   failed += check_draw(device);
+  for (int64_t window : {0, 256}) failed += check_packed_attention(device, window);
   if (device.is_cuda()) {
     if (!kernels::cross_entropy_kernel_built()) {
       failed += report(false, "cross_entropy_rows CUDA kernel", "this build has no CUDA kernels");

@@ -219,6 +219,28 @@ sec_check() {
   anvil_run chk-moe-fp32 "$DBG_MOE" 4 64 fp32 train.max_steps=5
   check losses "qwen3_moe-debug: $DEVICE float32 losses (grouped experts) ~ the CPU's (per-expert loop)" \
     "$W/runs/chk-moe-fp32/metrics.jsonl" "$W/runs/chk-moe-cpu/metrics.jsonl" --atol 2e-3 --rtol 1e-4
+  # Packed rows of short documents (data.packing): in bf16 on CUDA, attention runs flash attention over the
+  # documents' cumulative lengths; in float32, through the block-diagonal mask.
+  PACKED=$W/packed-shards
+  if [[ ! -f $PACKED/meta.json ]]; then
+    $PY - "$W/packed.txt" <<'PY'
+import random, sys
+random.seed(1)
+words = ["".join(random.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(random.randint(2, 9))) for _ in range(500)]
+with open(sys.argv[1], "w") as f:
+    for _ in range(400):
+        f.write(" ".join(random.choice(words) for _ in range(random.randint(3, 25))) + "\n")
+PY
+    "$BUILD/bin/anvil" prepare --tokenizer data/tokenizer.model --input "$W/packed.txt" --output "$PACKED" \
+      >"$W/prepare-packed.log" 2>&1 || tail -n 20 "$W/prepare-packed.log"
+  fi
+  for prec in fp32 bf16; do
+    anvil_run chk-packed-$prec "$DBG_LLAMA" 4 64 $prec "${few[@]}" data.packing=true "data.train=[{path: $PACKED}]"
+  done
+  [[ $DEVICE != cuda ]] || grep -q "flash attention over the documents" "$W/chk-packed-bf16.log" ||
+    { echo "FAIL packed rows in bf16 on $DEVICE did not run flash attention" | tee -a "$OUTD/checks.txt"; FAILED=1; }
+  check losses "llama-debug: packed rows on $DEVICE, bf16 (flash attention on CUDA) ~ float32 (the mask)" \
+    "$W/runs/chk-packed-bf16/metrics.jsonl" "$W/runs/chk-packed-fp32/metrics.jsonl" --atol 0.05
   # The fused LM head + loss (the default; vocabulary padded to 64 on CUDA) = whole logits, then the loss.
   for prec in fp32 bf16; do
     anvil_run chk-gpt2-debug-plain-$prec "$DBG_GPT2" 4 64 $prec "${few[@]}" train.fused_loss=false

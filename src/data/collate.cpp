@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <unordered_set>
 
 namespace anvil::data {
 
@@ -71,11 +74,28 @@ LmBatch collate_packed(const std::vector<std::vector<const LmSample*>>& rows, in
   return out;
 }
 
-at::Tensor document_causal_mask(const at::Tensor& doc_ids) {
-  const auto T = doc_ids.size(1);
-  auto same = doc_ids.unsqueeze(2).eq(doc_ids.unsqueeze(1));                  // (B, T, T)
-  auto causal = at::ones({T, T}, doc_ids.options().dtype(at::kBool)).tril();  // (T, T)
-  return same.logical_and(causal).unsqueeze(1);                               // (B, 1, T, T)
+std::optional<DocumentOffsets> document_offsets(const at::Tensor& doc_ids) {
+  TORCH_CHECK(doc_ids.dim() == 2 && doc_ids.scalar_type() == at::kLong && !doc_ids.is_cuda(),
+              "document_offsets: doc_ids must be (B, T) int64 on the host");
+  const auto d = doc_ids.contiguous();
+  const auto da = d.accessor<int64_t, 2>();
+  const int64_t B = d.size(0), T = d.size(1);
+  TORCH_CHECK(B * T <= std::numeric_limits<int32_t>::max(), "document_offsets: ", B * T, " tokens overflow int32");
+  DocumentOffsets out;
+  std::vector<int32_t> cu{0};
+  std::unordered_set<int64_t> seen;
+  for (int64_t b = 0; b < B; ++b) {
+    seen.clear();
+    for (int64_t t = 0; t < T; ++t) {
+      if (t > 0 && da[b][t] == da[b][t - 1]) continue;
+      if (!seen.insert(da[b][t]).second) return std::nullopt;  // the id comes back after another: not a run
+      if (t > 0) cu.push_back(static_cast<int32_t>(b * T + t));
+    }
+    cu.push_back(static_cast<int32_t>((b + 1) * T));
+  }
+  for (size_t i = 1; i < cu.size(); ++i) out.max_seqlen = std::max<int64_t>(out.max_seqlen, cu[i] - cu[i - 1]);
+  out.cu_seqlens = at::tensor(cu, at::kInt);
+  return out;
 }
 
 }  // namespace anvil::data

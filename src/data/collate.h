@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <vector>
 
 #include "data/datasets.h"
@@ -30,8 +31,17 @@ LmBatch collate_unpacked(const std::vector<const LmSample*>& samples, int64_t pa
 /// running each document on its own.
 LmBatch collate_packed(const std::vector<std::vector<const LmSample*>>& rows, int64_t row_len, int64_t pad_id);
 
-/// The block-diagonal causal mask of packed rows: (B, 1, T, T) bool, true
-/// where query i may attend key j (same document, j <= i).
-at::Tensor document_causal_mask(const at::Tensor& doc_ids);
+/// Packed rows' documents as one variable-length batch of the B * T
+/// flattened tokens (flash attention's cumulative lengths): document i covers
+/// tokens [cu_seqlens[i], cu_seqlens[i + 1]); the padding after a row's last
+/// document counts as one more. cu_seqlens is (N + 1) int32 on the host.
+struct DocumentOffsets {
+  at::Tensor cu_seqlens;
+  int64_t max_seqlen = 0;
+};
+/// doc_ids (B, T) int64 on the host (collate_packed's) -> their offsets;
+/// nullopt when an id does not cover one run of its row's tokens, which the
+/// block-diagonal mask allows and the offsets cannot express.
+std::optional<DocumentOffsets> document_offsets(const at::Tensor& doc_ids);
 
 }  // namespace anvil::data

@@ -116,9 +116,17 @@ struct AttentionOptions {
   double softcap = 0.0;
 };
 
+/// The block-diagonal causal mask of packed rows: doc_ids (B, T) int64 ->
+/// (B, 1, T, T) bool, true where query i may attend key j (same document,
+/// j <= i).
+at::Tensor document_causal_mask(const at::Tensor& doc_ids);
+
 /// Scaled dot-product attention of new queries q (B, Hq, T, D) over the
 /// cached and new keys/values k, v (B, Hkv, T, D) with Hkv dividing Hq; stores
-/// k, v in args.cache (layer `layer`). Returns (B, T, Hq * D).
+/// k, v in args.cache (layer `layer`). Returns (B, T, Hq * D). Packed rows
+/// (args.documents) without a cache go through flash attention with their
+/// cumulative lengths when it can take them (CUDA, 16-bit, head size a
+/// multiple of 8 up to 256, no soft-capping), else through their mask.
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ForwardArgs& args,
                      size_t layer, const AttentionOptions& o);
 inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ForwardArgs& args,

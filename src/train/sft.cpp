@@ -14,6 +14,7 @@
 #include "anvil/generation/generate.h"
 #include "anvil/checkpoint/hf_model.h"
 #include "anvil/models/registry.h"
+#include "models/layers.h"
 #include "train/lm_data.h"
 #include "train/lm_loss.h"
 #include "data/datasets.h"
@@ -115,7 +116,16 @@ at::Tensor lm_batch_loss_sum(models::CausalLM& model, const Batch& batch, const 
   if (auto it = batch.tensors.find("doc_ids"); it != batch.tensors.end()) {
     const auto doc_ids = to_device(it->second, device);
     args.position_ids = to_device(batch.tensors.at("position_ids"), device);
-    args.attention_mask = data::document_causal_mask(doc_ids);
+    args.documents.doc_ids = doc_ids;
+    // On CUDA the documents' cumulative lengths let attention run flash attention without a mask;
+    // they come from the host's doc ids, so finding them reads nothing back from the device.
+    if (device.is_cuda() && !it->second.is_cuda()) {
+      if (auto offsets = data::document_offsets(it->second)) {
+        args.documents.cu_seqlens = to_device(offsets->cu_seqlens, device);
+        args.documents.max_seqlen = offsets->max_seqlen;
+      }
+    }
+    if (!args.documents.cu_seqlens.defined()) args.attention_mask = models::layers::document_causal_mask(doc_ids);
     if (experts) args.token_mask = doc_ids.ge(0);
   } else if (auto m = batch.tensors.find("attention_mask"); experts && m != batch.tensors.end()) {
     args.token_mask = to_device(m->second, device);

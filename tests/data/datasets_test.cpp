@@ -17,6 +17,7 @@
 #include "data/collate.h"
 #include "data/mixture.h"
 #include "data/token_shards.h"
+#include "models/layers.h"
 #include "anvil/models/registry.h"
 #include "anvil/train/sft.h"
 #include "train/lm_data.h"
@@ -555,10 +556,25 @@ TEST(Packing, PositionsRestartAndDocumentsCannotSeeEachOther) {
   EXPECT_EQ(doc, (std::vector<int64_t>{0, 0, 0, 1, 1, 2, 2, -1}));
   EXPECT_EQ(lab, (std::vector<int64_t>{kIgnoreIndex, 2, 3, kIgnoreIndex, 5, kIgnoreIndex, 7, kIgnoreIndex}));
   EXPECT_EQ(batch.num_targets, 4);
-  auto mask = document_causal_mask(batch.doc_ids)[0][0];
+  auto mask = models::layers::document_causal_mask(batch.doc_ids)[0][0];
   EXPECT_TRUE(mask[4][3].item<bool>());
   EXPECT_FALSE(mask[3][2].item<bool>());  // across documents
   EXPECT_FALSE(mask[3][4].item<bool>());  // the future
+}
+
+TEST(Packing, DocumentOffsetsCountTheFlattenedRows) {
+  // Flash attention's cumulative lengths over the B * T tokens end to end: each row's documents, then its
+  // padding as one more; an id that comes back after another has no offsets (the mask takes it).
+  const auto doc = at::tensor({0, 0, 0, 1, 1, 2, 2, -1, 0, 0, 0, 0, 0, 0, 1, 1}, at::kLong).view({2, 8});
+  const auto o = document_offsets(doc);
+  ASSERT_TRUE(o);
+  EXPECT_EQ(o->cu_seqlens.scalar_type(), at::kInt);
+  const auto cu = o->cu_seqlens;
+  EXPECT_EQ(std::vector<int32_t>(cu.data_ptr<int32_t>(), cu.data_ptr<int32_t>() + cu.numel()),
+            (std::vector<int32_t>{0, 3, 5, 7, 8, 14, 16}));
+  EXPECT_EQ(o->max_seqlen, 6);
+  EXPECT_FALSE(document_offsets(at::tensor({0, 0, 1, 0}, at::kLong).view({1, 4})));
+  EXPECT_FALSE(document_offsets(at::tensor({0, -1, 1, -1}, at::kLong).view({1, 4})));
 }
 
 // ---- token shards -------------------------------------------------------------------

@@ -17,6 +17,7 @@
 #include "anvil/models/registry.h"
 #include "models/init.h"
 #include "data/collate.h"
+#include "models/layers.h"
 #include "test_util.h"
 
 namespace anvil::models {
@@ -120,13 +121,18 @@ TEST_P(Family, PackedDocumentsMatchSeparateOnes) {
   // document's logits are its own forward's.
   auto ids = at::randint(61, {1, 12}, at::kLong);
   auto doc = at::cat({at::zeros({7}, at::kLong), at::ones({5}, at::kLong)}).unsqueeze(0);
-  ForwardArgs args;
-  args.position_ids = at::cat({at::arange(7, at::kLong), at::arange(5, at::kLong)}).unsqueeze(0);
-  args.attention_mask = data::document_causal_mask(doc);
-  auto packed = model_->forward(ids, args);
+  // Given as their mask, and as documents (each attention layer builds the mask, or on CUDA runs flash).
+  ForwardArgs masked, documents;
+  masked.position_ids = documents.position_ids =
+      at::cat({at::arange(7, at::kLong), at::arange(5, at::kLong)}).unsqueeze(0);
+  masked.attention_mask = layers::document_causal_mask(doc);
+  documents.documents.doc_ids = doc;
   auto first = model_->forward(ids.narrow(1, 0, 7)), second = model_->forward(ids.narrow(1, 7, 5));
-  EXPECT_LE((packed.narrow(1, 0, 7) - first).abs().max().item<double>(), 1e-5);
-  EXPECT_LE((packed.narrow(1, 7, 5) - second).abs().max().item<double>(), 1e-5);
+  for (const auto* args : {&masked, &documents}) {
+    auto packed = model_->forward(ids, *args);
+    EXPECT_LE((packed.narrow(1, 0, 7) - first).abs().max().item<double>(), 1e-5);
+    EXPECT_LE((packed.narrow(1, 7, 5) - second).abs().max().item<double>(), 1e-5);
+  }
 }
 
 // The sliding window reaches no further back than its width: a token more

@@ -5,6 +5,7 @@
 #include <torch/utils.h>
 
 #include "anvil/checkpoint/hf_model.h"
+#include "data/collate.h"
 #include "models/layers.h"
 #include "anvil/models/registry.h"
 #include "test_util.h"
@@ -133,6 +134,42 @@ TEST(VocabProjection, PaddedGemmEqualsThePlainProductAndItsGradients) {
   // On the CPU, and when decoding, lm_head does not pad: its result is at::linear's, bit for bit.
   const auto h = at::randn({2, 24}), w = at::randn({50, 24});
   EXPECT_TRUE(at::equal(lm_head(h, w), at::linear(h, w)));
+}
+
+TEST(PackedAttention, DocumentsAttendAsTheirOwnSequences) {
+  // Packed rows given as documents (what training on the CPU and float32 CUDA runs: the mask built from
+  // the doc ids) against each document of the flattened tokens attended on its own, as flash attention's
+  // cumulative lengths (data::document_offsets) cut them: grouped heads, padding, windows, in double.
+  at::manual_seed(0);
+  const auto doc = at::tensor({0, 0, 0, 1, 1, 1, 1, 2, 2, -1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1}, at::kLong).view({2, 10});
+  const auto offsets = data::document_offsets(doc);
+  ASSERT_TRUE(offsets);
+  const int64_t B = 2, T = 10, Hq = 4, Hk = 2, D = 8;
+  const auto dbl = at::TensorOptions().dtype(at::kDouble);
+  const auto q = at::randn({B, Hq, T, D}, dbl), k = at::randn({B, Hk, T, D}, dbl), v = at::randn({B, Hk, T, D}, dbl);
+  ForwardArgs args;
+  args.documents.doc_ids = doc;
+  args.documents.cu_seqlens = offsets->cu_seqlens;
+  args.documents.max_seqlen = offsets->max_seqlen;
+  const auto flat = [&](const at::Tensor& x) { return x.transpose(1, 2).reshape({B * T, x.size(1), D}); };
+  for (const int64_t window : {0, 2}) {
+    SCOPED_TRACE(window);
+    AttentionOptions o;
+    o.sliding_window = window;
+    const auto y = attention(q, k, v, args, 0, o).reshape({B * T, Hq, D});
+    const auto cu = offsets->cu_seqlens;
+    for (int64_t i = 0; i + 1 < cu.size(0); ++i) {
+      const int64_t s = cu[i].item<int64_t>(), n = cu[i + 1].item<int64_t>() - s;
+      // (n, H, D) -> (1, H, n, D); keys repeated for the grouped heads; window as in transformers' mask.
+      const auto seg = [&](const at::Tensor& x) { return flat(x).narrow(0, s, n).transpose(0, 1).unsqueeze(0); };
+      const auto qi = at::arange(n).unsqueeze(1), kj = at::arange(n).unsqueeze(0);
+      auto allowed = kj.le(qi);
+      if (window > 0) allowed = allowed.logical_and(kj.gt(qi - window));
+      const auto ref = at::scaled_dot_product_attention(seg(q), seg(k).repeat_interleave(Hq / Hk, 1),
+                                                        seg(v).repeat_interleave(Hq / Hk, 1), allowed);
+      EXPECT_LT((y.narrow(0, s, n) - ref[0].transpose(0, 1)).abs().max().item<double>(), 1e-12) << "document " << i;
+    }
+  }
 }
 
 }  // namespace

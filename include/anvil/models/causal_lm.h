@@ -66,6 +66,18 @@ struct RouterStats {
   at::Tensor grad;
 };
 
+/// Packed rows (data.packing) as documents. On CUDA, in float16 or bfloat16
+/// and without a cache, attention runs flash attention over the documents as
+/// one variable-length batch of the B * T flattened tokens; elsewhere it
+/// builds the block-diagonal causal mask from doc_ids, unless the caller gave
+/// ForwardArgs::attention_mask. Each id must cover one run of a row's tokens.
+struct PackedDocuments {
+  at::Tensor doc_ids;      // (B, T) int64, document number within the row (-1 = padding)
+  at::Tensor cu_seqlens;   // (N + 1) int32, document i = flattened tokens [cu_seqlens[i], cu_seqlens[i + 1])
+  int64_t max_seqlen = 0;  // the longest document
+  bool defined() const { return doc_ids.defined(); }
+};
+
 /// Inputs beyond the token ids. Defaults mean: positions continue after the
 /// cache, causal attention over every cached and new token.
 struct ForwardArgs {
@@ -74,6 +86,8 @@ struct ForwardArgs {
   /// (B, 1, T, S) bool, true = may attend; S = cached + new positions. It
   /// replaces the causal mask, so it must be causal itself.
   at::Tensor attention_mask;
+  /// Packed documents (see PackedDocuments); on the model's device.
+  PackedDocuments documents;
   KVCache* cache = nullptr;
   /// Set by CausalLM::hidden_states from the model's installed runner.
   const BlockRunner* block_runner = nullptr;

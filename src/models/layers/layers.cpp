@@ -1,8 +1,11 @@
 #include "models/layers.h"
 
+#include "core/logging.h"
 #include "models/init.h"
 
 #include <ATen/ATen.h>
+
+#include <atomic>
 
 #include <cmath>
 #include <limits>
@@ -157,10 +160,57 @@ at::Tensor positions(const ForwardArgs& args, int64_t batch, int64_t seq, const 
   return at::arange(past, past + seq, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0);
 }
 
+at::Tensor document_causal_mask(const at::Tensor& doc_ids) {
+  const auto T = doc_ids.size(1);
+  auto same = doc_ids.unsqueeze(2).eq(doc_ids.unsqueeze(1));                  // (B, T, T)
+  auto causal = at::ones({T, T}, doc_ids.options().dtype(at::kBool)).tril();  // (T, T)
+  return same.logical_and(causal).unsqueeze(1);                               // (B, 1, T, T)
+}
+
+namespace {
+
+std::optional<at::Tensor> packed_flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                 const PackedDocuments& docs, const AttentionOptions& o) {
+  static std::atomic<bool> refused{false};
+  const int64_t B = q.size(0), Hq = q.size(1), T = q.size(2), D = q.size(3);
+  const auto dtype = q.scalar_type();
+  // Flash attention's limits: 16-bit inputs, head size a multiple of 8 up to 256, no soft-capping.
+  if (!q.is_cuda() || (dtype != at::kHalf && dtype != at::kBFloat16) || D % 8 != 0 || D > 256 || o.softcap > 0 ||
+      !docs.cu_seqlens.defined() || refused.load())
+    return std::nullopt;
+  // (B, H, T, D) -> (B * T, H, D): the rows' tokens end to end, as cu_seqlens counts them.
+  const auto flat = [&](const at::Tensor& x) { return x.transpose(1, 2).reshape({B * T, x.size(1), D}); };
+  const auto scale = o.scale > 0 ? std::optional<double>(o.scale) : std::nullopt;
+  // transformers' window (key j seen by query i when i - W < j <= i) is flash's left window W - 1.
+  const auto left = o.sliding_window > 0 ? std::optional<int64_t>(o.sliding_window - 1) : std::nullopt;
+  const auto right = o.sliding_window > 0 ? std::optional<int64_t>(0) : std::nullopt;
+  try {
+    auto y = std::get<0>(at::_flash_attention_forward(
+        flat(q), flat(k), flat(v), docs.cu_seqlens, docs.cu_seqlens, docs.max_seqlen, docs.max_seqlen, o.dropout,
+        /*is_causal=*/true, /*return_debug_mask=*/false, scale, left, right));
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true)) log::info("packed rows: flash attention over the documents' cumulative lengths, no mask");
+    return y.reshape({B, T, Hq * D});
+  } catch (const c10::Error& e) {
+    // A GPU older than Ampere, or a LibTorch built without flash attention: the mask for the rest of the run.
+    if (!refused.exchange(true))
+      log::warn("packed rows: flash attention refused (", e.what_without_backtrace(),
+                "); attending through the block-diagonal mask instead, which is slower");
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new, const ForwardArgs& args,
                      size_t layer, const AttentionOptions& o) {
   const int64_t B = q.size(0), Hq = q.size(1), T = q.size(2), D = q.size(3);
   TORCH_CHECK(Hq % k_new.size(1) == 0, "key/value heads must divide query heads");
+  at::Tensor given_mask = args.attention_mask;
+  if (args.documents.defined() && !args.cache && !given_mask.defined()) {
+    if (auto y = packed_flash_attention(q, k_new, v_new, args.documents, o)) return *y;
+    given_mask = document_causal_mask(args.documents.doc_ids);
+  }
   at::Tensor k = k_new, v = v_new;
   const int64_t past = args.cache ? args.cache->length : 0;
   if (args.cache) std::tie(k, v) = args.cache->update(layer, k_new, v_new);
@@ -180,9 +230,9 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_new, const at::Ten
     const auto qi = query_slots();
     const auto kj = at::arange(S, idx).unsqueeze(0);
     auto band = (kj <= qi).logical_and(kj > qi - o.sliding_window);  // (T, S)
-    mask = args.attention_mask.defined() ? args.attention_mask.logical_and(band) : band;
-  } else if (args.attention_mask.defined()) {
-    mask = args.attention_mask;
+    mask = given_mask.defined() ? given_mask.logical_and(band) : band;
+  } else if (given_mask.defined()) {
+    mask = given_mask;
   } else if (past == 0 || T == 1) {
     causal = past == 0 && T > 1;  // one new token sees everything cached
   } else {
