@@ -14,7 +14,8 @@
 #                                   Anvil, transformers eager (autocast), transformers + torch.compile
 #                            moe    a 0.5 B Qwen3-MoE (32 experts, 4 per token) 8x1024 in bf16: Anvil (grouped_mm
 #                                   experts) and transformers eager (autocast), both with the load-balancing loss
-#                            fp32   GPT-2 in fp32 with TF32 (train.tf32), Anvil and transformers eager
+#                            fp32   GPT-2 in fp32 with TF32 (train.tf32), Anvil (without and with train.cuda_graphs)
+#                                   and transformers eager
 #                            shard  Anvil GPT-2 bf16 under 1-rank NCCL full_shard, and with activation checkpointing
 #                            ckpt   LLaMA 1.1B checkpoint stall: background saves vs ANVIL_CHECKPOINT_SYNC=1
 #                            gen    GPT-2 124M generation, batch 1, 32 and 128, greedy and sampled: Anvil vs
@@ -286,6 +287,16 @@ PY
     check same-files "$prec on $DEVICE: steps read while the next runs = read at once, 2 skipped (checkpoint-8)" \
       "$W/runs/chk-overlap-true-$prec/checkpoint-8" "$W/runs/chk-overlap-false-$prec/checkpoint-8"
   done
+  # Whole-step CUDA graphs (train.cuda_graphs: auto records step 3 and replays it where a run allows: float32
+  # here, the plain engine) against the same run eager. The learning rate reaches the graph
+  # as float32, so the two agree to round-off rather than bit for bit. On the CPU both run eagerly.
+  for graphs in auto off; do
+    anvil_run chk-graphs-$graphs "$DBG_GPT2" 4 64 fp32 "${few[@]}" train.cuda_graphs=$graphs
+  done
+  [[ $DEVICE != cuda ]] || grep -q "recorded as one CUDA graph" "$W/chk-graphs-auto.log" ||
+    { echo "FAIL float32 on $DEVICE recorded no CUDA graph" | tee -a "$OUTD/checks.txt"; FAILED=1; }
+  check losses "gpt2-debug: $DEVICE float32: whole-step CUDA graphs = eager steps" \
+    "$W/runs/chk-graphs-auto/metrics.jsonl" "$W/runs/chk-graphs-off/metrics.jsonl" --atol 1e-4 --rtol 1e-4
   # Generation and logits on the device: a random GPT-2 with peaked logits (no near-ties).
   C=$W/chk-model
   rm -rf "$C"
@@ -364,6 +375,8 @@ sec_fp32() {
   for r in $(seq "$ROUNDS"); do
     stamp "fp32 (TF32 matmuls) $GPT2, round $r"
     anvil_train anvil "$GPT2" "$1" "$2" tf32
+    # The same run with whole-step CUDA graphs (train.cuda_graphs: auto; the plain engine records).
+    ((${TRAIN_AB:-1})) && anvil_train anvil-cuda-graphs "$GPT2" "$1" "$2" tf32 train.cuda_graphs=auto
     hf_train "$GPT2" "$1" "$2" fp32 0
   done
 }

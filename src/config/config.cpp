@@ -730,7 +730,7 @@ bool may_change_on_resume(const std::string& key) {
   static const std::set<std::string> keys = {
       "train.max_steps", "train.save_every", "train.eval_every", "train.log_every", "train.keep_checkpoints",
       "train.threads", "train.tf32", "train.resume", "train.resume_from", "train.allow_config_change", "dist.timeout_s",
-      "output_dir", "train.profile_steps", "train.overlap_step_reads",
+      "output_dir", "train.profile_steps", "train.overlap_step_reads", "train.cuda_graphs",
       // Where the run executes, not what it trains: a run may resume on
       // another device, world size or sharding strategy (docs/distributed.md).
       "train.device", "dist.sharding", "dist.backend", "dist.consolidated_checkpoints"};

@@ -4,6 +4,7 @@
 
 #if ANVIL_WITH_CUDA_GRAPHS
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -27,10 +28,12 @@ struct SideStream::Impl {
   std::optional<c10::cuda::CUDAStreamGuard> guard;
 };
 
-SideStream::SideStream(const c10::Device& device) {
+SideStream::SideStream(const c10::Device& device, int64_t* keep) {
   const auto index = device.has_index() ? device.index() : c10::cuda::current_device();
   auto previous = c10::cuda::getCurrentCUDAStream(index);
-  auto side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
+  auto side = keep && *keep != 0 ? c10::cuda::CUDAStream(c10::Stream::unpack3(*keep, index, c10::DeviceType::CUDA))
+                                 : c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
+  if (keep) *keep = side.id();
   at::cuda::CUDAEvent queued;
   queued.record(previous);
   queued.block(side);
@@ -53,8 +56,9 @@ StepGraph::~StepGraph() = default;
 
 bool StepGraph::built() { return true; }
 
-bool StepGraph::capture(const std::function<void()>& step, std::string* why) {
+bool StepGraph::capture(const std::function<void()>& step, std::string* why, bool default_rng) {
   try {
+    if (default_rng) impl_->graph.register_generator_state(at::cuda::detail::getDefaultCUDAGenerator());
     impl_->graph.capture_begin();
   } catch (const std::exception& e) {
     *why = first_line(e.what());
@@ -87,13 +91,13 @@ void StepGraph::replay() { impl_->graph.replay(); }
 #else
 
 struct SideStream::Impl {};
-SideStream::SideStream(const c10::Device&) {}
+SideStream::SideStream(const c10::Device&, int64_t*) {}
 SideStream::~SideStream() = default;
 struct StepGraph::Impl {};
 StepGraph::StepGraph() = default;
 StepGraph::~StepGraph() = default;
 bool StepGraph::built() { return false; }
-bool StepGraph::capture(const std::function<void()>&, std::string* why) {
+bool StepGraph::capture(const std::function<void()>&, std::string* why, bool) {
   *why = "built without CUDA";
   return false;
 }

@@ -1,9 +1,11 @@
 #pragma once
-// CUDA-graph capture of a decode step (internal to generation). Built with
-// CUDA when LibTorch has it; elsewhere built() is false and nothing is used.
+// CUDA-graph capture of a step: a decode step (generation), a whole training
+// step (train/graph_steps.h). Built with CUDA when LibTorch has it; elsewhere
+// built() is false and nothing is used.
 
 #include <c10/core/Device.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -15,7 +17,10 @@ namespace anvil::generation::detail {
 /// on destruction the previous stream waits for the side stream and is current again.
 class SideStream {
  public:
-  explicit SideStream(const c10::Device& device);
+  /// With `keep`: the stream whose id *keep holds when not 0, else a new one
+  /// whose id is stored there, so that later scopes reuse it (a graph is
+  /// recorded on the stream its warm-up steps ran on).
+  explicit SideStream(const c10::Device& device, int64_t* keep = nullptr);
   ~SideStream();
   SideStream(const SideStream&) = delete;
   SideStream& operator=(const SideStream&) = delete;
@@ -37,7 +42,9 @@ class StepGraph {
   /// Records step() on the current stream without running it; false, with the
   /// reason in `why`, when the step cannot be captured (the stream is left
   /// usable and nothing ran).
-  bool capture(const std::function<void()>& step, std::string* why);
+  /// With `default_rng`, the device's default generator is registered with
+  /// the graph: each replay draws fresh numbers (dropout) as eager steps do.
+  bool capture(const std::function<void()>& step, std::string* why, bool default_rng = false);
   void replay();
 
  private:

@@ -17,6 +17,20 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
+  count_step(launch(at::Tensor()));
+  return loss;
+}
+
+FusedAdamW::Queued FusedAdamW::queue_step(const at::Tensor& lr, const at::Tensor& skip) {
+  TORCH_CHECK(lr.dim() == 0 && lr.scalar_type() == at::kFloat, "FusedAdamW: lr must be a 0-dim float32 tensor");
+  skip_next_if(skip);
+  at::NoGradGuard no_grad;
+  return launch(lr);
+}
+
+FusedAdamW::Queued FusedAdamW::launch(const at::Tensor& lr) {
+  Queued q;
+  q.skippable = skip_.defined();
   for (auto& group : param_groups()) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
     std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, advance;
@@ -34,41 +48,53 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
         slot = std::move(st);
       }
       auto& st = static_cast<torch::optim::AdamWParamState&>(*slot);
-      st.step(st.step() + 1);
       params.push_back(p);
       grads.push_back(p.grad());
       exp_avgs.push_back(st.exp_avg());
       exp_avg_sqs.push_back(st.exp_avg_sq());
       if (o.amsgrad()) max_exp_avg_sqs.push_back(st.max_exp_avg_sq());
-      // The kernel reads the step count (already incremented) from a float
-      // tensor beside the parameter: one kept there, advanced below.
+      // The kernel reads the step count (this step's) from a float tensor beside the parameter: one kept
+      // there and advanced below, or made from the host's count when that moved otherwise (a loaded checkpoint).
       auto& d = device_steps_[p.unsafeGetTensorImpl()];
-      if (d.value.defined() && d.count == st.step() - 1) {
+      if (d.value.defined() && d.count == st.step()) {
         advance.push_back(d.value);
       } else {
-        d.value = at::full({}, static_cast<double>(st.step()), p.options().dtype(at::kFloat));
+        d.value = at::full({}, static_cast<double>(st.step() + 1), p.options().dtype(at::kFloat));
+        d.count = -1;  // until count_step()
+        q.counters_rebuilt = true;
       }
-      d.count = st.step();
       steps.push_back(d.value);
+      q.keys.push_back(p.unsafeGetTensorImpl());
     }
     if (params.empty()) continue;
     if (!advance.empty()) at::_foreach_add_(advance, 1);
     const auto found_inf = skip_.defined() ? std::optional<at::Tensor>(skip_) : std::nullopt;
-    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, o.lr(), std::get<0>(o.betas()),
-                      std::get<1>(o.betas()), o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false,
-                      /*grad_scale=*/std::nullopt, found_inf);
-    if (skip_.defined()) {
-      // A skipped step takes its count back on the device (torch's _fused_adamw does the same after the
-      // kernel), and on the host once take_back() is told.
-      at::_foreach_add_(steps, skip_, -1);
-      auto& keys = stepped_[calls_ + 1];
-      for (const auto& p : params) keys.push_back(p.unsafeGetTensorImpl());
-    }
+    if (lr.defined())
+      at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, std::get<0>(o.betas()),
+                        std::get<1>(o.betas()), o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false,
+                        /*grad_scale=*/std::nullopt, found_inf);
+    else
+      at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, o.lr(), std::get<0>(o.betas()),
+                        std::get<1>(o.betas()), o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false,
+                        /*grad_scale=*/std::nullopt, found_inf);
+    // A skipped step takes its count back on the device (torch's _fused_adamw does the same after the
+    // kernel), and on the host once take_back() is told.
+    if (skip_.defined()) at::_foreach_add_(steps, skip_, -1);
+  }
+  return q;
+}
+
+int64_t FusedAdamW::count_step(const Queued& q) {
+  for (const void* key : q.keys) {
+    auto& st = static_cast<torch::optim::AdamWParamState&>(*state().at(const_cast<void*>(key)));
+    st.step(st.step() + 1);
+    device_steps_[key].count = st.step();
   }
   ++calls_;
+  if (q.skippable) stepped_[calls_] = q.keys;
   skip_ = at::Tensor();
   while (stepped_.size() > 4) stepped_.erase(stepped_.begin());
-  return loss;
+  return calls_;
 }
 
 int64_t FusedAdamW::skip_next_if(const at::Tensor& skip) {

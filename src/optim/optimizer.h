@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <unordered_map>
+#include <vector>
 
 #include "anvil/config/config.h"
 
@@ -32,7 +33,27 @@ class FusedAdamW final : public torch::optim::AdamW {
   /// device's counters already did). Only the last few steps can be taken back.
   void take_back(int64_t call);
 
+  /// One step split in two for whole-step CUDA graphs (train.cuda_graphs):
+  /// the device's work, which a graph records once and replays, and the
+  /// host's count of it, made after every replay. queue_step + count_step =
+  /// step() after skip_next_if(skip), with the learning rate read from `lr`.
+  struct Queued {
+    std::vector<const void*> keys;  // the parameters it steps
+    bool counters_rebuilt = false;  // a step counter was (re)made from the host's count: not replayable
+    bool skippable = false;         // the step reads a skip flag (take_back() may follow)
+  };
+  /// Queues the step's device work: the learning rate from `lr` (0-dim
+  /// float32 on the parameters' device), skipped where `skip` (0-dim float32)
+  /// is 1. The host's step counts are left as they were.
+  Queued queue_step(const at::Tensor& lr, const at::Tensor& skip);
+  /// The host's count of one run of `q`'s work; returns its step number, for take_back().
+  int64_t count_step(const Queued& q);
+  /// A queued step that never ran (its recording failed): the next step reads no skip flag.
+  void forget_queued() { skip_ = at::Tensor(); }
+
  private:
+  /// The device work of one step: lr (a tensor) when defined, else each group's.
+  Queued launch(const at::Tensor& lr);
   /// The kernel's step counters, kept on the parameters' device and advanced
   /// in one launch per group; rebuilt from the state's count when it moved
   /// otherwise (a loaded checkpoint).

@@ -138,6 +138,11 @@ class EngineImpl : public Engine {
     return finish_own_on_device(skip.to(device(), at::kFloat));
   }
   void skipped_on_device(int64_t ticket) final { fused_adamw(optimizer_ref())->take_back(ticket); }
+  std::string graph_refusal() const final {
+    if (!companions_.empty()) return "companion models train beside the policy";
+    if (!fused_adamw(optimizer_ref())) return "optimizer.fused is false";
+    return graph_refusal_own();
+  }
   Metrics step_metrics() const final {
     Metrics m;
     for (const auto& c : companions_) m[c.name + "/grad_norm"] = c.norm;
@@ -193,6 +198,8 @@ class EngineImpl : public Engine {
   virtual int64_t finish_own_on_device(const at::Tensor& skip) = 0;
   /// optimizer() of a const engine.
   virtual torch::optim::Optimizer& optimizer_ref() const = 0;
+  /// graph_refusal() once the device, companions and optimizer allow graphs.
+  virtual std::string graph_refusal_own() const = 0;
   virtual Metrics memory_own() = 0;
   /// Writes the model whole with its optimizer state into `dir` (a companion's
   /// part of a checkpoint); a collective in a sharded run.
@@ -267,7 +274,9 @@ class PlainEngine final : public EngineImpl {
  public:
   PlainEngine(const config::RunConfig& cfg, std::shared_ptr<models::CausalLM> model, const Trains& trains,
               const std::string& who, const ResumeFrom& resume)
-      : model_(std::move(model)), device_(model_->parameters().front().device()) {
+      : model_(std::move(model)),
+        device_(model_->parameters().front().device()),
+        activation_checkpointing_(cfg.train.activation_checkpointing) {
     if (cfg.train.activation_checkpointing)
       model_->set_block_runner(
           [](size_t, const at::Tensor& x, const models::BlockFn& block) { return models::checkpoint_block(block, x); });
@@ -331,8 +340,42 @@ class PlainEngine final : public EngineImpl {
     return saves_.save(output_dir, std::move(parts), keep_last);
   }
   Metrics collect_own(bool wait) override { return saves_.collect(wait); }
-  void begin_step() override { optimizer_->zero_grad(); }
+  void begin_step() override {
+    if (!zero_in_place_) return optimizer_->zero_grad();
+    std::vector<at::Tensor> grads;
+    for (const auto& p : params_)
+      if (p.grad().defined()) grads.push_back(p.grad());
+    if (!grads.empty()) at::_foreach_zero_(grads);
+  }
   at::Tensor clip_own(double max_norm) override { return clip_or_measure(params_, max_norm); }
+  std::string graph_refusal_own() const override {
+    return activation_checkpointing_ ? "train.activation_checkpointing is on" : "";
+  }
+  void prepare_graph_step() override {
+    wait_for_save_copy();
+    zero_in_place_ = true;
+  }
+  GraphStep queue_graph_step(Objective& objective, const std::vector<Batch>& batches, const at::Tensor& scale,
+                             const at::Tensor& lr, double max_norm) override {
+    TORCH_CHECK(zero_in_place_, "queue_graph_step: prepare_graph_step() first");
+    begin_step();
+    AccumulateOptions ao;
+    ao.scale = scale;
+    ao.read_loss = false;
+    GraphStep g;
+    g.loss = accumulate_gradients(objective, *model_, batches, ao).loss_tensor;
+    g.norm = clip_own(max_norm);
+    g.skip = at::logical_not(at::isfinite(g.loss).logical_and(at::isfinite(g.norm))).to(at::kFloat);
+    graph_step_ = fused_adamw(*optimizer_)->queue_step(lr, g.skip);
+    // A counter made from the host's count would be remade at every replay: such a step is not replayable.
+    TORCH_CHECK(!graph_step_.counters_rebuilt, "an optimizer step counter was made inside the step");
+    return g;
+  }
+  int64_t count_graph_step() override { return fused_adamw(*optimizer_)->count_step(graph_step_); }
+  void abandon_graph_step() override {
+    fused_adamw(*optimizer_)->forget_queued();
+    graph_step_ = {};
+  }
   void finish_own(bool apply) override {
     wait_for_save_copy();  // before the step changes what a background save copies (companions' too)
     if (apply) optimizer_->step();
@@ -362,6 +405,9 @@ class PlainEngine final : public EngineImpl {
   at::Device device_;
   std::vector<at::Tensor> params_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  bool activation_checkpointing_ = false;
+  bool zero_in_place_ = false;            // since the first graph step: the gradients are the graph's
+  optim::FusedAdamW::Queued graph_step_;  // the recorded step's optimizer work
   void wait_for_save_copy() {
     if (const double s = saves_.wait_copied(); s > 0) add_stall(s);
   }
@@ -505,6 +551,18 @@ class ShardedEngine final : public EngineImpl {
     sharded_->begin_step();
     frozen_zeroed_ = false;
   }
+  std::string graph_refusal_own() const override {
+    return "the engine is the sharded one (dist.sharding, or dist.param_dtype other than float32), whose host "
+           "bookkeeping of gathers and reductions is not recorded";
+  }
+  void prepare_graph_step() override { refuse_graphs(); }
+  GraphStep queue_graph_step(Objective&, const std::vector<Batch>&, const at::Tensor&, const at::Tensor&,
+                             double) override {
+    refuse_graphs();
+  }
+  int64_t count_graph_step() override { refuse_graphs(); }
+  void abandon_graph_step() override {}
+  [[noreturn]] void refuse_graphs() const { throw std::logic_error("a sharded engine records no CUDA graph"); }
   void before_backward(bool last) override { sharded_->set_grad_sync(last); }
   void after_backward() override { sharded_->finish_backward(); }
   at::Tensor clip_own(double max_norm) override {

@@ -26,6 +26,7 @@
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "train/engine_setup.h"
+#include "train/graph_steps.h"
 #include "train/run_setup.h"
 #include "train/step_profiler.h"
 #include "core/metrics.h"
@@ -161,6 +162,11 @@ StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, co
   // No targets: an RL step whose every response was masked (ppo.mask_truncated_completions); its losses are
   // weighted 0 and it gives no gradient. Supervised data never gets here (samples without a target are dropped).
   const double scale = s.num_targets > 0 ? 1.0 / static_cast<double>(s.num_targets) : 0.0;
+  // A device scale is rounded to the loss's type (float32, or float64) as a scalar factor would be.
+  const auto scaled = [&](const at::Tensor& loss) {
+    if (!options.scale.defined()) return loss * scale;
+    return loss * options.scale.to(loss.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
+  };
   at::Tensor total;  // summed on the device: one host read per step, not per micro-batch
   // Mixture of experts: each micro-batch's load-balancing loss (transformers'), averaged over the
   // micro-batches and ranks of the step (their gradients are summed), with the model's weight.
@@ -179,12 +185,13 @@ StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, co
       }
     }
     if (options.before_backward) options.before_backward(i + 1 == batches.size());
-    (loss * scale).backward();
+    scaled(loss).backward();
     if (options.after_backward) options.after_backward();
     auto detached = loss.detach().to(at::kDouble);
     total = total.defined() ? total + detached : detached;
   }
-  s.loss_tensor = total.defined() ? total * scale : at::zeros({}, at::kDouble);
+  const auto by = [&](const at::Tensor& t) { return options.scale.defined() ? t * options.scale : t * scale; };
+  s.loss_tensor = total.defined() ? by(total) : at::zeros({}, at::kDouble);
   if (aux_total.defined()) s.loss_tensor = s.loss_tensor + aux_total.to(s.loss_tensor.device());
   if (options.read_loss) s.loss = s.loss_tensor.item<double>();
   return s;
@@ -334,11 +341,13 @@ class TrainLoop {
     double lr = 0;
     int64_t targets = 0, tokens = 0;
     std::chrono::steady_clock::time_point t0;
-    StepStats stats;      // the loss and sums, on the device until read
-    at::Tensor norm;      // the gradient norm, on the device until read
-    at::Tensor reduced;   // several ranks: [loss, stop flag, sums...] summed over ranks on the device
-    int64_t ticket = -1;  // Engine::finish_step_on_device's
-    Metrics known;        // what was known when it was queued (memory, the iteration's metrics)
+    StepStats stats;             // the loss and sums, on the device until read
+    at::Tensor norm;             // the gradient norm, on the device until read
+    at::Tensor reduced;          // several ranks: [loss, stop flag, sums...] summed over ranks on the device
+    int64_t ticket = -1;         // Engine::finish_step_on_device's
+    Metrics known;               // what was known when it was queued (memory, the iteration's metrics)
+    bool graphed = false;        // replayed from the recorded CUDA graph (train.cuda_graphs)
+    std::shared_ptr<void> side;  // a warm-up step's side stream, while it is queued
     bool read = false;
     Metrics line;  // once read
   };
@@ -347,6 +356,17 @@ class TrainLoop {
   bool overlapped() const {
     return cfg_.train.overlap_step_reads && (run_.ranks.world == 1 || run_.comm) && engine_.steps_on_device() &&
            objective_.step_reads() != Objective::StepReads::at_once;
+  }
+
+  /// Why this run's steps cannot be recorded as CUDA graphs ("" when they can).
+  std::string graph_refusal() const {
+    if (!engine_.device().is_cuda() && !GraphSteps::emulated()) return concat("the device is ", engine_.device().str());
+    if (auto why = engine_.graph_refusal(); !why.empty()) return why;
+    if (!overlap_) return "each step is read before the next is queued (train.overlap_step_reads)";
+    if (run_.ranks.world > 1) return "several ranks train";
+    if (engine_.model().num_experts() > 0) return "a mixture of experts routes tokens by their values";
+    if (!objective_.replayable_steps()) return concat("algorithm ", cfg_.algorithm, " reads its steps on the host");
+    return "";
   }
 
   /// Writes the line of the last step run (reading it first when it was queued).
@@ -439,6 +459,20 @@ class TrainLoop {
     }
     r.lr = optim::lr_at(cfg_.schedule, cfg_.optimizer.lr, step_, cfg_.train.max_steps);
     engine_.set_lr(r.lr);
+    // A step of the recorded shapes replays the CUDA graph (clipping, the skip and the optimizer step
+    // included); steps with an injected fault run eagerly.
+    if (overlap_ && graphs_.active() && !injected_.count(r.step)) {
+      if (auto g = graphs_.run(r.step, batches, r.targets, r.lr)) {
+        r.graphed = true;
+        r.stats.num_targets = r.targets;
+        r.stats.num_tokens = r.tokens;
+        r.stats.loss_tensor = g->out.loss;
+        r.norm = g->out.norm;
+        r.ticket = g->ticket;
+        return r;
+      }
+      r.side = graphs_.warmup_stream();
+    }
     // The loss stays on the device: train_step reads it with the gradient norm
     // (one wait, the clipping queued), queue_step with the whole step, later.
     r.stats = engine_.backward(objective_, batches, r.targets, /*read_loss=*/false);
@@ -489,6 +523,11 @@ class TrainLoop {
   /// optimizer step all on the device; nothing here waits for it.
   StepRecord queue_step(Metrics known) {
     auto r = begin_step(std::move(known));
+    if (r.graphed) {  // one rank: nothing to reduce
+      stop_ = g_stop.load();
+      end_step(r);
+      return r;
+    }
     r.norm = engine_.clip_grad_norm_on_device(cfg_.train.grad_clip);
     auto loss = r.stats.loss_tensor.to(r.norm.device(), at::kDouble).reshape({});
     if (run_.ranks.world > 1) {
@@ -505,6 +544,7 @@ class TrainLoop {
     // The norm is global, the loss summed over ranks: every rank skips alike.
     const auto skip = at::logical_not(at::isfinite(loss).logical_and(at::isfinite(r.norm))).to(at::kFloat);
     r.ticket = engine_.finish_step_on_device(skip);
+    r.side.reset();  // a warm-up step: the loop's stream waits for it
     end_step(r);
     return r;
   }
@@ -638,6 +678,7 @@ class TrainLoop {
   int64_t nonfinite_total_ = 0, nonfinite_in_a_row_ = 0;
   bool stop_ = false;
   const bool overlap_ = overlapped();
+  GraphSteps graphs_{engine_, objective_, cfg_.train.cuda_graphs, graph_refusal(), cfg_.train.grad_clip};
   std::optional<StepRecord> last_;  // the last step run, its line not yet written
   bool reading_ = false;            // inside read_step (an error there leaves its step unread)
   std::chrono::steady_clock::time_point last_read_;

@@ -99,5 +99,40 @@ TEST(FusedAdamW, StepSkippedOnTheDeviceEqualsNoStep) {
   EXPECT_THROW(skipping.take_back(99), c10::Error);  // not a step it took
 }
 
+// A step split for a CUDA graph (queue_step with a tensor learning rate and
+// a skip flag, then count_step on the host) equals step() after skip_next_if,
+// skipped steps and take_back included: parameters, moments, step counts.
+TEST(FusedAdamW, QueuedAndCountedStepsEqualSteps) {
+  torch::optim::AdamWOptions o(0.015625);  // a power of 2: the float32 tensor holds it exactly
+  o.betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1);
+  auto a = make_params(), b = make_params();
+  FusedAdamW split(a, o), whole(b, o);
+  const auto one = at::ones({}, at::kFloat), zero = at::zeros({}, at::kFloat);
+  const auto lr = at::full({}, 0.015625, at::kFloat);
+  for (int step = 1; step <= 6; ++step) {
+    const bool skip = step == 2 || step == 5;
+    set_grads(a, step);
+    set_grads(b, step);
+    const auto queued = split.queue_step(lr, skip ? one : zero);
+    EXPECT_EQ(queued.counters_rebuilt, step == 1) << "step " << step;  // made once, then advanced on the device
+    EXPECT_TRUE(queued.skippable);
+    const int64_t t_split = split.count_step(queued);
+    const int64_t t_whole = whole.skip_next_if(skip ? one : zero);
+    whole.step();
+    EXPECT_EQ(t_split, t_whole);
+    if (skip) split.take_back(t_split), whole.take_back(t_whole);
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(at::equal(a[i], b[i])) << i;
+    const auto *sa = adamw_state(split, a[i]), *sb = adamw_state(whole, b[i]);
+    ASSERT_TRUE(sa && sb);
+    EXPECT_EQ(sa->step(), 4) << i;
+    EXPECT_EQ(sa->step(), sb->step()) << i;
+    EXPECT_TRUE(at::equal(sa->exp_avg(), sb->exp_avg())) << i;
+    EXPECT_TRUE(at::equal(sa->exp_avg_sq(), sb->exp_avg_sq())) << i;
+  }
+  EXPECT_THROW(split.queue_step(at::full({}, 0.01, at::kDouble), zero), c10::Error);  // the kernel reads float32
+}
+
 }  // namespace
 }  // namespace anvil::optim

@@ -163,6 +163,77 @@ INSTANTIATE_TEST_SUITE_P(Engines, OverlappedSteps,
                          ::testing::Values("", "dist.sharding=full_shard optimizer.weight_decay=0.1"),
                          [](const auto& info) { return info.param.empty() ? "plain" : "sharded_one_rank"; });
 
+// train.cuda_graphs on the CPU, through ANVIL_TEST_CUDA_GRAPHS=emulate (the
+// recorded step's function is called at each "replay"): the graph's input
+// buffers, its device scalars (loss scale, learning rate), gradients zeroed in
+// place and the host's count of each replayed AdamW step give the eager run's
+// lines and checkpoint bytes. Packed rows have one shape, so every step after
+// the warm-up replays; padded rows mostly differ, so eager steps (zeroing the
+// graph's gradients in place) come between. Step 6's injected fault runs it
+// eagerly and skipped. The learning rate is a power of 2, which the graph's
+// float32 copy holds exactly.
+class GraphedSteps : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GraphedSteps, EmulatedReplaysEqualEagerSteps) {
+  const std::string faults = "ANVIL_TEST_NONFINITE=grad@6 ";
+  const std::string extra =
+      "train.on_nonfinite=skip train.log_every=1 optimizer.lr=0.015625 schedule.decay=constant " + GetParam();
+  TempDir graphed, eager;
+  train::Run a, b;
+  a.rc = anvil::testing::train_in(graphed, anvil::testing::tiny_sft_run(8, 4), extra + " train.cuda_graphs=on", &a.log,
+                                  faults + "ANVIL_TEST_CUDA_GRAPHS=emulate ");
+  b.rc = anvil::testing::train_in(eager, anvil::testing::tiny_sft_run(8, 4), extra + " train.cuda_graphs=off", &b.log,
+                                  faults);
+  ASSERT_EQ(a.rc, 0) << a.log;
+  ASSERT_EQ(b.rc, 0) << b.log;
+  EXPECT_NE(a.log.find("train.cuda_graphs: step 3 recorded as one CUDA graph"), std::string::npos) << a.log;
+  EXPECT_EQ(b.log.find("recorded as one CUDA graph"), std::string::npos) << b.log;
+  const auto ma = metrics(graphed / "out" / "metrics.jsonl"), mb = metrics(eager / "out" / "metrics.jsonl");
+  ASSERT_EQ(ma.size(), 8u);
+  ASSERT_EQ(mb.size(), 8u);
+  for (size_t i = 0; i < ma.size(); ++i)
+    for (const auto* key : {"loss", "grad_norm", "lr", "num_targets", "nonfinite_steps"})
+      EXPECT_EQ(ma[i][key].dump(), mb[i][key].dump()) << "step " << i + 1 << " " << key;
+  EXPECT_EQ(ma[5]["nonfinite_steps"].get<double>(), 1.0);
+  std::string out;
+  for (const auto* step : {"checkpoint-4", "checkpoint-8"})
+    for (const auto* file : {"model.safetensors", "optimizer.safetensors", "optimizer.json"})
+      EXPECT_EQ(
+          run("cmp " + (graphed / "out" / step / file).string() + " " + (eager / "out" / step / file).string(), &out),
+          0)
+          << step << "/" << file << ": " << out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Rows, GraphedSteps, ::testing::Values("data.packing=true data.max_length=32", ""),
+                         [](const auto& info) { return info.param.empty() ? "padded" : "packed"; });
+
+// train.cuda_graphs: on where no graph can be recorded is a configuration
+// error naming why (on the CPU; under ANVIL_TEST_CUDA_GRAPHS=emulate, the
+// sharded engine, steps read at once, activation checkpointing); auto there
+// trains eagerly without a word on the CPU.
+TEST(GraphedStepsRefused, OnNamesWhyAutoTrainsEagerly) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"", "the device is cpu"},
+      {"dist.param_dtype=bfloat16", "the engine is the sharded one (dist.sharding, or dist.param_dtype other than"},
+      {"train.overlap_step_reads=false", "each step is read before the next is queued"},
+      {"train.activation_checkpointing=true", "train.activation_checkpointing is on"}};
+  for (const auto& [extra, why] : cases) {
+    TempDir dir;
+    std::string log;
+    const std::string env = *extra ? "ANVIL_TEST_CUDA_GRAPHS=emulate " : "";
+    EXPECT_NE(anvil::testing::train_in(dir, anvil::testing::tiny_sft_run(2, 0),
+                                       std::string("train.cuda_graphs=on ") + extra, &log, env),
+              0)
+        << extra;
+    EXPECT_NE(log.find(std::string("train.cuda_graphs: on, but ") + why), std::string::npos) << extra << "\n" << log;
+  }
+  TempDir automatic;
+  std::string log;
+  EXPECT_EQ(anvil::testing::train_in(automatic, anvil::testing::tiny_sft_run(2, 0), "train.cuda_graphs=auto", &log), 0)
+      << log;
+  EXPECT_EQ(log.find("cuda_graphs"), std::string::npos) << log;
+}
+
 // Overlapped, a non-finite step under on_nonfinite: stop is found while the
 // next step runs: the run stops naming it, and nothing after the last
 // checkpoint is saved or logged.

@@ -339,6 +339,7 @@ struct TrainConfig {
   bool fused_loss = true;
   int64_t loss_chunk_size = 0;
   bool overlap_step_reads = true;
+  std::string cuda_graphs = "off";
   double grad_clip = 1.0;
   int64_t seed = 1234;
   int64_t save_every = 0;
@@ -392,6 +393,16 @@ struct TrainConfig {
             "the device, and a stop takes "
             "one step more); other runs read each step at once. Metrics, checkpoints and results are the same "
             "either way; false reads each step at once. docs/algorithms.md.");
+    v.field("cuda_graphs", cuda_graphs,
+            "Whole-step CUDA graphs: after 2 warm-up steps on a side stream, one step (forward, backward, "
+            "clipping, the non-finite skip and the fused AdamW step) is recorded and replayed for every later "
+            "step whose batches have its shapes (pretraining windows, packed rows); other steps run eagerly. "
+            "auto uses them where a run allows (CUDA, the plain engine: one process, no dist.sharding, "
+            "dist.param_dtype float32; train.overlap_step_reads, optimizer.fused, sft or pretrain, no mixture of "
+            "experts, no activation checkpointing) and logs why not on a GPU otherwise; on makes that an error; off "
+            "(the default until they have been checked on a GPU) never records. A step that cannot be recorded is "
+            "logged and the run goes on eagerly. docs/algorithms.md.",
+            one_of({"auto", "on", "off"}));
     v.field("grad_clip", grad_clip, "Max global gradient L2 norm; 0 disables clipping.", non_negative());
     v.field("seed", seed, "Seed for init, data order and dropout.", non_negative());
     v.field("save_every", save_every, "Checkpoint every N steps (and always at the end); 0 = end only.",

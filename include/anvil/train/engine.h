@@ -41,6 +41,13 @@ struct StepStats {
   Sums sums;  // the objective's statistics, summed over the micro-batches
 };
 
+/// A step's outputs on the device, as Engine::queue_graph_step records them.
+struct GraphStep {
+  at::Tensor loss;  // 0-dim float64: summed loss / the step's target units
+  at::Tensor norm;  // 0-dim float64: the gradient norm before clipping
+  at::Tensor skip;  // 0-dim float32: 1 when the step was not applied (loss or norm not finite)
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -96,6 +103,31 @@ class Engine {
   /// skipped: the optimizer's host-side step counts go back by one, as if
   /// finish_step(false) had been called for it.
   virtual void skipped_on_device(int64_t ticket) = 0;
+
+  // ---- Whole-step CUDA graphs (train.cuda_graphs). A step whose work reads
+  // the host only through device tensors is recorded once and replayed.
+
+  /// "" when this engine's steps can be recorded in a graph on a CUDA
+  /// device, else why not.
+  virtual std::string graph_refusal() const = 0;
+  /// Before each graph step, recorded or replayed, outside the recording:
+  /// waits for a background save's copy. From the first call on, gradients
+  /// are zeroed in place and never dropped, so the graph's stay the model's.
+  virtual void prepare_graph_step() = 0;
+  /// The step's device work, to be recorded: gradients zeroed; forward and
+  /// backward of `batches` (tensors on device()), each loss multiplied by
+  /// `scale` (0-dim float64: 1 / the step's target units); the norm clipped
+  /// to `max_norm`; the optimizer step with learning rate `lr` (0-dim
+  /// float32), skipped on the device when the loss or the norm is not finite.
+  /// Reads nothing back.
+  virtual GraphStep queue_graph_step(Objective& objective, const std::vector<Batch>& batches, const at::Tensor& scale,
+                                     const at::Tensor& lr, double max_norm) = 0;
+  /// The host's count of one run of the recorded step (the optimizer's step
+  /// counts); returns its ticket for skipped_on_device().
+  virtual int64_t count_graph_step() = 0;
+  /// A recording that failed: its optimizer step is forgotten.
+  virtual void abandon_graph_step() = 0;
+
   /// Sets the policy's named parameters (HF names, heads.* included) to
   /// `values`, outside the optimizer: a target network's Polyak update, an
   /// EMA. Every rank passes the same values (a collective in a sharded run:

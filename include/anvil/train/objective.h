@@ -223,6 +223,11 @@ class Objective {
   /// the next step reads; within_iteration when only the next iteration's
   /// before_iteration() needs after_step() done (PPO's KL controller).
   virtual StepReads step_reads() const { return StepReads::at_once; }
+  /// Whether loss_sum() reads the host only through the batch's tensors
+  /// (never Batch::num_targets, a host read such as item(), or shapes that
+  /// depend on values): a CUDA graph may then record a step once and replay
+  /// it with later batches of the same shapes (train.cuda_graphs).
+  virtual bool replayable_steps() const { return false; }
   /// The objective's own state, saved in every checkpoint (trainer_state.json
   /// "objective") and given to restore() on resume; null when it keeps none.
   virtual nlohmann::json state() const { return nullptr; }

@@ -71,6 +71,9 @@ class LmObjective final : public Objective {
   EvalResult evaluate(models::CausalLM& model) override;
   BatchSource& train_source() override;
   StepReads step_reads() const override { return StepReads::late; }  // no after_step
+  /// Yes: its batches' tensors on the device take no host decision (packed
+  /// rows attend through their mask there).
+  bool replayable_steps() const override { return true; }
 
  private:
   struct State;

@@ -28,6 +28,10 @@ struct AccumulateOptions {
   /// Read StepStats::loss from the device at the end (a wait for it); false
   /// leaves only StepStats::loss_tensor.
   bool read_loss = true;
+  /// When defined, 0-dim float64 on the device: 1 / the step's target units,
+  /// used instead of step_targets, so that a recorded step (a CUDA graph)
+  /// replays with each step's value.
+  at::Tensor scale;
 };
 
 /// Forward + backward over one optimizer step's micro-batches. Each
