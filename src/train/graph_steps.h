@@ -66,9 +66,9 @@ class GraphSteps {
   bool active_ = false;
   bool recorded_ = false;
   bool said_shapes_ = false;
-  int64_t stream_ = 0;   // the side stream's id: the warm-up steps' and the recording's
-  int64_t seen_ = 0;  // warm-up steps run so far
-  std::string shapes_;   // the recorded step's
+  int64_t stream_ = 0;  // the side stream's id: the warm-up steps' and the recording's
+  int64_t seen_ = 0;    // warm-up steps run so far
+  std::string shapes_;  // the recorded step's
   std::vector<Batch> inputs_;
   at::Tensor scale_, lr_;
   GraphStep out_;
