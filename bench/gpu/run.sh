@@ -293,7 +293,7 @@ PY
   for graphs in auto off; do
     anvil_run chk-graphs-$graphs "$DBG_GPT2" 4 64 fp32 "${few[@]}" train.cuda_graphs=$graphs
   done
-  [[ $DEVICE != cuda ]] || grep -q "recorded as one CUDA graph" "$W/chk-graphs-auto.log" ||
+  [[ $DEVICE != cuda ]] || grep -q "recorded as CUDA graph 1" "$W/chk-graphs-auto.log" ||
     { echo "FAIL float32 on $DEVICE recorded no CUDA graph" | tee -a "$OUTD/checks.txt"; FAILED=1; }
   check losses "gpt2-debug: $DEVICE float32: whole-step CUDA graphs = eager steps" \
     "$W/runs/chk-graphs-auto/metrics.jsonl" "$W/runs/chk-graphs-off/metrics.jsonl" --atol 1e-4 --rtol 1e-4

@@ -9,10 +9,16 @@
 
 namespace anvil::data {
 
-LmBatch collate_unpacked(const std::vector<const LmSample*>& samples, int64_t pad_id) {
+LmBatch collate_unpacked(const std::vector<const LmSample*>& samples, int64_t pad_id, int64_t multiple, int64_t cap) {
   TORCH_CHECK(!samples.empty(), "collate_unpacked: empty batch");
   size_t T = 0;
   for (const auto* s : samples) T = std::max(T, s->input_ids.size());
+  if (multiple > 0) {
+    auto padded =
+        (T + static_cast<size_t>(multiple) - 1) / static_cast<size_t>(multiple) * static_cast<size_t>(multiple);
+    if (cap > 0) padded = std::min(padded, std::max(T, static_cast<size_t>(cap)));
+    T = padded;
+  }
   const auto B = static_cast<int64_t>(samples.size());
   auto ids = at::full({B, static_cast<int64_t>(T)}, pad_id < 0 ? 0 : pad_id, at::kLong);
   auto labels = at::full({B, static_cast<int64_t>(T)}, kIgnoreIndex, at::kLong);

@@ -21,9 +21,12 @@ struct LmBatch {
   int64_t num_tokens = 0;     // non-padding input tokens
 };
 
-/// One sample per row, right-padded to the longest. Right padding never
-/// changes what a causal model computes at real positions, so no mask is needed.
-LmBatch collate_unpacked(const std::vector<const LmSample*>& samples, int64_t pad_id);
+/// One sample per row, right-padded to the longest, rounded up to a multiple
+/// of `multiple` (when > 0) but not past `cap` (when > 0). Right padding
+/// never changes what a causal model computes at real positions, so no mask
+/// is needed.
+LmBatch collate_unpacked(const std::vector<const LmSample*>& samples, int64_t pad_id, int64_t multiple = 0,
+                         int64_t cap = 0);
 
 /// Each row holds the samples of rows[b] end to end, padded to `row_len`.
 /// Every document (a sample, or a document inside a sample) gets positions

@@ -56,10 +56,13 @@ StepGraph::~StepGraph() = default;
 
 bool StepGraph::built() { return true; }
 
-bool StepGraph::capture(const std::function<void()>& step, std::string* why, bool default_rng) {
+bool StepGraph::capture(const std::function<void()>& step, std::string* why, bool default_rng, StepGraph* share_pool) {
   try {
     if (default_rng) impl_->graph.register_generator_state(at::cuda::detail::getDefaultCUDAGenerator());
-    impl_->graph.capture_begin();
+    if (share_pool)
+      impl_->graph.capture_begin(share_pool->impl_->graph.pool());
+    else
+      impl_->graph.capture_begin();
   } catch (const std::exception& e) {
     *why = first_line(e.what());
     return false;
@@ -97,7 +100,7 @@ struct StepGraph::Impl {};
 StepGraph::StepGraph() = default;
 StepGraph::~StepGraph() = default;
 bool StepGraph::built() { return false; }
-bool StepGraph::capture(const std::function<void()>&, std::string* why, bool) {
+bool StepGraph::capture(const std::function<void()>&, std::string* why, bool, StepGraph*) {
   *why = "built without CUDA";
   return false;
 }

@@ -44,7 +44,10 @@ class StepGraph {
   /// usable and nothing ran).
   /// With `default_rng`, the device's default generator is registered with
   /// the graph: each replay draws fresh numbers (dropout) as eager steps do.
-  bool capture(const std::function<void()>& step, std::string* why, bool default_rng = false);
+  /// With `share_pool`, the recording allocates from that graph's memory
+  /// pool: graphs replayed one at a time on one stream can share it.
+  bool capture(const std::function<void()>& step, std::string* why, bool default_rng = false,
+               StepGraph* share_pool = nullptr);
   void replay();
 
  private:

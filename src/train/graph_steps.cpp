@@ -16,6 +16,8 @@ namespace anvil::train {
 namespace gd = generation::detail;
 
 struct GraphSteps::Graph {
+  std::vector<Batch> inputs;             // the recorded step's batches, on the device
+  GraphStep out;                         // its outputs, overwritten by each replay
   std::unique_ptr<gd::StepGraph> graph;  // made only for a real recording (it initialises CUDA)
   std::function<void()> emulated;        // ANVIL_TEST_CUDA_GRAPHS=emulate: called at each replay instead
 };
@@ -55,51 +57,50 @@ std::string GraphSteps::shapes(const std::vector<Batch>& batches) const {
 }
 
 std::shared_ptr<void> GraphSteps::warmup_stream() {
-  if (!warming() || !engine_.device().is_cuda()) return nullptr;
+  if (!active_ || seen_ > warmup_ || !engine_.device().is_cuda()) return nullptr;
   return std::make_shared<gd::SideStream>(engine_.device(), &stream_);
 }
 
-void GraphSteps::fill(const std::vector<Batch>& batches, int64_t step_targets, double lr) {
+void GraphSteps::fill(Graph& g, const std::vector<Batch>& batches, int64_t step_targets, double lr) {
   const auto device = engine_.device();
-  if (inputs_.empty()) {
-    for (const auto& b : batches) {
-      Batch in;
-      for (const auto& [key, t] : b.tensors) in.tensors[key] = at::empty(t.sizes(), t.options().device(device));
-      inputs_.push_back(std::move(in));
-    }
+  if (!scale_.defined()) {
     scale_ = at::empty({}, at::TensorOptions().dtype(at::kDouble).device(device));
     lr_ = at::empty({}, at::TensorOptions().dtype(at::kFloat).device(device));
   }
+  if (g.inputs.empty())
+    for (const auto& b : batches) {
+      Batch in;
+      for (const auto& [key, t] : b.tensors) in.tensors[key] = at::empty(t.sizes(), t.options().device(device));
+      g.inputs.push_back(std::move(in));
+    }
   // Queued behind the previous step: the copies go through pinned memory (to_device), the scalars are fills.
   for (size_t i = 0; i < batches.size(); ++i) {
-    inputs_[i].num_targets = batches[i].num_targets;
-    inputs_[i].num_tokens = batches[i].num_tokens;
-    for (const auto& [key, t] : batches[i].tensors) inputs_[i].tensors.at(key).copy_(to_device(t, device), true);
+    g.inputs[i].num_targets = batches[i].num_targets;
+    g.inputs[i].num_tokens = batches[i].num_tokens;
+    for (const auto& [key, t] : batches[i].tensors) g.inputs[i].tensors.at(key).copy_(to_device(t, device), true);
   }
   scale_.fill_(step_targets > 0 ? 1.0 / static_cast<double>(step_targets) : 0.0);
   lr_.fill_(lr);
 }
 
-bool GraphSteps::record(int64_t step) {
+bool GraphSteps::record(Graph& g, int64_t step) {
   engine_.prepare_graph_step();
-  graph_ = std::make_unique<Graph>();
-  const auto step_fn = [this] { out_ = engine_.queue_graph_step(objective_, inputs_, scale_, lr_, max_norm_); };
+  const auto step_fn = [this, &g] { g.out = engine_.queue_graph_step(objective_, g.inputs, scale_, lr_, max_norm_); };
   if (emulated()) {
-    graph_->emulated = step_fn;
+    g.emulated = step_fn;
     return true;
   }
   std::string why;
   bool ok = false;
-  graph_->graph = std::make_unique<gd::StepGraph>();
+  g.graph = std::make_unique<gd::StepGraph>();
   {
     gd::SideStream side(engine_.device(), &stream_);  // a graph is never recorded on the default stream
-    ok = graph_->graph->capture(step_fn, &why, /*default_rng=*/true);
+    ok = g.graph->capture(step_fn, &why, /*default_rng=*/true, first_ ? first_->graph.get() : nullptr);
   }
   if (ok) return true;
   engine_.abandon_graph_step();
-  graph_.reset();
-  inputs_.clear();
-  out_ = {};
+  graphs_.clear();  // the graphs recorded before go too: every step runs eagerly from now on
+  first_ = nullptr;
   active_ = false;
   log::warn("train.cuda_graphs: step ", step, " could not be recorded (", why, "); every step runs eagerly");
   return false;
@@ -108,36 +109,43 @@ bool GraphSteps::record(int64_t step) {
 std::optional<GraphedStep> GraphSteps::run(int64_t step, const std::vector<Batch>& batches, int64_t step_targets,
                                            double lr) {
   if (!active_ || batches.empty()) return std::nullopt;
+  if (seen_ < warmup_) {
+    ++seen_;
+    return std::nullopt;
+  }
+  seen_ = warmup_ + 1;  // the warm-up is over: eager steps from now on run on the loop's stream
   const auto sig = shapes(batches);
-  if (!recorded_) {
-    if (seen_ < warmup_) {
-      ++seen_;
+  auto it = graphs_.find(sig);
+  if (it == graphs_.end()) {
+    if (graphs_.size() >= kMaxGraphs) {
+      if (!said_full_)
+        log::info("train.cuda_graphs: step ", step, " brings a ", kMaxGraphs + 1,
+                  "th set of batch shapes; steps of shapes without a graph run eagerly (data.pad_to_multiple_of "
+                  "makes fewer)");
+      said_full_ = true;
       return std::nullopt;
     }
-    fill(batches, step_targets, lr);
-    if (!record(step)) return std::nullopt;
-    shapes_ = sig;
-    recorded_ = true;
-    log::info("train.cuda_graphs: step ", step, " recorded as one CUDA graph; later steps of its shapes replay it");
-  } else if (sig != shapes_) {
-    if (!said_shapes_)
-      log::info("train.cuda_graphs: step ", step,
-                "'s batches differ in shape from the recorded step's; such steps run eagerly");
-    said_shapes_ = true;
-    return std::nullopt;
+    auto g = std::make_unique<Graph>();
+    fill(*g, batches, step_targets, lr);
+    if (!record(*g, step)) return std::nullopt;
+    log::info("train.cuda_graphs: step ", step, " recorded as CUDA graph ", graphs_.size() + 1,
+              "; later steps of its shapes replay it");
+    if (!first_) first_ = g.get();
+    it = graphs_.emplace(sig, std::move(g)).first;
   } else {
-    fill(batches, step_targets, lr);
+    fill(*it->second, batches, step_targets, lr);
   }
+  auto& g = *it->second;
   engine_.prepare_graph_step();
-  if (graph_->emulated)
-    graph_->emulated();
+  if (g.emulated)
+    g.emulated();
   else
-    graph_->graph->replay();
-  GraphedStep g;
-  // The graph's outputs are overwritten by the next replay: copies, queued behind this one.
-  g.out = {out_.loss.clone(), out_.norm.clone(), out_.skip.clone()};
-  g.ticket = engine_.count_graph_step();
-  return g;
+    g.graph->replay();
+  GraphedStep out;
+  // The graph's outputs are overwritten by its next replay: copies, queued behind this one.
+  out.out = {g.out.loss.clone(), g.out.norm.clone(), g.out.skip.clone()};
+  out.ticket = engine_.count_graph_step();
+  return out;
 }
 
 }  // namespace anvil::train

@@ -50,6 +50,7 @@ class LmBatchSource final : public BatchSource {
     int64_t micro_batch_size = 8;
     int64_t max_length = 0;  // row length when packing
     bool packing = false;
+    int64_t pad_to_multiple_of = 0;  // unpacked rows: the padded length's multiple (capped at max_length)
     int64_t pad_id = 0;
     int64_t rank = 0;
     int64_t world = 1;

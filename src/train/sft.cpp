@@ -183,7 +183,7 @@ Batch LmBatchSource::next() {
   if (opt_.packing) return to_batch(data::collate_packed(rows, opt_.max_length, opt_.pad_id));
   std::vector<const data::LmSample*> flat;
   for (const auto& r : rows) flat.push_back(r[0]);
-  return to_batch(data::collate_unpacked(flat, opt_.pad_id));
+  return to_batch(data::collate_unpacked(flat, opt_.pad_id, opt_.pad_to_multiple_of, opt_.max_length));
 }
 
 nlohmann::json sampler_state(const data::MixtureSampler& sampler) {
@@ -300,6 +300,7 @@ LmObjective::LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenize
   o.micro_batch_size = cfg.train.micro_batch_size;
   o.max_length = cfg.data.max_length;
   o.packing = cfg.data.packing;
+  o.pad_to_multiple_of = cfg.data.pad_to_multiple_of;
   s_->packing = cfg.data.packing;
   s_->pad_id = tok.padding_id();
   s_->loss.fused = cfg.train.fused_loss;
@@ -388,9 +389,9 @@ namespace {
 const bool kRegistered = [] {
   config::register_section<SftConfig>("sft", "Supervised fine-tuning (algorithm: sft).", "sft");
   auto sft = config::dataset_keys({"eval_fraction", "prompt_field", "response_field", "token_dtype"});
-  sft.insert(sft.end(), {"data.template", "data.on_overflow", "data.on_error", "data.packing", "train.fused_loss",
-                         "train.loss_chunk_size", "eval.max_batches", "eval.generate_samples", "eval.max_new_tokens",
-                         "eval.table_rows"});
+  sft.insert(sft.end(), {"data.template", "data.on_overflow", "data.on_error", "data.packing",
+                         "data.pad_to_multiple_of", "train.fused_loss", "train.loss_chunk_size", "eval.max_batches",
+                         "eval.generate_samples", "eval.max_new_tokens", "eval.table_rows"});
   register_objective(
       "sft",
       [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat) {
@@ -398,7 +399,8 @@ const bool kRegistered = [] {
       },
       sft);
   auto pretrain = config::dataset_keys({"eval_fraction", "token_dtype"});
-  pretrain.insert(pretrain.end(), {"data.packing", "train.fused_loss", "train.loss_chunk_size", "eval.max_batches"});
+  pretrain.insert(pretrain.end(), {"data.packing", "data.pad_to_multiple_of", "train.fused_loss",
+                                   "train.loss_chunk_size", "eval.max_batches"});
   register_objective(
       "pretrain",
       [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat) {

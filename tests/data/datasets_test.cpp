@@ -100,6 +100,40 @@ TEST(Collate, UnpackedPadsRightAndCountsTargets) {
   EXPECT_FALSE(batch.doc_ids.defined());
 }
 
+TEST(Collate, PadToMultipleRoundsTheLengthUpAndKeepsTheLoss) {
+  // data.pad_to_multiple_of: the longest sample (16 tokens here) rounded up to the multiple, never past the cap
+  // unless the longest is; the extra columns are padding with no target, and the loss is the same.
+  auto tok = bundled_tokenizer();
+  auto a = lm(sample_of(*tok, "add: 1+1\n", "2"));
+  auto b = lm(sample_of(*tok, "reverse: abcdef\n", "fedcba"));
+  const auto T = static_cast<int64_t>(b.input_ids.size());
+  const auto plain = collate_unpacked({&a, &b}, 0);
+  EXPECT_EQ(collate_unpacked({&a, &b}, 0, 8).input_ids.size(1), (T + 7) / 8 * 8);
+  EXPECT_EQ(collate_unpacked({&a, &b}, 0, 64, T + 3).input_ids.size(1), T + 3);  // capped
+  EXPECT_EQ(collate_unpacked({&a, &b}, 0, 64, T - 1).input_ids.size(1), T);      // never below the longest
+  const auto padded = collate_unpacked({&a, &b}, 0, 64);
+  ASSERT_EQ(padded.input_ids.size(1), 64);
+  EXPECT_EQ(padded.num_targets, plain.num_targets);
+  EXPECT_EQ(padded.num_tokens, plain.num_tokens);
+  EXPECT_TRUE(at::equal(padded.input_ids.narrow(1, 0, T), plain.input_ids));
+  EXPECT_TRUE(padded.labels.narrow(1, T, 64 - T).eq(kIgnoreIndex).all().item<bool>());
+  config::ModelConfig mc;
+  mc.family = "llama";
+  mc.vocab_size = tok->vocab_size();
+  mc.max_position_embeddings = 64;
+  mc.hidden_size = 32;
+  mc.num_layers = 2;
+  mc.num_heads = 4;
+  torch::manual_seed(0);
+  auto model = models::family_by_name("llama").from_config(mc);
+  model->to(at::kDouble);
+  const double l_plain =
+      train::lm_batch_loss_sum(*model, train::to_batch(collate_unpacked({&a, &b}, 0))).item<double>();
+  const double l_padded =
+      train::lm_batch_loss_sum(*model, train::to_batch(collate_unpacked({&a, &b}, 0, 64))).item<double>();
+  EXPECT_NEAR(l_padded, l_plain, 1e-9 * l_plain);
+}
+
 TEST(Datasets, BadLinesNameFileLineAndField) {
   EXPECT_EQ(sft_error("{\"prompt\": \"a\", \"response\": \"b\"}\n{oops\n"),
             "d.jsonl:2: not valid JSON at column 2: syntax error while parsing object key - invalid literal; last "

@@ -168,9 +168,10 @@ INSTANTIATE_TEST_SUITE_P(Engines, OverlappedSteps,
 // buffers, its device scalars (loss scale, learning rate), gradients zeroed in
 // place and the host's count of each replayed AdamW step give the eager run's
 // lines and checkpoint bytes. Packed rows have one shape, so every step after
-// the warm-up replays; padded rows mostly differ, so eager steps (zeroing the
-// graph's gradients in place) come between. Step 6's injected fault runs it
-// eagerly and skipped. The learning rate is a power of 2, which the graph's
+// the warm-up replays one graph; rows padded to a multiple of 8 record one
+// graph per length and replay them in turn, sharing one set of gradients.
+// Step 6's injected fault runs it eagerly (zeroing the graphs' gradients in
+// place) and skipped. The learning rate is a power of 2, which the graph's
 // float32 copy holds exactly.
 class GraphedSteps : public ::testing::TestWithParam<std::string> {};
 
@@ -186,8 +187,11 @@ TEST_P(GraphedSteps, EmulatedReplaysEqualEagerSteps) {
                                   faults);
   ASSERT_EQ(a.rc, 0) << a.log;
   ASSERT_EQ(b.rc, 0) << b.log;
-  EXPECT_NE(a.log.find("train.cuda_graphs: step 3 recorded as one CUDA graph"), std::string::npos) << a.log;
-  EXPECT_EQ(b.log.find("recorded as one CUDA graph"), std::string::npos) << b.log;
+  EXPECT_NE(a.log.find("train.cuda_graphs: step 3 recorded as CUDA graph 1;"), std::string::npos) << a.log;
+  // Packed rows have one shape; rows padded to a multiple of 8 (a sample is at most 32 tokens) several.
+  const bool packed = GetParam().find("packing") != std::string::npos;
+  EXPECT_EQ(a.log.find("recorded as CUDA graph 2;") != std::string::npos, !packed) << a.log;
+  EXPECT_EQ(b.log.find("recorded as CUDA graph"), std::string::npos) << b.log;
   const auto ma = metrics(graphed / "out" / "metrics.jsonl"), mb = metrics(eager / "out" / "metrics.jsonl");
   ASSERT_EQ(ma.size(), 8u);
   ASSERT_EQ(mb.size(), 8u);
@@ -204,8 +208,11 @@ TEST_P(GraphedSteps, EmulatedReplaysEqualEagerSteps) {
           << step << "/" << file << ": " << out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Rows, GraphedSteps, ::testing::Values("data.packing=true data.max_length=32", ""),
-                         [](const auto& info) { return info.param.empty() ? "padded" : "packed"; });
+INSTANTIATE_TEST_SUITE_P(Rows, GraphedSteps,
+                         ::testing::Values("data.packing=true data.max_length=32", "data.pad_to_multiple_of=8"),
+                         [](const auto& info) {
+                           return info.param.find("packing") != std::string::npos ? "packed" : "padded";
+                         });
 
 // train.cuda_graphs: on where no graph can be recorded is a configuration
 // error naming why (on the CPU; under ANVIL_TEST_CUDA_GRAPHS=emulate, the

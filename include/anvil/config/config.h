@@ -250,6 +250,7 @@ struct DataConfig {
   std::string on_overflow = "truncate";
   std::string on_error = "fail";
   bool packing = false;
+  int64_t pad_to_multiple_of = 0;
   bool shuffle = true;
 
   template <class V>
@@ -280,6 +281,11 @@ struct DataConfig {
             "Pack several samples into each max_length row; positions restart and attention stops at every "
             "document boundary, so the loss equals unpacked training.",
             read_if_declared());
+    v.field("pad_to_multiple_of", pad_to_multiple_of,
+            "Unpacked rows: pad each micro-batch to its longest sample rounded up to this multiple (at most "
+            "data.max_length), as transformers' DataCollatorWithPadding(pad_to_multiple_of); fewer distinct shapes, "
+            "each of which train.cuda_graphs records once. Padding never changes the loss; 0 = the longest sample.",
+            read_if_declared(non_negative()));
     v.field("shuffle", shuffle,
             "Draw the training samples in a fresh seeded order each epoch (and interleave a mixture's datasets); "
             "false = each file's own order, dataset after dataset, every epoch, as a sequential sampler does "
@@ -394,9 +400,10 @@ struct TrainConfig {
             "one step more); other runs read each step at once. Metrics, checkpoints and results are the same "
             "either way; false reads each step at once. docs/algorithms.md.");
     v.field("cuda_graphs", cuda_graphs,
-            "Whole-step CUDA graphs: after 2 warm-up steps on a side stream, one step (forward, backward, "
-            "clipping, the non-finite skip and the fused AdamW step) is recorded and replayed for every later "
-            "step whose batches have its shapes (pretraining windows, packed rows); other steps run eagerly. "
+            "Whole-step CUDA graphs: after 2 warm-up steps on a side stream, the first step of each new set of "
+            "batch shapes (forward, backward, clipping, the non-finite skip and the fused AdamW step) is recorded, "
+            "up to 8 graphs, and replayed for every later step of those shapes (pretraining windows and packed rows "
+            "have one; data.pad_to_multiple_of buckets padded ones); other steps run eagerly. "
             "auto uses them where a run allows (CUDA, the plain engine: one process, no dist.sharding, "
             "dist.param_dtype float32; train.overlap_step_reads, optimizer.fused, sft or pretrain, no mixture of "
             "experts, no activation checkpointing) and logs why not on a GPU otherwise; on makes that an error; off "
