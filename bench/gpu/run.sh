@@ -287,16 +287,18 @@ PY
     check same-files "$prec on $DEVICE: steps read while the next runs = read at once, 2 skipped (checkpoint-8)" \
       "$W/runs/chk-overlap-true-$prec/checkpoint-8" "$W/runs/chk-overlap-false-$prec/checkpoint-8"
   done
-  # Whole-step CUDA graphs (train.cuda_graphs: auto records step 3 and replays it where a run allows: float32
-  # here, the plain engine) against the same run eager. The learning rate reaches the graph
-  # as float32, so the two agree to round-off rather than bit for bit. On the CPU both run eagerly.
-  for graphs in auto off; do
-    anvil_run chk-graphs-$graphs "$DBG_GPT2" 4 64 fp32 "${few[@]}" train.cuda_graphs=$graphs
+  # Whole-step CUDA graphs (train.cuda_graphs: auto records step 3 and replays it) against the same run eager:
+  # float32 (the plain engine) and bf16 parameters (the one-process sharded engine). The learning rate reaches
+  # the graph as float32, so the two agree to round-off rather than bit for bit. On the CPU both run eagerly.
+  for prec in fp32 bf16; do
+    for graphs in auto off; do
+      anvil_run chk-graphs-$graphs-$prec "$DBG_GPT2" 4 64 $prec "${few[@]}" train.cuda_graphs=$graphs
+    done
+    [[ $DEVICE != cuda ]] || grep -q "recorded as CUDA graph 1" "$W/chk-graphs-auto-$prec.log" ||
+      { echo "FAIL $prec on $DEVICE recorded no CUDA graph" | tee -a "$OUTD/checks.txt"; FAILED=1; }
+    check losses "gpt2-debug: $DEVICE $prec: whole-step CUDA graphs = eager steps" \
+      "$W/runs/chk-graphs-auto-$prec/metrics.jsonl" "$W/runs/chk-graphs-off-$prec/metrics.jsonl" --atol 1e-4 --rtol 1e-4
   done
-  [[ $DEVICE != cuda ]] || grep -q "recorded as CUDA graph 1" "$W/chk-graphs-auto.log" ||
-    { echo "FAIL float32 on $DEVICE recorded no CUDA graph" | tee -a "$OUTD/checks.txt"; FAILED=1; }
-  check losses "gpt2-debug: $DEVICE float32: whole-step CUDA graphs = eager steps" \
-    "$W/runs/chk-graphs-auto/metrics.jsonl" "$W/runs/chk-graphs-off/metrics.jsonl" --atol 1e-4 --rtol 1e-4
   # Generation and logits on the device: a random GPT-2 with peaked logits (no near-ties).
   C=$W/chk-model
   rm -rf "$C"
@@ -357,6 +359,9 @@ sec_train() {
       # The same run reading each step before queueing the next (what train.overlap_step_reads saves).
       [[ $1 == "$GPT2" ]] && ((${TRAIN_AB:-1})) &&
         anvil_train anvil-read-each-step "$1" "$2" "$3" bf16 train.overlap_step_reads=false
+      # The same run with whole-step CUDA graphs (train.cuda_graphs: auto).
+      [[ $1 == "$GPT2" ]] && ((${TRAIN_AB:-1})) &&
+        anvil_train anvil-cuda-graphs "$1" "$2" "$3" bf16 train.cuda_graphs=auto
       ((${TRAIN_PEERS:-1} && ${TRAIN_EAGER:-1})) && hf_train "$1" "$2" "$3" autocast 0
       ((COMPILE && ${TRAIN_PEERS:-1})) && hf_train "$1" "$2" "$3" autocast 1
     done
@@ -375,7 +380,7 @@ sec_fp32() {
   for r in $(seq "$ROUNDS"); do
     stamp "fp32 (TF32 matmuls) $GPT2, round $r"
     anvil_train anvil "$GPT2" "$1" "$2" tf32
-    # The same run with whole-step CUDA graphs (train.cuda_graphs: auto; the plain engine records).
+    # The same run with whole-step CUDA graphs (train.cuda_graphs: auto).
     ((${TRAIN_AB:-1})) && anvil_train anvil-cuda-graphs "$GPT2" "$1" "$2" tf32 train.cuda_graphs=auto
     hf_train "$GPT2" "$1" "$2" fp32 0
   done

@@ -547,22 +547,51 @@ class ShardedEngine final : public EngineImpl {
     return dir;
   }
   void begin_step() override {
-    optimizer_->zero_grad();
+    if (!zero_in_place_) optimizer_->zero_grad();  // else the masters' gradients stay: ShardedModel zeroes them
     sharded_->begin_step();
     frozen_zeroed_ = false;
   }
+  // Graph steps on one process without sharding (dist.param_dtype alone): the collectives are the identity
+  // and every unit stays whole, so a step's host bookkeeping is the same each time and records with it.
   std::string graph_refusal_own() const override {
-    return "the engine is the sharded one (dist.sharding, or dist.param_dtype other than float32), whose host "
-           "bookkeeping of gathers and reductions is not recorded";
+    if (comm_->world_size() != 1) return "several ranks train";
+    if (sharded_->options().strategy != distributed::Sharding::NoShard)
+      return concat("dist.sharding is ", sharding_,
+                    ": its gathers free and refill parameter storage around each block, which a graph cannot follow");
+    return "";
   }
-  void prepare_graph_step() override { refuse_graphs(); }
-  GraphStep queue_graph_step(Objective&, const std::vector<Batch>&, const at::Tensor&, const at::Tensor&,
-                             double) override {
-    refuse_graphs();
+  void prepare_graph_step() override {
+    wait_for_save_copy();
+    zero_in_place_ = true;
+    // The decoupled weight decay's factor, as decay() computes it (in double, then float32), for the graph.
+    if (!keep_.defined()) keep_ = at::empty({}, sharded_->master_parameters().front().options().dtype(at::kFloat));
+    keep_.fill_(1 - optimizer_->param_groups().front().options().get_lr() * weight_decay_);
   }
-  int64_t count_graph_step() override { refuse_graphs(); }
-  void abandon_graph_step() override {}
-  [[noreturn]] void refuse_graphs() const { throw std::logic_error("a sharded engine records no CUDA graph"); }
+  GraphStep queue_graph_step(Objective& objective, const std::vector<Batch>& batches, const at::Tensor& scale,
+                             const at::Tensor& lr, double max_norm) override {
+    TORCH_CHECK(zero_in_place_ && keep_.defined(), "queue_graph_step: prepare_graph_step() first");
+    begin_step();
+    AccumulateOptions ao;
+    ao.scale = scale;
+    ao.read_loss = false;
+    ao.before_backward = [this](bool last) { before_backward(last); };
+    ao.after_backward = [this] { after_backward(); };
+    GraphStep g;
+    g.loss = accumulate_gradients(objective, *model_, batches, ao).loss_tensor;
+    g.norm = clip_own(max_norm);
+    g.skip = at::logical_not(at::isfinite(g.loss).logical_and(at::isfinite(g.norm))).to(at::kFloat);
+    zero_frozen_gradients();
+    decay_by(at::where(g.skip.gt(0), at::ones({}, g.skip.options()), keep_));
+    graph_step_ = fused_adamw(*optimizer_)->queue_step(lr, g.skip);
+    TORCH_CHECK(!graph_step_.counters_rebuilt, "an optimizer step counter was made inside the step");
+    sharded_->after_optimizer_step();
+    return g;
+  }
+  int64_t count_graph_step() override { return fused_adamw(*optimizer_)->count_step(graph_step_); }
+  void abandon_graph_step() override {
+    fused_adamw(*optimizer_)->forget_queued();
+    graph_step_ = {};
+  }
   void before_backward(bool last) override { sharded_->set_grad_sync(last); }
   void after_backward() override { sharded_->finish_backward(); }
   at::Tensor clip_own(double max_norm) override {
@@ -602,20 +631,20 @@ class ShardedEngine final : public EngineImpl {
   /// of 1 where the step is skipped, chosen on the device.
   void decay(const std::optional<at::Tensor>& skip) {
     if (weight_decay_ == 0) return;
-    at::NoGradGuard no_grad;
-    const auto masters = sharded_->master_parameters();
     const double lr = optimizer_->param_groups().front().options().get_lr();
     const double keep = 1 - lr * weight_decay_;
-    at::Tensor factor;
     if (skip)  // the same float32 factor as the scalar's below, or exactly 1
-      factor = at::where(skip->gt(0), at::ones({}, skip->options()), at::full({}, keep, skip->options()));
-    for (const auto& r : decayed_) {
-      auto slice = masters[r.unit].narrow(0, r.offset, r.numel);
-      if (skip)
-        slice.mul_(factor);
-      else
-        slice.mul_(keep);
-    }
+      return decay_by(at::where(skip->gt(0), at::ones({}, skip->options()), at::full({}, keep, skip->options())));
+    at::NoGradGuard no_grad;
+    const auto masters = sharded_->master_parameters();
+    for (const auto& r : decayed_) masters[r.unit].narrow(0, r.offset, r.numel).mul_(keep);
+  }
+  /// The decayed slices multiplied by `factor` (0-dim float32 on the device).
+  void decay_by(const at::Tensor& factor) {
+    if (weight_decay_ == 0) return;
+    at::NoGradGuard no_grad;
+    const auto masters = sharded_->master_parameters();
+    for (const auto& r : decayed_) masters[r.unit].narrow(0, r.offset, r.numel).mul_(factor);
   }
   void gather_own() override { sharded_->gather_full_parameters(); }
   void release_own() override { sharded_->release_full_parameters(); }
@@ -713,10 +742,13 @@ class ShardedEngine final : public EngineImpl {
     if (const double s = saves_.wait_copied(); s > 0) add_stall(s);
   }
 
-  std::vector<Slice> frozen_;   // this rank's parameters the run does not train
-  std::vector<Slice> decayed_;  // this rank's trained parameters weight decay applies to
-  double weight_decay_ = 0;     // AdamW's, applied by finish_own to decayed_
-  bool frozen_zeroed_ = false;  // this step's frozen gradients are zero
+  std::vector<Slice> frozen_;             // this rank's parameters the run does not train
+  std::vector<Slice> decayed_;            // this rank's trained parameters weight decay applies to
+  double weight_decay_ = 0;               // AdamW's, applied by finish_own to decayed_
+  bool frozen_zeroed_ = false;            // this step's frozen gradients are zero
+  bool zero_in_place_ = false;            // since the first graph step: the masters' gradients are the graph's
+  at::Tensor keep_;                       // graph steps: the decoupled decay's factor, filled before each
+  optim::FusedAdamW::Queued graph_step_;  // the recorded step's optimizer work
   std::string sharding_, param_dtype_;
   bool consolidated_;
   double timeout_s_;  // how long rank 0's writer waits for the other ranks' shards

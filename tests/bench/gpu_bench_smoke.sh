@@ -18,18 +18,19 @@ if ! OUT=$OUTD BUILD=$BUILD PYTHON=$SRC/.venv/bin/python bash bench/gpu/run.sh -
 fi
 T=$OUTD/table.md
 fail=0
-# The check section's 27 comparisons (on the CPU: bench_kernels' 4 against ATen in double, its
-# chi-square test of the sampler and 2 of packed attention in bf16 against float32; the other 20 CPU
+# The check section's 28 comparisons (on the CPU: bench_kernels' 4 against ATen in double, its
+# chi-square test of the sampler and 2 of packed attention in bf16 against float32; the other 21 CPU
 # against CPU, which must pass, trivially but for the two
 # overlapped-step-reads checks, which compare two ways of running on the same device).
 n=$(grep -c '^PASS ' "$OUTD/checks.txt")
-[[ $n == 27 ]] || { echo "expected 27 PASS lines from the checks, got $n"; fail=1; }
+[[ $n == 28 ]] || { echo "expected 28 PASS lines from the checks, got $n"; fail=1; }
 row() { # a table row matching the regex, with a number in the tokens/s column
   grep -qE "^\| $1 \| [0-9][0-9,]* \|" "$T" || { echo "no row matching: $1"; fail=1; }
 }
 row "gpt2-debug, 2 x 64, bf16 \| anvil \(n=1\)"
 row "gpt2-debug, 2 x 64, bf16 \| transformers-eager \(n=1\)"
 row "gpt2-debug, 2 x 64, bf16 \| anvil-read-each-step \(n=1\)"
+row "gpt2-debug, 2 x 64, bf16 \| anvil-cuda-graphs \(n=1\)"
 row "llama-debug, 2 x 64, bf16 \| anvil \(n=1\)"
 row "llama-debug, 2 x 64, bf16 \| transformers-eager \(n=1\)"
 row "qwen3_moe-debug, 2 x 64, bf16 \| anvil \(n=1\)"

@@ -171,8 +171,9 @@ INSTANTIATE_TEST_SUITE_P(Engines, OverlappedSteps,
 // the warm-up replays one graph; rows padded to a multiple of 8 record one
 // graph per length and replay them in turn, sharing one set of gradients.
 // Step 6's injected fault runs it eagerly (zeroing the graphs' gradients in
-// place) and skipped. The learning rate is a power of 2, which the graph's
-// float32 copy holds exactly.
+// place) and skipped. bf16 parameters (dist.param_dtype) train through the
+// sharded engine on one process, with its own decoupled weight decay. The learning rate is a power of 2, which the
+// graph's float32 copy holds exactly.
 class GraphedSteps : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GraphedSteps, EmulatedReplaysEqualEagerSteps) {
@@ -209,8 +210,11 @@ TEST_P(GraphedSteps, EmulatedReplaysEqualEagerSteps) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Rows, GraphedSteps,
-                         ::testing::Values("data.packing=true data.max_length=32", "data.pad_to_multiple_of=8"),
+                         ::testing::Values("data.packing=true data.max_length=32", "data.pad_to_multiple_of=8",
+                                           "data.packing=true data.max_length=32 dist.param_dtype=bfloat16 "
+                                           "optimizer.weight_decay=0.1"),
                          [](const auto& info) {
+                           if (info.param.find("bfloat16") != std::string::npos) return "packed_bf16_params";
                            return info.param.find("packing") != std::string::npos ? "packed" : "padded";
                          });
 
@@ -221,7 +225,7 @@ INSTANTIATE_TEST_SUITE_P(Rows, GraphedSteps,
 TEST(GraphedStepsRefused, OnNamesWhyAutoTrainsEagerly) {
   const std::pair<const char*, const char*> cases[] = {
       {"", "the device is cpu"},
-      {"dist.param_dtype=bfloat16", "the engine is the sharded one (dist.sharding, or dist.param_dtype other than"},
+      {"dist.sharding=full_shard", "dist.sharding is full_shard: its gathers free and refill parameter storage"},
       {"train.overlap_step_reads=false", "each step is read before the next is queued"},
       {"train.activation_checkpointing=true", "train.activation_checkpointing is on"}};
   for (const auto& [extra, why] : cases) {

@@ -404,9 +404,9 @@ struct TrainConfig {
             "batch shapes (forward, backward, clipping, the non-finite skip and the fused AdamW step) is recorded, "
             "up to 8 graphs, and replayed for every later step of those shapes (pretraining windows and packed rows "
             "have one; data.pad_to_multiple_of buckets padded ones); other steps run eagerly. "
-            "auto uses them where a run allows (CUDA, the plain engine: one process, no dist.sharding, "
-            "dist.param_dtype float32; train.overlap_step_reads, optimizer.fused, sft or pretrain, no mixture of "
-            "experts, no activation checkpointing) and logs why not on a GPU otherwise; on makes that an error; off "
+            "auto uses them where a run allows (CUDA, one process without dist.sharding, dist.param_dtype "
+            "either way; train.overlap_step_reads, optimizer.fused, sft or pretrain, no mixture of experts, no "
+            "activation checkpointing) and logs why not on a GPU otherwise; on makes that an error; off "
             "(the default until they have been checked on a GPU) never records. A step that cannot be recorded is "
             "logged and the run goes on eagerly. docs/algorithms.md.",
             one_of({"auto", "on", "off"}));
