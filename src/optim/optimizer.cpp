@@ -154,6 +154,26 @@ std::vector<std::string> no_decay_parameters(const config::OptimizerConfig& c, c
   return out;
 }
 
+at::Tensor clip_or_measure(const std::vector<at::Tensor>& params, double max_norm) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  if (grads.empty()) return at::zeros({}, params.front().options().dtype(at::kDouble));
+  const auto norms = at::_foreach_norm(grads, 2);
+  std::vector<at::Tensor> flat;
+  flat.reserve(norms.size());
+  // Measured in the gradients' dtype as torch does when clipping; in double when only measured.
+  const auto acc = max_norm > 0 ? grads.front().scalar_type() : at::kDouble;
+  for (const auto& n : norms) flat.push_back(n.to(acc));
+  const auto total = at::linalg_vector_norm(at::stack(flat), 2);
+  if (max_norm > 0) {
+    const auto coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
+    at::_foreach_mul_(grads, coef);
+  }
+  return total.to(at::kDouble);
+}
+
 void set_lr(torch::optim::Optimizer& opt, double lr) {
   for (auto& group : opt.param_groups()) group.options().set_lr(lr);
 }

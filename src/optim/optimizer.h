@@ -90,6 +90,13 @@ std::vector<std::string> no_decay_parameters(const config::OptimizerConfig& c, c
 
 void set_lr(torch::optim::Optimizer& opt, double lr);
 
+/// Global L2 norm of the gradients of `params`, clipped to `max_norm` when
+/// larger (0 = only measure): torch's clip_grad_norm_ (coefficient
+/// max_norm / (norm + 1e-6), applied when below 1) in a few fused launches,
+/// the coefficient staying on the device; the norm is returned unread (a
+/// 0-dim float64 tensor on the device).
+at::Tensor clip_or_measure(const std::vector<at::Tensor>& params, double max_norm);
+
 /// The AdamW state the optimizer holds for parameter `p`, or nullptr before its first step.
 torch::optim::AdamWParamState* adamw_state(torch::optim::Optimizer& optimizer, const at::Tensor& p);
 

@@ -217,4 +217,11 @@ Metrics CheckpointWriter::collect(bool wait) {
   return std::exchange(done_, {});
 }
 
+stdfs::path BackgroundSaves::save(const stdfs::path& output_dir, checkpoint::CheckpointParts parts, int64_t keep_last) {
+  if (background_checkpoints()) return writer().start(output_dir, std::move(parts), keep_last);
+  const auto dir = checkpoint::save_checkpoint(output_dir, parts, keep_last);
+  log::info("saved ", dir.string());
+  return dir;
+}
+
 }  // namespace anvil::train

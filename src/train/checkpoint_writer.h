@@ -105,4 +105,32 @@ class CheckpointWriter {
   std::vector<io::TensorMap*> maps_;
 };
 
+/// An engine's background writes (a CheckpointWriter made on first use). The
+/// engine keeps it as its last member: the writer's thread reads the model
+/// until joined.
+class BackgroundSaves {
+ public:
+  /// A single-process checkpoint (checkpoint::save_checkpoint's layout), in the
+  /// background or, under ANVIL_CHECKPOINT_SYNC=1, at once.
+  std::filesystem::path save(const std::filesystem::path& output_dir, checkpoint::CheckpointParts parts,
+                             int64_t keep_last);
+  std::filesystem::path start(CheckpointWriter::Job job) { return writer().start(std::move(job)); }
+  /// Waits for the write in flight (its publication prunes stale temporary
+  /// folders: a sharded save waits before it creates its own).
+  void finish() {
+    if (writer_) writer_->finish();
+  }
+  /// Waits until the live tensors of a background save are copied (before
+  /// anything changes them in place); returns the seconds waited.
+  double wait_copied() { return writer_ ? writer_->wait_copied() : 0.0; }
+  Metrics collect(bool wait) { return writer_ ? writer_->collect(wait) : Metrics{}; }
+
+ private:
+  CheckpointWriter& writer() {
+    if (!writer_) writer_ = std::make_unique<CheckpointWriter>();
+    return *writer_;
+  }
+  std::unique_ptr<CheckpointWriter> writer_;
+};
+
 }  // namespace anvil::train

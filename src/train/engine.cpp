@@ -45,31 +45,6 @@ int64_t optimizer_bytes(torch::optim::Optimizer& opt) {
   return storage_bytes(ts, seen);
 }
 
-/// Global L2 norm of the gradients of `params`, clipped to `max_norm` when
-/// larger (0 = only measure): torch's clip_grad_norm_ (coefficient
-/// max_norm / (norm + 1e-6), applied when below 1) in a few fused launches,
-/// the coefficient staying on the device; the norm is returned unread (a
-/// 0-dim float64 tensor on the device).
-at::Tensor clip_or_measure(const std::vector<at::Tensor>& params, double max_norm) {
-  at::NoGradGuard no_grad;
-  std::vector<at::Tensor> grads;
-  for (const auto& p : params)
-    if (p.grad().defined()) grads.push_back(p.grad());
-  if (grads.empty()) return at::zeros({}, params.front().options().dtype(at::kDouble));
-  const auto norms = at::_foreach_norm(grads, 2);
-  std::vector<at::Tensor> flat;
-  flat.reserve(norms.size());
-  // Measured in the gradients' dtype as torch does when clipping; in double when only measured.
-  const auto acc = max_norm > 0 ? grads.front().scalar_type() : at::kDouble;
-  for (const auto& n : norms) flat.push_back(n.to(acc));
-  const auto total = at::linalg_vector_norm(at::stack(flat), 2);
-  if (max_norm > 0) {
-    const auto coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
-    at::_foreach_mul_(grads, coef);
-  }
-  return total.to(at::kDouble);
-}
-
 /// The fused AdamW behind `opt`, or null (torch's unfused AdamW).
 optim::FusedAdamW* fused_adamw(torch::optim::Optimizer& opt) { return dynamic_cast<optim::FusedAdamW*>(&opt); }
 
@@ -239,37 +214,6 @@ class EngineImpl : public Engine {
   std::optional<double> stall_s_;  // since the last collect_save, when a save happened
 };
 
-/// An engine's background writes (CheckpointWriter). The engine keeps it as
-/// its last member: the writer's thread reads the model until joined.
-class BackgroundSaves {
- public:
-  /// A single-process checkpoint (checkpoint::save_checkpoint's layout), in the
-  /// background or, under ANVIL_CHECKPOINT_SYNC=1, at once.
-  stdfs::path save(const stdfs::path& output_dir, checkpoint::CheckpointParts parts, int64_t keep_last) {
-    if (background_checkpoints()) return writer().start(output_dir, std::move(parts), keep_last);
-    const auto dir = checkpoint::save_checkpoint(output_dir, parts, keep_last);
-    log::info("saved ", dir.string());
-    return dir;
-  }
-  stdfs::path start(CheckpointWriter::Job job) { return writer().start(std::move(job)); }
-  /// Waits for the write in flight (its publication prunes stale temporary
-  /// folders: a sharded save waits before it creates its own).
-  void finish() {
-    if (writer_) writer_->finish();
-  }
-  /// Waits until the live tensors of a background save are copied (before
-  /// anything changes them in place); returns the seconds waited.
-  double wait_copied() { return writer_ ? writer_->wait_copied() : 0.0; }
-  Metrics collect(bool wait) { return writer_ ? writer_->collect(wait) : Metrics{}; }
-
- private:
-  CheckpointWriter& writer() {
-    if (!writer_) writer_ = std::make_unique<CheckpointWriter>();
-    return *writer_;
-  }
-  std::unique_ptr<CheckpointWriter> writer_;
-};
-
 class PlainEngine final : public EngineImpl {
  public:
   PlainEngine(const config::RunConfig& cfg, std::shared_ptr<models::CausalLM> model, const Trains& trains,
@@ -347,7 +291,7 @@ class PlainEngine final : public EngineImpl {
       if (p.grad().defined()) grads.push_back(p.grad());
     if (!grads.empty()) at::_foreach_zero_(grads);
   }
-  at::Tensor clip_own(double max_norm) override { return clip_or_measure(params_, max_norm); }
+  at::Tensor clip_own(double max_norm) override { return optim::clip_or_measure(params_, max_norm); }
   std::string graph_refusal_own() const override {
     return activation_checkpointing_ ? "train.activation_checkpointing is on" : "";
   }
