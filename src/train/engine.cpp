@@ -113,6 +113,11 @@ class EngineImpl : public Engine {
     return finish_own_on_device(skip.to(device(), at::kFloat));
   }
   void skipped_on_device(int64_t ticket) final { fused_adamw(optimizer_ref())->take_back(ticket); }
+  int64_t count_graph_step() final { return fused_adamw(optimizer_ref())->count_step(graph_step_); }
+  void abandon_graph_step() final {
+    fused_adamw(optimizer_ref())->forget_queued();
+    graph_step_ = {};
+  }
   std::string graph_refusal() const final {
     if (!companions_.empty()) return "companion models train beside the policy";
     if (!fused_adamw(optimizer_ref())) return "optimizer.fused is false";
@@ -175,6 +180,16 @@ class EngineImpl : public Engine {
   virtual torch::optim::Optimizer& optimizer_ref() const = 0;
   /// graph_refusal() once the device, companions and optimizer allow graphs.
   virtual std::string graph_refusal_own() const = 0;
+  /// A recorded step's skip flag: 1 where the loss or the norm is not finite (0-dim float32).
+  static at::Tensor not_finite(const at::Tensor& loss, const at::Tensor& norm) {
+    return at::logical_not(at::isfinite(loss).logical_and(at::isfinite(norm))).to(at::kFloat);
+  }
+  /// The recorded step's fused AdamW step (queue_graph_step), kept for count_graph_step().
+  void queue_optimizer_step(const at::Tensor& lr, const at::Tensor& skip) {
+    graph_step_ = fused_adamw(optimizer_ref())->queue_step(lr, skip);
+    // A counter made from the host's count would be remade at every replay: such a step is not replayable.
+    TORCH_CHECK(!graph_step_.counters_rebuilt, "an optimizer step counter was made inside the step");
+  }
   virtual Metrics memory_own() = 0;
   /// Writes the model whole with its optimizer state into `dir` (a companion's
   /// part of a checkpoint); a collective in a sharded run.
@@ -211,7 +226,8 @@ class EngineImpl : public Engine {
     double norm;
   };
   std::vector<Companion> companions_;
-  std::optional<double> stall_s_;  // since the last collect_save, when a save happened
+  optim::FusedAdamW::Queued graph_step_;  // the recorded step's optimizer work
+  std::optional<double> stall_s_;         // since the last collect_save, when a save happened
 };
 
 class PlainEngine final : public EngineImpl {
@@ -309,16 +325,9 @@ class PlainEngine final : public EngineImpl {
     GraphStep g;
     g.loss = accumulate_gradients(objective, *model_, batches, ao).loss_tensor;
     g.norm = clip_own(max_norm);
-    g.skip = at::logical_not(at::isfinite(g.loss).logical_and(at::isfinite(g.norm))).to(at::kFloat);
-    graph_step_ = fused_adamw(*optimizer_)->queue_step(lr, g.skip);
-    // A counter made from the host's count would be remade at every replay: such a step is not replayable.
-    TORCH_CHECK(!graph_step_.counters_rebuilt, "an optimizer step counter was made inside the step");
+    g.skip = not_finite(g.loss, g.norm);
+    queue_optimizer_step(lr, g.skip);
     return g;
-  }
-  int64_t count_graph_step() override { return fused_adamw(*optimizer_)->count_step(graph_step_); }
-  void abandon_graph_step() override {
-    fused_adamw(*optimizer_)->forget_queued();
-    graph_step_ = {};
   }
   void finish_own(bool apply) override {
     wait_for_save_copy();  // before the step changes what a background save copies (companions' too)
@@ -350,8 +359,7 @@ class PlainEngine final : public EngineImpl {
   std::vector<at::Tensor> params_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   bool activation_checkpointing_ = false;
-  bool zero_in_place_ = false;            // since the first graph step: the gradients are the graph's
-  optim::FusedAdamW::Queued graph_step_;  // the recorded step's optimizer work
+  bool zero_in_place_ = false;  // since the first graph step: the gradients are the graph's
   void wait_for_save_copy() {
     if (const double s = saves_.wait_copied(); s > 0) add_stall(s);
   }
@@ -523,19 +531,14 @@ class ShardedEngine final : public EngineImpl {
     GraphStep g;
     g.loss = accumulate_gradients(objective, *model_, batches, ao).loss_tensor;
     g.norm = clip_own(max_norm);
-    g.skip = at::logical_not(at::isfinite(g.loss).logical_and(at::isfinite(g.norm))).to(at::kFloat);
+    g.skip = not_finite(g.loss, g.norm);
     zero_frozen_gradients();
     decay_by(at::where(g.skip.gt(0), at::ones({}, g.skip.options()), keep_));
-    graph_step_ = fused_adamw(*optimizer_)->queue_step(lr, g.skip);
-    TORCH_CHECK(!graph_step_.counters_rebuilt, "an optimizer step counter was made inside the step");
+    queue_optimizer_step(lr, g.skip);
     sharded_->after_optimizer_step();
     return g;
   }
-  int64_t count_graph_step() override { return fused_adamw(*optimizer_)->count_step(graph_step_); }
-  void abandon_graph_step() override {
-    fused_adamw(*optimizer_)->forget_queued();
-    graph_step_ = {};
-  }
+
   void before_backward(bool last) override { sharded_->set_grad_sync(last); }
   void after_backward() override { sharded_->finish_backward(); }
   at::Tensor clip_own(double max_norm) override {
@@ -686,13 +689,12 @@ class ShardedEngine final : public EngineImpl {
     if (const double s = saves_.wait_copied(); s > 0) add_stall(s);
   }
 
-  std::vector<Slice> frozen_;             // this rank's parameters the run does not train
-  std::vector<Slice> decayed_;            // this rank's trained parameters weight decay applies to
-  double weight_decay_ = 0;               // AdamW's, applied by finish_own to decayed_
-  bool frozen_zeroed_ = false;            // this step's frozen gradients are zero
-  bool zero_in_place_ = false;            // since the first graph step: the masters' gradients are the graph's
-  at::Tensor keep_;                       // graph steps: the decoupled decay's factor, filled before each
-  optim::FusedAdamW::Queued graph_step_;  // the recorded step's optimizer work
+  std::vector<Slice> frozen_;   // this rank's parameters the run does not train
+  std::vector<Slice> decayed_;  // this rank's trained parameters weight decay applies to
+  double weight_decay_ = 0;     // AdamW's, applied by finish_own to decayed_
+  bool frozen_zeroed_ = false;  // this step's frozen gradients are zero
+  bool zero_in_place_ = false;  // since the first graph step: the masters' gradients are the graph's
+  at::Tensor keep_;             // graph steps: the decoupled decay's factor, filled before each
   std::string sharding_, param_dtype_;
   bool consolidated_;
   double timeout_s_;  // how long rank 0's writer waits for the other ranks' shards
