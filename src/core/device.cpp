@@ -12,6 +12,14 @@ at::Tensor to_device(const at::Tensor& t, const c10::Device& device) {
   return pinned.to(t.options().device(device), /*non_blocking=*/true);
 }
 
+void copy_to_device(at::Tensor& dst, const at::Tensor& src) {
+  if (!dst.is_cuda() || !src.is_cpu()) {
+    dst.copy_(src);
+    return;
+  }
+  dst.copy_(src.is_pinned() ? src : src.pin_memory(), /*non_blocking=*/true);
+}
+
 void set_tf32(bool on) {
   at::globalContext().setAllowTF32CuBLAS(on);
   at::globalContext().setAllowTF32CuDNN(on);

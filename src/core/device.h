@@ -21,6 +21,10 @@ void set_tf32(bool on);
 /// Anywhere else, `t.to(device)`.
 at::Tensor to_device(const at::Tensor& t, const c10::Device& device);
 
+/// dst.copy_(src) the same way: a host `src` bound for a CUDA `dst` goes
+/// through pinned memory straight into dst's storage (one copy, no wait).
+void copy_to_device(at::Tensor& dst, const at::Tensor& src);
+
 /// The caching allocator's counters for `device` since the previous call
 /// (whose peaks it then resets): memory/gpu_peak_bytes (the most bytes held
 /// by tensors at once, torch.cuda.max_memory_allocated's measure),

@@ -73,11 +73,12 @@ void GraphSteps::fill(Graph& g, const std::vector<Batch>& batches, int64_t step_
       for (const auto& [key, t] : b.tensors) in.tensors[key] = at::empty(t.sizes(), t.options().device(device));
       g.inputs.push_back(std::move(in));
     }
-  // Queued behind the previous step: the copies go through pinned memory (to_device), the scalars are fills.
+  // Queued behind the previous step: the copies go through pinned memory straight into the graph's buffers
+  // (copy_to_device), the scalars are fills.
   for (size_t i = 0; i < batches.size(); ++i) {
     g.inputs[i].num_targets = batches[i].num_targets;
     g.inputs[i].num_tokens = batches[i].num_tokens;
-    for (const auto& [key, t] : batches[i].tensors) g.inputs[i].tensors.at(key).copy_(to_device(t, device), true);
+    for (const auto& [key, t] : batches[i].tensors) copy_to_device(g.inputs[i].tensors.at(key), t);
   }
   scale_.fill_(step_targets > 0 ? 1.0 / static_cast<double>(step_targets) : 0.0);
   lr_.fill_(lr);

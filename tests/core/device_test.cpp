@@ -65,3 +65,26 @@ TEST(Device, HostTensorsReachCudaWithoutWaitingForTheStream) {
   EXPECT_TRUE(queued) << "to_device waited for the stream";
   EXPECT_TRUE(at::equal(on_device.cpu(), at::arange(1 << 16, at::kLong)));
 }
+
+TEST(Device, HostTensorsFillCudaBuffersWithoutWaitingForTheStream) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const at::Device dev(at::kCUDA, 0);
+  auto buffer = at::zeros({1 << 16}, at::TensorOptions().dtype(at::kLong).device(dev));
+  const auto storage = buffer.data_ptr();
+  auto a = at::randn({4096, 4096}, at::TensorOptions().device(dev));
+  for (int i = 0; i < 20; ++i) a = at::tanh(at::matmul(a, a));
+  auto host = at::arange(1 << 16, at::kLong);
+  anvil::copy_to_device(buffer, host);
+  const bool queued = !at::accelerator::getCurrentStream(dev.index()).query();
+  host.fill_(-1);
+  at::accelerator::synchronizeDevice(dev.index());
+  EXPECT_TRUE(queued) << "copy_to_device waited for the stream";
+  EXPECT_EQ(buffer.data_ptr(), storage) << "the buffer was replaced, not filled";
+  EXPECT_TRUE(at::equal(buffer.cpu(), at::arange(1 << 16, at::kLong)));
+}
+
+TEST(Device, CopyToDeviceOnTheCpuIsACopy) {
+  auto buffer = at::zeros({5}, at::kLong);
+  anvil::copy_to_device(buffer, at::arange(5, at::kLong));
+  EXPECT_TRUE(at::equal(buffer, at::arange(5, at::kLong)));
+}
