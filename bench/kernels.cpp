@@ -14,6 +14,12 @@
 // mask in float32 on the same bfloat16 values (output and the gradients of q,
 // k, v, with and without a sliding window), then on CUDA both timed, forward
 // and backward.
+// rope, swiglu, layer_norm: the fused ops (on CUDA their kernels) forward and
+// backward against HF's ATen composition in double on the CPU, and on CUDA
+// against the composition in the same dtype on the device (rope and swiglu
+// within one rounding, layer_norm's reordered sums within a relative bound);
+// then on CUDA both timed, forward and backward, at the 1.1B LLaMA's shapes
+// (rope, swiglu) and GPT-2 124M's (layer_norm).
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -26,6 +32,9 @@
 #include "data/collate.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/draw.h"
+#include "kernels/layer_norm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
 #include "models/layers.h"
 
 namespace {
@@ -225,6 +234,169 @@ int check_packed_attention(const at::Device& device, int64_t window) {
   return failed;
 }
 
+/// The output and the inputs' gradients of f for the loss sum(out * w).
+template <typename F>
+std::vector<at::Tensor> forward_backward(F&& f, const std::vector<at::Tensor>& inputs, const at::Tensor& w) {
+  std::vector<at::Tensor> leaves;
+  for (const auto& t : inputs) leaves.push_back(t.detach().clone().set_requires_grad(true));
+  auto out = f(leaves);
+  torch::autograd::backward({(out * w.to(out.scalar_type())).sum()});
+  std::vector<at::Tensor> r{out.detach()};
+  for (const auto& l : leaves) r.push_back(l.grad());
+  return r;
+}
+
+/// max |a - b| / max |b| over the pairs of tensors (b: the reference).
+double max_rel(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto bd = b[i].cpu().to(at::kDouble);
+    worst = std::max(worst, (a[i].cpu().to(at::kDouble) - bd).abs().max().item<double>() /
+                                std::max(bd.abs().max().item<double>(), 1e-30));
+  }
+  return worst;
+}
+
+/// The largest difference in units of the reference dtype's rounding at each value's magnitude.
+double max_ulps(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto dt = b[i].scalar_type();
+    const double eps = dt == at::kBFloat16 ? 1.0 / 128 : dt == at::kHalf ? 1.0 / 1024 : 1.2e-7;
+    const auto bd = b[i].cpu().to(at::kDouble);
+    worst = std::max(worst,
+                     ((a[i].cpu().to(at::kDouble) - bd).abs() / (bd.abs().clamp_min(1e-3) * eps)).max().item<double>());
+  }
+  return worst;
+}
+
+/// One fused op against the composition it replaces: in double on the CPU (relative, allowed `tol`), and on
+/// CUDA in the same dtype on the device: at most one rounding apart, or with `device_tol` > 0 (sums taken in
+/// another order), relative to the largest value at most that.
+template <typename Fused, typename Composed>
+int check_fused(const at::Device& device, at::ScalarType dtype, const std::string& name, Fused&& fused,
+                Composed&& composed, const std::vector<at::Tensor>& cpu_inputs, double tol, double device_tol = 0) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(41);
+  // The loss's weights (the output's gradient) held exactly in `dtype`, so both sides see the same gradient.
+  const auto w =
+      at::randn(cpu_inputs[0].sizes(), gen, at::TensorOptions().dtype(at::kDouble)).to(dtype).to(at::kDouble);
+  std::vector<at::Tensor> on_device, in_double;
+  for (const auto& t : cpu_inputs)
+    on_device.push_back(t.to(device, dtype)), in_double.push_back(t.to(dtype).to(at::kDouble));
+  const auto mine = forward_backward(fused, on_device, w.to(device));
+  const auto ref = forward_backward(composed, in_double, w);
+  const double rel = max_rel(mine, ref);
+  double same = 0;
+  if (device.is_cuda()) {
+    const auto there = forward_backward(composed, on_device, w.to(device));
+    same = device_tol > 0 ? max_rel(mine, there) : max_ulps(mine, there);
+  }
+  const double same_tol = device_tol > 0 ? device_tol : 1.0;
+  char detail[256];
+  std::snprintf(detail, sizeof detail,
+                "output and gradients: max relative diff %.3g vs double (allowed %g); vs the composition in %s "
+                "on the device: %.3g %s (allowed %g)",
+                rel, tol, c10::toString(dtype), same, device_tol > 0 ? "relative" : "roundings", same_tol);
+  return report(rel <= tol && same <= same_tol,
+                name + " on " + device.str() + ", " + c10::toString(dtype) + " = HF's ATen composition", detail);
+}
+
+at::Tensor hf_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t R = cos.size(-1), D = x.size(-1);
+  const auto rot = x.narrow(-1, 0, R);
+  const auto rotate_half = at::cat({-rot.narrow(-1, R / 2, R / 2), rot.narrow(-1, 0, R / 2)}, -1);
+  return at::cat({rot * cos + rotate_half * sin, x.narrow(-1, R, D - R)}, -1);
+}
+
+/// cos and sin tables (1, 1, T, R) of positions 0..T-1, in double.
+std::pair<at::Tensor, at::Tensor> rope_tables(int64_t T, int64_t R) {
+  const auto inv = at::pow(10000.0, -at::arange(0, R, 2, at::kDouble) / static_cast<double>(R));
+  const auto f = at::arange(T, at::kDouble).unsqueeze(1) * inv;
+  const auto emb = at::cat({f, f}, -1).view({1, 1, T, R});
+  return {emb.cos(), emb.sin()};
+}
+
+int check_rope(const at::Device& device, at::ScalarType dtype) {
+  // q as the families hand it over: (B, T, H, D) transposed to (B, H, T, D); a partial rotary (NeoX).
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(37);
+  const int64_t B = 2, T = 96, H = 4, D = 64, R = 48;
+  const auto [cos, sin] = rope_tables(T, R);
+  const auto x = at::randn({B, T, H, D}, gen, at::TensorOptions().dtype(at::kDouble)).transpose(1, 2);
+  const auto c = cos.to(device, dtype), s = sin.to(device, dtype);
+  const auto cd = cos.to(dtype).to(at::kDouble), sd = sin.to(dtype).to(at::kDouble);
+  return check_fused(
+      device, dtype, "rope", [&](const auto& in) { return kernels::rope(in[0], c, s); },
+      [&](const auto& in) {
+        return in[0].scalar_type() == at::kDouble ? hf_rope(in[0], cd, sd) : hf_rope(in[0], c, s);
+      },
+      {x}, dtype == at::kFloat ? 1e-6 : 2e-2);
+}
+
+int check_swiglu(const at::Device& device, at::ScalarType dtype) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(43);
+  const auto g = at::randn({128, 352}, gen, at::TensorOptions().dtype(at::kDouble)) * 3;
+  const auto u = at::randn({128, 352}, gen, at::TensorOptions().dtype(at::kDouble));
+  return check_fused(
+      device, dtype, "swiglu", [](const auto& in) { return kernels::swiglu(in[0], in[1]); },
+      [](const auto& in) { return at::silu(in[0]) * in[1]; }, {g, u}, dtype == at::kFloat ? 1e-6 : 2e-2,
+      // float32 on the device against the largest value: silu's derivative magnifies the last bits near its
+      // zero, where nvcc may fuse differently from ATen's build; 16-bit types within one rounding.
+      dtype == at::kFloat ? 1e-6 : 0.0);
+}
+
+int check_layer_norm(const at::Device& device, at::ScalarType dtype) {
+  // GPT-2's width, which the backward kernel takes in every dtype.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(47);
+  const auto o = at::TensorOptions().dtype(at::kDouble);
+  const auto x = at::randn({256, 768}, gen, o) * 2 + 0.5;
+  const auto w = at::randn({768}, gen, o) * 0.1 + 1, b = at::randn({768}, gen, o);
+  return check_fused(
+      device, dtype, "layer_norm", [](const auto& in) { return kernels::layer_norm(in[0], in[1], in[2], 1e-5); },
+      [](const auto& in) { return at::layer_norm(in[0], {768}, in[1], in[2], 1e-5); }, {x, w, b},
+      // 16-bit against double: ATen's CPU backward, the reference on the CPU, sums the weight's and bias's
+      // gradients over 256 rows with 1.5-2.7 % error relative to the largest (float32: 3e-7).
+      dtype == at::kFloat ? 1e-5 : 4e-2,
+      dtype == at::kFloat  ? 1e-5
+      : dtype == at::kHalf ? 2e-3
+                           : 1.6e-2);
+}
+
+/// The fused ops against the composition at the 1.1B LLaMA's shapes (4 x 2048 tokens), forward and backward.
+void time_fused_ops(const at::Device& device) {
+  const auto bf = at::TensorOptions().dtype(at::kBFloat16).device(device);
+  const int64_t B = 4, T = 2048, H = 32, D = 64, I = 5632;
+  const auto [cos, sin] = rope_tables(T, D);
+  const auto c = cos.to(device, at::kBFloat16), s = sin.to(device, at::kBFloat16);
+  const auto q = at::randn({B, T, H, D}, bf).transpose(1, 2).detach().requires_grad_(true);
+  const auto g = at::randn({B * T, I}, bf).requires_grad_(true), u = at::randn({B * T, I}, bf).requires_grad_(true);
+  const auto dq = at::randn({B, H, T, D}, bf), dy = at::randn({B * T, I}, bf);
+  const auto timed = [&](const std::string& name, const std::string& shape, auto&& fused, auto&& composed) {
+    const double k = time_it(device, 20, fused), a = time_it(device, 20, composed);
+    std::printf("%s\n", nlohmann::json({{"kernel", name},
+                                        {"device", device.str()},
+                                        {"dtype", "bfloat16"},
+                                        {"shape", shape},
+                                        {"cuda_ms", k * 1e3},
+                                        {"aten_ms", a * 1e3},
+                                        {"speedup", a / k}})
+                            .dump()
+                            .c_str());
+  };
+  timed(
+      "rope", "q 4 x 32 x 2048 x 64, fwd + bwd", [&] { torch::autograd::backward({kernels::rope(q, c, s)}, {dq}); },
+      [&] { torch::autograd::backward({hf_rope(q, c, s)}, {dq}); });
+  // GPT-2 124M's LayerNorm at 16 x 1024 tokens.
+  const auto xl = at::randn({16 * 1024, 768}, bf).requires_grad_(true), dl = at::randn({16 * 1024, 768}, bf);
+  const auto wl = at::ones({768}, bf).requires_grad_(true), bl = at::zeros({768}, bf).requires_grad_(true);
+  timed(
+      "layer_norm", "16384 x 768, fwd + bwd",
+      [&] { torch::autograd::backward({kernels::layer_norm(xl, wl, bl, 1e-5)}, {dl}); },
+      [&] { torch::autograd::backward({at::layer_norm(xl, {768}, wl, bl, 1e-5)}, {dl}); });
+  timed(
+      "swiglu", "8192 x 5632, fwd + bwd", [&] { torch::autograd::backward({kernels::swiglu(g, u)}, {dy}); },
+      [&] { torch::autograd::backward({at::silu(g) * u}, {dy}); });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -239,6 +411,14 @@ int main(int argc, char** argv) {
   }
   failed += check_draw(device);
   for (int64_t window : {0, 256}) failed += check_packed_attention(device, window);
+  for (auto dtype : dtypes)
+    failed += check_rope(device, dtype) + check_swiglu(device, dtype) + check_layer_norm(device, dtype);
+  if (device.is_cuda()) {
+    if (!kernels::rope_kernel_built() || !kernels::swiglu_kernel_built() || !kernels::layer_norm_kernel_built())
+      failed += report(false, "rope, swiglu and layer_norm CUDA kernels", "this build has no CUDA kernels");
+    else
+      time_fused_ops(device);
+  }
   if (device.is_cuda()) {
     if (!kernels::cross_entropy_kernel_built()) {
       failed += report(false, "cross_entropy_rows CUDA kernel", "this build has no CUDA kernels");

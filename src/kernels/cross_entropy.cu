@@ -11,29 +11,12 @@
 #include <cstdint>
 
 #include "kernels/cross_entropy_launch.h"
+#include "kernels/device_math.cuh"
 
 namespace anvil::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 512;
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
 
 /// (m, s): s = sum exp(x - m) over what was seen; m = -inf with s = 0 when nothing was.
 __device__ __forceinline__ void combine(float& m, float& s, float m2, float s2) {
@@ -47,11 +30,6 @@ __device__ __forceinline__ void combine(float& m, float& s, float m2, float s2) 
   s = s * expf(m - top) + s2 * expf(m2 - top);
   m = top;
 }
-
-template <typename T, int kVec>
-struct alignas(sizeof(T) * kVec) Pack {
-  T v[kVec];
-};
 
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kThreads)

@@ -4,9 +4,9 @@
 
 #include <cstdint>
 
-namespace anvil::kernels::cuda {
+#include "kernels/launch.h"
 
-enum class Dtype { kFloat, kHalf, kBFloat16 };
+namespace anvil::kernels::cuda {
 
 /// Per-row cross-entropy of contiguous `logits` (rows x stride, the first
 /// `vocab` columns real): loss[r] = logsumexp(x[r]) - x[r][targets[r]], 0 where

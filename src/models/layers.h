@@ -5,6 +5,7 @@
 // implementations so logits match transformers to float32 round-off.
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
 #include <string>
@@ -79,7 +80,8 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, const
                                                at::ScalarType dtype, double scale = 1.0);
 
 /// Rotates the first rotary_dim features of x (B, H, T, D) in place of HF's
-/// apply_rotary_pos_emb (rotate_half convention).
+/// apply_rotary_pos_emb (rotate_half convention): kernels::rope while
+/// kernels::fused_ops() (train.fused_kernels), else ATen's composition.
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 /// The LM head's product hidden (..., C) x weight (V, C)^T (+ bias) -> (..., V).
@@ -97,6 +99,13 @@ at::Tensor lm_head(const at::Tensor& hidden, const at::Tensor& weight, const at:
 /// HF activation by its config name: gelu, gelu_new, gelu_pytorch_tanh, silu, relu.
 at::Tensor activation(const at::Tensor& x, const std::string& name);
 bool is_supported_activation(const std::string& name);
+/// ln(x) for a torch LayerNorm module: kernels::layer_norm (Anvil's backward
+/// kernel on CUDA) while kernels::fused_ops() and the module has a weight,
+/// else the module's own forward.
+at::Tensor layer_norm(const torch::nn::LayerNorm& ln, const at::Tensor& x);
+/// activation(gate, name) * up, the gated MLP of LLaMA-style families:
+/// kernels::swiglu for silu while kernels::fused_ops(), else ATen's composition.
+at::Tensor gated_activation(const at::Tensor& gate, const at::Tensor& up, const std::string& name);
 
 /// Positions for `args`: args.position_ids (B, T), or past .. past + T - 1 as
 /// (1, T), which broadcasts over the batch.

@@ -68,7 +68,10 @@ ExpertImpl::ExpertImpl(const MoeOptions& o) : act(o.act()) {
   up = register_module(mixtral ? "w3" : "up_proj", linear(o.hidden_size(), o.intermediate_size()));
 }
 
-at::Tensor ExpertImpl::forward(const at::Tensor& x) { return down(layers::activation(gate(x), act) * up(x)); }
+at::Tensor ExpertImpl::forward(const at::Tensor& x) {
+  auto g = gate(x);  // before up, as HF
+  return down(layers::gated_activation(g, up(x), act));
+}
 
 SparseMoeBlockImpl::SparseMoeBlockImpl(const MoeOptions& o) : options(o) {
   TORCH_CHECK(o.top_k() >= 1 && o.top_k() <= o.num_experts(), "num_experts_per_tok must be in [1, num_experts]");
@@ -170,7 +173,7 @@ at::Tensor SparseMoeBlockImpl::grouped_experts(const at::Tensor& x, const at::Te
   // Weights (E, out, in) used as (E, in, out): the transposed layout _grouped_mm reads.
   auto g = at::_grouped_mm(rows, at::stack(gates).transpose(1, 2), offsets);
   auto u = at::_grouped_mm(rows, at::stack(ups).transpose(1, 2), offsets);
-  auto h = layers::activation(g, options.act()) * u;
+  auto h = layers::gated_activation(g, u, options.act());
   auto y = at::_grouped_mm(h, at::stack(downs).transpose(1, 2), offsets);
   y = y * weights.reshape(-1).index_select(0, order).unsqueeze(-1);
   return at::zeros_like(x).index_add(0, tokens, y.to(x.scalar_type()));

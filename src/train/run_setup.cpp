@@ -24,6 +24,7 @@
 #include "checkpoint/checkpoint.h"
 #include "anvil/checkpoint/hf_model.h"
 #include "checkpoint/peft.h"
+#include "kernels/dispatch.h"
 #include "models/lora.h"
 #include "anvil/models/registry.h"
 #include "io/trainer_state.h"
@@ -249,6 +250,7 @@ RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
   if (r.device.is_cuda() && !r.device.has_index() && proc.world_size > 1)
     r.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(proc.local_rank));
   set_tf32(cfg.train.tf32);
+  kernels::set_fused_ops(cfg.train.fused_kernels);
   r.out_dir = cfg.output_dir;
   r.config_yaml = config::to_yaml(cfg);
   r.latest = checkpoint_to_resume(cfg, r.out_dir);

@@ -17,6 +17,7 @@
 #include "anvil/models/registry.h"
 #include "models/init.h"
 #include "data/collate.h"
+#include "kernels/dispatch.h"
 #include "models/layers.h"
 #include "test_util.h"
 
@@ -133,6 +134,25 @@ TEST_P(Family, PackedDocumentsMatchSeparateOnes) {
     EXPECT_LE((packed.narrow(1, 0, 7) - first).abs().max().item<double>(), 1e-5);
     EXPECT_LE((packed.narrow(1, 7, 5) - second).abs().max().item<double>(), 1e-5);
   }
+}
+
+TEST_P(Family, FusedKernelsEqualTheAtenComposition) {
+  // train.fused_kernels on (the default) and off: the same logits and gradients, bit for bit, on the CPU.
+  torch::AutoGradMode grad(true);
+  auto ids = at::randint(61, {2, 9}, at::kLong);
+  const auto run = [&](bool fused) {
+    kernels::set_fused_ops(fused);
+    model_->zero_grad();
+    auto logits = model_->forward(ids);
+    (logits * logits.detach().sin()).sum().backward();
+    std::vector<at::Tensor> out{logits.detach()};
+    for (const auto& p : model_->parameters())
+      if (p.grad().defined()) out.push_back(p.grad().clone());
+    return out;
+  };
+  const auto aten = run(false), fused = run(true);
+  ASSERT_EQ(aten.size(), fused.size());
+  for (size_t i = 0; i < aten.size(); ++i) EXPECT_TRUE(at::equal(aten[i], fused[i])) << "tensor " << i;
 }
 
 // The sliding window reaches no further back than its width: a token more

@@ -71,7 +71,8 @@ GemmaMLPImpl::GemmaMLPImpl(const GemmaOptions& o) : act(o.hidden_act()) {
 }
 
 at::Tensor GemmaMLPImpl::forward(const at::Tensor& x) {
-  return down_proj(layers::activation(gate_proj(x), act) * up_proj(x));
+  auto gate = gate_proj(x);  // before up_proj, as HF
+  return down_proj(layers::gated_activation(gate, up_proj(x), act));
 }
 
 GemmaDecoderLayerImpl::GemmaDecoderLayerImpl(const GemmaOptions& o, int64_t layer) {

@@ -65,8 +65,8 @@ BlockImpl::BlockImpl(const GPT2Options& o)
       mlp(register_module("mlp", MLP(o))) {}
 
 at::Tensor BlockImpl::forward(const at::Tensor& x, const ForwardArgs& args, size_t layer) {
-  auto h = x + attn(ln_1(x), args, layer);
-  return h + mlp(ln_2(h));
+  auto h = x + attn(layers::layer_norm(ln_1, x), args, layer);
+  return h + mlp(layers::layer_norm(ln_2, h));
 }
 
 GPT2ModelImpl::GPT2ModelImpl(const GPT2Options& o)
@@ -91,7 +91,7 @@ at::Tensor GPT2ModelImpl::forward(const at::Tensor& input_ids, const ForwardArgs
     x = layers::run_block(args, i, x, [block, args, i](const at::Tensor& t) { return block->forward(t, args, i); });
   }
   if (args.cache) args.cache->advance(T);
-  return ln_f(x);
+  return layers::layer_norm(ln_f, x);
 }
 
 GPT2LMHeadModel::GPT2LMHeadModel(const GPT2Options& o) : options(o) {

@@ -1,6 +1,10 @@
 #include "models/layers.h"
 
 #include "core/logging.h"
+#include "kernels/dispatch.h"
+#include "kernels/layer_norm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
 #include "models/init.h"
 
 #include <ATen/ATen.h>
@@ -113,12 +117,7 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, const
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t R = cos.size(-1), D = x.size(-1);
-  auto rot = R == D ? x : x.narrow(-1, 0, R);
-  auto halves = rot.chunk(2, -1);
-  auto rotated = at::cat({-halves[1], halves[0]}, -1);  // HF rotate_half
-  auto out = rot * cos + rotated * sin;
-  return R == D ? out : at::cat({out, x.narrow(-1, R, D - R)}, -1);
+  return kernels::fused_ops() ? kernels::rope(x, cos, sin) : kernels::rope_forward_reference(x, cos, sin);
 }
 
 bool is_supported_activation(const std::string& name) {
@@ -132,6 +131,18 @@ at::Tensor activation(const at::Tensor& x, const std::string& name) {
   if (name == "gelu_new" || name == "gelu_pytorch_tanh") return at::gelu(x, "tanh");
   if (name == "relu") return at::relu(x);
   TORCH_CHECK(false, "unsupported activation ", name);
+}
+
+at::Tensor layer_norm(const torch::nn::LayerNorm& ln, const at::Tensor& x) {
+  const auto& shape = ln->options.normalized_shape();
+  if (!kernels::fused_ops() || !ln->weight.defined() || shape.size() != 1)
+    return at::layer_norm(x, shape, ln->weight, ln->bias, ln->options.eps());  // the module's forward
+  return kernels::layer_norm(x, ln->weight, ln->bias, ln->options.eps());
+}
+
+at::Tensor gated_activation(const at::Tensor& gate, const at::Tensor& up, const std::string& name) {
+  if (kernels::fused_ops() && (name == "silu" || name == "swish")) return kernels::swiglu(gate, up);
+  return activation(gate, name) * up;
 }
 
 at::Tensor vocab_projection(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,

@@ -72,9 +72,10 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaOptions& o) : act(o.hidden_act()) {
 at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
   if (gate_up_proj) {  // Phi-3: gate rows, then up rows
     auto parts = gate_up_proj(x).chunk(2, -1);
-    return down_proj(layers::activation(parts[0], act) * parts[1]);
+    return down_proj(layers::gated_activation(parts[0], parts[1], act));
   }
-  return down_proj(layers::activation(gate_proj(x), act) * up_proj(x));
+  auto gate = gate_proj(x);  // before up_proj, as HF: LoRA dropout draws in this order
+  return down_proj(layers::gated_activation(gate, up_proj(x), act));
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaOptions& o, int64_t layer)

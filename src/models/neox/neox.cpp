@@ -52,10 +52,10 @@ NeoXLayerImpl::NeoXLayerImpl(const NeoXOptions& o) : parallel(o.use_parallel_res
 
 at::Tensor NeoXLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                   const ForwardArgs& args, size_t layer) {
-  auto a = post_attention_dropout(attention(input_layernorm(x), cos, sin, args, layer));
-  if (parallel) return x + a + post_mlp_dropout(mlp(post_attention_layernorm(x)));
+  auto a = post_attention_dropout(attention(layers::layer_norm(input_layernorm, x), cos, sin, args, layer));
+  if (parallel) return x + a + post_mlp_dropout(mlp(layers::layer_norm(post_attention_layernorm, x)));
   auto h = x + a;
-  return h + post_mlp_dropout(mlp(post_attention_layernorm(h)));
+  return h + post_mlp_dropout(mlp(layers::layer_norm(post_attention_layernorm, h)));
 }
 
 NeoXModelImpl::NeoXModelImpl(const NeoXOptions& o) : max_positions(o.max_position_embeddings()) {
@@ -82,7 +82,7 @@ at::Tensor NeoXModelImpl::forward(const at::Tensor& input_ids, const ForwardArgs
         args, i, x, [layer, cos, sin, args, i](const at::Tensor& t) { return layer->forward(t, cos, sin, args, i); });
   }
   if (args.cache) args.cache->advance(T);
-  return final_layer_norm(x);
+  return layers::layer_norm(final_layer_norm, x);
 }
 
 GPTNeoXForCausalLM::GPTNeoXForCausalLM(const NeoXOptions& o) : options(o) {

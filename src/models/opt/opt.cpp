@@ -58,10 +58,10 @@ struct Layer : torch::nn::Module {
     drop = register_module("dropout", torch::nn::Dropout(o.dropout()));
   }
   at::Tensor forward(const at::Tensor& x, const ForwardArgs& args, size_t layer) {
-    auto h = x + drop(self_attn->forward(pre_ln ? self_attn_layer_norm(x) : x, args, layer));
-    if (!pre_ln) h = self_attn_layer_norm(h);
-    auto out = h + drop(fc2(layers::activation(fc1(pre_ln ? final_layer_norm(h) : h), act)));
-    return pre_ln ? out : final_layer_norm(out);
+    auto h = x + drop(self_attn->forward(pre_ln ? layers::layer_norm(self_attn_layer_norm, x) : x, args, layer));
+    if (!pre_ln) h = layers::layer_norm(self_attn_layer_norm, h);
+    auto out = h + drop(fc2(layers::activation(fc1(pre_ln ? layers::layer_norm(final_layer_norm, h) : h), act)));
+    return pre_ln ? out : layers::layer_norm(final_layer_norm, out);
   }
   bool pre_ln;
   std::string act;
@@ -103,7 +103,7 @@ struct OPTForCausalLM::Decoder : torch::nn::Module {
       x = layers::run_block(args, i, x, [layer, args, i](const at::Tensor& t) { return layer->forward(t, args, i); });
     }
     if (args.cache) args.cache->advance(T);
-    if (final_layer_norm) x = final_layer_norm(x);
+    if (final_layer_norm) x = layers::layer_norm(final_layer_norm, x);
     return project_out ? project_out(x) : x;
   }
   int64_t max_positions;

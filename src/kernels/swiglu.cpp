@@ -1,0 +1,132 @@
+#include "kernels/swiglu.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#if ANVIL_WITH_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "kernels/dispatch.h"
+#include "kernels/fallback.h"
+#include "kernels/swiglu_launch.h"
+#endif
+
+namespace anvil::kernels {
+namespace {
+
+void check_shapes(const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type() && gate.dim() >= 1,
+              "swiglu: gate and up of one shape and dtype expected, got ", gate.sizes(), " ", gate.scalar_type(),
+              " and ", up.sizes(), " ", up.scalar_type());
+}
+
+#if ANVIL_WITH_CUDA_KERNELS
+/// The distance between rows of t seen as (numel / cols) x cols with
+/// contiguous columns, or -1 when its leading dimensions do not collapse
+/// into one row stride.
+int64_t row_stride(const at::Tensor& t) {
+  const int64_t n = t.dim(), cols = t.size(n - 1);
+  if (cols > 1 && t.stride(n - 1) != 1) return -1;
+  int64_t stride = cols, prev = -1;  // prev: the last dimension of more than one row seen
+  for (int64_t d = n - 2; d >= 0; --d) {
+    if (t.size(d) == 1) continue;
+    if (prev < 0)
+      stride = t.stride(d);
+    else if (t.stride(d) != t.stride(prev) * t.size(prev))
+      return -1;
+    prev = d;
+  }
+  return stride;
+}
+
+bool usable(const at::Tensor& t) { return t.is_cuda() && kernel_dtype(t) && row_stride(t) >= 0; }
+
+std::atomic<bool> kernel_off{false};
+
+/// Runs the kernel: forward when `grad` is undefined (into outs[0]), else backward (into outs[0], outs[1]).
+bool run_kernel(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& grad,
+                const std::vector<at::Tensor>& outs) {
+  const c10::cuda::CUDAGuard guard(gate.device());
+  const int64_t cols = gate.size(-1), rows = cols == 0 ? 0 : gate.numel() / cols;
+  const int rc =
+      cuda::swiglu(gate.data_ptr(), row_stride(gate), up.data_ptr(), row_stride(up), rows, cols,
+                   grad.defined() ? grad.data_ptr() : nullptr, grad.defined() ? nullptr : outs[0].data_ptr(),
+                   grad.defined() ? outs[0].data_ptr() : nullptr, grad.defined() ? outs[1].data_ptr() : nullptr,
+                   *kernel_dtype(gate), c10::cuda::getCurrentCUDAStream().stream());
+  if (rc == 0) return true;
+  if (!detail::no_code_for_this_gpu(rc, "swiglu", kernel_off))
+    TORCH_CHECK(false, "swiglu: the CUDA kernel failed to launch (cudaError ", rc, ")");
+  return false;
+}
+
+bool kernel_applies(const at::Tensor& gate, const at::Tensor& up) {
+  return !kernel_off.load() && usable(gate) && usable(up) && up.device() == gate.device();
+}
+#endif
+
+struct SwigluFunction : public torch::autograd::Function<SwigluFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    ctx->save_for_backward({gate, up});
+    return swiglu_forward(gate, up);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
+    const auto saved = ctx->get_saved_variables();
+    auto [d_gate, d_up] = swiglu_backward(grads[0], saved[0], saved[1]);
+    return {d_gate, d_up};
+  }
+};
+
+}  // namespace
+
+at::Tensor swiglu_forward_reference(const at::Tensor& gate, const at::Tensor& up) {
+  check_shapes(gate, up);
+  return at::silu(gate) * up;
+}
+
+std::pair<at::Tensor, at::Tensor> swiglu_backward_reference(const at::Tensor& grad, const at::Tensor& gate,
+                                                            const at::Tensor& up) {
+  check_shapes(gate, up);
+  // What autograd runs for silu(gate) * up: mul's two products, then silu's backward.
+  return {at::silu_backward(grad * up, gate), grad * at::silu(gate)};
+}
+
+at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up) {
+  check_shapes(gate, up);
+#if ANVIL_WITH_CUDA_KERNELS
+  if (kernel_applies(gate, up)) {
+    auto out = at::empty(gate.sizes(), gate.options());
+    if (run_kernel(gate, up, {}, {out})) return out;
+  }
+#endif
+  return swiglu_forward_reference(gate, up);
+}
+
+std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& grad, const at::Tensor& gate,
+                                                  const at::Tensor& up) {
+  check_shapes(gate, up);
+  TORCH_CHECK(grad.sizes() == gate.sizes(), "swiglu: the gradient's shape ", grad.sizes(), " is not gate's ",
+              gate.sizes());
+#if ANVIL_WITH_CUDA_KERNELS
+  if (kernel_applies(gate, up) && grad.device() == gate.device()) {
+    const auto dy = grad.to(gate.scalar_type()).contiguous();
+    auto d_gate = at::empty(gate.sizes(), gate.options()), d_up = at::empty(gate.sizes(), gate.options());
+    if (run_kernel(gate, up, dy, {d_gate, d_up})) return {d_gate, d_up};
+  }
+#endif
+  return swiglu_backward_reference(grad, gate, up);
+}
+
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return SwigluFunction::apply(gate, up); }
+
+bool swiglu_kernel_built() {
+#if ANVIL_WITH_CUDA_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace anvil::kernels
