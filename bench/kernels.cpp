@@ -31,6 +31,7 @@
 #include "bench_util.h"
 #include "data/collate.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/dispatch.h"
 #include "kernels/draw.h"
 #include "kernels/layer_norm.h"
 #include "kernels/rope.h"
@@ -414,13 +415,13 @@ int main(int argc, char** argv) {
   for (auto dtype : dtypes)
     failed += check_rope(device, dtype) + check_swiglu(device, dtype) + check_layer_norm(device, dtype);
   if (device.is_cuda()) {
-    if (!kernels::rope_kernel_built() || !kernels::swiglu_kernel_built() || !kernels::layer_norm_kernel_built())
+    if (!kernels::cuda_kernels_built())
       failed += report(false, "rope, swiglu and layer_norm CUDA kernels", "this build has no CUDA kernels");
     else
       time_fused_ops(device);
   }
   if (device.is_cuda()) {
-    if (!kernels::cross_entropy_kernel_built()) {
+    if (!kernels::cuda_kernels_built()) {
       failed += report(false, "cross_entropy_rows CUDA kernel", "this build has no CUDA kernels");
     } else {
       // Against the ATen composition it replaces: a GPT-2 chunk of bf16 logits (vocabulary padded to 64).

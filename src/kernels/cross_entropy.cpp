@@ -42,14 +42,6 @@ at::Tensor cross_entropy_rows_reference(at::Tensor& logits, const at::Tensor& ta
   return loss;
 }
 
-bool cross_entropy_kernel_built() {
-#if ANVIL_WITH_CUDA_KERNELS
-  return true;
-#else
-  return false;
-#endif
-}
-
 at::Tensor cross_entropy_rows(at::Tensor& logits, const at::Tensor& targets, int64_t vocab, int64_t ignore_index,
                               bool grad, const at::Tensor& grad_scale) {
 #if ANVIL_WITH_CUDA_KERNELS

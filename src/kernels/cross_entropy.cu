@@ -140,15 +140,9 @@ int cross_entropy_rows(void* logits, Dtype dtype, int64_t rows, int64_t stride, 
                        int64_t ignore_index, float* loss, bool grad, const float* grad_scale, void* stream) {
   if (rows == 0) return 0;
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case Dtype::kFloat:
-      return launch<float>(logits, rows, stride, vocab, targets, ignore_index, loss, grad, grad_scale, s);
-    case Dtype::kHalf:
-      return launch<__half>(logits, rows, stride, vocab, targets, ignore_index, loss, grad, grad_scale, s);
-    case Dtype::kBFloat16:
-      return launch<__nv_bfloat16>(logits, rows, stride, vocab, targets, ignore_index, loss, grad, grad_scale, s);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return by_dtype(dtype, [&](auto zero) {
+    return launch<decltype(zero)>(logits, rows, stride, vocab, targets, ignore_index, loss, grad, grad_scale, s);
+  });
 }
 
 }  // namespace anvil::kernels::cuda

@@ -22,7 +22,4 @@ at::Tensor cross_entropy_rows(at::Tensor& logits, const at::Tensor& targets, int
 at::Tensor cross_entropy_rows_reference(at::Tensor& logits, const at::Tensor& targets, int64_t vocab,
                                         int64_t ignore_index, bool grad, const at::Tensor& grad_scale = {});
 
-/// Whether this build has the CUDA kernel.
-bool cross_entropy_kernel_built();
-
 }  // namespace anvil::kernels

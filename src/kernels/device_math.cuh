@@ -6,8 +6,11 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "kernels/launch.h"
 
 /// kernel<<<grid, block, 0, stream>>>(arguments...) as ANVIL_LAUNCH(kernel, grid, block, stream)(arguments...),
 /// `kernel` a name without commas (a template's instance through a variable).
@@ -51,6 +54,21 @@ struct alignas(sizeof(T) * kVec) Pack {
 template <typename T, int kVec>
 __host__ __device__ __forceinline__ bool pack_aligned(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * kVec) == 0;
+}
+
+/// f(T{}) for the element type T that `dtype` names: a launcher's one instance per type. Returns f's
+/// cudaError_t, or cudaErrorInvalidValue for an unknown dtype.
+template <typename F>
+int by_dtype(Dtype dtype, F&& f) {
+  switch (dtype) {
+    case Dtype::kFloat:
+      return f(float{});
+    case Dtype::kHalf:
+      return f(__half{});
+    case Dtype::kBFloat16:
+      return f(__nv_bfloat16{});
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
 }
 
 }  // namespace anvil::kernels::cuda

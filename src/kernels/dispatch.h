@@ -1,7 +1,8 @@
 #pragma once
-// What the fused ops (kernels/rope, kernels/swiglu) share on their C++ side:
-// the process-wide switch between them and ATen's composition
-// (train.fused_kernels), and the element types their CUDA kernels take.
+// What the kernels share on their C++ side: whether this build has them, the
+// process-wide switch between the fused ops (kernels/rope, swiglu,
+// layer_norm) and ATen's composition (train.fused_kernels), and the element
+// types the CUDA kernels take.
 
 #include <ATen/core/Tensor.h>
 
@@ -24,6 +25,10 @@ inline std::atomic<bool>& fused_ops_flag() {
 /// as ATen's composition. On by default; train.fused_kernels sets it.
 inline bool fused_ops() { return detail::fused_ops_flag().load(std::memory_order_relaxed); }
 inline void set_fused_ops(bool on) { detail::fused_ops_flag().store(on, std::memory_order_relaxed); }
+
+/// Whether this build has src/kernels/'s CUDA kernels (LibTorch with CUDA and
+/// nvcc at configure time); without them every op runs its ATen reference.
+bool cuda_kernels_built();
 
 /// The kernels' element type for `t`, when they take it (float, float16, bfloat16).
 inline std::optional<cuda::Dtype> kernel_dtype(const at::Tensor& t) {

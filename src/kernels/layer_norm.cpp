@@ -115,12 +115,4 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::T
                         : LayerNormNoBiasFunction::apply(x, weight, eps);
 }
 
-bool layer_norm_kernel_built() {
-#if ANVIL_WITH_CUDA_KERNELS
-  return true;
-#else
-  return false;
-#endif
-}
-
 }  // namespace anvil::kernels

@@ -180,15 +180,9 @@ int layer_norm_backward(const void* dy, const void* x, const float* mean, const 
                         void* stream) {
   if (!layer_norm_backward_fits(cols, dtype)) return static_cast<int>(cudaErrorInvalidValue);
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case Dtype::kFloat:
-      return launch<float>(dy, x, mean, rstd, gamma, rows, cols, dx, d_gamma, d_beta, partial, s);
-    case Dtype::kHalf:
-      return launch<__half>(dy, x, mean, rstd, gamma, rows, cols, dx, d_gamma, d_beta, partial, s);
-    case Dtype::kBFloat16:
-      return launch<__nv_bfloat16>(dy, x, mean, rstd, gamma, rows, cols, dx, d_gamma, d_beta, partial, s);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return by_dtype(dtype, [&](auto zero) {
+    return launch<decltype(zero)>(dy, x, mean, rstd, gamma, rows, cols, dx, d_gamma, d_beta, partial, s);
+  });
 }
 
 }  // namespace anvil::kernels::cuda

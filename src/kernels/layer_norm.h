@@ -31,7 +31,4 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_reference(con
                                                                              const at::Tensor& rstd,
                                                                              const at::Tensor& weight, bool bias);
 
-/// Whether this build has the CUDA kernel.
-bool layer_norm_kernel_built();
-
 }  // namespace anvil::kernels

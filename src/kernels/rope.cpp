@@ -95,20 +95,23 @@ at::Tensor rope_backward_reference(const at::Tensor& grad, const at::Tensor& cos
   return join(g * cos + at::cat({halves[1], -halves[0]}, -1), grad, R);
 }
 
-at::Tensor rope_forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  check_shapes(x, cos, sin);
+namespace {
+/// The forward (of x) or the backward (of the output's gradient): the kernel where it applies, else the reference.
+at::Tensor rotate(const at::Tensor& t, const at::Tensor& cos, const at::Tensor& sin, bool backward) {
+  check_shapes(t, cos, sin);
 #if ANVIL_WITH_CUDA_KERNELS
-  if (auto out = rope_kernel(x, cos, sin, /*backward=*/false); out.defined()) return out;
+  if (auto out = rope_kernel(t, cos, sin, backward); out.defined()) return out;
 #endif
-  return rope_forward_reference(x, cos, sin);
+  return backward ? rope_backward_reference(t, cos, sin) : rope_forward_reference(t, cos, sin);
+}
+}  // namespace
+
+at::Tensor rope_forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return rotate(x, cos, sin, /*backward=*/false);
 }
 
 at::Tensor rope_backward(const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin) {
-  check_shapes(grad, cos, sin);
-#if ANVIL_WITH_CUDA_KERNELS
-  if (auto out = rope_kernel(grad, cos, sin, /*backward=*/true); out.defined()) return out;
-#endif
-  return rope_backward_reference(grad, cos, sin);
+  return rotate(grad, cos, sin, /*backward=*/true);
 }
 
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -116,14 +119,6 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
   if (!shapes_fit(x, cos, sin) || cos.requires_grad() || sin.requires_grad())
     return rope_forward_reference(x, cos, sin);
   return RopeFunction::apply(x, cos, sin);
-}
-
-bool rope_kernel_built() {
-#if ANVIL_WITH_CUDA_KERNELS
-  return true;
-#else
-  return false;
-#endif
 }
 
 }  // namespace anvil::kernels

@@ -108,15 +108,9 @@ int rope(const void* x, const View4& xv, void* out, const View4& ov, const void*
          int64_t table_batch, int64_t rotary, Dtype dtype, bool backward, void* stream) {
   if (xv.size[0] * xv.size[1] * xv.size[2] * xv.size[3] == 0) return 0;
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case Dtype::kFloat:
-      return dispatch<float>(x, xv, out, ov, cos, sin, table_batch, rotary, backward, s);
-    case Dtype::kHalf:
-      return dispatch<__half>(x, xv, out, ov, cos, sin, table_batch, rotary, backward, s);
-    case Dtype::kBFloat16:
-      return dispatch<__nv_bfloat16>(x, xv, out, ov, cos, sin, table_batch, rotary, backward, s);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return by_dtype(dtype, [&](auto zero) {
+    return dispatch<decltype(zero)>(x, xv, out, ov, cos, sin, table_batch, rotary, backward, s);
+  });
 }
 
 }  // namespace anvil::kernels::cuda

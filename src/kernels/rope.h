@@ -27,7 +27,4 @@ at::Tensor rope_backward(const at::Tensor& grad, const at::Tensor& cos, const at
 at::Tensor rope_forward_reference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor rope_backward_reference(const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin);
 
-/// Whether this build has the CUDA kernel.
-bool rope_kernel_built();
-
 }  // namespace anvil::kernels

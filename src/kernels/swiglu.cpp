@@ -121,12 +121,4 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& grad, const 
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return SwigluFunction::apply(gate, up); }
 
-bool swiglu_kernel_built() {
-#if ANVIL_WITH_CUDA_KERNELS
-  return true;
-#else
-  return false;
-#endif
-}
-
 }  // namespace anvil::kernels

@@ -93,15 +93,9 @@ int swiglu(const void* gate, int64_t gate_stride, const void* up, int64_t up_str
            const void* dy, void* out, void* d_gate, void* d_up, Dtype dtype, void* stream) {
   if (rows * cols == 0) return 0;
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case Dtype::kFloat:
-      return dispatch<float>(gate, gate_stride, up, up_stride, rows, cols, dy, out, d_gate, d_up, s);
-    case Dtype::kHalf:
-      return dispatch<__half>(gate, gate_stride, up, up_stride, rows, cols, dy, out, d_gate, d_up, s);
-    case Dtype::kBFloat16:
-      return dispatch<__nv_bfloat16>(gate, gate_stride, up, up_stride, rows, cols, dy, out, d_gate, d_up, s);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return by_dtype(dtype, [&](auto zero) {
+    return dispatch<decltype(zero)>(gate, gate_stride, up, up_stride, rows, cols, dy, out, d_gate, d_up, s);
+  });
 }
 
 }  // namespace anvil::kernels::cuda

@@ -28,7 +28,4 @@ at::Tensor swiglu_forward_reference(const at::Tensor& gate, const at::Tensor& up
 std::pair<at::Tensor, at::Tensor> swiglu_backward_reference(const at::Tensor& grad, const at::Tensor& gate,
                                                             const at::Tensor& up);
 
-/// Whether this build has the CUDA kernel.
-bool swiglu_kernel_built();
-
 }  // namespace anvil::kernels

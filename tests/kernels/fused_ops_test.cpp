@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/dispatch.h"
 #include "kernels/layer_norm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
@@ -176,7 +177,7 @@ double ulps(const at::Tensor& a, const at::Tensor& b) {
 
 TEST(Rope, CudaKernelEqualsTheReference) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  if (!rope_kernel_built()) GTEST_SKIP() << "built without the CUDA kernels";
+  if (!cuda_kernels_built()) GTEST_SKIP() << "built without the CUDA kernels";
   for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
     for (int64_t R : {16, 8}) {
       for (const auto& c : rope_cases(dtype, R, at::kCUDA)) {
@@ -190,7 +191,7 @@ TEST(Rope, CudaKernelEqualsTheReference) {
 
 TEST(Swiglu, CudaKernelEqualsTheReference) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  if (!swiglu_kernel_built()) GTEST_SKIP() << "built without the CUDA kernels";
+  if (!cuda_kernels_built()) GTEST_SKIP() << "built without the CUDA kernels";
   for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
     // One rounding apart in 16-bit types; in float32 against the largest value, as silu's derivative
     // magnifies the last bits near its zero (x = -1.28), where nvcc may fuse differently from ATen's build.
@@ -218,7 +219,7 @@ namespace {
 
 TEST(LayerNorm, CudaKernelEqualsTheReference) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  if (!layer_norm_kernel_built()) GTEST_SKIP() << "built without the CUDA kernels";
+  if (!cuda_kernels_built()) GTEST_SKIP() << "built without the CUDA kernels";
   auto g = at::make_generator<at::CPUGeneratorImpl>(13);
   for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
     // 768 and 256 take the kernel in every dtype; 100 keeps ATen's backward.

@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "kernels/cross_entropy.h"
+#include "kernels/dispatch.h"
 #include "kernels/draw.h"
 
 namespace anvil::kernels {
@@ -83,7 +84,7 @@ TEST(CrossEntropyRows, ATargetOutOfRangeGivesANanLoss) {
 
 TEST(CrossEntropyRows, CudaKernelEqualsTheReference) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  if (!cross_entropy_kernel_built()) GTEST_SKIP() << "built without the CUDA kernels";
+  if (!cuda_kernels_built()) GTEST_SKIP() << "built without the CUDA kernels";
   // Aligned rows (the vectorised loads), and odd widths (one element at a time); a NaN row.
   for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
     for (auto [width, vocab] : {std::pair<int64_t, int64_t>{50304, 50257}, {1001, 999}, {64, 64}}) {
@@ -108,7 +109,7 @@ TEST(CrossEntropyRows, CudaKernelEqualsTheReference) {
 
 TEST(InverseCdfDraw, CudaKernelDrawsTheReferencesTokens) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  if (!cross_entropy_kernel_built()) GTEST_SKIP() << "built without the CUDA kernels";
+  if (!cuda_kernels_built()) GTEST_SKIP() << "built without the CUDA kernels";
   auto g = at::make_generator<at::CPUGeneratorImpl>(4);
   auto x = at::randn({2048, 5000}, g, at::TensorOptions().dtype(at::kFloat)) * 3;
   x.masked_fill_(at::rand({2048, 5000}, g) < 0.5, -INFINITY);
