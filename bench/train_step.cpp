@@ -12,6 +12,7 @@
 #include "optim/optimizer.h"
 #include "anvil/train/sft.h"
 #include "bench_util.h"
+#include "kernels/dispatch.h"
 
 int main(int argc, char** argv) {
   using namespace anvil;
@@ -22,12 +23,14 @@ int main(int argc, char** argv) {
                               {"steps", "10"},
                               {"warmup", "3"},
                               {"fused", "1"},
+                              {"fused-kernels", "1"},
                               {"vocab", "8192"},
                               {"hidden", "288"},
                               {"layers", "6"},
                               {"heads", "6"},
                               {"intermediate", "768"}});
   at::set_num_threads(std::stoi(a["threads"]));
+  kernels::set_fused_ops(a["fused-kernels"] == "1");  // train.fused_kernels
   at::manual_seed(0);
   models::llama::LlamaOptions o;
   o.vocab_size(std::stol(a["vocab"]))
@@ -66,6 +69,7 @@ int main(int argc, char** argv) {
   }
   const double med = bench::median(times);
   std::printf("%s\n", nlohmann::json({{"impl", oc.fused ? "anvil" : "anvil (torch::optim::AdamW)"},
+                                      {"fused_kernels", kernels::fused_ops()},
                                       {"params", n_params},
                                       {"batch", B},
                                       {"seq", T},

@@ -65,15 +65,34 @@ bool kernel_applies(const at::Tensor& gate, const at::Tensor& up) {
 }
 #endif
 
+/// Whether swiglu_forward's kernel takes these inputs.
+bool kernel_runs(const at::Tensor& gate, const at::Tensor& up) {
+#if ANVIL_WITH_CUDA_KERNELS
+  return kernel_applies(gate, up);
+#else
+  (void)gate, (void)up;
+  return false;
+#endif
+}
+
+/// With the kernel, backward keeps gate and up and recomputes silu(gate) inside its kernel; where the
+/// reference runs, it keeps what ATen's autograd keeps (silu(gate) too), so the CPU recomputes nothing.
 struct SwigluFunction : public torch::autograd::Function<SwigluFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
-    ctx->save_for_backward({gate, up});
-    return swiglu_forward(gate, up);
+    if (kernel_runs(gate, up)) {
+      ctx->save_for_backward({gate, up});
+      return swiglu_forward(gate, up);
+    }
+    check_shapes(gate, up);
+    auto s = at::silu(gate);
+    ctx->save_for_backward({gate, up, s});
+    return s * up;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
     const auto saved = ctx->get_saved_variables();
+    if (saved.size() == 3) return {at::silu_backward(grads[0] * saved[1], saved[0]), grads[0] * saved[2]};
     auto [d_gate, d_up] = swiglu_backward(grads[0], saved[0], saved[1]);
     return {d_gate, d_up};
   }

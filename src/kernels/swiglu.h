@@ -1,11 +1,12 @@
 #pragma once
 // The gated activation of LLaMA-style MLPs, silu(gate) * up, as one op with
-// its own backward. It keeps gate and up for backward, not silu(gate): one
-// (tokens x intermediate) tensor less per layer than ATen's composition holds
-// until backward. On CUDA (float, float16, bfloat16) each direction is one
-// kernel (kernels/swiglu.cu), where ATen runs two forward and three backward;
-// elsewhere, and as the reference the kernel is checked against, ATen's
-// composition. Either way the CPU's results are the composition's bit for bit.
+// its own backward. On CUDA (float, float16, bfloat16) each direction is one
+// kernel (kernels/swiglu.cu), where ATen runs two forward and three backward,
+// and backward keeps gate and up, not silu(gate): one (tokens x intermediate)
+// tensor less per layer than ATen's composition holds until backward.
+// Elsewhere, and as the reference the kernel is checked against, ATen's
+// composition, keeping what its autograd keeps; the CPU's results are the
+// composition's bit for bit.
 
 #include <ATen/core/Tensor.h>
 

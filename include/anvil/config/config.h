@@ -391,9 +391,9 @@ struct TrainConfig {
     v.field("fused_kernels", fused_kernels,
             "Rotary embeddings, the gated MLP's silu(gate) * up and LayerNorm each run as one op with its own "
             "backward (src/kernels/): on CUDA one kernel each way for rope and swiglu, and Anvil's LayerNorm "
-            "backward, in float32, float16 and bfloat16; silu(gate) is not kept for backward (one tokens x "
-            "intermediate tensor less per layer). Results equal ATen's composition bit for bit on the CPU. "
-            "false = ATen's composition. docs/algorithms.md.");
+            "backward, in float32, float16 and bfloat16, and there silu(gate) is not kept for backward (one "
+            "tokens x intermediate tensor less per layer). Results equal ATen's composition bit for bit on the "
+            "CPU. false = ATen's composition. docs/algorithms.md.");
     v.field("loss_chunk_size", loss_chunk_size,
             "sft and pretrain, with train.fused_loss: target tokens projected to logits at a time; 0 = as few "
             "equal chunks as keep each chunk's float32 logits within 1 GiB.",
