@@ -10,7 +10,7 @@
 
 #include "anvil/core/error.h"
 #include "core/logging.h"
-#include "generation/step_graph.h"
+#include "core/step_graph.h"
 #include "generation/sampling.h"
 
 namespace anvil::generation {
@@ -97,7 +97,7 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
   // A model whose positions past N are encoded differently recomputes its cache once the batch grows past N.
   const int64_t recompute_at = model.cache_recompute_length();
   const bool recomputes = recompute_at > 0 && L <= recompute_at && L + steps > recompute_at;
-  const bool use_graph = device.is_cuda() && detail::StepGraph::built() && !host_per_step && !recomputes && steps > 2 &&
+  const bool use_graph = device.is_cuda() && StepGraph::built() && !host_per_step && !recomputes && steps > 2 &&
                          (opt.cuda_graphs == CudaGraphs::kOn || opt.cuda_graphs == CudaGraphs::kAuto);
   if (opt.cuda_graphs == CudaGraphs::kOn && device.is_cuda() && !use_graph)
     log::warn(
@@ -244,8 +244,8 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
     next.copy_(choose_next(last, step_t));
   };
 
-  std::unique_ptr<detail::SideStream> side;
-  std::unique_ptr<detail::StepGraph> graph;
+  std::unique_ptr<SideStream> side;
+  std::unique_ptr<StepGraph> graph;
   bool try_graph = use_graph;
   for (; taken < steps; ++taken) {
     if (compact) {
@@ -271,13 +271,13 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
     }
     if (try_graph && !side) {
       // One eager step on the capture stream first: handles and workspaces exist before the capture.
-      side = std::make_unique<detail::SideStream>(device);
+      side = std::make_unique<SideStream>(device);
       decode_step(false);
       continue;
     }
     if (try_graph) {
       try_graph = false;
-      graph = std::make_unique<detail::StepGraph>();
+      graph = std::make_unique<StepGraph>();
       const auto length = cache.length;
       std::string why;
       const bool captured = graph->capture([&] { decode_step(true); }, &why);

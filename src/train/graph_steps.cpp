@@ -9,17 +9,15 @@
 #include "anvil/core/error.h"
 #include "core/device.h"
 #include "core/logging.h"
-#include "generation/step_graph.h"
+#include "core/step_graph.h"
 
 namespace anvil::train {
 
-namespace gd = generation::detail;
-
 struct GraphSteps::Graph {
-  std::vector<Batch> inputs;             // the recorded step's batches, on the device
-  GraphStep out;                         // its outputs, overwritten by each replay
-  std::unique_ptr<gd::StepGraph> graph;  // made only for a real recording (it initialises CUDA)
-  std::function<void()> emulated;        // ANVIL_TEST_CUDA_GRAPHS=emulate: called at each replay instead
+  std::vector<Batch> inputs;         // the recorded step's batches, on the device
+  GraphStep out;                     // its outputs, overwritten by each replay
+  std::unique_ptr<StepGraph> graph;  // made only for a real recording (it initialises CUDA)
+  std::function<void()> emulated;    // ANVIL_TEST_CUDA_GRAPHS=emulate: called at each replay instead
 };
 
 bool GraphSteps::emulated() {
@@ -35,7 +33,7 @@ GraphSteps::GraphSteps(Engine& engine, Objective& objective, const std::string& 
     : engine_(engine), objective_(objective), max_norm_(max_norm), warmup_(warmup_steps) {
   if (mode == "off") return;
   auto why = refusal;
-  if (why.empty() && !gd::StepGraph::built() && !emulated()) why = "this build has no CUDA graphs";
+  if (why.empty() && !StepGraph::built() && !emulated()) why = "this build has no CUDA graphs";
   if (!why.empty()) {
     if (mode == "on")
       throw ConfigError(concat("train.cuda_graphs: on, but ", why, "; set train.cuda_graphs to auto or off"));
@@ -58,7 +56,7 @@ std::string GraphSteps::shapes(const std::vector<Batch>& batches) const {
 
 std::shared_ptr<void> GraphSteps::warmup_stream() {
   if (!active_ || seen_ > warmup_ || !engine_.device().is_cuda()) return nullptr;
-  return std::make_shared<gd::SideStream>(engine_.device(), &stream_);
+  return std::make_shared<SideStream>(engine_.device(), &stream_);
 }
 
 void GraphSteps::fill(Graph& g, const std::vector<Batch>& batches, int64_t step_targets, double lr) {
@@ -93,9 +91,9 @@ bool GraphSteps::record(Graph& g, int64_t step) {
   }
   std::string why;
   bool ok = false;
-  g.graph = std::make_unique<gd::StepGraph>();
+  g.graph = std::make_unique<StepGraph>();
   {
-    gd::SideStream side(engine_.device(), &stream_);  // a graph is never recorded on the default stream
+    SideStream side(engine_.device(), &stream_);  // a graph is never recorded on the default stream
     ok = g.graph->capture(step_fn, &why, /*default_rng=*/true, first_ ? first_->graph.get() : nullptr);
   }
   if (ok) return true;

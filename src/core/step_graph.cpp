@@ -1,4 +1,4 @@
-#include "generation/step_graph.h"
+#include "core/step_graph.h"
 
 #include <stdexcept>
 
@@ -13,7 +13,7 @@
 #include <optional>
 #endif
 
-namespace anvil::generation::detail {
+namespace anvil {
 
 namespace {
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
@@ -108,4 +108,4 @@ void StepGraph::replay() { throw std::logic_error("StepGraph::replay: built with
 
 #endif
 
-}  // namespace anvil::generation::detail
+}  // namespace anvil

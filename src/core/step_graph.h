@@ -1,6 +1,7 @@
 #pragma once
-// CUDA-graph capture of a step: a decode step (generation), a whole training
-// step (train/graph_steps.h). Built with CUDA when LibTorch has it; elsewhere
+// CUDA-graph capture of a step, for the layers above that record one: a
+// decode step (generation/generate.cpp), a whole training step
+// (train/graph_steps.h). Built with CUDA when LibTorch has it; elsewhere
 // built() is false and nothing is used.
 
 #include <c10/core/Device.h>
@@ -10,7 +11,7 @@
 #include <memory>
 #include <string>
 
-namespace anvil::generation::detail {
+namespace anvil {
 
 /// While alive, the CUDA work of `device` goes to a side stream (graphs cannot
 /// be captured on the default one), ordered after the work queued before it;
@@ -55,4 +56,4 @@ class StepGraph {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace anvil::generation::detail
+}  // namespace anvil
