@@ -125,12 +125,9 @@ int launch(void* logits, int64_t rows, int64_t stride, int64_t vocab, const int6
            float* loss, bool grad, const float* grad_scale, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
   const bool aligned = stride % kVec == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
-  if (aligned)
-    cross_entropy_rows_kernel<T, kVec><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        static_cast<T*>(logits), stride, vocab, targets, ignore_index, loss, grad, grad_scale);
-  else
-    cross_entropy_rows_kernel<T, 1><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        static_cast<T*>(logits), stride, vocab, targets, ignore_index, loss, grad, grad_scale);
+  const auto kernel = aligned ? cross_entropy_rows_kernel<T, kVec> : cross_entropy_rows_kernel<T, 1>;
+  ANVIL_LAUNCH(kernel, static_cast<unsigned>(rows), kThreads, stream)
+  (static_cast<T*>(logits), stride, vocab, targets, ignore_index, loss, grad, grad_scale);
   return static_cast<int>(cudaGetLastError());
 }
 

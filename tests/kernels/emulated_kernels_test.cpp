@@ -1,4 +1,5 @@
-// The CUDA kernels of src/kernels/ (rope, swiglu, layer_norm's backward) run
+// The CUDA kernels of src/kernels/ (cross_entropy_rows, rope, swiglu,
+// layer_norm's backward) run
 // on the CPU by emulation (tests/kernels/emulation/cuda_runtime.h: g++
 // compiles the .cu files, each block's threads run as OS threads), against
 // ATen's composition on the same inputs: the indexing, the vector widths
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cross_entropy_launch.h"
 #include "kernels/layer_norm_launch.h"
 #include "kernels/rope_launch.h"
 #include "kernels/swiglu_launch.h"
@@ -30,6 +32,37 @@ double ulps(const at::Tensor& a, const at::Tensor& b) {
   const double eps = t == at::kBFloat16 ? 1.0 / 128 : t == at::kHalf ? 1.0 / 1024 : 1.2e-7;
   const auto ad = a.to(at::kDouble), bd = b.to(at::kDouble);
   return ((ad - bd).abs() / (bd.abs().clamp_min(1e-3) * eps)).max().item<double>();
+}
+
+// --- cross_entropy_rows -------------------------------------------------------------------------
+
+TEST(EmulatedCrossEntropyRows, KernelEqualsAtenLossAndGradient) {
+  auto g = at::make_generator<at::CPUGeneratorImpl>(24);
+  constexpr int64_t kIgnore = -100;
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    // A padded width (16-byte packs, padding columns zeroed) and an odd one (one element at a time).
+    for (auto [width, vocab] : {std::pair<int64_t, int64_t>{1088, 1050}, {517, 515}}) {
+      const int64_t rows = 5;
+      const auto x = (at::randn({rows, width}, g, at::TensorOptions().dtype(at::kDouble)) * 3).to(dtype);
+      auto y = at::randint(vocab, {rows}, g, at::TensorOptions().dtype(at::kLong));
+      y[1] = kIgnore;
+      const auto scale = at::rand({rows}, g, at::TensorOptions().dtype(at::kFloat));
+      auto logits = x.clone();
+      auto loss = at::empty({rows}, at::kFloat);
+      ASSERT_EQ(cuda::cross_entropy_rows(logits.data_ptr(), dtype_of(dtype), rows, width, vocab, y.data_ptr<int64_t>(),
+                                         kIgnore, loss.data_ptr<float>(), true, scale.data_ptr<float>(), nullptr),
+                0);
+      // ATen in double on the same values: the loss, and its gradient times each row's scale.
+      auto ref_x = x.narrow(1, 0, vocab).to(at::kDouble).requires_grad_(true);
+      const auto ref = at::cross_entropy_loss(ref_x, y, {}, at::Reduction::None, kIgnore);
+      ref.backward(scale.to(at::kDouble));
+      const auto what = std::string(c10::toString(dtype)) + ", " + std::to_string(width) + " wide";
+      EXPECT_LE((loss.to(at::kDouble) - ref.detach()).abs().max().item<double>(), 2e-5) << what;
+      const double tol = dtype == at::kFloat ? 4e-6 : 4e-3;
+      EXPECT_LE((logits.narrow(1, 0, vocab).to(at::kDouble) - ref_x.grad()).abs().max().item<double>(), tol) << what;
+      EXPECT_EQ(logits.narrow(1, vocab, width - vocab).abs().max().item<double>(), 0.0) << what << ": padding";
+    }
+  }
 }
 
 // --- rope ---------------------------------------------------------------------------------------
