@@ -14,12 +14,12 @@
 // mask in float32 on the same bfloat16 values (output and the gradients of q,
 // k, v, with and without a sliding window), then on CUDA both timed, forward
 // and backward.
-// rope, swiglu, layer_norm: the fused ops (on CUDA their kernels) forward and
-// backward against HF's ATen composition in double on the CPU, and on CUDA
-// against the composition in the same dtype on the device (rope and swiglu
-// within one rounding, layer_norm's reordered sums within a relative bound);
-// then on CUDA both timed, forward and backward, at the 1.1B LLaMA's shapes
-// (rope, swiglu) and GPT-2 124M's (layer_norm).
+// rope, glu (silu and GELU-tanh gates), layer_norm: the fused ops (on CUDA
+// their kernels) forward and backward against HF's ATen composition in double
+// on the CPU, and on CUDA against the composition in the same dtype on the
+// device (rope and glu within one rounding, layer_norm's reordered sums within
+// a relative bound); then on CUDA both timed, forward and backward, at the
+// 1.1B LLaMA's shapes (rope, glu) and GPT-2 124M's (layer_norm).
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -33,9 +33,9 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/dispatch.h"
 #include "kernels/draw.h"
+#include "kernels/glu.h"
 #include "kernels/layer_norm.h"
 #include "kernels/rope.h"
-#include "kernels/swiglu.h"
 #include "models/layers.h"
 
 namespace {
@@ -333,16 +333,21 @@ int check_rope(const at::Device& device, at::ScalarType dtype) {
       {x}, dtype == at::kFloat ? 1e-6 : 2e-2);
 }
 
-int check_swiglu(const at::Device& device, at::ScalarType dtype) {
+int check_glu(const at::Device& device, at::ScalarType dtype, kernels::GluActivation act) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(43);
   const auto g = at::randn({128, 352}, gen, at::TensorOptions().dtype(at::kDouble)) * 3;
   const auto u = at::randn({128, 352}, gen, at::TensorOptions().dtype(at::kDouble));
+  const bool silu = act == kernels::GluActivation::kSilu;
   return check_fused(
-      device, dtype, "swiglu", [](const auto& in) { return kernels::swiglu(in[0], in[1]); },
-      [](const auto& in) { return at::silu(in[0]) * in[1]; }, {g, u}, dtype == at::kFloat ? 1e-6 : 2e-2,
-      // float32 on the device against the largest value: silu's derivative magnifies the last bits near its
-      // zero, where nvcc may fuse differently from ATen's build; 16-bit types within one rounding.
-      dtype == at::kFloat ? 1e-6 : 0.0);
+      device, dtype, silu ? "glu (silu)" : "glu (gelu tanh)",
+      [act](const auto& in) { return kernels::glu(in[0], in[1], act); },
+      [silu](const auto& in) { return (silu ? at::silu(in[0]) : at::gelu(in[0], "tanh")) * in[1]; }, {g, u},
+      dtype == at::kFloat ? 1e-6 : 2e-2,
+      // On the device against the largest value (one rounding of it in 16-bit types): the activation's
+      // derivative magnifies float's last bits near its zero, where nvcc may fuse differently from ATen.
+      dtype == at::kFloat  ? 1e-6
+      : dtype == at::kHalf ? 1.0 / 1024
+                           : 1.0 / 128);
 }
 
 int check_layer_norm(const at::Device& device, at::ScalarType dtype) {
@@ -394,8 +399,13 @@ void time_fused_ops(const at::Device& device) {
       [&] { torch::autograd::backward({kernels::layer_norm(xl, wl, bl, 1e-5)}, {dl}); },
       [&] { torch::autograd::backward({at::layer_norm(xl, {768}, wl, bl, 1e-5)}, {dl}); });
   timed(
-      "swiglu", "8192 x 5632, fwd + bwd", [&] { torch::autograd::backward({kernels::swiglu(g, u)}, {dy}); },
+      "glu (silu)", "8192 x 5632, fwd + bwd",
+      [&] { torch::autograd::backward({kernels::glu(g, u, kernels::GluActivation::kSilu)}, {dy}); },
       [&] { torch::autograd::backward({at::silu(g) * u}, {dy}); });
+  timed(
+      "glu (gelu tanh)", "8192 x 5632, fwd + bwd",
+      [&] { torch::autograd::backward({kernels::glu(g, u, kernels::GluActivation::kGeluTanh)}, {dy}); },
+      [&] { torch::autograd::backward({at::gelu(g, "tanh") * u}, {dy}); });
 }
 
 }  // namespace
@@ -413,10 +423,11 @@ int main(int argc, char** argv) {
   failed += check_draw(device);
   for (int64_t window : {0, 256}) failed += check_packed_attention(device, window);
   for (auto dtype : dtypes)
-    failed += check_rope(device, dtype) + check_swiglu(device, dtype) + check_layer_norm(device, dtype);
+    failed += check_rope(device, dtype) + check_glu(device, dtype, kernels::GluActivation::kSilu) +
+              check_glu(device, dtype, kernels::GluActivation::kGeluTanh) + check_layer_norm(device, dtype);
   if (device.is_cuda()) {
     if (!kernels::cuda_kernels_built())
-      failed += report(false, "rope, swiglu and layer_norm CUDA kernels", "this build has no CUDA kernels");
+      failed += report(false, "rope, glu and layer_norm CUDA kernels", "this build has no CUDA kernels");
     else
       time_fused_ops(device);
   }

@@ -1,6 +1,6 @@
 #pragma once
 // What the kernels share on their C++ side: whether this build has them, the
-// process-wide switch between the fused ops (kernels/rope, swiglu,
+// process-wide switch between the fused ops (kernels/rope, glu,
 // layer_norm) and ATen's composition (train.fused_kernels), and the element
 // types the CUDA kernels take.
 

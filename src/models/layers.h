@@ -104,7 +104,8 @@ bool is_supported_activation(const std::string& name);
 /// else the module's own forward.
 at::Tensor layer_norm(const torch::nn::LayerNorm& ln, const at::Tensor& x);
 /// activation(gate, name) * up, the gated MLP of LLaMA-style families:
-/// kernels::swiglu for silu while kernels::fused_ops(), else ATen's composition.
+/// kernels::glu for silu and GELU's tanh approximation while
+/// kernels::fused_ops(), else ATen's composition.
 at::Tensor gated_activation(const at::Tensor& gate, const at::Tensor& up, const std::string& name);
 
 /// Positions for `args`: args.position_ids (B, T), or past .. past + T - 1 as

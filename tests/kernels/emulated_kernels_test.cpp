@@ -1,4 +1,4 @@
-// The CUDA kernels of src/kernels/ (cross_entropy_rows, rope, swiglu,
+// The CUDA kernels of src/kernels/ (cross_entropy_rows, rope, glu,
 // layer_norm's backward) run
 // on the CPU by emulation (tests/kernels/emulation/cuda_runtime.h: g++
 // compiles the .cu files, each block's threads run as OS threads), against
@@ -16,7 +16,7 @@
 #include "kernels/cross_entropy_launch.h"
 #include "kernels/layer_norm_launch.h"
 #include "kernels/rope_launch.h"
-#include "kernels/swiglu_launch.h"
+#include "kernels/glu_launch.h"
 
 namespace {
 
@@ -135,49 +135,59 @@ TEST(EmulatedRope, KernelEqualsHfCompositionForwardAndBackward) {
   }
 }
 
-// --- swiglu -------------------------------------------------------------------------------------
+// --- glu (SwiGLU, GeGLU) --------------------------------------------------------------------------
 
 /// The leading dimensions' row stride of a (rows, cols) view whose columns are contiguous.
 int64_t row_stride(const at::Tensor& t) { return t.dim() == 1 ? t.size(0) : t.stride(-2); }
 
-TEST(EmulatedSwiglu, KernelEqualsTheCompositionForwardAndBackward) {
+TEST(EmulatedGlu, KernelEqualsTheCompositionForwardAndBackward) {
   auto g = at::make_generator<at::CPUGeneratorImpl>(22);
   const auto o = at::TensorOptions().dtype(at::kDouble);
-  for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
-    const auto x = [&](std::vector<int64_t> shape) { return (at::randn(shape, g, o) * 3).to(dtype); };
-    const auto fused = x({9, 48});
-    struct Case {
-      std::string name;
-      at::Tensor gate, up;
+  for (auto act : {cuda::GluActivation::kSilu, cuda::GluActivation::kGeluTanh}) {
+    const bool silu = act == cuda::GluActivation::kSilu;
+    const auto activation = [&](const at::Tensor& t) { return silu ? at::silu(t) : at::gelu(t, "tanh"); };
+    const auto activation_backward = [&](const at::Tensor& d, const at::Tensor& t) {
+      return silu ? at::silu_backward(d, t) : at::gelu_backward(d, t, "tanh");
     };
-    const std::vector<Case> cases{
-        {"16-byte packs", x({9, 64}), x({9, 64})},
-        {"halves of a fused projection (row stride 48, up at 24)", fused.narrow(-1, 0, 24), fused.narrow(-1, 24, 24)},
-        {"odd width", x({5, 13}), x({5, 13})},
-    };
-    for (const auto& c : cases) {
-      const int64_t rows = c.gate.size(0), cols = c.gate.size(1);
-      const auto what = c.name + ", " + c10::toString(dtype);
-      auto out = at::empty({rows, cols}, c.gate.options());
-      ASSERT_EQ(cuda::swiglu(c.gate.data_ptr(), row_stride(c.gate), c.up.data_ptr(), row_stride(c.up), rows, cols,
-                             nullptr, out.data_ptr(), nullptr, nullptr, dtype_of(dtype), nullptr),
-                0);
-      // One rounding apart in 16-bit types. In float32, glibc's expf here and ATen's vectorised exp (Sleef)
-      // differ in their last bits, which silu's derivative magnifies near its zero (x = -1.28): there the
-      // difference is measured against the largest value (on a GPU both sides use CUDA's expf).
-      const auto agree = [&](const at::Tensor& a, const at::Tensor& b) {
-        if (dtype != at::kFloat) return ulps(a, b) <= 1.0;
-        return ((a - b).abs().max() / b.abs().max()).item<double>() <= 1e-6;
+    for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+      const auto x = [&](std::vector<int64_t> shape) { return (at::randn(shape, g, o) * 3).to(dtype); };
+      const auto fused = x({9, 48});
+      struct Case {
+        std::string name;
+        at::Tensor gate, up;
       };
-      EXPECT_TRUE(agree(out, at::silu(c.gate) * c.up)) << what;
-      const auto dy = x({rows, cols});
-      auto dg = at::empty_like(out), du = at::empty_like(out);
-      ASSERT_EQ(cuda::swiglu(c.gate.data_ptr(), row_stride(c.gate), c.up.data_ptr(), row_stride(c.up), rows, cols,
-                             dy.data_ptr(), nullptr, dg.data_ptr(), du.data_ptr(), dtype_of(dtype), nullptr),
-                0);
-      // What autograd computes for silu(gate) * up.
-      EXPECT_TRUE(agree(dg, at::silu_backward(dy * c.up, c.gate))) << what << ": gate";
-      EXPECT_TRUE(agree(du, dy * at::silu(c.gate))) << what << ": up";
+      const std::vector<Case> cases{
+          {"16-byte packs", x({9, 64}), x({9, 64})},
+          {"halves of a fused projection (row stride 48, up at 24)", fused.narrow(-1, 0, 24), fused.narrow(-1, 24, 24)},
+          {"odd width", x({5, 13}), x({5, 13})},
+      };
+      for (const auto& c : cases) {
+        const int64_t rows = c.gate.size(0), cols = c.gate.size(1);
+        const auto what = c.name + ", " + c10::toString(dtype) + (silu ? ", silu" : ", gelu tanh");
+        auto out = at::empty({rows, cols}, c.gate.options());
+        ASSERT_EQ(cuda::glu(c.gate.data_ptr(), row_stride(c.gate), c.up.data_ptr(), row_stride(c.up), rows, cols,
+                            nullptr, out.data_ptr(), nullptr, nullptr, act, dtype_of(dtype), nullptr),
+                  0);
+        // Each value within one rounding of its own size, plus 1e-6 of the largest: glibc's expf and tanhf
+        // here and ATen's vectorised ones (Sleef) differ in their last float bits, which the activation's
+        // derivative magnifies near its zero (silu's at x = -1.28, GELU's at -0.75; on a GPU both sides use
+        // CUDA's functions).
+        const auto agree = [&](const at::Tensor& a, const at::Tensor& b) {
+          const double eps = dtype == at::kBFloat16 ? 1.0 / 128 : dtype == at::kHalf ? 1.0 / 1024 : 1.2e-7;
+          const auto ad = a.to(at::kDouble), bd = b.to(at::kDouble);
+          const auto allowed = bd.abs() * eps + 1e-6 * bd.abs().max();
+          return ((ad - bd).abs() <= allowed).all().item<bool>();
+        };
+        EXPECT_TRUE(agree(out, activation(c.gate) * c.up)) << what;
+        const auto dy = x({rows, cols});
+        auto dg = at::empty_like(out), du = at::empty_like(out);
+        ASSERT_EQ(cuda::glu(c.gate.data_ptr(), row_stride(c.gate), c.up.data_ptr(), row_stride(c.up), rows, cols,
+                            dy.data_ptr(), nullptr, dg.data_ptr(), du.data_ptr(), act, dtype_of(dtype), nullptr),
+                  0);
+        // What autograd computes for act(gate) * up.
+        EXPECT_TRUE(agree(dg, activation_backward(dy * c.up, c.gate))) << what << ": gate";
+        EXPECT_TRUE(agree(du, dy * activation(c.gate))) << what << ": up";
+      }
     }
   }
 }

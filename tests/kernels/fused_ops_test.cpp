@@ -1,4 +1,4 @@
-// src/kernels/rope, swiglu and layer_norm: the fused ops against HF's ATen
+// src/kernels/rope, glu and layer_norm: the fused ops against HF's ATen
 // composition (at::layer_norm) and the gradients autograd takes through it
 // (double, float, bfloat16; the layouts the families hand them: transposed
 // projections, NeoX's interleaved q/k/v, Phi-3's fused gate_up halves, one
@@ -17,7 +17,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/layer_norm.h"
 #include "kernels/rope.h"
-#include "kernels/swiglu.h"
+#include "kernels/glu.h"
 
 namespace anvil::kernels {
 namespace {
@@ -102,17 +102,17 @@ TEST(Rope, TablesThatTakeAGradientGoThroughAutograd) {
   EXPECT_TRUE(at::allclose(cos.grad(), c.x.sum(1, /*keepdim=*/true).sum(0, true)));
 }
 
-struct SwigluCase {
+struct GluCase {
   std::string name;
   at::Tensor gate, up;
 };
 
-std::vector<SwigluCase> swiglu_cases(at::ScalarType dtype, const at::Device& device = at::kCPU) {
+std::vector<GluCase> glu_cases(at::ScalarType dtype, const at::Device& device = at::kCPU) {
   auto g = at::make_generator<at::CPUGeneratorImpl>(5);
   const auto x = [&](std::vector<int64_t> shape) {
     return (at::randn(shape, g, at::TensorOptions().dtype(at::kDouble)) * 3).to(device, dtype);
   };
-  std::vector<SwigluCase> cases;
+  std::vector<GluCase> cases;
   cases.push_back({"separate projections", x({2, 7, 24}), x({2, 7, 24})});
   const auto fused = x({2, 7, 48});  // Phi-3's gate_up_proj: gate rows, then up rows
   cases.push_back({"halves of a fused projection", fused.narrow(-1, 0, 24), fused.narrow(-1, 24, 24)});
@@ -121,23 +121,41 @@ std::vector<SwigluCase> swiglu_cases(at::ScalarType dtype, const at::Device& dev
   return cases;
 }
 
-TEST(Swiglu, FusedOpEqualsTheCompositionAndItsGradients) {
-  for (auto dtype : {at::kDouble, at::kFloat, at::kBFloat16}) {
-    for (const auto& c : swiglu_cases(dtype)) {
-      const auto w = at::randn(c.gate.sizes(), at::TensorOptions().dtype(dtype));
-      const auto want = run([](const auto& in) { return at::silu(in[0]) * in[1]; }, {c.gate, c.up}, w);
-      const auto got = run([](const auto& in) { return swiglu(in[0], in[1]); }, {c.gate, c.up}, w);
-      const auto what = c.name + ", " + c10::toString(dtype);
-      EXPECT_TRUE(at::equal(got.out, want.out)) << what;
-      EXPECT_TRUE(at::equal(got.grads[0], want.grads[0])) << what << ": gate";
-      EXPECT_TRUE(at::equal(got.grads[1], want.grads[1])) << what << ": up";
+/// HF's gated MLP: ACT2FN[hidden_act](gate) * up.
+at::Tensor hf_gated(const at::Tensor& gate, const at::Tensor& up, GluActivation act) {
+  return (act == GluActivation::kSilu ? at::silu(gate) : at::gelu(gate, "tanh")) * up;
+}
+
+const char* name_of(GluActivation act) { return act == GluActivation::kSilu ? "silu" : "gelu tanh"; }
+
+TEST(Glu, FusedOpEqualsTheCompositionAndItsGradients) {
+  for (auto act : {GluActivation::kSilu, GluActivation::kGeluTanh}) {
+    for (auto dtype : {at::kDouble, at::kFloat, at::kBFloat16}) {
+      for (const auto& c : glu_cases(dtype)) {
+        const auto w = at::randn(c.gate.sizes(), at::TensorOptions().dtype(dtype));
+        const auto want = run([&](const auto& in) { return hf_gated(in[0], in[1], act); }, {c.gate, c.up}, w);
+        const auto got = run([&](const auto& in) { return glu(in[0], in[1], act); }, {c.gate, c.up}, w);
+        const auto what = c.name + ", " + c10::toString(dtype) + ", " + name_of(act);
+        EXPECT_TRUE(at::equal(got.out, want.out)) << what;
+        EXPECT_TRUE(at::equal(got.grads[0], want.grads[0])) << what << ": gate";
+        EXPECT_TRUE(at::equal(got.grads[1], want.grads[1])) << what << ": up";
+      }
     }
   }
 }
 
-TEST(Swiglu, MismatchedInputsAreRefusedWithTheirShapes) {
+TEST(Glu, HfActivationNamesMapToTheirKernels) {
+  EXPECT_EQ(glu_activation("silu"), GluActivation::kSilu);
+  EXPECT_EQ(glu_activation("swish"), GluActivation::kSilu);
+  EXPECT_EQ(glu_activation("gelu_pytorch_tanh"), GluActivation::kGeluTanh);
+  EXPECT_EQ(glu_activation("gelu_new"), GluActivation::kGeluTanh);
+  EXPECT_FALSE(glu_activation("gelu").has_value()) << "the exact GELU keeps ATen's composition";
+  EXPECT_FALSE(glu_activation("relu").has_value());
+}
+
+TEST(Glu, MismatchedInputsAreRefusedWithTheirShapes) {
   try {
-    swiglu(at::zeros({2, 3}), at::zeros({2, 4}));
+    glu(at::zeros({2, 3}), at::zeros({2, 4}), GluActivation::kSilu);
     FAIL() << "no error";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("gate and up of one shape and dtype expected, got [2, 3]"), std::string::npos)
@@ -189,24 +207,27 @@ TEST(Rope, CudaKernelEqualsTheReference) {
   }
 }
 
-TEST(Swiglu, CudaKernelEqualsTheReference) {
+TEST(Glu, CudaKernelEqualsTheReference) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   if (!cuda_kernels_built()) GTEST_SKIP() << "built without the CUDA kernels";
-  for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
-    // One rounding apart in 16-bit types; in float32 against the largest value, as silu's derivative
-    // magnifies the last bits near its zero (x = -1.28), where nvcc may fuse differently from ATen's build.
-    const auto agree = [&](const at::Tensor& a, const at::Tensor& b) {
-      if (dtype != at::kFloat) return ulps(a, b) <= 1.0;
-      return ((a - b).abs().max() / b.abs().max()).item<double>() <= 1e-6;
-    };
-    for (const auto& c : swiglu_cases(dtype, at::kCUDA)) {
-      const auto what = c.name + ", " + c10::toString(dtype);
-      const auto dy = at::randn(c.gate.sizes(), c.gate.options());
-      EXPECT_TRUE(agree(swiglu_forward(c.gate, c.up), swiglu_forward_reference(c.gate, c.up))) << what;
-      const auto [dg, du] = swiglu_backward(dy, c.gate, c.up);
-      const auto [rg, ru] = swiglu_backward_reference(dy, c.gate, c.up);
-      EXPECT_TRUE(agree(dg, rg)) << what << ": gate";
-      EXPECT_TRUE(agree(du, ru)) << what << ": up";
+  for (auto act : {GluActivation::kSilu, GluActivation::kGeluTanh}) {
+    for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+      // Each value within one rounding of its own size, plus 1e-6 of the largest: the activation's
+      // derivative magnifies float's last bits near its zero, where nvcc may fuse differently from ATen.
+      const auto agree = [&](const at::Tensor& a, const at::Tensor& b) {
+        const double eps = dtype == at::kBFloat16 ? 1.0 / 128 : dtype == at::kHalf ? 1.0 / 1024 : 1.2e-7;
+        const auto ad = a.cpu().to(at::kDouble), bd = b.cpu().to(at::kDouble);
+        return ((ad - bd).abs() <= bd.abs() * eps + 1e-6 * bd.abs().max()).all().item<bool>();
+      };
+      for (const auto& c : glu_cases(dtype, at::kCUDA)) {
+        const auto what = c.name + ", " + c10::toString(dtype) + ", " + name_of(act);
+        const auto dy = at::randn(c.gate.sizes(), c.gate.options());
+        EXPECT_TRUE(agree(glu_forward(c.gate, c.up, act), glu_forward_reference(c.gate, c.up, act))) << what;
+        const auto [dg, du] = glu_backward(dy, c.gate, c.up, act);
+        const auto [rg, ru] = glu_backward_reference(dy, c.gate, c.up, act);
+        EXPECT_TRUE(agree(dg, rg)) << what << ": gate";
+        EXPECT_TRUE(agree(du, ru)) << what << ": up";
+      }
     }
   }
 }

@@ -389,11 +389,11 @@ struct TrainConfig {
             "for the whole micro-batch. docs/algorithms.md.",
             read_if_declared());
     v.field("fused_kernels", fused_kernels,
-            "Rotary embeddings, the gated MLP's silu(gate) * up and LayerNorm each run as one op with its own "
-            "backward (src/kernels/): on CUDA one kernel each way for rope and swiglu, and Anvil's LayerNorm "
-            "backward, in float32, float16 and bfloat16, and there silu(gate) is not kept for backward (one "
-            "tokens x intermediate tensor less per layer). Results equal ATen's composition bit for bit on the "
-            "CPU. false = ATen's composition. docs/algorithms.md.");
+            "Rotary embeddings, the gated MLP's act(gate) * up (silu, or GELU's tanh approximation) and "
+            "LayerNorm each run as one op with its own backward (src/kernels/): on CUDA one kernel each way for "
+            "rope and the gated MLP, and Anvil's LayerNorm backward, in float32, float16 and bfloat16, and there "
+            "act(gate) is not kept for backward (one tokens x intermediate tensor less per layer). Results equal "
+            "ATen's composition bit for bit on the CPU. false = ATen's composition. docs/algorithms.md.");
     v.field("loss_chunk_size", loss_chunk_size,
             "sft and pretrain, with train.fused_loss: target tokens projected to logits at a time; 0 = as few "
             "equal chunks as keep each chunk's float32 logits within 1 GiB.",

@@ -4,7 +4,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/layer_norm.h"
 #include "kernels/rope.h"
-#include "kernels/swiglu.h"
+#include "kernels/glu.h"
 #include "models/init.h"
 
 #include <ATen/ATen.h>
@@ -141,7 +141,8 @@ at::Tensor layer_norm(const torch::nn::LayerNorm& ln, const at::Tensor& x) {
 }
 
 at::Tensor gated_activation(const at::Tensor& gate, const at::Tensor& up, const std::string& name) {
-  if (kernels::fused_ops() && (name == "silu" || name == "swish")) return kernels::swiglu(gate, up);
+  if (kernels::fused_ops())
+    if (const auto act = kernels::glu_activation(name)) return kernels::glu(gate, up, *act);
   return activation(gate, name) * up;
 }
 

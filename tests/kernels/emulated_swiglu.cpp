@@ -1,3 +1,0 @@
-// src/kernels/swiglu.cu compiled by g++ against the host stand-in of the CUDA
-// runtime (tests/kernels/emulation/cuda_runtime.h), for the emulated kernels' tests.
-#include "kernels/swiglu.cu"
