@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/device_math.cuh"
 #include "kernels/draw_launch.h"
 
 namespace anvil::kernels::cuda {
@@ -96,8 +97,9 @@ __global__ void __launch_bounds__(kThreads)
 int inverse_cdf_draw(const float* scores, int64_t rows, int64_t vocab, const double* uniforms, int64_t* out,
                      void* stream) {
   if (rows == 0) return 0;
-  inverse_cdf_draw_kernel<<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      scores, vocab, uniforms, out);
+  const auto kernel = inverse_cdf_draw_kernel;
+  ANVIL_LAUNCH(kernel, static_cast<unsigned>(rows), kThreads, static_cast<cudaStream_t>(stream))
+  (scores, vocab, uniforms, out);
   return static_cast<int>(cudaGetLastError());
 }
 

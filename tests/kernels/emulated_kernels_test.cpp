@@ -1,4 +1,4 @@
-// The CUDA kernels of src/kernels/ (cross_entropy_rows, rope, glu,
+// The CUDA kernels of src/kernels/ (cross_entropy_rows, inverse_cdf_draw, rope, glu,
 // layer_norm's backward) run
 // on the CPU by emulation (tests/kernels/emulation/cuda_runtime.h: g++
 // compiles the .cu files, each block's threads run as OS threads), against
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cross_entropy_launch.h"
+#include "kernels/draw_launch.h"
 #include "kernels/layer_norm_launch.h"
 #include "kernels/rope_launch.h"
 #include "kernels/glu_launch.h"
@@ -62,6 +63,30 @@ TEST(EmulatedCrossEntropyRows, KernelEqualsAtenLossAndGradient) {
       EXPECT_LE((logits.narrow(1, 0, vocab).to(at::kDouble) - ref_x.grad()).abs().max().item<double>(), tol) << what;
       EXPECT_EQ(logits.narrow(1, vocab, width - vocab).abs().max().item<double>(), 0.0) << what << ": padding";
     }
+  }
+}
+
+// --- inverse_cdf_draw ---------------------------------------------------------------------------
+
+TEST(EmulatedInverseCdfDraw, KernelDrawsTheTokenTheCumulativeProbabilitiesPick) {
+  auto g = at::make_generator<at::CPUGeneratorImpl>(25);
+  // A vocabulary narrower than the block's 1024 threads (empty segments) and one wider (several a thread);
+  // a third of the tokens masked.
+  for (int64_t vocab : {300, 2500}) {
+    const int64_t rows = 4;
+    auto x = at::randn({rows, vocab}, g, at::TensorOptions().dtype(at::kFloat)) * 3;
+    x.masked_fill_(at::rand({rows, vocab}, g) < 0.33, -INFINITY);
+    const auto u = at::rand({rows}, g, at::TensorOptions().dtype(at::kDouble));
+    auto out = at::empty({rows}, at::kLong);
+    ASSERT_EQ(cuda::inverse_cdf_draw(x.data_ptr<float>(), rows, vocab, u.data_ptr<double>(), out.data_ptr<int64_t>(),
+                                     nullptr),
+              0);
+    // The first token whose cumulative probability (softmax in double) exceeds u times the total.
+    const auto cdf = at::softmax(x.to(at::kDouble), 1).cumsum(1);
+    const auto target = (u * cdf.select(1, vocab - 1)).unsqueeze(1);
+    const auto want = (cdf <= target).sum(1).clamp_max(vocab - 1);
+    EXPECT_TRUE(at::equal(out, want)) << "vocab " << vocab << ": " << out << " against " << want;
+    EXPECT_FALSE(at::isinf(x.gather(1, out.unsqueeze(1))).any().item<bool>()) << "a masked token was drawn";
   }
 }
 

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -36,11 +37,26 @@ namespace anvil_emulation {
 inline int sms = 2;
 
 struct Warp {
-  float lanes[32];
+  alignas(8) unsigned char lanes[32 * 8];  // one value a lane, up to 8 bytes
   std::barrier<> bar{32};
 };
+
 inline std::barrier<>* block_barrier = nullptr;
 inline std::vector<std::unique_ptr<Warp>> warps;
+
+/// Every lane of the calling thread's warp posts `v`; each gets the value of lane `from(lane)`.
+template <typename T, typename From>
+T exchange(T v, From from) {
+  static_assert(sizeof(T) <= 8);
+  auto& w = *warps[threadIdx.x / 32];
+  const unsigned lane = threadIdx.x % 32;
+  auto* slots = reinterpret_cast<T*>(w.lanes);
+  slots[lane] = v;
+  w.bar.arrive_and_wait();
+  const T r = slots[from(lane)];
+  w.bar.arrive_and_wait();
+  return r;
+}
 
 /// Runs kernel(arguments...) over grid x block threads.
 template <typename... P>
@@ -95,15 +111,22 @@ inline cudaError_t device_attribute(int* value, cudaDeviceAttr, int) {
 
 inline void __syncthreads() { anvil_emulation::block_barrier->arrive_and_wait(); }
 
-/// Every lane of the warp calls it together, as the kernels do (whole warps in uniform loops).
-inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
-  auto& w = *anvil_emulation::warps[threadIdx.x / 32];
-  const unsigned lane = threadIdx.x % 32;
-  w.lanes[lane] = v;
-  w.bar.arrive_and_wait();
-  const float r = w.lanes[lane ^ static_cast<unsigned>(lane_mask)];
-  w.bar.arrive_and_wait();
-  return r;
+// Every lane of the warp calls these together, as the kernels do (whole warps in uniform loops).
+template <typename T>
+T __shfl_xor_sync(unsigned, T v, int lane_mask) {
+  return anvil_emulation::exchange(v, [&](unsigned lane) { return lane ^ static_cast<unsigned>(lane_mask); });
+}
+template <typename T>
+T __shfl_up_sync(unsigned, T v, unsigned delta) {
+  return anvil_emulation::exchange(v, [&](unsigned lane) { return lane >= delta ? lane - delta : lane; });
+}
+
+inline unsigned long long atomicMin(unsigned long long* address, unsigned long long v) {
+  static std::mutex m;
+  const std::lock_guard<std::mutex> lock(m);
+  const auto old = *address;
+  if (v < old) *address = v;
+  return old;
 }
 
 // Round-to-nearest products and sums that nvcc does not fuse; g++ for x86-64 without FMA fuses nothing either.
