@@ -92,8 +92,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_reference(con
                                                                              const at::Tensor& mean,
                                                                              const at::Tensor& rstd,
                                                                              const at::Tensor& weight, bool bias) {
-  // native_layer_norm_backward reads the bias only for whether to return its gradient.
-  const auto b = bias ? at::zeros_like(weight) : at::Tensor();
+  // native_layer_norm_backward reads the bias only for its gradient's shape and dtype: no values needed.
+  const auto b = bias ? at::empty_like(weight) : at::Tensor();
   return at::native_layer_norm_backward(grad, x, {x.size(-1)}, mean, rstd, weight, b, {true, true, bias});
 }
 
