@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "anvil/chat/chat.h"
 #include "anvil/config/config.h"
 #include "core/logging.h"
 #include "anvil/models/registry.h"
@@ -28,6 +29,9 @@ int main(int argc, char** argv) {
   log::configure(log::Level::warn);
   auto cfg = config::load_config({a["config"]}, {"output_dir=/tmp/anvil-bench-loader"});
   auto tok = tokenizer::load_tokenizer(cfg.tokenizer.type, cfg.tokenizer.path);
+  // The run's chat format, resolved as the trainer resolves it (data.template against the tokenizer's record).
+  const auto& chat = chat::ChatTemplate::get(
+      chat::resolve_chat_template(*tok, cfg.data.template_name, "data.template", a["config"], ""));
   auto mc = cfg.model;
   mc.vocab_size = tok->vocab_size();
   torch::manual_seed(0);
@@ -42,7 +46,7 @@ int main(int argc, char** argv) {
     auto c = cfg;
     c.data.packing = packing;
     const double t_load = bench::now_s();
-    train::LmObjective obj(c, *tok);  // reads and tokenizes every dataset once
+    train::LmObjective obj(c, *tok, chat);  // reads and tokenizes every dataset once
     if (!packing) out["load_and_tokenize_s"] = bench::now_s() - t_load;
     std::vector<double> per_batch;
     int64_t tokens = 0;
@@ -59,7 +63,7 @@ int main(int argc, char** argv) {
     if (!packing) out["loader_samples_per_s"] = static_cast<double>(cfg.train.micro_batch_size) / med;
   }
   // The trainer's consumption on the same (unpacked) stream.
-  train::LmObjective obj(cfg, *tok);
+  train::LmObjective obj(cfg, *tok, chat);
   auto opt = optim::make_optimizer(cfg.optimizer, model->parameters());
   std::vector<double> steps;
   const int n_steps = std::stoi(a["train_steps"]);
