@@ -213,6 +213,15 @@ sec_check() {
       "$W/runs/chk-$n-cpu/metrics.jsonl" --atol 1e-4 --rtol 1e-4
     check losses "$n: $DEVICE bf16 losses ~ float32" "$W/runs/chk-$n-bf16/metrics.jsonl" \
       "$W/runs/chk-$n-fp32/metrics.jsonl" --atol 0.05
+    # The paths no GPU had run (train.unverified_cuda: the fused rope / gated-MLP / LayerNorm-backward
+    # kernels, pinned batch copies, steps read while the next runs) against the same runs without them.
+    for prec in fp32 bf16; do
+      anvil_run chk-$n-unverified-$prec "$m" 4 64 $prec "${few[@]}" train.unverified_cuda=true
+    done
+    check losses "$n: $DEVICE float32 with train.unverified_cuda = without" \
+      "$W/runs/chk-$n-unverified-fp32/metrics.jsonl" "$W/runs/chk-$n-fp32/metrics.jsonl" --atol 1e-4 --rtol 1e-4
+    check losses "$n: $DEVICE bf16 with train.unverified_cuda ~ without" \
+      "$W/runs/chk-$n-unverified-bf16/metrics.jsonl" "$W/runs/chk-$n-bf16/metrics.jsonl" --atol 0.02
   done
   # A mixture of experts: at::_grouped_mm experts on CUDA against the CPU's per-expert loop, 5 steps (a
   # router's top-k choice flipped by round-off changes a token's experts, hence the looser bound).
@@ -220,8 +229,8 @@ sec_check() {
   anvil_run chk-moe-fp32 "$DBG_MOE" 4 64 fp32 train.max_steps=5
   check losses "qwen3_moe-debug: $DEVICE float32 losses (grouped experts) ~ the CPU's (per-expert loop)" \
     "$W/runs/chk-moe-fp32/metrics.jsonl" "$W/runs/chk-moe-cpu/metrics.jsonl" --atol 2e-3 --rtol 1e-4
-  # Packed rows of short documents (data.packing): in bf16 on CUDA, attention runs flash attention over the
-  # documents' cumulative lengths; in float32, through the block-diagonal mask.
+  # Packed rows of short documents (data.packing): in bf16 on CUDA with train.unverified_cuda, attention runs
+  # flash attention over the documents' cumulative lengths; in float32, through the block-diagonal mask.
   PACKED=$W/packed-shards
   if [[ ! -f $PACKED/meta.json ]]; then
     $PY - "$W/packed.txt" <<'PY'
@@ -236,7 +245,8 @@ PY
       >"$W/prepare-packed.log" 2>&1 || tail -n 20 "$W/prepare-packed.log"
   fi
   for prec in fp32 bf16; do
-    anvil_run chk-packed-$prec "$DBG_LLAMA" 4 64 $prec "${few[@]}" data.packing=true "data.train=[{path: $PACKED}]"
+    anvil_run chk-packed-$prec "$DBG_LLAMA" 4 64 $prec "${few[@]}" data.packing=true "data.train=[{path: $PACKED}]" \
+      train.unverified_cuda=true
   done
   [[ $DEVICE != cuda ]] || grep -q "flash attention over the documents" "$W/chk-packed-bf16.log" ||
     { echo "FAIL packed rows in bf16 on $DEVICE did not run flash attention" | tee -a "$OUTD/checks.txt"; FAILED=1; }
@@ -279,7 +289,7 @@ PY
     for overlap in true false; do
       RUN_ENV=(ANVIL_TEST_NONFINITE=grad@2,loss@5)
       anvil_run chk-overlap-$overlap-$prec "$DBG_GPT2" 4 64 $prec train.max_steps=8 train.save_every=4 \
-        train.keep_checkpoints=0 train.on_nonfinite=skip train.overlap_step_reads=$overlap
+        train.keep_checkpoints=0 train.on_nonfinite=skip train.overlap_step_reads=$overlap train.unverified_cuda=true
       RUN_ENV=()
     done
     grep -q "each step read while the next runs" "$W/chk-overlap-true-$prec.log" ||
@@ -292,7 +302,8 @@ PY
   # the graph as float32, so the two agree to round-off rather than bit for bit. On the CPU both run eagerly.
   for prec in fp32 bf16; do
     for graphs in auto off; do
-      anvil_run chk-graphs-$graphs-$prec "$DBG_GPT2" 4 64 $prec "${few[@]}" train.cuda_graphs=$graphs
+      anvil_run chk-graphs-$graphs-$prec "$DBG_GPT2" 4 64 $prec "${few[@]}" train.cuda_graphs=$graphs \
+        train.unverified_cuda=true
     done
     [[ $DEVICE != cuda ]] || grep -q "recorded as CUDA graph 1" "$W/chk-graphs-auto-$prec.log" ||
       { echo "FAIL $prec on $DEVICE recorded no CUDA graph" | tee -a "$OUTD/checks.txt"; FAILED=1; }
@@ -329,14 +340,15 @@ sec_profile() {
   # wall time per step, top kernels, GPU busy fraction, kernel launches and host syncs per step).
   set -- $GPT2_SHAPE
   stamp "profile $GPT2"
-  if anvil_run anvil-profile "$GPT2" "$1" "$2" bf16 train.max_steps=8 "train.profile_steps=[5,7]"; then
+  if anvil_run anvil-profile "$GPT2" "$1" "$2" bf16 train.max_steps=8 "train.profile_steps=[5,7]" \
+    train.unverified_cuda=true; then
     cp "$W/runs/anvil-profile/profile/summary.txt" "$OUTD/profile-anvil.txt" && cat "$OUTD/profile-anvil.txt"
   fi
   rm -rf "$W"/runs/anvil-profile/checkpoint-*
   # The same steps read one at a time (train.overlap_step_reads=false), appended to the same file: the GPU
   # busy fraction and host syncs the overlap moves.
   if ((${TRAIN_AB:-1})) && anvil_run anvil-profile-each "$GPT2" "$1" "$2" bf16 train.max_steps=8 \
-    "train.profile_steps=[5,7]" train.overlap_step_reads=false; then
+    "train.profile_steps=[5,7]" train.overlap_step_reads=false train.unverified_cuda=true; then
     { echo; echo "---- the same, train.overlap_step_reads=false (each step read before the next is queued)"
       cat "$W/runs/anvil-profile-each/profile/summary.txt"; } | tee -a "$OUTD/profile-anvil.txt"
   fi
@@ -356,12 +368,14 @@ sec_train() {
     for r in $(seq "$ROUNDS"); do
       stamp "train $1 $2x$3, round $r"
       anvil_train anvil "$1" "$2" "$3" bf16
+      # The same run with the paths no GPU had run (fused kernels, overlapped step reads, pinned copies).
+      ((${TRAIN_AB:-1})) && anvil_train anvil-unverified-cuda "$1" "$2" "$3" bf16 train.unverified_cuda=true
       # The same run reading each step before queueing the next (what train.overlap_step_reads saves).
       [[ $1 == "$GPT2" ]] && ((${TRAIN_AB:-1})) &&
-        anvil_train anvil-read-each-step "$1" "$2" "$3" bf16 train.overlap_step_reads=false
+        anvil_train anvil-read-each-step "$1" "$2" "$3" bf16 train.overlap_step_reads=false train.unverified_cuda=true
       # The same run with whole-step CUDA graphs (train.cuda_graphs: auto).
       [[ $1 == "$GPT2" ]] && ((${TRAIN_AB:-1})) &&
-        anvil_train anvil-cuda-graphs "$1" "$2" "$3" bf16 train.cuda_graphs=auto
+        anvil_train anvil-cuda-graphs "$1" "$2" "$3" bf16 train.cuda_graphs=auto train.unverified_cuda=true
       ((${TRAIN_PEERS:-1} && ${TRAIN_EAGER:-1})) && hf_train "$1" "$2" "$3" autocast 0
       ((COMPILE && ${TRAIN_PEERS:-1})) && hf_train "$1" "$2" "$3" autocast 1
     done
@@ -381,7 +395,8 @@ sec_fp32() {
     stamp "fp32 (TF32 matmuls) $GPT2, round $r"
     anvil_train anvil "$GPT2" "$1" "$2" tf32
     # The same run with whole-step CUDA graphs (train.cuda_graphs: auto).
-    ((${TRAIN_AB:-1})) && anvil_train anvil-cuda-graphs "$GPT2" "$1" "$2" tf32 train.cuda_graphs=auto
+    ((${TRAIN_AB:-1})) && anvil_train anvil-cuda-graphs "$GPT2" "$1" "$2" tf32 train.cuda_graphs=auto \
+      train.unverified_cuda=true
     hf_train "$GPT2" "$1" "$2" fp32 0
   done
 }

@@ -3,17 +3,29 @@
 #include <ATen/Context.h>
 #include <ATen/DeviceAccelerator.h>
 
+#include <atomic>
+
 namespace anvil {
+
+namespace {
+std::atomic<bool>& unverified_cuda_flag() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+}  // namespace
+
+bool unverified_cuda_allowed() { return unverified_cuda_flag().load(std::memory_order_relaxed); }
+void set_unverified_cuda_allowed(bool on) { unverified_cuda_flag().store(on, std::memory_order_relaxed); }
 
 at::Tensor to_device(const at::Tensor& t, const c10::Device& device) {
   if (!t.defined()) return t;
-  if (!device.is_cuda() || !t.is_cpu()) return t.to(device);
+  if (!device.is_cuda() || !t.is_cpu() || !unverified_cuda_allowed()) return t.to(device);
   const auto pinned = t.is_pinned() ? t : t.pin_memory();
   return pinned.to(t.options().device(device), /*non_blocking=*/true);
 }
 
 void copy_to_device(at::Tensor& dst, const at::Tensor& src) {
-  if (!dst.is_cuda() || !src.is_cpu()) {
+  if (!dst.is_cuda() || !src.is_cpu() || !unverified_cuda_allowed()) {
     dst.copy_(src);
     return;
   }

@@ -13,12 +13,23 @@ namespace anvil {
 /// IEEE float32 (PyTorch's default). No effect on the CPU.
 void set_tf32(bool on);
 
+/// Whether CUDA paths that no GPU has run yet may run: the fused RoPE,
+/// gated-MLP and LayerNorm-backward kernels, packed rows through flash
+/// attention, each step read while the next runs, and host batches copied
+/// through pinned memory without a wait. Each was tested on the CPU (ATen
+/// references, the kernels' source under emulation) but not on a device; off
+/// by default, so a GPU user gets only what `bench/gpu/run.sh check` has
+/// passed unless they ask (train.unverified_cuda). No effect on the CPU.
+bool unverified_cuda_allowed();
+void set_unverified_cuda_allowed(bool on);
+
 /// `t` on `device`. A host tensor bound for CUDA goes through pinned memory
 /// and is copied without waiting: a pageable tensor's `.to(cuda)` is a copy
 /// followed by a stream synchronize, which makes the host wait for every
 /// kernel queued before it; a pinned one's copy is queued behind them (the
 /// caching host allocator keeps the pinned block until the copy has run).
-/// Anywhere else, `t.to(device)`.
+/// Anywhere else, or while unverified_cuda_allowed() is false (the pinned
+/// path has not run on a GPU yet), `t.to(device)`.
 at::Tensor to_device(const at::Tensor& t, const c10::Device& device);
 
 /// dst.copy_(src) the same way: a host `src` bound for a CUDA `dst` goes

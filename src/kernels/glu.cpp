@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "core/device.h"
 #include "kernels/dispatch.h"
 #include "kernels/fallback.h"
 #endif
@@ -59,7 +60,7 @@ bool run_kernel(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& 
 }
 
 bool kernel_applies(const at::Tensor& gate, const at::Tensor& up) {
-  return !kernel_off.load() && usable(gate) && usable(up) && up.device() == gate.device();
+  return !kernel_off.load() && unverified_cuda_allowed() && usable(gate) && usable(up) && up.device() == gate.device();
 }
 #endif
 

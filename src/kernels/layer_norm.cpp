@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "core/device.h"
 #include "kernels/dispatch.h"
 #include "kernels/fallback.h"
 #include "kernels/layer_norm_launch.h"
@@ -28,9 +29,10 @@ std::optional<std::tuple<at::Tensor, at::Tensor, at::Tensor>> backward_kernel(co
                                                                               const at::Tensor& weight, bool bias) {
   const auto dtype = kernel_dtype(x);
   const int64_t C = x.size(-1);
-  if (kernel_off.load() || !x.is_cuda() || !dtype || !x.is_contiguous() || weight.scalar_type() != x.scalar_type() ||
-      !weight.is_contiguous() || weight.numel() != C || mean.scalar_type() != at::kFloat ||
-      rstd.scalar_type() != at::kFloat || !cuda::layer_norm_backward_fits(C, *dtype))
+  if (kernel_off.load() || !x.is_cuda() || !unverified_cuda_allowed() || !dtype || !x.is_contiguous() ||
+      weight.scalar_type() != x.scalar_type() || !weight.is_contiguous() || weight.numel() != C ||
+      mean.scalar_type() != at::kFloat || rstd.scalar_type() != at::kFloat ||
+      !cuda::layer_norm_backward_fits(C, *dtype))
     return std::nullopt;
   const c10::cuda::CUDAGuard guard(x.device());
   const auto dy = grad.to(x.scalar_type()).contiguous();

@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "core/device.h"
 #include "kernels/dispatch.h"
 #include "kernels/fallback.h"
 #include "kernels/rope_launch.h"
@@ -45,8 +46,9 @@ cuda::View4 view4(const at::Tensor& t) {
 at::Tensor rope_kernel(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward) {
   static std::atomic<bool> off{false};
   const auto dtype = kernel_dtype(x);
-  if (off.load() || !x.is_cuda() || !dtype || x.stride(3) != 1 || cos.scalar_type() != x.scalar_type() ||
-      sin.scalar_type() != x.scalar_type() || cos.device() != x.device() || sin.device() != x.device())
+  if (off.load() || !x.is_cuda() || !unverified_cuda_allowed() || !dtype || x.stride(3) != 1 ||
+      cos.scalar_type() != x.scalar_type() || sin.scalar_type() != x.scalar_type() || cos.device() != x.device() ||
+      sin.device() != x.device())
     return {};
   const c10::cuda::CUDAGuard guard(x.device());
   const auto c = cos.contiguous(), s = sin.contiguous();

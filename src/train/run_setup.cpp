@@ -251,6 +251,12 @@ RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
     r.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(proc.local_rank));
   set_tf32(cfg.train.tf32);
   kernels::set_fused_ops(cfg.train.fused_kernels);
+  set_unverified_cuda_allowed(cfg.train.unverified_cuda);
+  if (r.device.is_cuda() && !cfg.train.unverified_cuda)
+    log::info(
+        "train.unverified_cuda: false: on CUDA the paths no GPU has run yet stay off (the fused rope, gated-MLP "
+        "and LayerNorm-backward kernels, packed rows through flash attention, overlapped step reads, pinned "
+        "batch copies); what runs instead has passed bench/gpu/run.sh check (docs/benchmarks.md)");
   r.out_dir = cfg.output_dir;
   r.config_yaml = config::to_yaml(cfg);
   r.latest = checkpoint_to_resume(cfg, r.out_dir);

@@ -5,7 +5,29 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include "anvil/config/config.h"
 #include "core/device.h"
+
+namespace {
+/// Lets the paths no GPU has run yet run for a scope (train.unverified_cuda): the tests below are their checks.
+struct UnverifiedCuda {
+  UnverifiedCuda() { anvil::set_unverified_cuda_allowed(true); }
+  ~UnverifiedCuda() { anvil::set_unverified_cuda_allowed(false); }
+};
+}  // namespace
+
+// A GPU user gets a CUDA path that no GPU has run only by asking
+// (train.unverified_cuda, docs/algorithms.md): off in a fresh process and in
+// the config's defaults, and the switch goes both ways.
+TEST(Device, UnverifiedCudaPathsAreOffUnlessAskedFor) {
+  EXPECT_FALSE(anvil::unverified_cuda_allowed());
+  EXPECT_FALSE(anvil::config::TrainConfig{}.unverified_cuda);
+  {
+    const UnverifiedCuda on;
+    EXPECT_TRUE(anvil::unverified_cuda_allowed());
+  }
+  EXPECT_FALSE(anvil::unverified_cuda_allowed());
+}
 
 TEST(Device, Tf32SwitchesCublasAndCudnnBothWays) {
   auto& ctx = at::globalContext();
@@ -54,6 +76,7 @@ TEST(Device, ToDeviceOnTheCpuIsPlainTo) {
 // queued before the copy, and with the values it had when copied.
 TEST(Device, HostTensorsReachCudaWithoutWaitingForTheStream) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const UnverifiedCuda allowed;
   const at::Device dev(at::kCUDA, 0);
   auto a = at::randn({4096, 4096}, at::TensorOptions().device(dev));
   for (int i = 0; i < 20; ++i) a = at::tanh(at::matmul(a, a));  // some tens of milliseconds queued
@@ -68,6 +91,7 @@ TEST(Device, HostTensorsReachCudaWithoutWaitingForTheStream) {
 
 TEST(Device, HostTensorsFillCudaBuffersWithoutWaitingForTheStream) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const UnverifiedCuda allowed;
   const at::Device dev(at::kCUDA, 0);
   auto buffer = at::zeros({1 << 16}, at::TensorOptions().dtype(at::kLong).device(dev));
   const auto storage = buffer.data_ptr();

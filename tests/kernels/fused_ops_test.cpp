@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "kernels/dispatch.h"
 #include "kernels/layer_norm.h"
 #include "kernels/rope.h"
@@ -21,6 +22,12 @@
 
 namespace anvil::kernels {
 namespace {
+
+/// Lets the CUDA kernels run for a scope (train.unverified_cuda), as bench_kernels does.
+struct UnverifiedCuda {
+  UnverifiedCuda() { set_unverified_cuda_allowed(true); }
+  ~UnverifiedCuda() { set_unverified_cuda_allowed(false); }
+};
 
 /// HF's apply_rotary_pos_emb on the first R features, the rest passed through.
 at::Tensor hf_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -196,6 +203,7 @@ double ulps(const at::Tensor& a, const at::Tensor& b) {
 TEST(Rope, CudaKernelEqualsTheReference) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   if (!cuda_kernels_built()) GTEST_SKIP() << "built without the CUDA kernels";
+  const UnverifiedCuda allowed;  // the kernels under test have not passed on a GPU yet
   for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
     for (int64_t R : {16, 8}) {
       for (const auto& c : rope_cases(dtype, R, at::kCUDA)) {
@@ -210,6 +218,7 @@ TEST(Rope, CudaKernelEqualsTheReference) {
 TEST(Glu, CudaKernelEqualsTheReference) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   if (!cuda_kernels_built()) GTEST_SKIP() << "built without the CUDA kernels";
+  const UnverifiedCuda allowed;  // the kernels under test have not passed on a GPU yet
   for (auto act : {GluActivation::kSilu, GluActivation::kGeluTanh}) {
     for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
       // Each value within one rounding of its own size, plus 1e-6 of the largest: the activation's
@@ -241,6 +250,7 @@ namespace {
 TEST(LayerNorm, CudaKernelEqualsTheReference) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   if (!cuda_kernels_built()) GTEST_SKIP() << "built without the CUDA kernels";
+  const UnverifiedCuda allowed;  // the kernels under test have not passed on a GPU yet
   auto g = at::make_generator<at::CPUGeneratorImpl>(13);
   for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
     // 768 and 256 take the kernel in every dtype; 100 keeps ATen's backward.

@@ -246,6 +246,7 @@ struct DataConfig {
   std::vector<DatasetConfig> train;
   std::vector<DatasetConfig> eval;
   std::string template_name = "auto";
+  std::string split_turns = "auto";
   int64_t max_length = 0;
   std::string on_overflow = "truncate";
   std::string on_error = "fail";
@@ -265,6 +266,15 @@ struct DataConfig {
             "replies in EOS), chatml, llama3, oasst (Open-Assistant). Only assistant turns are trained; "
             "checkpoints record it as tokenizer_config.json's chat_template.",
             read_if_declared(one_of({"auto", "hf", "plain", "chatml", "llama3", "oasst"})));
+    v.field("split_turns", split_turns,
+            "SFT conversations with several assistant turns: never (one sample; each reply trained where the "
+            "whole conversation's rendering shows it, which fails for a template that renders an earlier reply "
+            "differently from the last, such as Qwen3 dropping earlier reasoning), always (one sample per "
+            "assistant turn: the conversation before it rendered with the generation prompt, as the model sees "
+            "it when it writes that reply, then the reply), or auto (never where the template renders earlier "
+            "turns as written, always where it does not). data.packing packs the split samples into rows. "
+            "docs/data.md.",
+            read_if_declared(one_of({"auto", "never", "always"})));
     v.field("max_length", max_length,
             "Longest tokenized sample (prompt + response + EOS), and the row length when packing; "
             "0 = model.max_position_embeddings.",
@@ -344,6 +354,7 @@ struct TrainConfig {
   bool activation_checkpointing = false;
   bool fused_loss = true;
   bool fused_kernels = true;
+  bool unverified_cuda = false;
   int64_t loss_chunk_size = 0;
   bool overlap_step_reads = true;
   std::string cuda_graphs = "off";
@@ -394,6 +405,13 @@ struct TrainConfig {
             "rope and the gated MLP, and Anvil's LayerNorm backward, in float32, float16 and bfloat16, and there "
             "act(gate) is not kept for backward (one tokens x intermediate tensor less per layer). Results equal "
             "ATen's composition bit for bit on the CPU. false = ATen's composition. docs/algorithms.md.");
+    v.field("unverified_cuda", unverified_cuda,
+            "Run the CUDA paths that no GPU has run yet (docs/benchmarks.md, \"What waits for a GPU\"): "
+            "train.fused_kernels' CUDA kernels (on CUDA they otherwise give way to ATen's composition), packed rows "
+            "through flash attention with cumulative lengths (otherwise the block-diagonal mask), "
+            "train.overlap_step_reads (otherwise each step is read at once) and batches copied through pinned "
+            "memory without a wait (otherwise a plain copy). false until bench/gpu/run.sh check has passed them on "
+            "a device; no effect on the CPU, where all of them run and are tested.");
     v.field("loss_chunk_size", loss_chunk_size,
             "sft and pretrain, with train.fused_loss: target tokens projected to logits at a time; 0 = as few "
             "equal chunks as keep each chunk's float32 logits within 1 GiB.",

@@ -1,5 +1,6 @@
 #include "models/layers.h"
 
+#include "core/device.h"
 #include "core/logging.h"
 #include "kernels/dispatch.h"
 #include "kernels/layer_norm.h"
@@ -187,8 +188,9 @@ std::optional<at::Tensor> packed_flash_attention(const at::Tensor& q, const at::
   const int64_t B = q.size(0), Hq = q.size(1), T = q.size(2), D = q.size(3);
   const auto dtype = q.scalar_type();
   // Flash attention's limits: 16-bit inputs, head size a multiple of 8 up to 256, no soft-capping.
-  if (!q.is_cuda() || (dtype != at::kHalf && dtype != at::kBFloat16) || D % 8 != 0 || D > 256 || o.softcap > 0 ||
-      !docs.cu_seqlens.defined() || refused.load())
+  // Not yet run on a GPU: only when asked (train.unverified_cuda, core/device.h).
+  if (!q.is_cuda() || !unverified_cuda_allowed() || (dtype != at::kHalf && dtype != at::kBFloat16) || D % 8 != 0 ||
+      D > 256 || o.softcap > 0 || !docs.cu_seqlens.defined() || refused.load())
     return std::nullopt;
   // (B, H, T, D) -> (B * T, H, D): the rows' tokens end to end, as cu_seqlens counts them.
   const auto flat = [&](const at::Tensor& x) { return x.transpose(1, 2).reshape({B * T, x.size(1), D}); };
