@@ -62,3 +62,43 @@ if [ ! -f "$mds_stamp" ]; then
   .venv/bin/python -m pip install -q --no-deps --target "$mds_dir" "${MDS_PACKAGES[@]}"
   touch "$mds_stamp"
 fi
+
+# TRL's own ORPOTrainer and KTOTrainer run the parity references of
+# tests/parity/trl_reference.py. They go into a folder of their own, without
+# their declared dependencies, so that .venv keeps exactly the versions of
+# scripts/python-constraints.txt that the other references were made with;
+# the folder holds just the modules TRL and datasets import that .venv lacks,
+# and the script puts it first on sys.path.
+TRL_PACKAGES=("trl==1.16.0" "datasets==5.2.0" "pyarrow==26.0.1" "pandas==3.1.1" "python-dateutil==4.0.0"
+  "dill==0.4.1" "multiprocess==0.70.19" "xxhash==3.8.2")
+trl_dir=".venv/trl"
+trl_stamp="$trl_dir/.anvil-deps-$(printf '%s\n' "${TRL_PACKAGES[@]}" | md5sum | cut -c1-12)"
+if [ ! -f "$trl_stamp" ]; then
+  log "installing into $trl_dir: ${TRL_PACKAGES[*]}"
+  rm -rf "$trl_dir"
+  .venv/bin/python -m pip install -q --no-deps --target "$trl_dir" "${TRL_PACKAGES[@]}"
+  touch "$trl_stamp"
+fi
+
+# llama.cpp's corpus of chat templates, each as a model folder's
+# tokenizer_config.json has it (models/templates, vendored in the
+# llama-cpp-python sdist): tests/parity/chat_template_corpus.py renders them
+# with transformers, tests/chat/template_corpus_test.cpp with Anvil. Only that
+# folder of the sdist is kept; the hash pins the corpus.
+LLAMA_CPP_PYTHON="llama-cpp-python==0.3.36"
+LLAMA_CPP_PYTHON_SHA256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+templates_dir=".venv/llama-cpp-templates"
+templates_stamp="$templates_dir/.anvil-$(printf '%s\n' "$LLAMA_CPP_PYTHON" "$LLAMA_CPP_PYTHON_SHA256" | md5sum | cut -c1-12)"
+if [ ! -f "$templates_stamp" ]; then
+  log "extracting models/templates of the $LLAMA_CPP_PYTHON sdist into $templates_dir"
+  rm -rf "$templates_dir"
+  sdist_dir="$(mktemp -d)"
+  printf '%s --hash=sha256:%s\n' "$LLAMA_CPP_PYTHON" "$LLAMA_CPP_PYTHON_SHA256" >"$sdist_dir/requirements.txt"
+  .venv/bin/python -m pip download -q --no-deps --no-binary :all: --require-hashes \
+    -r "$sdist_dir/requirements.txt" -d "$sdist_dir"
+  mkdir -p "$templates_dir"
+  tar -xzf "$sdist_dir"/llama_cpp_python-*.tar.gz -C "$templates_dir" --strip-components=3 --wildcards \
+    '*/vendor/llama.cpp/models/templates/*'
+  rm -rf "$sdist_dir"
+  touch "$templates_stamp"
+fi

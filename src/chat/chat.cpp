@@ -1,5 +1,6 @@
 #include "anvil/chat/chat.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -233,6 +234,39 @@ std::string known_names() { return "plain, chatml, llama3, oasst or hf"; }
 }  // namespace
 
 std::vector<std::string> ChatTemplate::names() { return {"plain", "chatml", "llama3", "oasst"}; }
+
+bool ChatTemplate::keeps_earlier_turns(const tokenizer::Tokenizer&, const std::vector<Message>&,
+                                       const std::string&) const {
+  return true;
+}
+
+// The built-in formats render earlier turns as written: sample i is the
+// conversation through reply i, trained from where its generation prompt ends.
+std::vector<TokenizedChat> ChatTemplate::encode_turns(const tokenizer::Tokenizer& tok,
+                                                      const std::vector<Message>& messages, bool train_on_prompt,
+                                                      const std::string& tools) const {
+  std::vector<TokenizedChat> out;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (messages[i].role != "assistant") continue;
+    const std::vector<Message> before(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i));
+    const std::vector<Message> through(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+    auto t = encode(tok, through, train_on_prompt, tools);
+    const auto prompt = encode_prompt(tok, before, tools);
+    if (prompt.size() > t.input_ids.size() || !std::equal(prompt.begin(), prompt.end(), t.input_ids.begin()))
+      throw Error(concat("data.template ", name(), ": the conversation before reply ", i,
+                         " with the generation prompt is not where the conversation through it starts"));
+    if (!train_on_prompt)
+      std::fill(t.labels.begin(), t.labels.begin() + static_cast<std::ptrdiff_t>(prompt.size()), kIgnoreIndex);
+    t.prompt_tokens = static_cast<int64_t>(t.labels.size());
+    for (size_t k = 0; k < t.labels.size(); ++k)
+      if (t.labels[k] != kIgnoreIndex) {
+        t.prompt_tokens = static_cast<int64_t>(k);
+        break;
+      }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
 
 const ChatTemplate& ChatTemplate::get(const std::string& name) {
   static const Plain plain;

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string_view>
 
@@ -47,7 +48,27 @@ std::shared_ptr<const jinja::Template> compiled(const tokenizer::Tokenizer& tok)
   return t;
 }
 
-// transformers drops the keys of a message whose value is None.
+// transformers (5.24, _alias_reasoning_fields) gives a message's reasoning
+// under the names templates read: {"thinking": r, **message,
+// "reasoning_content": r}, r the first of reasoning_content, thinking and
+// reasoning that the message has. So thinking comes first (its own value
+// kept when it has one), and reasoning_content is r (where it was, else
+// last): the order a template that prints the message sees.
+std::shared_ptr<jinja::DictObj> with_reasoning_aliases(const std::shared_ptr<jinja::DictObj>& d) {
+  const Value* found = nullptr;
+  for (const char* key : {"reasoning_content", "thinking", "reasoning"})
+    if ((found = d->find(key))) break;
+  if (!found) return d;
+  const Value* thinking = d->find("thinking");
+  auto aliased = std::make_shared<jinja::DictObj>();
+  aliased->add_new(Value::string("thinking"), thinking ? *thinking : *found);
+  for (const auto& [k, v] : d->items)
+    if (!(k.is_string() && k.str() == "thinking")) aliased->add_new(k, v);
+  aliased->set(Value::string("reasoning_content"), *found);
+  return aliased;
+}
+
+// transformers drops the keys of a message whose value is None, then aliases its reasoning.
 Value messages_value(const std::vector<Message>& messages) {
   std::vector<Value> list;
   for (const auto& m : messages) {
@@ -59,6 +80,7 @@ Value messages_value(const std::vector<Message>& messages) {
       const auto j = nlohmann::ordered_json::parse(m.json);
       for (const auto& [k, v] : j.items())
         if (!v.is_null()) d->set(Value::string(k), json_value(v));
+      d = with_reasoning_aliases(d);
     }
     list.push_back(Value::dict(d));
   }
@@ -149,9 +171,60 @@ int64_t end_of_turn(const tokenizer::Tokenizer& tok) {
   return id;
 }
 
-// Without {% generation %}: each reply's span is what it adds to the text,
-// up to and including the end-of-turn token (what follows is the next
-// turn's lead-in).
+// The end-of-turn token's text.
+std::string end_of_turn_text(const tokenizer::Tokenizer& tok) { return tok.decode({end_of_turn(tok)}, false); }
+
+// Reply i's text in the conversation through it: what that rendering adds to
+// the conversation before it rendered with add_generation_prompt, up to and
+// including the end-of-turn token (what follows is the next turn's lead-in).
+// Character offsets into `with` (the rendering through reply i); nothing when
+// the rendering through it does not start with the prompt.
+std::optional<std::pair<int64_t, int64_t>> reply_span(const tokenizer::Tokenizer& tok,
+                                                      const std::vector<Message>& messages, size_t i,
+                                                      const std::string& tools, const std::string& eot,
+                                                      std::string& with) {
+  const std::vector<Message> before(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i));
+  const std::vector<Message> through(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+  const std::string prompt = render(tok, before, true, tools).text;
+  with = render(tok, through, false, tools).text;
+  if (with.compare(0, prompt.size(), prompt) != 0) return std::nullopt;
+  size_t end = with.size();
+  if (const auto k = with.find(eot, prompt.size()); !eot.empty() && k != std::string::npos) end = k + eot.size();
+  return std::make_pair(char_count(with, prompt.size()), char_count(with, end));
+}
+
+// data.split_turns' sample of reply i: the conversation before it rendered
+// with the generation prompt (what the model reads when it writes the reply),
+// then what the rendering through reply i adds after the conversation before
+// it, from where that rendering parts from the prompt: all of it after the
+// prompt where the prompt is its prefix (Qwen3), after the generation header
+// where the prompt's header opens a think block the rendering drops
+// (DeepSeek-R1's "<｜Assistant｜><think>\n"). Into `text`; the reply's
+// characters up to and including the end-of-turn token. Nothing when the
+// renderings part before the conversation before the reply ends.
+std::optional<std::pair<int64_t, int64_t>> turn_sample(const tokenizer::Tokenizer& tok,
+                                                       const std::vector<Message>& messages, size_t i,
+                                                       const std::string& tools, const std::string& eot,
+                                                       std::string& text) {
+  const std::vector<Message> before(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i));
+  const std::vector<Message> through(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+  const std::string prompt = render(tok, before, true, tools).text;
+  const std::string with = render(tok, through, false, tools).text;
+  size_t common = std::mismatch(prompt.begin(), prompt.end(), with.begin(), with.end()).first - prompt.begin();
+  while (common > 0 && common < with.size() && (static_cast<unsigned char>(with[common]) & 0xC0) == 0x80) --common;
+  if (common < prompt.size()) {
+    const std::string plain = render(tok, before, false, tools).text;
+    if (plain.size() > common || with.compare(0, plain.size(), plain) != 0) return std::nullopt;
+  }
+  text = prompt + with.substr(common);
+  size_t end = text.size();
+  if (const auto k = text.find(eot, prompt.size()); !eot.empty() && k != std::string::npos) end = k + eot.size();
+  return std::make_pair(char_count(text, prompt.size()), char_count(text, end));
+}
+
+// Without {% generation %}: each reply's span is what it adds to the text
+// (reply_span), where the whole conversation starts as the conversation
+// through that reply does.
 std::vector<std::pair<int64_t, int64_t>> reply_spans(const tokenizer::Tokenizer& tok,
                                                      const std::vector<Message>& messages, const std::string& full,
                                                      const std::string& tools) {
@@ -159,22 +232,34 @@ std::vector<std::pair<int64_t, int64_t>> reply_spans(const tokenizer::Tokenizer&
   std::string eot;
   for (size_t i = 0; i < messages.size(); ++i) {
     if (messages[i].role != "assistant") continue;
-    if (eot.empty()) eot = tok.decode({end_of_turn(tok)}, false);
-    const std::vector<Message> before(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i));
-    const std::vector<Message> through(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i) + 1);
-    const std::string prompt = render(tok, before, true, tools).text;
-    const std::string with = render(tok, through, false, tools).text;
-    if (with.compare(0, prompt.size(), prompt) != 0 || full.compare(0, with.size(), with) != 0)
-      throw ConfigError(concat(
+    if (eot.empty()) eot = end_of_turn_text(tok);
+    std::string with;
+    const auto span = reply_span(tok, messages, i, tools, eot, with);
+    if (!span || full.compare(0, with.size(), with) != 0)
+      throw DataError(concat(
           "data.template hf: cannot tell which tokens of reply ", i, " (message ", i,
           ") to train: the conversation rendered up to it with add_generation_prompt is not where the conversation "
           "rendered through it starts, or that is not where the whole conversation starts (the template renders "
-          "earlier turns differently). Mark the trained text with {% generation %} ... {% endgeneration %}"));
-    size_t end = with.size();
-    if (const auto k = with.find(eot, prompt.size()); !eot.empty() && k != std::string::npos) end = k + eot.size();
-    spans.emplace_back(char_count(with, prompt.size()), char_count(with, end));
+          "earlier turns differently). data.split_turns: auto or always trains each reply as its own sample; or "
+          "mark the trained text with {% generation %} ... {% endgeneration %}"));
+    spans.push_back(*span);
   }
   return spans;
+}
+
+// A rendered text's ids and labels: trained where a token overlaps `spans`, or everywhere.
+TokenizedChat tokenized(const tokenizer::Tokenizer& tok, const std::string& text,
+                        const std::vector<std::pair<int64_t, int64_t>>& spans, bool train_on_prompt) {
+  TokenizedChat out;
+  out.input_ids = tok.encode(checked(tok, text));
+  const auto mask = assistant_mask(token_offsets(tok, text, out.input_ids), spans);
+  out.prompt_tokens = static_cast<int64_t>(out.input_ids.size());
+  for (size_t i = 0; i < mask.size(); ++i) {
+    if (mask[i] && out.prompt_tokens == static_cast<int64_t>(out.input_ids.size()))
+      out.prompt_tokens = static_cast<int64_t>(i);
+    out.labels.push_back(mask[i] || train_on_prompt ? out.input_ids[i] : kIgnoreIndex);
+  }
+  return out;
 }
 
 class HfTemplate final : public ChatTemplate {
@@ -184,17 +269,49 @@ class HfTemplate final : public ChatTemplate {
   TokenizedChat encode(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages, bool train_on_prompt,
                        const std::string& tools = {}) const override {
     const auto r = render(tok, messages, false, tools);
-    TokenizedChat out;
-    out.input_ids = tok.encode(checked(tok, r.text));
     const auto spans = compiled(tok)->has_generation() ? r.generation : reply_spans(tok, messages, r.text, tools);
-    const auto mask = assistant_mask(token_offsets(tok, r.text, out.input_ids), spans);
-    out.prompt_tokens = static_cast<int64_t>(out.input_ids.size());
-    for (size_t i = 0; i < mask.size(); ++i) {
-      if (mask[i] && out.prompt_tokens == static_cast<int64_t>(out.input_ids.size()))
-        out.prompt_tokens = static_cast<int64_t>(i);
-      out.labels.push_back(mask[i] || train_on_prompt ? out.input_ids[i] : kIgnoreIndex);
+    return tokenized(tok, r.text, spans, train_on_prompt);
+  }
+
+  // Sample i: the conversation before reply i as the model sees it when it writes it, then that reply, trained
+  // alone (turn_sample); with {% generation %}, the rendering through reply i and its last block.
+  std::vector<TokenizedChat> encode_turns(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                                          bool train_on_prompt, const std::string& tools = {}) const override {
+    std::vector<TokenizedChat> out;
+    const bool marked = compiled(tok)->has_generation();
+    const std::string eot = marked ? std::string() : end_of_turn_text(tok);
+    for (size_t i = 0; i < messages.size(); ++i) {
+      if (messages[i].role != "assistant") continue;
+      std::string text;
+      std::optional<std::pair<int64_t, int64_t>> span;
+      if (marked) {
+        const std::vector<Message> through(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+        auto r = render(tok, through, false, tools);
+        if (!r.generation.empty()) span = r.generation.back();
+        text = std::move(r.text);
+      } else {
+        span = turn_sample(tok, messages, i, tools, eot, text);
+      }
+      if (!span)
+        throw DataError(concat("data.template hf: cannot tell which tokens of reply ", i, " (message ", i,
+                               ") to train: the conversation rendered through it does not continue the "
+                               "conversation before it (the template changes earlier turns when a reply follows)"));
+      out.push_back(tokenized(tok, text, {*span}, train_on_prompt));
     }
     return out;
+  }
+
+  bool keeps_earlier_turns(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                           const std::string& tools = {}) const override {
+    if (compiled(tok)->has_generation()) return true;  // the markers say which tokens, as transformers reads them
+    const std::string full = render(tok, messages, false, tools).text;
+    const std::string eot = end_of_turn_text(tok);
+    for (size_t i = 0; i < messages.size(); ++i) {
+      if (messages[i].role != "assistant") continue;
+      std::string with;
+      if (!reply_span(tok, messages, i, tools, eot, with) || full.compare(0, with.size(), with) != 0) return false;
+    }
+    return true;
   }
 
   std::vector<int64_t> encode_prompt(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,

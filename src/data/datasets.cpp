@@ -191,26 +191,17 @@ const chat::ChatTemplate& chat_format(const ReadOptions& opt) {
   return opt.chat ? *opt.chat : chat::ChatTemplate::get("plain");
 }
 
-std::optional<SftSample> make_sft_sample(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
-                                         const ReadOptions& opt, DatasetStats& stats, bool text_pair,
-                                         const std::string& tools) {
-  const bool pair = text_pair && messages.size() == 2 && messages[0].role == "user" && messages[1].role == "assistant";
-  const auto& tmpl = chat_format(opt);
-  const auto t = tmpl.name() == "plain" && pair ? chat::encode_plain(tok, messages[0].content, messages[1].content,
-                                                                     opt.add_eos, opt.train_on_prompt)
-                                                : tmpl.encode(tok, messages, opt.train_on_prompt, tools);
+namespace {
+
+// A rendered sample of reply `reply` (an index into `messages`), cut or dropped at max_length.
+std::optional<SftSample> finish_sample(chat::TokenizedChat t, const std::vector<Message>& messages, size_t reply,
+                                       const ReadOptions& opt, DatasetStats& stats) {
   SftSample s;
-  s.input_ids = t.input_ids;
-  s.labels = t.labels;
+  s.input_ids = std::move(t.input_ids);
+  s.labels = std::move(t.labels);
   s.prompt_tokens = t.prompt_tokens;
-  size_t first_reply = messages.size();
-  for (size_t i = 0; i < messages.size(); ++i)
-    if (messages[i].role == "assistant") {
-      first_reply = i;
-      break;
-    }
-  s.prompt = message_text(messages, first_reply);
-  s.response = first_reply < messages.size() ? messages[first_reply].content : "";
+  s.prompt = message_text(messages, reply);
+  s.response = reply < messages.size() ? messages[reply].content : "";
   const bool overflow = opt.max_length > 0 && static_cast<int64_t>(s.input_ids.size()) > opt.max_length;
   if (overflow) {
     if (opt.drop_overflow) {
@@ -229,15 +220,59 @@ std::optional<SftSample> make_sft_sample(const tokenizer::Tokenizer& tok, const 
   return s;
 }
 
+std::vector<size_t> assistant_turns(const std::vector<Message>& messages) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < messages.size(); ++i)
+    if (messages[i].role == "assistant") out.push_back(i);
+  return out;
+}
+
+}  // namespace
+
+std::optional<SftSample> make_sft_sample(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                                         const ReadOptions& opt, DatasetStats& stats, bool text_pair,
+                                         const std::string& tools) {
+  const bool pair = text_pair && messages.size() == 2 && messages[0].role == "user" && messages[1].role == "assistant";
+  const auto& tmpl = chat_format(opt);
+  auto t = tmpl.name() == "plain" && pair
+               ? chat::encode_plain(tok, messages[0].content, messages[1].content, opt.add_eos, opt.train_on_prompt)
+               : tmpl.encode(tok, messages, opt.train_on_prompt, tools);
+  const auto replies = assistant_turns(messages);
+  return finish_sample(std::move(t), messages, replies.empty() ? messages.size() : replies.front(), opt, stats);
+}
+
+std::vector<SftSample> make_sft_samples(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                                        const ReadOptions& opt, DatasetStats& stats, bool text_pair,
+                                        const std::string& tools) {
+  const auto replies = assistant_turns(messages);
+  const auto& tmpl = chat_format(opt);
+  const bool split =
+      !text_pair && replies.size() > 1 &&
+      (opt.split_turns == ReadOptions::SplitTurns::always ||
+       (opt.split_turns == ReadOptions::SplitTurns::automatic && !tmpl.keeps_earlier_turns(tok, messages, tools)));
+  std::vector<SftSample> out;
+  if (!split) {
+    if (auto s = make_sft_sample(tok, messages, opt, stats, text_pair, tools)) out.push_back(std::move(*s));
+    return out;
+  }
+  auto turns = tmpl.encode_turns(tok, messages, opt.train_on_prompt, tools);
+  if (turns.size() != replies.size())
+    throw Error(concat("data.template ", tmpl.name(), ": encode_turns gave ", turns.size(), " samples for ",
+                       replies.size(), " assistant turns"));
+  for (size_t k = 0; k < turns.size(); ++k)
+    if (auto s = finish_sample(std::move(turns[k]), messages, replies[k], opt, stats)) out.push_back(std::move(*s));
+  return out;
+}
+
 SftDataset SftDataset::load(const std::filesystem::path& path, const tokenizer::Tokenizer& tok,
                             const ReadOptions& opt) {
   SftDataset ds;
   ds.name_ = path.string();
   const auto r = read_jsonl(path, opt.on_error, [&](const Record& rec) {
     at_record(rec, [&] {
-      auto s = make_sft_sample(tok, record_messages(rec, opt.prompt_field, opt.response_field, true), opt, ds.stats_,
-                               is_text_pair(rec, opt), record_tools(rec));
-      if (s) ds.samples_.push_back(std::move(*s));
+      for (auto& s : make_sft_samples(tok, record_messages(rec, opt.prompt_field, opt.response_field, true), opt,
+                                      ds.stats_, is_text_pair(rec, opt), record_tools(rec)))
+        ds.samples_.push_back(std::move(s));
     });
   });
   absorb(ds.stats_, r);

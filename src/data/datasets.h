@@ -49,6 +49,11 @@ struct ReadOptions {
   bool train_on_prompt = false;
   bool add_eos = true;  // plain template: EOS after each response
   OnError on_error = OnError::fail;
+  /// SFT conversations with several replies (data.split_turns): one sample
+  /// (never), one per assistant turn (always), or per turn only where the
+  /// template renders earlier replies differently (auto).
+  enum class SplitTurns { never, always, automatic };
+  SplitTurns split_turns = SplitTurns::automatic;
 };
 
 /// The chat format `opt` renders with: opt.chat, else plain.
@@ -129,6 +134,12 @@ class SftDataset final : public LmDataset {
 std::optional<SftSample> make_sft_sample(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
                                          const ReadOptions& opt, DatasetStats& stats, bool text_pair = false,
                                          const std::string& tools = {});
+/// The samples of one record: make_sft_sample's, or with opt.split_turns one
+/// per assistant turn (ChatTemplate::encode_turns), each with max_length
+/// handling and counted in `stats` as a sample of its own.
+std::vector<SftSample> make_sft_samples(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                                        const ReadOptions& opt, DatasetStats& stats, bool text_pair = false,
+                                        const std::string& tools = {});
 
 /// {prompt, chosen, rejected[, margin]} or {prompt, ranked: [best, ..., worst]}:
 /// prompt is a string or a messages list; the replies are competing assistant

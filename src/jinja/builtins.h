@@ -69,6 +69,9 @@ bool parse_py_int(const std::string& s, int base, int64_t* out);
 /// Python's float(s) on a string; false when it is not one.
 bool parse_py_float(const std::string& s, double* out);
 
+/// Python's format.format(*args.pos, **args.kw) (jinja/format.cpp).
+std::string str_format(const std::string& format, CallArgs& args);
+
 /// str methods (strip, split, startswith, ...), by name, on `s`.
 Value call_str_method(const std::string& s, const std::string& name, CallArgs& args);
 bool is_str_method(const std::string& name);

@@ -1,11 +1,12 @@
 // Renders a parsed chat template. Scoping follows jinja2: a for loop's body
 // gets a fresh scope each iteration (assignments there do not outlive it,
-// which is why templates use namespace()), `if` gets none, a macro sees its
-// arguments and the template's top level. {% generation %} spans are
-// recorded as transformers' AssistantTracker does: the start is the length
-// of the top-level output so far, the end that plus the block's length.
-// The rendering keeps within jinja/limits.h: how deep it recurses
-// (statements, expressions, macro calls), how much it writes, and its work.
+// which is why templates use namespace()), and so do set and filter blocks;
+// `if` gets none, a macro sees its arguments and the template's top level.
+// {% generation %} spans are recorded as transformers' AssistantTracker
+// does: the start is the length of the top-level output so far, the end
+// that plus the block's length. The rendering keeps within jinja/limits.h:
+// how deep it recurses (statements, expressions, macro calls), how much it
+// writes, and its work.
 
 #include <unordered_map>
 
@@ -137,6 +138,8 @@ class Renderer {
         case Stmt::Kind::set_block:
           exec_set_block(s);
           return Flow::normal;
+        case Stmt::Kind::filter_block:
+          return exec_filter_block(s);
         case Stmt::Kind::generation:
           exec_generation(s);
           return Flow::normal;
@@ -171,15 +174,38 @@ class Renderer {
     return buf;
   }
 
+  // A block's text through its filter chain, whose subject is the name "" (one no template can write).
+  Value filtered(const Expr& chain, Value text) {
+    scopes_.push_back({});
+    scopes_.back().vars[""] = std::move(text);
+    Value v = eval(chain);
+    scopes_.pop_back();
+    return v;
+  }
+
+  // Set and filter blocks are scopes of their own in jinja2: what they assign stays inside.
   void exec_set_block(const Stmt& s) {
+    scopes_.push_back({});
     Value text = Value::string(capture(s.body));
-    if (s.filter) {
-      scopes_.push_back({});
-      scopes_.back().vars[""] = text;  // the filter chain's subject (a name no template can write)
-      text = eval(*s.filter);
-      scopes_.pop_back();
-    }
-    assign(s.target, text);
+    scopes_.pop_back();
+    assign(s.target, s.filter ? filtered(*s.filter, std::move(text)) : text);
+  }
+
+  // A break or continue in the body leaves the loop iteration, the block's text unwritten, as in jinja2.
+  Flow exec_filter_block(const Stmt& s) {
+    scopes_.push_back({});
+    std::string text;
+    std::string* saved = out_;
+    out_ = &text;
+    const Flow f = exec(s.body);
+    out_ = saved;
+    scopes_.pop_back();
+    if (f != Flow::normal) return f;
+    const Value v = filtered(*s.filter, Value::string(std::move(text)));
+    if (!v.is_string())  // jinja2 joins the output's strings: anything else is a TypeError
+      throw EvalError(concat("a {% filter %} block's filters give a ", type_name(v), ", where a string is written"));
+    emit(v.str());
+    return Flow::normal;
   }
 
   void exec_generation(const Stmt& s) {

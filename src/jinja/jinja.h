@@ -3,9 +3,10 @@
 // chat_template), rendering them as transformers' apply_chat_template does:
 // jinja2's ImmutableSandboxedEnvironment(trim_blocks=True,
 // lstrip_blocks=True) with loop controls, {% generation %} (its
-// AssistantTracker), raise_exception, namespace, and tojson as json.dumps
-// (ensure_ascii=False). A construct outside that subset is an error naming
-// the template's line and column, never a different rendering.
+// AssistantTracker), {% filter %} blocks, raise_exception, namespace, and
+// tojson as json.dumps (ensure_ascii=False). A construct outside that subset
+// is an error naming the template's line and column, never a different
+// rendering.
 
 #include <memory>
 #include <string>
@@ -83,15 +84,15 @@ struct Target {
 };
 
 struct Stmt {
-  enum class Kind { text, output, if_, for_, set, set_block, generation, break_, continue_, macro };
+  enum class Kind { text, output, if_, for_, set, set_block, filter_block, generation, break_, continue_, macro };
   Kind kind;
   Pos pos;
   std::string text;                                     // text; macro name
   ExprPtr expr;                                         // output; for's iterable; set's value
-  ExprPtr filter;                                       // for's `if`; set block's filter chain (applied to a name)
+  ExprPtr filter;                                       // for's `if`; set/filter block's filters (on a name)
   Target target;                                        // for, set, set block
   std::vector<std::pair<ExprPtr, Body>> branches;       // if/elif
-  Body body, else_body;                                 // for, generation, set block, macro; if's else; for's else
+  Body body, else_body;                                 // for, generation, set/filter block, macro; if's, for's else
   std::vector<std::pair<std::string, ExprPtr>> params;  // macro parameters and defaults
 };
 

@@ -71,11 +71,11 @@ const std::set<std::string>& py_str_methods() {
 }
 const std::set<std::string>& supported_str_methods() {
   static const std::set<std::string> s = {
-      "capitalize", "center",     "count",      "endswith", "find",       "index",        "isalnum",
-      "isalpha",    "isdecimal",  "isdigit",    "islower",  "isnumeric",  "isspace",      "isupper",
-      "join",       "ljust",      "lower",      "lstrip",   "partition",  "removeprefix", "removesuffix",
-      "replace",    "rfind",      "rindex",     "rjust",    "rpartition", "rsplit",       "rstrip",
-      "split",      "splitlines", "startswith", "strip",    "title",      "upper",        "zfill"};
+      "capitalize", "center",    "count",      "endswith",  "find",         "format",       "index",      "isalnum",
+      "isalpha",    "isdecimal", "isdigit",    "islower",   "isnumeric",    "isspace",      "isupper",    "join",
+      "ljust",      "lower",     "lstrip",     "partition", "removeprefix", "removesuffix", "replace",    "rfind",
+      "rindex",     "rjust",     "rpartition", "rsplit",    "rstrip",       "split",        "splitlines", "startswith",
+      "strip",      "title",     "upper",      "zfill"};
   return s;
 }
 
@@ -321,6 +321,7 @@ Value call_str_method(const std::string& s, const std::string& name, CallArgs& c
     if (c.kind() != Value::Kind::integer) throw EvalError(concat(what, ": count must be an integer"));
     return Value::string(replace(u, decode_utf8(str_arg(a, 0, "old")), decode_utf8(str_arg(a, 1, "new")), c.as_int()));
   }
+  if (name == "format") return Value::string(str_format(s, ca));
   if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count")
     return str_search(s, u, name, Args(ca, what, {"sub"}));
   if (name == "join") {

@@ -167,6 +167,7 @@ class Parser {
       loops_ = saved;
       return s;
     }
+    if (n == "filter") return parse_filter_block();
     if (n == "break" || n == "continue") {
       if (loops_ == 0) fail(t.pos, concat("'{% ", n, " %}' outside a for loop"));
       return make_stmt(n == "break" ? Stmt::Kind::break_ : Stmt::Kind::continue_, next().pos);
@@ -177,7 +178,7 @@ class Parser {
       return s;
     }
     static const std::set<std::string> kJinja = {"block",      "extends", "include", "from", "import", "with",
-                                                 "autoescape", "call",    "filter",  "raw",  "do",     "trans"};
+                                                 "autoescape", "call",    "raw",     "do",   "trans"};
     if (kJinja.count(n)) fail(t.pos, concat("'{% ", n, " %}' is not supported by Anvil's chat templates"));
     fail(t.pos, concat("unknown tag '", n, "'"));
   }
@@ -227,8 +228,16 @@ class Parser {
     auto s = make_stmt(Stmt::Kind::set_block, p);
     if (!target.attribute.empty() || target.unpack) fail(p, "'{% set %}' blocks assign to a single name");
     s->target = std::move(target);
-    if (is_op("|")) s->filter = parse_filters(make(Expr::Kind::name, p));  // the name stands for the block's text
+    if (is_op("|")) s->filter = parse_filter_chain(make(Expr::Kind::name, p), false);  // the name: the block's text
     s->body = parse_statements({"endset"}, "set");
+    return s;
+  }
+
+  // {% filter f(args) | g %}...{% endfilter %}: the body's text through the filters.
+  std::unique_ptr<Stmt> parse_filter_block() {
+    auto s = make_stmt(Stmt::Kind::filter_block, next().pos);
+    s->filter = parse_filter_chain(make(Expr::Kind::name, s->pos), true);
+    s->body = parse_statements({"endfilter"}, "filter");
     return s;
   }
 
@@ -599,18 +608,36 @@ class Parser {
     return name;
   }
 
+  // One filter applied to `node`: the name (checked once parsed, in
+  // Template::Template, as jinja2 compiles) and its arguments.
+  ExprPtr parse_filter(ExprPtr node) {
+    auto e = make(Expr::Kind::filter, cur().pos);
+    e->name = dotted_name();
+    e->target = std::move(node);
+    if (is_op("(")) parse_call_args(*e);
+    return e;
+  }
+
+  // jinja2's parse_filter: `| f | g(x)`, or `f | g(x)` when `start_inline`
+  // (a filter block's); no tests, no calls.
+  ExprPtr parse_filter_chain(ExprPtr node, bool start_inline) {
+    Restore restore(expr_depth_);
+    while (start_inline || is_op("|")) {
+      deeper(cur().pos);
+      if (!start_inline) next();
+      start_inline = false;
+      node = parse_filter(std::move(node));
+    }
+    return node;
+  }
+
   ExprPtr parse_filters(ExprPtr node) {
     Restore restore(expr_depth_);
     while (true) {
       if (is_op("|") || is_name("is") || is_op("(")) deeper(cur().pos);
       if (is_op("|")) {
         next();
-        const Pos p = cur().pos;
-        auto e = make(Expr::Kind::filter, p);
-        e->name = dotted_name();  // checked once parsed (Template::Template), as jinja2 compiles
-        e->target = std::move(node);
-        if (is_op("(")) parse_call_args(*e);
-        node = std::move(e);
+        node = parse_filter(std::move(node));
       } else if (is_name("is")) {
         node = parse_test(std::move(node));
       } else if (is_op("(")) {

@@ -17,6 +17,10 @@ data::ReadOptions read_options(const config::RunConfig& cfg, const config::Datas
   o.train_on_prompt = sft_config(cfg).train_on_prompt;
   o.add_eos = sft_config(cfg).add_eos;
   o.on_error = data::parse_on_error(cfg.data.on_error);
+  const auto& split = cfg.data.split_turns;
+  o.split_turns = split == "never"    ? data::ReadOptions::SplitTurns::never
+                  : split == "always" ? data::ReadOptions::SplitTurns::always
+                                      : data::ReadOptions::SplitTurns::automatic;
   return o;
 }
 

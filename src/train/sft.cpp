@@ -389,7 +389,7 @@ namespace {
 const bool kRegistered = [] {
   config::register_section<SftConfig>("sft", "Supervised fine-tuning (algorithm: sft).", "sft");
   auto sft = config::dataset_keys({"eval_fraction", "prompt_field", "response_field", "token_dtype"});
-  sft.insert(sft.end(), {"data.template", "data.on_overflow", "data.on_error", "data.packing",
+  sft.insert(sft.end(), {"data.template", "data.split_turns", "data.on_overflow", "data.on_error", "data.packing",
                          "data.pad_to_multiple_of", "train.fused_loss", "train.loss_chunk_size", "eval.max_batches",
                          "eval.generate_samples", "eval.max_new_tokens", "eval.table_rows"});
   register_objective(

@@ -164,6 +164,98 @@ TEST(ChatTemplateHf, TokenIdsAndAssistantMasksMatchTransformers) {
   EXPECT_GE(compared, 100);
 }
 
+// data.split_turns: each reply as its own sample, the conversation before it
+// as the model sees it when it writes it (transformers' rendering with the
+// generation prompt), then the reply. Where the whole conversation's masks are
+// defined the samples train the same tokens; where the template renders an
+// earlier reply differently (the reasoning template drops the reasoning of
+// replies before the last query) only the split samples can train.
+TEST(ChatTemplateHf, EachReplyAsItsOwnSampleMatchesTransformersPrefixes) {
+  TempDir dir;
+  ASSERT_TRUE(make_refs(dir));
+  const auto names = json::parse(read_text(dir / "refs" / "templates.json")).get<std::vector<std::string>>();
+  const auto& hf = ChatTemplate::get("hf");
+  int compared = 0, only_split = 0;
+  for (const auto& name : names) {
+    SCOPED_TRACE(name);
+    auto tok = tokenizer::load_tokenizer_from_model_dir(dir / "refs" / name);
+    // With {% generation %} the whole conversation's blocks decide what it trains, which may render earlier
+    // replies otherwise than their own turn does (the reasoning template): compared by the rule's templates.
+    const bool marked = json::parse(read_text(dir / "refs" / (name + ".json")))["generation"].get<bool>();
+    for (const auto& c : read_lines(dir / "refs" / (name + ".jsonl"))) {
+      if (!c.contains("turns")) continue;
+      SCOPED_TRACE(c["messages"].dump());
+      const auto msgs = messages_of(c["messages"]);
+      const auto turns = hf.encode_turns(*tok, msgs, false, tools_of(c));
+      ASSERT_EQ(turns.size(), c["turns"].size());
+      std::vector<int64_t> trained;
+      for (size_t k = 0; k < turns.size(); ++k) {
+        EXPECT_EQ(turns[k].input_ids, c["turns"][k]["ids"].get<std::vector<int64_t>>());
+        EXPECT_EQ(mask_of(turns[k]), c["turns"][k]["mask"].get<std::vector<int64_t>>());
+        for (const auto l : turns[k].labels)
+          if (l != kIgnoreIndex) trained.push_back(l);
+      }
+      const bool whole = !c.contains("error");
+      EXPECT_EQ(hf.keeps_earlier_turns(*tok, msgs, tools_of(c)), whole);
+      if (whole && !marked) {  // the same trained tokens as the whole conversation's masks
+        std::vector<int64_t> expected;
+        for (const auto l : hf.encode(*tok, msgs, false, tools_of(c)).labels)
+          if (l != kIgnoreIndex) expected.push_back(l);
+        EXPECT_EQ(trained, expected);
+      } else {
+        ++only_split;
+      }
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 20);
+  EXPECT_GE(only_split, 2);
+}
+
+// data.split_turns through the SFT reader: auto splits only the conversations
+// the template re-renders, always splits every one, never keeps the error,
+// which names the record's line.
+TEST(ChatTemplateHf, SftReaderSplitsTurnsAsDataSplitTurnsSays) {
+  TempDir dir;
+  ASSERT_TRUE(make_refs(dir));
+  const auto reasoning = dir / "refs" / "reasoning-nogen", chatml = dir / "refs" / "chatml-nogen";
+  ASSERT_TRUE(stdfs::exists(reasoning) && stdfs::exists(chatml)) << "the templates without {% generation %}";
+  // The reasoning template (Qwen3's rule) renders every reply before the last query without its think block.
+  const std::string rerendered =
+      R"({"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "reasoning_content": "Two and two.", "content": "4"}, {"role": "user", "content": "3+3?"}, {"role": "assistant", "reasoning_content": "Three and three.", "content": "6"}, {"role": "user", "content": "4+4?"}, {"role": "assistant", "reasoning_content": "Four and four.", "content": "8"}]})";
+  const std::string plain =
+      R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Bye!"}]})";
+  const auto file = dir / "conversations.jsonl";
+  write_text(file, rerendered + "\n" + plain + "\n");
+  ReadOptions o;
+  o.chat = &ChatTemplate::get("hf");
+  auto with_reasoning = tokenizer::load_tokenizer_from_model_dir(reasoning);
+  const auto split = SftDataset::load(file, *with_reasoning, o);  // auto: both re-render
+  ASSERT_EQ(split.size(), 3 + 2);
+  EXPECT_EQ(split[0].response, "4");
+  EXPECT_EQ(split[2].response, "8");
+  EXPECT_EQ(split[4].response, "Bye!");
+  auto chatml_tok = tokenizer::load_tokenizer_from_model_dir(chatml);
+  const auto plain_file = dir / "plain.jsonl";
+  write_text(plain_file, plain + "\n");
+  EXPECT_EQ(SftDataset::load(plain_file, *chatml_tok, o).size(), 1);  // auto: ChatML renders turns as written
+  o.split_turns = ReadOptions::SplitTurns::always;
+  EXPECT_EQ(SftDataset::load(plain_file, *chatml_tok, o).size(), 2);
+  o.split_turns = ReadOptions::SplitTurns::never;
+  const auto err = error_of([&] { SftDataset::load(file, *with_reasoning, o); });
+  EXPECT_NE(err.find("data.split_turns"), std::string::npos) << err;
+  EXPECT_NE(err.find("conversations.jsonl:1"), std::string::npos) << err;
+  // A record's error, so data.on_error: skip counts it and goes on (a one-reply record still trains).
+  write_text(file,
+             rerendered + "\n" +
+                 R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]})" +
+                 "\n");
+  o.on_error = OnError::skip;
+  const auto kept = SftDataset::load(file, *with_reasoning, o);
+  EXPECT_EQ(kept.size(), 1);
+  EXPECT_EQ(kept.stats().skipped_errors, 1);
+}
+
 // A record's chat_template_kwargs (TRL's) reach the template as variables, as
 // apply_chat_template(..., enable_thinking=False) passes them; built-in
 // templates and the standard variables refuse them.

@@ -11,7 +11,9 @@ tokens of every format below and writes, for each template NAME:
                            "offsets" (each token's characters, tokenizers'
                            offset_mapping), "prompt_messages", "prompt_ids"}, with "error"
                            and "error_type" / "prompt_error" in place of
-                           what transformers (or the mask rule) refuses
+                           what transformers (or the mask rule) refuses;
+                           with two replies or more, "turns": data.split_turns'
+                           samples, one per reply (turn_samples), or "turns_error"
   WORKDIR/NAME.json        {"eot_id", "reply", "reply_ids" or
                            "reply_error", "generation"}
 
@@ -445,6 +447,41 @@ def encode(tok, template, messages, generation, eot_text, tools=None):
     return full, ids, hf_mask(offsets, reply_spans(tok, template, messages, full, eot_text, tools)), offsets
 
 
+def turn_samples(tok, template, messages, generation, eot_text, render_fn, **apply_kwargs):
+    """data.split_turns (docs/data.md): one sample per assistant turn i. With {% generation %}: transformers'
+    rendering of the conversation through it, trained on its last block. Without: the conversation before it
+    rendered with add_generation_prompt (what the model reads when it writes the reply), then what the
+    rendering through reply i adds after the conversation before it, from where the two renderings part, trained
+    up to the end-of-turn token. render_fn(messages, generation_prompt, track) renders as apply_chat_template does
+    with this conversation's tools and kwargs."""
+    out = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        through = messages[:i + 1]
+        if generation:
+            text, spans = render_fn(through, False, True)
+            span = spans[-1]
+            ids = list(tok.apply_chat_template(through, chat_template=template, tokenize=True, return_dict=True,
+                                               **apply_kwargs)["input_ids"])
+        else:
+            with_reply = render_fn(through, False, False)
+            prompt = render_fn(messages[:i], True, False)
+            common = len(os.path.commonprefix([prompt, with_reply]))
+            if common < len(prompt) and not (with_reply.startswith(before := render_fn(messages[:i], False, False))
+                                             and len(before) <= common):
+                raise ValueError("the conversation through the reply does not continue the one before it")
+            text = prompt + with_reply[common:]
+            k = text.find(eot_text, len(prompt))
+            span = (len(prompt), k + len(eot_text) if k >= 0 else len(text))
+            ids = None
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        assert ids is None or list(enc["input_ids"]) == ids
+        out.append({"ids": list(enc["input_ids"]),
+                    "mask": hf_mask([list(o) for o in enc["offset_mapping"]], [span])})
+    return out
+
+
 def reply_ids(tok, template, generation, eot_text):
     conv = [{"role": "user", "content": PROBE_USER}, {"role": "assistant", "content": REPLY}]
     if generation:
@@ -476,6 +513,13 @@ def write_template(work, name, template, special, tok_json, conversations):
                                                                               tools)
             except Exception as e:  # noqa: BLE001 - the template refuses the conversation
                 out["error"], out["error_type"] = str(e), type(e).__name__
+            if sum(m["role"] == "assistant" for m in conv) >= 2:
+                try:
+                    out["turns"] = turn_samples(
+                        hf, template, conv, generation, eot_text,
+                        lambda m, prompt, track: render(hf, template, m, prompt, track=track, tools=tools), tools=tools)
+                except Exception as e:  # noqa: BLE001 - the template refuses the conversation
+                    out["turns_error"] = str(e)
             last = max((i for i, m in enumerate(conv) if m["role"] == "assistant"), default=len(conv))
             if last == 0:  # apply_chat_template refuses an empty conversation
                 f.write(json.dumps(out, ensure_ascii=False) + "\n")

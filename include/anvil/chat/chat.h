@@ -59,6 +59,20 @@ class ChatTemplate {
   /// refuse any).
   virtual TokenizedChat encode(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
                                bool train_on_prompt, const std::string& tools = {}) const = 0;
+  /// One sample per assistant turn i: the conversation before it as the model
+  /// sees it when it writes that reply (rendered with the generation prompt),
+  /// then the reply (content + end of turn) as the conversation through it
+  /// renders it; only that reply is trained (everything with
+  /// `train_on_prompt`). Where encode() can tell every reply's tokens, sample
+  /// i's trained tokens are those of reply i in encode()'s rendering.
+  virtual std::vector<TokenizedChat> encode_turns(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                                                  bool train_on_prompt, const std::string& tools = {}) const;
+  /// Whether encode() can tell which tokens every reply of `messages` is: the
+  /// whole conversation renders each earlier reply as it renders the last one
+  /// (the built-in formats always do; a template that drops earlier
+  /// reasoning, as Qwen3's does, does not).
+  virtual bool keeps_earlier_turns(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
+                                   const std::string& tools = {}) const;
   /// The conversation so far plus the header of the assistant's reply: what
   /// generation continues from.
   virtual std::vector<int64_t> encode_prompt(const tokenizer::Tokenizer& tok, const std::vector<Message>& messages,
