@@ -38,38 +38,41 @@ KtoLossOutput kto_loss(const at::Tensor& policy_logps, const at::Tensor& ref_log
 
 void add_kto_sums(const KtoLossOutput& out, const at::Tensor& policy_logps, const at::Tensor& desirable,
                   const at::Tensor& kl, Sums& sums) {
-  const auto d = desirable.to(out.rewards.scalar_type()), u = 1 - d;
-  const auto logps = policy_logps.detach();
-  add_sum(sums, "count/chosen", d.sum());
-  add_sum(sums, "count/rejected", u.sum());
-  add_sum(sums, "rewards/chosen", (out.rewards * d).sum());
-  add_sum(sums, "rewards/rejected", (out.rewards * u).sum());
-  add_sum(sums, "logps/chosen", (logps * d).sum());
-  add_sum(sums, "logps/rejected", (logps * u).sum());
+  // TRL's KTOTrainer logs, per micro-batch, each side's mean over its examples when it has any, the margin
+  // when it has both, and averages those over the micro-batches that had them: sums of the micro-batch means
+  // and counts of those micro-batches, without reading the device.
+  const auto dt = out.rewards.scalar_type();
+  const auto d = desirable.to(dt), u = 1 - d;
+  const auto logps = policy_logps.detach().to(dt);
+  const auto n_chosen = d.sum(), n_rejected = u.sum();
+  const auto has_chosen = n_chosen.gt(0).to(dt), has_rejected = n_rejected.gt(0).to(dt);
+  const auto mean = [](const at::Tensor& x, const at::Tensor& side, const at::Tensor& n) {
+    return (x * side).sum() / n.clamp_min(1);
+  };
+  const auto chosen_reward = mean(out.rewards, d, n_chosen), rejected_reward = mean(out.rewards, u, n_rejected);
+  add_sum(sums, "rewards/chosen", chosen_reward);
+  add_sum(sums, "logps/chosen", mean(logps, d, n_chosen));
+  add_sum(sums, "chosen_batches", has_chosen);
+  add_sum(sums, "rewards/rejected", rejected_reward);
+  add_sum(sums, "logps/rejected", mean(logps, u, n_rejected));
+  add_sum(sums, "rejected_batches", has_rejected);
+  add_sum(sums, "rewards/margins", (chosen_reward - rejected_reward) * has_chosen * has_rejected);
+  add_sum(sums, "margin_batches", has_chosen * has_rejected);
   add_sum(sums, "kl", kl.to(at::kDouble));
   add_sum(sums, "kl_batches", at::scalar_tensor(1.0, at::kDouble));
 }
 
 Metrics kto_metrics(const Sums& sums, const std::string& prefix) {
   Metrics m;
-  const double chosen = sum_value(sums, "count/chosen"), rejected = sum_value(sums, "count/rejected");
-  double mean_chosen = 0, mean_rejected = 0;
-  if (chosen > 0) {
-    mean_chosen = sum_value(sums, "rewards/chosen") / chosen;
-    m[prefix + "rewards/chosen"] = mean_chosen;
-    m[prefix + "logps/chosen"] = sum_value(sums, "logps/chosen") / chosen;
-  }
-  if (rejected > 0) {
-    mean_rejected = sum_value(sums, "rewards/rejected") / rejected;
-    m[prefix + "rewards/rejected"] = mean_rejected;
-    m[prefix + "logps/rejected"] = sum_value(sums, "logps/rejected") / rejected;
-  }
-  if (chosen + rejected > 0) {
-    m[prefix + "rewards/margins"] = mean_chosen - mean_rejected;  // TRL: a missing side counts 0
-    m[prefix + "count/chosen"] = chosen;
-    m[prefix + "count/rejected"] = rejected;
-  }
-  if (const double n = sum_value(sums, "kl_batches"); n > 0) m[prefix + "kl"] = sum_value(sums, "kl") / n;
+  const auto average = [&](const char* key, const char* batches) {
+    if (const double n = sum_value(sums, batches); n > 0) m[prefix + key] = sum_value(sums, key) / n;
+  };
+  average("rewards/chosen", "chosen_batches");
+  average("logps/chosen", "chosen_batches");
+  average("rewards/rejected", "rejected_batches");
+  average("logps/rejected", "rejected_batches");
+  average("rewards/margins", "margin_batches");  // only where a micro-batch had both sides, as TRL
+  average("kl", "kl_batches");
   return m;
 }
 
@@ -162,6 +165,7 @@ KtoDataset KtoDataset::load(const stdfs::path& path, const tokenizer::Tokenizer&
     for (size_t i = 0; i < msgs.size(); ++i) prompt += (i ? "\n" : "") + msgs[i].content;
     for (size_t i = 0; i < completions.size(); ++i) {
       auto& c = ids[i];
+      std::vector<int64_t> uncut;
       if (opt.max_length > 0) {
         const auto room = opt.max_length - static_cast<int64_t>(prompt_ids.size());
         if (static_cast<int64_t>(c.size()) > room) {
@@ -173,11 +177,13 @@ KtoDataset KtoDataset::load(const stdfs::path& path, const tokenizer::Tokenizer&
             ++ds.stats_.dropped_no_target;
             continue;
           }
+          uncut = c;
           c.resize(static_cast<size_t>(room));
           ++ds.stats_.truncated;
         }
       }
-      ds.samples_.push_back({prompt_ids, std::move(c), completions[i].second, prompt, completions[i].first});
+      ds.samples_.push_back(
+          {prompt_ids, std::move(c), std::move(uncut), completions[i].second, prompt, completions[i].first});
     }
   });
   ds.stats_.lines = r.lines;
@@ -198,7 +204,8 @@ Batch collate_kto(const std::vector<const KtoSample*>& ex, int64_t pad_id, int64
   for (int64_t i = 0; i < n; ++i)
     rows.push_back({&ex[static_cast<size_t>(i)]->prompt_ids, ex[static_cast<size_t>(i)]->completion_ids});
   for (int64_t i = 0; i < n; ++i) {
-    auto c = ex[static_cast<size_t>((i + n - 1) % n)]->completion_ids;
+    const auto* other = ex[static_cast<size_t>((i + n - 1) % n)];
+    auto c = other->uncut_completion_ids.empty() ? other->completion_ids : other->uncut_completion_ids;
     const auto& p = ex[static_cast<size_t>(i)]->prompt_ids;
     if (max_length > 0 && static_cast<int64_t>(p.size() + c.size()) > max_length)
       c.resize(static_cast<size_t>(std::max<int64_t>(1, max_length - static_cast<int64_t>(p.size()))));
@@ -399,10 +406,15 @@ class KtoObjective final : public Objective {
   models::CausalLM* policy_reference_ = nullptr;
 };
 
+// Checked with the rest of the config, as dpo.reference is: a missing folder fails --dry-run, naming the key.
+void check_kto(const KtoConfig& k, const config::RunConfig&, const config::Checks& checks) {
+  checks.model_folder("kto.reference", k.reference);
+}
+
 // Registered as a linking program registers its own (examples/custom_objective).
 const bool kRegistered = [] {
   config::register_section<KtoConfig>(
-      "kto", "Options of the kto algorithm (KTO: unpaired desirable and undesirable completions).", "kto");
+      "kto", "Options of the kto algorithm (KTO: unpaired desirable and undesirable completions).", "kto", check_kto);
   // It reads what dpo reads of data and eval, and the fused head.
   const auto reads = dpo_reads();
   register_objective<KtoObjective>("kto", reads);

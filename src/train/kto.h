@@ -22,13 +22,17 @@ namespace anvil::train {
 /// One unpaired example: a completion (with the end of turn) to its prompt.
 struct KtoSample {
   std::vector<int64_t> prompt_ids, completion_ids;
+  /// The completion before max_length cut it to fit this example's prompt:
+  /// another example's KL row takes it whole and cuts the joined row once,
+  /// as TRL's KTOTrainer does. Empty = completion_ids.
+  std::vector<int64_t> uncut_completion_ids;
   bool desirable = true;
   std::string prompt, completion;
 };
 
 /// A KTO micro-batch of n examples: rows 0..n-1 are prompt_i + completion_i,
-/// rows n..2n-1 prompt_i + completion_(i-1 mod n) (TRL's mismatched KL rows,
-/// cut to `max_length` when set). Tensors: input_ids, labels (completion
+/// rows n..2n-1 prompt_i + the uncut completion_(i-1 mod n) (TRL's mismatched
+/// KL rows), the joined row cut to `max_length` when set. Tensors: input_ids, labels (completion
 /// tokens), attention_mask (2n, T) bool (false = padding), desirable (n) bool.
 /// num_targets = n.
 Batch collate_kto(const std::vector<const KtoSample*>& ex, int64_t pad_id, int64_t max_length);
@@ -54,9 +58,10 @@ at::Tensor kto_kl(const at::Tensor& policy_kl_logps, const at::Tensor& ref_kl_lo
 KtoLossOutput kto_loss(const at::Tensor& policy_logps, const at::Tensor& ref_logps, const at::Tensor& desirable,
                        const at::Tensor& kl, const KtoLossOptions& opt);
 
-/// A micro-batch's statistics into `sums`, and TRL's metrics (rewards/chosen,
-/// rewards/rejected, rewards/margins, logps/chosen, logps/rejected, kl,
-/// count/chosen, count/rejected) from a step's totals.
+/// A micro-batch's statistics into `sums`, and TRL 1.16's metrics from a
+/// step's totals as KTOTrainer averages them: rewards/chosen and logps/chosen
+/// (rejected alike) over the micro-batches with such examples of the
+/// micro-batch means, rewards/margins over those with both, kl over all.
 void add_kto_sums(const KtoLossOutput& out, const at::Tensor& policy_logps, const at::Tensor& desirable,
                   const at::Tensor& kl, Sums& sums);
 Metrics kto_metrics(const Sums& sums, const std::string& prefix = "");

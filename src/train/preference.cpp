@@ -139,6 +139,29 @@ std::pair<at::Tensor, at::Tensor> model_sequence_logps(models::CausalLM& model, 
   return sequence_logps(model.forward(ids, args), labels);
 }
 
+std::pair<at::Tensor, at::Tensor> model_token_logps(models::CausalLM& model, const at::Tensor& ids,
+                                                    const at::Tensor& labels, bool fused,
+                                                    const at::Tensor& token_mask) {
+  models::ForwardArgs args;
+  if (model.num_experts() > 0 && token_mask.defined()) args.token_mask = token_mask.to(ids.device());
+  const auto shifted = next_token_targets(labels, chat::kIgnoreIndex);  // (B, T)
+  const auto B = labels.size(0), T = labels.size(1);
+  if (fused && model.final_logit_softcap() == 0) {
+    const auto hidden = model.hidden_states(ids, args);
+    const auto head = model.output_head();
+    FusedLossOptions o;
+    o.ignore_index = chat::kIgnoreIndex;
+    return {fused_linear_logprobs(hidden.reshape({-1, hidden.size(-1)}), head.weight, head.bias, shifted.reshape({-1}),
+                                  1.0, o)
+                .view({B, T}),
+            shifted};
+  }
+  const auto logits = model.forward(ids, args).to(at::kFloat);  // (B, T, V)
+  const auto keep = shifted.ne(chat::kIgnoreIndex);
+  const auto safe = at::where(keep, shifted, at::zeros_like(shifted));
+  return {logits.log_softmax(-1).gather(-1, safe.unsqueeze(-1)).squeeze(-1) * keep, shifted};
+}
+
 bool reference_free(const std::string& loss_type) {
   return loss_type == "orpo" || loss_type == "simpo" || loss_type == "cpo";
 }
@@ -605,15 +628,31 @@ at::Tensor DpoObjective::State::reference_sums(const Batch& batch, bool eval) {
 
 at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) {
   const auto device = model.parameters().front().device();
-  at::Tensor policy_sums, counts;
+  const auto& type = s_->loss_opt.loss_type;
+  // TRL's ORPOTrainer takes its NLL over the chosen rows' prompt and reply: one forward gives every token's
+  // log-prob, the replies' sums come from the same.
+  const bool whole_row_nll = type == "orpo" && dpo_config(s_->cfg).orpo_nll == "prompt_and_reply";
+  at::Tensor policy_sums, counts, whole_row_nll_mean;
   {
     NoDropout guard(model, dpo_config(s_->cfg).disable_dropout);
-    std::tie(policy_sums, counts) = model_sequence_logps(model, to_device(batch.tensors.at("input_ids"), device),
-                                                         to_device(batch.tensors.at("labels"), device),
-                                                         s_->cfg.train.fused_loss, batch.tensors.at("attention_mask"));
+    const auto ids = to_device(batch.tensors.at("input_ids"), device);
+    const auto labels = to_device(batch.tensors.at("labels"), device);
+    const auto& real = batch.tensors.at("attention_mask");
+    if (whole_row_nll) {
+      const auto all = ids.masked_fill(to_device(real, device).logical_not(), chat::kIgnoreIndex);
+      const auto [logp, targets] = model_token_logps(model, ids, all, s_->cfg.train.fused_loss, real);  // (2E, T)
+      const auto reply = next_token_targets(labels, chat::kIgnoreIndex).ne(chat::kIgnoreIndex);
+      policy_sums = (logp * reply).sum(-1);
+      counts = reply.sum(-1);
+      // The mean over the micro-batch's chosen tokens (rows alternate chosen, rejected), as CrossEntropyLoss.
+      const auto chosen = at::arange(0, logp.size(0), 2, targets.options());
+      const auto n = targets.index_select(0, chosen).ne(chat::kIgnoreIndex).sum().clamp_min(1);
+      whole_row_nll_mean = -logp.index_select(0, chosen).sum() / n.to(logp.scalar_type());
+    } else {
+      std::tie(policy_sums, counts) = model_sequence_logps(model, ids, labels, s_->cfg.train.fused_loss, real);
+    }
   }
   // Rows alternate chosen, rejected (every example is a pair).
-  const auto& type = s_->loss_opt.loss_type;
   const bool eval = !model.is_training();
   auto policy = dpo_logps(policy_sums, counts, type).view({-1, 2});
   auto pc = policy.select(1, 0), pr = policy.select(1, 1);
@@ -626,8 +665,15 @@ at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
     out = dpo_loss(pc, pr, ref.select(1, 0), ref.select(1, 1), s_->loss_opt);
   }
   add_dpo_sums(out, pc, pr, sums);
-  // The chosen reply's mean token NLL per pair: RPO's term, ORPO's SFT term,
-  // CPO's (and TRL's CPO-SimPO's) behaviour-cloning term.
+  if (whole_row_nll) {
+    // The micro-batch's loss as TRL's: NLL mean - mean(beta log sigma(log odds)), returned summed over its pairs
+    // (the engine divides by the step's pairs).
+    const auto pairs = static_cast<double>(pc.size(0));
+    add_sum(sums, "nll_loss", (whole_row_nll_mean * pairs).detach());
+    return out.losses.sum() + whole_row_nll_mean * pairs;
+  }
+  // The chosen reply's mean token NLL per pair: RPO's term, ORPO's SFT term
+  // (dpo.orpo_nll: reply), CPO's (and TRL's CPO-SimPO's) behaviour-cloning term.
   const double nll_weight = type == "orpo"                     ? 1.0
                             : type == "cpo" || type == "simpo" ? dpo_config(s_->cfg).cpo_alpha
                                                                : dpo_config(s_->cfg).rpo_alpha;
@@ -682,6 +728,8 @@ void check_dpo(const DpoConfig& d, const config::RunConfig&, const config::Check
     if (d.label_smoothing > 0 && d.loss_type == "orpo")
       checks.fail("dpo.label_smoothing", "applies to loss_type sigmoid, robust, simpo and cpo; orpo takes 0");
   }
+  if (d.loss_type != "orpo" && d.orpo_nll != DpoConfig{}.orpo_nll)
+    checks.fail("dpo.orpo_nll", concat("applies to loss_type orpo; the run's loss_type is ", d.loss_type));
   checks.model_folder("dpo.reference", d.reference);
 }
 

@@ -40,6 +40,13 @@ std::pair<at::Tensor, at::Tensor> model_sequence_logps(models::CausalLM& model, 
                                                        const at::Tensor& labels, bool fused,
                                                        const at::Tensor& token_mask = {});
 
+/// The per-token form of model_sequence_logps: (B, T) float32 log-probs,
+/// position t holding log p(labels[t + 1]) where that label is kept (0
+/// elsewhere), and those shifted labels (B, T) (kIgnoreIndex where none).
+std::pair<at::Tensor, at::Tensor> model_token_logps(models::CausalLM& model, const at::Tensor& ids,
+                                                    const at::Tensor& labels, bool fused,
+                                                    const at::Tensor& token_mask = {});
+
 /// A preference batch: each example's replies are consecutive rows of
 /// prompt + reply (right-padded with pad_id).
 /// Tensors: input_ids, labels (reply tokens; prompt and padding ignored),
