@@ -779,8 +779,10 @@ Command add_prepare(CLI::App& app) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  anvil::reproducible_cpu_math();
   CLI::App app{"anvil: tools around Anvil training runs"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("anvil ") + anvil::version(), "Print the version and exit");
   const std::vector<Command> commands = {add_generate(app), add_chat(app),     add_export(app), add_logits(app),
                                          add_score(app),    add_tokenize(app), add_prepare(app)};
   CLI11_PARSE(app, argc, argv);

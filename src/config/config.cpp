@@ -57,18 +57,6 @@ void flatten(const YAML::Node& node, const std::string& prefix, const std::strin
   out[prefix] = Entry{node, where_of(file, node), file, order};
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
 std::string format_double(double x) {
   char buf[64];
   auto res = std::to_chars(buf, buf + sizeof(buf), x);
@@ -195,37 +183,6 @@ std::string tab_hint(const std::string& file) {
   return "";
 }
 
-/// TRL / transformers argument names -> our keys, for did-you-mean.
-std::map<std::string, std::string> foreign_key_names() {
-  std::map<std::string, std::string> names = {
-      {"learning_rate", "optimizer.lr"},
-      {"adam_epsilon", "optimizer.eps"},
-      {"adam_beta1", "optimizer.betas"},
-      {"adam_beta2", "optimizer.betas"},
-      {"optim", "optimizer.name"},
-      {"per_device_train_batch_size", "train.micro_batch_size"},
-      {"batch_size", "train.micro_batch_size"},
-      {"train_batch_size", "train.micro_batch_size"},
-      {"gradient_accumulation_steps", "train.grad_accum_steps"},
-      {"max_grad_norm", "train.grad_clip"},
-      {"logging_steps", "train.log_every"},
-      {"save_steps", "train.save_every"},
-      {"eval_steps", "train.eval_every"},
-      {"save_total_limit", "train.keep_checkpoints"},
-      {"gradient_checkpointing", "train.activation_checkpointing"},
-      {"per_device_eval_batch_size", "eval.batch_size"},
-      {"warmup_steps", "schedule.warmup_steps"},
-      {"lr_scheduler_type", "schedule.decay"},
-      {"max_seq_length", "data.max_length"},
-      {"lora_alpha", "lora.alpha"},
-      {"lora_dropout", "lora.dropout"},
-      {"lora_r", "lora.r"},
-  };
-  for (const auto& s : registered_sections())
-    for (const auto& [theirs, ours] : s.foreign_names) names.emplace(theirs, ours);
-  return names;
-}
-
 class Parser {
  public:
   Parser(FlatConfig flat, std::string sources, Errors& errors)
@@ -315,34 +272,9 @@ class Parser {
   }
 
   void reject_unknown() const {
-    const auto foreign = foreign_key_names();
-    for (const auto& [path, entry] : flat_) {
-      if (known_.count(path)) continue;
-      // A TRL / transformers name (TrainingArguments, GRPOConfig, LoraConfig)
-      // for one of our keys, in any section or none.
-      const auto last = path.substr(path.rfind('.') == std::string::npos ? 0 : path.rfind('.') + 1);
-      if (const auto ours = foreign.find(last);
-          ours != foreign.end() && known_.count(ours->second) && ours->second != path) {
-        errors_->add(concat(entry.where, ": ", path, ": unknown key; did you mean ", ours->second, "? (", last,
-                            " is the TRL / transformers name)"));
-        continue;
-      }
-      std::string best;
-      size_t best_d = 4;
-      for (const auto& k : known_) {
-        const auto d = edit_distance(path, k);
-        if (d < best_d) best_d = d, best = k;
-      }
-      // A shortened name (train.micro_batch -> train.micro_batch_size): the
-      // shortest known key of the same section that it begins.
-      if (best.empty())
-        for (const auto& k : known_)
-          if (k.size() > path.size() && k.rfind(path, 0) == 0 && k.find('.', path.size()) == std::string::npos &&
-              (best.empty() || k.size() < best.size()))
-            best = k;
-      errors_->add(concat(entry.where, ": ", path, ": unknown key",
-                          best.empty() ? std::string() : concat("; did you mean ", best, "?")));
-    }
+    for (const auto& [path, entry] : flat_)
+      if (!known_.count(path))
+        errors_->add(concat(entry.where, ": ", path, ": unknown key", unknown_key_hint(path, known_)));
   }
 
   const FlatConfig& flat() const { return flat_; }
@@ -730,7 +662,7 @@ bool may_change_on_resume(const std::string& key) {
   static const std::set<std::string> keys = {
       "train.max_steps", "train.save_every", "train.eval_every", "train.log_every", "train.keep_checkpoints",
       "train.threads", "train.tf32", "train.resume", "train.resume_from", "train.allow_config_change", "dist.timeout_s",
-      "output_dir", "train.profile_steps", "train.overlap_step_reads", "train.cuda_graphs",
+      "output_dir", "train.profile_steps", "train.overlap_step_reads", "train.cuda_graphs", "train.unverified_cuda",
       // Where the run executes, not what it trains: a run may resume on
       // another device, world size or sharding strategy (docs/distributed.md).
       "train.device", "dist.sharding", "dist.backend", "dist.consolidated_checkpoints"};

@@ -1,11 +1,13 @@
 #pragma once
 // The config layer's internals shared by its .cpp files (config.cpp parses,
-// validate.cpp checks): the flattened sources and the error list.
+// validate.cpp checks, suggest.cpp finds the key an unknown one meant): the
+// flattened sources and the error list.
 
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -49,6 +51,12 @@ inline std::string where_of(const std::string& file, const YAML::Node& node) {
   if (mark.line < 0) return file;
   return concat(file, ":", mark.line + 1);
 }
+
+/// What an error about `path`, a key that no section has, adds after
+/// "unknown key": "; did you mean <key>?" (with the other trainer's name when
+/// it is one of TRL's or transformers'), or "" (suggest.cpp). `known`: the
+/// keys the config may have.
+std::string unknown_key_hint(const std::string& path, const std::set<std::string>& known);
 
 /// Cross-field checks of a parsed config; every problem goes into `errors`
 /// with the file and line of the key (validate.cpp).

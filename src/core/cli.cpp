@@ -1,12 +1,17 @@
 #include "core/cli.h"
 
+#include <cstdlib>
+
 #include <c10/util/Exception.h>
 
 #include <iostream>
 
 #include "anvil/core/error.h"
+#include "anvil_version.h"
 
 namespace anvil {
+
+void reproducible_cpu_math() { setenv("MKL_CBWR", "AUTO,STRICT", /*overwrite=*/0); }
 
 int run_reporting_errors(const std::function<int()>& body) {
   try {
@@ -22,5 +27,7 @@ int run_reporting_errors(const std::function<int()>& body) {
     return 1;
   }
 }
+
+const char* version() { return ANVIL_VERSION; }
 
 }  // namespace anvil

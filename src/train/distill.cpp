@@ -287,9 +287,15 @@ class DistillObjective final : public Objective {
   bool by_teacher_ = false;  // the teacher's samples (seq_kd)
 };
 
+// Checked with the rest of the config, as dpo.reference is: a missing folder fails --dry-run, naming the key.
+void check_distill(const DistillConfig& d, const config::RunConfig&, const config::Checks& checks) {
+  checks.model_folder("distill.teacher", d.teacher);
+}
+
 const bool kRegistered = [] {
   config::register_section<DistillConfig>(
-      "distill", "Options of the distill algorithm (on-policy distillation from a teacher: GKD).", "distill");
+      "distill", "Options of the distill algorithm (on-policy distillation from a teacher: GKD).", "distill",
+      check_distill, {{"teacher_model_name_or_path", "distill.teacher"}});
   // It reads what sft reads of data and eval (prompts, responses, greedy eval), but
   // neither the fused head nor packing.
   auto reads = config::dataset_keys({"eval_fraction", "prompt_field", "response_field", "token_dtype"});

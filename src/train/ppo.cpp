@@ -692,6 +692,8 @@ at::Tensor PpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
   add_sum(sums, "approxkl", terms.approxkl);
   add_sum(sums, "ratio", terms.ratio);
   add_sum(sums, "tokens", mask.sum());
+  // The loss's divisor (tokens, or responses for sequence_mean and constant): the loss/ metrics use it too.
+  add_sum(sums, "targets", at::scalar_tensor(static_cast<double>(batch.num_targets), at::kDouble));
   add_sum(sums, "entropy", (entropy * mask).sum());
   if (values.defined()) {
     loss = loss + p.vf_coef * terms.value;
@@ -708,8 +710,8 @@ at::Tensor PpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
 
 Metrics PpoObjective::step_metrics(const Sums& sums) const {
   const auto get = [&](const std::string& k) { return sum_value(sums, k); };
-  const double n = std::max(1.0, get("tokens"));
-  Metrics m{{"loss/policy_avg", get("pg_loss") / n},
+  const double n = std::max(1.0, get("tokens")), targets = std::max(1.0, get("targets"));
+  Metrics m{{"loss/policy_avg", get("pg_loss") / targets},
             {"policy/approxkl_avg", get("approxkl") / n},
             {"policy/clipfrac_avg", get("clipfrac") / n},
             {"policy/entropy_avg", get("entropy") / n},
@@ -718,7 +720,7 @@ Metrics PpoObjective::step_metrics(const Sums& sums) const {
             {"clip_ratio/high_mean", get("clip_high") / n},
             {"clip_ratio/region_mean", (get("clip_low") + get("clip_high")) / n}};
   if (sums.count("vf_loss")) {
-    m["loss/value_avg"] = get("vf_loss") / n;
+    m["loss/value_avg"] = get("vf_loss") / targets;
     m["val/clipfrac_avg"] = get("vf_clipfrac") / n;
   }
   if (sums.count("kl")) m["policy/kl_avg"] = get("kl") / n;

@@ -28,6 +28,18 @@ void check_ppo(const PpoConfig& p, const config::RunConfig&, const config::Check
     checks.fail("ppo.dynamic_sampling", concat("drops groups whose samples all scored the same, so it needs "
                                                "ppo.samples_per_prompt of at least 2, got ",
                                                p.samples_per_prompt));
+  // Keys of multi-turn rollouts, which would do nothing without an environment (defaults pass: a printed config).
+  if (p.environment.command.empty()) {
+    const PpoConfig defaults;
+    if (p.max_turns != defaults.max_turns)
+      checks.fail("ppo.max_turns",
+                  "applies to multi-turn rollouts, which need ppo.environment.command; without it "
+                  "every rollout is one turn (set the command, or remove the key)");
+    if (p.environment.timeout_s != defaults.environment.timeout_s)
+      checks.fail("ppo.environment.timeout_s",
+                  "applies to the environment program, and ppo.environment.command "
+                  "names none (set the command, or remove the key)");
+  }
   checks.model_folder("ppo.reference", p.reference);
   checks.model_folder("ppo.reward.model", p.reward.model);
   checks.model_folder("ppo.critic_from", p.critic_from);
@@ -44,6 +56,13 @@ const bool kRegistered = [] {
                                        {"num_iterations", "ppo.ppo_epochs"},
                                        {"epsilon", "ppo.cliprange"},
                                        {"cliprange", "ppo.cliprange"},
+                                       {"epsilon_high", "ppo.cliprange_high"},
+                                       {"beta", "ppo.kl_coef"},
+                                       {"loss_type", "ppo.loss_aggregation"},
+                                       {"reward_funcs", "ppo.rewards"},
+                                       {"reward_weights", "ppo.rewards"},
+                                       {"rloo_k", "ppo.samples_per_prompt"},
+                                       {"response_length", "ppo.max_new_tokens"},
                                        {"vf_coef", "ppo.vf_coef"},
                                        {"kl_coef", "ppo.kl_coef"}});
   auto reads = config::dataset_keys({"eval_fraction", "prompt_field"});

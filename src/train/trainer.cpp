@@ -21,6 +21,7 @@
 #include "anvil/core/error.h"
 #include "core/tensorboard.h"
 #include "core/fs.h"
+#include "core/host_memory.h"
 #include "core/logging.h"
 #include "checkpoint/checkpoint.h"
 #include "optim/optimizer.h"
@@ -341,6 +342,8 @@ class TrainLoop {
     double lr = 0;
     int64_t targets = 0, tokens = 0;
     std::chrono::steady_clock::time_point t0;
+    // When the host knew it had finished (unset until then).
+    std::chrono::steady_clock::time_point done;
     StepStats stats;             // the loss and sums, on the device until read
     at::Tensor norm;             // the gradient norm, on the device until read
     at::Tensor reduced;          // several ranks: [loss, stop flag, sums...] summed over ranks on the device
@@ -354,7 +357,9 @@ class TrainLoop {
 
   /// Whether this run's steps are read one step late (train.overlap_step_reads).
   bool overlapped() const {
-    return cfg_.train.overlap_step_reads && (run_.ranks.world == 1 || run_.comm) && engine_.steps_on_device() &&
+    // On CUDA only when asked: overlapped reads have not run on a GPU yet (train.unverified_cuda).
+    return cfg_.train.overlap_step_reads && (!engine_.device().is_cuda() || unverified_cuda_allowed()) &&
+           (run_.ranks.world == 1 || run_.comm) && engine_.steps_on_device() &&
            objective_.step_reads() != Objective::StepReads::at_once;
   }
 
@@ -362,7 +367,9 @@ class TrainLoop {
   std::string graph_refusal() const {
     if (!engine_.device().is_cuda() && !GraphSteps::emulated()) return concat("the device is ", engine_.device().str());
     if (auto why = engine_.graph_refusal(); !why.empty()) return why;
-    if (!overlap_) return "each step is read before the next is queued (train.overlap_step_reads)";
+    if (!overlap_)
+      return "each step is read before the next is queued (train.overlap_step_reads, and on CUDA "
+             "train.unverified_cuda)";
     if (run_.ranks.world > 1) return "several ranks train";
     if (engine_.model().num_experts() > 0) return "a mixture of experts routes tokens by their values";
     if (!objective_.replayable_steps()) return concat("algorithm ", cfg_.algorithm, " reads its steps on the host");
@@ -526,6 +533,7 @@ class TrainLoop {
     if (r.graphed) {  // one rank: nothing to reduce
       stop_ = g_stop.load();
       end_step(r);
+      mark_done_if_run(r);
       return r;
     }
     r.norm = engine_.clip_grad_norm_on_device(cfg_.train.grad_clip);
@@ -546,7 +554,17 @@ class TrainLoop {
     r.ticket = engine_.finish_step_on_device(skip);
     r.side.reset();  // a warm-up step: the loop's stream waits for it
     end_step(r);
+    mark_done_if_run(r);
     return r;
+  }
+
+  /// On a device that runs ops as they are queued (the CPU), a queued step
+  /// has finished once queue_step returns; its read, after the next step
+  /// ran, would end its wall time a step late, and that of a step read at
+  /// once (before a save, an eval or the end) only microseconds after the
+  /// previous read. Elsewhere the step is known finished once it is read.
+  void mark_done_if_run(StepRecord& r) const {
+    if (engine_.device().is_cpu()) r.done = std::chrono::steady_clock::now();
   }
 
   /// The metrics line of step `r`, reading it first when it was queued: one
@@ -593,11 +611,13 @@ class TrainLoop {
     for (const auto& [k, v] : r.known) m.emplace(k, v);
     // How long saves since the last line blocked the loop, and background writes finished since.
     for (const auto& [k, v] : engine_.collect_save(/*wait=*/false)) m[k] = v;
-    // From the later of its start and the previous step's read: overlapped, steps follow each other on the device.
-    const auto now = std::chrono::steady_clock::now();
-    const auto from = std::max(r.t0, last_read_);
-    last_read_ = now;
-    m["tokens_per_s"] = static_cast<double>(r.tokens) / std::chrono::duration<double>(now - from).count();
+    // Its wall time: from the later of its start and the previous step's end (overlapped, steps follow each
+    // other on the device) to its own end, which a step read at once (train_step) or read late from a device
+    // that runs as it queues has already marked.
+    if (r.done == std::chrono::steady_clock::time_point{}) r.done = std::chrono::steady_clock::now();
+    const auto from = std::max(r.t0, last_done_);
+    last_done_ = r.done;
+    m["tokens_per_s"] = static_cast<double>(r.tokens) / std::chrono::duration<double>(r.done - from).count();
     result_.tokens += r.tokens;
     last_loss_ = loss;
     if (every(r.step, cfg_.train.log_every) || r.step == cfg_.train.max_steps) {
@@ -640,7 +660,11 @@ class TrainLoop {
     state.nonfinite_steps = nonfinite_total_;
     state.objective = objective_.state();
     state.iteration = iteration_;
+    host_peaks().end("train");
+    host_peaks().begin("save");
     engine_.save(run_.out_dir, state, run_.tok.get(), run_.config_yaml, cfg_.train.keep_checkpoints);
+    host_peaks().end("save");
+    host_peaks().begin("train");
     saved_steps_.push_back(step_);
   }
 
@@ -681,7 +705,8 @@ class TrainLoop {
   GraphSteps graphs_{engine_, objective_, cfg_.train.cuda_graphs, graph_refusal(), cfg_.train.grad_clip};
   std::optional<StepRecord> last_;  // the last step run, its line not yet written
   bool reading_ = false;            // inside read_step (an error there leaves its step unread)
-  std::chrono::steady_clock::time_point last_read_;
+  // The end of the last step whose line was made.
+  std::chrono::steady_clock::time_point last_done_;
   double last_loss_ = NAN;
   std::chrono::steady_clock::time_point t_start_;
   std::map<int64_t, double> eval_loss_at_;  // for the best checkpoint of the summary
@@ -705,6 +730,9 @@ TrainResult run_training(const config::RunConfig& cfg, const RunOptions& options
   ctx.sharding = std::make_shared<const distributed::ShardingOptions>(sharding_options(cfg));
   run.objective->prepare(*run.model, ctx);
   auto start = make_engine(cfg, run.model, run.comm, *run.objective, run.latest, *ctx.companions);
+  // Host memory per phase (core/host_memory.h): load is everything up to a built engine, or up to a sharded
+  // resume, which is its own phase.
+  if (!host_peaks().has("load")) host_peaks().end("load");
   int64_t step = 0;
   if (start.resumed) {
     try {
@@ -724,7 +752,11 @@ TrainResult run_training(const config::RunConfig& cfg, const RunOptions& options
     stdfs::create_directories(run.out_dir / "config-history");
     fs::write_file_atomic(run.out_dir / "config-history" / concat("step-", step, ".yaml"), run.config_yaml);
   }
-  return TrainLoop(cfg, run, *start.engine, start.resumed).run();
+  host_peaks().begin("train");
+  auto result = TrainLoop(cfg, run, *start.engine, start.resumed).run();
+  host_peaks().end("train");
+  host_peaks().write(run.out_dir / "host_memory" / concat("rank-", run.ranks.rank, ".json"));
+  return result;
 }
 
 }  // namespace anvil::train

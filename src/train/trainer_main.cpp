@@ -42,6 +42,7 @@ std::string join(const std::vector<std::string>& v) {
 namespace anvil::train {
 
 int trainer_main(int argc, char** argv) {
+  reproducible_cpu_math();
   std::signal(SIGINT, on_signal_outside_loop);
   std::signal(SIGTERM, on_signal_outside_loop);
   // Testing hook: a signal at a chosen moment of start-up.
@@ -73,6 +74,7 @@ int trainer_main(int argc, char** argv) {
   app.add_flag("--dry-run", dry_run,
                "Load config, tokenizer and data, build the model and print the plan (parameters, tokens per step, "
                "memory, the first training sample); train and write nothing");
+  app.set_version_flag("--version", std::string("trainer ") + anvil::version(), "Print the version and exit");
   app.add_flag("--eval-only", eval_only,
                "Evaluate output_dir's latest checkpoint (or train.resume_from, or model.from) once and write "
                "<output_dir>/eval-step-<N>.json; train nothing");

@@ -114,6 +114,33 @@ TEST_F(ConfigTest, TrlAndTransformersNamesSuggestOurKey) {
             "(max_grad_norm is the TRL / transformers name)");
 }
 
+// Suggestions stay in the key's section, and an algorithm's own TRL names
+// are read there: GRPOConfig's beta, loss_type and epsilon_high under ppo;
+// transformers' bf16 anywhere.
+TEST_F(ConfigTest, SuggestionsStayInTheKeysSectionAndReadItsTrlNames) {
+  const auto ppo = [&](const std::string& kv) { return error_of({base_}, {"algorithm=ppo", kv}); };
+  const auto trl = [](const std::string& kv, const std::string& ours) {
+    const auto key = kv.substr(0, kv.find('='));
+    return "command line (" + kv + "): " + key + ": unknown key; did you mean " + ours + "? (" +
+           key.substr(key.rfind('.') + 1) + " is the TRL / transformers name)";
+  };
+  EXPECT_EQ(ppo("ppo.beta=0.04"), trl("ppo.beta=0.04", "ppo.kl_coef"));
+  EXPECT_EQ(ppo("ppo.loss_type=dr_grpo"), trl("ppo.loss_type=dr_grpo", "ppo.loss_aggregation"));
+  EXPECT_EQ(ppo("ppo.epsilon_high=0.28"), trl("ppo.epsilon_high=0.28", "ppo.cliprange_high"));
+  EXPECT_EQ(error_of({base_}, {"train.bf16=true"}), trl("train.bf16=true", "dist.param_dtype=bfloat16"));
+  EXPECT_EQ(error_of({base_}, {"optimizer.epsilon=1e-6"}), trl("optimizer.epsilon=1e-6", "optimizer.eps"));
+  // Outside every algorithm's section, an algorithm's TRL name still points at its key.
+  EXPECT_EQ(error_of({base_}, {"train.num_generations=8"}), trl("train.num_generations=8", "ppo.samples_per_prompt"));
+  // Another algorithm's key one letter away is not offered, nor ppo's name for another algorithm's key.
+  const auto kto = error_of({base_}, {"algorithm=kto", "kto.loss_type=kto"});
+  EXPECT_EQ(kto.find("dpo.loss_type"), std::string::npos) << kto;
+  EXPECT_EQ(kto.find("ppo.loss_aggregation"), std::string::npos) << kto;
+  // Typos still find their key, within the section or, misspelt, the section's.
+  EXPECT_EQ(ppo("ppo.kl_cof=0.1"), "command line (ppo.kl_cof=0.1): ppo.kl_cof: unknown key; did you mean ppo.kl_coef?");
+  EXPECT_EQ(error_of({base_}, {"trian.max_steps=5"}),
+            "command line (trian.max_steps=5): trian.max_steps: unknown key; did you mean train.max_steps?");
+}
+
 TEST_F(ConfigTest, ChoiceAndListValues) {
   EXPECT_EQ(error_of({base_}, {"schedule.decay=exp"}),
             "command line (schedule.decay=exp): schedule.decay: expected one of cosine, linear, constant, got \"exp\"");
@@ -237,6 +264,40 @@ TEST_F(ConfigTest, MissingDataOrTokenizerFilesFailBeforeAnyWork) {
   EXPECT_EQ(error_of({base_}, {"model.from=no/such/dir"}),
             "command line (model.from=no/such/dir): model.from: expected an existing model folder, got \"no/such/dir\" "
             "(paths are relative to the working directory)");
+}
+
+// The model folders an algorithm's section names are checked with the rest of
+// the config, kto's and distill's as dpo's: a missing one (or a number given
+// as one) fails the load, and so --dry-run, naming the key and the folder.
+TEST_F(ConfigTest, ReferenceAndTeacherFoldersAreCheckedWithTheConfig) {
+  for (const std::string key : {"dpo.reference", "kto.reference", "distill.teacher"}) {
+    const auto algorithm = "algorithm=" + key.substr(0, key.find('.'));
+    EXPECT_EQ(error_of({base_}, {algorithm, key + "=no_such_model"}),
+              "command line (" + key + "=no_such_model): " + key +
+                  ": expected an existing folder, got \"no_such_model\" (paths are relative to the working directory)");
+    EXPECT_EQ(error_of({base_}, {algorithm, key + "=" + dir_.path().string()}), "<no error>") << key;
+  }
+  const auto teacher = write("teacher.yaml", "algorithm: distill\ndistill:\n  teacher: 3\n");
+  EXPECT_EQ(error_of({base_, teacher}, {}),
+            teacher +
+                ":3: distill.teacher: expected an existing folder, got \"3\" (paths are relative to the working "
+                "directory)");
+}
+
+// Keys of multi-turn rollouts do nothing without an environment program:
+// set to anything but their defaults (which a printed config holds), they
+// are refused, naming the key.
+TEST_F(ConfigTest, MultiTurnKeysWithoutAnEnvironmentAreRefused) {
+  EXPECT_EQ(error_of({base_}, {"algorithm=ppo", "ppo.max_turns=3"}),
+            "command line (ppo.max_turns=3): ppo.max_turns: applies to multi-turn rollouts, which need "
+            "ppo.environment.command; without it every rollout is one turn (set the command, or remove the key)");
+  EXPECT_EQ(error_of({base_}, {"algorithm=ppo", "ppo.environment.timeout_s=5"}),
+            "command line (ppo.environment.timeout_s=5): ppo.environment.timeout_s: applies to the environment "
+            "program, and ppo.environment.command names none (set the command, or remove the key)");
+  EXPECT_EQ(error_of({base_}, {"algorithm=ppo", "ppo.max_turns=4", "ppo.environment.timeout_s=30"}), "<no error>");
+  EXPECT_EQ(error_of({base_}, {"algorithm=ppo", "ppo.max_turns=3", "ppo.environment.timeout_s=5",
+                               "ppo.environment.command=true"}),
+            "<no error>");
 }
 
 TEST_F(ConfigTest, DatasetListsAreCheckedItemByItem) {
