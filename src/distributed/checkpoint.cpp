@@ -13,6 +13,7 @@
 
 #include "anvil/core/error.h"
 #include "core/fs.h"
+#include "core/host_memory.h"
 #include "anvil/checkpoint/hf_model.h"
 #include "io/safetensors.h"
 #include "optim/optimizer.h"
@@ -263,6 +264,53 @@ std::map<std::string, at::Tensor> read_sharded_units(const stdfs::path& dir, con
   return out;
 }
 
+namespace {
+
+/// A sharded checkpoint's files, mapped once, read a rank's slice at a time.
+class RankSlices {
+ public:
+  RankSlices(const stdfs::path& dir, const nlohmann::json& meta) {
+    for (const auto& shard : meta["shards"]) {
+      const auto path = dir / "shards" / shard.at("file").get<std::string>();
+      if (!stdfs::exists(path)) throw CheckpointError(concat(path.string(), ": shard file missing"));
+      files_.push_back(std::make_unique<io::SafetensorsFile>(path));
+      std::vector<std::pair<int64_t, int64_t>> ranges;
+      for (const auto& r : shard.at("ranges")) ranges.emplace_back(r.at(0).get<int64_t>(), r.at(1).get<int64_t>());
+      if (ranges.size() != meta["units"].size())
+        throw CheckpointError(concat((dir / "sharding.json").string(), ": shard ", shard.at("file").get<std::string>(),
+                                     " gives ranges for ", ranges.size(), " units of ", meta["units"].size()));
+      ranges_.push_back(std::move(ranges));
+    }
+  }
+
+  /// Elements [b, e) of unit u's `key` (float32), zero-padded to `size`: the overlapping piece of every file that
+  /// holds part of them. Optimizer moments may be absent (never stepped): zeros then, unless `required`.
+  at::Tensor read(size_t u, const std::string& key, int64_t b, int64_t e, int64_t size, bool required) const {
+    auto out = at::zeros({size}, at::kFloat);
+    for (size_t f = 0; f < files_.size(); ++f) {
+      const auto [fb, fe] = ranges_[f].at(u);
+      const int64_t lo = std::max(b, fb), hi = std::min(e, fe);
+      if (hi <= lo) continue;
+      const auto& file = *files_[f];
+      if (!file.contains(key)) {
+        if (required) throw CheckpointError(concat(file.path().string(), ": tensor \"", key, "\" missing"));
+        continue;
+      }
+      if (file.numel(key) != fe - fb)
+        throw CheckpointError(concat(file.path().string(), ": tensor \"", key, "\" has ", file.numel(key),
+                                     " elements, sharding.json says ", fe - fb));
+      out.narrow(0, lo - b, hi - lo).copy_(file.get_elements(key, lo - fb, hi - lo));
+    }
+    return out;
+  }
+
+ private:
+  std::vector<std::unique_ptr<io::SafetensorsFile>> files_;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> ranges_;  // per file, per unit: the elements it holds
+};
+
+}  // namespace
+
 io::TrainerState load_sharded_checkpoint(const stdfs::path& dir, ShardedModel& model,
                                          torch::optim::Optimizer& optimizer) {
   const auto j = io::read_trainer_state(dir);
@@ -279,19 +327,23 @@ io::TrainerState load_sharded_checkpoint(const stdfs::path& dir, ShardedModel& m
       throw CheckpointError(concat(meta_path, ": unit ", u, " is \"", name, "\" of ", numel,
                                    " elements, this model's is \"", layouts[u].name, "\" of ", layouts[u].numel));
   }
-  const auto params = read_sharded_units(dir, "param");
-  const auto m1 = read_sharded_units(dir, "exp_avg");
-  const auto m2 = read_sharded_units(dir, "exp_avg_sq");
+  // Streamed: each unit's slice this rank owns, read from the pieces of the shard files that overlap it (any
+  // earlier world size), so no rank holds more than its own state plus one unit's slice in flight.
+  host_peaks().end("load");  // the host memory of a resume is a phase of its own (core/host_memory.h)
+  host_peaks().begin("resume");
+  const RankSlices files(dir, meta);
   const auto adam_step = meta.value("optimizer_step", int64_t{0});
   const auto masters = model.master_parameters();
   for (size_t u = 0; u < layouts.size(); ++u) {
     const auto& name = layouts[u].name;
-    model.load_unit(u, params.at(name));
+    const auto [b, e] = model.shard_range(u);
+    const auto shard = masters[u].numel();
+    model.load_unit_shard(u, files.read(u, name + ".param", b, e, shard, true));
     if (adam_step == 0) continue;
     auto st = std::make_unique<torch::optim::AdamWParamState>();
     st->step(adam_step);
-    st->exp_avg(model.slice_for_rank(u, m1.at(name)).to(masters[u].device()));
-    st->exp_avg_sq(model.slice_for_rank(u, m2.at(name)).to(masters[u].device()));
+    st->exp_avg(files.read(u, name + ".exp_avg", b, e, shard, false).to(masters[u].device()));
+    st->exp_avg_sq(files.read(u, name + ".exp_avg_sq", b, e, shard, false).to(masters[u].device()));
     optimizer.state()[masters[u].unsafeGetTensorImpl()] = std::move(st);
   }
   // The same rank's generators when the world size matches; otherwise the
@@ -299,6 +351,7 @@ io::TrainerState load_sharded_checkpoint(const stdfs::path& dir, ShardedModel& m
   auto path = rng_file(dir, model.comm().rank());
   if (!stdfs::exists(path)) path = rng_file(dir, 0);
   checkpoint::load_rng_state(path, model.master_parameters().front().device());
+  host_peaks().end("resume");
   return io::trainer_state_of(j);
 }
 

@@ -184,9 +184,10 @@ ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_
     }
     layouts_.push_back(std::move(layout));
     units_.push_back(std::move(unit));
+    // Freed before the next unit is built, so the constructor holds one unit's whole buffers at a time
+    // beyond the model it was given (a frozen model's root stays: release() keeps it).
+    if (options_.strategy == Sharding::FullShard) release(*units_.back());
   }
-  if (options_.strategy == Sharding::FullShard)
-    for (auto& u : units_) release(*u);  // a frozen model's root stays (release() keeps it)
   model_->set_block_runner(
       [this](size_t layer, const at::Tensor& x, const models::BlockFn& block) { return run_block(layer, x, block); });
 }
@@ -227,10 +228,14 @@ at::Tensor ShardedModel::gather_master(size_t u, const at::Tensor& shard) {
   return whole.narrow(0, 0, unit.numel);
 }
 
-void ShardedModel::load_unit(size_t u, const at::Tensor& values) {
+void ShardedModel::load_unit(size_t u, const at::Tensor& values) { load_unit_shard(u, slice_for_rank(u, values)); }
+
+void ShardedModel::load_unit_shard(size_t u, const at::Tensor& shard) {
   auto& unit = *units_.at(u);
+  TORCH_CHECK(shard.numel() == unit.master.numel(), "load_unit_shard: expected ", unit.master.numel(), " elements for ",
+              layouts_[u].name, ", got ", shard.numel());
   at::NoGradGuard no_grad;
-  unit.master.copy_(slice_for_rank(u, values.to(unit.master.device(), unit.master.scalar_type())));
+  unit.master.copy_(shard.reshape(unit.master.sizes()).to(unit.master.device(), unit.master.scalar_type()));
   refresh_whole(unit);
 }
 
@@ -258,7 +263,7 @@ void ShardedModel::gather(Unit& u) {
 void ShardedModel::release(Unit& u) {
   if (u.gathering) gather(u);  // never free memory a collective still writes
   if (!u.resident || pinned_ || options_.strategy != Sharding::FullShard) return;
-  if (options_.frozen && &u == units_.back().get()) return;  // the root of a frozen model stays whole
+  if (options_.frozen && layouts_.at(u.index).name == "root") return;  // the root of a frozen model stays whole
   free_storage(u.whole);
   u.resident = false;
 }
@@ -340,11 +345,24 @@ void ShardedModel::reduce_gradients(Unit& u) {
     pending->work = comm_->reduce_scatter_sum(pending->out, flat, what);
   }
   pending_.push_back(std::move(pending));
+  // As FSDP2: each unit's reduction is folded into its master gradient once the next is issued, so at most two
+  // are in flight and a backward holds the shards plus two units' flat gradients, not the whole model's.
+  while (pending_.size() > 2) fold_oldest_reduction();
+  peak_pending_ = std::max(peak_pending_, static_cast<int64_t>(pending_.size()));
+}
+
+void ShardedModel::fold_oldest_reduction() {
+  auto p = std::move(pending_.front());
+  pending_.erase(pending_.begin());
+  p->work.wait();
+  at::NoGradGuard no_grad;
+  p->unit->master.mutable_grad().add_(p->out.to(at::kFloat));
 }
 
 void ShardedModel::begin_step() {
   TORCH_CHECK(!options_.frozen, "ShardedModel: a frozen model does not step");
   peak_gathered_ = 0;
+  peak_pending_ = 0;
   for (const auto& v : units_) peak_gathered_ += static_cast<int64_t>(v->whole.storage().nbytes());
   for (auto& u : units_) {
     auto& g = u->master.mutable_grad();
@@ -363,12 +381,7 @@ void ShardedModel::finish_backward() {
     for (auto& u : units_)
       if (u->needs_reduce || u.get() == units_.back().get()) reduce_gradients(*u);
   }
-  at::NoGradGuard no_grad;
-  for (auto& p : pending_) {
-    p->work.wait();
-    p->unit->master.mutable_grad().add_(p->out.to(at::kFloat));
-  }
-  pending_.clear();
+  while (!pending_.empty()) fold_oldest_reduction();
   if (options_.strategy == Sharding::FullShard)
     for (size_t i = 0; i + 1 < units_.size(); ++i) release(*units_[i]);
 }
@@ -436,6 +449,7 @@ MemoryBytes ShardedModel::memory() const {
   m.parameters = storage_bytes(params, seen);
   m.gradients = storage_bytes(grads, seen);
   m.peak_gathered = peak_gathered_;
+  m.peak_reductions_in_flight = peak_pending_;
   return m;
 }
 

@@ -84,6 +84,9 @@ struct MemoryBytes {
   /// last begin_step(): under full_shard, the root unit plus the block that
   /// runs and the one being prefetched.
   int64_t peak_gathered = 0;
+  /// The most gradient reductions in flight at once since the last
+  /// begin_step() (each holds a unit's flat gradient): at most 2.
+  int64_t peak_reductions_in_flight = 0;
 };
 
 class ShardedModel : public models::ShardedParameters {
@@ -134,6 +137,9 @@ class ShardedModel : public models::ShardedParameters {
   /// Overwrites unit `u`'s master shard from `values` (the unit's whole flat
   /// float32 parameters, numel() elements) and refreshes whole parameters.
   void load_unit(size_t u, const at::Tensor& values);
+  /// The same from this rank's slice alone (slice_for_rank's shape: the shard,
+  /// zero-padded): a streaming resume reads no more than that.
+  void load_unit_shard(size_t u, const at::Tensor& shard);
   /// Collective: unit `u`'s whole float32 master values (numel() elements,
   /// on the masters' device), gathered from every rank's shard.
   at::Tensor gather_master(size_t u);
@@ -152,6 +158,7 @@ class ShardedModel : public models::ShardedParameters {
   void gather(Unit& u);        // ... and waits for it
   void release(Unit& u);
   void reduce_gradients(Unit& u);
+  void fold_oldest_reduction();  // waits for the oldest reduction in flight, adds it to its master gradient
   void refresh_whole(Unit& u);
   void on_block_backward_done(size_t layer);
   friend struct PostBackwardAccess;
@@ -166,6 +173,7 @@ class ShardedModel : public models::ShardedParameters {
   bool sync_ = true;
   bool pinned_ = false;
   int64_t peak_gathered_ = 0;
+  int64_t peak_pending_ = 0;
 };
 
 /// The frozen model a run holds (train::RunContext::freeze) and its freezing

@@ -124,6 +124,28 @@ at::Tensor SafetensorsFile::get(const std::string& name) const {
   return out;
 }
 
+int64_t SafetensorsFile::numel(const std::string& name) const {
+  int64_t n = 1;
+  for (const auto d : shape(name)) n *= d;
+  return n;
+}
+
+at::Tensor SafetensorsFile::get_elements(const std::string& name, int64_t begin, int64_t count) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) throw CheckpointError(concat(path_.string(), ": no tensor named \"", name, "\""));
+  const auto& e = it->second;
+  const int64_t total = numel(name);
+  if (begin < 0 || count < 0 || begin + count > total)
+    throw CheckpointError(
+        concat(path_.string(), ": elements [", begin, ", ", begin + count, ") of \"", name, "\", which holds ", total));
+  auto out = at::empty({count}, at::TensorOptions().dtype(e.dtype));
+  const auto size = static_cast<size_t>(c10::elementSize(e.dtype));
+  if (count > 0)
+    std::memcpy(out.data_ptr(), map_ + data_start_ + e.begin + static_cast<size_t>(begin) * size,
+                static_cast<size_t>(count) * size);
+  return out;
+}
+
 TensorMap load_safetensors(const std::filesystem::path& path) {
   SafetensorsFile f(path);
   TensorMap out;

@@ -33,6 +33,11 @@ class SafetensorsFile {
   std::vector<int64_t> shape(const std::string& name) const;
   /// An owning CPU tensor with the stored dtype (a copy out of the mapping).
   at::Tensor get(const std::string& name) const;
+  /// Elements [begin, begin + count) of the tensor, flattened: a 1-D owning
+  /// copy of just those bytes out of the mapping (a rank's piece of a shard).
+  at::Tensor get_elements(const std::string& name, int64_t begin, int64_t count) const;
+  /// How many elements the tensor holds.
+  int64_t numel(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::filesystem::path& path() const { return path_; }
 

@@ -570,6 +570,7 @@ class ShardedEngine final : public EngineImpl {
     return {{"memory/parameter_bytes", static_cast<double>(mem.parameters)},
             {"memory/gradient_bytes", static_cast<double>(mem.gradients)},
             {"memory/peak_gathered_parameter_bytes", static_cast<double>(mem.peak_gathered)},
+            {"memory/peak_reductions_in_flight", static_cast<double>(mem.peak_reductions_in_flight)},
             {"memory/optimizer_bytes", static_cast<double>(optimizer_bytes(*optimizer_))}};
   }
   void write_companion(const stdfs::path& dir) override { distributed::save_consolidated(dir, *sharded_, *optimizer_); }

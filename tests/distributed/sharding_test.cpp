@@ -197,10 +197,81 @@ TEST_F(DistRuns, FullShardHoldsAboutOneNthOfTheStatePerRank) {
   const double block =
       4.0 * (2 * 2 * 32 + 32 * 96 + 96 + 32 * 32 + 32 + 32 * 128 + 128 + 128 * 32 + 32);  // GPT-2 block
   EXPECT_NEAR(peak, params - 2 * block, 4 * 2 * 64) << "peak whole bytes " << peak << " of " << params;
+  // Each block's gradient reduction is folded into its master gradient once the next one is issued (FSDP2):
+  // at most two units' flat gradients are alive during a backward, not every unit's.
+  EXPECT_EQ(m2["memory/peak_reductions_in_flight"].get<double>(), 2);
   // shard_grad_op keeps whole parameters (its float32 masters are slices of
   // them) and shards gradients and moments: (1 + 3 / N) / 4 of the state.
   const auto sgo = read_metrics(run("shard_grad_op-2", 2, "dist.sharding=shard_grad_op") / "metrics.jsonl").at(20);
   EXPECT_NEAR(state_bytes(sgo) / whole, 0.625, 0.01);
+}
+
+/// Each rank's host-memory peaks by phase (output_dir/host_memory/rank-N.json, core/host_memory.h).
+std::vector<nlohmann::json> host_phases(const stdfs::path& out, int ranks) {
+  std::vector<nlohmann::json> v;
+  for (int r = 0; r < std::max(ranks, 1); ++r) {
+    const auto j = nlohmann::json::parse(anvil::testing::read_text(out / "host_memory" / concat("rank-", r, ".json")));
+    EXPECT_TRUE(j["resets"].get<bool>()) << "the kernel refused to reset the high-water mark";
+    v.push_back(j["phases"]);
+  }
+  return v;
+}
+
+// Measured, not computed: each process's high-water mark (VmHWM) over the
+// resume and over the training steps, for a GPT-2 whose float32 state (16
+// bytes per parameter: master, gradient, two moments) is about 0.5 GB, so
+// that it dominates the process's fixed memory (libtorch, data). Under
+// full_shard a rank's peak in both phases falls by about (1 - 1/W) of the
+// state from 1 to 2 to 4 ranks: the resume streams each rank's slices of the
+// shard files (written by another world size) and the backward holds two
+// units' reductions at most. Loading (a whole model is built on every rank
+// first) and saving (the HF folder is gathered) do not fall yet
+// (docs/distributed.md, "Not done yet").
+TEST(ShardedMemory, ResumeAndStepPeaksFallAsOneOverTheRanks) {
+  TempDir dir;
+  anvil::testing::write_text(dir / "big.yaml", R"(
+model: {family: gpt2, max_position_embeddings: 32, hidden_size: 512, num_layers: 8, num_heads: 8, dropout: 0.0}
+tokenizer: {path: data/tokenizer.model}
+data: {train: [{path: data/sft_train.jsonl}], max_length: 32}
+optimizer: {lr: 1.0e-4}
+train: {max_steps: 2, micro_batch_size: 1, global_batch_size: 4, save_every: 2, keep_checkpoints: 0, log_every: 1,
+        threads: 1}
+eval: {generate_samples: 0}
+dist: {sharding: full_shard}
+logging: {level: warn}
+)");
+  // The state, from the parameters the run reports (float32, 4 copies).
+  const auto source = dir / "from-4";
+  ASSERT_EQ(train(dir / "big.yaml", source, 4), 0);
+  double numel = 0;  // the model's parameters, from the checkpoint's units
+  const auto meta = nlohmann::json::parse(anvil::testing::read_text(source / "checkpoint-2" / "sharding.json"));
+  for (const auto& u : meta["units"]) numel += u["numel"].get<double>();
+  ASSERT_GT(numel, 1e7);
+  std::map<int, std::vector<nlohmann::json>> phases;
+  for (const int ranks : {1, 2, 4}) {
+    const auto out = dir / concat("resume-", ranks);
+    stdfs::create_directories(out);
+    stdfs::copy(source / "checkpoint-2", out / "checkpoint-2", stdfs::copy_options::recursive);
+    ASSERT_EQ(train(dir / "big.yaml", out, ranks == 1 ? 0 : ranks, "train.max_steps=3 train.save_every=0"), 0);
+    phases[ranks] = host_phases(out, ranks);
+  }
+  const double state = 16.0 * numel;
+  for (const char* phase : {"load", "resume", "train", "save"}) {
+    auto most = [&](int ranks) {
+      double m = 0;
+      for (const auto& p : phases.at(ranks)) m = std::max(m, p.at(phase).at("peak_bytes").get<double>());
+      return m;
+    };
+    const double one = most(1), two = most(2), four = most(4);
+    std::cout << "[memory] " << phase << ": peak per rank " << one / 1e6 << " MB (1 rank), " << two / 1e6 << " MB (2), "
+              << four / 1e6 << " MB (4); float32 state " << state / 1e6 << " MB\n";
+    // Printed, not asserted: loading builds the whole model on every rank first, and the final save gathers the
+    // HF folder (docs/distributed.md, "Not done yet").
+    if (std::string(phase) == "load" || std::string(phase) == "save") continue;
+    // Ideal: each rank drops (1 - 1/W) of the state; allow a fifth of that to other memory.
+    EXPECT_GE(one - two, 0.8 * state / 2) << phase;
+    EXPECT_GE(one - four, 0.8 * state * 3 / 4) << phase;
+  }
 }
 
 TEST_F(DistRuns, ResumesBitIdenticallyOnTwoRanksAndWithinToleranceOnOneOrThree) {
