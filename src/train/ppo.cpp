@@ -36,6 +36,7 @@
 #include "rewards/environment.h"
 #include "train/lm_data.h"
 #include "train/lm_loss.h"
+#include "train/ppo_metrics.h"
 #include "train/ppo_rollout.h"
 #include "train/run_setup.h"
 #include "train/step_batches.h"
@@ -609,11 +610,17 @@ std::pair<at::Tensor, at::Tensor> PpoObjective::State::advantages(const std::vec
   } else {
     // Sequence-level: GRPO on the scores (its KL is a loss term), RLOO on the
     // KL-penalised reward (TRL's RLOOTrainer); every token gets its sequence's.
-    auto seq = ppo.advantage == "grpo" ? grpo_advantages(scores, K, ppo.scale_rewards)
-                                       : rloo_advantages(scores + non_score.sum(1), K);
+    const bool grpo = ppo.advantage == "grpo";
+    const auto compared = grpo ? scores : scores + non_score.sum(1);
+    auto seq = grpo ? grpo_advantages(compared, K, ppo.scale_rewards) : rloo_advantages(compared, K);
     if (ppo.advantage == "rloo" && ppo.whiten_advantages) seq = (seq - seq.mean()) / (seq.std() + 1e-8);
     adv = seq.unsqueeze(1) * mask;
     ret = at::zeros_like(adv);
+    // GRPOTrainer's and RLOOTrainer's names; RLOO's KL is the reward's penalty, GRPO's the loss's (step_metrics).
+    const bool kl_penalty = !grpo && kl_coef > 0;
+    for (const auto& [k, v] : group_rollout_metrics(rows, g, compared, K, grpo && ppo.scale_rewards == "batch",
+                                                    kl_penalty ? kl : at::Tensor()))
+      m[k] = v;
   }
   // Metrics of the rollout (TRL's names).
   rollout_kl = kl.sum(1).mean().item<double>();
@@ -709,22 +716,15 @@ at::Tensor PpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
 }
 
 Metrics PpoObjective::step_metrics(const Sums& sums) const {
-  const auto get = [&](const std::string& k) { return sum_value(sums, k); };
-  const double n = std::max(1.0, get("tokens")), targets = std::max(1.0, get("targets"));
-  Metrics m{{"loss/policy_avg", get("pg_loss") / targets},
-            {"policy/approxkl_avg", get("approxkl") / n},
-            {"policy/clipfrac_avg", get("clipfrac") / n},
-            {"policy/entropy_avg", get("entropy") / n},
-            {"val/ratio", get("ratio") / n},
-            {"clip_ratio/low_mean", get("clip_low") / n},
-            {"clip_ratio/high_mean", get("clip_high") / n},
-            {"clip_ratio/region_mean", (get("clip_low") + get("clip_high")) / n}};
-  if (sums.count("vf_loss")) {
-    m["loss/value_avg"] = get("vf_loss") / targets;
-    m["val/clipfrac_avg"] = get("vf_clipfrac") / n;
-  }
-  if (sums.count("kl")) m["policy/kl_avg"] = get("kl") / n;
-  return m;
+  return ppo_step_metrics(sums, logs_group_metrics(s_->ppo.advantage));
+}
+
+std::vector<std::string> PpoObjective::console_metrics() const {
+  // The reward and KL under the names the run logs them by: GRPOTrainer's and RLOOTrainer's, or PPOTrainer's.
+  std::vector<std::string> out{"objective/scores", "objective/kl"};
+  if (logs_group_metrics(s_->ppo.advantage)) out = {"reward", "kl"};
+  if (!s_->ppo.environment.command.empty()) out.push_back("env/turns");
+  return out;
 }
 
 void PpoObjective::after_step(Engine& engine, int64_t step) {

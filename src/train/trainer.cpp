@@ -79,14 +79,17 @@ std::string fmt_duration(double s) {
   return os.str();
 }
 
-std::string progress_line(int64_t step, int64_t max_steps, const Metrics& m, double tok_s, double eta_s) {
+/// `columns`: the objective's console metrics (Objective::console_metrics) logged so far, at their latest values.
+std::string progress_line(int64_t step, int64_t max_steps, const Metrics& m,
+                          const std::vector<std::pair<std::string, double>>& columns, double tok_s, double eta_s) {
   constexpr int kWidth = 20;
   const int filled = static_cast<int>(kWidth * step / std::max<int64_t>(1, max_steps));
   std::ostringstream os;
   os << "step " << step << "/" << max_steps << " [" << std::string(filled, '#') << std::string(kWidth - filled, '.')
-     << "] loss " << std::fixed << std::setprecision(4) << m.at("loss") << " | lr " << std::scientific
-     << std::setprecision(2) << m.at("lr") << " | " << std::fixed << std::setprecision(0) << tok_s << " tok/s | eta "
-     << fmt_duration(eta_s);
+     << "] loss " << std::fixed << std::setprecision(4) << m.at("loss");
+  for (const auto& [name, value] : columns) os << " | " << name << " " << format_number(value);
+  os << " | lr " << std::scientific << std::setprecision(2) << m.at("lr") << " | " << std::fixed << std::setprecision(0)
+     << tok_s << " tok/s | eta " << fmt_duration(eta_s);
   return os.str();
 }
 
@@ -620,10 +623,15 @@ class TrainLoop {
     m["tokens_per_s"] = static_cast<double>(r.tokens) / std::chrono::duration<double>(r.done - from).count();
     result_.tokens += r.tokens;
     last_loss_ = loss;
+    for (const auto& k : console_metrics_)
+      if (const auto it = m.find(k); it != m.end()) console_latest_[k] = it->second;
     if (every(r.step, cfg_.train.log_every) || r.step == cfg_.train.max_steps) {
       const double eta = seconds_since(t_start_) / static_cast<double>(r.step - first_step_) *
                          static_cast<double>(cfg_.train.max_steps - r.step);
-      log::progress(progress_line(r.step, cfg_.train.max_steps, m, m["tokens_per_s"], eta));
+      std::vector<std::pair<std::string, double>> columns;
+      for (const auto& k : console_metrics_)
+        if (const auto it = console_latest_.find(k); it != console_latest_.end()) columns.emplace_back(k, it->second);
+      log::progress(progress_line(r.step, cfg_.train.max_steps, m, columns, m["tokens_per_s"], eta));
     }
     return m;
   }
@@ -712,6 +720,9 @@ class TrainLoop {
   std::map<int64_t, double> eval_loss_at_;  // for the best checkpoint of the summary
   std::vector<int64_t> saved_steps_;
   TrainResult result_;
+  // The progress line's columns of the objective's metrics, and each one's latest value.
+  const std::vector<std::string> console_metrics_ = objective_.console_metrics();
+  Metrics console_latest_;
 };
 
 }  // namespace

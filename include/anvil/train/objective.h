@@ -169,6 +169,12 @@ class Objective {
     (void)sums;
     return {};
   }
+  /// Metrics worth a column on the console's progress line, by their
+  /// metrics.jsonl names, in order: what a user watches between evaluations
+  /// (PPO's reward and KL, DPO's accuracy and margin). A column shows the
+  /// latest value logged (a rollout's metrics come once per iteration) and
+  /// appears once the metric has been logged. None by default.
+  virtual std::vector<std::string> console_metrics() const { return {}; }
   /// Evaluates on held-out data; an empty result when there is none. In a
   /// multi-process run every rank calls it and gets the same result.
   virtual EvalResult evaluate(models::CausalLM& model) = 0;

@@ -312,6 +312,8 @@ class PpoObjective final : public Objective {
   void prepare(models::CausalLM& model, const RunContext& ctx) override;
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override;
   Metrics step_metrics(const Sums& sums) const override;
+  /// reward and kl (GRPO, RLOO) or objective/scores and objective/kl; env/turns with an environment.
+  std::vector<std::string> console_metrics() const override;
   EvalResult evaluate(models::CausalLM& model) override;
   BatchSource& train_source() override;
   int64_t steps_per_iteration() const override;
