@@ -1,22 +1,25 @@
-// KTO (kto.h): its config section, data, batches, loss and registration.
+// KTO (kto.h): its loss and metrics, its config section, the objective (with
+// its reference model or a precomputed cache of the reference's log-probs)
+// and its registration. Its data: kto_data.cpp.
 #include "train/kto.h"
 
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <tuple>
 
 #include "anvil/config/config.h"
 #include "anvil/core/error.h"
 #include "core/device.h"
 #include "core/logging.h"
-#include "anvil/chat/chat.h"
-#include "data/datasets.h"
-#include "data/jsonl.h"
-#include "data/mixture.h"
+#include "io/safetensors.h"
 #include "models/lora.h"
 #include "anvil/train/preference.h"
+#include "train/kto_data.h"
 #include "train/lm_data.h"
 #include "train/preference_data.h"
 
@@ -28,12 +31,25 @@ at::Tensor kto_kl(const at::Tensor& policy_kl_logps, const at::Tensor& ref_kl_lo
   return (policy_kl_logps - ref_kl_logps).mean().clamp_min(0).detach();
 }
 
+bool kto_uses_kl(const std::string& loss_type) { return loss_type == "kto"; }
+
 KtoLossOutput kto_loss(const at::Tensor& policy_logps, const at::Tensor& ref_logps, const at::Tensor& desirable,
                        const at::Tensor& kl, const KtoLossOptions& opt) {
+  TORCH_CHECK(opt.loss_type == "kto" || opt.loss_type == "apo_zero_unpaired", "kto_loss: unknown loss_type \"",
+              opt.loss_type, "\"");
   const auto logratio = policy_logps - ref_logps;
-  const auto good = (1 - at::sigmoid(opt.beta * (logratio - kl))) * opt.desirable_weight;
-  const auto bad = (1 - at::sigmoid(opt.beta * (kl - logratio))) * opt.undesirable_weight;
-  return {at::where(desirable, good, bad), (opt.beta * logratio).detach()};
+  at::Tensor good, bad;
+  if (kto_uses_kl(opt.loss_type)) {
+    good = 1 - at::sigmoid(opt.beta * (logratio - kl));
+    bad = 1 - at::sigmoid(opt.beta * (kl - logratio));
+  } else {
+    // APO-zero (D'Oosterlinck et al. 2024, eq. 7) unpaired as TRL has it: desirable completions gain likelihood
+    // over the reference and undesirable ones lose it, each on its own, with no reference point.
+    good = 1 - at::sigmoid(opt.beta * logratio);
+    bad = at::sigmoid(opt.beta * logratio);
+  }
+  return {at::where(desirable, good * opt.desirable_weight, bad * opt.undesirable_weight),
+          (opt.beta * logratio).detach()};
 }
 
 void add_kto_sums(const KtoLossOutput& out, const at::Tensor& policy_logps, const at::Tensor& desirable,
@@ -62,6 +78,21 @@ void add_kto_sums(const KtoLossOutput& out, const at::Tensor& policy_logps, cons
   add_sum(sums, "kl_batches", at::scalar_tensor(1.0, at::kDouble));
 }
 
+void add_kto_logit_sums(const at::Tensor& mean_logit_sums, const at::Tensor& token_counts, const at::Tensor& desirable,
+                        Sums& sums) {
+  // TRL weighs each token alike within a micro-batch (its logit total over its token count), then averages
+  // the micro-batches that had tokens of that side.
+  const auto logits = mean_logit_sums.detach().to(at::kDouble), tokens = token_counts.to(at::kDouble);
+  const auto d = desirable.to(at::kDouble);
+  const auto side = [&](const at::Tensor& rows, const char* key, const char* batches) {
+    const auto n = (tokens * rows).sum();
+    add_sum(sums, key, (logits * rows).sum() / n.clamp_min(1));
+    add_sum(sums, batches, n.gt(0).to(at::kDouble));
+  };
+  side(d, "logits/chosen", "logits_chosen_batches");
+  side(1 - d, "logits/rejected", "logits_rejected_batches");
+}
+
 Metrics kto_metrics(const Sums& sums, const std::string& prefix) {
   Metrics m;
   const auto average = [&](const char* key, const char* batches) {
@@ -72,8 +103,29 @@ Metrics kto_metrics(const Sums& sums, const std::string& prefix) {
   average("rewards/rejected", "rejected_batches");
   average("logps/rejected", "rejected_batches");
   average("rewards/margins", "margin_batches");  // only where a micro-batch had both sides, as TRL
+  average("logits/chosen", "logits_chosen_batches");
+  average("logits/rejected", "logits_rejected_batches");
   average("kl", "kl_batches");
   return m;
+}
+
+std::string kto_balance_advice(int64_t desirable, int64_t undesirable, double desirable_weight,
+                               double undesirable_weight) {
+  // TRL's bounds, each rounded to 2 decimals as TRL prints and compares them; 1.33 is its 4/3.
+  const auto nd = static_cast<double>(std::max<int64_t>(desirable, 1)),
+             nu = static_cast<double>(std::max<int64_t>(undesirable, 1));
+  const auto round2 = [](double x) { return std::round(x * 100) / 100; };
+  const double d_lo = round2(nu * undesirable_weight / nd), d_hi = round2(nu * undesirable_weight / nd * 1.33);
+  const double u_lo = round2(nd * desirable_weight / nu / 1.33), u_hi = round2(nd * desirable_weight / nu);
+  if ((d_lo <= desirable_weight && desirable_weight <= d_hi) ||
+      (u_lo <= undesirable_weight && undesirable_weight <= u_hi))
+    return "";
+  return concat("kto: an epoch of the training data holds ", desirable, " desirable and ", undesirable,
+                " undesirable examples, so kto.desirable_weight x ", desirable, " / (kto.undesirable_weight x ",
+                undesirable, ") = ", desirable_weight * nd / (undesirable_weight * nu),
+                ", outside the [1, 4/3] the KTO paper advises (its eq. 8). Set EITHER kto.desirable_weight in [", d_lo,
+                ", ", d_hi, "] or kto.undesirable_weight in [", u_lo, ", ", u_hi,
+                "] (but NOT BOTH), as TRL's KTOTrainer advises");
 }
 
 namespace {
@@ -83,189 +135,36 @@ namespace stdfs = std::filesystem;
 /// The `kto:` section.
 struct KtoConfig {
   double beta = 0.1;
+  std::string loss_type = "kto";
   double desirable_weight = 1.0;
   double undesirable_weight = 1.0;
   std::string reference;
+  bool precompute_reference = false;
   bool disable_dropout = true;
 
   void visit(config::FieldVisitor& v) {
     v.field("beta", beta, "Strength of the implicit KL penalty to the reference (TRL's beta).", config::positive());
+    v.field("loss_type", loss_type,
+            "kto (the KTO paper's loss: each completion against the micro-batch's KL estimate z0, from its "
+            "mismatched KL rows) or apo_zero_unpaired (TRL's unpaired APO-zero: desirable completions made "
+            "likelier than under the reference, undesirable ones less likely; no z0, so no KL rows are scored).",
+            config::one_of({"kto", "apo_zero_unpaired"}));
     v.field("desirable_weight", desirable_weight,
             "Weight of a desirable example's loss (lambda_D; TRL advises desirable_weight x desirable examples / "
-            "(undesirable_weight x undesirable examples) in [1, 4/3]).",
+            "(undesirable_weight x undesirable examples) in [1, 4/3], and the run warns outside it).",
             config::positive());
     v.field("undesirable_weight", undesirable_weight, "Weight of an undesirable example's loss (lambda_U).",
             config::positive());
     v.field("reference", reference,
             "Reference model folder (HF layout). Empty = model.from, or a frozen copy of the initial weights "
             "when model.from is empty; with LoRA, the policy with its adapters off.");
+    v.field("precompute_reference", precompute_reference,
+            "Compute the reference log-probs of every example (and, for loss_type kto, of every KL row) once "
+            "before training, cache them in output_dir/reference_logps.safetensors and free the reference model "
+            "(TRL's precompute_ref_log_probs). With loss_type kto it needs the same micro-batches every epoch: "
+            "data.shuffle false, no data.train[].weight, an epoch a multiple of train.micro_batch_size.");
     v.field("disable_dropout", disable_dropout, "Run the model without dropout while training (as TRL does).");
   }
-};
-
-class KtoDataset {
- public:
-  static KtoDataset load(const stdfs::path& path, const tokenizer::Tokenizer& tok, const data::ReadOptions& opt);
-  int64_t size() const { return static_cast<int64_t>(samples_.size()); }
-  const KtoSample& operator[](int64_t i) const { return samples_[static_cast<size_t>(i)]; }
-  const data::DatasetStats& stats() const { return stats_; }
-
- private:
-  std::vector<KtoSample> samples_;
-  data::DatasetStats stats_;
-};
-
-std::string completion_text(const data::Record& rec, const std::string& field) {
-  const auto& v = rec.at(field);
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_array() && v.size() == 1 && v[0].is_object() && v[0].contains("role") && v[0]["role"] == "assistant" &&
-      v[0].contains("content") && v[0]["content"].is_string())
-    return v[0]["content"].get<std::string>();
-  rec.fail(field, concat("expected a string or a list of one assistant message, got ", v.dump()));
-}
-
-KtoDataset KtoDataset::load(const stdfs::path& path, const tokenizer::Tokenizer& tok, const data::ReadOptions& opt) {
-  KtoDataset ds;
-  const auto& tmpl = data::chat_format(opt);
-  const auto& pf = opt.prompt_field;
-  const auto r = data::read_jsonl(path, opt.on_error, [&](const data::Record& rec) {
-    const bool paired = rec.has("chosen") || rec.has("rejected");
-    if (paired ? !(rec.has(pf) && rec.has("chosen") && rec.has("rejected"))
-               : !(rec.has(pf) && rec.has("completion") && rec.has("label"))) {
-      std::string fields;
-      for (const auto& [k, v] : rec.json().items()) fields += (fields.empty() ? "" : ", ") + k;
-      throw DataError(concat(rec.where(), ": expected a KTO record: {\"", pf,
-                             "\", \"completion\", \"label\": true | false} (TRL's unpaired preference format) or a "
-                             "pair {\"",
-                             pf,
-                             "\", \"chosen\", \"rejected\"} (unpaired into a desirable and an "
-                             "undesirable example); this line has fields ",
-                             fields.empty() ? std::string("none") : fields,
-                             ". data.train[].prompt_field maps another prompt name"));
-    }
-    std::vector<std::pair<std::string, bool>> completions;
-    if (paired) {
-      completions = {{completion_text(rec, "chosen"), true}, {completion_text(rec, "rejected"), false}};
-    } else {
-      if (!rec.at("label").is_boolean())
-        rec.fail("label", concat("expected true (desirable) or false (undesirable), got ", rec.at("label").dump()));
-      completions = {{completion_text(rec, "completion"), rec.at("label").get<bool>()}};
-    }
-    const auto msgs = data::record_messages(rec, pf, "", false);
-    std::vector<int64_t> prompt_ids;
-    std::vector<std::vector<int64_t>> ids;
-    try {
-      prompt_ids = data::encode_record_prompt(tok, tmpl, msgs, data::is_text_prompt(rec, pf), data::record_tools(rec));
-      for (const auto& [text, good] : completions) ids.push_back(tmpl.encode_reply(tok, text));
-    } catch (const DataError& e) {
-      if (std::string_view(e.what()).substr(0, rec.where().size()) == rec.where()) throw;
-      throw DataError(concat(rec.where(), ": ", e.what()));
-    }
-    std::string prompt;
-    for (size_t i = 0; i < msgs.size(); ++i) prompt += (i ? "\n" : "") + msgs[i].content;
-    for (size_t i = 0; i < completions.size(); ++i) {
-      auto& c = ids[i];
-      std::vector<int64_t> uncut;
-      if (opt.max_length > 0) {
-        const auto room = opt.max_length - static_cast<int64_t>(prompt_ids.size());
-        if (static_cast<int64_t>(c.size()) > room) {
-          if (opt.drop_overflow) {
-            ++ds.stats_.dropped_overflow;
-            continue;
-          }
-          if (room < 1) {
-            ++ds.stats_.dropped_no_target;
-            continue;
-          }
-          uncut = c;
-          c.resize(static_cast<size_t>(room));
-          ++ds.stats_.truncated;
-        }
-      }
-      ds.samples_.push_back(
-          {prompt_ids, std::move(c), std::move(uncut), completions[i].second, prompt, completions[i].first});
-    }
-  });
-  ds.stats_.lines = r.lines;
-  ds.stats_.skipped_errors = r.skipped;
-  ds.stats_.first_errors = r.first_errors;
-  if (ds.samples_.empty()) throw DataError(concat(path.string(), ": no usable samples (", ds.stats_.summary(), ")"));
-  return ds;
-}
-
-using KtoData = MixtureData<KtoDataset>;
-
-}  // namespace
-
-Batch collate_kto(const std::vector<const KtoSample*>& ex, int64_t pad_id, int64_t max_length) {
-  TORCH_CHECK(!ex.empty(), "collate_kto: empty batch");
-  const auto n = static_cast<int64_t>(ex.size());
-  std::vector<std::pair<const std::vector<int64_t>*, std::vector<int64_t>>> rows;  // prompt, completion
-  for (int64_t i = 0; i < n; ++i)
-    rows.push_back({&ex[static_cast<size_t>(i)]->prompt_ids, ex[static_cast<size_t>(i)]->completion_ids});
-  for (int64_t i = 0; i < n; ++i) {
-    const auto* other = ex[static_cast<size_t>((i + n - 1) % n)];
-    auto c = other->uncut_completion_ids.empty() ? other->completion_ids : other->uncut_completion_ids;
-    const auto& p = ex[static_cast<size_t>(i)]->prompt_ids;
-    if (max_length > 0 && static_cast<int64_t>(p.size() + c.size()) > max_length)
-      c.resize(static_cast<size_t>(std::max<int64_t>(1, max_length - static_cast<int64_t>(p.size()))));
-    rows.push_back({&p, std::move(c)});
-  }
-  int64_t T = 0;
-  for (const auto& [p, c] : rows) T = std::max<int64_t>(T, static_cast<int64_t>(p->size() + c.size()));
-  auto ids = at::full({2 * n, T}, pad_id, at::kLong);
-  auto labels = at::full({2 * n, T}, chat::kIgnoreIndex, at::kLong);
-  auto mask = at::zeros({2 * n, T}, at::kBool);
-  auto* pi = ids.data_ptr<int64_t>();
-  auto* pl = labels.data_ptr<int64_t>();
-  Batch b;
-  for (size_t r = 0; r < rows.size(); ++r) {
-    const auto& [p, c] = rows[r];
-    const auto row = static_cast<int64_t>(r) * T, P = static_cast<int64_t>(p->size());
-    std::copy(p->begin(), p->end(), pi + row);
-    std::copy(c.begin(), c.end(), pi + row + P);
-    std::copy(c.begin(), c.end(), pl + row + P);
-    mask[static_cast<int64_t>(r)].narrow(0, 0, P + static_cast<int64_t>(c.size())).fill_(true);
-    b.num_tokens += P + static_cast<int64_t>(c.size());
-  }
-  std::vector<uint8_t> good;
-  for (const auto* e : ex) good.push_back(e->desirable);
-  b.tensors["input_ids"] = ids;
-  b.tensors["labels"] = labels;
-  b.tensors["attention_mask"] = mask;
-  b.tensors["desirable"] = at::tensor(at::ArrayRef<uint8_t>(good), at::kByte).to(at::kBool);
-  b.num_targets = n;
-  return b;
-}
-
-namespace {
-
-/// Micro-batches of `micro_batch_size` examples from the train mixture.
-class KtoBatchSource final : public BatchSource {
- public:
-  KtoBatchSource(std::vector<std::shared_ptr<const KtoDataset>> sets, data::MixtureSampler sampler,
-                 int64_t micro_batch_size, int64_t pad_id, int64_t max_length)
-      : sets_(std::move(sets)),
-        sampler_(std::move(sampler)),
-        micro_batch_size_(micro_batch_size),
-        pad_id_(pad_id),
-        max_length_(max_length) {}
-  Batch next() override {
-    std::vector<const KtoSample*> ex;
-    for (int64_t i = 0; i < micro_batch_size_; ++i) {
-      const auto r = sampler_.next();
-      ex.push_back(&(*sets_[static_cast<size_t>(r.dataset)])[r.index]);
-    }
-    return collate_kto(ex, pad_id_, max_length_);
-  }
-  nlohmann::json state() const override { return sampler_state(sampler_); }
-  void restore(const nlohmann::json& state) override { restore_sampler(sampler_, state); }
-  int64_t samples_per_epoch() const override { return sampler_.epoch_length(); }
-
- private:
-  std::vector<std::shared_ptr<const KtoDataset>> sets_;
-  data::MixtureSampler sampler_;
-  int64_t micro_batch_size_, pad_id_, max_length_;
 };
 
 class KtoObjective final : public Objective {
@@ -273,6 +172,8 @@ class KtoObjective final : public Objective {
   KtoObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat)
       : cfg_(cfg),
         kto_(cfg.extensions.get<KtoConfig>("kto")),
+        loss_opt_{kto_.beta, kto_.desirable_weight, kto_.undesirable_weight, kto_.loss_type},
+        kl_rows_(kto_uses_kl(kto_.loss_type)),
         tok_(tok),
         pad_id_(tok.padding_id()),
         stop_id_(chat.end_of_turn_id(tok)) {
@@ -286,54 +187,76 @@ class KtoObjective final : public Objective {
       for (const auto& e : ds->stats().first_errors) log::warn("skipped: ", e);
       return std::shared_ptr<const KtoDataset>(std::move(ds));
     });
-    data::MixtureSampler sampler(data_.mixture, static_cast<uint64_t>(cfg.train.seed), data_.shuffle);
-    source_ = std::make_unique<KtoBatchSource>(data_.train, std::move(sampler), cfg.train.micro_batch_size, pad_id_,
-                                               cfg.data.max_length);
+    auto sampler = train_sampler();
+    warn_on_balance(sampler.plan());
+    const auto epoch = sampler.epoch_length(), m = cfg.train.micro_batch_size;
+    if (kto_.precompute_reference && kl_rows_ && epoch % m != 0)
+      throw ConfigError(
+          concat("kto.precompute_reference: with loss_type kto the KL rows' reference log-probs are precomputed for "
+                 "fixed micro-batches, but an epoch of ",
+                 epoch, " examples is not a multiple of train.micro_batch_size (", m,
+                 "), so micro-batches would straddle epochs and pair other completions with each prompt; take a "
+                 "multiple of it (data.train[].size), or set kto.loss_type: apo_zero_unpaired (no KL rows)"));
+    source_ =
+        std::make_unique<KtoBatchSource>(data_.train, std::move(sampler), m, pad_id_, cfg.data.max_length, kl_rows_);
   }
 
   std::string name() const override { return "kto"; }
   std::string target_unit() const override { return "KTO examples"; }
   BatchSource& train_source() override { return *source_; }
   Metrics step_metrics(const Sums& sums) const override { return kto_metrics(sums); }
+  std::vector<std::string> console_metrics() const override { return {"kl", "rewards/margins"}; }
   StepReads step_reads() const override { return StepReads::late; }  // no after_step
 
   void prepare(models::CausalLM& model, const RunContext& ctx) override {
     if (model.has_score_head())
       throw ConfigError("model.from: algorithm kto trains a language model, but the model is a reward model");
+    const auto& path = !kto_.reference.empty() ? kto_.reference : cfg_.model.from;
+    const auto cache = ctx.output_dir / "reference_logps.safetensors";
+    if (kto_.precompute_reference) {
+      reference_desc_ = reference_identity(path, cfg_.train.seed, model);
+      if (read_cache(cache)) return;
+    }
     if (models::has_lora(model) && kto_.reference.empty()) {
       policy_reference_ = &model;
       log::info("kto: reference model: the policy with its LoRA adapters off (no second copy)");
-      return;
+    } else {
+      reference_ = ctx.freeze(load_reference(path, "kto.reference", model));
+      log::info("kto: reference model from ", path.empty() ? std::string("the initial weights") : path, " (",
+                kto_.precompute_reference ? std::string("precomputing its log-probs")
+                                          : concat(reference_.parameter_bytes(), " parameter bytes"),
+                ")");
     }
-    const auto& path = !kto_.reference.empty() ? kto_.reference : cfg_.model.from;
-    reference_ = ctx.freeze(load_reference(path, "kto.reference", model));
-    log::info("kto: reference model from ", path.empty() ? std::string("the initial weights") : path, " (",
-              reference_.parameter_bytes(), " parameter bytes)");
+    if (kto_.precompute_reference) precompute(cache);
   }
 
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override {
     const auto device = model.parameters().front().device();
     const auto n = batch.num_targets;
+    const bool eval = !model.is_training();
     const auto ids = to_device(batch.tensors.at("input_ids"), device),
                labels = to_device(batch.tensors.at("labels"), device);
     const bool fused = cfg_.train.fused_loss;
-    at::Tensor policy, policy_kl;
+    at::Tensor policy, counts, logit_sums, policy_kl;
     {
       NoDropout guard(model, kto_.disable_dropout);
       // The policy's forward with gradients: its padding takes no part in a mixture of experts'
       // load-balancing loss (TRL passes the completion's attention mask).
-      policy = model_sequence_logps(model, ids.narrow(0, 0, n), labels.narrow(0, 0, n), fused,
-                                    batch.tensors.at("attention_mask").narrow(0, 0, n))
-                   .first;
-      torch::NoGradGuard no_grad;  // z0 takes no gradient (TRL computes it under no_grad)
-      policy_kl = model_sequence_logps(model, ids.narrow(0, n, n), labels.narrow(0, n, n), fused).first;
+      std::tie(policy, counts) = model_sequence_logps(model, ids.narrow(0, 0, n), labels.narrow(0, 0, n), fused,
+                                                      batch.tensors.at("attention_mask").narrow(0, 0, n), &logit_sums);
+      if (kl_rows_) {
+        torch::NoGradGuard no_grad;  // z0 takes no gradient (TRL computes it under no_grad)
+        policy_kl = model_sequence_logps(model, ids.narrow(0, n, n), labels.narrow(0, n, n), fused).first;
+      }
     }
-    const auto ref = reference_sums(ids, labels).to(policy.scalar_type());
-    const auto kl = kto_kl(policy_kl, ref.narrow(0, n, n));
+    const auto ref = reference_sums(batch, ids, labels, eval).to(device, policy.scalar_type());
+    // apo_zero_unpaired has no reference point: TRL logs its kl as 0.
+    const auto kl = kl_rows_ ? kto_kl(policy_kl, ref.narrow(0, n, n))
+                             : at::zeros({}, at::TensorOptions().dtype(policy.scalar_type()).device(device));
     const auto desirable = to_device(batch.tensors.at("desirable"), device);
-    const auto out = kto_loss(policy, ref.narrow(0, 0, n), desirable, kl,
-                              {kto_.beta, kto_.desirable_weight, kto_.undesirable_weight});
+    const auto out = kto_loss(policy, ref.narrow(0, 0, n), desirable, kl, loss_opt_);
     add_kto_sums(out, policy, desirable, kl, sums);
+    add_kto_logit_sums(logit_sums, counts, desirable, sums);
     return out.losses.sum();
   }
 
@@ -344,21 +267,15 @@ class KtoObjective final : public Objective {
     {
       EvalMode mode(model);
       torch::NoGradGuard no_grad;
-      auto refs = data_.eval;
-      const auto& e = cfg_.eval;
-      if (e.max_batches > 0 && static_cast<int64_t>(refs.size()) > e.max_batches * e.batch_size)
-        refs.resize(static_cast<size_t>(e.max_batches * e.batch_size));
-      const auto bs = static_cast<size_t>(e.batch_size);
-      const auto n_batches = static_cast<int64_t>((refs.size() + bs - 1) / bs);
+      const auto refs = eval_refs();
+      const auto bs = cfg_.eval.batch_size, total = static_cast<int64_t>(refs.size());
+      const auto n_batches = (total + bs - 1) / bs;
       const bool split = ranks_.splits(n_batches);
       Sums sums;
       double loss = 0, examples = 0;
       for (int64_t k = 0; k < n_batches; ++k) {
         if (split && !ranks_.mine(k)) continue;
-        std::vector<const KtoSample*> ex;
-        for (size_t j = static_cast<size_t>(k) * bs; j < std::min(refs.size(), static_cast<size_t>(k + 1) * bs); ++j)
-          ex.push_back(&(*data_.eval_sets[static_cast<size_t>(refs[j].dataset)])[refs[j].index]);
-        const auto b = collate_kto(ex, pad_id_, cfg_.data.max_length);
+        const auto b = eval_batch(refs, k * bs, std::min(total, (k + 1) * bs));
         loss += loss_sum(model, b, sums).item<double>();
         examples += static_cast<double>(b.num_targets);
       }
@@ -385,8 +302,55 @@ class KtoObjective final : public Objective {
   }
 
  private:
-  /// The reference's summed log-probs of every row (no gradient).
-  at::Tensor reference_sums(const at::Tensor& ids, const at::Tensor& labels) {
+  /// The train mixture's sampler from its start (with data.shuffle false and no weights, every epoch's order).
+  data::MixtureSampler train_sampler() const {
+    return data::MixtureSampler(data_.mixture, static_cast<uint64_t>(cfg_.train.seed), data_.shuffle);
+  }
+
+  /// The held-out examples the eval loss reads (at most eval.max_batches batches), in order.
+  std::vector<data::SampleRef> eval_refs() const {
+    auto refs = data_.eval;
+    const auto& e = cfg_.eval;
+    if (e.max_batches > 0 && static_cast<int64_t>(refs.size()) > e.max_batches * e.batch_size)
+      refs.resize(static_cast<size_t>(e.max_batches * e.batch_size));
+    return refs;
+  }
+
+  /// The eval batch of refs[begin, end), positioned by their place in `refs`.
+  Batch eval_batch(const std::vector<data::SampleRef>& refs, int64_t begin, int64_t end) const {
+    std::vector<data::SampleRef> part(refs.begin() + begin, refs.begin() + end);
+    std::vector<int64_t> positions;
+    for (int64_t j = begin; j < end; ++j) positions.push_back(j);
+    return collate_kto_refs(data_.eval_sets, part, positions, pad_id_, cfg_.data.max_length, kl_rows_);
+  }
+
+  /// TRL's advice when the weights do not balance an epoch's desirable and undesirable examples.
+  void warn_on_balance(const std::vector<data::SampleRef>& epoch) const {
+    int64_t good = 0;
+    for (const auto* s : kto_samples(data_.train, epoch)) good += s->desirable;
+    const auto bad = static_cast<int64_t>(epoch.size()) - good;
+    if (const auto advice = kto_balance_advice(good, bad, kto_.desirable_weight, kto_.undesirable_weight);
+        !advice.empty())
+      log::warn(advice);
+  }
+
+  /// The reference's summed log-probs of every row of the batch (R; no gradient): from the cache or the model.
+  at::Tensor reference_sums(const Batch& batch, const at::Tensor& ids, const at::Tensor& labels, bool eval) {
+    if (reference_ || policy_reference_) return reference_forward(ids, labels);
+    const auto& sets = eval ? cached_eval_ : cached_train_;
+    const auto& dataset = batch.tensors.at("dataset");
+    const auto& index = batch.tensors.at("index");
+    const auto d = dataset.accessor<int64_t, 1>();
+    const auto i = index.accessor<int64_t, 1>();
+    std::vector<float> sums;
+    for (int64_t e = 0; e < dataset.size(0); ++e)
+      sums.push_back(sets[static_cast<size_t>(d[e])].accessor<float, 1>()[i[e]]);
+    const auto out = at::tensor(sums, at::kFloat);
+    if (!kl_rows_) return out;
+    return at::cat({out, (eval ? eval_kl_ : train_kl_).index_select(0, batch.tensors.at("position"))});
+  }
+
+  at::Tensor reference_forward(const at::Tensor& ids, const at::Tensor& labels) {
     torch::NoGradGuard no_grad;
     auto& m = policy_reference_ ? *policy_reference_ : *reference_;
     std::optional<models::LoraDisabled> base;
@@ -396,25 +360,164 @@ class KtoObjective final : public Objective {
     return model_sequence_logps(m, ids.to(device), labels.to(device), cfg_.train.fused_loss).first;
   }
 
+  bool read_cache(const stdfs::path& cache);
+  void precompute(const stdfs::path& cache);
+  std::vector<at::Tensor> example_sums(const std::vector<std::shared_ptr<const KtoDataset>>& sets);
+  at::Tensor kl_row_sums(const std::vector<std::shared_ptr<const KtoDataset>>& sets,
+                         const std::vector<data::SampleRef>& refs, int64_t batch_size);
+  std::string fingerprint() const;
+
   config::RunConfig cfg_;
   KtoConfig kto_;
+  KtoLossOptions loss_opt_;
+  bool kl_rows_;
   const tokenizer::Tokenizer& tok_;
   int64_t pad_id_, stop_id_;
   KtoData data_;
   std::unique_ptr<KtoBatchSource> source_;
   FrozenModel reference_;
   models::CausalLM* policy_reference_ = nullptr;
+  // kto.precompute_reference: what identifies the reference, and its log-probs (float32): of each example by
+  // (dataset, index) of the train and eval sets, and, for loss_type kto, of each KL row by its example's place in
+  // the train epoch's order and in the eval loss's order.
+  std::string reference_desc_;
+  std::vector<at::Tensor> cached_train_, cached_eval_;
+  at::Tensor train_kl_, eval_kl_;
 };
 
+// ---- kto.precompute_reference --------------------------------------------------
+// As dpo.precompute_reference (docs/algorithms.md): the reference scores every example once before training,
+// the result goes to output_dir/reference_logps.safetensors under a fingerprint of the reference and the
+// data, and the reference model is freed. With loss_type kto the KL rows are scored too. A KL row pairs an
+// example's prompt with the previous completion of its micro-batch, so it is scored by the example's place
+// in an epoch's order: the config checks and the constructor make the micro-batches the same every epoch
+// (TRL's sequential sampler), and eval batches are the same at every evaluation.
+
+std::string KtoObjective::fingerprint() const {
+  Fingerprint h;
+  h.mix(reference_desc_);
+  h.mix(kl_rows_ ? concat("kl rows: micro-batches of ", cfg_.train.micro_batch_size, ", eval batches of ",
+                          cfg_.eval.batch_size, ", max_length ", cfg_.data.max_length)
+                 : std::string("no kl rows"));
+  for (const auto* sets : {&data_.train, &data_.eval_sets})
+    for (const auto& ds : *sets) {
+      h.mix(static_cast<uint64_t>(ds->size()));
+      for (int64_t i = 0; i < ds->size(); ++i) {
+        const auto& s = (*ds)[i];
+        h.mix(s.prompt_ids);
+        h.mix(~0ull);
+        h.mix(s.completion_ids);
+        h.mix(~0ull);
+        h.mix(s.uncut_completion_ids);
+      }
+    }
+  if (kl_rows_)
+    for (const auto& refs : {train_sampler().plan(), eval_refs()})
+      for (const auto& r : refs) {
+        h.mix(static_cast<uint64_t>(r.dataset));
+        h.mix(static_cast<uint64_t>(r.index));
+      }
+  return h.hex();
+}
+
+bool KtoObjective::read_cache(const stdfs::path& cache) {
+  if (!stdfs::exists(cache)) return false;
+  io::SafetensorsFile f(cache);
+  const auto it = f.metadata().find("fingerprint");
+  if (it == f.metadata().end() || it->second != fingerprint()) {
+    log::info("kto: ", cache.string(), " was computed for other data, batches or another reference; recomputing");
+    return false;
+  }
+  for (size_t d = 0; d < data_.train.size(); ++d) cached_train_.push_back(f.get(concat("train.", d)));
+  for (size_t d = 0; d < data_.eval_sets.size(); ++d) cached_eval_.push_back(f.get(concat("eval.", d)));
+  if (kl_rows_) {
+    train_kl_ = f.get("train_kl");
+    eval_kl_ = eval_refs().empty() ? at::empty({0}, at::kFloat) : f.get("eval_kl");
+  }
+  log::info("kto: reference log-probs read from ", cache.string());
+  return true;
+}
+
+std::vector<at::Tensor> KtoObjective::example_sums(const std::vector<std::shared_ptr<const KtoDataset>>& sets) {
+  std::vector<at::Tensor> out;
+  const auto bs = cfg_.eval.batch_size;
+  for (const auto& ds : sets) {
+    auto sums = at::empty({ds->size()}, at::kFloat);
+    for (int64_t i = 0; i < ds->size(); i += bs) {
+      std::vector<const KtoSample*> ex;
+      for (int64_t j = i; j < std::min(ds->size(), i + bs); ++j) ex.push_back(&(*ds)[j]);
+      const auto b = collate_kto(ex, pad_id_, cfg_.data.max_length, /*kl_rows=*/false);
+      sums.narrow(0, i, static_cast<int64_t>(ex.size()))
+          .copy_(reference_forward(b.tensors.at("input_ids"), b.tensors.at("labels")).cpu());
+    }
+    out.push_back(sums);
+  }
+  return out;
+}
+
+at::Tensor KtoObjective::kl_row_sums(const std::vector<std::shared_ptr<const KtoDataset>>& sets,
+                                     const std::vector<data::SampleRef>& refs, int64_t batch_size) {
+  const auto total = static_cast<int64_t>(refs.size());
+  auto out = at::empty({total}, at::kFloat);
+  for (int64_t i = 0; i < total; i += batch_size) {
+    const auto n = std::min(total, i + batch_size) - i;
+    const std::vector<data::SampleRef> part(refs.begin() + i, refs.begin() + i + n);
+    const auto b = collate_kto(kto_samples(sets, part), pad_id_, cfg_.data.max_length, /*kl_rows=*/true);
+    out.narrow(0, i, n).copy_(
+        reference_forward(b.tensors.at("input_ids").narrow(0, n, n), b.tensors.at("labels").narrow(0, n, n)).cpu());
+  }
+  return out;
+}
+
+void KtoObjective::precompute(const stdfs::path& cache) {
+  torch::NoGradGuard no_grad;
+  io::TensorMap tensors;
+  cached_train_ = example_sums(data_.train);
+  cached_eval_ = example_sums(data_.eval_sets);
+  for (size_t d = 0; d < cached_train_.size(); ++d) tensors[concat("train.", d)] = cached_train_[d];
+  for (size_t d = 0; d < cached_eval_.size(); ++d) tensors[concat("eval.", d)] = cached_eval_[d];
+  int64_t kl = 0;
+  if (kl_rows_) {
+    train_kl_ = kl_row_sums(data_.train, train_sampler().plan(), cfg_.train.micro_batch_size);
+    eval_kl_ = kl_row_sums(data_.eval_sets, eval_refs(), cfg_.eval.batch_size);
+    tensors["train_kl"] = train_kl_;
+    if (eval_kl_.numel() > 0) tensors["eval_kl"] = eval_kl_;
+    kl = train_kl_.numel() + eval_kl_.numel();
+  }
+  io::save_safetensors(cache, tensors, {{"fingerprint", fingerprint()}});
+  int64_t examples = 0;
+  for (const auto& t : cached_train_) examples += t.numel();
+  for (const auto& t : cached_eval_) examples += t.numel();
+  log::info("kto: reference log-probs of ", examples, " examples", kl_rows_ ? concat(" and ", kl, " KL rows") : "",
+            " cached in ", cache.string(), "; the reference model is freed");
+  reference_.reset();
+  policy_reference_ = nullptr;
+}
+
 // Checked with the rest of the config, as dpo.reference is: a missing folder fails --dry-run, naming the key.
-void check_kto(const KtoConfig& k, const config::RunConfig&, const config::Checks& checks) {
+void check_kto(const KtoConfig& k, const config::RunConfig& cfg, const config::Checks& checks) {
   checks.model_folder("kto.reference", k.reference);
+  if (!k.precompute_reference || !kto_uses_kl(k.loss_type)) return;
+  // A KL row pairs a prompt with another completion of its micro-batch, so precomputed KL rows need the same
+  // micro-batches every epoch, as TRL needs its sequential sampler.
+  const std::string why =
+      "kto.precompute_reference with loss_type kto scores each KL row (a prompt with the previous completion "
+      "of its micro-batch) once, so every epoch must draw the same micro-batches";
+  if (cfg.data.shuffle)
+    checks.fail("data.shuffle", why +
+                                    ": set data.shuffle: false (TRL requires its sequential sampler), or "
+                                    "kto.loss_type: apo_zero_unpaired (no KL rows)");
+  for (size_t i = 0; i < cfg.data.train.size(); ++i)
+    if (cfg.data.train[i].weight > 0)
+      checks.fail(concat("data.train[", i, "].weight"),
+                  why + ", and weights draw each epoch's datasets at random: use fraction or size instead");
 }
 
 // Registered as a linking program registers its own (examples/custom_objective).
 const bool kRegistered = [] {
   config::register_section<KtoConfig>(
-      "kto", "Options of the kto algorithm (KTO: unpaired desirable and undesirable completions).", "kto", check_kto);
+      "kto", "Options of the kto algorithm (KTO: unpaired desirable and undesirable completions).", "kto", check_kto,
+      {{"precompute_ref_log_probs", "kto.precompute_reference"}});
   // It reads what dpo reads of data and eval, and the fused head.
   const auto reads = dpo_reads();
   register_objective<KtoObjective>("kto", reads);

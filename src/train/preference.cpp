@@ -127,16 +127,40 @@ std::pair<at::Tensor, at::Tensor> fused_sequence_logps(models::CausalLM& model, 
   return {logp.sum(-1), shifted.ne(chat::kIgnoreIndex).sum(-1)};
 }
 
+/// Per-position values (B, T) summed per row over the positions that predict a labelled token: (B) float32.
+at::Tensor sum_at_targets(const at::Tensor& per_position, const at::Tensor& labels) {
+  const auto predicts = next_token_targets(labels, chat::kIgnoreIndex).ne(chat::kIgnoreIndex);  // (B, T)
+  return (per_position.to(at::kFloat) * predicts).sum(-1);
+}
+
+/// The mean over the vocabulary of each position's logits, (B, T) float32, from the hidden states (B, T, C)
+/// of a head without a soft cap: mean_v (h . W_v + b_v) = h . mean_v W_v + mean_v b_v. The float sums read
+/// a low-precision weight in place on CUDA (no float copy of the (V, C) matrix).
+at::Tensor vocab_mean_logits(const models::CausalLM::OutputHead& head, const at::Tensor& hidden) {
+  const auto vocab = static_cast<double>(head.weight.size(0));
+  const auto w = head.weight.detach().sum(0, false, at::kFloat) / vocab;  // (C)
+  auto mean = at::matmul(hidden.detach().to(at::kFloat), w);              // (B, T)
+  if (head.bias.defined()) mean = mean + head.bias.detach().sum(0, false, at::kFloat) / vocab;
+  return mean;
+}
+
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> model_sequence_logps(models::CausalLM& model, const at::Tensor& ids,
                                                        const at::Tensor& labels, bool fused,
-                                                       const at::Tensor& token_mask) {
+                                                       const at::Tensor& token_mask, at::Tensor* mean_logit_sums) {
   models::ForwardArgs args;
   if (model.num_experts() > 0 && token_mask.defined()) args.token_mask = token_mask.to(ids.device());
-  if (fused && model.final_logit_softcap() == 0)  // soft-capped logits (Gemma) take the plain head
-    return fused_sequence_logps(model, model.hidden_states(ids, args), labels);
-  return sequence_logps(model.forward(ids, args), labels);
+  if (fused && model.final_logit_softcap() == 0) {  // soft-capped logits (Gemma) take the plain head
+    const auto hidden = model.hidden_states(ids, args);
+    if (mean_logit_sums) *mean_logit_sums = sum_at_targets(vocab_mean_logits(model.output_head(), hidden), labels);
+    return fused_sequence_logps(model, hidden, labels);
+  }
+  const auto logits = model.forward(ids, args);  // (B, T, V)
+  if (mean_logit_sums)
+    *mean_logit_sums =
+        sum_at_targets(logits.detach().sum(-1, false, at::kFloat) / static_cast<double>(logits.size(-1)), labels);
+  return sequence_logps(logits, labels);
 }
 
 std::pair<at::Tensor, at::Tensor> model_token_logps(models::CausalLM& model, const at::Tensor& ids,
@@ -160,6 +184,22 @@ std::pair<at::Tensor, at::Tensor> model_token_logps(models::CausalLM& model, con
   const auto keep = shifted.ne(chat::kIgnoreIndex);
   const auto safe = at::where(keep, shifted, at::zeros_like(shifted));
   return {logits.log_softmax(-1).gather(-1, safe.unsqueeze(-1)).squeeze(-1) * keep, shifted};
+}
+
+std::string reference_identity(const std::string& path, int64_t seed, const models::CausalLM& model) {
+  if (path.empty()) return concat("initial weights, seed ", seed, ", ", model.hf_config().dump());
+  auto desc = concat("folder ", stdfs::weakly_canonical(path).string());
+  for (const auto& f : stdfs::directory_iterator(path))
+    if (f.path().extension() == ".safetensors")
+      desc += concat(";", f.path().filename().string(), ":", stdfs::file_size(f.path()), ":",
+                     stdfs::last_write_time(f.path()).time_since_epoch().count());
+  return desc;
+}
+
+std::string Fingerprint::hex() const {
+  std::ostringstream os;
+  os << std::hex << std::setw(16) << std::setfill('0') << h_;
+  return os.str();
 }
 
 bool reference_free(const std::string& loss_type) {
@@ -509,16 +549,7 @@ void DpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
     return;
   }
   const auto& path = !dpo_config(s_->cfg).reference.empty() ? dpo_config(s_->cfg).reference : s_->cfg.model.from;
-  if (!path.empty()) {
-    // Identify the reference by its folder and weight files, for the cache.
-    s_->reference_desc = concat("folder ", stdfs::weakly_canonical(path).string());
-    for (const auto& f : stdfs::directory_iterator(path))
-      if (f.path().extension() == ".safetensors")
-        s_->reference_desc += concat(";", f.path().filename().string(), ":", stdfs::file_size(f.path()), ":",
-                                     stdfs::last_write_time(f.path()).time_since_epoch().count());
-  } else {
-    s_->reference_desc = concat("initial weights, seed ", s_->cfg.train.seed, ", ", model.hf_config().dump());
-  }
+  s_->reference_desc = reference_identity(path, s_->cfg.train.seed, model);
   const auto cache = ctx.output_dir / "reference_logps.safetensors";
   if (dpo_config(s_->cfg).precompute_reference && stdfs::exists(cache)) {
     io::SafetensorsFile f(cache);
@@ -553,29 +584,21 @@ void DpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
 }
 
 std::string DpoObjective::State::fingerprint() const {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the reference and every token
-  auto mix = [&](uint64_t x) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (x >> (8 * i)) & 0xff;
-      h *= 1099511628211ull;
-    }
-  };
-  for (char c : reference_desc) mix(static_cast<uint8_t>(c));
+  Fingerprint h;  // the reference and every token
+  h.mix(reference_desc);
   for (const auto* sets : {&data.train, &data.eval_sets})
     for (const auto& ds : *sets) {
-      mix(static_cast<uint64_t>(ds->size()));
+      h.mix(static_cast<uint64_t>(ds->size()));
       for (int64_t i = 0; i < ds->size(); ++i) {
         const auto& s = (*ds)[i];
-        for (auto t : s.prompt_ids) mix(static_cast<uint64_t>(t));
+        h.mix(s.prompt_ids);
         for (const auto& r : s.replies) {
-          mix(~0ull);
-          for (auto t : r) mix(static_cast<uint64_t>(t));
+          h.mix(~0ull);
+          h.mix(r);
         }
       }
     }
-  std::ostringstream os;
-  os << std::hex << std::setw(16) << std::setfill('0') << h;
-  return os.str();
+  return h.hex();
 }
 
 void DpoObjective::State::precompute(const RunContext& ctx) {

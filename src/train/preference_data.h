@@ -3,7 +3,9 @@
 // DpoObjective: collation of ranked replies and a rank-sliced, resumable
 // stream of micro-batches.
 
+#include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "data/datasets.h"
@@ -35,10 +37,16 @@ class NoDropout {
 /// (B) int64); through the fused head (lm_loss.h) when `fused`. `token_mask`
 /// (B, T) bool on any device, true = a real token: a mixture of experts'
 /// load-balancing statistics leave the rest out (models::ForwardArgs::token_mask;
-/// a dense model does not read it, nor copy it to the device).
+/// a dense model does not read it, nor copy it to the device). With
+/// `mean_logit_sums`, also each row's sum over its labelled tokens of the mean
+/// over the vocabulary of the logits that predict them ((B) float32, no
+/// gradient; TRL's mean_logits): through the fused head as hidden · mean(W
+/// rows) + mean(b), which needs no (B, T, V) logits; soft-capped logits take
+/// the plain head, so the mean is of the real (capped) logits.
 std::pair<at::Tensor, at::Tensor> model_sequence_logps(models::CausalLM& model, const at::Tensor& ids,
                                                        const at::Tensor& labels, bool fused,
-                                                       const at::Tensor& token_mask = {});
+                                                       const at::Tensor& token_mask = {},
+                                                       at::Tensor* mean_logit_sums = nullptr);
 
 /// The per-token form of model_sequence_logps: (B, T) float32 log-probs,
 /// position t holding log p(labels[t + 1]) where that label is kept (0
@@ -46,6 +54,35 @@ std::pair<at::Tensor, at::Tensor> model_sequence_logps(models::CausalLM& model, 
 std::pair<at::Tensor, at::Tensor> model_token_logps(models::CausalLM& model, const at::Tensor& ids,
                                                     const at::Tensor& labels, bool fused,
                                                     const at::Tensor& token_mask = {});
+
+/// What identifies a reference model for a cache of its log-probs
+/// (output_dir/reference_logps.safetensors): its folder and weight files
+/// (name, size, time), or without a folder (`path` empty) the seed and config
+/// of the initial weights it copies.
+std::string reference_identity(const std::string& path, int64_t seed, const models::CausalLM& model);
+
+/// FNV-1a over 64-bit words, byte by byte: a reference log-prob cache's
+/// fingerprint of the reference and every token it scored.
+class Fingerprint {
+ public:
+  void mix(uint64_t x) {
+    for (int i = 0; i < 8; ++i) {
+      h_ ^= (x >> (8 * i)) & 0xff;
+      h_ *= 1099511628211ull;
+    }
+  }
+  void mix(const std::string& s) {
+    for (char c : s) mix(static_cast<uint64_t>(static_cast<uint8_t>(c)));
+  }
+  void mix(const std::vector<int64_t>& tokens) {
+    for (auto t : tokens) mix(static_cast<uint64_t>(t));
+  }
+  /// 16 hex digits.
+  std::string hex() const;
+
+ private:
+  uint64_t h_ = 1469598103934665603ull;
+};
 
 /// A preference batch: each example's replies are consecutive rows of
 /// prompt + reply (right-padded with pad_id).

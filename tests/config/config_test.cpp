@@ -132,9 +132,12 @@ TEST_F(ConfigTest, SuggestionsStayInTheKeysSectionAndReadItsTrlNames) {
   // Outside every algorithm's section, an algorithm's TRL name still points at its key.
   EXPECT_EQ(error_of({base_}, {"train.num_generations=8"}), trl("train.num_generations=8", "ppo.samples_per_prompt"));
   // Another algorithm's key one letter away is not offered, nor ppo's name for another algorithm's key.
-  const auto kto = error_of({base_}, {"algorithm=kto", "kto.loss_type=kto"});
-  EXPECT_EQ(kto.find("dpo.loss_type"), std::string::npos) << kto;
-  EXPECT_EQ(kto.find("ppo.loss_aggregation"), std::string::npos) << kto;
+  const auto kto = error_of({base_}, {"algorithm=kto", "kto.label_smoothing=0.1"});
+  EXPECT_NE(kto.find("kto.label_smoothing: unknown key"), std::string::npos) << kto;
+  EXPECT_EQ(kto.find("dpo.label_smoothing"), std::string::npos) << kto;
+  const auto kto_trl = error_of({base_}, {"algorithm=kto", "kto.epsilon_high=0.28"});
+  EXPECT_NE(kto_trl.find("kto.epsilon_high: unknown key"), std::string::npos) << kto_trl;
+  EXPECT_EQ(kto_trl.find("ppo.cliprange_high"), std::string::npos) << kto_trl;
   // Typos still find their key, within the section or, misspelt, the section's.
   EXPECT_EQ(ppo("ppo.kl_cof=0.1"), "command line (ppo.kl_cof=0.1): ppo.kl_cof: unknown key; did you mean ppo.kl_coef?");
   EXPECT_EQ(error_of({base_}, {"trian.max_steps=5"}),

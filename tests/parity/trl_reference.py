@@ -1,5 +1,6 @@
 """TRL 1.16's own ORPOTrainer and KTOTrainer, for Anvil's `dpo.loss_type: orpo`
-and `algorithm: kto` to follow step for step.
+and `algorithm: kto` (`kto.loss_type` kto and apo_zero_unpaired) to follow
+step for step.
 
     trl_reference.py DIR [CASE]
 
@@ -199,7 +200,7 @@ def train(spec, out_path):
     record = Record()
     dataset = datasets.Dataset.from_list(rows)
     if kto:
-        args = KTOConfig(**common_args(spec), desirable_weight=spec["desirable_weight"],
+        args = KTOConfig(**common_args(spec), loss_type=spec["loss_type"], desirable_weight=spec["desirable_weight"],
                          undesirable_weight=spec["undesirable_weight"])
         trainer = KTOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tok, callbacks=[record])
     else:
@@ -240,8 +241,11 @@ CASES = {
     # from step 3 on (warmup starts from 0, so steps 1 and 2 score the initial
     # weights, z0 = 0). With the weights the other way round it clamps to 0 at
     # most steps, and the KL rows would not reach the loss.
-    "kto": ("kto", "kto.jsonl", {"beta": 0.5, "desirable_weight": 1.25, "undesirable_weight": 1.0, "lr": 5e-3,
-                                 "weight_decay": 0.0}),
+    "kto": ("kto", "kto.jsonl", {"loss_type": "kto", "beta": 0.5, "desirable_weight": 1.25,
+                                 "undesirable_weight": 1.0, "lr": 5e-3, "weight_decay": 0.0}),
+    # TRL's unpaired APO-zero: no KL rows (TRL scores none and logs kl 0).
+    "kto_apo": ("kto", "kto.jsonl", {"loss_type": "apo_zero_unpaired", "beta": 0.5, "desirable_weight": 1.25,
+                                     "undesirable_weight": 1.0, "lr": 5e-3, "weight_decay": 0.0}),
 }
 
 

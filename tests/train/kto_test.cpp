@@ -1,13 +1,19 @@
-// KTO (algorithm: kto, src/train/kto.*): the loss and metrics against an
-// independent Python reference (tests/parity/kto_reference.py, the paper's
-// and TRL's definition), the data formats and their errors, two full_shard
-// ranks and resume against one process, and learning from the quickstart
-// SFT checkpoint (the ctest fixture) on the bundled pairs, unpaired.
+// KTO (algorithm: kto, src/train/kto*): both loss types' losses and metrics
+// and TRL's class-balance advice against an independent Python reference
+// (tests/parity/kto_reference.py, the papers' and TRL's definitions), the data
+// formats and their errors, two full_shard ranks and resume against one
+// process, a precomputed reference against the in-process one, and learning
+// from the quickstart SFT checkpoint (the ctest fixture) on the bundled pairs,
+// unpaired.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
 #include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
 
 #include "anvil/core/error.h"
 #include "test_util.h"
@@ -22,12 +28,20 @@ namespace stdfs = std::filesystem;
 
 at::Tensor doubles(const nlohmann::json& j) { return at::tensor(j.get<std::vector<double>>(), at::kDouble); }
 
+/// tests/parity/kto_reference.py's output, made once for the suite's tests.
+const nlohmann::json& kto_reference() {
+  static const auto j = anvil::testing::python_reference("kto_reference.py");
+  return j;
+}
+
 TEST(KtoFormulas, LossAndMetricsMatchTheReference) {
-  const auto cases = anvil::testing::python_reference("kto_reference.py")["kto"];
-  ASSERT_EQ(cases.size(), 5u);
+  const auto& cases = kto_reference()["kto"];
+  ASSERT_EQ(cases.size(), 7u);
   for (const auto& c : cases) {
-    const KtoLossOptions opt{c["beta"], c["desirable_weight"], c["undesirable_weight"]};
-    SCOPED_TRACE(anvil::concat("beta ", opt.beta, " w_u ", opt.undesirable_weight));
+    const KtoLossOptions opt{c["beta"], c["desirable_weight"], c["undesirable_weight"],
+                             c["loss_type"].get<std::string>()};
+    SCOPED_TRACE(anvil::concat(opt.loss_type, " beta ", opt.beta, " w_u ", opt.undesirable_weight));
+    EXPECT_EQ(kto_uses_kl(opt.loss_type), opt.loss_type == "kto");
     Sums sums;
     double loss = 0, n = 0;
     for (const auto& b : c["micro_batches"]) {
@@ -35,12 +49,19 @@ TEST(KtoFormulas, LossAndMetricsMatchTheReference) {
       std::vector<uint8_t> d;
       for (const auto& x : b["desirable"]) d.push_back(x.get<bool>());
       const auto desirable = at::tensor(at::ArrayRef<uint8_t>(d), at::kByte).to(at::kBool);
-      const auto kl = kto_kl(doubles(b["policy_kl_logps"]), doubles(b["ref_kl_logps"]));
-      EXPECT_NEAR(kl.item<double>(), b["kl"].get<double>(), 1e-9);
-      const auto out = kto_loss(pi, doubles(b["ref_logps"]), desirable, kl, opt);
+      // apo_zero_unpaired has no KL rows: the objective logs z0 as 0 and kto_loss reads none.
+      at::Tensor kl = at::zeros({}, at::kDouble);
+      if (kto_uses_kl(opt.loss_type)) {
+        kl = kto_kl(doubles(b["policy_kl_logps"]), doubles(b["ref_kl_logps"]));
+        EXPECT_NEAR(kl.item<double>(), b["kl"].get<double>(), 1e-9);
+      }
+      const auto out =
+          kto_loss(pi, doubles(b["ref_logps"]), desirable, kto_uses_kl(opt.loss_type) ? kl : at::Tensor(), opt);
       EXPECT_LE((out.losses - doubles(b["losses"])).abs().max().item<double>(), 1e-6);
       EXPECT_LE((out.rewards - doubles(b["rewards"])).abs().max().item<double>(), 1e-6);
       add_kto_sums(out, pi, desirable, kl, sums);
+      add_kto_logit_sums(doubles(b["mean_logit_sums"]),
+                         at::tensor(b["token_counts"].get<std::vector<int64_t>>(), at::kLong), desirable, sums);
       loss += out.losses.sum().item<double>();
       n += static_cast<double>(pi.size(0));
     }
@@ -53,6 +74,31 @@ TEST(KtoFormulas, LossAndMetricsMatchTheReference) {
     // What TRL 1.16 does not log: no counts, and no side (or margin) that no micro-batch had.
     EXPECT_EQ(m.size(), c["metrics"].size());
     for (const auto& k : c["absent"]) EXPECT_FALSE(m.count(k.get<std::string>())) << k;
+  }
+}
+
+// TRL's advice on desirable_weight / undesirable_weight for the class balance: the same ranges, in the same
+// cases (and with equal counts too, which TRL does not check).
+TEST(KtoFormulas, BalanceAdviceMatchesTrls) {
+  const auto& cases = kto_reference()["balance"];
+  ASSERT_EQ(cases.size(), 8u);
+  for (const auto& c : cases) {
+    const auto advice = kto_balance_advice(c["desirable"].get<int64_t>(), c["undesirable"].get<int64_t>(),
+                                           c["desirable_weight"].get<double>(), c["undesirable_weight"].get<double>());
+    SCOPED_TRACE(c.dump());
+    if (!c["warns"].get<bool>()) {
+      EXPECT_EQ(advice, "");
+      continue;
+    }
+    const auto range = [&](const char* key, const char* side) {
+      return anvil::concat(key, " in [", c[side][0].get<double>(), ", ", c[side][1].get<double>(), "]");
+    };
+    EXPECT_NE(advice.find(range("kto.desirable_weight", "desirable_range")), std::string::npos) << advice;
+    EXPECT_NE(advice.find(range("kto.undesirable_weight", "undesirable_range")), std::string::npos) << advice;
+    EXPECT_NE(advice.find(anvil::concat(c["desirable"].get<int64_t>(), " desirable and ",
+                                        c["undesirable"].get<int64_t>(), " undesirable examples")),
+              std::string::npos)
+        << advice;
   }
 }
 
@@ -87,6 +133,18 @@ TEST(KtoData, UnpairedAndPairedRecordsAndTheirErrors) {
   ASSERT_EQ(run("cd " + src + " && " + trainer + (dir / "ok").string() + " --dry-run logging.level=info 2>&1", &out), 0)
       << out;
   EXPECT_NE(out.find("4 examples, 2 desirable and 2 undesirable"), std::string::npos) << out;
+  EXPECT_EQ(out.find("(but NOT BOTH)"), std::string::npos) << out;  // balanced: no advice
+  // Weights that unbalance the examples: TRL's advice, naming the keys.
+  ASSERT_EQ(
+      run("cd " + src + " && " + trainer + (dir / "ok").string() + " --dry-run kto.desirable_weight=2 2>&1", &out), 0)
+      << out;
+  EXPECT_NE(out.find("2 desirable and 2 undesirable examples, so kto.desirable_weight x 2 / (kto.undesirable_weight "
+                     "x 2) = 2, outside the [1, 4/3]"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("Set EITHER kto.desirable_weight in [1, 1.33] or kto.undesirable_weight in [1.5, 2]"),
+            std::string::npos)
+      << out;
   struct Bad {
     const char* line;
     const char* message;
@@ -132,9 +190,77 @@ TEST(KtoRuns, ShardAndResumeExactly) {
   anvil::testing::expect_runs_agree(dir / "one", dir / "two", dir / "resumed", 8);
   const auto a = anvil::testing::metrics_by_step(dir / "one" / "metrics.jsonl");
   for (const auto& [step, m] : a)
-    for (const char* k : {"loss", "kl", "rewards/chosen", "rewards/rejected", "logps/chosen", "grad_norm"})
+    for (const char* k : {"loss", "kl", "rewards/chosen", "rewards/rejected", "logps/chosen", "logits/chosen",
+                          "logits/rejected", "grad_norm"})
       EXPECT_TRUE(m.contains(k)) << step << " " << k << " " << m.dump();
   EXPECT_TRUE(a.at(8).contains("eval/kl") && a.at(8).contains("eval/exact_match")) << a.at(8).dump();
+}
+
+// kto.precompute_reference (TRL's precompute_ref_log_probs) scores every
+// example, and with loss_type kto every KL row, once: the runs log what the
+// in-process reference gives (1e-5; only the reference's batches differ), over
+// more than one epoch, and a resumed run reads the cache. loss_type
+// apo_zero_unpaired logs kl 0 (TRL's), as it scores no KL rows. With
+// loss_type kto the micro-batches must be the same every epoch: the config
+// and the data say which key breaks that.
+TEST(KtoRuns, PrecomputedReferenceMatchesTheInProcessOne) {
+  TempDir dir;
+  const auto src = anvil::testing::source_dir();
+  // 40 pairs, 80 examples: an epoch is 10 micro-batches of 8, and 8 steps of 2 read 1.6 epochs.
+  std::ifstream in(src + "/data/dpo_train.jsonl");
+  std::string line, lines;
+  for (int i = 0; i < 40 && std::getline(in, line); ++i) lines += line + "\n";
+  anvil::testing::write_text(dir / "train.jsonl", lines);
+  anvil::testing::write_text(dir / "kto.yaml", tiny_kto((dir / "train.jsonl").string(), "data/dpo_eval.jsonl"));
+  std::string out;
+  const auto train = [&](const std::string& name, const std::string& extra) {
+    return run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config " + (dir / "kto.yaml").string() +
+                   " output_dir=" + (dir / name).string() +
+                   " data.shuffle=false train.eval_every=8 logging.level=info " + extra + " 2>&1",
+               &out);
+  };
+  for (const std::string loss : {"kto", "apo_zero_unpaired"}) {
+    SCOPED_TRACE(loss);
+    ASSERT_EQ(train(loss + "_model", "kto.loss_type=" + loss), 0) << out;
+    ASSERT_EQ(train(loss + "_cached", "kto.loss_type=" + loss + " kto.precompute_reference=true"), 0) << out;
+    // Every example of the train and eval files; the KL rows of an epoch (80) and of the eval loss's 2 batches.
+    EXPECT_NE(out.find(loss == "kto" ? "of 880 examples and 100 KL rows cached in" : "of 880 examples cached in"),
+              std::string::npos)
+        << out;
+    const auto a = anvil::testing::metrics_by_step(dir / (loss + "_model") / "metrics.jsonl");
+    const auto b = anvil::testing::metrics_by_step(dir / (loss + "_cached") / "metrics.jsonl");
+    ASSERT_EQ(a.size(), 8u);
+    ASSERT_EQ(b.size(), 8u);
+    for (const auto& [step, m] : a) {
+      if (loss != "kto") {
+        EXPECT_EQ(m["kl"].get<double>(), 0.0) << step;
+      }
+      for (const char* k : {"loss", "kl", "rewards/chosen", "rewards/rejected", "logps/chosen", "logits/chosen",
+                            "eval/loss", "eval/kl", "eval/rewards/margins"}) {
+        if (!m.contains(k)) continue;
+        ASSERT_TRUE(b.at(step).contains(k)) << step << " " << k;
+        const double x = m[k].get<double>();
+        EXPECT_NEAR(b.at(step)[k].get<double>(), x, 1e-5 * std::max(1.0, std::abs(x))) << step << " " << k;
+      }
+    }
+    EXPECT_TRUE(a.at(8).contains("eval/loss")) << a.at(8).dump();
+  }
+  stdfs::remove_all(dir / "kto_cached" / "checkpoint-8");  // resume from step 4: the cache, not the reference
+  ASSERT_EQ(train("kto_cached", "kto.precompute_reference=true"), 0) << out;
+  EXPECT_NE(out.find("kto: reference log-probs read from"), std::string::npos) << out;
+  // What would pair other completions with a prompt's KL row from one epoch to the next.
+  const auto dry = [&](const std::string& extra) {
+    return train("bad", "kto.precompute_reference=true --dry-run " + extra);
+  };
+  EXPECT_NE(dry("data.shuffle=true"), 0);
+  EXPECT_NE(out.find("set data.shuffle: false (TRL requires its sequential sampler)"), std::string::npos) << out;
+  EXPECT_NE(dry("'data.train=[{path: " + (dir / "train.jsonl").string() + ", weight: 1.0}]'"), 0);
+  EXPECT_NE(out.find("data.train[0].weight"), std::string::npos) << out;
+  EXPECT_NE(dry("train.micro_batch_size=7 train.global_batch_size=14"), 0);
+  EXPECT_NE(out.find("an epoch of 80 examples is not a multiple of train.micro_batch_size (7)"), std::string::npos)
+      << out;
+  // Without KL rows any order works.
+  EXPECT_EQ(dry("data.shuffle=true kto.loss_type=apo_zero_unpaired"), 0) << out;
 }
 
 // configs/examples/kto_tiny.yaml from the quickstart SFT checkpoint, on the

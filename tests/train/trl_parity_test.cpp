@@ -1,10 +1,11 @@
-// Anvil's ORPO (dpo.loss_type: orpo) and KTO follow TRL 1.16's own
-// ORPOTrainer and KTOTrainer step for step: from the same weights (a random
-// tiny GPT-2), the same rows in the same order (data.shuffle: false; TRL's
-// sequential sampler) and the same settings, with gradient accumulation and
-// max_length cutting a third of the replies, the loss and every metric both
-// log agree at each of 100 steps. tests/parity/trl_reference.py runs TRL
-// itself (installed into .venv/trl by scripts/setup.sh).
+// Anvil's ORPO (dpo.loss_type: orpo) and KTO (kto.loss_type: kto and
+// apo_zero_unpaired) follow TRL 1.16's own ORPOTrainer and KTOTrainer step
+// for step: from the same weights (a random tiny GPT-2), the same rows in the
+// same order (data.shuffle: false; TRL's sequential sampler) and the same
+// settings, with gradient accumulation and max_length cutting a third of the
+// replies, the loss and every metric both log agree at each of 100 steps.
+// tests/parity/trl_reference.py runs TRL itself (installed into .venv/trl by
+// scripts/setup.sh).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -49,7 +50,8 @@ std::string anvil_yaml(const nlohmann::json& s) {
     yaml += "dpo:\n  loss_type: " + s["loss_type"].get<std::string>() + "\n  beta: " + json_number(s["beta"]) +
             "\n  orpo_nll: prompt_and_reply\n";
   else
-    yaml += "kto:\n  beta: " + json_number(s["beta"]) + "\n  desirable_weight: " + json_number(s["desirable_weight"]) +
+    yaml += "kto:\n  loss_type: " + s["loss_type"].get<std::string>() + "\n  beta: " + json_number(s["beta"]) +
+            "\n  desirable_weight: " + json_number(s["desirable_weight"]) +
             "\n  undesirable_weight: " + json_number(s["undesirable_weight"]) + "\n";
   return yaml;
 }
@@ -116,7 +118,13 @@ TEST(TrlParity, OrpoFollowsTrlsOrpoTrainer) {
 
 TEST(TrlParity, KtoFollowsTrlsKtoTrainer) {
   follows_trl("kto", {"grad_norm", "kl", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen",
-                      "logps/rejected"});
+                      "logps/rejected", "logits/chosen", "logits/rejected"});
+}
+
+// kto.loss_type: apo_zero_unpaired, TRL's unpaired APO-zero: no KL rows, kl logged as 0.
+TEST(TrlParity, KtoApoZeroUnpairedFollowsTrlsKtoTrainer) {
+  follows_trl("kto_apo", {"grad_norm", "kl", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen",
+                          "logps/rejected", "logits/chosen", "logits/rejected"});
 }
 
 }  // namespace

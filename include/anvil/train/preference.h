@@ -179,6 +179,7 @@ class RewardObjective final : public Objective {
   void prepare(models::CausalLM& model, const RunContext& ctx) override;
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override;
   Metrics step_metrics(const Sums& sums) const override { return ranking_metrics(sums); }
+  std::vector<std::string> console_metrics() const override { return {"accuracy", "margin"}; }
   EvalResult evaluate(models::CausalLM& model) override;
   BatchSource& train_source() override;
   StepReads step_reads() const override { return StepReads::late; }  // no after_step
@@ -200,6 +201,7 @@ class DpoObjective final : public Objective {
   void prepare(models::CausalLM& model, const RunContext& ctx) override;
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override;
   Metrics step_metrics(const Sums& sums) const override { return dpo_metrics(sums); }
+  std::vector<std::string> console_metrics() const override { return {"rewards/accuracies", "rewards/margins"}; }
   EvalResult evaluate(models::CausalLM& model) override;
   BatchSource& train_source() override;
   StepReads step_reads() const override { return StepReads::late; }  // no after_step
