@@ -779,7 +779,6 @@ Command add_prepare(CLI::App& app) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  anvil::reproducible_cpu_math();
   CLI::App app{"anvil: tools around Anvil training runs"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("anvil ") + anvil::version(), "Print the version and exit");

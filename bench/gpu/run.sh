@@ -69,6 +69,13 @@ if ((SMOKE)); then
   GPT2_SHAPE="2 64" LLAMA_SHAPE="2 64" STEPS=8 WARMUP=3 GEN_PROMPT=8 GEN_NEW=8 GEN_BATCHES="4" GEN_GROUPS=2x2 GEN_GROUP_NEW=6
   VOCAB=$($PY -c "import sentencepiece as s; print(s.SentencePieceProcessor(model_file='data/tokenizer.model').vocab_size())")
   CORPUS_LINES=60 CORPUS_WORDS=300
+  # The checks compare runs bit for bit. On CPUs with AVX512-BF16 / AMX (an Intel Xeon, 2026-12-04), oneDNN's
+  # bf16 kernels with 2 threads gave one of two or three loss curves from step 2 on in 1 to 3 of 10 identical
+  # processes; with its ISA held at AVX512_CORE (bf16 computed in float32) 10 of 10 agreed (docs/reliability.md).
+  export ONEDNN_MAX_CPU_ISA=${ONEDNN_MAX_CPU_ISA:-AVX512_CORE}
+  # And Intel MKL's float32 GEMMs, which pick kernels by the operands' alignment unless asked not to: a run
+  # that saved at once parted from its twin in 4 of 10 processes there, 0 of 10 with this.
+  export MKL_CBWR=${MKL_CBWR:-AUTO,STRICT}
 else
   BUILD=${BUILD:-/tmp/anvil-gpu-build} DEVICE=cuda LIMIT=420 COMPILE=1
   GPT2=configs/models/gpt2-124m.yaml LLAMA=configs/models/llama-1b.yaml

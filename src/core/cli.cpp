@@ -1,7 +1,5 @@
 #include "core/cli.h"
 
-#include <cstdlib>
-
 #include <c10/util/Exception.h>
 
 #include <iostream>
@@ -10,8 +8,6 @@
 #include "anvil_version.h"
 
 namespace anvil {
-
-void reproducible_cpu_math() { setenv("MKL_CBWR", "AUTO,STRICT", /*overwrite=*/0); }
 
 int run_reporting_errors(const std::function<int()>& body) {
   try {
