@@ -42,7 +42,6 @@ std::string join(const std::vector<std::string>& v) {
 namespace anvil::train {
 
 int trainer_main(int argc, char** argv) {
-  reproducible_cpu_math();
   std::signal(SIGINT, on_signal_outside_loop);
   std::signal(SIGTERM, on_signal_outside_loop);
   // Testing hook: a signal at a chosen moment of start-up.
