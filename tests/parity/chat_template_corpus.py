@@ -45,7 +45,7 @@ from transformers import PreTrainedTokenizerFast
 from transformers.utils.chat_template_utils import render_jinja_template
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from apply_chat_template import GENERATION_TAG, end_of_turn, hf_mask, turn_samples  # noqa: E402
+from apply_chat_template import GENERATION_TAG, WEATHER, end_of_turn, hf_mask, turn_samples  # noqa: E402
 from jinja_corpus_cases import CORPUS_CASES, CORPUS_VARS  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -65,11 +65,6 @@ SPECIAL_TOKENS = [
     (r"[Mm]istral|Devstral", "<s>", "</s>"),
 ]
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city, now.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "Its name"},
-                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city"]}}}
 ARITHMETIC = [{"type": "function", "function": {"name": name, "description": f"{name.title()} two numbers.",
                                                 "parameters": {"type": "object",
                                                                "properties": {"a": {"type": "number"},
