@@ -75,8 +75,17 @@ std::vector<stdfs::path> weight_files(const stdfs::path& dir) {
     return out;
   }
   const auto single = dir / "model.safetensors";
-  if (!stdfs::exists(single))
+  if (!stdfs::exists(single)) {
+    // A PyTorch pickle (pytorch_model.bin, or its shards' index): say why it is not read and how to convert it.
+    for (const char* pickle : {"pytorch_model.bin", "pytorch_model.bin.index.json"})
+      if (stdfs::exists(dir / pickle))
+        throw CheckpointError(concat(
+            dir.string(), ": no model.safetensors or model.safetensors.index.json, only ", pickle,
+            ", a PyTorch pickle, which Anvil does not read (unpickling runs code from the file). Convert it once "
+            "with transformers: AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR, "
+            "safe_serialization=True) (docs/models.md, \"Importing a Hugging Face model\")"));
     throw CheckpointError(concat(dir.string(), ": no model.safetensors or model.safetensors.index.json"));
+  }
   return {single};
 }
 

@@ -5,6 +5,7 @@
 #include <torch/utils.h>
 
 #include "anvil/checkpoint/hf_model.h"
+#include "anvil/core/error.h"
 #include "data/collate.h"
 #include "models/layers.h"
 #include "anvil/models/registry.h"
@@ -99,6 +100,22 @@ TEST(GPT2, SavedFolderReloadsIdentically) {
   EXPECT_EQ(back->family(), "gpt2");
   auto ids = at::randint(0, 50, {2, 9}, at::kLong);
   EXPECT_TRUE(at::equal(back->forward(ids), m->forward(ids)));
+}
+
+// A folder of PyTorch pickles (pytorch_model.bin) is refused with why and the conversion, not just "no file".
+TEST(GPT2, APickleOnlyFolderIsExplained) {
+  anvil::testing::TempDir dir;
+  auto m = std::make_shared<GPT2LMHeadModel>(tiny());
+  checkpoint::save_model_dir(dir.path(), *m, nullptr);
+  std::filesystem::rename(dir / "model.safetensors", dir / "pytorch_model.bin");
+  try {
+    checkpoint::load_model_dir(dir.path());
+    FAIL() << "a folder without safetensors loaded";
+  } catch (const anvil::CheckpointError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("only pytorch_model.bin, a PyTorch pickle"), std::string::npos) << what;
+    EXPECT_NE(what.find("save_pretrained(DIR, safe_serialization=True)"), std::string::npos) << what;
+  }
 }
 
 }  // namespace
