@@ -22,6 +22,7 @@
 
 #include "anvil/chat/chat.h"
 #include "anvil/tokenizer/tokenizer.h"
+#include "chat/chat_references.h"
 #include "chat/hf.h"
 #include "jinja/jinja.h"
 #include "test_util.h"
@@ -33,17 +34,10 @@ namespace stdfs = std::filesystem;
 using anvil::testing::read_text;
 using anvil::testing::ReferenceFolder;
 using json = nlohmann::ordered_json;
+using references::messages_of;
+using references::read_lines;
 
 constexpr size_t kCorpusTemplates = 70;  // llama-cpp-python 0.3.36's models/templates
-
-std::vector<json> read_lines(const stdfs::path& p) {
-  std::vector<json> out;
-  std::ifstream in(p);
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) out.push_back(json::parse(line));
-  return out;
-}
 
 // The references, made once per ctest run (ParityReferences.ChatTemplates),
 // else here. Some templates print strftime_now's date: references made on
@@ -57,17 +51,6 @@ const ReferenceFolder& references() {
     return r;
   }();
   return *refs;
-}
-
-// A message with more than a string role and content (tool use, reasoning) is kept whole.
-std::vector<Message> messages_of(const json& j) {
-  std::vector<Message> out;
-  for (const auto& m : j) {
-    const bool text = m.contains("content") && m["content"].is_string();
-    out.push_back({m["role"].get<std::string>(), text ? m["content"].get<std::string>() : "",
-                   m.size() == 2 && text ? "" : m.dump()});
-  }
-  return out;
 }
 
 // What encode takes beside the messages: the tools, or an object of them and

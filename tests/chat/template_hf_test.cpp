@@ -15,6 +15,7 @@
 #include "anvil/checkpoint/hf_model.h"
 #include "anvil/models/registry.h"
 #include "anvil/tokenizer/tokenizer.h"
+#include "chat/chat_references.h"
 #include "chat/hf.h"
 #include "jinja/jinja.h"
 #include "test_util.h"
@@ -35,6 +36,8 @@ using data::Record;
 using data::record_tools;
 using data::SftDataset;
 using json = nlohmann::ordered_json;
+using references::messages_of;
+using references::read_lines;
 
 /// dir/refs: the templates' tokenizer folders and transformers' renderings.
 ::testing::AssertionResult make_refs(const TempDir& dir) {
@@ -44,26 +47,6 @@ using json = nlohmann::ordered_json;
                      &out);
   if (rc == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << out;
-}
-
-std::vector<json> read_lines(const stdfs::path& p) {
-  std::vector<json> out;
-  std::ifstream in(p);
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) out.push_back(json::parse(line));
-  return out;
-}
-
-// A message with more than a string role and content (tool use) is kept whole.
-std::vector<Message> messages_of(const json& j) {
-  std::vector<Message> out;
-  for (const auto& m : j) {
-    const bool text = m.contains("content") && m["content"].is_string();
-    out.push_back({m["role"].get<std::string>(), text ? m["content"].get<std::string>() : "",
-                   m.size() == 2 && text ? "" : m.dump()});
-  }
-  return out;
 }
 
 std::string tools_of(const json& c) { return c.contains("tools") ? c["tools"].dump() : std::string(); }
