@@ -138,7 +138,7 @@ logging: {level: warn}
   EXPECT_NE(out.find("distill.seq_kd"), std::string::npos) << out;
 }
 
-// configs/examples/distill_tiny.yaml: the quickstart's SFT model at step 1000
+// configs/distill_tiny.yaml: the quickstart's SFT model at step 1000
 // learns from its own run's final checkpoint: its held-out exact match rises
 // (an eval-only run gives the student's first).
 TEST(DistillLearning, StudentMovesTowardsTheTeacher) {
@@ -149,7 +149,7 @@ TEST(DistillLearning, StudentMovesTowardsTheTeacher) {
   std::string out;
   const auto cmd = [&](const std::string& name) {
     return "cd " + src + " && " + anvil::testing::trainer_bin() +
-           " --config configs/examples/distill_tiny.yaml output_dir=" + (dir / name).string() +
+           " --config configs/distill_tiny.yaml output_dir=" + (dir / name).string() +
            " model.from=" + (run_dir / "checkpoint-1000").string() +
            " distill.teacher=" + (run_dir / "checkpoint-1500").string() + " train.threads=1" +
            anvil::testing::seed_override() + " 2>&1";
@@ -179,7 +179,7 @@ TEST(DistillLearning, SeqKdLearnsFromTheTeachersSamplesAlone) {
   std::string out;
   const auto cmd = [&](const std::string& name) {
     return "cd " + src + " && " + anvil::testing::trainer_bin() +
-           " --config configs/examples/distill_tiny.yaml output_dir=" + (dir / name).string() +
+           " --config configs/distill_tiny.yaml output_dir=" + (dir / name).string() +
            " model.from=" + (run_dir / "checkpoint-1000").string() +
            " distill.teacher=" + (run_dir / "checkpoint-1500").string() +
            " 'data.train=[{path: " + (dir / "prompts.jsonl").string() +

@@ -263,7 +263,7 @@ TEST(KtoRuns, PrecomputedReferenceMatchesTheInProcessOne) {
   EXPECT_EQ(dry("data.shuffle=true kto.loss_type=apo_zero_unpaired"), 0) << out;
 }
 
-// configs/examples/kto_tiny.yaml from the quickstart SFT checkpoint, on the
+// configs/kto_tiny.yaml from the quickstart SFT checkpoint, on the
 // bundled DPO pairs unpaired into desirable and undesirable examples: the
 // held-out margin between the desirable and undesirable completions' implicit
 // rewards (0 at the start: the reference is the SFT model) becomes positive,
@@ -278,8 +278,8 @@ TEST(PreferenceLearning, KtoLearnsFromUnpairedExamples) {
   std::string out;
   const auto cmd = [&](const std::string& name) {
     return "cd " + src + " && " + anvil::testing::trainer_bin() +
-           " --config configs/examples/kto_tiny.yaml output_dir=" + (dir / name).string() +
-           " model.from=" + sft.string() + " train.threads=1" + anvil::testing::seed_override() + " 2>&1";
+           " --config configs/kto_tiny.yaml output_dir=" + (dir / name).string() + " model.from=" + sft.string() +
+           " train.threads=1" + anvil::testing::seed_override() + " 2>&1";
   };
   ASSERT_EQ(run(cmd("before") + " --eval-only", &out), 0) << out;
   const auto before = nlohmann::json::parse(anvil::testing::read_text(dir / "before" / "eval-step-0.json"))["metrics"];

@@ -495,7 +495,7 @@ TEST(PreferenceLearning, ReferenceFreeLossesLearnThePairs) {
     TempDir dir;
     std::string out;
     const auto cmd = [&](const std::string& name) {
-      return "cd " + src + " && " + anvil::testing::trainer_bin() + " --config configs/examples/" + type +
+      return "cd " + src + " && " + anvil::testing::trainer_bin() + " --config configs/" + type +
              "_tiny.yaml output_dir=" + (dir / name).string() + " model.from=" + sft_checkpoint().string() +
              " train.threads=1" + anvil::testing::seed_override();
     };
@@ -505,7 +505,7 @@ TEST(PreferenceLearning, ReferenceFreeLossesLearnThePairs) {
     ASSERT_EQ(run(cmd("run") + " 2>&1", &out), 0) << out;
     const auto last = metric_lines(dir / "run" / "metrics.jsonl").back();
     ASSERT_TRUE(before.contains("eval/rewards/margins") && last.contains("eval/rewards/margins")) << out;
-    const double beta = dpo_config(anvil::config::load_config({src + "/configs/examples/" + type + "_tiny.yaml"},
+    const double beta = dpo_config(anvil::config::load_config({src + "/configs/" + type + "_tiny.yaml"},
                                                               {"model.from=" + sft_checkpoint().string()}))
                             .beta;
     // The margin in nats of mean token log-prob.
