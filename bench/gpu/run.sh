@@ -267,13 +267,20 @@ PY
     "$W/runs/chk-gpt2-debug-plain-fp32/metrics.jsonl" --atol 1e-5 --rtol 1e-5
   check losses "gpt2-debug: fused loss ~ plain on $DEVICE, bf16" "$W/runs/chk-gpt2-debug-bf16/metrics.jsonl" \
     "$W/runs/chk-gpt2-debug-plain-bf16/metrics.jsonl" --atol 0.02
+  # One rank under full_shard: through c10d's ProcessGroupNCCL on CUDA (dist.backend=nccl builds it even
+  # alone, and the run's first lines say so), in-process on the CPU; GPT-2 and LLaMA against plain bf16.
   full=(dist.sharding=full_shard)
   [[ $DEVICE == cuda ]] && full+=(dist.backend=nccl) &&
     RUN_ENV=(RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29518)
-  anvil_run chk-full_shard "$DBG_GPT2" 4 64 bf16 "${few[@]}" "${full[@]}"
+  for m in $DBG_GPT2 $DBG_LLAMA; do
+    n=$(basename "$m" .yaml)
+    anvil_run chk-full_shard-$n "$m" 4 64 bf16 "${few[@]}" "${full[@]}"
+    [[ $DEVICE != cuda ]] || grep -q "1 rank(s), nccl, full_shard" "$W/chk-full_shard-$n.log" ||
+      { echo "FAIL $n: the one-rank full_shard run did not go through NCCL" | tee -a "$OUTD/checks.txt"; FAILED=1; }
+    check losses "$n: one-rank full_shard losses = plain bf16" "$W/runs/chk-full_shard-$n/metrics.jsonl" \
+      "$W/runs/chk-$n-bf16/metrics.jsonl" --atol 1e-5
+  done
   RUN_ENV=()
-  check losses "gpt2-debug: one-rank full_shard losses = plain bf16" "$W/runs/chk-full_shard/metrics.jsonl" \
-    "$W/runs/chk-gpt2-debug-bf16/metrics.jsonl" --atol 1e-5
   # Checkpoints written in the background (from device memory through pinned buffers) = written at once.
   for prec in fp32 bf16; do
     saves=(train.max_steps=6 train.save_every=2 train.keep_checkpoints=0 model.dropout=0.1 schedule.decay=constant)

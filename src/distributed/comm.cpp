@@ -95,7 +95,11 @@ bool has_backend(const std::string& name) {
 
 std::shared_ptr<Communicator> make_communicator(const ProcessInfo& proc, const at::Device& device,
                                                 const CommOptions& options) {
-  if (proc.world_size == 1) return std::make_shared<SingleProcess>();
+  // One process needs no library, unless the config names one: an explicit
+  // nccl builds ProcessGroupNCCL even alone (the GPU check's one-rank
+  // full_shard runs through it), an explicit mpi does under mpirun -np 1.
+  if (proc.world_size == 1 && (options.backend == "auto" || (options.backend == "mpi" && proc.launcher != "mpirun")))
+    return std::make_shared<SingleProcess>();
   auto backend = options.backend;
   if (backend == "auto") backend = device.is_cuda() ? "nccl" : "mpi";
   if (backend == "nccl") {

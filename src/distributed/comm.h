@@ -59,8 +59,9 @@ struct CommOptions {
   std::chrono::milliseconds timeout{600000};
 };
 
-/// The communicator for this process. World size 1 needs no library; more
-/// ranks use NCCL (rendezvous at MASTER_ADDR:MASTER_PORT) or MPI. Throws
+/// The communicator for this process. World size 1 needs no library unless
+/// `options.backend` names one (nccl; mpi under mpirun); more ranks use NCCL
+/// (rendezvous at MASTER_ADDR:MASTER_PORT) or MPI. Throws
 /// ConfigError when the backend does not fit the launch (e.g. mpi without
 /// mpirun, nccl on CPU, a library this build lacks).
 std::shared_ptr<Communicator> make_communicator(const ProcessInfo& proc, const at::Device& device,

@@ -93,6 +93,12 @@ void add_kto_logit_sums(const at::Tensor& mean_logit_sums, const at::Tensor& tok
   side(1 - d, "logits/rejected", "logits_rejected_batches");
 }
 
+void add_kto_entropy_sums(const at::Tensor& entropy_sums, const at::Tensor& token_counts, Sums& sums) {
+  const auto n = token_counts.to(at::kDouble).sum();
+  add_sum(sums, "entropy", entropy_sums.detach().to(at::kDouble).sum() / n.clamp_min(1));
+  add_sum(sums, "entropy_batches", at::scalar_tensor(1.0, at::kDouble));
+}
+
 Metrics kto_metrics(const Sums& sums, const std::string& prefix) {
   Metrics m;
   const auto average = [&](const char* key, const char* batches) {
@@ -106,6 +112,7 @@ Metrics kto_metrics(const Sums& sums, const std::string& prefix) {
   average("logits/chosen", "logits_chosen_batches");
   average("logits/rejected", "logits_rejected_batches");
   average("kl", "kl_batches");
+  average("entropy", "entropy_batches");
   return m;
 }
 
@@ -237,13 +244,15 @@ class KtoObjective final : public Objective {
     const auto ids = to_device(batch.tensors.at("input_ids"), device),
                labels = to_device(batch.tensors.at("labels"), device);
     const bool fused = cfg_.train.fused_loss;
-    at::Tensor policy, counts, logit_sums, policy_kl;
+    at::Tensor policy, counts, policy_kl;
+    TokenStats stats;
+    stats.want_mean_logits = stats.want_entropy = true;
     {
       NoDropout guard(model, kto_.disable_dropout);
       // The policy's forward with gradients: its padding takes no part in a mixture of experts'
       // load-balancing loss (TRL passes the completion's attention mask).
       std::tie(policy, counts) = model_sequence_logps(model, ids.narrow(0, 0, n), labels.narrow(0, 0, n), fused,
-                                                      batch.tensors.at("attention_mask").narrow(0, 0, n), &logit_sums);
+                                                      batch.tensors.at("attention_mask").narrow(0, 0, n), &stats);
       if (kl_rows_) {
         torch::NoGradGuard no_grad;  // z0 takes no gradient (TRL computes it under no_grad)
         policy_kl = model_sequence_logps(model, ids.narrow(0, n, n), labels.narrow(0, n, n), fused).first;
@@ -256,7 +265,8 @@ class KtoObjective final : public Objective {
     const auto desirable = to_device(batch.tensors.at("desirable"), device);
     const auto out = kto_loss(policy, ref.narrow(0, 0, n), desirable, kl, loss_opt_);
     add_kto_sums(out, policy, desirable, kl, sums);
-    add_kto_logit_sums(logit_sums, counts, desirable, sums);
+    add_kto_logit_sums(stats.mean_logit_sums, counts, desirable, sums);
+    add_kto_entropy_sums(stats.entropy_sums, counts, sums);
     return out.losses.sum();
   }
 

@@ -84,6 +84,11 @@ void add_kto_sums(const KtoLossOutput& out, const at::Tensor& policy_logps, cons
 /// kto_metrics averages them over the micro-batches that had such tokens.
 void add_kto_logit_sums(const at::Tensor& mean_logit_sums, const at::Tensor& token_counts, const at::Tensor& desirable,
                         Sums& sums);
+/// TRL's entropy of a micro-batch into `sums`: the sum over every
+/// completion's tokens of the entropy of the distribution that predicts them
+/// (`entropy_sums` (n), per example) over those tokens' count (0 without
+/// tokens, as TRL logs it); kto_metrics averages it over the micro-batches.
+void add_kto_entropy_sums(const at::Tensor& entropy_sums, const at::Tensor& token_counts, Sums& sums);
 Metrics kto_metrics(const Sums& sums, const std::string& prefix = "");
 
 /// TRL's advice on the loss weights when a training epoch holds `desirable`

@@ -148,18 +148,20 @@ at::Tensor chunk_log_softmax(const at::Tensor& h, const PaddedHead& head, double
 struct FusedLinearLogprobs : public torch::autograd::Function<FusedLinearLogprobs> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
                             const std::optional<at::Tensor>& maybe_bias, const at::Tensor& targets, double temperature,
-                            int64_t chunk, int64_t pad_to, int64_t ignore_index, at::Tensor* entropy) {
+                            int64_t chunk, int64_t pad_to, int64_t ignore_index, at::Tensor* entropy,
+                            at::Tensor* top1) {
     const auto bias = maybe_bias.value_or(at::Tensor());
     const auto head = pad_head(weight, bias, pad_to);
     const int64_t N = hidden.size(0);
     const auto acc = hidden.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     auto out = at::zeros({N}, hidden.options().dtype(acc));
     if (entropy != nullptr) *entropy = at::zeros({N}, hidden.options().dtype(acc));
+    if (top1 != nullptr) *top1 = at::zeros({N}, hidden.options().dtype(at::kBool));
     const auto valid = targets.ne(ignore_index);
     const auto safe = targets.masked_fill(valid.logical_not(), 0);
     for (int64_t s = 0; s < N; s += chunk) {
       const int64_t n = std::min(chunk, N - s);
-      if (temperature == 1.0 && entropy == nullptr) {  // log p[y] = -(the row's cross-entropy): one kernel
+      if (temperature == 1.0 && entropy == nullptr && top1 == nullptr) {  // log p[y] = -(the row's cross-entropy)
         auto logits = head_logits(hidden.narrow(0, s, n), head);
         out.narrow(0, s, n).copy_(
             kernels::cross_entropy_rows(logits, targets.narrow(0, s, n), head.vocab, ignore_index, false).neg());
@@ -172,8 +174,11 @@ struct FusedLinearLogprobs : public torch::autograd::Function<FusedLinearLogprob
         const auto p = logp.exp();
         entropy->narrow(0, s, n).copy_(-(p * logp.masked_fill(p.eq(0), 0)).sum(1));
       }
+      // The padding's columns are -inf, so the argmax is a real token's.
+      if (top1 != nullptr) top1->narrow(0, s, n).copy_(logp.argmax(1).eq(targets.narrow(0, s, n)));
     }
     out.masked_fill_(valid.logical_not(), 0);
+    if (top1 != nullptr) top1->masked_fill_(valid.logical_not(), false);
     ctx->save_for_backward({hidden, weight, bias, targets});
     ctx->saved_data["temperature"] = temperature;
     ctx->saved_data["chunk"] = chunk;
@@ -217,7 +222,8 @@ struct FusedLinearLogprobs : public torch::autograd::Function<FusedLinearLogprob
       grads.add(s, n, h, gl, head);
     }
     const auto [gh, gw, gb] = grads.finish(weight, bias, head);
-    return {gh, gw, gb, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {gh,           gw,           gb,           at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -225,7 +231,7 @@ struct FusedLinearLogprobs : public torch::autograd::Function<FusedLinearLogprob
 
 at::Tensor fused_linear_logprobs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
                                  const at::Tensor& targets, double temperature, const FusedLossOptions& o,
-                                 at::Tensor* entropy) {
+                                 at::Tensor* entropy, at::Tensor* top1) {
   TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
               "fused_linear_logprobs: hidden (N, C) and weight (V, C) expected, got ", hidden.sizes(), " and ",
               weight.sizes());
@@ -235,10 +241,11 @@ at::Tensor fused_linear_logprobs(const at::Tensor& hidden, const at::Tensor& wei
   const auto h = hidden.contiguous();
   const int64_t pad_to = resolved_pad(h, o);
   const int64_t chunk = fused_loss_chunk_rows(h.size(0), weight.size(0) + pad_to, o);
-  at::Tensor ent;
+  at::Tensor ent, best;
   auto out = FusedLinearLogprobs::apply(h, weight, optional_bias(bias), targets, temperature, chunk, pad_to,
-                                        o.ignore_index, entropy ? &ent : nullptr);
+                                        o.ignore_index, entropy ? &ent : nullptr, top1 ? &best : nullptr);
   if (entropy != nullptr) *entropy = ent;
+  if (top1 != nullptr) *top1 = best;
   return out;
 }
 

@@ -32,11 +32,13 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
 /// Per-row log-probabilities of `targets` under softmax((hidden W^T + b) / temperature),
 /// in float32, computed a chunk of rows at a time; backward recomputes each
 /// chunk's logits, so no (N, V) tensor outlives its chunk. Rows whose target
-/// is ignore_index get 0. With `entropy`, also each row's entropy (no grad).
+/// is ignore_index get 0. With `entropy`, also each row's entropy (no grad);
+/// with `top1`, whether the row's most likely token is its target (bool,
+/// false where the target is ignore_index).
 /// hidden (N, C), weight (V, C), bias (V) or undefined, targets (N).
 at::Tensor fused_linear_logprobs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
                                  const at::Tensor& targets, double temperature = 1.0, const FusedLossOptions& o = {},
-                                 at::Tensor* entropy = nullptr);
+                                 at::Tensor* entropy = nullptr, at::Tensor* top1 = nullptr);
 
 /// The rows per chunk `o` gives for N rows of a vocabulary of V.
 int64_t fused_loss_chunk_rows(int64_t rows, int64_t vocab, const FusedLossOptions& o);

@@ -112,25 +112,31 @@ std::pair<at::Tensor, at::Tensor> sequence_logps(const at::Tensor& logits, const
 
 namespace {
 
+/// Per-position values (B, T) summed per row over the positions that predict a labelled token: (B) float32.
+at::Tensor sum_at_targets(const at::Tensor& per_position, const at::Tensor& labels) {
+  const auto predicts = next_token_targets(labels, chat::kIgnoreIndex).ne(chat::kIgnoreIndex);  // (B, T)
+  return (per_position.to(at::kFloat) * predicts).sum(-1);
+}
+
 /// sequence_logps from the final hidden states (B, T, C) through the fused
-/// head (train.fused_loss): no (B, T, V) logits.
+/// head (train.fused_loss): no (B, T, V) logits; `stats`' entropy and top-1
+/// counts from the same chunks.
 std::pair<at::Tensor, at::Tensor> fused_sequence_logps(models::CausalLM& model, const at::Tensor& hidden,
-                                                       const at::Tensor& labels) {
+                                                       const at::Tensor& labels, TokenStats* stats) {
   const auto B = labels.size(0), T = labels.size(1);
   const auto shifted = next_token_targets(labels, chat::kIgnoreIndex);
   const auto head = model.output_head();
   FusedLossOptions o;
   o.ignore_index = chat::kIgnoreIndex;
-  const auto logp = fused_linear_logprobs(hidden.reshape({-1, hidden.size(-1)}), head.weight, head.bias,
-                                          shifted.reshape({-1}), 1.0, o)
-                        .view({B, T});
+  at::Tensor entropy, top1;
+  const bool want_entropy = stats && stats->want_entropy, want_top1 = stats && stats->want_top1;
+  const auto logp =
+      fused_linear_logprobs(hidden.reshape({-1, hidden.size(-1)}), head.weight, head.bias, shifted.reshape({-1}), 1.0,
+                            o, want_entropy ? &entropy : nullptr, want_top1 ? &top1 : nullptr)
+          .view({B, T});
+  if (want_entropy) stats->entropy_sums = sum_at_targets(entropy.view({B, T}), labels);
+  if (want_top1) stats->top1_counts = sum_at_targets(top1.view({B, T}), labels);
   return {logp.sum(-1), shifted.ne(chat::kIgnoreIndex).sum(-1)};
-}
-
-/// Per-position values (B, T) summed per row over the positions that predict a labelled token: (B) float32.
-at::Tensor sum_at_targets(const at::Tensor& per_position, const at::Tensor& labels) {
-  const auto predicts = next_token_targets(labels, chat::kIgnoreIndex).ne(chat::kIgnoreIndex);  // (B, T)
-  return (per_position.to(at::kFloat) * predicts).sum(-1);
 }
 
 /// The mean over the vocabulary of each position's logits, (B, T) float32, from the hidden states (B, T, C)
@@ -148,18 +154,27 @@ at::Tensor vocab_mean_logits(const models::CausalLM::OutputHead& head, const at:
 
 std::pair<at::Tensor, at::Tensor> model_sequence_logps(models::CausalLM& model, const at::Tensor& ids,
                                                        const at::Tensor& labels, bool fused,
-                                                       const at::Tensor& token_mask, at::Tensor* mean_logit_sums) {
+                                                       const at::Tensor& token_mask, TokenStats* stats) {
   models::ForwardArgs args;
   if (model.num_experts() > 0 && token_mask.defined()) args.token_mask = token_mask.to(ids.device());
   if (fused && model.final_logit_softcap() == 0) {  // soft-capped logits (Gemma) take the plain head
     const auto hidden = model.hidden_states(ids, args);
-    if (mean_logit_sums) *mean_logit_sums = sum_at_targets(vocab_mean_logits(model.output_head(), hidden), labels);
-    return fused_sequence_logps(model, hidden, labels);
+    if (stats && stats->want_mean_logits)
+      stats->mean_logit_sums = sum_at_targets(vocab_mean_logits(model.output_head(), hidden), labels);
+    return fused_sequence_logps(model, hidden, labels, stats);
   }
   const auto logits = model.forward(ids, args);  // (B, T, V)
-  if (mean_logit_sums)
-    *mean_logit_sums =
+  if (stats && stats->want_mean_logits)
+    stats->mean_logit_sums =
         sum_at_targets(logits.detach().sum(-1, false, at::kFloat) / static_cast<double>(logits.size(-1)), labels);
+  if (stats && stats->want_entropy) {
+    const auto logp = logits.detach().to(at::kFloat).log_softmax(-1);
+    stats->entropy_sums = sum_at_targets(-(logp.exp() * logp.masked_fill(logp.isneginf(), 0)).sum(-1), labels);
+  }
+  if (stats && stats->want_top1) {
+    const auto shifted = next_token_targets(labels, chat::kIgnoreIndex);
+    stats->top1_counts = sum_at_targets(logits.detach().argmax(-1).eq(shifted), labels);
+  }
   return sequence_logps(logits, labels);
 }
 
@@ -267,6 +282,23 @@ void add_dpo_sums(const DpoLossOutput& out, const at::Tensor& policy_chosen, con
   }
 }
 
+void add_dpo_token_sums(const TokenStats& stats, const at::Tensor& token_counts, Sums& sums) {
+  // Rows alternate chosen, rejected. Each figure is the micro-batch's token mean (0 without tokens), then
+  // averaged over the step's micro-batches, as DPOTrainer appends and averages them.
+  const auto tokens = token_counts.to(at::kDouble).view({-1, 2});
+  const auto per_token = [&](const at::Tensor& values, const at::Tensor& n) {
+    return values / n.clamp_min(1) * n.gt(0).to(at::kDouble);
+  };
+  const auto logits = stats.mean_logit_sums.detach().to(at::kDouble).view({-1, 2});
+  const auto chosen_tokens = tokens.select(1, 0).sum(), rejected_tokens = tokens.select(1, 1).sum();
+  add_sum(sums, "logits/chosen", per_token(logits.select(1, 0).sum(), chosen_tokens));
+  add_sum(sums, "logits/rejected", per_token(logits.select(1, 1).sum(), rejected_tokens));
+  add_sum(sums, "entropy", per_token(stats.entropy_sums.detach().to(at::kDouble).sum(), tokens.sum()));
+  add_sum(sums, "mean_token_accuracy",
+          per_token(stats.top1_counts.to(at::kDouble).view({-1, 2}).select(1, 0).sum(), chosen_tokens));
+  add_sum(sums, "token_batches", at::scalar_tensor(1.0, at::kDouble));
+}
+
 Metrics dpo_metrics(const Sums& sums, const std::string& prefix) {
   const double n = sum_value(sums, "pairs");
   if (n <= 0) return {};
@@ -276,6 +308,9 @@ Metrics dpo_metrics(const Sums& sums, const std::string& prefix) {
     m[prefix + k] = sum_value(sums, k) / n;
   for (const char* k : {"nll_loss", "log_odds_ratio", "log_odds_chosen"})
     if (sums.count(k)) m[prefix + k] = sum_value(sums, k) / n;
+  if (const double batches = sums.count("token_batches") ? sum_value(sums, "token_batches") : 0; batches > 0)
+    for (const char* k : {"logits/chosen", "logits/rejected", "entropy", "mean_token_accuracy"})
+      m[prefix + k] = sum_value(sums, k) / batches;
   return m;
 }
 
@@ -656,6 +691,10 @@ at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
   // log-prob, the replies' sums come from the same.
   const bool whole_row_nll = type == "orpo" && dpo_config(s_->cfg).orpo_nll == "prompt_and_reply";
   at::Tensor policy_sums, counts, whole_row_nll_mean;
+  // The losses of TRL's DPOTrainer also log its token statistics; ORPOTrainer and CPOTrainer (orpo, simpo,
+  // cpo) log none of them (their logits/* average every padded position: not logged).
+  TokenStats stats;
+  stats.want_mean_logits = stats.want_entropy = stats.want_top1 = !reference_free(type);
   {
     NoDropout guard(model, dpo_config(s_->cfg).disable_dropout);
     const auto ids = to_device(batch.tensors.at("input_ids"), device);
@@ -672,7 +711,7 @@ at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
       const auto n = targets.index_select(0, chosen).ne(chat::kIgnoreIndex).sum().clamp_min(1);
       whole_row_nll_mean = -logp.index_select(0, chosen).sum() / n.to(logp.scalar_type());
     } else {
-      std::tie(policy_sums, counts) = model_sequence_logps(model, ids, labels, s_->cfg.train.fused_loss, real);
+      std::tie(policy_sums, counts) = model_sequence_logps(model, ids, labels, s_->cfg.train.fused_loss, real, &stats);
     }
   }
   // Rows alternate chosen, rejected (every example is a pair).
@@ -688,6 +727,7 @@ at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
     out = dpo_loss(pc, pr, ref.select(1, 0), ref.select(1, 1), s_->loss_opt);
   }
   add_dpo_sums(out, pc, pr, sums);
+  if (stats.want_entropy) add_dpo_token_sums(stats, counts, sums);
   if (whole_row_nll) {
     // The micro-batch's loss as TRL's: NLL mean - mean(beta log sigma(log odds)), returned summed over its pairs
     // (the engine divides by the step's pairs).

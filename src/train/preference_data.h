@@ -43,10 +43,28 @@ class NoDropout {
 /// gradient; TRL's mean_logits): through the fused head as hidden · mean(W
 /// rows) + mean(b), which needs no (B, T, V) logits; soft-capped logits take
 /// the plain head, so the mean is of the real (capped) logits.
+/// What model_sequence_logps also measures, per row over the positions that
+/// predict a labelled token ((B) float32, no gradient), as TRL's trainers log
+/// them: the sum of the mean over the vocabulary of the logits (TRL's
+/// mean_logits; through the fused head as hidden · mean(W rows) + mean(b),
+/// with no (B, T, V) logits), of the entropy of the predicted distribution
+/// (TRL's entropy; the fused head's chunks), and the count of positions whose
+/// most likely token is the label (TRL's is_top1). Each is filled when asked.
+struct TokenStats {
+  bool want_mean_logits = false, want_entropy = false, want_top1 = false;
+  at::Tensor mean_logit_sums, entropy_sums, top1_counts;
+};
 std::pair<at::Tensor, at::Tensor> model_sequence_logps(models::CausalLM& model, const at::Tensor& ids,
                                                        const at::Tensor& labels, bool fused,
-                                                       const at::Tensor& token_mask = {},
-                                                       at::Tensor* mean_logit_sums = nullptr);
+                                                       const at::Tensor& token_mask = {}, TokenStats* stats = nullptr);
+
+/// DPOTrainer's token statistics of a micro-batch of pairs (rows alternate
+/// chosen, rejected; `token_counts` (2E) each row's labelled tokens) into
+/// `sums`: logits/chosen and logits/rejected (the mean over that side's reply
+/// tokens of the vocabulary-mean logit), entropy (over every reply token) and
+/// mean_token_accuracy (the chosen reply tokens that are the most likely),
+/// each 0 without tokens; dpo_metrics averages them over the micro-batches.
+void add_dpo_token_sums(const TokenStats& stats, const at::Tensor& token_counts, Sums& sums);
 
 /// The per-token form of model_sequence_logps: (B, T) float32 log-probs,
 /// position t holding log p(labels[t + 1]) where that label is kept (0

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "anvil/core/error.h"
+#include "distributed/comm.h"
 #include "distributed/env.h"
 #include "test_util.h"
 
@@ -121,6 +122,38 @@ TEST(DistEnv, TrainerRejectsALaunchItsBackendCannotServe) {
       << out;
   out = launch("SLURM_PROCID=0 SLURM_NTASKS=2 SLURM_LOCALID=0 SLURM_JOB_NODELIST=n1", "dist.backend=nccl");
   EXPECT_NE(out.find("dist.backend: nccl needs train.device cuda, got cpu"), std::string::npos) << out;
+}
+
+// One process: auto needs no library; a named one is built even alone, so
+// `dist.backend: nccl` at world size 1 reaches ProcessGroupNCCL (here, on the
+// CPU, its device check) instead of the in-process stand-in, and `mpi` under
+// mpirun -np 1 is MPI.
+TEST(DistEnv, ANamedBackendIsBuiltForOneProcess) {
+  const auto one = from({});
+  ASSERT_EQ(one.world_size, 1);
+  EXPECT_EQ(make_communicator(one, at::kCPU, {})->backend(), "single");
+  CommOptions nccl;
+  nccl.backend = "nccl";
+  try {
+    make_communicator(one, at::kCPU, nccl);
+    ADD_FAILURE() << "dist.backend: nccl on the CPU at world size 1 was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("dist.backend: nccl needs train.device cuda, got cpu"), std::string::npos)
+        << e.what();
+  }
+  CommOptions mpi;
+  mpi.backend = "mpi";
+  EXPECT_EQ(make_communicator(one, at::kCPU, mpi)->backend(), "single");  // not under mpirun: nothing to join
+  if (!has_backend("mpi")) GTEST_SKIP() << "this build has no MPI";
+  anvil::testing::TempDir dir;
+  std::string out;
+  const auto cmd = "cd " + anvil::testing::source_dir() + " && " + anvil::testing::mpirun(1) + " " +
+                   anvil::testing::trainer_bin() +
+                   " --config configs/quickstart.yaml output_dir=" + (dir / "run").string() +
+                   " dist.backend=mpi dist.sharding=full_shard train.max_steps=1 train.save_every=0 "
+                   "eval.generate_samples=0 2>&1";
+  ASSERT_EQ(anvil::testing::run(cmd, &out), 0) << out;
+  EXPECT_NE(out.find("1 rank(s), mpi, full_shard"), std::string::npos) << out;
 }
 
 }  // namespace

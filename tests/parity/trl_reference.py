@@ -1,6 +1,6 @@
-"""TRL 1.16's own ORPOTrainer and KTOTrainer, for Anvil's `dpo.loss_type: orpo`
-and `algorithm: kto` (`kto.loss_type` kto and apo_zero_unpaired) to follow
-step for step.
+"""TRL 1.16's own DPOTrainer, ORPOTrainer and KTOTrainer, for Anvil's
+`dpo.loss_type` sigmoid and orpo and `algorithm: kto` (`kto.loss_type` kto and
+apo_zero_unpaired) to follow step for step.
 
     trl_reference.py DIR [CASE]
 
@@ -68,7 +68,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 try:
     import datasets  # noqa: E402
     import trl  # noqa: E402
-    from trl import KTOConfig, KTOTrainer  # noqa: E402
+    from trl import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer  # noqa: E402
     from trl.experimental.orpo import ORPOConfig, ORPOTrainer  # noqa: E402
 except ImportError as e:
     sys.exit(f"TRL is not installed in {os.path.join(sys.prefix, 'trl')} ({e}); run scripts/setup.sh")
@@ -203,6 +203,10 @@ def train(spec, out_path):
         args = KTOConfig(**common_args(spec), loss_type=spec["loss_type"], desirable_weight=spec["desirable_weight"],
                          undesirable_weight=spec["undesirable_weight"])
         trainer = KTOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tok, callbacks=[record])
+    elif spec["loss_type"] == "sigmoid":
+        # The reference is the initial weights: DPOTrainer's own copy of the model when it gets none.
+        args = DPOConfig(**common_args(spec), loss_type=["sigmoid"])
+        trainer = DPOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tok, callbacks=[record])
     else:
         args = ORPOConfig(**common_args(spec))
         trainer = ORPOTrainer(model=model, args=args, train_dataset=dataset, processing_class=tok, callbacks=[record])
@@ -236,6 +240,8 @@ def train(spec, out_path):
 # Name: (algorithm, data file, the case's own settings).
 CASES = {
     "orpo": ("dpo", "orpo.jsonl", {"loss_type": "orpo", "beta": 0.5, "lr": 2e-3, "weight_decay": 0.1}),
+    # DPO (sigmoid) against the initial weights, on the same pairs.
+    "dpo": ("dpo", "orpo.jsonl", {"loss_type": "sigmoid", "beta": 2.0, "lr": 2e-3, "weight_decay": 0.1}),
     # Desirable examples weigh more, so the policy's log-probs of mismatched
     # completions rise above the reference's: the KL estimate z0 is positive
     # from step 3 on (warmup starts from 0, so steps 1 and 2 score the initial
