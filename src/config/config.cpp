@@ -32,8 +32,10 @@ void erase_subtree(FlatConfig& out, const std::string& prefix) {
     it = out.erase(it);
 }
 
-void flatten(const YAML::Node& node, const std::string& prefix, const std::string& file, FlatConfig& out,
-             int order = 0) {
+/// Adds `node`'s leaves under `prefix` to `out`. A key that is not a plain
+/// name is an error, added to `errors` (and skipped) when given, else thrown.
+void flatten(const YAML::Node& node, const std::string& prefix, const std::string& file, FlatConfig& out, int order = 0,
+             Errors* errors = nullptr) {
   // `key: null` (or ~, or key=null on the command line) removes what an
   // earlier source set there: the key falls back to its default.
   if (node.IsNull() && !prefix.empty()) {
@@ -42,14 +44,18 @@ void flatten(const YAML::Node& node, const std::string& prefix, const std::strin
   }
   if (node.IsMap()) {
     for (const auto& kv : node) {
-      if (!kv.first.IsScalar())  // `? [a, b] : 1` and `{a: 1}: 2` are YAML, but not config keys
-        throw ConfigError(concat(where_of(file, kv.first), ": ", prefix.empty() ? "" : prefix + ": ",
-                                 "expected a plain key name, got ", describe(kv.first)));
+      if (!kv.first.IsScalar()) {  // `? [a, b] : 1` and `{a: 1}: 2` are YAML, but not config keys
+        auto message = concat(where_of(file, kv.first), ": ", prefix.empty() ? "" : prefix + ": ",
+                              "expected a plain key name, got ", describe(kv.first));
+        if (!errors) throw ConfigError(message);
+        errors->add(std::move(message), Place{order, line_of(kv.first)});
+        continue;
+      }
       const auto key = kv.first.Scalar();
       const auto path = prefix.empty() ? key : prefix + "." + key;
       // A later map replaces an earlier scalar at the same path, and vice versa.
       out.erase(path);
-      flatten(kv.second, path, file, out, order);
+      flatten(kv.second, path, file, out, order, errors);
     }
     return;
   }
@@ -183,10 +189,14 @@ std::string tab_hint(const std::string& file) {
   return "";
 }
 
+/// Reads the flattened sources into a config's fields. A value that does not
+/// parse (or fit its rule) is an error, its field keeps its default, and its
+/// key joins failed(): the cross-field checks then see that default, and
+/// what they say about it only follows from this error.
 class Parser {
  public:
-  Parser(FlatConfig flat, std::string sources, Errors& errors)
-      : flat_(std::move(flat)), sources_(std::move(sources)), errors_(&errors) {}
+  Parser(FlatConfig flat, std::string sources, Errors& errors, Place sources_place = {})
+      : flat_(std::move(flat)), sources_(std::move(sources)), errors_(&errors), sources_place_(sources_place) {}
 
   template <class T>
   void field(const char* key, T& value, const char* /*doc*/, const Rule& rule = {}) {
@@ -196,7 +206,8 @@ class Parser {
     if (it == flat_.end()) {
       if (rule.required)
         errors_->add(concat(sources_, ": ", path, ": required key is missing; expected ", TypeInfo<T>::name,
-                            " (set it in a config file or as ", path, "=...)"));
+                            " (set it in a config file or as ", path, "=...)"),
+                     sources_place_);
       return;
     }
     const auto& node = it->second.node;
@@ -206,11 +217,11 @@ class Parser {
       if (!node.IsDefined() || node.IsNull()) throw YAML::BadConversion(node.Mark());
       parsed = TypeInfo<T>::read(node);
     } catch (const YAML::Exception&) {
-      errors_->add(concat(where, ": ", path, ": expected ", TypeInfo<T>::name, ", got ", describe(node)));
+      fail(path, it->second, concat(where, ": ", path, ": expected ", TypeInfo<T>::name, ", got ", describe(node)));
       return;
     }
     if (!passes(rule, parsed)) {
-      errors_->add(concat(where, ": ", path, ": expected ", rule.expected, ", got ", describe(node)));
+      fail(path, it->second, concat(where, ": ", path, ": expected ", rule.expected, ", got ", describe(node)));
       return;
     }
     value = std::move(parsed);
@@ -222,8 +233,9 @@ class Parser {
     const auto path = prefix_ + key;
     known_.insert(path);
     if (auto it = flat_.find(path); it != flat_.end() && !it->second.node.IsNull()) {
-      errors_->add(concat(it->second.where, ": ", path, ": expected a map of ", path, ".* keys, got ",
-                          describe(it->second.node)));
+      fail(path, it->second,
+           concat(it->second.where, ": ", path, ": expected a map of ", path, ".* keys, got ",
+                  describe(it->second.node)));
       return;  // its keys would only add errors that follow from this one
     }
     prefix_ = path + ".";
@@ -242,9 +254,9 @@ class Parser {
     auto it = flat_.find(path);
     if (it == flat_.end()) return;
     const auto& [node, where, file, order] = it->second;
-    (void)order;
     if (!node.IsSequence()) {
-      errors_->add(concat(where, ": ", path, ": expected a list of maps (- key: value), got ", describe(node)));
+      fail(path, it->second,
+           concat(where, ": ", path, ": expected a list of maps (- key: value), got ", describe(node)));
       return;
     }
     std::vector<size_t> maps;
@@ -253,38 +265,53 @@ class Parser {
         maps.push_back(i);
         continue;
       }
-      errors_->add(concat(where_of(file, node[i]), ": ", path, "[", i, "]: expected a map, got ", describe(node[i])));
+      // The items that parse take places 0, 1, ...: checks naming them by index would name others.
+      fail(path, it->second,
+           concat(where_of(file, node[i]), ": ", path, "[", i, "]: expected a map, got ", describe(node[i])),
+           line_of(node[i]));
     }
     items.resize(maps.size());
+    const bool on_command_line = file.rfind("command line", 0) == 0;
     for (size_t j = 0; j < maps.size(); ++j) {
       const auto i = maps[j];
       const auto item_path = concat(path, "[", i, "]");
       FlatConfig sub;
-      flatten(node[i], item_path, file, sub);
+      flatten(node[i], item_path, file, sub, order, errors_);
       for (auto& [k, e] : sub)
-        if (file.rfind("command line", 0) == 0) e.where = where;
-      Parser p(std::move(sub), where, *errors_);
+        if (on_command_line) e.where = where;
+      Parser p(std::move(sub), on_command_line ? where : where_of(file, node[i]), *errors_,
+               Place{order, line_of(node[i])});
       p.prefix_ = item_path + ".";
       detail::FieldVisitorFor<Parser> fields(p);
       items.visit(j, fields);
       p.reject_unknown();
+      failed_.insert(p.failed_.begin(), p.failed_.end());
     }
   }
 
   void reject_unknown() const {
     for (const auto& [path, entry] : flat_)
       if (!known_.count(path))
-        errors_->add(concat(entry.where, ": ", path, ": unknown key", unknown_key_hint(path, known_)));
+        errors_->add(concat(entry.where, ": ", path, ": unknown key", unknown_key_hint(path, known_)), place_of(entry));
   }
 
   const FlatConfig& flat() const { return flat_; }
+  /// The keys whose values did not parse (each an error already).
+  const std::set<std::string>& failed() const { return failed_; }
 
  private:
+  void fail(const std::string& path, const Entry& entry, std::string message, int line = -1) {
+    errors_->add(std::move(message), line < 0 ? place_of(entry) : Place{entry.order, line});
+    failed_.insert(path);
+  }
+
   FlatConfig flat_;
   std::string sources_;
   Errors* errors_;
+  Place sources_place_;
   std::string prefix_;
   std::set<std::string> known_;
+  std::set<std::string> failed_;
 };
 
 /// Prints a config as YAML: every key, except the sections of algorithms
@@ -371,6 +398,7 @@ class Reference {
       allowed += allowed.empty() ? "model.family " : "; model.family ";
       for (size_t i = 0; i < families.size(); ++i) allowed += (i ? ", " : "") + families[i];
     }
+    if (rule.changeable_on_resume) allowed += allowed.empty() ? "may change on resume" : "; may change on resume";
     rows_ << "| `" << prefix_ << key << "` | " << TypeInfo<T>::name << " | `" << md_cell(TypeInfo<T>::show(value))
           << "` | " << allowed << " | " << md_cell(doc) << " |\n";
   }
@@ -443,10 +471,18 @@ bool override_list_item(FlatConfig& flat, const std::string& key, const YAML::No
   return true;
 }
 
-FlatConfig read_sources(const std::vector<std::string>& files, const std::vector<std::string>& overrides) {
+/// The files and overrides, flattened; later sources win. What cannot be read
+/// goes into `errors`: an override whose value is not YAML also into
+/// `failed`, and a file that cannot be read or is not YAML stops the load
+/// once every source has been read (without the file, any other error could
+/// follow from its missing keys).
+FlatConfig read_sources(const std::vector<std::string>& files, const std::vector<std::string>& overrides,
+                        Errors& errors, std::set<std::string>& failed) {
   FlatConfig flat;
   int order = 0;
+  bool unreadable = false;
   for (const auto& given : files) {
+    ++order;
     // A bare file name that is not here is looked up in configs/ (`trainer --config sft_galactica.yaml`).
     std::string file = given;
     if (!std::filesystem::exists(file) && std::filesystem::path(file).parent_path().empty() &&
@@ -456,37 +492,57 @@ FlatConfig read_sources(const std::vector<std::string>& files, const std::vector
     try {
       root = YAML::LoadFile(file);
     } catch (const YAML::BadFile&) {
-      throw ConfigError(concat(
-          given, ": cannot read config file",
-          file == given && std::filesystem::path(given).parent_path().empty() ? " (looked here and in configs/)" : ""));
+      errors.add(
+          concat(given, ": cannot read config file",
+                 file == given && std::filesystem::path(given).parent_path().empty() ? " (looked here and in configs/)"
+                                                                                     : ""),
+          Place{order, 0});
+      unreadable = true;
+      continue;
     } catch (const YAML::ParserException& e) {
-      throw ConfigError(concat(file, ":", e.mark.line + 1, ": invalid YAML: ", e.msg, tab_hint(file)));
+      errors.add(concat(file, ":", e.mark.line + 1, ": invalid YAML: ", e.msg, tab_hint(file)),
+                 Place{order, e.mark.line + 1});
+      unreadable = true;
+      continue;
     }
-    ++order;
     if (root.IsNull()) continue;  // an empty file
-    if (!root.IsMap()) throw ConfigError(concat(file, ": expected a map of keys at the top level"));
-    flatten(root, "", file, flat, order);
+    if (!root.IsMap()) {
+      errors.add(concat(file, ": expected a map of keys at the top level"), Place{order, 0});
+      unreadable = true;
+      continue;
+    }
+    flatten(root, "", file, flat, order, &errors);
   }
   for (const auto& ov : overrides) {
+    ++order;
     const auto eq = ov.find('=');
-    if (eq == std::string::npos || eq == 0)
-      throw ConfigError(concat("command line: \"", ov, "\": expected key.path=value"));
+    if (eq == std::string::npos || eq == 0) {
+      errors.add(concat("command line: \"", ov, "\": expected key.path=value"), Place{order, 0});
+      continue;
+    }
     const auto key = ov.substr(0, eq);
     YAML::Node value;
     try {
       value = YAML::Load(ov.substr(eq + 1));
     } catch (const YAML::ParserException& e) {
-      throw ConfigError(concat("command line (", ov, "): ", key, ": invalid YAML value: ", e.msg));
+      errors.add(concat("command line (", ov, "): ", key, ": invalid YAML value: ", e.msg), Place{order, 0});
+      failed.insert(key);
+      continue;
     }
     const auto where = concat("command line (", ov, ")");
-    ++order;
-    if (override_list_item(flat, key, value, where, order)) continue;
+    try {
+      if (override_list_item(flat, key, value, where, order)) continue;
+    } catch (const ConfigError& e) {
+      errors.add(e.what(), Place{order, 0});
+      continue;
+    }
     // A map merges key by key (its nulls remove keys, as in a file); every
     // entry it set names the override, not a line of it.
-    flatten(value, key, where, flat, order);
+    flatten(value, key, where, flat, order, &errors);
     for (auto it = flat.lower_bound(key); it != flat.end() && it->first.rfind(key, 0) == 0; ++it)
       if (it->second.order == order) it->second.where = it->second.file = where;
   }
+  if (unreadable) errors.throw_if_any();
   // model.from set later in the chain than shape keys (a base config, then a
   // checkpoint to start from) replaces them: the folder's config.json holds
   // the shape. Keys set with it or after it still conflict (validate says so).
@@ -523,29 +579,35 @@ std::string describe_sources(const std::vector<std::string>& files) {
 namespace {
 /// A section another algorithm reads (dpo.beta in an sft run) is an error
 /// naming its first key, once per section.
-void reject_foreign_sections(const RunConfig& cfg, const FlatConfig& flat, Errors& errors) {
+void reject_foreign_sections(const RunConfig& cfg, const FlatConfig& flat, const std::set<std::string>& failed,
+                             Errors& errors) {
+  if (failed.count("algorithm")) return;  // the run's algorithm is unknown
   std::set<std::string> reported;
   for (const auto& [key, entry] : flat) {
     const auto top = key.substr(0, key.find_first_of(".["));
     const auto owner = section_algorithm(top);
     if (owner.empty() || owner == cfg.algorithm || !reported.insert(top).second) continue;
-    errors.add(concat(entry.where, ": ", key, ": the ", top, " section is read by algorithm: ", owner,
-                      "; this run's algorithm is ", cfg.algorithm, " (remove the section, or set algorithm: ", owner,
-                      ")"));
+    errors.add(
+        concat(entry.where, ": ", key, ": the ", top, " section is read by algorithm: ", owner,
+               "; this run's algorithm is ", cfg.algorithm, " (remove the section, or set algorithm: ", owner, ")"),
+        place_of(entry));
   }
 }
 }  // namespace
 
 RunConfig load_config(const std::vector<std::string>& files, const std::vector<std::string>& overrides) {
+  // Every error of the load together: what cannot be read, values that do not
+  // parse, unknown keys, other algorithms' sections and the cross-field
+  // checks, which run on the values that parsed.
   Errors errors;
-  Parser parser(read_sources(files, overrides), describe_sources(files), errors);
+  std::set<std::string> failed;
+  Parser parser(read_sources(files, overrides, errors, failed), describe_sources(files), errors);
   RunConfig cfg;
   cfg.visit(parser);
   parser.reject_unknown();
-  // Cross-field checks read parsed values: only once every value parsed.
-  errors.throw_if_any();
-  validate(cfg, parser.flat(), describe_sources(files), errors);
-  reject_foreign_sections(cfg, parser.flat(), errors);
+  failed.insert(parser.failed().begin(), parser.failed().end());
+  validate(cfg, parser.flat(), describe_sources(files), failed, errors);
+  reject_foreign_sections(cfg, parser.flat(), failed, errors);
   errors.throw_if_any();
   return cfg;
 }
@@ -569,7 +631,27 @@ std::vector<ConfigChange> config_changes(const std::string& before_yaml, const s
     return flat;
   };
   auto a = flat_of(before_yaml, "the saved");
-  const auto b = flat_of(after_yaml, "the new");
+  auto b = flat_of(after_yaml, "the new");
+  // Lists of maps of the same length on both sides compare item by item
+  // (ppo.rewards[1].timeout_s), so each changed key is named and judged on
+  // its own.
+  const auto maps = [](const YAML::Node& n) {
+    return n.IsSequence() && std::all_of(n.begin(), n.end(), [](const YAML::Node& i) { return i.IsMap(); });
+  };
+  std::vector<std::string> lists;
+  for (const auto& [k, e] : a)
+    if (const auto other = b.find(k);
+        other != b.end() && maps(e.node) && maps(other->second.node) && e.node.size() == other->second.node.size())
+      lists.push_back(k);
+  for (const auto& key : lists) {
+    const auto before = a.at(key).node, after = b.at(key).node;
+    a.erase(key);
+    b.erase(key);
+    for (size_t i = 0; i < before.size(); ++i) {
+      flatten(before[i], concat(key, "[", i, "]"), "the saved", a);
+      flatten(after[i], concat(key, "[", i, "]"), "the new", b);
+    }
+  }
   // A key the saved config lacks (written by an older version) had its
   // default, but for keys whose default changed what such runs did: until
   // 2026-11-26 weight decay applied to biases and norm weights too.
@@ -656,17 +738,6 @@ void add_algorithm_name(const std::string& name) {
   if (std::find(names.begin(), names.end(), name) != names.end())
     throw ConfigError(concat("algorithm \"", name, "\" is already registered"));
   names.push_back(name);
-}
-
-bool may_change_on_resume(const std::string& key) {
-  static const std::set<std::string> keys = {
-      "train.max_steps", "train.save_every", "train.eval_every", "train.log_every", "train.keep_checkpoints",
-      "train.threads", "train.tf32", "train.resume", "train.resume_from", "train.allow_config_change", "dist.timeout_s",
-      "output_dir", "train.profile_steps", "train.overlap_step_reads", "train.cuda_graphs", "train.unverified_cuda",
-      // Where the run executes, not what it trains: a run may resume on
-      // another device, world size or sharding strategy (docs/distributed.md).
-      "train.device", "dist.sharding", "dist.backend", "dist.consolidated_checkpoints"};
-  return keys.count(key) || key.rfind("eval.", 0) == 0 || key.rfind("logging.", 0) == 0;
 }
 
 std::string reference_markdown() {

@@ -6,9 +6,11 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "anvil/config/config.h"
@@ -24,25 +26,48 @@ struct Entry {
   int order = 0;      // the source's place in the chain (files, then overrides)
 };
 
-/// The errors of one load, reported together (the first kMaxErrors of them).
+/// Where an error points, for listing the errors of a load in the order of
+/// their sources (the files as given, then the overrides) and lines; one
+/// about the config as a whole (a required key no source sets) comes last.
+struct Place {
+  int source = std::numeric_limits<int>::max();  // Entry::order
+  int line = 0;                                  // 1-based; 0 = none
+};
+
+inline int line_of(const YAML::Node& node) { return node.Mark().line < 0 ? 0 : node.Mark().line + 1; }
+inline Place place_of(const Entry& e) { return {e.order, line_of(e.node)}; }
+
+/// The errors of one load, reported together (the first kMaxErrors of them),
+/// in the order of their places; errors at one place keep the order they
+/// were found in.
 class Errors {
  public:
   static constexpr size_t kMaxErrors = 20;
-  void add(std::string message) {
-    if (std::find(list_.begin(), list_.end(), message) == list_.end()) list_.push_back(std::move(message));
+  void add(std::string message, Place place = {}) {
+    for (const auto& e : list_)
+      if (e.message == message) return;
+    list_.push_back({std::move(message), place});
   }
   bool empty() const { return list_.empty(); }
   void throw_if_any() const {
     if (list_.empty()) return;
-    if (list_.size() == 1) throw ConfigError(list_.front());
-    std::string msg = concat(list_.size(), " errors in the config:");
-    for (size_t i = 0; i < list_.size() && i < kMaxErrors; ++i) msg += "\n  " + list_[i];
-    if (list_.size() > kMaxErrors) msg += concat("\n  ... and ", list_.size() - kMaxErrors, " more");
+    auto sorted = list_;
+    std::stable_sort(sorted.begin(), sorted.end(), [](const Error& a, const Error& b) {
+      return std::tie(a.place.source, a.place.line) < std::tie(b.place.source, b.place.line);
+    });
+    if (sorted.size() == 1) throw ConfigError(sorted.front().message);
+    std::string msg = concat(sorted.size(), " errors in the config:");
+    for (size_t i = 0; i < sorted.size() && i < kMaxErrors; ++i) msg += "\n  " + sorted[i].message;
+    if (sorted.size() > kMaxErrors) msg += concat("\n  ... and ", sorted.size() - kMaxErrors, " more");
     throw ConfigError(msg);
   }
 
  private:
-  std::vector<std::string> list_;
+  struct Error {
+    std::string message;
+    Place place;
+  };
+  std::vector<Error> list_;
 };
 using FlatConfig = std::map<std::string, Entry>;
 
@@ -58,8 +83,16 @@ inline std::string where_of(const std::string& file, const YAML::Node& node) {
 /// keys the config may have.
 std::string unknown_key_hint(const std::string& path, const std::set<std::string>& known);
 
+/// Whether `message` names one of `failed`, the keys whose values did not
+/// parse, or a key inside one (data.train[0].path inside data.train): a check
+/// of the parsed config saw a default in its place, so what it says follows
+/// from that error (validate.cpp).
+bool follows_from_failed(const std::string& message, const std::set<std::string>& failed);
+
 /// Cross-field checks of a parsed config; every problem goes into `errors`
-/// with the file and line of the key (validate.cpp).
-void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sources, Errors& errors);
+/// with the file and line of the key, but those that name a key of `failed`
+/// (follows_from_failed) (validate.cpp).
+void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sources,
+              const std::set<std::string>& failed, Errors& errors);
 
 }  // namespace anvil::config

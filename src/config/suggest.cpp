@@ -55,6 +55,8 @@ const std::map<std::string, std::string>& common_foreign_names() {
       {"fp16", "dist.param_dtype=float16"},
       {"per_device_eval_batch_size", "eval.batch_size"},
       {"warmup_steps", "schedule.warmup_steps"},
+      {"warmup_ratio", "schedule.warmup_ratio"},
+      {"num_train_epochs", "train.num_train_epochs"},
       {"lr_scheduler_type", "schedule.decay"},
       {"max_seq_length", "data.max_length"},
       {"max_length", "data.max_length"},

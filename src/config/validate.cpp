@@ -2,6 +2,7 @@
 // them), and the keys a run's algorithm does not read (read_if_declared): every problem is reported with the file and
 // line of the key, all of them together (config_internal.h).
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -18,6 +19,14 @@ namespace anvil::config {
 namespace {
 
 using Fail = std::function<void(const std::string& key, const std::string& what)>;
+
+/// keys_read_by(algorithm), or none when no such algorithm is registered
+/// (algorithm's own rule reports that).
+std::vector<std::string> keys_read_by_if_registered(const std::string& algorithm) {
+  const auto names = algorithm_names();
+  if (std::find(names.begin(), names.end(), algorithm) == names.end()) return {};
+  return keys_read_by(algorithm);
+}
 
 /// The hub half of a "not found" message: empty unless `path` has the form of a Hub model id.
 std::string hub_note(const std::string& path) {
@@ -70,6 +79,20 @@ void check_training(const RunConfig& c, const FlatConfig& flat, const Fail& fail
                                             " samples = ", c.train.global_batch_size / c.train.micro_batch_size,
                                             " micro-batches of ", c.train.micro_batch_size, "); set one of the two"));
   }
+  // The run's length: steps, or epochs for an algorithm whose steps read data.train (resolved once it is loaded).
+  if (c.train.max_steps == 0 && c.train.num_train_epochs == 0) {
+    const auto reads = keys_read_by_if_registered(c.algorithm);
+    const bool epochs = std::find(reads.begin(), reads.end(), "train.num_train_epochs") != reads.end();
+    const auto alternative = epochs ? std::string(", or train.num_train_epochs") : std::string();
+    fail("train.max_steps", flat.count("train.max_steps")
+                                ? concat("expected a positive integer", alternative, ", got 0")
+                                : concat("required key is missing; expected a positive integer (set it in a config "
+                                         "file or as train.max_steps=...)",
+                                         alternative));
+  }
+  if (c.schedule.warmup_steps > 0 && c.schedule.warmup_ratio > 0)
+    fail("schedule.warmup_ratio", concat("cannot be set together with schedule.warmup_steps (", c.schedule.warmup_steps,
+                                         "): set one of the two"));
   if (c.optimizer.betas.size() != 2)
     fail("optimizer.betas", concat("expected a list of 2 numbers, got ", c.optimizer.betas.size()));
   if (const auto& p = c.train.profile_steps; !p.empty() && (p.size() != 2 || p[0] > p[1])) {
@@ -153,6 +176,7 @@ struct Key {
   Value value;
   bool declared = false;
   std::optional<double> off;
+  bool changeable_on_resume = false;
 };
 
 /// Lists every key of a config, a list's items one by one; with `one_item`,
@@ -162,7 +186,8 @@ class KeyLister {
   explicit KeyLister(bool one_item) : one_item_(one_item) {}
   template <class T>
   void field(const char* key, T& value, const char*, const Rule& rule = {}) {
-    keys.push_back({path_ + key, name_ + key, Value(std::in_place_type<T>, value), rule.declared, rule.off});
+    keys.push_back({path_ + key, name_ + key, Value(std::in_place_type<T>, value), rule.declared, rule.off,
+                    rule.changeable_on_resume});
   }
   template <class S>
   void section(const char* key, S& s, const char*) {
@@ -399,10 +424,41 @@ void Checks::model_folder(const std::string& key, const std::string& path) const
   must_exist(fail_, key.c_str(), path, kModel);
 }
 
-void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sources, Errors& errors) {
+bool may_change_on_resume(const std::string& key) {
+  // A list item's key by the list's: ppo.rewards[1].timeout_s is ppo.rewards[].timeout_s.
+  std::string name;
+  for (size_t i = 0; i < key.size(); ++i) {
+    name += key[i];
+    if (key[i] != '[') continue;
+    const auto close = key.find(']', i);
+    if (close == std::string::npos) return false;
+    i = close - 1;
+  }
+  for (const auto& k : default_keys())
+    if (k.name == name) return k.changeable_on_resume;
+  return false;
+}
+
+bool follows_from_failed(const std::string& message, const std::set<std::string>& failed) {
+  const auto word = [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_'; };
+  for (const auto& key : failed)
+    for (auto at = message.find(key); at != std::string::npos; at = message.find(key, at + 1)) {
+      const auto end = at + key.size();
+      // The key itself or a key inside it (data.train[0].path in data.train), not one that ends or starts like it.
+      if ((at == 0 || !(word(message[at - 1]) || message[at - 1] == '.')) &&
+          (end == message.size() || !word(message[end])))
+        return true;
+    }
+  return false;
+}
+
+void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sources,
+              const std::set<std::string>& failed, Errors& errors) {
   const Fail fail = [&](const std::string& key, const std::string& what) {
+    if (follows_from_failed(concat(key, ": ", what), failed)) return;
     auto it = flat.find(key);
     auto where = it == flat.end() ? sources : it->second.where;
+    auto place = it == flat.end() ? Place{} : place_of(it->second);
     // A key inside a list item (data.train[1].path): point at the item's line.
     if (const auto lb = key.find('['); it == flat.end() && lb != std::string::npos) {
       if (auto base = flat.find(key.substr(0, lb)); base != flat.end() && base->second.node.IsSequence()) {
@@ -412,9 +468,10 @@ void validate(const RunConfig& c, const FlatConfig& flat, const std::string& sou
         YAML::Node n = item;
         if (dot != std::string::npos && item.IsMap() && item[key.substr(dot + 2)]) n = item[key.substr(dot + 2)];
         where = base->second.file.rfind("command line", 0) == 0 ? base->second.where : where_of(base->second.file, n);
+        place = {base->second.order, line_of(n)};
       }
     }
-    errors.add(concat(where, ": ", key, ": ", what));
+    errors.add(concat(where, ": ", key, ": ", what), place);
   };
   check_model(c, flat, fail);
   check_family_keys(c, fail);

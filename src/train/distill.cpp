@@ -299,8 +299,9 @@ const bool kRegistered = [] {
   // It reads what sft reads of data and eval (prompts, responses, greedy eval), but
   // neither the fused head nor packing.
   auto reads = config::dataset_keys({"eval_fraction", "prompt_field", "response_field", "token_dtype"});
-  reads.insert(reads.end(), {"data.template", "data.on_overflow", "data.on_error", "eval.max_batches",
-                             "eval.generate_samples", "eval.max_new_tokens", "eval.table_rows"});
+  reads.insert(reads.end(),
+               {"data.template", "data.on_overflow", "data.on_error", "eval.max_batches", "eval.generate_samples",
+                "eval.max_new_tokens", "eval.table_rows", "train.num_train_epochs"});
   register_objective<DistillObjective>("distill", reads);
   return true;
 }();

@@ -435,8 +435,8 @@ const bool kRegistered = [] {
                                          checks.model_folder("ilql.reward.model", o.reward.model);
                                        });
   auto reads = config::dataset_keys({"prompt_field", "response_field"});
-  reads.insert(reads.end(),
-               {"data.template", "data.on_overflow", "data.on_error", "eval.generate_samples", "eval.table_rows"});
+  reads.insert(reads.end(), {"data.template", "data.on_overflow", "data.on_error", "eval.generate_samples",
+                             "eval.table_rows", "train.num_train_epochs"});
   register_objective<IlqlObjective>("ilql", reads);
   return true;
 }();

@@ -61,6 +61,10 @@ class LmBatchSource final : public BatchSource {
   nlohmann::json state() const override;
   void restore(const nlohmann::json& state) override;
   int64_t samples_per_epoch() const override { return sampler_.epoch_length(); }
+  /// Packed: the rows next() starts within the first epoch, packed as it
+  /// packs them (greedily, in that epoch's order); a later epoch, in its own
+  /// order, may fill a few rows more or fewer.
+  int64_t rows_per_epoch() const override;
   const data::MixtureSampler& sampler() const { return sampler_; }
 
  private:

@@ -29,6 +29,7 @@
 #include "anvil/models/registry.h"
 #include "io/trainer_state.h"
 #include "distributed/sharding.h"
+#include "optim/schedule.h"
 
 namespace anvil::train {
 namespace {
@@ -308,6 +309,39 @@ RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
   return r;
 }
 
+int64_t steps_for_epochs(double epochs, int64_t rows_per_epoch, int64_t rows_per_step) {
+  const int64_t per_epoch = std::max<int64_t>(1, (rows_per_epoch + rows_per_step - 1) / rows_per_step);
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(epochs * static_cast<double>(per_epoch))));
+}
+
+config::RunConfig resolve_length(const config::RunConfig& cfg, RunSetup& r) {
+  auto out = cfg;
+  const auto& t = cfg.train;
+  if (t.num_train_epochs > 0 && t.max_steps > 0) {
+    log::info("train.max_steps (", t.max_steps, ") is set, so it counts the run, not train.num_train_epochs (",
+              format_number(t.num_train_epochs), "), as in transformers");
+  } else if (t.num_train_epochs > 0) {
+    const auto& source = r.objective->train_source();
+    const int64_t rows = source.rows_per_epoch(), samples = source.samples_per_epoch();
+    if (rows <= 0 || !r.objective->plan(1).empty())
+      throw ConfigError(concat("train.num_train_epochs: the steps of algorithm ", cfg.algorithm,
+                               " do not pass over its training data in rows of train.micro_batch_size, so epochs "
+                               "give no step count; set train.max_steps"));
+    const int64_t per_step = r.micro_per_step * t.micro_batch_size;
+    out.train.max_steps = steps_for_epochs(t.num_train_epochs, rows, per_step);
+    log::info("train.num_train_epochs ", format_number(t.num_train_epochs), ": ", out.train.max_steps,
+              " steps (an epoch of ", samples, " samples",
+              rows != samples ? concat(" in ", rows, " packed rows") : std::string(), " is ",
+              steps_for_epochs(1, rows, per_step), " steps of ", per_step, rows != samples ? " rows" : " samples", ")");
+  }
+  if (cfg.schedule.warmup_ratio > 0) {
+    out.schedule.warmup_steps = optim::warmup_steps(cfg.schedule, out.train.max_steps);
+    log::info("schedule.warmup_ratio ", format_number(cfg.schedule.warmup_ratio), ": ", out.schedule.warmup_steps,
+              " warmup steps of ", out.train.max_steps);
+  }
+  return out;
+}
+
 /// --dry-run: the plan of the run, from the first micro-batch.
 void print_plan(RunSetup& r, const config::RunConfig& cfg) {
   int64_t n_params = 0;
@@ -328,10 +362,11 @@ void print_plan(RunSetup& r, const config::RunConfig& cfg) {
   if (const auto own = r.objective->plan(cfg.train.max_steps); !own.empty()) {
     plan << "\n  " << cfg.algorithm << ": " << own << "\n";
   } else {
-    if (const auto epoch = r.objective->train_source().samples_per_epoch(); epoch > 0)
+    const auto& source = r.objective->train_source();
+    if (const auto epoch = source.samples_per_epoch(), rows = source.rows_per_epoch(); epoch > 0 && rows > 0)
       plan << " = "
-           << format_number(static_cast<double>(cfg.train.max_steps * samples_per_step) / static_cast<double>(epoch), 3)
-           << " epochs of " << epoch << " samples";
+           << format_number(static_cast<double>(cfg.train.max_steps * samples_per_step) / static_cast<double>(rows), 3)
+           << " epochs of " << epoch << " samples" << (rows != epoch ? concat(" in ", rows, " packed rows") : "");
     plan << "\n  tokens per step: about " << std::llround(tokens_per_sample * static_cast<double>(samples_per_step))
          << " (the first micro-batch holds " << first.num_tokens << " tokens and " << first.num_targets << " "
          << r.objective->target_unit() << ")\n";

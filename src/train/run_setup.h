@@ -36,6 +36,20 @@ struct RunSetup {
 /// math against the world size, data.max_length) and builds the run.
 RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options);
 
+/// Optimizer steps for `epochs` passes over data of `rows_per_epoch` rows
+/// taken `rows_per_step` at a time, as transformers counts them for
+/// num_train_epochs: ceil(epochs * steps per epoch), where an epoch takes
+/// ceil(rows_per_epoch / rows_per_step) steps (at least 1).
+int64_t steps_for_epochs(double epochs, int64_t rows_per_epoch, int64_t rows_per_step);
+
+/// `cfg` with the run's length and warmup resolved, each logged: train.max_steps
+/// from train.num_train_epochs (when max_steps is 0) over the objective's
+/// training data, and schedule.warmup_steps from schedule.warmup_ratio. The
+/// loop, the schedule and the plan use what it returns; config.yaml keeps the
+/// keys as given. Throws ConfigError for epochs of an objective whose steps
+/// do not read its training data a row at a time.
+config::RunConfig resolve_length(const config::RunConfig& cfg, RunSetup& r);
+
 /// --dry-run: the plan of the run, from the first micro-batch.
 void print_plan(RunSetup& r, const config::RunConfig& cfg);
 

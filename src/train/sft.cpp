@@ -186,6 +186,20 @@ Batch LmBatchSource::next() {
   return to_batch(data::collate_unpacked(flat, opt_.pad_id, opt_.pad_to_multiple_of, opt_.max_length));
 }
 
+int64_t LmBatchSource::rows_per_epoch() const {
+  if (!opt_.packing) return samples_per_epoch();
+  auto first = sampler_;
+  first.set_state({});
+  const auto& order = first.plan();
+  auto length = [&](size_t i) { return datasets_[static_cast<size_t>(order[i].dataset)]->length(order[i].index); };
+  int64_t rows = 0;
+  for (size_t i = 0; i < order.size(); ++rows) {
+    int64_t used = length(i++);
+    while (i < order.size() && used + length(i) <= opt_.max_length) used += length(i++);
+  }
+  return rows;
+}
+
 nlohmann::json sampler_state(const data::MixtureSampler& sampler) {
   return {
       {"epoch", sampler.state().epoch}, {"offset", sampler.state().offset}, {"epoch_length", sampler.epoch_length()}};
@@ -391,7 +405,7 @@ const bool kRegistered = [] {
   auto sft = config::dataset_keys({"eval_fraction", "prompt_field", "response_field", "token_dtype"});
   sft.insert(sft.end(), {"data.template", "data.split_turns", "data.on_overflow", "data.on_error", "data.packing",
                          "data.pad_to_multiple_of", "train.fused_loss", "train.loss_chunk_size", "eval.max_batches",
-                         "eval.generate_samples", "eval.max_new_tokens", "eval.table_rows"});
+                         "eval.generate_samples", "eval.max_new_tokens", "eval.table_rows", "train.num_train_epochs"});
   register_objective(
       "sft",
       [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat) {
@@ -400,7 +414,7 @@ const bool kRegistered = [] {
       sft);
   auto pretrain = config::dataset_keys({"eval_fraction", "token_dtype"});
   pretrain.insert(pretrain.end(), {"data.packing", "data.pad_to_multiple_of", "train.fused_loss",
-                                   "train.loss_chunk_size", "eval.max_batches"});
+                                   "train.loss_chunk_size", "eval.max_batches", "train.num_train_epochs"});
   register_objective(
       "pretrain",
       [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat) {

@@ -727,8 +727,10 @@ class TrainLoop {
 
 }  // namespace
 
-TrainResult run_training(const config::RunConfig& cfg, const RunOptions& options) {
-  auto run = setup_run(cfg, options);
+TrainResult run_training(const config::RunConfig& given, const RunOptions& options) {
+  auto run = setup_run(given, options);
+  // From here on, the length and warmup as resolved (config.yaml keeps the keys as given).
+  const auto cfg = resolve_length(given, run);
   if (options.dry_run) {
     if (run.lead) print_plan(run, cfg);
     return {};

@@ -154,16 +154,21 @@ TEST_F(ConfigTest, ChoiceAndListValues) {
 }
 
 TEST_F(ConfigTest, MissingRequiredKey) {
-  auto f = write("noout.yaml", "train:\n  max_steps: 1\n");
+  auto f = write("noout.yaml", "output_dir: null\n");
   EXPECT_EQ(
-      error_of({f}, {}),
-      f + ": output_dir: required key is missing; expected a string (set it in a config file or as output_dir=...)");
+      error_of({base_, f}, {}),
+      base_ + " + " + f +
+          ": output_dir: required key is missing; expected a string (set it in a config file or as output_dir=...)");
   // A required number has no default to fall back on (found by fuzzing: a
-  // config without train.max_steps loaded as max_steps 0).
+  // config without train.max_steps loaded as max_steps 0); every key missing is named at once.
   auto nosteps = write("nosteps.yaml", "output_dir: x\n");
-  EXPECT_EQ(error_of({nosteps}, {}), nosteps +
-                                         ": train.max_steps: required key is missing; expected an integer "
-                                         "(set it in a config file or as train.max_steps=...)");
+  EXPECT_EQ(error_of({nosteps}, {}),
+            "3 errors in the config:\n  " + nosteps +
+                ": train.max_steps: required key is missing; expected a positive integer (set it in a config file or "
+                "as train.max_steps=...), or train.num_train_epochs\n  " +
+                nosteps +
+                ": tokenizer.path: required key is missing; expected a tokenizer file (or set model.from)\n  " +
+                nosteps + ": data.train: required key is missing; expected a list of datasets (- path: train.jsonl)");
 }
 
 TEST_F(ConfigTest, KeysMustBePlainNames) {
@@ -245,18 +250,117 @@ TEST_F(ConfigTest, TokenizerPathTakesAFolder) {
 
 TEST_F(ConfigTest, EveryErrorOfALoadIsReportedTogether) {
   auto bad = write("bad.yaml", "train:\n  max_step: 3\n  micro_batch: 2\noptimizer:\n  lr: -1\n");
-  EXPECT_EQ(
-      error_of({base_, bad}, {"schedule.decay=exp"}),
-      "4 errors in the config:\n"
-      "  " +
-          bad +
-          ":5: optimizer.lr: expected a positive number, got \"-1\"\n"
-          "  command line (schedule.decay=exp): schedule.decay: expected one of cosine, linear, constant, got \"exp\"\n"
-          "  " +
-          bad +
-          ":2: train.max_step: unknown key; did you mean train.max_steps?\n"
-          "  " +
-          bad + ":3: train.micro_batch: unknown key; did you mean train.micro_batch_size?");
+  EXPECT_EQ(error_of({base_, bad}, {"schedule.decay=exp"}),
+            "4 errors in the config:\n"
+            "  " +
+                bad +
+                ":2: train.max_step: unknown key; did you mean train.max_steps?\n"
+                "  " +
+                bad +
+                ":3: train.micro_batch: unknown key; did you mean train.micro_batch_size?\n"
+                "  " +
+                bad +
+                ":5: optimizer.lr: expected a positive number, got \"-1\"\n"
+                "  command line (schedule.decay=exp): schedule.decay: expected one of cosine, linear, constant, got "
+                "\"exp\"");
+}
+
+// Issue 59, defect 8: a value that does not parse, an unknown key, another
+// algorithm's section and a cross-field error, all in one load's error.
+TEST_F(ConfigTest, ParseErrorsUnknownKeysForeignSectionsAndCrossFieldChecksComeTogether) {
+  auto bad =
+      write("bad.yaml", "optimizer:\n  lr: fast\ntrain:\n  max_step: 3\n  global_batch_size: 12\nkto:\n  beta: 0.2\n");
+  EXPECT_EQ(error_of({base_, bad}, {}),
+            "4 errors in the config:\n"
+            "  " +
+                bad +
+                ":2: optimizer.lr: expected a number, got \"fast\"\n"
+                "  " +
+                bad +
+                ":4: train.max_step: unknown key; did you mean train.max_steps?\n"
+                "  " +
+                bad +
+                ":5: train.global_batch_size: expected a multiple of train.micro_batch_size (8), got 12\n"
+                "  " +
+                bad +
+                ":7: kto.beta: the kto section is read by algorithm: kto; this run's algorithm is sft (remove the "
+                "section, or set algorithm: kto)");
+}
+
+// A check that reads a value that did not parse would see its default: what
+// it says follows from the parse error, which is reported alone.
+TEST_F(ConfigTest, ChecksOfAValueThatDidNotParseAreLeftOut) {
+  auto bad = write("bad.yaml", "train:\n  micro_batch_size: eight\n  global_batch_size: 12\n");
+  EXPECT_EQ(error_of({base_, bad}, {}), bad + ":2: train.micro_batch_size: expected an integer, got \"eight\"");
+  // Nor does a list that is not one report its items missing, nor an unknown algorithm the sections of a known one.
+  EXPECT_EQ(error_of({base_}, {"data.train=3"}),
+            "command line (data.train=3): data.train: expected a list of maps (- key: value), got \"3\"");
+  EXPECT_EQ(error_of({base_}, {"algorithm=kot", "kto.beta=0.2"})
+                .rfind("command line (algorithm=kot): algorithm: "
+                       "expected one of ",
+                       0),
+            0u)
+      << error_of({base_}, {"algorithm=kot", "kto.beta=0.2"});
+  EXPECT_EQ(error_of({base_}, {"algorithm=kot", "kto.beta=0.2"}).find("kto.beta"), std::string::npos);
+}
+
+// Issue 59, item 9: errors are listed by source (the files as given, then the
+// overrides in order) and line, and those of no line (a required key no
+// source sets) last.
+TEST_F(ConfigTest, ErrorsAreListedInTheOrderOfTheirSourcesAndLines) {
+  auto first = write("first.yaml", "train:\n  seed: -1\n  log_every: 0\n  save_evrey: 3\n");
+  auto second = write("second.yaml", "optimizer:\n  eps: 0\nschedule:\n  decay: exp\n");
+  auto noout = write("noout.yaml", "output_dir: null\n");
+  const auto e = error_of({base_, second, first, noout}, {"train.threads=-2", "eval.batch_size=0"});
+  const std::vector<std::string> order = {
+      "second.yaml:2: optimizer.eps",         "second.yaml:4: schedule.decay",  "first.yaml:2: train.seed",
+      "first.yaml:3: train.log_every",        "first.yaml:4: train.save_evrey", "(train.threads=-2): train.threads",
+      "(eval.batch_size=0): eval.batch_size", ": output_dir: required key"};
+  size_t at = 0;
+  for (const auto& part : order) {
+    const auto found = e.find(part, at);
+    ASSERT_NE(found, std::string::npos) << part << " after position " << at << " in\n" << e;
+    at = found;
+  }
+  EXPECT_EQ(e.rfind("8 errors in the config:", 0), 0u) << e;
+}
+
+// schedule.warmup_ratio is transformers' (and EasyLM's) warmup as a fraction
+// of the run; with warmup_steps too, which one counts would be a guess.
+TEST_F(ConfigTest, WarmupStepsAndWarmupRatioTogetherAreRefused) {
+  EXPECT_EQ(load_config({base_}, {"schedule.warmup_ratio=0.1"}).schedule.warmup_ratio, 0.1);
+  EXPECT_EQ(error_of({base_}, {"schedule.warmup_steps=10", "schedule.warmup_ratio=0.1"}),
+            "command line (schedule.warmup_ratio=0.1): schedule.warmup_ratio: cannot be set together with "
+            "schedule.warmup_steps (10): set one of the two");
+  EXPECT_EQ(error_of({base_}, {"schedule.warmup_ratio=1.5"}),
+            "command line (schedule.warmup_ratio=1.5): schedule.warmup_ratio: expected a number in [0, 1], got "
+            "\"1.5\"");
+  EXPECT_EQ(error_of({base_}, {"schedule.num_train_epochs=2"}),
+            "command line (schedule.num_train_epochs=2): schedule.num_train_epochs: unknown key; did you mean "
+            "train.num_train_epochs? (num_train_epochs is the TRL / transformers name)");
+}
+
+// train.num_train_epochs counts the run instead of train.max_steps for the
+// algorithms whose steps read data.train; ppo's steps train on rollouts.
+TEST_F(ConfigTest, EpochsCountTheRunOfDataDrivenAlgorithms) {
+  auto epochs = write("epochs.yaml", "train:\n  max_steps: null\n  num_train_epochs: 1.5\n");
+  for (const char* algorithm : {"sft", "dpo", "kto", "reward"}) {
+    const auto c = load_config({base_, epochs}, {std::string("algorithm=") + algorithm});
+    EXPECT_EQ(c.train.max_steps, 0) << algorithm;
+    EXPECT_EQ(c.train.num_train_epochs, 1.5) << algorithm;
+  }
+  EXPECT_NE(error_of({base_, epochs}, {"algorithm=ppo", "ppo.reward.exact_match=response"})
+                .find(epochs + ":3: train.num_train_epochs: not read by algorithm ppo (read by sft, pretrain"),
+            std::string::npos)
+      << error_of({base_, epochs}, {"algorithm=ppo", "ppo.reward.exact_match=response"});
+  auto nosteps = write("nosteps.yaml", "train:\n  max_steps: null\n");
+  EXPECT_EQ(error_of({base_, nosteps}, {}),
+            base_ + " + " + nosteps +
+                ": train.max_steps: required key is missing; expected a positive integer (set it in a config file or "
+                "as train.max_steps=...), or train.num_train_epochs");
+  EXPECT_EQ(error_of({base_}, {"train.max_steps=0"}),
+            "command line (train.max_steps=0): train.max_steps: expected a positive integer, or "
+            "train.num_train_epochs, got 0");
 }
 
 TEST_F(ConfigTest, MissingDataOrTokenizerFilesFailBeforeAnyWork) {

@@ -231,7 +231,7 @@ TEST_F(UnreadKeys, TheReferenceSaysWhichAlgorithmsReadAKey) {
   EXPECT_NE(ref.find("| `train.loss_chunk_size` | an integer | `0` | a number >= 0; read by sft, pretrain |"),
             std::string::npos);
   EXPECT_NE(ref.find("| `eval.generate_samples` | an integer | `64` | a number >= 0; read by sft, dpo, ppo, ilql, "
-                     "kto, distill (any algorithm takes 0) |"),
+                     "kto, distill (any algorithm takes 0); may change on resume |"),
             std::string::npos);
 }
 

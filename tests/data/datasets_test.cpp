@@ -523,6 +523,36 @@ TEST(Mixture, ResumeMidEpochAndAtTheBoundaryGivesTheSameStreamForAnyWorldSize) {
   }
 }
 
+// train.num_train_epochs counts steps in rows: a sample each, or with
+// packing the rows next() starts within the first epoch.
+TEST(Mixture, RowsPerEpochAreTheRowsTheFirstEpochFills) {
+  std::vector<std::shared_ptr<const LmDataset>> ds{std::make_shared<SyntheticLm>(40, 1),
+                                                   std::make_shared<SyntheticLm>(23, 2)};
+  std::vector<MixtureSpec> specs(2);
+  specs[0].size = 40, specs[0].fraction = 0.5;
+  specs[1].size = 23, specs[1].take = 16;  // epoch = 36 samples of 3 to 11 tokens
+  for (bool packing : {false, true}) {
+    train::LmBatchSource::Options o;
+    o.micro_batch_size = 1, o.max_length = 24, o.packing = packing;
+    train::LmBatchSource src(ds, MixtureSampler(specs, 5), o);
+    EXPECT_EQ(src.samples_per_epoch(), 36);
+    const auto rows = src.rows_per_epoch();
+    int64_t started = 0;  // rows next() starts while the first epoch has samples left
+    for (;;) {
+      const auto at = src.state();
+      if (at["epoch"].get<int64_t>() > 0 || at["offset"].get<int64_t>() >= 36) break;
+      src.next();
+      ++started;
+    }
+    EXPECT_EQ(rows, started) << "packing " << packing;
+    if (packing)
+      EXPECT_LT(rows, 36);
+    else
+      EXPECT_EQ(rows, 36);
+    EXPECT_EQ(src.rows_per_epoch(), rows);  // whatever the position
+  }
+}
+
 // ---- packing -------------------------------------------------------------------
 
 void check_packing(const std::string& family) {

@@ -115,5 +115,103 @@ TEST(ResumeConfig, ChangesAreListedKeyByKey) {
   EXPECT_TRUE(config::config_changes(undecayed, a).empty());
 }
 
+// Issue 59, defect 5: keys that say how a run executes, not what it computes
+// (a program's timeout, how many sequences are generated or scored
+// together), may change on resume, a registered section's as the built-in
+// ones: their rule says so (config::changeable_on_resume).
+TEST(ResumeConfig, TimeoutsAndWorkBatchesMayChangeAndTrainingKeysMayNot) {
+  for (const char* key : {"ppo.environment.timeout_s", "ppo.reward.timeout_s", "ppo.generation_batch_size",
+                          "ppo.reward.batch_size", "ppo.rewards[1].timeout_s", "ppo.rewards[0].batch_size",
+                          "train.num_train_epochs", "dist.timeout_s", "logging.level"})
+    EXPECT_TRUE(config::may_change_on_resume(key)) << key;
+  // The keys that could always change, now by their rules.
+  for (const char* key : {"train.max_steps",
+                          "train.save_every",
+                          "train.eval_every",
+                          "train.log_every",
+                          "train.keep_checkpoints",
+                          "train.threads",
+                          "train.tf32",
+                          "train.resume",
+                          "train.resume_from",
+                          "train.allow_config_change",
+                          "dist.timeout_s",
+                          "output_dir",
+                          "train.profile_steps",
+                          "train.overlap_step_reads",
+                          "train.cuda_graphs",
+                          "train.unverified_cuda",
+                          "train.device",
+                          "dist.sharding",
+                          "dist.backend",
+                          "dist.consolidated_checkpoints",
+                          "eval.batch_size",
+                          "eval.max_batches",
+                          "eval.generate_samples",
+                          "eval.max_new_tokens",
+                          "eval.table_rows",
+                          "logging.level",
+                          "logging.tensorboard",
+                          "logging.tensorboard_dir"})
+    EXPECT_TRUE(config::may_change_on_resume(key)) << key;
+  for (const char* key : {"ppo.kl_coef", "ppo.reward.command", "ppo.rewards[1].weight", "ppo.max_new_tokens",
+                          "schedule.warmup_ratio", "data.train[0].path", "no.such.key", "ppo.rewards["})
+    EXPECT_FALSE(config::may_change_on_resume(key)) << key;
+  // A list of maps compares item by item, so each changed key is judged on its own.
+  const auto changes =
+      config::config_changes("algorithm: ppo\nppo: {rewards: [{command: a, timeout_s: 5}, {command: b}]}\n",
+                             "algorithm: ppo\nppo: {rewards: [{command: a, timeout_s: 50}, {command: c}]}\n");
+  ASSERT_EQ(changes.size(), 2u);
+  EXPECT_EQ(changes[0].key, "ppo.rewards[0].timeout_s");
+  EXPECT_EQ(changes[1].key, "ppo.rewards[1].command");
+  // A list that changes length is one change.
+  const auto longer = config::config_changes("data: {train: [{path: a}]}\n", "data: {train: [{path: a}, {path: b}]}\n");
+  ASSERT_EQ(longer.size(), 1u);
+  EXPECT_EQ(longer[0].key, "data.train");
+}
+
+/// configs/ppo_tiny.yaml on a fresh one-layer model, with an environment
+/// program that ends each episode at once and a reward program.
+int tiny_ppo(const TempDir& dir, int64_t max_steps, const std::string& extra, std::string* log) {
+  const auto program = [&](const std::string& name, const std::string& answer) {
+    anvil::testing::write_text(dir / name,
+                               "import sys\nfor line in sys.stdin:\n  print('" + answer + "', flush=True)\n");
+    return anvil::testing::python_bin() + " -u " + (dir / name).string();
+  };
+  const auto env = program("env.py", R"({\"done\": true, \"reward\": 1.0})");
+  const auto reward = program("reward.py", R"({\"reward\": 0.5})");
+  return anvil::testing::run(
+      "cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() +
+          " --config configs/ppo_tiny.yaml output_dir=" + (dir / "out").string() +
+          " model.from= model.family=gpt2 model.hidden_size=32 model.num_layers=1 model.num_heads=2"
+          " model.max_position_embeddings=32 tokenizer.path=data/tokenizer.model train.threads=1 data.eval=null"
+          " ppo.reward.exact_match= 'ppo.reward.command=" +
+          reward + "' 'ppo.environment.command=" + env + "' train.max_steps=" + std::to_string(max_steps) + " " +
+          extra + " 2>&1",
+      log);
+}
+
+TEST(ResumeConfig, APpoRunResumesWithLongerTimeoutsAndOtherWorkBatches) {
+  TempDir dir;
+  std::string log;
+  ASSERT_EQ(tiny_ppo(dir, 4, "", &log), 0) << log;  // one rollout of 4 steps
+  const std::string changed =
+      "ppo.environment.timeout_s=60 ppo.reward.timeout_s=120 ppo.generation_batch_size=16 ppo.reward.batch_size=8";
+  ASSERT_EQ(tiny_ppo(dir, 8, changed, &log), 0) << log;
+  for (const char* change :
+       {"resume: ppo.environment.timeout_s changes from 30.0 to 60.0",
+        "resume: ppo.reward.timeout_s changes from 60.0 "
+        "to 120.0",
+        "resume: ppo.generation_batch_size changes from 0 to 16", "resume: ppo.reward.batch_size changes from 64 to 8"})
+    EXPECT_NE(log.find(change), std::string::npos) << change << "\n" << log;
+  EXPECT_NE(log.find("resumed from " + (dir / "out" / "checkpoint-4").string() + " at step 4"), std::string::npos)
+      << log;
+  EXPECT_TRUE(stdfs::exists(dir / "out" / "checkpoint-8"));
+  // A key that changes what the run computes still stops it.
+  EXPECT_EQ(tiny_ppo(dir, 12, changed + " ppo.kl_coef=0.2", &log), 2) << log;
+  EXPECT_NE(log.find("in keys that change training:\n  ppo.kl_coef: 0.05 -> 0.2\n"), std::string::npos) << log;
+  EXPECT_FALSE(stdfs::exists(dir / "out" / "checkpoint-12"));
+}
+
 }  // namespace
 }  // namespace anvil::train

@@ -334,12 +334,18 @@ struct OptimizerConfig {
 
 struct ScheduleConfig {
   int64_t warmup_steps = 0;
+  double warmup_ratio = 0.0;
   std::string decay = "cosine";
   double min_lr_ratio = 0.0;
 
   template <class V>
   void visit(V& v) {
-    v.field("warmup_steps", warmup_steps, "Linear warmup from 0 to optimizer.lr.", non_negative());
+    v.field("warmup_steps", warmup_steps, "Linear warmup from 0 to optimizer.lr, in optimizer steps.", non_negative());
+    v.field("warmup_ratio", warmup_ratio,
+            "Linear warmup as a fraction of the run: ceil(warmup_ratio * train.max_steps) steps, the run's resolved "
+            "length (transformers' warmup_ratio and get_warmup_steps). 0 = schedule.warmup_steps; setting both is an "
+            "error.",
+            in_unit_interval());
     v.field("decay", decay, "Decay after warmup, down to min_lr_ratio * lr at train.max_steps.",
             one_of({"cosine", "linear", "constant"}));
     v.field("min_lr_ratio", min_lr_ratio, "Final lr as a fraction of optimizer.lr.", in_unit_interval());
@@ -348,6 +354,7 @@ struct ScheduleConfig {
 
 struct TrainConfig {
   int64_t max_steps = 0;
+  double num_train_epochs = 0;
   int64_t micro_batch_size = 8;
   int64_t grad_accum_steps = 1;
   int64_t global_batch_size = 0;
@@ -376,7 +383,17 @@ struct TrainConfig {
 
   template <class V>
   void visit(V& v) {
-    v.field("max_steps", max_steps, "Optimizer steps to train for.", required(positive()));
+    v.field("max_steps", max_steps,
+            "Optimizer steps to train for; when set (> 0) it overrides num_train_epochs, as in transformers. 0 = "
+            "from num_train_epochs (one of the two is required).",
+            changeable_on_resume(non_negative()));
+    v.field("num_train_epochs", num_train_epochs,
+            "Passes over the training data (transformers' num_train_epochs, fractions allowed), for algorithms "
+            "whose steps read data.train: max_steps = ceil(num_train_epochs * steps per epoch), steps per epoch = "
+            "ceil(rows of an epoch / (micro_batch_size * grad_accum_steps)), or / global_batch_size; a row is a "
+            "sample, or with data.packing a packed row. Resolved once the data is loaded and logged; 0 = not set "
+            "(train.max_steps counts the run). docs/config.md.",
+            read_if_declared(changeable_on_resume(non_negative())));
     v.field("micro_batch_size", micro_batch_size, "Samples per forward/backward pass.", positive());
     v.field("grad_accum_steps", grad_accum_steps,
             "Micro-batches per optimizer step, summed over all ranks (each rank runs grad_accum_steps / "
@@ -411,7 +428,8 @@ struct TrainConfig {
             "through flash attention with cumulative lengths (otherwise the block-diagonal mask), "
             "train.overlap_step_reads (otherwise each step is read at once) and batches copied through pinned "
             "memory without a wait (otherwise a plain copy). false until bench/gpu/run.sh check has passed them on "
-            "a device; no effect on the CPU, where all of them run and are tested.");
+            "a device; no effect on the CPU, where all of them run and are tested.",
+            changeable_on_resume());
     v.field("loss_chunk_size", loss_chunk_size,
             "sft and pretrain, with train.fused_loss: target tokens projected to logits at a time; 0 = as few "
             "equal chunks as keep each chunk's float32 logits within 1 GiB.",
@@ -423,7 +441,8 @@ struct TrainConfig {
             "dpo, kto and ppo without a separate critic (on several ranks the loss and stop flag are all-reduced on "
             "the device, and a stop takes "
             "one step more); other runs read each step at once. Metrics, checkpoints and results are the same "
-            "either way; false reads each step at once. docs/algorithms.md.");
+            "either way; false reads each step at once. docs/algorithms.md.",
+            changeable_on_resume());
     v.field("cuda_graphs", cuda_graphs,
             "Whole-step CUDA graphs: after 2 warm-up steps on a side stream, the first step of each new set of "
             "batch shapes (forward, backward, clipping, the non-finite skip and the fused AdamW step) is recorded, "
@@ -434,20 +453,23 @@ struct TrainConfig {
             "activation checkpointing) and logs why not on a GPU otherwise; on makes that an error; off "
             "(the default until they have been checked on a GPU) never records. A step that cannot be recorded is "
             "logged and the run goes on eagerly. docs/algorithms.md.",
-            one_of({"auto", "on", "off"}));
+            changeable_on_resume(one_of({"auto", "on", "off"})));
     v.field("grad_clip", grad_clip, "Max global gradient L2 norm; 0 disables clipping.", non_negative());
     v.field("seed", seed, "Seed for init, data order and dropout.", non_negative());
     v.field("save_every", save_every, "Checkpoint every N steps (and always at the end); 0 = end only.",
-            non_negative());
-    v.field("eval_every", eval_every, "Evaluate every N steps (and at the end); 0 = end only.", non_negative());
-    v.field("log_every", log_every, "Console progress every N steps.", positive());
-    v.field("keep_checkpoints", keep_checkpoints, "Most recent checkpoints kept; 0 keeps all.", non_negative());
-    v.field("device", device, "Device: cpu, cuda or cuda:N.");
+            changeable_on_resume(non_negative()));
+    v.field("eval_every", eval_every, "Evaluate every N steps (and at the end); 0 = end only.",
+            changeable_on_resume(non_negative()));
+    v.field("log_every", log_every, "Console progress every N steps.", changeable_on_resume(positive()));
+    v.field("keep_checkpoints", keep_checkpoints, "Most recent checkpoints kept; 0 keeps all.",
+            changeable_on_resume(non_negative()));
+    v.field("device", device, "Device: cpu, cuda or cuda:N.", changeable_on_resume());
     v.field("tf32", tf32,
             "CUDA: float32 matmuls and convolutions on TensorFloat-32 tensor cores (PyTorch's "
             "allow_tf32 = True; ~10-bit mantissa products, float32 accumulation). No effect on the CPU or "
-            "on bfloat16/float16 compute.");
-    v.field("threads", threads, "Intra-op CPU threads; 0 = LibTorch's default.", non_negative());
+            "on bfloat16/float16 compute.",
+            changeable_on_resume());
+    v.field("threads", threads, "Intra-op CPU threads; 0 = LibTorch's default.", changeable_on_resume(non_negative()));
     v.field("on_nonfinite", on_nonfinite,
             "A step whose loss or gradient norm is NaN or infinite is never applied. stop: exit with an error "
             "naming the step and the quantity, saving nothing from it (the last checkpoint stays as it was); "
@@ -458,22 +480,25 @@ struct TrainConfig {
     v.field("resume", resume,
             "auto: continue from output_dir's latest complete checkpoint when there is one; never: refuse to "
             "start in an output_dir that holds checkpoints.",
-            one_of({"auto", "never"}));
+            changeable_on_resume(one_of({"auto", "never"})));
     v.field("resume_from", resume_from,
             "A checkpoint folder to continue from (weights, optimizer, data position, step) instead of "
-            "output_dir's latest; new checkpoints go to output_dir.");
+            "output_dir's latest; new checkpoints go to output_dir.",
+            changeable_on_resume());
     v.field("allow_config_change", allow_config_change,
             "On resume, accept a config that differs from the checkpoint's in keys that change training (lr, "
             "data, shape, ...); the change is logged and kept in output_dir/config-history/. Without it, such a "
-            "difference stops the run. Length, save/eval/log cadence, eval.*, logging.* and where it runs "
-            "(device, threads, dist.sharding, dist.backend) may always change.");
+            "difference stops the run. The keys whose allowed column says \"may change on resume\" (the run's "
+            "length, save/eval/log cadence, eval.*, logging.*, where it runs, timeouts, how many sequences are "
+            "generated or scored together) may always change, each change logged.",
+            changeable_on_resume());
     v.field("profile_steps", profile_steps,
             "[first, last]: record a Kineto trace (torch profiler) of optimizer steps first..last on rank 0 and "
             "write output_dir/profile/: trace.json (chrome://tracing, Perfetto), summary.json and summary.txt "
             "(wall time per step, top kernels by GPU time or top ops by self CPU time, GPU busy fraction, "
             "kernel launches and host syncs per step). A rollout or other work an iteration does before its "
             "first step counts toward that step. [] = off. docs/benchmarks.md.",
-            at_least(1, "a list [first, last] of steps >= 1"));
+            changeable_on_resume(at_least(1, "a list [first, last] of steps >= 1")));
   }
 };
 
@@ -491,15 +516,15 @@ struct DistConfig {
             "no_shard (every rank holds everything; gradients all-reduced, like DDP), shard_grad_op (ZeRO-2: "
             "gradients and optimizer state sharded) or full_shard (ZeRO-3/FSDP: parameters too, gathered per "
             "transformer block). docs/distributed.md.",
-            one_of({"no_shard", "shard_grad_op", "full_shard"}));
+            changeable_on_resume(one_of({"no_shard", "shard_grad_op", "full_shard"})));
     v.field("backend", backend,
             "Collective library: nccl (GPUs, through c10d's ProcessGroupNCCL), mpi (CPU, OpenMPI under "
             "mpirun) or auto (nccl on cuda, else mpi).",
-            one_of({"auto", "nccl", "mpi"}));
+            changeable_on_resume(one_of({"auto", "nccl", "mpi"})));
     v.field("timeout_s", timeout_s,
             "A collective that has not completed after this many seconds ends the rank with an error naming "
             "the rank and the collective (a peer died or hangs).",
-            positive());
+            changeable_on_resume(positive()));
     v.field("param_dtype", param_dtype,
             "Dtype of the parameters the forward and backward run in; master weights and optimizer state "
             "stay float32 (mixed precision when not float32).",
@@ -509,7 +534,8 @@ struct DistConfig {
     v.field("consolidated_checkpoints", consolidated_checkpoints,
             "Also write the whole model (float32 model.safetensors, HF layout) into each sharded checkpoint, so "
             "it loads in transformers as is; rank 0 holds the whole model in host memory while saving. Turn off "
-            "for models too large for that (anvil export consolidates later).");
+            "for models too large for that (anvil export consolidates later).",
+            changeable_on_resume());
   }
 };
 
@@ -523,17 +549,17 @@ struct EvalConfig {
   template <class V>
   void visit(V& v) {
     v.field("batch_size", batch_size, "Samples per eval forward pass, and eval prompts generated for together.",
-            positive());
+            changeable_on_resume(positive()));
     v.field("max_batches", max_batches, "Eval-loss batches per eval; 0 = the whole eval set.",
-            read_if_declared(non_negative()));
+            read_if_declared(changeable_on_resume(non_negative())));
     v.field("generate_samples", generate_samples,
             "Eval prompts answered greedily for eval/exact_match (ilql: sampled as ilql.* says); 0 disables "
             "generation.",
-            read_if_declared(non_negative(), 0));
+            read_if_declared(changeable_on_resume(non_negative()), 0));
     v.field("max_new_tokens", max_new_tokens, "Generation budget per eval prompt (ilql: ilql.max_new_tokens).",
-            read_if_declared(positive()));
+            read_if_declared(changeable_on_resume(positive())));
     v.field("table_rows", table_rows, "Prompt / generated / reference rows printed per eval.",
-            read_if_declared(non_negative(), 0));
+            read_if_declared(changeable_on_resume(non_negative()), 0));
   }
 };
 
@@ -544,11 +570,13 @@ struct LoggingConfig {
 
   template <class V>
   void visit(V& v) {
-    v.field("level", level, "Console log level.", one_of({"debug", "info", "warn", "error"}));
+    v.field("level", level, "Console log level.", changeable_on_resume(one_of({"debug", "info", "warn", "error"})));
     v.field("tensorboard", tensorboard,
             "Also write TensorBoard event files: every scalar of metrics.jsonl under the same names, eval sample "
-            "tables and the run config as text (W&B: wandb sync --sync-tensorboard).");
-    v.field("tensorboard_dir", tensorboard_dir, "Folder of the event files; empty = <output_dir>/tensorboard.");
+            "tables and the run config as text (W&B: wandb sync --sync-tensorboard).",
+            changeable_on_resume());
+    v.field("tensorboard_dir", tensorboard_dir, "Folder of the event files; empty = <output_dir>/tensorboard.",
+            changeable_on_resume());
   }
 };
 
@@ -575,7 +603,7 @@ struct RunConfig {
     v.field("output_dir", output_dir,
             "Run folder: checkpoints, metrics.jsonl and config.yaml. Re-running with the same "
             "output_dir resumes from its latest complete checkpoint.",
-            required());
+            changeable_on_resume(required()));
     v.field("algorithm", algorithm,
             "Training objective: one of the registered algorithms, the library's (docs/algorithms.md) or one a "
             "linking program registered (docs/library.md).",
@@ -636,10 +664,12 @@ struct ConfigChange {
 /// either text is not YAML.
 std::vector<ConfigChange> config_changes(const std::string& before_yaml, const std::string& after_yaml);
 
-/// Whether `key` may change when a run resumes without allow_config_change:
-/// keys that only extend or observe a run (max_steps, the save, eval and log
-/// cadence, kept checkpoints, eval.*, logging.*, the resume keys) or say where
-/// it runs (device, threads, sharding strategy, backend).
+/// Whether `key` (as config_changes names it) may change when a run resumes
+/// without allow_config_change: a key whose rule is changeable_on_resume,
+/// one that extends, observes or says how a run executes (max_steps, the
+/// save, eval and log cadence, eval.*, logging.*, the resume keys, device,
+/// sharding strategy, a registered section's timeouts); a list item's key
+/// (ppo.rewards[1].timeout_s) by its item's rule.
 bool may_change_on_resume(const std::string& key);
 
 }  // namespace anvil::config

@@ -34,6 +34,7 @@ struct Rule {
   bool required = false;                     // must be set by some config source
   bool declared = false;                     // read only by the algorithms that declare it (read_if_declared)
   std::optional<double> off = std::nullopt;  // a value asking for nothing (0 = no generation), taken anywhere
+  bool changeable_on_resume = false;         // may differ from the checkpoint's on resume (changeable_on_resume)
 };
 
 inline Rule any() { return {}; }
@@ -80,6 +81,15 @@ inline Rule read_if_declared(Rule r = {}) {
 inline Rule read_if_declared(Rule r, double off) {
   r.off = off;
   return read_if_declared(std::move(r));
+}
+/// `r`, for a key that says how long a run goes, what it observes or how it
+/// executes, not what it computes (the save cadence, a timeout, how many
+/// sequences are generated together): a resume may change it, and the change
+/// is logged (may_change_on_resume). Any other key's change stops a resume
+/// unless train.allow_config_change is set.
+inline Rule changeable_on_resume(Rule r = {}) {
+  r.changeable_on_resume = true;
+  return r;
 }
 
 struct ModelConfig;

@@ -55,7 +55,8 @@ struct SourceConfig {
             "record as written, plus the sample: {completion, prompt_text, ended}; docs/algorithms.md) and answers one "
             "line "
             "{\"reward\": x} each.");
-    v.field("timeout_s", timeout_s, "Seconds the reward program may take to answer one record.", config::positive());
+    v.field("timeout_s", timeout_s, "Seconds the reward program may take to answer one record.",
+            config::changeable_on_resume(config::positive()));
     v.field("exact_match", exact_match,
             "Verifiable reward: 1 when the response, trimmed, equals this field of the prompt record, else 0.");
     v.field("regex", regex,
@@ -67,7 +68,8 @@ struct SourceConfig {
             config::one_of({"none", "running"}));
     v.field("clip", clip, "Clip (scaled) scores to [-clip, clip] (trlx's cliprange_reward); 0 = off.",
             config::non_negative());
-    v.field("batch_size", batch_size, "Rows the reward model scores at once.", config::positive());
+    v.field("batch_size", batch_size, "Rows the reward model scores at once.",
+            config::changeable_on_resume(config::positive()));
   }
 };
 

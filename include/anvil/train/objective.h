@@ -57,6 +57,10 @@ class BatchSource {
   /// Samples in one pass over the training data (for plans and summaries);
   /// 0 when the source does not know.
   virtual int64_t samples_per_epoch() const { return 0; }
+  /// Rows (what train.micro_batch_size counts) that one pass over the
+  /// training data fills: samples_per_epoch(), unless a row holds several
+  /// samples (data.packing). train.num_train_epochs counts steps from it.
+  virtual int64_t rows_per_epoch() const { return samples_per_epoch(); }
 };
 
 /// One evaluation's scalars (named "eval/...") and sample rows

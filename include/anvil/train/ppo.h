@@ -51,7 +51,8 @@ struct EnvironmentConfig {
             "docs/algorithms.md) and answers one line: {\"role\": \"tool\" or \"user\", \"content\": ...} to "
             "append a message and let the policy take another turn, or {\"done\": true, \"reward\": x}. The "
             "appended tokens take no part in the loss or the KL. Empty = single-turn rollouts.");
-    v.field("timeout_s", timeout_s, "Seconds the environment program may take to answer one line.", config::positive());
+    v.field("timeout_s", timeout_s, "Seconds the environment program may take to answer one line.",
+            config::changeable_on_resume(config::positive()));
   }
 };
 
@@ -110,7 +111,8 @@ struct PpoConfig {
     v.field("top_p", top_p, "Nucleus sampling mass (1 = off).",
             config::Rule{"a number in (0, 1]", [](double x) { return x > 0 && x <= 1; }, {}});
     v.field("generation_batch_size", generation_batch_size,
-            "Sequences generated together (0 = a rank's whole share of the rollout).", config::non_negative());
+            "Sequences generated together (0 = a rank's whole share of the rollout).",
+            config::changeable_on_resume(config::non_negative()));
     v.field("reference", reference,
             "Reference model folder for the KL penalty. Empty = model.from, or a frozen copy of the initial weights.");
     v.field("advantage", advantage,
