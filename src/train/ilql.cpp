@@ -376,6 +376,7 @@ void IlqlObjective::after_step(Engine& engine, int64_t step) {
 EvalResult IlqlObjective::evaluate(models::CausalLM& model) {
   auto& s = *s_;
   EvalResult result;
+  result.third_column = "reward";
   std::vector<const chat::PromptSample*> all;
   for (const auto& ds : s.eval_sets)
     for (int64_t i = 0; i < ds->size() && static_cast<int64_t>(all.size()) < s.cfg.eval.generate_samples; ++i)
@@ -416,7 +417,7 @@ EvalResult IlqlObjective::evaluate(models::CausalLM& model) {
     totals[1] += static_cast<double>(out[i].size());
     if (static_cast<int64_t>(result.samples.size()) < s.cfg.eval.table_rows)
       result.samples.push_back(
-          {mine[i]->prompt, s.tok.decode(out[i]), s.rewards->enabled() ? concat("reward ", scores[i]) : std::string()});
+          {mine[i]->prompt, s.tok.decode(out[i]), s.rewards->enabled() ? concat(scores[i]) : std::string()});
   }
   if (split) s.ranks.all_sum(totals);
   const auto n = static_cast<double>(all.size());

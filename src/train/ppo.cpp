@@ -751,6 +751,7 @@ void PpoObjective::restore(const nlohmann::json& state) {
 EvalResult PpoObjective::evaluate(models::CausalLM& model) {
   auto& s = *s_;
   EvalResult result;
+  result.third_column = "reward";
   if (s.data.eval.empty()) return result;
   std::vector<RolloutPrompt> all;
   for (const auto& ref : s.data.eval) {
@@ -780,7 +781,7 @@ EvalResult PpoObjective::evaluate(models::CausalLM& model) {
     if (static_cast<int64_t>(result.samples.size()) < s.cfg.eval.table_rows) {
       auto response = rows[i].response;
       if (rows[i].ended) response.pop_back();
-      result.samples.push_back({mine[i].sample->prompt, s.tok.decode(response), concat("reward ", scores[i])});
+      result.samples.push_back({mine[i].sample->prompt, s.tok.decode(response), concat(scores[i])});
     }
   }
   if (split) s.ranks.all_sum(totals);

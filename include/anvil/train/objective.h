@@ -60,10 +60,14 @@ class BatchSource {
 };
 
 /// One evaluation's scalars (named "eval/...") and sample rows
-/// (prompt, generated, reference) to print.
+/// (prompt, generated, and what the generated text is held against) to print.
 struct EvalResult {
   Metrics metrics;
   std::vector<std::array<std::string, 3>> samples;
+  /// What the samples' third column holds: "reference" (the record's
+  /// response) or, for RL objectives, "reward" (the score the generated text
+  /// got). It heads the column in the log, TensorBoard and eval-step-N.json.
+  std::string third_column = "reference";
 };
 
 /// Additive statistics of micro-batches (detached scalar tensors, e.g. the
