@@ -284,6 +284,16 @@ BatchSource& IlqlObjective::train_source() { return *s_->source; }
 
 bool IlqlObjective::trains(const std::string& name) const { return name.rfind("heads.target_", 0) != 0; }
 
+std::vector<std::string> IlqlObjective::check_programs() {
+  // The rewards score the eval's samples: the first eval prompt's, had the policy ended its reply at once.
+  for (const auto& ds : s_->eval_sets)
+    if (ds->size() > 0) {
+      const auto& sample = (*ds)[0];
+      return s_->rewards->check(sample, {sample.prompt, "", sample.record, true});
+    }
+  return {};
+}
+
 void IlqlObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
   if (model.has_score_head())
     throw ConfigError("model.from: algorithm ilql trains a policy (a causal LM), but the model is a reward model");
