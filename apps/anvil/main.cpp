@@ -148,8 +148,7 @@ void show_prompt_ids(const std::vector<int64_t>& ids) {
 
 /// A prompt must leave the model room for one new token: longer, it is an
 /// error naming `what`, its length and the limit, or with --truncate left it
-/// keeps its last tokens, saying so. A reply that the positions cut below
-/// --max-new-tokens is reported too.
+/// keeps its last tokens, saying so.
 void fit_prompt(std::vector<int64_t>& ids, int64_t positions, int64_t max_new_tokens, bool truncate_left,
                 const std::string& what) {
   const auto n = static_cast<int64_t>(ids.size());
@@ -163,11 +162,19 @@ void fit_prompt(std::vector<int64_t>& ids, int64_t positions, int64_t max_new_to
     ids.erase(ids.begin(), ids.end() - keep);
     anvil::log::warn(what, ": the prompt is ", n, " tokens; kept its last ", keep,
                      " (--truncate left; the model reads ", positions, " positions)");
-    return;
   }
-  if (n + max_new_tokens > positions)
-    anvil::log::warn(what, ": the reply is cut at ", positions - n, " tokens (a ", n,
-                     "-token prompt, --max-new-tokens ", max_new_tokens, ", ", positions, " positions)");
+}
+
+/// Says so when the model's positions stopped `reply` (to `prompt`) before
+/// its end of turn and before --max-new-tokens: a reply that ends within
+/// them is whole, however little room was left.
+void report_cut_reply(const std::vector<int64_t>& prompt, const std::vector<int64_t>& reply, int64_t positions,
+                      const anvil::generation::SamplingOptions& opt, const std::string& what) {
+  const auto n = static_cast<int64_t>(prompt.size()), r = static_cast<int64_t>(reply.size());
+  const bool ended = !reply.empty() && opt.eos_id >= 0 && reply.back() == opt.eos_id;
+  if (!ended && r < opt.max_new_tokens && n + r >= positions)
+    anvil::log::warn(what, ": the reply is cut at ", r, " tokens, where the model's ", positions, " positions end (a ",
+                     n, "-token prompt, --max-new-tokens ", opt.max_new_tokens, ")");
 }
 
 int cmd_generate(const std::string& model_dir, const std::vector<std::string>& prompts, const std::string& input,
@@ -182,6 +189,8 @@ int cmd_generate(const std::string& model_dir, const std::vector<std::string>& p
       fit_prompt(ids[i], model->max_positions(), opt.max_new_tokens, truncate_left,
                  anvil::concat(input, ": entry ", i));
     auto outs = anvil::generation::generate(*model, ids, opt);
+    for (size_t i = 0; i < ids.size(); ++i)
+      report_cut_reply(ids[i], outs[i], model->max_positions(), opt, anvil::concat(input, ": entry ", i));
     anvil::fs::write_file_atomic(output, nlohmann::json(outs).dump() + "\n");
     return 0;
   }
@@ -207,6 +216,7 @@ int cmd_generate(const std::string& model_dir, const std::vector<std::string>& p
     for (const auto& p : ids) show_prompt_ids(p);
   auto outs = anvil::generation::generate(*model, ids, opt);
   for (size_t i = 0; i < prompts.size(); ++i) {
+    report_cut_reply(ids[i], outs[i], model->max_positions(), opt, anvil::concat("--prompt ", i + 1));
     if (chat && !outs[i].empty() && outs[i].back() == opt.eos_id) outs[i].pop_back();
     std::cout << nlohmann::json({{"prompt", prompts[i]}, {"generated", tok->decode(outs[i])}}).dump() << "\n";
   }
@@ -252,9 +262,9 @@ int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions op
       history.erase(history.begin(), history.begin() + std::min<size_t>(2, history.size() - 1));
     }
     // The turn itself is never cut silently: it fits, or it is refused (or cut as --truncate left asks).
+    const auto what = tty ? std::string("this line") : anvil::concat("line ", line_no);
     try {
-      fit_prompt(prompt, model->max_positions(), opt.max_new_tokens, truncate_left,
-                 tty ? std::string("this line") : anvil::concat("line ", line_no));
+      fit_prompt(prompt, model->max_positions(), opt.max_new_tokens, truncate_left, what);
     } catch (const anvil::DataError& e) {
       if (!tty) throw;
       std::cerr << "error: " << e.what() << "\n";
@@ -263,6 +273,7 @@ int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions op
     }
     if (format.show_ids) show_prompt_ids(prompt);
     auto reply = anvil::generation::generate(*model, {prompt}, opt)[0];
+    report_cut_reply(prompt, reply, model->max_positions(), opt, what);
     if (!reply.empty() && reply.back() == opt.eos_id) reply.pop_back();
     const auto text = tok->decode(reply);
     std::cout << text << std::endl;

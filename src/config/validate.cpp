@@ -421,7 +421,15 @@ std::vector<std::string> readers_of(const std::string& key) {
 }
 
 void Checks::model_folder(const std::string& key, const std::string& path) const {
-  must_exist(fail_, key.c_str(), path, kModel);
+  std::error_code ec;
+  const auto local = path.empty() ? std::filesystem::path() : hub::local_path(path);
+  if (path.empty() || !std::filesystem::is_directory(local, ec)) return must_exist(fail_, key.c_str(), path, kModel);
+  // The folder is read only once the run has loaded its data; a folder that cannot be a model fails here.
+  if (!std::filesystem::is_regular_file(local / "config.json", ec) &&
+      !std::filesystem::is_regular_file(local / "adapter_config.json", ec))
+    fail_(key, concat("expected a model folder, got \"", path,
+                      "\", which holds neither config.json (a Hugging Face model folder, an Anvil checkpoint or "
+                      "export) nor adapter_config.json (a LoRA adapter folder)"));
 }
 
 bool may_change_on_resume(const std::string& key) {

@@ -56,12 +56,13 @@ namespace {
 
 constexpr int64_t kCheckEvery = 8;  // accelerator: steps between looks at the end-of-sequence state
 
-/// Decodes one batch of prompts (the first is prompt `first` of the call);
-/// appends each one's new tokens to `out`, and their log-probabilities to
-/// `logprobs` when given. `keys` holds each prompt's sampling key.
+/// Decodes one batch of prompts (prompts[b] is prompt `prompt_index[b]` of the
+/// call); appends each one's new tokens to `out`, and their log-probabilities
+/// to `logprobs` when given. `keys` holds each prompt's sampling key.
 void generate_batch(models::CausalLM& model, const std::vector<const std::vector<int64_t>*>& prompts,
                     const SamplingOptions& opt, const std::vector<int64_t>& keys_host,
-                    std::vector<std::vector<int64_t>>& out, size_t first, std::vector<std::vector<float>>* logprobs) {
+                    std::vector<std::vector<int64_t>>& out, const std::vector<size_t>& prompt_index,
+                    std::vector<std::vector<float>>* logprobs) {
   const auto device = model.parameters().front().device();
   const auto B = static_cast<int64_t>(prompts.size());
   const auto V = model.vocab_size();
@@ -150,7 +151,7 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
       const auto n = step_t.item<int64_t>();
       const auto done_cols = tokens.index_select(0, rows).narrow(1, 0, n).to(at::kCPU).contiguous();
       for (size_t r = 0; r < row_of.size(); ++r) {
-        index.push_back(static_cast<int64_t>(first) + row_of[r]);
+        index.push_back(static_cast<int64_t>(prompt_index[static_cast<size_t>(row_of[r])]));
         const auto* p = done_cols.data_ptr<int64_t>() + static_cast<int64_t>(r) * n;
         so_far.emplace_back(p, p + n);
       }
@@ -317,6 +318,29 @@ void generate_batch(models::CausalLM& model, const std::vector<const std::vector
   }
 }
 
+/// The prompts (by index, in order) that may be decoded together. A batch
+/// decodes as many steps as its longest prompt leaves positions for, so a
+/// prompt whose reply may reach the model's last position (prompt +
+/// max_new_tokens > positions) is batched only with prompts of its own
+/// length: beside a longer one its reply would be cut short. Every other
+/// prompt has room for max_new_tokens in any batch.
+std::vector<std::vector<size_t>> batches_by_room(const std::vector<std::vector<int64_t>>& prompts,
+                                                 int64_t max_new_tokens, int64_t positions) {
+  std::vector<size_t> roomy;
+  std::map<size_t, std::vector<size_t>> by_length;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto n = prompts[i].size();
+    if (static_cast<int64_t>(n) + max_new_tokens <= positions)
+      roomy.push_back(i);
+    else
+      by_length[n].push_back(i);
+  }
+  std::vector<std::vector<size_t>> out;
+  if (!roomy.empty()) out.push_back(std::move(roomy));
+  for (auto& [n, rows] : by_length) out.push_back(std::move(rows));
+  return out;
+}
+
 Generation run(models::CausalLM& model, const std::vector<std::vector<int64_t>>& prompts, const SamplingOptions& opt,
                bool with_logprobs) {
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -338,18 +362,23 @@ Generation run(models::CausalLM& model, const std::vector<std::vector<int64_t>>&
     keys[i] =
         static_cast<int64_t>(opt.row_seeds.empty() ? row_key(row_key(opt.seed) ^ (i + 1)) : row_key(opt.row_seeds[i]));
   Generation g;
-  g.tokens.reserve(prompts.size());
+  g.tokens.resize(prompts.size());
+  if (with_logprobs) g.logprobs.resize(prompts.size());
   const size_t batch = opt.batch_size > 0 ? static_cast<size_t>(opt.batch_size) : std::max<size_t>(prompts.size(), 1);
-  for (size_t start = 0; start < prompts.size(); start += batch) {
-    const size_t end = std::min(prompts.size(), start + batch);
-    std::vector<const std::vector<int64_t>*> chunk;
-    for (size_t i = start; i < end; ++i) chunk.push_back(&prompts[i]);
-    const std::vector<int64_t> chunk_keys(keys.begin() + static_cast<std::ptrdiff_t>(start),
-                                          keys.begin() + static_cast<std::ptrdiff_t>(end));
-    const auto before = g.tokens.size();
-    generate_batch(model, chunk, opt, chunk_keys, g.tokens, start, with_logprobs ? &g.logprobs : nullptr);
-    g.tokens.resize(before + chunk.size());  // a batch with no budget yields empty outputs
-    if (with_logprobs) g.logprobs.resize(before + chunk.size());
+  for (const auto& rows : batches_by_room(prompts, opt.max_new_tokens, model.max_positions())) {
+    for (size_t start = 0; start < rows.size(); start += batch) {
+      const std::vector<size_t> index(rows.begin() + static_cast<std::ptrdiff_t>(start),
+                                      rows.begin() + static_cast<std::ptrdiff_t>(std::min(rows.size(), start + batch)));
+      std::vector<const std::vector<int64_t>*> chunk;
+      std::vector<int64_t> chunk_keys;
+      for (const auto i : index) chunk.push_back(&prompts[i]), chunk_keys.push_back(keys[i]);
+      std::vector<std::vector<int64_t>> tokens;
+      std::vector<std::vector<float>> logprobs;
+      generate_batch(model, chunk, opt, chunk_keys, tokens, index, with_logprobs ? &logprobs : nullptr);
+      // A batch with no budget yields nothing: its rows stay empty.
+      for (size_t b = 0; b < tokens.size(); ++b) g.tokens[index[b]] = std::move(tokens[b]);
+      for (size_t b = 0; b < logprobs.size(); ++b) g.logprobs[index[b]] = std::move(logprobs[b]);
+    }
   }
   if (was_training) model.train();
   return g;

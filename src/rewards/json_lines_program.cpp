@@ -100,7 +100,14 @@ std::string JsonLinesProgram::exit_status() {
   const auto r = ::waitpid(pid_, &status, WNOHANG);
   if (r != pid_) return "closed its stdout";
   pid_ = -1;
-  if (WIFEXITED(status)) return concat("exited with status ", WEXITSTATUS(status));
+  if (WIFEXITED(status)) {
+    // What /bin/sh answers for a command it cannot run (POSIX: 127 not found, 126 not executable).
+    const int code = WEXITSTATUS(status);
+    return concat("exited with status ", code,
+                  code == 127   ? " (the shell found no such program: check its name, path and PATH)"
+                  : code == 126 ? " (the shell found the program but could not run it: is it executable?)"
+                                : "");
+  }
   if (WIFSIGNALED(status)) return concat("was killed by signal ", WTERMSIG(status));
   return "stopped";
 }

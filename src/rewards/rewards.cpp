@@ -3,6 +3,8 @@
 // the registry of reward functions.
 #include "anvil/rewards/rewards.h"
 
+#include <chrono>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <regex>
@@ -55,6 +57,10 @@ class ExactMatchSource final : public RewardSource {
  public:
   ExactMatchSource(std::string field, std::string key) : field_(std::move(field)), key_(std::move(key)) {}
   std::string kind() const override { return "exact_match"; }
+  std::string check(const chat::PromptSample& prompt, const RewardQuery& query) override {
+    score({&prompt}, {query});
+    return "";
+  }
   std::vector<double> score(const std::vector<const chat::PromptSample*>& prompts,
                             const std::vector<RewardQuery>& queries) override {
     std::vector<double> out(queries.size(), 0.0);
@@ -73,6 +79,10 @@ class RegexSource final : public RewardSource {
  public:
   RegexSource(std::string field, std::string key) : field_(std::move(field)), key_(std::move(key)) {}
   std::string kind() const override { return "regex"; }
+  std::string check(const chat::PromptSample& prompt, const RewardQuery& query) override {
+    score({&prompt}, {query});
+    return "";
+  }
   std::vector<double> score(const std::vector<const chat::PromptSample*>& prompts,
                             const std::vector<RewardQuery>& queries) override {
     std::vector<double> out(queries.size(), 0.0);
@@ -102,6 +112,17 @@ class ProgramSource final : public RewardSource {
   void prepare(const FreezeFn& /*freeze*/, const std::string& who) override {
     program_ = std::make_unique<RewardProgram>(command_, timeout_s_, key_ + ".command");
     log::info(who, ": reward program \"", command_, "\" started");
+  }
+  std::string check(const chat::PromptSample& prompt, const RewardQuery& query) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    double reward = 0;
+    {
+      RewardProgram program(command_, timeout_s_, key_ + ".command");
+      reward = program.score({program_record(query, prompt.where, key_ + ".command")}).front();
+    }  // stopped: its stdin closed, waited for
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
+    return concat(key_, ".command \"", command_, "\" started, answered {\"reward\": ", reward, "} to ", prompt.where,
+                  " with an empty reply and stopped, in ", std::lround(took.count() * 1000), " ms");
   }
   std::vector<double> score(const std::vector<const chat::PromptSample*>& prompts,
                             const std::vector<RewardQuery>& queries) override {
@@ -258,6 +279,13 @@ std::vector<std::string> ResponseRewards::names() const {
 
 void ResponseRewards::prepare(const FreezeFn& freeze, const std::string& who) {
   for (auto& s : sources_) s.source->prepare(freeze, who);
+}
+
+std::vector<std::string> ResponseRewards::check(const chat::PromptSample& prompt, const RewardQuery& query) {
+  std::vector<std::string> out;
+  for (auto& s : sources_)
+    if (auto line = s.source->check(prompt, query); !line.empty()) out.push_back(std::move(line));
+  return out;
 }
 
 std::vector<models::FrozenModel::Gathered> ResponseRewards::gathered() {

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -31,6 +32,14 @@ SpecialTokenConfig read_special_token_config(const std::filesystem::path& dir);
 /// names none), the special tokens, add_bos_token and the chat template set.
 void write_tokenizer_config(const std::filesystem::path& dir, const Tokenizer& tok, const std::string& source_config,
                             const char* default_class);
+
+/// `config` as tokenizer_config.json's text (indented, with a final newline).
+/// A whole number past int64's range is written as the integer it is, as
+/// Python's json writes it: transformers' VERY_LARGE_INTEGER, int(1e30),
+/// saved as model_max_length = 1000000000000000019884624838656 when a
+/// tokenizer records no limit, is read back as a double and would otherwise
+/// come out as the float 1e+30.
+std::string tokenizer_config_text(const nlohmann::json& config);
 
 std::unique_ptr<Tokenizer> make_hf_tokenizer(const std::filesystem::path& tokenizer_json,
                                              const SpecialTokenConfig& cfg);

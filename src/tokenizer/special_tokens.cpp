@@ -135,7 +135,7 @@ class WithSpecialTokens final : public Tokenizer {
       entry.erase("id");
       decoder[std::to_string(id)] = entry;
     }
-    fs::write_file_atomic(dir / "tokenizer_config.json", cfg.dump(2) + "\n");
+    fs::write_file_atomic(dir / "tokenizer_config.json", detail::tokenizer_config_text(cfg));
   }
 
  private:

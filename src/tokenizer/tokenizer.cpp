@@ -8,7 +8,9 @@
 #include "core/logging.h"
 #include "anvil/tokenizer/tokenizer.h"
 
+#include <cmath>
 #include <cstdio>
+#include <functional>
 #include "backends.h"
 
 namespace anvil::tokenizer {
@@ -114,6 +116,33 @@ SpecialTokenConfig read_special_token_config(const stdfs::path& dir) {
   return cfg;
 }
 
+std::string tokenizer_config_text(const nlohmann::json& config) {
+  // nlohmann::json holds such a number as a double; each is swapped for a
+  // string marker the text does not hold, and the marker for the integer's digits.
+  auto j = config;
+  const auto plain = config.dump(2);
+  std::vector<std::pair<std::string, std::string>> swaps;
+  const std::function<void(json&)> walk = [&](json& v) {
+    if (v.is_structured()) {
+      for (auto& item : v) walk(item);
+    } else if (v.is_number_float()) {
+      const double x = v.get<double>();
+      if (!std::isfinite(x) || std::floor(x) != x || std::fabs(x) < 9223372036854775808.0) return;
+      char digits[400];
+      std::snprintf(digits, sizeof digits, "%.0f", x);  // glibc prints a double's exact value
+      std::string marker;
+      for (int k = static_cast<int>(swaps.size());; ++k)
+        if (marker = concat("anvil-whole-number-", k); plain.find(marker) == std::string::npos) break;
+      swaps.emplace_back("\"" + marker + "\"", digits);
+      v = marker;
+    }
+  };
+  walk(j);
+  auto text = j.dump(2);
+  for (const auto& [marker, digits] : swaps) text.replace(text.find(marker), marker.size(), digits);
+  return text + "\n";
+}
+
 void write_tokenizer_config(const stdfs::path& dir, const Tokenizer& tok, const std::string& source_config,
                             const char* default_class) {
   json j = source_config.empty() ? json::object() : json::parse(source_config, nullptr, false);
@@ -131,7 +160,7 @@ void write_tokenizer_config(const stdfs::path& dir, const Tokenizer& tok, const 
     j.erase("chat_template");
   else
     j["chat_template"] = tok.chat_template();
-  fs::write_file_atomic(dir / kConfigFile, j.dump(2) + "\n");
+  fs::write_file_atomic(dir / kConfigFile, tokenizer_config_text(j));
 }
 
 }  // namespace detail

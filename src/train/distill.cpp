@@ -208,30 +208,17 @@ class DistillObjective final : public Objective {
   }
 
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override {
-    const auto device = model.parameters().front().device();
-    const auto ids = to_device(batch.tensors.at("input_ids"), device);
-    const auto labels = to_device(batch.tensors.at("labels"), device);
-    const auto T = ids.size(1);
-    // Position t predicts token t + 1: the positions before each response token.
-    const auto mask = labels.narrow(1, 1, T - 1).ne(chat::kIgnoreIndex);
-    const auto student = model.forward(ids).narrow(1, 0, T - 1).index({mask});
-    at::Tensor teacher;
-    {
-      torch::NoGradGuard no_grad;
-      auto& t = *teacher_;
-      teacher = t.forward(ids.to(t.parameters().front().device())).narrow(1, 0, T - 1).to(device).index({mask});
-    }
-    const auto jsd = generalized_jsd(student, teacher, d_.beta, d_.temperature);
-    const auto rows = static_cast<double>(ids.size(0));
+    const auto rows = static_cast<double>(batch.tensors.at("input_ids").size(0));
     add_sum(sums, "rows", at::scalar_tensor(rows, at::kDouble));
     add_sum(sums, "on_policy", at::scalar_tensor(on_policy_ ? rows : 0.0, at::kDouble));
     if (d_.seq_kd) add_sum(sums, "teacher_sampled", at::scalar_tensor(by_teacher_ ? rows : 0.0, at::kDouble));
     add_sum(sums, "response_tokens", at::scalar_tensor(static_cast<double>(batch.num_targets), at::kDouble));
-    return jsd.sum();
+    return divergence_sum(model, batch);
   }
 
   EvalResult evaluate(models::CausalLM& model) override {
     EvalResult result;
+    held_out_divergence(model, result);
     std::vector<std::vector<int64_t>> prompts;
     std::vector<std::string> texts, references;
     for (const auto& ref : data_.eval) {
@@ -248,6 +235,56 @@ class DistillObjective final : public Objective {
   }
 
  private:
+  /// The divergence summed over the response tokens of `batch` (its labels).
+  at::Tensor divergence_sum(models::CausalLM& model, const Batch& batch) {
+    const auto device = model.parameters().front().device();
+    const auto ids = to_device(batch.tensors.at("input_ids"), device);
+    const auto labels = to_device(batch.tensors.at("labels"), device);
+    const auto T = ids.size(1);
+    // Position t predicts token t + 1: the positions before each response token.
+    const auto mask = labels.narrow(1, 1, T - 1).ne(chat::kIgnoreIndex);
+    const auto student = model.forward(ids).narrow(1, 0, T - 1).index({mask});
+    at::Tensor teacher;
+    {
+      torch::NoGradGuard no_grad;
+      auto& t = *teacher_;
+      teacher = t.forward(ids.to(t.parameters().front().device())).narrow(1, 0, T - 1).to(device).index({mask});
+    }
+    return generalized_jsd(student, teacher, d_.beta, d_.temperature).sum();
+  }
+
+  /// eval/loss, as GKDTrainer evaluates: the training loss on the eval
+  /// records' own responses (teacher forcing), per response token, over
+  /// eval.batch_size records at a time (at most eval.max_batches batches).
+  /// Records without a response are left out; none at all: no eval/loss.
+  void held_out_divergence(models::CausalLM& model, EvalResult& result) {
+    std::vector<const DistillSample*> given;
+    for (const auto& ref : data_.eval)
+      if (const auto& s = sample(data_.eval_sets[static_cast<size_t>(ref.dataset)].get(), ref.index);
+          !s.response.empty())
+        given.push_back(&s);
+    if (given.empty()) return;
+    auto whole = teacher_.gathered();  // the ranks split the batches unevenly
+    EvalMode mode(model);
+    torch::NoGradGuard no_grad;
+    const auto total = static_cast<int64_t>(given.size()), bs = cfg_.eval.batch_size;
+    int64_t n_batches = (total + bs - 1) / bs;
+    if (cfg_.eval.max_batches > 0) n_batches = std::min(n_batches, cfg_.eval.max_batches);
+    const bool split = ranks_.splits(n_batches);
+    std::vector<double> sums{0, 0};  // divergence, response tokens
+    for (int64_t k = 0; k < n_batches; ++k) {
+      if (split && !ranks_.mine(k)) continue;
+      std::vector<std::pair<const std::vector<int64_t>*, const std::vector<int64_t>*>> rows;
+      for (int64_t i = k * bs; i < std::min(total, (k + 1) * bs); ++i)
+        rows.push_back({&given[static_cast<size_t>(i)]->prompt->prompt_ids, &given[static_cast<size_t>(i)]->response});
+      const auto b = collate(rows, pad_id_);
+      sums[0] += divergence_sum(model, b).item<double>();
+      sums[1] += static_cast<double>(b.num_targets);
+    }
+    if (split) ranks_.all_sum(sums);
+    result.metrics["eval/loss"] = sums[0] / std::max(1.0, sums[1]);
+  }
+
   /// The dataset's responses (field `field`, encoded as replies), "" where a record has none.
   std::vector<DistillSample> responses(const data::PromptDataset& ds, const std::string& field,
                                        const std::string& key) {

@@ -284,6 +284,16 @@ BatchSource& IlqlObjective::train_source() { return *s_->source; }
 
 bool IlqlObjective::trains(const std::string& name) const { return name.rfind("heads.target_", 0) != 0; }
 
+std::vector<std::string> IlqlObjective::check_programs() {
+  // The rewards score the eval's samples: the first eval prompt's, had the policy ended its reply at once.
+  for (const auto& ds : s_->eval_sets)
+    if (ds->size() > 0) {
+      const auto& sample = (*ds)[0];
+      return s_->rewards->check(sample, {sample.prompt, "", sample.record, true});
+    }
+  return {};
+}
+
 void IlqlObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
   if (model.has_score_head())
     throw ConfigError("model.from: algorithm ilql trains a policy (a causal LM), but the model is a reward model");
@@ -376,6 +386,7 @@ void IlqlObjective::after_step(Engine& engine, int64_t step) {
 EvalResult IlqlObjective::evaluate(models::CausalLM& model) {
   auto& s = *s_;
   EvalResult result;
+  result.third_column = "reward";
   std::vector<const chat::PromptSample*> all;
   for (const auto& ds : s.eval_sets)
     for (int64_t i = 0; i < ds->size() && static_cast<int64_t>(all.size()) < s.cfg.eval.generate_samples; ++i)
@@ -416,7 +427,7 @@ EvalResult IlqlObjective::evaluate(models::CausalLM& model) {
     totals[1] += static_cast<double>(out[i].size());
     if (static_cast<int64_t>(result.samples.size()) < s.cfg.eval.table_rows)
       result.samples.push_back(
-          {mine[i]->prompt, s.tok.decode(out[i]), s.rewards->enabled() ? concat("reward ", scores[i]) : std::string()});
+          {mine[i]->prompt, s.tok.decode(out[i]), s.rewards->enabled() ? concat(scores[i]) : std::string()});
   }
   if (split) s.ranks.all_sum(totals);
   const auto n = static_cast<double>(all.size());

@@ -210,6 +210,9 @@ class KtoObjective final : public Objective {
 
   std::string name() const override { return "kto"; }
   std::string target_unit() const override { return "KTO examples"; }
+  std::string sample_label(const Batch& batch, int64_t row) const override {
+    return batch.tensors.at("desirable")[row].item<bool>() ? "desirable" : "undesirable";
+  }
   BatchSource& train_source() override { return *source_; }
   Metrics step_metrics(const Sums& sums) const override { return kto_metrics(sums); }
   std::vector<std::string> console_metrics() const override { return {"kl", "rewards/margins"}; }

@@ -211,6 +211,31 @@ std::string PpoObjective::plan(int64_t max_steps) const {
   return os.str();
 }
 
+std::vector<std::string> PpoObjective::check_programs() {
+  const auto& p = s_->ppo;
+  const auto& sample = (*s_->data.train.front())[0];
+  // What the first rollout's first sample would send, had the policy ended its reply at once.
+  auto out = s_->rewards->check(sample, {sample.prompt, "", sample.record, true});
+  if (p.environment.command.empty()) return out;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto conversation = sample.messages;
+  if (sample.text_prompt || conversation.empty()) conversation = {{"user", sample.prompt}};
+  conversation.push_back({"assistant", ""});
+  const bool final = p.max_turns == 1;
+  rewards::EnvironmentReply reply;
+  {
+    rewards::EnvironmentProgram environment(p.environment.command, p.environment.timeout_s);
+    reply = environment.step(rewards::environment_line(sample.record, conversation, 1, final, true, sample.where));
+  }  // stopped: its stdin closed, waited for
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
+  out.push_back(
+      concat("ppo.environment.command \"", p.environment.command, "\" started, answered ",
+             reply.done ? concat("done with reward ", reply.reward) : concat("a ", reply.message.role, " message"),
+             " to turn 1 of ", sample.where, " (an empty reply, final ", final ? "true" : "false", ") and stopped, in ",
+             std::lround(took.count() * 1000), " ms"));
+  return out;
+}
+
 int64_t PpoObjective::steps_per_iteration() const {
   return s_->ppo.ppo_epochs * (s_->rollout_rows / s_->minibatch_rows());
 }
@@ -751,6 +776,7 @@ void PpoObjective::restore(const nlohmann::json& state) {
 EvalResult PpoObjective::evaluate(models::CausalLM& model) {
   auto& s = *s_;
   EvalResult result;
+  result.third_column = "reward";
   if (s.data.eval.empty()) return result;
   std::vector<RolloutPrompt> all;
   for (const auto& ref : s.data.eval) {
@@ -780,7 +806,7 @@ EvalResult PpoObjective::evaluate(models::CausalLM& model) {
     if (static_cast<int64_t>(result.samples.size()) < s.cfg.eval.table_rows) {
       auto response = rows[i].response;
       if (rows[i].ended) response.pop_back();
-      result.samples.push_back({mine[i].sample->prompt, s.tok.decode(response), concat("reward ", scores[i])});
+      result.samples.push_back({mine[i].sample->prompt, s.tok.decode(response), concat(scores[i])});
     }
   }
   if (split) s.ranks.all_sum(totals);

@@ -349,6 +349,9 @@ void print_plan(RunSetup& r, const config::RunConfig& cfg) {
   const int64_t samples_per_step = r.micro_per_step * cfg.train.micro_batch_size;
   auto first = r.objective->train_source().next();
   const auto sample = render_first_row(first, *r.tok);
+  const auto label = r.objective->sample_label(first, 0);
+  // Each program is started, asked once and stopped, before anything is printed: a failure is the run's error.
+  const auto programs = r.objective->check_programs();
   const double tokens_per_sample =
       static_cast<double>(first.num_tokens) / static_cast<double>(std::max<int64_t>(1, cfg.train.micro_batch_size));
   const int64_t world = r.ranks.world;
@@ -376,8 +379,9 @@ void print_plan(RunSetup& r, const config::RunConfig& cfg) {
        << (world > 1 && cfg.dist.sharding != "no_shard" ? ", before sharding" : "") << "), plus activations\n"
        << "  resume: "
        << (r.latest ? concat("continues ", r.latest->string()) : std::string("starts fresh in ") + r.out_dir.string())
-       << "\n"
-       << "  first training sample (trained tokens in [[ ]]):\n"
+       << "\n";
+  for (const auto& p : programs) plan << "  program: " << p << "\n";
+  plan << "  first training sample (" << (label.empty() ? "" : label + "; ") << "trained tokens in [[ ]]):\n"
        << sample << "\n";
   log::info(plan.str());
 }

@@ -105,8 +105,7 @@ void print_eval(int64_t step, const EvalResult& r) {
     return s.size() > 40 ? s.substr(0, 37) + "..." : s;
   };
   std::ostringstream t;
-  t << std::left << std::setw(42) << "prompt" << std::setw(42) << "generated"
-    << "reference\n";
+  t << std::left << std::setw(42) << "prompt" << std::setw(42) << "generated" << r.third_column << "\n";
   for (const auto& row : r.samples)
     t << std::setw(42) << clip(row[0]) << std::setw(42) << clip(row[1]) << clip(row[2]) << "\n";
   log::info("\n", t.str());
@@ -233,7 +232,7 @@ TrainResult evaluate_only(RunSetup& r, Engine& engine, const config::RunConfig& 
                         {"metrics", e.metrics},
                         {"samples", nlohmann::json::array()}};
     for (const auto& row : e.samples)
-      j["samples"].push_back({{"prompt", row[0]}, {"generated", row[1]}, {"reference", row[2]}});
+      j["samples"].push_back({{"prompt", row[0]}, {"generated", row[1]}, {e.third_column, row[2]}});
     const auto file = r.out_dir / concat("eval-step-", step, ".json");
     fs::write_file_atomic(file, j.dump(2) + "\n");
     log::info("wrote ", file.string());
@@ -332,7 +331,7 @@ class TrainLoop {
       for (const char c : s) out += c == '|' ? std::string("\\|") : c == '\n' ? std::string("<br>") : std::string(1, c);
       return out;
     };
-    std::string md = "| prompt | generated | reference |\n|---|---|---|\n";
+    std::string md = "| prompt | generated | " + e.third_column + " |\n|---|---|---|\n";
     for (const auto& r : e.samples) md += "| " + cell(r[0]) + " | " + cell(r[1]) + " | " + cell(r[2]) + " |\n";
     return md;
   }

@@ -71,8 +71,9 @@ int trainer_main(int argc, char** argv) {
   app.add_flag("--print-config", print_config, "Print the merged, validated config and exit");
   app.add_flag("--print-config-reference", print_reference, "Print the reference of every config key (Markdown)");
   app.add_flag("--dry-run", dry_run,
-               "Load config, tokenizer and data, build the model and print the plan (parameters, tokens per step, "
-               "memory, the first training sample); train and write nothing");
+               "Load config, tokenizer and data, build the model, start and ask once every reward or environment "
+               "program the config names, and print the plan (parameters, tokens per step, memory, the first "
+               "training sample); train and write nothing");
   app.set_version_flag("--version", std::string("trainer ") + anvil::version(), "Print the version and exit");
   app.add_flag("--eval-only", eval_only,
                "Evaluate output_dir's latest checkpoint (or train.resume_from, or model.from) once and write "

@@ -375,14 +375,34 @@ TEST_F(ConfigTest, MissingDataOrTokenizerFilesFailBeforeAnyWork) {
 
 // The model folders an algorithm's section names are checked with the rest of
 // the config, kto's and distill's as dpo's: a missing one (or a number given
-// as one) fails the load, and so --dry-run, naming the key and the folder.
+// as one), or a folder that holds no model (no config.json, no
+// adapter_config.json), fails the load, and so --dry-run, naming the key and
+// the folder.
 TEST_F(ConfigTest, ReferenceAndTeacherFoldersAreCheckedWithTheConfig) {
-  for (const std::string key : {"dpo.reference", "kto.reference", "distill.teacher"}) {
+  const auto model = dir_ / "model", adapter = dir_ / "adapter", empty = dir_ / "empty";
+  for (const auto& d : {model, adapter, empty}) std::filesystem::create_directories(d);
+  write_text(model / "config.json", "{}");
+  write_text(adapter / "adapter_config.json", "{}");
+  for (const std::string key : {"dpo.reference", "kto.reference", "distill.teacher", "ppo.reference",
+                                "ppo.reward.model", "ppo.critic_from", "ilql.reward.model"}) {
     const auto algorithm = "algorithm=" + key.substr(0, key.find('.'));
-    EXPECT_EQ(error_of({base_}, {algorithm, key + "=no_such_model"}),
+    // ppo's exact_match reward is the base config's: one source at a time.
+    const std::vector<std::string> others =
+        key == "ppo.reward.model" ? std::vector<std::string>{"ppo.reward.exact_match="} : std::vector<std::string>{};
+    auto with = [&](const std::string& value) {
+      auto o = others;
+      o.insert(o.begin(), {algorithm, key + "=" + value});
+      return error_of({base_}, o);
+    };
+    EXPECT_EQ(with("no_such_model"),
               "command line (" + key + "=no_such_model): " + key +
                   ": expected an existing folder, got \"no_such_model\" (paths are relative to the working directory)");
-    EXPECT_EQ(error_of({base_}, {algorithm, key + "=" + dir_.path().string()}), "<no error>") << key;
+    EXPECT_EQ(with(empty.string()), "command line (" + key + "=" + empty.string() + "): " + key +
+                                        ": expected a model folder, got \"" + empty.string() +
+                                        "\", which holds neither config.json (a Hugging Face model folder, an Anvil "
+                                        "checkpoint or export) nor adapter_config.json (a LoRA adapter folder)");
+    EXPECT_EQ(with(model.string()), "<no error>") << key;
+    EXPECT_EQ(with(adapter.string()), "<no error>") << key;
   }
   const auto teacher = write("teacher.yaml", "algorithm: distill\ndistill:\n  teacher: 3\n");
   EXPECT_EQ(error_of({base_, teacher}, {}),

@@ -155,6 +155,28 @@ TEST_F(CliGenerate, APromptLongerThanThePositionsIsRefusedOrTruncatedOnRequest) 
   EXPECT_NE(out.find("near.json: entry 0: the reply is cut at 2 tokens"), std::string::npos) << out;
   EXPECT_EQ(nlohmann::json::parse(anvil::testing::read_text(dir_ / "o.json"))[0].size(), 2u);
 
+  // A reply is reported cut only when the positions cut it: one that ends
+  // within them is whole (the quickstart's own "try it" line, 32 new tokens
+  // on 32 positions, was warned about before each reply ended). Each reply
+  // gets every position its own prompt leaves, whatever the other prompts.
+  anvil::testing::write_text(dir_ / "two.json",
+                             nlohmann::json::array({std::vector<int64_t>(40, 7), std::vector<int64_t>(30, 8)}).dump());
+  const auto two = anvil::testing::cli_bin() + " generate --model " + dir_.path().string() + " --input " +
+                   (dir_ / "two.json").string() + " --output " + (dir_ / "o.json").string() + " --max-new-tokens 32";
+  ASSERT_EQ(run(two + " --eos-id -1 2>&1", &out), 0) << out;
+  const auto cut = nlohmann::json::parse(anvil::testing::read_text(dir_ / "o.json"));
+  ASSERT_EQ(cut[0].size(), 8u);
+  EXPECT_EQ(cut[1].size(), 18u);
+  EXPECT_NE(out.find("two.json: entry 0: the reply is cut at 8 tokens, where the model's 48 positions end (a "
+                     "40-token prompt, --max-new-tokens 32)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("two.json: entry 1: the reply is cut at 18 tokens"), std::string::npos) << out;
+  // Entry 0's first token as the end of sequence: that reply ends at once, and only entry 1's is cut.
+  ASSERT_EQ(run(two + " --eos-id " + std::to_string(cut[0][0].get<int64_t>()) + " 2>&1", &out), 0) << out;
+  EXPECT_EQ(nlohmann::json::parse(anvil::testing::read_text(dir_ / "o.json"))[0].size(), 1u);
+  EXPECT_EQ(out.find("entry 0: the reply is cut"), std::string::npos) << out;
+
   // Text: a --prompt, and a chat line, of about 80 tokens.
   std::string text;
   for (int i = 0; i < 20; ++i) text += "reverse: abc ";

@@ -242,6 +242,34 @@ TEST(Generation, RepeatedPromptsShareOnePrefillAndDecodeAsAlone) {
   }
 }
 
+// Near the model's last position (32 here) each reply gets every position
+// its own prompt leaves: a longer prompt in the call no longer cuts a shorter
+// one's reply (a batch decodes as many steps as its longest prompt leaves
+// room for, so such prompts are batched by length), and the tokens are those
+// the prompt gets alone. Prompts with room for max_new_tokens batch as before.
+TEST(Generation, EachReplyGetsThePositionsItsOwnPromptLeaves) {
+  auto model = tiny_model();
+  const std::vector<int64_t> longer(26, 4), shorter(20, 5), roomy = {7, 8}, same(26, 6), near(24, 3);
+  const std::vector<std::vector<int64_t>> prompts = {longer, roomy, shorter, same, near};
+  SamplingOptions opt;
+  opt.max_new_tokens = 10;  // eos_id -1: every reply runs to its limit
+  for (const int64_t batch : {0, 2}) {
+    SCOPED_TRACE(batch);
+    opt.batch_size = batch;
+    const auto g = generate_with_logprobs(*model, prompts, opt);
+    ASSERT_EQ(g.tokens.size(), 5u);
+    EXPECT_EQ(g.tokens[0].size(), 6u);   // 32 - 26
+    EXPECT_EQ(g.tokens[1].size(), 10u);  // max_new_tokens
+    EXPECT_EQ(g.tokens[2].size(), 10u);  // min(10, 32 - 20): not 6, as beside the 26-token prompt
+    EXPECT_EQ(g.tokens[3].size(), 6u);
+    EXPECT_EQ(g.tokens[4].size(), 8u);  // 32 - 24
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(g.tokens[i], generate(*model, {prompts[i]}, opt)[0]) << i;
+      ASSERT_EQ(g.logprobs[i].size(), g.tokens[i].size()) << i;
+    }
+  }
+}
+
 TEST(Generation, PenaltiesSteerAwayFromRepeats) {
   auto model = tiny_model();
   const std::vector<std::vector<int64_t>> prompts = {{1, 2, 3, 4, 5}, {7, 8}};

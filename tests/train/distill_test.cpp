@@ -8,11 +8,16 @@
 
 #include <ATen/ATen.h>
 
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
+#include "anvil/chat/chat.h"
+#include "anvil/checkpoint/hf_model.h"
 #include "anvil/core/error.h"
+#include "anvil/tokenizer/tokenizer.h"
+#include "models/gpt2/gpt2.h"
 #include "test_util.h"
 #include "train/distill.h"
 
@@ -136,6 +141,101 @@ logging: {level: warn}
             0);
   EXPECT_NE(out.find("prompts.jsonl"), std::string::npos) << out;
   EXPECT_NE(out.find("distill.seq_kd"), std::string::npos) << out;
+}
+
+/// A tiny random GPT-2 of the bundled tokenizer's vocabulary, saved as an HF folder at `dir`; its
+/// weights drawn wide (std 0.3), so that two such models' distributions differ well.
+void save_tiny_gpt2(const stdfs::path& dir, uint64_t seed) {
+  const auto tok = tokenizer::load_tokenizer("sentencepiece", anvil::testing::source_dir() + "/data/tokenizer.model");
+  at::manual_seed(seed);
+  models::gpt2::GPT2Options o;
+  o.vocab_size(tok->vocab_size()).n_positions(32).n_embd(32).n_layer(2).n_head(2).initializer_range(0.3);
+  models::gpt2::GPT2LMHeadModel model(o);
+  model.special_tokens = {tok->bos_id(), tok->eos_id(), tok->pad_id()};
+  stdfs::create_directories(dir);
+  checkpoint::save_model_dir(dir, model, tok.get());
+}
+
+// GKDTrainer evaluates the divergence on the eval records' own responses
+// (teacher forcing): eval/loss is TRL's GKDTrainer.generalized_jsd_loss on
+// transformers' logits of the two folders (tests/parity/gkd_eval_reference.py;
+// every record in one batch there, three batches of at most 2 here), at two
+// temperatures; a record without a response is left out. A run then keeps
+// its best checkpoint by it, as sft does.
+TEST(DistillEval, HeldOutLossIsTrlsDivergenceAndNamesTheBestCheckpoint) {
+  TempDir dir;
+  const auto src = anvil::testing::source_dir();
+  save_tiny_gpt2(dir / "student", 1);
+  save_tiny_gpt2(dir / "teacher", 2);
+  const std::vector<std::pair<std::string, std::string>> records = {{"add: 82+79\n", "161"},
+                                                                    {"reverse: anvil\n", "livna"},
+                                                                    {"add: 1+2\n", "3"},
+                                                                    {"upper: abc\n", "ABC"},
+                                                                    {"add: 18+90\n", "108"}};
+  std::string eval;
+  for (const auto& [p, r] : records) eval += nlohmann::json({{"prompt", p}, {"response", r}}).dump() + "\n";
+  eval += nlohmann::json({{"prompt", "add: 5+5\n"}}).dump() + "\n";  // no response: not in eval/loss
+  anvil::testing::write_text(dir / "eval.jsonl", eval);
+  const auto trainer =
+      "cd " + src + " && " + anvil::testing::trainer_bin() +
+      " 'data.train=[{path: data/sft_add_train.jsonl}]' 'data.eval=[{path: " + (dir / "eval.jsonl").string() +
+      "}]' data.max_length=32 algorithm=distill distill.teacher=" + (dir / "teacher").string() +
+      " distill.beta=0.3 distill.lmbda=0 eval.batch_size=2 eval.generate_samples=0 train.threads=1 train.max_steps=4";
+  std::string out;
+  std::vector<double> ours;
+  for (const char* temperature : {"1.0", "0.7"}) {
+    const auto at = dir / (std::string("eval-") + temperature);
+    ASSERT_EQ(run(trainer + " --eval-only output_dir=" + at.string() + " model.from=" + (dir / "student").string() +
+                      " distill.temperature=" + temperature + " 2>&1",
+                  &out),
+              0)
+        << out;
+    const auto j = nlohmann::json::parse(anvil::testing::read_text(at / "eval-step-0.json"));
+    ASSERT_TRUE(j["metrics"].contains("eval/loss")) << j.dump();
+    ours.push_back(j["metrics"]["eval/loss"].get<double>());
+  }
+  // The rows as distill renders them (plain: a text prompt as written, the reply and its end of turn).
+  const auto tok = tokenizer::load_tokenizer_from_model_dir(dir / "student");
+  const auto& plain = chat::ChatTemplate::get("plain");
+  auto rows = nlohmann::json::array();
+  for (const auto& [p, r] : records) {
+    std::vector<int64_t> prompt;
+    if (tok->add_bos() && tok->bos_id() >= 0) prompt.push_back(tok->bos_id());
+    const auto text = tok->encode(p);
+    prompt.insert(prompt.end(), text.begin(), text.end());
+    rows.push_back({prompt, plain.encode_reply(*tok, r)});
+  }
+  anvil::testing::write_text(dir / "rows.json",
+                             nlohmann::json({{"rows", rows}, {"beta", 0.3}, {"temperatures", {1.0, 0.7}}}).dump());
+  ASSERT_EQ(run(anvil::testing::python_bin() + " " + src + "/tests/parity/gkd_eval_reference.py " +
+                    (dir / "student").string() + " " + (dir / "teacher").string() + " " + (dir / "rows.json").string() +
+                    " 2>&1",
+                &out),
+            0)
+      << out;
+  const auto trl = nlohmann::json::parse(out.substr(out.rfind('{')))["loss"];
+  ASSERT_EQ(trl.size(), 2u) << out;
+  for (size_t i = 0; i < 2; ++i) {
+    std::cout << "[distill eval/loss] temperature " << (i == 0 ? "1.0" : "0.7") << ": Anvil " << ours[i] << ", TRL "
+              << trl[i].get<double>() << "\n";
+    EXPECT_GT(ours[i], 0.0);
+    EXPECT_NEAR(ours[i], trl[i].get<double>(), 1e-5 * trl[i].get<double>()) << "temperature #" << i;
+  }
+
+  // Training: eval/loss at every eval, and the summary names the checkpoint with the lowest.
+  ASSERT_EQ(run(trainer + " output_dir=" + (dir / "run").string() + " model.from=" + (dir / "student").string() +
+                    " train.save_every=2 train.eval_every=2 train.micro_batch_size=4"
+                    " train.global_batch_size=4 logging.level=info 2>&1",
+                &out),
+            0)
+      << out;
+  const auto m = anvil::testing::metrics_by_step(dir / "run" / "metrics.jsonl");
+  ASSERT_TRUE(m.at(2).contains("eval/loss") && m.at(4).contains("eval/loss")) << m.at(2).dump();
+  const int best = m.at(2)["eval/loss"].get<double>() < m.at(4)["eval/loss"].get<double>() ? 2 : 4;
+  EXPECT_NE(
+      out.find("best checkpoint by eval/loss: " + (dir / "run" / ("checkpoint-" + std::to_string(best))).string()),
+      std::string::npos)
+      << out;
 }
 
 // configs/distill_tiny.yaml: the quickstart's SFT model at step 1000

@@ -134,6 +134,22 @@ TEST(KtoData, UnpairedAndPairedRecordsAndTheirErrors) {
       << out;
   EXPECT_NE(out.find("4 examples, 2 desirable and 2 undesirable"), std::string::npos) << out;
   EXPECT_EQ(out.find("(but NOT BOTH)"), std::string::npos) << out;  // balanced: no advice
+  // The plan's first sample says which kind of example it is (unshuffled: the file's first line).
+  anvil::testing::write_text(dir / "bad_first.jsonl", R"({"prompt": "add: 1+2\n", "completion": "4", "label": false}
+{"prompt": "add: 3+4\n", "completion": "7", "label": true}
+)");
+  const std::vector<std::pair<std::string, std::string>> firsts = {
+      {"mixed.jsonl", "desirable; trained tokens in [[ ]]):\nadd: 1+2\n[[3"},
+      {"bad_first.jsonl", "undesirable; trained tokens in [[ ]]):\nadd: 1+2\n[[4"}};
+  for (const auto& [file, first] : firsts) {
+    ASSERT_EQ(run("cd " + src + " && " + trainer + (dir / "ok").string() +
+                      " --dry-run logging.level=info data.shuffle=false 'data.train=[{path: " + (dir / file).string() +
+                      "}]' 2>&1",
+                  &out),
+              0)
+        << out;
+    EXPECT_NE(out.find("first training sample (" + first), std::string::npos) << out;
+  }
   // Weights that unbalance the examples: TRL's advice, naming the keys.
   ASSERT_EQ(
       run("cd " + src + " && " + trainer + (dir / "ok").string() + " --dry-run kto.desirable_weight=2 2>&1", &out), 0)

@@ -336,6 +336,25 @@ TEST(PpoConfig, DryRunPlansTheRolloutsTheRunMakes) {
   EXPECT_EQ(rollouts, 2);
 }
 
+// The eval table's third column holds each reply's reward, and says so: on
+// the console, in eval-step-N.json and TensorBoard's eval/samples (it once
+// read "reference", SFT's column of the record's response).
+TEST(PpoConfig, TheEvalTableNamesItsRewardColumn) {
+  TempDir dir;
+  std::string log;
+  ASSERT_EQ(tiny_ppo(dir, "--eval-only eval.generate_samples=4 logging.level=info", &log), 0) << log;
+  EXPECT_TRUE(std::regex_search(log, std::regex(R"(\n\s*prompt +generated +reward\n)"))) << log;
+  EXPECT_EQ(log.find("reference\n"), std::string::npos) << log;
+  const auto j = nlohmann::json::parse(anvil::testing::read_text(dir / "out" / "eval-step-0.json"));
+  ASSERT_EQ(j["samples"].size(), 4u) << j.dump();
+  for (const auto& row : j["samples"]) {
+    ASSERT_TRUE(row.contains("reward")) << row.dump();
+    EXPECT_FALSE(row.contains("reference")) << row.dump();
+    // exact_match: 0 or 1, as the reward of eval/reward's mean.
+    EXPECT_TRUE(row["reward"] == "0" || row["reward"] == "1") << row.dump();
+  }
+}
+
 // A causal LM folder given as the reward model: the error names the config
 // key that named it, not a command-line flag.
 TEST(PpoConfig, ACausalLmAsTheRewardModelIsNamedByItsKey) {

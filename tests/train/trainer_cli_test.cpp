@@ -89,6 +89,7 @@ TEST(TrainerCli, EvalOnlyEvaluatesTheLatestCheckpointAndChangesNothing) {
   EXPECT_EQ(j["step"], 4);
   EXPECT_TRUE(j["metrics"].contains("eval/loss")) << j.dump();
   EXPECT_EQ(j["samples"].size(), 2u) << j.dump();
+  EXPECT_TRUE(j["samples"][0].contains("reference")) << j.dump();  // the record's response
   EXPECT_EQ(anvil::testing::read_text(dir / "out" / "metrics.jsonl"), metrics_before);
   EXPECT_EQ(log.find("run summary"), std::string::npos) << log;
 }

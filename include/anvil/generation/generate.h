@@ -77,9 +77,11 @@ struct Generation {
 /// for prompt + new tokens. On an accelerator, tokens, log-probs and the
 /// end-of-sequence state stay on the device (finished rows are masked, and the
 /// host looks every 8 steps whether all have finished); on the CPU finished
-/// rows leave the batch. A batch's budget is also capped by the model's
-/// max_positions minus its longest prompt. The model is put in eval mode for
-/// the call and restored afterwards.
+/// rows leave the batch. A reply also ends where the model's max_positions
+/// do: a prompt that leaves fewer than max_new_tokens positions is decoded
+/// only beside prompts of its own length, so each reply gets every position
+/// its own prompt leaves (batch_size prompts at a time). The model is put in
+/// eval mode for the call and restored afterwards.
 std::vector<std::vector<int64_t>> generate(models::CausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
                                            const SamplingOptions& opt);
 

@@ -124,6 +124,17 @@ class RewardSource {
   /// file:line for a record the source cannot read.
   virtual std::vector<double> score(const std::vector<const chat::PromptSample*>& prompts,
                                     const std::vector<RewardQuery>& queries) = 0;
+  /// --dry-run: scores `query`, an answer to `prompt`, outside a run: a
+  /// program is started for it, asked and stopped; a source that reads the
+  /// record checks it has the field. Returns a line saying what was checked
+  /// ("" when the source has nothing to check before a run: a reward model's
+  /// folder is checked with the config, a function is the linking program's).
+  /// Throws what score() would.
+  virtual std::string check(const chat::PromptSample& prompt, const RewardQuery& query) {
+    (void)prompt;
+    (void)query;
+    return "";
+  }
   /// Keeps a sharded reward model whole while the result lives (ranks that
   /// score different numbers of rows); nothing for the other sources.
   [[nodiscard]] virtual models::FrozenModel::Gathered gathered() { return models::FrozenModel::Gathered(nullptr); }
@@ -165,6 +176,9 @@ class ResponseRewards {
   /// Loads the reward models (held with `freeze`) or starts the programs;
   /// `who` prefixes the log lines.
   void prepare(const FreezeFn& freeze, const std::string& who);
+  /// --dry-run: each source's check() of `query` (an answer to `prompt`);
+  /// the lines of those that checked something.
+  std::vector<std::string> check(const chat::PromptSample& prompt, const RewardQuery& query);
   /// The raw reward of each response (token ids without the end of turn) to
   /// its prompt: the weighted sum of the sources' rewards; `ended`: the
   /// response ended with the end of turn. With several sources, `components`

@@ -149,6 +149,7 @@ class IlqlObjective final : public Objective {
   ~IlqlObjective() override;
   std::string name() const override { return "ilql"; }
   std::string target_unit() const override { return "response tokens"; }
+  std::vector<std::string> check_programs() override;
   void prepare(models::CausalLM& model, const RunContext& ctx) override;
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override;
   Metrics step_metrics(const Sums& sums) const override;

@@ -64,10 +64,14 @@ class BatchSource {
 };
 
 /// One evaluation's scalars (named "eval/...") and sample rows
-/// (prompt, generated, reference) to print.
+/// (prompt, generated, and what the generated text is held against) to print.
 struct EvalResult {
   Metrics metrics;
   std::vector<std::array<std::string, 3>> samples;
+  /// What the samples' third column holds: "reference" (the record's
+  /// response) or, for RL objectives, "reward" (the score the generated text
+  /// got). It heads the column in the log, TensorBoard and eval-step-N.json.
+  std::string third_column = "reference";
 };
 
 /// Additive statistics of micro-batches (detached scalar tensors, e.g. the
@@ -195,6 +199,22 @@ class Objective {
     (void)max_steps;
     return "";
   }
+  /// --dry-run: what row `row` of a training batch is beyond its tokens, shown
+  /// with the plan's first sample (KTO: "desirable" or "undesirable"); empty
+  /// when the tokens say it all.
+  virtual std::string sample_label(const Batch& batch, int64_t row) const {
+    (void)batch;
+    (void)row;
+    return "";
+  }
+  /// --dry-run: starts every program a run would start (PPO's reward and
+  /// environment programs, ILQL's reward program) as the run starts it, sends
+  /// it the line it would get for the first prompt with an empty reply,
+  /// checks the answer and stops it. Returns a line per program for the plan.
+  /// Throws Error naming the key, the command and what went wrong (not
+  /// found, not executable, exited with its status and the end of its
+  /// stderr, no answer within its timeout, an answer of the wrong form).
+  virtual std::vector<std::string> check_programs() { return {}; }
 
   // ---- iteration hooks (Objective v2). The loop runs iterations: before
   // each, before_iteration(); then steps_per_iteration() optimizer steps,

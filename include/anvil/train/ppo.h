@@ -311,6 +311,7 @@ class PpoObjective final : public Objective {
   std::string name() const override { return "ppo"; }
   std::string target_unit() const override { return "response tokens"; }
   std::string plan(int64_t max_steps) const override;
+  std::vector<std::string> check_programs() override;
   void prepare(models::CausalLM& model, const RunContext& ctx) override;
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override;
   Metrics step_metrics(const Sums& sums) const override;
