@@ -29,12 +29,13 @@ BUILD_DEB_PACKAGES=(build-essential cmake ninja-build ccache pkg-config
 # scripts/format.sh --check (scripts/test.sh runs it).
 TEST_DEB_PACKAGES=(clang-format)
 # LibTorch (and scripts/build.sh's torch.utils.cmake_prefix_path) is all that
-# building and training need from Python.
-BUILD_PY_PACKAGES=("torch==${TORCH_VERSION}")
+# building and training need from Python; numpy only keeps `import torch` from
+# warning that it is missing.
+BUILD_PY_PACKAGES=("torch==${TORCH_VERSION}" "numpy")
 # The parity references, the tests' data makers and the benchmarks' peers.
 # sentencepiece 0.1.99 segments exactly as Debian's libsentencepiece (0.1.97)
 # that we link; 0.2.x breaks some unigram ties the other way.
-TEST_PY_PACKAGES=("numpy" "transformers" "tokenizers" "sentencepiece==0.1.99" "safetensors" "jinja2"
+TEST_PY_PACKAGES=("transformers" "tokenizers" "sentencepiece==0.1.99" "safetensors" "jinja2"
   "tensorboard" "megatron-core" "peft")
 DEB_PACKAGES=("${BUILD_DEB_PACKAGES[@]}")
 if [ "$FULL" = 1 ]; then DEB_PACKAGES+=("${TEST_DEB_PACKAGES[@]}"); fi
