@@ -8,8 +8,23 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 if [ "${SKIP_SETUP:-0}" != 1 ]; then
-  bash scripts/setup.sh
-  bash scripts/build.sh --target trainer anvil_cli
+  # Only what building and training need; scripts/test.sh adds the rest.
+  bash scripts/setup.sh --quickstart
+  # On a fresh machine (no build/ yet, an empty ccache) the library compiles
+  # in batches (ANVIL_UNITY_BUILD, src/CMakeLists.txt): each batch loads the
+  # precompiled LibTorch header once, which halves a cold build. Where ccache
+  # holds objects, one per source reuses them. Should a batch not compile
+  # (two sources defining one name), build/ goes back to one per source.
+  cached=$(ccache --print-stats 2>/dev/null | awk '$1 == "files_in_cache" { print $2 }')
+  if [ ! -f build/build.ninja ] && [ "$cached" = 0 ]; then
+    CMAKE_ARGS="${CMAKE_ARGS:-} -DANVIL_UNITY_BUILD=ON" bash scripts/build.sh --target trainer anvil_cli || {
+      echo "[quickstart] the batched build failed; building one source at a time" >&2
+      cmake build -DANVIL_UNITY_BUILD=OFF >/dev/null
+      bash scripts/build.sh --target trainer anvil_cli
+    }
+  else
+    bash scripts/build.sh --target trainer anvil_cli
+  fi
 fi
 
 OUT="${OUTPUT_DIR:-runs/quickstart}"

@@ -1,19 +1,44 @@
 #!/usr/bin/env bash
-# Idempotent machine setup: Debian packages and the project venv (.venv/) with
-# LibTorch from the PyPI torch wheel. Does nothing when everything is present.
+# Idempotent machine setup. Does nothing when everything is present.
+#   scripts/setup.sh               everything: what building Anvil needs, plus what
+#                                  the test suite, the parity references and the
+#                                  layout check need (scripts/test.sh runs this)
+#   scripts/setup.sh --quickstart  only what building Anvil and training need:
+#                                  Debian packages and .venv/ with LibTorch from
+#                                  the PyPI torch wheel (scripts/quickstart.sh)
+# Running the full setup after --quickstart adds the rest; either order ends in
+# the same .venv/.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+case "${1:-}" in
+  "") FULL=1 ;;
+  --quickstart) FULL=0 ;;
+  *) echo "usage: scripts/setup.sh [--quickstart]" >&2; exit 2 ;;
+esac
 
 TORCH_VERSION="2.11.0"
-DEB_PACKAGES=(build-essential cmake ninja-build ccache pkg-config
+# What configuring and building every target needs. libgtest-dev and OpenMPI
+# are here too: scripts/build.sh configures build/ once, CMake requires GTest
+# for the test targets and records whether OpenMPI is there, so a build/ the
+# quickstart configured serves scripts/test.sh as it is.
+BUILD_DEB_PACKAGES=(build-essential cmake ninja-build ccache pkg-config
   libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev libgtest-dev
   libsentencepiece-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev python3-venv
-  openmpi-bin libopenmpi-dev libzstd-dev clang-format)
+  openmpi-bin libopenmpi-dev libzstd-dev)
+# scripts/format.sh --check (scripts/test.sh runs it).
+TEST_DEB_PACKAGES=(clang-format)
+# LibTorch (and scripts/build.sh's torch.utils.cmake_prefix_path) is all that
+# building and training need from Python; numpy only keeps `import torch` from
+# warning that it is missing.
+BUILD_PY_PACKAGES=("torch==${TORCH_VERSION}" "numpy")
+# The parity references, the tests' data makers and the benchmarks' peers.
 # sentencepiece 0.1.99 segments exactly as Debian's libsentencepiece (0.1.97)
 # that we link; 0.2.x breaks some unigram ties the other way.
-PY_PACKAGES=("torch==${TORCH_VERSION}" "numpy" "transformers" "tokenizers"
-  "sentencepiece==0.1.99" "safetensors" "jinja2" "tensorboard" "megatron-core" "peft")
+TEST_PY_PACKAGES=("transformers" "tokenizers" "sentencepiece==0.1.99" "safetensors" "jinja2"
+  "tensorboard" "megatron-core" "peft")
+DEB_PACKAGES=("${BUILD_DEB_PACKAGES[@]}")
+if [ "$FULL" = 1 ]; then DEB_PACKAGES+=("${TEST_DEB_PACKAGES[@]}"); fi
 
 log() { printf '[setup] %s\n' "$*"; }
 
@@ -35,15 +60,24 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # Every package, dependencies included, at the exact version of
 # scripts/python-constraints.txt: the parity references must not change under
-# a fresh clone when PyPI publishes a release. The stamp names the package
+# a fresh clone when PyPI publishes a release. Each stamp names its package
 # list and the constraints, so editing either reinstalls.
 CONSTRAINTS="$ROOT/scripts/python-constraints.txt"
-stamp=".venv/.anvil-deps-$({ printf '%s\n' "${PY_PACKAGES[@]}"; cat "$CONSTRAINTS"; } | md5sum | cut -c1-12)"
+pip_stamp() { echo ".venv/.anvil-$1-$({ printf '%s\n' "${@:2}"; cat "$CONSTRAINTS"; } | md5sum | cut -c1-12)"; }
+stamp=$(pip_stamp deps "${BUILD_PY_PACKAGES[@]}")
 if [ ! -f "$stamp" ]; then
-  log "installing Python packages into .venv: ${PY_PACKAGES[*]}"
+  log "installing Python packages into .venv: ${BUILD_PY_PACKAGES[*]}"
   .venv/bin/python -m pip install -q -c "$CONSTRAINTS" --upgrade pip
-  .venv/bin/python -m pip install -q -c "$CONSTRAINTS" "${PY_PACKAGES[@]}"
+  .venv/bin/python -m pip install -q -c "$CONSTRAINTS" "${BUILD_PY_PACKAGES[@]}"
   .venv/bin/python -c "import torch; assert torch.__version__.startswith('${TORCH_VERSION}'), torch.__version__"
+  touch "$stamp"
+fi
+[ "$FULL" = 1 ] || exit 0
+
+stamp=$(pip_stamp test-deps "${TEST_PY_PACKAGES[@]}")
+if [ ! -f "$stamp" ]; then
+  log "installing the test suite's Python packages into .venv: ${TEST_PY_PACKAGES[*]}"
+  .venv/bin/python -m pip install -q -c "$CONSTRAINTS" "${TEST_PY_PACKAGES[@]}"
   touch "$stamp"
 fi
 

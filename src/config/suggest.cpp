@@ -27,7 +27,7 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 }
 
 /// The top-level section of a key: "data" for data.train[0].path.
-std::string section_of(const std::string& key) { return key.substr(0, key.find_first_of(".[")); }
+std::string top_section(const std::string& key) { return key.substr(0, key.find_first_of(".[")); }
 
 /// transformers' TrainingArguments names (and those every TRL trainer
 /// shares) -> our keys, in whatever section they are written. "key=value"
@@ -78,7 +78,7 @@ const std::map<std::string, std::string>& common_foreign_names() {
 /// would point at the wrong one (kto.loss_type is not ppo.loss_aggregation).
 std::string foreign_key(const std::string& path, const std::string& name, const std::set<std::string>& known,
                         bool own) {
-  const auto section = section_of(path);
+  const auto section = top_section(path);
   const auto fits = [&](const std::string& ours) {
     return ours != path && known.count(ours.substr(0, ours.find('=')));
   };
@@ -99,13 +99,13 @@ std::string foreign_key(const std::string& path, const std::string& name, const 
 /// it begins (train.micro_batch -> train.micro_batch_size); within `path`'s
 /// section when the config has that section. "" when none.
 std::string nearest_key(const std::string& path, const std::set<std::string>& known) {
-  const auto section = section_of(path);
+  const auto section = top_section(path);
   const bool known_section =
-      std::any_of(known.begin(), known.end(), [&](const std::string& k) { return section_of(k) == section; });
+      std::any_of(known.begin(), known.end(), [&](const std::string& k) { return top_section(k) == section; });
   std::string best;
   size_t best_d = 4;
   for (const auto& k : known) {
-    if (known_section && section_of(k) != section) continue;
+    if (known_section && top_section(k) != section) continue;
     const auto d = edit_distance(path, k);
     if (d < best_d) best_d = d, best = k;
   }

@@ -94,7 +94,7 @@ struct TokenEncoding {
 };
 
 template <class T>
-T read_at(const char* p, size_t off) {
+T read_le(const char* p, size_t off) {
   T v;
   std::memcpy(&v, p + off, sizeof(T));
   return v;
@@ -313,7 +313,7 @@ SampleTokens tokens_of(const char* p, size_t at, size_t size, const TokenEncodin
   };
   if (enc.ndarray && !enc.dtype) {
     need(1, "dtype");
-    const auto code = read_at<uint8_t>(p, q++);
+    const auto code = read_le<uint8_t>(p, q++);
     const char* name = dtype_of_code(code);
     if (!name) throw bad(concat("ndarray dtype code ", static_cast<int>(code), " is not one of streaming's"));
     t.dtype = name;
@@ -334,7 +334,7 @@ SampleTokens tokens_of(const char* p, size_t at, size_t size, const TokenEncodin
     t.count = *enc.count;
   } else {
     need(1, "shape");
-    const auto b = read_at<uint8_t>(p, q++);
+    const auto b = read_le<uint8_t>(p, q++);
     const size_t ndim = b >> 2, dim_bytes = size_t{1} << (b & 3);
     need(ndim * dim_bytes, "shape");
     t.count = 1;
@@ -367,15 +367,15 @@ IndexedShard index_samples(const Mapping& m, const stdfs::path& file, const Colu
   auto bad = [&](const std::string& what) { return DataError(concat(file.string(), ": ", what)); };
   const size_t table = 4 + 4 * (static_cast<size_t>(samples) + 1);
   if (n < table) throw bad(concat(n, " bytes, too short for the header of ", samples, " samples"));
-  if (read_at<uint32_t>(p, 0) != samples)
-    throw bad(concat("holds ", read_at<uint32_t>(p, 0), " samples, index.json says ", samples));
-  if (read_at<uint32_t>(p, table - 4) != n)
-    throw bad(concat("its samples end at byte ", read_at<uint32_t>(p, table - 4), ", the file has ", n));
+  if (read_le<uint32_t>(p, 0) != samples)
+    throw bad(concat("holds ", read_le<uint32_t>(p, 0), " samples, index.json says ", samples));
+  if (read_le<uint32_t>(p, table - 4) != n)
+    throw bad(concat("its samples end at byte ", read_le<uint32_t>(p, table - 4), ", the file has ", n));
   size_t varying = 0;
   for (const auto& size : cols.sizes) varying += size ? 0 : 1;
   IndexedShard out;
   for (uint32_t k = 0; k < samples; ++k) {
-    const size_t begin = read_at<uint32_t>(p, 4 + 4 * size_t{k}), end = read_at<uint32_t>(p, 8 + 4 * size_t{k});
+    const size_t begin = read_le<uint32_t>(p, 4 + 4 * size_t{k}), end = read_le<uint32_t>(p, 8 + 4 * size_t{k});
     auto sample_bad = [&](const std::string& what) { return bad(concat("sample ", k, ": ", what)); };
     if (begin < table || end < begin || end > n || end - begin < 4 * varying)
       throw sample_bad(concat("spans bytes ", begin, " to ", end, " of ", n, "; expected its header and columns"));
@@ -385,7 +385,7 @@ IndexedShard index_samples(const Mapping& m, const stdfs::path& file, const Colu
       if (cols.sizes[c]) {
         size = *cols.sizes[c];
       } else {
-        size = read_at<uint32_t>(p, header);
+        size = read_le<uint32_t>(p, header);
         header += 4;
       }
       if (end - at < size)

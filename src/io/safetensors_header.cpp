@@ -15,7 +15,7 @@ struct DtypeSize {
   const char* name;
   size_t bytes;
 };
-constexpr DtypeSize kDtypes[] = {
+constexpr DtypeSize kDtypeSizes[] = {
     {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
     {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1},
 };
@@ -23,7 +23,7 @@ constexpr DtypeSize kDtypes[] = {
 }  // namespace
 
 size_t safetensors_dtype_size(const std::string& dtype) {
-  for (const auto& d : kDtypes)
+  for (const auto& d : kDtypeSizes)
     if (dtype == d.name) return d.bytes;
   return 0;
 }

@@ -329,7 +329,7 @@ void check_distill(const DistillConfig& d, const config::RunConfig&, const confi
   checks.model_folder("distill.teacher", d.teacher);
 }
 
-const bool kRegistered = [] {
+const bool kDistillRegistered = [] {
   config::register_section<DistillConfig>(
       "distill", "Options of the distill algorithm (on-policy distillation from a teacher: GKD).", "distill",
       check_distill, {{"teacher_model_name_or_path", "distill.teacher"}});

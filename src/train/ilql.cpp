@@ -440,7 +440,7 @@ EvalResult IlqlObjective::evaluate(models::CausalLM& model) {
 // ilql: registered as a linking program registers its objectives
 // (examples/custom_objective).
 namespace {
-const bool kRegistered = [] {
+const bool kIlqlRegistered = [] {
   config::register_section<IlqlConfig>("ilql", "Offline RL: ILQL (algorithm: ilql; docs/algorithms.md).", "ilql",
                                        [](const IlqlConfig& o, const config::RunConfig&, const config::Checks& checks) {
                                          checks.model_folder("ilql.reward.model", o.reward.model);

@@ -527,7 +527,7 @@ void check_kto(const KtoConfig& k, const config::RunConfig& cfg, const config::C
 }
 
 // Registered as a linking program registers its own (examples/custom_objective).
-const bool kRegistered = [] {
+const bool kKtoRegistered = [] {
   config::register_section<KtoConfig>(
       "kto", "Options of the kto algorithm (KTO: unpaired desirable and undesirable completions).", "kto", check_kto,
       {{"precompute_ref_log_probs", "kto.precompute_reference"}});

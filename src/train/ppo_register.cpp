@@ -47,7 +47,7 @@ void check_ppo(const PpoConfig& p, const config::RunConfig&, const config::Check
     checks.fail("ppo.critic_from", concat("advantage ", p.advantage, " has no critic; a separate critic serves gae"));
 }
 
-const bool kRegistered = [] {
+const bool kPpoRegistered = [] {
   config::register_section<PpoConfig>("ppo", "Online RL: PPO, GRPO and RLOO (algorithm: ppo; docs/algorithms.md).",
                                       "ppo", check_ppo,
                                       {{"num_generations", "ppo.samples_per_prompt"},

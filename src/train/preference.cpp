@@ -796,7 +796,7 @@ void check_dpo(const DpoConfig& d, const config::RunConfig&, const config::Check
   checks.model_folder("dpo.reference", d.reference);
 }
 
-const bool kRegistered = [] {
+const bool kPreferenceRegistered = [] {
   config::register_section<RewardConfig>("reward", "Reward-model training (algorithm: reward).", "reward");
   config::register_section<DpoConfig>("dpo", "Direct preference optimisation (algorithm: dpo).", "dpo", check_dpo);
   auto reward = config::dataset_keys({"eval_fraction", "prompt_field"});

@@ -400,7 +400,7 @@ EvalResult LmObjective::evaluate(models::CausalLM& model) {
 // sft and pretrain: registered as a linking program registers its objectives
 // (examples/custom_objective), with the keys each reads of those only some do.
 namespace {
-const bool kRegistered = [] {
+const bool kSftRegistered = [] {
   config::register_section<SftConfig>("sft", "Supervised fine-tuning (algorithm: sft).", "sft");
   auto sft = config::dataset_keys({"eval_fraction", "prompt_field", "response_field", "token_dtype"});
   sft.insert(sft.end(), {"data.template", "data.split_turns", "data.on_overflow", "data.on_error", "data.packing",
