@@ -358,16 +358,24 @@ void add_ranking_sums(const at::Tensor& rewards, const RankingPairs& pairs, Sums
   add_sum(sums, "replies", at::scalar_tensor(static_cast<double>(r.size(0)), at::kDouble));
   add_sum(sums, "reward", r.sum());
   add_sum(sums, "reward_sq", r.pow(2).sum());
+  // RewardTrainer's min_reward, mean_reward and max_reward: each micro-batch's, averaged over the step's.
+  add_sum(sums, "min_reward", r.min().to(at::kDouble));
+  add_sum(sums, "mean_reward", r.mean().to(at::kDouble));
+  add_sum(sums, "max_reward", r.max().to(at::kDouble));
+  add_sum(sums, "reward_batches", at::scalar_tensor(1.0, at::kDouble));
 }
 
 Metrics ranking_metrics(const Sums& sums, const std::string& prefix) {
   const double pairs = sum_value(sums, "pairs"), n = sum_value(sums, "replies");
   if (pairs <= 0 || n <= 0) return {};
   const double mean = sum_value(sums, "reward") / n;
-  return {{prefix + "accuracy", sum_value(sums, "correct") / pairs},
-          {prefix + "margin", sum_value(sums, "margin") / pairs},
-          {prefix + "rewards/mean", mean},
-          {prefix + "rewards/std", std::sqrt(std::max(0.0, sum_value(sums, "reward_sq") / n - mean * mean))}};
+  Metrics m{{prefix + "accuracy", sum_value(sums, "correct") / pairs},
+            {prefix + "margin", sum_value(sums, "margin") / pairs},
+            {prefix + "rewards/mean", mean},
+            {prefix + "rewards/std", std::sqrt(std::max(0.0, sum_value(sums, "reward_sq") / n - mean * mean))}};
+  if (const double batches = sums.count("reward_batches") ? sum_value(sums, "reward_batches") : 0; batches > 0)
+    for (const char* k : {"min_reward", "mean_reward", "max_reward"}) m[prefix + k] = sum_value(sums, k) / batches;
+  return m;
 }
 
 // ---- data ----------------------------------------------------------------------

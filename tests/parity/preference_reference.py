@@ -172,6 +172,10 @@ def reward_case(c, groups, margins):
             "margin": diffs.mean().item(),
             "rewards/mean": every.mean().item(),
             "rewards/std": every.std(correction=0).item(),
+            # TRL's RewardTrainer: the micro-batch's smallest, mean and largest score of every reply.
+            "min_reward": every.min().item(),
+            "mean_reward": every.mean().item(),
+            "max_reward": every.max().item(),
         },
     }
 
