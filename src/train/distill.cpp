@@ -139,8 +139,9 @@ class DistillObjective final : public Objective {
   Metrics before_iteration(Engine& engine, int64_t iteration, int64_t step) override {
     (void)step;
     const int64_t mbs = cfg_.train.micro_batch_size;
-    const int64_t micro = cfg_.train.global_batch_size > 0 ? cfg_.train.global_batch_size / mbs
-                                                           : cfg_.train.grad_accum_steps * ranks_.world;
+    // The step's micro-batches over all ranks (grad_accum_steps counts them all, as the engine does).
+    const int64_t micro =
+        cfg_.train.global_batch_size > 0 ? cfg_.train.global_batch_size / mbs : cfg_.train.grad_accum_steps;
     const auto seed = static_cast<uint64_t>(cfg_.train.seed) * 0x2545F4914F6CDD1Dull + static_cast<uint64_t>(iteration);
     std::mt19937_64 coin(seed);
     const bool on_policy = std::uniform_real_distribution<double>(0, 1)(coin) < d_.lmbda;

@@ -95,7 +95,11 @@ logging: {level: warn}
                &out);
   };
   ASSERT_EQ(train("one", "train.max_steps=8"), 0) << out;
-  ASSERT_EQ(train("two", "train.max_steps=8 dist.sharding=full_shard", 2), 0) << out;
+  // Two ranks with the step given as grad_accum_steps (16 samples over both ranks, as global_batch_size 16).
+  ASSERT_EQ(
+      train("two", "train.max_steps=8 dist.sharding=full_shard train.global_batch_size=0 train.grad_accum_steps=2", 2),
+      0)
+      << out;
   ASSERT_EQ(train("resumed", "train.max_steps=8"), 0) << out;
   stdfs::remove_all(dir / "resumed" / "checkpoint-8");  // resume from step 4, as after a kill
   ASSERT_EQ(train("resumed", "train.max_steps=8"), 0) << out;
