@@ -187,15 +187,36 @@ bool weight_files_absent(const stdfs::path& dir) {
   return !stdfs::exists(dir / "model.safetensors") && !stdfs::exists(dir / "model.safetensors.index.json");
 }
 
-/// Copies the tensors of `files` into the model's parameters of their names;
+/// The values of a model's deferred parameters (models/init.h): each one's
+/// tensor in the folder's files, kept mapped, read a range at a time.
+class FolderSource final : public models::ParameterSource {
+ public:
+  void add(std::shared_ptr<const io::SafetensorsFile> file, const std::string& param, const std::string& stored) {
+    where_[param] = {std::move(file), stored};
+  }
+  at::Tensor read(const std::string& name, int64_t begin, int64_t count) const override {
+    const auto it = where_.find(name);
+    // A parameter the folder may lack (a reward model's unused LM head) reads as zeros.
+    if (it == where_.end()) return at::zeros({count});
+    return it->second.first->get_elements(it->second.second, begin, count);
+  }
+
+ private:
+  std::map<std::string, std::pair<std::shared_ptr<const io::SafetensorsFile>, std::string>> where_;
+};
+
+/// Copies the tensors of `files` into the model's parameters of their names,
+/// or, for a deferred parameter, records in `deferred` where its values are;
 /// returns the parameters loaded.
-std::set<std::string> copy_tensors(models::CausalLM& model, const std::vector<stdfs::path>& files) {
+std::set<std::string> copy_tensors(models::CausalLM& model, const std::vector<stdfs::path>& files,
+                                   FolderSource* deferred = nullptr) {
   std::map<std::string, at::Tensor> params;
   for (const auto& p : model.named_parameters()) params.emplace(p.key(), p.value());
   std::set<std::string> loaded;
   at::NoGradGuard no_grad;
   for (const auto& file : files) {
-    io::SafetensorsFile f(file);
+    auto opened = std::make_shared<const io::SafetensorsFile>(file);
+    const auto& f = *opened;
     for (const auto& stored : f.names()) {
       const auto name = model.checkpoint_key(stored);
       if (name.empty()) continue;  // tied head, legacy buffer
@@ -209,7 +230,10 @@ std::set<std::string> copy_tensors(models::CausalLM& model, const std::vector<st
       if (at::IntArrayRef(shape) != it->second.sizes())
         throw CheckpointError(concat(file.string(), ": tensor \"", stored, "\" has shape ", at::IntArrayRef(shape),
                                      ", the model expects ", it->second.sizes()));
-      it->second.copy_(f.get(stored));
+      if (deferred && models::is_deferred(it->second))
+        deferred->add(opened, name, stored);
+      else
+        it->second.copy_(f.get(stored));
       loaded.insert(name);
     }
   }
@@ -356,6 +380,28 @@ std::shared_ptr<models::CausalLM> load_model_dir(const stdfs::path& dir_or_id, c
     return model_from_config(dir);
   }();
   load_weights(*model, dir);
+  return model;
+}
+
+std::shared_ptr<models::CausalLM> open_model_dir(const stdfs::path& dir_or_id, const at::Device& device) {
+  const auto dir = hub::local_path(dir_or_id.string());
+  // A sharded checkpoint or a PEFT adapter folder: load_model_dir says why, or loads its base whole.
+  if ((stdfs::exists(dir / "sharding.json") && !stdfs::exists(dir / "model.safetensors")) ||
+      (is_peft_adapter_dir(dir) && weight_files_absent(dir))) {
+    auto model = load_model_dir(dir_or_id);
+    model->to(device);
+    return model;
+  }
+  auto model = [&] {
+    models::DeferredInitGuard deferred(device);
+    return model_from_config(dir);
+  }();
+  auto source = std::make_shared<FolderSource>();
+  auto files = weight_files(dir);
+  if (stdfs::exists(dir / kHeadsFile)) files.push_back(dir / kHeadsFile);
+  check_complete(*model, dir, copy_tensors(*model, files, source.get()), [](const std::string&) { return false; });
+  model->to(device);  // the real parameters (a score head); the deferred ones are already there
+  model->parameter_source = std::move(source);
   return model;
 }
 

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 #include <unordered_set>
@@ -13,6 +14,7 @@
 #include "anvil/core/error.h"
 #include "core/tensor_bytes.h"
 #include "models/activation_checkpointing.h"
+#include "models/init.h"
 
 namespace anvil::distributed {
 
@@ -119,6 +121,9 @@ ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_
     : model_(std::move(model)), comm_(std::move(comm)), options_(options) {
   // A frozen model needs no master: only full_shard holds less than the whole.
   if (options_.frozen && options_.strategy != Sharding::FullShard) options_.strategy = Sharding::NoShard;
+  // A model built without storage (models/init.h): under full_shard each rank reads its ranges below; the
+  // other strategies keep whole parameters anyway.
+  if (options_.strategy != Sharding::FullShard) models::materialize_deferred(*model_);
   const int64_t world = comm_->world_size(), rank = comm_->rank();
   const auto L = model_->num_layers();
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> members(static_cast<size_t>(L) + 1);
@@ -148,6 +153,13 @@ ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_
     unit->padded = sharded ? (layout.numel + world - 1) / world * world : layout.numel;
     unit->shard = sharded ? unit->padded / world : unit->padded;
     const auto device = members[u].empty() ? model_->parameters().front().device() : members[u][0].second.device();
+    if (std::any_of(unit->params.begin(), unit->params.end(),
+                    [](const at::Tensor& p) { return models::is_deferred(p); })) {
+      layouts_.push_back(std::move(layout));
+      units_.push_back(std::move(unit));
+      build_from_source(*units_.back(), layouts_.back());
+      continue;
+    }
     auto flat = at::zeros({unit->padded}, at::TensorOptions().dtype(at::kFloat).device(device));
     {
       at::NoGradGuard no_grad;
@@ -188,8 +200,48 @@ ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_
     // beyond the model it was given (a frozen model's root stays: release() keeps it).
     if (options_.strategy == Sharding::FullShard) release(*units_.back());
   }
+  model_->parameter_source.reset();  // every parameter is now a view of a unit's buffer; the files close
   model_->set_block_runner(
       [this](size_t layer, const at::Tensor& x, const models::BlockFn& block) { return run_block(layer, x, block); });
+}
+
+void ShardedModel::build_from_source(Unit& unit, const UnitLayout& layout) {
+  // full_shard over a model built without storage: this rank's shard straight from the source, range by
+  // range; the whole buffer gets memory only when gathered. Real parameters among them (a score head, LoRA
+  // adapters) are rank 0's, as in the constructor.
+  const int64_t rank = comm_->rank();
+  const auto device = unit.params.front().device();
+  const int64_t begin = std::min<int64_t>(rank * unit.shard, unit.numel);
+  const int64_t end = std::min<int64_t>(begin + unit.shard, unit.numel);
+  const auto dtype = options_.frozen ? options_.param_dtype : at::kFloat;
+  auto master = at::zeros({unit.shard}, at::TensorOptions().dtype(at::kFloat).device(device));
+  at::NoGradGuard no_grad;
+  for (size_t k = 0; k < unit.params.size(); ++k) {
+    const auto& fp = layout.params[k];
+    auto& p = unit.params[k];
+    const bool deferred = models::is_deferred(p);
+    if (!deferred) comm_->broadcast(p, 0, concat("initial parameter ", fp.name));
+    const int64_t lo = std::max(begin, fp.offset), hi = std::min(end, fp.offset + fp.numel);
+    if (lo >= hi) continue;
+    const auto values = deferred ? model_->parameter_source->read(fp.name, lo - fp.offset, hi - lo)
+                                 : p.reshape(-1).narrow(0, lo - fp.offset, hi - lo);
+    TORCH_CHECK(values.numel() == hi - lo, "sharding: ", fp.name, ": the source gave ", values.numel(),
+                " elements for ", hi - lo);
+    master.narrow(0, lo - begin, hi - lo).copy_(values.reshape(-1));
+  }
+  unit.master = master.to(dtype);
+  if (!options_.frozen) unit.master.mutable_grad() = at::zeros_like(unit.master);
+  // The whole buffer's memory, never touched, only while the views are cut (they check their storage's
+  // bounds); it holds values once gathered.
+  unit.whole = at::empty({unit.padded}, at::TensorOptions().dtype(options_.param_dtype).device(device));
+  for (size_t k = 0; k < unit.params.size(); ++k) {
+    const auto& fp = layout.params[k];
+    unit.params[k].set_data(unit.whole.narrow(0, fp.offset, fp.numel).view(fp.shape));
+    if (options_.frozen) unit.params[k].set_requires_grad(false);
+  }
+  free_storage(unit.whole);
+  unit.resident = false;
+  if (options_.frozen && layout.name == "root") gather(unit);  // the root of a frozen model stays whole
 }
 
 ShardedModel::~ShardedModel() { model_->set_block_runner(nullptr); }

@@ -154,6 +154,9 @@ class ShardedModel : public models::ShardedParameters {
  private:
   struct Unit;
   at::Tensor run_block(size_t layer, const at::Tensor& x, const models::BlockFn& block);
+  /// A unit whose parameters are deferred (models/init.h): its master shard
+  /// read from the model's parameter_source; full_shard only.
+  void build_from_source(Unit& unit, const UnitLayout& layout);
   void start_gather(Unit& u);  // issues the all-gather (async where the backend allows)
   void gather(Unit& u);        // ... and waits for it
   void release(Unit& u);

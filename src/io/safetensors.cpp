@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -115,12 +116,28 @@ std::vector<int64_t> SafetensorsFile::shape(const std::string& name) const {
   return it->second.shape;
 }
 
+namespace {
+/// Drops the whole pages of [p, p + n) from this process's resident memory
+/// once copied (the mapping is read-only: a later read faults them back in
+/// from the page cache), so reading a model costs its copy, not its copy and
+/// the file's pages besides.
+void release_pages(const char* p, size_t n) {
+  static const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+}  // namespace
+
 at::Tensor SafetensorsFile::get(const std::string& name) const {
   auto it = entries_.find(name);
   if (it == entries_.end()) throw CheckpointError(concat(path_.string(), ": no tensor named \"", name, "\""));
   const auto& e = it->second;
   auto out = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
-  if (e.end > e.begin) std::memcpy(out.data_ptr(), map_ + data_start_ + e.begin, e.end - e.begin);
+  if (e.end > e.begin) {
+    std::memcpy(out.data_ptr(), map_ + data_start_ + e.begin, e.end - e.begin);
+    release_pages(map_ + data_start_ + e.begin, e.end - e.begin);
+  }
   return out;
 }
 
@@ -140,9 +157,11 @@ at::Tensor SafetensorsFile::get_elements(const std::string& name, int64_t begin,
         concat(path_.string(), ": elements [", begin, ", ", begin + count, ") of \"", name, "\", which holds ", total));
   auto out = at::empty({count}, at::TensorOptions().dtype(e.dtype));
   const auto size = static_cast<size_t>(c10::elementSize(e.dtype));
-  if (count > 0)
-    std::memcpy(out.data_ptr(), map_ + data_start_ + e.begin + static_cast<size_t>(begin) * size,
-                static_cast<size_t>(count) * size);
+  if (count > 0) {
+    const char* from = map_ + data_start_ + e.begin + static_cast<size_t>(begin) * size;
+    std::memcpy(out.data_ptr(), from, static_cast<size_t>(count) * size);
+    release_pages(from, static_cast<size_t>(count) * size);
+  }
   return out;
 }
 

@@ -5,7 +5,9 @@
 // implementations so logits match transformers to float32 round-off.
 
 #include <torch/nn/module.h>
-#include <torch/nn/modules/normalization.h>
+#include <torch/nn/options/embedding.h>
+#include <torch/nn/options/linear.h>
+#include <torch/nn/options/normalization.h>
 #include <torch/nn/pimpl.h>
 
 #include <string>
@@ -33,17 +35,55 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
-/// torch::nn::Linear that can carry a LoRA adapter (models/lora.h); its
-/// parameters and options are Linear's.
-class LinearImpl : public torch::nn::LinearImpl, public LoraLayer {
+/// A parameter tensor of `shape` (float32): inside a DeferredInitGuard
+/// (models/init.h) one without storage on the guard's device, else
+/// uninitialised CPU memory.
+at::Tensor new_parameter(at::IntArrayRef shape);
+
+/// torch::nn::Linear's parameters, options, initialisation (the same draws,
+/// so the same weights from the same seed) and forward, but built without
+/// storage inside a DeferredInitGuard. No LoRA adapter: LM heads, routers.
+class DenseImpl : public torch::nn::Module {
  public:
-  using torch::nn::LinearImpl::LinearImpl;
-  at::Tensor forward(const at::Tensor& x) { return with_adapter(x, torch::nn::LinearImpl::forward(x), is_training()); }
+  explicit DenseImpl(const torch::nn::LinearOptions& o);
+  DenseImpl(int64_t in, int64_t out) : DenseImpl(torch::nn::LinearOptions(in, out)) {}
+  at::Tensor forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
+  torch::nn::LinearOptions options;
+  at::Tensor weight, bias;
+};
+TORCH_MODULE(Dense);
+
+/// Dense that can carry a LoRA adapter (models/lora.h).
+class LinearImpl : public DenseImpl, public LoraLayer {
+ public:
+  using DenseImpl::DenseImpl;
+  at::Tensor forward(const at::Tensor& x) { return with_adapter(x, DenseImpl::forward(x), is_training()); }
   int64_t in_features() const override { return options.in_features(); }
   int64_t out_features() const override { return options.out_features(); }
   void add_to_weight(const at::Tensor& delta_out_in) override;
 };
 TORCH_MODULE(Linear);
+
+/// torch::nn::Embedding (N(0, 1) rows, a zero padding row), deferrable as Dense.
+class EmbeddingImpl : public torch::nn::Module {
+ public:
+  explicit EmbeddingImpl(const torch::nn::EmbeddingOptions& o);
+  EmbeddingImpl(int64_t n, int64_t dim) : EmbeddingImpl(torch::nn::EmbeddingOptions(n, dim)) {}
+  at::Tensor forward(const at::Tensor& ids);
+  torch::nn::EmbeddingOptions options;
+  at::Tensor weight;
+};
+TORCH_MODULE(Embedding);
+
+/// torch::nn::LayerNorm (unit weight, zero bias), deferrable as Dense.
+class LayerNormImpl : public torch::nn::Module {
+ public:
+  explicit LayerNormImpl(const torch::nn::LayerNormOptions& o);
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::LayerNormOptions options;
+  at::Tensor weight, bias;
+};
+TORCH_MODULE(LayerNorm);
 
 /// Rotary position embedding parameters, as HF's `rope_parameters`.
 struct RopeOptions {
@@ -99,10 +139,10 @@ at::Tensor lm_head(const at::Tensor& hidden, const at::Tensor& weight, const at:
 /// HF activation by its config name: gelu, gelu_new, gelu_pytorch_tanh, silu, relu.
 at::Tensor activation(const at::Tensor& x, const std::string& name);
 bool is_supported_activation(const std::string& name);
-/// ln(x) for a torch LayerNorm module: kernels::layer_norm (Anvil's backward
-/// kernel on CUDA) while kernels::fused_ops() and the module has a weight,
-/// else the module's own forward.
-at::Tensor layer_norm(const torch::nn::LayerNorm& ln, const at::Tensor& x);
+/// ln(x): kernels::layer_norm (Anvil's backward kernel on CUDA) while
+/// kernels::fused_ops() and the module has a weight, else the module's own
+/// forward.
+at::Tensor layer_norm(const LayerNorm& ln, const at::Tensor& x);
 /// activation(gate, name) * up, the gated MLP of LLaMA-style families:
 /// kernels::glu for silu and GELU's tanh approximation while
 /// kernels::fused_ops(), else ATen's composition.

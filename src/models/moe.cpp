@@ -75,8 +75,7 @@ at::Tensor ExpertImpl::forward(const at::Tensor& x) {
 
 SparseMoeBlockImpl::SparseMoeBlockImpl(const MoeOptions& o) : options(o) {
   TORCH_CHECK(o.top_k() >= 1 && o.top_k() <= o.num_experts(), "num_experts_per_tok must be in [1, num_experts]");
-  gate = register_module("gate",
-                         torch::nn::Linear(torch::nn::LinearOptions(o.hidden_size(), o.num_experts()).bias(false)));
+  gate = register_module("gate", layers::Dense(torch::nn::LinearOptions(o.hidden_size(), o.num_experts()).bias(false)));
   experts = register_module("experts", torch::nn::ModuleList());
   for (int64_t e = 0; e < o.num_experts(); ++e) experts->push_back(Expert(o));
 }

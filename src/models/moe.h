@@ -55,7 +55,7 @@ class SparseMoeBlockImpl : public torch::nn::Module {
   /// statistics and routes the load-balancing loss's gradient to `gate`.
   at::Tensor forward(const at::Tensor& x, const ForwardArgs& args);
   /// The router: Linear(C -> E), no bias (HF `gate`).
-  torch::nn::Linear gate{nullptr};
+  layers::Dense gate{nullptr};
   torch::nn::ModuleList experts{nullptr};
   MoeOptions options;
   ExpertCompute compute = ExpertCompute::kAuto;

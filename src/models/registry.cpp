@@ -1,5 +1,9 @@
 #include "anvil/models/registry.h"
 
+#include <optional>
+
+#include "models/init.h"
+
 #include <ATen/ATen.h>
 
 #include "anvil/core/error.h"
@@ -80,14 +84,29 @@ std::vector<std::string> family_names() {
 
 std::shared_ptr<CausalLM> clone_model(CausalLM& model) {
   const auto config = model.hf_config();
+  const auto ref = model.parameters().front();
+  // Every value is copied (or, for a model built without storage, read from the same source when sharded):
+  // nothing is drawn.
+  const bool deferred = has_deferred(model);
+  std::optional<DeferredInitGuard> defer;
+  std::optional<SkipInitGuard> skip;
+  if (deferred)
+    defer.emplace(ref.device());
+  else
+    skip.emplace();
   auto copy = family_by_hf_model_type(config.at("model_type").get<std::string>(), "clone_model")
                   .from_hf_config(config, "clone_model");
   if (model.has_score_head()) copy->add_score_head();
-  const auto ref = model.parameters().front();
-  copy->to(ref.device(), ref.scalar_type());
   auto src = model.named_parameters();
   at::NoGradGuard no_grad;
-  for (auto& p : copy->named_parameters()) p.value().copy_(src[p.key()]);
+  if (deferred) {
+    copy->parameter_source = model.parameter_source;
+    for (auto& p : copy->named_parameters())  // the score head: LibTorch's, real
+      if (!is_deferred(p.value())) p.value().copy_(src[p.key()]);
+  } else {
+    copy->to(ref.device(), ref.scalar_type());
+    for (auto& p : copy->named_parameters()) p.value().copy_(src[p.key()]);
+  }
   copy->special_tokens = model.special_tokens;
   copy->train(model.is_training());
   return copy;

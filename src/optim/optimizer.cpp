@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
-#include <torch/nn/modules/normalization.h>
 
 #include <cctype>
 #include <optional>
@@ -137,7 +136,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::OptimizerC
 
 bool decays(const config::OptimizerConfig& c, const std::string& name, const torch::nn::Module& owner) {
   if (c.decay_biases_and_norms) return true;
-  if (dynamic_cast<const torch::nn::LayerNormImpl*>(&owner)) return false;
+  // A LayerNorm module (LibTorch's, or models::layers::LayerNorm) whatever its name in the model (GPT-2's ln_1).
+  if (owner.name().find("LayerNorm") != std::string::npos) return false;
   std::string lower = name;
   for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   static const std::regex exempt(R"(bias|layernorm|rmsnorm|(^|\.)norm($|\.)|_norm($|\.))");

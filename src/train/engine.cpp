@@ -26,6 +26,7 @@
 #include "anvil/train/trainer.h"
 #include "checkpoint/saved_parameters.h"
 #include "train/checkpoint_writer.h"
+#include "models/init.h"
 #include "io/trainer_state.h"
 
 namespace anvil::train {
@@ -717,6 +718,9 @@ distributed::ShardingOptions sharding_options(const config::RunConfig& cfg) {
 
 FrozenModel RunContext::freeze(std::shared_ptr<models::CausalLM> model) const {
   TORCH_CHECK(model != nullptr, "RunContext::freeze: no model");
+  // A model built without storage (a clone of a deferred policy) is read into its shards under full_shard,
+  // else whole.
+  if (!comm || !full_shard()) models::materialize_deferred(*model);
   model->to(device);
   model->eval();
   for (auto& p : model->parameters()) p.set_requires_grad(false);
@@ -738,6 +742,7 @@ std::shared_ptr<models::CausalLM> RunContext::train(const std::string& name, std
   for (const auto& c : *companions)
     if (c.name == name) throw ConfigError(concat("RunContext::train: a model named \"", name, "\" is trained already"));
   if (!(lr > 0)) throw ConfigError(concat("RunContext::train: ", name, "'s learning rate must be > 0, got ", lr));
+  if (!comm || !full_shard()) models::materialize_deferred(*model);
   model->to(device);
   model->train();
   companions->push_back({name, model, lr});

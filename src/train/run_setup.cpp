@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <iomanip>
+#include <optional>
 #include <sstream>
 
 #include "core/device.h"
@@ -25,6 +26,7 @@
 #include "anvil/checkpoint/hf_model.h"
 #include "checkpoint/peft.h"
 #include "kernels/dispatch.h"
+#include "models/init.h"
 #include "models/lora.h"
 #include "anvil/models/registry.h"
 #include "io/trainer_state.h"
@@ -79,10 +81,17 @@ void add_adapters(const config::RunConfig& cfg, models::CausalLM& model) {
   }
 }
 
-/// Builds the model: from model.from (HF folder) or randomly initialised.
-std::shared_ptr<models::CausalLM> build_model(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok) {
+/// Builds the model: from model.from (HF folder) or randomly initialised. With
+/// `deferred_on`, a folder's model is built there without storage and its
+/// weights are read later, each rank its ranges (checkpoint::open_model_dir).
+std::shared_ptr<models::CausalLM> build_model(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok,
+                                              std::optional<at::Device> deferred_on) {
   std::shared_ptr<models::CausalLM> model;
-  if (!cfg.model.from.empty()) {
+  if (!cfg.model.from.empty() && deferred_on) {
+    model = checkpoint::open_model_dir(cfg.model.from, *deferred_on);
+    log::info("model: ", model->family(), " from ", cfg.model.from,
+              models::has_deferred(*model) ? " (each rank reads its shards of the weights)" : "");
+  } else if (!cfg.model.from.empty()) {
     model = checkpoint::load_model_dir(cfg.model.from);
     log::info("model: loaded ", model->family(), " from ", cfg.model.from);
   } else {
@@ -99,6 +108,7 @@ std::shared_ptr<models::CausalLM> build_model(const config::RunConfig& cfg, cons
     const auto n = m > 0 ? (tok.vocab_size() + m - 1) / m * m : tok.vocab_size();
     log::info("model: vocabulary ", model->vocab_size(), " -> ", n,
               " rows for tokenizer.add_special_tokens (new rows: the mean of the old ones)");
+    models::materialize_deferred(*model);  // the new rows' mean reads every old one
     model->resize_vocab(n);
   }
   model->special_tokens = {tok.bos_id(), tok.eos_id(), tok.pad_id()};
@@ -287,7 +297,12 @@ RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
 
   torch::manual_seed(static_cast<uint64_t>(cfg.train.seed));
   r.tok = build_tokenizer(cfg);
-  r.model = build_model(cfg, *r.tok);
+  // full_shard over several ranks reads each rank's ranges of the folder's weights into its shards, unless
+  // a plain checkpoint (read into the whole model first) is resumed.
+  std::optional<at::Device> deferred_on;
+  if (r.comm && cfg.dist.sharding == "full_shard" && (!r.latest || distributed::is_sharded_checkpoint(*r.latest)))
+    deferred_on = r.device;
+  r.model = build_model(cfg, *r.tok, deferred_on);
   r.model->to(r.device);
   r.model->train();
   // data.max_length defaults to the model's context, which model.from only knows once loaded.

@@ -5,6 +5,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
 
 #include <cmath>
 #include <filesystem>
@@ -228,17 +231,21 @@ TEST(Flavors, PublishedParameterCounts) {
   EXPECT_EQ(count_parameters_by_extension("qwen3-30b-a3b"), 30532122624);
 }
 
-// A model built to be loaded skips the families' random draws: the same
-// parameters and shapes, LibTorch's own initial values (finite for LLaMA,
-// whose parameters all come from LibTorch's modules), and the guard nests and
-// restores. Loading under it is what Family.SavedFolderReloadsIdentically and
-// the HfParity tests exercise (checkpoint::load_model_dir).
+// A model built to be loaded skips every random draw, the families' and the
+// layers' alike: the same parameters and shapes, and the random stream after
+// it is the one right after the seed (so what is drawn next, a LoRA adapter
+// or a dropout mask, does not depend on the model's size or on whether it was
+// built whole or deferred); the guard nests and restores. Loading under it is
+// what Family.SavedFolderReloadsIdentically and the HfParity tests exercise
+// (checkpoint::load_model_dir).
 TEST(Flavors, SkipInitGuardBuildsTheSameParametersWithoutTheDraws) {
   EXPECT_FALSE(init_skipped());
   std::map<std::string, std::vector<int64_t>> drawn, skipped;
   at::manual_seed(1);
   for (const auto& p : build_flavor("llama-debug", 61)->named_parameters()) drawn[p.key()] = p.value().sizes().vec();
+  const auto after_drawing = at::rand({4});
   std::shared_ptr<CausalLM> m;
+  at::manual_seed(1);
   {
     SkipInitGuard outer;
     {
@@ -249,16 +256,87 @@ TEST(Flavors, SkipInitGuardBuildsTheSameParametersWithoutTheDraws) {
     m = build_flavor("llama-debug", 61);
   }
   EXPECT_FALSE(init_skipped());
-  for (const auto& p : m->named_parameters()) {
-    skipped[p.key()] = p.value().sizes().vec();
-    EXPECT_TRUE(at::isfinite(p.value()).all().item<bool>()) << p.key();
-  }
-  EXPECT_EQ(drawn, skipped);
-  // Not drawn: the norms keep LibTorch's (or the module's) values, not reset_parameters' ones.
+  const auto after_skipping = at::rand({4});
   at::manual_seed(1);
-  auto again = build_flavor("llama-debug", 61);
-  const auto a = again->named_parameters(), b = m->named_parameters();
-  EXPECT_FALSE(at::equal(a["model.layers.0.self_attn.q_proj.weight"], b["model.layers.0.self_attn.q_proj.weight"]));
+  EXPECT_TRUE(at::equal(after_skipping, at::rand({4})));  // nothing was drawn
+  EXPECT_FALSE(at::equal(after_skipping, after_drawing));
+  for (const auto& p : m->named_parameters()) skipped[p.key()] = p.value().sizes().vec();
+  EXPECT_EQ(drawn, skipped);
+}
+
+// layers::Dense, Embedding and LayerNorm stand in for LibTorch's Linear,
+// Embedding and LayerNorm so a model can be built without storage; from the
+// same seed they draw the same values in the same order, and compute the same.
+TEST(Layers, DenseEmbeddingAndLayerNormDrawAndComputeAsLibTorchsModules) {
+  at::manual_seed(5);
+  torch::nn::Linear lin(torch::nn::LinearOptions(7, 5));
+  torch::nn::Linear lin_nb(torch::nn::LinearOptions(3, 4).bias(false));
+  torch::nn::Embedding emb(torch::nn::EmbeddingOptions(11, 6).padding_idx(2));
+  torch::nn::LayerNorm ln(torch::nn::LayerNormOptions({6}).eps(1e-3));
+  const auto next = at::rand({3});
+  at::manual_seed(5);
+  layers::Dense dense(torch::nn::LinearOptions(7, 5));
+  layers::Linear dense_nb(torch::nn::LinearOptions(3, 4).bias(false));
+  layers::Embedding our_emb(torch::nn::EmbeddingOptions(11, 6).padding_idx(2));
+  layers::LayerNorm our_ln(torch::nn::LayerNormOptions({6}).eps(1e-3));
+  EXPECT_TRUE(at::equal(next, at::rand({3})));
+  EXPECT_TRUE(at::equal(lin->weight, dense->weight));
+  EXPECT_TRUE(at::equal(lin->bias, dense->bias));
+  EXPECT_TRUE(at::equal(lin_nb->weight, dense_nb->weight));
+  EXPECT_FALSE(dense_nb->bias.defined());
+  EXPECT_EQ(dense_nb->named_parameters().size(), 1u);
+  EXPECT_TRUE(at::equal(emb->weight, our_emb->weight));
+  EXPECT_TRUE(at::equal(ln->weight, our_ln->weight));
+  EXPECT_TRUE(at::equal(ln->bias, our_ln->bias));
+  torch::NoGradGuard no_grad;
+  const auto x = at::randn({2, 7}), h = at::randn({2, 3, 6});
+  const auto ids = at::tensor({0, 2, 10, 5}, at::kLong);
+  EXPECT_TRUE(at::equal(lin(x), dense(x)));
+  EXPECT_TRUE(at::equal(emb(ids), our_emb(ids)));
+  EXPECT_TRUE(at::equal(ln(h), our_ln(h)));
+  // Weight decay leaves both LayerNorms out by their module type.
+  EXPECT_NE(our_ln->name().find("LayerNorm"), std::string::npos);
+}
+
+// A folder opened without reading it (checkpoint::open_model_dir): every
+// parameter has its shape and no storage; the source gives any range of any
+// parameter as stored, and the model read whole from it computes what the
+// loaded one computes.
+TEST_P(Family, AnOpenedFolderHoldsNoWeightsAndReadsWhatLoadingReads) {
+  anvil::testing::TempDir dir;
+  checkpoint::save_model_dir(dir.path(), *model_, nullptr);
+  const auto loaded = checkpoint::load_model_dir(dir.path());
+  auto opened = checkpoint::open_model_dir(dir.path(), at::kCPU);
+  ASSERT_NE(opened->parameter_source, nullptr);
+  EXPECT_TRUE(has_deferred(*opened));
+  const auto want = loaded->named_parameters();
+  int64_t numel = 0;
+  for (const auto& p : opened->named_parameters()) {
+    EXPECT_TRUE(is_deferred(p.value())) << p.key();
+    EXPECT_EQ(p.value().storage().nbytes(), 0u) << p.key();
+    EXPECT_EQ(p.value().sizes(), want[p.key()].sizes()) << p.key();
+    numel += p.value().numel();
+    // A range from the middle, as a rank's shard would cut it.
+    const auto n = p.value().numel();
+    const auto b = n / 3, count = std::max<int64_t>(1, n / 2 - b);
+    EXPECT_TRUE(at::equal(opened->parameter_source->read(p.key(), b, count).to(at::kFloat),
+                          want[p.key()].reshape(-1).narrow(0, b, count)))
+        << p.key();
+  }
+  EXPECT_GT(numel, 0);
+  materialize_deferred(*opened);
+  EXPECT_EQ(opened->parameter_source, nullptr);
+  EXPECT_FALSE(has_deferred(*opened));
+  opened->eval();
+  auto ids = at::randint(61, {2, 10}, at::kLong);
+  EXPECT_TRUE(at::equal(opened->forward(ids), model_->forward(ids)));
+  // A clone of an opened model is deferred too, and reads the same source.
+  auto again = checkpoint::open_model_dir(dir.path(), at::kCPU);
+  auto copy = clone_model(*again);
+  EXPECT_TRUE(has_deferred(*copy));
+  materialize_deferred(*copy);
+  copy->eval();
+  EXPECT_TRUE(at::equal(copy->forward(ids), model_->forward(ids)));
 }
 
 }  // namespace

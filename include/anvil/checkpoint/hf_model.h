@@ -68,6 +68,15 @@ void write_model_dir_atomic(models::CausalLM& model, const tokenizer::Tokenizer*
 std::shared_ptr<models::CausalLM> load_model_dir(const std::filesystem::path& dir,
                                                  const std::filesystem::path& base = {});
 
+/// load_model_dir without reading the weights: the model is built on
+/// `device` without storage (models/init.h's DeferredInitGuard), the folder's
+/// tensors are checked against it (names, shapes, none missing) and kept
+/// mapped as its parameter_source, from which a sharded run reads each rank's
+/// ranges (distributed::ShardedModel) and anything else the whole
+/// (models::materialize_deferred). Sharded checkpoints and PEFT adapter
+/// folders load as load_model_dir does.
+std::shared_ptr<models::CausalLM> open_model_dir(const std::filesystem::path& dir, const at::Device& device);
+
 /// Writes the model folder of `checkpoint` (an Anvil checkpoint-N/ or any
 /// supported HF folder) as a standalone HF folder at `output`, optionally cast
 /// to `dtype` (float32, bfloat16, float16). The model is fully loaded and

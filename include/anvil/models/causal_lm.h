@@ -108,6 +108,17 @@ struct SpecialTokens {
   int64_t pad = -1;
 };
 
+/// Where the values of a model's deferred parameters (built inside a
+/// models::DeferredInitGuard, without storage) come from: a model folder's
+/// safetensors, read a range at a time.
+class ParameterSource {
+ public:
+  virtual ~ParameterSource() = default;
+  /// Elements [begin, begin + count) of parameter `name`, flattened row-major,
+  /// as a 1-D CPU tensor in any floating dtype (the stored one).
+  virtual at::Tensor read(const std::string& name, int64_t begin, int64_t count) const = 0;
+};
+
 class CausalLM : public torch::nn::Module {
  public:
   using torch::nn::Module::Module;
@@ -248,6 +259,9 @@ class CausalLM : public torch::nn::Module {
   void set_block_runner(BlockRunner runner) { block_runner_ = std::move(runner); }
 
   SpecialTokens special_tokens;
+  /// The values of deferred parameters (models/init.h); null once every
+  /// parameter holds its own.
+  std::shared_ptr<const ParameterSource> parameter_source;
 
  protected:
   /// The family's forward to the final hidden states; blocks run through

@@ -24,7 +24,8 @@ nlohmann::json rope_entry(const layers::RopeOptions& o) {
 }  // namespace
 
 GemmaRMSNormImpl::GemmaRMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
-  weight = register_parameter("weight", at::zeros({dim}));
+  weight = register_parameter("weight", layers::new_parameter({dim}));
+  if (!init_skipped()) weight.detach().zero_();
 }
 
 at::Tensor GemmaRMSNormImpl::forward(const at::Tensor& x) {
@@ -99,7 +100,7 @@ GemmaModelImpl::GemmaModelImpl(const GemmaOptions& o)
       max_positions(o.max_position_embeddings()) {
   auto emb = torch::nn::EmbeddingOptions(o.vocab_size(), o.hidden_size());
   if (o.padding_idx() >= 0) emb.padding_idx(o.padding_idx());
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(emb));
+  embed_tokens = register_module("embed_tokens", layers::Embedding(emb));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.num_hidden_layers(); ++i) {
     layers->push_back(GemmaDecoderLayer(o, i));
@@ -142,7 +143,7 @@ GemmaForCausalLM::GemmaForCausalLM(const GemmaOptions& o) : options(o) {
   model = register_module("model", GemmaModel(o));
   if (!o.tie_word_embeddings())
     lm_head = register_module("lm_head",
-                              torch::nn::Linear(torch::nn::LinearOptions(o.hidden_size(), o.vocab_size()).bias(false)));
+                              layers::Dense(torch::nn::LinearOptions(o.hidden_size(), o.vocab_size()).bias(false)));
   if (!init_skipped()) reset_parameters();  // loading weights: they overwrite it (models/init.h)
 }
 

@@ -10,8 +10,6 @@
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
 #include <string>
@@ -107,7 +105,7 @@ class GemmaModelImpl : public torch::nn::Module {
  public:
   explicit GemmaModelImpl(const GemmaOptions& o);
   at::Tensor forward(const at::Tensor& input_ids, const ForwardArgs& args);
-  torch::nn::Embedding embed_tokens{nullptr};
+  layers::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   GemmaRMSNorm norm{nullptr};
   at::Tensor inv_freq, local_inv_freq;
@@ -143,7 +141,7 @@ class GemmaForCausalLM final : public CausalLM {
 
   GemmaOptions options;
   GemmaModel model{nullptr};
-  torch::nn::Linear lm_head{nullptr};  // null when tied
+  layers::Dense lm_head{nullptr};  // null when tied
 
  protected:
   at::Tensor forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) override;

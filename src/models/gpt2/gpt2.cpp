@@ -14,8 +14,9 @@
 namespace anvil::models::gpt2 {
 
 Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features) {
-  weight = register_parameter("weight", at::empty({in_features, out_features}));
-  bias = register_parameter("bias", at::zeros({out_features}));
+  weight = register_parameter("weight", layers::new_parameter({in_features, out_features}));
+  bias = register_parameter("bias", layers::new_parameter({out_features}));
+  if (!init_skipped()) bias.detach().zero_();  // the weight: GPT2LMHeadModel::reset_parameters
 }
 
 at::Tensor Conv1DImpl::forward(const at::Tensor& x) {
@@ -57,11 +58,11 @@ at::Tensor MLPImpl::forward(const at::Tensor& x) {
 }
 
 BlockImpl::BlockImpl(const GPT2Options& o)
-    : ln_1(register_module(
-          "ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()}).eps(o.layer_norm_epsilon())))),
+    : ln_1(register_module("ln_1",
+                           layers::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()}).eps(o.layer_norm_epsilon())))),
       attn(register_module("attn", Attention(o))),
-      ln_2(register_module(
-          "ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()}).eps(o.layer_norm_epsilon())))),
+      ln_2(register_module("ln_2",
+                           layers::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()}).eps(o.layer_norm_epsilon())))),
       mlp(register_module("mlp", MLP(o))) {}
 
 at::Tensor BlockImpl::forward(const at::Tensor& x, const ForwardArgs& args, size_t layer) {
@@ -70,12 +71,12 @@ at::Tensor BlockImpl::forward(const at::Tensor& x, const ForwardArgs& args, size
 }
 
 GPT2ModelImpl::GPT2ModelImpl(const GPT2Options& o)
-    : wte(register_module("wte", torch::nn::Embedding(o.vocab_size(), o.n_embd()))),
-      wpe(register_module("wpe", torch::nn::Embedding(o.n_positions(), o.n_embd()))),
+    : wte(register_module("wte", layers::Embedding(o.vocab_size(), o.n_embd()))),
+      wpe(register_module("wpe", layers::Embedding(o.n_positions(), o.n_embd()))),
       drop(register_module("drop", torch::nn::Dropout(o.embd_pdrop()))),
       h(register_module("h", torch::nn::ModuleList())),
-      ln_f(register_module(
-          "ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()}).eps(o.layer_norm_epsilon())))) {
+      ln_f(register_module("ln_f",
+                           layers::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()}).eps(o.layer_norm_epsilon())))) {
   for (int64_t i = 0; i < o.n_layer(); ++i) h->push_back(Block(o));
 }
 

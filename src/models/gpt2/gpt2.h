@@ -6,11 +6,10 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/dropout.h>
-#include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
 #include "anvil/models/causal_lm.h"
+#include "models/layers.h"
 #include "models/lora.h"
 
 namespace anvil::models::gpt2 {
@@ -73,9 +72,9 @@ class BlockImpl : public torch::nn::Module {
   explicit BlockImpl(const GPT2Options& o);
   at::Tensor forward(const at::Tensor& x, const ForwardArgs& args, size_t layer);
   // Declaration order = registration order = HF's parameter order.
-  torch::nn::LayerNorm ln_1;
+  layers::LayerNorm ln_1;
   Attention attn;
-  torch::nn::LayerNorm ln_2;
+  layers::LayerNorm ln_2;
   MLP mlp;
 };
 TORCH_MODULE(Block);
@@ -86,10 +85,10 @@ class GPT2ModelImpl : public torch::nn::Module {
   explicit GPT2ModelImpl(const GPT2Options& o);
   /// (B, T) ids -> (B, T, C) final hidden states.
   at::Tensor forward(const at::Tensor& input_ids, const ForwardArgs& args);
-  torch::nn::Embedding wte, wpe;
+  layers::Embedding wte, wpe;
   torch::nn::Dropout drop;
   torch::nn::ModuleList h;
-  torch::nn::LayerNorm ln_f;
+  layers::LayerNorm ln_f;
 };
 TORCH_MODULE(GPT2Model);
 

@@ -9,6 +9,7 @@
 #include "models/init.h"
 
 #include <ATen/ATen.h>
+#include <torch/nn/init.h>
 
 #include <atomic>
 
@@ -20,11 +21,60 @@ namespace anvil::models {
 
 namespace {
 thread_local bool skip_init = false;
+thread_local bool deferred = false;
+thread_local at::Device deferred_device = at::kCPU;
 }  // namespace
 
 SkipInitGuard::SkipInitGuard() : previous_(skip_init) { skip_init = true; }
 SkipInitGuard::~SkipInitGuard() { skip_init = previous_; }
 bool init_skipped() { return skip_init; }
+
+DeferredInitGuard::DeferredInitGuard(const at::Device& device)
+    : previous_(deferred), previous_device_(deferred_device) {
+  deferred = true;
+  deferred_device = device;
+}
+DeferredInitGuard::~DeferredInitGuard() {
+  deferred = previous_;
+  deferred_device = previous_device_;
+}
+
+at::Tensor new_parameter_tensor(at::IntArrayRef shape) {
+  if (!deferred) return at::empty(shape);
+  // Shape and device, no bytes: sharding gives the storage (distributed::ShardedModel swaps storage in and
+  // out the same way) or materialize_deferred does.
+  auto t = at::empty({0}, at::TensorOptions().dtype(at::kFloat).device(deferred_device));
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+  return t;
+}
+
+bool is_deferred(const at::Tensor& t) {
+  return t.defined() && t.numel() > 0 &&
+         t.storage().nbytes() < static_cast<size_t>(t.storage_offset() + t.numel()) * t.element_size();
+}
+
+bool has_deferred(const CausalLM& model) {
+  // A sharded model's parameters lack storage too (between gathers), but have no source.
+  if (!model.parameter_source) return false;
+  for (const auto& p : model.parameters())
+    if (is_deferred(p)) return true;
+  return false;
+}
+
+void materialize_deferred(CausalLM& model) {
+  if (!has_deferred(model)) return;
+  at::NoGradGuard no_grad;
+  for (const auto& item : model.named_parameters()) {
+    const auto& p = item.value();
+    if (!is_deferred(p)) continue;
+    auto* s = p.storage().unsafeGetStorageImpl();
+    const auto nbytes = static_cast<size_t>(p.numel()) * p.element_size();
+    s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+    s->set_nbytes(nbytes);
+    p.view(-1).copy_(model.parameter_source->read(item.key(), 0, p.numel()));
+  }
+  model.parameter_source.reset();
+}
 
 std::pair<at::Tensor, at::Tensor> KVCache::update(size_t layer, const at::Tensor& k, const at::Tensor& v) {
   if (keys.size() <= layer) {
@@ -67,7 +117,58 @@ void KVCache::select_rows(const at::Tensor& index) {
 namespace layers {
 
 RMSNormImpl::RMSNormImpl(const RMSNormOptions& o) : options(o) {
-  weight = register_parameter("weight", at::ones({o.dim()}));
+  weight = register_parameter("weight", new_parameter_tensor({o.dim()}));
+  if (!init_skipped()) weight.detach().fill_(1.0);
+}
+
+at::Tensor new_parameter(at::IntArrayRef shape) { return new_parameter_tensor(shape); }
+
+// The draws of torch::nn::Linear, Embedding and LayerNorm (torch/csrc/api/src/nn/modules), in their order,
+// so a model built from a seed has the weights it had with LibTorch's modules (Layers.*MatchLibTorch).
+DenseImpl::DenseImpl(const torch::nn::LinearOptions& o) : options(o) {
+  weight = register_parameter("weight", new_parameter({o.out_features(), o.in_features()}));
+  if (o.bias()) bias = register_parameter("bias", new_parameter({o.out_features()}));
+  if (init_skipped()) return;
+  torch::nn::init::kaiming_uniform_(weight, std::sqrt(5.0));
+  if (bias.defined()) {
+    const auto fan_in = static_cast<double>(o.in_features());
+    const double bound = fan_in > 0 ? 1.0 / std::sqrt(fan_in) : 0.0;
+    torch::nn::init::uniform_(bias, -bound, bound);
+  }
+}
+
+EmbeddingImpl::EmbeddingImpl(const torch::nn::EmbeddingOptions& o) : options(o) {
+  if (auto pad = options.padding_idx()) {
+    TORCH_CHECK(*pad < o.num_embeddings() && *pad >= -o.num_embeddings(), "Embedding: padding_idx ", *pad, " outside ",
+                o.num_embeddings(), " rows");
+    if (*pad < 0) options.padding_idx(o.num_embeddings() + *pad);
+  }
+  weight = register_parameter("weight", new_parameter({o.num_embeddings(), o.embedding_dim()}));
+  if (init_skipped()) return;
+  torch::nn::init::normal_(weight);
+  if (const auto pad = options.padding_idx()) {
+    at::NoGradGuard no_grad;
+    weight[*pad].fill_(0);
+  }
+}
+
+at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) {
+  TORCH_CHECK(!options.max_norm(), "layers::Embedding: max_norm is not supported");
+  return at::embedding(weight, ids, options.padding_idx().value_or(-1), options.scale_grad_by_freq(), options.sparse());
+}
+
+LayerNormImpl::LayerNormImpl(const torch::nn::LayerNormOptions& o) : options(o) {
+  if (!o.elementwise_affine()) return;
+  weight = register_parameter("weight", new_parameter(o.normalized_shape()));
+  bias = register_parameter("bias", new_parameter(o.normalized_shape()));
+  if (init_skipped()) return;
+  at::NoGradGuard no_grad;
+  weight.fill_(1.0);
+  bias.zero_();
+}
+
+at::Tensor LayerNormImpl::forward(const at::Tensor& x) {
+  return at::layer_norm(x, options.normalized_shape(), weight, bias, options.eps());
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
@@ -134,7 +235,7 @@ at::Tensor activation(const at::Tensor& x, const std::string& name) {
   TORCH_CHECK(false, "unsupported activation ", name);
 }
 
-at::Tensor layer_norm(const torch::nn::LayerNorm& ln, const at::Tensor& x) {
+at::Tensor layer_norm(const LayerNorm& ln, const at::Tensor& x) {
   const auto& shape = ln->options.normalized_shape();
   if (!kernels::fused_ops() || !ln->weight.defined() || shape.size() != 1)
     return at::layer_norm(x, shape, ln->weight, ln->bias, ln->options.eps());  // the module's forward

@@ -114,7 +114,7 @@ at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor&
 LlamaModelImpl::LlamaModelImpl(const LlamaOptions& o) : rope(o.rope()), max_positions(o.max_position_embeddings()) {
   auto emb = torch::nn::EmbeddingOptions(o.vocab_size(), o.hidden_size());
   if (o.padding_idx() >= 0) emb.padding_idx(o.padding_idx());
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(emb));
+  embed_tokens = register_module("embed_tokens", layers::Embedding(emb));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.num_hidden_layers(); ++i) layers->push_back(LlamaDecoderLayer(o, i));
   norm = register_module("norm", layers::RMSNorm(layers::RMSNormOptions(o.hidden_size()).eps(o.rms_norm_eps())));
@@ -159,7 +159,7 @@ LlamaForCausalLM::LlamaForCausalLM(const LlamaOptions& o) : options(o) {
   model = register_module("model", LlamaModel(o));
   if (!o.tie_word_embeddings())
     lm_head = register_module("lm_head",
-                              torch::nn::Linear(torch::nn::LinearOptions(o.hidden_size(), o.vocab_size()).bias(false)));
+                              layers::Dense(torch::nn::LinearOptions(o.hidden_size(), o.vocab_size()).bias(false)));
   if (!init_skipped()) reset_parameters();  // loading weights: they overwrite it (models/init.h)
 }
 

@@ -8,8 +8,6 @@
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
 #include "anvil/models/causal_lm.h"
@@ -143,7 +141,7 @@ class LlamaModelImpl : public torch::nn::Module {
  public:
   explicit LlamaModelImpl(const LlamaOptions& o);
   at::Tensor forward(const at::Tensor& input_ids, const ForwardArgs& args);  // (B, T, C)
-  torch::nn::Embedding embed_tokens{nullptr};
+  layers::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   layers::RMSNorm norm{nullptr};
   at::Tensor inv_freq;       // (rotary_dim / 2), not a parameter
@@ -184,7 +182,7 @@ class LlamaForCausalLM final : public CausalLM {
 
   LlamaOptions options;
   LlamaModel model{nullptr};
-  torch::nn::Linear lm_head{nullptr};  // null when tied to model.embed_tokens
+  layers::Dense lm_head{nullptr};  // null when tied to model.embed_tokens
  protected:
   at::Tensor forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) override;
   std::string embedding_parameter() const override { return "model.embed_tokens.weight"; }

@@ -9,8 +9,8 @@
 namespace anvil::models::neox {
 namespace {
 
-torch::nn::LayerNorm layer_norm(const NeoXOptions& o) {
-  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.hidden_size()}).eps(o.layer_norm_eps()));
+layers::LayerNorm layer_norm(const NeoXOptions& o) {
+  return layers::LayerNorm(torch::nn::LayerNormOptions({o.hidden_size()}).eps(o.layer_norm_eps()));
 }
 
 }  // namespace
@@ -59,7 +59,7 @@ at::Tensor NeoXLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
 }
 
 NeoXModelImpl::NeoXModelImpl(const NeoXOptions& o) : max_positions(o.max_position_embeddings()) {
-  embed_in = register_module("embed_in", torch::nn::Embedding(o.vocab_size(), o.hidden_size()));
+  embed_in = register_module("embed_in", layers::Embedding(o.vocab_size(), o.hidden_size()));
   emb_dropout = register_module("emb_dropout", torch::nn::Dropout(o.hidden_dropout()));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.num_hidden_layers(); ++i) layers->push_back(NeoXLayer(o));
@@ -90,8 +90,8 @@ GPTNeoXForCausalLM::GPTNeoXForCausalLM(const NeoXOptions& o) : options(o) {
   options.rope().head_dim(o.head_dim());
   gpt_neox = register_module("gpt_neox", NeoXModel(options));
   if (!o.tie_word_embeddings())
-    embed_out = register_module(
-        "embed_out", torch::nn::Linear(torch::nn::LinearOptions(o.hidden_size(), o.vocab_size()).bias(false)));
+    embed_out = register_module("embed_out",
+                                layers::Dense(torch::nn::LinearOptions(o.hidden_size(), o.vocab_size()).bias(false)));
   if (!init_skipped()) reset_parameters();  // loading weights: they overwrite it (models/init.h)
 }
 

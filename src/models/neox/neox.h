@@ -7,9 +7,6 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/dropout.h>
-#include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
-#include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
 #include "anvil/models/causal_lm.h"
@@ -64,7 +61,7 @@ class NeoXLayerImpl : public torch::nn::Module {
   explicit NeoXLayerImpl(const NeoXOptions& o);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const ForwardArgs& args,
                      size_t layer);
-  torch::nn::LayerNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  layers::LayerNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   torch::nn::Dropout post_attention_dropout{nullptr}, post_mlp_dropout{nullptr};
   NeoXAttention attention{nullptr};
   NeoXMLP mlp{nullptr};
@@ -77,10 +74,10 @@ class NeoXModelImpl : public torch::nn::Module {
  public:
   explicit NeoXModelImpl(const NeoXOptions& o);
   at::Tensor forward(const at::Tensor& input_ids, const ForwardArgs& args);  // (B, T, C)
-  torch::nn::Embedding embed_in{nullptr};
+  layers::Embedding embed_in{nullptr};
   torch::nn::Dropout emb_dropout{nullptr};
   torch::nn::ModuleList layers{nullptr};
-  torch::nn::LayerNorm final_layer_norm{nullptr};
+  layers::LayerNorm final_layer_norm{nullptr};
   at::Tensor inv_freq;
   int64_t max_positions;
 };
@@ -109,7 +106,7 @@ class GPTNeoXForCausalLM final : public CausalLM {
 
   NeoXOptions options;
   NeoXModel gpt_neox{nullptr};
-  torch::nn::Linear embed_out{nullptr};  // null when tied to gpt_neox.embed_in
+  layers::Dense embed_out{nullptr};  // null when tied to gpt_neox.embed_in
  protected:
   at::Tensor forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) override;
   std::string embedding_parameter() const override { return "gpt_neox.embed_in.weight"; }

@@ -20,8 +20,8 @@ layers::Linear linear(int64_t in, int64_t out, bool bias) {
   return layers::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
-torch::nn::LayerNorm layer_norm(const OPTOptions& o) {
-  return torch::nn::LayerNorm(
+layers::LayerNorm layer_norm(const OPTOptions& o) {
+  return layers::LayerNorm(
       torch::nn::LayerNormOptions({o.hidden_size()}).elementwise_affine(o.layer_norm_elementwise_affine()));
 }
 
@@ -66,7 +66,7 @@ struct Layer : torch::nn::Module {
   bool pre_ln;
   std::string act;
   std::shared_ptr<Attention> self_attn;
-  torch::nn::LayerNorm self_attn_layer_norm{nullptr}, final_layer_norm{nullptr};
+  layers::LayerNorm self_attn_layer_norm{nullptr}, final_layer_norm{nullptr};
   layers::Linear fc1{nullptr}, fc2{nullptr};
   torch::nn::Dropout drop{nullptr};
 };
@@ -77,9 +77,9 @@ struct OPTForCausalLM::Decoder : torch::nn::Module {
   explicit Decoder(const OPTOptions& o) : max_positions(o.max_position_embeddings()) {
     auto emb = torch::nn::EmbeddingOptions(o.vocab_size(), o.word_embed_proj_dim());
     if (o.padding_idx() >= 0) emb.padding_idx(o.padding_idx());
-    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(emb));
+    embed_tokens = register_module("embed_tokens", layers::Embedding(emb));
     embed_positions = register_module(
-        "embed_positions", torch::nn::Embedding(o.max_position_embeddings() + kPositionOffset, o.hidden_size()));
+        "embed_positions", layers::Embedding(o.max_position_embeddings() + kPositionOffset, o.hidden_size()));
     if (o.do_layer_norm_before() && !o.remove_final_layer_norm())
       final_layer_norm = register_module("final_layer_norm", layer_norm(o));
     if (o.word_embed_proj_dim() != o.hidden_size()) {
@@ -107,8 +107,8 @@ struct OPTForCausalLM::Decoder : torch::nn::Module {
     return project_out ? project_out(x) : x;
   }
   int64_t max_positions;
-  torch::nn::Embedding embed_tokens{nullptr}, embed_positions{nullptr};
-  torch::nn::LayerNorm final_layer_norm{nullptr};
+  layers::Embedding embed_tokens{nullptr}, embed_positions{nullptr};
+  layers::LayerNorm final_layer_norm{nullptr};
   layers::Linear project_out{nullptr}, project_in{nullptr};
   torch::nn::ModuleList layers{nullptr};
   torch::nn::Dropout drop{nullptr};
@@ -132,7 +132,7 @@ OPTForCausalLM::OPTForCausalLM(const OPTOptions& o) : options(o) {
   model_ = register_module("model", holder);
   if (!o.tie_word_embeddings())
     lm_head_ = register_module(
-        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(o.word_embed_proj_dim(), o.vocab_size()).bias(false)));
+        "lm_head", layers::Dense(torch::nn::LinearOptions(o.word_embed_proj_dim(), o.vocab_size()).bias(false)));
   if (!init_skipped()) reset_parameters();  // loading weights: they overwrite it (models/init.h)
 }
 

@@ -6,14 +6,13 @@
 // biases and LayerNorm affines (Galactica), and a tied LM head.
 
 #include <torch/nn/module.h>
-#include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
 #include <memory>
 #include <string>
 
 #include "anvil/models/causal_lm.h"
+#include "models/layers.h"
 
 namespace anvil::models::opt {
 
@@ -75,7 +74,7 @@ class OPTForCausalLM final : public CausalLM {
   struct Decoder;
   std::shared_ptr<torch::nn::Module> model_;  // "model", holding "decoder"
   Decoder* decoder_ = nullptr;
-  torch::nn::Linear lm_head_{nullptr};  // null when tied
+  layers::Dense lm_head_{nullptr};  // null when tied
 };
 
 }  // namespace anvil::models::opt
