@@ -369,7 +369,7 @@ std::shared_ptr<models::CausalLM> model_from_config(const stdfs::path& dir) {
 
 std::shared_ptr<models::CausalLM> load_model_dir(const stdfs::path& dir_or_id, const stdfs::path& base) {
   const auto dir = hub::local_path(dir_or_id.string());  // a Hub id names its cached snapshot
-  if (stdfs::exists(dir / "sharding.json") && !stdfs::exists(dir / "model.safetensors") && !is_peft_adapter_dir(dir))
+  if (stdfs::exists(dir / "sharding.json") && weight_files_absent(dir) && !is_peft_adapter_dir(dir))
     throw CheckpointError(concat(dir.string(),
                                  ": a sharded checkpoint (written by a multi-process or sharded run); "
                                  "consolidate it first with: anvil export --checkpoint ",
@@ -386,7 +386,7 @@ std::shared_ptr<models::CausalLM> load_model_dir(const stdfs::path& dir_or_id, c
 std::shared_ptr<models::CausalLM> open_model_dir(const stdfs::path& dir_or_id, const at::Device& device) {
   const auto dir = hub::local_path(dir_or_id.string());
   // A sharded checkpoint or a PEFT adapter folder: load_model_dir says why, or loads its base whole.
-  if ((stdfs::exists(dir / "sharding.json") && !stdfs::exists(dir / "model.safetensors")) ||
+  if ((stdfs::exists(dir / "sharding.json") && weight_files_absent(dir)) ||
       (is_peft_adapter_dir(dir) && weight_files_absent(dir))) {
     auto model = load_model_dir(dir_or_id);
     model->to(device);

@@ -4,6 +4,7 @@
 #include <ATen/core/Generator.h>
 #include <torch/optim/adamw.h>
 
+#include <algorithm>
 #include <chrono>
 #include <iomanip>
 #include <mutex>
@@ -15,6 +16,8 @@
 #include "core/fs.h"
 #include "core/host_memory.h"
 #include "anvil/checkpoint/hf_model.h"
+#include "checkpoint/saved_parameters.h"
+#include "models/lora.h"
 #include "io/safetensors.h"
 #include "optim/optimizer.h"
 #include "io/trainer_state.h"
@@ -96,16 +99,53 @@ ShardedSave prepare_sharded_save(const stdfs::path& output_dir, ShardedModel& mo
     }
   }
   s.rng = checkpoint::rng_state(masters.front().device());
-  // The whole model in HF layout, gathered one unit at a time; only rank 0 keeps it.
-  if (consolidated)
+  // The model in HF layout, gathered one unit at a time. On several ranks each unit is a file of its own,
+  // kept and written by the rank that owns it (unit u: rank u mod W), so no rank keeps more than its share;
+  // a LoRA run's adapters (small) and a single rank's model stay one file on rank 0.
+  const bool per_unit = consolidated && s.world > 1 && !models::has_lora(model.model());
+  if (per_unit) {
+    const auto saved = checkpoint::saved_parameters(model.model());
+    std::vector<size_t> with_files;  // units with weights to write, the same list on every rank
+    for (size_t u = 0; u < masters.size(); ++u)
+      for (const auto& p : model.layouts()[u].params)
+        if (saved(p.name) && !checkpoint::is_head_parameter(p.name)) {
+          with_files.push_back(u);
+          break;
+        }
+    nlohmann::json weight_map = nlohmann::json::object();
+    int64_t total = 0;
+    for (size_t u = 0; u < masters.size(); ++u) {
+      const auto flat = model.gather_master(u);
+      const auto it = std::find(with_files.begin(), with_files.end(), u);
+      const auto file = it == with_files.end() ? std::string()
+                                               : concat("model-", five(it - with_files.begin() + 1), "-of-",
+                                                        five(static_cast<int64_t>(with_files.size())), ".safetensors");
+      io::TensorMap tensors;
+      const bool owner = static_cast<int64_t>(u) % s.world == s.rank;
+      for (const auto& p : model.layouts()[u].params) {
+        if (!saved(p.name)) continue;
+        const auto view = flat.narrow(0, p.offset, p.numel).view(p.shape);
+        if (checkpoint::is_head_parameter(p.name)) {
+          if (owner) s.heads.emplace(p.name, view);
+          continue;
+        }
+        weight_map[p.name] = file;
+        total += p.numel * 4;  // float32
+        if (owner) tensors.emplace(p.name, view);
+      }
+      if (owner && !tensors.empty()) s.owned.emplace_back(file, std::move(tensors));
+    }
+    if (s.rank == 0) s.index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  } else if (consolidated) {
     for (size_t u = 0; u < masters.size(); ++u) {
       const auto flat = model.gather_master(u);
       if (s.rank != 0) continue;
       for (const auto& p : model.layouts()[u].params)
         s.whole.emplace(p.name, flat.narrow(0, p.offset, p.numel).view(p.shape));
     }
-  if (s.rank != 0) return s;
+  }
   s.model = &model.model();
+  if (s.rank != 0) return s;
   s.tokenizer = tokenizer;
   s.run_config_yaml = run_config_yaml;
   int64_t adam_step = 0;
@@ -149,7 +189,16 @@ void write_sharded_files(const ShardedSave& s) {
   }
   written.push_back(rng_file(s.tmp, s.rank));
   io::save_safetensors(written.back(), s.rng);
+  for (const auto& [file, tensors] : s.owned) {  // this rank's units of the HF folder
+    written.push_back(s.tmp / file);
+    io::save_safetensors(written.back(), tensors, {{"format", "pt"}});
+  }
+  if (!s.heads.empty()) {
+    written.push_back(s.tmp / checkpoint::kHeadsFile);
+    io::save_safetensors(written.back(), s.heads, {{"format", "pt"}});
+  }
   if (s.rank == 0) {
+    if (!s.index.is_null()) fs::write_file_atomic(s.tmp / "model.safetensors.index.json", s.index.dump(2) + "\n");
     if (!s.whole.empty()) checkpoint::save_weight_files(s.tmp, *s.model, s.whole);  // as checkpoint::save_model_dir
     fs::write_file_atomic(s.tmp / "sharding.json", s.meta.dump(1) + "\n");
     checkpoint::save_model_config(s.tmp, *s.model, s.tokenizer, at::kFloat);

@@ -7,8 +7,12 @@
 //                            "<unit>.exp_avg", "<unit>.exp_avg_sq" (AdamW state)
 //   rng/rank-R.safetensors   each rank's random-number generator states
 //   config.json, generation_config.json, tokenizer files, config.yaml
-//   model.safetensors        the whole float32 model (unless turned off), so
-//                            the folder also loads in transformers as is
+//   model-K-of-N.safetensors the float32 model (unless turned off), one file
+//   model.safetensors.index.json
+//                            per unit, each written by the rank that owns the
+//                            unit (u mod W), so the folder also loads in
+//                            transformers as is; one rank, or LoRA adapters:
+//                            model.safetensors / adapter_model.safetensors
 //   <name>/                  a companion model (PPO's critic), whole
 //   trainer_state.json       step and data position; written last
 // Every rank writes its own shard into one temporary folder (on a file system
@@ -42,9 +46,9 @@ namespace anvil::distributed {
 bool is_sharded_checkpoint(const std::filesystem::path& dir);
 
 /// Collective: every rank calls it. Returns the published folder. With
-/// `consolidated`, rank 0 also writes the whole float32 model as
-/// model.safetensors (gathered unit by unit), so the folder is an HF model
-/// folder as well.
+/// `consolidated`, the float32 model is written too, in HF layout (gathered
+/// unit by unit; a file per unit, each by its owner, on several ranks), so
+/// the folder is an HF model folder as well.
 std::filesystem::path save_sharded_checkpoint(const std::filesystem::path& output_dir, ShardedModel& model,
                                               torch::optim::Optimizer& optimizer, const tokenizer::Tokenizer* tokenizer,
                                               const io::TrainerState& state, const std::string& run_config_yaml,
@@ -57,12 +61,18 @@ std::filesystem::path save_sharded_checkpoint(const std::filesystem::path& outpu
 struct ShardedSave {
   std::filesystem::path output_dir, tmp;
   int64_t rank = 0, world = 1, keep_last = 0;
-  io::TensorMap shard;                // "<unit>.param", ".exp_avg", ".exp_avg_sq" of this rank's slice
-  std::filesystem::path shard_file;   // empty: this rank writes no shard (no_shard, rank > 0)
-  io::TensorMap rng;                  // this rank's generator states
-  io::TensorMap whole;                // rank 0 with consolidated checkpoints: the gathered model by HF name
+  io::TensorMap shard;               // "<unit>.param", ".exp_avg", ".exp_avg_sq" of this rank's slice
+  std::filesystem::path shard_file;  // empty: this rank writes no shard (no_shard, rank > 0)
+  io::TensorMap rng;                 // this rank's generator states
+  io::TensorMap whole;               // rank 0, consolidated on one rank or with LoRA: the gathered model by HF name
+  /// Consolidated on several ranks: the HF folder's files this rank owns
+  /// (model-K-of-N.safetensors, one per unit) and the named heads' file
+  /// (the root unit's owner); rank 0 also writes the index.
+  std::vector<std::pair<std::string, io::TensorMap>> owned;
+  io::TensorMap heads;
+  nlohmann::json index;               // rank 0: model.safetensors.index.json
   nlohmann::json meta;                // rank 0: sharding.json
-  models::CausalLM* model = nullptr;  // rank 0: for config.json (its config, never its tensors)
+  models::CausalLM* model = nullptr;  // for config.json and which parameters are saved (never its tensors)
   const tokenizer::Tokenizer* tokenizer = nullptr;
   io::TrainerState state;
   std::string run_config_yaml;

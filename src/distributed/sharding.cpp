@@ -201,6 +201,7 @@ ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_
     if (options_.strategy == Sharding::FullShard) release(*units_.back());
   }
   model_->parameter_source.reset();  // every parameter is now a view of a unit's buffer; the files close
+  model_->sharded_parameters = this;
   model_->set_block_runner(
       [this](size_t layer, const at::Tensor& x, const models::BlockFn& block) { return run_block(layer, x, block); });
 }
@@ -244,7 +245,10 @@ void ShardedModel::build_from_source(Unit& unit, const UnitLayout& layout) {
   if (options_.frozen && layout.name == "root") gather(unit);  // the root of a frozen model stays whole
 }
 
-ShardedModel::~ShardedModel() { model_->set_block_runner(nullptr); }
+ShardedModel::~ShardedModel() {
+  model_->set_block_runner(nullptr);
+  if (model_->sharded_parameters == this) model_->sharded_parameters = nullptr;
+}
 
 std::vector<at::Tensor> ShardedModel::master_parameters() const {
   std::vector<at::Tensor> out;
@@ -301,6 +305,7 @@ void ShardedModel::start_gather(Unit& u) {
   int64_t held = 0;
   for (const auto& v : units_) held += static_cast<int64_t>(v->whole.storage().nbytes());
   peak_gathered_ = std::max(peak_gathered_, held);
+  if (evaluating_) eval_peak_ = std::max(eval_peak_, held);
 }
 
 void ShardedModel::gather(Unit& u) {
@@ -477,14 +482,30 @@ void ShardedModel::after_optimizer_step() {
 }
 
 void ShardedModel::gather_full_parameters() {
+  if (pin_depth_++ > 0) return;
   for (auto& u : units_) gather(*u);
   pinned_ = true;
 }
 
 void ShardedModel::release_full_parameters() {
+  if (pin_depth_ == 0 || --pin_depth_ > 0) return;
   pinned_ = false;
   if (options_.strategy == Sharding::FullShard)
-    for (auto& u : units_) release(*u);
+    for (size_t i = 0; i < units_.size(); ++i)
+      if (!(evaluating_ && i + 1 == units_.size())) release(*units_[i]);  // evaluation keeps the root
+}
+
+void ShardedModel::begin_evaluation() {
+  evaluating_ = true;
+  eval_peak_ = 0;
+  for (const auto& v : units_) eval_peak_ += static_cast<int64_t>(v->whole.storage().nbytes());
+  if (options_.strategy == Sharding::FullShard) gather(*units_.back());
+}
+
+int64_t ShardedModel::end_evaluation() {
+  evaluating_ = false;
+  if (options_.strategy == Sharding::FullShard) release(*units_.back());
+  return eval_peak_;
 }
 
 MemoryBytes ShardedModel::memory() const {

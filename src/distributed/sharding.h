@@ -130,8 +130,16 @@ class ShardedModel : public models::ShardedParameters {
 
   /// Makes every parameter whole until release_full_parameters() (eval,
   /// saving a consolidated model); blocks are then neither gathered nor freed.
-  void gather_full_parameters() override;
+  void gather_full_parameters() override;  // nests: the outermost release frees
   void release_full_parameters() override;
+  /// Evaluation through the shards (Engine::evaluating): under full_shard
+  /// the root unit is gathered and stays whole until end_evaluation(); the
+  /// blocks are gathered one at a time as the forward reaches them. Other
+  /// strategies hold whole parameters anyway.
+  void begin_evaluation();
+  /// Returns the most parameter bytes held whole at once since
+  /// begin_evaluation() (generation's whole model included).
+  int64_t end_evaluation();
   int64_t held_parameter_bytes() const override { return memory().parameters; }
 
   /// Overwrites unit `u`'s master shard from `values` (the unit's whole flat
@@ -175,6 +183,9 @@ class ShardedModel : public models::ShardedParameters {
   std::vector<std::unique_ptr<Pending>> pending_;
   bool sync_ = true;
   bool pinned_ = false;
+  int pin_depth_ = 0;  // gather_full_parameters() calls not yet released
+  bool evaluating_ = false;
+  int64_t eval_peak_ = 0;
   int64_t peak_gathered_ = 0;
   int64_t peak_pending_ = 0;
 };

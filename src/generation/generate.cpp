@@ -343,6 +343,8 @@ std::vector<std::vector<size_t>> batches_by_room(const std::vector<std::vector<i
 
 Generation run(models::CausalLM& model, const std::vector<std::vector<int64_t>>& prompts, const SamplingOptions& opt,
                bool with_logprobs) {
+  // Decoding reads every block at every token, and the ranks' lengths differ: a sharded model stays whole.
+  models::WholeParameters whole(model);
   for (size_t i = 0; i < prompts.size(); ++i) {
     TORCH_CHECK(!prompts[i].empty(), "generate: empty prompt");
     // A prompt must leave room for one new token (the CLI refuses or truncates before this).

@@ -274,12 +274,14 @@ class DistillObjective final : public Objective {
     const bool split = ranks_.splits(n_batches);
     std::vector<double> sums{0, 0};  // divergence, response tokens
     for (int64_t k = 0; k < n_batches; ++k) {
-      if (split && !ranks_.mine(k)) continue;
+      if (split && !ranks_.runs(k, n_batches)) continue;
       std::vector<std::pair<const std::vector<int64_t>*, const std::vector<int64_t>*>> rows;
       for (int64_t i = k * bs; i < std::min(total, (k + 1) * bs); ++i)
         rows.push_back({&given[static_cast<size_t>(i)]->prompt->prompt_ids, &given[static_cast<size_t>(i)]->response});
       const auto b = collate(rows, pad_id_);
-      sums[0] += divergence_sum(model, b).item<double>();
+      const double divergence = divergence_sum(model, b).item<double>();
+      if (split && !ranks_.mine(k)) continue;  // the uneven tail: every rank runs it, its owner counts it
+      sums[0] += divergence;
       sums[1] += static_cast<double>(b.num_targets);
     }
     if (split) ranks_.all_sum(sums);

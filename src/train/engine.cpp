@@ -198,11 +198,21 @@ class EngineImpl : public Engine {
   virtual void gather_own() = 0;
   virtual void release_own() = 0;
 
+  /// Engine::evaluating()'s, for this engine alone: gathered whole unless overridden.
+  virtual void begin_evaluation_own() { gather_own(); }
+  virtual void end_evaluation_own() { release_own(); }
+
   void gather() final {
     for_each([](EngineImpl& e) { e.gather_own(); });
   }
   void release() final {
     for_each([](EngineImpl& e) { e.release_own(); });
+  }
+  void begin_evaluation() final {
+    for_each([](EngineImpl& e) { e.begin_evaluation_own(); });
+  }
+  void end_evaluation() final {
+    for_each([](EngineImpl& e) { e.end_evaluation_own(); });
   }
   void write_companions(const stdfs::path& dir) {
     for (auto& c : companions_) c.engine->write_companion(dir / c.name);
@@ -480,7 +490,8 @@ class ShardedEngine final : public EngineImpl {
       CheckpointWriter::Job job;
       job.step = state.step;
       job.dir = output_dir / concat("checkpoint-", state.step);
-      job.tensors = {&save->shard, &save->whole};
+      job.tensors = {&save->shard, &save->whole, &save->heads};
+      for (auto& [file, tensors] : save->owned) job.tensors.push_back(&tensors);
       for (auto& [name, c] : save->companions) {
         job.tensors.push_back(&c.weights);
         job.tensors.push_back(&c.moments);
@@ -572,7 +583,8 @@ class ShardedEngine final : public EngineImpl {
             {"memory/gradient_bytes", static_cast<double>(mem.gradients)},
             {"memory/peak_gathered_parameter_bytes", static_cast<double>(mem.peak_gathered)},
             {"memory/peak_reductions_in_flight", static_cast<double>(mem.peak_reductions_in_flight)},
-            {"memory/optimizer_bytes", static_cast<double>(optimizer_bytes(*optimizer_))}};
+            {"memory/optimizer_bytes", static_cast<double>(optimizer_bytes(*optimizer_))},
+            {"memory/eval_peak_gathered_parameter_bytes", static_cast<double>(eval_peak_gathered_)}};
   }
   void write_companion(const stdfs::path& dir) override { distributed::save_consolidated(dir, *sharded_, *optimizer_); }
   /// AdamW's decoupled decay, p *= 1 - lr * wd before its update, on the
@@ -597,6 +609,8 @@ class ShardedEngine final : public EngineImpl {
   }
   void gather_own() override { sharded_->gather_full_parameters(); }
   void release_own() override { sharded_->release_full_parameters(); }
+  void begin_evaluation_own() override { sharded_->begin_evaluation(); }
+  void end_evaluation_own() override { eval_peak_gathered_ = sharded_->end_evaluation(); }
 
  private:
   std::shared_ptr<models::CausalLM> model_;
@@ -701,6 +715,7 @@ class ShardedEngine final : public EngineImpl {
   bool consolidated_;
   double timeout_s_;  // how long rank 0's writer waits for the other ranks' shards
   std::unique_ptr<distributed::ShardedModel> sharded_;
+  int64_t eval_peak_gathered_ = 0;  // the last evaluation's most whole parameter bytes (Engine::evaluating)
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   BackgroundSaves saves_;  // last: its thread reads the model until joined
 };

@@ -287,8 +287,13 @@ class KtoObjective final : public Objective {
       Sums sums;
       double loss = 0, examples = 0;
       for (int64_t k = 0; k < n_batches; ++k) {
-        if (split && !ranks_.mine(k)) continue;
+        if (split && !ranks_.runs(k, n_batches)) continue;
         const auto b = eval_batch(refs, k * bs, std::min(total, (k + 1) * bs));
+        if (split && !ranks_.mine(k)) {  // the uneven tail: every rank runs it, its owner counts it
+          Sums scratch;
+          loss_sum(model, b, scratch);
+          continue;
+        }
         loss += loss_sum(model, b, sums).item<double>();
         examples += static_cast<double>(b.num_targets);
       }

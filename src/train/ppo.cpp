@@ -789,7 +789,11 @@ EvalResult PpoObjective::evaluate(models::CausalLM& model) {
   std::vector<RolloutPrompt> mine;
   for (size_t i = 0; i < all.size(); ++i)
     if (!split || s.ranks.mine(static_cast<int64_t>(i))) mine.push_back(all[i]);
-  auto rows = s.generate(model, mine, 1, 0, true);
+  std::vector<RolloutRow> rows;
+  {
+    models::WholeParameters whole(model);  // multi-turn episodes call generate as often as each rank's need
+    rows = s.generate(model, mine, 1, 0, true);
+  }
   std::vector<double> scores;
   std::vector<std::vector<double>> parts;
   {

@@ -78,7 +78,13 @@ std::pair<double, Sums> eval_loss(Objective& objective, models::CausalLM& model,
   double loss = 0, examples = 0;
   int64_t k = 0;
   for_each_batch(data.eval_sets, refs, eval.batch_size, pad_id, [&](const Batch& b) {
-    if (split && !ranks.mine(k++)) return;
+    const int64_t at = k++;
+    if (split && !ranks.runs(at, n_batches)) return;
+    if (split && !ranks.mine(at)) {  // the uneven tail: every rank runs it, its owner counts it
+      Sums scratch;
+      objective.loss_sum(model, b, scratch);
+      return;
+    }
     loss += objective.loss_sum(model, b, sums).item<double>();
     examples += static_cast<double>(b.num_targets);
   });

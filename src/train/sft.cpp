@@ -355,7 +355,8 @@ EvalResult LmObjective::evaluate(models::CausalLM& model) {
     const bool split = ranks_.splits(n_batches);  // several ranks take every world-th batch
     std::vector<double> sums{0, 0};               // loss, targets
     for (int64_t k = 0; k < n_batches; ++k) {
-      if (split && !ranks_.mine(k)) continue;
+      if (split && !ranks_.runs(k, n_batches)) continue;
+      const bool counted = !split || ranks_.mine(k);  // the uneven tail runs on every rank, counts on one
       const int64_t i = k * s_->eval_cfg.batch_size;
       std::deque<data::LmSample> store;
       std::vector<const data::LmSample*> samples;
@@ -372,7 +373,9 @@ EvalResult LmObjective::evaluate(models::CausalLM& model) {
       for (const auto* smp : samples) rows.push_back({smp});
       auto b = s_->packing ? to_batch(data::collate_packed(rows, static_cast<int64_t>(longest), s_->pad_id))
                            : to_batch(data::collate_unpacked(samples, s_->pad_id));
-      sums[0] += lm_batch_loss_sum(model, b, s_->loss).item<double>();
+      const double loss = lm_batch_loss_sum(model, b, s_->loss).item<double>();
+      if (!counted) continue;
+      sums[0] += loss;
       sums[1] += static_cast<double>(b.num_targets);
     }
     if (split) ranks_.all_sum(sums);

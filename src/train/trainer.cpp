@@ -209,9 +209,9 @@ std::string format_seconds(double s) {
   return concat(m / 60, " h ", m % 60, " min");
 }
 
-/// The objective's evaluation with the full weights gathered.
+/// The objective's evaluation through the shards (Engine::evaluating; generation gathers the whole model).
 EvalResult evaluate(Engine& engine, Objective& objective) {
-  auto whole = engine.gathered();
+  auto evaluating = engine.evaluating();
   return objective.evaluate(engine.model());
 }
 

@@ -42,6 +42,10 @@ std::string join(const std::vector<std::string>& v) {
 namespace anvil::train {
 
 int trainer_main(int argc, char** argv) {
+  // MKL's BLAS may use fewer threads on a busy machine (MKL_DYNAMIC's default), which changes how a GEMM
+  // blocks its sums and so its last bits: a resumed run would then differ from an uninterrupted one in
+  // round-off. Fixed thread counts unless the user chose otherwise; read when MKL first runs.
+  ::setenv("MKL_DYNAMIC", "FALSE", /*overwrite=*/0);
   std::signal(SIGINT, on_signal_outside_loop);
   std::signal(SIGTERM, on_signal_outside_loop);
   // Testing hook: a signal at a chosen moment of start-up.

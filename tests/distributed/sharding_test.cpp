@@ -12,6 +12,7 @@
 #include <chrono>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -85,9 +86,28 @@ void expect_close_losses(const std::map<int64_t, nlohmann::json>& want, const st
             << "\n";
 }
 
-/// Largest absolute difference between the same-named tensors of two files.
+/// A file's tensors, or an HF folder's weights (model.safetensors, or the
+/// files model.safetensors.index.json lists).
+io::TensorMap load_weights(const stdfs::path& path) {
+  if (!stdfs::is_directory(path)) return io::load_safetensors(path);
+  if (!stdfs::exists(path / "model.safetensors.index.json")) return io::load_safetensors(path / "model.safetensors");
+  io::TensorMap out;
+  const auto index = nlohmann::json::parse(anvil::testing::read_text(path / "model.safetensors.index.json"));
+  std::set<std::string> files;
+  for (const auto& [name, file] : index["weight_map"].items()) files.insert(file.get<std::string>());
+  for (const auto& f : files)
+    for (auto& [name, t] : io::load_safetensors(path / f)) {
+      EXPECT_EQ(index["weight_map"].value(name, std::string()), f) << name;
+      out.emplace(name, t);
+    }
+  EXPECT_EQ(out.size(), index["weight_map"].size());
+  return out;
+}
+
+/// Largest absolute difference between the same-named tensors of two files
+/// or HF folders.
 double max_param_diff(const stdfs::path& a, const stdfs::path& b) {
-  auto ta = io::load_safetensors(a), tb = io::load_safetensors(b);
+  auto ta = load_weights(a), tb = load_weights(b);
   EXPECT_EQ(ta.size(), tb.size());
   double worst = 0;
   for (const auto& [name, t] : ta) {
@@ -153,9 +173,11 @@ TEST_F(DistRuns, EveryStrategyOnTwoAndThreeRanksTrainsLikeOneProcess) {
       EXPECT_LE(max_param_diff(plain() / "checkpoint-20" / "model.safetensors", exported(out) / "model.safetensors"),
                 1e-5)
           << name;
-      // ... and the checkpoint's own consolidated model.safetensors holds them.
-      EXPECT_EQ(max_param_diff(out / "checkpoint-20" / "model.safetensors", exported(out) / "model.safetensors"), 0.0)
-          << name;
+      // ... and the checkpoint's own HF folder (a file per unit, each written by the rank that owns it) holds them.
+      EXPECT_EQ(max_param_diff(out / "checkpoint-20", exported(out) / "model.safetensors"), 0.0) << name;
+      EXPECT_FALSE(stdfs::exists(out / "checkpoint-20" / "model.safetensors")) << name;
+      // GPT-2's 4 blocks and the root unit, each its own file.
+      EXPECT_TRUE(stdfs::exists(out / "checkpoint-20" / "model-00005-of-00005.safetensors")) << name;
     }
 }
 
@@ -173,8 +195,7 @@ TEST_F(DistRuns, EveryFamilyOnTwoFullShardRanksTrainsLikeOneProcess) {
     const auto a = read_metrics(one / "metrics.jsonl"), b = read_metrics(two / "metrics.jsonl");
     ASSERT_EQ(a.size(), 4u);
     expect_close_losses(a, b, 1, 4, 1e-5, flavor);
-    EXPECT_LE(max_param_diff(one / "checkpoint-4" / "model.safetensors", two / "checkpoint-4" / "model.safetensors"),
-              1e-5);
+    EXPECT_LE(max_param_diff(one / "checkpoint-4" / "model.safetensors", two / "checkpoint-4"), 1e-5);
   }
 }
 
@@ -197,6 +218,25 @@ TEST_F(DistRuns, FullShardHoldsAboutOneNthOfTheStatePerRank) {
   const double block =
       4.0 * (2 * 2 * 32 + 32 * 96 + 96 + 32 * 32 + 32 + 32 * 128 + 128 + 128 * 32 + 32);  // GPT-2 block
   EXPECT_NEAR(peak, params - 2 * block, 4 * 2 * 64) << "peak whole bytes " << peak << " of " << params;
+  // An evaluation runs through the shards too: the held-out loss holds the root and two blocks at most, like a
+  // step, and equals one process's; generation (this run's samples) gathers the whole model for its decoding.
+  const auto nogen_dir = run("full_shard-2-nogen", 2, "dist.sharding=full_shard eval.generate_samples=0");
+  const auto nogen = read_metrics(nogen_dir / "metrics.jsonl");
+  const auto plain_lines = read_metrics(plain() / "metrics.jsonl");
+  auto most = [](const std::map<int64_t, nlohmann::json>& lines, const char* key) {
+    double m = 0;
+    for (const auto& [step, line] : lines) m = std::max(m, line.value(key, 0.0));
+    return m;
+  };
+  const double eval_peak = most(nogen, "memory/eval_peak_gathered_parameter_bytes");
+  EXPECT_GT(eval_peak, 0);
+  EXPECT_NEAR(eval_peak, params - 2 * block, 4 * 2 * 64) << "evaluation held " << eval_peak << " of " << params;
+  for (const int64_t step : {10, 20})
+    EXPECT_NEAR(nogen.at(step)["eval/loss"].get<double>(), plain_lines.at(step)["eval/loss"].get<double>(),
+                1e-5 * plain_lines.at(step)["eval/loss"].get<double>())
+        << "step " << step;
+  const auto with_samples = read_metrics(run("full_shard-2", 2, "dist.sharding=full_shard") / "metrics.jsonl");
+  EXPECT_NEAR(most(with_samples, "memory/eval_peak_gathered_parameter_bytes"), params, 4 * 2 * 64);
   // Each block's gradient reduction is folded into its master gradient once the next one is issued (FSDP2):
   // at most two units' flat gradients are alive during a backward, not every unit's.
   EXPECT_EQ(m2["memory/peak_reductions_in_flight"].get<double>(), 2);
@@ -425,11 +465,9 @@ TEST_F(DistRuns, NonFiniteStepsAreDecidedAlikeOnEveryRank) {
   EXPECT_EQ(m.at(6)["nonfinite_steps"].get<int64_t>(), 2);
   // Both ranks skipped steps 3 and 4: the model gathered from their shards is step 2's.
   std::string o;
-  const auto model = [&](int step) {
-    return (*dir_ / "nf-skip" / ("checkpoint-" + std::to_string(step)) / "model.safetensors").string();
-  };
-  EXPECT_EQ(anvil::testing::run("cmp " + model(2) + " " + model(4), &o), 0) << o;
-  EXPECT_NE(anvil::testing::run("cmp -s " + model(4) + " " + model(6), &o), 0);
+  const auto model = [&](int step) { return *dir_ / "nf-skip" / ("checkpoint-" + std::to_string(step)); };
+  EXPECT_EQ(max_param_diff(model(2), model(4)), 0.0);
+  EXPECT_GT(max_param_diff(model(4), model(6)), 0.0);
   // The decision was taken on the device (train.overlap_step_reads, the loss and stop flag all-reduced with
   // the step and read while the next ran): the lines and every checkpoint file equal reading each step at once.
   EXPECT_NE(log.find("each step read while the next runs"), std::string::npos) << log;
@@ -443,8 +481,9 @@ TEST_F(DistRuns, NonFiniteStepsAreDecidedAlikeOnEveryRank) {
   for (int64_t step = 1; step <= 6; ++step)
     for (const auto* key : {"loss", "grad_norm", "nonfinite_steps"})
       EXPECT_EQ(m.at(step)[key].dump(), m1.at(step)[key].dump()) << "step " << step << " " << key;
-  for (const auto* file : {"model.safetensors", "shards/shard-00000-of-00002.safetensors",
-                           "shards/shard-00001-of-00002.safetensors", "sharding.json"})
+  for (const auto* file :
+       {"model.safetensors.index.json", "model-00001-of-00005.safetensors", "model-00005-of-00005.safetensors",
+        "shards/shard-00000-of-00002.safetensors", "shards/shard-00001-of-00002.safetensors", "sharding.json"})
     EXPECT_EQ(anvil::testing::run("cmp " + (*dir_ / "nf-skip" / "checkpoint-6" / file).string() + " " +
                                       (*dir_ / "nf-skip-at-once" / "checkpoint-6" / file).string(),
                                   &o),
@@ -464,15 +503,21 @@ TEST_F(DistRuns, ShardedCheckpointsExplainWhatCannotReadThem) {
   EXPECT_EQ(anvil::testing::run(anvil::testing::cli_bin() + " generate --model " + src.string() + " --prompt hi", &log),
             0)
       << log;
-  // ... and transformers loads it as is.
+  // ... and transformers loads it as is (its files by the index), with the weights and logits of the model
+  // anvil export consolidates from the shards.
+  EXPECT_TRUE(stdfs::exists(src / "model.safetensors.index.json"));
   EXPECT_EQ(anvil::testing::run(anvil::testing::python_bin() +
-                                    " -c 'import sys, transformers; m = transformers.AutoModelForCausalLM."
-                                    "from_pretrained(sys.argv[1]); print(\"loaded\", type(m).__name__)' " +
-                                    src.string(),
+                                    " -c 'import sys, torch, transformers\n"
+                                    "a = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1])\n"
+                                    "b = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[2])\n"
+                                    "ids = torch.tensor([[1, 5, 9, 13, 2]])\n"
+                                    "d = (a(ids).logits - b(ids).logits).abs().max().item()\n"
+                                    "print(\"loaded\", type(a).__name__, \"logits differ by\", d)' " +
+                                    src.string() + " " + exported(src.parent_path()).string(),
                                 &log),
             0)
       << log;
-  EXPECT_NE(log.find("loaded GPT2LMHeadModel"), std::string::npos) << log;
+  EXPECT_NE(log.find("loaded GPT2LMHeadModel logits differ by 0.0"), std::string::npos) << log;
   // Without the consolidated model, generation says to export first.
   const auto shards_only =
       run("full_shard-2-shards-only", 2, "dist.sharding=full_shard dist.consolidated_checkpoints=false") /

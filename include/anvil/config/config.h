@@ -532,9 +532,10 @@ struct DistConfig {
     v.field("reduce_dtype", reduce_dtype, "Dtype gradients are reduced across ranks in.",
             one_of({"float32", "bfloat16", "float16"}));
     v.field("consolidated_checkpoints", consolidated_checkpoints,
-            "Also write the whole model (float32 model.safetensors, HF layout) into each sharded checkpoint, so "
-            "it loads in transformers as is; rank 0 holds the whole model in host memory while saving. Turn off "
-            "for models too large for that (anvil export consolidates later).",
+            "Also write the float32 model in HF layout into each sharded checkpoint, so it loads in "
+            "transformers as is: on several ranks one model-K-of-N.safetensors per unit (and the index), each "
+            "written by the rank that owns the unit, so a rank holds about 1/W of the model while saving. Turn "
+            "off to write only the shards (anvil export consolidates later).",
             changeable_on_resume());
   }
 };

@@ -111,6 +111,8 @@ struct SpecialTokens {
 /// Where the values of a model's deferred parameters (built inside a
 /// models::DeferredInitGuard, without storage) come from: a model folder's
 /// safetensors, read a range at a time.
+class ShardedParameters;
+
 class ParameterSource {
  public:
   virtual ~ParameterSource() = default;
@@ -262,6 +264,9 @@ class CausalLM : public torch::nn::Module {
   /// The values of deferred parameters (models/init.h); null once every
   /// parameter holds its own.
   std::shared_ptr<const ParameterSource> parameter_source;
+  /// Set while the model's parameters are sharded (distributed::ShardedModel):
+  /// what makes them whole, for whoever needs them so (generation).
+  ShardedParameters* sharded_parameters = nullptr;
 
  protected:
   /// The family's forward to the final hidden states; blocks run through
@@ -294,6 +299,26 @@ class ShardedParameters {
   virtual void release_full_parameters() = 0;
   /// Bytes of parameters this process holds now.
   virtual int64_t held_parameter_bytes() const = 0;
+};
+
+/// Keeps a sharded model's parameters whole while it lives (nests; nothing
+/// for a model that is not sharded). Under full_shard a block's forward is a
+/// collective: hold one around work whose forwards differ between ranks
+/// (generation, whose lengths do; scoring rows a rank alone has), entered
+/// the same number of times on every rank. generation::generate holds one.
+class WholeParameters {
+ public:
+  explicit WholeParameters(CausalLM& model) : sharded_(model.sharded_parameters) {
+    if (sharded_) sharded_->gather_full_parameters();
+  }
+  ~WholeParameters() {
+    if (sharded_) sharded_->release_full_parameters();
+  }
+  WholeParameters(const WholeParameters&) = delete;
+  WholeParameters& operator=(const WholeParameters&) = delete;
+
+ private:
+  ShardedParameters* sharded_;
 };
 
 /// A model that never trains (a DPO or PPO reference, a reward model, a

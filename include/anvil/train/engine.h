@@ -148,20 +148,34 @@ class Engine {
   /// generation); nothing to do on a plain engine. Not reentrant.
   class Gathered {
    public:
-    explicit Gathered(Engine* e) : engine_(e) {}
-    Gathered(Gathered&& o) noexcept : engine_(o.engine_) { o.engine_ = nullptr; }
+    explicit Gathered(Engine* e, bool evaluation = false) : engine_(e), evaluation_(evaluation) {}
+    Gathered(Gathered&& o) noexcept : engine_(o.engine_), evaluation_(o.evaluation_) { o.engine_ = nullptr; }
     Gathered(const Gathered&) = delete;
     Gathered& operator=(const Gathered&) = delete;
     ~Gathered() {
-      if (engine_) engine_->release();
+      if (!engine_) return;
+      if (evaluation_)
+        engine_->end_evaluation();
+      else
+        engine_->release();
     }
 
    private:
     Engine* engine_;
+    bool evaluation_;
   };
   [[nodiscard]] Gathered gathered() {
     gather();
     return Gathered(this);
+  }
+  /// What an evaluation needs while it lives: under full_shard only the
+  /// units outside the blocks (embeddings, final norm, heads) stay whole and
+  /// each block is gathered as the forward reaches it, as in training, so a
+  /// held-out loss never holds the whole model; generation::generate gathers
+  /// the whole model for its decoding only. Elsewhere the same as gathered().
+  [[nodiscard]] Gathered evaluating() {
+    begin_evaluation();
+    return Gathered(this, /*evaluation=*/true);
   }
 
   /// Saves checkpoint-<state.step> in `output_dir` atomically (a folder of
@@ -191,6 +205,8 @@ class Engine {
  protected:
   virtual void gather() = 0;
   virtual void release() = 0;
+  virtual void begin_evaluation() { gather(); }
+  virtual void end_evaluation() { release(); }
 };
 
 }  // namespace anvil::train

@@ -95,6 +95,12 @@ struct RankContext {
   /// Whether items are split: several ranks and at least one item each.
   bool splits(int64_t items) const { return world > 1 && items >= world; }
   bool mine(int64_t item) const { return item % world == rank; }
+  /// Whether this rank runs item `item` of a split of `items` forwards: its
+  /// own, and the uneven tail (the last items % world), which every rank
+  /// runs and only its owner (mine) counts. Under full_shard an evaluation's
+  /// forwards are collectives (Engine::evaluating), so every rank must run as
+  /// many.
+  bool runs(int64_t item, int64_t items) const { return mine(item) || item >= items / world * world; }
   void all_sum(std::vector<double>& values) const {
     if (sum) sum(values);
   }
