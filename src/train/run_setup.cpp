@@ -2,6 +2,8 @@
 
 #include "train/run_setup.h"
 
+#include "train/memory_plan.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/cuda.h>
@@ -11,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <iomanip>
+#include <iostream>
 #include <optional>
 #include <sstream>
 
@@ -85,7 +88,7 @@ void add_adapters(const config::RunConfig& cfg, models::CausalLM& model) {
 /// `deferred_on`, a folder's model is built there without storage and its
 /// weights are read later, each rank its ranges (checkpoint::open_model_dir).
 std::shared_ptr<models::CausalLM> build_model(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok,
-                                              std::optional<at::Device> deferred_on) {
+                                              std::optional<at::Device> deferred_on, bool shapes_only = false) {
   std::shared_ptr<models::CausalLM> model;
   if (!cfg.model.from.empty() && deferred_on) {
     model = checkpoint::open_model_dir(cfg.model.from, *deferred_on);
@@ -97,8 +100,11 @@ std::shared_ptr<models::CausalLM> build_model(const config::RunConfig& cfg, cons
   } else {
     auto mc = cfg.model;
     if (mc.vocab_size == 0) mc.vocab_size = tok.vocab_size();
+    std::optional<models::DeferredInitGuard> shapes;
+    if (shapes_only) shapes.emplace(at::kCPU);  // a plan reads shapes: no memory, no draws
     model = models::family_by_name(mc.family).from_config(mc);
   }
+  if (shapes_only) return model;
   if (model->vocab_size() < tok.vocab_size()) {
     if (cfg.tokenizer.add_special_tokens.empty())
       throw ConfigError(
@@ -389,10 +395,7 @@ void print_plan(RunSetup& r, const config::RunConfig& cfg) {
          << " (the first micro-batch holds " << first.num_tokens << " tokens and " << first.num_targets << " "
          << r.objective->target_unit() << ")\n";
   }
-  plan << "  memory: about " << format_bytes(16.0 * static_cast<double>(n_params))
-       << " for weights, gradients and AdamW state (fp32: 4 + 4 + 8 bytes per parameter"
-       << (world > 1 && cfg.dist.sharding != "no_shard" ? ", before sharding" : "") << "), plus activations\n"
-       << "  resume: "
+  plan << describe(plan_memory(*r.model, cfg, world)) << "  resume: "
        << (r.latest ? concat("continues ", r.latest->string()) : std::string("starts fresh in ") + r.out_dir.string())
        << "\n";
   for (const auto& p : programs) plan << "  program: " << p << "\n";
@@ -405,6 +408,15 @@ std::string format_number(double x, int precision) {
   std::ostringstream os;
   os << std::setprecision(precision) << x;
   return os.str();
+}
+
+void print_memory_plan(const config::RunConfig& cfg, int64_t world) {
+  if (world < 1) throw ConfigError(concat("--world-size: expected a positive number of ranks, got ", world));
+  const auto tok = build_tokenizer(cfg);
+  // The folder's model without its weights (read: config.json, the tensors' shapes), or the config's.
+  auto model = build_model(cfg, *tok, cfg.model.from.empty() ? std::nullopt : std::optional<at::Device>(at::kCPU),
+                           /*shapes_only=*/true);
+  std::cout << describe(plan_memory(*model, cfg, world));
 }
 
 }  // namespace anvil::train

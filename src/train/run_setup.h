@@ -52,6 +52,9 @@ config::RunConfig resolve_length(const config::RunConfig& cfg, RunSetup& r);
 
 /// --dry-run: the plan of the run, from the first micro-batch.
 void print_plan(RunSetup& r, const config::RunConfig& cfg);
+/// trainer --plan-memory: the bytes each of `world` ranks will hold, from the
+/// model's shapes alone (built without memory); nothing else is loaded.
+void print_memory_plan(const config::RunConfig& cfg, int64_t world);
 
 /// `x` with `precision` significant digits.
 std::string format_number(double x, int precision = 4);

@@ -29,6 +29,7 @@
 #include "train/engine_setup.h"
 #include "train/graph_steps.h"
 #include "train/run_setup.h"
+#include "train/memory_plan.h"
 #include "train/step_profiler.h"
 #include "core/metrics.h"
 #include "io/trainer_state.h"
@@ -730,6 +731,7 @@ TrainResult run_training(const config::RunConfig& given, const RunOptions& optio
   auto run = setup_run(given, options);
   // From here on, the length and warmup as resolved (config.yaml keeps the keys as given).
   const auto cfg = resolve_length(given, run);
+  if (run.lead && !options.dry_run) log::info("memory plan\n", describe(plan_memory(*run.model, cfg, run.ranks.world)));
   if (options.dry_run) {
     if (run.lead) print_plan(run, cfg);
     return {};

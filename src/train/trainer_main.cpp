@@ -12,6 +12,7 @@
 
 #include "anvil/config/config.h"
 #include "core/cli.h"
+#include "train/run_setup.h"
 #include "anvil/core/error.h"
 #include "anvil/chat/chat.h"
 #include "anvil/models/registry.h"
@@ -42,10 +43,13 @@ std::string join(const std::vector<std::string>& v) {
 namespace anvil::train {
 
 int trainer_main(int argc, char** argv) {
-  // MKL's BLAS may use fewer threads on a busy machine (MKL_DYNAMIC's default), which changes how a GEMM
-  // blocks its sums and so its last bits: a resumed run would then differ from an uninterrupted one in
-  // round-off. Fixed thread counts unless the user chose otherwise; read when MKL first runs.
+  // MKL's BLAS may use fewer threads on a busy machine (MKL_DYNAMIC's default) and may pick its kernels by
+  // the data's alignment (without MKL_CBWR), either of which changes how a GEMM blocks its sums and so its
+  // last bits: two runs of one config, or a resumed run and an uninterrupted one, would then differ in
+  // round-off. Fixed threads and reproducible kernels unless the user chose otherwise; MKL reads both when it
+  // first runs.
   ::setenv("MKL_DYNAMIC", "FALSE", /*overwrite=*/0);
+  ::setenv("MKL_CBWR", "AUTO", /*overwrite=*/0);
   std::signal(SIGINT, on_signal_outside_loop);
   std::signal(SIGTERM, on_signal_outside_loop);
   // Testing hook: a signal at a chosen moment of start-up.
@@ -78,6 +82,13 @@ int trainer_main(int argc, char** argv) {
                "Load config, tokenizer and data, build the model, start and ask once every reward or environment "
                "program the config names, and print the plan (parameters, tokens per step, memory, the first "
                "training sample); train and write nothing");
+  bool plan_memory = false;
+  int64_t world_size = 1;
+  app.add_flag("--plan-memory", plan_memory,
+               "Print the bytes each rank will hold (state by kind, whole parameters gathered at once, gradient "
+               "reductions, an activation estimate, generation's copy) for --world-size ranks under the config's "
+               "dist keys, from the model's shapes alone; load and train nothing");
+  app.add_option("--world-size", world_size, "Ranks --plan-memory plans for (default 1)");
   app.set_version_flag("--version", std::string("trainer ") + anvil::version(), "Print the version and exit");
   app.add_flag("--eval-only", eval_only,
                "Evaluate output_dir's latest checkpoint (or train.resume_from, or model.from) once and write "
@@ -96,6 +107,10 @@ int trainer_main(int argc, char** argv) {
     auto cfg = anvil::config::load_config(configs, overrides);
     if (print_config) {
       std::cout << anvil::config::to_yaml(cfg);
+      return 0;
+    }
+    if (plan_memory) {
+      anvil::train::print_memory_plan(cfg, world_size);
       return 0;
     }
     if (dry_run && eval_only) throw anvil::ConfigError("--dry-run and --eval-only: choose one");

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -244,6 +245,42 @@ TEST_F(DistRuns, FullShardHoldsAboutOneNthOfTheStatePerRank) {
   // them) and shards gradients and moments: (1 + 3 / N) / 4 of the state.
   const auto sgo = read_metrics(run("shard_grad_op-2", 2, "dist.sharding=shard_grad_op") / "metrics.jsonl").at(20);
   EXPECT_NEAR(state_bytes(sgo) / whole, 0.625, 0.01);
+}
+
+// trainer --plan-memory gives, from the model's shapes alone, what the runs
+// above hold per rank (their memory/ metrics count the tensors): the state
+// by kind and the whole parameters a step gathers at once, within 10 %.
+TEST_F(DistRuns, PlanMemoryMatchesWhatTheRunsHold) {
+  const auto bytes_after = [](const std::string& text, const std::string& label) {
+    const auto at = text.find(label);
+    EXPECT_NE(at, std::string::npos) << label << " in\n" << text;
+    if (at == std::string::npos) return -1.0;
+    std::istringstream in(text.substr(at + label.size()));
+    double v = 0;
+    std::string unit;
+    in >> v >> unit;
+    return v * (unit == "GB" ? 1e9 : unit == "MB" ? 1e6 : 1e3);
+  };
+  for (const int ranks : {2, 3}) {
+    std::string plan;
+    ASSERT_EQ(anvil::testing::run("cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() +
+                                      " --config " + cfg().string() + " output_dir=" + (*dir_ / "unused").string() +
+                                      " dist.sharding=full_shard --plan-memory --world-size " + std::to_string(ranks),
+                                  &plan),
+              0)
+        << plan;
+    const auto m =
+        read_metrics(run("full_shard-" + std::to_string(ranks), ranks, "dist.sharding=full_shard") / "metrics.jsonl")
+            .at(20);
+    for (const auto& [label, key] : std::vector<std::pair<std::string, std::string>>{
+             {"float32 masters ", "memory/parameter_bytes"},
+             {"gradients ", "memory/gradient_bytes"},
+             {"AdamW moments ", "memory/optimizer_bytes"},
+             {"whole parameters held at once in a step: ", "memory/peak_gathered_parameter_bytes"}}) {
+      const double planned = bytes_after(plan, label), held = m[key].get<double>();
+      EXPECT_NEAR(planned, held, 0.1 * held) << ranks << " ranks, " << key << "\n" << plan;
+    }
+  }
 }
 
 /// Each rank's host-memory peaks by phase (output_dir/host_memory/rank-N.json, core/host_memory.h).

@@ -353,10 +353,12 @@ TEST(Engine, FrozenParametersStayOnTwoShardedRanks) {
       << log;
   const auto meta = nlohmann::json::parse(anvil::testing::read_text(dir / "out" / "checkpoint-4" / "sharding.json"));
   EXPECT_EQ(meta["world_size"], 2) << log;
-  io::SafetensorsFile start(dir / "out" / "checkpoint-2" / "model.safetensors");
-  io::SafetensorsFile end(dir / "out" / "checkpoint-4" / "model.safetensors");
-  EXPECT_TRUE(start.get("transformer.h.0.attn.c_attn.weight").equal(end.get("transformer.h.0.attn.c_attn.weight")));
-  EXPECT_FALSE(start.get("transformer.h.0.mlp.c_fc.weight").equal(end.get("transformer.h.0.mlp.c_fc.weight")));
+  // The HF folders of two ranks: a file per unit, read through their index.
+  EXPECT_TRUE(stdfs::exists(dir / "out" / "checkpoint-4" / "model.safetensors.index.json"));
+  const auto start = checkpoint::load_model_dir(dir / "out" / "checkpoint-2")->named_parameters();
+  const auto end = checkpoint::load_model_dir(dir / "out" / "checkpoint-4")->named_parameters();
+  EXPECT_TRUE(start["transformer.h.0.attn.c_attn.weight"].equal(end["transformer.h.0.attn.c_attn.weight"]));
+  EXPECT_FALSE(start["transformer.h.0.mlp.c_fc.weight"].equal(end["transformer.h.0.mlp.c_fc.weight"]));
 }
 
 // A frozen model (a reference, a reward model) held under full_shard on two

@@ -1,0 +1,111 @@
+#include "train/memory_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <unordered_set>
+#include <vector>
+
+#include "anvil/core/error.h"
+
+namespace anvil::train {
+namespace {
+
+double dtype_bytes(const std::string& name) { return name == "float32" ? 4.0 : 2.0; }
+
+/// A rank's shard of n elements as ShardedModel pads it (a multiple of the world).
+int64_t shard_of(int64_t n, int64_t world) { return (n + world - 1) / world; }
+
+std::string bytes_str(double b) {
+  std::ostringstream os;
+  os.precision(3);
+  if (b >= 1e12)
+    os << b / 1e12 << " TB";
+  else if (b >= 1e9)
+    os << b / 1e9 << " GB";
+  else if (b >= 1e6)
+    os << b / 1e6 << " MB";
+  else
+    os << b / 1e3 << " kB";
+  return os.str();
+}
+
+int64_t heads_of(const nlohmann::json& c) {
+  for (const char* k : {"num_attention_heads", "n_head"})
+    if (c.contains(k) && c[k].is_number_integer()) return c[k].get<int64_t>();
+  return 1;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& cfg, int64_t world) {
+  MemoryPlan p;
+  p.world = std::max<int64_t>(world, 1);
+  const int64_t L = model.num_layers();
+  std::vector<int64_t> units(static_cast<size_t>(L) + 1, 0);
+  std::unordered_set<const void*> seen;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;  // tied
+    size_t u = static_cast<size_t>(L);
+    for (int64_t i = 0; i < L; ++i)
+      if (item.key().rfind(model.block_prefix(i) + ".", 0) == 0) {
+        u = static_cast<size_t>(i);
+        break;
+      }
+    units[u] += item.value().numel();
+  }
+  for (const auto n : units) p.parameters += n;
+  p.root = units.back();
+  for (int64_t i = 0; i < L; ++i) p.largest_block = std::max(p.largest_block, units[static_cast<size_t>(i)]);
+
+  const bool sharded_run = p.world > 1 || cfg.dist.sharding != "no_shard" || cfg.dist.param_dtype != "float32";
+  p.strategy = sharded_run ? cfg.dist.sharding : std::string("none");
+  const bool shards_state = sharded_run && cfg.dist.sharding != "no_shard";
+  int64_t per_rank = 0;  // master elements
+  for (const auto n : units) per_rank += shards_state ? shard_of(n, p.world) : n;
+  const double pb = dtype_bytes(cfg.dist.param_dtype), rb = dtype_bytes(cfg.dist.reduce_dtype);
+  p.masters = 4.0 * static_cast<double>(per_rank);
+  p.gradients = p.masters;
+  p.moments = 2.0 * p.masters;
+  if (p.strategy == "full_shard") {
+    // The root whole for the step, the block that runs and the one prefetched; two blocks' reductions.
+    p.gathered = pb * static_cast<double>(p.root + 2 * p.largest_block);
+    p.reductions = 2.0 * rb * static_cast<double>(p.largest_block);
+  } else if (sharded_run && (cfg.dist.sharding == "shard_grad_op" || cfg.dist.param_dtype != "float32")) {
+    p.gathered = pb * static_cast<double>(p.parameters);  // whole param_dtype parameters beside the masters
+  }
+  const bool generates = cfg.eval.generate_samples > 0 || cfg.algorithm == "ppo" || cfg.algorithm == "grpo" ||
+                         cfg.algorithm == "rloo" || cfg.algorithm == "reinforce_pp" || cfg.algorithm == "ilql" ||
+                         cfg.algorithm == "distill";
+  if (p.strategy == "full_shard" && generates) p.generation = pb * static_cast<double>(p.parameters);
+
+  // Activations of one micro-batch (Korthikanti et al. 2022, at 16 bits; float32 doubles them).
+  const double s = static_cast<double>(cfg.data.max_length > 0 ? cfg.data.max_length : model.max_positions());
+  const double b = static_cast<double>(cfg.train.micro_batch_size), h = static_cast<double>(model.hidden_size());
+  const double a = static_cast<double>(heads_of(model.hf_config()));
+  const double scale = pb / 2.0;
+  const double layer = s * b * h * (34.0 + 5.0 * a * s / h) * scale;
+  p.activations = cfg.train.activation_checkpointing
+                      ? static_cast<double>(L) * s * b * h * 2.0 * scale + layer  // inputs, one layer recomputed
+                      : static_cast<double>(L) * layer;
+  // The loss's logits: (b, s, V) float32, unless the fused head computes them a chunk at a time.
+  if (!cfg.train.fused_loss) p.activations += 4.0 * b * s * static_cast<double>(model.vocab_size());
+  return p;
+}
+
+std::string describe(const MemoryPlan& p) {
+  std::ostringstream os;
+  os << "  memory per rank (" << p.world << " rank(s), " << (p.strategy == "none" ? "one process" : p.strategy) << "; "
+     << p.parameters << " parameters): " << bytes_str(p.step_peak()) << " at a step\n"
+     << "    state: " << bytes_str(p.state()) << " (float32 masters " << bytes_str(p.masters) << ", gradients "
+     << bytes_str(p.gradients) << ", AdamW moments " << bytes_str(p.moments) << ")\n";
+  if (p.gathered > 0) os << "    whole parameters held at once in a step: " << bytes_str(p.gathered) << "\n";
+  if (p.reductions > 0) os << "    gradient reductions in flight: " << bytes_str(p.reductions) << "\n";
+  os << "    activations of a micro-batch (estimate): " << bytes_str(p.activations) << "\n";
+  if (p.generation > 0)
+    os << "    generation gathers the whole model: " << bytes_str(p.generation)
+       << " more while it decodes (tensor parallelism is the way past it)\n";
+  return os.str();
+}
+
+}  // namespace anvil::train

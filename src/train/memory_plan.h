@@ -1,0 +1,45 @@
+#pragma once
+// The bytes each rank will hold (trainer --plan-memory, --dry-run and the
+// first lines of every run): the model's parameter count per sharding unit
+// (blocks and the root), the strategy, the world size and the dtypes give
+// the state exactly as ShardedModel lays it out; activations are an
+// estimate from the published formula (Korthikanti et al. 2022, "Reducing
+// Activation Recomputation in Large Transformer Models": per layer
+// s·b·h·(34 + 5·a·s/h) bytes at 16 bits, s·b·h·2 for a recomputed layer's
+// input). docs/distributed.md, "How many GPUs do I need".
+
+#include <cstdint>
+#include <string>
+
+#include "anvil/config/config.h"
+#include "anvil/models/causal_lm.h"
+
+namespace anvil::train {
+
+struct MemoryPlan {
+  int64_t world = 1;
+  int64_t parameters = 0;     // the model's, each tied one once
+  int64_t largest_block = 0;  // elements of the largest transformer block
+  int64_t root = 0;           // elements outside the blocks (embeddings, final norm, heads)
+  std::string strategy;       // dist.sharding, or "none" on one process
+  // Bytes per rank.
+  double masters = 0;      // float32 master parameters (the rank's shards, or whole)
+  double gradients = 0;    // the masters' gradients
+  double moments = 0;      // AdamW's two moments
+  double gathered = 0;     // whole param_dtype parameters beyond the masters at once in a step
+  double reductions = 0;   // flat gradients in flight (full_shard: two blocks)
+  double activations = 0;  // one micro-batch's saved activations (estimate)
+  double generation = 0;   // the whole param_dtype model generation gathers (full_shard, when it generates)
+  double state() const { return masters + gradients + moments; }
+  double step_peak() const { return state() + gathered + reductions + activations; }
+};
+
+/// The plan of `model` (built or deferred: only shapes are read) for
+/// `world` ranks under cfg.dist, at cfg.train's micro batch and
+/// data.max_length (the model's context when 0).
+MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& cfg, int64_t world);
+
+/// Its lines, indented by two spaces, "memory per rank (...)" first.
+std::string describe(const MemoryPlan& plan);
+
+}  // namespace anvil::train
