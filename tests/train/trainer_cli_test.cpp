@@ -60,8 +60,8 @@ TEST(TrainerCli, DryRunPrintsThePlanAndWritesNothing) {
   EXPECT_FALSE(stdfs::exists(dir / "out")) << log;
   for (const char* s : {"dry run: nothing is trained or written", "model: gpt2, ", " parameters",
                         "10 steps of 4 samples (1 micro-batch of 4) = ", " epochs of ", "tokens per step: about",
-                        "memory per rank (1 rank(s), one process; ", "state: ", "float32 masters ",
-                        "AdamW moments ", "activations of a micro-batch (estimate): ", "starts fresh in",
+                        "memory per rank (1 rank(s), one process; ", "state: ", "float32 masters ", "AdamW moments ",
+                        "activations of a micro-batch (estimate): ", "starts fresh in",
                         "first training sample (trained tokens in [[ ]]):"})
     EXPECT_NE(log.find(s), std::string::npos) << s << "\n" << log;
   // The plain template: prompt, then the trained response and EOS.
