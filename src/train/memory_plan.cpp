@@ -74,8 +74,8 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
   } else if (sharded_run && (cfg.dist.sharding == "shard_grad_op" || cfg.dist.param_dtype != "float32")) {
     p.gathered = pb * static_cast<double>(p.parameters);  // whole param_dtype parameters beside the masters
   }
-  const bool generates = cfg.eval.generate_samples > 0 || cfg.algorithm == "ppo" || cfg.algorithm == "grpo" ||
-                         cfg.algorithm == "rloo" || cfg.algorithm == "reinforce_pp" || cfg.algorithm == "ilql" ||
+  // Eval samples, rollouts (ppo and its GRPO/RLOO/REINFORCE++ estimators), ILQL's samples, on-policy distillation.
+  const bool generates = cfg.eval.generate_samples > 0 || cfg.algorithm == "ppo" || cfg.algorithm == "ilql" ||
                          cfg.algorithm == "distill";
   if (p.strategy == "full_shard" && generates) p.generation = pb * static_cast<double>(p.parameters);
 
