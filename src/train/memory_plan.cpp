@@ -75,8 +75,8 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
     p.gathered = pb * static_cast<double>(p.parameters);  // whole param_dtype parameters beside the masters
   }
   // Eval samples, rollouts (ppo and its GRPO/RLOO/REINFORCE++ estimators), ILQL's samples, on-policy distillation.
-  const bool generates = cfg.eval.generate_samples > 0 || cfg.algorithm == "ppo" || cfg.algorithm == "ilql" ||
-                         cfg.algorithm == "distill";
+  const bool generates =
+      cfg.eval.generate_samples > 0 || cfg.algorithm == "ppo" || cfg.algorithm == "ilql" || cfg.algorithm == "distill";
   if (p.strategy == "full_shard" && generates) p.generation = pb * static_cast<double>(p.parameters);
 
   // Activations of one micro-batch (Korthikanti et al. 2022, at 16 bits; float32 doubles them).
