@@ -26,7 +26,6 @@
 #include "anvil/train/trainer.h"
 #include "checkpoint/saved_parameters.h"
 #include "train/checkpoint_writer.h"
-#include "models/init.h"
 #include "io/trainer_state.h"
 
 namespace anvil::train {
@@ -721,48 +720,6 @@ class ShardedEngine final : public EngineImpl {
 };
 
 }  // namespace
-
-distributed::ShardingOptions sharding_options(const config::RunConfig& cfg) {
-  distributed::ShardingOptions so;
-  so.strategy = distributed::parse_sharding(cfg.dist.sharding);
-  so.param_dtype = distributed::parse_dtype(cfg.dist.param_dtype);
-  so.reduce_dtype = distributed::parse_dtype(cfg.dist.reduce_dtype);
-  so.activation_checkpointing = cfg.train.activation_checkpointing;
-  return so;
-}
-
-FrozenModel RunContext::freeze(std::shared_ptr<models::CausalLM> model) const {
-  TORCH_CHECK(model != nullptr, "RunContext::freeze: no model");
-  // A model built without storage (a clone of a deferred policy) is read into its shards under full_shard,
-  // else whole.
-  if (!comm || !full_shard()) models::materialize_deferred(*model);
-  model->to(device);
-  model->eval();
-  for (auto& p : model->parameters()) p.set_requires_grad(false);
-  if (!comm) return FrozenModel(std::move(model), nullptr);
-  auto so = sharding ? *sharding : distributed::ShardingOptions{};
-  so.frozen = true;
-  so.activation_checkpointing = false;  // nothing is saved for a backward
-  auto sharded = std::make_shared<distributed::ShardedModel>(model, comm, so);
-  return FrozenModel(std::move(model), std::move(sharded));
-}
-
-bool RunContext::full_shard() const { return sharding && sharding->strategy == distributed::Sharding::FullShard; }
-
-std::shared_ptr<models::CausalLM> RunContext::train(const std::string& name, std::shared_ptr<models::CausalLM> model,
-                                                    double lr) const {
-  TORCH_CHECK(model != nullptr, "RunContext::train: no model");
-  if (name.empty() || name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos)
-    throw ConfigError(concat("RunContext::train: the name \"", name, "\" is not of a-z, 0-9 and _"));
-  for (const auto& c : *companions)
-    if (c.name == name) throw ConfigError(concat("RunContext::train: a model named \"", name, "\" is trained already"));
-  if (!(lr > 0)) throw ConfigError(concat("RunContext::train: ", name, "'s learning rate must be > 0, got ", lr));
-  if (!comm || !full_shard()) models::materialize_deferred(*model);
-  model->to(device);
-  model->train();
-  companions->push_back({name, model, lr});
-  return model;
-}
 
 namespace {
 /// PEFT's print_trainable_parameters line.
