@@ -56,6 +56,8 @@ has train && for shape in "${TRAIN_SHAPES[@]}"; do
     $PY bench/train_step_hf.py --batch "$1" --seq "$2" --steps "$STEPS" | tee -a "$OUT/hf_$tag.jsonl"
   done
   "$BIN/bench_train_step" --batch "$1" --seq "$2" --steps "$STEPS" --fused 0 | tee -a "$OUT/unfused_$tag.jsonl"
+  # optimizer.state_dtype: bfloat16 against float32 moments (the anvil lines above): median_optimizer_step_s.
+  "$BIN/bench_train_step" --batch "$1" --seq "$2" --steps "$STEPS" --state-dtype bfloat16 | tee -a "$OUT/bf16_state_$tag.jsonl"
 done
 has kv && for b in 1 8; do "$BIN/bench_kv_cache_decode" --batch "$b" "${KV_ARGS[@]}" | tee -a "$OUT/kv.jsonl"; done
 if has data; then
@@ -78,6 +80,10 @@ for tag in sorted((os.path.basename(f)[6:-6] for f in glob.glob(f"{d}/anvil_*.js
     a, h, u = med(f"anvil_{tag}.jsonl"), med(f"hf_{tag}.jsonl"), med(f"unfused_{tag}.jsonl")
     print(f"train step {tag}: tokens/s anvil {a:.0f}, transformers {h:.0f}, ratio {a / h:.2f}x "
           f"(anvil with torch::optim::AdamW: {u:.0f}, {u / h:.2f}x)")
+    o32, o16 = medk(f"anvil_{tag}.jsonl", "median_optimizer_step_s"), medk(f"bf16_state_{tag}.jsonl", "median_optimizer_step_s")
+    b = med(f"bf16_state_{tag}.jsonl")
+    print(f"  optimizer.state_dtype bfloat16: AdamW step {o16 * 1e3:.1f} ms vs {o32 * 1e3:.1f} ms with float32 moments "
+          f"({o16 / o32:.1f}x), tokens/s {b:.0f} ({b / a:.2f}x)")
 for l in (open(f"{d}/kv.jsonl") if os.path.exists(f"{d}/kv.jsonl") else []):
     k = json.loads(l)
     print(f"KV-cache decode, batch {k['batch']}, {k['new_tokens']} new tokens: {k['speedup']:.1f}x faster than "

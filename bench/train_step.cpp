@@ -1,6 +1,8 @@
 // Training-step throughput of a ~10.7 M parameter LLaMA on CPU: forward,
 // causal-LM loss, backward, grad clipping, AdamW. bench/train_step_hf.py runs
-// the same model, batch and step in Python transformers; bench/run.sh runs both.
+// the same model, batch and step in Python transformers; bench/run.sh runs both,
+// and this one again with --fused 0 and with --state-dtype bfloat16 (AdamW's
+// moments in bfloat16), whose cost is median_optimizer_step_s.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/nn/utils/clip_grad.h>
@@ -23,6 +25,7 @@ int main(int argc, char** argv) {
                               {"steps", "10"},
                               {"warmup", "3"},
                               {"fused", "1"},
+                              {"state-dtype", "float32"},
                               {"fused-kernels", "1"},
                               {"vocab", "8192"},
                               {"hidden", "288"},
@@ -50,11 +53,12 @@ int main(int argc, char** argv) {
   oc.betas = {0.9, 0.95};
   oc.weight_decay = 0.1;
   oc.fused = a["fused"] == "1";
+  oc.state_dtype = a["state-dtype"];  // optimizer.state_dtype
   auto opt = optim::make_optimizer(oc, model.parameters());
 
   const int64_t B = std::stol(a["batch"]), T = std::stol(a["seq"]);
   const int steps = std::stoi(a["steps"]), warmup = std::stoi(a["warmup"]);
-  std::vector<double> times;
+  std::vector<double> times, optimizer_times;
   double final_loss = 0;
   for (int i = 0; i < warmup + steps; ++i) {
     auto ids = at::randint(o.vocab_size(), {B, T}, at::kLong);  // (B, T)
@@ -62,7 +66,9 @@ int main(int argc, char** argv) {
     auto loss = train::causal_lm_loss_sum(model.forward(ids), ids) / static_cast<double>(B * (T - 1));
     loss.backward();
     torch::nn::utils::clip_grad_norm_(model.parameters(), 1.0);
+    const double t1 = bench::now_s();
     opt->step();
+    if (i >= warmup) optimizer_times.push_back(bench::now_s() - t1);
     opt->zero_grad();
     final_loss = loss.item<double>();
     if (i >= warmup) times.push_back(bench::now_s() - t0);
@@ -74,7 +80,9 @@ int main(int argc, char** argv) {
                                       {"batch", B},
                                       {"seq", T},
                                       {"threads", std::stoi(a["threads"])},
+                                      {"state_dtype", oc.state_dtype},
                                       {"median_step_s", med},
+                                      {"median_optimizer_step_s", bench::median(optimizer_times)},
                                       {"tokens_per_s", static_cast<double>(B * T) / med},
                                       {"final_loss", final_loss}})
                           .dump()

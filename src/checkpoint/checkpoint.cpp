@@ -81,7 +81,7 @@ void load_optimizer_state(const stdfs::path& dir, models::CausalLM& model, torch
       if (t.sizes() != p.sizes())
         throw CheckpointError(concat(file.path().string(), ": tensor \"", name, suffix, "\" has shape ", t.sizes(),
                                      ", expected ", p.sizes(), " (the parameter's)"));
-      return t.to(p.options());
+      return t.to(p.device(), optim::moment_dtype(optimizer, p));
     };
     auto st = std::make_unique<torch::optim::AdamWParamState>();
     st->step(step->get<int64_t>());

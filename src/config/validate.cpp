@@ -95,6 +95,12 @@ void check_training(const RunConfig& c, const FlatConfig& flat, const Fail& fail
                                          "): set one of the two"));
   if (c.optimizer.betas.size() != 2)
     fail("optimizer.betas", concat("expected a list of 2 numbers, got ", c.optimizer.betas.size()));
+  if (c.optimizer.state_dtype != "float32" && !c.optimizer.fused)
+    fail("optimizer.state_dtype", concat("is ", c.optimizer.state_dtype,
+                                         ", which the fused AdamW keeps; set optimizer.fused: true (it is false)"));
+  if (c.dist.cpu_offload && c.dist.sharding != "full_shard")
+    fail("dist.cpu_offload",
+         concat("offloads the shards of full_shard; set dist.sharding: full_shard (it is ", c.dist.sharding, ")"));
   if (const auto& p = c.train.profile_steps; !p.empty() && (p.size() != 2 || p[0] > p[1])) {
     std::string given;
     for (const auto s : p) given += (given.empty() ? "" : ", ") + std::to_string(s);

@@ -391,15 +391,16 @@ io::TrainerState load_sharded_checkpoint(const stdfs::path& dir, ShardedModel& m
     if (adam_step == 0) continue;
     auto st = std::make_unique<torch::optim::AdamWParamState>();
     st->step(adam_step);
-    st->exp_avg(files.read(u, name + ".exp_avg", b, e, shard, false).to(masters[u].device()));
-    st->exp_avg_sq(files.read(u, name + ".exp_avg_sq", b, e, shard, false).to(masters[u].device()));
+    const auto moments = optim::moment_dtype(optimizer, masters[u]);
+    st->exp_avg(files.read(u, name + ".exp_avg", b, e, shard, false).to(masters[u].device(), moments));
+    st->exp_avg_sq(files.read(u, name + ".exp_avg_sq", b, e, shard, false).to(masters[u].device(), moments));
     optimizer.state()[masters[u].unsafeGetTensorImpl()] = std::move(st);
   }
   // The same rank's generators when the world size matches; otherwise the
   // generators start from rank 0's (dropout masks then differ from the old run).
   auto path = rng_file(dir, model.comm().rank());
   if (!stdfs::exists(path)) path = rng_file(dir, 0);
-  checkpoint::load_rng_state(path, model.master_parameters().front().device());
+  checkpoint::load_rng_state(path, model.device());
   host_peaks().end("resume");
   return io::trainer_state_of(j);
 }
@@ -426,8 +427,9 @@ void import_optimizer_state(ShardedModel& model, torch::optim::Optimizer& per_pa
     if (step < 0) continue;  // never stepped
     auto st = std::make_unique<torch::optim::AdamWParamState>();
     st->step(step);
-    st->exp_avg(model.slice_for_rank(u, m1).to(masters[u].device()));
-    st->exp_avg_sq(model.slice_for_rank(u, m2).to(masters[u].device()));
+    const auto moments = optim::moment_dtype(sharded_optimizer, masters[u]);
+    st->exp_avg(model.slice_for_rank(u, m1).to(masters[u].device(), moments));
+    st->exp_avg_sq(model.slice_for_rank(u, m2).to(masters[u].device(), moments));
     sharded_optimizer.state()[masters[u].unsafeGetTensorImpl()] = std::move(st);
   }
 }

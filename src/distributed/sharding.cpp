@@ -78,6 +78,7 @@ struct ShardedModel::Unit {
   int64_t numel = 0, padded = 0, shard = 0;  // shard = elements this rank owns (padded)
   at::Tensor master;                         // float32 (shard), the optimizer's parameter
   at::Tensor whole;                          // param_dtype (padded); the module's parameters are views of it
+  at::Tensor local;                          // cpu_offload: the shard in param_dtype on the device
   bool resident = true;
   bool needs_reduce = false;
   // An all-gather in flight (a prefetch): its work and its input.
@@ -124,6 +125,8 @@ ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_
   // A model built without storage (models/init.h): under full_shard each rank reads its ranges below; the
   // other strategies keep whole parameters anyway.
   if (options_.strategy != Sharding::FullShard) models::materialize_deferred(*model_);
+  device_ = model_->parameters().front().device();
+  offload_ = options_.cpu_offload && options_.strategy == Sharding::FullShard && !options_.frozen;
   const int64_t world = comm_->world_size(), rank = comm_->rank();
   const auto L = model_->num_layers();
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> members(static_cast<size_t>(L) + 1);
@@ -187,7 +190,8 @@ ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_
     else if (fp32 && options_.strategy == Sharding::ShardGradOp)
       unit->master = unit->whole.narrow(0, rank * unit->shard, unit->shard);
     else
-      unit->master = flat.narrow(0, rank * unit->shard, unit->shard).clone();
+      unit->master = to_master_home(flat.narrow(0, rank * unit->shard, unit->shard).clone());
+    if (offload_) unit->local = unit->master.to(device_, options_.param_dtype);
     if (!options_.frozen) unit->master.mutable_grad() = at::zeros_like(unit->master);
     for (size_t k = 0; k < unit->params.size(); ++k) {
       const auto& fp = layout.params[k];
@@ -230,7 +234,8 @@ void ShardedModel::build_from_source(Unit& unit, const UnitLayout& layout) {
                 " elements for ", hi - lo);
     master.narrow(0, lo - begin, hi - lo).copy_(values.reshape(-1));
   }
-  unit.master = master.to(dtype);
+  unit.master = to_master_home(master.to(dtype));
+  if (offload_) unit.local = unit.master.to(device_, options_.param_dtype);
   if (!options_.frozen) unit.master.mutable_grad() = at::zeros_like(unit.master);
   // The whole buffer's memory, never touched, only while the views are cut (they check their storage's
   // bounds); it holds values once gathered.
@@ -243,6 +248,14 @@ void ShardedModel::build_from_source(Unit& unit, const UnitLayout& layout) {
   free_storage(unit.whole);
   unit.resident = false;
   if (options_.frozen && layout.name == "root") gather(unit);  // the root of a frozen model stays whole
+}
+
+at::Tensor ShardedModel::to_master_home(const at::Tensor& t) const {
+  if (!offload_) return t;
+  // Pinned on CUDA, so the copies to and from the device are DMA transfers.
+  auto host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(device_.is_cuda()));
+  host.copy_(t);
+  return host;
 }
 
 ShardedModel::~ShardedModel() {
@@ -279,8 +292,8 @@ at::Tensor ShardedModel::gather_master(size_t u, const at::Tensor& shard) {
   auto& unit = *units_.at(u);
   TORCH_CHECK(shard.sizes() == unit.master.sizes(), "gather_master: expected a tensor shaped like the master shard");
   if (options_.strategy == Sharding::NoShard) return shard.narrow(0, 0, unit.numel);
-  auto whole = at::empty({unit.padded}, shard.options());
-  comm_->all_gather(whole, shard.contiguous(), concat("master values of ", layouts_[u].name)).wait();
+  auto whole = at::empty({unit.padded}, shard.options().device(device_));
+  comm_->all_gather(whole, shard.to(device_).contiguous(), concat("master values of ", layouts_[u].name)).wait();
   return whole.narrow(0, 0, unit.numel);
 }
 
@@ -299,7 +312,7 @@ void ShardedModel::start_gather(Unit& u) {
   if (u.resident || u.gathering) return;
   alloc_storage(u.whole);
   at::NoGradGuard no_grad;
-  u.gather_src = u.master.to(options_.param_dtype);
+  u.gather_src = offload_ ? u.local : u.master.to(options_.param_dtype);
   u.gather_work = comm_->all_gather(u.whole, u.gather_src, concat("parameters of ", layouts_[u.index].name));
   u.gathering = true;
   int64_t held = 0;
@@ -339,6 +352,7 @@ void ShardedModel::refresh_whole(Unit& u) {
     }
     case Sharding::FullShard:
       if (u.gathering) gather(u);
+      if (offload_) u.local.copy_(u.master);
       if (u.resident) {
         u.resident = false;  // stale: gather afresh
         gather(u);
@@ -413,7 +427,7 @@ void ShardedModel::fold_oldest_reduction() {
   pending_.erase(pending_.begin());
   p->work.wait();
   at::NoGradGuard no_grad;
-  p->unit->master.mutable_grad().add_(p->out.to(at::kFloat));
+  p->unit->master.mutable_grad().add_(p->out.to(p->unit->master.device(), at::kFloat));
 }
 
 void ShardedModel::begin_step() {
@@ -451,14 +465,15 @@ at::Tensor ShardedModel::clip_grad_norm_on_device(double max_norm) {
   std::vector<at::Tensor> grads;
   for (auto& u : units_)
     if (u->master.grad().defined()) grads.push_back(u->master.grad());
-  if (grads.empty()) return at::zeros({}, units_.front()->master.options().dtype(at::kDouble));
+  if (grads.empty()) return at::zeros({}, units_.front()->master.options().dtype(at::kDouble).device(device_));
   std::vector<at::Tensor> squares;
   for (const auto& n : at::_foreach_norm(grads, 2, at::kDouble)) squares.push_back(n.square());
-  auto sq = at::stack(squares).sum().view({1});
+  auto sq = at::stack(squares).sum().view({1}).to(device_);  // offloaded gradients: summed on the host
   if (options_.strategy != Sharding::NoShard) comm_->all_reduce_sum(sq, "gradient norm");
   const auto total = sq.sqrt().reshape({});
   if (max_norm > 0) {
-    const auto coef = at::clamp_max(max_norm / (total + 1e-6), 1.0).to(grads.front().scalar_type());
+    const auto coef =
+        at::clamp_max(max_norm / (total + 1e-6), 1.0).to(grads.front().device(), grads.front().scalar_type());
     at::_foreach_mul_(grads, coef);
   }
   return total;
@@ -468,6 +483,7 @@ void ShardedModel::after_optimizer_step() {
   if (options_.strategy == Sharding::FullShard) {
     for (auto& u : units_) {
       if (u->gathering) gather(*u);
+      if (offload_) u->local.copy_(u->master);  // the stepped master, to the device in param_dtype
       if (u->resident) {
         u->resident = false;  // its values are stale now
         if (pinned_)
@@ -513,6 +529,7 @@ MemoryBytes ShardedModel::memory() const {
   for (const auto& u : units_) {
     params.push_back(u->master);
     params.push_back(u->whole);
+    params.push_back(u->local);
     params.insert(params.end(), u->params.begin(), u->params.end());
     grads.push_back(u->master.grad());
     for (const auto& p : u->params) grads.push_back(p.grad());
@@ -523,6 +540,15 @@ MemoryBytes ShardedModel::memory() const {
   m.gradients = storage_bytes(grads, seen);
   m.peak_gathered = peak_gathered_;
   m.peak_reductions_in_flight = peak_pending_;
+  if (offload_) {
+    std::vector<at::Tensor> host;
+    for (const auto& u : units_) {
+      host.push_back(u->master);
+      host.push_back(u->master.grad());
+    }
+    std::unordered_set<const void*> counted;
+    m.offloaded = storage_bytes(host, counted);
+  }
   return m;
 }
 

@@ -59,6 +59,12 @@ struct ShardingOptions {
   /// every block and gathers a block only for its forward; the root unit stays
   /// whole. Other strategies keep the whole model on every rank.
   bool frozen = false;
+  /// full_shard, trained models only: each unit's float32 master shard and
+  /// its gradient live in host memory (pinned on CUDA), so AdamW's moments
+  /// and step do too; the device keeps the unit's shard in param_dtype (the
+  /// all-gather's source, refreshed after each optimizer step) and the
+  /// reduce-scattered gradients are added to the host's master gradient.
+  bool cpu_offload = false;
 };
 
 /// One parameter's place in its unit's flat buffer.
@@ -87,6 +93,8 @@ struct MemoryBytes {
   /// The most gradient reductions in flight at once since the last
   /// begin_step() (each holds a unit's flat gradient): at most 2.
   int64_t peak_reductions_in_flight = 0;
+  /// Under cpu_offload: the master shards and their gradients, in host memory.
+  int64_t offloaded = 0;
 };
 
 class ShardedModel : public models::ShardedParameters {
@@ -104,6 +112,12 @@ class ShardedModel : public models::ShardedParameters {
 
   /// The float32 master shards the optimizer steps, one per unit (layouts() order).
   std::vector<at::Tensor> master_parameters() const;
+  /// Where the model computes and the collectives run.
+  at::Device device() const { return device_; }
+  /// Where the masters, their gradients and the optimizer state live: the
+  /// host under cpu_offload, else device().
+  at::Device master_device() const { return offload_ ? at::Device(at::kCPU) : device_; }
+  bool offloaded() const { return offload_; }
   const std::vector<UnitLayout>& layouts() const { return layouts_; }
   /// This rank's elements [begin, end) of unit `u`'s flat parameters (clipped
   /// to the unit's size, so the last ranks may hold fewer or none).
@@ -149,7 +163,7 @@ class ShardedModel : public models::ShardedParameters {
   /// zero-padded): a streaming resume reads no more than that.
   void load_unit_shard(size_t u, const at::Tensor& shard);
   /// Collective: unit `u`'s whole float32 master values (numel() elements,
-  /// on the masters' device), gathered from every rank's shard.
+  /// on device()), gathered from every rank's shard.
   at::Tensor gather_master(size_t u);
   /// Collective: the whole of a tensor shaped like unit `u`'s master shard
   /// (an AdamW moment), numel() elements, gathered from every rank.
@@ -171,12 +185,16 @@ class ShardedModel : public models::ShardedParameters {
   void reduce_gradients(Unit& u);
   void fold_oldest_reduction();  // waits for the oldest reduction in flight, adds it to its master gradient
   void refresh_whole(Unit& u);
+  /// The master shard's home: the host (pinned on CUDA) under cpu_offload, else where it is.
+  at::Tensor to_master_home(const at::Tensor& t) const;
   void on_block_backward_done(size_t layer);
   friend struct PostBackwardAccess;
 
   std::shared_ptr<models::CausalLM> model_;
   std::shared_ptr<Communicator> comm_;
   ShardingOptions options_;
+  at::Device device_{at::kCPU};
+  bool offload_ = false;
   std::vector<UnitLayout> layouts_;
   std::vector<std::unique_ptr<Unit>> units_;  // blocks 0..L-1, then root
   struct Pending;

@@ -22,6 +22,17 @@ class FusedAdamW final : public torch::optim::AdamW {
   using torch::optim::AdamW::AdamW;
   at::Tensor step(LossClosure closure = nullptr) override;
 
+  /// The dtype of the moments of float32 parameters (optimizer.state_dtype):
+  /// float32 (torch's), or bfloat16, whose parameters step through
+  /// step_with_low_precision_state. Moments of another dtype (a checkpoint
+  /// written with the other setting) are converted at the next step.
+  void set_state_dtype(at::ScalarType dtype);
+  at::ScalarType state_dtype() const { return state_dtype_; }
+  /// The dtype this optimizer keeps `p`'s moments in.
+  at::ScalarType moment_dtype(const at::Tensor& p) const {
+    return p.scalar_type() == at::kFloat ? state_dtype_ : p.scalar_type();
+  }
+
   /// The next step() leaves everything as it was where `skip` (a 0-dim
   /// float32 tensor on the parameters' device) is 1: the kernel's found_inf,
   /// as torch.amp's GradScaler uses it, so the decision never leaves the
@@ -64,9 +75,37 @@ class FusedAdamW final : public torch::optim::AdamW {
   std::unordered_map<const void*, DeviceStep> device_steps_;
   at::Tensor skip_;  // for the next step only
   int64_t calls_ = 0;
+  at::ScalarType state_dtype_ = at::kFloat;
   /// The parameters each of the last few steps advanced, by step number.
   std::map<int64_t, std::vector<const void*>> stepped_;
 };
+
+/// One AdamW step of a float32 parameter `p` whose moments `exp_avg` and
+/// `exp_avg_sq` are kept in bfloat16: the update of torch's fused AdamW,
+/// computed in float32, and the moments stored back with stochastic rounding
+/// (round up with probability equal to the dropped fraction), so small
+/// updates to a moment, which round-to-nearest would drop, survive on
+/// average. `step` is this step's number (1 for the first). On the CPU one
+/// pass per element whose random bits come from one draw of the default
+/// generator; elsewhere by_tensor_ops.
+void adamw_step_low_precision_state(const at::Tensor& p, const at::Tensor& grad, const at::Tensor& exp_avg,
+                                    const at::Tensor& exp_avg_sq, int64_t step, double lr, double beta1, double beta2,
+                                    double weight_decay, double eps);
+/// The same from tensor operations (CUDA's path): torch's fused AdamW kernel
+/// on float32 copies of the moments, a chunk of 2^20 elements at a time (the
+/// working copies alive are a chunk's, about 20 MB, not the parameter's),
+/// then one 32-bit draw per element from the device's default generator
+/// rounds both moments.
+void adamw_step_low_precision_state_by_tensor_ops(const at::Tensor& p, const at::Tensor& grad,
+                                                  const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t step,
+                                                  double lr, double beta1, double beta2, double weight_decay,
+                                                  double eps);
+/// `value` (float32) stored into `dst` (bfloat16, same size) with stochastic rounding.
+void store_stochastically_rounded(const at::Tensor& dst, const at::Tensor& value);
+
+/// The dtype `optimizer` keeps `p`'s AdamW moments in (a checkpoint's
+/// moments are converted to it as they are read).
+at::ScalarType moment_dtype(const torch::optim::Optimizer& optimizer, const at::Tensor& p);
 
 /// AdamW over `params`, with optimizer.weight_decay on all of them.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::OptimizerConfig& c,

@@ -121,6 +121,8 @@ class EngineImpl : public Engine {
   std::string graph_refusal() const final {
     if (!companions_.empty()) return "companion models train beside the policy";
     if (!fused_adamw(optimizer_ref())) return "optimizer.fused is false";
+    if (fused_adamw(optimizer_ref())->state_dtype() != at::kFloat)
+      return "optimizer.state_dtype is bfloat16 (its stochastic rounding draws from the host-seeded generator)";
     return graph_refusal_own();
   }
   Metrics step_metrics() const final {
@@ -415,7 +417,8 @@ class ShardedEngine final : public EngineImpl {
   int64_t world_size() const override { return comm_->world_size(); }
   std::string describe() const override {
     return concat(comm_->world_size(), " rank(s), ", comm_->backend(), ", ", sharding_,
-                  param_dtype_ != "float32" ? ", " + param_dtype_ : std::string());
+                  param_dtype_ != "float32" ? ", " + param_dtype_ : std::string(),
+                  sharded_->offloaded() ? ", cpu_offload" : "");
   }
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
   std::vector<at::Tensor> gradients() override {
@@ -566,9 +569,10 @@ class ShardedEngine final : public EngineImpl {
     }
     sharded_->after_optimizer_step();
   }
-  int64_t finish_own_on_device(const at::Tensor& skip) override {
+  int64_t finish_own_on_device(const at::Tensor& device_skip) override {
     wait_for_save_copy();
     zero_frozen_gradients();
+    const auto skip = device_skip.to(sharded_->master_device());  // the host's masters under cpu_offload
     decay(skip);
     const int64_t call = fused_adamw(*optimizer_)->skip_next_if(skip);
     optimizer_->step();
@@ -578,12 +582,17 @@ class ShardedEngine final : public EngineImpl {
   torch::optim::Optimizer& optimizer_ref() const override { return *optimizer_; }
   Metrics memory_own() override {
     const auto mem = sharded_->memory();
-    return {{"memory/parameter_bytes", static_cast<double>(mem.parameters)},
-            {"memory/gradient_bytes", static_cast<double>(mem.gradients)},
-            {"memory/peak_gathered_parameter_bytes", static_cast<double>(mem.peak_gathered)},
-            {"memory/peak_reductions_in_flight", static_cast<double>(mem.peak_reductions_in_flight)},
-            {"memory/optimizer_bytes", static_cast<double>(optimizer_bytes(*optimizer_))},
-            {"memory/eval_peak_gathered_parameter_bytes", static_cast<double>(eval_peak_gathered_)}};
+    Metrics m{{"memory/parameter_bytes", static_cast<double>(mem.parameters)},
+              {"memory/gradient_bytes", static_cast<double>(mem.gradients)},
+              {"memory/peak_gathered_parameter_bytes", static_cast<double>(mem.peak_gathered)},
+              {"memory/peak_reductions_in_flight", static_cast<double>(mem.peak_reductions_in_flight)},
+              {"memory/optimizer_bytes", static_cast<double>(optimizer_bytes(*optimizer_))},
+
+              {"memory/eval_peak_gathered_parameter_bytes", static_cast<double>(eval_peak_gathered_)}};
+    // Under cpu_offload: the host's part (masters, their gradients and AdamW's moments).
+    if (sharded_->offloaded())
+      m["memory/offloaded_bytes"] = static_cast<double>(mem.offloaded + optimizer_bytes(*optimizer_));
+    return m;
   }
   void write_companion(const stdfs::path& dir) override { distributed::save_consolidated(dir, *sharded_, *optimizer_); }
   /// AdamW's decoupled decay, p *= 1 - lr * wd before its update, on the

@@ -66,7 +66,12 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
   const double pb = dtype_bytes(cfg.dist.param_dtype), rb = dtype_bytes(cfg.dist.reduce_dtype);
   p.masters = 4.0 * static_cast<double>(per_rank);
   p.gradients = p.masters;
-  p.moments = 2.0 * p.masters;
+  // AdamW's two moments, in optimizer.state_dtype.
+  p.moments = 2.0 * dtype_bytes(cfg.optimizer.state_dtype) * static_cast<double>(per_rank);
+  if (cfg.dist.cpu_offload && p.strategy == "full_shard") {
+    p.offload = true;
+    p.device_shards = pb * static_cast<double>(per_rank);
+  }
   if (p.strategy == "full_shard") {
     // The root whole for the step, the block that runs and the one prefetched; two blocks' reductions.
     p.gathered = pb * static_cast<double>(p.root + 2 * p.largest_block);
@@ -97,8 +102,10 @@ std::string describe(const MemoryPlan& p) {
   std::ostringstream os;
   os << "  memory per rank (" << p.world << " rank(s), " << (p.strategy == "none" ? "one process" : p.strategy) << "; "
      << p.parameters << " parameters): " << bytes_str(p.step_peak()) << " at a step\n"
-     << "    state: " << bytes_str(p.state()) << " (float32 masters " << bytes_str(p.masters) << ", gradients "
-     << bytes_str(p.gradients) << ", AdamW moments " << bytes_str(p.moments) << ")\n";
+     << "    state" << (p.offload ? ", in host memory (dist.cpu_offload)" : "") << ": " << bytes_str(p.state())
+     << " (float32 masters " << bytes_str(p.masters) << ", gradients " << bytes_str(p.gradients) << ", AdamW moments "
+     << bytes_str(p.moments) << ")\n";
+  if (p.offload) os << "    parameter shards on the device: " << bytes_str(p.device_shards) << "\n";
   if (p.gathered > 0) os << "    whole parameters held at once in a step: " << bytes_str(p.gathered) << "\n";
   if (p.reductions > 0) os << "    gradient reductions in flight: " << bytes_str(p.reductions) << "\n";
   os << "    activations of a micro-batch (estimate): " << bytes_str(p.activations) << "\n";

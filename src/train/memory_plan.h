@@ -23,15 +23,20 @@ struct MemoryPlan {
   int64_t root = 0;           // elements outside the blocks (embeddings, final norm, heads)
   std::string strategy;       // dist.sharding, or "none" on one process
   // Bytes per rank.
-  double masters = 0;      // float32 master parameters (the rank's shards, or whole)
-  double gradients = 0;    // the masters' gradients
-  double moments = 0;      // AdamW's two moments
-  double gathered = 0;     // whole param_dtype parameters beyond the masters at once in a step
-  double reductions = 0;   // flat gradients in flight (full_shard: two blocks)
-  double activations = 0;  // one micro-batch's saved activations (estimate)
-  double generation = 0;   // the whole param_dtype model generation gathers (full_shard, when it generates)
+  double masters = 0;        // float32 master parameters (the rank's shards, or whole)
+  double gradients = 0;      // the masters' gradients
+  double moments = 0;        // AdamW's two moments
+  double gathered = 0;       // whole param_dtype parameters beyond the masters at once in a step
+  double reductions = 0;     // flat gradients in flight (full_shard: two blocks)
+  double activations = 0;    // one micro-batch's saved activations (estimate)
+  double generation = 0;     // the whole param_dtype model generation gathers (full_shard, when it generates)
+  bool offload = false;      // dist.cpu_offload: state() lives in host memory
+  double device_shards = 0;  // under offload: the param_dtype shards the device keeps
   double state() const { return masters + gradients + moments; }
-  double step_peak() const { return state() + gathered + reductions + activations; }
+  /// What the device (or, on CPU runs, the process) holds at a step.
+  double step_peak() const { return (offload ? device_shards : state()) + gathered + reductions + activations; }
+  /// Host memory the offloaded state takes (0 without offload).
+  double host() const { return offload ? state() : 0; }
 };
 
 /// The plan of `model` (built or deferred: only shapes are read) for

@@ -25,7 +25,8 @@ def n(**want):
     return sum(all((r.get(k) == v if not callable(v) else k in r and v(r[k])) for k, v in want.items()) for r in rows)
 pos = lambda x: isinstance(x, (int, float)) and x > 0
 expect = {
-    "train step, anvil": (n(impl="anvil", tokens_per_s=pos, final_loss=pos, batch=2, seq=16), 1),
+    "train step, anvil": (n(impl="anvil", state_dtype="float32", tokens_per_s=pos, final_loss=pos, batch=2, seq=16), 1),
+    "train step, bfloat16 AdamW state": (n(impl="anvil", state_dtype="bfloat16", median_optimizer_step_s=pos), 1),
     "train step, torch::optim::AdamW": (n(impl="anvil (torch::optim::AdamW)", tokens_per_s=pos), 1),
     "train step, transformers": (n(impl="transformers", tokens_per_s=pos, batch=2, seq=16), 1),
     "KV-cache decode (batch 1 and 8)": (n(speedup=pos, same_tokens=True), 2),
@@ -34,6 +35,7 @@ expect = {
     "data loader": (n(loader_samples_per_s=pos, trainer_samples_per_s=pos, loader_over_trainer=pos), 1),
 }
 summary = [r"^train step b2_t16: tokens/s anvil \d+, transformers \d+, ratio [\d.]+x",
+           r"^  optimizer.state_dtype bfloat16: AdamW step [\d.]+ ms vs [\d.]+ ms with float32 moments",
            r"^KV-cache decode, batch 1, 8 new tokens: [\d.]+x faster", r"^KV-cache decode, batch 8, 8 new tokens",
            r"^tokenize gpt2: ", r"^tokenize neox: ", r"^tokenize llama3: ",
            r"^data loader \(quickstart\): \d+ samples/s unpacked, trainer consumes \d+ samples/s"]

@@ -340,6 +340,19 @@ TEST_F(ConfigTest, WarmupStepsAndWarmupRatioTogetherAreRefused) {
             "train.num_train_epochs? (num_train_epochs is the TRL / transformers name)");
 }
 
+// optimizer.state_dtype lives in the fused AdamW; dist.cpu_offload moves full_shard's shards.
+TEST_F(ConfigTest, OptimizerStateDtypeAndCpuOffloadNameWhatTheyNeed) {
+  EXPECT_EQ(load_config({base_}, {"optimizer.state_dtype=bfloat16"}).optimizer.state_dtype, "bfloat16");
+  EXPECT_TRUE(load_config({base_}, {"dist.sharding=full_shard", "dist.cpu_offload=true"}).dist.cpu_offload);
+  EXPECT_EQ(error_of({base_}, {"optimizer.state_dtype=bfloat16", "optimizer.fused=false"}),
+            "command line (optimizer.state_dtype=bfloat16): optimizer.state_dtype: is bfloat16, which the fused "
+            "AdamW keeps; set optimizer.fused: true (it is false)");
+  EXPECT_EQ(error_of({base_}, {"dist.cpu_offload=true"}),
+            "command line (dist.cpu_offload=true): dist.cpu_offload: offloads the shards of full_shard; set "
+            "dist.sharding: full_shard (it is no_shard)");
+  EXPECT_NE(error_of({base_}, {"optimizer.state_dtype=float16"}).find("expected one of"), std::string::npos);
+}
+
 // train.num_train_epochs counts the run instead of train.max_steps for the
 // algorithms whose steps read data.train; ppo's steps train on rollouts.
 TEST_F(ConfigTest, EpochsCountTheRunOfDataDrivenAlgorithms) {

@@ -312,6 +312,7 @@ struct OptimizerConfig {
   double weight_decay = 0.0;
   bool decay_biases_and_norms = false;
   bool fused = true;
+  std::string state_dtype = "float32";
 
   template <class V>
   void visit(V& v) {
@@ -329,6 +330,12 @@ struct OptimizerConfig {
     v.field("fused", fused,
             "One fused multi-tensor AdamW kernel per step (CPU and CUDA); false = torch::optim::AdamW's "
             "per-tensor ops. Same state either way, so a run may switch on resume.");
+    v.field("state_dtype", state_dtype,
+            "Dtype of AdamW's two moments for float32 parameters (the masters stay float32): bfloat16 halves the "
+            "optimizer state (4 bytes per parameter instead of 8), computes each update in float32 and stores the "
+            "moments with stochastic rounding; needs optimizer.fused. Checkpoints convert either way, so a run may "
+            "switch on resume. docs/distributed.md.",
+            changeable_on_resume(one_of({"float32", "bfloat16"})));
   }
 };
 
@@ -509,6 +516,7 @@ struct DistConfig {
   std::string param_dtype = "float32";
   std::string reduce_dtype = "float32";
   bool consolidated_checkpoints = true;
+  bool cpu_offload = false;
 
   template <class V>
   void visit(V& v) {
@@ -536,6 +544,12 @@ struct DistConfig {
             "transformers as is: on several ranks one model-K-of-N.safetensors per unit (and the index), each "
             "written by the rank that owns the unit, so a rank holds about 1/W of the model while saving. Turn "
             "off to write only the shards (anvil export consolidates later).",
+            changeable_on_resume());
+    v.field("cpu_offload", cpu_offload,
+            "full_shard only: each unit's float32 master shard, its gradient and AdamW's moments live in host "
+            "memory (pinned on CUDA) and the fused CPU AdamW steps them; the device keeps the dist.param_dtype "
+            "shard, the gathered units and the backward's gradients. Never run on a GPU yet, so off by default. "
+            "docs/distributed.md.",
             changeable_on_resume());
   }
 };
