@@ -20,6 +20,7 @@
 #include "models/lora.h"
 #include "anvil/train/preference.h"
 #include "train/kto_data.h"
+#include "train/forward_split.h"
 #include "train/lm_data.h"
 #include "train/preference_data.h"
 
@@ -237,7 +238,7 @@ class KtoObjective final : public Objective {
                                           : concat(reference_.parameter_bytes(), " parameter bytes"),
                 ")");
     }
-    if (kto_.precompute_reference) precompute(cache);
+    if (kto_.precompute_reference) precompute(cache, ctx);
   }
 
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override {
@@ -379,12 +380,15 @@ class KtoObjective final : public Objective {
   }
 
   bool read_cache(const stdfs::path& cache);
-  void precompute(const stdfs::path& cache);
-  std::vector<at::Tensor> example_sums(const std::vector<std::shared_ptr<const KtoDataset>>& sets);
+  void precompute(const stdfs::path& cache, const RunContext& ctx);
+  // Several ranks each score every world-th batch and the sums are combined (train/forward_split.h).
+  std::vector<at::Tensor> example_sums(const std::vector<std::shared_ptr<const KtoDataset>>& sets,
+                                       const RunContext& ctx);
   at::Tensor kl_row_sums(const std::vector<std::shared_ptr<const KtoDataset>>& sets,
-                         const std::vector<data::SampleRef>& refs, int64_t batch_size);
+                         const std::vector<data::SampleRef>& refs, int64_t batch_size, const RunContext& ctx);
   std::string fingerprint() const;
 
+  int64_t split_over_ = 1;  // the ranks the last precompute's batches were split over
   config::RunConfig cfg_;
   KtoConfig kto_;
   KtoLossOptions loss_opt_;
@@ -456,48 +460,59 @@ bool KtoObjective::read_cache(const stdfs::path& cache) {
   return true;
 }
 
-std::vector<at::Tensor> KtoObjective::example_sums(const std::vector<std::shared_ptr<const KtoDataset>>& sets) {
+std::vector<at::Tensor> KtoObjective::example_sums(const std::vector<std::shared_ptr<const KtoDataset>>& sets,
+                                                   const RunContext& ctx) {
   std::vector<at::Tensor> out;
   const auto bs = cfg_.eval.batch_size;
   for (const auto& ds : sets) {
-    auto sums = at::empty({ds->size()}, at::kFloat);
-    for (int64_t i = 0; i < ds->size(); i += bs) {
+    auto sums = at::zeros({ds->size()}, at::kFloat);
+    const ForwardSplit split(ctx.comm, (ds->size() + bs - 1) / bs, ctx.device);
+    if (split.split()) split_over_ = split.world();
+    for (int64_t i = 0, k = 0; i < ds->size(); i += bs, ++k) {
+      if (!split.runs(k)) continue;
       std::vector<const KtoSample*> ex;
       for (int64_t j = i; j < std::min(ds->size(), i + bs); ++j) ex.push_back(&(*ds)[j]);
       const auto b = collate_kto(ex, pad_id_, cfg_.data.max_length, /*kl_rows=*/false);
-      sums.narrow(0, i, static_cast<int64_t>(ex.size()))
-          .copy_(reference_forward(b.tensors.at("input_ids"), b.tensors.at("labels")).cpu());
+      const auto logps = reference_forward(b.tensors.at("input_ids"), b.tensors.at("labels")).cpu();
+      if (split.keeps(k)) sums.narrow(0, i, static_cast<int64_t>(ex.size())).copy_(logps);
     }
+    split.combine({sums}, "kto reference log-probs of the examples");
     out.push_back(sums);
   }
   return out;
 }
 
 at::Tensor KtoObjective::kl_row_sums(const std::vector<std::shared_ptr<const KtoDataset>>& sets,
-                                     const std::vector<data::SampleRef>& refs, int64_t batch_size) {
+                                     const std::vector<data::SampleRef>& refs, int64_t batch_size,
+                                     const RunContext& ctx) {
   const auto total = static_cast<int64_t>(refs.size());
-  auto out = at::empty({total}, at::kFloat);
-  for (int64_t i = 0; i < total; i += batch_size) {
+  auto out = at::zeros({total}, at::kFloat);
+  const ForwardSplit split(ctx.comm, (total + batch_size - 1) / batch_size, ctx.device);
+  if (split.split()) split_over_ = split.world();
+  for (int64_t i = 0, k = 0; i < total; i += batch_size, ++k) {
+    if (!split.runs(k)) continue;
     const auto n = std::min(total, i + batch_size) - i;
     const std::vector<data::SampleRef> part(refs.begin() + i, refs.begin() + i + n);
     const auto b = collate_kto(kto_samples(sets, part), pad_id_, cfg_.data.max_length, /*kl_rows=*/true);
-    out.narrow(0, i, n).copy_(
-        reference_forward(b.tensors.at("input_ids").narrow(0, n, n), b.tensors.at("labels").narrow(0, n, n)).cpu());
+    const auto logps =
+        reference_forward(b.tensors.at("input_ids").narrow(0, n, n), b.tensors.at("labels").narrow(0, n, n)).cpu();
+    if (split.keeps(k)) out.narrow(0, i, n).copy_(logps);
   }
+  split.combine({out}, "kto reference log-probs of the KL rows");
   return out;
 }
 
-void KtoObjective::precompute(const stdfs::path& cache) {
+void KtoObjective::precompute(const stdfs::path& cache, const RunContext& ctx) {
   torch::NoGradGuard no_grad;
   io::TensorMap tensors;
-  cached_train_ = example_sums(data_.train);
-  cached_eval_ = example_sums(data_.eval_sets);
+  cached_train_ = example_sums(data_.train, ctx);
+  cached_eval_ = example_sums(data_.eval_sets, ctx);
   for (size_t d = 0; d < cached_train_.size(); ++d) tensors[concat("train.", d)] = cached_train_[d];
   for (size_t d = 0; d < cached_eval_.size(); ++d) tensors[concat("eval.", d)] = cached_eval_[d];
   int64_t kl = 0;
   if (kl_rows_) {
-    train_kl_ = kl_row_sums(data_.train, train_sampler().plan(), cfg_.train.micro_batch_size);
-    eval_kl_ = kl_row_sums(data_.eval_sets, eval_refs(), cfg_.eval.batch_size);
+    train_kl_ = kl_row_sums(data_.train, train_sampler().plan(), cfg_.train.micro_batch_size, ctx);
+    eval_kl_ = kl_row_sums(data_.eval_sets, eval_refs(), cfg_.eval.batch_size, ctx);
     tensors["train_kl"] = train_kl_;
     if (eval_kl_.numel() > 0) tensors["eval_kl"] = eval_kl_;
     kl = train_kl_.numel() + eval_kl_.numel();
@@ -507,7 +522,9 @@ void KtoObjective::precompute(const stdfs::path& cache) {
   for (const auto& t : cached_train_) examples += t.numel();
   for (const auto& t : cached_eval_) examples += t.numel();
   log::info("kto: reference log-probs of ", examples, " examples", kl_rows_ ? concat(" and ", kl, " KL rows") : "",
-            " cached in ", cache.string(), "; the reference model is freed");
+            " cached in ", cache.string(),
+            split_over_ > 1 ? concat(" (split over ", split_over_, " ranks)") : std::string(),
+            "; the reference model is freed");
   reference_.reset();
   policy_reference_ = nullptr;
 }

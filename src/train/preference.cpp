@@ -21,6 +21,7 @@
 #include "train/lm_data.h"
 #include "train/lm_loss.h"
 #include "distributed/comm.h"
+#include "train/forward_split.h"
 #include "train/preference_data.h"
 #include "data/datasets.h"
 
@@ -552,15 +553,26 @@ std::string DpoObjective::State::fingerprint() const {
 void DpoObjective::State::precompute(const RunContext& ctx) {
   torch::NoGradGuard no_grad;
   io::TensorMap tensors;
+  int64_t world = 1;
   auto run = [&](const std::vector<std::shared_ptr<const data::PreferenceDataset>>& sets, const char* name,
                  std::vector<at::Tensor>& into) {
     for (const auto& ds : sets) into.push_back(at::zeros({ds->size(), 2}, at::kFloat));
-    for_each_batch(sets, all_refs(sets), cfg.eval.batch_size, pad_id, [&](const Batch& b) {
+    const auto refs = all_refs(sets);
+    const auto bs = static_cast<size_t>(cfg.eval.batch_size);
+    // Several ranks each score every world-th batch and the caches are summed (train/forward_split.h).
+    const ForwardSplit split(ctx.comm, static_cast<int64_t>((refs.size() + bs - 1) / bs), ctx.device);
+    if (split.split()) world = split.world();
+    int64_t k = 0;
+    for_each_batch(sets, refs, cfg.eval.batch_size, pad_id, [&](const Batch& b) {
+      const int64_t at = k++;
+      if (!split.runs(at)) return;
       auto sums = reference_forward(b).cpu().view({-1, 2});
+      if (!split.keeps(at)) return;
       const auto d = b.tensors.at("dataset"), i = b.tensors.at("index");
       for (int64_t e = 0; e < d.size(0); ++e)
         into[static_cast<size_t>(d[e].item<int64_t>())].select(0, i[e].item<int64_t>()).copy_(sums[e]);
     });
+    split.combine(into, concat("dpo reference log-probs of the ", name, " sets"));
     for (size_t d = 0; d < into.size(); ++d) tensors[concat(name, ".", d)] = into[d];
   };
   run(data.train, "train", cached_train);
@@ -568,7 +580,8 @@ void DpoObjective::State::precompute(const RunContext& ctx) {
   const auto cache = ctx.output_dir / "reference_logps.safetensors";
   io::save_safetensors(cache, tensors, {{"fingerprint", fingerprint()}});
   log::info("dpo: reference log-probs of ", all_refs(data.train).size() + all_refs(data.eval_sets).size(),
-            " pairs cached in ", cache.string(), "; the reference model is freed");
+            " pairs cached in ", cache.string(), world > 1 ? concat(" (split over ", world, " ranks)") : std::string(),
+            "; the reference model is freed");
   reference.reset();
   policy_reference = nullptr;
 }

@@ -656,6 +656,53 @@ eval: {batch_size: 8, max_batches: 2, generate_samples: 0}
 // and reads each rank's ranges of the folder's weights into its shards: the
 // policy, and DPO's reference, a copy of the policy's initial weights read
 // from the same files. It trains as one process does from the same folder.
+// dpo.precompute_reference on several ranks: each rank scores every world-th batch and the caches are summed, so
+// every rank writes the cache one process writes, bit for bit, and trains the same (an uneven tail, which every
+// rank runs since the sharded reference's forwards are collectives: 3 held-out batches on 2 ranks, 16 training
+// batches on 3).
+TEST_F(DistRuns, ReferenceCachesAreSplitAmongRanksAndEqualOneProcess) {
+  // The first 62 training pairs (16 batches of 4) and 10 held-out ones (3 batches): the caches score them all.
+  const auto head = [&](const std::string& from, size_t lines) {
+    std::istringstream in(anvil::testing::read_text(anvil::testing::source_dir() + "/" + from));
+    std::string text, line;
+    for (size_t i = 0; i < lines && std::getline(in, line); ++i) text += line + "\n";
+    const auto path = *dir_ / stdfs::path(from).filename();
+    anvil::testing::write_text(path, text);
+    return path.string();
+  };
+  const auto cfg_path = *dir_ / "dpo-cached.yaml";
+  anvil::testing::write_text(
+      cfg_path, concat(R"(algorithm: dpo
+model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 2, num_heads: 4, dropout: 0.0}
+tokenizer: {path: data/tokenizer.model}
+data: {train: [{path: )",
+                       head("data/pref_train.jsonl", 62), "}], eval: [{path: ", head("data/pref_eval.jsonl", 10),
+                       R"(}]}
+optimizer: {lr: 3.0e-3}
+dpo: {precompute_reference: true}
+train: {max_steps: 4, micro_batch_size: 2, global_batch_size: 12, eval_every: 4, log_every: 1000, threads: 1}
+eval: {batch_size: 4, max_batches: 2, generate_samples: 0}
+)"));
+  const auto one = *dir_ / "dpo-cached-1";
+  train(cfg_path, one, 0);
+  const auto want = io::load_safetensors(one / "reference_logps.safetensors");
+  ASSERT_FALSE(want.empty());
+  const auto a = read_metrics(one / "metrics.jsonl");
+  for (const int ranks : {2, 3}) {
+    const auto out = *dir_ / ("dpo-cached-" + std::to_string(ranks));
+    std::string log;
+    train(cfg_path, out, ranks, "dist.sharding=full_shard", &log);
+    EXPECT_NE(log.find("(split over " + std::to_string(ranks) + " ranks)"), std::string::npos) << log;
+    const auto got = io::load_safetensors(out / "reference_logps.safetensors");
+    ASSERT_EQ(got.size(), want.size()) << ranks;
+    for (const auto& [name, t] : want) {
+      ASSERT_TRUE(got.count(name)) << ranks << " " << name;
+      EXPECT_TRUE(at::equal(got.at(name), t)) << ranks << " ranks: " << name;
+    }
+    expect_close_losses(a, read_metrics(out / "metrics.jsonl"), 1, 4, 1e-5, concat("dpo cached, ", ranks, " ranks"));
+  }
+}
+
 TEST_F(DistRuns, FromAFolderEachRankReadsItsShardsAndTrainsLikeOneProcess) {
   const auto cfg_path = *dir_ / "dpo-from.yaml";
   anvil::testing::write_text(cfg_path, "algorithm: dpo\nmodel: {from: " + (plain() / "checkpoint-20").string() + R"(}

@@ -16,6 +16,7 @@
 #include <fstream>
 
 #include "anvil/core/error.h"
+#include "io/safetensors.h"
 #include "test_util.h"
 #include "train/kto.h"
 
@@ -260,6 +261,25 @@ TEST(KtoRuns, PrecomputedReferenceMatchesTheInProcessOne) {
       }
     }
     EXPECT_TRUE(a.at(8).contains("eval/loss")) << a.at(8).dump();
+  }
+  // On 2 full_shard ranks each scores every other batch and the caches are summed: the one process's, bit for bit.
+  ASSERT_EQ(run("cd " + src + " && " + anvil::testing::mpirun(2) + anvil::testing::trainer_bin() + " --config " +
+                    (dir / "kto.yaml").string() + " output_dir=" + (dir / "kto_cached_2").string() +
+                    " data.shuffle=false train.eval_every=8 logging.level=info kto.loss_type=kto "
+                    "kto.precompute_reference=true dist.sharding=full_shard 2>&1",
+                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("of 880 examples and 100 KL rows cached in"), std::string::npos) << out;
+  EXPECT_NE(out.find("(split over 2 ranks)"), std::string::npos) << out;
+  {
+    const auto want = io::load_safetensors(dir / "kto_cached" / "reference_logps.safetensors");
+    const auto got = io::load_safetensors(dir / "kto_cached_2" / "reference_logps.safetensors");
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [name, t] : want) {
+      ASSERT_TRUE(got.count(name)) << name;
+      EXPECT_TRUE(at::equal(got.at(name), t)) << name;
+    }
   }
   stdfs::remove_all(dir / "kto_cached" / "checkpoint-8");  // resume from step 4: the cache, not the reference
   ASSERT_EQ(train("kto_cached", "kto.precompute_reference=true"), 0) << out;
