@@ -98,6 +98,9 @@ void check_training(const RunConfig& c, const FlatConfig& flat, const Fail& fail
   if (c.optimizer.state_dtype != "float32" && !c.optimizer.fused)
     fail("optimizer.state_dtype", concat("is ", c.optimizer.state_dtype,
                                          ", which the fused AdamW keeps; set optimizer.fused: true (it is false)"));
+  if (c.dist.replicate > 1 && c.dist.sharding == "no_shard")
+    fail("dist.replicate", concat("replicates shards across groups of ranks; set dist.sharding: full_shard or "
+                                  "shard_grad_op (it is no_shard, which replicates everything already)"));
   if (c.dist.cpu_offload && c.dist.sharding != "full_shard")
     fail("dist.cpu_offload",
          concat("offloads the shards of full_shard; set dist.sharding: full_shard (it is ", c.dist.sharding, ")"));

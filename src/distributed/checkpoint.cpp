@@ -81,12 +81,14 @@ ShardedSave prepare_sharded_save(const stdfs::path& output_dir, ShardedModel& mo
   }
   comm.barrier(concat("checkpoint ", state.step, ": folder created"));
 
-  // no_shard: every rank holds the same whole state, so rank 0 writes it.
+  // no_shard: every rank holds the same whole state, so rank 0 writes it. Hybrid sharding: the replica groups
+  // hold the same shards, so the first group's ranks (ranks 0 .. S-1, its shard ranks) write them.
   const bool sharded = model.options().strategy != Sharding::NoShard;
-  const int64_t shards = sharded ? s.world : 1;
+  const int64_t shards = sharded ? model.shard_comm().world_size() : 1;
+  const int64_t shard_rank = model.shard_comm().rank();
   const auto masters = model.master_parameters();
-  if (s.rank < shards) {
-    s.shard_file = shard_file(s.tmp, s.rank, shards);
+  if (model.replica() == 0 && shard_rank < shards) {
+    s.shard_file = shard_file(s.tmp, shard_rank, shards);
     for (size_t u = 0; u < masters.size(); ++u) {
       const auto [b, e] = model.shard_range(u);
       if (e <= b) continue;
@@ -98,7 +100,7 @@ ShardedSave prepare_sharded_save(const stdfs::path& output_dir, ShardedModel& mo
       }
     }
   }
-  s.rng = checkpoint::rng_state(masters.front().device());
+  s.rng = checkpoint::rng_state(model.device());
   // The model in HF layout, gathered one unit at a time. On several ranks each unit is a file of its own,
   // kept and written by the rank that owns it (unit u: rank u mod W), so no rank keeps more than its share;
   // a LoRA run's adapters (small) and a single rank's model stay one file on rank 0.
@@ -166,7 +168,7 @@ ShardedSave prepare_sharded_save(const stdfs::path& output_dir, ShardedModel& mo
         range.push_back({0, numel});
         continue;
       }
-      const int64_t per = (numel + s.world - 1) / s.world;
+      const int64_t per = (numel + shards - 1) / shards;
       const int64_t b = std::min(r * per, numel);
       range.push_back({b, std::min(b + per, numel)});
     }
@@ -175,6 +177,7 @@ ShardedSave prepare_sharded_save(const stdfs::path& output_dir, ShardedModel& mo
   s.meta = {{"format_version", kFormatVersion},
             {"strategy", to_string(model.options().strategy)},
             {"world_size", s.world},
+            {"replicate", model.replicas()},
             {"optimizer_step", adam_step},
             {"units", units},
             {"shards", ranges}};

@@ -79,6 +79,9 @@ class SingleProcess final : public Communicator {
   }
   void broadcast(const at::Tensor&, int, const std::string&) override {}
   void barrier(const std::string&) override {}
+  std::shared_ptr<Communicator> split(int, int, const std::string&) override {
+    return std::make_shared<SingleProcess>();
+  }
 };
 
 }  // namespace

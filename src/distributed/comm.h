@@ -51,6 +51,10 @@ class Communicator {
   /// `t` <- rank `root`'s `t`.
   virtual void broadcast(const at::Tensor& t, int root, const std::string& what) = 0;
   virtual void barrier(const std::string& what) = 0;
+  /// A communicator over the ranks that pass the same `color`, numbered in
+  /// the order of `key` (MPI_Comm_split): HSDP's shard and replica groups.
+  /// A collective: every rank calls it, in the same order.
+  virtual std::shared_ptr<Communicator> split(int color, int key, const std::string& what) = 0;
 };
 
 struct CommOptions {

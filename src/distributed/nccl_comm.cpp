@@ -8,7 +8,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <cstdlib>
+#include <utility>
+#include <vector>
 
 #include "anvil/core/error.h"
 #include "backends.h"
@@ -20,7 +23,10 @@ namespace {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(const ProcessInfo& proc, const at::Device& device, std::chrono::milliseconds timeout)
-      : rank_(static_cast<int>(proc.rank)), world_(static_cast<int>(proc.world_size)), device_(device) {
+      : rank_(static_cast<int>(proc.rank)),
+        world_(static_cast<int>(proc.world_size)),
+        device_(device),
+        timeout_(timeout) {
     c10::cuda::set_device(device.index());
     // Under torchrun the elastic agent already serves a TCPStore at
     // MASTER_ADDR:MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True) and every
@@ -45,6 +51,15 @@ class NcclCommunicator final : public Communicator {
     opts->timeout = timeout;
     pg_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store_, rank_, world_, opts);
     watchdog_ = std::make_unique<Watchdog>(rank_, world_, "nccl", timeout);
+  }
+  /// A split group (split()).
+  NcclCommunicator(c10::intrusive_ptr<c10d::Store> store, int rank, int world, const at::Device& device,
+                   std::chrono::milliseconds timeout, const std::string& what)
+      : rank_(rank), world_(world), device_(device), timeout_(timeout), store_(std::move(store)) {
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = timeout;
+    pg_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store_, rank_, world_, opts);
+    watchdog_ = std::make_unique<Watchdog>(rank_, world_, "nccl (" + what + ")", timeout);
   }
   ~NcclCommunicator() override {
     watchdog_.reset();
@@ -83,6 +98,28 @@ class NcclCommunicator final : public Communicator {
     pg_->barrier()->wait();
   }
 
+  /// A new ProcessGroupNCCL over the ranks of `color`, rendezvousing through this group's store under a prefix
+  /// of its own (torch.distributed.new_group's way); every rank learns the groups from an all-gather of
+  /// (color, key). Compiled, never run on a GPU yet (HSDP, docs/distributed.md).
+  std::shared_ptr<Communicator> split(int color, int key, const std::string& what) override {
+    auto mine = at::tensor({static_cast<int64_t>(color), static_cast<int64_t>(key), static_cast<int64_t>(rank_)},
+                           at::TensorOptions().dtype(at::kLong).device(device_));
+    auto all = at::empty({3 * world_}, mine.options());
+    all_gather(all, mine, "split " + what).wait();
+    const auto host = all.cpu();
+    const auto* v = host.data_ptr<int64_t>();
+    std::vector<std::pair<int64_t, int64_t>> members;  // (key, rank) of this color
+    for (int r = 0; r < world_; ++r)
+      if (v[3 * r] == color) members.emplace_back(v[3 * r + 1], v[3 * r + 2]);
+    std::sort(members.begin(), members.end());
+    int sub_rank = 0;
+    for (size_t i = 0; i < members.size(); ++i)
+      if (members[i].second == rank_) sub_rank = static_cast<int>(i);
+    auto store = c10::make_intrusive<c10d::PrefixStore>(concat("split-", splits_++, "/", color, "/"), store_);
+    return std::shared_ptr<Communicator>(
+        new NcclCommunicator(store, sub_rank, static_cast<int>(members.size()), device_, timeout_, what));
+  }
+
  private:
   template <class Issue>
   Work async(const char* op, const std::string& what, Issue issue) {
@@ -99,6 +136,8 @@ class NcclCommunicator final : public Communicator {
 
   int rank_, world_;
   at::Device device_;
+  std::chrono::milliseconds timeout_;
+  int64_t splits_ = 0;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg_;
   std::unique_ptr<Watchdog> watchdog_;

@@ -122,12 +122,24 @@ ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_
     : model_(std::move(model)), comm_(std::move(comm)), options_(options) {
   // A frozen model needs no master: only full_shard holds less than the whole.
   if (options_.frozen && options_.strategy != Sharding::FullShard) options_.strategy = Sharding::NoShard;
+  // Hybrid sharding: replica groups of consecutive ranks shard within themselves (no_shard replicates anyway).
+  if (options_.strategy == Sharding::NoShard) options_.replicate = 1;
+  group_ = comm_;
+  if (options_.replicate > 1) {
+    const int64_t all = comm_->world_size(), r = comm_->rank();
+    if (all % options_.replicate != 0)
+      throw ConfigError(
+          concat("dist.replicate: ", options_.replicate, " replica groups do not divide the ", all, " ranks evenly"));
+    const int64_t per = all / options_.replicate;
+    group_ = comm_->split(static_cast<int>(r / per), static_cast<int>(r), concat("shard group ", r / per));
+    replicas_ = comm_->split(static_cast<int>(r % per), static_cast<int>(r), concat("replicas of shard ", r % per));
+  }
   // A model built without storage (models/init.h): under full_shard each rank reads its ranges below; the
   // other strategies keep whole parameters anyway.
   if (options_.strategy != Sharding::FullShard) models::materialize_deferred(*model_);
   device_ = model_->parameters().front().device();
   offload_ = options_.cpu_offload && options_.strategy == Sharding::FullShard && !options_.frozen;
-  const int64_t world = comm_->world_size(), rank = comm_->rank();
+  const int64_t world = group_->world_size(), rank = group_->rank();
   const auto L = model_->num_layers();
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> members(static_cast<size_t>(L) + 1);
   std::unordered_set<const void*> seen;
@@ -169,7 +181,8 @@ ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_
       for (size_t k = 0; k < unit->params.size(); ++k)
         flat.narrow(0, layout.params[k].offset, layout.params[k].numel).copy_(unit->params[k].reshape(-1));
     }
-    comm_->broadcast(flat, 0, concat("initial parameters of ", layout.name));
+    group_->broadcast(flat, 0, concat("initial parameters of ", layout.name));
+    if (replicas_) replicas_->broadcast(flat, 0, concat("initial parameters of ", layout.name, " across replicas"));
     // Float32 whole parameters that stay between uses hold the master too:
     // all of it (no_shard) or this rank's slice of it (shard_grad_op, whose
     // all-gather then runs in place). full_shard frees the whole buffer, so
@@ -214,7 +227,7 @@ void ShardedModel::build_from_source(Unit& unit, const UnitLayout& layout) {
   // full_shard over a model built without storage: this rank's shard straight from the source, range by
   // range; the whole buffer gets memory only when gathered. Real parameters among them (a score head, LoRA
   // adapters) are rank 0's, as in the constructor.
-  const int64_t rank = comm_->rank();
+  const int64_t rank = group_->rank();
   const auto device = unit.params.front().device();
   const int64_t begin = std::min<int64_t>(rank * unit.shard, unit.numel);
   const int64_t end = std::min<int64_t>(begin + unit.shard, unit.numel);
@@ -225,7 +238,8 @@ void ShardedModel::build_from_source(Unit& unit, const UnitLayout& layout) {
     const auto& fp = layout.params[k];
     auto& p = unit.params[k];
     const bool deferred = models::is_deferred(p);
-    if (!deferred) comm_->broadcast(p, 0, concat("initial parameter ", fp.name));
+    if (!deferred) group_->broadcast(p, 0, concat("initial parameter ", fp.name));
+    if (!deferred && replicas_) replicas_->broadcast(p, 0, concat("initial parameter ", fp.name, " across replicas"));
     const int64_t lo = std::max(begin, fp.offset), hi = std::min(end, fp.offset + fp.numel);
     if (lo >= hi) continue;
     const auto values = deferred ? model_->parameter_source->read(fp.name, lo - fp.offset, hi - lo)
@@ -272,7 +286,7 @@ std::vector<at::Tensor> ShardedModel::master_parameters() const {
 std::pair<int64_t, int64_t> ShardedModel::shard_range(size_t u) const {
   const auto& unit = *units_.at(u);
   if (options_.strategy == Sharding::NoShard) return {0, unit.numel};
-  const int64_t begin = std::min<int64_t>(comm_->rank() * unit.shard, unit.numel);
+  const int64_t begin = std::min<int64_t>(group_->rank() * unit.shard, unit.numel);
   return {begin, std::min<int64_t>(begin + unit.shard, unit.numel)};
 }
 
@@ -293,7 +307,7 @@ at::Tensor ShardedModel::gather_master(size_t u, const at::Tensor& shard) {
   TORCH_CHECK(shard.sizes() == unit.master.sizes(), "gather_master: expected a tensor shaped like the master shard");
   if (options_.strategy == Sharding::NoShard) return shard.narrow(0, 0, unit.numel);
   auto whole = at::empty({unit.padded}, shard.options().device(device_));
-  comm_->all_gather(whole, shard.to(device_).contiguous(), concat("master values of ", layouts_[u].name)).wait();
+  group_->all_gather(whole, shard.to(device_).contiguous(), concat("master values of ", layouts_[u].name)).wait();
   return whole.narrow(0, 0, unit.numel);
 }
 
@@ -313,7 +327,7 @@ void ShardedModel::start_gather(Unit& u) {
   alloc_storage(u.whole);
   at::NoGradGuard no_grad;
   u.gather_src = offload_ ? u.local : u.master.to(options_.param_dtype);
-  u.gather_work = comm_->all_gather(u.whole, u.gather_src, concat("parameters of ", layouts_[u.index].name));
+  u.gather_work = group_->all_gather(u.whole, u.gather_src, concat("parameters of ", layouts_[u.index].name));
   u.gathering = true;
   int64_t held = 0;
   for (const auto& v : units_) held += static_cast<int64_t>(v->whole.storage().nbytes());
@@ -347,7 +361,7 @@ void ShardedModel::refresh_whole(Unit& u) {
     case Sharding::ShardGradOp: {
       // In place when the master is this rank's slice of the whole buffer.
       const auto src = u.master.scalar_type() == options_.param_dtype ? u.master : u.master.to(options_.param_dtype);
-      comm_->all_gather(u.whole, src, concat("parameters of ", layouts_[u.index].name)).wait();
+      group_->all_gather(u.whole, src, concat("parameters of ", layouts_[u.index].name)).wait();
       break;
     }
     case Sharding::FullShard:
@@ -409,11 +423,11 @@ void ShardedModel::reduce_gradients(Unit& u) {
   pending->unit = &u;
   pending->in = flat;
   if (options_.strategy == Sharding::NoShard) {
-    comm_->all_reduce_sum(flat, what);
+    group_->all_reduce_sum(flat, what);
     pending->out = flat;
   } else {
     pending->out = at::empty({u.shard}, flat.options());
-    pending->work = comm_->reduce_scatter_sum(pending->out, flat, what);
+    pending->work = group_->reduce_scatter_sum(pending->out, flat, what);
   }
   pending_.push_back(std::move(pending));
   // As FSDP2: each unit's reduction is folded into its master gradient once the next is issued, so at most two
@@ -426,6 +440,9 @@ void ShardedModel::fold_oldest_reduction() {
   auto p = std::move(pending_.front());
   pending_.erase(pending_.begin());
   p->work.wait();
+  // Hybrid sharding: every replica group reduced its own ranks' gradients into the same shard; sum the groups.
+  if (replicas_)
+    replicas_->all_reduce_sum(p->out, concat("gradients of ", layouts_[p->unit->index].name, " across replicas"));
   at::NoGradGuard no_grad;
   p->unit->master.mutable_grad().add_(p->out.to(p->unit->master.device(), at::kFloat));
 }
@@ -469,7 +486,7 @@ at::Tensor ShardedModel::clip_grad_norm_on_device(double max_norm) {
   std::vector<at::Tensor> squares;
   for (const auto& n : at::_foreach_norm(grads, 2, at::kDouble)) squares.push_back(n.square());
   auto sq = at::stack(squares).sum().view({1}).to(device_);  // offloaded gradients: summed on the host
-  if (options_.strategy != Sharding::NoShard) comm_->all_reduce_sum(sq, "gradient norm");
+  if (options_.strategy != Sharding::NoShard) group_->all_reduce_sum(sq, "gradient norm");
   const auto total = sq.sqrt().reshape({});
   if (max_norm > 0) {
     const auto coef =

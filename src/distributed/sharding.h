@@ -65,6 +65,11 @@ struct ShardingOptions {
   /// all-gather's source, refreshed after each optimizer step) and the
   /// reduce-scattered gradients are added to the host's master gradient.
   bool cpu_offload = false;
+  /// Hybrid sharding (HSDP): the world's ranks form `replicate` groups of
+  /// world / replicate consecutive ranks; the strategy shards within a group
+  /// and the groups hold the same shards (reduced gradients all-reduced
+  /// across them). 1 = one group of every rank.
+  int64_t replicate = 1;
 };
 
 /// One parameter's place in its unit's flat buffer.
@@ -107,7 +112,14 @@ class ShardedModel : public models::ShardedParameters {
   ShardedModel& operator=(const ShardedModel&) = delete;
 
   models::CausalLM& model() { return *model_; }
+  /// Every rank of the run (barriers, who writes what).
   Communicator& comm() { return *comm_; }
+  /// The ranks this rank shards with: comm() unless hybrid sharding; shard
+  /// ranges, shard files and gathers are this group's.
+  Communicator& shard_comm() { return *group_; }
+  /// Hybrid sharding: which replica group this rank is in, and how many there are.
+  int64_t replica() const { return comm_->rank() / group_->world_size(); }
+  int64_t replicas() const { return options_.replicate; }
   const ShardingOptions& options() const { return options_; }
 
   /// The float32 master shards the optimizer steps, one per unit (layouts() order).
@@ -192,6 +204,8 @@ class ShardedModel : public models::ShardedParameters {
 
   std::shared_ptr<models::CausalLM> model_;
   std::shared_ptr<Communicator> comm_;
+  std::shared_ptr<Communicator> group_;     // the shard group (comm_ unless hybrid sharding)
+  std::shared_ptr<Communicator> replicas_;  // the same shard index in every replica group (hybrid sharding)
   ShardingOptions options_;
   at::Device device_{at::kCPU};
   bool offload_ = false;

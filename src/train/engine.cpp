@@ -416,9 +416,12 @@ class ShardedEngine final : public EngineImpl {
   int64_t rank() const override { return comm_->rank(); }
   int64_t world_size() const override { return comm_->world_size(); }
   std::string describe() const override {
-    return concat(comm_->world_size(), " rank(s), ", comm_->backend(), ", ", sharding_,
-                  param_dtype_ != "float32" ? ", " + param_dtype_ : std::string(),
-                  sharded_->offloaded() ? ", cpu_offload" : "");
+    return concat(
+        comm_->world_size(), " rank(s), ", comm_->backend(), ", ", sharding_,
+        param_dtype_ != "float32" ? ", " + param_dtype_ : std::string(), sharded_->offloaded() ? ", cpu_offload" : "",
+        sharded_->replicas() > 1
+            ? concat(", hybrid: ", sharded_->replicas(), " replicas of ", sharded_->shard_comm().world_size(), " ranks")
+            : std::string());
   }
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
   std::vector<at::Tensor> gradients() override {

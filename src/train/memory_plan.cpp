@@ -62,7 +62,10 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
   p.strategy = sharded_run ? cfg.dist.sharding : std::string("none");
   const bool shards_state = sharded_run && cfg.dist.sharding != "no_shard";
   int64_t per_rank = 0;  // master elements
-  for (const auto n : units) per_rank += shards_state ? shard_of(n, p.world) : n;
+  // Hybrid sharding shards within groups of world / dist.replicate ranks.
+  const int64_t group =
+      cfg.dist.replicate > 1 && p.world % cfg.dist.replicate == 0 ? p.world / cfg.dist.replicate : p.world;
+  for (const auto n : units) per_rank += shards_state ? shard_of(n, group) : n;
   const double pb = dtype_bytes(cfg.dist.param_dtype), rb = dtype_bytes(cfg.dist.reduce_dtype);
   p.masters = 4.0 * static_cast<double>(per_rank);
   p.gradients = p.masters;

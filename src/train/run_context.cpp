@@ -17,6 +17,7 @@ distributed::ShardingOptions sharding_options(const config::RunConfig& cfg) {
   so.reduce_dtype = distributed::parse_dtype(cfg.dist.reduce_dtype);
   so.activation_checkpointing = cfg.train.activation_checkpointing;
   so.cpu_offload = cfg.dist.cpu_offload;
+  so.replicate = cfg.dist.replicate;
   return so;
 }
 

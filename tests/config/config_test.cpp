@@ -340,8 +340,9 @@ TEST_F(ConfigTest, WarmupStepsAndWarmupRatioTogetherAreRefused) {
             "train.num_train_epochs? (num_train_epochs is the TRL / transformers name)");
 }
 
-// optimizer.state_dtype lives in the fused AdamW; dist.cpu_offload moves full_shard's shards.
-TEST_F(ConfigTest, OptimizerStateDtypeAndCpuOffloadNameWhatTheyNeed) {
+// optimizer.state_dtype lives in the fused AdamW; dist.cpu_offload moves full_shard's shards; dist.replicate
+// replicates shards.
+TEST_F(ConfigTest, OptimizerStateDtypeCpuOffloadAndReplicateNameWhatTheyNeed) {
   EXPECT_EQ(load_config({base_}, {"optimizer.state_dtype=bfloat16"}).optimizer.state_dtype, "bfloat16");
   EXPECT_TRUE(load_config({base_}, {"dist.sharding=full_shard", "dist.cpu_offload=true"}).dist.cpu_offload);
   EXPECT_EQ(error_of({base_}, {"optimizer.state_dtype=bfloat16", "optimizer.fused=false"}),
@@ -351,6 +352,10 @@ TEST_F(ConfigTest, OptimizerStateDtypeAndCpuOffloadNameWhatTheyNeed) {
             "command line (dist.cpu_offload=true): dist.cpu_offload: offloads the shards of full_shard; set "
             "dist.sharding: full_shard (it is no_shard)");
   EXPECT_NE(error_of({base_}, {"optimizer.state_dtype=float16"}).find("expected one of"), std::string::npos);
+  EXPECT_EQ(load_config({base_}, {"dist.sharding=full_shard", "dist.replicate=2"}).dist.replicate, 2);
+  EXPECT_EQ(error_of({base_}, {"dist.replicate=2"}),
+            "command line (dist.replicate=2): dist.replicate: replicates shards across groups of ranks; set "
+            "dist.sharding: full_shard or shard_grad_op (it is no_shard, which replicates everything already)");
 }
 
 // train.num_train_epochs counts the run instead of train.max_steps for the

@@ -241,12 +241,15 @@ logging: {level: warn}
   for (const auto& u : meta["units"]) numel += u["numel"].get<double>();
   ASSERT_GT(numel, 1e7);
   std::map<int, std::vector<nlohmann::json>> phases;
-  for (const int ranks : {1, 2, 4}) {
+  for (const int ranks : {1, 2, 4, -4}) {  // -4: 4 ranks as 2 replica groups of 2 (dist.replicate)
     const auto out = dir / concat("resume-", ranks);
     stdfs::create_directories(out);
     stdfs::copy(source / "checkpoint-2", out / "checkpoint-2", stdfs::copy_options::recursive);
-    ASSERT_EQ(train(dir / "big.yaml", out, ranks == 1 ? 0 : ranks, "train.max_steps=3 train.save_every=0"), 0);
-    phases[ranks] = host_phases(out, ranks);
+    const int n = std::abs(ranks);
+    ASSERT_EQ(train(dir / "big.yaml", out, n == 1 ? 0 : n,
+                    std::string("train.max_steps=3 train.save_every=0") + (ranks < 0 ? " dist.replicate=2" : "")),
+              0);
+    phases[ranks] = host_phases(out, n);
   }
   const double state = 16.0 * numel;
   for (const char* phase : {"load", "resume", "train", "save"}) {
@@ -255,15 +258,17 @@ logging: {level: warn}
       for (const auto& p : phases.at(ranks)) m = std::max(m, p.at(phase).at("peak_bytes").get<double>());
       return m;
     };
-    const double one = most(1), two = most(2), four = most(4);
+    const double one = most(1), two = most(2), four = most(4), hybrid = most(-4);
     std::cout << "[memory] " << phase << ": peak per rank " << one / 1e6 << " MB (1 rank), " << two / 1e6 << " MB (2), "
-              << four / 1e6 << " MB (4); float32 state " << state / 1e6 << " MB\n";
+              << four / 1e6 << " MB (4), " << hybrid / 1e6 << " MB (4 as 2 x 2, hybrid); float32 state " << state / 1e6
+              << " MB\n";
     // Printed, not asserted: loading builds the whole model on every rank first, and the final save gathers the
     // HF folder (docs/distributed.md, "Not done yet").
     if (std::string(phase) == "load" || std::string(phase) == "save") continue;
     // Ideal: each rank drops (1 - 1/W) of the state; allow a fifth of that to other memory.
     EXPECT_GE(one - two, 0.8 * state / 2) << phase;
     EXPECT_GE(one - four, 0.8 * state * 3 / 4) << phase;
+    EXPECT_GE(one - hybrid, 0.8 * state / 2) << phase << ": a hybrid rank shards over its group of 2";
   }
 
   // A fresh run from the model's HF folder: one process loads it whole; under full_shard each rank builds the
@@ -347,6 +352,44 @@ TEST_F(DistRuns, ResumesBitIdenticallyOnTwoRanksAndWithinToleranceOnOneOrThree) 
   // A plain single process (no mpirun, no dist keys) resumes it too.
   expect_close_losses(straight, resume("resume-2to-plain", 0, ""), 11, 20, 1e-5, "2 ranks -> plain process");
   expect_close_losses(straight, resume("resume-2to3", 3), 11, 20, 1e-5, "2 -> 3 ranks");
+}
+
+// Hybrid sharding (dist.replicate): 4 ranks as 2 replica groups of 2 full_shard ranks train as one process
+// does, each rank holding what a rank of a 2-rank full_shard run holds (its group shards over 2); the first
+// group writes the shards; a resume on the same layout repeats the run bit for bit, and 2 plain full_shard
+// ranks continue it.
+TEST_F(DistRuns, HybridShardingOnTwoByTwoRanksTrainsLikeOneProcess) {
+  const auto base = read_metrics(plain() / "metrics.jsonl");
+  // Micro-batches of 1: 12 samples a step divide among 4 ranks (the loss is the same: padding changes nothing).
+  const std::string hybrid = "dist.sharding=full_shard dist.replicate=2 train.micro_batch_size=1";
+  const auto out = *dir_ / "hsdp-2x2";
+  std::string log;
+  train(cfg(), out, 4, hybrid, &log);
+  EXPECT_NE(log.find("full_shard, hybrid: 2 replicas of 2 ranks"), std::string::npos) << log;
+  const auto got = read_metrics(out / "metrics.jsonl");
+  ASSERT_EQ(got.size(), 20u);
+  expect_close_losses(base, got, 1, 20, 1e-5, "hybrid 2 x 2");
+  const auto two = read_metrics(run("full_shard-2", 2, "dist.sharding=full_shard") / "metrics.jsonl");
+  EXPECT_EQ(state_bytes(got.at(20)), state_bytes(two.at(20)));
+  const auto shards = out / "checkpoint-20" / "shards";
+  EXPECT_TRUE(stdfs::exists(shards / "shard-00001-of-00002.safetensors"));
+  EXPECT_FALSE(stdfs::exists(shards / "shard-00002-of-00004.safetensors"));
+  EXPECT_LE(max_param_diff(plain() / "checkpoint-20" / "model.safetensors", out / "checkpoint-20"), 1e-5);
+  const auto resume = [&](const std::string& name, int ranks, const std::string& extra) {
+    const auto dir = *dir_ / name;
+    stdfs::create_directories(dir);
+    stdfs::copy(out / "checkpoint-10", dir / "checkpoint-10", stdfs::copy_options::recursive);
+    train(cfg(), dir, ranks, extra);
+    return read_metrics(dir / "metrics.jsonl");
+  };
+  const auto again = resume("hsdp-2x2-resumed", 4, hybrid);
+  ASSERT_EQ(again.size(), 10u);
+  for (int64_t s = 11; s <= 20; ++s) {
+    EXPECT_EQ(again.at(s)["loss"].get<double>(), got.at(s)["loss"].get<double>()) << "step " << s;
+    EXPECT_EQ(again.at(s)["grad_norm"].get<double>(), got.at(s)["grad_norm"].get<double>()) << "step " << s;
+  }
+  expect_close_losses(got, resume("hsdp-to-2", 2, "dist.sharding=full_shard train.micro_batch_size=1"), 11, 20, 1e-5,
+                      "hybrid 2 x 2 -> 2");
 }
 
 TEST_F(DistRuns, MixedPrecisionTrainsCloseToFloat32) {

@@ -517,6 +517,7 @@ struct DistConfig {
   std::string reduce_dtype = "float32";
   bool consolidated_checkpoints = true;
   bool cpu_offload = false;
+  int64_t replicate = 1;
 
   template <class V>
   void visit(V& v) {
@@ -545,6 +546,11 @@ struct DistConfig {
             "written by the rank that owns the unit, so a rank holds about 1/W of the model while saving. Turn "
             "off to write only the shards (anvil export consolidates later).",
             changeable_on_resume());
+    v.field("replicate", replicate,
+            "Hybrid sharding (HSDP): the ranks form this many replica groups of world_size / replicate consecutive "
+            "ranks; dist.sharding applies within a group (one node's GPUs, say) and the groups hold the same shards, "
+            "their reduced gradients all-reduced across groups. 1 = shard over every rank. docs/distributed.md.",
+            changeable_on_resume(positive()));
     v.field("cpu_offload", cpu_offload,
             "full_shard only: each unit's float32 master shard, its gradient and AdamW's moments live in host "
             "memory (pinned on CUDA) and the fused CPU AdamW steps them; the device keeps the dist.param_dtype "
