@@ -66,6 +66,7 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
   const int64_t group =
       cfg.dist.replicate > 1 && p.world % cfg.dist.replicate == 0 ? p.world / cfg.dist.replicate : p.world;
   for (const auto n : units) per_rank += shards_state ? shard_of(n, group) : n;
+  if (shards_state) p.replicas = p.world / group;
   const double pb = dtype_bytes(cfg.dist.param_dtype), rb = dtype_bytes(cfg.dist.reduce_dtype);
   p.masters = 4.0 * static_cast<double>(per_rank);
   p.gradients = p.masters;
@@ -103,8 +104,9 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
 
 std::string describe(const MemoryPlan& p) {
   std::ostringstream os;
-  os << "  memory per rank (" << p.world << " rank(s), " << (p.strategy == "none" ? "one process" : p.strategy) << "; "
-     << p.parameters << " parameters): " << bytes_str(p.step_peak()) << " at a step\n"
+  os << "  memory per rank (" << p.world << " rank(s), " << (p.strategy == "none" ? "one process" : p.strategy)
+     << (p.replicas > 1 ? concat(" in ", p.replicas, " replica groups") : std::string()) << "; " << p.parameters
+     << " parameters): " << bytes_str(p.step_peak()) << " at a step\n"
      << "    state" << (p.offload ? ", in host memory (dist.cpu_offload)" : "") << ": " << bytes_str(p.state())
      << " (float32 masters " << bytes_str(p.masters) << ", gradients " << bytes_str(p.gradients) << ", AdamW moments "
      << bytes_str(p.moments) << ")\n";

@@ -22,6 +22,7 @@ struct MemoryPlan {
   int64_t largest_block = 0;  // elements of the largest transformer block
   int64_t root = 0;           // elements outside the blocks (embeddings, final norm, heads)
   std::string strategy;       // dist.sharding, or "none" on one process
+  int64_t replicas = 1;       // dist.replicate: replica groups, each sharding over world / replicas ranks
   // Bytes per rank.
   double masters = 0;        // float32 master parameters (the rank's shards, or whole)
   double gradients = 0;      // the masters' gradients

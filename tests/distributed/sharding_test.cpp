@@ -390,6 +390,9 @@ TEST_F(DistRuns, HybridShardingOnTwoByTwoRanksTrainsLikeOneProcess) {
   }
   expect_close_losses(got, resume("hsdp-to-2", 2, "dist.sharding=full_shard train.micro_batch_size=1"), 11, 20, 1e-5,
                       "hybrid 2 x 2 -> 2");
+  // shard_grad_op within the groups too.
+  const auto sgo = run("hsdp-sgo", 4, "dist.sharding=shard_grad_op dist.replicate=2 train.micro_batch_size=1");
+  expect_close_losses(base, read_metrics(sgo / "metrics.jsonl"), 1, 20, 1e-5, "hybrid 2 x 2, shard_grad_op");
 }
 
 TEST_F(DistRuns, MixedPrecisionTrainsCloseToFloat32) {
