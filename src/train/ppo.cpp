@@ -40,27 +40,16 @@
 #include "train/ppo_rollout.h"
 #include "train/run_setup.h"
 #include "train/step_batches.h"
+#include "train/ppo_state.h"
 
 namespace anvil::train {
-
-using rewards::ResponseRewards;
-
-namespace {
-
-/// A prompt of the rollout: the sample and its place in the global stream.
-struct RolloutPrompt {
-  const chat::PromptSample* sample;
-  int64_t global_index;
-};
-
-}  // namespace
 
 /// (B, R) log-probabilities of `tokens` at the (B, R, C) hidden states
 /// `sel` under softmax(logits / temperature): through the fused head
 /// (train.fused_loss), or from the whole (B, R, V) logits. With `entropy`,
 /// each position's entropy too (no grad).
 at::Tensor token_logps(models::CausalLM& model, const at::Tensor& sel, const at::Tensor& tokens, double temperature,
-                       bool fused, at::Tensor* entropy = nullptr) {
+                       bool fused, at::Tensor* entropy) {
   if (fused && model.final_logit_softcap() == 0) {  // soft-capped logits (Gemma) take the plain head
     const auto head = model.output_head();
     at::Tensor ent;
@@ -73,81 +62,6 @@ at::Tensor token_logps(models::CausalLM& model, const at::Tensor& sel, const at:
   if (entropy) *entropy = -(all.exp() * all).sum(-1).detach();
   return all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1);
 }
-
-struct PpoObjective::State {
-  config::RunConfig cfg;
-  const PpoConfig& ppo;
-  const tokenizer::Tokenizer& tok;
-  int64_t pad_id = 0, stop_id = -1;
-  MixtureData<data::PromptDataset> data;
-  std::unique_ptr<data::MixtureSampler> prompts;
-  std::unique_ptr<StepBatches> source;  // the rollout's minibatches; its state is the prompt stream's position
-  RankContext ranks;
-  FrozenModel reference;
-  std::unique_ptr<ResponseRewards> rewards;
-  std::unique_ptr<rewards::EnvironmentProgram> environment;  // ppo.environment.command: multi-turn rollouts
-  const chat::ChatTemplate* chat = nullptr;                  // renders the environment's messages
-  bool value_head = false;                                   // advantage gae: values from a head or a critic
-  std::shared_ptr<models::CausalLM> critic;  // ppo.critic_from: trained beside the policy (RunContext::train)
-  double kl_coef = 0;
-  RunningMoments moments;
-  double rollout_kl = 0;     // mean summed KL of the last rollout, for the controller
-  int64_t rollout_rows = 0;  // sequences per rollout (all ranks)
-  int64_t steps_done_in_iteration = 0;
-  double learn_seconds = 0;
-  std::chrono::steady_clock::time_point learn_start;
-
-  State(const config::RunConfig& c, const tokenizer::Tokenizer& t) : cfg(c), ppo(ppo_config(cfg)), tok(t) {}
-
-  int64_t minibatch_rows() const { return cfg.train.micro_batch_size * micro_per_step(); }
-  LossWeighting weighting() const {
-    return {ppo.loss_aggregation, ppo.loss_constant > 0 ? ppo.loss_constant : static_cast<double>(ppo.max_new_tokens),
-            ppo.mask_truncated_completions};
-  }
-  int64_t micro_per_step() const {
-    return cfg.train.global_batch_size > 0 ? cfg.train.global_batch_size / cfg.train.micro_batch_size
-                                           : cfg.train.grad_accum_steps;
-  }
-  std::vector<double> score(const std::vector<RolloutPrompt>& prompts, const std::vector<RolloutRow>& rows,
-                            int64_t per_prompt, std::vector<std::vector<double>>* components = nullptr);
-  /// The rollout's sampling (greedy: eval's), up to max_new_tokens (eval's), without row seeds.
-  generation::SamplingOptions sampling(bool greedy) const {
-    generation::SamplingOptions so;
-    so.greedy = greedy;
-    so.temperature = ppo.temperature;
-    so.top_k = ppo.top_k;
-    so.top_p = ppo.top_p;
-    so.eos_id = stop_id;
-    so.max_new_tokens = greedy ? cfg.eval.max_new_tokens : ppo.max_new_tokens;
-    so.batch_size = greedy ? cfg.eval.batch_size : ppo.generation_batch_size;
-    return so;
-  }
-  std::vector<RolloutRow> generate(models::CausalLM& policy, const std::vector<RolloutPrompt>& mine, int64_t per_prompt,
-                                   uint64_t seed, bool greedy);
-  /// Multi-turn rollouts with the environment (ppo.environment): turns of
-  /// generation, each answered by the program, until it says done.
-  std::vector<RolloutRow> episodes(models::CausalLM& policy, const std::vector<RolloutPrompt>& mine, int64_t per_prompt,
-                                   uint64_t seed, bool greedy);
-  /// The tokens that follow an assistant turn's end of turn when `message`
-  /// is appended to `conversation` (which ends with that turn), up to the
-  /// next assistant header, as the chat template renders them.
-  std::vector<int64_t> appended_tokens(const std::vector<chat::Message>& conversation, const chat::Message& message,
-                                       const chat::PromptSample& sample) const;
-  void forward_logps(models::CausalLM& model, std::vector<RolloutRow>& rows, bool reference_model, bool values);
-  /// Per-token values (B, R) of the tokens at `pos` of `ids`: the critic's,
-  /// or the value head's on the policy's hidden states `sel` there.
-  at::Tensor values(models::CausalLM& policy, const at::Tensor& ids, const at::Tensor& pos, const at::Tensor& sel);
-  /// The rollout: prompts drawn, responses sampled and scored, rows exchanged.
-  std::vector<RolloutRow> collect(Engine& engine, uint64_t seed, Metrics& m);
-  /// ppo.dynamic_sampling: keeps the groups of `first` whose scores differ
-  /// and collects more rounds until prompts_per_rollout such groups are in
-  /// (at most dynamic_sampling_max_rounds rounds; then dropped groups fill).
-  std::vector<RolloutRow> fill_groups(Engine& engine, uint64_t seed, std::vector<RolloutRow> first, Metrics& m);
-  /// (advantages, returns), (N, R) float32, and the rollout's metrics.
-  std::pair<at::Tensor, at::Tensor> advantages(const std::vector<RolloutRow>& rows, Metrics& m);
-  std::vector<Batch> schedule(const std::vector<RolloutRow>& rows, const at::Tensor& adv, const at::Tensor& ret,
-                              uint64_t seed) const;
-};
 
 PpoObjective::PpoObjective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok,
                            const chat::ChatTemplate& chat)
@@ -313,104 +227,6 @@ std::vector<RolloutRow> PpoObjective::State::generate(models::CausalLM& policy, 
     rows[i].prompt = prompts[i];
     rows[i].response = out[i];
     rows[i].ended = !out[i].empty() && out[i].back() == stop_id;
-  }
-  return rows;
-}
-
-std::vector<int64_t> PpoObjective::State::appended_tokens(const std::vector<chat::Message>& conversation,
-                                                          const chat::Message& message,
-                                                          const chat::PromptSample& sample) const {
-  // What the template writes after the turn's end of turn (chatml's newline),
-  // then the message and the next assistant header: the rendering with the
-  // message minus the rendering without it.
-  const auto before = chat->encode(tok, conversation, false, sample.tools).input_ids;
-  auto next = conversation;
-  next.push_back(message);
-  const auto after = chat->encode_prompt(tok, next, sample.tools);
-  if (after.size() < before.size() || !std::equal(before.begin(), before.end(), after.begin()))
-    throw DataError(concat(sample.where, ": data.template ", chat->name(), " renders the conversation with the ",
-                           "environment's ", message.role, " message so that it does not begin with the ",
-                           "conversation as rendered before it; its tokens cannot be appended to the rollout"));
-  const auto eot = std::find(before.rbegin(), before.rend(), stop_id);
-  if (eot == before.rend())
-    throw Error(concat("data.template ", chat->name(), ": an assistant turn renders without its end of turn (token ",
-                       stop_id, ")"));
-  std::vector<int64_t> out(eot.base(), before.end());
-  out.insert(out.end(), after.begin() + static_cast<std::ptrdiff_t>(before.size()), after.end());
-  return out;
-}
-
-std::vector<RolloutRow> PpoObjective::State::episodes(models::CausalLM& policy, const std::vector<RolloutPrompt>& mine,
-                                                      int64_t per_prompt, uint64_t seed, bool greedy) {
-  struct Episode {
-    const chat::PromptSample* sample;
-    std::vector<chat::Message> conversation;
-    uint64_t seed;
-    bool open = true;
-  };
-  const int64_t budget = greedy ? cfg.eval.max_new_tokens : ppo.max_new_tokens;  // every token after the prompt
-  std::vector<Episode> eps;
-  std::vector<RolloutRow> rows;
-  for (const auto& p : mine)
-    for (int64_t k = 0; k < per_prompt; ++k) {
-      // A text prompt is the user's first message.
-      auto conversation = p.sample->messages;
-      if (p.sample->text_prompt || conversation.empty()) conversation = {{"user", p.sample->prompt}};
-      eps.push_back({p.sample, std::move(conversation),
-                     seed ^ (static_cast<uint64_t>(p.global_index * per_prompt + k) * 0x9E3779B97F4A7C15ull)});
-      rows.emplace_back();
-      rows.back().prompt = p.sample->prompt_ids;
-      rows.back().turns = 0;
-    }
-  for (int64_t turn = 1; turn <= ppo.max_turns; ++turn) {
-    std::vector<size_t> open;
-    for (size_t i = 0; i < eps.size(); ++i)
-      if (eps[i].open) open.push_back(i);
-    if (open.empty()) break;
-    auto so = sampling(greedy);
-    so.max_new_tokens = 0;  // the most any open episode has room for, below
-    std::vector<std::vector<int64_t>> contexts;
-    for (const auto i : open) {
-      auto context = rows[i].prompt;
-      context.insert(context.end(), rows[i].response.begin(), rows[i].response.end());
-      contexts.push_back(std::move(context));
-      // Each turn its own stream, from the sample's place in the prompt stream and the turn.
-      so.row_seeds.push_back(eps[i].seed + static_cast<uint64_t>(turn - 1) * 0xD1B54A32D192ED03ull);
-      so.max_new_tokens = std::max<int64_t>(so.max_new_tokens, budget - static_cast<int64_t>(rows[i].response.size()));
-    }
-    const auto out = generation::generate(policy, contexts, so);
-    for (size_t j = 0; j < open.size(); ++j) {
-      auto& e = eps[open[j]];
-      auto& r = rows[open[j]];
-      auto t = out[j];
-      const auto room = static_cast<size_t>(budget - static_cast<int64_t>(r.response.size()));
-      if (t.size() > room) t.resize(room);  // a longer budget served another row
-      const bool ended = !t.empty() && t.back() == stop_id;
-      r.response.insert(r.response.end(), t.begin(), t.end());
-      r.appended.resize(r.response.size(), 0);
-      r.answer.assign(t.begin(), ended ? t.end() - 1 : t.end());
-      r.ended = ended;
-      r.turns = turn;
-      e.conversation.push_back({"assistant", tok.decode(r.answer)});
-      const bool out_of_room = static_cast<int64_t>(r.response.size()) >= budget;
-      auto reply = environment->step(rewards::environment_line(e.sample->record, e.conversation, turn,
-                                                               turn == ppo.max_turns || !ended || out_of_room, ended,
-                                                               e.sample->where));
-      if (!reply.done) {
-        const auto more = appended_tokens(e.conversation, reply.message, *e.sample);
-        if (static_cast<int64_t>(r.response.size() + more.size()) < budget) {
-          r.response.insert(r.response.end(), more.begin(), more.end());
-          r.appended.resize(r.response.size(), 1);
-          e.conversation.push_back(reply.message);
-          continue;  // the policy takes the next turn
-        }
-        // No room for the message and another turn: the episode ends here.
-        reply = environment->step(
-            rewards::environment_line(e.sample->record, e.conversation, turn, true, ended, e.sample->where));
-      }
-      r.env_reward = reply.reward;
-      e.open = false;
-    }
   }
   return rows;
 }

@@ -1,0 +1,120 @@
+#pragma once
+// PPO's state (PpoObjective::State) and what its parts share: ppo.cpp (the
+// iteration, advantages, the loss) and ppo_episodes.cpp (multi-turn rollouts
+// with an environment program). Private to src/train.
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "anvil/chat/chat.h"
+#include "anvil/generation/generate.h"
+#include "anvil/rewards/rewards.h"
+#include "anvil/train/engine.h"
+#include "anvil/train/ppo.h"
+#include "data/datasets.h"
+#include "data/mixture.h"
+#include "rewards/environment.h"
+#include "train/lm_data.h"
+#include "train/ppo_metrics.h"
+#include "train/ppo_rollout.h"
+#include "train/run_setup.h"
+#include "train/step_batches.h"
+
+namespace anvil::train {
+
+using rewards::ResponseRewards;
+
+/// A prompt of the rollout: the sample and its place in the global stream.
+struct RolloutPrompt {
+  const chat::PromptSample* sample;
+  int64_t global_index;
+};
+
+/// (B, R) log-probabilities of `tokens` at the (B, R, C) hidden states
+/// `sel` under softmax(logits / temperature): through the fused head
+/// (train.fused_loss), or from the whole (B, R, V) logits. With `entropy`,
+/// each position's entropy too (no grad).
+at::Tensor token_logps(models::CausalLM& model, const at::Tensor& sel, const at::Tensor& tokens, double temperature,
+                       bool fused, at::Tensor* entropy = nullptr);
+
+struct PpoObjective::State {
+  config::RunConfig cfg;
+  const PpoConfig& ppo;
+  const tokenizer::Tokenizer& tok;
+  int64_t pad_id = 0, stop_id = -1;
+  MixtureData<data::PromptDataset> data;
+  std::unique_ptr<data::MixtureSampler> prompts;
+  std::unique_ptr<StepBatches> source;  // the rollout's minibatches; its state is the prompt stream's position
+  RankContext ranks;
+  FrozenModel reference;
+  std::unique_ptr<ResponseRewards> rewards;
+  std::unique_ptr<rewards::EnvironmentProgram> environment;  // ppo.environment.command: multi-turn rollouts
+  const chat::ChatTemplate* chat = nullptr;                  // renders the environment's messages
+  bool value_head = false;                                   // advantage gae: values from a head or a critic
+  std::shared_ptr<models::CausalLM> critic;  // ppo.critic_from: trained beside the policy (RunContext::train)
+  double kl_coef = 0;
+  RunningMoments moments;
+  double rollout_kl = 0;     // mean summed KL of the last rollout, for the controller
+  int64_t rollout_rows = 0;  // sequences per rollout (all ranks)
+  int64_t steps_done_in_iteration = 0;
+  double learn_seconds = 0;
+  std::chrono::steady_clock::time_point learn_start;
+
+  State(const config::RunConfig& c, const tokenizer::Tokenizer& t) : cfg(c), ppo(ppo_config(cfg)), tok(t) {}
+
+  int64_t minibatch_rows() const { return cfg.train.micro_batch_size * micro_per_step(); }
+  LossWeighting weighting() const {
+    return {ppo.loss_aggregation, ppo.loss_constant > 0 ? ppo.loss_constant : static_cast<double>(ppo.max_new_tokens),
+            ppo.mask_truncated_completions};
+  }
+  int64_t micro_per_step() const {
+    return cfg.train.global_batch_size > 0 ? cfg.train.global_batch_size / cfg.train.micro_batch_size
+                                           : cfg.train.grad_accum_steps;
+  }
+  std::vector<double> score(const std::vector<RolloutPrompt>& prompts, const std::vector<RolloutRow>& rows,
+                            int64_t per_prompt, std::vector<std::vector<double>>* components = nullptr);
+  /// The rollout's sampling (greedy: eval's), up to max_new_tokens (eval's), without row seeds.
+  generation::SamplingOptions sampling(bool greedy) const {
+    generation::SamplingOptions so;
+    so.greedy = greedy;
+    so.temperature = ppo.temperature;
+    so.top_k = ppo.top_k;
+    so.top_p = ppo.top_p;
+    so.eos_id = stop_id;
+    so.max_new_tokens = greedy ? cfg.eval.max_new_tokens : ppo.max_new_tokens;
+    so.batch_size = greedy ? cfg.eval.batch_size : ppo.generation_batch_size;
+    return so;
+  }
+  std::vector<RolloutRow> generate(models::CausalLM& policy, const std::vector<RolloutPrompt>& mine, int64_t per_prompt,
+                                   uint64_t seed, bool greedy);
+  /// Multi-turn rollouts with the environment (ppo.environment): turns of
+  /// generation, each answered by the program, until it says done.
+  std::vector<RolloutRow> episodes(models::CausalLM& policy, const std::vector<RolloutPrompt>& mine, int64_t per_prompt,
+                                   uint64_t seed, bool greedy);
+  /// The tokens that follow an assistant turn's end of turn when `message`
+  /// is appended to `conversation` (which ends with that turn), up to the
+  /// next assistant header, as the chat template renders them.
+  std::vector<int64_t> appended_tokens(const std::vector<chat::Message>& conversation, const chat::Message& message,
+                                       const chat::PromptSample& sample) const;
+  void forward_logps(models::CausalLM& model, std::vector<RolloutRow>& rows, bool reference_model, bool values);
+  /// Per-token values (B, R) of the tokens at `pos` of `ids`: the critic's,
+  /// or the value head's on the policy's hidden states `sel` there.
+  at::Tensor values(models::CausalLM& policy, const at::Tensor& ids, const at::Tensor& pos, const at::Tensor& sel);
+  /// The rollout: prompts drawn, responses sampled and scored, rows exchanged.
+  std::vector<RolloutRow> collect(Engine& engine, uint64_t seed, Metrics& m);
+  /// ppo.dynamic_sampling: keeps the groups of `first` whose scores differ
+  /// and collects more rounds until prompts_per_rollout such groups are in
+  /// (at most dynamic_sampling_max_rounds rounds; then dropped groups fill).
+  std::vector<RolloutRow> fill_groups(Engine& engine, uint64_t seed, std::vector<RolloutRow> first, Metrics& m);
+  /// (advantages, returns), (N, R) float32, and the rollout's metrics.
+  std::pair<at::Tensor, at::Tensor> advantages(const std::vector<RolloutRow>& rows, Metrics& m);
+  std::vector<Batch> schedule(const std::vector<RolloutRow>& rows, const at::Tensor& adv, const at::Tensor& ret,
+                              uint64_t seed) const;
+};
+
+}  // namespace anvil::train
