@@ -682,19 +682,26 @@ eval: {batch_size: 8, max_batches: 2, generate_samples: 0}
     train(cfg_path, one, 0);
     std::string log;
     train(cfg_path, two, 2, "dist.sharding=full_shard", &log);
+    // DPO as 2 x 2 hybrid ranks too: the frozen reference shards within the replica groups like the policy.
+    const auto hybrid = *dir_ / (std::string(algorithm) + "-2x2");
+    if (std::string(algorithm) == "dpo") train(cfg_path, hybrid, 4, "dist.sharding=full_shard dist.replicate=2");
     // DPO's frozen reference is sharded like the policy, not a whole copy per rank.
     if (std::string(algorithm) == "dpo")
       EXPECT_NE(log.find("parameter bytes on this rank: full_shard over 2 ranks"), std::string::npos) << log;
-    const auto a = read_metrics(one / "metrics.jsonl"), b = read_metrics(two / "metrics.jsonl");
+    const auto a = read_metrics(one / "metrics.jsonl");
     ASSERT_EQ(a.size(), 6u) << algorithm;
-    ASSERT_EQ(b.size(), 6u) << algorithm;
-    for (const auto& [step, m] : a)
-      for (const auto& [key, v] : m.items()) {
-        if (!v.is_number() || key == "tokens_per_s" || key.rfind("memory/", 0) == 0) continue;
-        ASSERT_TRUE(b.at(step).contains(key)) << algorithm << " step " << step << " lacks " << key;
-        const double x = v.get<double>(), y = b.at(step)[key].get<double>();
-        EXPECT_LE(std::abs(x - y), 1e-5 * std::abs(x) + 1e-6) << algorithm << " step " << step << " " << key;
-      }
+    for (const auto& other : {two, hybrid}) {
+      if (!stdfs::exists(other)) continue;
+      const auto b = read_metrics(other / "metrics.jsonl");
+      ASSERT_EQ(b.size(), 6u) << other;
+      for (const auto& [step, m] : a)
+        for (const auto& [key, v] : m.items()) {
+          if (!v.is_number() || key == "tokens_per_s" || key.rfind("memory/", 0) == 0) continue;
+          ASSERT_TRUE(b.at(step).contains(key)) << other << " step " << step << " lacks " << key;
+          const double x = v.get<double>(), y = b.at(step)[key].get<double>();
+          EXPECT_LE(std::abs(x - y), 1e-5 * std::abs(x) + 1e-6) << other << " step " << step << " " << key;
+        }
+    }
   }
 }
 
