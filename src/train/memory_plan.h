@@ -34,10 +34,8 @@ struct MemoryPlan {
   bool offload = false;      // dist.cpu_offload: state() lives in host memory
   double device_shards = 0;  // under offload: the param_dtype shards the device keeps
   double state() const { return masters + gradients + moments; }
-  /// What the device (or, on CPU runs, the process) holds at a step.
+  /// What the device (or, on CPU runs, the process) holds at a step; under offload state() is host memory.
   double step_peak() const { return (offload ? device_shards : state()) + gathered + reductions + activations; }
-  /// Host memory the offloaded state takes (0 without offload).
-  double host() const { return offload ? state() : 0; }
 };
 
 /// The plan of `model` (built or deferred: only shapes are read) for
