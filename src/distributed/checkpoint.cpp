@@ -127,8 +127,8 @@ ShardedSave prepare_sharded_save(const stdfs::path& output_dir, ShardedModel& mo
       for (const auto& p : model.layouts()[u].params) {
         if (!saved(p.name)) continue;
         const auto view = flat.narrow(0, p.offset, p.numel).view(p.shape);
-        if (checkpoint::is_head_parameter(p.name)) {
-          if (owner) s.heads.emplace(p.name, view);
+        if (checkpoint::is_head_parameter(p.name)) {  // small: one file, by rank 0 (root and root.frozen hold heads)
+          if (s.rank == 0) s.heads.emplace(p.name, view);
           continue;
         }
         weight_map[p.name] = file;
@@ -151,12 +151,14 @@ ShardedSave prepare_sharded_save(const stdfs::path& output_dir, ShardedModel& mo
   s.tokenizer = tokenizer;
   s.run_config_yaml = run_config_yaml;
   int64_t adam_step = 0;
-  if (auto* st = optim::adamw_state(optimizer, masters.front())) adam_step = st->step();
+  if (const auto trained = model.trained_master_parameters(); !trained.empty())
+    if (auto* st = optim::adamw_state(optimizer, trained.front())) adam_step = st->step();
   nlohmann::json units = nlohmann::json::array();
   for (const auto& l : model.layouts()) {
     nlohmann::json params = nlohmann::json::array();
     for (const auto& p : l.params) params.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}});
     units.push_back({{"name", l.name}, {"numel", l.numel}, {"params", params}});
+    if (l.frozen) units.back()["frozen"] = true;  // its ".param" is in dist.param_dtype, with no moments
   }
   // Element ranges per shard, as every rank computes them (the same rule).
   nlohmann::json ranges = nlohmann::json::array();
@@ -391,7 +393,7 @@ io::TrainerState load_sharded_checkpoint(const stdfs::path& dir, ShardedModel& m
     const auto [b, e] = model.shard_range(u);
     const auto shard = masters[u].numel();
     model.load_unit_shard(u, files.read(u, name + ".param", b, e, shard, true));
-    if (adam_step == 0) continue;
+    if (adam_step == 0 || layouts[u].frozen) continue;
     auto st = std::make_unique<torch::optim::AdamWParamState>();
     st->step(adam_step);
     const auto moments = optim::moment_dtype(optimizer, masters[u]);

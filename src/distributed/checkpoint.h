@@ -67,7 +67,7 @@ struct ShardedSave {
   io::TensorMap whole;               // rank 0, consolidated on one rank or with LoRA: the gathered model by HF name
   /// Consolidated on several ranks: the HF folder's files this rank owns
   /// (model-K-of-N.safetensors, one per unit) and the named heads' file
-  /// (the root unit's owner); rank 0 also writes the index.
+  /// (rank 0); rank 0 also writes the index.
   std::vector<std::pair<std::string, io::TensorMap>> owned;
   io::TensorMap heads;
   nlohmann::json index;               // rank 0: model.safetensors.index.json

@@ -73,7 +73,9 @@ void alloc_storage(const at::Tensor& t) {
 // ---- units ------------------------------------------------------------------
 
 struct ShardedModel::Unit {
-  size_t index = 0;
+  size_t index = 0;  // in units_ and layouts_
+  size_t slot = 0;   // its block, or the root (the last slot)
+  bool frozen = false;
   std::vector<at::Tensor> params;
   int64_t numel = 0, padded = 0, shard = 0;  // shard = elements this rank owns (padded)
   at::Tensor master;                         // float32 (shard), the optimizer's parameter
@@ -154,73 +156,92 @@ ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_
     members[u].emplace_back(item.key(), item.value());
   }
   const bool sharded = options_.strategy != Sharding::NoShard;
-  for (size_t u = 0; u < members.size(); ++u) {
-    UnitLayout layout;
-    layout.name = u < static_cast<size_t>(L) ? model_->block_prefix(static_cast<int64_t>(u)) : "root";
-    auto unit = std::make_unique<Unit>();
-    unit->index = u;
-    for (const auto& [name, p] : members[u]) {
-      layout.params.push_back({name, p.sizes().vec(), layout.numel, p.numel()});
-      layout.numel += p.numel();
-      unit->params.push_back(p);
+  slots_.resize(members.size());
+  for (size_t slot = 0; slot < members.size(); ++slot) {
+    // A trained model's frozen parameters (options_.trains) form a unit of their own after the trained one.
+    std::vector<std::pair<std::string, at::Tensor>> parts[2];
+    for (auto& m : members[slot])
+      parts[!options_.frozen && options_.trains && !options_.trains(m.first) ? 1 : 0].push_back(std::move(m));
+    for (int part = 0; part < 2; ++part) {
+      if (parts[part].empty()) continue;
+      UnitLayout layout;
+      layout.name = slot < static_cast<size_t>(L) ? model_->block_prefix(static_cast<int64_t>(slot)) : "root";
+      if (part == 1) layout.name += ".frozen";
+      layout.frozen = options_.frozen || part == 1;
+      auto unit = std::make_unique<Unit>();
+      unit->index = units_.size();
+      unit->slot = slot;
+      unit->frozen = layout.frozen;
+      for (const auto& [name, p] : parts[part]) {
+        layout.params.push_back({name, p.sizes().vec(), layout.numel, p.numel()});
+        layout.numel += p.numel();
+        unit->params.push_back(p);
+      }
+      build_unit(std::move(unit), std::move(layout), sharded, world, rank);
     }
-    unit->numel = layout.numel;
-    unit->padded = sharded ? (layout.numel + world - 1) / world * world : layout.numel;
-    unit->shard = sharded ? unit->padded / world : unit->padded;
-    const auto device = members[u].empty() ? model_->parameters().front().device() : members[u][0].second.device();
-    if (std::any_of(unit->params.begin(), unit->params.end(),
-                    [](const at::Tensor& p) { return models::is_deferred(p); })) {
-      layouts_.push_back(std::move(layout));
-      units_.push_back(std::move(unit));
-      build_from_source(*units_.back(), layouts_.back());
-      continue;
-    }
-    auto flat = at::zeros({unit->padded}, at::TensorOptions().dtype(at::kFloat).device(device));
-    {
-      at::NoGradGuard no_grad;
-      for (size_t k = 0; k < unit->params.size(); ++k)
-        flat.narrow(0, layout.params[k].offset, layout.params[k].numel).copy_(unit->params[k].reshape(-1));
-    }
-    group_->broadcast(flat, 0, concat("initial parameters of ", layout.name));
-    if (replicas_) replicas_->broadcast(flat, 0, concat("initial parameters of ", layout.name, " across replicas"));
-    // Float32 whole parameters that stay between uses hold the master too:
-    // all of it (no_shard) or this rank's slice of it (shard_grad_op, whose
-    // all-gather then runs in place). full_shard frees the whole buffer, so
-    // its master is a copy.
-    const bool fp32 = options_.param_dtype == at::kFloat;
-    unit->whole = flat.to(options_.param_dtype);  // `flat` itself when float32
-    // A frozen model's master is never stepped: in param_dtype, and a view of
-    // the whole buffer where that stays (the root unit, or unsharded).
-    const bool frozen_root = u == static_cast<size_t>(L);
-    if (options_.frozen && sharded && !frozen_root)
-      unit->master = unit->whole.narrow(0, rank * unit->shard, unit->shard).clone();
-    else if (options_.frozen)
-      unit->master = sharded ? unit->whole.narrow(0, rank * unit->shard, unit->shard) : unit->whole;
-    else if (!sharded && fp32)
-      unit->master = unit->whole;
-    else if (!sharded)
-      unit->master = flat;
-    else if (fp32 && options_.strategy == Sharding::ShardGradOp)
-      unit->master = unit->whole.narrow(0, rank * unit->shard, unit->shard);
-    else
-      unit->master = to_master_home(flat.narrow(0, rank * unit->shard, unit->shard).clone());
-    if (offload_) unit->local = unit->master.to(device_, options_.param_dtype);
-    if (!options_.frozen) unit->master.mutable_grad() = at::zeros_like(unit->master);
-    for (size_t k = 0; k < unit->params.size(); ++k) {
-      const auto& fp = layout.params[k];
-      unit->params[k].set_data(unit->whole.narrow(0, fp.offset, fp.numel).view(fp.shape));
-      if (options_.frozen) unit->params[k].set_requires_grad(false);
-    }
-    layouts_.push_back(std::move(layout));
-    units_.push_back(std::move(unit));
-    // Freed before the next unit is built, so the constructor holds one unit's whole buffers at a time
-    // beyond the model it was given (a frozen model's root stays: release() keeps it).
-    if (options_.strategy == Sharding::FullShard) release(*units_.back());
   }
   model_->parameter_source.reset();  // every parameter is now a view of a unit's buffer; the files close
   model_->sharded_parameters = this;
   model_->set_block_runner(
       [this](size_t layer, const at::Tensor& x, const models::BlockFn& block) { return run_block(layer, x, block); });
+}
+
+void ShardedModel::build_unit(std::unique_ptr<Unit> unit, UnitLayout layout, bool sharded, int64_t world,
+                              int64_t rank) {
+  unit->numel = layout.numel;
+  unit->padded = sharded ? (layout.numel + world - 1) / world * world : layout.numel;
+  unit->shard = sharded ? unit->padded / world : unit->padded;
+  slots_[unit->slot].push_back(unit.get());
+  layouts_.push_back(std::move(layout));
+  units_.push_back(std::move(unit));
+  Unit& u = *units_.back();
+  const UnitLayout& l = layouts_.back();
+  if (std::any_of(u.params.begin(), u.params.end(), [](const at::Tensor& p) { return models::is_deferred(p); }))
+    return build_from_source(u, l);
+  const auto device = u.params.front().device();
+  auto flat = at::zeros({u.padded}, at::TensorOptions().dtype(at::kFloat).device(device));
+  {
+    at::NoGradGuard no_grad;
+    for (size_t k = 0; k < u.params.size(); ++k)
+      flat.narrow(0, l.params[k].offset, l.params[k].numel).copy_(u.params[k].reshape(-1));
+  }
+  group_->broadcast(flat, 0, concat("initial parameters of ", l.name));
+  if (replicas_) replicas_->broadcast(flat, 0, concat("initial parameters of ", l.name, " across replicas"));
+  // Float32 whole parameters that stay between uses hold the master too:
+  // all of it (no_shard) or this rank's slice of it (shard_grad_op, whose
+  // all-gather then runs in place). full_shard frees the whole buffer, so
+  // its master is a copy.
+  const bool fp32 = options_.param_dtype == at::kFloat;
+  u.whole = flat.to(options_.param_dtype);  // `flat` itself when float32
+  // A frozen unit's master is never stepped: in param_dtype, and a view of the whole buffer where that stays
+  // (unsharded, shard_grad_op, a frozen model's root).
+  const bool whole_stays = options_.strategy != Sharding::FullShard || stays_whole(u);
+  if (u.frozen && !whole_stays)
+    u.master = u.whole.narrow(0, rank * u.shard, u.shard).clone();
+  else if (u.frozen)
+    u.master = sharded ? u.whole.narrow(0, rank * u.shard, u.shard) : u.whole;
+  else if (!sharded && fp32)
+    u.master = u.whole;
+  else if (!sharded)
+    u.master = flat;
+  else if (fp32 && options_.strategy == Sharding::ShardGradOp)
+    u.master = u.whole.narrow(0, rank * u.shard, u.shard);
+  else
+    u.master = to_master_home(flat.narrow(0, rank * u.shard, u.shard).clone());
+  if (offload_ && !u.frozen) u.local = u.master.to(device_, options_.param_dtype);
+  if (!u.frozen) u.master.mutable_grad() = at::zeros_like(u.master);
+  for (size_t k = 0; k < u.params.size(); ++k) {
+    const auto& fp = l.params[k];
+    u.params[k].set_data(u.whole.narrow(0, fp.offset, fp.numel).view(fp.shape));
+    if (u.frozen) u.params[k].set_requires_grad(false);
+  }
+  // Freed before the next unit is built, so the constructor holds one unit's whole buffers at a time
+  // beyond the model it was given (a frozen model's root stays: release() keeps it).
+  if (options_.strategy == Sharding::FullShard) release(u);
+}
+
+bool ShardedModel::stays_whole(const Unit& u) const {
+  return options_.frozen && u.slot + 1 == slots_.size();  // the root of a frozen model
 }
 
 void ShardedModel::build_from_source(Unit& unit, const UnitLayout& layout) {
@@ -231,7 +252,7 @@ void ShardedModel::build_from_source(Unit& unit, const UnitLayout& layout) {
   const auto device = unit.params.front().device();
   const int64_t begin = std::min<int64_t>(rank * unit.shard, unit.numel);
   const int64_t end = std::min<int64_t>(begin + unit.shard, unit.numel);
-  const auto dtype = options_.frozen ? options_.param_dtype : at::kFloat;
+  const auto dtype = unit.frozen ? options_.param_dtype : at::kFloat;
   auto master = at::zeros({unit.shard}, at::TensorOptions().dtype(at::kFloat).device(device));
   at::NoGradGuard no_grad;
   for (size_t k = 0; k < unit.params.size(); ++k) {
@@ -248,20 +269,20 @@ void ShardedModel::build_from_source(Unit& unit, const UnitLayout& layout) {
                 " elements for ", hi - lo);
     master.narrow(0, lo - begin, hi - lo).copy_(values.reshape(-1));
   }
-  unit.master = to_master_home(master.to(dtype));
-  if (offload_) unit.local = unit.master.to(device_, options_.param_dtype);
-  if (!options_.frozen) unit.master.mutable_grad() = at::zeros_like(unit.master);
+  unit.master = unit.frozen ? master.to(dtype) : to_master_home(master);
+  if (offload_ && !unit.frozen) unit.local = unit.master.to(device_, options_.param_dtype);
+  if (!unit.frozen) unit.master.mutable_grad() = at::zeros_like(unit.master);
   // The whole buffer's memory, never touched, only while the views are cut (they check their storage's
   // bounds); it holds values once gathered.
   unit.whole = at::empty({unit.padded}, at::TensorOptions().dtype(options_.param_dtype).device(device));
   for (size_t k = 0; k < unit.params.size(); ++k) {
     const auto& fp = layout.params[k];
     unit.params[k].set_data(unit.whole.narrow(0, fp.offset, fp.numel).view(fp.shape));
-    if (options_.frozen) unit.params[k].set_requires_grad(false);
+    if (unit.frozen) unit.params[k].set_requires_grad(false);
   }
   free_storage(unit.whole);
   unit.resident = false;
-  if (options_.frozen && layout.name == "root") gather(unit);  // the root of a frozen model stays whole
+  if (stays_whole(unit)) gather(unit);
 }
 
 at::Tensor ShardedModel::to_master_home(const at::Tensor& t) const {
@@ -281,6 +302,17 @@ std::vector<at::Tensor> ShardedModel::master_parameters() const {
   std::vector<at::Tensor> out;
   for (const auto& u : units_) out.push_back(u->master);
   return out;
+}
+
+std::vector<at::Tensor> ShardedModel::trained_master_parameters() const {
+  std::vector<at::Tensor> out;
+  for (const auto& u : units_)
+    if (!u->frozen) out.push_back(u->master);
+  return out;
+}
+
+bool ShardedModel::has_frozen_units() const {
+  return !options_.frozen && std::any_of(units_.begin(), units_.end(), [](const auto& u) { return u->frozen; });
 }
 
 std::pair<int64_t, int64_t> ShardedModel::shard_range(size_t u) const {
@@ -305,10 +337,10 @@ at::Tensor ShardedModel::gather_master(size_t u) { return gather_master(u, units
 at::Tensor ShardedModel::gather_master(size_t u, const at::Tensor& shard) {
   auto& unit = *units_.at(u);
   TORCH_CHECK(shard.sizes() == unit.master.sizes(), "gather_master: expected a tensor shaped like the master shard");
-  if (options_.strategy == Sharding::NoShard) return shard.narrow(0, 0, unit.numel);
+  if (options_.strategy == Sharding::NoShard) return shard.narrow(0, 0, unit.numel).to(at::kFloat);
   auto whole = at::empty({unit.padded}, shard.options().device(device_));
   group_->all_gather(whole, shard.to(device_).contiguous(), concat("master values of ", layouts_[u].name)).wait();
-  return whole.narrow(0, 0, unit.numel);
+  return whole.narrow(0, 0, unit.numel).to(at::kFloat);  // a frozen unit's param_dtype values, as float32
 }
 
 void ShardedModel::load_unit(size_t u, const at::Tensor& values) { load_unit_shard(u, slice_for_rank(u, values)); }
@@ -326,7 +358,7 @@ void ShardedModel::start_gather(Unit& u) {
   if (u.resident || u.gathering) return;
   alloc_storage(u.whole);
   at::NoGradGuard no_grad;
-  u.gather_src = offload_ ? u.local : u.master.to(options_.param_dtype);
+  u.gather_src = u.local.defined() ? u.local : u.master.to(options_.param_dtype);
   u.gather_work = group_->all_gather(u.whole, u.gather_src, concat("parameters of ", layouts_[u.index].name));
   u.gathering = true;
   int64_t held = 0;
@@ -347,7 +379,7 @@ void ShardedModel::gather(Unit& u) {
 void ShardedModel::release(Unit& u) {
   if (u.gathering) gather(u);  // never free memory a collective still writes
   if (!u.resident || pinned_ || options_.strategy != Sharding::FullShard) return;
-  if (options_.frozen && layouts_.at(u.index).name == "root") return;  // the root of a frozen model stays whole
+  if (stays_whole(u)) return;
   free_storage(u.whole);
   u.resident = false;
 }
@@ -366,7 +398,7 @@ void ShardedModel::refresh_whole(Unit& u) {
     }
     case Sharding::FullShard:
       if (u.gathering) gather(u);
-      if (offload_) u.local.copy_(u.master);
+      if (u.local.defined()) u.local.copy_(u.master);
       if (u.resident) {
         u.resident = false;  // stale: gather afresh
         gather(u);
@@ -376,23 +408,28 @@ void ShardedModel::refresh_whole(Unit& u) {
 }
 
 at::Tensor ShardedModel::run_block(size_t layer, const at::Tensor& x, const models::BlockFn& block) {
-  auto& u = *units_.at(layer);
+  auto& units = slots_.at(layer);
+  // Backward runs through a block of a trained model even where all its parameters are frozen (the input's
+  // gradient needs them), so its units are gathered for it all the same.
   const bool grad = at::GradMode::is_enabled() && !options_.frozen;
-  gather(u);
+  for (auto* u : units) gather(*u);
   // Prefetch: the next block's gather runs while this block computes.
   const bool prefetch = options_.strategy == Sharding::FullShard && !pinned_;
-  if (prefetch && layer + 1 < layouts_.size() - 1) start_gather(*units_[layer + 1]);
+  if (prefetch && layer + 2 < slots_.size())
+    for (auto* u : slots_[layer + 1]) start_gather(*u);
   at::Tensor in = x;
   if (grad && x.requires_grad())
     in = PostBackward::apply(x, static_cast<int64_t>(layer), static_cast<int64_t>(reinterpret_cast<intptr_t>(this)));
   auto y = grad && options_.activation_checkpointing ? models::checkpoint_block(block, in) : block(in);
-  if (grad) u.needs_reduce = true;
+  if (grad)
+    for (auto* u : units) u->needs_reduce = !u->frozen;
   if (options_.strategy == Sharding::FullShard && !pinned_) {
-    release(u);
+    for (auto* u : units) release(*u);
     if (grad && y.requires_grad())
       y.register_hook([this, layer](const at::Tensor& g) {
-        gather(*units_[layer]);                           // before the block's backward
-        if (layer > 0) start_gather(*units_[layer - 1]);  // the next block backward needs
+        for (auto* u : slots_[layer]) gather(*u);  // before the block's backward
+        if (layer > 0)
+          for (auto* u : slots_[layer - 1]) start_gather(*u);  // the next block backward needs
         return g;
       });
   }
@@ -400,9 +437,10 @@ at::Tensor ShardedModel::run_block(size_t layer, const at::Tensor& x, const mode
 }
 
 void ShardedModel::on_block_backward_done(size_t layer) {
-  auto& u = *units_.at(layer);
-  if (sync_ && u.needs_reduce) reduce_gradients(u);
-  if (options_.strategy == Sharding::FullShard) release(u);
+  for (auto* u : slots_.at(layer)) {
+    if (sync_ && u->needs_reduce) reduce_gradients(*u);
+    if (options_.strategy == Sharding::FullShard) release(*u);
+  }
 }
 
 void ShardedModel::reduce_gradients(Unit& u) {
@@ -453,13 +491,15 @@ void ShardedModel::begin_step() {
   peak_pending_ = 0;
   for (const auto& v : units_) peak_gathered_ += static_cast<int64_t>(v->whole.storage().nbytes());
   for (auto& u : units_) {
+    if (u->frozen) continue;
     auto& g = u->master.mutable_grad();
     if (g.defined())
       g.zero_();
     else
       g = at::zeros_like(u->master);  // the optimizer's zero_grad() drops it
   }
-  if (options_.strategy == Sharding::FullShard) gather(*units_.back());
+  if (options_.strategy == Sharding::FullShard)
+    for (auto* u : root()) gather(*u);
 }
 
 void ShardedModel::finish_backward() {
@@ -467,11 +507,12 @@ void ShardedModel::finish_backward() {
     // Units whose post-backward hook did not run (e.g. a block whose input
     // needs no gradient) and the root, always in the same order on every rank.
     for (auto& u : units_)
-      if (u->needs_reduce || u.get() == units_.back().get()) reduce_gradients(*u);
+      if (!u->frozen && (u->needs_reduce || u->slot + 1 == slots_.size())) reduce_gradients(*u);
   }
   while (!pending_.empty()) fold_oldest_reduction();
   if (options_.strategy == Sharding::FullShard)
-    for (size_t i = 0; i + 1 < units_.size(); ++i) release(*units_[i]);
+    for (auto& u : units_)
+      if (u->slot + 1 < slots_.size()) release(*u);
 }
 
 at::Tensor ShardedModel::clip_grad_norm_on_device(double max_norm) {
@@ -500,7 +541,7 @@ void ShardedModel::after_optimizer_step() {
   if (options_.strategy == Sharding::FullShard) {
     for (auto& u : units_) {
       if (u->gathering) gather(*u);
-      if (offload_) u->local.copy_(u->master);  // the stepped master, to the device in param_dtype
+      if (u->local.defined()) u->local.copy_(u->master);  // the stepped master, to the device in param_dtype
       if (u->resident) {
         u->resident = false;  // its values are stale now
         if (pinned_)
@@ -511,7 +552,8 @@ void ShardedModel::after_optimizer_step() {
     }
     return;
   }
-  for (auto& u : units_) refresh_whole(*u);
+  for (auto& u : units_)
+    if (!u->frozen) refresh_whole(*u);  // a frozen unit changes only by load_unit, which refreshes it
 }
 
 void ShardedModel::gather_full_parameters() {
@@ -524,20 +566,22 @@ void ShardedModel::release_full_parameters() {
   if (pin_depth_ == 0 || --pin_depth_ > 0) return;
   pinned_ = false;
   if (options_.strategy == Sharding::FullShard)
-    for (size_t i = 0; i < units_.size(); ++i)
-      if (!(evaluating_ && i + 1 == units_.size())) release(*units_[i]);  // evaluation keeps the root
+    for (auto& u : units_)
+      if (!(evaluating_ && u->slot + 1 == slots_.size())) release(*u);  // evaluation keeps the root
 }
 
 void ShardedModel::begin_evaluation() {
   evaluating_ = true;
   eval_peak_ = 0;
   for (const auto& v : units_) eval_peak_ += static_cast<int64_t>(v->whole.storage().nbytes());
-  if (options_.strategy == Sharding::FullShard) gather(*units_.back());
+  if (options_.strategy == Sharding::FullShard)
+    for (auto* u : root()) gather(*u);
 }
 
 int64_t ShardedModel::end_evaluation() {
   evaluating_ = false;
-  if (options_.strategy == Sharding::FullShard) release(*units_.back());
+  if (options_.strategy == Sharding::FullShard)
+    for (auto* u : root()) release(*u);
   return eval_peak_;
 }
 

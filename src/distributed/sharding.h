@@ -70,6 +70,12 @@ struct ShardingOptions {
   /// and the groups hold the same shards (reduced gradients all-reduced
   /// across them). 1 = one group of every rank.
   int64_t replicate = 1;
+  /// A trained model's parameters the run trains (empty: all). The others
+  /// (LoRA's base, ILQL's target heads) form frozen units of their own beside
+  /// each block's and the root's trained one: a frozen unit holds its shard in
+  /// param_dtype only (no float32 master, gradient or optimizer state), is
+  /// gathered and freed with its block, and keeps requires_grad false.
+  std::function<bool(const std::string&)> trains;
 };
 
 /// One parameter's place in its unit's flat buffer.
@@ -80,11 +86,16 @@ struct FlatParam {
   int64_t numel = 0;
 };
 
-/// A unit: its name ("transformer.h.3" or "root") and parameters, back to back.
+/// A unit: its name ("transformer.h.3" or "root") and parameters, back to
+/// back. A trained model's frozen parameters form a unit of their own, named
+/// "<name>.frozen" ("transformer.h.3.frozen", "root.frozen").
 struct UnitLayout {
   std::string name;
   std::vector<FlatParam> params;
   int64_t numel = 0;
+  /// Never stepped: its master is the param_dtype shard, with no gradient
+  /// and no optimizer state (a frozen model's units, a trained model's frozen ones).
+  bool frozen = false;
 };
 
 /// Byte counts of distinct tensor storages held right now.
@@ -122,8 +133,13 @@ class ShardedModel : public models::ShardedParameters {
   int64_t replicas() const { return options_.replicate; }
   const ShardingOptions& options() const { return options_; }
 
-  /// The float32 master shards the optimizer steps, one per unit (layouts() order).
+  /// Every unit's master shard, in layouts() order: float32 for trained
+  /// units, param_dtype for frozen ones.
   std::vector<at::Tensor> master_parameters() const;
+  /// The float32 master shards the optimizer steps: the trained units' ones.
+  std::vector<at::Tensor> trained_master_parameters() const;
+  /// Whether some unit is frozen while the model trains (LoRA's base).
+  bool has_frozen_units() const;
   /// Where the model computes and the collectives run.
   at::Device device() const { return device_; }
   /// Where the masters, their gradients and the optimizer state live: the
@@ -174,7 +190,7 @@ class ShardedModel : public models::ShardedParameters {
   /// The same from this rank's slice alone (slice_for_rank's shape: the shard,
   /// zero-padded): a streaming resume reads no more than that.
   void load_unit_shard(size_t u, const at::Tensor& shard);
-  /// Collective: unit `u`'s whole float32 master values (numel() elements,
+  /// Collective: unit `u`'s whole master values in float32 (numel() elements,
   /// on device()), gathered from every rank's shard.
   at::Tensor gather_master(size_t u);
   /// Collective: the whole of a tensor shaped like unit `u`'s master shard
@@ -191,6 +207,10 @@ class ShardedModel : public models::ShardedParameters {
   /// A unit whose parameters are deferred (models/init.h): its master shard
   /// read from the model's parameter_source; full_shard only.
   void build_from_source(Unit& unit, const UnitLayout& layout);
+  /// The constructor's work for one unit: its flat buffers, master and views.
+  void build_unit(std::unique_ptr<Unit> unit, UnitLayout layout, bool sharded, int64_t world, int64_t rank);
+  /// A unit that stays whole under full_shard: the root of a frozen model.
+  bool stays_whole(const Unit& u) const;
   void start_gather(Unit& u);  // issues the all-gather (async where the backend allows)
   void gather(Unit& u);        // ... and waits for it
   void release(Unit& u);
@@ -210,7 +230,9 @@ class ShardedModel : public models::ShardedParameters {
   at::Device device_{at::kCPU};
   bool offload_ = false;
   std::vector<UnitLayout> layouts_;
-  std::vector<std::unique_ptr<Unit>> units_;  // blocks 0..L-1, then root
+  std::vector<std::unique_ptr<Unit>> units_;  // layouts() order: per slot, the trained unit then the frozen one
+  std::vector<std::vector<Unit*>> slots_;     // blocks 0..L-1, then the root: each slot's units
+  std::vector<Unit*>& root() { return slots_.back(); }
   struct Pending;
   std::vector<std::unique_ptr<Pending>> pending_;
   bool sync_ = true;

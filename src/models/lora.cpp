@@ -145,6 +145,10 @@ bool is_lora_parameter(const std::string& name) {
   return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
 }
 
+bool lora_trains(const std::string& name) {
+  return is_lora_parameter(name) || name.rfind("heads.", 0) == 0 || name.rfind("score.", 0) == 0;
+}
+
 void set_lora_enabled(CausalLM& model, bool enabled) {
   for (const auto& a : adaptable_layers(model)) a.layer->lora_enabled = enabled;
 }

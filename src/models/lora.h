@@ -66,6 +66,10 @@ bool has_lora(CausalLM& model);
 LoraOptions lora_options(CausalLM& model);
 /// Whether `name` is an adapter parameter ("...lora_A.weight").
 bool is_lora_parameter(const std::string& name);
+/// Whether a model with adapters trains `name`: the adapters, the named heads
+/// ("heads.": PPO's value head, ILQL's Q and V) and a reward model's score
+/// head; the base is frozen.
+bool lora_trains(const std::string& name);
 
 /// Turns every adapter on or off (a DPO reference is the base model: the
 /// policy with adapters off).

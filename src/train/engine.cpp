@@ -402,13 +402,20 @@ class ShardedEngine final : public EngineImpl {
       else
         checkpoint::load_model_and_optimizer(*resume.dir, *model, *plain);
     }
-    sharded_ = std::make_unique<distributed::ShardedModel>(model, comm, sharding_options(cfg));
-    optimizer_ = optim::make_optimizer(cfg.optimizer, sharded_->master_parameters());
+    // What the run does not train (LoRA's base, ILQL's target heads) goes into frozen units: their param_dtype
+    // shards alone, no master, gradient or optimizer state.
+    bool any = false;
+    for (const auto& p : model->named_parameters()) any = any || trains(p.key());
+    if (!any) throw ConfigError(concat(who, " trains none of the model's parameters"));
+    auto options = sharding_options(cfg);
+    options.trains = trains;
+    sharded_ = std::make_unique<distributed::ShardedModel>(model, comm, options);
+    optimizer_ = optim::make_optimizer(cfg.optimizer, sharded_->trained_master_parameters());
     if (plain)
       distributed::import_optimizer_state(*sharded_, *plain, *optimizer_);
     else if (resume.dir)
       *resume.resumed = distributed::load_sharded_checkpoint(*resume.dir, *sharded_, *optimizer_);
-    freeze(trains, who, cfg.optimizer);
+    take_weight_decay(cfg.optimizer);
   }
 
   models::CausalLM& model() override { return *model_; }
@@ -426,7 +433,7 @@ class ShardedEngine final : public EngineImpl {
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
   std::vector<at::Tensor> gradients() override {
     std::vector<at::Tensor> g;
-    for (const auto& p : sharded_->master_parameters()) g.push_back(p.grad());
+    for (const auto& p : sharded_->trained_master_parameters()) g.push_back(p.grad());
     return g;
   }
   /// The unit and flat place of parameter `name`.
@@ -518,7 +525,6 @@ class ShardedEngine final : public EngineImpl {
   void begin_step() override {
     if (!zero_in_place_) optimizer_->zero_grad();  // else the masters' gradients stay: ShardedModel zeroes them
     sharded_->begin_step();
-    frozen_zeroed_ = false;
   }
   // Graph steps on one process without sharding (dist.param_dtype alone): the collectives are the identity
   // and every unit stays whole, so a step's host bookkeeping is the same each time and records with it.
@@ -549,7 +555,6 @@ class ShardedEngine final : public EngineImpl {
     g.loss = accumulate_gradients(objective, *model_, batches, ao).loss_tensor;
     g.norm = clip_own(max_norm);
     g.skip = not_finite(g.loss, g.norm);
-    zero_frozen_gradients();
     decay_by(at::where(g.skip.gt(0), at::ones({}, g.skip.options()), keep_));
     queue_optimizer_step(lr, g.skip);
     sharded_->after_optimizer_step();
@@ -558,15 +563,11 @@ class ShardedEngine final : public EngineImpl {
 
   void before_backward(bool last) override { sharded_->set_grad_sync(last); }
   void after_backward() override { sharded_->finish_backward(); }
-  at::Tensor clip_own(double max_norm) override {
-    zero_frozen_gradients();
-    return sharded_->clip_grad_norm_on_device(max_norm);
-  }
+  at::Tensor clip_own(double max_norm) override { return sharded_->clip_grad_norm_on_device(max_norm); }
   Metrics collect_own(bool wait) override { return saves_.collect(wait); }
   void finish_own(bool apply) override {
     wait_for_save_copy();  // before the step changes the masters and moments a background save copies
     if (apply) {
-      zero_frozen_gradients();
       decay(std::nullopt);
       optimizer_->step();
     }
@@ -574,7 +575,6 @@ class ShardedEngine final : public EngineImpl {
   }
   int64_t finish_own_on_device(const at::Tensor& device_skip) override {
     wait_for_save_copy();
-    zero_frozen_gradients();
     const auto skip = device_skip.to(sharded_->master_device());  // the host's masters under cpu_offload
     decay(skip);
     const int64_t call = fused_adamw(*optimizer_)->skip_next_if(skip);
@@ -633,51 +633,30 @@ class ShardedEngine final : public EngineImpl {
     int64_t offset;
     int64_t numel;
   };
-  /// Parameters the run does not train (LoRA's base, a frozen head) keep
-  /// their values exactly: their gradients are zeroed before the optimizer
-  /// steps, so their AdamW moments stay zero and move nothing. Weight decay,
-  /// which would move them, and which spares biases and norms
-  /// (optim::decays), is applied by finish_own to the decayed slices only:
-  /// a flat unit mixes all three kinds.
-  void freeze(const Trains& trains, const std::string& who, const config::OptimizerConfig& opt) {
+  /// AdamW's decoupled weight decay, which spares biases and norms
+  /// (optim::decays), is applied by finish_own to the decayed slices of the
+  /// trained units only: a flat unit mixes both kinds. (The frozen
+  /// parameters are in frozen units, which the optimizer never sees.)
+  void take_weight_decay(const config::OptimizerConfig& opt) {
     const auto exempt = optim::no_decay_parameters(opt, *model_);
     const std::unordered_set<std::string> no_decay(exempt.begin(), exempt.end());
-    const auto add = [](std::vector<Slice>& list, size_t u, int64_t offset, int64_t numel) {
-      if (!list.empty() && list.back().unit == u && list.back().offset + list.back().numel == offset)
-        list.back().numel += numel;  // adjacent parameters: one slice
-      else
-        list.push_back({u, offset, numel});
-    };
-    bool any = false;
     for (size_t u = 0; u < sharded_->layouts().size(); ++u) {
+      if (sharded_->layouts()[u].frozen) continue;
       const auto [b, e] = sharded_->shard_range(u);
       for (const auto& p : sharded_->layouts()[u].params) {
-        const bool trained = trains(p.name);
-        any = any || trained;
         const int64_t lo = std::max(b, p.offset), hi = std::min(e, p.offset + p.numel);
-        if (hi <= lo) continue;
-        if (!trained)
-          add(frozen_, u, lo - b, hi - lo);
-        else if (!no_decay.count(p.name))
-          add(decayed_, u, lo - b, hi - lo);
+        if (hi <= lo || no_decay.count(p.name)) continue;
+        if (!decayed_.empty() && decayed_.back().unit == u && decayed_.back().offset + decayed_.back().numel == lo - b)
+          decayed_.back().numel += hi - lo;  // adjacent parameters: one slice
+        else
+          decayed_.push_back({u, lo - b, hi - lo});
       }
     }
-    if (!any) throw ConfigError(concat(who, " trains none of the model's parameters"));
     for (auto& group : optimizer_->param_groups()) {
       auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
       weight_decay_ = o.weight_decay();
       o.weight_decay(0);
     }
-  }
-  /// Once per step: by the clipping (whose norm leaves them out, as one
-  /// process has no gradient for them), else before the optimizer step.
-  void zero_frozen_gradients() {
-    if (frozen_zeroed_) return;
-    frozen_zeroed_ = true;
-    at::NoGradGuard no_grad;
-    const auto masters = sharded_->master_parameters();
-    for (const auto& f : frozen_)
-      if (masters[f.unit].grad().defined()) masters[f.unit].mutable_grad().narrow(0, f.offset, f.numel).zero_();
   }
 
   /// One rank whose models (the policy and any companion) train every
@@ -686,9 +665,9 @@ class ShardedEngine final : public EngineImpl {
   /// copy of the same tensors). Resuming it under any world size imports it
   /// (the constructor).
   bool single_process_layout() {
-    if (comm_->world_size() != 1 || !frozen_.empty()) return false;
+    if (comm_->world_size() != 1 || sharded_->has_frozen_units()) return false;
     for (const auto& [name, e] : companion_engines())
-      if (!static_cast<ShardedEngine&>(*e).frozen_.empty()) return false;
+      if (static_cast<ShardedEngine&>(*e).sharded_->has_frozen_units()) return false;
     return true;
   }
   /// checkpoint::model_state() of the masters: each parameter and its AdamW moments
@@ -716,10 +695,8 @@ class ShardedEngine final : public EngineImpl {
     if (const double s = saves_.wait_copied(); s > 0) add_stall(s);
   }
 
-  std::vector<Slice> frozen_;   // this rank's parameters the run does not train
   std::vector<Slice> decayed_;  // this rank's trained parameters weight decay applies to
   double weight_decay_ = 0;     // AdamW's, applied by finish_own to decayed_
-  bool frozen_zeroed_ = false;  // this step's frozen gradients are zero
   bool zero_in_place_ = false;  // since the first graph step: the masters' gradients are the graph's
   at::Tensor keep_;             // graph steps: the decoupled decay's factor, filled before each
   std::string sharding_, param_dtype_;
@@ -760,8 +737,7 @@ EngineStart make_engine(const config::RunConfig& cfg, std::shared_ptr<models::Ca
   // value head, ILQL's Q and V) train, of what the objective trains.
   const bool lora = models::has_lora(*model);
   const Trains trains = [&objective, lora](const std::string& n) {
-    return objective.trains(n) &&
-           (!lora || models::is_lora_parameter(n) || checkpoint::is_head_parameter(n) || n.rfind("score.", 0) == 0);
+    return objective.trains(n) && (!lora || models::lora_trains(n));
   };
   if (lora) log_trainable(*model, trains);
   auto engine = build(std::move(model), cfg, trains, concat("algorithm: ", objective.name()),

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "anvil/core/error.h"
+#include "models/lora.h"
 
 namespace anvil::train {
 namespace {
@@ -43,6 +44,10 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
   p.world = std::max<int64_t>(world, 1);
   const int64_t L = model.num_layers();
   std::vector<int64_t> units(static_cast<size_t>(L) + 1, 0);
+  std::vector<int64_t> frozen(units.size(), 0);  // of each, the parameters a LoRA run does not train
+  bool lora = false;
+  for (const auto& item : model.named_parameters(/*recurse=*/true))
+    lora = lora || models::is_lora_parameter(item.key());
   std::unordered_set<const void*> seen;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;  // tied
@@ -53,6 +58,7 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
         break;
       }
     units[u] += item.value().numel();
+    if (lora && !models::lora_trains(item.key())) frozen[u] += item.value().numel();
   }
   for (const auto n : units) p.parameters += n;
   p.root = units.back();
@@ -61,15 +67,27 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
   const bool sharded_run = p.world > 1 || cfg.dist.sharding != "no_shard" || cfg.dist.param_dtype != "float32";
   p.strategy = sharded_run ? cfg.dist.sharding : std::string("none");
   const bool shards_state = sharded_run && cfg.dist.sharding != "no_shard";
-  int64_t per_rank = 0;  // master elements
+  int64_t per_rank = 0, frozen_per_rank = 0;  // master elements; frozen units' elements
   // Hybrid sharding shards within groups of world / dist.replicate ranks.
   const int64_t group =
       cfg.dist.replicate > 1 && p.world % cfg.dist.replicate == 0 ? p.world / cfg.dist.replicate : p.world;
-  for (const auto n : units) per_rank += shards_state ? shard_of(n, group) : n;
+  for (size_t u = 0; u < units.size(); ++u) {
+    // A sharded run keeps frozen parameters in units of their own (distributed/sharding.h).
+    const int64_t f = frozen[u], t = units[u] - f;
+    per_rank += shards_state ? shard_of(t, group) : t;
+    frozen_per_rank += shards_state ? shard_of(f, group) : f;
+    p.frozen_parameters += f;
+  }
   if (shards_state) p.replicas = p.world / group;
   const double pb = dtype_bytes(cfg.dist.param_dtype), rb = dtype_bytes(cfg.dist.reduce_dtype);
   p.masters = 4.0 * static_cast<double>(per_rank);
   p.gradients = p.masters;
+  // Frozen parameters: the rank's param_dtype shards under full_shard; elsewhere the whole parameters, counted
+  // below where whole param_dtype parameters stay beside the masters, else here (float32, one process).
+  if (p.strategy == "full_shard")
+    p.frozen = pb * static_cast<double>(frozen_per_rank);
+  else if (!(sharded_run && (cfg.dist.sharding == "shard_grad_op" || cfg.dist.param_dtype != "float32")))
+    p.frozen = 4.0 * static_cast<double>(frozen_per_rank);
   // AdamW's two moments, in optimizer.state_dtype.
   p.moments = 2.0 * dtype_bytes(cfg.optimizer.state_dtype) * static_cast<double>(per_rank);
   if (cfg.dist.cpu_offload && p.strategy == "full_shard") {
@@ -110,6 +128,9 @@ std::string describe(const MemoryPlan& p) {
      << "    state" << (p.offload ? ", in host memory (dist.cpu_offload)" : "") << ": " << bytes_str(p.state())
      << " (float32 masters " << bytes_str(p.masters) << ", gradients " << bytes_str(p.gradients) << ", AdamW moments "
      << bytes_str(p.moments) << ")\n";
+  if (p.frozen > 0)
+    os << "    frozen parameters (" << p.frozen_parameters << ", no gradient or moments): " << bytes_str(p.frozen)
+       << "\n";
   if (p.offload) os << "    parameter shards on the device: " << bytes_str(p.device_shards) << "\n";
   if (p.gathered > 0) os << "    whole parameters held at once in a step: " << bytes_str(p.gathered) << "\n";
   if (p.reductions > 0) os << "    gradient reductions in flight: " << bytes_str(p.reductions) << "\n";

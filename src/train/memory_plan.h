@@ -24,18 +24,22 @@ struct MemoryPlan {
   std::string strategy;       // dist.sharding, or "none" on one process
   int64_t replicas = 1;       // dist.replicate: replica groups, each sharding over world / replicas ranks
   // Bytes per rank.
-  double masters = 0;        // float32 master parameters (the rank's shards, or whole)
-  double gradients = 0;      // the masters' gradients
-  double moments = 0;        // AdamW's two moments
-  double gathered = 0;       // whole param_dtype parameters beyond the masters at once in a step
-  double reductions = 0;     // flat gradients in flight (full_shard: two blocks)
-  double activations = 0;    // one micro-batch's saved activations (estimate)
-  double generation = 0;     // the whole param_dtype model generation gathers (full_shard, when it generates)
-  bool offload = false;      // dist.cpu_offload: state() lives in host memory
-  double device_shards = 0;  // under offload: the param_dtype shards the device keeps
+  int64_t frozen_parameters = 0;  // of them, those LoRA's base leaves untrained
+  double masters = 0;             // float32 master parameters (the rank's shards, or whole) of what trains
+  double frozen = 0;              // frozen parameters: param_dtype shards (full_shard), or whole
+  double gradients = 0;           // the masters' gradients
+  double moments = 0;             // AdamW's two moments
+  double gathered = 0;            // whole param_dtype parameters beyond the masters at once in a step
+  double reductions = 0;          // flat gradients in flight (full_shard: two blocks)
+  double activations = 0;         // one micro-batch's saved activations (estimate)
+  double generation = 0;          // the whole param_dtype model generation gathers (full_shard, when it generates)
+  bool offload = false;           // dist.cpu_offload: state() lives in host memory
+  double device_shards = 0;       // under offload: the param_dtype shards the device keeps
   double state() const { return masters + gradients + moments; }
   /// What the device (or, on CPU runs, the process) holds at a step; under offload state() is host memory.
-  double step_peak() const { return (offload ? device_shards : state()) + gathered + reductions + activations; }
+  double step_peak() const {
+    return (offload ? device_shards : state()) + frozen + gathered + reductions + activations;
+  }
 };
 
 /// The plan of `model` (built or deferred: only shapes are read) for

@@ -62,8 +62,9 @@ at::Device parse_device(const std::string& d) {
   return device;
 }
 
-/// LoRA: the adapters of model.lora_from, or new ones per the lora section.
-void add_adapters(const config::RunConfig& cfg, models::CausalLM& model) {
+/// LoRA: the adapters of model.lora_from, or new ones per the lora section;
+/// `weights` false: their shapes alone (a memory plan), nothing read or logged.
+void add_adapters(const config::RunConfig& cfg, models::CausalLM& model, bool weights = true) {
   // The adapter's base_model_name_or_path: an absolute folder, or the Hub id as written (as PEFT records it).
   const auto& from = cfg.model.from;
   const auto base = from.empty() ? std::string() : stdfs::exists(from) ? stdfs::absolute(from).string() : from;
@@ -74,12 +75,14 @@ void add_adapters(const config::RunConfig& cfg, models::CausalLM& model) {
     const auto targets = models::add_lora(
         model, o,
         concat("model.lora_from: ", cfg.model.lora_from, "/", checkpoint::kAdapterConfig, ": target_modules"));
+    if (!weights) return;
     checkpoint::load_peft_weights(model, adapter);
     log::info("lora: continuing the adapter in ", cfg.model.lora_from, " (r ", o.r, ", alpha ", o.alpha, " on ",
               nlohmann::json(targets).dump(), ")");
   } else if (cfg.lora.r > 0) {
     const models::LoraOptions o{cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.target_modules, base};
     const auto targets = models::add_lora(model, o);
+    if (!weights) return;
     log::info("lora: r ", o.r, ", alpha ", o.alpha, ", dropout ", o.dropout, " on ", nlohmann::json(targets).dump());
   }
 }
@@ -104,7 +107,10 @@ std::shared_ptr<models::CausalLM> build_model(const config::RunConfig& cfg, cons
     if (shapes_only) shapes.emplace(at::kCPU);  // a plan reads shapes: no memory, no draws
     model = models::family_by_name(mc.family).from_config(mc);
   }
-  if (shapes_only) return model;
+  if (shapes_only) {
+    add_adapters(cfg, *model, /*weights=*/false);  // a plan counts LoRA's base as frozen
+    return model;
+  }
   if (model->vocab_size() < tok.vocab_size()) {
     if (cfg.tokenizer.add_special_tokens.empty())
       throw ConfigError(

@@ -818,6 +818,47 @@ eval: {batch_size: 8, max_batches: 2, generate_samples: 2, max_new_tokens: 6, ta
   EXPECT_LE(max_param_diff(one / "checkpoint-20" / "adapter_model.safetensors",
                            two / "checkpoint-20" / "adapter_model.safetensors"),
             5e-5);
+  // The frozen base is in units of its own ("<block>.frozen", "root.frozen"): each rank holds its shard of it in
+  // dist.param_dtype and nothing else (no master, gradient or moments); the adapters' units hold the rest.
+  const auto meta = nlohmann::json::parse(anvil::testing::read_text(two / "checkpoint-20" / "sharding.json"));
+  int64_t trained = 0, frozen = 0, frozen_units = 0;  // elements per rank (2 ranks: half of each unit, rounded up)
+  for (const auto& u : meta["units"]) {
+    const int64_t half = (u["numel"].get<int64_t>() + 1) / 2;
+    if (u.value("frozen", false))
+      frozen += half, ++frozen_units;
+    else
+      trained += half;
+  }
+  EXPECT_EQ(frozen_units, 5) << "the 4 blocks' base and the root (embeddings, norm, head)";
+  EXPECT_GT(frozen, 10 * trained) << "LoRA trains a small part";
+  const auto mem = b.at(20);
+  EXPECT_EQ(mem["memory/optimizer_bytes"].get<double>(), 8.0 * static_cast<double>(trained));
+  EXPECT_EQ(mem["memory/gradient_bytes"].get<double>(), 4.0 * static_cast<double>(trained));
+  EXPECT_EQ(mem["memory/parameter_bytes"].get<double>(), 4.0 * static_cast<double>(trained + frozen))
+      << "float32 masters of the adapters and float32 (dist.param_dtype) shards of the base, nothing gathered";
+  // bfloat16 parameters: 2 bytes per frozen parameter; the plan says what the run holds.
+  const auto bf16 = *dir_ / "lora-2-bf16";
+  train(cfg_path, bf16, 2, "dist.sharding=full_shard dist.param_dtype=bfloat16 train.max_steps=2");
+  EXPECT_EQ(read_metrics(bf16 / "metrics.jsonl").at(2)["memory/parameter_bytes"].get<double>(),
+            4.0 * static_cast<double>(trained) + 2.0 * static_cast<double>(frozen));
+  std::string plan;
+  ASSERT_EQ(anvil::testing::run("cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() +
+                                    " --config " + cfg_path.string() + " output_dir=" + (*dir_ / "unused").string() +
+                                    " dist.sharding=full_shard dist.param_dtype=bfloat16 --plan-memory --world-size 2",
+                                &plan),
+            0)
+      << plan;
+  const auto planned = [&](const std::string& label) {  // "<label>N.NN kB"
+    const auto at = plan.find(label);
+    EXPECT_NE(at, std::string::npos) << label << " in\n" << plan;
+    return at == std::string::npos ? -1.0 : std::stod(plan.substr(at + label.size())) * 1e3;
+  };
+  EXPECT_NEAR(planned("float32 masters "), 4.0 * static_cast<double>(trained),
+              0.01 * 4.0 * static_cast<double>(trained))
+      << plan;
+  EXPECT_NEAR(planned("no gradient or moments): "), 2.0 * static_cast<double>(frozen),
+              0.01 * 2.0 * static_cast<double>(frozen))
+      << plan;
   stdfs::create_directories(resumed);
   stdfs::copy(two / "checkpoint-10", resumed / "checkpoint-10", stdfs::copy_options::recursive);
   train(cfg_path, resumed, 2, "dist.sharding=full_shard");
