@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "anvil/core/error.h"
@@ -71,6 +72,21 @@ void alloc_storage(const at::Tensor& t) {
 }  // namespace
 
 // ---- units ------------------------------------------------------------------
+
+std::unordered_set<std::string> input_embedding_unit(models::CausalLM& model) {
+  const auto names = model.input_embedding_parameters();
+  std::unordered_map<std::string, at::Tensor> params;
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) params.emplace(p.key(), p.value());
+  const auto head = model.output_head().weight;
+  std::unordered_set<std::string> out;
+  for (const auto& n : names) {
+    const auto it = params.find(n);
+    if (it == params.end()) return {};  // tied under another name, or absent: the root keeps them
+    if (head.defined() && it->second.unsafeGetTensorImpl() == head.unsafeGetTensorImpl()) return {};  // tied
+    out.insert(n);
+  }
+  return out;
+}
 
 struct ShardedModel::Unit {
   size_t index = 0;  // in units_ and layouts_
@@ -143,11 +159,16 @@ ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_
   offload_ = options_.cpu_offload && options_.strategy == Sharding::FullShard && !options_.frozen;
   const int64_t world = group_->world_size(), rank = group_->rank();
   const auto L = model_->num_layers();
-  std::vector<std::vector<std::pair<std::string, at::Tensor>>> members(static_cast<size_t>(L) + 1);
+  // Slots: the blocks, the input embeddings when apart (input_embedding_unit), the root.
+  const auto embeddings = input_embedding_unit(*model_);
+  blocks_ = static_cast<size_t>(L);
+  if (!embeddings.empty()) embed_slot_ = blocks_;
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> members(static_cast<size_t>(L) + 1 +
+                                                                       (embeddings.empty() ? 0 : 1));
   std::unordered_set<const void*> seen;
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
     if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;  // tied
-    size_t u = static_cast<size_t>(L);
+    size_t u = embeddings.count(item.key()) ? embed_slot_ : members.size() - 1;
     for (int64_t i = 0; i < L; ++i)
       if (item.key().rfind(model_->block_prefix(i) + ".", 0) == 0) {
         u = static_cast<size_t>(i);
@@ -165,7 +186,9 @@ ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_
     for (int part = 0; part < 2; ++part) {
       if (parts[part].empty()) continue;
       UnitLayout layout;
-      layout.name = slot < static_cast<size_t>(L) ? model_->block_prefix(static_cast<int64_t>(slot)) : "root";
+      layout.name = slot < static_cast<size_t>(L) ? model_->block_prefix(static_cast<int64_t>(slot))
+                    : slot == embed_slot_         ? "embed"
+                                                  : "root";
       if (part == 1) layout.name += ".frozen";
       layout.frozen = options_.frozen || part == 1;
       auto unit = std::make_unique<Unit>();
@@ -184,6 +207,22 @@ ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_
   model_->sharded_parameters = this;
   model_->set_block_runner(
       [this](size_t layer, const at::Tensor& x, const models::BlockFn& block) { return run_block(layer, x, block); });
+  model_->set_forward_begin([this] { begin_forward(); });
+}
+
+void ShardedModel::begin_forward() {
+  if (options_.strategy != Sharding::FullShard || pinned_) return;
+  // An evaluation's root, whole since the last forward: nothing reads it until this one's last block has run
+  // (no backward follows). In a step it stays: the backward of an earlier forward's head reads it.
+  if (evaluating_ && embed_slot_ != kNoSlot)
+    for (auto* u : root()) release(*u);
+  // The input embeddings: their own unit, or the root's part.
+  for (auto* u : embed_slot_ == kNoSlot ? root() : slots_[embed_slot_]) gather(*u);
+  if (blocks_ == 0) {
+    for (auto* u : root()) gather(*u);
+    return;
+  }
+  for (auto* u : slots_[0]) start_gather(*u);  // the first block's, while the embeddings compute
 }
 
 void ShardedModel::build_unit(std::unique_ptr<Unit> unit, UnitLayout layout, bool sharded, int64_t world,
@@ -295,6 +334,7 @@ at::Tensor ShardedModel::to_master_home(const at::Tensor& t) const {
 
 ShardedModel::~ShardedModel() {
   model_->set_block_runner(nullptr);
+  model_->set_forward_begin(nullptr);
   if (model_->sharded_parameters == this) model_->sharded_parameters = nullptr;
 }
 
@@ -363,8 +403,7 @@ void ShardedModel::start_gather(Unit& u) {
   u.gathering = true;
   int64_t held = 0;
   for (const auto& v : units_) held += static_cast<int64_t>(v->whole.storage().nbytes());
-  peak_gathered_ = std::max(peak_gathered_, held);
-  if (evaluating_) eval_peak_ = std::max(eval_peak_, held);
+  (evaluating_ ? eval_peak_ : peak_gathered_) = std::max(evaluating_ ? eval_peak_ : peak_gathered_, held);
 }
 
 void ShardedModel::gather(Unit& u) {
@@ -413,10 +452,14 @@ at::Tensor ShardedModel::run_block(size_t layer, const at::Tensor& x, const mode
   // gradient needs them), so its units are gathered for it all the same.
   const bool grad = at::GradMode::is_enabled() && !options_.frozen;
   for (auto* u : units) gather(*u);
-  // Prefetch: the next block's gather runs while this block computes.
-  const bool prefetch = options_.strategy == Sharding::FullShard && !pinned_;
-  if (prefetch && layer + 2 < slots_.size())
-    for (auto* u : slots_[layer + 1]) start_gather(*u);
+  const bool sharded = options_.strategy == Sharding::FullShard && !pinned_;
+  // The input embeddings are done with: their backward reads no weights, so they are not gathered again.
+  if (sharded && layer == 0 && embed_slot_ != kNoSlot)
+    for (auto* u : slots_[embed_slot_]) release(*u);
+  // Prefetch: the next block's gather (after the last block, the root's: the final norm and the heads) runs
+  // while this block computes.
+  if (sharded)
+    for (auto* u : layer + 1 < blocks_ ? slots_[layer + 1] : root()) start_gather(*u);
   at::Tensor in = x;
   if (grad && x.requires_grad())
     in = PostBackward::apply(x, static_cast<int64_t>(layer), static_cast<int64_t>(reinterpret_cast<intptr_t>(this)));
@@ -433,6 +476,8 @@ at::Tensor ShardedModel::run_block(size_t layer, const at::Tensor& x, const mode
         return g;
       });
   }
+  if (sharded && layer + 1 == blocks_)
+    for (auto* u : root()) gather(*u);  // the final norm and the heads read it next
   return y;
 }
 
@@ -498,7 +543,9 @@ void ShardedModel::begin_step() {
     else
       g = at::zeros_like(u->master);  // the optimizer's zero_grad() drops it
   }
-  if (options_.strategy == Sharding::FullShard)
+  // Without a unit of their own, the input embeddings are the root's: whole for the step, as the LM head
+  // (tied to them, or beside them) is. Else the root is gathered when the last block has run.
+  if (options_.strategy == Sharding::FullShard && embed_slot_ == kNoSlot)
     for (auto* u : root()) gather(*u);
 }
 
@@ -507,12 +554,15 @@ void ShardedModel::finish_backward() {
     // Units whose post-backward hook did not run (e.g. a block whose input
     // needs no gradient) and the root, always in the same order on every rank.
     for (auto& u : units_)
-      if (!u->frozen && (u->needs_reduce || u->slot + 1 == slots_.size())) reduce_gradients(*u);
+      if (!u->frozen && (u->needs_reduce || u->slot + 1 == slots_.size() || u->slot == embed_slot_))
+        reduce_gradients(*u);
   }
   while (!pending_.empty()) fold_oldest_reduction();
+  // Every block; the root too where the input embeddings are apart (the next micro-batch gathers it after its
+  // last block, as FSDP2 reshards after backward), else it stays whole for the step.
   if (options_.strategy == Sharding::FullShard)
     for (auto& u : units_)
-      if (u->slot + 1 < slots_.size()) release(*u);
+      if (u->slot + 1 < slots_.size() || embed_slot_ != kNoSlot) release(*u);
 }
 
 at::Tensor ShardedModel::clip_grad_norm_on_device(double max_norm) {
@@ -574,14 +624,17 @@ void ShardedModel::begin_evaluation() {
   evaluating_ = true;
   eval_peak_ = 0;
   for (const auto& v : units_) eval_peak_ += static_cast<int64_t>(v->whole.storage().nbytes());
-  if (options_.strategy == Sharding::FullShard)
+  // With the input embeddings apart, each forward gathers the root after its last block (begin_forward frees
+  // it before the next); else the root, holding them, stays whole through the evaluation.
+  if (options_.strategy == Sharding::FullShard && embed_slot_ == kNoSlot)
     for (auto* u : root()) gather(*u);
 }
 
 int64_t ShardedModel::end_evaluation() {
   evaluating_ = false;
   if (options_.strategy == Sharding::FullShard)
-    for (auto* u : root()) release(*u);
+    for (auto& u : units_)
+      if (u->slot + 1 == slots_.size() || u->slot == embed_slot_) release(*u);
   return eval_peak_;
 }
 

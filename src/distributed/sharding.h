@@ -1,7 +1,10 @@
 #pragma once
 // FSDP-style sharding of a built model, applied from outside: the units are
-// the model's transformer blocks (CausalLM::block_prefix) plus one root unit
-// for everything else (embeddings, final norm, heads). Each unit's
+// the model's transformer blocks (CausalLM::block_prefix), the input
+// embeddings when they are not tied to the LM head ("embed"), and one root
+// unit for everything else (final norm, heads; the embeddings when tied), as
+// torchtitan cuts them. A trained model's frozen parameters form units of
+// their own beside these (ShardingOptions::trains). Each unit's
 // parameters are flattened back to back into one buffer, padded to a multiple
 // of the world size; rank r owns elements [r * n, (r + 1) * n) of it.
 //
@@ -14,7 +17,12 @@
 //                  all-gathered before its forward and freed after it,
 //                  gathered again before its backward, and its gradients are
 //                  reduce-scattered and freed as soon as its backward ends
-//                  (ZeRO-3 / FSDP). The root unit stays whole for the step.
+//                  (ZeRO-3 / FSDP). The input embeddings are gathered for
+//                  the start of each forward and freed when the first block
+//                  runs (their backward reads no weights); the root is
+//                  gathered when the last block has run and freed after the
+//                  micro-batch's backward (whole for the step when it holds
+//                  tied embeddings).
 //                  The next block's gather is issued before the current
 //                  block computes (forward and backward), so on NCCL it
 //                  overlaps compute.
@@ -78,6 +86,11 @@ struct ShardingOptions {
   std::function<bool(const std::string&)> trains;
 };
 
+/// The parameters ShardedModel puts in a unit of their own, "embed": the
+/// model's input_embedding_parameters(), unless one of them is the LM head's
+/// weight (tied embeddings) or absent; then none (the root keeps them).
+std::unordered_set<std::string> input_embedding_unit(models::CausalLM& model);
+
 /// One parameter's place in its unit's flat buffer.
 struct FlatParam {
   std::string name;
@@ -103,8 +116,9 @@ struct MemoryBytes {
   int64_t parameters = 0;  // master shards and whole (gathered) parameters
   int64_t gradients = 0;
   /// The most bytes of whole (gathered) parameters held at once since the
-  /// last begin_step(): under full_shard, the root unit plus the block that
-  /// runs and the one being prefetched.
+  /// last begin_step(), evaluations apart (end_evaluation() returns theirs):
+  /// under full_shard, the root unit plus the block that runs and the one
+  /// being prefetched, or a forward's input embeddings and first block.
   int64_t peak_gathered = 0;
   /// The most gradient reductions in flight at once since the last
   /// begin_step() (each holds a unit's flat gradient): at most 2.
@@ -204,6 +218,9 @@ class ShardedModel : public models::ShardedParameters {
  private:
   struct Unit;
   at::Tensor run_block(size_t layer, const at::Tensor& x, const models::BlockFn& block);
+  /// Before each forward (CausalLM::set_forward_begin), under full_shard: gathers the input embeddings and
+  /// starts the first block's gather.
+  void begin_forward();
   /// A unit whose parameters are deferred (models/init.h): its master shard
   /// read from the model's parameter_source; full_shard only.
   void build_from_source(Unit& unit, const UnitLayout& layout);
@@ -233,6 +250,9 @@ class ShardedModel : public models::ShardedParameters {
   std::vector<std::unique_ptr<Unit>> units_;  // layouts() order: per slot, the trained unit then the frozen one
   std::vector<std::vector<Unit*>> slots_;     // blocks 0..L-1, then the root: each slot's units
   std::vector<Unit*>& root() { return slots_.back(); }
+  static constexpr size_t kNoSlot = static_cast<size_t>(-1);
+  size_t blocks_ = 0;            // transformer blocks: slots 0 .. blocks_ - 1
+  size_t embed_slot_ = kNoSlot;  // the input embeddings' slot (blocks_), when apart from the root
   struct Pending;
   std::vector<std::unique_ptr<Pending>> pending_;
   bool sync_ = true;

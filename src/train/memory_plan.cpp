@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "anvil/core/error.h"
+#include "distributed/sharding.h"
 #include "models/lora.h"
 
 namespace anvil::train {
@@ -43,7 +44,10 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
   MemoryPlan p;
   p.world = std::max<int64_t>(world, 1);
   const int64_t L = model.num_layers();
-  std::vector<int64_t> units(static_cast<size_t>(L) + 1, 0);
+  // The sharding's slots (distributed/sharding.h): the blocks, the root, and the input embeddings when apart.
+  const auto embeddings = distributed::input_embedding_unit(const_cast<models::CausalLM&>(model));
+  std::vector<int64_t> units(static_cast<size_t>(L) + (embeddings.empty() ? 1 : 2), 0);
+  const size_t root = static_cast<size_t>(L), embed = units.size() - 1;
   std::vector<int64_t> frozen(units.size(), 0);  // of each, the parameters a LoRA run does not train
   bool lora = false;
   for (const auto& item : model.named_parameters(/*recurse=*/true))
@@ -51,7 +55,7 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
   std::unordered_set<const void*> seen;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;  // tied
-    size_t u = static_cast<size_t>(L);
+    size_t u = embeddings.count(item.key()) ? embed : root;
     for (int64_t i = 0; i < L; ++i)
       if (item.key().rfind(model.block_prefix(i) + ".", 0) == 0) {
         u = static_cast<size_t>(i);
@@ -61,7 +65,8 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
     if (lora && !models::lora_trains(item.key())) frozen[u] += item.value().numel();
   }
   for (const auto n : units) p.parameters += n;
-  p.root = units.back();
+  p.root = units[root];
+  if (!embeddings.empty()) p.embeddings = units[embed];
   for (int64_t i = 0; i < L; ++i) p.largest_block = std::max(p.largest_block, units[static_cast<size_t>(i)]);
 
   const bool sharded_run = p.world > 1 || cfg.dist.sharding != "no_shard" || cfg.dist.param_dtype != "float32";
@@ -95,8 +100,9 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
     p.device_shards = pb * static_cast<double>(per_rank);
   }
   if (p.strategy == "full_shard") {
-    // The root whole for the step, the block that runs and the one prefetched; two blocks' reductions.
-    p.gathered = pb * static_cast<double>(p.root + 2 * p.largest_block);
+    // The root (final norm, heads), the block that runs and the one prefetched; or, at a forward's start, the
+    // input embeddings (when apart) and the first block. Two blocks' reductions.
+    p.gathered = pb * static_cast<double>(std::max(p.root + 2 * p.largest_block, p.embeddings + p.largest_block));
     p.reductions = 2.0 * rb * static_cast<double>(p.largest_block);
   } else if (sharded_run && (cfg.dist.sharding == "shard_grad_op" || cfg.dist.param_dtype != "float32")) {
     p.gathered = pb * static_cast<double>(p.parameters);  // whole param_dtype parameters beside the masters

@@ -20,7 +20,8 @@ struct MemoryPlan {
   int64_t world = 1;
   int64_t parameters = 0;     // the model's, each tied one once
   int64_t largest_block = 0;  // elements of the largest transformer block
-  int64_t root = 0;           // elements outside the blocks (embeddings, final norm, heads)
+  int64_t root = 0;           // elements outside the blocks (final norm, heads; the embeddings when not apart)
+  int64_t embeddings = 0;     // the input embeddings' unit (untied embeddings: sharding gathers them apart)
   std::string strategy;       // dist.sharding, or "none" on one process
   int64_t replicas = 1;       // dist.replicate: replica groups, each sharding over world / replicas ranks
   // Bytes per rank.

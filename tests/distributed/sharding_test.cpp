@@ -114,6 +114,54 @@ TEST_F(DistRuns, EveryFamilyOnTwoFullShardRanksTrainsLikeOneProcess) {
   }
 }
 
+// Untied input embeddings (the LLaMA debug model's) are a unit of their own: gathered for a forward's start
+// and freed when the first block runs, while the root (final norm, LM head) is gathered after the last block.
+// The most parameter bytes whole at once is then the larger of the embeddings plus a block and the root plus
+// two blocks, never all of them, and --plan-memory says so.
+TEST_F(DistRuns, UntiedEmbeddingsAreTheirOwnUnit) {
+  const auto out = *dir_ / "llama-untied";
+  const std::string extra =
+      "--config configs/models/llama-debug.yaml train.max_steps=4 train.save_every=4 "
+      "train.eval_every=2 train.global_batch_size=4 eval.generate_samples=0";
+  ASSERT_EQ(train(cfg(), out, 2, extra + " dist.sharding=full_shard"), 0);
+  const auto meta = nlohmann::json::parse(anvil::testing::read_text(out / "checkpoint-4" / "sharding.json"));
+  std::vector<std::string> names;
+  double embed = 0, root = 0, block = 0;  // bytes of each unit's whole float32 buffer (padded to 2 ranks)
+  for (const auto& u : meta["units"]) {
+    names.push_back(u["name"].get<std::string>());
+    const double bytes = 4.0 * static_cast<double>((u["numel"].get<int64_t>() + 1) / 2 * 2);
+    (names.back() == "embed"  ? embed
+     : names.back() == "root" ? root
+                              : block) = std::max(bytes, names.back() == "embed"  ? embed
+                                                         : names.back() == "root" ? root
+                                                                                  : block);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"model.layers.0", "model.layers.1", "embed", "root"}));
+  const auto m = read_metrics(out / "metrics.jsonl");
+  const double peak = std::max(embed + block, root + 2 * block);
+  EXPECT_EQ(m.at(4)["memory/peak_gathered_parameter_bytes"].get<double>(), peak);
+  EXPECT_LT(peak, embed + root + 2 * block);
+  // An evaluation holds less (no backward): the embeddings and a block, two blocks, or the root and a block.
+  const double eval_peak = m.at(4)["memory/eval_peak_gathered_parameter_bytes"].get<double>();
+  EXPECT_GE(eval_peak, root);
+  EXPECT_LE(eval_peak, std::max({embed + block, 2 * block, root + block})) << embed << " " << root << " " << block;
+  std::string plan;
+  ASSERT_EQ(
+      anvil::testing::run("cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() + " --config " +
+                              cfg().string() + " " + extra + " output_dir=" + (*dir_ / "unused").string() +
+                              " dist.sharding=full_shard --plan-memory --world-size 2",
+                          &plan),
+      0)
+      << plan;
+  const auto at = plan.find("whole parameters held at once in a step: ");
+  ASSERT_NE(at, std::string::npos) << plan;
+  EXPECT_NEAR(std::stod(plan.substr(at + 41)) * 1e3, peak, 0.01 * peak) << plan;
+  // And it trains as one process does (EveryFamilyOnTwoFullShardRanksTrainsLikeOneProcess covers the weights).
+  const auto one = *dir_ / "llama-untied-one";
+  ASSERT_EQ(train(cfg(), one, 0, extra), 0);
+  expect_close_losses(read_metrics(one / "metrics.jsonl"), m, 1, 4, 1e-5, "untied LLaMA");
+}
+
 TEST_F(DistRuns, FullShardHoldsAboutOneNthOfTheStatePerRank) {
   const double whole = state_bytes(read_metrics(plain() / "metrics.jsonl").at(20));
   for (const int ranks : {2, 3}) {

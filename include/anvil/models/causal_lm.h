@@ -127,6 +127,7 @@ class CausalLM : public torch::nn::Module {
 
   /// (B, T) token ids -> (B, T, C) final (normalised) hidden states.
   at::Tensor hidden_states(const at::Tensor& input_ids, const ForwardArgs& args) {
+    if (forward_begin_) forward_begin_();
     const bool route = router_stats_ && !args.router && at::GradMode::is_enabled();
     if ((!block_runner_ || args.block_runner) && !route) return forward_hidden(input_ids, args);
     auto a = args;
@@ -259,6 +260,15 @@ class CausalLM : public torch::nn::Module {
   /// Installs (or, with an empty function, removes) the wrapper every block
   /// call goes through.
   void set_block_runner(BlockRunner runner) { block_runner_ = std::move(runner); }
+  /// Installs (or removes) what hidden_states() calls before each forward:
+  /// sharding gathers the input embeddings there.
+  void set_forward_begin(std::function<void()> f) { forward_begin_ = std::move(f); }
+  /// The parameters the forward reads before the first block, every one an
+  /// embedding table (whose backward reads no weight values): sharding puts
+  /// them in a unit of their own, gathered for the start of a forward and
+  /// freed once the first block runs, unless one is tied to the LM head.
+  /// Empty: the family reads other weights there (they stay in the root).
+  virtual std::vector<std::string> input_embedding_parameters() const { return {embedding_parameter()}; }
 
   SpecialTokens special_tokens;
   /// The values of deferred parameters (models/init.h); null once every
@@ -279,6 +289,7 @@ class CausalLM : public torch::nn::Module {
 
  private:
   BlockRunner block_runner_;
+  std::function<void()> forward_begin_;
   std::shared_ptr<RouterStats> router_stats_;
   torch::nn::Linear score_head_{nullptr};
   torch::nn::ModuleDict heads_{nullptr};

@@ -111,6 +111,9 @@ class GPT2LMHeadModel final : public CausalLM {
   /// GPT-2's init: N(0, initializer_range), residual projections scaled by
   /// 1/sqrt(2 * n_layer), zero biases, unit LayerNorm.
   void reset_parameters();
+  std::vector<std::string> input_embedding_parameters() const override {
+    return {"transformer.wte.weight", "transformer.wpe.weight"};
+  }
 
   GPT2Options options;
   GPT2Model transformer{nullptr};

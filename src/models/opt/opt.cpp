@@ -140,6 +140,11 @@ at::Tensor OPTForCausalLM::forward_hidden(const at::Tensor& input_ids, const For
   return decoder_->forward(input_ids, args);
 }
 
+std::vector<std::string> OPTForCausalLM::input_embedding_parameters() const {
+  if (options.word_embed_proj_dim() != options.hidden_size()) return {};
+  return {"model.decoder.embed_tokens.weight", "model.decoder.embed_positions.weight"};
+}
+
 CausalLM::OutputHead OPTForCausalLM::output_head() {
   if (!lm_head_) return {decoder_->embed_tokens->weight, {}};  // tied
   return {lm_head_->weight, lm_head_->bias};

@@ -62,6 +62,8 @@ class OPTForCausalLM final : public CausalLM {
   /// HF's init: N(0, init_std) weights and embeddings, zero biases and
   /// padding row, unit LayerNorm.
   void reset_parameters();
+  /// The token and position tables; none apart when project_in (opt-350m) reads its weights before the blocks.
+  std::vector<std::string> input_embedding_parameters() const override;
 
   OPTOptions options;
 
