@@ -213,6 +213,11 @@ class Parser {
     const auto& node = it->second.node;
     const auto& where = it->second.where;
     T parsed{};
+    if constexpr (std::is_same_v<T, int64_t>)
+      if (!rule.word.empty() && node.IsScalar() && node.Scalar() == rule.word) {
+        value = rule.word_value;
+        return;
+      }
     try {
       if (!node.IsDefined() || node.IsNull()) throw YAML::BadConversion(node.Mark());
       parsed = TypeInfo<T>::read(node);
@@ -320,8 +325,13 @@ class Printer {
  public:
   explicit Printer(std::string algorithm) : algorithm_(std::move(algorithm)) { out_ << YAML::BeginMap; }
   template <class T>
-  void field(const char* key, T& value, const char*, const Rule& = {}) {
+  void field(const char* key, T& value, const char*, const Rule& rule = {}) {
     out_ << YAML::Key << key << YAML::Value;
+    if constexpr (std::is_same_v<T, int64_t>)
+      if (!rule.word.empty() && value == rule.word_value) {
+        out_ << rule.word;
+        return;
+      }
     if constexpr (std::is_same_v<T, std::vector<double>>) {
       out_ << YAML::Flow << YAML::BeginSeq;
       for (double x : value) out_ << format_double(x);

@@ -69,7 +69,16 @@ void check_lora(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
 }
 
 void check_training(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
-  if (c.train.global_batch_size > 0) {
+  if (c.train.micro_batch_size == TrainConfig::kAutoMicroBatch) {
+    // auto: one micro-batch of the whole step, halved as memory requires (train::TrainLoop).
+    if (c.train.global_batch_size == 0)
+      fail("train.micro_batch_size",
+           "auto starts from the step's whole batch: set train.global_batch_size (samples per optimizer step)");
+    if (flat.count("train.grad_accum_steps") && c.train.grad_accum_steps != 1)
+      fail("train.grad_accum_steps", concat("cannot be set with train.micro_batch_size: auto, which chooses the "
+                                            "accumulation; got ",
+                                            c.train.grad_accum_steps));
+  } else if (c.train.global_batch_size > 0) {
     if (c.train.global_batch_size % c.train.micro_batch_size != 0)
       fail("train.global_batch_size", concat("expected a multiple of train.micro_batch_size (",
                                              c.train.micro_batch_size, "), got ", c.train.global_batch_size));

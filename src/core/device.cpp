@@ -49,4 +49,9 @@ Metrics accelerator_memory_metrics(const c10::Device& device) {
           {"memory/gpu_allocated_bytes", static_cast<double>(stats.allocated_bytes[all].current)}};
 }
 
+void release_cached_memory(const c10::Device& device) {
+  if (device.is_cpu() || !at::accelerator::isAccelerator(device.type())) return;
+  at::getDeviceAllocator(device.type())->emptyCache();
+}
+
 }  // namespace anvil

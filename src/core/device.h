@@ -43,4 +43,8 @@ void copy_to_device(at::Tensor& dst, const at::Tensor& src);
 /// cached), memory/gpu_allocated_bytes (held by tensors now). Empty for the CPU.
 Metrics accelerator_memory_metrics(const c10::Device& device);
 
+/// Returns the caching allocator's unused blocks to the device (after an
+/// out-of-memory error, before trying again smaller); nothing for the CPU.
+void release_cached_memory(const c10::Device& device);
+
 }  // namespace anvil

@@ -532,6 +532,16 @@ void ShardedModel::fold_oldest_reduction() {
 
 void ShardedModel::begin_step() {
   TORCH_CHECK(!options_.frozen, "ShardedModel: a frozen model does not step");
+  // What a step abandoned by an error (an out-of-memory error under train.micro_batch_size: auto) left: its
+  // reductions in flight and its whole parameters' gradients. A step that ended leaves none.
+  while (!pending_.empty()) {
+    pending_.front()->work.wait();
+    pending_.erase(pending_.begin());
+  }
+  for (auto& u : units_) {
+    u->needs_reduce = false;
+    for (auto& p : u->params) p.mutable_grad().reset();
+  }
   peak_gathered_ = 0;
   peak_pending_ = 0;
   for (const auto& v : units_) peak_gathered_ += static_cast<int64_t>(v->whole.storage().nbytes());

@@ -166,7 +166,9 @@ class ShardedModel : public models::ShardedParameters {
   std::pair<int64_t, int64_t> shard_range(size_t u) const;
 
   /// Before a step's first forward: zeroes master gradients (and, under
-  /// full_shard, gathers the root unit).
+  /// full_shard with tied embeddings, gathers the root unit). What a step
+  /// abandoned by an error left (reductions in flight, gradients of whole
+  /// parameters) is dropped, so the step can run again.
   void begin_step();
   /// Whether the coming backward reduces gradients across ranks. Under
   /// no_shard and shard_grad_op the loop syncs only on a step's last

@@ -26,8 +26,9 @@ nlohmann::json read_trainer_state(const std::filesystem::path& dir) {
   };
   integer("step", true);
   integer("format_version", true);
-  integer("nonfinite_steps", false);  // absent in checkpoints older than the non-finite guard
-  integer("iteration", false);        // absent in checkpoints older than Objective v2
+  integer("nonfinite_steps", false);   // absent in checkpoints older than the non-finite guard
+  integer("iteration", false);         // absent in checkpoints older than Objective v2
+  integer("micro_batch_size", false);  // train.micro_batch_size: auto's value reached; absent otherwise
   if (j["format_version"].get<int64_t>() != kFormatVersion)
     throw CheckpointError(concat(path, ": format_version ", j["format_version"].get<int64_t>(),
                                  " is not supported (expected ", kFormatVersion, ")"));
@@ -48,6 +49,7 @@ TrainerState trainer_state_of(const nlohmann::json& j) {
   st.nonfinite_steps = integer("nonfinite_steps", 0);
   st.objective = j.value("objective", nlohmann::json());
   st.iteration = integer("iteration", st.step);  // one step per iteration before Objective v2
+  st.micro_batch_size = integer("micro_batch_size", 0);
   return st;
 }
 
@@ -58,6 +60,7 @@ void write_trainer_state(const std::filesystem::path& dir, const TrainerState& s
                        {"nonfinite_steps", state.nonfinite_steps},
                        {"iteration", state.iteration}};
   if (!state.objective.is_null()) st["objective"] = state.objective;
+  if (state.micro_batch_size > 0) st["micro_batch_size"] = state.micro_batch_size;
   fs::write_file_atomic(dir / kTrainerStateFile, st.dump(2) + "\n");
 }
 

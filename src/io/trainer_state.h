@@ -14,10 +14,11 @@ inline constexpr const char* kTrainerStateFile = "trainer_state.json";
 
 struct TrainerState {
   int64_t step = 0;
-  nlohmann::json data;          // the batch source's position
-  int64_t nonfinite_steps = 0;  // steps skipped so far for a NaN/inf loss or gradient norm
-  nlohmann::json objective;     // the objective's state (null when it keeps none)
-  int64_t iteration = 0;        // iterations completed (an iteration runs one or more steps)
+  nlohmann::json data;           // the batch source's position
+  int64_t nonfinite_steps = 0;   // steps skipped so far for a NaN/inf loss or gradient norm
+  nlohmann::json objective;      // the objective's state (null when it keeps none)
+  int64_t iteration = 0;         // iterations completed (an iteration runs one or more steps)
+  int64_t micro_batch_size = 0;  // train.micro_batch_size: auto: the rows per forward reached (0: not auto)
 };
 
 /// trainer_state.json of a checkpoint folder, validated (types and ranges of

@@ -114,7 +114,11 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
 
   // Activations of one micro-batch (Korthikanti et al. 2022, at 16 bits; float32 doubles them).
   const double s = static_cast<double>(cfg.data.max_length > 0 ? cfg.data.max_length : model.max_positions());
-  const double b = static_cast<double>(cfg.train.micro_batch_size), h = static_cast<double>(model.hidden_size());
+  // train.micro_batch_size: auto starts from the step's whole batch per rank.
+  const int64_t micro = cfg.train.micro_batch_size == config::TrainConfig::kAutoMicroBatch
+                            ? std::max<int64_t>(1, cfg.train.global_batch_size / p.world)
+                            : cfg.train.micro_batch_size;
+  const double b = static_cast<double>(micro), h = static_cast<double>(model.hidden_size());
   const double a = static_cast<double>(heads_of(model.hf_config()));
   const double scale = pb / 2.0;
   const double layer = s * b * h * (34.0 + 5.0 * a * s / h) * scale;

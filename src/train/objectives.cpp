@@ -36,6 +36,10 @@ void add_objective(const std::string& name, ObjectiveFactory factory, const std:
 
 }  // namespace
 
+std::vector<Batch> Objective::split_rows(const Batch&, int64_t) const {
+  throw ConfigError(concat("algorithm ", name(), " cannot split its micro-batches (train.micro_batch_size: auto)"));
+}
+
 void register_objective(const std::string& name, ObjectiveFactory factory) {
   add_objective(name, std::move(factory), nullptr);
 }

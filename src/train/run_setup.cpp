@@ -298,14 +298,22 @@ RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
       for (size_t i = 0; i < v.size(); ++i) v[i] = t[static_cast<int64_t>(i)].item<double>();
     };
 
+  // train.micro_batch_size: auto: one micro-batch of the step's whole batch, which the loop halves when a step
+  // runs out of device memory. On several ranks one rank's error would leave the others inside a collective.
+  r.auto_micro_batch = cfg.train.micro_batch_size == config::TrainConfig::kAutoMicroBatch;
+  if (r.auto_micro_batch && r.ranks.world > 1)
+    throw ConfigError(concat("train.micro_batch_size: auto runs on one process; with ", r.ranks.world,
+                             " ranks an out-of-memory error on one would leave the others waiting in a collective "
+                             "(set a number)"));
+  r.micro_batch_size = r.auto_micro_batch ? cfg.train.global_batch_size : cfg.train.micro_batch_size;
   // Batch math: the same global batch whatever the world size.
-  r.micro_per_step = cfg.train.global_batch_size > 0 ? cfg.train.global_batch_size / cfg.train.micro_batch_size
-                                                     : cfg.train.grad_accum_steps;
+  r.micro_per_step =
+      cfg.train.global_batch_size > 0 ? cfg.train.global_batch_size / r.micro_batch_size : cfg.train.grad_accum_steps;
   if (r.micro_per_step % r.ranks.world != 0)
     throw ConfigError(concat(cfg.train.global_batch_size > 0 ? "train.global_batch_size" : "train.grad_accum_steps",
-                             ": a step of ", r.micro_per_step, " micro-batches of ", cfg.train.micro_batch_size,
+                             ": a step of ", r.micro_per_step, " micro-batches of ", r.micro_batch_size,
                              " samples does not divide among ", r.ranks.world, " ranks; expected a multiple of ",
-                             r.ranks.world * cfg.train.micro_batch_size, " samples per step"));
+                             r.ranks.world * r.micro_batch_size, " samples per step"));
 
   torch::manual_seed(static_cast<uint64_t>(cfg.train.seed));
   r.tok = build_tokenizer(cfg);
@@ -319,6 +327,7 @@ RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
   r.model->train();
   // data.max_length defaults to the model's context, which model.from only knows once loaded.
   auto data_cfg = cfg;
+  data_cfg.train.micro_batch_size = r.micro_batch_size;
   if (data_cfg.data.max_length == 0) data_cfg.data.max_length = r.model->max_positions();
   if (data_cfg.data.max_length > r.model->max_positions())
     throw ConfigError(concat("data.max_length: ", data_cfg.data.max_length, " exceeds the model's ",
@@ -332,6 +341,10 @@ RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
   const auto& chat = chat::ChatTemplate::get(data_cfg.data.template_name == "auto" ? std::string("plain")
                                                                                    : data_cfg.data.template_name);
   r.objective = make_objective(data_cfg, *r.tok, chat);
+  if (r.auto_micro_batch && !r.objective->splits_rows())
+    throw ConfigError(concat("train.micro_batch_size: auto: algorithm ", cfg.algorithm,
+                             " cannot split its micro-batches (its rows' losses depend on each other or it builds "
+                             "its own batches; sft and pretrain can); set a number"));
   r.objective->set_ranks(r.ranks);
   return r;
 }
@@ -343,7 +356,8 @@ int64_t steps_for_epochs(double epochs, int64_t rows_per_epoch, int64_t rows_per
 
 config::RunConfig resolve_length(const config::RunConfig& cfg, RunSetup& r) {
   auto out = cfg;
-  const auto& t = cfg.train;
+  out.train.micro_batch_size = r.micro_batch_size;  // auto's start
+  const auto& t = out.train;
   if (t.num_train_epochs > 0 && t.max_steps > 0) {
     log::info("train.max_steps (", t.max_steps, ") is set, so it counts the run, not train.num_train_epochs (",
               format_number(t.num_train_epochs), "), as in transformers");

@@ -27,6 +27,10 @@ struct RunSetup {
   RankContext ranks;
   bool lead = true;
   int64_t micro_per_step = 1;
+  /// The rows of the objective's micro-batches; train.micro_batch_size: auto
+  /// starts at the whole step's batch (the loop halves it as memory requires).
+  int64_t micro_batch_size = 1;
+  bool auto_micro_batch = false;
   std::unique_ptr<tokenizer::Tokenizer> tok;
   std::shared_ptr<models::CausalLM> model;
   std::unique_ptr<Objective> objective;
@@ -42,7 +46,8 @@ RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options);
 /// ceil(rows_per_epoch / rows_per_step) steps (at least 1).
 int64_t steps_for_epochs(double epochs, int64_t rows_per_epoch, int64_t rows_per_step);
 
-/// `cfg` with the run's length and warmup resolved, each logged: train.max_steps
+/// `cfg` with the run's micro batch (train.micro_batch_size: auto's start), length and warmup resolved, each
+/// logged: train.max_steps
 /// from train.num_train_epochs (when max_steps is 0) over the objective's
 /// training data, and schedule.warmup_steps from schedule.warmup_ratio. The
 /// loop, the schedule and the plan use what it returns; config.yaml keeps the

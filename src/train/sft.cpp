@@ -135,6 +135,29 @@ at::Tensor lm_batch_loss_sum(models::CausalLM& model, const Batch& batch, const 
   return causal_lm_loss_sum(model.forward(ids, args), to_device(labels, device));
 }
 
+std::vector<Batch> LmObjective::split_rows(const Batch& batch, int64_t parts) const {
+  const int64_t rows = batch.tensors.at("input_ids").size(0);
+  const int64_t per = (rows + std::max<int64_t>(parts, 1) - 1) / std::max<int64_t>(parts, 1);
+  std::vector<Batch> out;
+  for (int64_t b = 0; b < rows; b += per) {
+    const int64_t n = std::min(per, rows - b);
+    Batch part;
+    for (const auto& [key, t] : batch.tensors) part.tensors[key] = t.narrow(0, b, n);
+    // As the collation counts them: label positions after the first that are not ignored; real tokens.
+    const auto& labels = part.tensors.at("labels");
+    part.num_targets =
+        labels.size(1) > 1 ? labels.narrow(1, 1, labels.size(1) - 1).ne(chat::kIgnoreIndex).sum().item<int64_t>() : 0;
+    if (auto m = part.tensors.find("attention_mask"); m != part.tensors.end())
+      part.num_tokens = m->second.sum().item<int64_t>();
+    else if (auto d = part.tensors.find("doc_ids"); d != part.tensors.end())
+      part.num_tokens = d->second.ge(0).sum().item<int64_t>();
+    else
+      part.num_tokens = batch.num_tokens * n / std::max<int64_t>(rows, 1);
+    out.push_back(std::move(part));
+  }
+  return out;
+}
+
 Batch to_batch(data::LmBatch b) {
   Batch out;
   out.tensors["input_ids"] = std::move(b.input_ids);

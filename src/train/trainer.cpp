@@ -134,6 +134,18 @@ std::map<int64_t, std::string> injected_nonfinite() {
   return out;
 }
 
+/// Testing hook for train.micro_batch_size: auto (docs/config.md): ANVIL_TEST_OOM_ROWS=N makes a micro-batch of
+/// N rows or more raise the out-of-memory error a device would, after its forward and before its backward.
+int64_t injected_oom_rows() {
+  const char* env = std::getenv("ANVIL_TEST_OOM_ROWS");
+  if (!env) return 0;
+  try {
+    return std::stoll(env);
+  } catch (const std::exception&) {
+    throw ConfigError(concat("ANVIL_TEST_OOM_ROWS: expected a number of rows, got \"", env, "\""));
+  }
+}
+
 }  // namespace
 
 void request_stop() { g_stop.store(true); }
@@ -177,9 +189,13 @@ StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, co
   const double aux_weight = model.router_aux_loss_coef;
   const double aux_share = 1.0 / static_cast<double>(batches.size() * std::max<int64_t>(options.world, 1));
   at::Tensor aux_total;
+  static const int64_t oom_rows = injected_oom_rows();
   for (size_t i = 0; i < batches.size(); ++i) {
     if (aux_weight > 0) model.begin_router_stats();
     auto loss = objective.loss_sum(model, batches[i], s.sums);
+    if (oom_rows > 0 && !batches[i].tensors.empty() && batches[i].tensors.begin()->second.size(0) >= oom_rows)
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "ANVIL_TEST_OOM_ROWS: a micro-batch of ",
+                       batches[i].tensors.begin()->second.size(0), " rows (", oom_rows, " or more)");
     if (aux_weight > 0) {
       auto aux = model.take_aux_loss(aux_weight * aux_share);
       if (aux.defined()) {
@@ -264,6 +280,11 @@ class TrainLoop {
       nonfinite_total_ = resumed->nonfinite_steps;
     }
     first_step_ = step_;
+    // train.micro_batch_size: auto continues from the micro-batch its checkpoint recorded.
+    if (auto_parts_ > 0 && resumed && resumed->micro_batch_size > 0) {
+      while (auto_rows() > resumed->micro_batch_size && auto_rows() > 1) auto_parts_ *= 2;
+      log::info("train.micro_batch_size: auto: micro-batches of ", auto_rows(), " rows, as the checkpoint recorded");
+    }
     if (run_.lead && cfg_.schedule.warmup_steps > cfg_.train.max_steps)
       log::warn("schedule.warmup_steps (", cfg_.schedule.warmup_steps, ") is longer than train.max_steps (",
                 cfg_.train.max_steps, "): the warmup is clamped to the run's ", cfg_.train.max_steps, " steps");
@@ -369,6 +390,7 @@ class TrainLoop {
   /// Why this run's steps cannot be recorded as CUDA graphs ("" when they can).
   std::string graph_refusal() const {
     if (!engine_.device().is_cuda() && !GraphSteps::emulated()) return concat("the device is ", engine_.device().str());
+    if (auto_parts_ > 0) return "train.micro_batch_size is auto (a step that runs out of memory runs again, split)";
     if (auto why = engine_.graph_refusal(); !why.empty()) return why;
     if (!overlap_)
       return "each step is read before the next is queued (train.overlap_step_reads, and on CUDA "
@@ -485,7 +507,8 @@ class TrainLoop {
     }
     // The loss stays on the device: train_step reads it with the gradient norm
     // (one wait, the clipping queued), queue_step with the whole step, later.
-    r.stats = engine_.backward(objective_, batches, r.targets, /*read_loss=*/false);
+    r.stats = fit_backward(batches, r.targets);
+    if (auto_parts_ > 0) r.known["micro_batch_size"] = static_cast<double>(auto_rows());
     if (const auto it = injected_.find(r.step); it != injected_.end()) {
       at::NoGradGuard no_grad;
       if (it->second == "grad")
@@ -494,6 +517,38 @@ class TrainLoop {
         r.stats.loss_tensor = r.stats.loss_tensor + std::numeric_limits<double>::infinity();
     }
     return r;
+  }
+
+  /// train.micro_batch_size: auto: the rows of each micro-batch run.
+  int64_t auto_rows() const { return (run_.micro_batch_size + auto_parts_ - 1) / auto_parts_; }
+
+  /// The step's forwards and backwards. Under train.micro_batch_size: auto each batch is cut into auto_parts_
+  /// micro-batches (the step's targets normalise the loss, so the math is the same); a step that runs out of
+  /// device memory halves them, doubling the accumulation, and runs again from its start (llm-foundry's
+  /// device_train_microbatch_size: auto).
+  StepStats fit_backward(const std::vector<Batch>& batches, int64_t targets) {
+    if (auto_parts_ == 0) return engine_.backward(objective_, batches, targets, /*read_loss=*/false);
+    while (true) {
+      std::vector<Batch> parts;
+      if (auto_parts_ > 1)
+        for (const auto& b : batches)
+          for (auto& p : objective_.split_rows(b, auto_parts_)) parts.push_back(std::move(p));
+      try {
+        return engine_.backward(objective_, auto_parts_ > 1 ? parts : batches, targets, /*read_loss=*/false);
+      } catch (const c10::OutOfMemoryError& e) {
+        const int64_t rows = auto_rows();
+        const std::string what = e.what_without_backtrace();
+        if (rows <= 1)
+          throw ConfigError(
+              concat("train.micro_batch_size: auto: step ", step_ + 1,
+                     " runs out of device memory with micro-batches of 1 row: ", what.substr(0, what.find('\n'))));
+        auto_parts_ *= 2;
+        release_cached_memory(engine_.device());
+        log::warn("train.micro_batch_size: auto: step ", step_ + 1, " ran out of device memory with micro-batches of ",
+                  rows, " rows; running it again with ", auto_rows(), " (", run_.micro_per_step * auto_parts_,
+                  " micro-batches per step, the same samples)");
+      }
+    }
   }
 
   /// What the loop knows of a step once it is applied (or skipped).
@@ -668,6 +723,7 @@ class TrainLoop {
     state.nonfinite_steps = nonfinite_total_;
     state.objective = objective_.state();
     state.iteration = iteration_;
+    if (auto_parts_ > 0) state.micro_batch_size = auto_rows();
     host_peaks().end("train");
     host_peaks().begin("save");
     engine_.save(run_.out_dir, state, run_.tok.get(), run_.config_yaml, cfg_.train.keep_checkpoints);
@@ -709,6 +765,8 @@ class TrainLoop {
   int64_t step_ = 0, iteration_ = 0, first_step_ = 0;
   int64_t nonfinite_total_ = 0, nonfinite_in_a_row_ = 0;
   bool stop_ = false;
+  // train.micro_batch_size: auto: the micro-batches each of the objective's is cut into (0: not auto).
+  int64_t auto_parts_ = run_.auto_micro_batch ? 1 : 0;
   const bool overlap_ = overlapped();
   GraphSteps graphs_{engine_, objective_, cfg_.train.cuda_graphs, graph_refusal(), cfg_.train.grad_clip};
   std::optional<StepRecord> last_;  // the last step run, its line not yet written

@@ -66,7 +66,8 @@ TEST_F(ConfigTest, WrongTypeNamesFileLineKeyAndExpectation) {
 
 TEST_F(ConfigTest, OutOfRangeValue) {
   auto bad = write("bad.yaml", "train:\n  micro_batch_size: 0\n");
-  EXPECT_EQ(error_of({base_, bad}, {}), bad + ":2: train.micro_batch_size: expected a positive number, got \"0\"");
+  EXPECT_EQ(error_of({base_, bad}, {}),
+            bad + ":2: train.micro_batch_size: expected a positive number, or auto, got \"0\"");
   EXPECT_EQ(error_of({base_}, {"optimizer.lr=-1"}),
             "command line (optimizer.lr=-1): optimizer.lr: expected a positive number, got \"-1\"");
 }

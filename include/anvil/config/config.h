@@ -362,7 +362,8 @@ struct ScheduleConfig {
 struct TrainConfig {
   int64_t max_steps = 0;
   double num_train_epochs = 0;
-  int64_t micro_batch_size = 8;
+  int64_t micro_batch_size = 8;  // kAutoMicroBatch: "auto"
+  static constexpr int64_t kAutoMicroBatch = 0;
   int64_t grad_accum_steps = 1;
   int64_t global_batch_size = 0;
   bool activation_checkpointing = false;
@@ -401,7 +402,12 @@ struct TrainConfig {
             "sample, or with data.packing a packed row. Resolved once the data is loaded and logged; 0 = not set "
             "(train.max_steps counts the run). docs/config.md.",
             read_if_declared(changeable_on_resume(non_negative())));
-    v.field("micro_batch_size", micro_batch_size, "Samples per forward/backward pass.", positive());
+    v.field("micro_batch_size", micro_batch_size,
+            "Samples per forward/backward pass. auto (one process, algorithms sft and pretrain): starts at "
+            "global_batch_size (one micro-batch per step) and, whenever a step runs out of device memory, halves the "
+            "micro-batch and doubles the accumulation, the same math (llm-foundry's device_train_microbatch_size: "
+            "auto); the value reached is logged and kept in checkpoints. docs/config.md.",
+            or_word(positive(), "auto", kAutoMicroBatch));
     v.field("grad_accum_steps", grad_accum_steps,
             "Micro-batches per optimizer step, summed over all ranks (each rank runs grad_accum_steps / "
             "world_size); when global_batch_size is also set, the two must agree. The loss is normalised by the step's "

@@ -15,6 +15,7 @@
 // their own files (src/train/sft.cpp, src/models/registry.cpp); config/
 // names none of them. config.h includes this header and defines RunConfig.
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -35,6 +36,10 @@ struct Rule {
   bool declared = false;                     // read only by the algorithms that declare it (read_if_declared)
   std::optional<double> off = std::nullopt;  // a value asking for nothing (0 = no generation), taken anywhere
   bool changeable_on_resume = false;         // may differ from the checkpoint's on resume (changeable_on_resume)
+  /// An integer field that also takes this word (e.g. "auto"), read as `word_value` and written back as the
+  /// word (or_word).
+  std::string word;
+  int64_t word_value = 0;
 };
 
 inline Rule any() { return {}; }
@@ -89,6 +94,14 @@ inline Rule read_if_declared(Rule r, double off) {
 /// unless train.allow_config_change is set.
 inline Rule changeable_on_resume(Rule r = {}) {
   r.changeable_on_resume = true;
+  return r;
+}
+/// `r` for an integer field that also takes `word`, held as `value` (outside
+/// what `r` accepts) and printed as the word: train.micro_batch_size: auto.
+inline Rule or_word(Rule r, std::string word, int64_t value) {
+  r.expected += ", or " + word;
+  r.word = std::move(word);
+  r.word_value = value;
   return r;
 }
 

@@ -264,6 +264,15 @@ class Objective {
   /// depend on values): a CUDA graph may then record a step once and replay
   /// it with later batches of the same shapes (train.cuda_graphs).
   virtual bool replayable_steps() const { return false; }
+  /// Whether split_rows() cuts a micro-batch into parts whose loss_sum()s add
+  /// up to the whole's (each row's loss stands alone, normalised by the
+  /// step's targets): train.micro_batch_size: auto needs it.
+  virtual bool splits_rows() const { return false; }
+  /// `batch` cut into `parts` micro-batches of consecutive rows
+  /// (ceil(rows / parts) each, the last fewer; fewer parts when there are
+  /// fewer rows), each with its own num_targets and num_tokens. Only when
+  /// splits_rows().
+  virtual std::vector<Batch> split_rows(const Batch& batch, int64_t parts) const;
   /// The objective's own state, saved in every checkpoint (trainer_state.json
   /// "objective") and given to restore() on resume; null when it keeps none.
   virtual nlohmann::json state() const { return nullptr; }

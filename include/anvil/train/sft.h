@@ -74,6 +74,9 @@ class LmObjective final : public Objective {
   /// Yes: its batches' tensors on the device take no host decision (packed
   /// rows attend through their mask there).
   bool replayable_steps() const override { return true; }
+  /// Yes: a row's loss is its own target tokens' (packed documents stay within their row).
+  bool splits_rows() const override { return true; }
+  std::vector<Batch> split_rows(const Batch& batch, int64_t parts) const override;
 
  private:
   struct State;
