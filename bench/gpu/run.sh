@@ -76,7 +76,12 @@ if ((SMOKE)); then
   # And Intel MKL's float32 GEMMs, which pick kernels by the operands' alignment unless asked not to: a run
   # that saved at once parted from its twin in 4 of 10 processes there, 0 of 10 with this.
   export MKL_CBWR=${MKL_CBWR:-AUTO,STRICT}
+  # Both still left the float32 bit-for-bit checks (resumed = uninterrupted, overlapped reads = read at once)
+  # failing in 4 of 8 full-suite runs there (2026-12-04/05, differences of 5e-7 in a loss); the unit tests that
+  # compare resumes bit for bit run one thread and never have. So do the smoke's trainer runs.
+  SMOKE_ARGS=(train.threads=1)
 else
+  SMOKE_ARGS=()
   BUILD=${BUILD:-/tmp/anvil-gpu-build} DEVICE=cuda LIMIT=420 COMPILE=1
   GPT2=configs/models/gpt2-124m.yaml LLAMA=configs/models/llama-1b.yaml
   MOE=bench/gpu/qwen3_moe-0.5b.yaml MOE_SHAPE="8 1024"
@@ -173,6 +178,7 @@ anvil_run() {
     model.dropout=0 train.log_every=5 eval.generate_samples=0 optimizer.lr=3e-4 "optimizer.betas=[0.9,0.95]"
     optimizer.weight_decay=0.1 train.save_every=0 train.keep_checkpoints=1 output_dir="$dir")
   [[ $prec == bf16 ]] && args+=(dist.param_dtype=bfloat16)
+  args+=("${SMOKE_ARGS[@]}")
   [[ $prec == tf32 ]] && args+=(train.tf32=true)
   timeout "$LIMIT" env "${RUN_ENV[@]}" "$TRAINER" "${args[@]}" "$@" >>"$W/$tag.log" 2>&1 && return 0
   local rc=$?
