@@ -7,9 +7,9 @@
 // more raises torch's c10::OutOfMemoryError after its forward).
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "distributed/dist_runs.h"
 #include "test_util.h"
 
 namespace anvil::train {
@@ -20,15 +20,7 @@ using anvil::testing::tiny_sft_run;
 using anvil::testing::train_in;
 namespace stdfs = std::filesystem;
 
-std::map<int64_t, nlohmann::json> metrics(const stdfs::path& path) {
-  std::map<int64_t, nlohmann::json> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    out[j["step"].get<int64_t>()] = j;
-  }
-  return out;
-}
+const auto metrics = anvil::distributed::read_metrics;  // metrics.jsonl by step
 
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;

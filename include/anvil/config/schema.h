@@ -38,7 +38,7 @@ struct Rule {
   bool changeable_on_resume = false;         // may differ from the checkpoint's on resume (changeable_on_resume)
   /// An integer field that also takes this word (e.g. "auto"), read as `word_value` and written back as the
   /// word (or_word).
-  std::string word;
+  std::string word{};
   int64_t word_value = 0;
 };
 
