@@ -103,9 +103,16 @@ std::shared_ptr<models::CausalLM> build_model(const config::RunConfig& cfg, cons
   } else {
     auto mc = cfg.model;
     if (mc.vocab_size == 0) mc.vocab_size = tok.vocab_size();
+    const auto& family = models::family_by_name(mc.family);
     std::optional<models::DeferredInitGuard> shapes;
     if (shapes_only) shapes.emplace(at::kCPU);  // a plan reads shapes: no memory, no draws
-    model = models::family_by_name(mc.family).from_config(mc);
+    // Sharded: no storage, each rank draws its shards of the weights one process draws (models/init.h).
+    if (deferred_on && !shapes_only)
+      model = models::build_deferred_random([&] { return family.from_config(mc); }, *deferred_on);
+    if (model)
+      log::info("model: ", model->family(), " randomly initialised (each rank draws its shards of the weights)");
+    else
+      model = family.from_config(mc);
   }
   if (shapes_only) {
     add_adapters(cfg, *model, /*weights=*/false);  // a plan counts LoRA's base as frozen

@@ -339,6 +339,54 @@ TEST_P(Family, AnOpenedFolderHoldsNoWeightsAndReadsWhatLoadingReads) {
   EXPECT_TRUE(at::equal(copy->forward(ids), model_->forward(ids)));
 }
 
+// A sharded run's random initialisation (models/init.h): the model built without storage reads, range by range,
+// the very weights the eager build draws from the same seed, and leaves the generator where the eager build does
+// (a LoRA adapter or a head drawn next gets the same values). Also with a padding row (pad_token_id).
+TEST_P(Family, ADeferredRandomBuildReadsTheWeightsTheEagerBuildDraws) {
+  for (const bool pad : {false, true}) {
+    auto config = model_->hf_config();
+    if (pad) config["pad_token_id"] = 3;
+    const auto& family = family_by_hf_model_type(config.at("model_type").get<std::string>(), "test");
+    auto build = [&] { return family.from_hf_config(config, "test"); };
+    at::manual_seed(11);
+    const auto eager = build();
+    const auto next = at::rand({4});
+    at::manual_seed(11);
+    const auto deferred = build_deferred_random(build, at::kCPU);
+    ASSERT_NE(deferred, nullptr);
+    EXPECT_TRUE(at::equal(at::rand({4}), next)) << "the generator after the build";
+    ASSERT_NE(deferred->parameter_source, nullptr);
+    const auto want = eager->named_parameters();
+    for (const auto& p : deferred->named_parameters()) {
+      ASSERT_TRUE(is_deferred(p.value())) << p.key();
+      const auto n = p.value().numel();
+      const auto b = n / 3, count = std::max<int64_t>(1, n / 2 - b);
+      EXPECT_TRUE(
+          at::equal(deferred->parameter_source->read(p.key(), b, count), want[p.key()].reshape(-1).narrow(0, b, count)))
+          << p.key() << (pad ? " (padding row)" : "");
+    }
+    materialize_deferred(*deferred);
+    for (const auto& p : deferred->named_parameters())
+      EXPECT_TRUE(at::equal(p.value(), want[p.key()])) << p.key() << (pad ? " (padding row)" : "");
+  }
+  // A build that draws into a module of its own (LibTorch's Linear) cannot be replayed: null, the generator
+  // untouched, so the eager build that follows draws what it always did.
+  at::manual_seed(5);
+  const auto first = at::rand({4});
+  at::manual_seed(5);
+  const auto config = model_->hf_config();
+  const auto& family = family_by_hf_model_type(config.at("model_type").get<std::string>(), "test");
+  EXPECT_EQ(build_deferred_random(
+                [&] {
+                  auto m = family.from_hf_config(config, "test");
+                  m->add_score_head();
+                  return m;
+                },
+                at::kCPU),
+            nullptr);
+  EXPECT_TRUE(at::equal(at::rand({4}), first));
+}
+
 }  // namespace
 }  // namespace anvil::models
 

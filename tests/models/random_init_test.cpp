@@ -38,15 +38,20 @@ TEST(RandomInit, ARankReadingItsShardsHoldsNoWholeModel) {
   auto model = build_deferred_random([&] { return family.from_config(mc); }, at::kCPU);
   const double build_s = seconds_since(start);
   ASSERT_NE(model, nullptr);
-  std::vector<at::Tensor> shards;
-  int64_t total = 0, largest = 0;
-  start = std::chrono::steady_clock::now();
+  // The rank's shards, allocated first as ShardedModel allocates a unit's, then filled read by read.
+  int64_t total = 0, largest = 0, quarters = 0;
   for (const auto& p : model->named_parameters()) {
-    const auto n = p.value().numel();
-    total += n;
-    largest = std::max(largest, n);
-    const auto quarter = (n + 3) / 4;
-    shards.push_back(model->parameter_source->read(p.key(), n - quarter, quarter).clone());
+    total += p.value().numel();
+    largest = std::max(largest, p.value().numel());
+    quarters += (p.value().numel() + 3) / 4;
+  }
+  auto shards = at::zeros({quarters}, at::kFloat);
+  start = std::chrono::steady_clock::now();
+  int64_t at_ = 0;
+  for (const auto& p : model->named_parameters()) {
+    const auto n = p.value().numel(), quarter = (n + 3) / 4;
+    shards.narrow(0, at_, quarter).copy_(model->parameter_source->read(p.key(), n - quarter, quarter));
+    at_ += quarter;
   }
   const double read_s = seconds_since(start);
   const double peak = static_cast<double>(host_memory().peak - before);
@@ -65,11 +70,12 @@ TEST(RandomInit, ARankReadingItsShardsHoldsNoWholeModel) {
   const auto eager = family.from_config(mc);
   std::cout << "[random init] the eager build: " << seconds_since(start) << " s\n";
   // The quarters are the eager weights' last quarters.
-  size_t i = 0;
+  at_ = 0;
   for (const auto& p : eager->named_parameters()) {
     const auto flat = p.value().reshape(-1);
     const auto quarter = (flat.numel() + 3) / 4;
-    EXPECT_TRUE(at::equal(shards.at(i++), flat.narrow(0, flat.numel() - quarter, quarter))) << p.key();
+    EXPECT_TRUE(at::equal(shards.narrow(0, at_, quarter), flat.narrow(0, flat.numel() - quarter, quarter))) << p.key();
+    at_ += quarter;
   }
 }
 

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -113,6 +114,17 @@ struct SpecialTokens {
 /// safetensors, read a range at a time.
 class ShardedParameters;
 
+/// How a family initialises one parameter (transformers' _init_weights):
+/// every element drawn from N(0, value) (`draws`) or set to `value`; then,
+/// when zero_row >= 0, that row zeroed (a padding embedding).
+struct ParameterInit {
+  bool draws = false;
+  double value = 0;
+  int64_t zero_row = -1;
+  static ParameterInit normal(double std, int64_t zero_row = -1) { return {true, std, zero_row}; }
+  static ParameterInit constant(double v) { return {false, v, -1}; }
+};
+
 class ParameterSource {
  public:
   virtual ~ParameterSource() = default;
@@ -202,6 +214,14 @@ class CausalLM : public torch::nn::Module {
   /// The modules LoRA adapts when lora.target_modules is empty (PEFT's
   /// default for the family where PEFT has one): last name components.
   virtual std::vector<std::string> default_lora_targets() const = 0;
+
+  /// How parameter `name` of the family's own starts (ParameterInit). A family
+  /// that says it for every parameter draws its weights at construction as
+  /// models::init_parameters does (models/init.h), and a randomly initialised
+  /// sharded run then builds it without storage and has each rank draw its
+  /// shards of the very same weights; nullopt (a family of the user's that
+  /// does not say) builds such a model whole on every rank first.
+  virtual std::optional<ParameterInit> parameter_init(const std::string& /*name*/) const { return std::nullopt; }
 
   /// Resizes the vocabulary to `n` rows as transformers'
   /// resize_token_embeddings does: the input embedding and an untied LM head

@@ -123,6 +123,7 @@ class GemmaForCausalLM final : public CausalLM {
   OutputHead output_head() override;
   std::string block_prefix(int64_t i) const override { return "model.layers." + std::to_string(i); }
   std::string family() const override { return options.model_type(); }
+  std::optional<ParameterInit> parameter_init(const std::string& name) const override;
   std::vector<std::string> default_lora_targets() const override { return {"q_proj", "v_proj"}; }
   int64_t vocab_size() const override { return options.vocab_size(); }
   int64_t hidden_size() const override { return options.hidden_size(); }
@@ -137,7 +138,6 @@ class GemmaForCausalLM final : public CausalLM {
 
   /// HF's init: N(0, initializer_range) for linear and embedding weights, zero
   /// biases and zero norm weights (the norms multiply by 1 + w).
-  void reset_parameters();
 
   GemmaOptions options;
   GemmaModel model{nullptr};

@@ -16,7 +16,7 @@ namespace anvil::models::gpt2 {
 Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features) {
   weight = register_parameter("weight", layers::new_parameter({in_features, out_features}));
   bias = register_parameter("bias", layers::new_parameter({out_features}));
-  if (!init_skipped()) bias.detach().zero_();  // the weight: GPT2LMHeadModel::reset_parameters
+  if (!init_skipped()) bias.detach().zero_();  // the weight: GPT2LMHeadModel::parameter_init
 }
 
 at::Tensor Conv1DImpl::forward(const at::Tensor& x) {
@@ -98,7 +98,7 @@ at::Tensor GPT2ModelImpl::forward(const at::Tensor& input_ids, const ForwardArgs
 GPT2LMHeadModel::GPT2LMHeadModel(const GPT2Options& o) : options(o) {
   TORCH_CHECK(o.n_embd() % o.n_head() == 0, "n_embd must be divisible by n_head");
   transformer = register_module("transformer", GPT2Model(o));
-  if (!init_skipped()) reset_parameters();  // loading weights: they overwrite it (models/init.h)
+  if (!init_skipped()) init_parameters(*this);  // loading weights: they overwrite it (models/init.h)
 }
 
 at::Tensor GPT2LMHeadModel::forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) {
@@ -107,24 +107,15 @@ at::Tensor GPT2LMHeadModel::forward_hidden(const at::Tensor& input_ids, const Fo
 
 CausalLM::OutputHead GPT2LMHeadModel::output_head() { return {transformer->wte->weight, {}}; }  // tied
 
-void GPT2LMHeadModel::reset_parameters() {
-  at::NoGradGuard no_grad;
+std::optional<ParameterInit> GPT2LMHeadModel::parameter_init(const std::string& name) const {
   const double std = options.initializer_range();
-  const double proj_std = std / std::sqrt(2.0 * options.n_layer());
-  for (auto& p : named_parameters()) {
-    const auto& name = p.key();
-    auto& t = p.value();
-    const bool is_ln = name.find(".ln_") != std::string::npos || name.rfind("transformer.ln_f", 0) == 0;
-    if (is_ln) {
-      name.ends_with("weight") ? t.fill_(1.0) : t.zero_();
-    } else if (name.ends_with("bias")) {
-      t.zero_();
-    } else if (name.find("c_proj.weight") != std::string::npos) {
-      t.normal_(0.0, proj_std);
-    } else {
-      t.normal_(0.0, std);
-    }
-  }
+  const bool is_ln = name.find(".ln_") != std::string::npos || name.rfind("transformer.ln_f", 0) == 0;
+  if (is_ln) return ParameterInit::constant(name.ends_with("weight") ? 1.0 : 0.0);
+  if (name.ends_with("bias")) return ParameterInit::constant(0.0);
+  // GPT-2's scaled init of the residual projections.
+  if (name.find("c_proj.weight") != std::string::npos)
+    return ParameterInit::normal(std / std::sqrt(2.0 * options.n_layer()));
+  return ParameterInit::normal(std);
 }
 
 nlohmann::json GPT2LMHeadModel::hf_config() const {

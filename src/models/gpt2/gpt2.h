@@ -100,6 +100,7 @@ class GPT2LMHeadModel final : public CausalLM {
   OutputHead output_head() override;
   std::string block_prefix(int64_t i) const override { return "transformer.h." + std::to_string(i); }
   std::string family() const override { return "gpt2"; }
+  std::optional<ParameterInit> parameter_init(const std::string& name) const override;
   std::vector<std::string> default_lora_targets() const override { return {"c_attn"}; }
   int64_t vocab_size() const override { return options.vocab_size(); }
   int64_t hidden_size() const override { return options.n_embd(); }
@@ -110,7 +111,6 @@ class GPT2LMHeadModel final : public CausalLM {
 
   /// GPT-2's init: N(0, initializer_range), residual projections scaled by
   /// 1/sqrt(2 * n_layer), zero biases, unit LayerNorm.
-  void reset_parameters();
   std::vector<std::string> input_embedding_parameters() const override {
     return {"transformer.wte.weight", "transformer.wpe.weight"};
   }

@@ -128,7 +128,13 @@ at::Tensor new_parameter(at::IntArrayRef shape) { return new_parameter_tensor(sh
 DenseImpl::DenseImpl(const torch::nn::LinearOptions& o) : options(o) {
   weight = register_parameter("weight", new_parameter({o.out_features(), o.in_features()}));
   if (o.bias()) bias = register_parameter("bias", new_parameter({o.out_features()}));
-  if (init_skipped()) return;
+  if (init_skipped()) {
+    // kaiming_uniform_ with a = sqrt(5) draws uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)), as the bias does.
+    const double bound = o.in_features() > 0 ? 1.0 / std::sqrt(static_cast<double>(o.in_features())) : 0.0;
+    note_skipped_draw({weight.numel(), false, -bound, bound});
+    if (bias.defined()) note_skipped_draw({bias.numel(), false, -bound, bound});
+    return;
+  }
   torch::nn::init::kaiming_uniform_(weight, std::sqrt(5.0));
   if (bias.defined()) {
     const auto fan_in = static_cast<double>(o.in_features());
@@ -144,7 +150,10 @@ EmbeddingImpl::EmbeddingImpl(const torch::nn::EmbeddingOptions& o) : options(o) 
     if (*pad < 0) options.padding_idx(o.num_embeddings() + *pad);
   }
   weight = register_parameter("weight", new_parameter({o.num_embeddings(), o.embedding_dim()}));
-  if (init_skipped()) return;
+  if (init_skipped()) {
+    note_skipped_draw({weight.numel(), true, 0.0, 1.0});
+    return;
+  }
   torch::nn::init::normal_(weight);
   if (const auto pad = options.padding_idx()) {
     at::NoGradGuard no_grad;

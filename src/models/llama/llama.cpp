@@ -160,7 +160,7 @@ LlamaForCausalLM::LlamaForCausalLM(const LlamaOptions& o) : options(o) {
   if (!o.tie_word_embeddings())
     lm_head = register_module("lm_head",
                               layers::Dense(torch::nn::LinearOptions(o.hidden_size(), o.vocab_size()).bias(false)));
-  if (!init_skipped()) reset_parameters();  // loading weights: they overwrite it (models/init.h)
+  if (!init_skipped()) init_parameters(*this);  // loading weights: they overwrite it (models/init.h)
 }
 
 at::Tensor LlamaForCausalLM::forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) {
@@ -172,19 +172,11 @@ CausalLM::OutputHead LlamaForCausalLM::output_head() {
   return {lm_head->weight, lm_head->bias};
 }
 
-void LlamaForCausalLM::reset_parameters() {
-  at::NoGradGuard no_grad;
-  for (auto& p : named_parameters()) {
-    const auto& name = p.key();
-    auto& t = p.value();
-    if (name.ends_with("norm.weight"))
-      t.fill_(1.0);
-    else if (name.ends_with("bias"))
-      t.zero_();
-    else
-      t.normal_(0.0, options.initializer_range());
-  }
-  if (options.padding_idx() >= 0) model->embed_tokens->weight[options.padding_idx()].zero_();
+std::optional<ParameterInit> LlamaForCausalLM::parameter_init(const std::string& name) const {
+  if (name.ends_with("norm.weight")) return ParameterInit::constant(1.0);
+  if (name.ends_with("bias")) return ParameterInit::constant(0.0);
+  return ParameterInit::normal(options.initializer_range(),
+                               name == embedding_parameter() ? options.padding_idx() : int64_t{-1});
 }
 
 nlohmann::json LlamaForCausalLM::hf_config() const {

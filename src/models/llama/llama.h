@@ -168,6 +168,7 @@ class LlamaForCausalLM final : public CausalLM {
   int64_t cache_recompute_length() const override {
     return options.rope().type() == "longrope" ? options.rope().original_max_positions() : 0;
   }
+  std::optional<ParameterInit> parameter_init(const std::string& name) const override;
   std::vector<std::string> default_lora_targets() const override {
     if (options.fused_projections()) return {"qkv_proj"};
     return {"q_proj", "v_proj"};
@@ -178,7 +179,6 @@ class LlamaForCausalLM final : public CausalLM {
 
   /// HF's init: N(0, initializer_range) for linear and embedding weights, zero
   /// biases, unit RMSNorm weights.
-  void reset_parameters();
 
   LlamaOptions options;
   LlamaModel model{nullptr};

@@ -92,7 +92,7 @@ GPTNeoXForCausalLM::GPTNeoXForCausalLM(const NeoXOptions& o) : options(o) {
   if (!o.tie_word_embeddings())
     embed_out = register_module("embed_out",
                                 layers::Dense(torch::nn::LinearOptions(o.hidden_size(), o.vocab_size()).bias(false)));
-  if (!init_skipped()) reset_parameters();  // loading weights: they overwrite it (models/init.h)
+  if (!init_skipped()) init_parameters(*this);  // loading weights: they overwrite it (models/init.h)
 }
 
 at::Tensor GPTNeoXForCausalLM::forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) {
@@ -104,20 +104,12 @@ CausalLM::OutputHead GPTNeoXForCausalLM::output_head() {
   return {embed_out->weight, embed_out->bias};
 }
 
-void GPTNeoXForCausalLM::reset_parameters() {
-  at::NoGradGuard no_grad;
-  for (auto& p : named_parameters()) {
-    const auto& name = p.key();
-    auto& t = p.value();
-    const bool is_norm =
-        name.find("layernorm.") != std::string::npos || name.find("final_layer_norm.") != std::string::npos;
-    if (is_norm)
-      name.ends_with("weight") ? t.fill_(1.0) : t.zero_();
-    else if (name.ends_with("bias"))
-      t.zero_();
-    else
-      t.normal_(0.0, options.initializer_range());
-  }
+std::optional<ParameterInit> GPTNeoXForCausalLM::parameter_init(const std::string& name) const {
+  const bool is_norm =
+      name.find("layernorm.") != std::string::npos || name.find("final_layer_norm.") != std::string::npos;
+  if (is_norm) return ParameterInit::constant(name.ends_with("weight") ? 1.0 : 0.0);
+  if (name.ends_with("bias")) return ParameterInit::constant(0.0);
+  return ParameterInit::normal(options.initializer_range());
 }
 
 nlohmann::json GPTNeoXForCausalLM::hf_config() const {

@@ -90,6 +90,7 @@ class GPTNeoXForCausalLM final : public CausalLM {
   OutputHead output_head() override;
   std::string block_prefix(int64_t i) const override { return "gpt_neox.layers." + std::to_string(i); }
   std::string family() const override { return "neox"; }
+  std::optional<ParameterInit> parameter_init(const std::string& name) const override;
   std::vector<std::string> default_lora_targets() const override { return {"query_key_value"}; }
   int64_t vocab_size() const override { return options.vocab_size(); }
   int64_t hidden_size() const override { return options.hidden_size(); }
@@ -102,7 +103,6 @@ class GPTNeoXForCausalLM final : public CausalLM {
   }
 
   /// HF's init: N(0, initializer_range) weights, zero biases, unit LayerNorm.
-  void reset_parameters();
 
   NeoXOptions options;
   NeoXModel gpt_neox{nullptr};

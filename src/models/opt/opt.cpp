@@ -133,7 +133,7 @@ OPTForCausalLM::OPTForCausalLM(const OPTOptions& o) : options(o) {
   if (!o.tie_word_embeddings())
     lm_head_ = register_module(
         "lm_head", layers::Dense(torch::nn::LinearOptions(o.word_embed_proj_dim(), o.vocab_size()).bias(false)));
-  if (!init_skipped()) reset_parameters();  // loading weights: they overwrite it (models/init.h)
+  if (!init_skipped()) init_parameters(*this);  // loading weights: they overwrite it (models/init.h)
 }
 
 at::Tensor OPTForCausalLM::forward_hidden(const at::Tensor& input_ids, const ForwardArgs& args) {
@@ -150,19 +150,11 @@ CausalLM::OutputHead OPTForCausalLM::output_head() {
   return {lm_head_->weight, lm_head_->bias};
 }
 
-void OPTForCausalLM::reset_parameters() {
-  at::NoGradGuard no_grad;
-  for (auto& p : named_parameters()) {
-    const auto& name = p.key();
-    auto& t = p.value();
-    if (name.find("layer_norm.") != std::string::npos)
-      name.ends_with("weight") ? t.fill_(1.0) : t.zero_();
-    else if (name.ends_with("bias"))
-      t.zero_();
-    else
-      t.normal_(0.0, options.init_std());
-  }
-  if (options.padding_idx() >= 0) decoder_->embed_tokens->weight[options.padding_idx()].zero_();
+std::optional<ParameterInit> OPTForCausalLM::parameter_init(const std::string& name) const {
+  if (name.find("layer_norm.") != std::string::npos)
+    return ParameterInit::constant(name.ends_with("weight") ? 1.0 : 0.0);
+  if (name.ends_with("bias")) return ParameterInit::constant(0.0);
+  return ParameterInit::normal(options.init_std(), name == embedding_parameter() ? options.padding_idx() : int64_t{-1});
 }
 
 nlohmann::json OPTForCausalLM::hf_config() const {

@@ -47,6 +47,7 @@ class OPTForCausalLM final : public CausalLM {
   OutputHead output_head() override;
   std::string block_prefix(int64_t i) const override { return "model.decoder.layers." + std::to_string(i); }
   std::string family() const override { return "opt"; }
+  std::optional<ParameterInit> parameter_init(const std::string& name) const override;
   std::vector<std::string> default_lora_targets() const override { return {"q_proj", "v_proj"}; }
   int64_t vocab_size() const override { return options.vocab_size(); }
   /// The width the LM head reads: word_embed_proj_dim (after project_out).
@@ -61,7 +62,6 @@ class OPTForCausalLM final : public CausalLM {
 
   /// HF's init: N(0, init_std) weights and embeddings, zero biases and
   /// padding row, unit LayerNorm.
-  void reset_parameters();
   /// The token and position tables; none apart when project_in (opt-350m) reads its weights before the blocks.
   std::vector<std::string> input_embedding_parameters() const override;
 
