@@ -2,29 +2,14 @@
 // collect and their reduction over ranks: what every engine runs, apart from the loop.
 #include <ATen/ATen.h>
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "anvil/core/error.h"
 #include "anvil/train/trainer.h"
+#include "train/test_hooks.h"
 
 namespace anvil::train {
-namespace {
-
-/// Testing hook for train.micro_batch_size: auto (docs/config.md): ANVIL_TEST_OOM_ROWS=N makes a micro-batch of
-/// N rows or more raise the out-of-memory error a device would, after its forward and before its backward.
-int64_t injected_oom_rows() {
-  const char* env = std::getenv("ANVIL_TEST_OOM_ROWS");
-  if (!env) return 0;
-  try {
-    return std::stoll(env);
-  } catch (const std::exception&) {
-    throw ConfigError(concat("ANVIL_TEST_OOM_ROWS: expected a number of rows, got \"", env, "\""));
-  }
-}
-
-}  // namespace
 
 void add_sum(Sums& sums, const std::string& key, const at::Tensor& value) {
   auto v = value.detach().to(at::kDouble);
@@ -65,7 +50,7 @@ StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, co
   const double aux_weight = model.router_aux_loss_coef;
   const double aux_share = 1.0 / static_cast<double>(batches.size() * std::max<int64_t>(options.world, 1));
   at::Tensor aux_total;
-  static const int64_t oom_rows = injected_oom_rows();
+  const int64_t oom_rows = test_hooks::oom_rows();
   for (size_t i = 0; i < batches.size(); ++i) {
     if (aux_weight > 0) model.begin_router_stats();
     auto loss = objective.loss_sum(model, batches[i], s.sums);

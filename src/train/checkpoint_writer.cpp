@@ -1,4 +1,5 @@
 #include "train/checkpoint_writer.h"
+#include "train/test_hooks.h"
 
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
@@ -82,11 +83,6 @@ void copy_on_host(const HostCopy& c) {
     dst.copy_(c.src);
 }
 
-int delay_from_env() {
-  const char* v = std::getenv("ANVIL_TEST_CHECKPOINT_WRITE_DELAY_MS");
-  return v ? std::max(0, std::atoi(v)) : 0;
-}
-
 /// The message of a failed write: a CheckpointError's own (checkpoint::save_checkpoint
 /// names the checkpoint), else one naming the checkpoint. Only the message
 /// crosses threads: std::exception_ptr's members would bind to the torch
@@ -103,7 +99,7 @@ bool background_checkpoints() {
   return !(v && std::string(v) == "1");
 }
 
-CheckpointWriter::CheckpointWriter() : delay_ms_(delay_from_env()) {}
+CheckpointWriter::CheckpointWriter() : delay_ms_(test_hooks::checkpoint_write_delay_ms()) {}
 
 CheckpointWriter::~CheckpointWriter() {
   try {

@@ -1,8 +1,8 @@
 #include "train/graph_steps.h"
+#include "train/test_hooks.h"
 
 #include <ATen/ATen.h>
 
-#include <cstdlib>
 #include <functional>
 #include <sstream>
 
@@ -20,13 +20,7 @@ struct GraphSteps::Graph {
   std::function<void()> emulated;    // ANVIL_TEST_CUDA_GRAPHS=emulate: called at each replay instead
 };
 
-bool GraphSteps::emulated() {
-  static const bool on = [] {
-    const char* v = std::getenv("ANVIL_TEST_CUDA_GRAPHS");
-    return v && std::string(v) == "emulate";
-  }();
-  return on;
-}
+bool GraphSteps::emulated() { return test_hooks::emulate_cuda_graphs(); }
 
 GraphSteps::GraphSteps(Engine& engine, Objective& objective, const std::string& mode, const std::string& refusal,
                        double max_norm, int64_t warmup_steps)

@@ -29,6 +29,7 @@
 #include "train/engine_setup.h"
 #include "train/graph_steps.h"
 #include "train/run_setup.h"
+#include "train/test_hooks.h"
 #include "train/memory_plan.h"
 #include "train/step_profiler.h"
 #include "core/metrics.h"
@@ -114,26 +115,6 @@ void print_eval(int64_t step, const EvalResult& r) {
 
 bool every(int64_t step, int64_t n) { return n > 0 && step % n == 0; }
 
-/// Testing hook for the non-finite guard (docs/reliability.md):
-/// ANVIL_TEST_NONFINITE="loss@3,grad@5" makes step 3's loss (on rank 0 only,
-/// so the ranks must agree through the reduction) and step 5's gradients
-/// (on every rank) infinite.
-std::map<int64_t, std::string> injected_nonfinite() {
-  std::map<int64_t, std::string> out;
-  const char* env = std::getenv("ANVIL_TEST_NONFINITE");
-  if (!env) return out;
-  std::stringstream ss(env);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    const auto at = item.find('@');
-    const auto what = item.substr(0, at);
-    if (at == std::string::npos || (what != "loss" && what != "grad"))
-      throw ConfigError(concat("ANVIL_TEST_NONFINITE: expected loss@STEP or grad@STEP items, got \"", item, "\""));
-    out[std::stoll(item.substr(at + 1))] = what;
-  }
-  return out;
-}
-
 }  // namespace
 
 void request_stop() { g_stop.store(true); }
@@ -193,7 +174,7 @@ class TrainLoop {
         run_(run),
         engine_(engine),
         objective_(*run.objective),
-        injected_(injected_nonfinite()),
+        injected_(test_hooks::nonfinite_steps()),
         profiler_(cfg.train.profile_steps, run.out_dir / "profile", run.device, run.lead) {
     if (resumed) {
       step_ = resumed->step;
@@ -383,24 +364,9 @@ class TrainLoop {
     r.known = std::move(known);
     r.t0 = std::chrono::steady_clock::now();
     r.step = step_ + 1;
-    // Tests: signals raised at a known step, ANVIL_TEST_SIGNALS_AT_STEP=STEP:SIG[,SIG...] with SIG INT or
-    // TERM (a real pair of signals from outside races the save the first one starts).
-    static const std::pair<int64_t, std::vector<int>> test_signals = [] {
-      std::pair<int64_t, std::vector<int>> out{-1, {}};
-      const char* v = std::getenv("ANVIL_TEST_SIGNALS_AT_STEP");
-      if (!v) return out;
-      const std::string spec(v);
-      const auto colon = spec.find(':');
-      out.first = std::atoll(spec.substr(0, colon).c_str());
-      for (size_t at = colon + 1; colon != std::string::npos && at <= spec.size();) {
-        const auto end = std::min(spec.find(',', at), spec.size());
-        out.second.push_back(spec.compare(at, end - at, "TERM") == 0 ? SIGTERM : SIGINT);
-        at = end + 1;
-      }
-      return out;
-    }();
-    if (step_ == test_signals.first)
-      for (const int sig : test_signals.second) std::raise(sig);
+    // Tests: signals raised at a known step (ANVIL_TEST_SIGNALS_AT_STEP, train/test_hooks.h).
+    if (const auto& test = test_hooks::signals_at_step(); step_ == test.step)
+      for (const int sig : test.signals) std::raise(sig);
     // Every rank reads the whole step (same order, same padding as on one
     // rank) and keeps micro-batches rank, rank + world, ...
     std::vector<Batch> batches;

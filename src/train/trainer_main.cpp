@@ -13,6 +13,7 @@
 #include "anvil/config/config.h"
 #include "core/cli.h"
 #include "train/run_setup.h"
+#include "train/test_hooks.h"
 #include "anvil/core/error.h"
 #include "anvil/chat/chat.h"
 #include "anvil/models/registry.h"
@@ -53,8 +54,7 @@ int trainer_main(int argc, char** argv) {
   std::signal(SIGINT, on_signal_outside_loop);
   std::signal(SIGTERM, on_signal_outside_loop);
   // Testing hook: a signal at a chosen moment of start-up.
-  if (const char* sig = std::getenv("ANVIL_TEST_SIGNAL_AT_STARTUP"); sig && std::string(sig) == "INT")
-    std::raise(SIGINT);
+  if (anvil::train::test_hooks::sigint_at_startup()) std::raise(SIGINT);
 
   CLI::App app{
       "Anvil trainer: trains a model from YAML configs. Later --config files and key.path=value "

@@ -1,0 +1,103 @@
+#include "train/test_hooks.h"
+
+#include <csignal>
+#include <cstdlib>
+#include <sstream>
+
+#include "anvil/core/error.h"
+
+namespace anvil::train::test_hooks {
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+int64_t count(const char* name, const std::string& text, const char* what) {
+  size_t used = 0;
+  int64_t n = -1;
+  try {
+    n = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || n < 0) throw ConfigError(concat(name, ": expected ", what, ", got \"", text, "\""));
+  return n;
+}
+
+}  // namespace
+
+std::map<int64_t, std::string> nonfinite_steps() {
+  std::map<int64_t, std::string> out;
+  const char* v = env("ANVIL_TEST_NONFINITE");
+  if (!v) return out;
+  std::stringstream ss(v);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto at = item.find('@');
+    const auto what = item.substr(0, at);
+    if (at == std::string::npos || (what != "loss" && what != "grad"))
+      throw ConfigError(concat("ANVIL_TEST_NONFINITE: expected loss@STEP or grad@STEP items, got \"", item, "\""));
+    out[count("ANVIL_TEST_NONFINITE", item.substr(at + 1), "loss@STEP or grad@STEP items")] = what;
+  }
+  return out;
+}
+
+const StepSignals& signals_at_step() {
+  static const auto signals = [] {
+    StepSignals out;
+    const char* v = env("ANVIL_TEST_SIGNALS_AT_STEP");
+    if (!v) return out;
+    const std::string spec(v);
+    const auto colon = spec.find(':');
+    const auto bad = [&] {
+      return ConfigError(
+          concat("ANVIL_TEST_SIGNALS_AT_STEP: expected STEP:SIG[,SIG...] with SIG INT or TERM, got \"", spec, "\""));
+    };
+    if (colon == std::string::npos) throw bad();
+    out.step = count("ANVIL_TEST_SIGNALS_AT_STEP", spec.substr(0, colon), "STEP:SIG[,SIG...]");
+    std::stringstream ss(spec.substr(colon + 1));
+    std::string sig;
+    while (std::getline(ss, sig, ',')) {
+      if (sig != "INT" && sig != "TERM") throw bad();
+      out.signals.push_back(sig == "TERM" ? SIGTERM : SIGINT);
+    }
+    if (out.signals.empty()) throw bad();
+    return out;
+  }();
+  return signals;
+}
+
+bool sigint_at_startup() {
+  const char* v = env("ANVIL_TEST_SIGNAL_AT_STARTUP");
+  if (!v) return false;
+  if (std::string(v) != "INT") throw ConfigError(concat("ANVIL_TEST_SIGNAL_AT_STARTUP: expected INT, got \"", v, "\""));
+  return true;
+}
+
+int64_t oom_rows() {
+  static const int64_t rows = [] {
+    const char* v = env("ANVIL_TEST_OOM_ROWS");
+    return v ? count("ANVIL_TEST_OOM_ROWS", v, "a number of rows") : int64_t{0};
+  }();
+  return rows;
+}
+
+int checkpoint_write_delay_ms() {
+  const char* v = env("ANVIL_TEST_CHECKPOINT_WRITE_DELAY_MS");
+  return v ? static_cast<int>(count("ANVIL_TEST_CHECKPOINT_WRITE_DELAY_MS", v, "milliseconds")) : 0;
+}
+
+bool emulate_cuda_graphs() {
+  static const bool on = [] {
+    const char* v = env("ANVIL_TEST_CUDA_GRAPHS");
+    if (!v) return false;
+    if (std::string(v) != "emulate")
+      throw ConfigError(concat("ANVIL_TEST_CUDA_GRAPHS: expected emulate, got \"", v, "\""));
+    return true;
+  }();
+  return on;
+}
+
+}  // namespace anvil::train::test_hooks

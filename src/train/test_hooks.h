@@ -1,0 +1,49 @@
+#pragma once
+// The fault and timing hooks tests set through the environment, every
+// ANVIL_TEST_* variable the library and the trainer read, in one place
+// (docs/reliability.md, "Testing hooks"). A value that does not parse is a
+// ConfigError naming the variable; unset, none changes anything. The ones a
+// step reads (signals, OOM rows, graph emulation) are read once per process;
+// the others each time they are asked (a test may set them between runs in
+// one process).
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace anvil::train::test_hooks {
+
+/// ANVIL_TEST_NONFINITE="loss@3,grad@5": step 3's loss (on rank 0 only, so
+/// the ranks must agree through the reduction) and step 5's gradients (on
+/// every rank) are made infinite, for the non-finite guard. Step -> "loss" or
+/// "grad"; empty when unset.
+std::map<int64_t, std::string> nonfinite_steps();
+
+/// ANVIL_TEST_SIGNALS_AT_STEP=STEP:SIG[,SIG...], SIG INT or TERM: the loop
+/// raises the signals, in order, once STEP steps are done, as the next one
+/// begins (a real pair of signals from outside races the save the first one
+/// starts). step -1 when unset.
+struct StepSignals {
+  int64_t step = -1;
+  std::vector<int> signals;
+};
+const StepSignals& signals_at_step();
+
+/// ANVIL_TEST_SIGNAL_AT_STARTUP=INT: the trainer raises SIGINT before it
+/// parses its command line.
+bool sigint_at_startup();
+
+/// ANVIL_TEST_OOM_ROWS=N: a micro-batch of N rows or more raises the
+/// out-of-memory error a device would, after its forward and before its
+/// backward (train.micro_batch_size: auto); 0 when unset.
+int64_t oom_rows();
+
+/// ANVIL_TEST_CHECKPOINT_WRITE_DELAY_MS=N: a background checkpoint write
+/// sleeps N ms before it writes, so a test can act while it runs; 0 when unset.
+int checkpoint_write_delay_ms();
+
+/// ANVIL_TEST_CUDA_GRAPHS=emulate: a step "recording" on any device keeps the
+/// step's function and a "replay" calls it (train.cuda_graphs on the CPU).
+bool emulate_cuda_graphs();
+
+}  // namespace anvil::train::test_hooks
