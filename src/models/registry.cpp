@@ -13,13 +13,7 @@ namespace gpt2 {
 ModelFamily family();
 }
 namespace llama {
-ModelFamily family();
-ModelFamily qwen2_family();
-ModelFamily qwen3_family();
-ModelFamily mistral_family();
-ModelFamily phi3_family();
-ModelFamily mixtral_family();
-ModelFamily qwen3_moe_family();
+std::vector<ModelFamily> families();  // a row each (llama/variants.cpp)
 }  // namespace llama
 namespace gemma {
 ModelFamily gemma2_family();
@@ -33,22 +27,17 @@ ModelFamily family();
 }
 
 namespace {
-// One line per family.
+// One line per family; LLaMA's variants are rows of llama/variants.cpp, one line for all.
 const std::vector<ModelFamily>& families() {
-  static const std::vector<ModelFamily> all = {
-      gpt2::family(),
-      llama::family(),
-      llama::qwen2_family(),      // LLaMA with q/k/v biases
-      llama::qwen3_family(),      // LLaMA with per-head q/k RMSNorm
-      llama::mistral_family(),    // LLaMA with sliding-window attention
-      llama::phi3_family(),       // LLaMA with fused qkv / gate_up projections, LongRoPE
-      llama::mixtral_family(),    // Mistral with a mixture of experts
-      llama::qwen3_moe_family(),  // Qwen3 with a mixture of experts
-      gemma::gemma2_family(),
-      gemma::gemma3_family(),
-      neox::family(),
-      opt::family(),
-  };
+  static const std::vector<ModelFamily> all = [] {
+    std::vector<ModelFamily> out = {gpt2::family()};
+    // LLaMA, Qwen2 (q/k/v biases), Qwen3 (per-head q/k RMSNorm), Mistral (sliding windows), Phi-3 (fused
+    // projections, LongRoPE), Mixtral and Qwen3-MoE (experts): a row each of llama::variants().
+    for (auto& f : llama::families()) out.push_back(std::move(f));
+    for (auto f : {gemma::gemma2_family(), gemma::gemma3_family(), neox::family(), opt::family()})
+      out.push_back(std::move(f));
+    return out;
+  }();
   return all;
 }
 }  // namespace

@@ -82,7 +82,7 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaOptions& o, int64_t laye
     : residual_dropout(o.residual_dropout()) {
   self_attn = register_module("self_attn", LlamaAttention(o, layer));
   if (o.sparse_layer(layer)) {
-    const bool mixtral = o.model_type() == "mixtral";
+    const bool mixtral = variant(o.model_type()).experts == LlamaVariant::Experts::kMixtral;
     moe::MoeOptions m;
     m.hidden_size(o.hidden_size())
         .intermediate_size(o.moe_intermediate_size() > 0 ? o.moe_intermediate_size() : o.intermediate_size())
@@ -181,17 +181,10 @@ std::optional<ParameterInit> LlamaForCausalLM::parameter_init(const std::string&
 
 nlohmann::json LlamaForCausalLM::hf_config() const {
   const auto& o = options;
-  const auto& type = o.model_type();
-  const char* architecture = type == "qwen2"       ? "Qwen2ForCausalLM"
-                             : type == "qwen3"     ? "Qwen3ForCausalLM"
-                             : type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
-                             : type == "mistral"   ? "MistralForCausalLM"
-                             : type == "mixtral"   ? "MixtralForCausalLM"
-                             : type == "phi3"      ? "Phi3ForCausalLM"
-                                                   : "LlamaForCausalLM";
+  const auto& v = variant(o.model_type());
   nlohmann::json j = {
-      {"architectures", {architecture}},
-      {"model_type", type},
+      {"architectures", {v.architecture}},
+      {"model_type", v.model_type},
       {"vocab_size", o.vocab_size()},
       {"hidden_size", o.hidden_size()},
       {"intermediate_size", o.intermediate_size()},
@@ -211,8 +204,11 @@ nlohmann::json LlamaForCausalLM::hf_config() const {
       {"torch_dtype", "float32"},
   };
   const auto window = o.sliding_window() > 0 ? nlohmann::json(o.sliding_window()) : nlohmann::json(nullptr);
-  if (type != "llama") j.erase("mlp_bias"), j.erase("pretraining_tp");
-  if (type == "qwen2" || type == "qwen3" || type == "qwen3_moe") {
+  if (!v.mlp_bias_key) j.erase("mlp_bias"), j.erase("pretraining_tp");
+  if (!v.attention_bias_key) j.erase("attention_bias");
+  if (!v.head_dim_key) j.erase("head_dim");
+  if (v.windows == LlamaVariant::Windows::kEveryLayer) j["sliding_window"] = window;
+  if (v.windows == LlamaVariant::Windows::kQwenLayers) {
     j["use_sliding_window"] = o.sliding_window() > 0;
     j["sliding_window"] = window;
     std::vector<std::string> types;
@@ -223,14 +219,12 @@ nlohmann::json LlamaForCausalLM::hf_config() const {
     int64_t first = o.num_hidden_layers();
     while (first > 0 && o.window_of(first - 1) > 0) --first;
     j["max_window_layers"] = first;
-    if (type == "qwen2") j.erase("attention_bias"), j.erase("head_dim");  // q/k/v biases are Qwen2's own
   }
-  if (type == "mistral" || type == "mixtral") j.erase("attention_bias"), j["sliding_window"] = window;
   if (o.num_experts() > 0) {
     j["num_experts_per_tok"] = o.num_experts_per_tok();
     j["router_aux_loss_coef"] = o.router_aux_loss_coef();
     j["output_router_logits"] = o.output_router_logits();
-    if (type == "mixtral") {
+    if (v.experts == LlamaVariant::Experts::kMixtral) {
       j["num_local_experts"] = o.num_experts();
       j["router_jitter_noise"] = o.router_jitter_noise();
     } else {
@@ -241,18 +235,14 @@ nlohmann::json LlamaForCausalLM::hf_config() const {
       j["mlp_only_layers"] = o.mlp_only_layers();
     }
   }
-  if (type == "phi3") {
-    j.erase("attention_bias");
-    j["sliding_window"] = window;
-    j["resid_pdrop"] = o.residual_dropout();
-    j["embd_pdrop"] = 0.0;
+  if (v.residual_dropout) j["resid_pdrop"] = o.residual_dropout(), j["embd_pdrop"] = 0.0;
+  if (v.original_max_positions_default > 0)
     j["original_max_position_embeddings"] =
         o.rope().type() == "longrope" ? o.rope().original_max_positions() : o.max_position_embeddings();
-  }
   auto rope = o.rope();
   rope.head_dim(o.dim_per_head()).rotary_dim(model->rope.rotary_dim());
-  write_hf_rope(j, rope, /*write_partial=*/type == "phi3");
-  if (type == "phi3") j["partial_rotary_factor"] = o.partial_rotary_factor();
+  write_hf_rope(j, rope, /*write_partial=*/v.partial_rotary);
+  if (v.partial_rotary) j["partial_rotary_factor"] = o.partial_rotary_factor();
   write_hf_special_tokens(j, special_tokens);
   if (o.padding_idx() >= 0) j["pad_token_id"] = o.padding_idx();
   // None rather than the config class's default (Phi-3: 32000, Gemma: 0), which would be a padding_idx there.

@@ -2,8 +2,8 @@
 // LLaMA (Touvron et al. 2023) and its descendants (LLaMA 2/3, TinyLlama):
 // RMSNorm, rotary positions (optionally LLaMA-3 scaled), SwiGLU MLP,
 // grouped-query attention. Qwen2 / Qwen2.5, Qwen3, Mistral, Phi-3 and the
-// mixture-of-experts Mixtral and Qwen3-MoE are options of the same code
-// (LlamaOptions::model_type). Parameter names are HF's (LlamaForCausalLM,
+// mixture-of-experts Mixtral and Qwen3-MoE are options of the same code, a
+// row each of LlamaVariant. Parameter names are HF's (LlamaForCausalLM,
 // Qwen2ForCausalLM, ..., MixtralForCausalLM, Qwen3MoeForCausalLM).
 
 #include <torch/nn/module.h>
@@ -37,9 +37,9 @@ struct LlamaOptions {
   TORCH_ARG(std::string, hidden_act) = "silu";
   TORCH_ARG(double, attention_dropout) = 0.0;
   TORCH_ARG(double, initializer_range) = 0.02;
-  /// The HF model_type this model is saved as: llama, qwen2 (Qwen2 / Qwen2.5)
-  /// or qwen3. Qwen2 is LLaMA with biases on q, k and v (qkv_bias); Qwen3 is
-  /// LLaMA with an RMSNorm over each head of q and k before RoPE (qk_norm).
+  /// The HF model_type this model is saved as, a row of variants() (llama,
+  /// qwen2, qwen3, mistral, phi3, mixtral, qwen3_moe), which sets the options
+  /// below that tell the variants apart.
   TORCH_ARG(std::string, model_type) = "llama";
   /// Biases on q_proj, k_proj and v_proj only (Qwen2's); attention_bias puts
   /// them on o_proj too.
@@ -96,6 +96,45 @@ struct LlamaOptions {
     return (i + 1) % decoder_sparse_step_ == 0;
   }
 };
+
+/// What tells one LLaMA-like HF architecture from another: a row per
+/// model_type (llama/variants.cpp). A new variant is a new row there and a
+/// line in models/registry.cpp; nothing else compares model_type strings.
+struct LlamaVariant {
+  /// How config.json's sliding-window keys are read and written.
+  enum class Windows {
+    kNone,        // no window (LLaMA)
+    kEveryLayer,  // sliding_window on every layer; null = none (Mistral, Mixtral, Phi-3)
+    kQwenLayers,  // only with use_sliding_window, on the layers layer_types / max_window_layers name (Qwen)
+  };
+  /// Whose mixture-of-experts keys and parameter names.
+  enum class Experts {
+    kNone,
+    kMixtral,   // num_local_experts, router_jitter_noise; block_sparse_moe.experts.N.w1/w2/w3
+    kQwen3Moe,  // num_experts, moe_intermediate_size, mlp_only_layers, ...; mlp.experts.N.gate/up/down_proj
+  };
+  const char* model_type;           // "qwen2"
+  const char* architecture;         // "Qwen2ForCausalLM"
+  const char* display_name;         // "Qwen2", in messages
+  bool qkv_bias = false;            // biases on q, k and v, none on o_proj (Qwen2)
+  bool qk_norm = false;             // RMSNorm over each head of q and k (Qwen3)
+  bool fused_projections = false;   // qkv_proj and gate_up_proj (Phi-3)
+  bool partial_rotary = false;      // reads and writes partial_rotary_factor (Phi-3)
+  bool residual_dropout = false;    // resid_pdrop (Phi-3)
+  bool attention_bias_key = false;  // reads and writes attention_bias (LLaMA, Qwen3)
+  bool mlp_bias_key = false;        // reads mlp_bias, writes it and pretraining_tp (LLaMA)
+  bool head_dim_key = true;         // reads and writes head_dim (all but Qwen2)
+  int64_t head_dim_default = 0;     // when head_dim is absent; 0 = hidden_size / heads (Qwen3Config: 128)
+  double rms_norm_eps_default = 1e-6;
+  Windows windows = Windows::kNone;
+  int64_t window_default = 0;                  // sliding_window when the key is absent
+  int64_t original_max_positions_default = 0;  // > 0: reads original_max_position_embeddings (Phi-3: 4096)
+  Experts experts = Experts::kNone;
+};
+/// The row of `model_type`; throws for one that is not a LLaMA variant.
+const LlamaVariant& variant(const std::string& model_type);
+/// Every row, in registration order.
+const std::vector<LlamaVariant>& variants();
 
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
@@ -168,6 +207,8 @@ class LlamaForCausalLM final : public CausalLM {
   int64_t cache_recompute_length() const override {
     return options.rope().type() == "longrope" ? options.rope().original_max_positions() : 0;
   }
+  /// HF's init: N(0, initializer_range) for linear and embedding weights
+  /// (the padding row zero), zero biases, unit RMSNorm weights.
   std::optional<ParameterInit> parameter_init(const std::string& name) const override;
   std::vector<std::string> default_lora_targets() const override {
     if (options.fused_projections()) return {"qkv_proj"};
@@ -176,9 +217,6 @@ class LlamaForCausalLM final : public CausalLM {
   std::vector<std::string> lm_head_parameters() const override {
     return options.tie_word_embeddings() ? std::vector<std::string>{} : std::vector<std::string>{"lm_head.weight"};
   }
-
-  /// HF's init: N(0, initializer_range) for linear and embedding weights, zero
-  /// biases, unit RMSNorm weights.
 
   LlamaOptions options;
   LlamaModel model{nullptr};

@@ -11,8 +11,18 @@ namespace {
 /// Meta's SwiGLU width: 2/3 of 4h, rounded up to a multiple of 256.
 int64_t default_intermediate(int64_t hidden) { return 256 * ((8 * hidden / 3 + 255) / 256); }
 
-/// Our typed config as `model_type` (llama, qwen2, qwen3, mistral, phi3) shapes it.
-std::shared_ptr<CausalLM> from_typed_config(const config::ModelConfig& c, const std::string& model_type) {
+/// The model types of the rows that have `what`, for messages ("mixtral and qwen3_moe").
+std::string types_with(bool (*what)(const LlamaVariant&)) {
+  std::vector<std::string> names;
+  for (const auto& v : variants())
+    if (what(v)) names.emplace_back(v.model_type);
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) out += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+  return out;
+}
+
+/// Our typed config as variant `v` shapes it.
+std::shared_ptr<CausalLM> from_typed_config(const config::ModelConfig& c, const LlamaVariant& v) {
   layers::RopeOptions rope;
   rope.theta(c.rope_theta);
   if (c.rope_scaling.type == "llama3")
@@ -21,7 +31,7 @@ std::shared_ptr<CausalLM> from_typed_config(const config::ModelConfig& c, const 
         .low_freq_factor(c.rope_scaling.low_freq_factor)
         .high_freq_factor(c.rope_scaling.high_freq_factor)
         .original_max_positions(c.rope_scaling.original_max_position_embeddings);
-  const bool phi3 = model_type == "phi3", moe = model_type == "mixtral" || model_type == "qwen3_moe";
+  const bool moe = v.experts != LlamaVariant::Experts::kNone;
   LlamaOptions o;
   o.vocab_size(c.vocab_size)
       .hidden_size(c.hidden_size)
@@ -38,13 +48,13 @@ std::shared_ptr<CausalLM> from_typed_config(const config::ModelConfig& c, const 
       .hidden_act(c.activation == "auto" ? "silu" : c.activation)
       .attention_dropout(c.dropout)
       .initializer_range(c.initializer_range)
-      .model_type(model_type)
-      .qkv_bias(model_type == "qwen2")
-      .qk_norm(model_type == "qwen3" || model_type == "qwen3_moe")
+      .model_type(v.model_type)
+      .qkv_bias(v.qkv_bias)
+      .qk_norm(v.qk_norm)
       .sliding_window(c.sliding_window)
-      .fused_projections(phi3)
-      .partial_rotary_factor(phi3 ? c.rotary_pct : 1.0)
-      .residual_dropout(phi3 ? c.dropout : 0.0);
+      .fused_projections(v.fused_projections)
+      .partial_rotary_factor(v.partial_rotary ? c.rotary_pct : 1.0)
+      .residual_dropout(v.residual_dropout ? c.dropout : 0.0);
   if (moe) {
     o.num_experts(c.num_experts > 0 ? c.num_experts : 8)
         .num_experts_per_tok(c.num_experts_per_tok)
@@ -56,29 +66,22 @@ std::shared_ptr<CausalLM> from_typed_config(const config::ModelConfig& c, const 
       throw ConfigError(concat("model.num_experts_per_tok: ", o.num_experts_per_tok(), " exceeds model.num_experts ",
                                o.num_experts()));
   } else if (c.num_experts > 0) {
-    throw ConfigError(concat("model.num_experts: ", model_type, " has no experts; mixtral and qwen3_moe do"));
+    throw ConfigError(
+        concat("model.num_experts: ", v.model_type, " has no experts; ",
+               types_with([](const LlamaVariant& r) { return r.experts != LlamaVariant::Experts::kNone; }), " do"));
   }
-  if (c.attention_bias && (model_type == "qwen2" || model_type == "mistral" || model_type == "mixtral" || phi3))
-    throw ConfigError(concat("model.attention_bias: ", model_type,
-                             model_type == "qwen2" ? " has biases on q, k and v (not on o_proj) by its definition"
-                                                   : " has no attention biases",
-                             "; leave the key out"));
-  if (c.rotary_pct != 1.0 && !phi3)
-    throw ConfigError(concat("model.rotary_pct: partial rotary applies to neox and phi3, not ", model_type));
+  if (c.attention_bias && !v.attention_bias_key)
+    throw ConfigError(
+        concat("model.attention_bias: ", v.model_type,
+               v.qkv_bias ? " has biases on q, k and v (not on o_proj) by its definition" : " has no attention biases",
+               "; leave the key out"));
+  if (c.rotary_pct != 1.0 && !v.partial_rotary)
+    throw ConfigError(concat("model.rotary_pct: partial rotary applies to neox and ",
+                             types_with([](const LlamaVariant& r) { return r.partial_rotary; }), ", not ",
+                             v.model_type));
   auto model = std::make_shared<LlamaForCausalLM>(o);
   if (moe) model->router_aux_loss_coef = o.router_aux_loss_coef();
   return model;
-}
-
-/// The reader's name of a model_type, for messages.
-const char* display_name(const std::string& t) {
-  return t == "qwen2"       ? "Qwen2"
-         : t == "qwen3"     ? "Qwen3"
-         : t == "qwen3_moe" ? "Qwen3-MoE"
-         : t == "mistral"   ? "Mistral"
-         : t == "mixtral"   ? "Mixtral"
-         : t == "phi3"      ? "Phi-3"
-                            : "LLaMA";
 }
 
 /// `sliding_window` of an HF config: `absent` when the key is missing, 0 when null.
@@ -87,8 +90,9 @@ int64_t window_key(const HfConfigReader& r, const nlohmann::json& j, int64_t abs
   return j["sliding_window"].is_null() ? 0 : r.integer("sliding_window");
 }
 
-/// The experts of an HF config.json of model_type mixtral or qwen3_moe, as transformers reads them.
-void read_experts(const HfConfigReader& r, const nlohmann::json& j, LlamaOptions& o, bool mixtral) {
+/// The experts of an HF config.json, as transformers reads Mixtral's or Qwen3-MoE's.
+void read_experts(const HfConfigReader& r, const nlohmann::json& j, LlamaOptions& o, LlamaVariant::Experts kind) {
+  const bool mixtral = kind == LlamaVariant::Experts::kMixtral;
   // Qwen3MoeConfig writes num_local_experts since transformers 5; the Hub's folders say num_experts.
   const char* experts =
       mixtral || (!j.contains("num_experts") && j.contains("num_local_experts")) ? "num_local_experts" : "num_experts";
@@ -118,11 +122,9 @@ void read_experts(const HfConfigReader& r, const nlohmann::json& j, LlamaOptions
   o.mlp_only_layers(dense);
 }
 
-/// An HF config.json of `model_type` llama, qwen2, qwen3, mistral, phi3, mixtral or qwen3_moe.
-std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& where, const std::string& model_type) {
-  const bool qwen2 = model_type == "qwen2", qwen3 = model_type == "qwen3" || model_type == "qwen3_moe",
-             llama = model_type == "llama", phi3 = model_type == "phi3", mixtral = model_type == "mixtral";
-  HfConfigReader r(j, where, display_name(model_type));
+/// An HF config.json of variant `v`.
+std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& where, const LlamaVariant& v) {
+  HfConfigReader r(j, where, v.display_name);
   LlamaOptions o;
   o.vocab_size(r.integer("vocab_size"))
       .hidden_size(r.integer("hidden_size"))
@@ -130,16 +132,16 @@ std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& wh
       .num_hidden_layers(r.integer("num_hidden_layers"))
       .num_attention_heads(r.integer("num_attention_heads"));
   o.num_key_value_heads(r.integer("num_key_value_heads", o.num_attention_heads()))
-      .head_dim(qwen2 ? 0 : r.integer("head_dim", model_type == "qwen3" ? 128 : 0))  // Qwen3Config's default is 128
+      .head_dim(v.head_dim_key ? r.integer("head_dim", v.head_dim_default) : 0)
       .max_position_embeddings(r.integer("max_position_embeddings", 2048))
-      .rms_norm_eps(r.number("rms_norm_eps", phi3 ? 1e-5 : 1e-6, HfConfigReader::Bound::positive))
-      .attention_bias(llama || qwen3 ? r.boolean("attention_bias", false) : false)
-      .mlp_bias(llama ? r.boolean("mlp_bias", false) : false)
-      .model_type(model_type)
-      .qkv_bias(qwen2)
-      .qk_norm(qwen3)
-      .fused_projections(phi3)
-      .residual_dropout(phi3 ? r.number("resid_pdrop", 0.0, HfConfigReader::Bound::probability) : 0.0)
+      .rms_norm_eps(r.number("rms_norm_eps", v.rms_norm_eps_default, HfConfigReader::Bound::positive))
+      .attention_bias(v.attention_bias_key ? r.boolean("attention_bias", false) : false)
+      .mlp_bias(v.mlp_bias_key ? r.boolean("mlp_bias", false) : false)
+      .model_type(v.model_type)
+      .qkv_bias(v.qkv_bias)
+      .qk_norm(v.qk_norm)
+      .fused_projections(v.fused_projections)
+      .residual_dropout(v.residual_dropout ? r.number("resid_pdrop", 0.0, HfConfigReader::Bound::probability) : 0.0)
       .tie_word_embeddings(r.boolean("tie_word_embeddings", false))
       .hidden_act(r.string("hidden_act", "silu"))
       .attention_dropout(r.number("attention_dropout", 0.0, HfConfigReader::Bound::probability))
@@ -156,12 +158,10 @@ std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& wh
   // when the key is missing, none when null), Phi-3's on every layer when set,
   // Qwen's only with use_sliding_window and then on the layers layer_types
   // names (by default those from max_window_layers on).
-  if (model_type == "mistral") o.sliding_window(window_key(r, j, 4096));
-  if (mixtral) o.sliding_window(window_key(r, j, 0));
-  if (mixtral || model_type == "qwen3_moe") read_experts(r, j, o, mixtral);
-  if (phi3) o.sliding_window(window_key(r, j, 0));
-  if ((qwen2 || qwen3) && r.boolean("use_sliding_window", false)) {
-    o.sliding_window(window_key(r, j, 4096));
+  if (v.windows == LlamaVariant::Windows::kEveryLayer) o.sliding_window(window_key(r, j, v.window_default));
+  if (v.experts != LlamaVariant::Experts::kNone) read_experts(r, j, o, v.experts);
+  if (v.windows == LlamaVariant::Windows::kQwenLayers && r.boolean("use_sliding_window", false)) {
+    o.sliding_window(window_key(r, j, v.window_default));
     auto types = r.layer_types(o.num_hidden_layers());
     if (types.empty()) {
       const auto from = r.integer("max_window_layers", 28);
@@ -171,10 +171,12 @@ std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& wh
     o.layer_types(types);
   }
   // Phi-3's RoPE without a factor: max_position_embeddings / original_max_position_embeddings.
-  const auto original_max = phi3 ? r.integer("original_max_position_embeddings", 4096) : 0;
+  const auto original_max = v.original_max_positions_default > 0
+                                ? r.integer("original_max_position_embeddings", v.original_max_positions_default)
+                                : 0;
   auto rope = r.rope(o.dim_per_head(), 10000.0, 1.0, o.max_position_embeddings(), original_max);
   o.partial_rotary_factor(static_cast<double>(rope.rotary_dim()) / static_cast<double>(o.dim_per_head()));
-  if (rope.rotary_dim() != o.dim_per_head() && !phi3)
+  if (rope.rotary_dim() != o.dim_per_head() && !v.partial_rotary)
     r.fail("partial_rotary_factor", "partial rotary is not supported");
   o.rope(rope);
   const auto special = r.special_tokens();
@@ -186,34 +188,26 @@ std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& wh
   return model;
 }
 
-template <const char* Type>
-ModelFamily make_family(std::vector<std::string> keys) {
-  ModelFamily f{Type, Type, [](const config::ModelConfig& c) { return from_typed_config(c, Type); },
-                [](const nlohmann::json& j, const std::string& where) { return from_hf(j, where, Type); }};
-  f.config_keys = std::move(keys);
+/// The registry's entry of one row: every variant reads model.head_dim, the windowed ones model.sliding_window,
+/// those with experts their keys (Mixtral's experts are intermediate_size wide, Qwen3-MoE's have their own width).
+ModelFamily make_family(const LlamaVariant& v) {
+  ModelFamily f{v.model_type, v.model_type, [&v](const config::ModelConfig& c) { return from_typed_config(c, v); },
+                [&v](const nlohmann::json& j, const std::string& where) { return from_hf(j, where, v); }};
+  if (v.experts == LlamaVariant::Experts::kQwen3Moe) f.config_keys.push_back("model.moe_intermediate_size");
+  f.config_keys.push_back("model.head_dim");
+  if (v.windows != LlamaVariant::Windows::kNone) f.config_keys.push_back("model.sliding_window");
+  if (v.experts != LlamaVariant::Experts::kNone)
+    f.config_keys.insert(f.config_keys.end(),
+                         {"model.num_experts", "model.num_experts_per_tok", "model.router_aux_loss_coef"});
   return f;
 }
-// The keys of the model section that only some families read. Functions, not
-// namespace-scope vectors: the registry reads them during static
-// initialisation (src/models/registry.cpp), perhaps before this file's.
-std::vector<std::string> windowed() { return {"model.head_dim", "model.sliding_window"}; }
-std::vector<std::string> experts(std::vector<std::string> more) {
-  more.insert(more.end(), {"model.head_dim", "model.sliding_window", "model.num_experts", "model.num_experts_per_tok",
-                           "model.router_aux_loss_coef"});
-  return more;
-}
-constexpr char kLlama[] = "llama", kQwen2[] = "qwen2", kQwen3[] = "qwen3", kMistral[] = "mistral", kPhi3[] = "phi3",
-               kMixtral[] = "mixtral", kQwen3Moe[] = "qwen3_moe";
 
 }  // namespace
 
-ModelFamily family() { return make_family<kLlama>({"model.head_dim"}); }
-ModelFamily qwen2_family() { return make_family<kQwen2>(windowed()); }
-ModelFamily qwen3_family() { return make_family<kQwen3>(windowed()); }
-ModelFamily mistral_family() { return make_family<kMistral>(windowed()); }
-ModelFamily phi3_family() { return make_family<kPhi3>(windowed()); }
-// Mixtral's experts are intermediate_size wide; Qwen3-MoE's have their own width.
-ModelFamily mixtral_family() { return make_family<kMixtral>(experts({})); }
-ModelFamily qwen3_moe_family() { return make_family<kQwen3Moe>(experts({"model.moe_intermediate_size"})); }
+std::vector<ModelFamily> families() {
+  std::vector<ModelFamily> out;
+  for (const auto& v : variants()) out.push_back(make_family(v));
+  return out;
+}
 
 }  // namespace anvil::models::llama
