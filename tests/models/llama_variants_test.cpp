@@ -61,8 +61,9 @@ TEST(LlamaVariants, AKeyAVariantDoesNotReadIsNamedWithTheVariantsThatDo) {
   EXPECT_EQ(error_of(mc), "model.num_experts: llama has no experts; mixtral and qwen3_moe do");
   mc = tiny("qwen2");
   mc.attention_bias = true;
-  EXPECT_EQ(error_of(mc),
-            "model.attention_bias: qwen2 has biases on q, k and v (not on o_proj) by its definition; leave the key out");
+  EXPECT_EQ(
+      error_of(mc),
+      "model.attention_bias: qwen2 has biases on q, k and v (not on o_proj) by its definition; leave the key out");
   mc = tiny("mistral");
   mc.attention_bias = true;
   EXPECT_EQ(error_of(mc), "model.attention_bias: mistral has no attention biases; leave the key out");
