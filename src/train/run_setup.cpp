@@ -180,13 +180,6 @@ std::string render_first_row(const Batch& batch, const tokenizer::Tokenizer& tok
   return out;
 }
 
-std::string format_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) b /= 1024, ++u;
-  return format_number(b, 3) + " " + units[u];
-}
-
 /// The checkpoint a run continues from: train.resume_from, else output_dir's
 /// latest complete one (train.resume: auto), else none.
 std::optional<stdfs::path> checkpoint_to_resume(const config::RunConfig& cfg, const stdfs::path& out_dir) {

@@ -34,6 +34,7 @@
 #include "train/step_profiler.h"
 #include "core/metrics.h"
 #include "io/trainer_state.h"
+#include "models/init.h"
 #include "distributed/sharding.h"
 
 namespace anvil::train {
@@ -687,6 +688,12 @@ TrainResult run_training(const config::RunConfig& given, const RunOptions& optio
   ctx.device = run.device;
   ctx.comm = run.comm;
   ctx.sharding = std::make_shared<const distributed::ShardingOptions>(sharding_options(cfg));
+  if (models::has_deferred(*run.model) && run.objective->prepare_reads_weights()) {
+    // An objective that reads the weights in prepare() gets them whole, as one process would.
+    log::info("model: built whole on every rank: the ", cfg.algorithm,
+              " objective reads the weights in prepare() (Objective::prepare_reads_weights)");
+    models::materialize_deferred(*run.model);
+  }
   run.objective->prepare(*run.model, ctx);
   auto start = make_engine(cfg, run.model, run.comm, *run.objective, run.latest, *ctx.companions);
   // Host memory per phase (core/host_memory.h): load is everything up to a built engine, or up to a sharded

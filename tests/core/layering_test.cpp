@@ -82,13 +82,30 @@ TEST(Layering, IncludesPointDownOnly) {
     EXPECT_TRUE(upward.count(k)) << k << " no longer runs up a layer: remove it from kKnownUpward";
 }
 
+// train/ is two rooms: the engine and loop (src/train/*) and the objectives
+// (src/train/objectives/, a file or folder each, as an external objective
+// would be). The engine includes no objective's header; an objective reaches
+// the engine only through the public API (anvil/train/*.h), never through
+// the engine's private headers.
+TEST(Layering, TrainIsTwoRoomsTheEngineAndTheObjectives) {
+  int objectives = 0;
+  for (const auto& i : includes()) {
+    if (i.layer != "train" || i.target != "train" || i.header.rfind("anvil/", 0) == 0) continue;
+    const bool in_objectives = i.file.find("train/objectives/") != std::string::npos;
+    const bool of_objectives = i.header.rfind("train/objectives/", 0) == 0;
+    objectives += in_objectives;
+    EXPECT_EQ(in_objectives, of_objectives) << i.file << " includes " << i.header;
+  }
+  EXPECT_GT(objectives, 20);  // the walk found the objectives' includes
+}
+
 // PPO and ILQL both score samples through rewards/ (anvil/rewards/rewards.h);
 // neither includes the other, and rewards/ includes nothing of train/.
 TEST(Layering, PpoAndIlqlReachRewardsNotEachOther) {
   const auto all = includes();
   const auto is = [](const std::string& file, const std::string& stem) {
     const auto name = stdfs::path(file).filename().string();
-    return stdfs::path(file).parent_path().filename() == "train" && name.rfind(stem, 0) == 0;
+    return file.find("train/objectives/") != std::string::npos && name.rfind(stem, 0) == 0;
   };
   std::map<std::string, bool> reaches_rewards;
   for (const auto& i : all) {

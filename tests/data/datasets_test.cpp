@@ -20,7 +20,7 @@
 #include "models/layers.h"
 #include "anvil/models/registry.h"
 #include "anvil/train/sft.h"
-#include "train/lm_data.h"
+#include "train/objectives/lm_data.h"
 #include "test_util.h"
 
 namespace anvil::data {

@@ -23,7 +23,7 @@
 #include "anvil/models/registry.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "anvil/train/sft.h"
-#include "train/lm_data.h"
+#include "train/objectives/lm_data.h"
 #include "distributed/dist_runs.h"
 #include "test_util.h"
 

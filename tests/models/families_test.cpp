@@ -556,9 +556,9 @@ TEST(HfImport, OutOfRangeNumbersNameTheFileAndKey) {
 #include "anvil/train/sft.h"
 #include "models/activation_checkpointing.h"
 #include "models/moe.h"
-#include "train/lm_data.h"
-#include "train/kto.h"
-#include "train/preference_data.h"
+#include "train/objectives/lm_data.h"
+#include "train/objectives/kto/kto.h"
+#include "train/objectives/preference/preference_data.h"
 #include "data/datasets.h"
 
 namespace anvil::models {

@@ -19,7 +19,7 @@
 #include "anvil/tokenizer/tokenizer.h"
 #include "models/gpt2/gpt2.h"
 #include "test_util.h"
-#include "train/distill.h"
+#include "train/objectives/distill/distill.h"
 
 namespace anvil::train {
 namespace {

@@ -15,7 +15,7 @@
 #include "anvil/models/registry.h"
 #include "anvil/train/sft.h"
 #include "test_util.h"
-#include "train/lm_loss.h"
+#include "train/objectives/lm_loss.h"
 
 namespace anvil::train {
 namespace {

@@ -19,7 +19,7 @@
 #include "anvil/tokenizer/tokenizer.h"
 #include "anvil/train/ilql.h"
 #include "test_util.h"
-#include "train/ilql_data.h"
+#include "train/objectives/ilql/ilql_data.h"
 
 namespace anvil::train {
 namespace {

@@ -18,7 +18,7 @@
 #include "anvil/core/error.h"
 #include "io/safetensors.h"
 #include "test_util.h"
-#include "train/kto.h"
+#include "train/objectives/kto/kto.h"
 
 namespace anvil::train {
 namespace {

@@ -15,7 +15,7 @@
 #include "anvil/train/ppo.h"
 #include "rewards/environment.h"
 #include "test_util.h"
-#include "train/ppo_rollout.h"
+#include "train/objectives/ppo/ppo_rollout.h"
 
 namespace anvil::train {
 namespace {

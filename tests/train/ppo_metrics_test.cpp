@@ -27,8 +27,8 @@
 #include "anvil/tokenizer/tokenizer.h"
 #include "anvil/train/ppo.h"
 #include "test_util.h"
-#include "train/ppo_metrics.h"
-#include "train/ppo_rollout.h"
+#include "train/objectives/ppo/ppo_metrics.h"
+#include "train/objectives/ppo/ppo_rollout.h"
 
 namespace anvil::train {
 namespace {

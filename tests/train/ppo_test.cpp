@@ -21,7 +21,7 @@
 #include "anvil/tokenizer/tokenizer.h"
 #include "anvil/train/ppo.h"
 #include "test_util.h"
-#include "train/ppo_rollout.h"
+#include "train/objectives/ppo/ppo_rollout.h"
 
 namespace anvil::train {
 namespace {

@@ -16,7 +16,7 @@
 #include "anvil/checkpoint/hf_model.h"
 #include "anvil/models/registry.h"
 #include "anvil/train/preference.h"
-#include "train/preference_data.h"
+#include "train/objectives/preference/preference_data.h"
 #include "test_util.h"
 #include "data/datasets.h"
 

@@ -12,7 +12,7 @@
 // `algorithm:` accepts with the keys each reads, and the model families
 // `model.family` accepts with the model keys each reads and its own checks.
 // Built-in objectives and families register through these same calls, from
-// their own files (src/train/sft.cpp, src/models/registry.cpp); config/
+// their own files (src/train/objectives/sft.cpp, src/models/registry.cpp); config/
 // names none of them. config.h includes this header and defines RunConfig.
 
 #include <cstdint>

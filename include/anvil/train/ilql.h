@@ -151,6 +151,7 @@ class IlqlObjective final : public Objective {
   std::string target_unit() const override { return "response tokens"; }
   std::vector<std::string> check_programs() override;
   void prepare(models::CausalLM& model, const RunContext& ctx) override;
+  bool prepare_reads_weights() const override { return false; }
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override;
   Metrics step_metrics(const Sums& sums) const override;
   EvalResult evaluate(models::CausalLM& model) override;

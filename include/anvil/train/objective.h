@@ -174,6 +174,14 @@ class Objective {
     (void)model;
     (void)ctx;
   }
+  /// Whether prepare() reads the values of the model's parameters (not only
+  /// their shapes). Under full_shard on several ranks the model arrives
+  /// without them (each rank reads or draws its shards once the engine is
+  /// built, models/init.h); the loop then builds it whole on every rank
+  /// before prepare(), as a single process has it. The built-in objectives
+  /// read none and say false; say false in yours to keep a large model
+  /// sharded from its start (clone_model and add_head need no values).
+  virtual bool prepare_reads_weights() const { return true; }
 
   /// The loss summed over the batch's `num_targets` units (not averaged);
   /// statistics for the step's metrics go into `sums`.
@@ -312,7 +320,7 @@ void register_objective(const std::string& name, ObjectiveFactory factory);
 void register_objective(const std::string& name, ObjectiveFactory factory, const std::vector<std::string>& reads);
 
 /// The same for an objective built as `T(cfg, tok, chat)`: how the built-in
-/// objectives register (src/train/sft.cpp, ppo.cpp, ...).
+/// objectives register (src/train/objectives/sft.cpp, ppo.cpp, ...).
 template <class T>
 void register_objective(const std::string& name, const std::vector<std::string>& reads) {
   register_objective(

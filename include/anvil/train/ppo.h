@@ -313,6 +313,7 @@ class PpoObjective final : public Objective {
   std::string plan(int64_t max_steps) const override;
   std::vector<std::string> check_programs() override;
   void prepare(models::CausalLM& model, const RunContext& ctx) override;
+  bool prepare_reads_weights() const override { return false; }
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override;
   Metrics step_metrics(const Sums& sums) const override;
   /// reward and kl (GRPO, RLOO) or objective/scores and objective/kl; env/turns with an environment.

@@ -177,6 +177,7 @@ class RewardObjective final : public Objective {
   std::string name() const override { return "reward"; }
   std::string target_unit() const override { return "preference examples"; }
   void prepare(models::CausalLM& model, const RunContext& ctx) override;
+  bool prepare_reads_weights() const override { return false; }
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override;
   Metrics step_metrics(const Sums& sums) const override { return ranking_metrics(sums); }
   std::vector<std::string> console_metrics() const override { return {"accuracy", "margin"}; }
@@ -199,6 +200,7 @@ class DpoObjective final : public Objective {
   std::string name() const override { return "dpo"; }
   std::string target_unit() const override { return "preference examples"; }
   void prepare(models::CausalLM& model, const RunContext& ctx) override;
+  bool prepare_reads_weights() const override { return false; }
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override;
   Metrics step_metrics(const Sums& sums) const override { return dpo_metrics(sums); }
   std::vector<std::string> console_metrics() const override { return {"rewards/accuracies", "rewards/margins"}; }

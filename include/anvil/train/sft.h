@@ -67,6 +67,7 @@ class LmObjective final : public Objective {
   ~LmObjective() override;
   std::string name() const override;
   void prepare(models::CausalLM& model, const RunContext& ctx) override;
+  bool prepare_reads_weights() const override { return false; }
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override;
   EvalResult evaluate(models::CausalLM& model) override;
   BatchSource& train_source() override;

@@ -1,4 +1,4 @@
-#include "train/forward_split.h"
+#include "train/objectives/forward_split.h"
 
 #include <ATen/ATen.h>
 

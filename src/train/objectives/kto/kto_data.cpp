@@ -1,6 +1,6 @@
 // KTO's data (kto_data.h): reading examples, collating micro-batches with
 // their KL rows, and the stream of them.
-#include "train/kto_data.h"
+#include "train/objectives/kto/kto_data.h"
 
 #include <ATen/ATen.h>
 

@@ -11,7 +11,7 @@
 #include "data/datasets.h"
 #include "data/mixture.h"
 #include "anvil/train/objective.h"
-#include "train/lm_data.h"
+#include "train/objectives/lm_data.h"
 
 namespace anvil::train {
 

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "train/ppo_rollout.h"
+#include "train/objectives/ppo/ppo_rollout.h"
 
 namespace anvil::train {
 

@@ -19,11 +19,10 @@
 #include "data/datasets.h"
 #include "data/mixture.h"
 #include "rewards/environment.h"
-#include "train/lm_data.h"
-#include "train/ppo_metrics.h"
-#include "train/ppo_rollout.h"
-#include "train/run_setup.h"
-#include "train/step_batches.h"
+#include "train/objectives/lm_data.h"
+#include "train/objectives/ppo/ppo_metrics.h"
+#include "train/objectives/ppo/ppo_rollout.h"
+#include "train/objectives/step_batches.h"
 
 namespace anvil::train {
 

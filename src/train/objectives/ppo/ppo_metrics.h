@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "anvil/train/objective.h"
-#include "train/ppo_rollout.h"
+#include "train/objectives/ppo/ppo_rollout.h"
 
 namespace anvil::train {
 

@@ -15,8 +15,8 @@
 #include "anvil/checkpoint/hf_model.h"
 #include "anvil/models/registry.h"
 #include "models/layers.h"
-#include "train/lm_data.h"
-#include "train/lm_loss.h"
+#include "train/objectives/lm_data.h"
+#include "train/objectives/lm_loss.h"
 #include "data/datasets.h"
 
 namespace anvil::train {

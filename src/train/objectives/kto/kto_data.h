@@ -9,8 +9,8 @@
 
 #include "data/datasets.h"
 #include "data/mixture.h"
-#include "train/kto.h"
-#include "train/lm_data.h"
+#include "train/objectives/kto/kto.h"
+#include "train/objectives/lm_data.h"
 
 namespace anvil::train {
 

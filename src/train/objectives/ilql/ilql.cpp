@@ -24,8 +24,8 @@
 #include "anvil/generation/generate.h"
 #include "anvil/rewards/rewards.h"
 #include "anvil/train/engine.h"
-#include "train/ilql_data.h"
-#include "train/lm_data.h"
+#include "train/objectives/ilql/ilql_data.h"
+#include "train/objectives/lm_data.h"
 
 namespace anvil::train {
 

@@ -1,5 +1,5 @@
 // The dataset-reading helpers of train/lm_data.h shared by the objectives.
-#include "train/lm_data.h"
+#include "train/objectives/lm_data.h"
 
 #include <filesystem>
 #include "data/datasets.h"

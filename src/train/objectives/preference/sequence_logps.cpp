@@ -6,8 +6,8 @@
 
 #include "anvil/chat/chat.h"
 #include "anvil/train/preference.h"
-#include "train/lm_loss.h"
-#include "train/preference_data.h"
+#include "train/objectives/lm_loss.h"
+#include "train/objectives/preference/preference_data.h"
 
 namespace anvil::train {
 

@@ -1,12 +1,12 @@
 // PPO's metrics under TRL's names (train/ppo_metrics.h).
-#include "train/ppo_metrics.h"
+#include "train/objectives/ppo/ppo_metrics.h"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include "train/lm_data.h"
+#include "train/objectives/lm_data.h"
 
 namespace anvil::train {
 namespace {

@@ -9,7 +9,7 @@
 #include "anvil/core/error.h"
 #include "data/mixture.h"
 #include "anvil/train/objective.h"
-#include "train/lm_data.h"
+#include "train/objectives/lm_data.h"
 #include "data/datasets.h"
 
 namespace anvil::train {

@@ -1,4 +1,4 @@
-#include "train/lm_loss.h"
+#include "train/objectives/lm_loss.h"
 
 #include <torch/csrc/autograd/custom_function.h>
 

@@ -1,6 +1,6 @@
 #pragma once
 // Internal (not installed): a PPO rollout's rows and their collation into
-// training micro-batches (src/train/ppo_rollout.cpp).
+// training micro-batches (src/train/objectives/ppo/ppo_rollout.cpp).
 
 #include <ATen/core/Tensor.h>
 

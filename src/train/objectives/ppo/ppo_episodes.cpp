@@ -7,7 +7,7 @@
 
 #include "anvil/core/error.h"
 #include "core/logging.h"
-#include "train/ppo_state.h"
+#include "train/objectives/ppo/ppo_state.h"
 
 namespace anvil::train {
 

@@ -1,7 +1,7 @@
 // KTO (kto.h): its loss and metrics, its config section, the objective (with
 // its reference model or a precomputed cache of the reference's log-probs)
 // and its registration. Its data: kto_data.cpp.
-#include "train/kto.h"
+#include "train/objectives/kto/kto.h"
 
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -19,10 +19,10 @@
 #include "io/safetensors.h"
 #include "models/lora.h"
 #include "anvil/train/preference.h"
-#include "train/kto_data.h"
-#include "train/forward_split.h"
-#include "train/lm_data.h"
-#include "train/preference_data.h"
+#include "train/objectives/kto/kto_data.h"
+#include "train/objectives/forward_split.h"
+#include "train/objectives/lm_data.h"
+#include "train/objectives/preference/preference_data.h"
 
 namespace anvil::train {
 
@@ -219,6 +219,7 @@ class KtoObjective final : public Objective {
   std::vector<std::string> console_metrics() const override { return {"kl", "rewards/margins"}; }
   StepReads step_reads() const override { return StepReads::late; }  // no after_step
 
+  bool prepare_reads_weights() const override { return false; }
   void prepare(models::CausalLM& model, const RunContext& ctx) override {
     if (model.has_score_head())
       throw ConfigError("model.from: algorithm kto trains a language model, but the model is a reward model");

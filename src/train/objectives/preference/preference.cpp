@@ -18,11 +18,11 @@
 #include "models/lora.h"
 #include "anvil/models/registry.h"
 #include "anvil/train/sft.h"
-#include "train/lm_data.h"
-#include "train/lm_loss.h"
+#include "train/objectives/lm_data.h"
+#include "train/objectives/lm_loss.h"
 #include "distributed/comm.h"
-#include "train/forward_split.h"
-#include "train/preference_data.h"
+#include "train/objectives/forward_split.h"
+#include "train/objectives/preference/preference_data.h"
 #include "data/datasets.h"
 
 namespace anvil::train {

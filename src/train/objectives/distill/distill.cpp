@@ -1,6 +1,6 @@
 // On-policy distillation (distill.h): its config section, steps, loss and
 // registration.
-#include "train/distill.h"
+#include "train/objectives/distill/distill.h"
 
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -18,8 +18,8 @@
 #include "data/mixture.h"
 #include "anvil/generation/generate.h"
 #include "anvil/train/engine.h"
-#include "train/lm_data.h"
-#include "train/step_batches.h"
+#include "train/objectives/lm_data.h"
+#include "train/objectives/step_batches.h"
 
 namespace anvil::train {
 
@@ -129,6 +129,7 @@ class DistillObjective final : public Objective {
   std::string target_unit() const override { return "response tokens"; }
   BatchSource& train_source() override { return *source_; }
 
+  bool prepare_reads_weights() const override { return false; }
   void prepare(models::CausalLM& model, const RunContext& ctx) override {
     if (model.has_score_head())
       throw ConfigError("model.from: algorithm distill trains a language model, but the model is a reward model");

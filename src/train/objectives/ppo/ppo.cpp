@@ -16,6 +16,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
+#include <iomanip>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -34,13 +35,12 @@
 #include "anvil/rewards/rewards.h"
 #include "anvil/train/engine.h"
 #include "rewards/environment.h"
-#include "train/lm_data.h"
-#include "train/lm_loss.h"
-#include "train/ppo_metrics.h"
-#include "train/ppo_rollout.h"
-#include "train/run_setup.h"
-#include "train/step_batches.h"
-#include "train/ppo_state.h"
+#include "train/objectives/lm_data.h"
+#include "train/objectives/lm_loss.h"
+#include "train/objectives/ppo/ppo_metrics.h"
+#include "train/objectives/ppo/ppo_rollout.h"
+#include "train/objectives/step_batches.h"
+#include "train/objectives/ppo/ppo_state.h"
 
 namespace anvil::train {
 
@@ -111,8 +111,8 @@ std::string PpoObjective::plan(int64_t max_steps) const {
      << p.ppo_epochs << (p.ppo_epochs == 1 ? " epoch" : " epochs") << " x " << s_->rollout_rows / mb
      << " minibatches of " << mb << " responses)";
   if (epoch > 0)
-    os << "; the rollouts draw " << rollouts * p.prompts_per_rollout << " prompts = "
-       << format_number(static_cast<double>(rollouts * p.prompts_per_rollout) / static_cast<double>(epoch), 3)
+    os << "; the rollouts draw " << rollouts * p.prompts_per_rollout << " prompts = " << std::setprecision(3)
+       << static_cast<double>(rollouts * p.prompts_per_rollout) / static_cast<double>(epoch) << std::setprecision(6)
        << " epochs of " << epoch << " prompts";
   if (p.dynamic_sampling)
     os << "; dynamic_sampling may draw up to " << p.dynamic_sampling_max_rounds << " x " << p.prompts_per_rollout
