@@ -1,6 +1,7 @@
-// The algorithm registry. Every objective registers itself here, the
-// built-in ones from their own files (sft.cpp, preference.cpp, ppo.cpp, ...)
-// as a linking program does (register_objective).
+// The algorithm registry. Every objective registers itself here through
+// register_objective, as a linking program does; the built-in ones from the
+// list below, in its order (that of --help and the config reference), each
+// from its own file under objectives/.
 #include <map>
 #include <mutex>
 
@@ -34,6 +35,27 @@ void add_objective(const std::string& name, ObjectiveFactory factory, const std:
   r.factories.emplace(name, std::move(factory));
 }
 
+}  // namespace
+
+// Each built-in objective's registration, in its own file under objectives/.
+void register_lm_objectives();          // sft, pretrain (objectives/sft.cpp)
+void register_preference_objectives();  // reward, dpo (objectives/preference/)
+void register_ppo_objective();          // objectives/ppo/
+void register_ilql_objective();         // objectives/ilql/
+void register_kto_objective();          // objectives/kto/
+void register_distill_objective();      // objectives/distill/
+
+namespace {
+// The built-in objectives, one line each.
+const bool kBuiltinsRegistered = [] {
+  register_lm_objectives();
+  register_preference_objectives();
+  register_ppo_objective();
+  register_ilql_objective();
+  register_kto_objective();
+  register_distill_objective();
+  return true;
+}();
 }  // namespace
 
 std::vector<Batch> Objective::split_rows(const Batch&, int64_t) const {

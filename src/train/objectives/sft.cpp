@@ -423,10 +423,10 @@ EvalResult LmObjective::evaluate(models::CausalLM& model) {
   return r;
 }
 
-// sft and pretrain: registered as a linking program registers its objectives
-// (examples/custom_objective), with the keys each reads of those only some do.
-namespace {
-const bool kSftRegistered = [] {
+// sft and pretrain, with the keys each reads of those only some do: registered through register_objective as a
+// linking program registers its own (examples/custom_objective), from the list of built-in objectives
+// (objective_registry.cpp).
+void register_lm_objectives() {
   config::register_section<SftConfig>("sft", "Supervised fine-tuning (algorithm: sft).", "sft");
   auto sft = config::dataset_keys({"eval_fraction", "prompt_field", "response_field", "token_dtype"});
   sft.insert(sft.end(), {"data.template", "data.split_turns", "data.on_overflow", "data.on_error", "data.packing",
@@ -447,8 +447,6 @@ const bool kSftRegistered = [] {
         return std::make_unique<LmObjective>(cfg, tok, chat, LmTask::pretrain);
       },
       pretrain);
-  return true;
-}();
-}  // namespace
+}
 
 }  // namespace anvil::train

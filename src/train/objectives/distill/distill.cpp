@@ -333,7 +333,10 @@ void check_distill(const DistillConfig& d, const config::RunConfig&, const confi
   checks.model_folder("distill.teacher", d.teacher);
 }
 
-const bool kDistillRegistered = [] {
+}  // namespace
+
+// Called from the list of built-in objectives (objective_registry.cpp).
+void register_distill_objective() {
   config::register_section<DistillConfig>(
       "distill", "Options of the distill algorithm (on-policy distillation from a teacher: GKD).", "distill",
       check_distill, {{"teacher_model_name_or_path", "distill.teacher"}});
@@ -344,9 +347,6 @@ const bool kDistillRegistered = [] {
                {"data.template", "data.on_overflow", "data.on_error", "eval.max_batches", "eval.generate_samples",
                 "eval.max_new_tokens", "eval.table_rows", "train.num_train_epochs"});
   register_objective<DistillObjective>("distill", reads);
-  return true;
-}();
-
-}  // namespace
+}
 
 }  // namespace anvil::train

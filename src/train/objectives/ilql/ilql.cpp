@@ -437,10 +437,9 @@ EvalResult IlqlObjective::evaluate(models::CausalLM& model) {
   return result;
 }
 
-// ilql: registered as a linking program registers its objectives
-// (examples/custom_objective).
-namespace {
-const bool kIlqlRegistered = [] {
+// ilql: registered through register_objective as a linking program registers its own
+// (examples/custom_objective), from the list of built-in objectives (objective_registry.cpp).
+void register_ilql_objective() {
   config::register_section<IlqlConfig>("ilql", "Offline RL: ILQL (algorithm: ilql; docs/algorithms.md).", "ilql",
                                        [](const IlqlConfig& o, const config::RunConfig&, const config::Checks& checks) {
                                          checks.model_folder("ilql.reward.model", o.reward.model);
@@ -449,8 +448,6 @@ const bool kIlqlRegistered = [] {
   reads.insert(reads.end(), {"data.template", "data.on_overflow", "data.on_error", "eval.generate_samples",
                              "eval.table_rows", "train.num_train_epochs"});
   register_objective<IlqlObjective>("ilql", reads);
-  return true;
-}();
-}  // namespace
+}
 
 }  // namespace anvil::train

@@ -549,17 +549,17 @@ void check_kto(const KtoConfig& k, const config::RunConfig& cfg, const config::C
                   why + ", and weights draw each epoch's datasets at random: use fraction or size instead");
 }
 
-// Registered as a linking program registers its own (examples/custom_objective).
-const bool kKtoRegistered = [] {
+}  // namespace
+
+// Registered as a linking program registers its own (examples/custom_objective), from the list of built-in
+// objectives (objective_registry.cpp).
+void register_kto_objective() {
   config::register_section<KtoConfig>(
       "kto", "Options of the kto algorithm (KTO: unpaired desirable and undesirable completions).", "kto", check_kto,
       {{"precompute_ref_log_probs", "kto.precompute_reference"}});
   // It reads what dpo reads of data and eval, and the fused head.
   const auto reads = dpo_reads();
   register_objective<KtoObjective>("kto", reads);
-  return true;
-}();
-
-}  // namespace
+}
 
 }  // namespace anvil::train

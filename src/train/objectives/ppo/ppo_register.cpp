@@ -47,7 +47,10 @@ void check_ppo(const PpoConfig& p, const config::RunConfig&, const config::Check
     checks.fail("ppo.critic_from", concat("advantage ", p.advantage, " has no critic; a separate critic serves gae"));
 }
 
-const bool kPpoRegistered = [] {
+}  // namespace
+
+// Called from the list of built-in objectives (objective_registry.cpp).
+void register_ppo_objective() {
   config::register_section<PpoConfig>("ppo", "Online RL: PPO, GRPO and RLOO (algorithm: ppo; docs/algorithms.md).",
                                       "ppo", check_ppo,
                                       {{"num_generations", "ppo.samples_per_prompt"},
@@ -69,9 +72,6 @@ const bool kPpoRegistered = [] {
   reads.insert(reads.end(), {"data.template", "data.on_error", "train.fused_loss", "eval.generate_samples",
                              "eval.max_new_tokens", "eval.table_rows"});
   register_objective<PpoObjective>("ppo", reads);
-  return true;
-}();
-
-}  // namespace
+}
 
 }  // namespace anvil::train

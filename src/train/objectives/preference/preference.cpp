@@ -722,7 +722,10 @@ void check_dpo(const DpoConfig& d, const config::RunConfig&, const config::Check
   checks.model_folder("dpo.reference", d.reference);
 }
 
-const bool kPreferenceRegistered = [] {
+}  // namespace
+
+// Called from the list of built-in objectives (objective_registry.cpp).
+void register_preference_objectives() {
   config::register_section<RewardConfig>("reward", "Reward-model training (algorithm: reward).", "reward");
   config::register_section<DpoConfig>("dpo", "Direct preference optimisation (algorithm: dpo).", "dpo", check_dpo);
   auto reward = config::dataset_keys({"eval_fraction", "prompt_field"});
@@ -730,10 +733,7 @@ const bool kPreferenceRegistered = [] {
                 {"data.template", "data.on_overflow", "data.on_error", "eval.max_batches", "train.num_train_epochs"});
   register_objective<RewardObjective>("reward", reward);
   register_objective<DpoObjective>("dpo", dpo_reads());
-  return true;
-}();
-
-}  // namespace
+}
 
 std::vector<std::string> dpo_reads() {
   auto keys = config::dataset_keys({"eval_fraction", "prompt_field"});
