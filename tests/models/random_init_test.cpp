@@ -25,12 +25,22 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 // A GPT-2 of 101 M parameters (403 MB in float32): a rank of 4 reads a quarter of every parameter, as its
 // shards of a flat unit per block would cut them. Beyond those quarters it may hold two parameters (the
-// replay's scratch buffer and the parameter a read draws whole), never the model.
+// replay's scratch buffer and the parameter a read draws whole) and some slack, never the model.
 TEST(RandomInit, ARankReadingItsShardsHoldsNoWholeModel) {
   config::ModelConfig mc;
   mc.family = "gpt2";
   mc.vocab_size = 1000, mc.hidden_size = 1024, mc.num_layers = 8, mc.num_heads = 8, mc.max_position_embeddings = 64;
   const auto& family = family_by_name(mc.family);
+  // A small build and read first, so that the code they run (LibTorch's draw and copy kernels) is paged in
+  // before the mark is reset: its pages would count as resident memory too.
+  {
+    auto small = mc;
+    small.hidden_size = 64, small.num_layers = 1, small.num_heads = 4;
+    at::manual_seed(3);
+    auto warm = build_deferred_random([&] { return family.from_config(small); }, at::kCPU);
+    ASSERT_NE(warm, nullptr);
+    for (const auto& p : warm->named_parameters()) warm->parameter_source->read(p.key(), 0, p.value().numel());
+  }
   if (!reset_host_peak()) GTEST_SKIP() << "this kernel does not reset the high-water mark (/proc/self/clear_refs)";
   const auto before = host_memory().resident;
   at::manual_seed(3);
@@ -56,7 +66,8 @@ TEST(RandomInit, ARankReadingItsShardsHoldsNoWholeModel) {
   const double read_s = seconds_since(start);
   const double peak = static_cast<double>(host_memory().peak - before);
   const double model_bytes = 4.0 * static_cast<double>(total), shard_bytes = model_bytes / 4;
-  const double allowed = shard_bytes + 2 * 4.0 * static_cast<double>(largest) + 32e6;  // + 32 MB of allocator slack
+  // + 64 MB for the allocator and pages of code first run here (the suite measured 191 MB once, alone 128 MB).
+  const double allowed = shard_bytes + 2 * 4.0 * static_cast<double>(largest) + 64e6;
   std::cout << "[random init] " << total / 1e6 << " M parameters (" << model_bytes / 1e6 << " MB): a quarter of each "
             << "read in " << read_s << " s after a " << build_s << " s build; peak above the start " << peak / 1e6
             << " MB, allowed " << allowed / 1e6 << " MB\n";
