@@ -1,5 +1,7 @@
 #include "core/host_memory.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -22,6 +24,8 @@ HostMemory host_memory() {
   }
   return m;
 }
+
+void return_free_host_memory() { ::malloc_trim(0); }
 
 bool reset_host_peak() {
   std::ofstream out("/proc/self/clear_refs");

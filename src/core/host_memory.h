@@ -24,6 +24,13 @@ HostMemory host_memory();
 /// kernel refuses (then a phase's peak is the process's peak so far).
 bool reset_host_peak();
 
+/// Gives the free memory inside glibc's heaps back to the kernel
+/// (malloc_trim): buffers below its mmap threshold (which grows to 32 MB)
+/// are freed into the heap, and the holes a phase leaves stay resident and
+/// count in the next phase's peak. Called where a phase that allocates and
+/// frees much ends: the load, a resume, a save.
+void return_free_host_memory();
+
 /// The largest high-water mark seen in each named phase.
 class HostPeaks {
  public:

@@ -384,6 +384,7 @@ io::TrainerState load_sharded_checkpoint(const stdfs::path& dir, ShardedModel& m
   // Streamed: each unit's slice this rank owns, read from the pieces of the shard files that overlap it (any
   // earlier world size), so no rank holds more than its own state plus one unit's slice in flight.
   host_peaks().end("load");  // the host memory of a resume is a phase of its own (core/host_memory.h)
+  return_free_host_memory();
   host_peaks().begin("resume");
   const RankSlices files(dir, meta);
   const auto adam_step = meta.value("optimizer_step", int64_t{0});

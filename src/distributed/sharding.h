@@ -35,6 +35,7 @@
 // autograd saved valid. docs/distributed.md.
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 
 #include <functional>
 #include <memory>
@@ -84,6 +85,22 @@ struct ShardingOptions {
   /// param_dtype only (no float32 master, gradient or optimizer state), is
   /// gathered and freed with its block, and keeps requires_grad false.
   std::function<bool(const std::string&)> trains;
+  /// train.micro_batch_size: auto on several ranks: before each collective
+  /// of a forward or backward the ranks agree, by an all-reduce of a flag
+  /// over the world, that none ran out of memory, so one rank's error never
+  /// leaves the others waiting in a collective it will not join (composer's
+  /// sync hooks for FSDP auto micro-batching). A rank that did joins the
+  /// next agreement through announce_out_of_memory(); the others throw
+  /// PeerOutOfMemory there, and every rank runs the step again, split.
+  bool agree_on_out_of_memory = false;
+};
+
+/// Thrown on every rank at an agreement where another rank said it ran out
+/// of memory (ShardingOptions::agree_on_out_of_memory): an out-of-memory
+/// error of the step, caught as the rank's own is.
+class PeerOutOfMemory : public c10::OutOfMemoryError {
+ public:
+  explicit PeerOutOfMemory(const std::string& what);
 };
 
 /// The parameters ShardedModel puts in a unit of their own, "embed": the
@@ -178,6 +195,15 @@ class ShardedModel : public models::ShardedParameters {
   /// After each backward: reduces what the per-block hooks did not and waits
   /// for every reduction; master gradients then hold the sum over ranks.
   void finish_backward();
+  /// Under agree_on_out_of_memory: the agreement (throws PeerOutOfMemory
+  /// when a rank said it ran out of memory); the engine calls it once more
+  /// at the end of a step's backwards, before the step's other collectives.
+  /// Does nothing otherwise.
+  void agree_none_out_of_memory();
+  /// Under agree_on_out_of_memory, on a rank that caught its own
+  /// out-of-memory error in a forward or backward: says so at the other
+  /// ranks' next agreement.
+  void announce_out_of_memory();
   /// Global L2 norm of the master gradients (over all ranks); scales them to
   /// `max_norm` when larger (0 = only measure). The norm is returned unread,
   /// a 0-dim float64 tensor on the device: nothing waits for the device.

@@ -48,10 +48,15 @@ struct HostCopy {
 struct Staging {
   std::vector<HostCopy> copies;
   std::vector<at::Device> devices;
+  std::vector<std::pair<io::TensorMap*, std::string>> owned;  // written as they are (Job::owned)
   double bytes = 0;
 
-  void stage(io::TensorMap& map, const io::TensorMap* reuse) {
+  void stage(io::TensorMap& map, const io::TensorMap* reuse, bool job_owns) {
     for (auto& [name, t] : map) {
+      if (job_owns && t.is_cpu()) {
+        owned.emplace_back(&map, name);
+        continue;
+      }
       const auto src = t.detach();
       at::Tensor dst;
       if (reuse)
@@ -133,9 +138,12 @@ stdfs::path CheckpointWriter::start(Job job) {
   join(/*wait=*/true);
   const double waited = seconds_since(t0);
   Staging staging;
-  for (size_t i = 0; i < job.tensors.size(); ++i) staging.stage(*job.tensors[i], i < maps_.size() ? maps_[i] : nullptr);
+  for (size_t i = 0; i < job.tensors.size(); ++i)
+    staging.stage(*job.tensors[i], i < maps_.size() ? maps_[i] : nullptr,
+                  std::find(job.owned.begin(), job.owned.end(), job.tensors[i]) != job.owned.end());
   payload_ = job.payload;  // the previous job's buffers go unless reused above
   maps_ = job.tensors;
+  owned_ = std::move(staging.owned);
   std::vector<c10::Event> events;  // the thread waits for the device copies, the loop does not
   for (const auto& d : staging.devices) {
     events.emplace_back(d.type());
@@ -202,6 +210,8 @@ void CheckpointWriter::join(bool wait) {
     error_.reset();
     throw CheckpointError(message);
   }
+  // What the job owned was written from where it was; it is no buffer to reuse.
+  for (auto& [map, name] : std::exchange(owned_, {})) map->erase(name);
   done_["time/checkpoint_write_s"] = write_s_;
   log::info("saved ", dir_.string(), " in the background: ", bytes_str(bytes_), " copied to host memory in ",
             fixed(copy_s_, "s"), " (the loop waited ", fixed(copy_wait_s_, "s"), " for it), written in ",
@@ -214,7 +224,7 @@ Metrics CheckpointWriter::collect(bool wait) {
 }
 
 stdfs::path BackgroundSaves::save(const stdfs::path& output_dir, checkpoint::CheckpointParts parts, int64_t keep_last) {
-  if (background_checkpoints()) return writer().start(output_dir, std::move(parts), keep_last);
+  if (background_) return writer().start(output_dir, std::move(parts), keep_last);
   const auto dir = checkpoint::save_checkpoint(output_dir, parts, keep_last);
   log::info("saved ", dir.string());
   return dir;

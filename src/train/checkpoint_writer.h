@@ -15,14 +15,16 @@
 // The host buffers are kept and reused by the next save: copying into
 // memory already mapped costs a memcpy, not page faults (or, from a GPU, a
 // pinned allocation). The price is one host copy of the saved state for the
-// whole run.
+// whole run; train.background_saves: false writes at once instead and keeps
+// none. What only the job holds (Job::owned: the units a rank gathered for
+// the HF folder) is written from where it is on the CPU, not copied.
 //
 // Test hook: ANVIL_TEST_CHECKPOINT_WRITE_DELAY_MS=N makes the thread sleep N
 // ms before it copies (so the loop's next update must wait for the copy) and
 // again before trainer_state.json (so a test can kill the process with the
 // folder written but for the file that marks it complete).
-// ANVIL_CHECKPOINT_SYNC=1 makes plain engines write at once instead
-// (bench/checkpoint_stall.sh compares the two).
+// ANVIL_CHECKPOINT_SYNC=1 makes every engine write at once, whatever
+// train.background_saves says (bench/checkpoint_stall.sh compares the two).
 
 #include <atomic>
 #include <condition_variable>
@@ -32,7 +34,9 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/metrics.h"
@@ -59,6 +63,10 @@ class CheckpointWriter {
     std::filesystem::path dir;  // the folder it publishes (for the log)
     int64_t step = 0;
     std::vector<io::TensorMap*> tensors;  // into `payload`
+    /// Those of `tensors` that only the job holds (buffers gathered for this
+    /// save): on the CPU they are written as they are, not copied, and
+    /// dropped once written.
+    std::vector<io::TensorMap*> owned;
     /// Writes the files; `before_complete` goes just before the file that
     /// marks the folder complete (the test hook's pause).
     std::function<void(const std::function<void(const std::filesystem::path&)>& before_complete)> write;
@@ -103,6 +111,8 @@ class CheckpointWriter {
   /// name, shape and dtype.
   std::shared_ptr<void> payload_;
   std::vector<io::TensorMap*> maps_;
+  /// Entries of the last write's maps that it owned (written without a copy): dropped once written.
+  std::vector<std::pair<io::TensorMap*, std::string>> owned_;
 };
 
 /// An engine's background writes (a CheckpointWriter made on first use). The
@@ -110,8 +120,12 @@ class CheckpointWriter {
 /// until joined.
 class BackgroundSaves {
  public:
+  /// Writes in the background when `background` (train.background_saves) and
+  /// ANVIL_CHECKPOINT_SYNC=1 does not ask otherwise; else at once.
+  explicit BackgroundSaves(bool background) : background_(background && background_checkpoints()) {}
+  bool background() const { return background_; }
   /// A single-process checkpoint (checkpoint::save_checkpoint's layout), in the
-  /// background or, under ANVIL_CHECKPOINT_SYNC=1, at once.
+  /// background or at once (background()).
   std::filesystem::path save(const std::filesystem::path& output_dir, checkpoint::CheckpointParts parts,
                              int64_t keep_last);
   std::filesystem::path start(CheckpointWriter::Job job) { return writer().start(std::move(job)); }
@@ -130,6 +144,7 @@ class BackgroundSaves {
     if (!writer_) writer_ = std::make_unique<CheckpointWriter>();
     return *writer_;
   }
+  bool background_;
   std::unique_ptr<CheckpointWriter> writer_;
 };
 

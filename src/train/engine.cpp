@@ -93,7 +93,16 @@ class EngineImpl : public Engine {
     ao.read_loss = read_loss;
     ao.before_backward = [&](bool last) { for_each([&](EngineImpl& e) { e.before_backward(last); }); };
     ao.after_backward = [&] { for_each([](EngineImpl& e) { e.after_backward(); }); };
-    return accumulate_gradients(objective, model(), batches, ao);
+    try {
+      auto stats = accumulate_gradients(objective, model(), batches, ao);
+      agree_none_out_of_memory();  // the last agreement, before the step's other collectives
+      return stats;
+    } catch (const distributed::PeerOutOfMemory&) {
+      throw;  // another rank's, learned at an agreement
+    } catch (const c10::OutOfMemoryError&) {
+      announce_out_of_memory();  // this rank's: the others learn it at their next agreement
+      throw;
+    }
   }
   double clip_grad_norm(double max_norm) final {
     double norm = clip_own(max_norm).item<double>();
@@ -173,6 +182,9 @@ class EngineImpl : public Engine {
   virtual void begin_step() = 0;
   virtual void before_backward(bool last) { (void)last; }
   virtual void after_backward() {}
+  /// train.micro_batch_size: auto on several ranks (distributed::ShardingOptions::agree_on_out_of_memory).
+  virtual void agree_none_out_of_memory() {}
+  virtual void announce_out_of_memory() {}
   /// The norm as a 0-dim float64 tensor on the device, unread.
   virtual at::Tensor clip_own(double max_norm) = 0;
   virtual void finish_own(bool apply) = 0;
@@ -248,7 +260,8 @@ class PlainEngine final : public EngineImpl {
               const std::string& who, const ResumeFrom& resume)
       : model_(std::move(model)),
         device_(model_->parameters().front().device()),
-        activation_checkpointing_(cfg.train.activation_checkpointing) {
+        activation_checkpointing_(cfg.train.activation_checkpointing),
+        saves_(cfg.train.background_saves) {
     if (cfg.train.activation_checkpointing)
       model_->set_block_runner(
           [](size_t, const at::Tensor& x, const models::BlockFn& block) { return models::checkpoint_block(block, x); });
@@ -390,7 +403,8 @@ class ShardedEngine final : public EngineImpl {
         sharding_(cfg.dist.sharding),
         param_dtype_(cfg.dist.param_dtype),
         consolidated_(cfg.dist.consolidated_checkpoints),
-        timeout_s_(cfg.dist.timeout_s) {
+        timeout_s_(cfg.dist.timeout_s),
+        saves_(cfg.train.background_saves) {
     // A plain checkpoint (a single-process run going multi-process, or a
     // companion's folder) is read into the whole model and a per-parameter
     // optimizer first; sharding then flattens both.
@@ -489,7 +503,7 @@ class ShardedEngine final : public EngineImpl {
         parts.companions.emplace_back(name, static_cast<ShardedEngine&>(*e).master_state());
       return saves_.save(output_dir, std::move(parts), keep_last);
     }
-    if (background_checkpoints()) {
+    if (saves_.background()) {
       // The collectives now; each rank's files, and rank 0's publication
       // once every rank has marked its files written, in the background.
       saves_.finish();
@@ -503,7 +517,11 @@ class ShardedEngine final : public EngineImpl {
       job.step = state.step;
       job.dir = output_dir / concat("checkpoint-", state.step);
       job.tensors = {&save->shard, &save->whole, &save->heads};
-      for (auto& [file, tensors] : save->owned) job.tensors.push_back(&tensors);
+      for (auto& [file, tensors] : save->owned) {
+        job.tensors.push_back(&tensors);
+        // Gathered for this save into buffers of their own (no_shard's are views of the masters).
+        if (sharded_->options().strategy != distributed::Sharding::NoShard) job.owned.push_back(&tensors);
+      }
       for (auto& [name, c] : save->companions) {
         job.tensors.push_back(&c.weights);
         job.tensors.push_back(&c.moments);
@@ -563,6 +581,8 @@ class ShardedEngine final : public EngineImpl {
 
   void before_backward(bool last) override { sharded_->set_grad_sync(last); }
   void after_backward() override { sharded_->finish_backward(); }
+  void agree_none_out_of_memory() override { sharded_->agree_none_out_of_memory(); }
+  void announce_out_of_memory() override { sharded_->announce_out_of_memory(); }
   at::Tensor clip_own(double max_norm) override { return sharded_->clip_grad_norm_on_device(max_norm); }
   Metrics collect_own(bool wait) override { return saves_.collect(wait); }
   void finish_own(bool apply) override {

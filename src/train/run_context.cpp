@@ -18,6 +18,8 @@ distributed::ShardingOptions sharding_options(const config::RunConfig& cfg) {
   so.activation_checkpointing = cfg.train.activation_checkpointing;
   so.cpu_offload = cfg.dist.cpu_offload;
   so.replicate = cfg.dist.replicate;
+  // The config as written (the trainer hands its engine auto, not auto's resolved start).
+  so.agree_on_out_of_memory = cfg.train.micro_batch_size == config::TrainConfig::kAutoMicroBatch;
   return so;
 }
 
@@ -33,6 +35,7 @@ FrozenModel RunContext::freeze(std::shared_ptr<models::CausalLM> model) const {
   auto so = sharding ? *sharding : distributed::ShardingOptions{};
   so.frozen = true;
   so.activation_checkpointing = false;  // nothing is saved for a backward
+  so.agree_on_out_of_memory = false;    // its forwards are no step's to split
   auto sharded = std::make_shared<distributed::ShardedModel>(model, comm, so);
   return FrozenModel(std::move(model), std::move(sharded));
 }

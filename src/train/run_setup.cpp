@@ -298,14 +298,15 @@ RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
       for (size_t i = 0; i < v.size(); ++i) v[i] = t[static_cast<int64_t>(i)].item<double>();
     };
 
-  // train.micro_batch_size: auto: one micro-batch of the step's whole batch, which the loop halves when a step
-  // runs out of device memory. On several ranks one rank's error would leave the others inside a collective.
+  // train.micro_batch_size: auto: one micro-batch per rank of the step's whole batch, which the loop halves on
+  // every rank when a step runs out of device memory on any (the ranks agree before each collective:
+  // distributed::ShardingOptions::agree_on_out_of_memory).
   r.auto_micro_batch = cfg.train.micro_batch_size == config::TrainConfig::kAutoMicroBatch;
-  if (r.auto_micro_batch && r.ranks.world > 1)
-    throw ConfigError(concat("train.micro_batch_size: auto runs on one process; with ", r.ranks.world,
-                             " ranks an out-of-memory error on one would leave the others waiting in a collective "
-                             "(set a number)"));
-  r.micro_batch_size = r.auto_micro_batch ? cfg.train.global_batch_size : cfg.train.micro_batch_size;
+  if (r.auto_micro_batch && cfg.train.global_batch_size % r.ranks.world != 0)
+    throw ConfigError(concat("train.global_batch_size: ", cfg.train.global_batch_size, " samples per step do not ",
+                             "divide among ", r.ranks.world, " ranks (train.micro_batch_size: auto starts from one ",
+                             "micro-batch per rank); expected a multiple of ", r.ranks.world));
+  r.micro_batch_size = r.auto_micro_batch ? cfg.train.global_batch_size / r.ranks.world : cfg.train.micro_batch_size;
   // Batch math: the same global batch whatever the world size.
   r.micro_per_step =
       cfg.train.global_batch_size > 0 ? cfg.train.global_batch_size / r.micro_batch_size : cfg.train.grad_accum_steps;

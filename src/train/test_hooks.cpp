@@ -79,7 +79,15 @@ bool sigint_at_startup() {
 int64_t oom_rows() {
   static const int64_t rows = [] {
     const char* v = env("ANVIL_TEST_OOM_ROWS");
-    return v ? count("ANVIL_TEST_OOM_ROWS", v, "a number of rows") : int64_t{0};
+    if (!v) return int64_t{0};
+    const auto n = count("ANVIL_TEST_OOM_ROWS", v, "a number of rows");
+    // ANVIL_TEST_OOM_RANK=R: only on the rank R of a launch (mpirun's or torchrun's rank variable).
+    if (const char* only = env("ANVIL_TEST_OOM_RANK")) {
+      const char* mine = env("OMPI_COMM_WORLD_RANK") ? env("OMPI_COMM_WORLD_RANK") : env("RANK");
+      if (count("ANVIL_TEST_OOM_RANK", only, "a rank") != (mine ? count("the rank", mine, "a rank") : 0))
+        return int64_t{0};
+    }
+    return n;
   }();
   return rows;
 }

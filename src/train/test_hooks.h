@@ -36,6 +36,7 @@ bool sigint_at_startup();
 /// ANVIL_TEST_OOM_ROWS=N: a micro-batch of N rows or more raises the
 /// out-of-memory error a device would, after its forward and before its
 /// backward (train.micro_batch_size: auto); 0 when unset.
+/// ANVIL_TEST_OOM_RANK=R limits it to rank R of a launch.
 int64_t oom_rows();
 
 /// ANVIL_TEST_CHECKPOINT_WRITE_DELAY_MS=N: a background checkpoint write

@@ -432,7 +432,9 @@ class TrainLoop {
                      " runs out of device memory with micro-batches of 1 row: ", what.substr(0, what.find('\n'))));
         auto_parts_ *= 2;
         release_cached_memory(engine_.device());
-        log::warn("train.micro_batch_size: auto: step ", step_ + 1, " ran out of device memory with micro-batches of ",
+        const bool here = dynamic_cast<const distributed::PeerOutOfMemory*>(&e) == nullptr;
+        log::warn("train.micro_batch_size: auto: step ", step_ + 1, " ran out of device memory",
+                  run_.ranks.world > 1 ? (here ? " on this rank" : " on another rank") : "", " with micro-batches of ",
                   rows, " rows; running it again with ", auto_rows(), " (", run_.micro_per_step * auto_parts_,
                   " micro-batches per step, the same samples)");
       }
@@ -616,6 +618,7 @@ class TrainLoop {
     host_peaks().begin("save");
     engine_.save(run_.out_dir, state, run_.tok.get(), run_.config_yaml, cfg_.train.keep_checkpoints);
     host_peaks().end("save");
+    return_free_host_memory();
     host_peaks().begin("train");
     saved_steps_.push_back(step_);
   }
@@ -695,7 +698,11 @@ TrainResult run_training(const config::RunConfig& given, const RunOptions& optio
     models::materialize_deferred(*run.model);
   }
   run.objective->prepare(*run.model, ctx);
-  auto start = make_engine(cfg, run.model, run.comm, *run.objective, run.latest, *ctx.companions);
+  // The engine's view of the config keeps train.micro_batch_size: auto (the resolved config holds its start), so
+  // that the ranks agree on out-of-memory errors (distributed::ShardingOptions::agree_on_out_of_memory).
+  auto engine_cfg = cfg;
+  if (run.auto_micro_batch) engine_cfg.train.micro_batch_size = config::TrainConfig::kAutoMicroBatch;
+  auto start = make_engine(engine_cfg, run.model, run.comm, *run.objective, run.latest, *ctx.companions);
   // Host memory per phase (core/host_memory.h): load is everything up to a built engine, or up to a sharded
   // resume, which is its own phase.
   if (!host_peaks().has("load")) host_peaks().end("load");
@@ -718,6 +725,7 @@ TrainResult run_training(const config::RunConfig& given, const RunOptions& optio
     stdfs::create_directories(run.out_dir / "config-history");
     fs::write_file_atomic(run.out_dir / "config-history" / concat("step-", step, ".yaml"), run.config_yaml);
   }
+  return_free_host_memory();  // what the load and a resume freed
   host_peaks().begin("train");
   auto result = TrainLoop(cfg, run, *start.engine, start.resumed).run();
   host_peaks().end("train");

@@ -56,8 +56,9 @@ class CheckpointAsync : public ::testing::Test {
  protected:
   void SetUp() override { anvil::testing::write_text(dir_ / "run.yaml", kRun); }
   /// Runs to the end with `env`; returns the losses by step.
-  std::vector<std::pair<int64_t, double>> run_to_end(const stdfs::path& out, const std::string& env = "") {
-    Trainer t(dir_ / "run.yaml", out, dir_ / "log.txt", env);
+  std::vector<std::pair<int64_t, double>> run_to_end(const stdfs::path& out, const std::string& env = "",
+                                                     const std::string& config = "run.yaml") {
+    Trainer t(dir_ / config, out, dir_ / "log.txt", env);
     EXPECT_EQ(t.wait(), 0) << anvil::testing::read_text(dir_ / "log.txt");
     return anvil::testing::read_losses(out / "metrics.jsonl");
   }
@@ -117,7 +118,13 @@ TEST_F(CheckpointAsync, SigkillDuringABackgroundWriteKeepsThePreviousCheckpointA
 }
 
 TEST_F(CheckpointAsync, BackgroundCheckpointsAreByteIdenticalToOnesWrittenAtOnce) {
-  const auto at_once = run_to_end(dir_ / "sync", "ANVIL_CHECKPOINT_SYNC=1");
+  // train.background_saves: false writes each checkpoint at once (no host copy kept).
+  std::string at_once_yaml = kRun;
+  at_once_yaml.replace(at_once_yaml.find("threads: 1}"), 11, "threads: 1, background_saves: false}");
+  anvil::testing::write_text(dir_ / "at_once.yaml", at_once_yaml);
+  const auto at_once = run_to_end(dir_ / "sync", "", "at_once.yaml");
+  EXPECT_EQ(anvil::testing::read_text(dir_ / "log.txt").find("in the background"), std::string::npos)
+      << anvil::testing::read_text(dir_ / "log.txt");
   // Each background write waits 0.3 s before it copies the live weights and
   // moments, so the next optimizer step must wait for the copy, and 0.3 s
   // before trainer_state.json.

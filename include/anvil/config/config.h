@@ -379,6 +379,7 @@ struct TrainConfig {
   int64_t eval_every = 0;
   int64_t log_every = 10;
   int64_t keep_checkpoints = 2;
+  bool background_saves = true;
   std::string device = "cpu";
   bool tf32 = false;
   int64_t threads = 0;
@@ -403,10 +404,11 @@ struct TrainConfig {
             "(train.max_steps counts the run). docs/config.md.",
             read_if_declared(changeable_on_resume(non_negative())));
     v.field("micro_batch_size", micro_batch_size,
-            "Samples per forward/backward pass. auto (one process, algorithms sft and pretrain): starts at "
-            "global_batch_size (one micro-batch per step) and, whenever a step runs out of device memory, halves the "
-            "micro-batch and doubles the accumulation, the same math (llm-foundry's device_train_microbatch_size: "
-            "auto); the value reached is logged and kept in checkpoints. docs/config.md.",
+            "Samples per forward/backward pass. auto (algorithms sft and pretrain): starts at one micro-batch per "
+            "rank (global_batch_size / ranks) and, whenever a step runs out of device memory on any rank, halves "
+            "the micro-batch and doubles the accumulation on every rank, the same math (llm-foundry's "
+            "device_train_microbatch_size: auto); the value reached is logged and kept in checkpoints. "
+            "docs/config.md.",
             or_word(positive(), "auto", kAutoMicroBatch));
     v.field("grad_accum_steps", grad_accum_steps,
             "Micro-batches per optimizer step, summed over all ranks (each rank runs grad_accum_steps / "
@@ -476,6 +478,13 @@ struct TrainConfig {
     v.field("log_every", log_every, "Console progress every N steps.", changeable_on_resume(positive()));
     v.field("keep_checkpoints", keep_checkpoints, "Most recent checkpoints kept; 0 keeps all.",
             changeable_on_resume(non_negative()));
+    v.field("background_saves", background_saves,
+            "Write checkpoints on a background thread while training goes on: the next optimizer step waits only "
+            "until the rank's weights and optimizer moments are copied to host memory, and that copy (12 bytes "
+            "per trained parameter, divided by the ranks that shard them) is kept for the whole run. false "
+            "writes each checkpoint at once and holds no copy, for a run whose host memory is its limit (a "
+            "sharded run on CPU ranks). docs/reliability.md.",
+            changeable_on_resume());
     v.field("device", device, "Device: cpu, cuda or cuda:N.", changeable_on_resume());
     v.field("tf32", tf32,
             "CUDA: float32 matmuls and convolutions on TensorFloat-32 tensor cores (PyTorch's "
