@@ -32,6 +32,15 @@ nlohmann::json trainer_state(const stdfs::path& checkpoint) {
   return nlohmann::json::parse(anvil::testing::read_text(checkpoint / "trainer_state.json"));
 }
 
+/// Each step's loss and gradient norm within 1e-5 (relative) of `want`'s.
+void expect_same_steps(const std::map<int64_t, nlohmann::json>& got, const std::map<int64_t, nlohmann::json>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [s, w] : want)
+    for (const char* key : {"loss", "grad_norm"})
+      EXPECT_NEAR(got.at(s)[key].get<double>(), w[key].get<double>(), 1e-5 * std::abs(w[key].get<double>()))
+          << key << " at step " << s;
+}
+
 const std::string kAuto = "train.micro_batch_size=auto train.global_batch_size=8";
 
 TEST(AutoMicroBatch, HalvesOnOutOfMemoryAndTrainsAsTheSmallerMicroBatchDoes) {
@@ -60,11 +69,7 @@ TEST(AutoMicroBatch, HalvesOnOutOfMemoryAndTrainsAsTheSmallerMicroBatchDoes) {
   ASSERT_EQ(train_in(b, tiny_sft_run(6, 3), "train.micro_batch_size=2 train.global_batch_size=8", &log), 0) << log;
   const auto want = metrics(b / "out" / "metrics.jsonl");
   ASSERT_EQ(want.size(), 6u);
-  for (int64_t s = 1; s <= 6; ++s)
-    for (const char* key : {"loss", "grad_norm"})
-      EXPECT_NEAR(got.at(s)[key].get<double>(), want.at(s)[key].get<double>(),
-                  1e-5 * std::abs(want.at(s)[key].get<double>()))
-          << key << " at step " << s;
+  expect_same_steps(got, want);
 
   // A resume takes the recorded micro-batch: no out-of-memory error again, and steps 4-6 bit for bit.
   stdfs::create_directories(c / "out");
@@ -147,11 +152,7 @@ TEST(AutoMicroBatch, OnTwoFullShardRanksEveryRankHalvesWhenOneRunsOutOfMemory) {
       << log;
   const auto want = metrics(b / "out" / "metrics.jsonl");
   ASSERT_EQ(want.size(), 4u);
-  for (int64_t s = 1; s <= 4; ++s)
-    for (const char* key : {"loss", "grad_norm"})
-      EXPECT_NEAR(got.at(s)[key].get<double>(), want.at(s)[key].get<double>(),
-                  1e-5 * std::abs(want.at(s)[key].get<double>()))
-          << key << " at step " << s;
+  expect_same_steps(got, want);
 }
 
 }  // namespace
