@@ -572,16 +572,15 @@ void ShardedModel::reduce_gradients(Unit& u) {
   u.needs_reduce = false;
   const auto what = concat("gradients of ", layout.name);
   auto pending = std::make_unique<Pending>();
-  agree_none_out_of_memory();
   pending->unit = &u;
   pending->in = flat;
-  if (options_.strategy == Sharding::NoShard) {
+  // Allocated before the agreement: nothing between it and the collective may run out of memory.
+  pending->out = options_.strategy == Sharding::NoShard ? flat : unit_buffer(u.shard, flat.options());
+  agree_none_out_of_memory();
+  if (options_.strategy == Sharding::NoShard)
     group_->all_reduce_sum(flat, what);
-    pending->out = flat;
-  } else {
-    pending->out = unit_buffer(u.shard, flat.options());
+  else
     pending->work = group_->reduce_scatter_sum(pending->out, flat, what);
-  }
   pending_.push_back(std::move(pending));
   // As FSDP2: each unit's reduction is folded into its master gradient once the next is issued, so at most two
   // are in flight and a backward holds the shards plus two units' flat gradients, not the whole model's.

@@ -86,7 +86,6 @@ class EngineImpl : public Engine {
  public:
   StepStats backward(Objective& objective, const std::vector<Batch>& batches, int64_t step_targets,
                      bool read_loss) final {
-    for_each([](EngineImpl& e) { e.begin_step(); });
     AccumulateOptions ao;
     ao.step_targets = step_targets;
     ao.world = world_size();
@@ -94,6 +93,7 @@ class EngineImpl : public Engine {
     ao.before_backward = [&](bool last) { for_each([&](EngineImpl& e) { e.before_backward(last); }); };
     ao.after_backward = [&] { for_each([](EngineImpl& e) { e.after_backward(); }); };
     try {
+      for_each([](EngineImpl& e) { e.begin_step(); });  // may gather (and so agree) too
       auto stats = accumulate_gradients(objective, model(), batches, ao);
       agree_none_out_of_memory();  // the last agreement, before the step's other collectives
       return stats;
