@@ -285,6 +285,10 @@ PY
       { echo "FAIL $n: the one-rank full_shard run did not go through NCCL" | tee -a "$OUTD/checks.txt"; FAILED=1; }
     check losses "$n: one-rank full_shard losses = plain bf16" "$W/runs/chk-full_shard-$n/metrics.jsonl" \
       "$W/runs/chk-$n-bf16/metrics.jsonl" --atol 1e-5
+    # dist.cpu_offload: masters, moments and gradients in host memory, AdamW on the CPU (its step time in the log).
+    anvil_run chk-offload-$n "$m" 4 64 bf16 "${few[@]}" "${full[@]}" dist.cpu_offload=true
+    check losses "$n: one-rank full_shard with dist.cpu_offload ~ without" "$W/runs/chk-offload-$n/metrics.jsonl" \
+      "$W/runs/chk-full_shard-$n/metrics.jsonl" --atol 1e-4
   done
   RUN_ENV=()
   # Checkpoints written in the background (from device memory through pinned buffers) = written at once.

@@ -5,6 +5,8 @@
 
 #include <atomic>
 
+#include "core/host_memory.h"
+
 namespace anvil {
 
 namespace {
@@ -38,15 +40,22 @@ void set_tf32(bool on) {
 }
 
 Metrics accelerator_memory_metrics(const c10::Device& device) {
-  if (device.is_cpu() || !at::accelerator::isAccelerator(device.type())) return {};
+  Metrics m;
+  if (const auto host = cpu_tensor_memory(TensorPeak::step); host.current >= 0) {
+    m["memory/cpu_peak_bytes"] = static_cast<double>(host.peak);
+    m["memory/cpu_allocated_bytes"] = static_cast<double>(host.current);
+    reset_cpu_tensor_peak(TensorPeak::step);
+  }
+  if (device.is_cpu() || !at::accelerator::isAccelerator(device.type())) return m;
   auto* allocator = at::getDeviceAllocator(device.type());
   const auto index = device.has_index() ? device.index() : at::accelerator::getDeviceIndex();
   const auto stats = allocator->getDeviceStats(index);
   constexpr auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
   allocator->resetPeakStats(index);
-  return {{"memory/gpu_peak_bytes", static_cast<double>(stats.allocated_bytes[all].peak)},
-          {"memory/gpu_peak_reserved_bytes", static_cast<double>(stats.reserved_bytes[all].peak)},
-          {"memory/gpu_allocated_bytes", static_cast<double>(stats.allocated_bytes[all].current)}};
+  m["memory/gpu_peak_bytes"] = static_cast<double>(stats.allocated_bytes[all].peak);
+  m["memory/gpu_peak_reserved_bytes"] = static_cast<double>(stats.reserved_bytes[all].peak);
+  m["memory/gpu_allocated_bytes"] = static_cast<double>(stats.allocated_bytes[all].current);
+  return m;
 }
 
 void release_cached_memory(const c10::Device& device) {

@@ -40,7 +40,10 @@ void copy_to_device(at::Tensor& dst, const at::Tensor& src);
 /// (whose peaks it then resets): memory/gpu_peak_bytes (the most bytes held
 /// by tensors at once, torch.cuda.max_memory_allocated's measure),
 /// memory/gpu_peak_reserved_bytes (held by the allocator, allocated or
-/// cached), memory/gpu_allocated_bytes (held by tensors now). Empty for the CPU.
+/// cached), memory/gpu_allocated_bytes (held by tensors now); and, where
+/// count_cpu_tensors() counts them (core/host_memory.h), the same for host
+/// tensors since the previous call: memory/cpu_peak_bytes,
+/// memory/cpu_allocated_bytes.
 Metrics accelerator_memory_metrics(const c10::Device& device);
 
 /// Returns the caching allocator's unused blocks to the device (after an

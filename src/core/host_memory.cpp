@@ -1,8 +1,14 @@
 #include "core/host_memory.h"
 
+#include <c10/core/CPUAllocator.h>
 #include <malloc.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <limits>
+#include <mutex>
+#include <unordered_map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -34,8 +40,99 @@ bool reset_host_peak() {
   return static_cast<bool>(out);
 }
 
+namespace {
+
+/// ATen's CPU allocator with a count of the bytes its tensors hold. Each
+/// allocation is the base allocator's; the data pointer maps to its size and
+/// the base's context and deleter until the free.
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) {}
+
+  c10::DataPtr allocate(size_t n) override {
+    auto d = base_->allocate(n);
+    void* data = d.get();
+    if (data == nullptr) return d;
+    const auto deleter = d.get_deleter();
+    void* context = d.release_context();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      live_[data] = {n, context, deleter};
+    }
+    const auto now = current_.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed) + static_cast<int64_t>(n);
+    for (auto& peak : peaks_) {
+      auto seen = peak.load(std::memory_order_relaxed);
+      while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+      }
+    }
+    return {data, data, &release, d.device()};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { base_->copy_data(dest, src, count); }
+
+  static void release(void* data) {
+    Live l;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const auto it = live_.find(data);
+      if (it == live_.end()) return;  // cannot happen: every pointer this deleter gets was recorded
+      l = it->second;
+      live_.erase(it);
+    }
+    current_.fetch_sub(static_cast<int64_t>(l.bytes), std::memory_order_relaxed);
+    if (l.deleter != nullptr) l.deleter(l.context);
+  }
+
+  static TensorMemory read(TensorPeak which) {
+    return {current_.load(std::memory_order_relaxed),
+            peaks_[static_cast<size_t>(which)].load(std::memory_order_relaxed)};
+  }
+  static void reset(TensorPeak which) {
+    peaks_[static_cast<size_t>(which)].store(current_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  }
+
+ private:
+  struct Live {
+    size_t bytes = 0;
+    void* context = nullptr;
+    c10::DeleterFnPtr deleter = nullptr;
+  };
+  c10::Allocator* base_;
+  static inline std::mutex mutex_;
+  static inline std::unordered_map<void*, Live> live_;
+  static inline std::atomic<int64_t> current_{0};
+  static inline std::array<std::atomic<int64_t>, 2> peaks_{};
+};
+
+std::atomic<bool>& counting() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+
+}  // namespace
+
+void count_cpu_tensors() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Never destroyed: tensors freed at exit still reach it.
+    static auto* counting_allocator = new CountingCpuAllocator(c10::GetCPUAllocator());
+    c10::SetCPUAllocator(counting_allocator, std::numeric_limits<uint8_t>::max());
+    counting().store(true);
+  });
+}
+
+TensorMemory cpu_tensor_memory(TensorPeak which) {
+  return counting().load() ? CountingCpuAllocator::read(which) : TensorMemory{};
+}
+
+void reset_cpu_tensor_peak(TensorPeak which) {
+  if (counting().load()) CountingCpuAllocator::reset(which);
+}
+
 void HostPeaks::begin(const std::string& phase) {
   resets_ = reset_host_peak() && resets_;
+  reset_cpu_tensor_peak(TensorPeak::phase);
   started_[phase] = host_memory().resident;
 }
 
@@ -43,6 +140,7 @@ void HostPeaks::end(const std::string& phase) {
   const auto now = host_memory();
   auto& p = peaks_[phase];
   p.peak = std::max(p.peak, now.peak);
+  p.tensor_peak = std::max(p.tensor_peak, cpu_tensor_memory(TensorPeak::phase).peak);
   if (const auto it = started_.find(phase); it != started_.end()) {
     p.resident_at_start = std::max(p.resident_at_start, it->second);
     started_.erase(it);
@@ -52,7 +150,8 @@ void HostPeaks::end(const std::string& phase) {
 void HostPeaks::write(const std::filesystem::path& path) const {
   nlohmann::json phases = nlohmann::json::object();
   for (const auto& [name, p] : peaks_)
-    phases[name] = {{"peak_bytes", p.peak}, {"resident_at_start_bytes", p.resident_at_start}};
+    phases[name] = {
+        {"peak_bytes", p.peak}, {"resident_at_start_bytes", p.resident_at_start}, {"tensor_peak_bytes", p.tensor_peak}};
   std::filesystem::create_directories(path.parent_path());
   fs::write_file_atomic(path, nlohmann::json({{"phases", phases}, {"resets", resets_}}).dump(1) + "\n");
 }

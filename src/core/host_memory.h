@@ -31,6 +31,24 @@ bool reset_host_peak();
 /// frees much ends: the load, a resume, a save.
 void return_free_host_memory();
 
+/// Bytes held by CPU tensors: an allocator wrapped around ATen's CPU
+/// allocator counts each allocation and its free (torch.cuda's
+/// memory_allocated and max_memory_allocated, for the host). The trainer
+/// installs it on CPU runs; tensors allocated before are not counted, their
+/// frees neither. Two peaks, reset apart: a step's (memory/cpu_peak_bytes)
+/// and a phase's (HostPeaks).
+struct TensorMemory {
+  int64_t current = -1;  // -1 when not counting
+  int64_t peak = -1;
+};
+enum class TensorPeak { step, phase };
+/// Installs the counting allocator; later calls do nothing. Call it before
+/// threads allocate (it replaces ATen's CPU allocator).
+void count_cpu_tensors();
+TensorMemory cpu_tensor_memory(TensorPeak which);
+/// Resets `which` peak to the bytes held now.
+void reset_cpu_tensor_peak(TensorPeak which);
+
 /// The largest high-water mark seen in each named phase.
 class HostPeaks {
  public:
@@ -40,13 +58,14 @@ class HostPeaks {
   /// since start for a phase never begun, such as load); the largest over
   /// the phase's repeats is kept.
   void end(const std::string& phase);
-  /// Writes {"phases": {name: {"peak_bytes", "resident_at_start_bytes"}}, "resets": bool} to `path`.
+  /// Writes {"phases": {name: {"peak_bytes", "resident_at_start_bytes", "tensor_peak_bytes"}}, "resets": bool}
+  /// to `path` (tensor_peak_bytes: CPU tensors' peak in the phase, -1 when not counting).
   void write(const std::filesystem::path& path) const;
   bool has(const std::string& phase) const { return peaks_.count(phase) > 0; }
 
  private:
   struct Peak {
-    int64_t peak = -1, resident_at_start = -1;
+    int64_t peak = -1, resident_at_start = -1, tensor_peak = -1;
   };
   std::map<std::string, Peak> peaks_;
   std::map<std::string, int64_t> started_;  // resident bytes when each open phase began

@@ -3,10 +3,12 @@
 // first lines of every run): the model's parameter count per sharding unit
 // (blocks and the root), the strategy, the world size and the dtypes give
 // the state exactly as ShardedModel lays it out; activations are an
-// estimate from the published formula (Korthikanti et al. 2022, "Reducing
-// Activation Recomputation in Large Transformer Models": per layer
-// s·b·h·(34 + 5·a·s/h) bytes at 16 bits, s·b·h·2 for a recomputed layer's
-// input). docs/distributed.md, "How many GPUs do I need".
+// estimate: per token, the tensors Anvil's layers keep for the backward
+// (memory_plan.cpp's activation_counts, in the spirit of Korthikanti et al.
+// 2022, "Reducing Activation Recomputation in Large Transformer Models",
+// whose 34·s·b·h bytes per layer count Megatron's layers at 16 bits), with
+// activation checkpointing each layer's input and one layer recomputed.
+// docs/distributed.md, "How many GPUs do I need".
 
 #include <cstdint>
 #include <string>

@@ -677,6 +677,7 @@ class TrainLoop {
 }  // namespace
 
 TrainResult run_training(const config::RunConfig& given, const RunOptions& options) {
+  count_cpu_tensors();  // memory/cpu_peak_bytes and the phases' tensor peaks (core/host_memory.h)
   auto run = setup_run(given, options);
   // From here on, the length and warmup as resolved (config.yaml keeps the keys as given).
   const auto cfg = resolve_length(given, run);
