@@ -15,7 +15,6 @@
 #include "anvil/core/error.h"
 #include "core/fs.h"
 #include "core/host_memory.h"
-#include "core/logging.h"
 #include "anvil/checkpoint/hf_model.h"
 #include "checkpoint/saved_parameters.h"
 #include "models/lora.h"
@@ -367,7 +366,8 @@ class RankSlices {
 }  // namespace
 
 io::TrainerState load_sharded_checkpoint(const stdfs::path& dir, ShardedModel& model,
-                                         torch::optim::Optimizer& optimizer) {
+                                         torch::optim::Optimizer& optimizer,
+                                         const std::function<void(size_t, size_t)>& before_unit) {
   const auto j = io::read_trainer_state(dir);
   const auto meta = read_meta(dir);
   const auto& layouts = model.layouts();
@@ -390,15 +390,8 @@ io::TrainerState load_sharded_checkpoint(const stdfs::path& dir, ShardedModel& m
   const RankSlices files(dir, meta);
   const auto adam_step = meta.value("optimizer_step", int64_t{0});
   const auto masters = model.master_parameters();
-  // Test hook: ANVIL_TEST_RESUME_UNIT_DELAY_MS=N logs each unit as it is read and then waits N ms, so that a test's
-  // kill lands mid-resume (tests/distributed/sharding_test.cpp).
-  const char* delay = std::getenv("ANVIL_TEST_RESUME_UNIT_DELAY_MS");
-  const int64_t delay_ms = delay ? std::atoll(delay) : 0;
   for (size_t u = 0; u < layouts.size(); ++u) {
-    if (delay_ms > 0) {
-      log::warn("test hook: the resume reads unit ", u + 1, " of ", layouts.size());
-      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-    }
+    if (before_unit) before_unit(u, layouts.size());
     const auto& name = layouts[u].name;
     const auto [b, e] = model.shard_range(u);
     const auto shard = masters[u].numel();

@@ -112,9 +112,11 @@ void save_consolidated(const std::filesystem::path& dir, ShardedModel& model, to
 
 /// Restores master weights, AdamW state and this rank's RNG (when the
 /// checkpoint has one for this rank) into a run of any world size and
-/// strategy; returns the trainer state.
+/// strategy; returns the trainer state. `before_unit(u, units)`, when given,
+/// runs before each unit is read (the trainer's test hook waits there).
 io::TrainerState load_sharded_checkpoint(const std::filesystem::path& dir, ShardedModel& model,
-                                         torch::optim::Optimizer& optimizer);
+                                         torch::optim::Optimizer& optimizer,
+                                         const std::function<void(size_t, size_t)>& before_unit = {});
 
 /// Moves the AdamW state of a per-parameter optimizer over the model's own
 /// parameters (as restored from a single-process checkpoint) into

@@ -15,6 +15,7 @@
 
 #include "anvil/core/error.h"
 #include "core/logging.h"
+#include "train/test_hooks.h"
 #include "core/tensor_bytes.h"
 #include "models/activation_checkpointing.h"
 #include "distributed/checkpoint.h"
@@ -428,7 +429,8 @@ class ShardedEngine final : public EngineImpl {
     if (plain)
       distributed::import_optimizer_state(*sharded_, *plain, *optimizer_);
     else if (resume.dir)
-      *resume.resumed = distributed::load_sharded_checkpoint(*resume.dir, *sharded_, *optimizer_);
+      *resume.resumed =
+          distributed::load_sharded_checkpoint(*resume.dir, *sharded_, *optimizer_, test_hooks::before_resume_unit);
     take_weight_decay(cfg.optimizer);
   }
 

@@ -1,10 +1,13 @@
 #include "train/test_hooks.h"
 
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <sstream>
+#include <thread>
 
 #include "anvil/core/error.h"
+#include "core/logging.h"
 
 namespace anvil::train::test_hooks {
 namespace {
@@ -95,6 +98,14 @@ int64_t oom_rows() {
 int checkpoint_write_delay_ms() {
   const char* v = env("ANVIL_TEST_CHECKPOINT_WRITE_DELAY_MS");
   return v ? static_cast<int>(count("ANVIL_TEST_CHECKPOINT_WRITE_DELAY_MS", v, "milliseconds")) : 0;
+}
+
+void before_resume_unit(size_t unit, size_t units) {
+  const char* v = env("ANVIL_TEST_RESUME_UNIT_DELAY_MS");
+  if (!v) return;
+  const auto ms = count("ANVIL_TEST_RESUME_UNIT_DELAY_MS", v, "milliseconds");
+  log::warn("test hook: the resume reads unit ", unit + 1, " of ", units);
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
 bool emulate_cuda_graphs() {

@@ -6,6 +6,7 @@
 // step reads (signals, OOM rows, graph emulation) are read once per process;
 // the others each time they are asked (a test may set them between runs in
 // one process).
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -42,6 +43,11 @@ int64_t oom_rows();
 /// ANVIL_TEST_CHECKPOINT_WRITE_DELAY_MS=N: a background checkpoint write
 /// sleeps N ms before it writes, so a test can act while it runs; 0 when unset.
 int checkpoint_write_delay_ms();
+
+/// ANVIL_TEST_RESUME_UNIT_DELAY_MS=N: a sharded resume logs each unit before
+/// it reads it ("test hook: the resume reads unit U of N") and waits N ms,
+/// so a test can kill the ranks mid-resume; nothing when unset.
+void before_resume_unit(size_t unit, size_t units);
 
 /// ANVIL_TEST_CUDA_GRAPHS=emulate: a step "recording" on any device keeps the
 /// step's function and a "replay" calls it (train.cuda_graphs on the CPU).

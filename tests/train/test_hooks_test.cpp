@@ -56,6 +56,11 @@ TEST(TestHooks, ValuesParseAndABadOneNamesTheVariable) {
               "ANVIL_TEST_CHECKPOINT_WRITE_DELAY_MS: expected milliseconds, got \"soon\"");
   }
   {
+    ScopedEnv e("ANVIL_TEST_RESUME_UNIT_DELAY_MS", "later");
+    EXPECT_EQ(error_of([] { test_hooks::before_resume_unit(0, 2); }),
+              "ANVIL_TEST_RESUME_UNIT_DELAY_MS: expected milliseconds, got \"later\"");
+  }
+  {
     ScopedEnv e("ANVIL_TEST_SIGNAL_AT_STARTUP", "TERM");
     EXPECT_EQ(error_of([] { test_hooks::sigint_at_startup(); }),
               "ANVIL_TEST_SIGNAL_AT_STARTUP: expected INT, got \"TERM\"");
