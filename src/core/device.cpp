@@ -4,6 +4,9 @@
 #include <ATen/DeviceAccelerator.h>
 
 #include <atomic>
+#include <fstream>
+#include <limits>
+#include <string>
 
 #include "core/host_memory.h"
 
@@ -56,6 +59,26 @@ Metrics accelerator_memory_metrics(const c10::Device& device) {
   m["memory/gpu_peak_reserved_bytes"] = static_cast<double>(stats.reserved_bytes[all].peak);
   m["memory/gpu_allocated_bytes"] = static_cast<double>(stats.allocated_bytes[all].current);
   return m;
+}
+
+int64_t device_memory_bytes(const c10::Device& device) {
+  if (device.is_cpu()) {
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    int64_t kib = -1;
+    while (in >> key >> kib) {
+      if (key == "MemTotal:") return kib * 1024;
+      in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+    }
+    return -1;
+  }
+  if (!at::accelerator::isAccelerator(device.type()) || at::accelerator::deviceCount() == 0) return -1;
+  try {
+    const auto index = device.has_index() ? device.index() : at::accelerator::getDeviceIndex();
+    return static_cast<int64_t>(at::getDeviceAllocator(device.type())->getMemoryInfo(index).second);
+  } catch (const c10::Error&) {  // a backend without it, or no such device
+    return -1;
+  }
 }
 
 void release_cached_memory(const c10::Device& device) {

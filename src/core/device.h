@@ -46,6 +46,11 @@ void copy_to_device(at::Tensor& dst, const at::Tensor& src);
 /// memory/cpu_allocated_bytes.
 Metrics accelerator_memory_metrics(const c10::Device& device);
 
+/// The memory a plan of `device` is held against: a GPU's total (its
+/// allocator's getMemoryInfo), the host's (MemTotal in /proc/meminfo) for
+/// the CPU; -1 where it cannot be known (no such device visible here).
+int64_t device_memory_bytes(const c10::Device& device);
+
 /// Returns the caching allocator's unused blocks to the device (after an
 /// out-of-memory error, before trying again smaller); nothing for the CPU.
 void release_cached_memory(const c10::Device& device);

@@ -8,7 +8,6 @@
 #include <atomic>
 #include <limits>
 #include <mutex>
-#include <unordered_map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -43,45 +42,42 @@ bool reset_host_peak() {
 namespace {
 
 /// ATen's CPU allocator with a count of the bytes its tensors hold. Each
-/// allocation is the base allocator's; the data pointer maps to its size and
-/// the base's context and deleter until the free.
+/// allocation is the base allocator's, 64 bytes longer: a header before the
+/// data keeps its size and the base's context and deleter until the free.
+/// Nothing else is allocated (a map of live pointers, tried first, put a
+/// small heap node after every buffer, and glibc could no longer merge the
+/// freed buffers: a 4-rank run's peak rose by up to 300 MB).
 class CountingCpuAllocator final : public c10::Allocator {
  public:
   explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) {}
 
   c10::DataPtr allocate(size_t n) override {
-    auto d = base_->allocate(n);
-    void* data = d.get();
-    if (data == nullptr) return d;
-    const auto deleter = d.get_deleter();
-    void* context = d.release_context();
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      live_[data] = {n, context, deleter};
-    }
+    if (n == 0) return base_->allocate(0);
+    auto d = base_->allocate(n + kHeader);
+    auto* start = static_cast<char*>(d.get());
+    auto* header = reinterpret_cast<Header*>(start);
+    header->bytes = n;
+    header->deleter = d.get_deleter();
+    header->context = d.release_context();
     const auto now = current_.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed) + static_cast<int64_t>(n);
     for (auto& peak : peaks_) {
       auto seen = peak.load(std::memory_order_relaxed);
       while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
       }
     }
-    return {data, data, &release, d.device()};
+    void* data = start + kHeader;
+    return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
   void copy_data(void* dest, const void* src, std::size_t count) const override { base_->copy_data(dest, src, count); }
 
   static void release(void* data) {
-    Live l;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      const auto it = live_.find(data);
-      if (it == live_.end()) return;  // cannot happen: every pointer this deleter gets was recorded
-      l = it->second;
-      live_.erase(it);
-    }
-    current_.fetch_sub(static_cast<int64_t>(l.bytes), std::memory_order_relaxed);
-    if (l.deleter != nullptr) l.deleter(l.context);
+    if (data == nullptr) return;
+    const auto* header = reinterpret_cast<const Header*>(static_cast<char*>(data) - kHeader);
+    current_.fetch_sub(static_cast<int64_t>(header->bytes), std::memory_order_relaxed);
+    const auto deleter = header->deleter;
+    if (deleter != nullptr) deleter(header->context);
   }
 
   static TensorMemory read(TensorPeak which) {
@@ -93,14 +89,15 @@ class CountingCpuAllocator final : public c10::Allocator {
   }
 
  private:
-  struct Live {
+  struct Header {
     size_t bytes = 0;
-    void* context = nullptr;
     c10::DeleterFnPtr deleter = nullptr;
+    void* context = nullptr;
   };
+  // The data stays aligned as the base aligns it (c10's 64 bytes).
+  static constexpr size_t kHeader = 64;
+  static_assert(sizeof(Header) <= kHeader);
   c10::Allocator* base_;
-  static inline std::mutex mutex_;
-  static inline std::unordered_map<void*, Live> live_;
   static inline std::atomic<int64_t> current_{0};
   static inline std::array<std::atomic<int64_t>, 2> peaks_{};
 };

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "anvil/core/error.h"
+#include "core/device.h"
 #include "distributed/sharding.h"
 #include "models/lora.h"
 
@@ -163,6 +164,13 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
   return p;
 }
 
+MemoryPlan held_against(MemoryPlan plan, const c10::Device& device) {
+  const auto bytes = device_memory_bytes(device);
+  plan.device_memory = bytes > 0 ? static_cast<double>(bytes) : -1;
+  plan.host = device.is_cpu();
+  return plan;
+}
+
 std::string describe(const MemoryPlan& p) {
   std::ostringstream os;
   os << "  memory per rank (" << p.world << " rank(s), " << (p.strategy == "none" ? "one process" : p.strategy)
@@ -181,6 +189,20 @@ std::string describe(const MemoryPlan& p) {
   if (p.generation > 0)
     os << "    generation gathers the whole model: " << bytes_str(p.generation)
        << " more while it decodes (tensor parallelism is the way past it)\n";
+  if (p.device_memory > 0) {
+    // What the device holds at a step: under offload the state is host memory, and so is all of it on the CPU.
+    // Generation's whole copy is held beside the shards while it decodes, not during a step.
+    const double offloaded = p.host && p.offload ? p.state() : 0.0;
+    const double held = (p.offload ? p.device_shards : p.state()) + p.frozen + offloaded;
+    const double need = std::max(p.step_peak() + offloaded, held + p.generation);
+    const double percent = 100.0 * need / p.device_memory;
+    const std::string share = percent < 1 ? std::string("under 1 %") : concat(std::lround(percent), " %");
+    os << "    against " << (p.host ? "this host's memory" : "the device's memory") << ", "
+       << bytes_str(p.device_memory) << (p.host ? " (shared by the ranks on it)" : "") << ": "
+       << (need <= p.device_memory ? concat("fits, ", share, " of it per rank")
+                                   : concat("does not fit: ", bytes_str(need), " per rank"))
+       << ", before the process's own (LibTorch" << (p.host ? "" : ", the CUDA context") << ")\n";
+  }
   return os.str();
 }
 

@@ -38,6 +38,9 @@ struct MemoryPlan {
   double generation = 0;          // the whole param_dtype model generation gathers (full_shard, when it generates)
   bool offload = false;           // dist.cpu_offload: state() lives in host memory
   double device_shards = 0;       // under offload: the param_dtype shards the device keeps
+  // What the step is held against (held_against): the device's memory, or -1 where unknown.
+  double device_memory = -1;
+  bool host = false;  // the device is the CPU: the host's memory, which the ranks on it share
   double state() const { return masters + gradients + moments; }
   /// What the device (or, on CPU runs, the process) holds at a step; under offload state() is host memory.
   double step_peak() const {
@@ -49,6 +52,10 @@ struct MemoryPlan {
 /// `world` ranks under cfg.dist, at cfg.train's micro batch and
 /// data.max_length (the model's context when 0).
 MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& cfg, int64_t world);
+
+/// `plan` held against the memory of `device` (core/device.h's
+/// device_memory_bytes): its last line says whether the step fits.
+MemoryPlan held_against(MemoryPlan plan, const c10::Device& device);
 
 /// Its lines, indented by two spaces, "memory per rank (...)" first.
 std::string describe(const MemoryPlan& plan);

@@ -416,7 +416,7 @@ void print_plan(RunSetup& r, const config::RunConfig& cfg) {
          << " (the first micro-batch holds " << first.num_tokens << " tokens and " << first.num_targets << " "
          << r.objective->target_unit() << ")\n";
   }
-  plan << describe(plan_memory(*r.model, cfg, world)) << "  resume: "
+  plan << describe(held_against(plan_memory(*r.model, cfg, world), r.device)) << "  resume: "
        << (r.latest ? concat("continues ", r.latest->string()) : std::string("starts fresh in ") + r.out_dir.string())
        << "\n";
   for (const auto& p : programs) plan << "  program: " << p << "\n";
@@ -437,7 +437,15 @@ void print_memory_plan(const config::RunConfig& cfg, int64_t world) {
   // The folder's model without its weights (read: config.json, the tensors' shapes), or the config's.
   auto model = build_model(cfg, *tok, cfg.model.from.empty() ? std::nullopt : std::optional<at::Device>(at::kCPU),
                            /*shapes_only=*/true);
-  std::cout << describe(plan_memory(*model, cfg, world));
+  // Held against train.device's memory where this machine has that device (a plan for GPUs may be made on a
+  // machine without one: then it is unknown).
+  at::Device device(at::kCPU);
+  try {
+    device = at::Device(cfg.train.device);
+  } catch (const c10::Error&) {
+    throw ConfigError(concat("train.device: expected cpu, cuda or cuda:N, got \"", cfg.train.device, "\""));
+  }
+  std::cout << describe(held_against(plan_memory(*model, cfg, world), device));
 }
 
 }  // namespace anvil::train

@@ -681,7 +681,8 @@ TrainResult run_training(const config::RunConfig& given, const RunOptions& optio
   auto run = setup_run(given, options);
   // From here on, the length and warmup as resolved (config.yaml keeps the keys as given).
   const auto cfg = resolve_length(given, run);
-  if (run.lead && !options.dry_run) log::info("memory plan\n", describe(plan_memory(*run.model, cfg, run.ranks.world)));
+  if (run.lead && !options.dry_run)
+    log::info("memory plan\n", describe(held_against(plan_memory(*run.model, cfg, run.ranks.world), run.device)));
   if (options.dry_run) {
     if (run.lead) print_plan(run, cfg);
     return {};

@@ -837,6 +837,8 @@ TEST(PpoRuns, StepsReadWhileTheNextRunsEqualReadAtOnce) {
     for (const auto& [step, m] : a)
       for (const auto& [key, value] : m.items()) {
         if (key.rfind("time/", 0) == 0 || key.find("per_s") != std::string::npos) continue;  // timings
+        // The host's allocation peaks: overlapped reads hold a step's outputs a step longer.
+        if (key.rfind("memory/cpu_", 0) == 0) continue;
         ASSERT_TRUE(b.at(step).contains(key)) << name << " step " << step << " " << key;
         EXPECT_EQ(value.dump(), b.at(step)[key].dump()) << name << " step " << step << " " << key;
       }

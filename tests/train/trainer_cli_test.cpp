@@ -58,11 +58,12 @@ TEST(TrainerCli, DryRunPrintsThePlanAndWritesNothing) {
             0)
       << log;
   EXPECT_FALSE(stdfs::exists(dir / "out")) << log;
-  for (const char* s : {"dry run: nothing is trained or written", "model: gpt2, ", " parameters",
-                        "10 steps of 4 samples (1 micro-batch of 4) = ", " epochs of ", "tokens per step: about",
-                        "memory per rank (1 rank(s), one process; ", "state: ", "float32 masters ", "AdamW moments ",
-                        "activations of a micro-batch (estimate): ", "starts fresh in",
-                        "first training sample (trained tokens in [[ ]]):"})
+  for (const char* s :
+       {"dry run: nothing is trained or written", "model: gpt2, ", " parameters",
+        "10 steps of 4 samples (1 micro-batch of 4) = ", " epochs of ", "tokens per step: about",
+        "memory per rank (1 rank(s), one process; ", "state: ", "float32 masters ", "AdamW moments ",
+        "activations of a micro-batch (estimate): ", "against this host's memory, ",
+        " (shared by the ranks on it): fits, ", "starts fresh in", "first training sample (trained tokens in [[ ]]):"})
     EXPECT_NE(log.find(s), std::string::npos) << s << "\n" << log;
   // The plain template: prompt, then the trained response and EOS.
   const auto sample = log.substr(log.find("[[ ]]):") + 8);
