@@ -28,7 +28,7 @@ bool reset_host_peak();
 /// (malloc_trim): buffers below its mmap threshold (which grows to 32 MB)
 /// are freed into the heap, and the holes a phase leaves stay resident and
 /// count in the next phase's peak. Called where a phase that allocates and
-/// frees much ends: the load, a resume, a save.
+/// frees much ends: the load, a resume, the steps before a save, a save.
 void return_free_host_memory();
 
 /// Bytes held by CPU tensors: an allocator wrapped around ATen's CPU

@@ -615,6 +615,9 @@ class TrainLoop {
     state.iteration = iteration_;
     if (auto_parts_ > 0) state.micro_batch_size = auto_rows();
     host_peaks().end("train");
+    // What the steps freed (activations, gathered units) goes back first: the save's copies take fresh pages
+    // instead of a heap the steps left in pieces, and its phase starts from what is live.
+    return_free_host_memory();
     host_peaks().begin("save");
     engine_.save(run_.out_dir, state, run_.tok.get(), run_.config_yaml, cfg_.train.keep_checkpoints);
     host_peaks().end("save");

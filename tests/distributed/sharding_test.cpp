@@ -384,10 +384,15 @@ logging: {level: warn}
     EXPECT_LE(tensors(-4), tensors(1) / 2 + 2 * unit) << phase << ", 2 x 2";
     // Load: asserted below against the load of a tiny model.
     if (std::string(phase) == "load") continue;
-    // Ideal: each rank drops (1 - 1/W) of the state; allow a fifth of that to other memory.
-    EXPECT_GE(one - two, 0.8 * state / 2) << phase;
-    EXPECT_GE(one - four, 0.8 * state * 3 / 4) << phase;
-    EXPECT_GE(one - hybrid, 0.8 * state / 2) << phase << ": a hybrid rank shards over its group of 2";
+    // Ideal: each rank drops (1 - 1/W) of the state; allow a fifth of that to other memory. A sharded save
+    // also keeps the float32 HF units it writes, 1/W of the model (a quarter of the state), which one process
+    // writes from its parameters.
+    const auto drop = [&](int w) {
+      return (1.0 - 1.0 / w) * state - (std::string(phase) == "save" ? state / 4 / w : 0.0);
+    };
+    EXPECT_GE(one - two, 0.8 * drop(2)) << phase;
+    EXPECT_GE(one - four, 0.8 * drop(4)) << phase;
+    EXPECT_GE(one - hybrid, 0.8 * drop(2)) << phase << ": a hybrid rank shards over its group of 2";
   }
 
   // A fresh run from the model's HF folder: one process loads it whole; under full_shard each rank builds the
