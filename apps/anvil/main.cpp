@@ -239,6 +239,7 @@ int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions op
     std::cerr << "anvil chat: " << model->family() << " from " << model_dir << " (" << tmpl.name()
               << " format). Empty line or /quit ends, /reset forgets the conversation.\n";
   std::vector<anvil::chat::Message> history;
+  anvil::generation::Decoder decoder(*model);  // one for the whole conversation
   std::string line;
   int64_t line_no = 0;
   while (true) {
@@ -273,7 +274,7 @@ int cmd_chat(const std::string& model_dir, anvil::generation::SamplingOptions op
       continue;
     }
     if (format.show_ids) show_prompt_ids(prompt);
-    auto reply = anvil::generation::generate(*model, {prompt}, opt)[0];
+    auto reply = decoder.generate({prompt}, opt)[0];
     report_cut_reply(prompt, reply, model->max_positions(), opt, what);
     if (!reply.empty() && reply.back() == opt.eos_id) reply.pop_back();
     const auto text = tok->decode(reply);

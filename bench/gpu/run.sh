@@ -353,6 +353,14 @@ PY
     done
     check same-json "$mode tokens on $DEVICE: graph decode = eager decode" "$C/$mode-graphs-on.json" \
       "$C/$mode-graphs-off.json"
+    # A Decoder that keeps its buckets: the second and third calls replay the graph the first recorded.
+    "$BUILD/bin/bench_generate" --model "$C" --prompts "$C/prompts_b4.json" --new 24 --device "$DEVICE" --repeats 2 \
+      --mode $mode --seed 3 --cuda-graphs on --keep-decoder 1 --tokens-out "$C/$mode-kept.json" \
+      >"$C/$mode-kept.jsonl" 2>>"$W/gen.err"
+    check same-json "$mode tokens on $DEVICE: a kept decoder's replayed graph = eager decode" "$C/$mode-kept.json" \
+      "$C/$mode-graphs-off.json"
+    [[ $DEVICE != cuda ]] || grep -q '"graph_replays":[1-9]' "$C/$mode-kept.jsonl" ||
+      { echo "FAIL $mode on $DEVICE: the kept decoder replayed no graph" | tee -a "$OUTD/checks.txt"; FAILED=1; }
   done
   "$BUILD/bin/anvil" logits --model "$C" --input "$C/prompts_b4.json" --output "$C/logits.safetensors" \
     --device "$DEVICE" >/dev/null 2>>"$W/gen.err"

@@ -99,4 +99,18 @@ at::Tensor draw(const at::Tensor& scores, const at::Tensor& keys, const at::Tens
   return kernels::inverse_cdf_draw(scores, counter_uniform(keys, step, 1).squeeze(1));
 }
 
+bool is_greedy(const SamplingOptions& opt) { return opt.greedy || opt.temperature <= 0; }
+
+bool wants_penalties(const SamplingOptions& opt) {
+  return opt.repetition_penalty != 1.0 || opt.presence_penalty != 0.0 || opt.frequency_penalty != 0.0;
+}
+
+at::Tensor final_scores(const at::Tensor& scores, const SamplingOptions& opt) {
+  return is_greedy(opt) ? scores : warp(scores, opt);
+}
+
+at::Tensor choose(const at::Tensor& final, const SamplingOptions& opt, const at::Tensor& keys, const at::Tensor& step) {
+  return is_greedy(opt) ? final.argmax(-1) : draw(final, keys, step);
+}
+
 }  // namespace anvil::generation

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "anvil/generation/generate.h"  // WarpOptions
+#include "anvil/generation/generate.h"  // SamplingOptions
 
 namespace anvil::generation {
 
@@ -39,5 +39,14 @@ at::Tensor counter_uniform(const at::Tensor& keys, const at::Tensor& step, int64
 /// a few passes over (B, V), not a noise value per token. (B) int64, on the
 /// scores' device. Tokens at -inf are never drawn.
 at::Tensor draw(const at::Tensor& scores, const at::Tensor& keys, const at::Tensor& step);
+
+bool is_greedy(const SamplingOptions& opt);
+bool wants_penalties(const SamplingOptions& opt);
+
+/// The scores a token is chosen from: warped when sampling, as they are when greedy.
+at::Tensor final_scores(const at::Tensor& scores, const SamplingOptions& opt);
+
+/// Each row's token from its final scores: the argmax when greedy, else draw().
+at::Tensor choose(const at::Tensor& final, const SamplingOptions& opt, const at::Tensor& keys, const at::Tensor& step);
 
 }  // namespace anvil::generation

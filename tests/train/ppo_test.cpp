@@ -694,9 +694,10 @@ TEST(PpoRuns, GrpoVariantsShardAndResumeExactly) {
   const std::string config = "configs/grpo_tiny.yaml";
   ppo_run(dir / "one", grpo + "train.max_steps=12", 0, config);
   const auto log = ppo_run(dir / "two", grpo + "train.max_steps=12 dist.sharding=full_shard", 2, config);
-  ppo_run(dir / "resumed", grpo + "train.max_steps=8", 0, config);
+  // The resumed run also keeps its decoder's buckets from one rollout to the next: the same values.
+  ppo_run(dir / "resumed", grpo + "train.max_steps=8 ppo.keep_decoder=true", 0, config);
   stdfs::remove_all(dir / "resumed" / "checkpoint-8");  // resume from step 4, as after a kill
-  ppo_run(dir / "resumed", grpo + "train.max_steps=12", 0, config);
+  ppo_run(dir / "resumed", grpo + "train.max_steps=12 ppo.keep_decoder=true", 0, config);
   const auto a = anvil::testing::metrics_by_step(dir / "one" / "metrics.jsonl");
   const auto b = anvil::testing::metrics_by_step(dir / "two" / "metrics.jsonl");
   const auto c = anvil::testing::metrics_by_step(dir / "resumed" / "metrics.jsonl");

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "anvil/models/causal_lm.h"
@@ -95,5 +97,99 @@ at::Tensor sample(const at::Tensor& logits, const SamplingOptions& opt, at::Gene
 
 /// Picks the next token from (V) logits per the options.
 int64_t sample_next(const at::Tensor& logits, const SamplingOptions& opt, at::Generator& gen);
+
+// A decoder that outlives a call: what generate() allocates for a batch (the
+// KV cache, the sampling state, on CUDA the recorded decode step) belongs to a
+// bucket of the decoder, and a caller that decodes again and again (PPO's
+// rollouts, an evaluation, a chat) may keep the buckets between calls.
+
+struct DecoderOptions {
+  /// Keep each bucket (rows, prompt length, new tokens) between calls: its KV
+  /// cache and sampling buffers are refilled in place, and on CUDA its
+  /// recorded decode step is replayed rather than recorded anew while the
+  /// model's parameters stay where they are. The kept cache holds its memory
+  /// between calls (during training too). Off by default: replaying a kept
+  /// graph has not run on a GPU yet.
+  bool keep_buckets = false;
+  /// Buckets kept at most; the one used longest ago goes first.
+  size_t max_buckets = 4;
+};
+
+/// Decodes prompts with one model (which must outlive it). generate() is
+/// generation::generate() (the same tokens and log-probs for every setting);
+/// prefill(), step(), compact(), capture() and collect() are its parts for one
+/// batch, in that order, callable alone (under torch::NoGradGuard with the
+/// model in eval mode and whole):
+///
+///   Decoder d(model);
+///   for (auto n = d.prefill(prompts, {0, 1}, opt, true); d.produced() < n && d.compact() > 0;) d.step();
+///   auto g = d.collect();
+class Decoder {
+ public:
+  explicit Decoder(models::CausalLM& model, DecoderOptions options = {});
+  ~Decoder();
+  Decoder(const Decoder&) = delete;
+  Decoder& operator=(const Decoder&) = delete;
+
+  /// generation::generate() and generate_with_logprobs() on this decoder's model.
+  std::vector<std::vector<int64_t>> generate(const std::vector<std::vector<int64_t>>& prompts,
+                                             const SamplingOptions& opt);
+  Generation generate_with_logprobs(const std::vector<std::vector<int64_t>>& prompts, const SamplingOptions& opt);
+
+  /// Starts a batch of `prompts[rows[0]], prompts[rows[1]], ...` (each row's
+  /// sampling key from its index in `prompts`, as generate() derives it):
+  /// left-pads them, runs the prefill (rows with the same prompt share one
+  /// when opt.share_prefixes) and chooses each row's first token. Returns the
+  /// tokens the batch may produce (max_new_tokens, or fewer where the model's
+  /// positions end); 0 leaves no batch.
+  int64_t prefill(const std::vector<std::vector<int64_t>>& prompts, const std::vector<size_t>& rows,
+                  const SamplingOptions& opt, bool with_logprobs);
+  /// Rows still decoding. On the CPU rows that produced the end of sequence
+  /// leave the batch here; on an accelerator they stay (masked), and the
+  /// device is asked whether all have ended only every 8 tokens.
+  int64_t compact();
+  /// Records the decode step as a CUDA graph for this bucket (after one eager
+  /// step on a side stream, which this call runs); false, with the reason in
+  /// `why`, where it cannot: not CUDA, a build without graphs, a logits
+  /// processor or score_fn (they need the host each step), a model that
+  /// recomputes its cache mid-batch. The batch decodes eagerly then.
+  bool capture(std::string* why);
+  /// Decodes one more token of every row: the bucket's graph replayed when
+  /// there is one, else eagerly.
+  void step();
+  /// Tokens decoded so far per row, the first included.
+  int64_t produced() const;
+  /// Ends the batch: each row's new tokens, cut after the end of sequence,
+  /// and their log-probabilities when prefill asked for them (row order).
+  Generation collect();
+
+  /// Buckets held now (between calls: 0 unless keep_buckets).
+  size_t buckets() const;
+  /// Recorded decode steps replayed so far (tests; 0 on the CPU).
+  int64_t replays() const;
+  /// Frees every bucket.
+  void clear();
+
+ private:
+  struct Bucket;
+  struct Batch;
+  Generation run(const std::vector<std::vector<int64_t>>& prompts, const SamplingOptions& opt, bool with_logprobs);
+  /// prefill's parts: the prompts left-padded, their masks and positions; the sampling state; the forward.
+  void lay_out(const std::vector<std::vector<int64_t>>& prompts, const std::vector<size_t>& rows);
+  void start_sampling();
+  at::Tensor forward_prompts(const std::vector<std::vector<int64_t>>& prompts, const std::vector<size_t>& rows);
+  void decode_step(bool in_graph);
+  at::Tensor choose_next(const at::Tensor& last_hidden, const at::Tensor& col);
+  Bucket& bucket_for(int64_t rows, int64_t length, int64_t steps);
+  /// What a recorded decode step bakes in: the sampling settings and where the parameters are.
+  std::string graph_key() const;
+
+  models::CausalLM& model_;
+  DecoderOptions options_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::unique_ptr<Batch> batch_;
+  uint64_t uses_ = 0;
+  int64_t replays_ = 0;
+};
 
 }  // namespace anvil::generation

@@ -66,6 +66,7 @@ struct PpoConfig {
   int64_t top_k = 0;
   double top_p = 1.0;
   int64_t generation_batch_size = 0;
+  bool keep_decoder = false;
   std::string reference;
   std::string advantage = "gae";
   double kl_coef = 0.05;
@@ -113,6 +114,12 @@ struct PpoConfig {
     v.field("generation_batch_size", generation_batch_size,
             "Sequences generated together (0 = a rank's whole share of the rollout).",
             config::changeable_on_resume(config::non_negative()));
+    v.field("keep_decoder", keep_decoder,
+            "Keep each generation batch shape's KV cache and, on CUDA, its recorded decode step from one rollout "
+            "to the next (generation::DecoderOptions::keep_buckets): later rollouts of that shape replay the graph "
+            "instead of recording it again, and the cache holds its memory during training. Off until checked on a "
+            "GPU.",
+            config::changeable_on_resume());
     v.field("reference", reference,
             "Reference model folder for the KL penalty. Empty = model.from, or a frozen copy of the initial weights.");
     v.field("advantage", advantage,

@@ -171,11 +171,13 @@ class DistillObjective final : public Objective {
       if (on_policy) {
         auto whole = engine.gathered();
         EvalMode eval(engine.model());
-        sampled = generation::generate(engine.model(), prompts, so);
+        if (!student_decoder_) student_decoder_ = std::make_unique<generation::Decoder>(engine.model());
+        sampled = student_decoder_->generate(prompts, so);
       } else {
         auto whole = teacher_.gathered();
         EvalMode eval(*teacher_);
-        sampled = generation::generate(*teacher_, prompts, so);
+        if (!teacher_decoder_) teacher_decoder_ = std::make_unique<generation::Decoder>(*teacher_);
+        sampled = teacher_decoder_->generate(prompts, so);
       }
     } else {
       for (size_t i = 0; i < rows.size(); ++i) {
@@ -324,6 +326,7 @@ class DistillObjective final : public Objective {
   std::unique_ptr<data::MixtureSampler> prompts_;
   std::unique_ptr<StepBatches> source_;
   FrozenModel teacher_;
+  std::unique_ptr<generation::Decoder> student_decoder_, teacher_decoder_;  // the samples' decoders
   bool on_policy_ = false;   // the step's responses are the student's samples
   bool by_teacher_ = false;  // the teacher's samples (seq_kd)
 };

@@ -221,7 +221,7 @@ std::vector<RolloutRow> PpoObjective::State::generate(models::CausalLM& policy, 
       // responses whatever the ranks and the generation batches.
       so.row_seeds.push_back(seed ^ (static_cast<uint64_t>(p.global_index * per_prompt + k) * 0x9E3779B97F4A7C15ull));
     }
-  const auto out = generation::generate(policy, prompts, so);
+  const auto out = decoder_of(policy).generate(prompts, so);
   std::vector<RolloutRow> rows(out.size());
   for (size_t i = 0; i < out.size(); ++i) {
     rows[i].prompt = prompts[i];

@@ -72,7 +72,7 @@ std::vector<RolloutRow> PpoObjective::State::episodes(models::CausalLM& policy, 
       so.row_seeds.push_back(eps[i].seed + static_cast<uint64_t>(turn - 1) * 0xD1B54A32D192ED03ull);
       so.max_new_tokens = std::max<int64_t>(so.max_new_tokens, budget - static_cast<int64_t>(rows[i].response.size()));
     }
-    const auto out = generation::generate(policy, contexts, so);
+    const auto out = decoder_of(policy).generate(contexts, so);
     for (size_t j = 0; j < open.size(); ++j) {
       auto& e = eps[open[j]];
       auto& r = rows[open[j]];

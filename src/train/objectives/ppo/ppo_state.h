@@ -63,6 +63,8 @@ struct PpoObjective::State {
   int64_t steps_done_in_iteration = 0;
   double learn_seconds = 0;
   std::chrono::steady_clock::time_point learn_start;
+  std::unique_ptr<generation::Decoder> decoder;  // the rollouts' (and eval's), kept from one to the next
+  const models::CausalLM* decoded = nullptr;     // the model it decodes
 
   State(const config::RunConfig& c, const tokenizer::Tokenizer& t) : cfg(c), ppo(ppo_config(cfg)), tok(t) {}
 
@@ -91,6 +93,16 @@ struct PpoObjective::State {
   }
   std::vector<RolloutRow> generate(models::CausalLM& policy, const std::vector<RolloutPrompt>& mine, int64_t per_prompt,
                                    uint64_t seed, bool greedy);
+  /// The decoder of `policy` (ppo.keep_decoder: its buckets stay between rollouts).
+  generation::Decoder& decoder_of(models::CausalLM& policy) {
+    if (!decoder || decoded != &policy) {
+      generation::DecoderOptions o;
+      o.keep_buckets = ppo.keep_decoder;
+      decoder = std::make_unique<generation::Decoder>(policy, o);
+      decoded = &policy;
+    }
+    return *decoder;
+  }
   /// Multi-turn rollouts with the environment (ppo.environment): turns of
   /// generation, each answered by the program, until it says done.
   std::vector<RolloutRow> episodes(models::CausalLM& policy, const std::vector<RolloutPrompt>& mine, int64_t per_prompt,
