@@ -1,5 +1,5 @@
 #pragma once
-// anvil tokenize and anvil prepare: the data tools of the anvil command (data_commands.cpp).
+// anvil tokenize and anvil prepare: the data tools of the anvil command (data_commands.cpp). Private to src/tool.
 
 #include <cstdint>
 #include <string>

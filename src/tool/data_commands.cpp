@@ -1,4 +1,4 @@
-#include "data_commands.h"
+#include "tool/data_commands.h"
 
 #include <algorithm>
 #include <chrono>
