@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "anvil/core/error.h"
-#include "anvil/train/trainer.h"
+#include "train/step_engine.h"
 #include "train/test_hooks.h"
 
 namespace anvil::train {

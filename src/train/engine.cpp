@@ -1,7 +1,7 @@
 // The two engines: one plain process (HF-layout checkpoints), and sharded
 // ranks over distributed::ShardedModel. Everything the loop does to the model,
 // the optimizer and the checkpoint goes through here.
-#include "anvil/train/engine.h"
+#include "train/step_engine.h"
 #include "train/engine_setup.h"
 
 #include <torch/optim/adamw.h>
@@ -83,7 +83,7 @@ struct ResumeFrom {
 
 /// What both engines do to one model. A run's engine applies each step to
 /// the policy and to its companion models, which are engines of the same kind.
-class EngineImpl : public Engine {
+class EngineImpl : public StepEngine {
  public:
   StepStats backward(Objective& objective, const std::vector<Batch>& batches, int64_t step_targets,
                      bool read_loss) final {
@@ -105,24 +105,25 @@ class EngineImpl : public Engine {
       throw;
     }
   }
-  double clip_grad_norm(double max_norm) final {
-    double norm = clip_own(max_norm).item<double>();
+  bool steps_on_device() const final { return companions_.empty() && fused_adamw(optimizer_ref()) != nullptr; }
+  at::Tensor clip_grad_norm_on_device(double max_norm) final {
+    // The policy's norm; not finite when a companion's is not (every model's step is then skipped).
+    auto norm = clip_own(max_norm);
     for (auto& c : companions_) {
-      c.norm = c.engine->clip_own(max_norm).item<double>();
-      if (!std::isfinite(c.norm)) norm = NAN;
+      c.norm = c.engine->clip_own(max_norm);
+      norm = at::where(at::isfinite(c.norm.to(norm.device())), norm, at::full({}, NAN, norm.options()));
     }
     return norm;
   }
-  bool steps_on_device() const final { return companions_.empty() && fused_adamw(optimizer_ref()) != nullptr; }
-  at::Tensor clip_grad_norm_on_device(double max_norm) final {
-    TORCH_CHECK(steps_on_device(), "clip_grad_norm_on_device: the engine cannot step on the device");
-    return clip_own(max_norm);
-  }
   int64_t finish_step_on_device(const at::Tensor& skip) final {
-    TORCH_CHECK(steps_on_device(), "finish_step_on_device: the engine cannot step on the device");
-    return finish_own_on_device(skip.to(device(), at::kFloat));
+    if (steps_on_device()) return finish_own_on_device(skip.to(device(), at::kFloat));
+    // Companions or an unfused optimizer: the decision is read here, and the step applied or skipped at once.
+    finish_step(skip.item<float>() == 0);
+    return -1;
   }
-  void skipped_on_device(int64_t ticket) final { fused_adamw(optimizer_ref())->take_back(ticket); }
+  void skipped_on_device(int64_t ticket) final {
+    if (ticket >= 0) fused_adamw(optimizer_ref())->take_back(ticket);
+  }
   int64_t count_graph_step() final { return fused_adamw(optimizer_ref())->count_step(graph_step_); }
   void abandon_graph_step() final {
     fused_adamw(optimizer_ref())->forget_queued();
@@ -137,10 +138,12 @@ class EngineImpl : public Engine {
   }
   Metrics step_metrics() const final {
     Metrics m;
-    for (const auto& c : companions_) m[c.name + "/grad_norm"] = c.norm;
+    for (const auto& c : companions_)
+      if (c.norm.defined()) m[c.name + "/grad_norm"] = c.norm.item<double>();
     return m;
   }
-  void finish_step(bool apply) final {
+  /// Applies the optimizer step (`apply`) of every model, or discards the gradients of a skipped one.
+  void finish_step(bool apply) {
     for_each([&](EngineImpl& e) { e.finish_own(apply); });
   }
   void set_lr(double lr) final {
@@ -154,7 +157,7 @@ class EngineImpl : public Engine {
     return m;
   }
   void add_companion(const std::string& name, std::unique_ptr<EngineImpl> engine, double lr_scale) {
-    companions_.push_back({name, std::move(engine), lr_scale, 0.0});
+    companions_.push_back({name, std::move(engine), lr_scale, at::Tensor()});
   }
   stdfs::path save(const stdfs::path& output_dir, const io::TrainerState& state, const tokenizer::Tokenizer* tok,
                    const std::string& config_yaml, int64_t keep_last) final {
@@ -248,7 +251,7 @@ class EngineImpl : public Engine {
     std::string name;
     std::unique_ptr<EngineImpl> engine;
     double lr_scale;
-    double norm;
+    at::Tensor norm;  // its gradient norm at the last clipping, on the device
   };
   std::vector<Companion> companions_;
   optim::FusedAdamW::Queued graph_step_;  // the recorded step's optimizer work

@@ -9,7 +9,7 @@
 
 #include "anvil/config/config.h"
 #include "anvil/models/causal_lm.h"
-#include "anvil/train/engine.h"
+#include "train/step_engine.h"
 #include "anvil/train/objective.h"
 #include "distributed/comm.h"
 #include "distributed/sharding.h"
@@ -24,7 +24,7 @@ distributed::ShardingOptions sharding_options(const config::RunConfig& cfg);
 /// What make_engine built, and the trainer state of the checkpoint it
 /// restored (model, optimizer, RNG) when `resume_from` was given.
 struct EngineStart {
-  std::unique_ptr<Engine> engine;
+  std::unique_ptr<StepEngine> engine;
   std::optional<io::TrainerState> resumed;
 };
 

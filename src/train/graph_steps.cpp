@@ -22,7 +22,7 @@ struct GraphSteps::Graph {
 
 bool GraphSteps::emulated() { return test_hooks::emulate_cuda_graphs(); }
 
-GraphSteps::GraphSteps(Engine& engine, Objective& objective, const std::string& mode, const std::string& refusal,
+GraphSteps::GraphSteps(StepEngine& engine, Objective& objective, const std::string& mode, const std::string& refusal,
                        double max_norm, int64_t warmup_steps)
     : engine_(engine), objective_(objective), max_norm_(max_norm), warmup_(warmup_steps) {
   if (mode == "off") return;

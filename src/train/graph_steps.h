@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "anvil/train/engine.h"
+#include "train/step_engine.h"
 #include "anvil/train/objective.h"
 
 namespace anvil::train {
@@ -35,8 +35,8 @@ class GraphSteps {
   /// `mode`: train.cuda_graphs (auto, on, off). `refusal`: why the run cannot
   /// record its steps ("" when it can); under `on` a refusal is an error
   /// (ConfigError), under `auto` it is logged once on a CUDA device.
-  GraphSteps(Engine& engine, Objective& objective, const std::string& mode, const std::string& refusal, double max_norm,
-             int64_t warmup_steps = 2);
+  GraphSteps(StepEngine& engine, Objective& objective, const std::string& mode, const std::string& refusal,
+             double max_norm, int64_t warmup_steps = 2);
   ~GraphSteps();
   GraphSteps(const GraphSteps&) = delete;
   GraphSteps& operator=(const GraphSteps&) = delete;
@@ -63,7 +63,7 @@ class GraphSteps {
   void fill(Graph& g, const std::vector<Batch>& batches, int64_t step_targets, double lr);
   bool record(Graph& g, int64_t step);
 
-  Engine& engine_;
+  StepEngine& engine_;
   Objective& objective_;
   double max_norm_;
   int64_t warmup_;

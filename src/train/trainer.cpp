@@ -27,10 +27,10 @@
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "train/engine_setup.h"
-#include "train/graph_steps.h"
 #include "train/run_setup.h"
 #include "train/test_hooks.h"
 #include "train/memory_plan.h"
+#include "train/step_pipeline.h"
 #include "train/step_profiler.h"
 #include "core/metrics.h"
 #include "io/trainer_state.h"
@@ -137,7 +137,7 @@ EvalResult evaluate(Engine& engine, Objective& objective) {
 
 /// --eval-only: evaluates once and writes eval-step-<N>.json; the run's
 /// metrics and config files stay as they were.
-TrainResult evaluate_only(RunSetup& r, Engine& engine, const config::RunConfig& cfg, int64_t step) {
+TrainResult evaluate_only(RunSetup& r, StepEngine& engine, const config::RunConfig& cfg, int64_t step) {
   if (!r.latest && cfg.model.from.empty())
     log::warn("--eval-only: no checkpoint in ", r.out_dir.string(),
               " and no model.from; evaluating a freshly "
@@ -170,12 +170,13 @@ bool crossed(int64_t from, int64_t to, int64_t every) { return every > 0 && from
 /// the non-finite guard, progress and the end-of-run summary.
 class TrainLoop {
  public:
-  TrainLoop(const config::RunConfig& cfg, RunSetup& run, Engine& engine, const std::optional<io::TrainerState>& resumed)
+  TrainLoop(const config::RunConfig& cfg, RunSetup& run, StepEngine& engine,
+            const std::optional<io::TrainerState>& resumed)
       : cfg_(cfg),
         run_(run),
         engine_(engine),
         objective_(*run.objective),
-        injected_(test_hooks::nonfinite_steps()),
+        pipeline_(cfg, run, engine, *run.objective, resumed ? resumed->micro_batch_size : 0),
         profiler_(cfg.train.profile_steps, run.out_dir / "profile", run.device, run.lead) {
     if (resumed) {
       step_ = resumed->step;
@@ -183,11 +184,6 @@ class TrainLoop {
       nonfinite_total_ = resumed->nonfinite_steps;
     }
     first_step_ = step_;
-    // train.micro_batch_size: auto continues from the micro-batch its checkpoint recorded.
-    if (auto_parts_ > 0 && resumed && resumed->micro_batch_size > 0) {
-      while (auto_rows() > resumed->micro_batch_size && auto_rows() > 1) auto_parts_ *= 2;
-      log::info("train.micro_batch_size: auto: micro-batches of ", auto_rows(), " rows, as the checkpoint recorded");
-    }
     if (run_.lead && cfg_.schedule.warmup_steps > cfg_.train.max_steps)
       log::warn("schedule.warmup_steps (", cfg_.schedule.warmup_steps, ") is longer than train.max_steps (",
                 cfg_.train.max_steps, "): the warmup is clamped to the run's ", cfg_.train.max_steps, " steps");
@@ -211,7 +207,7 @@ class TrainLoop {
               cfg_.algorithm, " for ", cfg_.train.max_steps, " steps of ",
               run_.micro_per_step * cfg_.train.micro_batch_size, " samples (", run_.micro_per_step,
               " micro-batches of ", cfg_.train.micro_batch_size, ")", where.empty() ? "" : "; " + where,
-              overlap_ ? "; each step read while the next runs" : "");
+              pipeline_.overlapped() ? "; each step read while the next runs" : "");
     if (step_ >= cfg_.train.max_steps)
       log::info("the run in ", run_.out_dir.string(), " is already complete (step ", step_, " of ",
                 cfg_.train.max_steps, "); raise train.max_steps to train further");
@@ -262,51 +258,15 @@ class TrainLoop {
   }
 
   /// A step the loop has run, and its metrics line once its values are read.
-  /// With train.overlap_step_reads the step is queued on the device whole
-  /// (skipped there when not finite) and read after the next one is queued.
   struct StepRecord {
-    int64_t step = 0;  // its number: steps done once it is
-    double lr = 0;
-    int64_t targets = 0, tokens = 0;
-    std::chrono::steady_clock::time_point t0;
-    // When the host knew it had finished (unset until then).
-    std::chrono::steady_clock::time_point done;
-    StepStats stats;             // the loss and sums, on the device until read
-    at::Tensor norm;             // the gradient norm, on the device until read
-    at::Tensor reduced;          // several ranks: [loss, stop flag, sums...] summed over ranks on the device
-    int64_t ticket = -1;         // Engine::finish_step_on_device's
-    Metrics known;               // what was known when it was queued (memory, the iteration's metrics)
-    bool graphed = false;        // replayed from the recorded CUDA graph (train.cuda_graphs)
-    std::shared_ptr<void> side;  // a warm-up step's side stream, while it is queued
-    bool read = false;
-    Metrics line;  // once read
+    QueuedStep q;
+    Metrics known;  // what was known when it was queued (memory, the iteration's metrics)
+    Metrics line;   // once read
   };
-
-  /// Whether this run's steps are read one step late (train.overlap_step_reads).
-  bool overlapped() const {
-    // On CUDA only when asked: overlapped reads have not run on a GPU yet (train.unverified_cuda).
-    return cfg_.train.overlap_step_reads && (!engine_.device().is_cuda() || unverified_cuda_allowed()) &&
-           (run_.ranks.world == 1 || run_.comm) && engine_.steps_on_device() &&
-           objective_.step_reads() != Objective::StepReads::at_once;
-  }
-
-  /// Why this run's steps cannot be recorded as CUDA graphs ("" when they can).
-  std::string graph_refusal() const {
-    if (!engine_.device().is_cuda() && !GraphSteps::emulated()) return concat("the device is ", engine_.device().str());
-    if (auto_parts_ > 0) return "train.micro_batch_size is auto (a step that runs out of memory runs again, split)";
-    if (auto why = engine_.graph_refusal(); !why.empty()) return why;
-    if (!overlap_)
-      return "each step is read before the next is queued (train.overlap_step_reads, and on CUDA "
-             "train.unverified_cuda)";
-    if (run_.ranks.world > 1) return "several ranks train";
-    if (engine_.model().num_experts() > 0) return "a mixture of experts routes tokens by their values";
-    if (!objective_.replayable_steps()) return concat("algorithm ", cfg_.algorithm, " reads its steps on the host");
-    return "";
-  }
 
   /// Writes the line of the last step run (reading it first when it was queued).
   void write_last() {
-    write_metrics(last_->step, read_step(*last_));
+    write_metrics(last_->q.step, read(*last_));
     last_.reset();
   }
 
@@ -315,15 +275,15 @@ class TrainLoop {
     const int64_t start = step_;
     profiler_.begin_step(step_ + 1);  // a rollout before the iteration counts toward its first step
     // The last iteration's last step, before a rollout that needs its after_step().
-    if (last_ && objective_.step_reads() == Objective::StepReads::within_iteration) write_last();
+    if (last_ && objective_.step_needs().reads == Objective::StepReads::within_iteration) write_last();
     Metrics extra = objective_.before_iteration(engine_, iteration_, step_);
     const int64_t n = std::min(std::max<int64_t>(1, objective_.steps_per_iteration()), cfg_.train.max_steps - step_);
     // A stop request finishes the iteration: an RL run then saves at the
     // rollout boundary, as its periodic saves do, and resumes exactly.
     for (int64_t k = 0; k < n; ++k) {
       profiler_.begin_step(step_ + 1);
-      if (last_ && last_->read) write_last();  // read at once: its line goes out before the next step
-      auto next = overlap_ ? queue_step(std::exchange(extra, {})) : train_step(std::exchange(extra, {}));
+      if (last_ && last_->q.read) write_last();  // read at once: its line goes out before the next step
+      auto next = run_step(std::exchange(extra, {}));
       if (last_) write_last();  // overlapped: read now, while the device runs the step just queued
       last_ = std::move(next);
       profiler_.end_step(step_);
@@ -334,9 +294,9 @@ class TrainLoop {
     const bool save = crossed(start, step_, cfg_.train.save_every) || last || stop_;
     // Overlapped, an iteration without eval or save leaves its step unread
     // until the next step is queued.
-    if (overlap_ && !eval && !save) return;
-    auto m = read_step(*last_);
-    const int64_t at = last_->step;
+    if (pipeline_.overlapped() && !eval && !save) return;
+    auto m = read(*last_);
+    const int64_t at = last_->q.step;
     last_.reset();
     if (eval) {
       auto e = evaluate(engine_, objective_);
@@ -357,226 +317,84 @@ class TrainLoop {
     }
   }
 
-  /// The micro-batches of the next step, its learning rate set; the forward
-  /// and backward queued, with any injected fault (ANVIL_TEST_NONFINITE).
+  /// Step step_ + 1, the one path of every step: its micro-batches drawn (every rank reads the whole step, same
+  /// order, same padding as on one rank, and keeps micro-batches rank, rank + world, ...), its learning rate,
+  /// and the step queued (StepPipeline). Read at once unless steps are read late (StepPipeline::overlapped).
   /// `known`: metrics for its line from before it (the iteration's).
-  StepRecord begin_step(Metrics known) {
+  StepRecord run_step(Metrics known) {
     StepRecord r;
     r.known = std::move(known);
-    r.t0 = std::chrono::steady_clock::now();
-    r.step = step_ + 1;
+    const auto t0 = std::chrono::steady_clock::now();
     // Tests: signals raised at a known step (ANVIL_TEST_SIGNALS_AT_STEP, train/test_hooks.h).
     if (const auto& test = test_hooks::signals_at_step(); step_ == test.step)
       for (const int sig : test.signals) std::raise(sig);
-    // Every rank reads the whole step (same order, same padding as on one
-    // rank) and keeps micro-batches rank, rank + world, ...
     std::vector<Batch> batches;
+    int64_t targets = 0, tokens = 0;
     for (int64_t i = 0; i < run_.micro_per_step; ++i) {
       auto b = objective_.train_source().next();
-      r.targets += b.num_targets;
-      r.tokens += b.num_tokens;
+      targets += b.num_targets;
+      tokens += b.num_tokens;
       if (i % run_.ranks.world == run_.ranks.rank) batches.push_back(std::move(b));
     }
-    r.lr = optim::lr_at(cfg_.schedule, cfg_.optimizer.lr, step_, cfg_.train.max_steps);
-    engine_.set_lr(r.lr);
-    // A step of the recorded shapes replays the CUDA graph (clipping, the skip and the optimizer step
-    // included); steps with an injected fault run eagerly.
-    if (overlap_ && graphs_.active() && !injected_.count(r.step)) {
-      if (auto g = graphs_.run(r.step, batches, r.targets, r.lr)) {
-        r.graphed = true;
-        r.stats.num_targets = r.targets;
-        r.stats.num_tokens = r.tokens;
-        r.stats.loss_tensor = g->out.loss;
-        r.norm = g->out.norm;
-        r.ticket = g->ticket;
-        return r;
-      }
-      r.side = graphs_.warmup_stream();
-    }
-    // The loss stays on the device: train_step reads it with the gradient norm
-    // (one wait, the clipping queued), queue_step with the whole step, later.
-    r.stats = fit_backward(batches, r.targets);
-    if (auto_parts_ > 0) r.known["micro_batch_size"] = static_cast<double>(auto_rows());
-    if (const auto it = injected_.find(r.step); it != injected_.end()) {
-      at::NoGradGuard no_grad;
-      if (it->second == "grad")
-        engine_.gradients().front().fill_(NAN);
-      else if (run_.lead)  // rank 0's loss only: the ranks agree through the reduction
-        r.stats.loss_tensor = r.stats.loss_tensor + std::numeric_limits<double>::infinity();
-    }
-    return r;
-  }
-
-  /// train.micro_batch_size: auto: the rows of each micro-batch run.
-  int64_t auto_rows() const { return (run_.micro_batch_size + auto_parts_ - 1) / auto_parts_; }
-
-  /// The step's forwards and backwards. Under train.micro_batch_size: auto each batch is cut into auto_parts_
-  /// micro-batches (the step's targets normalise the loss, so the math is the same); a step that runs out of
-  /// device memory halves them, doubling the accumulation, and runs again from its start (llm-foundry's
-  /// device_train_microbatch_size: auto).
-  StepStats fit_backward(const std::vector<Batch>& batches, int64_t targets) {
-    if (auto_parts_ == 0) return engine_.backward(objective_, batches, targets, /*read_loss=*/false);
-    while (true) {
-      std::vector<Batch> parts;
-      if (auto_parts_ > 1)
-        for (const auto& b : batches)
-          for (auto& p : objective_.split_rows(b, auto_parts_)) parts.push_back(std::move(p));
-      try {
-        return engine_.backward(objective_, auto_parts_ > 1 ? parts : batches, targets, /*read_loss=*/false);
-      } catch (const c10::OutOfMemoryError& e) {
-        const int64_t rows = auto_rows();
-        const std::string what = e.what_without_backtrace();
-        if (rows <= 1)
-          throw ConfigError(
-              concat("train.micro_batch_size: auto: step ", step_ + 1,
-                     " runs out of device memory with micro-batches of 1 row: ", what.substr(0, what.find('\n'))));
-        auto_parts_ *= 2;
-        release_cached_memory(engine_.device());
-        const bool here = dynamic_cast<const distributed::PeerOutOfMemory*>(&e) == nullptr;
-        log::warn("train.micro_batch_size: auto: step ", step_ + 1, " ran out of device memory",
-                  run_.ranks.world > 1 ? (here ? " on this rank" : " on another rank") : "", " with micro-batches of ",
-                  rows, " rows; running it again with ", auto_rows(), " (", run_.micro_per_step * auto_parts_,
-                  " micro-batches per step, the same samples)");
-      }
-    }
-  }
-
-  /// What the loop knows of a step once it is applied (or skipped).
-  void end_step(StepRecord& r) {
+    const double lr = optim::lr_at(cfg_.schedule, cfg_.optimizer.lr, step_, cfg_.train.max_steps);
+    r.q = pipeline_.queue(step_ + 1, batches, targets, tokens, lr, g_stop.load());
+    r.q.t0 = t0;
+    if (pipeline_.auto_rows() > 0) r.known["micro_batch_size"] = static_cast<double>(pipeline_.auto_rows());
+    stop_ = pipeline_.stop_agreed();
     ++step_;
     for (const auto& [k, v] : engine_.memory()) r.known[k] = v;
     for (const auto& [k, v] : accelerator_memory_metrics(run_.device)) r.known[k] = v;
-  }
-
-  /// One optimizer step read at once: the loss and norm are read (and
-  /// summed over ranks) before the optimizer steps, and the step is applied
-  /// only when both are finite.
-  StepRecord train_step(Metrics known) {
-    auto r = begin_step(std::move(known));
-    const double norm = engine_.clip_grad_norm(cfg_.train.grad_clip);
-    double loss = r.stats.loss_tensor.item<double>();
-    // One reduction for the loss, the objective's sums and the stop flag.
-    const auto head = sum_over_ranks(run_.ranks, {loss, g_stop.load() ? 1.0 : 0.0}, r.stats.sums);
-    loss = head[0];
-    stop_ = head[1] > 0;
-    // The loss is summed over ranks and the norm is global, so every rank takes the same decision.
-    const bool finite = std::isfinite(loss) && std::isfinite(norm);
-    if (!finite) guard_nonfinite(r.step, loss, norm);
-    const auto companions = engine_.step_metrics();
-    engine_.finish_step(finite);
-    end_step(r);
-    if (finite) {
-      nonfinite_in_a_row_ = 0;
-      objective_.after_step(engine_, step_);
-    }
-    r.line = line(r, loss, norm, companions);
-    r.read = true;
+    if (!pipeline_.overlapped()) r.line = read(r);
     return r;
   }
 
-  /// One optimizer step queued whole: clipping, the non-finite check and the
-  /// optimizer step all on the device; nothing here waits for it.
-  StepRecord queue_step(Metrics known) {
-    auto r = begin_step(std::move(known));
-    if (r.graphed) {  // one rank: nothing to reduce
-      stop_ = g_stop.load();
-      end_step(r);
-      mark_done_if_run(r);
-      return r;
-    }
-    r.norm = engine_.clip_grad_norm_on_device(cfg_.train.grad_clip);
-    auto loss = r.stats.loss_tensor.to(r.norm.device(), at::kDouble).reshape({});
-    if (run_.ranks.world > 1) {
-      // One reduction on the device for the loss, the stop flag and the objective's sums, read with the
-      // step: every rank then takes the same decisions, the stop one step later than on one process.
-      std::vector<at::Tensor> parts = {loss, at::full({}, g_stop.load() ? 1.0 : 0.0, loss.options())};
-      for (const auto& [key, t] : r.stats.sums) parts.push_back(t.to(loss.device(), at::kDouble).reshape({}));
-      r.reduced = at::stack(parts);
-      run_.comm->all_reduce_sum(r.reduced, "step statistics");
-      loss = r.reduced[0];
-    } else {
-      stop_ = g_stop.load();
-    }
-    // The norm is global, the loss summed over ranks: every rank skips alike.
-    const auto skip = at::logical_not(at::isfinite(loss).logical_and(at::isfinite(r.norm))).to(at::kFloat);
-    r.ticket = engine_.finish_step_on_device(skip);
-    r.side.reset();  // a warm-up step: the loop's stream waits for it
-    end_step(r);
-    mark_done_if_run(r);
-    return r;
-  }
-
-  /// On a device that runs ops as they are queued (the CPU), a queued step
-  /// has finished once queue_step returns; its read, after the next step
-  /// ran, would end its wall time a step late, and that of a step read at
-  /// once (before a save, an eval or the end) only microseconds after the
-  /// previous read. Elsewhere the step is known finished once it is read.
-  void mark_done_if_run(StepRecord& r) const {
-    if (engine_.device().is_cpu()) r.done = std::chrono::steady_clock::now();
-  }
-
-  /// The metrics line of step `r`, reading it first when it was queued: one
-  /// copy to the host for its loss, norm and sums. A skipped step is counted
-  /// (or stops the run) here, and after_step() runs for an applied one.
-  Metrics read_step(StepRecord& r) {
-    if (r.read) return std::move(r.line);
+  /// The metrics line of step `r`, reading it first when it is not yet: one copy to the host for its loss, norm
+  /// and sums. after_step() runs for an applied step; a skipped one is counted (or stops the run) here.
+  Metrics read(StepRecord& r) {
+    if (r.q.read) return std::move(r.line);
     reading_ = true;
-    // [norm, loss, stop flag (several ranks), sums...]
-    std::vector<at::Tensor> values = {r.norm.to(at::kDouble).reshape({1})};
-    if (r.reduced.defined()) {
-      values.push_back(r.reduced);
-    } else {
-      values.push_back(r.stats.loss_tensor.to(r.norm.device(), at::kDouble).reshape({1}));
-      for (const auto& [key, t] : r.stats.sums) values.push_back(t.to(r.norm.device(), at::kDouble).reshape({1}));
-    }
-    const auto host = at::cat(values).cpu();
-    const double* v = host.data_ptr<double>();
-    const double norm = v[0], loss = v[1];
-    size_t i = 2;
-    if (r.reduced.defined() && v[i++] > 0) stop_ = true;
-    for (auto& [key, t] : r.stats.sums) t = at::scalar_tensor(v[i++], at::kDouble);
-    if (std::isfinite(loss) && std::isfinite(norm)) {
+    if (pipeline_.read(r.q)) {
       nonfinite_in_a_row_ = 0;
-      objective_.after_step(engine_, r.step);
+      objective_.after_step(engine_, r.q.step);
     } else {
-      engine_.skipped_on_device(r.ticket);
-      guard_nonfinite(r.step, loss, norm);
+      guard_nonfinite(r.q.step, r.q.loss_value, r.q.norm_value);
     }
-    r.read = true;
+    stop_ = pipeline_.stop_agreed();
     reading_ = false;
-    return line(r, loss, norm, {});
+    return line(r);
   }
 
   /// A read step's metrics line; the progress line at the log cadence.
-  Metrics line(StepRecord& r, double loss, double norm, const Metrics& companions) {
-    Metrics m{{"loss", loss}, {"lr", r.lr}, {"num_targets", static_cast<double>(r.targets)}};
-    for (const auto& [k, v] : objective_.step_metrics(r.stats.sums)) m[k] = v;
-    if (const auto aux = r.stats.sums.find("moe/aux_loss"); aux != r.stats.sums.end())
+  Metrics line(StepRecord& r) {
+    auto& q = r.q;
+    const double loss = q.loss_value, norm = q.norm_value;
+    Metrics m{{"loss", loss}, {"lr", q.lr}, {"num_targets", static_cast<double>(q.targets)}};
+    for (const auto& [k, v] : objective_.step_metrics(q.stats.sums)) m[k] = v;
+    if (const auto aux = q.stats.sums.find("moe/aux_loss"); aux != q.stats.sums.end())
       m["moe/aux_loss"] = aux->second.item<double>();
     if (cfg_.train.grad_clip > 0) m["grad_norm"] = norm;
-    for (const auto& [k, v] : companions) m[k] = v;
+    for (const auto& [k, v] : q.companions) m[k] = v;
     if (cfg_.train.on_nonfinite == "skip") m["nonfinite_steps"] = static_cast<double>(nonfinite_total_);
     for (const auto& [k, v] : r.known) m.emplace(k, v);
     // How long saves since the last line blocked the loop, and background writes finished since.
     for (const auto& [k, v] : engine_.collect_save(/*wait=*/false)) m[k] = v;
     // Its wall time: from the later of its start and the previous step's end (overlapped, steps follow each
-    // other on the device) to its own end, which a step read at once (train_step) or read late from a device
-    // that runs as it queues has already marked.
-    if (r.done == std::chrono::steady_clock::time_point{}) r.done = std::chrono::steady_clock::now();
-    const auto from = std::max(r.t0, last_done_);
-    last_done_ = r.done;
-    m["tokens_per_s"] = static_cast<double>(r.tokens) / std::chrono::duration<double>(r.done - from).count();
-    result_.tokens += r.tokens;
+    // other on the device) to its own end, which a device that runs as it queues has already marked.
+    if (q.done == std::chrono::steady_clock::time_point{}) q.done = std::chrono::steady_clock::now();
+    const auto from = std::max(q.t0, last_done_);
+    last_done_ = q.done;
+    m["tokens_per_s"] = static_cast<double>(q.tokens) / std::chrono::duration<double>(q.done - from).count();
+    result_.tokens += q.tokens;
     last_loss_ = loss;
     for (const auto& k : console_metrics_)
       if (const auto it = m.find(k); it != m.end()) console_latest_[k] = it->second;
-    if (every(r.step, cfg_.train.log_every) || r.step == cfg_.train.max_steps) {
-      const double eta = seconds_since(t_start_) / static_cast<double>(r.step - first_step_) *
-                         static_cast<double>(cfg_.train.max_steps - r.step);
+    if (every(q.step, cfg_.train.log_every) || q.step == cfg_.train.max_steps) {
+      const double eta = seconds_since(t_start_) / static_cast<double>(q.step - first_step_) *
+                         static_cast<double>(cfg_.train.max_steps - q.step);
       std::vector<std::pair<std::string, double>> columns;
       for (const auto& k : console_metrics_)
         if (const auto it = console_latest_.find(k); it != console_latest_.end()) columns.emplace_back(k, it->second);
-      log::progress(progress_line(r.step, cfg_.train.max_steps, m, columns, m["tokens_per_s"], eta));
+      log::progress(progress_line(q.step, cfg_.train.max_steps, m, columns, m["tokens_per_s"], eta));
     }
     return m;
   }
@@ -613,7 +431,7 @@ class TrainLoop {
     state.nonfinite_steps = nonfinite_total_;
     state.objective = objective_.state();
     state.iteration = iteration_;
-    if (auto_parts_ > 0) state.micro_batch_size = auto_rows();
+    if (pipeline_.auto_rows() > 0) state.micro_batch_size = pipeline_.auto_rows();
     host_peaks().end("train");
     // What the steps freed (activations, gathered units) goes back first: the save's copies take fresh pages
     // instead of a heap the steps left in pieces, and its phase starts from what is live.
@@ -650,21 +468,17 @@ class TrainLoop {
 
   const config::RunConfig& cfg_;
   RunSetup& run_;
-  Engine& engine_;
+  StepEngine& engine_;
   Objective& objective_;
-  const std::map<int64_t, std::string> injected_;
+  StepPipeline pipeline_;
   StepProfiler profiler_;
   std::optional<MetricsWriter> metrics_;
   std::optional<TensorBoardWriter> tb_;
   int64_t step_ = 0, iteration_ = 0, first_step_ = 0;
   int64_t nonfinite_total_ = 0, nonfinite_in_a_row_ = 0;
   bool stop_ = false;
-  // train.micro_batch_size: auto: the micro-batches each of the objective's is cut into (0: not auto).
-  int64_t auto_parts_ = run_.auto_micro_batch ? 1 : 0;
-  const bool overlap_ = overlapped();
-  GraphSteps graphs_{engine_, objective_, cfg_.train.cuda_graphs, graph_refusal(), cfg_.train.grad_clip};
   std::optional<StepRecord> last_;  // the last step run, its line not yet written
-  bool reading_ = false;            // inside read_step (an error there leaves its step unread)
+  bool reading_ = false;            // inside read() (an error there leaves its step unread)
   // The end of the last step whose line was made.
   std::chrono::steady_clock::time_point last_done_;
   double last_loss_ = NAN;

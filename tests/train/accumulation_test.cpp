@@ -7,7 +7,7 @@
 #include "data/collate.h"
 #include "models/gpt2/gpt2.h"
 #include "anvil/train/sft.h"
-#include "anvil/train/trainer.h"
+#include "train/step_engine.h"
 #include "data/datasets.h"
 
 namespace anvil::train {

@@ -263,15 +263,19 @@ class Objective {
     within_iteration,  ///< late, but an iteration's last step before the next before_iteration()
     late,              ///< late, across iterations too
   };
-  /// Keep at_once (the default) when after_step() changes the model or what
-  /// the next step reads; within_iteration when only the next iteration's
-  /// before_iteration() needs after_step() done (PPO's KL controller).
-  virtual StepReads step_reads() const { return StepReads::at_once; }
-  /// Whether loss_sum() reads the host only through the batch's tensors
-  /// (never Batch::num_targets, a host read such as item(), or shapes that
-  /// depend on values): a CUDA graph may then record a step once and replay
-  /// it with later batches of the same shapes (train.cuda_graphs).
-  virtual bool replayable_steps() const { return false; }
+  /// What the loop may do with this objective's steps, in one declaration.
+  struct StepNeeds {
+    /// Keep at_once (the default) when after_step() changes the model or what
+    /// the next step reads; within_iteration when only the next iteration's
+    /// before_iteration() needs after_step() done (PPO's KL controller).
+    StepReads reads = StepReads::at_once;
+    /// Whether loss_sum() reads the host only through the batch's tensors
+    /// (never Batch::num_targets, a host read such as item(), or shapes that
+    /// depend on values): a CUDA graph may then record a step once and replay
+    /// it with later batches of the same shapes (train.cuda_graphs).
+    bool replayable = false;
+  };
+  virtual StepNeeds step_needs() const { return {}; }
   /// Whether split_rows() cuts a micro-batch into parts whose loss_sum()s add
   /// up to the whole's (each row's loss stands alone, normalised by the
   /// step's targets): train.micro_batch_size: auto needs it.

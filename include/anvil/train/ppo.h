@@ -331,7 +331,7 @@ class PpoObjective final : public Objective {
   Metrics before_iteration(Engine& engine, int64_t iteration, int64_t step) override;
   void after_step(Engine& engine, int64_t step) override;
   /// The KL controller (after_step) runs before the next rollout.
-  StepReads step_reads() const override { return StepReads::within_iteration; }
+  StepNeeds step_needs() const override { return {StepReads::within_iteration}; }
   nlohmann::json state() const override;
   void restore(const nlohmann::json& state) override;
 

@@ -183,7 +183,7 @@ class RewardObjective final : public Objective {
   std::vector<std::string> console_metrics() const override { return {"accuracy", "margin"}; }
   EvalResult evaluate(models::CausalLM& model) override;
   BatchSource& train_source() override;
-  StepReads step_reads() const override { return StepReads::late; }  // no after_step
+  StepNeeds step_needs() const override { return {StepReads::late}; }  // no after_step
 
  private:
   struct State;
@@ -206,7 +206,7 @@ class DpoObjective final : public Objective {
   std::vector<std::string> console_metrics() const override { return {"rewards/accuracies", "rewards/margins"}; }
   EvalResult evaluate(models::CausalLM& model) override;
   BatchSource& train_source() override;
-  StepReads step_reads() const override { return StepReads::late; }  // no after_step
+  StepNeeds step_needs() const override { return {StepReads::late}; }  // no after_step
 
  private:
   struct State;

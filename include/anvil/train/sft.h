@@ -71,10 +71,9 @@ class LmObjective final : public Objective {
   at::Tensor loss_sum(models::CausalLM& model, const Batch& batch, Sums& sums) override;
   EvalResult evaluate(models::CausalLM& model) override;
   BatchSource& train_source() override;
-  StepReads step_reads() const override { return StepReads::late; }  // no after_step
-  /// Yes: its batches' tensors on the device take no host decision (packed
-  /// rows attend through their mask there).
-  bool replayable_steps() const override { return true; }
+  /// Read late (no after_step), and replayable: its batches' tensors on the
+  /// device take no host decision (packed rows attend through their mask there).
+  StepNeeds step_needs() const override { return {StepReads::late, /*replayable=*/true}; }
   /// Yes: a row's loss is its own target tokens' (packed documents stay within their row).
   bool splits_rows() const override { return true; }
   std::vector<Batch> split_rows(const Batch& batch, int64_t parts) const override;

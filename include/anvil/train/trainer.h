@@ -4,7 +4,6 @@
 // non-finite guard.
 
 #include <atomic>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -14,31 +13,6 @@
 #include "anvil/train/objective.h"
 
 namespace anvil::train {
-
-/// What a sharded run adds around each micro-batch.
-struct AccumulateOptions {
-  /// Target units of the whole step over all ranks; 0 = those of `batches`.
-  int64_t step_targets = 0;
-  /// Ranks whose gradients are summed into the step (the load-balancing
-  /// loss of a mixture of experts is averaged over them).
-  int64_t world = 1;
-  /// Called before each backward; `last` on the final micro-batch.
-  std::function<void(bool last)> before_backward;
-  std::function<void()> after_backward;
-  /// Read StepStats::loss from the device at the end (a wait for it); false
-  /// leaves only StepStats::loss_tensor.
-  bool read_loss = true;
-  /// When defined, 0-dim float64 on the device: 1 / the step's target units,
-  /// used instead of step_targets, so that a recorded step (a CUDA graph)
-  /// replays with each step's value.
-  at::Tensor scale;
-};
-
-/// Forward + backward over one optimizer step's micro-batches. Each
-/// micro-batch's summed loss is divided by the target count of the whole step,
-/// so accumulating N micro-batches equals one batch of all their samples.
-StepStats accumulate_gradients(Objective& objective, models::CausalLM& model, const std::vector<Batch>& batches,
-                               const AccumulateOptions& options = {});
 
 struct TrainResult {
   int64_t step = 0;          // steps completed

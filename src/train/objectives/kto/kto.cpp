@@ -217,7 +217,7 @@ class KtoObjective final : public Objective {
   BatchSource& train_source() override { return *source_; }
   Metrics step_metrics(const Sums& sums) const override { return kto_metrics(sums); }
   std::vector<std::string> console_metrics() const override { return {"kl", "rewards/margins"}; }
-  StepReads step_reads() const override { return StepReads::late; }  // no after_step
+  StepNeeds step_needs() const override { return {StepReads::late}; }  // no after_step
 
   bool prepare_reads_weights() const override { return false; }
   void prepare(models::CausalLM& model, const RunContext& ctx) override {
