@@ -115,9 +115,10 @@ class EngineImpl : public StepEngine {
     }
     return norm;
   }
-  int64_t finish_step_on_device(const at::Tensor& skip) final {
-    if (steps_on_device()) return finish_own_on_device(skip.to(device(), at::kFloat));
-    // Companions or an unfused optimizer: the decision is read here, and the step applied or skipped at once.
+  int64_t finish_step_on_device(const at::Tensor& skip, bool read_late) final {
+    if (read_late && steps_on_device()) return finish_own_on_device(skip.to(device(), at::kFloat));
+    // Read at once (or companions, an unfused optimizer): the decision is read here, and the step applied or
+    // skipped at once.
     finish_step(skip.item<float>() == 0);
     return -1;
   }

@@ -99,14 +99,15 @@ class StepEngine : public Engine {
   // loss and gradient norm later (after the next step is queued when steps
   // are read late), so the host need not wait for the device in between.
 
-  /// Whether the decision stays on the device: the optimizer is the fused
-  /// AdamW (optimizer.fused) and there are no companion models. Otherwise
-  /// finish_step_on_device reads `skip`, and the step is read at once.
+  /// Whether the decision can stay on the device: the optimizer is the fused
+  /// AdamW (optimizer.fused) and there are no companion models.
   virtual bool steps_on_device() const = 0;
   /// Applies the optimizer step unless `skip` (0-dim float32, 0 or 1) is 1;
-  /// either way the step is over. Returns the step's ticket for
-  /// skipped_on_device() (-1 when the decision was read on the host).
-  virtual int64_t finish_step_on_device(const at::Tensor& skip) = 0;
+  /// either way the step is over. With `read_late` (the step is read after
+  /// the next one is queued) and steps_on_device(), the decision stays on the
+  /// device (inside the fused AdamW); otherwise `skip` is read here. Returns
+  /// the step's ticket for skipped_on_device() (-1 when read here).
+  virtual int64_t finish_step_on_device(const at::Tensor& skip, bool read_late) = 0;
   /// The host has read that the step of `ticket` (one of the last few) was
   /// skipped: the optimizer's host-side step counts go back by one, as if
   /// the step had been skipped on the host.

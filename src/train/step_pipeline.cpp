@@ -139,10 +139,11 @@ QueuedStep StepPipeline::queue(int64_t step, const std::vector<Batch>& batches, 
   } else {
     stop_ = stop_ || stop_now;
   }
-  // The norm is global, the loss summed over ranks: every rank skips alike. An engine that cannot skip on the
-  // device reads the flag here and applies or skips the step at once.
+  // The norm is global, the loss summed over ranks: every rank skips alike. Read late, the fused AdamW skips on
+  // the device; read at once (and for an engine that cannot skip there), the flag is read now and the step
+  // applied or skipped at once.
   const auto skip = at::logical_not(at::isfinite(loss).logical_and(at::isfinite(q.norm))).to(at::kFloat);
-  q.ticket = engine_.finish_step_on_device(skip);
+  q.ticket = engine_.finish_step_on_device(skip, /*read_late=*/overlap_);
   q.side.reset();  // a warm-up step: the loop's stream waits for it
   mark_done_if_run(q);
   return q;

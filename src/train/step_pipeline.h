@@ -5,10 +5,10 @@
 // where it can); read() copies the step's loss, gradient norm and sums to the
 // host once. Reading a step at once is queue() then read(); overlapped
 // (train.overlap_step_reads), a step is read after the next one is queued.
-// An engine that cannot skip on the device (companion models, an unfused
-// optimizer) decides on the host inside queue(), and its steps are read at
-// once. The loop (trainer.cpp) draws the batches, writes the lines, and
-// calls after_step() or its non-finite guard from one place.
+// Read at once, the decision is read on the host inside queue() (as for an
+// engine that cannot skip on the device: companion models, an unfused
+// optimizer); read late, it stays on the device, inside the fused AdamW. The loop (trainer.cpp) draws the batches,
+// writes the lines, and calls after_step() or its non-finite guard from one place.
 
 #include <ATen/core/Tensor.h>
 
