@@ -63,47 +63,13 @@ stdfs::path written_mark(const stdfs::path& tmp, int64_t rank) { return tmp / co
 
 }  // namespace
 
-ShardedSave prepare_sharded_save(const stdfs::path& output_dir, ShardedModel& model, torch::optim::Optimizer& optimizer,
-                                 const tokenizer::Tokenizer* tokenizer, const io::TrainerState& state,
-                                 const std::string& run_config_yaml, int64_t keep_last, bool consolidated) {
-  auto& comm = model.comm();
-  ShardedSave s;
-  s.output_dir = output_dir;
-  s.rank = comm.rank();
-  s.world = comm.world_size();
-  s.keep_last = keep_last;
-  s.state = state;
-  s.tmp = output_dir / concat(".checkpoint-", state.step, ".tmp-sharded");
-  if (s.rank == 0) {
-    stdfs::remove_all(s.tmp);
-    stdfs::create_directories(s.tmp / "shards");
-    stdfs::create_directories(s.tmp / "rng");
-  }
-  comm.barrier(concat("checkpoint ", state.step, ": folder created"));
+namespace {
 
-  // no_shard: every rank holds the same whole state, so rank 0 writes it. Hybrid sharding: the replica groups
-  // hold the same shards, so the first group's ranks (ranks 0 .. S-1, its shard ranks) write them.
-  const bool sharded = model.options().strategy != Sharding::NoShard;
-  const int64_t shards = sharded ? model.shard_comm().world_size() : 1;
-  const int64_t shard_rank = model.shard_comm().rank();
+/// The model in HF layout, gathered one unit at a time into `s`. On several ranks each unit is a file of its
+/// own, kept and written by the rank that owns it (unit u: rank u mod W), so no rank keeps more than its share;
+/// a LoRA run's adapters (small) and a single rank's model stay one file on rank 0.
+void gather_hf_model(ShardedSave& s, ShardedModel& model, bool consolidated) {
   const auto masters = model.master_parameters();
-  if (model.replica() == 0 && shard_rank < shards) {
-    s.shard_file = shard_file(s.tmp, shard_rank, shards);
-    for (size_t u = 0; u < masters.size(); ++u) {
-      const auto [b, e] = model.shard_range(u);
-      if (e <= b) continue;
-      const auto& name = model.layouts()[u].name;
-      s.shard.emplace(name + ".param", masters[u].narrow(0, 0, e - b));
-      if (auto* st = optim::adamw_state(optimizer, masters[u])) {
-        s.shard.emplace(name + ".exp_avg", st->exp_avg().narrow(0, 0, e - b));
-        s.shard.emplace(name + ".exp_avg_sq", st->exp_avg_sq().narrow(0, 0, e - b));
-      }
-    }
-  }
-  s.rng = checkpoint::rng_state(model.device());
-  // The model in HF layout, gathered one unit at a time. On several ranks each unit is a file of its own,
-  // kept and written by the rank that owns it (unit u: rank u mod W), so no rank keeps more than its share;
-  // a LoRA run's adapters (small) and a single rank's model stay one file on rank 0.
   const bool per_unit = consolidated && s.world > 1 && !models::has_lora(model.model());
   if (per_unit) {
     const auto saved = checkpoint::saved_parameters(model.model());
@@ -146,10 +112,11 @@ ShardedSave prepare_sharded_save(const stdfs::path& output_dir, ShardedModel& mo
         s.whole.emplace(p.name, flat.narrow(0, p.offset, p.numel).view(p.shape));
     }
   }
-  s.model = &model.model();
-  if (s.rank != 0) return s;
-  s.tokenizer = tokenizer;
-  s.run_config_yaml = run_config_yaml;
+}
+
+/// Rank 0's shards.json: the units, their parameters, and each shard's element ranges.
+nlohmann::json shards_metadata(const ShardedSave& s, ShardedModel& model, torch::optim::Optimizer& optimizer,
+                               bool sharded, int64_t shards) {
   int64_t adam_step = 0;
   if (const auto trained = model.trained_master_parameters(); !trained.empty())
     if (auto* st = optim::adamw_state(optimizer, trained.front())) adam_step = st->step();
@@ -176,13 +143,61 @@ ShardedSave prepare_sharded_save(const stdfs::path& output_dir, ShardedModel& mo
     }
     ranges.push_back({{"file", shard_file(s.tmp, r, shards).filename().string()}, {"ranges", range}});
   }
-  s.meta = {{"format_version", kFormatVersion},
-            {"strategy", to_string(model.options().strategy)},
-            {"world_size", s.world},
-            {"replicate", model.replicas()},
-            {"optimizer_step", adam_step},
-            {"units", units},
-            {"shards", ranges}};
+  return {{"format_version", kFormatVersion},
+          {"strategy", to_string(model.options().strategy)},
+          {"world_size", s.world},
+          {"replicate", model.replicas()},
+          {"optimizer_step", adam_step},
+          {"units", units},
+          {"shards", ranges}};
+}
+
+}  // namespace
+
+ShardedSave prepare_sharded_save(const stdfs::path& output_dir, ShardedModel& model, torch::optim::Optimizer& optimizer,
+                                 const tokenizer::Tokenizer* tokenizer, const io::TrainerState& state,
+                                 const std::string& run_config_yaml, int64_t keep_last, bool consolidated) {
+  auto& comm = model.comm();
+  ShardedSave s;
+  s.output_dir = output_dir;
+  s.rank = comm.rank();
+  s.world = comm.world_size();
+  s.keep_last = keep_last;
+  s.state = state;
+  s.tmp = output_dir / concat(".checkpoint-", state.step, ".tmp-sharded");
+  if (s.rank == 0) {
+    stdfs::remove_all(s.tmp);
+    stdfs::create_directories(s.tmp / "shards");
+    stdfs::create_directories(s.tmp / "rng");
+  }
+  comm.barrier(concat("checkpoint ", state.step, ": folder created"));
+
+  // no_shard: every rank holds the same whole state, so rank 0 writes it. Hybrid sharding: the replica groups
+  // hold the same shards, so the first group's ranks (ranks 0 .. S-1, its shard ranks) write them.
+  const bool sharded = model.options().strategy != Sharding::NoShard;
+  const int64_t shards = sharded ? model.shard_comm().world_size() : 1;
+  const int64_t shard_rank = model.shard_comm().rank();
+  const auto masters = model.master_parameters();
+  if (model.replica() == 0 && shard_rank < shards) {
+    s.shard_file = shard_file(s.tmp, shard_rank, shards);
+    for (size_t u = 0; u < masters.size(); ++u) {
+      const auto [b, e] = model.shard_range(u);
+      if (e <= b) continue;
+      const auto& name = model.layouts()[u].name;
+      s.shard.emplace(name + ".param", masters[u].narrow(0, 0, e - b));
+      if (auto* st = optim::adamw_state(optimizer, masters[u])) {
+        s.shard.emplace(name + ".exp_avg", st->exp_avg().narrow(0, 0, e - b));
+        s.shard.emplace(name + ".exp_avg_sq", st->exp_avg_sq().narrow(0, 0, e - b));
+      }
+    }
+  }
+  s.rng = checkpoint::rng_state(model.device());
+  gather_hf_model(s, model, consolidated);
+  s.model = &model.model();
+  if (s.rank != 0) return s;
+  s.tokenizer = tokenizer;
+  s.run_config_yaml = run_config_yaml;
+  s.meta = shards_metadata(s, model, optimizer, sharded, shards);
   return s;
 }
 

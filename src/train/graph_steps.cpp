@@ -22,14 +22,14 @@ struct GraphSteps::Graph {
 
 bool GraphSteps::emulated() { return test_hooks::emulate_cuda_graphs(); }
 
-GraphSteps::GraphSteps(StepEngine& engine, Objective& objective, const std::string& mode, const std::string& refusal,
+GraphSteps::GraphSteps(StepEngine& engine, Objective& objective, config::CudaGraphs mode, const std::string& refusal,
                        double max_norm, int64_t warmup_steps)
     : engine_(engine), objective_(objective), max_norm_(max_norm), warmup_(warmup_steps) {
-  if (mode == "off") return;
+  if (mode == config::CudaGraphs::kOff) return;
   auto why = refusal;
   if (why.empty() && !StepGraph::built() && !emulated()) why = "this build has no CUDA graphs";
   if (!why.empty()) {
-    if (mode == "on")
+    if (mode == config::CudaGraphs::kOn)
       throw ConfigError(concat("train.cuda_graphs: on, but ", why, "; set train.cuda_graphs to auto or off"));
     if (engine.device().is_cuda()) log::info("train.cuda_graphs: steps run eagerly: ", why);
     return;

@@ -35,7 +35,7 @@ class GraphSteps {
   /// `mode`: train.cuda_graphs (auto, on, off). `refusal`: why the run cannot
   /// record its steps ("" when it can); under `on` a refusal is an error
   /// (ConfigError), under `auto` it is logged once on a CUDA device.
-  GraphSteps(StepEngine& engine, Objective& objective, const std::string& mode, const std::string& refusal,
+  GraphSteps(StepEngine& engine, Objective& objective, config::CudaGraphs mode, const std::string& refusal,
              double max_norm, int64_t warmup_steps = 2);
   ~GraphSteps();
   GraphSteps(const GraphSteps&) = delete;

@@ -374,7 +374,8 @@ class TrainLoop {
       m["moe/aux_loss"] = aux->second.item<double>();
     if (cfg_.train.grad_clip > 0) m["grad_norm"] = norm;
     for (const auto& [k, v] : q.companions) m[k] = v;
-    if (cfg_.train.on_nonfinite == "skip") m["nonfinite_steps"] = static_cast<double>(nonfinite_total_);
+    if (cfg_.train.on_nonfinite == config::OnNonfinite::kSkip)
+      m["nonfinite_steps"] = static_cast<double>(nonfinite_total_);
     for (const auto& [k, v] : r.known) m.emplace(k, v);
     // How long saves since the last line blocked the loop, and background writes finished since.
     for (const auto& [k, v] : engine_.collect_save(/*wait=*/false)) m[k] = v;
@@ -404,12 +405,13 @@ class TrainLoop {
   /// either way.
   void guard_nonfinite(int64_t step, double loss, double norm) {
     const auto what = !std::isfinite(loss) ? concat("loss is ", loss) : concat("gradient norm is ", norm);
-    if (cfg_.train.on_nonfinite == "stop" || nonfinite_in_a_row_ + 1 >= cfg_.train.max_nonfinite_in_a_row)
+    if (cfg_.train.on_nonfinite == config::OnNonfinite::kStop ||
+        nonfinite_in_a_row_ + 1 >= cfg_.train.max_nonfinite_in_a_row)
       engine_.collect_save(/*wait=*/true);  // the checkpoint named below is the newest on disk
     const auto kept = checkpoint::latest_checkpoint(run_.out_dir);
     const auto intact = kept ? concat("; the last checkpoint, ", kept->string(), ", is as it was")
                              : std::string("; no checkpoint was written");
-    if (cfg_.train.on_nonfinite == "stop")
+    if (cfg_.train.on_nonfinite == config::OnNonfinite::kStop)
       throw Error(concat("step ", step, ": the ", what,
                          " (not finite); the step was not applied and "
                          "nothing was saved from it",

@@ -40,9 +40,9 @@ TEST(KtoFormulas, LossAndMetricsMatchTheReference) {
   ASSERT_EQ(cases.size(), 7u);
   for (const auto& c : cases) {
     const KtoLossOptions opt{c["beta"], c["desirable_weight"], c["undesirable_weight"],
-                             c["loss_type"].get<std::string>()};
-    SCOPED_TRACE(anvil::concat(opt.loss_type, " beta ", opt.beta, " w_u ", opt.undesirable_weight));
-    EXPECT_EQ(kto_uses_kl(opt.loss_type), opt.loss_type == "kto");
+                             *kKtoLosses.find(c["loss_type"].get<std::string>())};
+    SCOPED_TRACE(anvil::concat(kKtoLosses.name(opt.loss_type), " beta ", opt.beta, " w_u ", opt.undesirable_weight));
+    EXPECT_EQ(kto_uses_kl(opt.loss_type), c["loss_type"] == "kto");
     Sums sums;
     double loss = 0, n = 0;
     for (const auto& b : c["micro_batches"]) {

@@ -130,7 +130,7 @@ TEST(PpoRollout, AppendedTokensTakeNoPartInTheLoss) {
   for (const auto* agg : {"token_mean", "sequence_mean"}) {
     SCOPED_TRACE(agg);
     LossWeighting w;
-    w.aggregation = agg;
+    w.aggregation = *kLossAggregations.find(agg);
     const auto b = collate_rollout({&a}, 0, {}, {}, {}, w);
     EXPECT_TRUE(b.tensors.at("mask")[0].equal(at::tensor({1.f, 1.f, 1.f, 0.f, 0.f, 1.f, 1.f})));
     const float x = std::string(agg) == "token_mean" ? 1.f : 0.2f;  // 5 generated tokens

@@ -73,7 +73,7 @@ TEST(PpoMetrics, PolicyLossAverageIsTheLossUnderEveryAggregation) {
     const auto model = models::family_by_name(mc.family).from_config(mc);
     // As the objective weighs a rollout: constant divides by max_new_tokens (8 in grpo_tiny.yaml).
     LossWeighting w;
-    w.aggregation = aggregation;
+    w.aggregation = *kLossAggregations.find(aggregation);
     w.constant = 8;
     const auto batch = collate_rollout({&a, &b}, 0, adv, ret, {0, 1}, w);
     EXPECT_EQ(batch.num_targets, aggregation == "token_mean" ? 7 : 2);
@@ -151,8 +151,8 @@ TEST(PpoMetrics, StepMetricsAddGrpoTrainersEntropyAndKl) {
   EXPECT_DOUBLE_EQ(group.at("policy/entropy_avg"), 0.5);
   EXPECT_DOUBLE_EQ(plain.at("policy/kl_avg"), 0.1);
   EXPECT_EQ(plain.count("entropy") + plain.count("kl"), 0u);
-  EXPECT_TRUE(logs_group_metrics("grpo") && logs_group_metrics("rloo"));
-  EXPECT_FALSE(logs_group_metrics("gae"));
+  EXPECT_TRUE(logs_group_metrics(Advantage::kGrpo) && logs_group_metrics(Advantage::kRloo));
+  EXPECT_FALSE(logs_group_metrics(Advantage::kGae));
 }
 
 namespace stdfs = std::filesystem;

@@ -54,7 +54,7 @@ TEST(PpoFormulas, KlRewardsGaeWhiteningAndClippedLossesMatchTheReference) {
     SCOPED_TRACE(c["estimator"].get<std::string>());
     const auto mask = matrix(c, "mask"), logp_old = matrix(c, "logp_old"), ref = matrix(c, "ref");
     const auto values_old = matrix(c, "values_old");
-    const auto kl = kl_estimate(logp_old, ref, c["estimator"]) * mask;
+    const auto kl = kl_estimate(logp_old, ref, *kKlEstimators.find(c["estimator"].get<std::string>())) * mask;
     expect_close(kl, c["kl"], "kl");
     const auto rewards = token_rewards(kl, doubles(c["scores"]), mask, c["kl_coef"]);
     expect_close(rewards, c["rewards"], "rewards");
@@ -134,7 +134,8 @@ TEST(PpoFormulas, GrpoVariantsMatchTheReference) {
     const auto mask = matrix(c, "mask"), logp_old = matrix(c, "logp_old"), logp_new = matrix(c, "logp_new");
     const auto ref = matrix(c, "ref");
     const auto ended = doubles(c["ended"]);
-    const auto adv = grpo_advantages(doubles(c["scores"]), c["group"].get<int64_t>(), c["scale_rewards"]);
+    const auto adv = grpo_advantages(doubles(c["scores"]), c["group"].get<int64_t>(),
+                                     *kScaleRewards.find(c["scale_rewards"].get<std::string>()));
     expect_close(adv, c["advantages"], "advantages");
     const int64_t B = mask.size(0), R = mask.size(1);
     std::vector<RolloutRow> rows(static_cast<size_t>(B));
@@ -146,7 +147,9 @@ TEST(PpoFormulas, GrpoVariantsMatchTheReference) {
       r.ended = ended[i].item<double>() > 0;
     }
     LossWeighting w;
-    w.aggregation = loss_type == "grpo" ? "sequence_mean" : loss_type == "dapo" ? "token_mean" : "constant";
+    w.aggregation = loss_type == "grpo"   ? LossAggregation::kSequenceMean
+                    : loss_type == "dapo" ? LossAggregation::kTokenMean
+                                          : LossAggregation::kConstant;
     w.constant = c["max_len"].get<double>();
     w.mask_truncated = c["mask_truncated"].get<bool>();
     const PpoClip clip{c["eps_low"], 0.2, c["eps_high"], c["level"] == "sequence"};
@@ -165,7 +168,7 @@ TEST(PpoFormulas, GrpoVariantsMatchTheReference) {
       const auto terms = ppo_loss_sums(s(logp_new), s(logp_old), batch.tensors.at("advantages").to(at::kDouble), {}, {},
                                        {}, m, clip, wt);
       auto sum = terms.policy;
-      if (beta > 0) sum = sum + beta * (kl_estimate(s(logp_new), s(ref), "k3") * wt).sum();
+      if (beta > 0) sum = sum + beta * (kl_estimate(s(logp_new), s(ref), KlEstimator::kK3) * wt).sum();
       loss += sum.item<double>();
       low += terms.clip_low.item<double>(), high += terms.clip_high.item<double>(), tokens += m.sum().item<double>();
     }
@@ -184,7 +187,7 @@ TEST(PpoFormulas, ReinforcePlusPlusAndOverlongPenaltyMatchTheReference) {
   for (const auto& c : reference()["reinforce"]) {
     SCOPED_TRACE(c["baseline"].get<bool>() ? "reinforce_pp_baseline" : "reinforce_pp");
     const auto mask = matrix(c, "mask");
-    const auto k = kl_estimate(matrix(c, "logp_old"), matrix(c, "ref"), "k1") * mask;
+    const auto k = kl_estimate(matrix(c, "logp_old"), matrix(c, "ref"), KlEstimator::kK1) * mask;
     const auto group = c["baseline"].get<bool>() ? c["group"].get<int64_t>() : 0;
     const auto scores = doubles(c["scores"]);
     expect_close(reinforce_pp_advantages(scores, k, mask, c["kl_coef"], group, false), c["returns"], "returns");
@@ -221,7 +224,7 @@ TEST(PpoFormulas, EpisodesSkipAppendedTokensAsTheReferenceDoes) {
     }
     const auto g = generated_tokens(rows);
     ASSERT_EQ(g.response_width, R);
-    const auto kl = kl_estimate(g.logp, g.ref, "k1") * g.mask;
+    const auto kl = kl_estimate(g.logp, g.ref, KlEstimator::kK1) * g.mask;
     const auto [adv, ret] =
         gae(token_rewards(kl, doubles(c["scores"]), g.mask, c["kl_coef"]), g.values, g.mask, c["gamma"], c["lam"]);
     expect_close(at_response_places(adv, g), c["advantages"], "advantages");
@@ -235,7 +238,7 @@ TEST(PpoFormulas, EpisodesSkipAppendedTokensAsTheReferenceDoes) {
       std::vector<int64_t> index;
       for (int64_t i = 0; i < B; ++i) ptrs.push_back(&rows[static_cast<size_t>(i)]), index.push_back(i);
       LossWeighting w;
-      w.aggregation = agg;
+      w.aggregation = *kLossAggregations.find(agg);
       const auto b = collate_rollout(ptrs, 0, seq_adv.to(at::kFloat), at::zeros({B, R}), index, w);
       const auto t =
           ppo_loss_sums(logp_new.to(at::kFloat), b.tensors.at("old_logp"), b.tensors.at("advantages"), {}, {}, {},

@@ -49,8 +49,8 @@ TEST(PreferenceFormulas, DpoLossesAndMetricsMatchTheReference) {
   const auto cases = reference_cases()["dpo"];
   ASSERT_EQ(cases.size(), 9u);
   for (const auto& c : cases) {
-    const DpoLossOptions opt{c["loss_type"], c["beta"], c["label_smoothing"]};
-    SCOPED_TRACE(anvil::concat(opt.loss_type, " beta ", opt.beta, " eps ", opt.label_smoothing));
+    const DpoLossOptions opt{*kDpoLosses.find(c["loss_type"].get<std::string>()), c["beta"], c["label_smoothing"]};
+    SCOPED_TRACE(anvil::concat(kDpoLosses.name(opt.loss_type), " beta ", opt.beta, " eps ", opt.label_smoothing));
     const auto lc = at::tensor(c["chosen_lengths"].get<std::vector<int64_t>>(), at::kLong);
     const auto lr = at::tensor(c["rejected_lengths"].get<std::vector<int64_t>>(), at::kLong);
     auto pc = dpo_logps(doubles(c["policy_chosen_logps"]), lc, opt.loss_type);
@@ -84,8 +84,9 @@ TEST(PreferenceFormulas, ReferenceFreeLossesMatchTheReference) {
   const auto cases = reference_cases()["reference_free"];
   ASSERT_EQ(cases.size(), 6u);
   for (const auto& c : cases) {
-    const DpoLossOptions opt{c["loss_type"], c["beta"], c["label_smoothing"], c["simpo_gamma"]};
-    SCOPED_TRACE(anvil::concat(opt.loss_type, " beta ", opt.beta, " eps ", opt.label_smoothing));
+    const DpoLossOptions opt{*kDpoLosses.find(c["loss_type"].get<std::string>()), c["beta"], c["label_smoothing"],
+                             c["simpo_gamma"]};
+    SCOPED_TRACE(anvil::concat(kDpoLosses.name(opt.loss_type), " beta ", opt.beta, " eps ", opt.label_smoothing));
     ASSERT_TRUE(reference_free(opt.loss_type));
     const auto lc = at::tensor(c["chosen_lengths"].get<std::vector<int64_t>>(), at::kLong);
     const auto lr = at::tensor(c["rejected_lengths"].get<std::vector<int64_t>>(), at::kLong);

@@ -359,6 +359,15 @@ struct ScheduleConfig {
   }
 };
 
+/// train.cuda_graphs: whether whole steps are recorded as CUDA graphs.
+enum class CudaGraphs { kAuto, kOn, kOff };
+inline const Choices<CudaGraphs> kCudaGraphs{
+    {"auto", CudaGraphs::kAuto}, {"on", CudaGraphs::kOn}, {"off", CudaGraphs::kOff}};
+
+/// train.on_nonfinite: what a step whose loss or gradient norm is not finite does.
+enum class OnNonfinite { kStop, kSkip };
+inline const Choices<OnNonfinite> kOnNonfinite{{"stop", OnNonfinite::kStop}, {"skip", OnNonfinite::kSkip}};
+
 struct TrainConfig {
   int64_t max_steps = 0;
   double num_train_epochs = 0;
@@ -372,7 +381,7 @@ struct TrainConfig {
   bool unverified_cuda = false;
   int64_t loss_chunk_size = 0;
   bool overlap_step_reads = true;
-  std::string cuda_graphs = "off";
+  CudaGraphs cuda_graphs = CudaGraphs::kOff;
   double grad_clip = 1.0;
   int64_t seed = 1234;
   int64_t save_every = 0;
@@ -383,7 +392,7 @@ struct TrainConfig {
   std::string device = "cpu";
   bool tf32 = false;
   int64_t threads = 0;
-  std::string on_nonfinite = "stop";
+  OnNonfinite on_nonfinite = OnNonfinite::kStop;
   int64_t max_nonfinite_in_a_row = 10;
   std::string resume = "auto";
   std::string resume_from;
@@ -392,6 +401,13 @@ struct TrainConfig {
 
   template <class V>
   void visit(V& v) {
+    visit_length(v);
+    visit_compute(v);
+    visit_run(v);
+  }
+  /// The run's length and batch.
+  template <class V>
+  void visit_length(V& v) {
     v.field("max_steps", max_steps,
             "Optimizer steps to train for; when set (> 0) it overrides num_train_epochs, as in transformers. 0 = "
             "from num_train_epochs (one of the two is required).",
@@ -421,6 +437,10 @@ struct TrainConfig {
             "Each rank accumulates global_batch_size / (micro_batch_size * world_size) micro-batches, so the "
             "same config trains the same way on 1, 2 or 8 ranks.",
             non_negative());
+  }
+  /// How a step computes.
+  template <class V>
+  void visit_compute(V& v) {
     v.field("activation_checkpointing", activation_checkpointing,
             "Recompute each transformer block in backward instead of keeping its activations (RNG state "
             "restored, so dropout matches).");
@@ -458,17 +478,21 @@ struct TrainConfig {
             "one step more); other runs read each step at once. Metrics, checkpoints and results are the same "
             "either way; false reads each step at once. docs/algorithms.md.",
             changeable_on_resume());
-    v.field("cuda_graphs", cuda_graphs,
-            "Whole-step CUDA graphs: after 2 warm-up steps on a side stream, the first step of each new set of "
-            "batch shapes (forward, backward, clipping, the non-finite skip and the fused AdamW step) is recorded, "
-            "up to 8 graphs, and replayed for every later step of those shapes (pretraining windows and packed rows "
-            "have one; data.pad_to_multiple_of buckets padded ones); other steps run eagerly. "
-            "auto uses them where a run allows (CUDA, one process without dist.sharding, dist.param_dtype "
-            "either way; train.overlap_step_reads, optimizer.fused, sft or pretrain, no mixture of experts, no "
-            "activation checkpointing) and logs why not on a GPU otherwise; on makes that an error; off "
-            "(the default until they have been checked on a GPU) never records. A step that cannot be recorded is "
-            "logged and the run goes on eagerly. docs/algorithms.md.",
-            changeable_on_resume(one_of({"auto", "on", "off"})));
+    enum_field(v, "cuda_graphs", cuda_graphs,
+               "Whole-step CUDA graphs: after 2 warm-up steps on a side stream, the first step of each new set of "
+               "batch shapes (forward, backward, clipping, the non-finite skip and the fused AdamW step) is recorded, "
+               "up to 8 graphs, and replayed for every later step of those shapes (pretraining windows and packed rows "
+               "have one; data.pad_to_multiple_of buckets padded ones); other steps run eagerly. "
+               "auto uses them where a run allows (CUDA, one process without dist.sharding, dist.param_dtype "
+               "either way; train.overlap_step_reads, optimizer.fused, sft or pretrain, no mixture of experts, no "
+               "activation checkpointing) and logs why not on a GPU otherwise; on makes that an error; off "
+               "(the default until they have been checked on a GPU) never records. A step that cannot be recorded is "
+               "logged and the run goes on eagerly. docs/algorithms.md.",
+               kCudaGraphs, changeable_on_resume(kCudaGraphs.rule()));
+  }
+  /// Clipping, seeds, cadence, checkpoints, where it runs, resume.
+  template <class V>
+  void visit_run(V& v) {
     v.field("grad_clip", grad_clip, "Max global gradient L2 norm; 0 disables clipping.", non_negative());
     v.field("seed", seed, "Seed for init, data order and dropout.", non_negative());
     v.field("save_every", save_every, "Checkpoint every N steps (and always at the end); 0 = end only.",
@@ -492,11 +516,11 @@ struct TrainConfig {
             "on bfloat16/float16 compute.",
             changeable_on_resume());
     v.field("threads", threads, "Intra-op CPU threads; 0 = LibTorch's default.", changeable_on_resume(non_negative()));
-    v.field("on_nonfinite", on_nonfinite,
-            "A step whose loss or gradient norm is NaN or infinite is never applied. stop: exit with an error "
-            "naming the step and the quantity, saving nothing from it (the last checkpoint stays as it was); "
-            "skip: drop the step, count it (nonfinite_steps in metrics.jsonl) and go on.",
-            one_of({"stop", "skip"}));
+    enum_field(v, "on_nonfinite", on_nonfinite,
+               "A step whose loss or gradient norm is NaN or infinite is never applied. stop: exit with an error "
+               "naming the step and the quantity, saving nothing from it (the last checkpoint stays as it was); "
+               "skip: drop the step, count it (nonfinite_steps in metrics.jsonl) and go on.",
+               kOnNonfinite, kOnNonfinite.rule());
     v.field("max_nonfinite_in_a_row", max_nonfinite_in_a_row,
             "With on_nonfinite: skip, stop with an error after this many non-finite steps in a row.", positive());
     v.field("resume", resume,

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -74,6 +75,44 @@ inline Rule one_of(std::vector<std::string> choices) {
   for (size_t i = 0; i < choices.size(); ++i) e += (i ? ", " : " ") + choices[i];
   return {e, {}, std::move(choices)};
 }
+/// The names of an enum's values, for a config key that is one of them: the
+/// key reads and writes the names (enum_field), and code compares the enum.
+template <class E>
+class Choices {
+ public:
+  Choices(std::initializer_list<std::pair<const char*, E>> values) : values_(values) {}
+  /// `e`'s name ("" for a value without one).
+  const char* name(E e) const {
+    for (const auto& [n, v] : values_)
+      if (v == e) return n;
+    return "";
+  }
+  std::optional<E> find(const std::string& name) const {
+    for (const auto& [n, v] : values_)
+      if (name == n) return v;
+    return std::nullopt;
+  }
+  /// The rule "one of" the names (wrap it: changeable_on_resume(c.rule())).
+  Rule rule() const {
+    std::vector<std::string> names;
+    for (const auto& [n, v] : values_) names.emplace_back(n);
+    return one_of(std::move(names));
+  }
+
+ private:
+  std::vector<std::pair<const char*, E>> values_;
+};
+
+/// A field whose config value is one of `choices`' names and whose value is
+/// the enum: the visitor sees the name under `rule` (choices.rule(), maybe
+/// wrapped), and the enum is set from the name it parsed, once, here.
+template <class V, class E>
+void enum_field(V& v, const char* key, E& value, const char* doc, const Choices<E>& choices, const Rule& rule) {
+  std::string name = choices.name(value);
+  v.field(key, name, doc, rule);
+  if (const auto parsed = choices.find(name)) value = *parsed;
+}
+
 /// `r`, for a key that only some algorithms read: those that list it when
 /// they register (train::register_objective's `reads`). Set to another value
 /// than its default in a run of any other algorithm, the key is an error that

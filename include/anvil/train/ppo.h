@@ -56,6 +56,31 @@ struct EnvironmentConfig {
   }
 };
 
+/// ppo.advantage: how a sample's advantage is computed.
+enum class Advantage { kGae, kGrpo, kRloo, kReinforcePp, kReinforcePpBaseline };
+inline const config::Choices<Advantage> kAdvantages{{"gae", Advantage::kGae},
+                                                    {"grpo", Advantage::kGrpo},
+                                                    {"rloo", Advantage::kRloo},
+                                                    {"reinforce_pp", Advantage::kReinforcePp},
+                                                    {"reinforce_pp_baseline", Advantage::kReinforcePpBaseline}};
+/// ppo.loss_aggregation: how per-token losses become the step's loss.
+enum class LossAggregation { kTokenMean, kSequenceMean, kConstant };
+inline const config::Choices<LossAggregation> kLossAggregations{{"token_mean", LossAggregation::kTokenMean},
+                                                                {"sequence_mean", LossAggregation::kSequenceMean},
+                                                                {"constant", LossAggregation::kConstant}};
+
+/// ppo.kl_estimator: the per-token KL estimator.
+enum class KlEstimator { kK1, kK3 };
+inline const config::Choices<KlEstimator> kKlEstimators{{"k1", KlEstimator::kK1}, {"k3", KlEstimator::kK3}};
+/// ppo.scale_rewards: what GRPO divides a score's distance from its group's mean by.
+enum class ScaleRewards { kGroup, kBatch, kNone };
+inline const config::Choices<ScaleRewards> kScaleRewards{
+    {"group", ScaleRewards::kGroup}, {"batch", ScaleRewards::kBatch}, {"none", ScaleRewards::kNone}};
+/// ppo.importance_sampling_level: one ratio per token or per response.
+enum class ImportanceSampling { kToken, kSequence };
+inline const config::Choices<ImportanceSampling> kImportanceSampling{{"token", ImportanceSampling::kToken},
+                                                                     {"sequence", ImportanceSampling::kSequence}};
+
 /// Options of the `ppo` algorithm (online RL: PPO, GRPO, RLOO, REINFORCE++).
 struct PpoConfig {
   int64_t prompts_per_rollout = 16;
@@ -68,9 +93,9 @@ struct PpoConfig {
   int64_t generation_batch_size = 0;
   bool keep_decoder = false;
   std::string reference;
-  std::string advantage = "gae";
+  Advantage advantage = Advantage::kGae;
   double kl_coef = 0.05;
-  std::string kl_estimator = "k1";
+  KlEstimator kl_estimator = KlEstimator::kK1;
   double target_kl = 0;
   double kl_horizon = 10000;
   double gamma = 1.0;
@@ -80,10 +105,10 @@ struct PpoConfig {
   double cliprange_value = 0.2;
   double vf_coef = 0.1;
   bool whiten_advantages = true;
-  std::string loss_aggregation = "token_mean";
+  LossAggregation loss_aggregation = LossAggregation::kTokenMean;
   double loss_constant = 0;
-  std::string scale_rewards = "group";
-  std::string importance_sampling_level = "token";
+  ScaleRewards scale_rewards = ScaleRewards::kGroup;
+  ImportanceSampling importance_sampling_level = ImportanceSampling::kToken;
   bool mask_truncated_completions = false;
   OverlongPenaltyConfig overlong_penalty;
   bool dynamic_sampling = false;
@@ -97,6 +122,14 @@ struct PpoConfig {
 
   template <class V>
   void visit(V& v) {
+    visit_rollout(v);
+    visit_advantage(v);
+    visit_loss(v);
+    visit_models(v);
+  }
+  /// The rollout: prompts, samples, sampling.
+  template <class V>
+  void visit_rollout(V& v) {
     v.field("prompts_per_rollout", prompts_per_rollout,
             "Prompts each rollout draws from data.train (over all ranks; a multiple of the world size).",
             config::positive());
@@ -120,18 +153,23 @@ struct PpoConfig {
             "instead of recording it again, and the cache holds its memory during training. Off until checked on a "
             "GPU.",
             config::changeable_on_resume());
+  }
+  /// The reference, the advantage, the KL penalty and the clipping.
+  template <class V>
+  void visit_advantage(V& v) {
     v.field("reference", reference,
             "Reference model folder for the KL penalty. Empty = model.from, or a frozen copy of the initial weights.");
-    v.field("advantage", advantage,
-            "gae (PPO with a value head), grpo (group-normalised scores, KL in the loss, no critic), rloo "
-            "(leave-one-out baseline, no critic), reinforce_pp (REINFORCE++: the KL-penalised token rewards summed "
-            "to the end, whitened over the rollout, no critic) or reinforce_pp_baseline (the same on each score "
-            "minus its group's mean).",
-            config::one_of({"gae", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"}));
+    config::enum_field(
+        v, "advantage", advantage,
+        "gae (PPO with a value head), grpo (group-normalised scores, KL in the loss, no critic), rloo "
+        "(leave-one-out baseline, no critic), reinforce_pp (REINFORCE++: the KL-penalised token rewards summed "
+        "to the end, whitened over the rollout, no critic) or reinforce_pp_baseline (the same on each score "
+        "minus its group's mean).",
+        kAdvantages, kAdvantages.rule());
     v.field("kl_coef", kl_coef, "KL penalty coefficient (initial value when target_kl is set; GRPO's beta).",
             config::non_negative());
-    v.field("kl_estimator", kl_estimator, "Per-token KL estimator: k1 (logp - ref) or k3.",
-            config::one_of({"k1", "k3"}));
+    config::enum_field(v, "kl_estimator", kl_estimator, "Per-token KL estimator: k1 (logp - ref) or k3.", kKlEstimators,
+                       kKlEstimators.rule());
     v.field("target_kl", target_kl,
             "Adaptive KL controller target (Ziegler et al.): the summed KL per sequence to aim for; 0 = fixed "
             "kl_coef.",
@@ -151,22 +189,29 @@ struct PpoConfig {
     v.field("vf_coef", vf_coef, "Weight of the value loss.", config::non_negative());
     v.field("whiten_advantages", whiten_advantages,
             "Whiten advantages over the rollout (gae, rloo, reinforce_pp and reinforce_pp_baseline).");
-    v.field("loss_aggregation", loss_aggregation,
-            "How per-token losses become the step's loss: token_mean (over every response token of the step: DAPO, "
-            "TRL's loss_type dapo), sequence_mean (each response's token mean, averaged over responses: GRPO's "
-            "paper, TRL's grpo) or constant (summed, divided by loss_constant x responses: Dr. GRPO, TRL's "
-            "dr_grpo).",
-            config::one_of({"token_mean", "sequence_mean", "constant"}));
+  }
+  /// How the loss is aggregated and which samples count.
+  template <class V>
+  void visit_loss(V& v) {
+    config::enum_field(
+        v, "loss_aggregation", loss_aggregation,
+        "How per-token losses become the step's loss: token_mean (over every response token of the step: DAPO, "
+        "TRL's loss_type dapo), sequence_mean (each response's token mean, averaged over responses: GRPO's "
+        "paper, TRL's grpo) or constant (summed, divided by loss_constant x responses: Dr. GRPO, TRL's "
+        "dr_grpo).",
+        kLossAggregations, kLossAggregations.rule());
     v.field("loss_constant", loss_constant, "loss_aggregation constant: the divisor per response; 0 = max_new_tokens.",
             config::non_negative());
-    v.field("scale_rewards", scale_rewards,
-            "advantage grpo: divide each score's distance from its group's mean by the group's std (group), by the "
-            "std of the whole rollout (batch), or by nothing (none: Dr. GRPO).",
-            config::one_of({"group", "batch", "none"}));
-    v.field("importance_sampling_level", importance_sampling_level,
-            "token: one ratio per token (PPO, GRPO); sequence: one ratio per response, exp of the mean log-ratio "
-            "over its tokens (GSPO), clipped with cliprange / cliprange_high.",
-            config::one_of({"token", "sequence"}));
+    config::enum_field(
+        v, "scale_rewards", scale_rewards,
+        "advantage grpo: divide each score's distance from its group's mean by the group's std (group), by the "
+        "std of the whole rollout (batch), or by nothing (none: Dr. GRPO).",
+        kScaleRewards, kScaleRewards.rule());
+    config::enum_field(
+        v, "importance_sampling_level", importance_sampling_level,
+        "token: one ratio per token (PPO, GRPO); sequence: one ratio per response, exp of the mean log-ratio "
+        "over its tokens (GSPO), clipped with cliprange / cliprange_high.",
+        kImportanceSampling, kImportanceSampling.rule());
     v.field("mask_truncated_completions", mask_truncated_completions,
             "Responses cut by max_new_tokens (no end of turn) take no part in the loss or its statistics (DAPO; "
             "TRL's mask_truncated_completions).");
@@ -182,6 +227,10 @@ struct PpoConfig {
     v.section("overlong_penalty", overlong_penalty,
               "DAPO's soft overlong punishment, added to each score: 0 up to length - buffer tokens, then falling "
               "linearly to -factor at length.");
+  }
+  /// The critic, the rewards and the environment.
+  template <class V>
+  void visit_models(V& v) {
     v.field("critic_from", critic_from,
             "advantage gae: a separate critic model trained beside the policy, initialised from this folder (a "
             "reward model, whose score head becomes the value head, or any model of the policy's tokenizer). "
@@ -217,7 +266,7 @@ inline const PpoConfig& ppo_config(const config::RunConfig& cfg) { return cfg.ex
 
 /// The per-token KL estimate between policy and reference from their
 /// log-probs: "k1" logp - ref, or "k3" exp(ref - logp) - (ref - logp) - 1.
-at::Tensor kl_estimate(const at::Tensor& logp, const at::Tensor& ref_logp, const std::string& estimator);
+at::Tensor kl_estimate(const at::Tensor& logp, const at::Tensor& ref_logp, KlEstimator estimator);
 
 /// -kl_coef * kl per token, with each row's score added at its last response
 /// token (Ziegler et al.). `scores` (B).
@@ -298,7 +347,7 @@ double overlong_penalty(int64_t tokens, int64_t length, int64_t buffer, double f
 /// GRPO's advantages with TRL's scale_rewards: each score minus its group's
 /// mean, divided by the group's std (group), by the std of all scores
 /// (batch), or not divided (none), the std unbiased, plus 1e-4.
-at::Tensor grpo_advantages(const at::Tensor& scores, int64_t group, const std::string& scale_rewards);
+at::Tensor grpo_advantages(const at::Tensor& scores, int64_t group, ScaleRewards scale_rewards);
 
 // ---- rewards a program supplies ------------------------------------------------
 

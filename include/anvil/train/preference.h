@@ -30,10 +30,17 @@ struct RewardConfig {
   }
 };
 
+/// dpo.loss_type: which preference loss.
+enum class DpoLoss { kSigmoid, kIpo, kHinge, kRobust, kOrpo, kSimpo, kCpo };
+inline const config::Choices<DpoLoss> kDpoLosses{{"sigmoid", DpoLoss::kSigmoid}, {"ipo", DpoLoss::kIpo},
+                                                 {"hinge", DpoLoss::kHinge},     {"robust", DpoLoss::kRobust},
+                                                 {"orpo", DpoLoss::kOrpo},       {"simpo", DpoLoss::kSimpo},
+                                                 {"cpo", DpoLoss::kCpo}};
+
 /// Options of the `dpo` algorithm (direct preference optimisation).
 struct DpoConfig {
   double beta = 0.1;
-  std::string loss_type = "sigmoid";
+  DpoLoss loss_type = DpoLoss::kSigmoid;
   double label_smoothing = 0;
   double rpo_alpha = 0;
   double simpo_gamma = 0.5;
@@ -49,12 +56,13 @@ struct DpoConfig {
             "Strength of the implicit KL penalty to the reference (IPO: the regulariser tau; ORPO: the odds-ratio "
             "weight lambda; SimPO / CPO: the reward scale).",
             config::positive());
-    v.field("loss_type", loss_type,
-            "sigmoid (DPO), ipo (IPO, on length-normalised log-probs), hinge (SLiC), robust (robust DPO for "
-            "noisy labels), or without a reference model: orpo (ORPO: the chosen reply's NLL plus the odds-ratio "
-            "term, on length-normalised log-probs), simpo (SimPO: length-normalised log-probs, target margin "
-            "simpo_gamma) or cpo (CPO: summed log-probs plus cpo_alpha x the chosen reply's NLL).",
-            config::one_of({"sigmoid", "ipo", "hinge", "robust", "orpo", "simpo", "cpo"}));
+    config::enum_field(
+        v, "loss_type", loss_type,
+        "sigmoid (DPO), ipo (IPO, on length-normalised log-probs), hinge (SLiC), robust (robust DPO for "
+        "noisy labels), or without a reference model: orpo (ORPO: the chosen reply's NLL plus the odds-ratio "
+        "term, on length-normalised log-probs), simpo (SimPO: length-normalised log-probs, target margin "
+        "simpo_gamma) or cpo (CPO: summed log-probs plus cpo_alpha x the chosen reply's NLL).",
+        kDpoLosses, kDpoLosses.rule());
     v.field("label_smoothing", label_smoothing,
             "Probability that a pair's preference is flipped (cDPO for sigmoid, robust DPO for robust); "
             "0 = clean labels.",
@@ -103,7 +111,7 @@ std::vector<std::string> dpo_reads();
 std::pair<at::Tensor, at::Tensor> sequence_logps(const at::Tensor& logits, const at::Tensor& labels);
 
 struct DpoLossOptions {
-  std::string loss_type = "sigmoid";  // sigmoid | ipo | hinge | robust | orpo | simpo | cpo
+  DpoLoss loss_type = DpoLoss::kSigmoid;
   double beta = 0.1;
   double label_smoothing = 0;  // cDPO (sigmoid) / robust DPO / simpo / cpo
   double simpo_gamma = 0.5;    // simpo's target margin
@@ -111,7 +119,7 @@ struct DpoLossOptions {
 
 /// Whether a loss type compares the policy with no reference model (orpo,
 /// simpo, cpo).
-bool reference_free(const std::string& loss_type);
+bool reference_free(DpoLoss loss_type);
 
 /// Per-pair losses and the implicit rewards beta * (pi - ref) (beta * pi
 /// without a reference), (P) each; for orpo also each pair's log odds ratio.
@@ -132,7 +140,7 @@ DpoLossOutput dpo_loss(const at::Tensor& policy_chosen, const at::Tensor& policy
 
 /// The log-probs a loss type compares: sums, or per-token means for ipo,
 /// orpo and simpo.
-at::Tensor dpo_logps(const at::Tensor& sums, const at::Tensor& counts, const std::string& loss_type);
+at::Tensor dpo_logps(const at::Tensor& sums, const at::Tensor& counts, DpoLoss loss_type);
 
 /// DPO statistics of a micro-batch into `sums` and the TRL-named metrics
 /// (rewards/chosen, rewards/rejected, rewards/accuracies, rewards/margins,

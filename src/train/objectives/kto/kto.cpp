@@ -32,12 +32,10 @@ at::Tensor kto_kl(const at::Tensor& policy_kl_logps, const at::Tensor& ref_kl_lo
   return (policy_kl_logps - ref_kl_logps).mean().clamp_min(0).detach();
 }
 
-bool kto_uses_kl(const std::string& loss_type) { return loss_type == "kto"; }
+bool kto_uses_kl(KtoLoss loss_type) { return loss_type == KtoLoss::kKto; }
 
 KtoLossOutput kto_loss(const at::Tensor& policy_logps, const at::Tensor& ref_logps, const at::Tensor& desirable,
                        const at::Tensor& kl, const KtoLossOptions& opt) {
-  TORCH_CHECK(opt.loss_type == "kto" || opt.loss_type == "apo_zero_unpaired", "kto_loss: unknown loss_type \"",
-              opt.loss_type, "\"");
   const auto logratio = policy_logps - ref_logps;
   at::Tensor good, bad;
   if (kto_uses_kl(opt.loss_type)) {
@@ -143,7 +141,7 @@ namespace stdfs = std::filesystem;
 /// The `kto:` section.
 struct KtoConfig {
   double beta = 0.1;
-  std::string loss_type = "kto";
+  KtoLoss loss_type = KtoLoss::kKto;
   double desirable_weight = 1.0;
   double undesirable_weight = 1.0;
   std::string reference;
@@ -152,11 +150,12 @@ struct KtoConfig {
 
   void visit(config::FieldVisitor& v) {
     v.field("beta", beta, "Strength of the implicit KL penalty to the reference (TRL's beta).", config::positive());
-    v.field("loss_type", loss_type,
-            "kto (the KTO paper's loss: each completion against the micro-batch's KL estimate z0, from its "
-            "mismatched KL rows) or apo_zero_unpaired (TRL's unpaired APO-zero: desirable completions made "
-            "likelier than under the reference, undesirable ones less likely; no z0, so no KL rows are scored).",
-            config::one_of({"kto", "apo_zero_unpaired"}));
+    config::enum_field(
+        v, "loss_type", loss_type,
+        "kto (the KTO paper's loss: each completion against the micro-batch's KL estimate z0, from its "
+        "mismatched KL rows) or apo_zero_unpaired (TRL's unpaired APO-zero: desirable completions made "
+        "likelier than under the reference, undesirable ones less likely; no z0, so no KL rows are scored).",
+        kKtoLosses, kKtoLosses.rule());
     v.field("desirable_weight", desirable_weight,
             "Weight of a desirable example's loss (lambda_D; TRL advises desirable_weight x desirable examples / "
             "(undesirable_weight x undesirable examples) in [1, 4/3], and the run warns outside it).",

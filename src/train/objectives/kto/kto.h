@@ -40,17 +40,21 @@ struct KtoSample {
 /// num_targets = n.
 Batch collate_kto(const std::vector<const KtoSample*>& ex, int64_t pad_id, int64_t max_length, bool kl_rows = true);
 
+/// kto.loss_type: kto, or apo_zero_unpaired (TRL's unpaired APO-zero: no reference point z0).
+enum class KtoLoss { kKto, kApoZeroUnpaired };
+inline const config::Choices<KtoLoss> kKtoLosses{{"kto", KtoLoss::kKto},
+                                                 {"apo_zero_unpaired", KtoLoss::kApoZeroUnpaired}};
+
 struct KtoLossOptions {
   double beta = 0.1;
   double desirable_weight = 1.0;
   double undesirable_weight = 1.0;
-  /// kto, or apo_zero_unpaired (TRL's unpaired APO-zero: no reference point z0).
-  std::string loss_type = "kto";
+  KtoLoss loss_type = KtoLoss::kKto;
 };
 
 /// Whether a loss type compares each example with the micro-batch's KL
 /// reference point z0 (kto), and so needs the KL rows.
-bool kto_uses_kl(const std::string& loss_type);
+bool kto_uses_kl(KtoLoss loss_type);
 
 /// Per-example losses (n) and implicit rewards beta * (pi - ref) (n).
 struct KtoLossOutput {

@@ -79,8 +79,8 @@ PpoObjective::PpoObjective(const config::RunConfig& cfg, const tokenizer::Tokeni
   first.prompt = (*s_->data.train.front())[0].prompt_ids;
   s_->source = std::make_unique<StepBatches>(s_->prompts.get(), collate_rollout({&first}, s_->pad_id), "ppo");
   s_->rollout_rows = p.prompts_per_rollout * p.samples_per_prompt;
-  if (p.advantage != "gae" && p.advantage != "reinforce_pp" && p.samples_per_prompt < 2)
-    throw ConfigError(concat("ppo.samples_per_prompt: advantage ", p.advantage,
+  if (p.advantage != Advantage::kGae && p.advantage != Advantage::kReinforcePp && p.samples_per_prompt < 2)
+    throw ConfigError(concat("ppo.samples_per_prompt: advantage ", kAdvantages.name(p.advantage),
                              " compares the samples of a prompt, so it needs at least 2, got ", p.samples_per_prompt));
   if (s_->rollout_rows % s_->minibatch_rows() != 0)
     throw ConfigError(concat("ppo.prompts_per_rollout: a rollout of ", p.prompts_per_rollout, " x ",
@@ -91,7 +91,7 @@ PpoObjective::PpoObjective(const config::RunConfig& cfg, const tokenizer::Tokeni
   s_->rewards = std::make_unique<ResponseRewards>(p.reward, "ppo.reward", p.rewards, "ppo.rewards",
                                                   p.environment.command.empty());
   if (!p.environment.command.empty()) s_->chat = &chat;
-  s_->value_head = p.advantage == "gae";
+  s_->value_head = p.advantage == Advantage::kGae;
 }
 
 PpoObjective::~PpoObjective() = default;
@@ -439,28 +439,28 @@ std::pair<at::Tensor, at::Tensor> PpoObjective::State::advantages(const std::vec
   const auto kl = kl_estimate(logp, ref, ppo.kl_estimator) * mask;
   const auto non_score = -kl_coef * kl;
   at::Tensor adv, ret;
-  if (ppo.advantage == "gae") {
+  if (ppo.advantage == Advantage::kGae) {
     std::tie(adv, ret) = gae(token_rewards(kl, scores, mask, kl_coef), values, mask, ppo.gamma, ppo.lam);
     if (ppo.whiten_advantages) adv = masked_whiten(adv, mask);
-  } else if (ppo.advantage == "reinforce_pp" || ppo.advantage == "reinforce_pp_baseline") {
+  } else if (ppo.advantage == Advantage::kReinforcePp || ppo.advantage == Advantage::kReinforcePpBaseline) {
     // REINFORCE++: the KL-penalised token rewards summed to the end; the baseline variant first takes each
     // score's group mean away. Whitened over the rollout's tokens.
-    adv = reinforce_pp_advantages(scores, kl, mask, kl_coef, ppo.advantage == "reinforce_pp_baseline" ? K : 0,
+    adv = reinforce_pp_advantages(scores, kl, mask, kl_coef, ppo.advantage == Advantage::kReinforcePpBaseline ? K : 0,
                                   ppo.whiten_advantages);
     ret = at::zeros_like(adv);
   } else {
     // Sequence-level: GRPO on the scores (its KL is a loss term), RLOO on the
     // KL-penalised reward (TRL's RLOOTrainer); every token gets its sequence's.
-    const bool grpo = ppo.advantage == "grpo";
+    const bool grpo = ppo.advantage == Advantage::kGrpo;
     const auto compared = grpo ? scores : scores + non_score.sum(1);
     auto seq = grpo ? grpo_advantages(compared, K, ppo.scale_rewards) : rloo_advantages(compared, K);
-    if (ppo.advantage == "rloo" && ppo.whiten_advantages) seq = (seq - seq.mean()) / (seq.std() + 1e-8);
+    if (ppo.advantage == Advantage::kRloo && ppo.whiten_advantages) seq = (seq - seq.mean()) / (seq.std() + 1e-8);
     adv = seq.unsqueeze(1) * mask;
     ret = at::zeros_like(adv);
     // GRPOTrainer's and RLOOTrainer's names; RLOO's KL is the reward's penalty, GRPO's the loss's (step_metrics).
     const bool kl_penalty = !grpo && kl_coef > 0;
-    for (const auto& [k, v] : group_rollout_metrics(rows, g, compared, K, grpo && ppo.scale_rewards == "batch",
-                                                    kl_penalty ? kl : at::Tensor()))
+    for (const auto& [k, v] : group_rollout_metrics(
+             rows, g, compared, K, grpo && ppo.scale_rewards == ScaleRewards::kBatch, kl_penalty ? kl : at::Tensor()))
       m[k] = v;
   }
   // Metrics of the rollout (TRL's names).
@@ -531,7 +531,8 @@ at::Tensor PpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
   const auto weights = t("weights");
   const auto terms = ppo_loss_sums(
       logp, t("old_logp"), t("advantages"), values, t("old_values"), t("returns"), mask,
-      {p.cliprange, p.cliprange_value, p.cliprange_high, p.importance_sampling_level == "sequence"}, weights);
+      {p.cliprange, p.cliprange_value, p.cliprange_high, p.importance_sampling_level == ImportanceSampling::kSequence},
+      weights);
   auto loss = terms.policy;
   add_sum(sums, "pg_loss", terms.policy);
   add_sum(sums, "clipfrac", terms.clipfrac);
@@ -548,8 +549,8 @@ at::Tensor PpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
     add_sum(sums, "vf_loss", terms.value);
     add_sum(sums, "vf_clipfrac", terms.vf_clipfrac);
   }
-  if (p.advantage == "grpo" && s_->kl_coef > 0) {
-    const auto per_token = kl_estimate(logp, t("ref_logp"), "k3");
+  if (p.advantage == Advantage::kGrpo && s_->kl_coef > 0) {
+    const auto per_token = kl_estimate(logp, t("ref_logp"), KlEstimator::kK3);
     loss = loss + s_->kl_coef * (per_token * weights).sum();  // aggregated like the policy loss
     add_sum(sums, "kl", (per_token * mask).sum());
   }

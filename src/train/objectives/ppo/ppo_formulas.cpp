@@ -10,11 +10,9 @@
 
 namespace anvil::train {
 
-at::Tensor kl_estimate(const at::Tensor& logp, const at::Tensor& ref_logp, const std::string& estimator) {
+at::Tensor kl_estimate(const at::Tensor& logp, const at::Tensor& ref_logp, KlEstimator estimator) {
   const auto d = logp - ref_logp;
-  if (estimator == "k1") return d;
-  if (estimator == "k3") return at::exp(-d) - 1 + d;
-  throw ConfigError(concat("ppo.kl_estimator: expected k1 or k3, got \"", estimator, "\""));
+  return estimator == KlEstimator::kK1 ? d : at::exp(-d) - 1 + d;
 }
 
 at::Tensor token_rewards(const at::Tensor& kl, const at::Tensor& scores, const at::Tensor& mask, double kl_coef) {
@@ -66,15 +64,14 @@ at::Tensor grpo_advantages(const at::Tensor& scores, int64_t group) {
   return ((s - s.mean(1, true)) / (s.std(1, /*unbiased=*/true, true) + 1e-4)).view(-1);
 }
 
-at::Tensor grpo_advantages(const at::Tensor& scores, int64_t group, const std::string& scale_rewards) {
-  if (scale_rewards == "group") return grpo_advantages(scores, group);
+at::Tensor grpo_advantages(const at::Tensor& scores, int64_t group, ScaleRewards scale_rewards) {
+  if (scale_rewards == ScaleRewards::kGroup) return grpo_advantages(scores, group);
   TORCH_CHECK(group >= 2 && scores.numel() % group == 0, "grpo_advantages: groups of ", group, " over ", scores.numel(),
               " scores");
   const auto s = scores.view({-1, group});
   const auto centred = (s - s.mean(1, true)).view(-1);
-  if (scale_rewards == "none") return centred;
-  if (scale_rewards == "batch") return centred / (scores.std(/*unbiased=*/true) + 1e-4);
-  throw ConfigError(concat("ppo.scale_rewards: expected group, batch or none, got \"", scale_rewards, "\""));
+  if (scale_rewards == ScaleRewards::kNone) return centred;
+  return centred / (scores.std(/*unbiased=*/true) + 1e-4);  // batch
 }
 
 at::Tensor reinforce_pp_returns(const at::Tensor& rewards, const at::Tensor& mask) {

@@ -35,7 +35,7 @@ std::vector<double> to_vector(const at::Tensor& x) {
 
 }  // namespace
 
-bool logs_group_metrics(const std::string& advantage) { return advantage == "grpo" || advantage == "rloo"; }
+bool logs_group_metrics(Advantage advantage) { return advantage == Advantage::kGrpo || advantage == Advantage::kRloo; }
 
 Metrics group_rollout_metrics(const std::vector<RolloutRow>& rows, const GeneratedTokens& g, const at::Tensor& compared,
                               int64_t group, bool batch_std, const at::Tensor& kl) {

@@ -12,13 +12,14 @@
 #include <vector>
 
 #include "anvil/train/objective.h"
+#include "anvil/train/ppo.h"
 #include "train/objectives/ppo/ppo_rollout.h"
 
 namespace anvil::train {
 
 /// Whether a run of ppo.advantage `advantage` logs GRPOTrainer's and
 /// RLOOTrainer's names (grpo, rloo).
-bool logs_group_metrics(const std::string& advantage);
+bool logs_group_metrics(Advantage advantage);
 
 /// A rollout's metrics under GRPOTrainer's and RLOOTrainer's names, from
 /// every rank's rows (N) and their generated tokens `g`:

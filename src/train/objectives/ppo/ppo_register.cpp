@@ -43,8 +43,9 @@ void check_ppo(const PpoConfig& p, const config::RunConfig&, const config::Check
   checks.model_folder("ppo.reference", p.reference);
   checks.model_folder("ppo.reward.model", p.reward.model);
   checks.model_folder("ppo.critic_from", p.critic_from);
-  if (!p.critic_from.empty() && p.advantage != "gae")
-    checks.fail("ppo.critic_from", concat("advantage ", p.advantage, " has no critic; a separate critic serves gae"));
+  if (!p.critic_from.empty() && p.advantage != Advantage::kGae)
+    checks.fail("ppo.critic_from",
+                concat("advantage ", kAdvantages.name(p.advantage), " has no critic; a separate critic serves gae"));
 }
 
 }  // namespace

@@ -99,7 +99,7 @@ Batch collate_rollout(const std::vector<const RolloutRow*>& rows, int64_t pad_id
   auto ref_logp = at::zeros({B, R}, at::kFloat), old_values = at::zeros({B, R}, at::kFloat);
   auto advantages = at::zeros({B, R}, at::kFloat), returns = at::zeros({B, R}, at::kFloat);
   auto weights = at::zeros({B, R}, at::kFloat);
-  const bool per_row = weighting.aggregation != "token_mean";
+  const bool per_row = weighting.aggregation != LossAggregation::kTokenMean;
   Batch b;
   for (int64_t i = 0; i < B; ++i) {
     const auto& r = *rows[static_cast<size_t>(i)];
@@ -112,10 +112,10 @@ Batch collate_rollout(const std::vector<const RolloutRow*>& rows, int64_t pad_id
     int64_t generated = 0;  // the tokens the policy chose (not an environment's)
     for (int64_t j = 0; j < n; ++j) generated += !r.is_appended(static_cast<size_t>(j));
     const float w = !counted ? 0.f
-                    : weighting.aggregation == "sequence_mean"
+                    : weighting.aggregation == LossAggregation::kSequenceMean
                         ? 1.f / static_cast<float>(std::max<int64_t>(generated, 1))
-                    : weighting.aggregation == "constant" ? static_cast<float>(1.0 / weighting.constant)
-                                                          : 1.f;
+                    : weighting.aggregation == LossAggregation::kConstant ? static_cast<float>(1.0 / weighting.constant)
+                                                                          : 1.f;
     for (int64_t j = 0; j < n; ++j) {
       const bool trained = counted && !r.is_appended(static_cast<size_t>(j));
       tokens[i][j] = r.response[static_cast<size_t>(j)];

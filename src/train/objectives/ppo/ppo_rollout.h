@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "anvil/train/objective.h"
+#include "anvil/train/ppo.h"
 
 namespace anvil::train {
 
@@ -63,9 +64,9 @@ at::Tensor at_response_places(const at::Tensor& x, const GeneratedTokens& g);
 /// How the per-token losses of a step are weighed (ppo.loss_aggregation,
 /// ppo.mask_truncated_completions).
 struct LossWeighting {
-  std::string aggregation = "token_mean";  // token_mean | sequence_mean | constant
-  double constant = 1;                     // constant: the divisor per response
-  bool mask_truncated = false;             // responses without an end of turn leave the mask
+  LossAggregation aggregation = LossAggregation::kTokenMean;
+  double constant = 1;          // constant: the divisor per response
+  bool mask_truncated = false;  // responses without an end of turn leave the mask
 };
 
 /// ... and `weights` (B x R), each token's weight in the loss sum, with

@@ -123,14 +123,14 @@ std::string Fingerprint::hex() const {
   return os.str();
 }
 
-bool reference_free(const std::string& loss_type) {
-  return loss_type == "orpo" || loss_type == "simpo" || loss_type == "cpo";
+bool reference_free(DpoLoss loss_type) {
+  return loss_type == DpoLoss::kOrpo || loss_type == DpoLoss::kSimpo || loss_type == DpoLoss::kCpo;
 }
 
-at::Tensor dpo_logps(const at::Tensor& sums, const at::Tensor& counts, const std::string& loss_type) {
+at::Tensor dpo_logps(const at::Tensor& sums, const at::Tensor& counts, DpoLoss loss_type) {
   // TRL length-normalises the log-probs for IPO (the paper's average
   // log-likelihood), ORPO and SimPO (both papers define them so).
-  const bool mean = loss_type == "ipo" || loss_type == "orpo" || loss_type == "simpo";
+  const bool mean = loss_type == DpoLoss::kIpo || loss_type == DpoLoss::kOrpo || loss_type == DpoLoss::kSimpo;
   return mean ? sums / counts.to(sums.scalar_type()) : sums;
 }
 
@@ -141,7 +141,7 @@ DpoLossOutput dpo_loss(const at::Tensor& policy_chosen, const at::Tensor& policy
     DpoLossOutput out;
     out.chosen_rewards = (beta * policy_chosen).detach();
     out.rejected_rewards = (beta * policy_rejected).detach();
-    if (opt.loss_type == "orpo") {
+    if (opt.loss_type == DpoLoss::kOrpo) {
       // log odds(p) = log p - log(1 - p), with log(1 - p) = log(-expm1(log p)).
       const auto log_odds = (policy_chosen - policy_rejected) -
                             (at::log(-at::expm1(policy_chosen)) - at::log(-at::expm1(policy_rejected)));
@@ -150,22 +150,22 @@ DpoLossOutput dpo_loss(const at::Tensor& policy_chosen, const at::Tensor& policy
       return out;
     }
     auto logits = policy_chosen - policy_rejected;
-    if (opt.loss_type == "simpo") logits = logits - opt.simpo_gamma / beta;
+    if (opt.loss_type == DpoLoss::kSimpo) logits = logits - opt.simpo_gamma / beta;
     out.losses = -at::log_sigmoid(beta * logits) * (1 - eps) - at::log_sigmoid(-beta * logits) * eps;
     return out;
   }
   auto logits = (policy_chosen - policy_rejected) - (ref_chosen - ref_rejected);
   at::Tensor losses;
-  if (opt.loss_type == "sigmoid") {
+  if (opt.loss_type == DpoLoss::kSigmoid) {
     losses = -at::log_sigmoid(beta * logits) * (1 - eps) - at::log_sigmoid(-beta * logits) * eps;
-  } else if (opt.loss_type == "robust") {
+  } else if (opt.loss_type == DpoLoss::kRobust) {
     losses = (-at::log_sigmoid(beta * logits) * (1 - eps) + at::log_sigmoid(-beta * logits) * eps) / (1 - 2 * eps);
-  } else if (opt.loss_type == "hinge") {
+  } else if (opt.loss_type == DpoLoss::kHinge) {
     losses = at::relu(1 - beta * logits);
-  } else if (opt.loss_type == "ipo") {
+  } else if (opt.loss_type == DpoLoss::kIpo) {
     losses = (logits - 1 / (2 * beta)).pow(2);
   } else {
-    TORCH_CHECK(false, "dpo_loss: unknown loss_type ", opt.loss_type);
+    TORCH_CHECK(false, "dpo_loss: unknown loss_type ", static_cast<int>(opt.loss_type));
   }
   return {losses, (beta * (policy_chosen - ref_chosen)).detach(), (beta * (policy_rejected - ref_rejected)).detach(),
           at::Tensor()};
@@ -493,7 +493,7 @@ void DpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
   if (model.has_score_head())
     throw ConfigError("model.from: algorithm dpo trains a language model, but the model is a reward model");
   if (reference_free(dpo_config(s_->cfg).loss_type)) {
-    log::info("dpo: loss_type ", dpo_config(s_->cfg).loss_type,
+    log::info("dpo: loss_type ", kDpoLosses.name(dpo_config(s_->cfg).loss_type),
               " compares the policy's own log-probs; no reference model");
     return;
   }
@@ -615,7 +615,7 @@ at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
   const auto& type = s_->loss_opt.loss_type;
   // TRL's ORPOTrainer takes its NLL over the chosen rows' prompt and reply: one forward gives every token's
   // log-prob, the replies' sums come from the same.
-  const bool whole_row_nll = type == "orpo" && dpo_config(s_->cfg).orpo_nll == "prompt_and_reply";
+  const bool whole_row_nll = type == DpoLoss::kOrpo && dpo_config(s_->cfg).orpo_nll == "prompt_and_reply";
   at::Tensor policy_sums, counts, whole_row_nll_mean;
   // The losses of TRL's DPOTrainer also log its token statistics; ORPOTrainer and CPOTrainer (orpo, simpo,
   // cpo) log none of them (their logits/* average every padded position: not logged).
@@ -663,9 +663,9 @@ at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
   }
   // The chosen reply's mean token NLL per pair: RPO's term, ORPO's SFT term
   // (dpo.orpo_nll: reply), CPO's (and TRL's CPO-SimPO's) behaviour-cloning term.
-  const double nll_weight = type == "orpo"                     ? 1.0
-                            : type == "cpo" || type == "simpo" ? dpo_config(s_->cfg).cpo_alpha
-                                                               : dpo_config(s_->cfg).rpo_alpha;
+  const double nll_weight = type == DpoLoss::kOrpo                             ? 1.0
+                            : type == DpoLoss::kCpo || type == DpoLoss::kSimpo ? dpo_config(s_->cfg).cpo_alpha
+                                                                               : dpo_config(s_->cfg).rpo_alpha;
   if (nll_weight > 0) {
     auto chosen =
         policy_sums.view({-1, 2}).select(1, 0) / counts.view({-1, 2}).select(1, 0).to(policy_sums.scalar_type());
@@ -702,23 +702,25 @@ EvalResult DpoObjective::evaluate(models::CausalLM& model) {
 namespace {
 
 void check_dpo(const DpoConfig& d, const config::RunConfig&, const config::Checks& checks) {
-  if (d.label_smoothing > 0 && (d.loss_type == "ipo" || d.loss_type == "hinge"))
-    checks.fail("dpo.label_smoothing", concat("applies to loss_type sigmoid (cDPO) and robust; ", d.loss_type,
-                                              " takes 0, got ", d.label_smoothing));
+  const auto* name = kDpoLosses.name(d.loss_type);
+  if (d.label_smoothing > 0 && (d.loss_type == DpoLoss::kIpo || d.loss_type == DpoLoss::kHinge))
+    checks.fail("dpo.label_smoothing",
+                concat("applies to loss_type sigmoid (cDPO) and robust; ", name, " takes 0, got ", d.label_smoothing));
   if (reference_free(d.loss_type)) {
     if (!d.reference.empty())
-      checks.fail("dpo.reference", concat("loss_type ", d.loss_type, " uses no reference model; leave it empty"));
+      checks.fail("dpo.reference", concat("loss_type ", name, " uses no reference model; leave it empty"));
     if (d.precompute_reference)
-      checks.fail("dpo.precompute_reference", concat("loss_type ", d.loss_type, " uses no reference model"));
+      checks.fail("dpo.precompute_reference", concat("loss_type ", name, " uses no reference model"));
     if (d.rpo_alpha > 0)
-      checks.fail("dpo.rpo_alpha", concat("loss_type ", d.loss_type,
-                                          d.loss_type == "orpo" ? " has the chosen reply's NLL built in"
-                                                                : " weighs the chosen reply's NLL with dpo.cpo_alpha"));
-    if (d.label_smoothing > 0 && d.loss_type == "orpo")
+      checks.fail("dpo.rpo_alpha",
+                  concat("loss_type ", name,
+                         d.loss_type == DpoLoss::kOrpo ? " has the chosen reply's NLL built in"
+                                                       : " weighs the chosen reply's NLL with dpo.cpo_alpha"));
+    if (d.label_smoothing > 0 && d.loss_type == DpoLoss::kOrpo)
       checks.fail("dpo.label_smoothing", "applies to loss_type sigmoid, robust, simpo and cpo; orpo takes 0");
   }
-  if (d.loss_type != "orpo" && d.orpo_nll != DpoConfig{}.orpo_nll)
-    checks.fail("dpo.orpo_nll", concat("applies to loss_type orpo; the run's loss_type is ", d.loss_type));
+  if (d.loss_type != DpoLoss::kOrpo && d.orpo_nll != DpoConfig{}.orpo_nll)
+    checks.fail("dpo.orpo_nll", concat("applies to loss_type orpo; the run's loss_type is ", name));
   checks.model_folder("dpo.reference", d.reference);
 }
 
