@@ -368,6 +368,7 @@ std::string Decoder::graph_key() const {
       << o.min_p << ' ' << o.repetition_penalty << ' ' << o.presence_penalty << ' ' << o.frequency_penalty << ' '
       << o.eos_id;
   for (const auto& p : model_.parameters()) key << ' ' << p.data_ptr();
+  for (const auto& t : model_.buffers()) key << ' ' << t.data_ptr();  // rotary frequencies, ...
   return key.str();
 }
 
@@ -457,8 +458,8 @@ bool Decoder::capture(std::string* why) {
                                                    : "a logits processor or score_fn needs the host each step";
     return false;
   }
-  if (home.graph) return true;
   b.capture_tried = true;
+  if (home.graph) return true;  // kept from an earlier batch of this bucket
   if (b.taken + 1 >= b.steps) {
     *why = "too few tokens left to decode";
     return false;

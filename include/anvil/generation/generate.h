@@ -181,7 +181,7 @@ class Decoder {
   void decode_step(bool in_graph);
   at::Tensor choose_next(const at::Tensor& last_hidden, const at::Tensor& col);
   Bucket& bucket_for(int64_t rows, int64_t length, int64_t steps);
-  /// What a recorded decode step bakes in: the sampling settings and where the parameters are.
+  /// What a recorded decode step bakes in: the sampling settings and where the parameters and buffers are.
   std::string graph_key() const;
 
   models::CausalLM& model_;
