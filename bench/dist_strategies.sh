@@ -11,7 +11,7 @@ STEPS="${1:-40}"
 OUT=runs/bench-dist
 rm -rf "$OUT" && mkdir -p "$OUT"
 cat > "$OUT/run.yaml" <<YAML
-model: {family: gpt2, max_position_embeddings: 64, hidden_size: 128, num_layers: 4, num_heads: 4, dropout: 0.0}
+model: {family: gpt2, max_position_embeddings: 64, hidden_size: 128, num_hidden_layers: 4, num_attention_heads: 4, dropout: 0.0}
 tokenizer: {path: data/tokenizer.model}
 data: {train: [{path: data/sft_train.jsonl}]}
 optimizer: {lr: 1.0e-3}

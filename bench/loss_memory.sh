@@ -14,8 +14,8 @@ CHUNK="${2:-2048}"
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 cat > "$OUT/run.yaml" <<YAML
-model: {family: gpt2, vocab_size: 50257, max_position_embeddings: 512, hidden_size: 256, num_layers: 2,
-        num_heads: 4, dropout: 0.0}
+model: {family: gpt2, vocab_size: 50257, max_position_embeddings: 512, hidden_size: 256, num_hidden_layers: 2,
+        num_attention_heads: 4, dropout: 0.0}
 tokenizer: {path: data/tokenizer.model}
 data: {train: [{path: data/sft_train.jsonl}], packing: true, max_length: 512}
 train: {max_steps: $STEPS, micro_batch_size: 16, log_every: 1, eval_every: 0, save_every: 100000}

@@ -232,7 +232,8 @@ void expect_runs_agree(const std::filesystem::path& one, const std::filesystem::
 }
 
 std::string tiny_sft_run(int64_t max_steps, int64_t save_every) {
-  return "model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 2, num_heads: 4, "
+  return "model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_hidden_layers: 2, "
+         "num_attention_heads: 4, "
          "dropout: 0.0}\n"
          "tokenizer: {path: data/tokenizer.model}\n"
          "data: {train: [{path: data/sft_train.jsonl}]}\n"

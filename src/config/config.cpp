@@ -202,6 +202,7 @@ class Parser {
   void field(const char* key, T& value, const char* /*doc*/, const Rule& rule = {}) {
     const auto path = prefix_ + key;
     known_.insert(path);
+    if (!rule.old_name.empty() && !take_old_name(path, prefix_ + rule.old_name)) return;
     auto it = flat_.find(path);
     if (it == flat_.end()) {
       if (rule.required)
@@ -305,6 +306,31 @@ class Parser {
   const std::set<std::string>& failed() const { return failed_; }
 
  private:
+  /// A renamed key written with its old name is read as `path`: the later of
+  /// the two sources wins, and both in one source is an error (false).
+  bool take_old_name(const std::string& path, const std::string& old_path) {
+    known_.insert(old_path);
+    const auto old = flat_.find(old_path);
+    if (old == flat_.end()) return true;
+    if (const auto now = flat_.find(path); now != flat_.end()) {
+      if (now->second.order == old->second.order) {
+        fail(path, old->second,
+             concat(old->second.where, ": ", old_path, ": is the old name of ", path, ", which ", now->second.where,
+                    " sets too; keep ", path, " only"));
+        return false;
+      }
+      if (now->second.order > old->second.order) {
+        flat_.erase(old);
+        return true;
+      }
+    }
+    log::warn(old->second.where, ": ", old_path, " is now ", path,
+              " (Hugging Face's name); the old name is read until ", kOldNamesUntil);
+    flat_[path] = old->second;
+    flat_.erase(old_path);
+    return true;
+  }
+
   void fail(const std::string& path, const Entry& entry, std::string message, int line = -1) {
     errors_->add(std::move(message), line < 0 ? place_of(entry) : Place{entry.order, line});
     failed_.insert(path);
@@ -409,6 +435,8 @@ class Reference {
       for (size_t i = 0; i < families.size(); ++i) allowed += (i ? ", " : "") + families[i];
     }
     if (rule.changeable_on_resume) allowed += allowed.empty() ? "may change on resume" : "; may change on resume";
+    if (!rule.old_name.empty())
+      allowed += concat(allowed.empty() ? "" : "; ", "old name ", rule.old_name, " read until ", kOldNamesUntil);
     rows_ << "| `" << prefix_ << key << "` | " << TypeInfo<T>::name << " | `" << md_cell(TypeInfo<T>::show(value))
           << "` | " << allowed << " | " << md_cell(doc) << " |\n";
   }
@@ -642,6 +670,12 @@ std::vector<ConfigChange> config_changes(const std::string& before_yaml, const s
   };
   auto a = flat_of(before_yaml, "the saved");
   auto b = flat_of(after_yaml, "the new");
+  // A checkpoint saved before a key was renamed says its old name.
+  for (const auto& [old_name, name] : old_key_names())
+    if (const auto it = a.find(old_name); it != a.end()) {
+      if (!a.count(name)) a[name] = it->second;
+      a.erase(it);
+    }
   // Lists of maps of the same length on both sides compare item by item
   // (ppo.rewards[1].timeout_s), so each changed key is named and judged on
   // its own.

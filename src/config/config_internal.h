@@ -83,6 +83,10 @@ inline std::string where_of(const std::string& file, const YAML::Node& node) {
 /// keys the config may have.
 std::string unknown_key_hint(const std::string& path, const std::set<std::string>& known);
 
+/// The renamed keys (renamed_from): old name -> name, e.g. model.num_layers ->
+/// model.num_hidden_layers (a list's keys as the reference names them).
+std::map<std::string, std::string> old_key_names();
+
 /// Whether `message` names one of `failed`, the keys whose values did not
 /// parse, or a key inside one (data.train[0].path inside data.train): a check
 /// of the parsed config saw a default in its place, so what it says follows

@@ -46,12 +46,13 @@ void check_model(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
   }
   for (const auto& t : c.tokenizer.add_special_tokens)
     if (t.empty()) fail("tokenizer.add_special_tokens", "expected non-empty token strings");
-  if (c.model.from.empty() && c.model.head_dim == 0 && c.model.hidden_size % c.model.num_heads != 0)
-    fail("model.num_heads",
-         concat("expected a divisor of model.hidden_size (", c.model.hidden_size, "), got ", c.model.num_heads));
-  if (c.model.from.empty() && c.model.num_kv_heads > 0 && c.model.num_heads % c.model.num_kv_heads != 0)
-    fail("model.num_kv_heads",
-         concat("expected a divisor of model.num_heads (", c.model.num_heads, "), got ", c.model.num_kv_heads));
+  if (c.model.from.empty() && c.model.head_dim == 0 && c.model.hidden_size % c.model.num_attention_heads != 0)
+    fail("model.num_attention_heads", concat("expected a divisor of model.hidden_size (", c.model.hidden_size,
+                                             "), got ", c.model.num_attention_heads));
+  if (c.model.from.empty() && c.model.num_key_value_heads > 0 &&
+      c.model.num_attention_heads % c.model.num_key_value_heads != 0)
+    fail("model.num_key_value_heads", concat("expected a divisor of model.num_attention_heads (",
+                                             c.model.num_attention_heads, "), got ", c.model.num_key_value_heads));
 }
 
 void check_lora(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
@@ -195,6 +196,7 @@ struct Key {
   bool declared = false;
   std::optional<double> off;
   bool changeable_on_resume = false;
+  std::string old_name = {};  // the key's former name (renamed_from), as `name` is written
 };
 
 /// Lists every key of a config, a list's items one by one; with `one_item`,
@@ -205,7 +207,7 @@ class KeyLister {
   template <class T>
   void field(const char* key, T& value, const char*, const Rule& rule = {}) {
     keys.push_back({path_ + key, name_ + key, Value(std::in_place_type<T>, value), rule.declared, rule.off,
-                    rule.changeable_on_resume});
+                    rule.changeable_on_resume, rule.old_name.empty() ? "" : name_ + rule.old_name});
   }
   template <class S>
   void section(const char* key, S& s, const char*) {
@@ -463,6 +465,13 @@ bool may_change_on_resume(const std::string& key) {
   for (const auto& k : default_keys())
     if (k.name == name) return k.changeable_on_resume;
   return false;
+}
+
+std::map<std::string, std::string> old_key_names() {
+  std::map<std::string, std::string> out;
+  for (const auto& k : default_keys())
+    if (!k.old_name.empty()) out.emplace(k.old_name, k.name);
+  return out;
 }
 
 bool follows_from_failed(const std::string& message, const std::set<std::string>& failed) {

@@ -217,7 +217,7 @@ void expect_three_replies_train(const std::string& name) {
   anvil::testing::write_text(dir / "train.jsonl", lines);
   const std::string yaml =
       "algorithm: sft\nmodel: {family: llama, max_position_embeddings: 512, hidden_size: 32, "
-      "num_layers: 1, num_heads: 2, intermediate_size: 64}\ntokenizer: {path: " +
+      "num_hidden_layers: 1, num_attention_heads: 2, intermediate_size: 64}\ntokenizer: {path: " +
       (refs / name).string() + "}\ndata: {train: [{path: " + (dir / "train.jsonl").string() +
       "}], template: hf}\ntrain: {max_steps: 2, micro_batch_size: 3, log_every: 1, threads: 1}\n"
       "eval: {generate_samples: 0}\n";

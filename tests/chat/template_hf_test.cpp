@@ -271,7 +271,8 @@ TEST(ChatTemplateHf, RecordChatTemplateKwargsAreTemplateVariables) {
   // template's tokenizer; only the prompt is compared).
   {
     config::ModelConfig mc;
-    mc.family = "gpt2", mc.vocab_size = tok->vocab_size(), mc.hidden_size = 32, mc.num_layers = 1, mc.num_heads = 2;
+    mc.family = "gpt2", mc.vocab_size = tok->vocab_size(), mc.hidden_size = 32, mc.num_hidden_layers = 1,
+    mc.num_attention_heads = 2;
     auto model = models::family_by_name("gpt2").from_config(mc);
     const auto folder = dir / "model";
     std::filesystem::create_directories(folder);

@@ -179,9 +179,9 @@ TEST_F(ConfigTest, KeysMustBePlainNames) {
 }
 
 TEST_F(ConfigTest, CrossFieldChecksNameTheKey) {
-  auto bad = write("bad.yaml", "model:\n  hidden_size: 100\n  num_heads: 3\n");
+  auto bad = write("bad.yaml", "model:\n  hidden_size: 100\n  num_attention_heads: 3\n");
   EXPECT_EQ(error_of({base_, bad}, {}),
-            bad + ":3: model.num_heads: expected a divisor of model.hidden_size (100), got 3");
+            bad + ":3: model.num_attention_heads: expected a divisor of model.hidden_size (100), got 3");
   EXPECT_EQ(error_of({base_}, {"train.device=tpu"}),
             "command line (train.device=tpu): train.device: expected cpu, cuda or cuda:N, got \"tpu\"");
 }
@@ -199,7 +199,7 @@ TEST_F(ConfigTest, ShapeKeysConflictWithModelFrom) {
 TEST_F(ConfigTest, ModelFromLaterInTheChainReplacesEarlierShapeKeys) {
   // A base config with a shape, then a checkpoint to start from: the
   // checkpoint's config.json decides the shape.
-  auto shaped = write("shaped.yaml", "model:\n  hidden_size: 64\n  num_heads: 4\n  dropout: 0.1\n");
+  auto shaped = write("shaped.yaml", "model:\n  hidden_size: 64\n  num_attention_heads: 4\n  dropout: 0.1\n");
   const auto from = dir_.path().string();
   auto c = load_config({base_, shaped}, {"model.from=" + from});
   EXPECT_EQ(c.model.from, from);
@@ -211,19 +211,86 @@ TEST_F(ConfigTest, ModelFromLaterInTheChainReplacesEarlierShapeKeys) {
       std::string::npos);
 }
 
+TEST_F(ConfigTest, RenamedKeysAreReadByTheirOldNamesWithAWarning) {
+  // Model keys took Hugging Face's names (model.num_layers is model.num_hidden_layers); a config written
+  // before says the old ones, read as the new ones until kOldNamesUntil.
+  auto old = write("old.yaml",
+                   "model:\n  family: neox\n  num_layers: 3\n  num_heads: 2\n  rotary_pct: 0.5\n"
+                   "  parallel_residual: false\n  tie_embeddings: \"true\"\n  activation: relu\n");
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  auto c = load_config({base_, old}, {});
+  const auto log = ::testing::internal::GetCapturedStdout() + ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(c.model.num_hidden_layers, 3);
+  EXPECT_EQ(c.model.num_attention_heads, 2);
+  EXPECT_EQ(c.model.partial_rotary_factor, 0.5);
+  EXPECT_FALSE(c.model.use_parallel_residual);
+  EXPECT_EQ(c.model.tie_word_embeddings, "true");
+  EXPECT_EQ(c.model.hidden_act, "relu");
+  EXPECT_NE(log.find(old +
+                     ":3: model.num_layers is now model.num_hidden_layers (Hugging Face's name); the old "
+                     "name is read until " +
+                     std::string(kOldNamesUntil)),
+            std::string::npos)
+      << log;
+  // A family's own keys too (OPT's, by OPTConfig's names).
+  c = load_config({base_}, {"model.family=opt", "model.pre_layer_norm=false", "model.embed_proj_dim=16"});
+  const auto printed = to_yaml(c);
+  EXPECT_NE(printed.find("do_layer_norm_before: false"), std::string::npos) << printed;
+  EXPECT_NE(printed.find("word_embed_proj_dim: 16"), std::string::npos) << printed;
+  EXPECT_EQ(printed.find("pre_layer_norm"), std::string::npos) << printed;
+  // Both names: in two sources the later wins, as for any key; in one source it is an error.
+  auto both = write("both.yaml", "model:\n  num_layers: 3\n  num_hidden_layers: 5\n");
+  EXPECT_EQ(error_of({base_, both}, {}),
+            both + ":2: model.num_layers: is the old name of model.num_hidden_layers, which " + both +
+                ":3 sets too; keep model.num_hidden_layers only");
+  EXPECT_EQ(load_config({base_, old}, {"model.num_hidden_layers=7"}).model.num_hidden_layers, 7);
+  auto renamed = write("new.yaml", "model:\n  num_hidden_layers: 5\n");
+  EXPECT_EQ(load_config({base_, renamed}, {"model.num_layers=7"}).model.num_hidden_layers, 7);
+  EXPECT_EQ(load_config({base_, old, renamed}, {}).model.num_hidden_layers, 5);
+  // An old name's value is checked under the new name, at the old name's line.
+  auto bad = write("bad.yaml", "model:\n  num_layers: 0\n");
+  EXPECT_EQ(error_of({base_, bad}, {}), bad + ":2: model.num_hidden_layers: expected a positive number, got \"0\"");
+  // A checkpoint saved before the rename resumes: the same value under the old name is no change.
+  auto saved = to_yaml(c = load_config({base_, old}, {}));
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"num_hidden_layers:", "num_layers:"}, {"partial_rotary_factor:", "rotary_pct:"}})
+    saved.replace(saved.find(from), from.size(), to);
+  EXPECT_TRUE(config_changes(saved, to_yaml(c)).empty());
+  c.model.num_hidden_layers = 4;
+  const auto changes = config_changes(saved, to_yaml(c));
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_EQ(changes[0].key, "model.num_hidden_layers");
+  // The reference names the old names.
+  EXPECT_NE(reference_markdown().find("old name num_layers read until " + std::string(kOldNamesUntil)),
+            std::string::npos);
+}
+
+TEST_F(ConfigTest, ConfigJsonNamesOfOtherFamiliesSuggestOurKey) {
+  EXPECT_EQ(error_of({base_}, {"model.n_layer=2"}),
+            "command line (model.n_layer=2): model.n_layer: unknown key; did you mean model.num_hidden_layers? "
+            "(n_layer is GPT-2's config.json name)");
+  EXPECT_EQ(error_of({base_}, {"model.rms_norm_eps=1e-6"}),
+            "command line (model.rms_norm_eps=1e-6): model.rms_norm_eps: unknown key; did you mean "
+            "model.layer_norm_eps? (rms_norm_eps is LLaMA's config.json name)");
+  EXPECT_EQ(error_of({base_}, {"model.num_local_experts=4"}),
+            "command line (model.num_local_experts=4): model.num_local_experts: unknown key; did you mean "
+            "model.num_experts? (num_local_experts is Mixtral's config.json name)");
+}
+
 TEST_F(ConfigTest, NullRemovesAKeyAnEarlierSourceSet) {
-  auto shaped = write("shaped.yaml", "model:\n  hidden_size: 64\n  num_heads: 4\n");
+  auto shaped = write("shaped.yaml", "model:\n  hidden_size: 64\n  num_attention_heads: 4\n");
   auto c = load_config({base_, shaped}, {"model.hidden_size=null"});
   EXPECT_EQ(c.model.hidden_size, RunConfig{}.model.hidden_size);
-  EXPECT_EQ(c.model.num_heads, 4);
+  EXPECT_EQ(c.model.num_attention_heads, 4);
   // Inside a map override too.
-  c = load_config({base_, shaped}, {"model={num_heads: null}"});
+  c = load_config({base_, shaped}, {"model={num_attention_heads: null}"});
   EXPECT_EQ(c.model.hidden_size, 64);
-  EXPECT_EQ(c.model.num_heads, RunConfig{}.model.num_heads);
-  auto unset = write("unset.yaml", "model:\n  num_heads: ~\n");
+  EXPECT_EQ(c.model.num_attention_heads, RunConfig{}.model.num_attention_heads);
+  auto unset = write("unset.yaml", "model:\n  num_attention_heads: ~\n");
   c = load_config({base_, shaped, unset}, {});
   EXPECT_EQ(c.model.hidden_size, 64);
-  EXPECT_EQ(c.model.num_heads, RunConfig{}.model.num_heads);
+  EXPECT_EQ(c.model.num_attention_heads, RunConfig{}.model.num_attention_heads);
 }
 
 TEST_F(ConfigTest, ListItemsAreOverriddenInPlaceWithTheNamesErrorsUse) {

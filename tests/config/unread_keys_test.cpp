@@ -295,21 +295,23 @@ TEST_F(UnreadKeys, AFamilyKeyNamesItsReadersAndAFamilyChecksItsOwnKeys) {
   EXPECT_EQ(error_of({base_}, {"model.sliding_window=8"}),
             "command line (model.sliding_window=8): model.sliding_window: applies to model.family qwen2, qwen3, "
             "mistral, phi3, mixtral, qwen3_moe, gemma2 or gemma3_text only, not gpt2");
-  EXPECT_EQ(error_of({base_}, {"model.family=llama", "model.pre_layer_norm=false"}),
-            "command line (model.pre_layer_norm=false): model.pre_layer_norm: applies to model.family opt only, not "
+  EXPECT_EQ(error_of({base_}, {"model.family=llama", "model.do_layer_norm_before=false"}),
+            "command line (model.do_layer_norm_before=false): model.do_layer_norm_before: applies to model.family opt "
+            "only, not "
             "llama");
   EXPECT_EQ(error_of({base_}, {"model.family=mixtral", "model.moe_intermediate_size=64"}),
             "command line (model.moe_intermediate_size=64): model.moe_intermediate_size: applies to model.family "
             "qwen3_moe only, not mixtral");
   EXPECT_EQ(error_of({base_}, {"model.family=qwen3_moe", "model.moe_intermediate_size=64"}), "<no error>");
   // Defaults are what a printed config holds: accepted for every family.
-  EXPECT_EQ(error_of({base_}, {"model.family=gpt2", "model.pre_layer_norm=true", "model.sliding_window=0"}),
+  EXPECT_EQ(error_of({base_}, {"model.family=gpt2", "model.do_layer_norm_before=true", "model.sliding_window=0"}),
             "<no error>");
   // GPT-2's own checks, registered by its folder (src/models/gpt2/register.cpp).
-  EXPECT_EQ(error_of({base_}, {"model.tie_embeddings=false"}),
-            "command line (model.tie_embeddings=false): model.tie_embeddings: GPT-2's output head is always tied to "
+  EXPECT_EQ(error_of({base_}, {"model.tie_word_embeddings=false"}),
+            "command line (model.tie_word_embeddings=false): model.tie_word_embeddings: GPT-2's output head is always "
+            "tied to "
             "its embedding; expected auto or true");
-  EXPECT_EQ(error_of({base_}, {"model.family=llama", "model.tie_embeddings=false"}), "<no error>");
+  EXPECT_EQ(error_of({base_}, {"model.family=llama", "model.tie_word_embeddings=false"}), "<no error>");
   // A family is registered once, with keys of the model section only.
   EXPECT_THROW(add_model_family({"gpt2", {}}), ConfigError);
   EXPECT_THROW(add_model_family({"unread_keys_family", {"model.slidng_window"}}), ConfigError);
@@ -328,7 +330,7 @@ struct WidgetKeys {
 };
 
 TEST_F(UnreadKeys, AFamilysOwnKeysLoadPrintAndAreRefusedForOtherFamilies) {
-  EXPECT_EQ(model_families_reading("model.pre_layer_norm"), std::vector<std::string>{"opt"});
+  EXPECT_EQ(model_families_reading("model.do_layer_norm_before"), std::vector<std::string>{"opt"});
   static std::once_flag once;
   std::call_once(once, [] {
     add_model_family({"unread_keys_widgets", {"model.head_dim"}, {}, family_keys<WidgetKeys>()});

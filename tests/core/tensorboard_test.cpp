@@ -110,7 +110,8 @@ TEST(TensorBoard, AKilledAndResumedRunShowsEachStepOnceInTensorBoardsLoader) {
   const auto config = dir / "run.yaml";
   anvil::testing::write_text(
       config,
-      "model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 2, num_heads: 4, dropout: 0.0}\n"
+      "model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: "
+      "4, dropout: 0.0}\n"
       "tokenizer: {path: data/tokenizer.model}\n"
       "data: {train: [{path: data/sft_train.jsonl}], eval: [{path: data/sft_eval.jsonl}]}\n"
       "optimizer: {lr: 1.0e-3}\n"

@@ -122,8 +122,8 @@ TEST(Collate, PadToMultipleRoundsTheLengthUpAndKeepsTheLoss) {
   mc.vocab_size = tok->vocab_size();
   mc.max_position_embeddings = 64;
   mc.hidden_size = 32;
-  mc.num_layers = 2;
-  mc.num_heads = 4;
+  mc.num_hidden_layers = 2;
+  mc.num_attention_heads = 4;
   torch::manual_seed(0);
   auto model = models::family_by_name("llama").from_config(mc);
   model->to(at::kDouble);
@@ -562,8 +562,8 @@ void check_packing(const std::string& family) {
   mc.vocab_size = 50;
   mc.max_position_embeddings = 32;
   mc.hidden_size = 32;
-  mc.num_layers = 2;
-  mc.num_heads = 4;
+  mc.num_hidden_layers = 2;
+  mc.num_attention_heads = 4;
   auto model = models::family_by_name(family).from_config(mc);
   model->to(at::kDouble);
   model->eval();

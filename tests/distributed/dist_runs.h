@@ -21,7 +21,7 @@ namespace stdfs = std::filesystem;
 
 /// The runs' config: a 4-block GPT-2 on the SFT fixture, 20 steps of 12 samples, saves and evals at 10 and 20.
 inline constexpr const char* kRun = R"(
-model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 4, num_heads: 4, dropout: 0.0}
+model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_hidden_layers: 4, num_attention_heads: 4, dropout: 0.0}
 tokenizer: {path: data/tokenizer.model}
 data: {train: [{path: data/sft_train.jsonl}], eval: [{path: data/sft_eval.jsonl}]}
 optimizer: {lr: 3.0e-3, weight_decay: 0.01}

@@ -66,10 +66,12 @@ std::string config(const std::string& model) {
 // every phase must stay below 0.65 of the state: what no rank holds.
 TEST(ShardedMemory, AModelWhoseStateNoRankHoldsTrainsSavesResumesAndExportsOnFourRanks) {
   TempDir dir;
-  anvil::testing::write_text(dir / "tiny.yaml", config("{family: llama, max_position_embeddings: 32, hidden_size: 32, "
-                                                       "intermediate_size: 64, num_layers: 1, num_heads: 4}"));
-  anvil::testing::write_text(dir / "big.yaml", config("{family: llama, max_position_embeddings: 32, hidden_size: 512, "
-                                                      "intermediate_size: 1408, num_layers: 48, num_heads: 8}"));
+  anvil::testing::write_text(dir / "tiny.yaml",
+                             config("{family: llama, max_position_embeddings: 32, hidden_size: 32, "
+                                    "intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 4}"));
+  anvil::testing::write_text(dir / "big.yaml",
+                             config("{family: llama, max_position_embeddings: 32, hidden_size: 512, "
+                                    "intermediate_size: 1408, num_hidden_layers: 48, num_attention_heads: 8}"));
   ASSERT_EQ(train(dir / "tiny.yaml", dir / "tiny", 4), 0);
   double overhead = 0;
   for (const auto& [phase, peak] : rank_peaks(dir / "tiny", 4)) overhead = std::max(overhead, peak);

@@ -257,7 +257,7 @@ TEST_F(DistRuns, PlanMemoryMatchesWhatTheRunsHold) {
 TEST(MemoryPlan, TheStepFigureMatchesTheCountedPeakOfCpuTensors) {
   TempDir dir;
   anvil::testing::write_text(dir / "run.yaml", R"(
-model: {family: gpt2, max_position_embeddings: 256, hidden_size: 256, num_layers: 4, num_heads: 4, dropout: 0.0}
+model: {family: gpt2, max_position_embeddings: 256, hidden_size: 256, num_hidden_layers: 4, num_attention_heads: 4, dropout: 0.0}
 tokenizer: {path: data/tokenizer.model}
 data: {train: [{path: data/sft_train.jsonl}], max_length: 256, packing: true}
 optimizer: {lr: 1.0e-4}
@@ -265,10 +265,11 @@ train: {max_steps: 3, micro_batch_size: 8, global_batch_size: 8, save_every: 0, 
 eval: {generate_samples: 0}
 logging: {level: warn}
 )");
-  const std::string llama = "model.family=llama model.num_kv_heads=2 model.intermediate_size=704 model.num_layers=6";
+  const std::string llama =
+      "model.family=llama model.num_key_value_heads=2 model.intermediate_size=704 model.num_hidden_layers=6";
   const std::vector<std::pair<int, std::string>> runs = {
       {0, ""},
-      {0, "model.num_layers=6 train.activation_checkpointing=true"},
+      {0, "model.num_hidden_layers=6 train.activation_checkpointing=true"},
       {0, llama},
       {0, llama + " train.activation_checkpointing=true"},
       {2, llama + " dist.sharding=full_shard train.global_batch_size=16"}};
@@ -329,7 +330,7 @@ std::vector<nlohmann::json> host_phases(const stdfs::path& out, int ranks) {
 TEST(ShardedMemory, ResumeAndStepPeaksFallAsOneOverTheRanks) {
   TempDir dir;
   anvil::testing::write_text(dir / "big.yaml", R"(
-model: {family: gpt2, max_position_embeddings: 32, hidden_size: 512, num_layers: 8, num_heads: 8, dropout: 0.0}
+model: {family: gpt2, max_position_embeddings: 32, hidden_size: 512, num_hidden_layers: 8, num_attention_heads: 8, dropout: 0.0}
 tokenizer: {path: data/tokenizer.model}
 data: {train: [{path: data/sft_train.jsonl}], max_length: 32}
 optimizer: {lr: 1.0e-4}
@@ -407,8 +408,9 @@ logging: {level: warn}
     y.replace(at, model_line.size(), line);
     return y;
   };
-  anvil::testing::write_text(dir / "tiny.yaml", with_model("model: {family: gpt2, max_position_embeddings: 32, "
-                                                           "hidden_size: 32, num_layers: 1, num_heads: 4}"));
+  anvil::testing::write_text(dir / "tiny.yaml",
+                             with_model("model: {family: gpt2, max_position_embeddings: 32, "
+                                        "hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 4}"));
   ASSERT_EQ(train(dir / "tiny.yaml", dir / "tiny", 0, "train.max_steps=1 train.save_every=1"), 0);
   const auto hf = dir / "hf";
   std::string exported;
@@ -806,7 +808,7 @@ TEST_F(DistRuns, RewardAndDpoOnTwoRanksMatchOneProcess) {
   for (const char* algorithm : {"reward", "dpo"}) {
     const auto cfg_path = *dir_ / (std::string(algorithm) + ".yaml");
     anvil::testing::write_text(cfg_path, std::string("algorithm: ") + algorithm + R"(
-model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 2, num_heads: 4, dropout: 0.0}
+model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4, dropout: 0.0}
 tokenizer: {path: data/tokenizer.model}
 data: {train: [{path: data/pref_train.jsonl}], eval: [{path: data/pref_eval.jsonl}]}
 optimizer: {lr: 3.0e-3}
@@ -861,7 +863,7 @@ TEST_F(DistRuns, ReferenceCachesAreSplitAmongRanksAndEqualOneProcess) {
   const auto cfg_path = *dir_ / "dpo-cached.yaml";
   anvil::testing::write_text(
       cfg_path, concat(R"(algorithm: dpo
-model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 2, num_heads: 4, dropout: 0.0}
+model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4, dropout: 0.0}
 tokenizer: {path: data/tokenizer.model}
 data: {train: [{path: )",
                        head("data/pref_train.jsonl", 62), "}], eval: [{path: ", head("data/pref_eval.jsonl", 10),
@@ -1008,7 +1010,7 @@ eval: {batch_size: 8, max_batches: 2, generate_samples: 2, max_new_tokens: 6, ta
 // first and hands its count to rank 0's sum).
 TEST(RankSplitEval, ExactMatchCountsEveryPromptOnce) {
   config::ModelConfig mc;
-  mc.family = "gpt2", mc.vocab_size = 0, mc.hidden_size = 32, mc.num_layers = 2, mc.num_heads = 4;
+  mc.family = "gpt2", mc.vocab_size = 0, mc.hidden_size = 32, mc.num_hidden_layers = 2, mc.num_attention_heads = 4;
   mc.max_position_embeddings = 32;
   auto tok = tokenizer::load_tokenizer("auto", anvil::testing::source_dir() + "/data/tokenizer.model");
   mc.vocab_size = tok->vocab_size();
@@ -1051,7 +1053,8 @@ TEST(ActivationCheckpointing, SameGradientsWithDropout) {
   for (const auto& family : models::family_names()) {
     config::ModelConfig mc;
     mc.family = family;
-    mc.vocab_size = 50, mc.hidden_size = 32, mc.num_layers = 3, mc.num_heads = 4, mc.max_position_embeddings = 16;
+    mc.vocab_size = 50, mc.hidden_size = 32, mc.num_hidden_layers = 3, mc.num_attention_heads = 4,
+    mc.max_position_embeddings = 16;
     mc.dropout = 0.2;
     torch::manual_seed(3);
     auto model = models::family_by_name(family).from_config(mc);

@@ -16,8 +16,8 @@ int main() {
   mc.vocab_size = 10;
   mc.max_position_embeddings = 8;
   mc.hidden_size = 16;
-  mc.num_layers = 2;
-  mc.num_heads = 2;
+  mc.num_hidden_layers = 2;
+  mc.num_attention_heads = 2;
   auto model = anvil::models::family_by_name("gpt2").from_config(mc);
   auto logits = model->forward(at::zeros({1, 4}, at::kLong));
   std::cout << "logits " << logits.sizes() << " keys " << anvil::config::reference_markdown().size();

@@ -60,7 +60,7 @@ int64_t count_parameters_by_extension(const std::string& flavor) {
   const bool moe = m.num_experts > 0;
   const auto count = [&](int64_t vocab, int64_t layers, int64_t experts) {
     std::vector<std::string> o{"model.vocab_size=" + std::to_string(vocab),
-                               "model.num_layers=" + std::to_string(layers)};
+                               "model.num_hidden_layers=" + std::to_string(layers)};
     if (moe) o.push_back("model.num_experts=" + std::to_string(experts)), o.push_back("model.num_experts_per_tok=1");
     SkipInitGuard counting;  // shapes are all a count needs
     return count_parameters(*build_flavor(flavor, 0, o));
@@ -69,7 +69,8 @@ int64_t count_parameters_by_extension(const std::string& flavor) {
   // Each expert of each block (with its router row).
   const auto per_expert = moe ? count(1, 1, 2) - base : 0;
   const auto experts = moe ? m.num_experts - 1 : 0;
-  return base + (m.num_layers - 1) * per_block + (m.vocab_size - 1) * per_row + m.num_layers * experts * per_expert;
+  return base + (m.num_hidden_layers - 1) * per_block + (m.vocab_size - 1) * per_row +
+         m.num_hidden_layers * experts * per_expert;
 }
 
 class Family : public ::testing::TestWithParam<std::string> {
@@ -519,6 +520,57 @@ TEST(HfImport, UnsupportedConfigsNameTheFileAndKey) {
             "config.json: intermediate_size: required GPT-NeoX field is missing");
   EXPECT_EQ(load_error(R"({"model_type": "gpt_neox", "vocab_size": 10, "hidden_size": "8"})"),
             "config.json: hidden_size: expected an integer, got \"8\"");
+}
+
+// A value a family cannot change (its visit_hf's `only` keys) is refused by name, and written as it is.
+TEST(HfImport, KeysWithOneSupportedValueAreRefusedByName) {
+  const std::string gpt2 = R"({"model_type": "gpt2", "vocab_size": 10, "n_embd": 8, "n_layer": 1, "n_head": 2)";
+  EXPECT_EQ(load_error(gpt2 + R"(, "activation_function": "relu"})"),
+            "config.json: activation_function: only gelu_new is supported, got \"relu\"");
+  EXPECT_EQ(load_error(gpt2 + R"(, "tie_word_embeddings": false})"),
+            "config.json: tie_word_embeddings: untied GPT-2 heads are not supported");
+  EXPECT_EQ(load_error(gpt2 + R"(, "scale_attn_weights": false})"),
+            "config.json: scale_attn_weights: GPT-2 without the 1/sqrt(head_dim) attention scale is not supported");
+  EXPECT_EQ(load_error(gpt2 + R"(, "reorder_and_upcast_attn": true})"),
+            "config.json: reorder_and_upcast_attn: not supported");
+  EXPECT_EQ(load_error(R"({"model_type": "gpt_neox", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+      "num_hidden_layers": 1, "num_attention_heads": 2, "attention_bias": false})"),
+            "config.json: attention_bias: GPT-NeoX without attention biases is not supported");
+}
+
+// Reading and writing go through one list per family: every key a folder's config.json sets is read back from
+// the folder Anvil writes, for a value other than transformers' default.
+TEST(HfImport, ConfigJsonKeysReadAreTheKeysWritten) {
+  const nlohmann::json given = {{"model_type", "qwen3_moe"},
+                                {"vocab_size", 12},
+                                {"hidden_size", 16},
+                                {"intermediate_size", 24},
+                                {"num_hidden_layers", 2},
+                                {"num_attention_heads", 4},
+                                {"num_key_value_heads", 2},
+                                {"head_dim", 8},
+                                {"max_position_embeddings", 40},
+                                {"rms_norm_eps", 1e-5},
+                                {"attention_bias", true},
+                                {"tie_word_embeddings", true},
+                                {"hidden_act", "gelu"},
+                                {"attention_dropout", 0.25},
+                                {"initializer_range", 0.03},
+                                {"num_local_experts", 3},
+                                {"num_experts_per_tok", 2},
+                                {"router_aux_loss_coef", 0.5},
+                                {"output_router_logits", true},
+                                {"moe_intermediate_size", 6},
+                                {"norm_topk_prob", true},
+                                {"decoder_sparse_step", 2}};
+  const auto written =
+      family_by_hf_model_type("qwen3_moe", "config.json").from_hf_config(given, "config.json")->hf_config();
+  for (const auto& [key, value] : given.items()) {
+    // transformers 5's num_local_experts is read; the Hub's num_experts is written.
+    const auto name = key == "num_local_experts" ? std::string("num_experts") : key;
+    ASSERT_TRUE(written.contains(name)) << name;
+    EXPECT_EQ(written[name], value) << name;
+  }
 }
 
 // Damaged numbers stop at the file and key, never deep in torch

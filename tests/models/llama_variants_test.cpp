@@ -17,7 +17,8 @@ namespace {
 config::ModelConfig tiny(const std::string& family) {
   config::ModelConfig mc;
   mc.family = family;
-  mc.vocab_size = 50, mc.hidden_size = 32, mc.num_layers = 2, mc.num_heads = 4, mc.max_position_embeddings = 16;
+  mc.vocab_size = 50, mc.hidden_size = 32, mc.num_hidden_layers = 2, mc.num_attention_heads = 4,
+  mc.max_position_embeddings = 16;
   return mc;
 }
 
@@ -68,8 +69,8 @@ TEST(LlamaVariants, AKeyAVariantDoesNotReadIsNamedWithTheVariantsThatDo) {
   mc.attention_bias = true;
   EXPECT_EQ(error_of(mc), "model.attention_bias: mistral has no attention biases; leave the key out");
   mc = tiny("mistral");
-  mc.rotary_pct = 0.5;
-  EXPECT_EQ(error_of(mc), "model.rotary_pct: partial rotary applies to neox and phi3, not mistral");
+  mc.partial_rotary_factor = 0.5;
+  EXPECT_EQ(error_of(mc), "model.partial_rotary_factor: partial rotary applies to neox and phi3, not mistral");
 }
 
 }  // namespace

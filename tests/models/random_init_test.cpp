@@ -29,13 +29,14 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 TEST(RandomInit, ARankReadingItsShardsHoldsNoWholeModel) {
   config::ModelConfig mc;
   mc.family = "gpt2";
-  mc.vocab_size = 1000, mc.hidden_size = 1024, mc.num_layers = 8, mc.num_heads = 8, mc.max_position_embeddings = 64;
+  mc.vocab_size = 1000, mc.hidden_size = 1024, mc.num_hidden_layers = 8, mc.num_attention_heads = 8,
+  mc.max_position_embeddings = 64;
   const auto& family = family_by_name(mc.family);
   // A small build and read first, so that the code they run (LibTorch's draw and copy kernels) is paged in
   // before the mark is reset: its pages would count as resident memory too.
   {
     auto small = mc;
-    small.hidden_size = 64, small.num_layers = 1, small.num_heads = 4;
+    small.hidden_size = 64, small.num_hidden_layers = 1, small.num_attention_heads = 4;
     at::manual_seed(3);
     auto warm = build_deferred_random([&] { return family.from_config(small); }, at::kCPU);
     ASSERT_NE(warm, nullptr);

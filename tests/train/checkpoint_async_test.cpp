@@ -29,7 +29,7 @@ namespace stdfs = std::filesystem;
 
 // Dropout on, so the RNG state a checkpoint holds matters to the losses.
 const char* kRun = R"(
-model: {family: gpt2, max_position_embeddings: 32, hidden_size: 64, num_layers: 2, num_heads: 4, dropout: 0.1}
+model: {family: gpt2, max_position_embeddings: 32, hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, dropout: 0.1}
 tokenizer: {path: data/tokenizer.model}
 data: {train: [{path: data/sft_train.jsonl}]}
 optimizer: {lr: 1.0e-3, weight_decay: 0.01}

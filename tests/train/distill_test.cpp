@@ -69,7 +69,8 @@ TEST(DistillRuns, ShardAndResumeExactly) {
   TempDir dir;
   const auto src = anvil::testing::source_dir();
   const std::string shape =
-      " model.family=gpt2 model.max_position_embeddings=32 model.hidden_size=32 model.num_layers=1 model.num_heads=2";
+      " model.family=gpt2 model.max_position_embeddings=32 model.hidden_size=32 model.num_hidden_layers=1 "
+      "model.num_attention_heads=2";
   std::string out;
   ASSERT_EQ(run("cd " + src + " && " + anvil::testing::trainer_bin() +
                     " --config configs/quickstart.yaml output_dir=" + (dir / "teacher").string() + shape +

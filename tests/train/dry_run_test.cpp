@@ -20,11 +20,12 @@ namespace stdfs = std::filesystem;
 
 /// The trainer on `config` from the source folder, with a fresh tiny GPT-2 in place of its model.from.
 int dry_run(const TempDir& dir, const std::string& config, const std::string& extra, std::string* log) {
-  const auto cmd = "cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() + " --config " +
-                   config + " output_dir=" + (dir / "out").string() +
-                   " model.from= model.family=gpt2 model.hidden_size=32 model.num_layers=1 model.num_heads=2"
-                   " model.max_position_embeddings=32 tokenizer.path=data/tokenizer.model train.threads=1 --dry-run " +
-                   extra + " 2>&1";
+  const auto cmd =
+      "cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() + " --config " + config +
+      " output_dir=" + (dir / "out").string() +
+      " model.from= model.family=gpt2 model.hidden_size=32 model.num_hidden_layers=1 model.num_attention_heads=2"
+      " model.max_position_embeddings=32 tokenizer.path=data/tokenizer.model train.threads=1 --dry-run " +
+      extra + " 2>&1";
   return run(cmd, log);
 }
 

@@ -380,7 +380,7 @@ TEST(Engine, FrozenModelsAreShardedLikeThePolicy) {
   }
   at::set_num_threads(1);
   config::ModelConfig mc;
-  mc.family = "llama", mc.vocab_size = 64, mc.hidden_size = 32, mc.num_layers = 4, mc.num_heads = 4;
+  mc.family = "llama", mc.vocab_size = 64, mc.hidden_size = 32, mc.num_hidden_layers = 4, mc.num_attention_heads = 4;
   mc.max_position_embeddings = 32;
   torch::manual_seed(11);
   auto model = models::family_by_name("llama").from_config(mc);

@@ -190,7 +190,8 @@ TEST(FusedLinearLogprobs, EqualTheLogSoftmaxOfThePlainLogitsWithGradients) {
 TEST(FusedLossRun, DpoAndGrpoTrainLikeThePlainHead) {
   anvil::testing::TempDir dir;
   const std::string model =
-      "model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 1, num_heads: 2, dropout: 0.0}\n"
+      "model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_hidden_layers: 1, num_attention_heads: "
+      "2, dropout: 0.0}\n"
       "tokenizer: {path: data/tokenizer.model}\n"
       "optimizer: {lr: 1.0e-3}\n"
       "eval: {generate_samples: 0}\n";
@@ -241,7 +242,7 @@ TEST(FusedLinearCrossEntropy, AutomaticChunksKeepTheFloatLogitsWithinTheBudget) 
 TEST(FusedLossRun, TrainsLikeThePlainLoss) {
   anvil::testing::TempDir dir;
   const std::string yaml = R"(
-model: {family: llama, max_position_embeddings: 32, hidden_size: 32, num_layers: 2, num_heads: 4, dropout: 0.0}
+model: {family: llama, max_position_embeddings: 32, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4, dropout: 0.0}
 tokenizer: {path: data/tokenizer.model}
 data: {train: [{path: data/sft_train.jsonl}], eval: [{path: data/sft_eval.jsonl}], packing: true, max_length: 32}
 optimizer: {lr: 3.0e-3}

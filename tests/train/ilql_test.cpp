@@ -189,8 +189,8 @@ TEST(IlqlHeads, HeadsAreMlpsTargetsStartAsCopiesAndShapedScoresNeedThem) {
   mc.family = "gpt2";
   mc.vocab_size = 50;
   mc.hidden_size = 16;
-  mc.num_layers = 1;
-  mc.num_heads = 2;
+  mc.num_hidden_layers = 1;
+  mc.num_attention_heads = 2;
   mc.max_position_embeddings = 16;
   auto model = models::family_by_name("gpt2").from_config(mc);
   EXPECT_THROW(ilql_score_fn(*model, 1.0), std::invalid_argument);

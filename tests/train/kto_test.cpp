@@ -107,7 +107,7 @@ TEST(KtoFormulas, BalanceAdviceMatchesTrls) {
 std::string tiny_kto(const std::string& train, const std::string& eval) {
   return anvil::concat(R"(algorithm: kto
 tokenizer: {path: data/tokenizer.model}
-model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 1, num_heads: 2}
+model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 2}
 data: {train: [{path: )",
                        train, R"(}], eval: [{path: )", eval, R"(}], max_length: 32}
 optimizer: {lr: 1.0e-3, weight_decay: 0.0}

@@ -41,10 +41,10 @@ config::RunConfig grpo_config(const TempDir& dir, const std::string& aggregation
   const auto src = anvil::testing::source_dir();
   return config::load_config(
       {src + "/configs/grpo_tiny.yaml"},
-      {"output_dir=" + (dir / "out").string(), "model.from=null", "model.hidden_size=32", "model.num_layers=1",
-       "model.num_heads=2", "model.max_position_embeddings=32", "tokenizer.path=" + src + "/data/tokenizer.model",
-       "data.train[0].path=" + src + "/data/sft_add_train.jsonl", "data.eval=null", "ppo.kl_coef=0",
-       "ppo.loss_aggregation=" + aggregation});
+      {"output_dir=" + (dir / "out").string(), "model.from=null", "model.hidden_size=32", "model.num_hidden_layers=1",
+       "model.num_attention_heads=2", "model.max_position_embeddings=32",
+       "tokenizer.path=" + src + "/data/tokenizer.model", "data.train[0].path=" + src + "/data/sft_add_train.jsonl",
+       "data.eval=null", "ppo.kl_coef=0", "ppo.loss_aggregation=" + aggregation});
 }
 
 TEST(PpoMetrics, PolicyLossAverageIsTheLossUnderEveryAggregation) {
@@ -182,7 +182,7 @@ const TinyRun& tiny_group_run(const std::string& advantage) {
   const auto cmd =
       "cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() +
       " --config configs/grpo_tiny.yaml output_dir=" + r.out.string() +
-      " model.from= model.family=gpt2 model.hidden_size=32 model.num_layers=1 model.num_heads=2"
+      " model.from= model.family=gpt2 model.hidden_size=32 model.num_hidden_layers=1 model.num_attention_heads=2"
       " model.max_position_embeddings=32 tokenizer.path=data/tokenizer.model data.eval=null train.threads=1"
       " train.max_steps=4 train.log_every=2 train.save_every=0 ppo.advantage=" +
       advantage + " ppo.reward.exact_match=null 'ppo.rewards=[{exact_match: response, name: exact}, {command: \"" +

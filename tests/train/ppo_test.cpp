@@ -276,7 +276,7 @@ TEST(PpoRollout, MasksCoverExactlyTheGeneratedTokens) {
   // The gathered log-probs are those of a plain forward at those positions,
   // and only masked tokens receive a gradient through the policy loss.
   config::ModelConfig mc;
-  mc.family = "gpt2", mc.vocab_size = 16, mc.hidden_size = 16, mc.num_layers = 1, mc.num_heads = 2;
+  mc.family = "gpt2", mc.vocab_size = 16, mc.hidden_size = 16, mc.num_hidden_layers = 1, mc.num_attention_heads = 2;
   mc.max_position_embeddings = 16;
   torch::manual_seed(3);
   auto model = models::family_by_name("gpt2").from_config(mc);
@@ -298,11 +298,12 @@ TEST(PpoRollout, MasksCoverExactlyTheGeneratedTokens) {
 
 /// The trainer on configs/ppo_tiny.yaml with a fresh tiny model (no checkpoint needed).
 int tiny_ppo(const TempDir& dir, const std::string& extra, std::string* log) {
-  const auto cmd = "cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() +
-                   " --config configs/ppo_tiny.yaml output_dir=" + (dir / "out").string() +
-                   " model.from= model.family=gpt2 model.hidden_size=32 model.num_layers=1 model.num_heads=2"
-                   " model.max_position_embeddings=32 tokenizer.path=data/tokenizer.model train.threads=1 " +
-                   extra + " 2>&1";
+  const auto cmd =
+      "cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() +
+      " --config configs/ppo_tiny.yaml output_dir=" + (dir / "out").string() +
+      " model.from= model.family=gpt2 model.hidden_size=32 model.num_hidden_layers=1 model.num_attention_heads=2"
+      " model.max_position_embeddings=32 tokenizer.path=data/tokenizer.model train.threads=1 " +
+      extra + " 2>&1";
   return run(cmd, log);
 }
 
@@ -754,7 +755,8 @@ TEST(PpoRuns, InterruptedMidIterationResumesExactly) {
     const auto trainer = [&](const std::string& out, const std::string& env, std::string* log) {
       return run("cd " + anvil::testing::source_dir() + " && " + env + " " + anvil::testing::trainer_bin() +
                      " --config " + c.config + " output_dir=" + (dir / out).string() +
-                     " model.from= model.family=gpt2 model.hidden_size=32 model.num_layers=1 model.num_heads=2"
+                     " model.from= model.family=gpt2 model.hidden_size=32 model.num_hidden_layers=1 "
+                     "model.num_attention_heads=2"
                      " model.max_position_embeddings=32 tokenizer.path=data/tokenizer.model train.threads=1"
                      " train.max_steps=12 train.save_every=100 train.eval_every=0 data.eval=null 2>&1",
                  log);

@@ -316,7 +316,8 @@ TEST(Dpo, PrecomputedReferenceGivesTheInProcessLosses) {
   const auto src = anvil::testing::source_dir();
   std::string out;
   const auto model =
-      "model: {family: gpt2, max_position_embeddings: 32, hidden_size: 64, num_layers: 2, num_heads: 4}\n";
+      "model: {family: gpt2, max_position_embeddings: 32, hidden_size: 64, num_hidden_layers: 2, num_attention_heads: "
+      "4}\n";
   anvil::testing::write_text(dir / "dpo.yaml", tiny_run("dpo", "data/dpo_train.jsonl", model));
   auto train = [&](const std::string& name, const std::string& extra) {
     return run("cd " + src + " && " + anvil::testing::trainer_bin() + " --config " + (dir / "dpo.yaml").string() +
@@ -356,7 +357,8 @@ TEST(Dpo, ReferenceFreeRunsShardAndResumeExactly) {
   TempDir dir;
   const auto src = anvil::testing::source_dir();
   const auto model =
-      "model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_layers: 1, num_heads: 2}\n";
+      "model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_hidden_layers: 1, num_attention_heads: "
+      "2}\n";
   anvil::testing::write_text(dir / "dpo.yaml", tiny_run("dpo", "data/dpo_train.jsonl", model));
   for (const std::string type : {"orpo", "simpo", "cpo"}) {
     SCOPED_TRACE(type);

@@ -183,7 +183,7 @@ int tiny_ppo(const TempDir& dir, int64_t max_steps, const std::string& extra, st
   return anvil::testing::run(
       "cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() +
           " --config configs/ppo_tiny.yaml output_dir=" + (dir / "out").string() +
-          " model.from= model.family=gpt2 model.hidden_size=32 model.num_layers=1 model.num_heads=2"
+          " model.from= model.family=gpt2 model.hidden_size=32 model.num_hidden_layers=1 model.num_attention_heads=2"
           " model.max_position_embeddings=32 tokenizer.path=data/tokenizer.model train.threads=1 data.eval=null"
           " ppo.reward.exact_match= 'ppo.reward.command=" +
           reward + "' 'ppo.environment.command=" + env + "' train.max_steps=" + std::to_string(max_steps) + " " +

@@ -20,7 +20,7 @@ using anvil::testing::TempDir;
 namespace stdfs = std::filesystem;
 
 const char* kTinyRun = R"(
-model: {family: gpt2, max_position_embeddings: 32, hidden_size: 64, num_layers: 2, num_heads: 4, dropout: 0.1}
+model: {family: gpt2, max_position_embeddings: 32, hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, dropout: 0.1}
 tokenizer: {path: data/tokenizer.model}
 data: {train: [{path: data/sft_train.jsonl}]}
 optimizer: {lr: 1.0e-3, weight_decay: 0.01}
@@ -158,7 +158,7 @@ TEST(ResumeMoe, MixtralWithItsLoadBalancingLossResumesBitIdentical) {
   TempDir dir;
   const auto config = dir / "moe.yaml";
   anvil::testing::write_text(config, R"(
-model: {family: mixtral, max_position_embeddings: 32, hidden_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2,
+model: {family: mixtral, max_position_embeddings: 32, hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2,
         intermediate_size: 64, num_experts: 4, num_experts_per_tok: 2, router_aux_loss_coef: 0.01}
 tokenizer: {path: data/tokenizer.model}
 data: {train: [{path: data/sft_train.jsonl}]}

@@ -42,22 +42,22 @@ struct ModelConfig {
   int64_t vocab_size = 0;
   int64_t max_position_embeddings = 128;
   int64_t hidden_size = 128;
-  int64_t num_layers = 4;
-  int64_t num_heads = 4;
-  int64_t num_kv_heads = 0;
+  int64_t num_hidden_layers = 4;
+  int64_t num_attention_heads = 4;
+  int64_t num_key_value_heads = 0;
   int64_t head_dim = 0;
   int64_t intermediate_size = 0;
-  std::string activation = "auto";
+  std::string hidden_act = "auto";
   double dropout = 0.0;
   double layer_norm_eps = 1e-5;
   double initializer_range = 0.02;
-  std::string tie_embeddings = "auto";
+  std::string tie_word_embeddings = "auto";
   bool attention_bias = false;
   int64_t sliding_window = 0;
   double rope_theta = 10000.0;
   RopeScalingConfig rope_scaling;
-  double rotary_pct = 1.0;
-  bool parallel_residual = true;
+  double partial_rotary_factor = 1.0;
+  bool use_parallel_residual = true;
   int64_t num_experts = 0;
   int64_t num_experts_per_tok = 2;
   int64_t moe_intermediate_size = 0;
@@ -83,31 +83,34 @@ struct ModelConfig {
     v.field("vocab_size", vocab_size, "Vocabulary size; 0 = the tokenizer's.", non_negative());
     v.field("max_position_embeddings", max_position_embeddings, "Longest sequence the model accepts.", positive());
     v.field("hidden_size", hidden_size, "Width of the residual stream (GPT-2 n_embd).", positive());
-    v.field("num_layers", num_layers, "Transformer blocks (GPT-2 n_layer).", positive());
-    v.field("num_heads", num_heads, "Attention (query) heads; must divide hidden_size.", positive());
-    v.field("num_kv_heads", num_kv_heads,
-            "llama: key/value heads for grouped-query attention; must divide num_heads. 0 = num_heads.",
-            non_negative());
+    v.field("num_hidden_layers", num_hidden_layers, "Transformer blocks (GPT-2 n_layer).",
+            renamed_from("num_layers", positive()));
+    v.field("num_attention_heads", num_attention_heads, "Attention (query) heads; must divide hidden_size.",
+            renamed_from("num_heads", positive()));
+    v.field("num_key_value_heads", num_key_value_heads,
+            "llama: key/value heads for grouped-query attention; must divide num_attention_heads. 0 = "
+            "num_attention_heads.",
+            renamed_from("num_kv_heads", non_negative()));
     v.field("head_dim", head_dim,
             "llama, qwen2, qwen3, mistral, phi3: width of each attention head when it is not hidden_size / "
-            "num_heads (Qwen3: 128); 0 = hidden_size / num_heads.",
+            "num_attention_heads (Qwen3: 128); 0 = hidden_size / num_attention_heads.",
             non_negative());
     v.field("intermediate_size", intermediate_size,
             "MLP width; 0 = the family's default (gpt2, neox: 4 * hidden_size; llama: 8/3 * hidden_size "
             "rounded up to a multiple of 256).",
             non_negative());
-    v.field("activation", activation,
+    v.field("hidden_act", hidden_act,
             "MLP activation by its HF name; auto = the family's (gpt2: gelu_new, llama: silu, neox: gelu). "
             "GPT-2 supports only gelu_new.",
-            one_of({"auto", "gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "relu"}));
+            renamed_from("activation", one_of({"auto", "gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "relu"})));
     v.field("dropout", dropout, "Dropout on embeddings, attention and residuals (GPT-2 *_pdrop).",
             in_open_unit_interval());
     v.field("layer_norm_eps", layer_norm_eps, "LayerNorm / RMSNorm epsilon.", positive());
     v.field("initializer_range", initializer_range, "Std of the normal init (0.02 in all three families).", positive());
-    v.field("tie_embeddings", tie_embeddings,
+    v.field("tie_word_embeddings", tie_word_embeddings,
             "Output head shares the input embedding: true, false, or auto (gpt2: true, llama and neox: "
             "false). GPT-2 is always tied.",
-            one_of({"auto", "true", "false"}));
+            renamed_from("tie_embeddings", one_of({"auto", "true", "false"})));
     v.field("attention_bias", attention_bias, "llama: biases on q/k/v/o projections (Qwen-style).");
     v.field("sliding_window", sliding_window,
             "mistral, phi3, qwen2, qwen3: each token attends to this many latest positions (its own included) on "
@@ -115,11 +118,12 @@ struct ModelConfig {
             non_negative());
     v.field("rope_theta", rope_theta, "llama, neox: rotary base.", positive());
     v.section("rope_scaling", rope_scaling, "llama: rotary frequency scaling.");
-    v.field("rotary_pct", rotary_pct,
-            "neox, phi3: fraction of each head's dims that rotate (Pythia: 0.25; HF partial_rotary_factor).",
-            Rule{"a number in (0, 1]", [](double x) { return x > 0 && x <= 1; }, {}});
-    v.field("parallel_residual", parallel_residual,
-            "neox: x + attn(ln1(x)) + mlp(ln2(x)) when true, sequential residuals when false.");
+    v.field("partial_rotary_factor", partial_rotary_factor,
+            "neox, phi3: fraction of each head's dims that rotate (Pythia: 0.25, its config.json's rotary_pct).",
+            renamed_from("rotary_pct", Rule{"a number in (0, 1]", [](double x) { return x > 0 && x <= 1; }, {}}));
+    v.field("use_parallel_residual", use_parallel_residual,
+            "neox: x + attn(ln1(x)) + mlp(ln2(x)) when true, sequential residuals when false.",
+            renamed_from("parallel_residual"));
     v.field("num_experts", num_experts,
             "mixtral, qwen3_moe: experts per sparse layer (HF num_local_experts / num_experts); 0 = 8.",
             non_negative());

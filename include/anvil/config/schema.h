@@ -41,7 +41,13 @@ struct Rule {
   /// word (or_word).
   std::string word{};
   int64_t word_value = 0;
+  /// The key's former name in the same section (model.num_layers for model.num_hidden_layers), still read with
+  /// a warning until kOldNamesUntil (renamed_from).
+  std::string old_name{};
 };
+
+/// The release until which a renamed key's former name is accepted.
+inline constexpr const char* kOldNamesUntil = "0.2.0";
 
 inline Rule any() { return {}; }
 inline Rule required() {
@@ -144,7 +150,14 @@ inline Rule or_word(Rule r, std::string word, int64_t value) {
   return r;
 }
 
-struct ModelConfig;
+/// `r` for a key renamed from `old_name` (in the same section): a config
+/// that still says the old name is read as if it said the new one, with a
+/// warning naming both, until kOldNamesUntil; both in one source is an error,
+/// and in two sources the later one wins, as for any key.
+inline Rule renamed_from(std::string old_name, Rule r = {}) {
+  r.old_name = std::move(old_name);
+  return r;
+}
 
 struct ModelConfig;
 
@@ -448,7 +461,7 @@ struct FamilyKeys {
   std::function<void(const ModelConfig& model, const Checks& checks)> check = {};
   /// Keys only it reads (family_keys<T>(): a struct with visit, as
   /// FieldVisitor says). They sit in the model section beside the shared
-  /// ones (model.pre_layer_norm for opt), load, print, appear in the
+  /// ones (model.do_layer_norm_before for opt), load, print, appear in the
   /// reference and are checked on resume like them; ModelConfig::own holds
   /// their values.
   std::function<std::unique_ptr<Extension>()> own_keys = {};

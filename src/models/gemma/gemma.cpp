@@ -164,36 +164,23 @@ std::optional<ParameterInit> GemmaForCausalLM::parameter_init(const std::string&
 }
 
 nlohmann::json GemmaForCausalLM::hf_config() const {
-  const auto& o = options;
+  auto o = options;
   const bool g3 = o.model_type() == "gemma3_text";
   const auto cap = [](double c) { return c > 0 ? nlohmann::json(c) : nlohmann::json(nullptr); };
   nlohmann::json j = {
       {"architectures", {g3 ? "Gemma3ForCausalLM" : "Gemma2ForCausalLM"}},
       {"model_type", o.model_type()},
-      {"vocab_size", o.vocab_size()},
-      {"hidden_size", o.hidden_size()},
-      {"intermediate_size", o.intermediate_size()},
-      {"num_hidden_layers", o.num_hidden_layers()},
-      {"num_attention_heads", o.num_attention_heads()},
-      {"num_key_value_heads", o.num_key_value_heads()},
-      {"head_dim", o.head_dim()},
-      {"max_position_embeddings", o.max_position_embeddings()},
-      {"rms_norm_eps", o.rms_norm_eps()},
-      {"attention_bias", o.attention_bias()},
-      {"attention_dropout", o.attention_dropout()},
-      {"hidden_activation", o.hidden_act()},
       // An int in transformers' config classes (strictly checked), so whole values are written as one.
       {"query_pre_attn_scalar", o.query_pre_attn_scalar() == std::floor(o.query_pre_attn_scalar())
                                     ? nlohmann::json(static_cast<int64_t>(o.query_pre_attn_scalar()))
                                     : nlohmann::json(o.query_pre_attn_scalar())},
       {"attn_logit_softcapping", cap(o.attn_logit_softcapping())},
       {"final_logit_softcapping", cap(o.final_logit_softcapping())},
-      {"sliding_window", o.sliding_window()},
       {"layer_types", o.layer_types()},
-      {"tie_word_embeddings", o.tie_word_embeddings()},
-      {"initializer_range", o.initializer_range()},
       {"torch_dtype", "float32"},
   };
+  HfKeyWriter keys(j);
+  o.visit_hf(keys);
   if (g3) {
     // Both spellings: transformers 5's per-layer-type rope_parameters and 4's keys.
     j["rope_parameters"] = {{"full_attention", rope_entry(o.rope())},

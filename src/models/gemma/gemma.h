@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "anvil/models/causal_lm.h"
+#include "models/hf_keys.h"
 #include "models/layers.h"
 
 namespace anvil::models::gemma {
@@ -56,6 +57,27 @@ struct GemmaOptions {
 
  public:
   bool sliding(int64_t layer) const { return layer_types_.at(static_cast<size_t>(layer)) == "sliding_attention"; }
+  /// Gemma2Config's and Gemma3TextConfig's plain keys (models/hf_keys.h), for model_type's; the soft-caps (null
+  /// = none), the attention scalar, layer types and rotary settings are read and written beside them.
+  template <class V>
+  void visit_hf(V& v) {
+    const bool g3 = model_type_ == "gemma3_text";
+    v.required("vocab_size", vocab_size_);
+    v.required("hidden_size", hidden_size_);
+    v.required("intermediate_size", intermediate_size_);
+    v.required("num_hidden_layers", num_hidden_layers_);
+    v.required("num_attention_heads", num_attention_heads_);
+    v.key("num_key_value_heads", num_key_value_heads_, num_attention_heads_);
+    v.key("head_dim", head_dim_, int64_t{256});
+    v.key("max_position_embeddings", max_position_embeddings_, int64_t{g3 ? 131072 : 8192});
+    v.key("rms_norm_eps", rms_norm_eps_, 1e-6, HfBound::positive);
+    v.key("attention_bias", attention_bias_, false);
+    v.key_or("hidden_activation", "hidden_act", hidden_act_, "gelu_pytorch_tanh");
+    v.key("attention_dropout", attention_dropout_, 0.0, HfBound::probability);
+    v.key("initializer_range", initializer_range_, 0.02);
+    v.key("sliding_window", sliding_window_, int64_t{4096});
+    v.key("tie_word_embeddings", tie_word_embeddings_, true);
+  }
 };
 
 /// Gemma's RMSNorm: x / rms(x) * (1 + w) in float32, cast back; w starts at 0.

@@ -18,7 +18,7 @@ std::vector<std::string> default_layer_types(int64_t n, int64_t pattern) {
 /// q/k norms and its local RoPE base 10000; scores scaled by head_dim^-1/2.
 std::shared_ptr<CausalLM> from_typed_config(const config::ModelConfig& c, const std::string& model_type) {
   const bool g3 = model_type == "gemma3_text";
-  const auto head_dim = c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_heads;
+  const auto head_dim = c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_attention_heads;
   layers::RopeOptions rope, local;
   rope.theta(c.rope_theta);
   local.theta(g3 ? 10000.0 : c.rope_theta);
@@ -27,16 +27,16 @@ std::shared_ptr<CausalLM> from_typed_config(const config::ModelConfig& c, const 
       .vocab_size(c.vocab_size)
       .hidden_size(c.hidden_size)
       .intermediate_size(c.intermediate_size > 0 ? c.intermediate_size : 4 * c.hidden_size)
-      .num_hidden_layers(c.num_layers)
-      .num_attention_heads(c.num_heads)
-      .num_key_value_heads(c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads)
+      .num_hidden_layers(c.num_hidden_layers)
+      .num_attention_heads(c.num_attention_heads)
+      .num_key_value_heads(c.num_key_value_heads > 0 ? c.num_key_value_heads : c.num_attention_heads)
       .head_dim(head_dim)
       .max_position_embeddings(c.max_position_embeddings)
       .rms_norm_eps(c.layer_norm_eps)
       .rope(rope)
       .local_rope(local)
       .attention_bias(c.attention_bias)
-      .hidden_act(c.activation == "auto" ? "gelu_pytorch_tanh" : c.activation)
+      .hidden_act(c.hidden_act == "auto" ? "gelu_pytorch_tanh" : c.hidden_act)
       .attention_dropout(c.dropout)
       .initializer_range(c.initializer_range)
       .query_pre_attn_scalar(static_cast<double>(head_dim))
@@ -44,9 +44,9 @@ std::shared_ptr<CausalLM> from_typed_config(const config::ModelConfig& c, const 
       .final_logit_softcapping(g3 ? 0.0 : 30.0)
       // Without a window every position fits: the sliding layers see everything.
       .sliding_window(c.sliding_window > 0 ? c.sliding_window : c.max_position_embeddings)
-      .layer_types(default_layer_types(c.num_layers, g3 ? 6 : 2))
+      .layer_types(default_layer_types(c.num_hidden_layers, g3 ? 6 : 2))
       .qk_norm(g3)
-      .tie_word_embeddings(c.tie_embeddings != "false");
+      .tie_word_embeddings(c.tie_word_embeddings != "false");
   return std::make_shared<GemmaForCausalLM>(o);
 }
 
@@ -75,27 +75,14 @@ std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& wh
   const bool g3 = model_type == "gemma3_text";
   HfConfigReader r(j, where, g3 ? "Gemma 3" : "Gemma 2");
   GemmaOptions o;
-  o.model_type(model_type)
-      .vocab_size(r.integer("vocab_size"))
-      .hidden_size(r.integer("hidden_size"))
-      .intermediate_size(r.integer("intermediate_size"))
-      .num_hidden_layers(r.integer("num_hidden_layers"))
-      .num_attention_heads(r.integer("num_attention_heads"));
-  o.num_key_value_heads(r.integer("num_key_value_heads", o.num_attention_heads()))
-      .head_dim(r.integer("head_dim", 256))
-      .max_position_embeddings(r.integer("max_position_embeddings", g3 ? 131072 : 8192))
-      .rms_norm_eps(r.number("rms_norm_eps", 1e-6, HfConfigReader::Bound::positive))
-      .attention_bias(r.boolean("attention_bias", false))
-      .hidden_act(r.string("hidden_activation", r.string("hidden_act", "gelu_pytorch_tanh")))
-      .attention_dropout(r.number("attention_dropout", 0.0, HfConfigReader::Bound::probability))
-      .initializer_range(r.number("initializer_range", 0.02))
-      .query_pre_attn_scalar(r.number("query_pre_attn_scalar", 256, HfConfigReader::Bound::positive))
+  o.model_type(model_type);
+  HfKeyReader keys(r);
+  o.visit_hf(keys);
+  o.query_pre_attn_scalar(r.number("query_pre_attn_scalar", 256, HfConfigReader::Bound::positive))
       // transformers' Gemma 3 reads attn_logit_softcapping but never applies it (its attention passes no softcap).
       .attn_logit_softcapping(g3 ? 0.0 : softcap(r, j, "attn_logit_softcapping", 50.0))
       .final_logit_softcapping(softcap(r, j, "final_logit_softcapping", g3 ? 0.0 : 30.0))
-      .sliding_window(r.integer("sliding_window", 4096))
-      .qk_norm(g3)
-      .tie_word_embeddings(r.boolean("tie_word_embeddings", true));
+      .qk_norm(g3);
   if (o.num_attention_heads() % o.num_key_value_heads() != 0)
     r.fail("num_key_value_heads",
            concat(o.num_key_value_heads(), " must divide num_attention_heads ", o.num_attention_heads()));

@@ -119,27 +119,10 @@ std::optional<ParameterInit> GPT2LMHeadModel::parameter_init(const std::string& 
 }
 
 nlohmann::json GPT2LMHeadModel::hf_config() const {
-  const auto& o = options;
-  nlohmann::json j = {
-      {"architectures", {"GPT2LMHeadModel"}},
-      {"model_type", "gpt2"},
-      {"vocab_size", o.vocab_size()},
-      {"n_positions", o.n_positions()},
-      {"n_ctx", o.n_positions()},
-      {"n_embd", o.n_embd()},
-      {"n_layer", o.n_layer()},
-      {"n_head", o.n_head()},
-      {"n_inner", o.n_inner() > 0 ? nlohmann::json(o.n_inner()) : nlohmann::json(nullptr)},
-      {"activation_function", "gelu_new"},
-      {"resid_pdrop", o.resid_pdrop()},
-      {"embd_pdrop", o.embd_pdrop()},
-      {"attn_pdrop", o.attn_pdrop()},
-      {"layer_norm_epsilon", o.layer_norm_epsilon()},
-      {"initializer_range", o.initializer_range()},
-      {"scale_attn_weights", true},
-      {"tie_word_embeddings", true},
-      {"torch_dtype", "float32"},
-  };
+  nlohmann::json j = {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"torch_dtype", "float32"}};
+  auto o = options;
+  HfKeyWriter keys(j);
+  o.visit_hf(keys);
   write_hf_special_tokens(j, special_tokens);
   return j;
 }

@@ -9,6 +9,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "anvil/models/causal_lm.h"
+#include "models/hf_keys.h"
 #include "models/layers.h"
 #include "models/lora.h"
 
@@ -30,6 +31,27 @@ struct GPT2Options {
 
  public:
   int64_t inner() const { return n_inner_ > 0 ? n_inner_ : 4 * n_embd_; }
+  /// GPT2Config's keys (models/hf_keys.h): read from and written to config.json.
+  template <class V>
+  void visit_hf(V& v) {
+    v.required("vocab_size", vocab_size_);
+    v.key("n_positions", n_positions_, int64_t{1024});
+    v.constant("n_ctx", n_positions_);
+    v.required("n_embd", n_embd_);
+    v.required("n_layer", n_layer_);
+    v.required("n_head", n_head_);
+    v.zero_is_null("n_inner", n_inner_);
+    v.key("resid_pdrop", resid_pdrop_, 0.1, HfBound::probability);
+    v.key("embd_pdrop", embd_pdrop_, 0.1, HfBound::probability);
+    v.key("attn_pdrop", attn_pdrop_, 0.1, HfBound::probability);
+    v.key("layer_norm_epsilon", layer_norm_epsilon_, 1e-5, HfBound::positive);
+    v.key("initializer_range", initializer_range_, 0.02);
+    v.only("activation_function", "gelu_new", "only gelu_new is supported");
+    v.only("tie_word_embeddings", true, "untied GPT-2 heads are not supported");
+    v.only("scale_attn_weights", true, "GPT-2 without the 1/sqrt(head_dim) attention scale is not supported");
+    v.only("scale_attn_by_inverse_layer_idx", false, "not supported");
+    v.only("reorder_and_upcast_attn", false, "not supported");
+  }
 };
 
 /// HF's Conv1D: y = x @ W + b with W stored as (in, out); it can carry a

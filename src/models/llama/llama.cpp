@@ -180,33 +180,15 @@ std::optional<ParameterInit> LlamaForCausalLM::parameter_init(const std::string&
 }
 
 nlohmann::json LlamaForCausalLM::hf_config() const {
-  const auto& o = options;
+  auto o = options;
   const auto& v = variant(o.model_type());
-  nlohmann::json j = {
-      {"architectures", {v.architecture}},
-      {"model_type", v.model_type},
-      {"vocab_size", o.vocab_size()},
-      {"hidden_size", o.hidden_size()},
-      {"intermediate_size", o.intermediate_size()},
-      {"num_hidden_layers", o.num_hidden_layers()},
-      {"num_attention_heads", o.num_attention_heads()},
-      {"num_key_value_heads", o.num_key_value_heads()},
-      {"head_dim", o.dim_per_head()},
-      {"max_position_embeddings", o.max_position_embeddings()},
-      {"rms_norm_eps", o.rms_norm_eps()},
-      {"attention_bias", o.attention_bias()},
-      {"mlp_bias", o.mlp_bias()},
-      {"tie_word_embeddings", o.tie_word_embeddings()},
-      {"hidden_act", o.hidden_act()},
-      {"attention_dropout", o.attention_dropout()},
-      {"initializer_range", o.initializer_range()},
-      {"pretraining_tp", 1},
-      {"torch_dtype", "float32"},
-  };
+  // Written as they are in effect: the head width and (Qwen3-MoE) each expert's.
+  o.head_dim(o.dim_per_head());
+  if (o.moe_intermediate_size() == 0) o.moe_intermediate_size(o.intermediate_size());
+  nlohmann::json j = {{"architectures", {v.architecture}}, {"model_type", v.model_type}, {"torch_dtype", "float32"}};
+  HfKeyWriter keys(j);
+  o.visit_hf(keys, v);
   const auto window = o.sliding_window() > 0 ? nlohmann::json(o.sliding_window()) : nlohmann::json(nullptr);
-  if (!v.mlp_bias_key) j.erase("mlp_bias"), j.erase("pretraining_tp");
-  if (!v.attention_bias_key) j.erase("attention_bias");
-  if (!v.head_dim_key) j.erase("head_dim");
   if (v.windows == LlamaVariant::Windows::kEveryLayer) j["sliding_window"] = window;
   if (v.windows == LlamaVariant::Windows::kQwenLayers) {
     j["use_sliding_window"] = o.sliding_window() > 0;
@@ -220,22 +202,7 @@ nlohmann::json LlamaForCausalLM::hf_config() const {
     while (first > 0 && o.window_of(first - 1) > 0) --first;
     j["max_window_layers"] = first;
   }
-  if (o.num_experts() > 0) {
-    j["num_experts_per_tok"] = o.num_experts_per_tok();
-    j["router_aux_loss_coef"] = o.router_aux_loss_coef();
-    j["output_router_logits"] = o.output_router_logits();
-    if (v.experts == LlamaVariant::Experts::kMixtral) {
-      j["num_local_experts"] = o.num_experts();
-      j["router_jitter_noise"] = o.router_jitter_noise();
-    } else {
-      j["num_experts"] = o.num_experts();
-      j["moe_intermediate_size"] = o.moe_intermediate_size() > 0 ? o.moe_intermediate_size() : o.intermediate_size();
-      j["norm_topk_prob"] = o.norm_topk_prob();
-      j["decoder_sparse_step"] = o.decoder_sparse_step();
-      j["mlp_only_layers"] = o.mlp_only_layers();
-    }
-  }
-  if (v.residual_dropout) j["resid_pdrop"] = o.residual_dropout(), j["embd_pdrop"] = 0.0;
+  if (v.experts == LlamaVariant::Experts::kQwen3Moe) j["mlp_only_layers"] = o.mlp_only_layers();
   if (v.original_max_positions_default > 0)
     j["original_max_position_embeddings"] =
         o.rope().type() == "longrope" ? o.rope().original_max_positions() : o.max_position_embeddings();

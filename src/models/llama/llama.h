@@ -11,10 +11,13 @@
 #include <torch/nn/pimpl.h>
 
 #include "anvil/models/causal_lm.h"
+#include "models/hf_keys.h"
 #include "models/layers.h"
 #include "models/moe.h"
 
 namespace anvil::models::llama {
+
+struct LlamaVariant;
 
 struct LlamaOptions {
   TORCH_ARG(int64_t, vocab_size) = 32000;
@@ -95,6 +98,9 @@ struct LlamaOptions {
       if (l == i) return false;
     return (i + 1) % decoder_sparse_step_ == 0;
   }
+  /// The plain config.json keys of `row`'s HF config class (models/hf_keys.h), below LlamaVariant.
+  template <class V>
+  void visit_hf(V& v, const LlamaVariant& row);
 };
 
 /// What tells one LLaMA-like HF architecture from another: a row per
@@ -131,6 +137,53 @@ struct LlamaVariant {
   int64_t original_max_positions_default = 0;  // > 0: reads original_max_position_embeddings (Phi-3: 4096)
   Experts experts = Experts::kNone;
 };
+/// The row's keys: which of them its config.json holds, their defaults and
+/// names come from the row; rotary settings, sliding windows (null = none),
+/// original_max_position_embeddings, mlp_only_layers and special tokens are
+/// read and written beside them (llama/register.cpp, LlamaForCausalLM::hf_config).
+template <class V>
+void LlamaOptions::visit_hf(V& v, const LlamaVariant& row) {
+  v.required("vocab_size", vocab_size_);
+  v.required("hidden_size", hidden_size_);
+  v.required("intermediate_size", intermediate_size_);
+  v.required("num_hidden_layers", num_hidden_layers_);
+  v.required("num_attention_heads", num_attention_heads_);
+  v.key("num_key_value_heads", num_key_value_heads_, num_attention_heads_);
+  if (row.head_dim_key) v.key("head_dim", head_dim_, row.head_dim_default);
+  v.key("max_position_embeddings", max_position_embeddings_, int64_t{2048});
+  v.key("rms_norm_eps", rms_norm_eps_, row.rms_norm_eps_default, HfBound::positive);
+  if (row.attention_bias_key) v.key("attention_bias", attention_bias_, false);
+  if (row.mlp_bias_key) {
+    v.key("mlp_bias", mlp_bias_, false);
+    v.constant("pretraining_tp", 1);
+  }
+  v.key("tie_word_embeddings", tie_word_embeddings_, false);
+  v.key("hidden_act", hidden_act_, "silu");
+  v.key("attention_dropout", attention_dropout_, 0.0, HfBound::probability);
+  v.key("initializer_range", initializer_range_, 0.02);
+  if (row.residual_dropout) {
+    v.key("resid_pdrop", residual_dropout_, 0.0, HfBound::probability);
+    v.constant("embd_pdrop", 0.0);
+  }
+  if (row.experts == LlamaVariant::Experts::kNone) return;
+  const bool mixtral = row.experts == LlamaVariant::Experts::kMixtral;
+  // Qwen3MoeConfig writes num_local_experts since transformers 5; the Hub's folders say num_experts.
+  if (mixtral)
+    v.key("num_local_experts", num_experts_, int64_t{8});
+  else
+    v.key_or("num_experts", "num_local_experts", num_experts_, int64_t{128});
+  v.key("num_experts_per_tok", num_experts_per_tok_, int64_t{mixtral ? 2 : 8});
+  v.key("router_aux_loss_coef", router_aux_loss_coef_, 0.001);
+  v.key("output_router_logits", output_router_logits_, false);
+  if (mixtral) {
+    v.key("router_jitter_noise", router_jitter_noise_, 0.0, HfBound::probability);
+    return;
+  }
+  v.key("moe_intermediate_size", moe_intermediate_size_, int64_t{768});
+  v.key("norm_topk_prob", norm_topk_prob_, false);
+  v.key("decoder_sparse_step", decoder_sparse_step_, int64_t{1});
+}
+
 /// The row of `model_type`; throws for one that is not a LLaMA variant.
 const LlamaVariant& variant(const std::string& model_type);
 /// Every row, in registration order.

@@ -36,16 +36,16 @@ std::shared_ptr<CausalLM> from_typed_config(const config::ModelConfig& c, const 
   o.vocab_size(c.vocab_size)
       .hidden_size(c.hidden_size)
       .intermediate_size(c.intermediate_size > 0 ? c.intermediate_size : default_intermediate(c.hidden_size))
-      .num_hidden_layers(c.num_layers)
-      .num_attention_heads(c.num_heads)
-      .num_key_value_heads(c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads)
+      .num_hidden_layers(c.num_hidden_layers)
+      .num_attention_heads(c.num_attention_heads)
+      .num_key_value_heads(c.num_key_value_heads > 0 ? c.num_key_value_heads : c.num_attention_heads)
       .head_dim(c.head_dim)
       .max_position_embeddings(c.max_position_embeddings)
       .rms_norm_eps(c.layer_norm_eps)
       .rope(rope)
       .attention_bias(c.attention_bias)
-      .tie_word_embeddings(c.tie_embeddings == "true")
-      .hidden_act(c.activation == "auto" ? "silu" : c.activation)
+      .tie_word_embeddings(c.tie_word_embeddings == "true")
+      .hidden_act(c.hidden_act == "auto" ? "silu" : c.hidden_act)
       .attention_dropout(c.dropout)
       .initializer_range(c.initializer_range)
       .model_type(v.model_type)
@@ -53,7 +53,7 @@ std::shared_ptr<CausalLM> from_typed_config(const config::ModelConfig& c, const 
       .qk_norm(v.qk_norm)
       .sliding_window(c.sliding_window)
       .fused_projections(v.fused_projections)
-      .partial_rotary_factor(v.partial_rotary ? c.rotary_pct : 1.0)
+      .partial_rotary_factor(v.partial_rotary ? c.partial_rotary_factor : 1.0)
       .residual_dropout(v.residual_dropout ? c.dropout : 0.0);
   if (moe) {
     o.num_experts(c.num_experts > 0 ? c.num_experts : 8)
@@ -75,8 +75,8 @@ std::shared_ptr<CausalLM> from_typed_config(const config::ModelConfig& c, const 
         concat("model.attention_bias: ", v.model_type,
                v.qkv_bias ? " has biases on q, k and v (not on o_proj) by its definition" : " has no attention biases",
                "; leave the key out"));
-  if (c.rotary_pct != 1.0 && !v.partial_rotary)
-    throw ConfigError(concat("model.rotary_pct: partial rotary applies to neox and ",
+  if (c.partial_rotary_factor != 1.0 && !v.partial_rotary)
+    throw ConfigError(concat("model.partial_rotary_factor: partial rotary applies to neox and ",
                              types_with([](const LlamaVariant& r) { return r.partial_rotary; }), ", not ",
                              v.model_type));
   auto model = std::make_shared<LlamaForCausalLM>(o);
@@ -90,62 +90,27 @@ int64_t window_key(const HfConfigReader& r, const nlohmann::json& j, int64_t abs
   return j["sliding_window"].is_null() ? 0 : r.integer("sliding_window");
 }
 
-/// The experts of an HF config.json, as transformers reads Mixtral's or Qwen3-MoE's.
-void read_experts(const HfConfigReader& r, const nlohmann::json& j, LlamaOptions& o, LlamaVariant::Experts kind) {
-  const bool mixtral = kind == LlamaVariant::Experts::kMixtral;
-  // Qwen3MoeConfig writes num_local_experts since transformers 5; the Hub's folders say num_experts.
-  const char* experts =
-      mixtral || (!j.contains("num_experts") && j.contains("num_local_experts")) ? "num_local_experts" : "num_experts";
-  o.num_experts(r.integer(experts, mixtral ? 8 : 128))
-      .num_experts_per_tok(r.integer("num_experts_per_tok", mixtral ? 2 : 8))
-      .router_aux_loss_coef(r.number("router_aux_loss_coef", 0.001))
-      .output_router_logits(r.boolean("output_router_logits", false));
-  if (o.num_experts_per_tok() > o.num_experts())
-    r.fail("num_experts_per_tok", concat(o.num_experts_per_tok(), " exceeds the ", o.num_experts(), " experts"));
-  if (mixtral) {
-    o.router_jitter_noise(r.number("router_jitter_noise", 0.0, HfConfigReader::Bound::probability));
-    return;
-  }
-  o.moe_intermediate_size(r.integer("moe_intermediate_size", 768))
-      .norm_topk_prob(r.boolean("norm_topk_prob", false))
-      .decoder_sparse_step(r.integer("decoder_sparse_step", 1));
+/// Qwen3-MoE's layers with a dense MLP (mlp_only_layers), as transformers reads them.
+std::vector<int64_t> dense_layers(const HfConfigReader& r, int64_t layers) {
   std::vector<int64_t> dense;
   if (const auto* v = r.find("mlp_only_layers")) {
     if (!v->is_array()) r.fail("mlp_only_layers", concat("expected a list of layer indices, got ", v->dump()));
     for (const auto& i : *v) {
-      if (!i.is_number_integer() || i.get<int64_t>() < 0 || i.get<int64_t>() >= o.num_hidden_layers())
-        r.fail("mlp_only_layers",
-               concat("expected layer indices in [0, ", o.num_hidden_layers(), "), got ", v->dump()));
+      if (!i.is_number_integer() || i.get<int64_t>() < 0 || i.get<int64_t>() >= layers)
+        r.fail("mlp_only_layers", concat("expected layer indices in [0, ", layers, "), got ", v->dump()));
       dense.push_back(i.get<int64_t>());
     }
   }
-  o.mlp_only_layers(dense);
+  return dense;
 }
 
 /// An HF config.json of variant `v`.
 std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& where, const LlamaVariant& v) {
   HfConfigReader r(j, where, v.display_name);
   LlamaOptions o;
-  o.vocab_size(r.integer("vocab_size"))
-      .hidden_size(r.integer("hidden_size"))
-      .intermediate_size(r.integer("intermediate_size"))
-      .num_hidden_layers(r.integer("num_hidden_layers"))
-      .num_attention_heads(r.integer("num_attention_heads"));
-  o.num_key_value_heads(r.integer("num_key_value_heads", o.num_attention_heads()))
-      .head_dim(v.head_dim_key ? r.integer("head_dim", v.head_dim_default) : 0)
-      .max_position_embeddings(r.integer("max_position_embeddings", 2048))
-      .rms_norm_eps(r.number("rms_norm_eps", v.rms_norm_eps_default, HfConfigReader::Bound::positive))
-      .attention_bias(v.attention_bias_key ? r.boolean("attention_bias", false) : false)
-      .mlp_bias(v.mlp_bias_key ? r.boolean("mlp_bias", false) : false)
-      .model_type(v.model_type)
-      .qkv_bias(v.qkv_bias)
-      .qk_norm(v.qk_norm)
-      .fused_projections(v.fused_projections)
-      .residual_dropout(v.residual_dropout ? r.number("resid_pdrop", 0.0, HfConfigReader::Bound::probability) : 0.0)
-      .tie_word_embeddings(r.boolean("tie_word_embeddings", false))
-      .hidden_act(r.string("hidden_act", "silu"))
-      .attention_dropout(r.number("attention_dropout", 0.0, HfConfigReader::Bound::probability))
-      .initializer_range(r.number("initializer_range", 0.02));
+  HfKeyReader keys(r);
+  o.visit_hf(keys, v);
+  o.model_type(v.model_type).qkv_bias(v.qkv_bias).qk_norm(v.qk_norm).fused_projections(v.fused_projections);
   if (o.hidden_size() % o.num_attention_heads() != 0 && o.head_dim() == 0)
     r.fail("num_attention_heads", concat(o.num_attention_heads(), " does not divide hidden_size ", o.hidden_size(),
                                          " and no head_dim is given"));
@@ -159,7 +124,9 @@ std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& wh
   // Qwen's only with use_sliding_window and then on the layers layer_types
   // names (by default those from max_window_layers on).
   if (v.windows == LlamaVariant::Windows::kEveryLayer) o.sliding_window(window_key(r, j, v.window_default));
-  if (v.experts != LlamaVariant::Experts::kNone) read_experts(r, j, o, v.experts);
+  if (v.experts != LlamaVariant::Experts::kNone && o.num_experts_per_tok() > o.num_experts())
+    r.fail("num_experts_per_tok", concat(o.num_experts_per_tok(), " exceeds the ", o.num_experts(), " experts"));
+  if (v.experts == LlamaVariant::Experts::kQwen3Moe) o.mlp_only_layers(dense_layers(r, o.num_hidden_layers()));
   if (v.windows == LlamaVariant::Windows::kQwenLayers && r.boolean("use_sliding_window", false)) {
     o.sliding_window(window_key(r, j, v.window_default));
     auto types = r.layer_types(o.num_hidden_layers());

@@ -113,28 +113,16 @@ std::optional<ParameterInit> GPTNeoXForCausalLM::parameter_init(const std::strin
 }
 
 nlohmann::json GPTNeoXForCausalLM::hf_config() const {
-  const auto& o = options;
+  auto o = options;
   nlohmann::json j = {
       {"architectures", {"GPTNeoXForCausalLM"}},
       {"model_type", "gpt_neox"},
-      {"vocab_size", o.vocab_size()},
-      {"hidden_size", o.hidden_size()},
-      {"intermediate_size", o.intermediate_size()},
-      {"num_hidden_layers", o.num_hidden_layers()},
-      {"num_attention_heads", o.num_attention_heads()},
-      {"max_position_embeddings", o.max_position_embeddings()},
-      {"layer_norm_eps", o.layer_norm_eps()},
-      {"use_parallel_residual", o.use_parallel_residual()},
-      {"hidden_act", o.hidden_act()},
-      {"tie_word_embeddings", o.tie_word_embeddings()},
-      {"hidden_dropout", o.hidden_dropout()},
-      {"attention_dropout", o.attention_dropout()},
-      {"attention_bias", true},
-      {"initializer_range", o.initializer_range()},
       {"rotary_pct", static_cast<double>(o.rope().rotary_dim()) / static_cast<double>(o.head_dim())},
       {"rotary_emb_base", o.rope().theta()},
       {"torch_dtype", "float32"},
   };
+  HfKeyWriter keys(j);
+  o.visit_hf(keys);
   write_hf_rope(j, o.rope(), /*write_partial=*/true);
   write_hf_special_tokens(j, special_tokens);
   return j;

@@ -10,6 +10,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "anvil/models/causal_lm.h"
+#include "models/hf_keys.h"
 #include "models/layers.h"
 
 namespace anvil::models::neox {
@@ -34,6 +35,24 @@ struct NeoXOptions {
 
  public:
   int64_t head_dim() const { return hidden_size_ / num_attention_heads_; }
+  /// GPTNeoXConfig's plain keys (models/hf_keys.h); the rotary ones are read and written beside them.
+  template <class V>
+  void visit_hf(V& v) {
+    v.required("vocab_size", vocab_size_);
+    v.required("hidden_size", hidden_size_);
+    v.required("intermediate_size", intermediate_size_);
+    v.required("num_hidden_layers", num_hidden_layers_);
+    v.required("num_attention_heads", num_attention_heads_);
+    v.key("max_position_embeddings", max_position_embeddings_, int64_t{2048});
+    v.key("layer_norm_eps", layer_norm_eps_, 1e-5, HfBound::positive);
+    v.key("use_parallel_residual", use_parallel_residual_, true);
+    v.key("hidden_act", hidden_act_, "gelu");
+    v.key("tie_word_embeddings", tie_word_embeddings_, false);
+    v.key("hidden_dropout", hidden_dropout_, 0.0, HfBound::probability);
+    v.key("attention_dropout", attention_dropout_, 0.0, HfBound::probability);
+    v.key("initializer_range", initializer_range_, 0.02);
+    v.only("attention_bias", true, "GPT-NeoX without attention biases is not supported");
+  }
 };
 
 class NeoXAttentionImpl : public torch::nn::Module {

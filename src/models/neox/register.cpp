@@ -8,23 +8,23 @@ namespace anvil::models::neox {
 namespace {
 
 std::shared_ptr<CausalLM> from_config(const config::ModelConfig& c) {
-  const int64_t head_dim = c.hidden_size / c.num_heads;
+  const int64_t head_dim = c.hidden_size / c.num_attention_heads;
   layers::RopeOptions rope;
   rope.head_dim(head_dim)
-      .rotary_dim(static_cast<int64_t>(static_cast<double>(head_dim) * c.rotary_pct))
+      .rotary_dim(static_cast<int64_t>(static_cast<double>(head_dim) * c.partial_rotary_factor))
       .theta(c.rope_theta);
   NeoXOptions o;
   o.vocab_size(c.vocab_size)
       .hidden_size(c.hidden_size)
       .intermediate_size(c.intermediate_size > 0 ? c.intermediate_size : 4 * c.hidden_size)
-      .num_hidden_layers(c.num_layers)
-      .num_attention_heads(c.num_heads)
+      .num_hidden_layers(c.num_hidden_layers)
+      .num_attention_heads(c.num_attention_heads)
       .max_position_embeddings(c.max_position_embeddings)
       .layer_norm_eps(c.layer_norm_eps)
       .rope(rope)
-      .use_parallel_residual(c.parallel_residual)
-      .hidden_act(c.activation == "auto" ? "gelu" : c.activation)
-      .tie_word_embeddings(c.tie_embeddings == "true")
+      .use_parallel_residual(c.use_parallel_residual)
+      .hidden_act(c.hidden_act == "auto" ? "gelu" : c.hidden_act)
+      .tie_word_embeddings(c.tie_word_embeddings == "true")
       .hidden_dropout(c.dropout)
       .attention_dropout(c.dropout)
       .initializer_range(c.initializer_range);
@@ -34,23 +34,10 @@ std::shared_ptr<CausalLM> from_config(const config::ModelConfig& c) {
 std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::string& where) {
   HfConfigReader r(j, where, "GPT-NeoX");
   NeoXOptions o;
-  o.vocab_size(r.integer("vocab_size"))
-      .hidden_size(r.integer("hidden_size"))
-      .intermediate_size(r.integer("intermediate_size"))
-      .num_hidden_layers(r.integer("num_hidden_layers"))
-      .num_attention_heads(r.integer("num_attention_heads"))
-      .max_position_embeddings(r.integer("max_position_embeddings", 2048))
-      .layer_norm_eps(r.number("layer_norm_eps", 1e-5, HfConfigReader::Bound::positive))
-      .use_parallel_residual(r.boolean("use_parallel_residual", true))
-      .hidden_act(r.string("hidden_act", "gelu"))
-      .tie_word_embeddings(r.boolean("tie_word_embeddings", false))
-      .hidden_dropout(r.number("hidden_dropout", 0.0, HfConfigReader::Bound::probability))
-      .attention_dropout(r.number("attention_dropout", 0.0, HfConfigReader::Bound::probability))
-      .initializer_range(r.number("initializer_range", 0.02));
+  HfKeyReader keys(r);
+  o.visit_hf(keys);
   if (o.hidden_size() % o.num_attention_heads() != 0)
     r.fail("num_attention_heads", concat(o.num_attention_heads(), " does not divide hidden_size ", o.hidden_size()));
-  if (!r.boolean("attention_bias", true))
-    r.fail("attention_bias", "GPT-NeoX without attention biases is not supported");
   if (!layers::is_supported_activation(o.hidden_act()))
     r.fail("hidden_act", concat("\"", o.hidden_act(), "\" is not supported"));
   o.rope(r.rope(o.head_dim(), 10000.0, 0.25));

@@ -158,28 +158,10 @@ std::optional<ParameterInit> OPTForCausalLM::parameter_init(const std::string& n
 }
 
 nlohmann::json OPTForCausalLM::hf_config() const {
-  const auto& o = options;
-  nlohmann::json j = {
-      {"architectures", {"OPTForCausalLM"}},
-      {"model_type", "opt"},
-      {"vocab_size", o.vocab_size()},
-      {"hidden_size", o.hidden_size()},
-      {"ffn_dim", o.ffn_dim()},
-      {"num_hidden_layers", o.num_hidden_layers()},
-      {"num_attention_heads", o.num_attention_heads()},
-      {"max_position_embeddings", o.max_position_embeddings()},
-      {"word_embed_proj_dim", o.word_embed_proj_dim()},
-      {"do_layer_norm_before", o.do_layer_norm_before()},
-      {"enable_bias", o.enable_bias()},
-      {"layer_norm_elementwise_affine", o.layer_norm_elementwise_affine()},
-      {"_remove_final_layer_norm", o.remove_final_layer_norm()},
-      {"activation_function", o.activation_function()},
-      {"tie_word_embeddings", o.tie_word_embeddings()},
-      {"dropout", o.dropout()},
-      {"attention_dropout", o.attention_dropout()},
-      {"init_std", o.init_std()},
-      {"torch_dtype", "float32"},
-  };
+  auto o = options;
+  nlohmann::json j = {{"architectures", {"OPTForCausalLM"}}, {"model_type", "opt"}, {"torch_dtype", "float32"}};
+  HfKeyWriter keys(j);
+  o.visit_hf(keys);
   write_hf_special_tokens(j, special_tokens);
   if (o.padding_idx() >= 0) j["pad_token_id"] = o.padding_idx();
   return j;

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "anvil/models/causal_lm.h"
+#include "models/hf_keys.h"
 #include "models/layers.h"
 
 namespace anvil::models::opt {
@@ -36,6 +37,28 @@ struct OPTOptions {
   TORCH_ARG(double, init_std) = 0.02;
   /// The embedding row that gets no gradient (HF's padding_idx); -1 = none.
   TORCH_ARG(int64_t, padding_idx) = -1;
+
+ public:
+  /// OPTConfig's keys (models/hf_keys.h): read from and written to config.json.
+  template <class V>
+  void visit_hf(V& v) {
+    v.required("vocab_size", vocab_size_);
+    v.required("hidden_size", hidden_size_);
+    v.required("ffn_dim", ffn_dim_);
+    v.required("num_hidden_layers", num_hidden_layers_);
+    v.required("num_attention_heads", num_attention_heads_);
+    v.key("max_position_embeddings", max_position_embeddings_, int64_t{2048});
+    v.key("do_layer_norm_before", do_layer_norm_before_, true);
+    v.key("enable_bias", enable_bias_, true);
+    v.key("layer_norm_elementwise_affine", layer_norm_elementwise_affine_, true);
+    v.key("_remove_final_layer_norm", remove_final_layer_norm_, false);
+    v.key("activation_function", activation_function_, "relu");
+    v.key("tie_word_embeddings", tie_word_embeddings_, true);
+    v.key("dropout", dropout_, 0.1, HfBound::probability);
+    v.key("attention_dropout", attention_dropout_, 0.0, HfBound::probability);
+    v.key("init_std", init_std_, 0.02);
+    v.key("word_embed_proj_dim", word_embed_proj_dim_, hidden_size_);
+  }
 };
 
 /// OPTForCausalLM: `model.decoder.*`, and `lm_head` (tied to

@@ -8,25 +8,26 @@
 namespace anvil::models::opt {
 namespace {
 
-/// OPT's own keys of the model section (model.pre_layer_norm, ...): no other
-/// family reads them (config::FamilyKeys::own_keys).
+/// OPT's own keys of the model section (model.do_layer_norm_before, ...), by
+/// OPTConfig's names: no other family reads them (config::FamilyKeys::own_keys).
 struct OptKeys {
-  bool pre_layer_norm = true;
-  int64_t embed_proj_dim = 0;
-  bool linear_bias = true;
-  bool layer_norm_affine = true;
+  bool do_layer_norm_before = true;
+  int64_t word_embed_proj_dim = 0;
+  bool enable_bias = true;
+  bool layer_norm_elementwise_affine = true;
   bool final_layer_norm = true;
 
   void visit(config::FieldVisitor& v) {
-    v.field("pre_layer_norm", pre_layer_norm,
-            "opt: LayerNorm before attention and MLP (HF do_layer_norm_before); false = post-LN (opt-350m).");
-    v.field("embed_proj_dim", embed_proj_dim,
-            "opt: embedding width when it differs from hidden_size, with project_in / project_out (HF "
-            "word_embed_proj_dim; opt-350m: 512); 0 = hidden_size.",
-            config::non_negative());
-    v.field("linear_bias", linear_bias, "opt: biases in attention and MLP (HF enable_bias).");
-    v.field("layer_norm_affine", layer_norm_affine,
-            "opt: LayerNorm weights and biases (HF layer_norm_elementwise_affine).");
+    v.field("do_layer_norm_before", do_layer_norm_before,
+            "opt: LayerNorm before attention and MLP; false = post-LN (opt-350m).",
+            config::renamed_from("pre_layer_norm"));
+    v.field("word_embed_proj_dim", word_embed_proj_dim,
+            "opt: embedding width when it differs from hidden_size, with project_in / project_out (opt-350m: "
+            "512); 0 = hidden_size.",
+            config::renamed_from("embed_proj_dim", config::non_negative()));
+    v.field("enable_bias", enable_bias, "opt: biases in attention and MLP.", config::renamed_from("linear_bias"));
+    v.field("layer_norm_elementwise_affine", layer_norm_elementwise_affine, "opt: LayerNorm weights and biases.",
+            config::renamed_from("layer_norm_affine"));
     v.field("final_layer_norm", final_layer_norm,
             "opt: the decoder's final LayerNorm (false = HF _remove_final_layer_norm).");
   }
@@ -38,16 +39,16 @@ std::shared_ptr<CausalLM> from_config(const config::ModelConfig& c) {
   o.vocab_size(c.vocab_size)
       .hidden_size(c.hidden_size)
       .ffn_dim(c.intermediate_size > 0 ? c.intermediate_size : 4 * c.hidden_size)
-      .num_hidden_layers(c.num_layers)
-      .num_attention_heads(c.num_heads)
+      .num_hidden_layers(c.num_hidden_layers)
+      .num_attention_heads(c.num_attention_heads)
       .max_position_embeddings(c.max_position_embeddings)
-      .word_embed_proj_dim(own.embed_proj_dim > 0 ? own.embed_proj_dim : c.hidden_size)
-      .do_layer_norm_before(own.pre_layer_norm)
-      .enable_bias(own.linear_bias)
-      .layer_norm_elementwise_affine(own.layer_norm_affine)
+      .word_embed_proj_dim(own.word_embed_proj_dim > 0 ? own.word_embed_proj_dim : c.hidden_size)
+      .do_layer_norm_before(own.do_layer_norm_before)
+      .enable_bias(own.enable_bias)
+      .layer_norm_elementwise_affine(own.layer_norm_elementwise_affine)
       .remove_final_layer_norm(!own.final_layer_norm)
-      .activation_function(c.activation == "auto" ? "relu" : c.activation)
-      .tie_word_embeddings(c.tie_embeddings != "false")
+      .activation_function(c.hidden_act == "auto" ? "relu" : c.hidden_act)
+      .tie_word_embeddings(c.tie_word_embeddings != "false")
       .dropout(c.dropout)
       .attention_dropout(c.dropout)
       .init_std(c.initializer_range);
@@ -57,22 +58,8 @@ std::shared_ptr<CausalLM> from_config(const config::ModelConfig& c) {
 std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::string& where) {
   HfConfigReader r(j, where, "OPT");
   OPTOptions o;
-  o.vocab_size(r.integer("vocab_size"))
-      .hidden_size(r.integer("hidden_size"))
-      .ffn_dim(r.integer("ffn_dim"))
-      .num_hidden_layers(r.integer("num_hidden_layers"))
-      .num_attention_heads(r.integer("num_attention_heads"))
-      .max_position_embeddings(r.integer("max_position_embeddings", 2048))
-      .do_layer_norm_before(r.boolean("do_layer_norm_before", true))
-      .enable_bias(r.boolean("enable_bias", true))
-      .layer_norm_elementwise_affine(r.boolean("layer_norm_elementwise_affine", true))
-      .remove_final_layer_norm(r.boolean("_remove_final_layer_norm", false))
-      .activation_function(r.string("activation_function", "relu"))
-      .tie_word_embeddings(r.boolean("tie_word_embeddings", true))
-      .dropout(r.number("dropout", 0.1, HfConfigReader::Bound::probability))
-      .attention_dropout(r.number("attention_dropout", 0.0, HfConfigReader::Bound::probability))
-      .init_std(r.number("init_std", 0.02));
-  o.word_embed_proj_dim(r.integer("word_embed_proj_dim", o.hidden_size()));
+  HfKeyReader keys(r);
+  o.visit_hf(keys);
   if (o.hidden_size() % o.num_attention_heads() != 0)
     r.fail("num_attention_heads", concat(o.num_attention_heads(), " does not divide hidden_size ", o.hidden_size()));
   if (!layers::is_supported_activation(o.activation_function()))
