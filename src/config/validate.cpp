@@ -108,12 +108,12 @@ void check_training(const RunConfig& c, const FlatConfig& flat, const Fail& fail
   if (c.optimizer.state_dtype != "float32" && !c.optimizer.fused)
     fail("optimizer.state_dtype", concat("is ", c.optimizer.state_dtype,
                                          ", which the fused AdamW keeps; set optimizer.fused: true (it is false)"));
-  if (c.dist.replicate > 1 && c.dist.sharding == "no_shard")
+  if (c.dist.replicate > 1 && c.dist.sharding == Sharding::kNoShard)
     fail("dist.replicate", concat("replicates shards across groups of ranks; set dist.sharding: full_shard or "
                                   "shard_grad_op (it is no_shard, which replicates everything already)"));
-  if (c.dist.cpu_offload && c.dist.sharding != "full_shard")
-    fail("dist.cpu_offload",
-         concat("offloads the shards of full_shard; set dist.sharding: full_shard (it is ", c.dist.sharding, ")"));
+  if (c.dist.cpu_offload && c.dist.sharding != Sharding::kFullShard)
+    fail("dist.cpu_offload", concat("offloads the shards of full_shard; set dist.sharding: full_shard (it is ",
+                                    kShardings.name(c.dist.sharding), ")"));
   if (const auto& p = c.train.profile_steps; !p.empty() && (p.size() != 2 || p[0] > p[1])) {
     std::string given;
     for (const auto s : p) given += (given.empty() ? "" : ", ") + std::to_string(s);
@@ -176,7 +176,7 @@ void check_data(const RunConfig& c, const Fail& fail) {
 
 void check_run(const RunConfig& c, const Fail& fail) {
   must_exist(fail, "train.resume_from", c.train.resume_from, kFolder);
-  if (!c.train.resume_from.empty() && c.train.resume == "never")
+  if (!c.train.resume_from.empty() && c.train.resume == Resume::kNever)
     fail("train.resume_from", "cannot be set together with train.resume: never");
   const auto& d = c.train.device;
   if (!(d == "cpu" || d == "cuda" || d.rfind("cuda:", 0) == 0))

@@ -17,8 +17,8 @@ double lr_at(const config::ScheduleConfig& s, double peak, int64_t step, int64_t
   const double floor = s.min_lr_ratio * peak;
   const double span = static_cast<double>(std::max<int64_t>(1, max_steps - warmup));
   const double progress = std::clamp(static_cast<double>(step - warmup) / span, 0.0, 1.0);
-  if (s.decay == "cosine") return floor + (peak - floor) * 0.5 * (1.0 + std::cos(M_PI * progress));
-  if (s.decay == "linear") return floor + (peak - floor) * (1.0 - progress);
+  if (s.decay == config::Decay::kCosine) return floor + (peak - floor) * 0.5 * (1.0 + std::cos(M_PI * progress));
+  if (s.decay == config::Decay::kLinear) return floor + (peak - floor) * (1.0 - progress);
   return peak;  // constant
 }
 

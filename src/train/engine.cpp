@@ -405,7 +405,7 @@ class ShardedEngine final : public EngineImpl {
       : model_(model),
         comm_(comm),
         device_(model->parameters().front().device()),
-        sharding_(cfg.dist.sharding),
+        sharding_(config::kShardings.name(cfg.dist.sharding)),
         param_dtype_(cfg.dist.param_dtype),
         consolidated_(cfg.dist.consolidated_checkpoints),
         timeout_s_(cfg.dist.timeout_s),

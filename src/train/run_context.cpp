@@ -12,7 +12,7 @@ namespace anvil::train {
 
 distributed::ShardingOptions sharding_options(const config::RunConfig& cfg) {
   distributed::ShardingOptions so;
-  so.strategy = distributed::parse_sharding(cfg.dist.sharding);
+  so.strategy = distributed::parse_sharding(config::kShardings.name(cfg.dist.sharding));
   so.param_dtype = distributed::parse_dtype(cfg.dist.param_dtype);
   so.reduce_dtype = distributed::parse_dtype(cfg.dist.reduce_dtype);
   so.activation_checkpointing = cfg.train.activation_checkpointing;

@@ -191,7 +191,7 @@ std::optional<stdfs::path> checkpoint_to_resume(const config::RunConfig& cfg, co
     return from;
   }
   auto latest = checkpoint::latest_checkpoint(out_dir);
-  if (latest && cfg.train.resume == "never")
+  if (latest && cfg.train.resume == config::Resume::kNever)
     throw ConfigError(concat("train.resume: never, but ", out_dir.string(), " holds ", latest->filename().string(),
                              "; use another output_dir, or train.resume: auto to continue that run"));
   return latest;
@@ -232,11 +232,12 @@ void check_resume_config(const stdfs::path& ckpt, const std::string& config_yaml
 std::shared_ptr<distributed::Communicator> make_comm(const config::RunConfig& cfg, const distributed::ProcessInfo& proc,
                                                      const at::Device& device,
                                                      const std::optional<stdfs::path>& latest) {
-  const bool sharded = proc.world_size > 1 || cfg.dist.sharding != "no_shard" || cfg.dist.param_dtype != "float32" ||
-                       cfg.dist.reduce_dtype != "float32" || (latest && distributed::is_sharded_checkpoint(*latest));
+  const bool sharded = proc.world_size > 1 || cfg.dist.sharding != config::Sharding::kNoShard ||
+                       cfg.dist.param_dtype != "float32" || cfg.dist.reduce_dtype != "float32" ||
+                       (latest && distributed::is_sharded_checkpoint(*latest));
   if (!sharded) return nullptr;
   distributed::CommOptions co;
-  co.backend = cfg.dist.backend;
+  co.backend = config::kBackends.name(cfg.dist.backend);
   co.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout_s * 1000));
   return distributed::make_communicator(proc, device, co);
 }
@@ -321,7 +322,8 @@ RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
   // full_shard over several ranks reads each rank's ranges of the folder's weights into its shards, unless
   // a plain checkpoint (read into the whole model first) is resumed.
   std::optional<at::Device> deferred_on;
-  if (r.comm && cfg.dist.sharding == "full_shard" && (!r.latest || distributed::is_sharded_checkpoint(*r.latest)))
+  if (r.comm && cfg.dist.sharding == config::Sharding::kFullShard &&
+      (!r.latest || distributed::is_sharded_checkpoint(*r.latest)))
     deferred_on = r.device;
   r.model = build_model(cfg, *r.tok, deferred_on);
   r.model->to(r.device);

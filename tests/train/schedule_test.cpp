@@ -14,7 +14,7 @@ namespace {
 TEST(Schedule, WarmupThenCosineToTheFloor) {
   config::ScheduleConfig s;
   s.warmup_steps = 10;
-  s.decay = "cosine";
+  s.decay = config::Decay::kCosine;
   s.min_lr_ratio = 0.1;
   EXPECT_DOUBLE_EQ(lr_at(s, 1.0, 0, 110), 0.0);  // as HF: the first warmup step has lr 0
   EXPECT_DOUBLE_EQ(lr_at(s, 1.0, 5, 110), 0.5);
@@ -25,17 +25,17 @@ TEST(Schedule, WarmupThenCosineToTheFloor) {
 
 TEST(Schedule, LinearAndConstant) {
   config::ScheduleConfig s;
-  s.decay = "linear";
+  s.decay = config::Decay::kLinear;
   EXPECT_DOUBLE_EQ(lr_at(s, 2.0, 0, 100), 2.0);
   EXPECT_DOUBLE_EQ(lr_at(s, 2.0, 50, 100), 1.0);
-  s.decay = "constant";
+  s.decay = config::Decay::kConstant;
   EXPECT_DOUBLE_EQ(lr_at(s, 2.0, 99, 100), 2.0);
 }
 
 TEST(Schedule, AWarmupLongerThanTheRunIsClampedToIt) {
   config::ScheduleConfig s;
   s.warmup_steps = 100;
-  s.decay = "cosine";
+  s.decay = config::Decay::kCosine;
   // 40 steps: the warmup ends with the run, reaching the peak at its last step instead of 40 % of it.
   EXPECT_DOUBLE_EQ(lr_at(s, 1.0, 10, 40), 0.25);
   EXPECT_DOUBLE_EQ(lr_at(s, 1.0, 40, 40), 1.0);
@@ -61,7 +61,7 @@ TEST(Schedule, WarmupRatioIsAFractionOfTheRunRoundedUp) {
   // The schedule warms up over those steps.
   s.warmup_steps = 0;
   s.warmup_ratio = 0.25;
-  s.decay = "constant";
+  s.decay = config::Decay::kConstant;
   EXPECT_DOUBLE_EQ(lr_at(s, 1.0, 0, 8), 0.0);
   EXPECT_DOUBLE_EQ(lr_at(s, 1.0, 1, 8), 0.5);
   EXPECT_DOUBLE_EQ(lr_at(s, 1.0, 2, 8), 1.0);

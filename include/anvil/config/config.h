@@ -343,10 +343,15 @@ struct OptimizerConfig {
   }
 };
 
+/// schedule.decay: the learning rate's shape after warmup.
+enum class Decay { kCosine, kLinear, kConstant };
+inline const Choices<Decay> kDecays{
+    {"cosine", Decay::kCosine}, {"linear", Decay::kLinear}, {"constant", Decay::kConstant}};
+
 struct ScheduleConfig {
   int64_t warmup_steps = 0;
   double warmup_ratio = 0.0;
-  std::string decay = "cosine";
+  Decay decay = Decay::kCosine;
   double min_lr_ratio = 0.0;
 
   template <class V>
@@ -357,8 +362,8 @@ struct ScheduleConfig {
             "length (transformers' warmup_ratio and get_warmup_steps). 0 = schedule.warmup_steps; setting both is an "
             "error.",
             in_unit_interval());
-    v.field("decay", decay, "Decay after warmup, down to min_lr_ratio * lr at train.max_steps.",
-            one_of({"cosine", "linear", "constant"}));
+    enum_field(v, "decay", decay, "Decay after warmup, down to min_lr_ratio * lr at train.max_steps.", kDecays,
+               kDecays.rule());
     v.field("min_lr_ratio", min_lr_ratio, "Final lr as a fraction of optimizer.lr.", in_unit_interval());
   }
 };
@@ -367,6 +372,10 @@ struct ScheduleConfig {
 enum class CudaGraphs { kAuto, kOn, kOff };
 inline const Choices<CudaGraphs> kCudaGraphs{
     {"auto", CudaGraphs::kAuto}, {"on", CudaGraphs::kOn}, {"off", CudaGraphs::kOff}};
+
+/// train.resume: whether a run continues from its output_dir's latest checkpoint.
+enum class Resume { kAuto, kNever };
+inline const Choices<Resume> kResumes{{"auto", Resume::kAuto}, {"never", Resume::kNever}};
 
 /// train.on_nonfinite: what a step whose loss or gradient norm is not finite does.
 enum class OnNonfinite { kStop, kSkip };
@@ -398,7 +407,7 @@ struct TrainConfig {
   int64_t threads = 0;
   OnNonfinite on_nonfinite = OnNonfinite::kStop;
   int64_t max_nonfinite_in_a_row = 10;
-  std::string resume = "auto";
+  Resume resume = Resume::kAuto;
   std::string resume_from;
   bool allow_config_change = false;
   std::vector<int64_t> profile_steps;
@@ -527,10 +536,10 @@ struct TrainConfig {
                kOnNonfinite, kOnNonfinite.rule());
     v.field("max_nonfinite_in_a_row", max_nonfinite_in_a_row,
             "With on_nonfinite: skip, stop with an error after this many non-finite steps in a row.", positive());
-    v.field("resume", resume,
-            "auto: continue from output_dir's latest complete checkpoint when there is one; never: refuse to "
-            "start in an output_dir that holds checkpoints.",
-            changeable_on_resume(one_of({"auto", "never"})));
+    enum_field(v, "resume", resume,
+               "auto: continue from output_dir's latest complete checkpoint when there is one; never: refuse to "
+               "start in an output_dir that holds checkpoints.",
+               kResumes, changeable_on_resume(kResumes.rule()));
     v.field("resume_from", resume_from,
             "A checkpoint folder to continue from (weights, optimizer, data position, step) instead of "
             "output_dir's latest; new checkpoints go to output_dir.",
@@ -552,9 +561,17 @@ struct TrainConfig {
   }
 };
 
+/// dist.sharding: what each rank holds (docs/distributed.md).
+enum class Sharding { kNoShard, kShardGradOp, kFullShard };
+inline const Choices<Sharding> kShardings{
+    {"no_shard", Sharding::kNoShard}, {"shard_grad_op", Sharding::kShardGradOp}, {"full_shard", Sharding::kFullShard}};
+/// dist.backend: the collective library.
+enum class Backend { kAuto, kNccl, kMpi };
+inline const Choices<Backend> kBackends{{"auto", Backend::kAuto}, {"nccl", Backend::kNccl}, {"mpi", Backend::kMpi}};
+
 struct DistConfig {
-  std::string sharding = "no_shard";
-  std::string backend = "auto";
+  Sharding sharding = Sharding::kNoShard;
+  Backend backend = Backend::kAuto;
   double timeout_s = 600;
   std::string param_dtype = "float32";
   std::string reduce_dtype = "float32";
@@ -564,15 +581,15 @@ struct DistConfig {
 
   template <class V>
   void visit(V& v) {
-    v.field("sharding", sharding,
-            "no_shard (every rank holds everything; gradients all-reduced, like DDP), shard_grad_op (ZeRO-2: "
-            "gradients and optimizer state sharded) or full_shard (ZeRO-3/FSDP: parameters too, gathered per "
-            "transformer block). docs/distributed.md.",
-            changeable_on_resume(one_of({"no_shard", "shard_grad_op", "full_shard"})));
-    v.field("backend", backend,
-            "Collective library: nccl (GPUs, through c10d's ProcessGroupNCCL), mpi (CPU, OpenMPI under "
-            "mpirun) or auto (nccl on cuda, else mpi).",
-            changeable_on_resume(one_of({"auto", "nccl", "mpi"})));
+    enum_field(v, "sharding", sharding,
+               "no_shard (every rank holds everything; gradients all-reduced, like DDP), shard_grad_op (ZeRO-2: "
+               "gradients and optimizer state sharded) or full_shard (ZeRO-3/FSDP: parameters too, gathered per "
+               "transformer block). docs/distributed.md.",
+               kShardings, changeable_on_resume(kShardings.rule()));
+    enum_field(v, "backend", backend,
+               "Collective library: nccl (GPUs, through c10d's ProcessGroupNCCL), mpi (CPU, OpenMPI under "
+               "mpirun) or auto (nccl on cuda, else mpi).",
+               kBackends, changeable_on_resume(kBackends.rule()));
     v.field("timeout_s", timeout_s,
             "A collective that has not completed after this many seconds ends the rank with an error naming "
             "the rank and the collective (a peer died or hangs).",

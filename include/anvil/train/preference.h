@@ -36,6 +36,10 @@ inline const config::Choices<DpoLoss> kDpoLosses{{"sigmoid", DpoLoss::kSigmoid},
                                                  {"hinge", DpoLoss::kHinge},     {"robust", DpoLoss::kRobust},
                                                  {"orpo", DpoLoss::kOrpo},       {"simpo", DpoLoss::kSimpo},
                                                  {"cpo", DpoLoss::kCpo}};
+/// dpo.orpo_nll: the tokens of ORPO's NLL term.
+enum class OrpoNll { kPromptAndReply, kReply };
+inline const config::Choices<OrpoNll> kOrpoNlls{{"prompt_and_reply", OrpoNll::kPromptAndReply},
+                                                {"reply", OrpoNll::kReply}};
 
 /// Options of the `dpo` algorithm (direct preference optimisation).
 struct DpoConfig {
@@ -45,7 +49,7 @@ struct DpoConfig {
   double rpo_alpha = 0;
   double simpo_gamma = 0.5;
   double cpo_alpha = 1.0;
-  std::string orpo_nll = "prompt_and_reply";
+  OrpoNll orpo_nll = OrpoNll::kPromptAndReply;
   std::string reference;
   bool precompute_reference = false;
   bool disable_dropout = true;
@@ -77,11 +81,11 @@ struct DpoConfig {
             "loss_type cpo and simpo: weight of the chosen reply's mean token NLL (TRL's cpo_alpha; 0 gives the "
             "SimPO paper's loss).",
             config::non_negative());
-    v.field("orpo_nll", orpo_nll,
-            "loss_type orpo: the tokens of ORPO's NLL term. prompt_and_reply (TRL's ORPOTrainer: the mean token "
-            "NLL over the chosen row's prompt and reply) or reply (the chosen reply's tokens only, the ORPO "
-            "paper's text). The odds ratio is over the replies either way.",
-            config::one_of({"prompt_and_reply", "reply"}));
+    config::enum_field(v, "orpo_nll", orpo_nll,
+                       "loss_type orpo: the tokens of ORPO's NLL term. prompt_and_reply (TRL's ORPOTrainer: the mean "
+                       "token NLL over the chosen row's prompt and reply) or reply (the chosen reply's tokens only, "
+                       "the ORPO paper's text). The odds ratio is over the replies either way.",
+                       kOrpoNlls, kOrpoNlls.rule());
     v.field("reference", reference,
             "Reference model folder (HF layout). Empty = model.from, or a frozen copy of the initial weights "
             "when model.from is empty. orpo, simpo and cpo load none.");

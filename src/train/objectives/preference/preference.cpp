@@ -615,7 +615,7 @@ at::Tensor DpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
   const auto& type = s_->loss_opt.loss_type;
   // TRL's ORPOTrainer takes its NLL over the chosen rows' prompt and reply: one forward gives every token's
   // log-prob, the replies' sums come from the same.
-  const bool whole_row_nll = type == DpoLoss::kOrpo && dpo_config(s_->cfg).orpo_nll == "prompt_and_reply";
+  const bool whole_row_nll = type == DpoLoss::kOrpo && dpo_config(s_->cfg).orpo_nll == OrpoNll::kPromptAndReply;
   at::Tensor policy_sums, counts, whole_row_nll_mean;
   // The losses of TRL's DPOTrainer also log its token statistics; ORPOTrainer and CPOTrainer (orpo, simpo,
   // cpo) log none of them (their logits/* average every padded position: not logged).
