@@ -303,6 +303,22 @@ TEST_F(UnreadKeys, AFamilyKeyNamesItsReadersAndAFamilyChecksItsOwnKeys) {
             "command line (model.moe_intermediate_size=64): model.moe_intermediate_size: applies to model.family "
             "qwen3_moe only, not mixtral");
   EXPECT_EQ(error_of({base_}, {"model.family=qwen3_moe", "model.moe_intermediate_size=64"}), "<no error>");
+  // Keys most families read are still refused where one does not (GPT-NeoX has no LLaMA 3 scaling and no
+  // grouped-query attention, OPT and GPT-2 no rotary positions): once they were silently ignored.
+  EXPECT_EQ(error_of({base_}, {"model.family=neox", "model.rope_scaling.type=llama3"}),
+            "command line (model.rope_scaling.type=llama3): model.rope_scaling.type: applies to model.family llama, "
+            "qwen2, qwen3, mistral, phi3, mixtral or qwen3_moe only, not neox");
+  EXPECT_EQ(error_of({base_}, {"model.family=neox", "model.num_key_value_heads=2"}),
+            "command line (model.num_key_value_heads=2): model.num_key_value_heads: applies to model.family llama, "
+            "qwen2, qwen3, mistral, phi3, mixtral, qwen3_moe, gemma2 or gemma3_text only, not neox");
+  EXPECT_NE(error_of({base_}, {"model.family=opt", "model.rope_theta=500000"})
+                .find("model.rope_theta: applies to model.family llama, "),
+            std::string::npos);
+  EXPECT_NE(error_of({base_}, {"model.rope_theta=500000"}).find(" only, not gpt2"), std::string::npos);
+  EXPECT_NE(error_of({base_}, {"model.family=qwen2", "model.attention_bias=true"})
+                .find("model.attention_bias: applies to model.family llama, qwen3, qwen3_moe, gemma2 or gemma3_text "
+                      "only, not qwen2"),
+            std::string::npos);
   // Defaults are what a printed config holds: accepted for every family.
   EXPECT_EQ(error_of({base_}, {"model.family=gpt2", "model.do_layer_norm_before=true", "model.sliding_window=0"}),
             "<no error>");

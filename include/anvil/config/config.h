@@ -88,7 +88,7 @@ struct ModelConfig {
     v.field("num_attention_heads", num_attention_heads, "Attention (query) heads; must divide hidden_size.",
             renamed_from("num_heads", positive()));
     v.field("num_key_value_heads", num_key_value_heads,
-            "llama: key/value heads for grouped-query attention; must divide num_attention_heads. 0 = "
+            "Key/value heads for grouped-query attention; must divide num_attention_heads. 0 = "
             "num_attention_heads.",
             renamed_from("num_kv_heads", non_negative()));
     v.field("head_dim", head_dim,
@@ -111,12 +111,12 @@ struct ModelConfig {
             "Output head shares the input embedding: true, false, or auto (gpt2: true, llama and neox: "
             "false). GPT-2 is always tied.",
             renamed_from("tie_embeddings", one_of({"auto", "true", "false"})));
-    v.field("attention_bias", attention_bias, "llama: biases on q/k/v/o projections (Qwen-style).");
+    v.field("attention_bias", attention_bias, "Biases on the q, k, v and o projections (LLaMA's attention_bias).");
     v.field("sliding_window", sliding_window,
             "mistral, phi3, qwen2, qwen3: each token attends to this many latest positions (its own included) on "
             "every layer, in training, packing and the KV cache alike; 0 = full attention.",
             non_negative());
-    v.field("rope_theta", rope_theta, "llama, neox: rotary base.", positive());
+    v.field("rope_theta", rope_theta, "Rotary base (theta).", positive());
     v.section("rope_scaling", rope_scaling, "llama: rotary frequency scaling.");
     v.field("partial_rotary_factor", partial_rotary_factor,
             "neox, phi3: fraction of each head's dims that rotate (Pythia: 0.25, its config.json's rotary_pct).",

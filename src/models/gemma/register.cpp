@@ -127,7 +127,9 @@ template <const char* Type>
 ModelFamily make_family() {
   ModelFamily f{Type, Type, [](const config::ModelConfig& c) { return from_typed_config(c, Type); },
                 [](const nlohmann::json& j, const std::string& where) { return from_hf(j, where, Type); }};
-  f.config_keys = {"model.head_dim", "model.sliding_window"};  // of the keys only some families read
+  // Of the keys only some families read.
+  f.config_keys = {"model.num_key_value_heads", "model.head_dim", "model.attention_bias", "model.rope_theta",
+                   "model.sliding_window"};
   return f;
 }
 constexpr char kGemma2[] = "gemma2", kGemma3[] = "gemma3_text";

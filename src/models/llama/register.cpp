@@ -155,12 +155,20 @@ std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& wh
   return model;
 }
 
-/// The registry's entry of one row: every variant reads model.head_dim, the windowed ones model.sliding_window,
-/// those with experts their keys (Mixtral's experts are intermediate_size wide, Qwen3-MoE's have their own width).
+/// The registry's entry of one row: every variant reads model.head_dim, grouped-query heads and the rotary keys
+/// (LLaMA 3's scaling among them), the rows whose config.json has attention_bias that key, Phi-3 partial rotary,
+/// the windowed ones model.sliding_window, those with experts their keys (Mixtral's experts are intermediate_size
+/// wide, Qwen3-MoE's have their own width).
 ModelFamily make_family(const LlamaVariant& v) {
   ModelFamily f{v.model_type, v.model_type, [&v](const config::ModelConfig& c) { return from_typed_config(c, v); },
                 [&v](const nlohmann::json& j, const std::string& where) { return from_hf(j, where, v); }};
   if (v.experts == LlamaVariant::Experts::kQwen3Moe) f.config_keys.push_back("model.moe_intermediate_size");
+  f.config_keys.insert(f.config_keys.end(),
+                       {"model.num_key_value_heads", "model.rope_theta", "model.rope_scaling.type",
+                        "model.rope_scaling.factor", "model.rope_scaling.low_freq_factor",
+                        "model.rope_scaling.high_freq_factor", "model.rope_scaling.original_max_position_embeddings"});
+  if (v.attention_bias_key) f.config_keys.push_back("model.attention_bias");
+  if (v.partial_rotary) f.config_keys.push_back("model.partial_rotary_factor");
   f.config_keys.push_back("model.head_dim");
   if (v.windows != LlamaVariant::Windows::kNone) f.config_keys.push_back("model.sliding_window");
   if (v.experts != LlamaVariant::Experts::kNone)

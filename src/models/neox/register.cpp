@@ -48,6 +48,11 @@ std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::str
 
 }  // namespace
 
-ModelFamily family() { return {"neox", "gpt_neox", from_config, from_hf_config}; }
+ModelFamily family() {
+  ModelFamily f{"neox", "gpt_neox", from_config, from_hf_config};
+  // Of the keys only some families read: its rotary base and fraction, and its parallel residual.
+  f.config_keys = {"model.rope_theta", "model.partial_rotary_factor", "model.use_parallel_residual"};
+  return f;
+}
 
 }  // namespace anvil::models::neox
