@@ -53,7 +53,9 @@ int main(int argc, char** argv) {
   oc.betas = {0.9, 0.95};
   oc.weight_decay = 0.1;
   oc.fused = a["fused"] == "1";
-  oc.state_dtype = a["state-dtype"];  // optimizer.state_dtype
+  const auto state_dtype = config::kStateDtypes.find(a["state-dtype"]);  // optimizer.state_dtype
+  if (!state_dtype) throw std::runtime_error("--state-dtype: expected float32 or bfloat16, got " + a["state-dtype"]);
+  oc.state_dtype = *state_dtype;
   auto opt = optim::make_optimizer(oc, model.parameters());
 
   const int64_t B = std::stol(a["batch"]), T = std::stol(a["seq"]);
@@ -80,7 +82,7 @@ int main(int argc, char** argv) {
                                       {"batch", B},
                                       {"seq", T},
                                       {"threads", std::stoi(a["threads"])},
-                                      {"state_dtype", oc.state_dtype},
+                                      {"state_dtype", a["state-dtype"]},
                                       {"median_step_s", med},
                                       {"median_optimizer_step_s", bench::median(optimizer_times)},
                                       {"tokens_per_s", static_cast<double>(B * T) / med},

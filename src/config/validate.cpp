@@ -105,8 +105,8 @@ void check_training(const RunConfig& c, const FlatConfig& flat, const Fail& fail
                                          "): set one of the two"));
   if (c.optimizer.betas.size() != 2)
     fail("optimizer.betas", concat("expected a list of 2 numbers, got ", c.optimizer.betas.size()));
-  if (c.optimizer.state_dtype != "float32" && !c.optimizer.fused)
-    fail("optimizer.state_dtype", concat("is ", c.optimizer.state_dtype,
+  if (c.optimizer.state_dtype != Dtype::kFloat32 && !c.optimizer.fused)
+    fail("optimizer.state_dtype", concat("is ", kStateDtypes.name(c.optimizer.state_dtype),
                                          ", which the fused AdamW keeps; set optimizer.fused: true (it is false)"));
   if (c.dist.replicate > 1 && c.dist.sharding == Sharding::kNoShard)
     fail("dist.replicate", concat("replicates shards across groups of ranks; set dist.sharding: full_shard or "

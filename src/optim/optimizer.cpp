@@ -254,10 +254,11 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const config::OptimizerC
   }
   if (c.fused) {
     auto f = std::make_unique<FusedAdamW>(groups, o);
-    f->set_state_dtype(c.state_dtype == "bfloat16" ? at::kBFloat16 : at::kFloat);
+    f->set_state_dtype(c.state_dtype == config::Dtype::kBFloat16 ? at::kBFloat16 : at::kFloat);
     return f;
   }
-  TORCH_CHECK(c.state_dtype == "float32", "optimizer.state_dtype ", c.state_dtype, " needs optimizer.fused");
+  TORCH_CHECK(c.state_dtype == config::Dtype::kFloat32, "optimizer.state_dtype ",
+              config::kStateDtypes.name(c.state_dtype), " needs optimizer.fused");
   return std::make_unique<torch::optim::AdamW>(groups, o);
 }
 

@@ -406,7 +406,7 @@ class ShardedEngine final : public EngineImpl {
         comm_(comm),
         device_(model->parameters().front().device()),
         sharding_(config::kShardings.name(cfg.dist.sharding)),
-        param_dtype_(cfg.dist.param_dtype),
+        param_dtype_(config::kDtypes.name(cfg.dist.param_dtype)),
         consolidated_(cfg.dist.consolidated_checkpoints),
         timeout_s_(cfg.dist.timeout_s),
         saves_(cfg.train.background_saves) {

@@ -15,7 +15,7 @@
 namespace anvil::train {
 namespace {
 
-double dtype_bytes(const std::string& name) { return name == "float32" ? 4.0 : 2.0; }
+double dtype_bytes(config::Dtype dtype) { return dtype == config::Dtype::kFloat32 ? 4.0 : 2.0; }
 
 /// A rank's shard of n elements as ShardedModel pads it (a multiple of the world).
 int64_t shard_of(int64_t n, int64_t world) { return (n + world - 1) / world; }
@@ -106,7 +106,7 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
   for (int64_t i = 0; i < L; ++i) p.largest_block = std::max(p.largest_block, units[static_cast<size_t>(i)]);
 
   const bool sharded_run =
-      p.world > 1 || cfg.dist.sharding != config::Sharding::kNoShard || cfg.dist.param_dtype != "float32";
+      p.world > 1 || cfg.dist.sharding != config::Sharding::kNoShard || cfg.dist.param_dtype != config::Dtype::kFloat32;
   p.strategy = sharded_run ? std::string(config::kShardings.name(cfg.dist.sharding)) : std::string("none");
   const bool shards_state = sharded_run && cfg.dist.sharding != config::Sharding::kNoShard;
   int64_t per_rank = 0, frozen_per_rank = 0;  // master elements; frozen units' elements
@@ -128,7 +128,8 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
   // below where whole param_dtype parameters stay beside the masters, else here (float32, one process).
   if (p.strategy == "full_shard")
     p.frozen = pb * static_cast<double>(frozen_per_rank);
-  else if (!(sharded_run && (cfg.dist.sharding == config::Sharding::kShardGradOp || cfg.dist.param_dtype != "float32")))
+  else if (!(sharded_run &&
+             (cfg.dist.sharding == config::Sharding::kShardGradOp || cfg.dist.param_dtype != config::Dtype::kFloat32)))
     p.frozen = 4.0 * static_cast<double>(frozen_per_rank);
   // AdamW's two moments, in optimizer.state_dtype.
   p.moments = 2.0 * dtype_bytes(cfg.optimizer.state_dtype) * static_cast<double>(per_rank);
@@ -142,7 +143,7 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
     p.gathered = pb * static_cast<double>(std::max(p.root + 2 * p.largest_block, p.embeddings + p.largest_block));
     p.reductions = 2.0 * rb * static_cast<double>(p.largest_block);
   } else if (sharded_run &&
-             (cfg.dist.sharding == config::Sharding::kShardGradOp || cfg.dist.param_dtype != "float32")) {
+             (cfg.dist.sharding == config::Sharding::kShardGradOp || cfg.dist.param_dtype != config::Dtype::kFloat32)) {
     p.gathered = pb * static_cast<double>(p.parameters);  // whole param_dtype parameters beside the masters
   }
   // Eval samples, rollouts (ppo and its GRPO/RLOO/REINFORCE++ estimators), ILQL's samples, on-policy distillation.

@@ -13,8 +13,8 @@ namespace anvil::train {
 distributed::ShardingOptions sharding_options(const config::RunConfig& cfg) {
   distributed::ShardingOptions so;
   so.strategy = distributed::parse_sharding(config::kShardings.name(cfg.dist.sharding));
-  so.param_dtype = distributed::parse_dtype(cfg.dist.param_dtype);
-  so.reduce_dtype = distributed::parse_dtype(cfg.dist.reduce_dtype);
+  so.param_dtype = distributed::parse_dtype(config::kDtypes.name(cfg.dist.param_dtype));
+  so.reduce_dtype = distributed::parse_dtype(config::kDtypes.name(cfg.dist.reduce_dtype));
   so.activation_checkpointing = cfg.train.activation_checkpointing;
   so.cpu_offload = cfg.dist.cpu_offload;
   so.replicate = cfg.dist.replicate;

@@ -233,7 +233,8 @@ std::shared_ptr<distributed::Communicator> make_comm(const config::RunConfig& cf
                                                      const at::Device& device,
                                                      const std::optional<stdfs::path>& latest) {
   const bool sharded = proc.world_size > 1 || cfg.dist.sharding != config::Sharding::kNoShard ||
-                       cfg.dist.param_dtype != "float32" || cfg.dist.reduce_dtype != "float32" ||
+                       cfg.dist.param_dtype != config::Dtype::kFloat32 ||
+                       cfg.dist.reduce_dtype != config::Dtype::kFloat32 ||
                        (latest && distributed::is_sharded_checkpoint(*latest));
   if (!sharded) return nullptr;
   distributed::CommOptions co;

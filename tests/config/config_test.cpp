@@ -411,7 +411,7 @@ TEST_F(ConfigTest, WarmupStepsAndWarmupRatioTogetherAreRefused) {
 // optimizer.state_dtype lives in the fused AdamW; dist.cpu_offload moves full_shard's shards; dist.replicate
 // replicates shards.
 TEST_F(ConfigTest, OptimizerStateDtypeCpuOffloadAndReplicateNameWhatTheyNeed) {
-  EXPECT_EQ(load_config({base_}, {"optimizer.state_dtype=bfloat16"}).optimizer.state_dtype, "bfloat16");
+  EXPECT_EQ(load_config({base_}, {"optimizer.state_dtype=bfloat16"}).optimizer.state_dtype, Dtype::kBFloat16);
   EXPECT_TRUE(load_config({base_}, {"dist.sharding=full_shard", "dist.cpu_offload=true"}).dist.cpu_offload);
   EXPECT_EQ(error_of({base_}, {"optimizer.state_dtype=bfloat16", "optimizer.fused=false"}),
             "command line (optimizer.state_dtype=bfloat16): optimizer.state_dtype: is bfloat16, which the fused "

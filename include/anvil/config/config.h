@@ -308,19 +308,29 @@ struct DataConfig {
   }
 };
 
+/// optimizer.name.
+enum class OptimizerName { kAdamW };
+inline const Choices<OptimizerName> kOptimizerNames{{"adamw", OptimizerName::kAdamW}};
+/// A floating dtype by its torch name: dist.param_dtype and dist.reduce_dtype (kDtypes), optimizer.state_dtype
+/// (kStateDtypes).
+enum class Dtype { kFloat32, kBFloat16, kFloat16 };
+inline const Choices<Dtype> kDtypes{
+    {"float32", Dtype::kFloat32}, {"bfloat16", Dtype::kBFloat16}, {"float16", Dtype::kFloat16}};
+inline const Choices<Dtype> kStateDtypes{{"float32", Dtype::kFloat32}, {"bfloat16", Dtype::kBFloat16}};
+
 struct OptimizerConfig {
-  std::string name = "adamw";
+  OptimizerName name = OptimizerName::kAdamW;
   double lr = 3e-4;
   std::vector<double> betas = {0.9, 0.999};
   double eps = 1e-8;
   double weight_decay = 0.0;
   bool decay_biases_and_norms = false;
   bool fused = true;
-  std::string state_dtype = "float32";
+  Dtype state_dtype = Dtype::kFloat32;
 
   template <class V>
   void visit(V& v) {
-    v.field("name", name, "Optimizer.", one_of({"adamw"}));
+    enum_field(v, "name", name, "Optimizer.", kOptimizerNames, kOptimizerNames.rule());
     v.field("lr", lr, "Peak learning rate.", positive());
     v.field("betas", betas, "Adam betas [beta1, beta2], each in [0, 1).", in_open_unit_interval());
     v.field("eps", eps, "Adam epsilon.", positive());
@@ -334,12 +344,12 @@ struct OptimizerConfig {
     v.field("fused", fused,
             "One fused multi-tensor AdamW kernel per step (CPU and CUDA); false = torch::optim::AdamW's "
             "per-tensor ops. Same state either way, so a run may switch on resume.");
-    v.field("state_dtype", state_dtype,
-            "Dtype of AdamW's two moments for float32 parameters (the masters stay float32): bfloat16 halves the "
-            "optimizer state (4 bytes per parameter instead of 8), computes each update in float32 and stores the "
-            "moments with stochastic rounding; needs optimizer.fused. Checkpoints convert either way, so a run may "
-            "switch on resume. docs/distributed.md.",
-            changeable_on_resume(one_of({"float32", "bfloat16"})));
+    enum_field(v, "state_dtype", state_dtype,
+               "Dtype of AdamW's two moments for float32 parameters (the masters stay float32): bfloat16 halves the "
+               "optimizer state (4 bytes per parameter instead of 8), computes each update in float32 and stores the "
+               "moments with stochastic rounding; needs optimizer.fused. Checkpoints convert either way, so a run may "
+               "switch on resume. docs/distributed.md.",
+               kStateDtypes, changeable_on_resume(kStateDtypes.rule()));
   }
 };
 
@@ -573,8 +583,8 @@ struct DistConfig {
   Sharding sharding = Sharding::kNoShard;
   Backend backend = Backend::kAuto;
   double timeout_s = 600;
-  std::string param_dtype = "float32";
-  std::string reduce_dtype = "float32";
+  Dtype param_dtype = Dtype::kFloat32;
+  Dtype reduce_dtype = Dtype::kFloat32;
   bool consolidated_checkpoints = true;
   bool cpu_offload = false;
   int64_t replicate = 1;
@@ -594,12 +604,12 @@ struct DistConfig {
             "A collective that has not completed after this many seconds ends the rank with an error naming "
             "the rank and the collective (a peer died or hangs).",
             changeable_on_resume(positive()));
-    v.field("param_dtype", param_dtype,
-            "Dtype of the parameters the forward and backward run in; master weights and optimizer state "
-            "stay float32 (mixed precision when not float32).",
-            one_of({"float32", "bfloat16", "float16"}));
-    v.field("reduce_dtype", reduce_dtype, "Dtype gradients are reduced across ranks in.",
-            one_of({"float32", "bfloat16", "float16"}));
+    enum_field(v, "param_dtype", param_dtype,
+               "Dtype of the parameters the forward and backward run in; master weights and optimizer state "
+               "stay float32 (mixed precision when not float32).",
+               kDtypes, kDtypes.rule());
+    enum_field(v, "reduce_dtype", reduce_dtype, "Dtype gradients are reduced across ranks in.", kDtypes,
+               kDtypes.rule());
     v.field("consolidated_checkpoints", consolidated_checkpoints,
             "Also write the float32 model in HF layout into each sharded checkpoint, so it loads in "
             "transformers as is: on several ranks one model-K-of-N.safetensors per unit (and the index), each "
