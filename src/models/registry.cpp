@@ -1,6 +1,7 @@
 #include "anvil/models/registry.h"
 
 #include <optional>
+#include <set>
 
 #include "models/init.h"
 
@@ -27,6 +28,69 @@ ModelFamily family();
 }
 
 namespace {
+
+/// The model section as a config.json: each key the family reads under every config.json name families give
+/// it (the family's list reads its own: GPT-2 n_embd, OPT ffn_dim, LLaMA rms_norm_eps), with the section's
+/// "the family's default" values (auto, 0) left out or resolved as the section's docs say. `reads`: whether
+/// the family reads a key that only some families do.
+nlohmann::json section_as_hf_config(const config::ModelConfig& c, const std::function<bool(const char*)>& reads) {
+  nlohmann::json j;
+  const auto put = [&j](std::initializer_list<const char*> names, const nlohmann::json& value) {
+    for (const auto* n : names) j[n] = value;
+  };
+  put({"vocab_size"}, c.vocab_size);
+  put({"hidden_size", "n_embd"}, c.hidden_size);
+  put({"num_hidden_layers", "n_layer"}, c.num_hidden_layers);
+  put({"num_attention_heads", "n_head"}, c.num_attention_heads);
+  put({"max_position_embeddings", "n_positions"}, c.max_position_embeddings);
+  if (c.intermediate_size > 0) put({"intermediate_size", "n_inner", "ffn_dim"}, c.intermediate_size);
+  if (c.hidden_act != "auto") put({"hidden_act", "activation_function", "hidden_activation"}, c.hidden_act);
+  if (c.tie_word_embeddings != "auto") put({"tie_word_embeddings"}, c.tie_word_embeddings == "true");
+  put({"resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout", "dropout"}, c.dropout);
+  put({"layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps"}, c.layer_norm_eps);
+  put({"initializer_range", "init_std"}, c.initializer_range);
+  if (reads("model.num_key_value_heads") && c.num_key_value_heads > 0)
+    put({"num_key_value_heads"}, c.num_key_value_heads);
+  if (reads("model.head_dim")) put({"head_dim"}, c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_attention_heads);
+  if (reads("model.attention_bias")) put({"attention_bias"}, c.attention_bias);
+  if (reads("model.sliding_window"))
+    put({"sliding_window"}, c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr));
+  if (reads("model.rope_theta")) put({"rope_theta"}, c.rope_theta);
+  if (reads("model.rope_scaling.type") && c.rope_scaling.type == "llama3")
+    put({"rope_scaling"}, {{"rope_type", "llama3"},
+                           {"factor", c.rope_scaling.factor},
+                           {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                           {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                           {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}});
+  if (reads("model.partial_rotary_factor")) put({"partial_rotary_factor"}, c.partial_rotary_factor);
+  if (reads("model.use_parallel_residual")) put({"use_parallel_residual"}, c.use_parallel_residual);
+  if (reads("model.num_experts")) {
+    put({"num_experts", "num_local_experts"}, c.num_experts > 0 ? c.num_experts : 8);
+    put({"num_experts_per_tok"}, c.num_experts_per_tok);
+    // A model built from keys always adds the load-balancing loss (0.001 unless set).
+    put({"router_aux_loss_coef"}, c.router_aux_loss_coef >= 0 ? c.router_aux_loss_coef : 0.001);
+    put({"output_router_logits"}, true);
+  }
+  if (reads("model.moe_intermediate_size") && c.moe_intermediate_size > 0)
+    put({"moe_intermediate_size"}, c.moe_intermediate_size);
+  return j;
+}
+
+/// `f` with from_config made from its from_hf_config; `partial`: the keys only some families read.
+ModelFamily with_section_builder(ModelFamily f, const std::set<std::string>& partial) {
+  if (f.from_config) return f;  // a family that builds from the section itself
+  std::set<std::string> own(f.config_keys.begin(), f.config_keys.end());
+  f.from_config = [reads = [partial, own](const char* key) { return !partial.count(key) || own.count(key); },
+                   defaults = f.section_defaults, build = f.from_hf_config,
+                   model_type = f.model_type](const config::ModelConfig& c) {
+    auto j = section_as_hf_config(c, reads);
+    j["model_type"] = model_type;
+    if (defaults) defaults(c, j);
+    return build(j, "the model section");
+  };
+  return f;
+}
+
 // One line per family; LLaMA's variants are rows of llama/variants.cpp, one line for all.
 const std::vector<ModelFamily>& families() {
   static const std::vector<ModelFamily> all = [] {
@@ -36,6 +100,9 @@ const std::vector<ModelFamily>& families() {
     for (auto& f : llama::families()) out.push_back(std::move(f));
     for (auto f : {gemma::gemma2_family(), gemma::gemma3_family(), neox::family(), opt::family()})
       out.push_back(std::move(f));
+    std::set<std::string> partial;
+    for (const auto& f : out) partial.insert(f.config_keys.begin(), f.config_keys.end());
+    for (auto& f : out) f = with_section_builder(std::move(f), partial);
     return out;
   }();
   return all;

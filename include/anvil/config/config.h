@@ -92,8 +92,8 @@ struct ModelConfig {
             "num_attention_heads.",
             renamed_from("num_kv_heads", non_negative()));
     v.field("head_dim", head_dim,
-            "llama, qwen2, qwen3, mistral, phi3: width of each attention head when it is not hidden_size / "
-            "num_attention_heads (Qwen3: 128); 0 = hidden_size / num_attention_heads.",
+            "Width of each attention head when it is not hidden_size / num_attention_heads (Qwen3: 128); 0 = "
+            "hidden_size / num_attention_heads. Qwen2's heads are always that wide.",
             non_negative());
     v.field("intermediate_size", intermediate_size,
             "MLP width; 0 = the family's default (gpt2, neox: 4 * hidden_size; llama: 8/3 * hidden_size "

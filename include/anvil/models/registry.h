@@ -17,9 +17,19 @@ struct ModelFamily {
   std::string name;        // our config's model.family
   std::string model_type;  // HF config.json "model_type"
   /// Random-init model from our typed config (vocab_size already resolved).
+  /// The registry makes it: the model section becomes a config.json under
+  /// the family's names (hidden_size is GPT-2's n_embd, dropout its three
+  /// *_pdrop), section_defaults adds the family's own, and from_hf_config
+  /// builds it, so one key list per family reads both.
   std::function<std::shared_ptr<CausalLM>(const config::ModelConfig&)> from_config;
   /// Model shaped by an HF config.json; `where` names the file for errors.
   std::function<std::shared_ptr<CausalLM>(const nlohmann::json&, const std::string& where)> from_hf_config;
+  /// What a model built from the section's keys takes where the section
+  /// leaves a value to the family and transformers' default differs (LLaMA:
+  /// intermediate_size 0 is Meta's SwiGLU width, not LlamaConfig's 11008), and
+  /// the family's own keys under their config.json names; may throw
+  /// ConfigError for a key the family does not read.
+  std::function<void(const config::ModelConfig& model, nlohmann::json& hf)> section_defaults = {};
   /// Its HF modules store linear weights as (in, out), GPT-2's Conv1D: PEFT
   /// adapters of it say fan_in_fan_out.
   bool conv1d_weights = false;
@@ -30,7 +40,7 @@ struct ModelFamily {
   std::vector<std::string> config_keys = {};
   std::function<void(const config::ModelConfig& model, const config::Checks& checks)> check = {};
   /// Keys that are its alone (config::family_keys<T>()), in the model
-  /// section beside the shared ones; from_config reads them with
+  /// section beside the shared ones; section_defaults reads them with
   /// model.own.get<T>(name).
   std::function<std::unique_ptr<config::Extension>()> own_keys = {};
 };

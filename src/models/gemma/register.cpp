@@ -1,5 +1,5 @@
 // The registry entries of Gemma 2 (gemma2) and Gemma 3's text model
-// (gemma3_text): our typed config and HF config.json both map onto GemmaOptions.
+// (gemma3_text): HF config.json (our model section as one) maps onto GemmaOptions.
 #include "../hf_config_reader.h"
 #include "models/gemma/gemma.h"
 #include "anvil/models/registry.h"
@@ -12,42 +12,6 @@ std::vector<std::string> default_layer_types(int64_t n, int64_t pattern) {
   std::vector<std::string> out;
   for (int64_t i = 0; i < n; ++i) out.push_back((i + 1) % pattern != 0 ? "sliding_attention" : "full_attention");
   return out;
-}
-
-/// Our typed config: Gemma 2's soft-caps (50 on scores, 30 on logits), Gemma 3's
-/// q/k norms and its local RoPE base 10000; scores scaled by head_dim^-1/2.
-std::shared_ptr<CausalLM> from_typed_config(const config::ModelConfig& c, const std::string& model_type) {
-  const bool g3 = model_type == "gemma3_text";
-  const auto head_dim = c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_attention_heads;
-  layers::RopeOptions rope, local;
-  rope.theta(c.rope_theta);
-  local.theta(g3 ? 10000.0 : c.rope_theta);
-  GemmaOptions o;
-  o.model_type(model_type)
-      .vocab_size(c.vocab_size)
-      .hidden_size(c.hidden_size)
-      .intermediate_size(c.intermediate_size > 0 ? c.intermediate_size : 4 * c.hidden_size)
-      .num_hidden_layers(c.num_hidden_layers)
-      .num_attention_heads(c.num_attention_heads)
-      .num_key_value_heads(c.num_key_value_heads > 0 ? c.num_key_value_heads : c.num_attention_heads)
-      .head_dim(head_dim)
-      .max_position_embeddings(c.max_position_embeddings)
-      .rms_norm_eps(c.layer_norm_eps)
-      .rope(rope)
-      .local_rope(local)
-      .attention_bias(c.attention_bias)
-      .hidden_act(c.hidden_act == "auto" ? "gelu_pytorch_tanh" : c.hidden_act)
-      .attention_dropout(c.dropout)
-      .initializer_range(c.initializer_range)
-      .query_pre_attn_scalar(static_cast<double>(head_dim))
-      .attn_logit_softcapping(g3 ? 0.0 : 50.0)
-      .final_logit_softcapping(g3 ? 0.0 : 30.0)
-      // Without a window every position fits: the sliding layers see everything.
-      .sliding_window(c.sliding_window > 0 ? c.sliding_window : c.max_position_embeddings)
-      .layer_types(default_layer_types(c.num_hidden_layers, g3 ? 6 : 2))
-      .qk_norm(g3)
-      .tie_word_embeddings(c.tie_word_embeddings != "false");
-  return std::make_shared<GemmaForCausalLM>(o);
 }
 
 /// A soft-cap: `def` when the key is missing, 0 (none) when null.
@@ -125,11 +89,19 @@ std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& wh
 
 template <const char* Type>
 ModelFamily make_family() {
-  ModelFamily f{Type, Type, [](const config::ModelConfig& c) { return from_typed_config(c, Type); },
-                [](const nlohmann::json& j, const std::string& where) { return from_hf(j, where, Type); }};
+  ModelFamily f{
+      Type, Type, {}, [](const nlohmann::json& j, const std::string& where) { return from_hf(j, where, Type); }};
+  // A model built from keys: scores scaled by head_dim^-1/2, and without a window every position fits (the
+  // sliding layers see everything); Gemma 2's soft-caps (50 on scores, 30 on logits), Gemma 3's q/k norms and
+  // local RoPE base 10000 are the config classes' defaults.
+  f.section_defaults = [](const config::ModelConfig& c, nlohmann::json& hf) {
+    if (c.intermediate_size == 0) hf["intermediate_size"] = 4 * c.hidden_size;
+    hf["query_pre_attn_scalar"] = hf.at("head_dim");
+    if (c.sliding_window == 0) hf["sliding_window"] = c.max_position_embeddings;
+  };
   // Of the keys only some families read.
-  f.config_keys = {"model.num_key_value_heads", "model.head_dim", "model.attention_bias", "model.rope_theta",
-                   "model.sliding_window"};
+  f.config_keys = {"model.layer_norm_eps", "model.num_key_value_heads", "model.head_dim",
+                   "model.attention_bias", "model.rope_theta",          "model.sliding_window"};
   return f;
 }
 constexpr char kGemma2[] = "gemma2", kGemma3[] = "gemma3_text";

@@ -1,27 +1,11 @@
-// GPT-2's entry in the model registry: our typed config and HF config.json
-// both map onto GPT2Options.
+// GPT-2's entry in the model registry: HF config.json (and our model section,
+// as one) map onto GPT2Options.
 #include "../hf_config_reader.h"
 #include "models/gpt2/gpt2.h"
 #include "anvil/models/registry.h"
 
 namespace anvil::models::gpt2 {
 namespace {
-
-std::shared_ptr<CausalLM> from_config(const config::ModelConfig& c) {
-  GPT2Options o;
-  o.vocab_size(c.vocab_size)
-      .n_positions(c.max_position_embeddings)
-      .n_embd(c.hidden_size)
-      .n_layer(c.num_hidden_layers)
-      .n_head(c.num_attention_heads)
-      .n_inner(c.intermediate_size)
-      .resid_pdrop(c.dropout)
-      .embd_pdrop(c.dropout)
-      .attn_pdrop(c.dropout)
-      .layer_norm_epsilon(c.layer_norm_eps)
-      .initializer_range(c.initializer_range);
-  return std::make_shared<GPT2LMHeadModel>(o);
-}
 
 std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::string& where) {
   HfConfigReader r(j, where, "GPT-2");
@@ -37,8 +21,9 @@ std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::str
 }  // namespace
 
 ModelFamily family() {
-  ModelFamily f{"gpt2", "gpt2", from_config, from_hf_config};
-  f.conv1d_weights = true;  // HF GPT-2's Conv1D
+  ModelFamily f{"gpt2", "gpt2", {}, from_hf_config};
+  f.conv1d_weights = true;                   // HF GPT-2's Conv1D
+  f.config_keys = {"model.layer_norm_eps"};  // of the keys only some families read (OPT's LayerNorms have 1e-5)
   f.check = [](const config::ModelConfig& c, const config::Checks& checks) {
     if (c.tie_word_embeddings == "false")
       checks.fail("model.tie_word_embeddings",

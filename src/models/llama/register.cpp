@@ -1,6 +1,6 @@
 // The registry entries of LLaMA and the families that are options of its code
 // (qwen2, qwen3, mistral, phi3, and the mixture-of-experts mixtral and
-// qwen3_moe): our typed config and HF config.json both map onto LlamaOptions.
+// qwen3_moe): HF config.json (our model section as one) maps onto LlamaOptions.
 #include "../hf_config_reader.h"
 #include "models/llama/llama.h"
 #include "anvil/models/registry.h"
@@ -21,55 +21,14 @@ std::string types_with(bool (*what)(const LlamaVariant&)) {
   return out;
 }
 
-/// Our typed config as variant `v` shapes it.
-std::shared_ptr<CausalLM> from_typed_config(const config::ModelConfig& c, const LlamaVariant& v) {
-  layers::RopeOptions rope;
-  rope.theta(c.rope_theta);
-  if (c.rope_scaling.type == "llama3")
-    rope.type("llama3")
-        .factor(c.rope_scaling.factor)
-        .low_freq_factor(c.rope_scaling.low_freq_factor)
-        .high_freq_factor(c.rope_scaling.high_freq_factor)
-        .original_max_positions(c.rope_scaling.original_max_position_embeddings);
+/// What a model of variant `v` built from the model section's keys takes beyond the section's values, and the
+/// section's keys `v` does not read, named with the variants that do.
+void section_defaults(const config::ModelConfig& c, const LlamaVariant& v, nlohmann::json& hf) {
   const bool moe = v.experts != LlamaVariant::Experts::kNone;
-  LlamaOptions o;
-  o.vocab_size(c.vocab_size)
-      .hidden_size(c.hidden_size)
-      .intermediate_size(c.intermediate_size > 0 ? c.intermediate_size : default_intermediate(c.hidden_size))
-      .num_hidden_layers(c.num_hidden_layers)
-      .num_attention_heads(c.num_attention_heads)
-      .num_key_value_heads(c.num_key_value_heads > 0 ? c.num_key_value_heads : c.num_attention_heads)
-      .head_dim(c.head_dim)
-      .max_position_embeddings(c.max_position_embeddings)
-      .rms_norm_eps(c.layer_norm_eps)
-      .rope(rope)
-      .attention_bias(c.attention_bias)
-      .tie_word_embeddings(c.tie_word_embeddings == "true")
-      .hidden_act(c.hidden_act == "auto" ? "silu" : c.hidden_act)
-      .attention_dropout(c.dropout)
-      .initializer_range(c.initializer_range)
-      .model_type(v.model_type)
-      .qkv_bias(v.qkv_bias)
-      .qk_norm(v.qk_norm)
-      .sliding_window(c.sliding_window)
-      .fused_projections(v.fused_projections)
-      .partial_rotary_factor(v.partial_rotary ? c.partial_rotary_factor : 1.0)
-      .residual_dropout(v.residual_dropout ? c.dropout : 0.0);
-  if (moe) {
-    o.num_experts(c.num_experts > 0 ? c.num_experts : 8)
-        .num_experts_per_tok(c.num_experts_per_tok)
-        .moe_intermediate_size(c.moe_intermediate_size)
-        .norm_topk_prob(true)
-        .router_aux_loss_coef(c.router_aux_loss_coef >= 0 ? c.router_aux_loss_coef : 0.001)
-        .output_router_logits(true);
-    if (o.num_experts_per_tok() > o.num_experts())
-      throw ConfigError(concat("model.num_experts_per_tok: ", o.num_experts_per_tok(), " exceeds model.num_experts ",
-                               o.num_experts()));
-  } else if (c.num_experts > 0) {
+  if (c.num_experts > 0 && !moe)
     throw ConfigError(
         concat("model.num_experts: ", v.model_type, " has no experts; ",
                types_with([](const LlamaVariant& r) { return r.experts != LlamaVariant::Experts::kNone; }), " do"));
-  }
   if (c.attention_bias && !v.attention_bias_key)
     throw ConfigError(
         concat("model.attention_bias: ", v.model_type,
@@ -79,9 +38,17 @@ std::shared_ptr<CausalLM> from_typed_config(const config::ModelConfig& c, const 
     throw ConfigError(concat("model.partial_rotary_factor: partial rotary applies to neox and ",
                              types_with([](const LlamaVariant& r) { return r.partial_rotary; }), ", not ",
                              v.model_type));
-  auto model = std::make_shared<LlamaForCausalLM>(o);
-  if (moe) model->router_aux_loss_coef = o.router_aux_loss_coef();
-  return model;
+  if (moe && c.num_experts_per_tok > hf.at("num_experts").get<int64_t>())
+    throw ConfigError(concat("model.num_experts_per_tok: ", c.num_experts_per_tok, " exceeds model.num_experts ",
+                             hf.at("num_experts").get<int64_t>()));
+  if (c.intermediate_size == 0) hf["intermediate_size"] = default_intermediate(c.hidden_size);
+  if (moe) hf["norm_topk_prob"] = true;
+  if (moe && c.moe_intermediate_size == 0) hf["moe_intermediate_size"] = hf["intermediate_size"];
+  // A window from the section is on every layer.
+  if (v.windows == LlamaVariant::Windows::kQwenLayers && c.sliding_window > 0) {
+    hf["use_sliding_window"] = true;
+    hf["layer_types"] = std::vector<std::string>(static_cast<size_t>(c.num_hidden_layers), "sliding_attention");
+  }
 }
 
 /// `sliding_window` of an HF config: `absent` when the key is missing, 0 when null.
@@ -155,21 +122,24 @@ std::shared_ptr<CausalLM> from_hf(const nlohmann::json& j, const std::string& wh
   return model;
 }
 
-/// The registry's entry of one row: every variant reads model.head_dim, grouped-query heads and the rotary keys
-/// (LLaMA 3's scaling among them), the rows whose config.json has attention_bias that key, Phi-3 partial rotary,
+/// The registry's entry of one row: every variant reads grouped-query heads and the rotary keys
+/// (LLaMA 3's scaling among them), the rows whose config.json has head_dim or attention_bias those (Qwen2's
+/// heads are hidden_size / num_attention_heads wide), Phi-3 partial rotary,
 /// the windowed ones model.sliding_window, those with experts their keys (Mixtral's experts are intermediate_size
 /// wide, Qwen3-MoE's have their own width).
 ModelFamily make_family(const LlamaVariant& v) {
-  ModelFamily f{v.model_type, v.model_type, [&v](const config::ModelConfig& c) { return from_typed_config(c, v); },
-                [&v](const nlohmann::json& j, const std::string& where) { return from_hf(j, where, v); }};
+  ModelFamily f{v.model_type, v.model_type, {}, [&v](const nlohmann::json& j, const std::string& where) {
+                  return from_hf(j, where, v);
+                }};
+  f.section_defaults = [&v](const config::ModelConfig& c, nlohmann::json& hf) { section_defaults(c, v, hf); };
   if (v.experts == LlamaVariant::Experts::kQwen3Moe) f.config_keys.push_back("model.moe_intermediate_size");
   f.config_keys.insert(f.config_keys.end(),
-                       {"model.num_key_value_heads", "model.rope_theta", "model.rope_scaling.type",
-                        "model.rope_scaling.factor", "model.rope_scaling.low_freq_factor",
+                       {"model.layer_norm_eps", "model.num_key_value_heads", "model.rope_theta",
+                        "model.rope_scaling.type", "model.rope_scaling.factor", "model.rope_scaling.low_freq_factor",
                         "model.rope_scaling.high_freq_factor", "model.rope_scaling.original_max_position_embeddings"});
   if (v.attention_bias_key) f.config_keys.push_back("model.attention_bias");
   if (v.partial_rotary) f.config_keys.push_back("model.partial_rotary_factor");
-  f.config_keys.push_back("model.head_dim");
+  if (v.head_dim_key) f.config_keys.push_back("model.head_dim");
   if (v.windows != LlamaVariant::Windows::kNone) f.config_keys.push_back("model.sliding_window");
   if (v.experts != LlamaVariant::Experts::kNone)
     f.config_keys.insert(f.config_keys.end(),

@@ -1,5 +1,5 @@
-// OPT's entry in the model registry: our typed config and HF config.json
-// (OPTConfig, transformers 4 and 5) both map onto OPTOptions.
+// OPT's entry in the model registry: HF config.json (OPTConfig, transformers 4
+// and 5; our model section as one) maps onto OPTOptions.
 #include "../hf_config_reader.h"
 #include "models/layers.h"
 #include "models/opt/opt.h"
@@ -33,28 +33,6 @@ struct OptKeys {
   }
 };
 
-std::shared_ptr<CausalLM> from_config(const config::ModelConfig& c) {
-  const auto& own = c.own.get<OptKeys>("opt");
-  OPTOptions o;
-  o.vocab_size(c.vocab_size)
-      .hidden_size(c.hidden_size)
-      .ffn_dim(c.intermediate_size > 0 ? c.intermediate_size : 4 * c.hidden_size)
-      .num_hidden_layers(c.num_hidden_layers)
-      .num_attention_heads(c.num_attention_heads)
-      .max_position_embeddings(c.max_position_embeddings)
-      .word_embed_proj_dim(own.word_embed_proj_dim > 0 ? own.word_embed_proj_dim : c.hidden_size)
-      .do_layer_norm_before(own.do_layer_norm_before)
-      .enable_bias(own.enable_bias)
-      .layer_norm_elementwise_affine(own.layer_norm_elementwise_affine)
-      .remove_final_layer_norm(!own.final_layer_norm)
-      .activation_function(c.hidden_act == "auto" ? "relu" : c.hidden_act)
-      .tie_word_embeddings(c.tie_word_embeddings != "false")
-      .dropout(c.dropout)
-      .attention_dropout(c.dropout)
-      .init_std(c.initializer_range);
-  return std::make_shared<OPTForCausalLM>(o);
-}
-
 std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::string& where) {
   HfConfigReader r(j, where, "OPT");
   OPTOptions o;
@@ -74,7 +52,17 @@ std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::str
 }  // namespace
 
 ModelFamily family() {
-  ModelFamily f{"opt", "opt", from_config, from_hf_config};
+  ModelFamily f{"opt", "opt", {}, from_hf_config};
+  // Its own keys by OPTConfig's names; 0 and the final norm as the section's docs say.
+  f.section_defaults = [](const config::ModelConfig& c, nlohmann::json& hf) {
+    const auto& own = c.own.get<OptKeys>("opt");
+    if (c.intermediate_size == 0) hf["ffn_dim"] = 4 * c.hidden_size;
+    hf["word_embed_proj_dim"] = own.word_embed_proj_dim > 0 ? own.word_embed_proj_dim : c.hidden_size;
+    hf["do_layer_norm_before"] = own.do_layer_norm_before;
+    hf["enable_bias"] = own.enable_bias;
+    hf["layer_norm_elementwise_affine"] = own.layer_norm_elementwise_affine;
+    hf["_remove_final_layer_norm"] = !own.final_layer_norm;
+  };
   f.own_keys = config::family_keys<OptKeys>();  // its layer-norm placement, projections and biases
   return f;
 }
