@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
   at::set_num_threads(std::stoi(a["threads"]));
   log::configure(log::Level::warn);
   auto cfg = config::load_config({a["config"]}, {"output_dir=/tmp/anvil-bench-loader"});
-  auto tok = tokenizer::load_tokenizer(cfg.tokenizer.type, cfg.tokenizer.path);
+  auto tok = tokenizer::load_tokenizer(config::kTokenizerTypes.name(cfg.tokenizer.type), cfg.tokenizer.path);
   // The run's chat format, resolved as the trainer resolves it (data.template against the tokenizer's record).
   const auto& chat = chat::ChatTemplate::get(
       chat::resolve_chat_template(*tok, cfg.data.template_name, "data.template", a["config"], ""));

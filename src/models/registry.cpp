@@ -45,7 +45,8 @@ nlohmann::json section_as_hf_config(const config::ModelConfig& c, const std::fun
   put({"max_position_embeddings", "n_positions"}, c.max_position_embeddings);
   if (c.intermediate_size > 0) put({"intermediate_size", "n_inner", "ffn_dim"}, c.intermediate_size);
   if (c.hidden_act != "auto") put({"hidden_act", "activation_function", "hidden_activation"}, c.hidden_act);
-  if (c.tie_word_embeddings != "auto") put({"tie_word_embeddings"}, c.tie_word_embeddings == "true");
+  if (c.tie_word_embeddings != config::Tied::kAuto)
+    put({"tie_word_embeddings"}, c.tie_word_embeddings == config::Tied::kTrue);
   put({"resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout", "dropout"}, c.dropout);
   put({"layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps"}, c.layer_norm_eps);
   put({"initializer_range", "init_std"}, c.initializer_range);
@@ -56,7 +57,7 @@ nlohmann::json section_as_hf_config(const config::ModelConfig& c, const std::fun
   if (reads("model.sliding_window"))
     put({"sliding_window"}, c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr));
   if (reads("model.rope_theta")) put({"rope_theta"}, c.rope_theta);
-  if (reads("model.rope_scaling.type") && c.rope_scaling.type == "llama3")
+  if (reads("model.rope_scaling.type") && c.rope_scaling.type == config::RopeScaling::kLlama3)
     put({"rope_scaling"}, {{"rope_type", "llama3"},
                            {"factor", c.rope_scaling.factor},
                            {"low_freq_factor", c.rope_scaling.low_freq_factor},

@@ -145,8 +145,9 @@ std::shared_ptr<models::CausalLM> build_model(const config::RunConfig& cfg, cons
 }
 
 std::unique_ptr<tokenizer::Tokenizer> build_tokenizer(const config::RunConfig& cfg) {
-  auto tok = !cfg.tokenizer.path.empty() ? tokenizer::load_tokenizer(cfg.tokenizer.type, cfg.tokenizer.path)
-                                         : tokenizer::load_tokenizer_from_model_dir(cfg.model.from);
+  auto tok = !cfg.tokenizer.path.empty()
+                 ? tokenizer::load_tokenizer(config::kTokenizerTypes.name(cfg.tokenizer.type), cfg.tokenizer.path)
+                 : tokenizer::load_tokenizer_from_model_dir(cfg.model.from);
   const auto& added = cfg.tokenizer.add_special_tokens;
   if (added.empty()) return tok;
   const auto before = tok->vocab_size();

@@ -225,7 +225,7 @@ TEST_F(ConfigTest, RenamedKeysAreReadByTheirOldNamesWithAWarning) {
   EXPECT_EQ(c.model.num_attention_heads, 2);
   EXPECT_EQ(c.model.partial_rotary_factor, 0.5);
   EXPECT_FALSE(c.model.use_parallel_residual);
-  EXPECT_EQ(c.model.tie_word_embeddings, "true");
+  EXPECT_EQ(c.model.tie_word_embeddings, Tied::kTrue);
   EXPECT_EQ(c.model.hidden_act, "relu");
   EXPECT_NE(log.find(old +
                      ":3: model.num_layers is now model.num_hidden_layers (Hugging Face's name); the old "

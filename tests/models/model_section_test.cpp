@@ -55,14 +55,14 @@ std::vector<Change> changes() {
       {"model.initializer_range", [](MC& c, const J&) { c.initializer_range = 0.05; }},
       {"model.tie_word_embeddings",
        [](MC& c, const J& built) {
-         c.tie_word_embeddings = built.value("tie_word_embeddings", true) ? "false" : "true";
+         c.tie_word_embeddings = built.value("tie_word_embeddings", true) ? config::Tied::kFalse : config::Tied::kTrue;
        }},
       {"model.attention_bias", [](MC& c, const J&) { c.attention_bias = true; }},
       {"model.sliding_window", [](MC& c, const J&) { c.sliding_window = 8; }},
       {"model.rope_theta", [](MC& c, const J&) { c.rope_theta = 5000; }},
       {"model.rope_scaling.type",
        [](MC& c, const J&) {
-         c.rope_scaling.type = "llama3";
+         c.rope_scaling.type = config::RopeScaling::kLlama3;
          c.rope_scaling.original_max_position_embeddings = 8;
        }},
       {"model.partial_rotary_factor", [](MC& c, const J&) { c.partial_rotary_factor = 0.5; }},

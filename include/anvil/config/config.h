@@ -16,9 +16,13 @@
 
 namespace anvil::config {
 
+/// Rotary frequency scaling (model.rope_scaling.type).
+enum class RopeScaling { kNone, kLlama3 };
+inline const Choices<RopeScaling> kRopeScalings{{"none", RopeScaling::kNone}, {"llama3", RopeScaling::kLlama3}};
+
 /// LLaMA-3.1 rotary frequency scaling (HF rope_type "llama3").
 struct RopeScalingConfig {
-  std::string type = "none";
+  RopeScaling type = RopeScaling::kNone;
   double factor = 8.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
@@ -26,7 +30,8 @@ struct RopeScalingConfig {
 
   template <class V>
   void visit(V& v) {
-    v.field("type", type, "none, or llama3 (LLaMA 3.1 long-context scaling).", one_of({"none", "llama3"}));
+    enum_field(v, "type", type, "none, or llama3 (LLaMA 3.1 long-context scaling).", kRopeScalings,
+               kRopeScalings.rule());
     v.field("factor", factor, "Slow-down of the long wavelengths.", positive());
     v.field("low_freq_factor", low_freq_factor, "Wavelengths above original / low_freq_factor are scaled.", positive());
     v.field("high_freq_factor", high_freq_factor, "Wavelengths below original / high_freq_factor are kept.",
@@ -35,6 +40,10 @@ struct RopeScalingConfig {
             "Context length the frequencies were trained for.", positive());
   }
 };
+
+/// Whether the output head shares the input embedding (model.tie_word_embeddings).
+enum class Tied { kAuto, kTrue, kFalse };
+inline const Choices<Tied> kTied{{"auto", Tied::kAuto}, {"true", Tied::kTrue}, {"false", Tied::kFalse}};
 
 struct ModelConfig {
   std::string family = "gpt2";
@@ -51,7 +60,7 @@ struct ModelConfig {
   double dropout = 0.0;
   double layer_norm_eps = 1e-5;
   double initializer_range = 0.02;
-  std::string tie_word_embeddings = "auto";
+  Tied tie_word_embeddings = Tied::kAuto;
   bool attention_bias = false;
   int64_t sliding_window = 0;
   double rope_theta = 10000.0;
@@ -107,10 +116,10 @@ struct ModelConfig {
             in_open_unit_interval());
     v.field("layer_norm_eps", layer_norm_eps, "LayerNorm / RMSNorm epsilon.", positive());
     v.field("initializer_range", initializer_range, "Std of the normal init (0.02 in all three families).", positive());
-    v.field("tie_word_embeddings", tie_word_embeddings,
-            "Output head shares the input embedding: true, false, or auto (gpt2: true, llama and neox: "
-            "false). GPT-2 is always tied.",
-            renamed_from("tie_embeddings", one_of({"auto", "true", "false"})));
+    enum_field(v, "tie_word_embeddings", tie_word_embeddings,
+               "Output head shares the input embedding: true, false, or auto (gpt2: true, llama and neox: "
+               "false). GPT-2 is always tied.",
+               kTied, renamed_from("tie_embeddings", kTied.rule()));
     v.field("attention_bias", attention_bias, "Biases on the q, k, v and o projections (LLaMA's attention_bias).");
     v.field("sliding_window", sliding_window,
             "mistral, phi3, qwen2, qwen3: each token attends to this many latest positions (its own included) on "
@@ -175,18 +184,23 @@ struct LoraConfig {
   }
 };
 
+/// How tokenizer.path is read (tokenizer.type).
+enum class TokenizerType { kAuto, kHf, kSentencepiece };
+inline const Choices<TokenizerType> kTokenizerTypes{
+    {"auto", TokenizerType::kAuto}, {"hf", TokenizerType::kHf}, {"sentencepiece", TokenizerType::kSentencepiece}};
+
 struct TokenizerConfig {
-  std::string type = "auto";
+  TokenizerType type = TokenizerType::kAuto;
   std::string path;
   std::vector<std::string> add_special_tokens;
   int64_t resize_to_multiple_of = 0;
 
   template <class V>
   void visit(V& v) {
-    v.field("type", type,
-            "Tokenizer kind: hf (tokenizer.json), sentencepiece (.model), or auto (a folder is searched for "
-            "tokenizer.json then tokenizer.model; a .json file is hf).",
-            one_of({"auto", "hf", "sentencepiece"}));
+    enum_field(v, "type", type,
+               "Tokenizer kind: hf (tokenizer.json), sentencepiece (.model), or auto (a folder is searched for "
+               "tokenizer.json then tokenizer.model; a .json file is hf).",
+               kTokenizerTypes, kTokenizerTypes.rule());
     v.field("path", path,
             "Tokenizer file or a folder holding one (with tokenizer_config.json for BOS/EOS/PAD). Required unless "
             "model.from has one.");
@@ -201,10 +215,19 @@ struct TokenizerConfig {
   }
 };
 
+/// The records of a dataset (data.train[i].format).
+enum class DataFormat { kAuto, kSft, kPreference, kPrompts, kOfflineRl, kPretrain };
+inline const Choices<DataFormat> kDataFormats{{"auto", DataFormat::kAuto},
+                                              {"sft", DataFormat::kSft},
+                                              {"preference", DataFormat::kPreference},
+                                              {"prompts", DataFormat::kPrompts},
+                                              {"offline_rl", DataFormat::kOfflineRl},
+                                              {"pretrain", DataFormat::kPretrain}};
+
 /// One dataset of a mixture (data.train[i] / data.eval[i]).
 struct DatasetConfig {
   std::string path;
-  std::string format = "auto";
+  DataFormat format = DataFormat::kAuto;
   double fraction = 0;
   int64_t size = 0;
   double weight = 0;
@@ -220,11 +243,11 @@ struct DatasetConfig {
             "indexed dataset (PREFIX of PREFIX.bin/.idx) or a MosaicML streaming (MDS) folder (index.json + "
             "shards, uncompressed or zstd).",
             required());
-    v.field("format", format,
-            "Record format (docs/data.md): sft ({prompt, response} or {messages}), preference ({prompt, chosen, "
-            "rejected[, margin]}), prompts ({prompt}), offline_rl ({prompt, response, reward}), pretrain (token "
-            "shards). auto = a shard folder is pretrain, a file is what the algorithm reads.",
-            one_of({"auto", "sft", "preference", "prompts", "offline_rl", "pretrain"}));
+    enum_field(v, "format", format,
+               "Record format (docs/data.md): sft ({prompt, response} or {messages}), preference ({prompt, chosen, "
+               "rejected[, margin]}), prompts ({prompt}), offline_rl ({prompt, response, reward}), pretrain (token "
+               "shards). auto = a shard folder is pretrain, a file is what the algorithm reads.",
+               kDataFormats, kDataFormats.rule());
     v.field("fraction", fraction,
             "Share of this dataset used per epoch, a fresh random subset every epoch (above 1 repeats it); "
             "0 = not set (1 unless size or weight is).",
@@ -246,14 +269,25 @@ struct DatasetConfig {
   }
 };
 
+/// SFT conversations with several replies (data.split_turns).
+enum class SplitTurns { kAuto, kNever, kAlways };
+inline const Choices<SplitTurns> kSplitTurns{
+    {"auto", SplitTurns::kAuto}, {"never", SplitTurns::kNever}, {"always", SplitTurns::kAlways}};
+/// Samples longer than data.max_length (data.on_overflow).
+enum class OnOverflow { kTruncate, kDrop };
+inline const Choices<OnOverflow> kOnOverflow{{"truncate", OnOverflow::kTruncate}, {"drop", OnOverflow::kDrop}};
+/// A malformed data line (data.on_error).
+enum class OnError { kFail, kSkip };
+inline const Choices<OnError> kOnError{{"fail", OnError::kFail}, {"skip", OnError::kSkip}};
+
 struct DataConfig {
   std::vector<DatasetConfig> train;
   std::vector<DatasetConfig> eval;
   std::string template_name = "auto";
-  std::string split_turns = "auto";
+  SplitTurns split_turns = SplitTurns::kAuto;
   int64_t max_length = 0;
-  std::string on_overflow = "truncate";
-  std::string on_error = "fail";
+  OnOverflow on_overflow = OnOverflow::kTruncate;
+  OnError on_error = OnError::kFail;
   bool packing = false;
   int64_t pad_to_multiple_of = 0;
   bool shuffle = true;
@@ -270,27 +304,27 @@ struct DataConfig {
             "replies in EOS), chatml, llama3, oasst (Open-Assistant). Only assistant turns are trained; "
             "checkpoints record it as tokenizer_config.json's chat_template.",
             read_if_declared(one_of({"auto", "hf", "plain", "chatml", "llama3", "oasst"})));
-    v.field("split_turns", split_turns,
-            "SFT conversations with several assistant turns: never (one sample; each reply trained where the "
-            "whole conversation's rendering shows it, which fails for a template that renders an earlier reply "
-            "differently from the last, such as Qwen3 dropping earlier reasoning), always (one sample per "
-            "assistant turn: the conversation before it rendered with the generation prompt, as the model sees "
-            "it when it writes that reply, then the reply), or auto (never where the template renders earlier "
-            "turns as written, always where it does not). data.packing packs the split samples into rows. "
-            "docs/data.md.",
-            read_if_declared(one_of({"auto", "never", "always"})));
+    enum_field(v, "split_turns", split_turns,
+               "SFT conversations with several assistant turns: never (one sample; each reply trained where the "
+               "whole conversation's rendering shows it, which fails for a template that renders an earlier reply "
+               "differently from the last, such as Qwen3 dropping earlier reasoning), always (one sample per "
+               "assistant turn: the conversation before it rendered with the generation prompt, as the model sees "
+               "it when it writes that reply, then the reply), or auto (never where the template renders earlier "
+               "turns as written, always where it does not). data.packing packs the split samples into rows. "
+               "docs/data.md.",
+               kSplitTurns, read_if_declared(kSplitTurns.rule()));
     v.field("max_length", max_length,
             "Longest tokenized sample (prompt + response + EOS), and the row length when packing; "
             "0 = model.max_position_embeddings.",
             non_negative());
-    v.field("on_overflow", on_overflow,
-            "Samples longer than max_length: truncate them (from the right) or drop them; both are "
-            "counted and reported.",
-            read_if_declared(one_of({"truncate", "drop"})));
-    v.field("on_error", on_error,
-            "A malformed line (bad JSON, missing field, wrong type): fail names file, line and field and stops; "
-            "skip counts and reports such lines and goes on.",
-            read_if_declared(one_of({"fail", "skip"})));
+    enum_field(v, "on_overflow", on_overflow,
+               "Samples longer than max_length: truncate them (from the right) or drop them; both are "
+               "counted and reported.",
+               kOnOverflow, read_if_declared(kOnOverflow.rule()));
+    enum_field(v, "on_error", on_error,
+               "A malformed line (bad JSON, missing field, wrong type): fail names file, line and field and stops; "
+               "skip counts and reports such lines and goes on.",
+               kOnError, read_if_declared(kOnError.rule()));
     v.field("packing", packing,
             "Pack several samples into each max_length row; positions restart and attention stops at every "
             "document boundary, so the loss equals unpacked training.",

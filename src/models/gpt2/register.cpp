@@ -25,7 +25,7 @@ ModelFamily family() {
   f.conv1d_weights = true;                   // HF GPT-2's Conv1D
   f.config_keys = {"model.layer_norm_eps"};  // of the keys only some families read (OPT's LayerNorms have 1e-5)
   f.check = [](const config::ModelConfig& c, const config::Checks& checks) {
-    if (c.tie_word_embeddings == "false")
+    if (c.tie_word_embeddings == config::Tied::kFalse)
       checks.fail("model.tie_word_embeddings",
                   "GPT-2's output head is always tied to its embedding; expected auto or true");
     if (c.hidden_act != "auto" && c.hidden_act != "gelu_new")

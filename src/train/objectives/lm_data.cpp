@@ -6,6 +6,16 @@
 
 namespace anvil::train {
 
+data::OnError on_error(const config::RunConfig& cfg) {
+  return cfg.data.on_error == config::OnError::kSkip ? data::OnError::skip : data::OnError::fail;
+}
+
+void check_format(const config::DatasetConfig& d, const std::string& key, config::DataFormat format,
+                  const std::string& reads) {
+  if (d.format != config::DataFormat::kAuto && d.format != format)
+    throw ConfigError(concat(key, ".format: ", reads, ", got ", config::kDataFormats.name(d.format)));
+}
+
 data::ReadOptions read_options(const config::RunConfig& cfg, const config::DatasetConfig& d,
                                const chat::ChatTemplate& chat) {
   data::ReadOptions o;
@@ -13,22 +23,22 @@ data::ReadOptions read_options(const config::RunConfig& cfg, const config::Datas
   o.response_field = d.response_field;
   o.chat = &chat;
   o.max_length = cfg.data.max_length;
-  o.drop_overflow = cfg.data.on_overflow == "drop";
+  o.drop_overflow = cfg.data.on_overflow == config::OnOverflow::kDrop;
   o.train_on_prompt = sft_config(cfg).train_on_prompt;
   o.add_eos = sft_config(cfg).add_eos;
-  o.on_error = data::parse_on_error(cfg.data.on_error);
-  const auto& split = cfg.data.split_turns;
-  o.split_turns = split == "never"    ? data::ReadOptions::SplitTurns::never
-                  : split == "always" ? data::ReadOptions::SplitTurns::always
-                                      : data::ReadOptions::SplitTurns::automatic;
+  o.on_error = on_error(cfg);
+  using Split = data::ReadOptions::SplitTurns;
+  const auto split = cfg.data.split_turns;
+  o.split_turns = split == config::SplitTurns::kNever    ? Split::never
+                  : split == config::SplitTurns::kAlways ? Split::always
+                                                         : Split::automatic;
   return o;
 }
 
 data::ReadOptions record_read_options(const config::RunConfig& cfg, const config::DatasetConfig& d,
-                                      const chat::ChatTemplate& chat, const std::string& key, const std::string& format,
+                                      const chat::ChatTemplate& chat, const std::string& key, config::DataFormat format,
                                       const std::string& what) {
-  if (d.format != "auto" && d.format != format)
-    throw ConfigError(concat(key, ".format: algorithm ", cfg.algorithm, " reads ", what, ", got ", d.format));
+  check_format(d, key, format, concat("algorithm ", cfg.algorithm, " reads ", what));
   if (std::filesystem::is_directory(d.path))
     throw ConfigError(concat(key, ".path: algorithm ", cfg.algorithm, " reads a JSONL file of ", what,
                              ", got the folder \"", d.path, "\""));
@@ -36,15 +46,15 @@ data::ReadOptions record_read_options(const config::RunConfig& cfg, const config
   o.prompt_field = d.prompt_field;
   o.chat = &chat;
   o.max_length = cfg.data.max_length;
-  o.drop_overflow = cfg.data.on_overflow == "drop";
-  o.on_error = data::parse_on_error(cfg.data.on_error);
+  o.drop_overflow = cfg.data.on_overflow == config::OnOverflow::kDrop;
+  o.on_error = on_error(cfg);
   return o;
 }
 
 std::shared_ptr<data::PromptDataset> load_prompts(const config::RunConfig& cfg, const config::DatasetConfig& d,
                                                   const std::string& key, const tokenizer::Tokenizer& tok,
                                                   const chat::ChatTemplate& chat) {
-  auto o = record_read_options(cfg, d, chat, key, "prompts", "prompts ({prompt} records)");
+  auto o = record_read_options(cfg, d, chat, key, config::DataFormat::kPrompts, "prompts ({prompt} records)");
   auto ds = std::make_shared<data::PromptDataset>(data::PromptDataset::load(d.path, tok, o));
   log::info(d.path, ": ", ds->size(), " prompts (", ds->stats().summary(), ")");
   return ds;

@@ -110,11 +110,19 @@ using LmData = MixtureData<data::LmDataset>;
 data::ReadOptions read_options(const config::RunConfig& cfg, const config::DatasetConfig& d,
                                const chat::ChatTemplate& chat);
 
+/// data.on_error as the data layer's policy.
+data::OnError on_error(const config::RunConfig& cfg);
+
+/// Throws ConfigError when dataset `d` (named `key`) names a format other
+/// than `format` (auto passes); `reads` says what the run reads instead.
+void check_format(const config::DatasetConfig& d, const std::string& key, config::DataFormat format,
+                  const std::string& reads);
+
 /// How data.* and dataset `d` (named `key` in errors) read a JSONL file of
 /// records of `format` (prompts, preference); `what` names them in errors.
 /// Throws ConfigError when d.format names another format or d.path is a folder.
 data::ReadOptions record_read_options(const config::RunConfig& cfg, const config::DatasetConfig& d,
-                                      const chat::ChatTemplate& chat, const std::string& key, const std::string& format,
+                                      const chat::ChatTemplate& chat, const std::string& key, config::DataFormat format,
                                       const std::string& what);
 
 /// The prompts of dataset `d` ({prompt} records; ppo, distill), logged.

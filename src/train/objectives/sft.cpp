@@ -23,21 +23,21 @@ namespace anvil::train {
 
 namespace {
 
-std::string resolve_format(const config::RunConfig& cfg, const config::DatasetConfig& d, const std::string& key,
-                           LmTask task) {
-  auto f = d.format;
-  if (f == "auto")
-    f = std::filesystem::is_directory(d.path) || data::is_megatron_dataset(d.path) ? "pretrain"
-        : task == LmTask::pretrain                                                 ? ""
-                                                                                   : "sft";
-  if (f.empty())
+/// Dataset `d`'s format, auto resolved: a shard folder or Megatron dataset is pretrain, a file sft.
+config::DataFormat resolve_format(const config::RunConfig& cfg, const config::DatasetConfig& d, const std::string& key,
+                                  LmTask task) {
+  using F = config::DataFormat;
+  const bool shards = std::filesystem::is_directory(d.path) || data::is_megatron_dataset(d.path);
+  if (d.format == F::kAuto && !shards && task == LmTask::pretrain)
     throw ConfigError(concat(key, ".path: algorithm ", cfg.algorithm,
                              " reads token shards (a folder of anvil prepare), a "
                              "Megatron indexed dataset (PREFIX.bin + PREFIX.idx) or an MDS folder; \"",
                              d.path, "\" is none of these (convert text with anvil prepare, see docs/data.md)"));
-  if (f != "sft" && f != "pretrain")
-    throw ConfigError(concat(key, ".format: algorithm ", cfg.algorithm, " reads sft or pretrain data, got ", f));
-  if (f == "sft" && task == LmTask::pretrain)
+  const auto f = d.format != F::kAuto ? d.format : shards ? F::kPretrain : F::kSft;
+  if (f != F::kSft && f != F::kPretrain)
+    throw ConfigError(concat(key, ".format: algorithm ", cfg.algorithm, " reads sft or pretrain data, got ",
+                             config::kDataFormats.name(f)));
+  if (f == F::kSft && task == LmTask::pretrain)
     throw ConfigError(
         concat(key, ".format: algorithm ", cfg.algorithm, " reads token shards (format pretrain), got sft"));
   return f;
@@ -46,7 +46,7 @@ std::string resolve_format(const config::RunConfig& cfg, const config::DatasetCo
 std::shared_ptr<const data::LmDataset> load_one(const config::RunConfig& cfg, const config::DatasetConfig& d,
                                                 const std::string& key, const tokenizer::Tokenizer& tok,
                                                 const chat::ChatTemplate& chat, LmTask task) {
-  if (resolve_format(cfg, d, key, task) == "pretrain") {
+  if (resolve_format(cfg, d, key, task) == config::DataFormat::kPretrain) {
     const bool megatron = !std::filesystem::is_directory(d.path) && data::is_megatron_dataset(d.path);
     const bool mds = !megatron && data::is_mds_dataset(d.path);
     auto shards = megatron ? data::TokenShards::open_megatron(d.path)

@@ -233,11 +233,8 @@ IlqlObjective::IlqlObjective(const config::RunConfig& cfg, const tokenizer::Toke
   auto train_cfg = cfg;
   train_cfg.data.eval.clear();  // held-out prompts are read below
   s.data = load_mixture<data::OfflineRlDataset>(train_cfg, [&](const config::DatasetConfig& d, const std::string& key) {
-    if (d.format != "auto" && d.format != "offline_rl")
-      throw ConfigError(concat(key,
-                               ".format: algorithm ilql trains on offline_rl records ({prompt, response, "
-                               "reward}), got ",
-                               d.format));
+    check_format(d, key, config::DataFormat::kOfflineRl,
+                 "algorithm ilql trains on offline_rl records ({prompt, response, reward})");
     if (d.eval_fraction > 0)
       throw ConfigError(concat(key,
                                ".eval_fraction: algorithm ilql evaluates by sampling held-out prompts; give "
@@ -250,9 +247,7 @@ IlqlObjective::IlqlObjective(const config::RunConfig& cfg, const tokenizer::Toke
   for (size_t i = 0; i < cfg.data.eval.size(); ++i) {
     const auto& d = cfg.data.eval[i];
     const auto key = concat("data.eval[", i, "]");
-    if (d.format != "auto" && d.format != "prompts")
-      throw ConfigError(
-          concat(key, ".format: algorithm ilql evaluates on prompts records ({prompt, ...}), got ", d.format));
+    check_format(d, key, config::DataFormat::kPrompts, "algorithm ilql evaluates on prompts records ({prompt, ...})");
     auto o = read_options(cfg, d, chat);
     s.eval_sets.push_back(std::make_shared<data::PromptDataset>(data::PromptDataset::load(d.path, tok, o)));
   }

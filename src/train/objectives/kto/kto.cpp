@@ -185,7 +185,8 @@ class KtoObjective final : public Objective {
         pad_id_(tok.padding_id()),
         stop_id_(chat.end_of_turn_id(tok)) {
     data_ = load_mixture<KtoDataset>(cfg, [&](const config::DatasetConfig& d, const std::string& key) {
-      const auto o = record_read_options(cfg, d, chat, key, "preference", "KTO or preference records");
+      const auto o =
+          record_read_options(cfg, d, chat, key, config::DataFormat::kPreference, "KTO or preference records");
       auto ds = std::make_shared<KtoDataset>(KtoDataset::load(d.path, tok, o));
       int64_t good = 0;
       for (int64_t i = 0; i < ds->size(); ++i) good += (*ds)[i].desirable;

@@ -35,7 +35,7 @@ int64_t resolve_pad(const tokenizer::Tokenizer& tok) { return tok.padding_id(); 
 std::shared_ptr<const data::PreferenceDataset> load_set(const config::RunConfig& cfg, const config::DatasetConfig& d,
                                                         const std::string& key, const tokenizer::Tokenizer& tok,
                                                         const chat::ChatTemplate& chat) {
-  const auto o = record_read_options(cfg, d, chat, key, "preference", "preference data");
+  const auto o = record_read_options(cfg, d, chat, key, config::DataFormat::kPreference, "preference data");
   auto ds = std::make_shared<data::PreferenceDataset>(data::PreferenceDataset::load(d.path, tok, o));
   const auto& s = ds->stats();
   int64_t ranked = 0;
