@@ -87,7 +87,11 @@ ModelFamily with_section_builder(ModelFamily f, const std::set<std::string>& par
     auto j = section_as_hf_config(c, reads);
     j["model_type"] = model_type;
     if (defaults) defaults(c, j);
-    return build(j, "the model section");
+    try {
+      return build(j, "model section (read as a config.json)");
+    } catch (const CheckpointError& e) {
+      throw ConfigError(e.what());  // the config's values, not a folder's
+    }
   };
   return f;
 }

@@ -125,6 +125,16 @@ TEST(ModelSection, AShapeErrorOfTheSectionIsAConfigError) {
   } catch (const ConfigError& e) {
     EXPECT_EQ(std::string(e.what()), "model.num_experts_per_tok: 3 exceeds model.num_experts 2");
   }
+  // One the family's config.json reader finds names the section and the key as config.json has it.
+  mc = tiny("neox");
+  mc.partial_rotary_factor = 0.2;  // of 8 dims per head: 1
+  try {
+    family_by_name("neox").from_config(mc);
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "model section (read as a config.json): rotary_pct: gives an odd rotary dimension 1");
+  }
 }
 
 }  // namespace
