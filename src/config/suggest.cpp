@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "config_internal.h"
+#include "config/hf_names.h"
 
 namespace anvil::config {
 namespace {
@@ -65,27 +66,6 @@ const std::map<std::string, std::string>& common_foreign_names() {
       {"lora_alpha", "lora.alpha"},
       {"lora_dropout", "lora.dropout"},
       {"lora_r", "lora.r"},
-  };
-  return names;
-}
-
-/// Hugging Face config.json names that are not ours, in the model section ->
-/// our key and whose name it is. Our model keys are transformers' own names
-/// (LLaMA's where the families differ).
-const std::map<std::string, std::pair<std::string, std::string>>& config_json_names() {
-  static const std::map<std::string, std::pair<std::string, std::string>> names = {
-      {"n_layer", {"model.num_hidden_layers", "GPT-2's"}},
-      {"n_head", {"model.num_attention_heads", "GPT-2's"}},
-      {"n_embd", {"model.hidden_size", "GPT-2's"}},
-      {"n_positions", {"model.max_position_embeddings", "GPT-2's"}},
-      {"n_inner", {"model.intermediate_size", "GPT-2's"}},
-      {"layer_norm_epsilon", {"model.layer_norm_eps", "GPT-2's"}},
-      {"activation_function", {"model.hidden_act", "GPT-2's and OPT's"}},
-      {"ffn_dim", {"model.intermediate_size", "OPT's"}},
-      {"rms_norm_eps", {"model.layer_norm_eps", "LLaMA's"}},
-      {"hidden_activation", {"model.hidden_act", "Gemma's"}},
-      {"num_local_experts", {"model.num_experts", "Mixtral's"}},
-      {"rotary_emb_base", {"model.rope_theta", "Pythia's"}},
   };
   return names;
 }
@@ -146,9 +126,10 @@ std::string unknown_key_hint(const std::string& path, const std::set<std::string
   const auto foreign = [&](const std::string& ours) {
     return concat("; did you mean ", ours, "? (", name, " is the TRL / transformers name)");
   };
-  if (const auto it = config_json_names().find(name);
-      top_section(path) == "model" && it != config_json_names().end() && known.count(it->second.first))
-    return concat("; did you mean ", it->second.first, "? (", name, " is ", it->second.second, " config.json name)");
+  if (top_section(path) == "model")
+    for (const auto& n : model_hf_names())
+      if (name == n.name && known.count(concat("model.", n.key)))
+        return concat("; did you mean model.", n.key, "? (", name, " is ", n.whose, " config.json name)");
   if (const auto ours = foreign_key(path, name, known, /*own=*/true); !ours.empty()) return foreign(ours);
   if (const auto best = nearest_key(path, known); !best.empty()) return concat("; did you mean ", best, "?");
   if (const auto ours = foreign_key(path, name, known, /*own=*/false); !ours.empty()) return foreign(ours);

@@ -3,6 +3,7 @@
 #include <optional>
 #include <set>
 
+#include "config/hf_names.h"
 #include "models/init.h"
 
 #include <ATen/ATen.h>
@@ -29,51 +30,53 @@ ModelFamily family();
 
 namespace {
 
-/// The model section as a config.json: each key the family reads under every config.json name families give
-/// it (the family's list reads its own: GPT-2 n_embd, OPT ffn_dim, LLaMA rms_norm_eps), with the section's
-/// "the family's default" values (auto, 0) left out or resolved as the section's docs say. `reads`: whether
-/// the family reads a key that only some families do.
+/// The model section as a config.json: each key the family reads under its own name and every other name
+/// families give it (config/hf_names.h; the family's list reads its own: GPT-2 n_embd, OPT ffn_dim, LLaMA
+/// rms_norm_eps), with the section's "the family's default" values (auto, 0) left out or resolved as the
+/// section's docs say. `reads`: whether the family reads a key that only some families do.
 nlohmann::json section_as_hf_config(const config::ModelConfig& c, const std::function<bool(const char*)>& reads) {
   nlohmann::json j;
-  const auto put = [&j](std::initializer_list<const char*> names, const nlohmann::json& value) {
-    for (const auto* n : names) j[n] = value;
+  const auto put = [&j](const char* key, const nlohmann::json& value) {
+    j[key] = value;
+    for (const auto& n : config::model_hf_names())
+      if (std::string(n.key) == key) j[n.name] = value;
   };
-  put({"vocab_size"}, c.vocab_size);
-  put({"hidden_size", "n_embd"}, c.hidden_size);
-  put({"num_hidden_layers", "n_layer"}, c.num_hidden_layers);
-  put({"num_attention_heads", "n_head"}, c.num_attention_heads);
-  put({"max_position_embeddings", "n_positions"}, c.max_position_embeddings);
-  if (c.intermediate_size > 0) put({"intermediate_size", "n_inner", "ffn_dim"}, c.intermediate_size);
-  if (c.hidden_act != "auto") put({"hidden_act", "activation_function", "hidden_activation"}, c.hidden_act);
+  put("vocab_size", c.vocab_size);
+  put("hidden_size", c.hidden_size);
+  put("num_hidden_layers", c.num_hidden_layers);
+  put("num_attention_heads", c.num_attention_heads);
+  put("max_position_embeddings", c.max_position_embeddings);
+  if (c.intermediate_size > 0) put("intermediate_size", c.intermediate_size);
+  if (c.hidden_act != "auto") put("hidden_act", c.hidden_act);
   if (c.tie_word_embeddings != config::Tied::kAuto)
-    put({"tie_word_embeddings"}, c.tie_word_embeddings == config::Tied::kTrue);
-  put({"resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout", "dropout"}, c.dropout);
-  put({"layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps"}, c.layer_norm_eps);
-  put({"initializer_range", "init_std"}, c.initializer_range);
+    put("tie_word_embeddings", c.tie_word_embeddings == config::Tied::kTrue);
+  put("dropout", c.dropout);
+  put("initializer_range", c.initializer_range);
+  if (reads("model.layer_norm_eps")) put("layer_norm_eps", c.layer_norm_eps);
   if (reads("model.num_key_value_heads") && c.num_key_value_heads > 0)
-    put({"num_key_value_heads"}, c.num_key_value_heads);
-  if (reads("model.head_dim")) put({"head_dim"}, c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_attention_heads);
-  if (reads("model.attention_bias")) put({"attention_bias"}, c.attention_bias);
+    put("num_key_value_heads", c.num_key_value_heads);
+  if (reads("model.head_dim")) put("head_dim", c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_attention_heads);
+  if (reads("model.attention_bias")) put("attention_bias", c.attention_bias);
   if (reads("model.sliding_window"))
-    put({"sliding_window"}, c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr));
-  if (reads("model.rope_theta")) put({"rope_theta"}, c.rope_theta);
+    put("sliding_window", c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr));
+  if (reads("model.rope_theta")) put("rope_theta", c.rope_theta);
   if (reads("model.rope_scaling.type") && c.rope_scaling.type == config::RopeScaling::kLlama3)
-    put({"rope_scaling"}, {{"rope_type", "llama3"},
-                           {"factor", c.rope_scaling.factor},
-                           {"low_freq_factor", c.rope_scaling.low_freq_factor},
-                           {"high_freq_factor", c.rope_scaling.high_freq_factor},
-                           {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}});
-  if (reads("model.partial_rotary_factor")) put({"partial_rotary_factor"}, c.partial_rotary_factor);
-  if (reads("model.use_parallel_residual")) put({"use_parallel_residual"}, c.use_parallel_residual);
+    put("rope_scaling", {{"rope_type", "llama3"},
+                         {"factor", c.rope_scaling.factor},
+                         {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                         {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                         {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}});
+  if (reads("model.partial_rotary_factor")) put("partial_rotary_factor", c.partial_rotary_factor);
+  if (reads("model.use_parallel_residual")) put("use_parallel_residual", c.use_parallel_residual);
   if (reads("model.num_experts")) {
-    put({"num_experts", "num_local_experts"}, c.num_experts > 0 ? c.num_experts : 8);
-    put({"num_experts_per_tok"}, c.num_experts_per_tok);
+    put("num_experts", c.num_experts > 0 ? c.num_experts : 8);
+    put("num_experts_per_tok", c.num_experts_per_tok);
     // A model built from keys always adds the load-balancing loss (0.001 unless set).
-    put({"router_aux_loss_coef"}, c.router_aux_loss_coef >= 0 ? c.router_aux_loss_coef : 0.001);
-    put({"output_router_logits"}, true);
+    put("router_aux_loss_coef", c.router_aux_loss_coef >= 0 ? c.router_aux_loss_coef : 0.001);
+    put("output_router_logits", true);
   }
   if (reads("model.moe_intermediate_size") && c.moe_intermediate_size > 0)
-    put({"moe_intermediate_size"}, c.moe_intermediate_size);
+    put("moe_intermediate_size", c.moe_intermediate_size);
   return j;
 }
 

@@ -276,6 +276,10 @@ TEST_F(ConfigTest, ConfigJsonNamesOfOtherFamiliesSuggestOurKey) {
   EXPECT_EQ(error_of({base_}, {"model.num_local_experts=4"}),
             "command line (model.num_local_experts=4): model.num_local_experts: unknown key; did you mean "
             "model.num_experts? (num_local_experts is Mixtral's config.json name)");
+  // The names the model section is written under for the families' readers (config/hf_names.h).
+  EXPECT_EQ(error_of({base_}, {"model.resid_pdrop=0.1"}),
+            "command line (model.resid_pdrop=0.1): model.resid_pdrop: unknown key; did you mean model.dropout? "
+            "(resid_pdrop is GPT-2's and Phi-3's config.json name)");
 }
 
 TEST_F(ConfigTest, NullRemovesAKeyAnEarlierSourceSet) {

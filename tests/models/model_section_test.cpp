@@ -1,7 +1,7 @@
 // The model section builds a model through the family's own config.json key
 // list (the registry writes the section as a config.json under the family's
-// names): every key a family reads reaches the model it builds, and the
-// folder that model saves builds it again.
+// names): every shared key a family reads and every key of its own reaches
+// the model it builds, and the folder that model saves builds it again.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -113,6 +113,62 @@ TEST(ModelSection, EveryKeyAFamilyReadsReachesTheModelItBuilds) {
     }
   }
   EXPECT_GE(checked, 180u);  // 14 families, 10 to 17 keys each
+}
+
+/// Changes field `target` of a section (the n-th the visit lists) to a value none of them has by default:
+/// a bool flipped, a number raised; names the key it changed.
+class ChangeOneField : public config::FieldVisitor {
+ public:
+  explicit ChangeOneField(size_t target) : target_(target) {}
+  std::string changed;
+  void field(const char* key, bool& x, const char*, const config::Rule&) override {
+    if (mine(key)) x = !x;
+  }
+  void field(const char* key, int64_t& x, const char*, const config::Rule&) override {
+    if (mine(key)) x += 16;
+  }
+  void field(const char* key, double& x, const char*, const config::Rule&) override {
+    if (mine(key)) x = x / 2 + 0.25;
+  }
+  void field(const char* key, std::string&, const char*, const config::Rule&) override { skip(key); }
+  void field(const char* key, std::vector<double>&, const char*, const config::Rule&) override { skip(key); }
+  void field(const char* key, std::vector<int64_t>&, const char*, const config::Rule&) override { skip(key); }
+  void field(const char* key, std::vector<std::string>&, const char*, const config::Rule&) override { skip(key); }
+  void section(const char* key, const config::SectionRef&, const char*) override { skip(key); }
+  void list(const char* key, const config::ListRef&, const char*) override { skip(key); }
+
+ private:
+  bool mine(const char* key) {
+    if (seen_++ != target_) return false;
+    changed = key;
+    return true;
+  }
+  void skip(const char* key) {
+    if (mine(key)) ADD_FAILURE() << key << ": a family's own key of a kind this test cannot change";
+  }
+  size_t target_, seen_ = 0;
+};
+
+TEST(ModelSection, EveryOwnKeyOfAFamilyReachesTheModelItBuilds) {
+  size_t checked = 0;
+  const auto built_here = family_names();
+  for (const auto& family : config::model_families()) {
+    if (!family.own_keys || !std::count(built_here.begin(), built_here.end(), family.name)) continue;
+    SCOPED_TRACE(family.name);
+    const auto& builder = family_by_name(family.name);
+    const auto base = builder.from_config(tiny(family.name))->hf_config();
+    for (size_t i = 0;; ++i) {
+      auto mc = tiny(family.name);
+      ChangeOneField change(i);
+      mc.own.at(family).visit(change);
+      if (change.changed.empty()) break;  // past the last key
+      SCOPED_TRACE(change.changed);
+      const auto built = builder.from_config(mc)->hf_config();
+      EXPECT_NE(built, base) << "the key does not reach " << family.name << "'s model";
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 5u);  // OPT's do_layer_norm_before, word_embed_proj_dim, enable_bias, two LayerNorm keys
 }
 
 TEST(ModelSection, AShapeErrorOfTheSectionIsAConfigError) {
