@@ -109,6 +109,9 @@ class HfConfigReader {
     o.head_dim(head_dim);
     double theta = number("rope_theta", number("rotary_emb_base", default_theta, Bound::positive), Bound::positive);
     double partial = number("partial_rotary_factor", number("rotary_pct", default_partial));
+    // The key the fraction came from, for messages (transformers 5's name, or Pythia's rotary_pct).
+    const char* partial_key =
+        find("partial_rotary_factor") || !find("rotary_pct") ? "partial_rotary_factor" : "rotary_pct";
     const nlohmann::json* scaling = find("rope_parameters");
     std::string key = "rope_parameters";
     if (!scaling) scaling = find("rope_scaling"), key = "rope_scaling";
@@ -152,9 +155,9 @@ class HfConfigReader {
         fail(key + ".rope_type", concat("\"", type, "\" is not supported; supported: default, llama3, longrope"));
       }
     }
-    if (!(partial > 0 && partial <= 1)) fail("rotary_pct", concat("expected a fraction in (0, 1], got ", partial));
+    if (!(partial > 0 && partial <= 1)) fail(partial_key, concat("expected a fraction in (0, 1], got ", partial));
     o.theta(theta).rotary_dim(static_cast<int64_t>(static_cast<double>(head_dim) * partial));
-    if (o.rotary_dim() % 2 != 0) fail("rotary_pct", concat("gives an odd rotary dimension ", o.rotary_dim()));
+    if (o.rotary_dim() % 2 != 0) fail(partial_key, concat("gives an odd rotary dimension ", o.rotary_dim()));
     if (o.type() == "longrope")
       for (const auto* f : {&o.short_factor(), &o.long_factor()})
         if (static_cast<int64_t>(f->size()) != o.rotary_dim() / 2)

@@ -189,7 +189,7 @@ TEST(ModelSection, AShapeErrorOfTheSectionIsAConfigError) {
     FAIL() << "expected a ConfigError";
   } catch (const ConfigError& e) {
     EXPECT_EQ(std::string(e.what()),
-              "model section (read as a config.json): rotary_pct: gives an odd rotary dimension 1");
+              "model section (read as a config.json): partial_rotary_factor: gives an odd rotary dimension 1");
   }
 }
 
