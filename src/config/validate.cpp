@@ -46,13 +46,6 @@ void check_model(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
   }
   for (const auto& t : c.tokenizer.add_special_tokens)
     if (t.empty()) fail("tokenizer.add_special_tokens", "expected non-empty token strings");
-  if (c.model.from.empty() && c.model.head_dim == 0 && c.model.hidden_size % c.model.num_attention_heads != 0)
-    fail("model.num_attention_heads", concat("expected a divisor of model.hidden_size (", c.model.hidden_size,
-                                             "), got ", c.model.num_attention_heads));
-  if (c.model.from.empty() && c.model.num_key_value_heads > 0 &&
-      c.model.num_attention_heads % c.model.num_key_value_heads != 0)
-    fail("model.num_key_value_heads", concat("expected a divisor of model.num_attention_heads (",
-                                             c.model.num_attention_heads, "), got ", c.model.num_key_value_heads));
 }
 
 void check_lora(const RunConfig& c, const FlatConfig& flat, const Fail& fail) {
@@ -307,6 +300,7 @@ void check_unread_keys(const RunConfig& c, const Fail& fail) {
 
 struct FamilyRegistry {
   std::mutex mutex;
+  std::vector<ModelKeyGroup> groups;
   std::vector<FamilyKeys> families;
 };
 FamilyRegistry& family_registry() {
@@ -320,6 +314,12 @@ std::vector<FamilyKeys> families() {
   return r.families;
 }
 
+std::vector<ModelKeyGroup> key_groups() {
+  auto& r = family_registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.groups;
+}
+
 std::string joined(const std::vector<std::string>& names) {
   std::string out;
   for (size_t i = 0; i < names.size(); ++i) out += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
@@ -328,8 +328,8 @@ std::string joined(const std::vector<std::string>& names) {
 
 /// A model built from keys (not model.from, whose keys check_model refuses):
 /// a key that only some families read, set to another value than its default
-/// for a family that does not read it, is an error; then the family's own
-/// checks.
+/// for a family that does not read it, is an error; then the key groups' and
+/// the family's own checks.
 void check_family_keys(const RunConfig& c, const Fail& fail) {
   if (!c.model.from.empty()) return;
   const auto all = families();
@@ -346,6 +346,8 @@ void check_family_keys(const RunConfig& c, const Fail& fail) {
     if (const auto d = defaults.find(k.name); d != defaults.end() && d->second == k.value) continue;
     fail(k.path, concat("applies to model.family ", joined(readers), " only, not ", c.model.family));
   }
+  for (const auto& g : key_groups())
+    if (g.check) g.check(c.model, Checks(fail));
   if (family->check) family->check(c.model, Checks(fail));
 }
 
@@ -365,25 +367,68 @@ void add_algorithm_name(const std::string& name, const std::vector<std::string>&
   d.by_algorithm[name] = std::set<std::string>(reads.begin(), reads.end());
 }
 
-void add_model_family(FamilyKeys family) {
-  if (family.name.empty() ||
-      family.name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos)
-    throw ConfigError(concat("model family \"", family.name, "\": expected a name of a-z, 0-9 and _"));
+namespace {
+
+/// The model section's keys (model.*) as registered so far.
+std::set<std::string> model_keys() {
   std::set<std::string> known;
   for (const auto& k : default_keys())
     if (k.name.rfind("model.", 0) == 0) known.insert(k.name);
+  return known;
+}
+
+/// The keys of `make`'s struct, as model.* names.
+std::vector<std::string> keys_of_group(const std::function<std::unique_ptr<Extension>()>& make) {
+  KeyLister lister(true);
+  auto defaults = make();
+  detail::ExtensionShim shim{*defaults};
+  shim.visit(lister);
+  std::vector<std::string> out;
+  for (const auto& k : lister.keys) out.push_back("model." + k.name);
+  return out;
+}
+
+bool is_group_or_family(const FamilyRegistry& r, const std::string& name) {
+  for (const auto& g : r.groups)
+    if (g.name == name) return true;
+  for (const auto& f : r.families)
+    if (f.name == name) return true;
+  return false;
+}
+
+void check_name(const std::string& what, const std::string& name) {
+  if (name.empty() || name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos)
+    throw ConfigError(concat(what, " \"", name, "\": expected a name of a-z, 0-9 and _"));
+}
+
+}  // namespace
+
+void add_model_key_group(ModelKeyGroup group) {
+  check_name("model key group", group.name);
+  if (!group.keys) throw ConfigError(concat("model key group ", group.name, ": it has no keys"));
+  const auto known = model_keys();
+  for (const auto& key : keys_of_group(group.keys))
+    if (known.count(key))
+      throw ConfigError(concat("model key group ", group.name, ": its key \"", key, "\" is already a model key"));
+  auto& r = family_registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (is_group_or_family(r, group.name))
+    throw ConfigError(concat("model key group \"", group.name, "\": the name is already registered"));
+  r.groups.push_back(std::move(group));
+}
+
+std::vector<ModelKeyGroup> model_key_groups() { return key_groups(); }
+
+void add_model_family(FamilyKeys family) {
+  check_name("model family", family.name);
+  const auto known = model_keys();
   for (const auto& key : family.reads)
     if (!known.count(key))
       throw ConfigError(concat("model family ", family.name, ": reads \"", key,
                                "\", which is not a key of the model section (e.g. model.sliding_window)"));
   // Its own keys: new keys of the model section, read by it alone.
   if (family.own_keys) {
-    KeyLister own(true);
-    auto defaults = family.own_keys();
-    detail::ExtensionShim shim{*defaults};
-    shim.visit(own);
-    for (const auto& k : own.keys) {
-      const auto key = "model." + k.name;
+    for (const auto& key : keys_of_group(family.own_keys)) {
       if (known.count(key))
         throw ConfigError(concat("model family ", family.name, ": its own key \"", key, "\" is already a model key"));
       family.reads.push_back(key);
@@ -391,8 +436,8 @@ void add_model_family(FamilyKeys family) {
   }
   auto& r = family_registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  for (const auto& f : r.families)
-    if (f.name == family.name) throw ConfigError(concat("model family \"", family.name, "\" is already registered"));
+  if (is_group_or_family(r, family.name))
+    throw ConfigError(concat("model family \"", family.name, "\" is already registered"));
   r.families.push_back(std::move(family));
 }
 

@@ -52,31 +52,34 @@ nlohmann::json section_as_hf_config(const config::ModelConfig& c, const std::fun
     put("tie_word_embeddings", c.tie_word_embeddings == config::Tied::kTrue);
   put("dropout", c.dropout);
   put("initializer_range", c.initializer_range);
-  if (reads("model.layer_norm_eps")) put("layer_norm_eps", c.layer_norm_eps);
-  if (reads("model.num_key_value_heads") && c.num_key_value_heads > 0)
-    put("num_key_value_heads", c.num_key_value_heads);
-  if (reads("model.head_dim")) put("head_dim", c.head_dim > 0 ? c.head_dim : c.hidden_size / c.num_attention_heads);
-  if (reads("model.attention_bias")) put("attention_bias", c.attention_bias);
+  const auto& norm = c.keys.get<NormKeys>();
+  const auto& att = c.keys.get<AttentionKeys>();
+  const auto& rot = c.keys.get<RotaryKeys>();
+  const auto& moe = c.keys.get<ExpertKeys>();
+  if (reads("model.layer_norm_eps")) put("layer_norm_eps", norm.layer_norm_eps);
+  if (reads("model.num_key_value_heads") && att.num_key_value_heads > 0)
+    put("num_key_value_heads", att.num_key_value_heads);
+  if (reads("model.head_dim")) put("head_dim", att.head_dim_of(c));
+  if (reads("model.attention_bias")) put("attention_bias", att.attention_bias);
   if (reads("model.sliding_window"))
-    put("sliding_window", c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr));
-  if (reads("model.rope_theta")) put("rope_theta", c.rope_theta);
-  if (reads("model.rope_scaling.type") && c.rope_scaling.type == config::RopeScaling::kLlama3)
+    put("sliding_window", att.sliding_window > 0 ? nlohmann::json(att.sliding_window) : nlohmann::json(nullptr));
+  if (reads("model.rope_theta")) put("rope_theta", rot.rope_theta);
+  if (reads("model.rope_scaling.type") && rot.rope_scaling.type == RopeScaling::kLlama3)
     put("rope_scaling", {{"rope_type", "llama3"},
-                         {"factor", c.rope_scaling.factor},
-                         {"low_freq_factor", c.rope_scaling.low_freq_factor},
-                         {"high_freq_factor", c.rope_scaling.high_freq_factor},
-                         {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}});
-  if (reads("model.partial_rotary_factor")) put("partial_rotary_factor", c.partial_rotary_factor);
-  if (reads("model.use_parallel_residual")) put("use_parallel_residual", c.use_parallel_residual);
+                         {"factor", rot.rope_scaling.factor},
+                         {"low_freq_factor", rot.rope_scaling.low_freq_factor},
+                         {"high_freq_factor", rot.rope_scaling.high_freq_factor},
+                         {"original_max_position_embeddings", rot.rope_scaling.original_max_position_embeddings}});
+  if (reads("model.partial_rotary_factor")) put("partial_rotary_factor", rot.partial_rotary_factor);
   if (reads("model.num_experts")) {
-    put("num_experts", c.num_experts > 0 ? c.num_experts : 8);
-    put("num_experts_per_tok", c.num_experts_per_tok);
+    put("num_experts", moe.num_experts > 0 ? moe.num_experts : 8);
+    put("num_experts_per_tok", moe.num_experts_per_tok);
     // A model built from keys always adds the load-balancing loss (0.001 unless set).
-    put("router_aux_loss_coef", c.router_aux_loss_coef >= 0 ? c.router_aux_loss_coef : 0.001);
+    put("router_aux_loss_coef", moe.router_aux_loss_coef >= 0 ? moe.router_aux_loss_coef : 0.001);
     put("output_router_logits", true);
   }
-  if (reads("model.moe_intermediate_size") && c.moe_intermediate_size > 0)
-    put("moe_intermediate_size", c.moe_intermediate_size);
+  if (reads("model.moe_intermediate_size") && moe.moe_intermediate_size > 0)
+    put("moe_intermediate_size", moe.moe_intermediate_size);
   return j;
 }
 
@@ -133,9 +136,10 @@ const ModelFamily& family_by_hf_model_type(const std::string& model_type, const 
   throw CheckpointError(concat(where, ": model_type \"", model_type, "\" is not supported; supported: ", known));
 }
 
-// The config layer learns the families, their keys and checks from here:
+// The config layer learns the key groups, the families, their keys and checks from here:
 // model.family accepts these names and no others (config/ names none).
 const bool kRegisteredWithConfig = [] {
+  for (auto& g : key_groups()) config::add_model_key_group(std::move(g));  // before the families that read them
   for (const auto& f : families()) config::add_model_family({f.name, f.config_keys, f.check, f.own_keys});
   return true;
 }();

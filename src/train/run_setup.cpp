@@ -131,11 +131,11 @@ std::shared_ptr<models::CausalLM> build_model(const config::RunConfig& cfg, cons
     model->resize_vocab(n);
   }
   model->special_tokens = {tok.bos_id(), tok.eos_id(), tok.pad_id()};
-  if (cfg.model.router_aux_loss_coef >= 0) {
+  if (const double coef = cfg.model.keys.get<models::ExpertKeys>().router_aux_loss_coef; coef >= 0) {
     if (model->num_experts() == 0)
       throw ConfigError(
           concat("model.router_aux_loss_coef: the ", model->family(), " model of ", cfg.model.from, " has no experts"));
-    model->router_aux_loss_coef = cfg.model.router_aux_loss_coef;
+    model->router_aux_loss_coef = coef;
   }
   if (model->num_experts() > 0)
     log::info("model: ", model->num_experts(), " experts per sparse layer; load-balancing loss weight ",

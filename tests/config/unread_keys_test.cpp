@@ -354,15 +354,15 @@ TEST_F(UnreadKeys, AFamilysOwnKeysLoadPrintAndAreRefusedForOtherFamilies) {
   EXPECT_EQ(model_families_reading("model.widgets"), std::vector<std::string>{"unread_keys_widgets"});
   // Loaded into the family's own struct, printed and loaded back.
   auto cfg = load_config({base_}, {"model.family=unread_keys_widgets", "model.widgets=7"});
-  EXPECT_EQ(cfg.model.own.get<WidgetKeys>("unread_keys_widgets").widgets, 7);
+  EXPECT_EQ(cfg.model.keys.get<WidgetKeys>("unread_keys_widgets").widgets, 7);
   const auto printed = write("widgets-printed.yaml", to_yaml(cfg));
   EXPECT_NE(anvil::testing::read_text(printed).find("widgets: 7"), std::string::npos);
-  EXPECT_EQ(load_config({printed}, {}).model.own.get<WidgetKeys>("unread_keys_widgets").widgets, 7);
+  EXPECT_EQ(load_config({printed}, {}).model.keys.get<WidgetKeys>("unread_keys_widgets").widgets, 7);
   // A copy is deep; an unset family's keys are its defaults.
   auto copy = cfg;
-  copy.model.own.get<WidgetKeys>("unread_keys_widgets").widgets = 9;
-  EXPECT_EQ(cfg.model.own.get<WidgetKeys>("unread_keys_widgets").widgets, 7);
-  EXPECT_EQ(load_config({base_}, {}).model.own.get<WidgetKeys>("unread_keys_widgets").widgets, 3);
+  copy.model.keys.get<WidgetKeys>("unread_keys_widgets").widgets = 9;
+  EXPECT_EQ(cfg.model.keys.get<WidgetKeys>("unread_keys_widgets").widgets, 7);
+  EXPECT_EQ(load_config({base_}, {}).model.keys.get<WidgetKeys>("unread_keys_widgets").widgets, 3);
   // Its rule holds; other families refuse the key, naming its one reader.
   EXPECT_NE(error_of({base_}, {"model.family=unread_keys_widgets", "model.widgets=0"})
                 .find("model.widgets: expected a positive number"),
@@ -376,6 +376,52 @@ TEST_F(UnreadKeys, AFamilysOwnKeysLoadPrintAndAreRefusedForOtherFamilies) {
             std::string::npos);
   // Own keys are new keys: one that is already a model key is refused.
   EXPECT_THROW(add_model_family({"unread_keys_twice", {}, {}, family_keys<WidgetKeys>()}), ConfigError);
+}
+
+// A key group (ModelKeyGroup): keys several families read, registered once
+// with their checks; the library's are models/registry.h's (attention, rotary,
+// norm, experts). Here a group of the test's own, read by a test family.
+struct GizmoKeys {
+  static constexpr const char* kGroup = "unread_keys_gizmos";
+  int64_t gizmos = 1;
+  void visit(FieldVisitor& v) { v.field("gizmos", gizmos, "Gizmos per head.", positive()); }
+};
+
+TEST_F(UnreadKeys, AKeyGroupIsRegisteredOnceReadByItsFamiliesAndChecked) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    add_model_key_group(model_key_group<GizmoKeys>([](const ModelConfig& m, const Checks& checks) {
+      if (m.keys.get<GizmoKeys>().gizmos > m.num_attention_heads)
+        checks.fail("model.gizmos", "expected at most model.num_attention_heads gizmos");
+    }));
+    add_model_family({"unread_keys_gizmo_family", {"model.gizmos"}});
+  });
+  EXPECT_EQ(model_families_reading("model.gizmos"), std::vector<std::string>{"unread_keys_gizmo_family"});
+  auto cfg = load_config({base_}, {"model.family=unread_keys_gizmo_family", "model.gizmos=2"});
+  EXPECT_EQ(cfg.model.keys.get<GizmoKeys>().gizmos, 2);
+  const auto printed = write("gizmos-printed.yaml", to_yaml(cfg));
+  EXPECT_EQ(load_config({printed}, {}).model.keys.get<GizmoKeys>().gizmos, 2);
+  // The group's check runs on a model built from keys; a family that does not read the key refuses it.
+  EXPECT_NE(error_of({base_}, {"model.family=unread_keys_gizmo_family", "model.gizmos=64"})
+                .find("model.gizmos: expected at most model.num_attention_heads gizmos"),
+            std::string::npos);
+  EXPECT_EQ(error_of({base_}, {"model.family=neox", "model.gizmos=2"}),
+            "command line (model.gizmos=2): model.gizmos: applies to model.family unread_keys_gizmo_family only, "
+            "not neox");
+  // The library's groups are registered, with their checks (the heads divide).
+  std::vector<std::string> groups;
+  for (const auto& g : model_key_groups()) groups.push_back(g.name);
+  EXPECT_EQ(std::vector<std::string>(groups.begin(), groups.begin() + 4),
+            (std::vector<std::string>{"norm", "attention", "rotary", "experts"}));
+  EXPECT_NE(error_of({base_}, {"model.family=llama", "model.num_key_value_heads=3"})
+                .find("model.num_key_value_heads: expected a divisor of model.num_attention_heads (4), got 3"),
+            std::string::npos);
+  // A name is a group's or a family's once; a group's keys are new keys.
+  EXPECT_THROW(add_model_key_group(model_key_group<GizmoKeys>()), ConfigError);
+  EXPECT_THROW(add_model_key_group({"gpt2", family_keys<WidgetKeys>()}), ConfigError);
+  EXPECT_THROW(add_model_key_group({"unread_keys_widget_group", family_keys<GizmoKeys>()}), ConfigError);
+  EXPECT_THROW(add_model_family({"attention", {}}), ConfigError);
+  EXPECT_THROW(add_model_key_group({"unread_keys_empty", {}}), ConfigError);
 }
 
 // Shipped configs name files of the machine they were written for (models,

@@ -57,7 +57,8 @@ int64_t count_parameters_by_extension(const std::string& flavor) {
   const auto m = config::load_config({src + "/configs/quickstart.yaml", src + "/configs/models/" + flavor + ".yaml"},
                                      {"output_dir=unused"})
                      .model;
-  const bool moe = m.num_experts > 0;
+  const auto& e = m.keys.get<models::ExpertKeys>();
+  const bool moe = e.num_experts > 0;
   const auto count = [&](int64_t vocab, int64_t layers, int64_t experts) {
     std::vector<std::string> o{"model.vocab_size=" + std::to_string(vocab),
                                "model.num_hidden_layers=" + std::to_string(layers)};
@@ -68,7 +69,7 @@ int64_t count_parameters_by_extension(const std::string& flavor) {
   const auto base = count(1, 1, 1), per_block = count(1, 2, 1) - base, per_row = count(2, 1, 1) - base;
   // Each expert of each block (with its router row).
   const auto per_expert = moe ? count(1, 1, 2) - base : 0;
-  const auto experts = moe ? m.num_experts - 1 : 0;
+  const auto experts = moe ? e.num_experts - 1 : 0;
   return base + (m.num_hidden_layers - 1) * per_block + (m.vocab_size - 1) * per_row +
          m.num_hidden_layers * experts * per_expert;
 }

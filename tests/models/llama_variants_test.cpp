@@ -58,18 +58,18 @@ TEST(LlamaVariants, EachRowIsAFamilyWhoseConfigJsonHoldsWhatTheRowSays) {
 
 TEST(LlamaVariants, AKeyAVariantDoesNotReadIsNamedWithTheVariantsThatDo) {
   auto mc = tiny("llama");
-  mc.num_experts = 4;
+  mc.keys.get<ExpertKeys>().num_experts = 4;
   EXPECT_EQ(error_of(mc), "model.num_experts: llama has no experts; mixtral and qwen3_moe do");
   mc = tiny("qwen2");
-  mc.attention_bias = true;
+  mc.keys.get<AttentionKeys>().attention_bias = true;
   EXPECT_EQ(
       error_of(mc),
       "model.attention_bias: qwen2 has biases on q, k and v (not on o_proj) by its definition; leave the key out");
   mc = tiny("mistral");
-  mc.attention_bias = true;
+  mc.keys.get<AttentionKeys>().attention_bias = true;
   EXPECT_EQ(error_of(mc), "model.attention_bias: mistral has no attention biases; leave the key out");
   mc = tiny("mistral");
-  mc.partial_rotary_factor = 0.5;
+  mc.keys.get<RotaryKeys>().partial_rotary_factor = 0.5;
   EXPECT_EQ(error_of(mc), "model.partial_rotary_factor: partial rotary applies to neox and phi3, not mistral");
 }
 

@@ -40,8 +40,8 @@ std::vector<Change> changes() {
       {"model.hidden_size", [](MC& c, const J&) { c.hidden_size = 48; }},
       {"model.num_hidden_layers", [](MC& c, const J&) { c.num_hidden_layers = 3; }},
       {"model.num_attention_heads", [](MC& c, const J&) { c.num_attention_heads = 2; }},
-      {"model.num_key_value_heads", [](MC& c, const J&) { c.num_key_value_heads = 2; }},
-      {"model.head_dim", [](MC& c, const J&) { c.head_dim = 16; }},
+      {"model.num_key_value_heads", [](MC& c, const J&) { c.keys.get<AttentionKeys>().num_key_value_heads = 2; }},
+      {"model.head_dim", [](MC& c, const J&) { c.keys.get<AttentionKeys>().head_dim = 16; }},
       {"model.intermediate_size", [](MC& c, const J&) { c.intermediate_size = 40; }},
       {"model.hidden_act",
        [](MC& c, const J& built) {
@@ -51,26 +51,26 @@ std::vector<Change> changes() {
          c.hidden_act = act == "relu" ? "silu" : "relu";
        }},
       {"model.dropout", [](MC& c, const J&) { c.dropout = 0.125; }},
-      {"model.layer_norm_eps", [](MC& c, const J&) { c.layer_norm_eps = 1e-3; }},
+      {"model.layer_norm_eps", [](MC& c, const J&) { c.keys.get<NormKeys>().layer_norm_eps = 1e-3; }},
       {"model.initializer_range", [](MC& c, const J&) { c.initializer_range = 0.05; }},
       {"model.tie_word_embeddings",
        [](MC& c, const J& built) {
          c.tie_word_embeddings = built.value("tie_word_embeddings", true) ? config::Tied::kFalse : config::Tied::kTrue;
        }},
-      {"model.attention_bias", [](MC& c, const J&) { c.attention_bias = true; }},
-      {"model.sliding_window", [](MC& c, const J&) { c.sliding_window = 8; }},
-      {"model.rope_theta", [](MC& c, const J&) { c.rope_theta = 5000; }},
+      {"model.attention_bias", [](MC& c, const J&) { c.keys.get<AttentionKeys>().attention_bias = true; }},
+      {"model.sliding_window", [](MC& c, const J&) { c.keys.get<AttentionKeys>().sliding_window = 8; }},
+      {"model.rope_theta", [](MC& c, const J&) { c.keys.get<RotaryKeys>().rope_theta = 5000; }},
       {"model.rope_scaling.type",
        [](MC& c, const J&) {
-         c.rope_scaling.type = config::RopeScaling::kLlama3;
-         c.rope_scaling.original_max_position_embeddings = 8;
+         auto& scaling = c.keys.get<RotaryKeys>().rope_scaling;
+         scaling.type = RopeScaling::kLlama3;
+         scaling.original_max_position_embeddings = 8;
        }},
-      {"model.partial_rotary_factor", [](MC& c, const J&) { c.partial_rotary_factor = 0.5; }},
-      {"model.use_parallel_residual", [](MC& c, const J&) { c.use_parallel_residual = false; }},
-      {"model.num_experts", [](MC& c, const J&) { c.num_experts = 4; }},
-      {"model.num_experts_per_tok", [](MC& c, const J&) { c.num_experts_per_tok = 1; }},
-      {"model.moe_intermediate_size", [](MC& c, const J&) { c.moe_intermediate_size = 24; }},
-      {"model.router_aux_loss_coef", [](MC& c, const J&) { c.router_aux_loss_coef = 0.25; }},
+      {"model.partial_rotary_factor", [](MC& c, const J&) { c.keys.get<RotaryKeys>().partial_rotary_factor = 0.5; }},
+      {"model.num_experts", [](MC& c, const J&) { c.keys.get<ExpertKeys>().num_experts = 4; }},
+      {"model.num_experts_per_tok", [](MC& c, const J&) { c.keys.get<ExpertKeys>().num_experts_per_tok = 1; }},
+      {"model.moe_intermediate_size", [](MC& c, const J&) { c.keys.get<ExpertKeys>().moe_intermediate_size = 24; }},
+      {"model.router_aux_loss_coef", [](MC& c, const J&) { c.keys.get<ExpertKeys>().router_aux_loss_coef = 0.25; }},
   };
 }
 
@@ -160,7 +160,7 @@ TEST(ModelSection, EveryOwnKeyOfAFamilyReachesTheModelItBuilds) {
     for (size_t i = 0;; ++i) {
       auto mc = tiny(family.name);
       ChangeOneField change(i);
-      mc.own.at(family).visit(change);
+      mc.keys.at(family.name).visit(change);
       if (change.changed.empty()) break;  // past the last key
       SCOPED_TRACE(change.changed);
       const auto built = builder.from_config(mc)->hf_config();
@@ -168,13 +168,51 @@ TEST(ModelSection, EveryOwnKeyOfAFamilyReachesTheModelItBuilds) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 5u);  // OPT's do_layer_norm_before, word_embed_proj_dim, enable_bias, two LayerNorm keys
+  EXPECT_EQ(checked, 6u);  // OPT's do_layer_norm_before, word_embed_proj_dim, enable_bias, two LayerNorm keys;
+                           // NeoX's use_parallel_residual
+}
+
+/// The names of a struct's keys (a section by its own name).
+class KeyNames : public config::FieldVisitor {
+ public:
+  std::vector<std::string> names;
+  void field(const char* k, bool&, const char*, const config::Rule&) override { names.emplace_back(k); }
+  void field(const char* k, int64_t&, const char*, const config::Rule&) override { names.emplace_back(k); }
+  void field(const char* k, double&, const char*, const config::Rule&) override { names.emplace_back(k); }
+  void field(const char* k, std::string&, const char*, const config::Rule&) override { names.emplace_back(k); }
+  void field(const char* k, std::vector<double>&, const char*, const config::Rule&) override { names.emplace_back(k); }
+  void field(const char* k, std::vector<int64_t>&, const char*, const config::Rule&) override { names.emplace_back(k); }
+  void field(const char* k, std::vector<std::string>&, const char*, const config::Rule&) override {
+    names.emplace_back(k);
+  }
+  void section(const char* k, const config::SectionRef&, const char*) override { names.emplace_back(k); }
+  void list(const char* k, const config::ListRef&, const char*) override { names.emplace_back(k); }
+};
+
+// The test above changes the keys its list names: every key of every registered group (models/registry.h) is there,
+// so a key added to a group must reach a model too.
+TEST(ModelSection, EveryKeyOfAKeyGroupIsChangedAbove) {
+  std::set<std::string> listed;
+  for (const auto& c : changes()) listed.insert(c.key);
+  size_t keys = 0;
+  config::ModelConfig mc;
+  for (const auto& g : config::model_key_groups()) {
+    if (g.name.rfind("unread_keys_", 0) == 0) continue;  // a config test's group, registered with no model
+    KeyNames k;
+    mc.keys.at(g.name).visit(k);
+    for (const auto& name : k.names) {
+      const auto key = "model." + name;
+      EXPECT_TRUE(listed.count(key) || listed.count(key + ".type")) << key << " of group " << g.name;
+      ++keys;
+    }
+  }
+  EXPECT_EQ(keys, 12u);  // norm 1, attention 4, rotary 3 (rope_scaling as one), experts 4
 }
 
 TEST(ModelSection, AShapeErrorOfTheSectionIsAConfigError) {
   auto mc = tiny("mixtral");
-  mc.num_experts = 2;
-  mc.num_experts_per_tok = 3;
+  mc.keys.get<ExpertKeys>().num_experts = 2;
+  mc.keys.get<ExpertKeys>().num_experts_per_tok = 3;
   try {
     family_by_name("mixtral").from_config(mc);
     FAIL() << "expected a ConfigError";
@@ -183,7 +221,7 @@ TEST(ModelSection, AShapeErrorOfTheSectionIsAConfigError) {
   }
   // One the family's config.json reader finds names the section and the key as config.json has it.
   mc = tiny("neox");
-  mc.partial_rotary_factor = 0.2;  // of 8 dims per head: 1
+  mc.keys.get<RotaryKeys>().partial_rotary_factor = 0.2;  // of 8 dims per head: 1
   try {
     family_by_name("neox").from_config(mc);
     FAIL() << "expected a ConfigError";

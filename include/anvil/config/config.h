@@ -16,31 +16,6 @@
 
 namespace anvil::config {
 
-/// Rotary frequency scaling (model.rope_scaling.type).
-enum class RopeScaling { kNone, kLlama3 };
-inline const Choices<RopeScaling> kRopeScalings{{"none", RopeScaling::kNone}, {"llama3", RopeScaling::kLlama3}};
-
-/// LLaMA-3.1 rotary frequency scaling (HF rope_type "llama3").
-struct RopeScalingConfig {
-  RopeScaling type = RopeScaling::kNone;
-  double factor = 8.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  int64_t original_max_position_embeddings = 8192;
-
-  template <class V>
-  void visit(V& v) {
-    enum_field(v, "type", type, "none, or llama3 (LLaMA 3.1 long-context scaling).", kRopeScalings,
-               kRopeScalings.rule());
-    v.field("factor", factor, "Slow-down of the long wavelengths.", positive());
-    v.field("low_freq_factor", low_freq_factor, "Wavelengths above original / low_freq_factor are scaled.", positive());
-    v.field("high_freq_factor", high_freq_factor, "Wavelengths below original / high_freq_factor are kept.",
-            positive());
-    v.field("original_max_position_embeddings", original_max_position_embeddings,
-            "Context length the frequencies were trained for.", positive());
-  }
-};
-
 /// Whether the output head shares the input embedding (model.tie_word_embeddings).
 enum class Tied { kAuto, kTrue, kFalse };
 inline const Choices<Tied> kTied{{"auto", Tied::kAuto}, {"true", Tied::kTrue}, {"false", Tied::kFalse}};
@@ -53,29 +28,17 @@ struct ModelConfig {
   int64_t hidden_size = 128;
   int64_t num_hidden_layers = 4;
   int64_t num_attention_heads = 4;
-  int64_t num_key_value_heads = 0;
-  int64_t head_dim = 0;
   int64_t intermediate_size = 0;
   std::string hidden_act = "auto";
   double dropout = 0.0;
-  double layer_norm_eps = 1e-5;
   double initializer_range = 0.02;
   Tied tie_word_embeddings = Tied::kAuto;
-  bool attention_bias = false;
-  int64_t sliding_window = 0;
-  double rope_theta = 10000.0;
-  RopeScalingConfig rope_scaling;
-  double partial_rotary_factor = 1.0;
-  bool use_parallel_residual = true;
-  int64_t num_experts = 0;
-  int64_t num_experts_per_tok = 2;
-  int64_t moe_intermediate_size = 0;
-  double router_aux_loss_coef = -1;
   std::string lora_from;
-  /// The keys that are one family's alone (FamilyKeys::own_keys; OPT's
-  /// layer-norm placement, projections and biases): read them with
-  /// own.get<T>(family).
-  FamilyOwnKeys own;
+  /// The keys only some families read: the registered groups'
+  /// (ModelKeyGroup: models/registry.h's attention, rotary, norm and expert keys,
+  /// keys.get<models::RotaryKeys>()) and each family's own (OPT's layer-norm
+  /// placement, projections and biases: keys.get<T>(family)).
+  ModelKeys keys;
 
   template <class V>
   void visit(V& v) {
@@ -96,14 +59,6 @@ struct ModelConfig {
             renamed_from("num_layers", positive()));
     v.field("num_attention_heads", num_attention_heads, "Attention (query) heads; must divide hidden_size.",
             renamed_from("num_heads", positive()));
-    v.field("num_key_value_heads", num_key_value_heads,
-            "Key/value heads for grouped-query attention; must divide num_attention_heads. 0 = "
-            "num_attention_heads.",
-            renamed_from("num_kv_heads", non_negative()));
-    v.field("head_dim", head_dim,
-            "Width of each attention head when it is not hidden_size / num_attention_heads (Qwen3: 128); 0 = "
-            "hidden_size / num_attention_heads. Qwen2's heads are always that wide.",
-            non_negative());
     v.field("intermediate_size", intermediate_size,
             "MLP width; 0 = the family's default (gpt2, neox: 4 * hidden_size; llama: 8/3 * hidden_size "
             "rounded up to a multiple of 256).",
@@ -114,48 +69,24 @@ struct ModelConfig {
             renamed_from("activation", one_of({"auto", "gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "relu"})));
     v.field("dropout", dropout, "Dropout on embeddings, attention and residuals (GPT-2 *_pdrop).",
             in_open_unit_interval());
-    v.field("layer_norm_eps", layer_norm_eps, "LayerNorm / RMSNorm epsilon.", positive());
-    v.field("initializer_range", initializer_range, "Std of the normal init (0.02 in all three families).", positive());
+    v.field("initializer_range", initializer_range,
+            "Std of the normal init (0.02, transformers' default for every family).", positive());
     enum_field(v, "tie_word_embeddings", tie_word_embeddings,
                "Output head shares the input embedding: true, false, or auto (gpt2: true, llama and neox: "
                "false). GPT-2 is always tied.",
                kTied, renamed_from("tie_embeddings", kTied.rule()));
-    v.field("attention_bias", attention_bias, "Biases on the q, k, v and o projections (LLaMA's attention_bias).");
-    v.field("sliding_window", sliding_window,
-            "mistral, phi3, qwen2, qwen3: each token attends to this many latest positions (its own included) on "
-            "every layer, in training, packing and the KV cache alike; 0 = full attention.",
-            non_negative());
-    v.field("rope_theta", rope_theta, "Rotary base (theta).", positive());
-    v.section("rope_scaling", rope_scaling, "llama: rotary frequency scaling.");
-    v.field("partial_rotary_factor", partial_rotary_factor,
-            "neox, phi3: fraction of each head's dims that rotate (Pythia: 0.25, its config.json's rotary_pct).",
-            renamed_from("rotary_pct", Rule{"a number in (0, 1]", [](double x) { return x > 0 && x <= 1; }, {}}));
-    v.field("use_parallel_residual", use_parallel_residual,
-            "neox: x + attn(ln1(x)) + mlp(ln2(x)) when true, sequential residuals when false.",
-            renamed_from("parallel_residual"));
-    v.field("num_experts", num_experts,
-            "mixtral, qwen3_moe: experts per sparse layer (HF num_local_experts / num_experts); 0 = 8.",
-            non_negative());
-    v.field("num_experts_per_tok", num_experts_per_tok, "mixtral, qwen3_moe: experts each token is routed to (top-k).",
-            positive());
-    v.field("moe_intermediate_size", moe_intermediate_size,
-            "qwen3_moe: each expert's MLP width; 0 = intermediate_size (Mixtral's experts are "
-            "intermediate_size wide).",
-            non_negative());
-    v.field("router_aux_loss_coef", router_aux_loss_coef,
-            "mixtral, qwen3_moe: weight of the load-balancing loss (transformers' load_balancing_loss_func, "
-            "logged as moe/aux_loss) that every objective adds to its loss. -1 = as the model says: a "
-            "folder's router_aux_loss_coef when its output_router_logits is true, else 0 (transformers' "
-            "rule); 0.001 for a model built from these keys. May be set with model.from.",
-            Rule{"-1 or a number >= 0", [](double x) { return x == -1 || x >= 0; }, {}});
     v.field("lora_from", lora_from,
             "PEFT adapter folder (adapter_config.json + adapter_model.safetensors, e.g. a LoRA run's "
             "checkpoint) to continue training from: its r, alpha, dropout and target_modules replace the lora "
             "section's, and its weights the new adapter's. Needs model.from (the adapter's base).");
-    // Each family's own keys, in the model section beside the shared ones.
+    // The keys only some families read: the groups', then each family's own.
+    for (const auto& g : model_key_groups()) {
+      detail::ExtensionShim shim{keys.at(g.name)};
+      shim.visit(v);
+    }
     for (const auto& f : model_families())
       if (f.own_keys) {
-        detail::ExtensionShim shim{own.at(f)};
+        detail::ExtensionShim shim{keys.at(f.name)};
         shim.visit(v);
       }
   }

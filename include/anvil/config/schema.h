@@ -446,33 +446,58 @@ std::vector<std::string> dataset_keys(const std::vector<std::string>& fields);
 /// (named as keys_read_by names it), in registration order.
 std::vector<std::string> readers_of(const std::string& key);
 
+/// Keys of the model section that several families read but not every one
+/// (grouped-query attention, rotary, experts): a struct with visit, as
+/// FieldVisitor says, and a static `kGroup` name, registered once
+/// (models/registry.h registers the library's). The families that read one of
+/// its keys name it in FamilyKeys::reads; set to another value than its
+/// default for any other family, it is a config error naming its readers.
+/// Its keys load, print, appear in the reference and are checked on resume
+/// like ModelConfig's own; ModelConfig::keys holds their values. `check`
+/// runs on a model built from keys (not model.from), whatever its family.
+struct ModelKeyGroup {
+  std::string name;
+  std::function<std::unique_ptr<Extension>()> keys;
+  std::function<void(const ModelConfig& model, const Checks& checks)> check = {};
+};
+
 /// A model family as the config layer knows it: its name (model.family), the
-/// model keys it reads among those several families share, the keys that are
-/// its alone, and its own checks of a model built from keys (not run for
-/// model.from, whose config.json defines the model). models::ModelFamily
-/// registers one for each family of the model registry
-/// (src/models/registry.cpp).
+/// keys of the registered groups it reads, the keys that are its alone, and
+/// its own checks of a model built from keys (not run for model.from, whose
+/// config.json defines the model). models::ModelFamily registers one for each
+/// family of the model registry (src/models/registry.cpp).
 struct FamilyKeys {
   std::string name;
-  /// Shared keys it reads, by their full name ("model.sliding_window"). A
-  /// key that some family reads and this one does not, set to another value
-  /// than its default, is a config error naming the families that read it.
+  /// Keys of ModelKeyGroups it reads, by their full name
+  /// ("model.sliding_window"). A key that some family reads and this one does
+  /// not, set to another value than its default, is a config error naming the
+  /// families that read it.
   std::vector<std::string> reads;
   std::function<void(const ModelConfig& model, const Checks& checks)> check = {};
   /// Keys only it reads (family_keys<T>(): a struct with visit, as
-  /// FieldVisitor says). They sit in the model section beside the shared
-  /// ones (model.do_layer_norm_before for opt), load, print, appear in the
-  /// reference and are checked on resume like them; ModelConfig::own holds
-  /// their values.
+  /// FieldVisitor says): a group of its own, named as the family, in the
+  /// model section beside the others (model.do_layer_norm_before for opt);
+  /// read them with ModelConfig::keys.get<T>(name).
   std::function<std::unique_ptr<Extension>()> own_keys = {};
 };
 
-/// The maker of a family's own keys, held as a `T`.
+/// The maker of a family's own keys (or of a key group's), held as a `T`.
 template <class T>
 std::function<std::unique_ptr<Extension>()> family_keys() {
   return [] { return std::unique_ptr<Extension>(std::make_unique<ExtensionOf<T>>()); };
 }
+/// The group of keys held as a `T` (named T::kGroup).
+template <class T>
+ModelKeyGroup model_key_group(std::function<void(const ModelConfig& model, const Checks& checks)> check = {}) {
+  return {T::kGroup, family_keys<T>(), std::move(check)};
+}
 
+/// Adds a group to model_key_groups(); throws ConfigError when its name is
+/// taken (by a group or a family) or one of its keys is already a key of the
+/// model section. Groups register before the families that read them.
+void add_model_key_group(ModelKeyGroup group);
+/// The registered groups, in registration order.
+std::vector<ModelKeyGroup> model_key_groups();
 /// Adds a family to model_family_names(); throws ConfigError when the name is
 /// taken, a key it reads is not a model.* key, or one of its own keys is
 /// already a key of the model section.
@@ -486,31 +511,44 @@ std::vector<std::string> model_family_names();
 /// reads it.
 std::vector<std::string> model_families_reading(const std::string& key);
 
-/// The families' own keys of a ModelConfig, by family.
-class FamilyOwnKeys : public ExtensionMap {
+/// The model section's keys beyond those every family reads: the registered
+/// groups' (ModelKeyGroup) and each family's own, by group or family name.
+class ModelKeys : public ExtensionMap {
  public:
-  /// Family `f`'s keys (created with their defaults when missing).
-  Extension& at(const FamilyKeys& f) { return value_at(f.name, f.own_keys); }
-  /// Family `family`'s keys as a `T`, their defaults when the config has set
-  /// none; throws std::out_of_range when it registered no keys of this type.
+  /// The keys registered as `name` (created with their defaults when missing).
+  Extension& at(const std::string& name) { return value_at(name, maker(name)); }
+  /// Group T::kGroup's keys as a `T` (models::RotaryKeys), their defaults when
+  /// the config has set none.
   template <class T>
-  const T& get(const std::string& family) const {
-    return value_as<T>(family, maker(family), missing(family));
+  const T& get() const {
+    return get<T>(T::kGroup);
+  }
+  template <class T>
+  T& get() {
+    return get<T>(T::kGroup);
+  }
+  /// The keys registered as `name` (a group, or a family's own) as a `T`;
+  /// throws std::out_of_range when none of this type are registered so.
+  template <class T>
+  const T& get(const std::string& name) const {
+    return value_as<T>(name, maker(name), missing(name));
   }
   /// The same, to change (tests, programs that build a config in code).
   template <class T>
-  T& get(const std::string& family) {
-    return value_as<T>(family, maker(family), missing(family));
+  T& get(const std::string& name) {
+    return value_as<T>(name, maker(name), missing(name));
   }
 
  private:
-  static Maker maker(const std::string& family) {
+  static Maker maker(const std::string& name) {
+    for (const auto& g : model_key_groups())
+      if (g.name == name) return g.keys;
     for (const auto& f : model_families())
-      if (f.name == family) return f.own_keys;
+      if (f.name == name) return f.own_keys;
     return {};
   }
-  static std::string missing(const std::string& family) {
-    return "model family \"" + family + "\" registered no keys of this type";
+  static std::string missing(const std::string& name) {
+    return "no model key group or family \"" + name + "\" registered keys of this type";
   }
 };
 

@@ -1,7 +1,9 @@
 #pragma once
-// Model families by name. Each family registers itself with one line in
-// src/models/registry.cpp; shared code never switches on the architecture.
+// Model families by name, and the model keys only some of them read. Each
+// family registers itself with one line in src/models/registry.cpp; shared
+// code never switches on the architecture.
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -12,6 +14,70 @@
 #include "anvil/models/causal_lm.h"
 
 namespace anvil::models {
+
+// The model section's keys that several families read but not every one, in
+// groups by what they shape: normalisation, attention, rotary positions and
+// experts. Each is registered once (config::ModelKeyGroup) and named by the
+// families that read it (ModelFamily::config_keys); a family's keys that no
+// other family reads are its own group (OPT's, NeoX's). A program sets them
+// in code as cfg.model.keys.get<models::RotaryKeys>().rope_theta = 5e5.
+
+/// model.layer_norm_eps (OPT's LayerNorms are always 1e-5).
+struct NormKeys {
+  static constexpr const char* kGroup = "norm";
+  double layer_norm_eps = 1e-5;
+  void visit(config::FieldVisitor& v);
+};
+
+/// Grouped-query attention, head width, projection biases and sliding windows.
+struct AttentionKeys {
+  static constexpr const char* kGroup = "attention";
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;
+  bool attention_bias = false;
+  int64_t sliding_window = 0;
+  void visit(config::FieldVisitor& v);
+  /// head_dim, or hidden_size / num_attention_heads when it is 0.
+  int64_t head_dim_of(const config::ModelConfig& c) const;
+};
+
+/// Rotary frequency scaling (model.rope_scaling.type).
+enum class RopeScaling { kNone, kLlama3 };
+inline const config::Choices<RopeScaling> kRopeScalings{{"none", RopeScaling::kNone}, {"llama3", RopeScaling::kLlama3}};
+
+/// LLaMA-3.1 rotary frequency scaling (HF rope_type "llama3").
+struct RopeScalingConfig {
+  RopeScaling type = RopeScaling::kNone;
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+  void visit(config::FieldVisitor& v);
+};
+
+/// Rotary position embeddings: base, scaling and the fraction of each head that rotates.
+struct RotaryKeys {
+  static constexpr const char* kGroup = "rotary";
+  double rope_theta = 10000.0;
+  RopeScalingConfig rope_scaling;
+  double partial_rotary_factor = 1.0;
+  void visit(config::FieldVisitor& v);
+};
+
+/// A mixture of experts: how many, how many per token, their width and the load-balancing loss.
+struct ExpertKeys {
+  static constexpr const char* kGroup = "experts";
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 2;
+  int64_t moe_intermediate_size = 0;
+  double router_aux_loss_coef = -1;
+  void visit(config::FieldVisitor& v);
+};
+
+/// The groups above, in the order the model section lists them, with their
+/// checks of a model built from keys (the registry registers them before the
+/// families).
+std::vector<config::ModelKeyGroup> key_groups();
 
 struct ModelFamily {
   std::string name;        // our config's model.family
@@ -33,15 +99,16 @@ struct ModelFamily {
   /// Its HF modules store linear weights as (in, out), GPT-2's Conv1D: PEFT
   /// adapters of it say fan_in_fan_out.
   bool conv1d_weights = false;
-  /// The model keys it reads among those several families share
-  /// ("model.sliding_window"), and its own checks of a model built from keys:
-  /// the registry hands them, with its own keys below, to the config layer
-  /// (config::add_model_family), so a config sets only what its family reads.
+  /// The keys of the groups several families share (models/registry.h) that it
+  /// reads ("model.sliding_window"), and its own checks of a model built from
+  /// keys: the registry hands them, with its own keys below, to the config
+  /// layer (config::add_model_family), so a config sets only what its family
+  /// reads.
   std::vector<std::string> config_keys = {};
   std::function<void(const config::ModelConfig& model, const config::Checks& checks)> check = {};
   /// Keys that are its alone (config::family_keys<T>()), in the model
-  /// section beside the shared ones; section_defaults reads them with
-  /// model.own.get<T>(name).
+  /// section beside the groups'; section_defaults reads them with
+  /// model.keys.get<T>(name).
   std::function<std::unique_ptr<config::Extension>()> own_keys = {};
 };
 

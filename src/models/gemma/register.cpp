@@ -97,7 +97,7 @@ ModelFamily make_family() {
   f.section_defaults = [](const config::ModelConfig& c, nlohmann::json& hf) {
     if (c.intermediate_size == 0) hf["intermediate_size"] = 4 * c.hidden_size;
     hf["query_pre_attn_scalar"] = hf.at("head_dim");
-    if (c.sliding_window == 0) hf["sliding_window"] = c.max_position_embeddings;
+    if (c.keys.get<AttentionKeys>().sliding_window == 0) hf["sliding_window"] = c.max_position_embeddings;
   };
   // Of the keys only some families read.
   f.config_keys = {"model.layer_norm_eps", "model.num_key_value_heads", "model.head_dim",

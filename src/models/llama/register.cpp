@@ -25,27 +25,29 @@ std::string types_with(bool (*what)(const LlamaVariant&)) {
 /// section's keys `v` does not read, named with the variants that do.
 void section_defaults(const config::ModelConfig& c, const LlamaVariant& v, nlohmann::json& hf) {
   const bool moe = v.experts != LlamaVariant::Experts::kNone;
-  if (c.num_experts > 0 && !moe)
+  const auto& experts = c.keys.get<ExpertKeys>();
+  const auto& attention = c.keys.get<AttentionKeys>();
+  if (experts.num_experts > 0 && !moe)
     throw ConfigError(
         concat("model.num_experts: ", v.model_type, " has no experts; ",
                types_with([](const LlamaVariant& r) { return r.experts != LlamaVariant::Experts::kNone; }), " do"));
-  if (c.attention_bias && !v.attention_bias_key)
+  if (attention.attention_bias && !v.attention_bias_key)
     throw ConfigError(
         concat("model.attention_bias: ", v.model_type,
                v.qkv_bias ? " has biases on q, k and v (not on o_proj) by its definition" : " has no attention biases",
                "; leave the key out"));
-  if (c.partial_rotary_factor != 1.0 && !v.partial_rotary)
+  if (c.keys.get<RotaryKeys>().partial_rotary_factor != 1.0 && !v.partial_rotary)
     throw ConfigError(concat("model.partial_rotary_factor: partial rotary applies to neox and ",
                              types_with([](const LlamaVariant& r) { return r.partial_rotary; }), ", not ",
                              v.model_type));
-  if (moe && c.num_experts_per_tok > hf.at("num_experts").get<int64_t>())
-    throw ConfigError(concat("model.num_experts_per_tok: ", c.num_experts_per_tok, " exceeds model.num_experts ",
+  if (moe && experts.num_experts_per_tok > hf.at("num_experts").get<int64_t>())
+    throw ConfigError(concat("model.num_experts_per_tok: ", experts.num_experts_per_tok, " exceeds model.num_experts ",
                              hf.at("num_experts").get<int64_t>()));
   if (c.intermediate_size == 0) hf["intermediate_size"] = default_intermediate(c.hidden_size);
   if (moe) hf["norm_topk_prob"] = true;
-  if (moe && c.moe_intermediate_size == 0) hf["moe_intermediate_size"] = hf["intermediate_size"];
+  if (moe && experts.moe_intermediate_size == 0) hf["moe_intermediate_size"] = hf["intermediate_size"];
   // A window from the section is on every layer.
-  if (v.windows == LlamaVariant::Windows::kQwenLayers && c.sliding_window > 0) {
+  if (v.windows == LlamaVariant::Windows::kQwenLayers && attention.sliding_window > 0) {
     hf["use_sliding_window"] = true;
     hf["layer_types"] = std::vector<std::string>(static_cast<size_t>(c.num_hidden_layers), "sliding_attention");
   }

@@ -7,6 +7,17 @@
 namespace anvil::models::neox {
 namespace {
 
+/// NeoX's own key of the model section, by GPTNeoXConfig's name: no other family reads it.
+struct NeoxKeys {
+  bool use_parallel_residual = true;
+
+  void visit(config::FieldVisitor& v) {
+    v.field("use_parallel_residual", use_parallel_residual,
+            "x + attn(ln1(x)) + mlp(ln2(x)) when true, sequential residuals when false.",
+            config::renamed_from("parallel_residual"));
+  }
+};
+
 std::shared_ptr<CausalLM> from_hf_config(const nlohmann::json& j, const std::string& where) {
   HfConfigReader r(j, where, "GPT-NeoX");
   NeoXOptions o;
@@ -28,10 +39,11 @@ ModelFamily family() {
   ModelFamily f{"neox", "gpt_neox", {}, from_hf_config};
   f.section_defaults = [](const config::ModelConfig& c, nlohmann::json& hf) {
     if (c.intermediate_size == 0) hf["intermediate_size"] = 4 * c.hidden_size;
+    hf["use_parallel_residual"] = c.keys.get<NeoxKeys>("neox").use_parallel_residual;
   };
-  // Of the keys only some families read: its LayerNorm epsilon, rotary base and fraction, and parallel residual.
-  f.config_keys = {"model.layer_norm_eps", "model.rope_theta", "model.partial_rotary_factor",
-                   "model.use_parallel_residual"};
+  // Of the key groups' keys: its LayerNorm epsilon, rotary base and fraction; its own: parallel residual.
+  f.config_keys = {"model.layer_norm_eps", "model.rope_theta", "model.partial_rotary_factor"};
+  f.own_keys = config::family_keys<NeoxKeys>();
   return f;
 }
 

@@ -55,7 +55,7 @@ ModelFamily family() {
   ModelFamily f{"opt", "opt", {}, from_hf_config};
   // Its own keys by OPTConfig's names; 0 and the final norm as the section's docs say.
   f.section_defaults = [](const config::ModelConfig& c, nlohmann::json& hf) {
-    const auto& own = c.own.get<OptKeys>("opt");
+    const auto& own = c.keys.get<OptKeys>("opt");
     if (c.intermediate_size == 0) hf["ffn_dim"] = 4 * c.hidden_size;
     hf["word_embed_proj_dim"] = own.word_embed_proj_dim > 0 ? own.word_embed_proj_dim : c.hidden_size;
     hf["do_layer_norm_before"] = own.do_layer_norm_before;
