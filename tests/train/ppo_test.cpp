@@ -252,6 +252,43 @@ TEST(PpoFormulas, EpisodesSkipAppendedTokensAsTheReferenceDoes) {
 // Only generated tokens are trained: each response token is scored from the
 // logits of the position before it, the prompt and the padding are masked
 // out, and a response ends at its EOS (nothing after it is generated).
+// ppo.async's correction, from its definition (verl's truncated importance sampling, TRL's vLLM importance
+// sampling correction, AReaL's decoupled PPO with its behaviour weight capped): per token
+// w = min(pi_prox / pi_behaviour, C), no gradient, on the policy loss only.
+TEST(PpoFormulas, TruncatedImportanceWeightsWeighThePolicyLossAlone) {
+  at::manual_seed(3);
+  const auto prox = at::randn({3, 5}, at::kDouble) * 0.5 - 2, behav = at::randn({3, 5}, at::kDouble) * 0.5 - 2;
+  auto mask = at::ones({3, 5}, at::kDouble);
+  mask[2][4] = 0, mask[1][0] = 0;
+  const double cap = 1.5;
+  const auto w = truncated_is_weights(prox, behav, mask, cap);
+  int capped = 0;
+  for (int64_t i = 0; i < 3; ++i)
+    for (int64_t j = 0; j < 5; ++j) {
+      const double ratio = std::exp(prox[i][j].item<double>() - behav[i][j].item<double>());
+      capped += ratio > cap;
+      EXPECT_NEAR(w[i][j].item<double>(), mask[i][j].item<double>() * std::min(ratio, cap), 1e-12);
+    }
+  EXPECT_GT(capped, 0) << "the draw has ratios above the cap";
+  EXPECT_LT(capped, 13) << "and below it";
+  // The policy term is weighed token by token; the value term is not.
+  const auto logp = (prox + 0.1 * at::randn({3, 5}, at::kDouble)).requires_grad_(true);
+  const auto adv = at::randn({3, 5}, at::kDouble), values = at::randn({3, 5}, at::kDouble),
+             old_values = at::randn({3, 5}, at::kDouble), returns = at::randn({3, 5}, at::kDouble);
+  const PpoClip clip{0.2, 0.2, 0, false};
+  const auto plain = ppo_loss_sums(logp, prox, adv, values, old_values, returns, mask, clip);
+  const auto weighed = ppo_loss_sums(logp, prox, adv, values, old_values, returns, mask, clip, {}, w);
+  const auto ratio = at::exp(logp.detach() - prox);
+  const auto per_token =
+      at::maximum(-adv * ratio, -adv * at::clamp(ratio, 0.8, 1.2));  // the clipped surrogate, unweighed
+  EXPECT_NEAR(weighed.policy.item<double>(), (per_token * w * mask).sum().item<double>(), 1e-10);
+  EXPECT_NEAR(plain.policy.item<double>(), (per_token * mask).sum().item<double>(), 1e-10);
+  EXPECT_EQ(weighed.value.item<double>(), plain.value.item<double>());
+  EXPECT_EQ(weighed.clipfrac.item<double>(), plain.clipfrac.item<double>());
+  // No gradient flows into the weights.
+  EXPECT_FALSE(w.requires_grad());
+}
+
 TEST(PpoRollout, MasksCoverExactlyTheGeneratedTokens) {
   RolloutRow a, b;
   a.prompt = {5, 6, 7};
@@ -595,6 +632,27 @@ TEST(PpoLearning, GrpoAndRlooRaiseTheVerifiableReward) {
 // and half a point when the answer appears anywhere): groups the weak model
 // answers alike are dropped and refilled, and the held-out exact match (the
 // exact source's eval/rewards/exact) rises as GRPO's does.
+// configs/grpo_tiny.yaml on the one-step-off schedule (ppo.async.emulate, truncated importance weights):
+// each update trains the batch sampled before the previous one, and the verifiable reward still rises as
+// the synchronous run's does (its threshold; docs/reliability.md).
+TEST(PpoLearning, OneStepOffGrpoRaisesTheVerifiableReward) {
+  ASSERT_TRUE(stdfs::exists(fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
+  const double before = first_eval(weak_upper().model.parent_path() / "metrics.jsonl");
+  TempDir dir;
+  ppo_run(dir / "run",
+          "ppo.async.emulate=true train.max_steps=80 train.eval_every=80 train.save_every=80 train.log_every=1", 0,
+          "configs/grpo_tiny.yaml");
+  const auto lines = anvil::testing::metric_lines(dir / "run" / "metrics.jsonl");
+  int stale = 0;
+  for (const auto& m : lines)
+    if (m.contains("rollout/staleness")) stale += m["rollout/staleness"].get<double>() == 1.0;
+  EXPECT_GE(stale, 5) << "iterations after the first train a batch one update old";
+  const double after = lines.back()["eval/exact_match"].get<double>();
+  std::cout << "[one-step-off grpo upper] held-out exact match: SFT " << before << " -> " << after << "\n";
+  anvil::testing::record_figure("one-step-off grpo held-out exact match gain", after - before, 0.0, 0.15);
+  EXPECT_GE(after, before + 0.15) << lines.back().dump();
+}
+
 TEST(PpoLearning, DapoWithDynamicSamplingAndTwoRewardSourcesRaisesTheReward) {
   ASSERT_TRUE(stdfs::exists(fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
   const double before = first_eval(weak_upper().model.parent_path() / "metrics.jsonl");
@@ -733,6 +791,101 @@ TEST(PpoRuns, GrpoVariantsShardAndResumeExactly) {
   EXPECT_TRUE(clipped) << "some ratios were clipped";
   EXPECT_TRUE(penalised) << "some responses were long enough for the overlong penalty";
   EXPECT_TRUE(dropped) << "some groups scored alike and were dropped";
+}
+
+// ppo.async.emulate, the one-step-off schedule on the training process (PPO
+// with a value head, whose values are recomputed with the log-probs): the
+// first iteration trains the batch its own weights sampled (staleness 0, every
+// weight 1), so its steps equal the synchronous run's; later iterations train
+// the batch sampled before the last update (staleness 1) with the truncated
+// importance weights. A stop mid-iteration saves the batch in flight, and the
+// resumed run logs every value the uninterrupted one does, bit for bit.
+TEST(PpoRuns, OneStepOffEmulationIsOneStepStaleAndResumesExactly) {
+  TempDir dir;
+  const auto trainer = [&](const std::string& out, const std::string& env, const std::string& extra, std::string* log) {
+    return run("cd " + anvil::testing::source_dir() + " && " + env + " " + anvil::testing::trainer_bin() +
+                   " --config configs/ppo_tiny.yaml output_dir=" + (dir / out).string() +
+                   " model.from= model.family=gpt2 model.hidden_size=32 model.num_hidden_layers=1 "
+                   "model.num_attention_heads=2 model.max_position_embeddings=32 tokenizer.path=data/tokenizer.model"
+                   " train.threads=1 train.max_steps=12 train.save_every=100 train.eval_every=0 data.eval=null "
+                   "train.log_every=1 train.micro_batch_size=16 " +
+                   extra + " 2>&1",
+               log);
+  };
+  std::string log;
+  ASSERT_EQ(trainer("sync", "", "", &log), 0) << log;
+  ASSERT_EQ(trainer("async", "", "ppo.async.emulate=true", &log), 0) << log;
+  ASSERT_EQ(trainer("stopped", "ANVIL_TEST_SIGNALS_AT_STEP=5:INT", "ppo.async.emulate=true", &log), 0) << log;
+  ASSERT_TRUE(stdfs::exists(dir / "stopped" / "checkpoint-8" / "trainer_state.json"));
+  EXPECT_NE(anvil::testing::read_text(dir / "stopped" / "checkpoint-8" / "trainer_state.json").find("in_flight"),
+            std::string::npos);
+  ASSERT_EQ(trainer("stopped", "", "ppo.async.emulate=true", &log), 0) << log;
+  const auto sync = anvil::testing::metrics_by_step(dir / "sync" / "metrics.jsonl");
+  const auto a = anvil::testing::metrics_by_step(dir / "async" / "metrics.jsonl");
+  const auto b = anvil::testing::metrics_by_step(dir / "stopped" / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 12u);
+  ASSERT_EQ(b.size(), 12u);
+  // Staleness 0 on the first iteration, then 1; weights 1 at staleness 0, never above the cap.
+  for (const int64_t step : {1, 5, 9}) {
+    const auto& m = a.at(step);
+    ASSERT_TRUE(m.contains("rollout/staleness") && m.contains("rollout/is_weight_mean")) << m.dump();
+    EXPECT_EQ(m["rollout/staleness"].get<double>(), step == 1 ? 0.0 : 1.0);
+    EXPECT_LE(m["rollout/is_weight_max"].get<double>(), 2.0);
+    if (step == 1) EXPECT_EQ(m["rollout/is_weight_mean"].get<double>(), 1.0);
+  }
+  // Once the weights have moved, the batch's behaviour log-probs are not the proximal ones.
+  EXPECT_NE(a.at(9)["rollout/is_weight_mean"].get<double>(), 1.0) << a.at(9).dump();
+  const auto measured = [](const std::string& key) {  // timings, speeds and memory differ between any two runs
+    return key.find("time") != std::string::npos || key.find("_per_s") != std::string::npos ||
+           key.find("memory") != std::string::npos;
+  };
+  // The first iteration trains what the synchronous run trains (the sampling metrics, rewards/ and rollout/,
+  // are the next batch's); the second trains another, older batch.
+  int first = 0;
+  for (int64_t step = 1; step <= 4; ++step)
+    for (const auto& [key, v] : sync.at(step).items()) {
+      if (measured(key) || !v.is_number() || key.rfind("rewards/", 0) == 0 || key.rfind("rollout/", 0) == 0) continue;
+      ASSERT_TRUE(a.at(step).contains(key)) << step << " " << key;
+      EXPECT_EQ(a.at(step)[key].get<double>(), v.get<double>()) << "step " << step << " " << key;
+      ++first;
+    }
+  EXPECT_GE(first, 4 * 3);
+  EXPECT_NE(a.at(5)["grad_norm"].get<double>(), sync.at(5)["grad_norm"].get<double>())
+      << a.at(5).dump() << sync.at(5).dump();
+  int compared = 0;
+  for (const auto& [step, m] : a)
+    for (const auto& [key, v] : m.items()) {
+      if (measured(key) || !v.is_number()) continue;
+      ASSERT_TRUE(b.at(step).contains(key)) << "step " << step << " " << key;
+      EXPECT_EQ(v.get<double>(), b.at(step)[key].get<double>()) << "resumed, step " << step << " " << key;
+      ++compared;
+    }
+  EXPECT_GE(compared, 12 * 5);
+  // Two sharded ranks run the same schedule: each samples its share of the next batch, and the batch in flight
+  // is every rank's.
+  ASSERT_EQ(trainer("two", anvil::testing::mpirun(2), "ppo.async.emulate=true dist.sharding=full_shard", &log), 0)
+      << log;
+  const auto two = anvil::testing::metrics_by_step(dir / "two" / "metrics.jsonl");
+  ASSERT_EQ(two.size(), 12u) << log;
+  for (const auto& [step, m] : a)
+    for (const char* key : {"loss", "grad_norm", "objective/scores", "objective/kl", "rollout/is_weight_mean"}) {
+      if (!m.contains(key)) continue;
+      ASSERT_TRUE(two.at(step).contains(key)) << step << " " << key;
+      const double x = m[key].get<double>(), y = two.at(step)[key].get<double>();
+      EXPECT_LE(std::abs(x - y), 1e-5 * std::max(1.0, std::abs(x))) << "2 ranks, step " << step << " " << key;
+    }
+  // bypass: the behaviour log-probs are the old ones; no weights.
+  ASSERT_EQ(trainer("bypass", "", "ppo.async.emulate=true ppo.async.correction=bypass train.max_steps=8", &log), 0)
+      << log;
+  const auto c = anvil::testing::metrics_by_step(dir / "bypass" / "metrics.jsonl");
+  EXPECT_EQ(c.at(5)["rollout/staleness"].get<double>(), 1.0);
+  EXPECT_FALSE(c.at(5).contains("rollout/is_weight_mean"));
+  // Its keys do nothing on the synchronous schedule, so they are refused there.
+  EXPECT_NE(trainer("refused", "", "ppo.async.is_cap=3", &log), 0);
+  EXPECT_NE(log.find("ppo.async.is_cap: applies to the one-step-off schedule"), std::string::npos) << log;
+  // A checkpoint saved without the schedule does not resume into it.
+  ASSERT_NE(trainer("sync", "", "ppo.async.emulate=true train.max_steps=16", &log), 0);
+  EXPECT_NE(log.find("ppo.async"), std::string::npos) << log;
 }
 
 // kill -9 mid-run, then resume: the same losses as the uninterrupted run

@@ -82,6 +82,40 @@ inline const config::Choices<ImportanceSampling> kImportanceSampling{{"token", I
                                                                      {"sequence", ImportanceSampling::kSequence}};
 
 /// Options of the `ppo` algorithm (online RL: PPO, GRPO, RLOO, REINFORCE++).
+/// How a one-step-off batch, sampled by the weights before the last update
+/// (the behaviour policy), is corrected toward the weights it trains
+/// (ppo.async.correction).
+enum class OffPolicyCorrection { kTruncatedIs, kBypass };
+inline const config::Choices<OffPolicyCorrection> kOffPolicyCorrections{
+    {"truncated_is", OffPolicyCorrection::kTruncatedIs}, {"bypass", OffPolicyCorrection::kBypass}};
+
+/// One-step-off-policy RL (ppo.async): batch i + 1 is sampled with the
+/// weights before update i while update i trains on batch i, as verl's
+/// one-step-off schedule runs it. emulate runs that schedule colocated, on
+/// the ranks that train (the exact oracle of a launch with rollout ranks,
+/// which does not exist yet).
+struct AsyncConfig {
+  bool emulate = false;
+  OffPolicyCorrection correction = OffPolicyCorrection::kTruncatedIs;
+  double is_cap = 2.0;
+
+  template <class V>
+  void visit(V& v) {
+    v.field("emulate", emulate,
+            "Run the one-step-off schedule on the training ranks: each iteration samples the next batch with the "
+            "current weights and trains on the batch the previous iteration sampled (the first iteration "
+            "samples two batches). The batch in flight is saved with each checkpoint, so a resume continues the "
+            "schedule exactly. Generation and training do not overlap in this mode; it is the schedule's oracle.");
+    config::enum_field(v, "correction", correction,
+                       "truncated_is: the PPO ratio is taken against log-probs recomputed with the current weights "
+                       "(proximal) and each token's policy loss is weighed by min(pi_prox / pi_behaviour, "
+                       "is_cap), verl's and AReaL's correction; bypass: the behaviour log-probs are the old "
+                       "log-probs (no recompute, no weight).",
+                       kOffPolicyCorrections, kOffPolicyCorrections.rule());
+    v.field("is_cap", is_cap, "truncated_is: the largest importance weight (C).", config::positive());
+  }
+};
+
 struct PpoConfig {
   int64_t prompts_per_rollout = 16;
   int64_t samples_per_prompt = 1;
@@ -119,6 +153,7 @@ struct PpoConfig {
   std::vector<rewards::WeightedSourceConfig> rewards;
   EnvironmentConfig environment;
   int64_t max_turns = 4;
+  AsyncConfig async;
 
   template <class V>
   void visit(V& v) {
@@ -254,6 +289,7 @@ struct PpoConfig {
             "With ppo.environment: the most assistant turns in one rollout; the last is sent with final: true and "
             "must be answered with done.",
             config::positive());
+    v.section("async", async, "One-step-off-policy training (verl's one-step-off schedule).");
   }
 };
 
@@ -324,9 +360,20 @@ struct PpoClip {
 /// `values`, `old_values` and `returns` may be undefined (no critic).
 /// `weights` (B, R), when given, weigh each token's policy and value loss in
 /// the sums (loss aggregation); the statistics count the masked tokens.
+/// `is_weights` (B, R), when given, weigh each token's policy loss alone
+/// (truncated_is_weights: the one-step-off correction), not its value loss.
 PpoLossSums ppo_loss_sums(const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages,
                           const at::Tensor& values, const at::Tensor& old_values, const at::Tensor& returns,
-                          const at::Tensor& mask, const PpoClip& clip, const at::Tensor& weights = {});
+                          const at::Tensor& mask, const PpoClip& clip, const at::Tensor& weights = {},
+                          const at::Tensor& is_weights = {});
+
+/// The truncated importance weights of one-step-off tokens (verl's and
+/// AReaL's correction, TRL's vLLM importance sampling): min(exp(prox_logp -
+/// behaviour_logp), cap) per token, where prox_logp are the log-probs the
+/// weights being trained give and behaviour_logp those of the weights that
+/// sampled. No gradient; zero where `mask` is.
+at::Tensor truncated_is_weights(const at::Tensor& prox_logp, const at::Tensor& behaviour_logp, const at::Tensor& mask,
+                                double cap);
 
 /// REINFORCE++ (Hu 2025; OpenRLHF's reinforce and reinforce_baseline):
 /// the per-token rewards (token_rewards: -kl_coef kl, plus the score at the

@@ -500,14 +500,75 @@ std::vector<Batch> PpoObjective::State::schedule(const std::vector<RolloutRow>& 
   return micro;
 }
 
+namespace {
+uint64_t iteration_seed(int64_t run_seed, int64_t iteration) {
+  return static_cast<uint64_t>(run_seed) * 0x2545F4914F6CDD1Dull + static_cast<uint64_t>(iteration);
+}
+}  // namespace
+
+std::vector<RolloutRow> PpoObjective::State::sample(Engine& engine, int64_t iteration, Metrics& m) {
+  const auto seed = iteration_seed(cfg.train.seed, iteration);
+  auto rows = collect(engine, seed, m);
+  if (ppo.dynamic_sampling) rows = fill_groups(engine, seed, std::move(rows), m);
+  return rows;
+}
+
+void PpoObjective::State::correct_off_policy(Engine& engine, std::vector<RolloutRow>& rows, Metrics& m) {
+  std::vector<std::vector<float>> behaviour;
+  for (auto& r : rows) behaviour.push_back(r.old_logp);
+  {
+    auto whole = engine.gathered();
+    forward_logps(engine.model(), rows, false, value_head);  // the proximal log-probs (and values)
+  }
+  double sum = 0, top = 0, clipped = 0, n = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    auto& r = rows[i];
+    const auto len = static_cast<int64_t>(r.response.size());
+    const auto prox = at::from_blob(r.old_logp.data(), {len}, at::kFloat).to(at::kDouble);
+    const auto behav = at::from_blob(behaviour[i].data(), {len}, at::kFloat).to(at::kDouble);
+    auto mask = at::ones({len}, at::kDouble);
+    for (int64_t j = 0; j < len; ++j)
+      if (r.is_appended(static_cast<size_t>(j))) mask[j] = 0;
+    const auto w = truncated_is_weights(prox, behav, mask, ppo.async.is_cap);
+    r.is_weight.assign(static_cast<size_t>(len), 1.f);
+    const auto* wp = w.data_ptr<double>();
+    for (int64_t j = 0; j < len; ++j) r.is_weight[static_cast<size_t>(j)] = static_cast<float>(wp[j]);
+    sum += w.sum().item<double>();
+    top = std::max(top, w.max().item<double>());
+    clipped += ((at::exp(prox - behav) > ppo.async.is_cap).to(at::kDouble) * mask).sum().item<double>();
+    n += mask.sum().item<double>();
+  }
+  if (n > 0) {
+    m["rollout/is_weight_mean"] = sum / n;
+    m["rollout/is_weight_max"] = top;
+    m["rollout/is_weight_clipfrac"] = clipped / n;
+  }
+}
+
 Metrics PpoObjective::before_iteration(Engine& engine, int64_t iteration, int64_t step) {
   (void)step;
   auto& s = *s_;
   Metrics m;
   if (s.learn_seconds > 0) m["time/train_s"] = s.learn_seconds;
-  const auto seed = static_cast<uint64_t>(s.cfg.train.seed) * 0x2545F4914F6CDD1Dull + static_cast<uint64_t>(iteration);
-  auto rows = s.collect(engine, seed, m);
-  if (s.ppo.dynamic_sampling) rows = s.fill_groups(engine, seed, std::move(rows), m);
+  const auto seed = iteration_seed(s.cfg.train.seed, iteration);
+  std::vector<RolloutRow> rows;
+  if (!s.ppo.async.emulate) {
+    rows = s.sample(engine, iteration, m);
+  } else {
+    // One step off: train the batch the last iteration sampled (the first iteration samples its own), and
+    // sample the next with these weights, before their update.
+    int64_t sampled_by = iteration;
+    if (s.in_flight.empty()) {
+      rows = s.sample(engine, iteration, m);
+    } else {
+      rows = std::move(s.in_flight);
+      sampled_by = s.in_flight_iteration;
+    }
+    s.in_flight = s.sample(engine, iteration + 1, m);
+    s.in_flight_iteration = iteration;
+    m["rollout/staleness"] = static_cast<double>(iteration - sampled_by);
+    if (s.ppo.async.correction == OffPolicyCorrection::kTruncatedIs) s.correct_off_policy(engine, rows, m);
+  }
   const auto [adv, ret] = s.advantages(rows, m);
   s.source->load(s.schedule(rows, adv, ret, seed));
   s.steps_done_in_iteration = 0;
@@ -532,7 +593,7 @@ at::Tensor PpoObjective::loss_sum(models::CausalLM& model, const Batch& batch, S
   const auto terms = ppo_loss_sums(
       logp, t("old_logp"), t("advantages"), values, t("old_values"), t("returns"), mask,
       {p.cliprange, p.cliprange_value, p.cliprange_high, p.importance_sampling_level == ImportanceSampling::kSequence},
-      weights);
+      weights, batch.tensors.count("is_weight") ? t("is_weight") : at::Tensor());
   auto loss = terms.policy;
   add_sum(sums, "pg_loss", terms.policy);
   add_sum(sums, "clipfrac", terms.clipfrac);
@@ -582,12 +643,46 @@ void PpoObjective::after_step(Engine& engine, int64_t step) {
 }
 
 nlohmann::json PpoObjective::state() const {
-  return {{"kl_coef", s_->kl_coef}, {"reward_moments", s_->moments.to_json()}};
+  nlohmann::json j{{"kl_coef", s_->kl_coef}, {"reward_moments", s_->moments.to_json()}};
+  if (s_->ppo.async.emulate) {  // the batch in flight, so that a resume trains what the run would have
+    auto rows = nlohmann::json::array();
+    for (const auto& r : s_->in_flight)
+      rows.push_back({{"prompt", r.prompt},
+                      {"response", r.response},
+                      {"ended", r.ended},
+                      {"old_logp", r.old_logp},
+                      {"ref_logp", r.ref_logp},
+                      {"values", r.values},
+                      {"score", r.score},
+                      {"appended", r.appended}});
+    j["in_flight"] = {{"sampled_by_iteration", s_->in_flight_iteration}, {"rows", rows}};
+  }
+  return j;
 }
 
 void PpoObjective::restore(const nlohmann::json& state) {
   s_->kl_coef = state.at("kl_coef").get<double>();
   s_->moments = RunningMoments::from_json(state.at("reward_moments"));
+  if (!s_->ppo.async.emulate) return;
+  if (!state.contains("in_flight"))
+    throw CheckpointError(
+        "trainer state: ppo.async.emulate resumes a checkpoint that holds its batch in flight; this "
+        "one was saved without ppo.async.emulate");
+  const auto& f = state.at("in_flight");
+  s_->in_flight_iteration = f.at("sampled_by_iteration").get<int64_t>();
+  s_->in_flight.clear();
+  for (const auto& r : f.at("rows")) {
+    RolloutRow row;
+    r.at("prompt").get_to(row.prompt);
+    r.at("response").get_to(row.response);
+    row.ended = r.at("ended").get<bool>();
+    r.at("old_logp").get_to(row.old_logp);
+    r.at("ref_logp").get_to(row.ref_logp);
+    r.at("values").get_to(row.values);
+    row.score = r.at("score").get<double>();
+    r.at("appended").get_to(row.appended);
+    s_->in_flight.push_back(std::move(row));
+  }
 }
 
 EvalResult PpoObjective::evaluate(models::CausalLM& model) {

@@ -141,9 +141,15 @@ RunningMoments RunningMoments::from_json(const nlohmann::json& j) {
   return m;
 }
 
+at::Tensor truncated_is_weights(const at::Tensor& prox_logp, const at::Tensor& behaviour_logp, const at::Tensor& mask,
+                                double cap) {
+  return (at::exp(prox_logp.detach() - behaviour_logp.detach()).clamp_max(cap) * mask).detach();
+}
+
 PpoLossSums ppo_loss_sums(const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& advantages,
                           const at::Tensor& values, const at::Tensor& old_values, const at::Tensor& returns,
-                          const at::Tensor& mask, const PpoClip& clip, const at::Tensor& weights) {
+                          const at::Tensor& mask, const PpoClip& clip, const at::Tensor& weights,
+                          const at::Tensor& is_weights) {
   PpoLossSums out;
   const auto& w = weights.defined() ? weights : mask;
   const auto diff = logp - old_logp;
@@ -154,7 +160,8 @@ PpoLossSums ppo_loss_sums(const at::Tensor& logp, const at::Tensor& old_logp, co
   const double high = clip.cliprange_high > 0 ? clip.cliprange_high : clip.cliprange;
   const auto pg1 = -advantages * ratio;
   const auto pg2 = -advantages * at::clamp(ratio, 1 - clip.cliprange, 1 + high);
-  out.policy = (at::maximum(pg1, pg2) * w).sum();
+  const auto pg = at::maximum(pg1, pg2);
+  out.policy = ((is_weights.defined() ? pg * is_weights : pg) * w).sum();
   out.clipfrac = ((pg2 > pg1).to(mask.scalar_type()) * mask).sum().detach();
   const auto r = ratio.detach();
   out.clip_low = (((r < 1 - clip.cliprange) & (advantages < 0)).to(mask.scalar_type()) * mask).sum();

@@ -40,6 +40,18 @@ void check_ppo(const PpoConfig& p, const config::RunConfig&, const config::Check
                   "applies to the environment program, and ppo.environment.command "
                   "names none (set the command, or remove the key)");
   }
+  // The correction's keys, which would do nothing on the synchronous schedule (defaults pass).
+  if (!p.async.emulate) {
+    const AsyncConfig defaults;
+    if (p.async.correction != defaults.correction)
+      checks.fail("ppo.async.correction",
+                  "applies to the one-step-off schedule: set ppo.async.emulate: true, or "
+                  "remove the key (a synchronous batch is its own weights')");
+    if (p.async.is_cap != defaults.is_cap)
+      checks.fail("ppo.async.is_cap",
+                  "applies to the one-step-off schedule: set ppo.async.emulate: true, or "
+                  "remove the key");
+  }
   checks.model_folder("ppo.reference", p.reference);
   checks.model_folder("ppo.reward.model", p.reward.model);
   checks.model_folder("ppo.critic_from", p.critic_from);

@@ -99,6 +99,8 @@ Batch collate_rollout(const std::vector<const RolloutRow*>& rows, int64_t pad_id
   auto ref_logp = at::zeros({B, R}, at::kFloat), old_values = at::zeros({B, R}, at::kFloat);
   auto advantages = at::zeros({B, R}, at::kFloat), returns = at::zeros({B, R}, at::kFloat);
   auto weights = at::zeros({B, R}, at::kFloat);
+  const bool weighed = std::any_of(rows.begin(), rows.end(), [](const RolloutRow* r) { return !r->is_weight.empty(); });
+  auto is_weight = weighed ? at::ones({B, R}, at::kFloat) : at::Tensor();
   const bool per_row = weighting.aggregation != LossAggregation::kTokenMean;
   Batch b;
   for (int64_t i = 0; i < B; ++i) {
@@ -124,6 +126,7 @@ Batch collate_rollout(const std::vector<const RolloutRow*>& rows, int64_t pad_id
       if (!r.old_logp.empty()) old_logp[i][j] = r.old_logp[static_cast<size_t>(j)];
       if (!r.ref_logp.empty()) ref_logp[i][j] = r.ref_logp[static_cast<size_t>(j)];
       if (!r.values.empty()) old_values[i][j] = r.values[static_cast<size_t>(j)];
+      if (!r.is_weight.empty()) is_weight[i][j] = r.is_weight[static_cast<size_t>(j)];
     }
     if (adv.defined()) {
       const auto g = index[static_cast<size_t>(i)];
@@ -136,6 +139,7 @@ Batch collate_rollout(const std::vector<const RolloutRow*>& rows, int64_t pad_id
   b.tensors = {{"input_ids", ids},     {"positions", pos},     {"tokens", tokens},         {"mask", mask},
                {"old_logp", old_logp}, {"ref_logp", ref_logp}, {"old_values", old_values}, {"advantages", advantages},
                {"returns", returns},   {"weights", weights}};
+  if (weighed) b.tensors["is_weight"] = is_weight;
   return b;
 }
 

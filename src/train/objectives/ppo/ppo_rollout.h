@@ -23,6 +23,9 @@ struct RolloutRow {
   /// to a message the environment appended (no part in the loss or the KL);
   /// empty when every token was generated.
   std::vector<uint8_t> appended;
+  /// ppo.async (one-step-off): each response token's truncated importance
+  /// weight, min(pi_prox / pi_behaviour, is_cap); empty = 1.
+  std::vector<float> is_weight;
   // Known to the rank that generated the row only (not exchanged):
   std::vector<int64_t> answer;  // the last assistant turn, without its end of turn
   double env_reward = 0;        // the environment's reward at done
@@ -59,10 +62,9 @@ at::Tensor at_response_places(const at::Tensor& x, const GeneratedTokens& g);
 /// response token (B x R, response-aligned): `tokens`, `positions` (the
 /// position whose logits predict the token: prompt length - 1 + j), `mask`
 /// (1 on generated tokens, 0 on padding and appended tokens; a response ends at its EOS),
-/// `old_logp`, `ref_logp`, `old_values`, and `advantages` / `returns` taken
-/// from rows `index` of the rollout-wide (N x R') tensors when given.
-/// How the per-token losses of a step are weighed (ppo.loss_aggregation,
-/// ppo.mask_truncated_completions).
+/// `old_logp`, `ref_logp`, `old_values`, `is_weight` when a row has one (1 elsewhere), and `advantages` / `returns`
+/// taken from rows `index` of the rollout-wide (N x R') tensors when given. How the per-token losses of a step are
+/// weighed (ppo.loss_aggregation, ppo.mask_truncated_completions).
 struct LossWeighting {
   LossAggregation aggregation = LossAggregation::kTokenMean;
   double constant = 1;          // constant: the divisor per response

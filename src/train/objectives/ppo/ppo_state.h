@@ -65,6 +65,10 @@ struct PpoObjective::State {
   std::chrono::steady_clock::time_point learn_start;
   std::unique_ptr<generation::Decoder> decoder;  // the rollouts' (and eval's), kept from one to the next
   const models::CausalLM* decoded = nullptr;     // the model it decodes
+  /// ppo.async.emulate: the batch the next iteration trains, sampled by this
+  /// iteration's weights before its update (saved with each checkpoint).
+  std::vector<RolloutRow> in_flight;
+  int64_t in_flight_iteration = -1;  // the iteration whose weights sampled it
 
   State(const config::RunConfig& c, const tokenizer::Tokenizer& t) : cfg(c), ppo(ppo_config(cfg)), tok(t) {}
 
@@ -122,6 +126,12 @@ struct PpoObjective::State {
   /// and collects more rounds until prompts_per_rollout such groups are in
   /// (at most dynamic_sampling_max_rounds rounds; then dropped groups fill).
   std::vector<RolloutRow> fill_groups(Engine& engine, uint64_t seed, std::vector<RolloutRow> first, Metrics& m);
+  /// The rollout of iteration `iteration`'s seed: collect, then fill_groups under ppo.dynamic_sampling.
+  std::vector<RolloutRow> sample(Engine& engine, int64_t iteration, Metrics& m);
+  /// ppo.async, truncated_is: the rows' old log-probs (and values) recomputed
+  /// by the current weights, and each token's truncated importance weight
+  /// against the log-probs of the weights that sampled them.
+  void correct_off_policy(Engine& engine, std::vector<RolloutRow>& rows, Metrics& m);
   /// (advantages, returns), (N, R) float32, and the rollout's metrics.
   std::pair<at::Tensor, at::Tensor> advantages(const std::vector<RolloutRow>& rows, Metrics& m);
   std::vector<Batch> schedule(const std::vector<RolloutRow>& rows, const at::Tensor& adv, const at::Tensor& ret,
