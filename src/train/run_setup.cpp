@@ -293,13 +293,21 @@ RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
   r.ranks.rank = r.comm ? r.comm->rank() : 0;
   r.lead = r.ranks.rank == 0;
   if (!r.lead) log::configure(log::Level::warn);  // one rank reports
-  if (r.comm && r.ranks.world > 1)
+  if (r.comm && r.ranks.world > 1) {
     r.ranks.sum = [comm = r.comm, device = r.device](std::vector<double>& v) {
       auto t = at::tensor(v, at::kDouble).to(device);
       comm->all_reduce_sum(t, "step or evaluation statistics");
-      t = t.cpu();
-      for (size_t i = 0; i < v.size(); ++i) v[i] = t[static_cast<int64_t>(i)].item<double>();
+      t = t.cpu().contiguous();
+      std::copy(t.data_ptr<double>(), t.data_ptr<double>() + v.size(), v.begin());
     };
+    r.ranks.gather = [comm = r.comm, device = r.device](const std::vector<double>& mine, std::vector<double>& all) {
+      const auto in = at::tensor(mine, at::kDouble).to(device);
+      auto out = at::empty({in.numel() * comm->world_size()}, in.options());
+      comm->all_gather(out, in, "rollout rows").wait();
+      out = out.cpu().contiguous();
+      all.assign(out.data_ptr<double>(), out.data_ptr<double>() + out.numel());
+    };
+  }
 
   // train.micro_batch_size: auto: one micro-batch per rank of the step's whole batch, which the loop halves on
   // every rank when a step runs out of device memory on any (the ranks agree before each collective:

@@ -91,6 +91,9 @@ struct RankContext {
   /// Sums `values` over ranks, in place (a collective: every rank calls it
   /// with as many values). Unset on one process.
   std::function<void(std::vector<double>& values)> sum;
+  /// `all` <- every rank's `mine` (each rank passes as many values), in rank
+  /// order (a collective). Unset on one process.
+  std::function<void(const std::vector<double>& mine, std::vector<double>& all)> gather;
 
   /// Whether items are split: several ranks and at least one item each.
   bool splits(int64_t items) const { return world > 1 && items >= world; }
@@ -103,6 +106,12 @@ struct RankContext {
   bool runs(int64_t item, int64_t items) const { return mine(item) || item >= items / world * world; }
   void all_sum(std::vector<double>& values) const {
     if (sum) sum(values);
+  }
+  void all_gather(const std::vector<double>& mine, std::vector<double>& all) const {
+    if (gather)
+      gather(mine, all);
+    else
+      all = mine;
   }
 };
 

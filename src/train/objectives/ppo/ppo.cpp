@@ -354,13 +354,12 @@ std::vector<RolloutRow> PpoObjective::State::collect(Engine& engine, uint64_t se
   }
   m["time/reward_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   if (W == 1) return local;
-  // Every rank gets every row (zero-filled slots summed over ranks).
+  // Every rank gets every row: each packs its (P / W) * K rows, gathered in rank order.
   RowCodec codec{cfg.data.max_length, ppo.max_new_tokens};
-  std::vector<double> packed(static_cast<size_t>(P * K * codec.width()), 0.0);
-  const int64_t first = rank * (P / W) * K;
+  std::vector<double> mine_packed(static_cast<size_t>((P / W) * K * codec.width()), 0.0), packed;
   for (size_t i = 0; i < local.size(); ++i)
-    codec.put(local[i], packed.data() + (first + static_cast<int64_t>(i)) * codec.width());
-  ranks.all_sum(packed);
+    codec.put(local[i], mine_packed.data() + static_cast<int64_t>(i) * codec.width());
+  ranks.all_gather(mine_packed, packed);
   std::vector<RolloutRow> rows;
   for (int64_t i = 0; i < P * K; ++i) rows.push_back(codec.get(packed.data() + i * codec.width()));
   return rows;
