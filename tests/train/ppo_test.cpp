@@ -861,6 +861,32 @@ TEST(PpoRuns, OneStepOffEmulationIsOneStepStaleAndResumesExactly) {
       ++compared;
     }
   EXPECT_GE(compared, 12 * 5);
+  // The batch in flight at step 8 was sampled by the weights after step 4 (checkpoint-4): its behaviour
+  // log-probs are theirs, recomputed here from the saved model.
+  ASSERT_EQ(trainer("saved", "", "ppo.async.emulate=true train.max_steps=8 train.save_every=4", &log), 0) << log;
+  const auto state = nlohmann::json::parse(
+      anvil::testing::read_text(dir / "saved" / "checkpoint-8" / "trainer_state.json"))["objective"]["in_flight"];
+  EXPECT_EQ(state["sampled_by_iteration"].get<int64_t>(), 1);
+  ASSERT_EQ(state["rows"].size(), 64u);
+  {
+    const auto before = checkpoint::load_model_dir(dir / "saved" / "checkpoint-4");
+    torch::NoGradGuard no_grad;
+    before->eval();
+    double worst = 0;
+    for (const auto& row : state["rows"]) {
+      const auto prompt = row["prompt"].get<std::vector<int64_t>>(),
+                 response = row["response"].get<std::vector<int64_t>>();
+      const auto logp = row["old_logp"].get<std::vector<double>>();
+      ASSERT_EQ(logp.size(), response.size());
+      std::vector<int64_t> ids = prompt;
+      ids.insert(ids.end(), response.begin(), response.end());
+      const auto lsm = before->forward(at::tensor(ids, at::kLong).unsqueeze(0)).log_softmax(-1)[0];
+      for (size_t j = 0; j < response.size(); ++j)
+        worst = std::max(
+            worst, std::abs(lsm[static_cast<int64_t>(prompt.size() + j - 1)][response[j]].item<double>() - logp[j]));
+    }
+    EXPECT_LT(worst, 1e-5) << "the batch in flight's log-probs are those of the weights that sampled it";
+  }
   // Two sharded ranks run the same schedule: each samples its share of the next batch, and the batch in flight
   // is every rank's.
   ASSERT_EQ(trainer("two", anvil::testing::mpirun(2), "ppo.async.emulate=true dist.sharding=full_shard", &log), 0)
