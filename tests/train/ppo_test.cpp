@@ -253,7 +253,7 @@ TEST(PpoFormulas, EpisodesSkipAppendedTokensAsTheReferenceDoes) {
 // logits of the position before it, the prompt and the padding are masked
 // out, and a response ends at its EOS (nothing after it is generated).
 // ppo.async's correction, from its definition (verl's truncated importance sampling, TRL's vLLM importance
-// sampling correction, AReaL's decoupled PPO with its behaviour weight capped): per token
+// sampling correction; the ratio against the proximal log-probs as AReaL's decoupled PPO): per token
 // w = min(pi_prox / pi_behaviour, C), no gradient, on the policy loss only.
 TEST(PpoFormulas, TruncatedImportanceWeightsWeighThePolicyLossAlone) {
   at::manual_seed(3);

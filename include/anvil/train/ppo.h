@@ -108,9 +108,9 @@ struct AsyncConfig {
             "schedule exactly. Generation and training do not overlap in this mode; it is the schedule's oracle.");
     config::enum_field(v, "correction", correction,
                        "truncated_is: the PPO ratio is taken against log-probs recomputed with the current weights "
-                       "(proximal) and each token's policy loss is weighed by min(pi_prox / pi_behaviour, "
-                       "is_cap), verl's and AReaL's correction; bypass: the behaviour log-probs are the old "
-                       "log-probs (no recompute, no weight).",
+                       "(proximal, as AReaL's decoupled PPO) and each token's policy loss is weighed by "
+                       "min(pi_prox / pi_behaviour, is_cap), as verl's truncated importance sampling; bypass: the "
+                       "behaviour log-probs are the old log-probs (no recompute, no weight).",
                        kOffPolicyCorrections, kOffPolicyCorrections.rule());
     v.field("is_cap", is_cap, "truncated_is: the largest importance weight (C).", config::positive());
   }
@@ -367,9 +367,10 @@ PpoLossSums ppo_loss_sums(const at::Tensor& logp, const at::Tensor& old_logp, co
                           const at::Tensor& mask, const PpoClip& clip, const at::Tensor& weights = {},
                           const at::Tensor& is_weights = {});
 
-/// The truncated importance weights of one-step-off tokens (verl's and
-/// AReaL's correction, TRL's vLLM importance sampling): min(exp(prox_logp -
-/// behaviour_logp), cap) per token, where prox_logp are the log-probs the
+/// The truncated importance weights of one-step-off tokens (verl's truncated
+/// importance sampling, TRL's vLLM importance-sampling correction; AReaL drops
+/// the tokens above its cap instead): min(exp(prox_logp - behaviour_logp),
+/// cap) per token, where prox_logp are the log-probs the
 /// weights being trained give and behaviour_logp those of the weights that
 /// sampled. No gradient; zero where `mask` is.
 at::Tensor truncated_is_weights(const at::Tensor& prox_logp, const at::Tensor& behaviour_logp, const at::Tensor& mask,

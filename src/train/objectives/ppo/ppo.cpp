@@ -523,6 +523,7 @@ void PpoObjective::State::correct_off_policy(Engine& engine, std::vector<Rollout
   for (size_t i = 0; i < rows.size(); ++i) {
     auto& r = rows[i];
     const auto len = static_cast<int64_t>(r.response.size());
+    if (len == 0) continue;  // nothing generated: no token to weigh
     const auto prox = at::from_blob(r.old_logp.data(), {len}, at::kFloat).to(at::kDouble);
     const auto behav = at::from_blob(behaviour[i].data(), {len}, at::kFloat).to(at::kDouble);
     auto mask = at::ones({len}, at::kDouble);
