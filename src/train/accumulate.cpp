@@ -7,7 +7,7 @@
 
 #include "anvil/core/error.h"
 #include "train/step_engine.h"
-#include "train/test_hooks.h"
+#include "core/test_hooks.h"
 
 namespace anvil::train {
 

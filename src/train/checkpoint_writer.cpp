@@ -1,5 +1,5 @@
 #include "train/checkpoint_writer.h"
-#include "train/test_hooks.h"
+#include "core/test_hooks.h"
 
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>

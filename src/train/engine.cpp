@@ -15,7 +15,7 @@
 
 #include "anvil/core/error.h"
 #include "core/logging.h"
-#include "train/test_hooks.h"
+#include "core/test_hooks.h"
 #include "core/tensor_bytes.h"
 #include "models/activation_checkpointing.h"
 #include "distributed/checkpoint.h"

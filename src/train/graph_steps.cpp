@@ -1,5 +1,5 @@
 #include "train/graph_steps.h"
-#include "train/test_hooks.h"
+#include "core/test_hooks.h"
 
 #include <ATen/ATen.h>
 

@@ -14,6 +14,7 @@ namespace {
 struct Registry {
   std::mutex mutex;
   std::map<std::string, ObjectiveFactory> factories;
+  std::map<std::string, std::pair<std::string, std::function<int64_t(const config::RunConfig&)>>> side_ranks;
 };
 
 Registry& registry() {
@@ -68,6 +69,31 @@ void register_objective(const std::string& name, ObjectiveFactory factory) {
 
 void register_objective(const std::string& name, ObjectiveFactory factory, const std::vector<std::string>& reads) {
   add_objective(name, std::move(factory), &reads);
+}
+
+void Objective::serve(models::CausalLM&, const SideContext&) {
+  throw ConfigError(concat("algorithm ", name(), " keeps no ranks apart from training"));
+}
+
+void register_side_ranks(const std::string& name, const std::string& key,
+                         std::function<int64_t(const config::RunConfig&)> count) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (!r.factories.count(name))
+    throw ConfigError(concat("register_side_ranks: algorithm \"", name, "\" is not registered"));
+  r.side_ranks[name] = {key, std::move(count)};
+}
+
+SideRanks side_ranks(const config::RunConfig& cfg) {
+  std::pair<std::string, std::function<int64_t(const config::RunConfig&)>> found;
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    const auto it = r.side_ranks.find(cfg.algorithm);
+    if (it == r.side_ranks.end()) return {};
+    found = it->second;
+  }
+  return {found.second(cfg), found.first};
 }
 
 std::unique_ptr<Objective> make_objective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok,

@@ -230,18 +230,38 @@ void check_resume_config(const stdfs::path& ckpt, const std::string& config_yaml
 /// Sharded runs (several ranks, a sharding strategy or mixed precision on
 /// one, or one resuming a sharded checkpoint) get a communicator; a plain
 /// single-process run has none.
+bool sharded_run(const config::RunConfig& cfg, int64_t ranks, const std::optional<stdfs::path>& latest) {
+  return ranks > 1 || cfg.dist.sharding != config::Sharding::kNoShard ||
+         cfg.dist.param_dtype != config::Dtype::kFloat32 || cfg.dist.reduce_dtype != config::Dtype::kFloat32 ||
+         (latest && distributed::is_sharded_checkpoint(*latest));
+}
+
 std::shared_ptr<distributed::Communicator> make_comm(const config::RunConfig& cfg, const distributed::ProcessInfo& proc,
                                                      const at::Device& device,
                                                      const std::optional<stdfs::path>& latest) {
-  const bool sharded = proc.world_size > 1 || cfg.dist.sharding != config::Sharding::kNoShard ||
-                       cfg.dist.param_dtype != config::Dtype::kFloat32 ||
-                       cfg.dist.reduce_dtype != config::Dtype::kFloat32 ||
-                       (latest && distributed::is_sharded_checkpoint(*latest));
-  if (!sharded) return nullptr;
+  if (!sharded_run(cfg, proc.world_size, latest)) return nullptr;
   distributed::CommOptions co;
   co.backend = config::kBackends.name(cfg.dist.backend);
   co.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout_s * 1000));
   return distributed::make_communicator(proc, device, co);
+}
+
+/// Where the algorithm keeps side ranks (side_ranks): the last ones of the launch run the objective's serve();
+/// the others train over their own communicator (sharded as a launch of only them would be).
+void split_roles(const config::RunConfig& cfg, RunSetup& r) {
+  const auto side = side_ranks(cfg);
+  if (side.count == 0) return;
+  const int64_t world = r.comm ? r.comm->world_size() : 1;
+  if (world <= side.count)
+    throw ConfigError(concat(side.key, ": ", side.count, side.count == 1 ? " rank" : " ranks",
+                             " apart from training leave none of the launch's ", world, world == 1 ? " rank" : " ranks",
+                             " to train; launch at least ", side.count + 1,
+                             " (mpirun -np, torchrun --nproc-per-node, srun --ntasks)"));
+  r.world = r.comm;
+  r.trainers = world - side.count;
+  r.side = r.comm->rank() >= r.trainers;
+  auto group = r.comm->split(r.side ? 1 : 0, r.comm->rank(), r.side ? "side ranks" : "training ranks");
+  r.comm = !r.side && sharded_run(cfg, r.trainers, r.latest) ? group : nullptr;
 }
 
 /// One chat format from data to checkpoint: data.template, else the one
@@ -289,9 +309,10 @@ RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
   // Evaluating a checkpoint continues nothing, so any config may evaluate it.
   if (r.latest && !options.eval_only) check_resume_config(*r.latest, r.config_yaml, cfg);
   r.comm = make_comm(cfg, proc, r.device, r.latest);
+  r.lead = !r.comm || r.comm->rank() == 0;
+  split_roles(cfg, r);
   r.ranks.world = r.comm ? r.comm->world_size() : 1;
   r.ranks.rank = r.comm ? r.comm->rank() : 0;
-  r.lead = r.ranks.rank == 0;
   if (!r.lead) log::configure(log::Level::warn);  // one rank reports
   if (r.comm && r.ranks.world > 1) {
     r.ranks.sum = [comm = r.comm, device = r.device](std::vector<double>& v) {

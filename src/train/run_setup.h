@@ -23,7 +23,12 @@ struct RunSetup {
   std::string config_yaml;
   std::optional<std::filesystem::path> latest;  // the checkpoint it continues (or evaluates)
   at::Device device = at::kCPU;
-  std::shared_ptr<distributed::Communicator> comm;  // set for sharded runs
+  std::shared_ptr<distributed::Communicator> comm;  // set for sharded runs (over the training ranks)
+  /// Where the algorithm keeps ranks apart from training (side_ranks): the
+  /// whole launch, whose ranks [0, trainers) train; `side` on the others.
+  std::shared_ptr<distributed::Communicator> world;
+  int64_t trainers = 0;
+  bool side = false;
   RankContext ranks;
   bool lead = true;
   int64_t micro_per_step = 1;

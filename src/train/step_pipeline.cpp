@@ -10,7 +10,7 @@
 #include "core/device.h"
 #include "core/logging.h"
 #include "distributed/sharding.h"
-#include "train/test_hooks.h"
+#include "core/test_hooks.h"
 
 namespace anvil::train {
 

@@ -28,7 +28,7 @@
 #include "optim/schedule.h"
 #include "train/engine_setup.h"
 #include "train/run_setup.h"
-#include "train/test_hooks.h"
+#include "core/test_hooks.h"
 #include "train/memory_plan.h"
 #include "train/step_pipeline.h"
 #include "train/step_profiler.h"
@@ -216,6 +216,7 @@ class TrainLoop {
     try {
       while (step_ < cfg_.train.max_steps && !stop_) run_iteration();
       if (last_) write_last();  // (the last iteration reads its step)
+      objective_.finish(engine_);
       profiler_.finish();
       engine_.collect_save(/*wait=*/true);  // the last checkpoint is on disk before the run ends
     } catch (...) {
@@ -325,7 +326,7 @@ class TrainLoop {
     StepRecord r;
     r.known = std::move(known);
     const auto t0 = std::chrono::steady_clock::now();
-    // Tests: signals raised at a known step (ANVIL_TEST_SIGNALS_AT_STEP, train/test_hooks.h).
+    // Tests: signals raised at a known step (ANVIL_TEST_SIGNALS_AT_STEP, core/test_hooks.h).
     if (const auto& test = test_hooks::signals_at_step(); step_ == test.step)
       for (const int sig : test.signals) std::raise(sig);
     std::vector<Batch> batches;
@@ -506,11 +507,20 @@ TrainResult run_training(const config::RunConfig& given, const RunOptions& optio
     if (run.lead) print_plan(run, cfg);
     return {};
   }
+  if (run.side) {
+    // A rank apart from training (the objective's side ranks): its part of the run, until the trainers end it.
+    // A stop signal is the trainers' to agree on (at an iteration boundary); they then end this rank's part.
+    SignalScope signals;
+    if (!options.eval_only) run.objective->serve(*run.model, SideContext{run.device, run.world, run.trainers});
+    return {};
+  }
   stdfs::create_directories(run.out_dir);
   RunContext ctx;
   ctx.output_dir = run.out_dir;
   ctx.device = run.device;
   ctx.comm = run.comm;
+  ctx.world = run.world;
+  ctx.trainers = run.trainers;
   ctx.sharding = std::make_shared<const distributed::ShardingOptions>(sharding_options(cfg));
   if (models::has_deferred(*run.model) && run.objective->prepare_reads_weights()) {
     // An objective that reads the weights in prepare() gets them whole, as one process would.

@@ -13,7 +13,7 @@
 #include "anvil/config/config.h"
 #include "core/cli.h"
 #include "train/run_setup.h"
-#include "train/test_hooks.h"
+#include "core/test_hooks.h"
 #include "anvil/core/error.h"
 #include "anvil/chat/chat.h"
 #include "anvil/models/registry.h"
@@ -54,7 +54,7 @@ int trainer_main(int argc, char** argv) {
   std::signal(SIGINT, on_signal_outside_loop);
   std::signal(SIGTERM, on_signal_outside_loop);
   // Testing hook: a signal at a chosen moment of start-up.
-  if (anvil::train::test_hooks::sigint_at_startup()) std::raise(SIGINT);
+  if (anvil::test_hooks::sigint_at_startup()) std::raise(SIGINT);
 
   CLI::App app{
       "Anvil trainer: trains a model from YAML configs. Later --config files and key.path=value "

@@ -628,20 +628,19 @@ TEST(PpoLearning, GrpoAndRlooRaiseTheVerifiableReward) {
   }
 }
 
-// DAPO with dynamic sampling, scored by two weighted sources (exact match,
-// and half a point when the answer appears anywhere): groups the weak model
-// answers alike are dropped and refilled, and the held-out exact match (the
-// exact source's eval/rewards/exact) rises as GRPO's does.
-// configs/grpo_tiny.yaml on the one-step-off schedule (ppo.async.emulate, truncated importance weights):
-// each update trains the batch sampled before the previous one, and the verifiable reward still rises as
-// the synchronous run's does (its threshold; docs/reliability.md).
+// configs/grpo_tiny.yaml on the one-step-off schedule with a rollout rank
+// (3 ranks: 2 train while 1 samples the next batch; truncated importance
+// weights): each update trains the batch sampled before the previous one,
+// and the verifiable reward still rises as the synchronous run's does (its
+// threshold; docs/reliability.md).
 TEST(PpoLearning, OneStepOffGrpoRaisesTheVerifiableReward) {
   ASSERT_TRUE(stdfs::exists(fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
   const double before = first_eval(weak_upper().model.parent_path() / "metrics.jsonl");
   TempDir dir;
   ppo_run(dir / "run",
-          "ppo.async.emulate=true train.max_steps=80 train.eval_every=80 train.save_every=80 train.log_every=1", 0,
-          "configs/grpo_tiny.yaml");
+          "ppo.async.rollout_ranks=1 train.micro_batch_size=16 train.max_steps=80 train.eval_every=80 "
+          "train.save_every=80 train.log_every=1",
+          3, "configs/grpo_tiny.yaml");
   const auto lines = anvil::testing::metric_lines(dir / "run" / "metrics.jsonl");
   int stale = 0;
   for (const auto& m : lines)
@@ -653,6 +652,10 @@ TEST(PpoLearning, OneStepOffGrpoRaisesTheVerifiableReward) {
   EXPECT_GE(after, before + 0.15) << lines.back().dump();
 }
 
+// DAPO with dynamic sampling, scored by two weighted sources (exact match,
+// and half a point when the answer appears anywhere): groups the weak model
+// answers alike are dropped and refilled, and the held-out exact match (the
+// exact source's eval/rewards/exact) rises as GRPO's does.
 TEST(PpoLearning, DapoWithDynamicSamplingAndTwoRewardSourcesRaisesTheReward) {
   ASSERT_TRUE(stdfs::exists(fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
   const double before = first_eval(weak_upper().model.parent_path() / "metrics.jsonl");

@@ -1,4 +1,4 @@
-// The ANVIL_TEST_* hooks (src/train/test_hooks.h) parse their values and name
+// The ANVIL_TEST_* hooks (src/core/test_hooks.h) parse their values and name
 // the variable on a bad one. Hooks read once per process are checked through a
 // trainer process, so this test binary's own state is never changed by them.
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 
 #include "anvil/core/error.h"
 #include "test_util.h"
-#include "train/test_hooks.h"
+#include "core/test_hooks.h"
 
 namespace anvil::train {
 namespace {
@@ -66,6 +66,23 @@ TEST(TestHooks, ValuesParseAndABadOneNamesTheVariable) {
               "ANVIL_TEST_SIGNAL_AT_STARTUP: expected INT, got \"TERM\"");
   }
   EXPECT_FALSE(test_hooks::sigint_at_startup());
+  {
+    ScopedEnv e("ANVIL_TEST_ROLLOUT_FAULT", "2:stall");
+    EXPECT_EQ(error_of([] { test_hooks::rollout_fault(); }),
+              "ANVIL_TEST_ROLLOUT_FAULT: expected ITERATION:hang or ITERATION:kill, got \"2:stall\"");
+  }
+  {
+    ScopedEnv e("ANVIL_TEST_ROLLOUT_FAULT", "3:kill");
+    EXPECT_EQ(test_hooks::rollout_fault().iteration, 3);
+    EXPECT_TRUE(test_hooks::rollout_fault().kill);
+  }
+  EXPECT_EQ(test_hooks::rollout_fault().iteration, -1);
+  {
+    ScopedEnv e("ANVIL_TEST_ROLLOUT_PERTURB", "yes");
+    EXPECT_EQ(error_of([] { test_hooks::rollout_perturb(); }),
+              "ANVIL_TEST_ROLLOUT_PERTURB: expected 0 or 1, got \"yes\"");
+  }
+  EXPECT_FALSE(test_hooks::rollout_perturb());
 }
 
 // The hooks a step reads once per process, through the trainer: a bad value stops it with the variable's name.
@@ -75,8 +92,8 @@ TEST(TestHooks, ATrainerGivenABadHookValueSaysWhichAndWhy) {
   };
   for (const auto& c : std::vector<Case>{
            {"ANVIL_TEST_OOM_ROWS=many", "", "ANVIL_TEST_OOM_ROWS: expected a number of rows, got \"many\""},
-           {"ANVIL_TEST_SIGNALS_AT_STEP=2:KILL", "",
-            "ANVIL_TEST_SIGNALS_AT_STEP: expected STEP:SIG[,SIG...] with SIG INT or TERM, got \"2:KILL\""},
+           {"ANVIL_TEST_SIGNALS_AT_STEP=2:HUP", "",
+            "ANVIL_TEST_SIGNALS_AT_STEP: expected STEP:SIG[,SIG...] with SIG INT, TERM or KILL, got \"2:HUP\""},
            {"ANVIL_TEST_CUDA_GRAPHS=yes", "train.cuda_graphs=on",
             "ANVIL_TEST_CUDA_GRAPHS: expected emulate, got \"yes\""}}) {
     anvil::testing::TempDir dir;

@@ -152,6 +152,11 @@ struct RunContext {
   std::shared_ptr<const distributed::ShardingOptions> sharding;
   /// Whether the run shards every parameter (dist.sharding: full_shard).
   bool full_shard() const;
+  /// Every rank of the launch, when the algorithm keeps some apart from
+  /// training (register_side_ranks): ranks [0, trainers) train over `comm`,
+  /// the others run Objective::serve(). Null otherwise.
+  std::shared_ptr<distributed::Communicator> world;
+  int64_t trainers = 0;
 
   /// Holds `model` (on any device; it is moved to `device`) frozen, sharded
   /// like the policy in a sharded run. Every rank must call it, in the same
@@ -169,6 +174,14 @@ struct RunContext {
                                           double lr) const;
   /// The models train() registered, for make_engine.
   std::shared_ptr<std::vector<CompanionModel>> companions = std::make_shared<std::vector<CompanionModel>>();
+};
+
+/// What a rank apart from training (register_side_ranks) gets in
+/// Objective::serve().
+struct SideContext {
+  at::Device device = at::kCPU;
+  std::shared_ptr<distributed::Communicator> world;  // every rank of the launch
+  int64_t trainers = 0;                              // ranks [0, trainers) train; this one is of [trainers, world size)
 };
 
 class Objective {
@@ -305,6 +318,15 @@ class Objective {
     return true;
   }
 
+  /// On a rank apart from training (register_side_ranks): its whole part in
+  /// the run, with `model` built whole in dist.param_dtype (no optimizer, no
+  /// checkpoint of its own); returns when the training ranks end the run.
+  /// They reach it through RunContext::world. Throws by default.
+  virtual void serve(models::CausalLM& model, const SideContext& ctx);
+  /// After the loop's last iteration on the training ranks (not after an
+  /// error): where the side ranks are told the run is over.
+  virtual void finish(Engine& engine) { (void)engine; }
+
   /// Set by the loop before prepare(); evaluate() splits its work by it.
   void set_ranks(RankContext ranks) { ranks_ = std::move(ranks); }
 
@@ -342,6 +364,20 @@ void register_objective(const std::string& name, const std::vector<std::string>&
          const chat::ChatTemplate& chat) -> std::unique_ptr<Objective> { return std::make_unique<T>(cfg, tok, chat); },
       reads);
 }
+
+/// Ranks of a launch that algorithm `name` keeps apart from training, from
+/// its config (ppo: ppo.async.rollout_ranks): the last `count(cfg)` ranks
+/// build the model whole and run Objective::serve() instead of the loop; the
+/// others train, sharded over a communicator of their own. Unregistered: 0.
+/// `key` names the config key that sets them, for messages.
+void register_side_ranks(const std::string& name, const std::string& key,
+                         std::function<int64_t(const config::RunConfig&)> count);
+/// The side ranks `cfg.algorithm` asks for (none for most algorithms).
+struct SideRanks {
+  int64_t count = 0;
+  std::string key;
+};
+SideRanks side_ranks(const config::RunConfig& cfg);
 
 /// Builds the objective named by `cfg.algorithm`, with the run's chat format.
 std::unique_ptr<Objective> make_objective(const config::RunConfig& cfg, const tokenizer::Tokenizer& tok,

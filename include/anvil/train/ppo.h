@@ -91,16 +91,28 @@ inline const config::Choices<OffPolicyCorrection> kOffPolicyCorrections{
 
 /// One-step-off-policy RL (ppo.async): batch i + 1 is sampled with the
 /// weights before update i while update i trains on batch i, as verl's
-/// one-step-off schedule runs it. emulate runs that schedule colocated, on
-/// the ranks that train (the exact oracle of a launch with rollout ranks,
-/// which does not exist yet).
+/// one-step-off schedule runs it. rollout_ranks > 0 gives the sampling to the
+/// launch's last ranks, which overlap it with training; emulate runs the
+/// same schedule colocated, on the ranks that train (its exact oracle).
 struct AsyncConfig {
+  int64_t rollout_ranks = 0;
   bool emulate = false;
   OffPolicyCorrection correction = OffPolicyCorrection::kTruncatedIs;
   double is_cap = 2.0;
+  bool check_weights = false;
+
+  /// Whether a one-step-off schedule runs (on rollout ranks or emulated).
+  bool one_step_off() const { return rollout_ranks > 0 || emulate; }
 
   template <class V>
   void visit(V& v) {
+    v.field("rollout_ranks", rollout_ranks,
+            "Ranks of the launch that only generate (the last ones; 0: every rank generates its share, then "
+            "trains). They sample batch i + 1 with the weights before update i while the others train on batch "
+            "i; the trainers send them the weights each iteration (the trained parameters only, after the "
+            "first: a LoRA run's adapters) and get the rows back. The same tokens, losses and checkpoints as "
+            "ppo.async.emulate on the training ranks alone.",
+            config::non_negative());
     v.field("emulate", emulate,
             "Run the one-step-off schedule on the training ranks: each iteration samples the next batch with the "
             "current weights and trains on the batch the previous iteration sampled (the first iteration "
@@ -113,6 +125,10 @@ struct AsyncConfig {
                        "behaviour log-probs are the old log-probs (no recompute, no weight).",
                        kOffPolicyCorrections, kOffPolicyCorrections.rule());
     v.field("is_cap", is_cap, "truncated_is: the largest importance weight (C).", config::positive());
+    v.field("check_weights", check_weights,
+            "rollout_ranks: each rollout rank hashes the weights it sampled with and the trainers compare the "
+            "hash with that of what they sent (cast to dist.param_dtype); a mismatch ends the run. Reads every "
+            "weight byte once per iteration on both sides.");
   }
 };
 
@@ -431,6 +447,10 @@ class PpoObjective final : public Objective {
   StepNeeds step_needs() const override { return {StepReads::within_iteration}; }
   nlohmann::json state() const override;
   void restore(const nlohmann::json& state) override;
+  /// ppo.async.rollout_ranks: a rollout rank's loop (receive the weights and
+  /// the prompts, sample, send the rows back) until the trainers say stop.
+  void serve(models::CausalLM& model, const SideContext& ctx) override;
+  void finish(Engine& engine) override;
 
  private:
   struct State;

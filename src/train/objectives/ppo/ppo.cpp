@@ -25,6 +25,7 @@
 
 #include "anvil/core/error.h"
 #include "core/device.h"
+#include "distributed/comm.h"
 #include "core/logging.h"
 #include "anvil/chat/chat.h"
 #include "data/datasets.h"
@@ -166,7 +167,17 @@ void PpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
   }
   if (s_->ppo.prompts_per_rollout % ranks_.world != 0)
     throw ConfigError(concat("ppo.prompts_per_rollout: ", s_->ppo.prompts_per_rollout, " prompts do not divide among ",
-                             ranks_.world, " ranks"));
+                             ranks_.world, ctx.world ? " training ranks" : " ranks"));
+  if (const auto R = s_->ppo.async.rollout_ranks; R > 0) {
+    if (!ctx.world) throw ConfigError("ppo.async.rollout_ranks: the run was launched without rollout ranks");
+    if (s_->ppo.prompts_per_rollout % R != 0)
+      throw ConfigError(concat("ppo.prompts_per_rollout: ", s_->ppo.prompts_per_rollout,
+                               " prompts do not divide among ", R, " rollout ranks (ppo.async.rollout_ranks)"));
+    s_->world = ctx.world;
+    s_->trainers = ctx.trainers;
+    log::info("ppo.async.rollout_ranks: ranks ", ctx.trainers, "-", ctx.world->world_size() - 1,
+              " sample each rollout while ranks 0-", ctx.trainers - 1, " train on the one before");
+  }
   const auto& critic_from = s_->ppo.critic_from;
   if (!critic_from.empty()) {
     auto critic = checkpoint::load_model_dir(critic_from);
@@ -287,28 +298,51 @@ std::vector<double> PpoObjective::State::score(const std::vector<RolloutPrompt>&
   return out;
 }
 
-std::vector<RolloutRow> PpoObjective::State::collect(Engine& engine, uint64_t seed, Metrics& m) {
-  const auto t0 = std::chrono::steady_clock::now();
-  // Every rank walks the whole prompt stream and takes its share.
-  const int64_t P = ppo.prompts_per_rollout, K = ppo.samples_per_prompt, W = ranks.world, rank = ranks.rank;
-  std::vector<RolloutPrompt> mine;
-  for (int64_t g = 0; g < P; ++g) {
+std::vector<RolloutPrompt> PpoObjective::State::draw() {
+  // Every rank walks the whole prompt stream; each then takes its share.
+  std::vector<RolloutPrompt> all;
+  for (int64_t g = 0; g < ppo.prompts_per_rollout; ++g) {
     const auto before = prompts->state();
     const auto ref = prompts->next();
     const int64_t global = before.epoch * prompts->epoch_length() + before.offset;
-    if (g / (P / W) == rank) mine.push_back({&(*data.train[static_cast<size_t>(ref.dataset)])[ref.index], global});
+    all.push_back({&(*data.train[static_cast<size_t>(ref.dataset)])[ref.index], global, ref});
   }
+  return all;
+}
+
+std::vector<RolloutPrompt> PpoObjective::State::share(const std::vector<RolloutPrompt>& all, int64_t rank,
+                                                      int64_t ranks) const {
+  const auto per = static_cast<int64_t>(all.size()) / ranks;
+  return {all.begin() + rank * per, all.begin() + (rank + 1) * per};
+}
+
+std::vector<RolloutRow> PpoObjective::State::sample_share(models::CausalLM& policy,
+                                                          const std::vector<RolloutPrompt>& mine, uint64_t seed,
+                                                          bool with_values, Metrics& m) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto local = generate(policy, mine, ppo.samples_per_prompt, seed, false);
+  const double rollout_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int64_t produced = 0;
+  for (const auto& row : local) produced += static_cast<int64_t>(row.response.size());
+  m["time/rollout_s"] = rollout_s;
+  if (rollout_s > 0) m["rollout/tokens_per_s"] = static_cast<double>(produced) / rollout_s;
+  forward_logps(policy, local, false, with_values);
+  return local;
+}
+
+std::vector<RolloutRow> PpoObjective::State::collect(Engine& engine, uint64_t seed, Metrics& m) {
+  const auto mine = share(draw(), ranks.rank, ranks.world);
   std::vector<RolloutRow> local;
   {
     auto whole = engine.gathered();  // sharded weights stay whole for the whole rollout
-    local = generate(engine.model(), mine, K, seed, false);
-    const double rollout_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    int64_t produced = 0;
-    for (const auto& row : local) produced += static_cast<int64_t>(row.response.size());
-    m["time/rollout_s"] = rollout_s;
-    if (rollout_s > 0) m["rollout/tokens_per_s"] = static_cast<double>(produced) / rollout_s;
-    forward_logps(engine.model(), local, false, value_head);
+    local = sample_share(engine.model(), mine, seed, value_head, m);
   }
+  return score_share(engine, mine, std::move(local), m);
+}
+
+std::vector<RolloutRow> PpoObjective::State::score_share(Engine& engine, const std::vector<RolloutPrompt>& mine,
+                                                         std::vector<RolloutRow> local, Metrics& m) {
+  const int64_t P = ppo.prompts_per_rollout, K = ppo.samples_per_prompt, W = ranks.world;
   if (environment) {
     // The episodes, over the whole rollout: assistant turns, appended tokens and the environment's reward.
     std::vector<double> st(3, 0.0);
@@ -499,12 +533,6 @@ std::vector<Batch> PpoObjective::State::schedule(const std::vector<RolloutRow>& 
   return micro;
 }
 
-namespace {
-uint64_t iteration_seed(int64_t run_seed, int64_t iteration) {
-  return static_cast<uint64_t>(run_seed) * 0x2545F4914F6CDD1Dull + static_cast<uint64_t>(iteration);
-}
-}  // namespace
-
 std::vector<RolloutRow> PpoObjective::State::sample(Engine& engine, int64_t iteration, Metrics& m) {
   const auto seed = iteration_seed(cfg.train.seed, iteration);
   auto rows = collect(engine, seed, m);
@@ -545,29 +573,70 @@ void PpoObjective::State::correct_off_policy(Engine& engine, std::vector<Rollout
   }
 }
 
+namespace {
+/// Moves the metrics of `from` that describe a batch (not a time or a speed) into `batch`.
+void move_batch_metrics(Metrics& from, Metrics& batch) {
+  for (auto it = from.begin(); it != from.end();) {
+    const auto& k = it->first;
+    if (k.rfind("time/", 0) == 0 || k.find("_per_s") != std::string::npos) {
+      ++it;
+      continue;
+    }
+    batch[k] = it->second;
+    it = from.erase(it);
+  }
+}
+}  // namespace
+
+void PpoObjective::State::receive_in_flight(Engine& engine) {
+  Metrics got;
+  in_flight = receive(engine, got);
+  in_flight_metrics.clear();
+  move_batch_metrics(got, in_flight_metrics);
+  for (auto& [k, v] : got) received_timing[k] = v;
+}
+
 Metrics PpoObjective::before_iteration(Engine& engine, int64_t iteration, int64_t step) {
   (void)step;
   auto& s = *s_;
   Metrics m;
   if (s.learn_seconds > 0) m["time/train_s"] = s.learn_seconds;
   const auto seed = iteration_seed(s.cfg.train.seed, iteration);
+  const auto& async = s.ppo.async;
   std::vector<RolloutRow> rows;
-  if (!s.ppo.async.emulate) {
+  if (!async.one_step_off()) {
     rows = s.sample(engine, iteration, m);
   } else {
     // One step off: train the batch the last iteration sampled (the first iteration samples its own), and
-    // sample the next with these weights, before their update.
+    // sample the next with these weights, before their update: here (emulate), or on the rollout ranks while
+    // this iteration trains. A batch's sampling metrics are logged with the iteration that trains it.
     int64_t sampled_by = iteration;
-    if (s.in_flight.empty()) {
-      rows = s.sample(engine, iteration, m);
-    } else {
+    if (s.requested) s.receive_in_flight(engine);  // the last iteration's last step was skipped (not finite)
+    if (!s.in_flight.empty()) {
       rows = std::move(s.in_flight);
       sampled_by = s.in_flight_iteration;
+      for (auto& [k, v] : s.in_flight_metrics) m[k] = v;
+    } else if (async.rollout_ranks > 0) {
+      s.request(engine, iteration, iteration, true);
+      rows = s.receive(engine, m);
+    } else {
+      rows = s.sample(engine, iteration, m);
     }
-    s.in_flight = s.sample(engine, iteration + 1, m);
+    s.in_flight.clear();
+    s.in_flight_metrics.clear();
+    if (async.rollout_ranks > 0) {
+      // The first iteration's second batch is sampled by the weights just sent.
+      s.request(engine, iteration + 1, iteration, sampled_by != iteration);
+      for (auto& [k, v] : std::exchange(s.received_timing, {})) m[k] = v;  // the last hand-offs' times
+    } else {
+      Metrics next;
+      s.in_flight = s.sample(engine, iteration + 1, next);
+      move_batch_metrics(next, s.in_flight_metrics);
+      for (auto& [k, v] : next) m[k] = v;
+    }
     s.in_flight_iteration = iteration;
     m["rollout/staleness"] = static_cast<double>(iteration - sampled_by);
-    if (s.ppo.async.correction == OffPolicyCorrection::kTruncatedIs) s.correct_off_policy(engine, rows, m);
+    if (async.correction == OffPolicyCorrection::kTruncatedIs) s.correct_off_policy(engine, rows, m);
   }
   const auto [adv, ret] = s.advantages(rows, m);
   s.source->load(s.schedule(rows, adv, ret, seed));
@@ -631,10 +700,13 @@ std::vector<std::string> PpoObjective::console_metrics() const {
 }
 
 void PpoObjective::after_step(Engine& engine, int64_t step) {
-  (void)engine;
-  (void)step;
   auto& s = *s_;
-  if (++s.steps_done_in_iteration < steps_per_iteration()) return;
+  ++s.steps_done_in_iteration;
+  // rollout_ranks: at the iteration's end (or the run's), the batch sampled meanwhile comes in, so that a
+  // checkpoint holds it.
+  if (s.requested && (s.steps_done_in_iteration == steps_per_iteration() || step >= s.cfg.train.max_steps))
+    s.receive_in_flight(engine);
+  if (s.steps_done_in_iteration < steps_per_iteration()) return;
   s.learn_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.learn_start).count();
   // The rollout's measured KL moves the coefficient (Ziegler et al.; trlx).
   if (s.ppo.target_kl > 0)
@@ -644,7 +716,7 @@ void PpoObjective::after_step(Engine& engine, int64_t step) {
 
 nlohmann::json PpoObjective::state() const {
   nlohmann::json j{{"kl_coef", s_->kl_coef}, {"reward_moments", s_->moments.to_json()}};
-  if (s_->ppo.async.emulate) {  // the batch in flight, so that a resume trains what the run would have
+  if (s_->ppo.async.one_step_off()) {  // the batch in flight, so that a resume trains what the run would have
     auto rows = nlohmann::json::array();
     for (const auto& r : s_->in_flight)
       rows.push_back({{"prompt", r.prompt},
@@ -655,7 +727,8 @@ nlohmann::json PpoObjective::state() const {
                       {"values", r.values},
                       {"score", r.score},
                       {"appended", r.appended}});
-    j["in_flight"] = {{"sampled_by_iteration", s_->in_flight_iteration}, {"rows", rows}};
+    j["in_flight"] = {
+        {"sampled_by_iteration", s_->in_flight_iteration}, {"rows", rows}, {"metrics", s_->in_flight_metrics}};
   }
   return j;
 }
@@ -663,13 +736,14 @@ nlohmann::json PpoObjective::state() const {
 void PpoObjective::restore(const nlohmann::json& state) {
   s_->kl_coef = state.at("kl_coef").get<double>();
   s_->moments = RunningMoments::from_json(state.at("reward_moments"));
-  if (!s_->ppo.async.emulate) return;
+  if (!s_->ppo.async.one_step_off()) return;
   if (!state.contains("in_flight"))
     throw CheckpointError(
-        "trainer state: ppo.async.emulate resumes a checkpoint that holds its batch in flight; this "
-        "one was saved without ppo.async.emulate");
+        "trainer state: the one-step-off schedule (ppo.async) resumes a checkpoint that holds its batch in "
+        "flight; this one was saved without ppo.async.emulate or ppo.async.rollout_ranks");
   const auto& f = state.at("in_flight");
   s_->in_flight_iteration = f.at("sampled_by_iteration").get<int64_t>();
+  s_->in_flight_metrics = f.value("metrics", Metrics{});
   s_->in_flight.clear();
   for (const auto& r : f.at("rows")) {
     RolloutRow row;

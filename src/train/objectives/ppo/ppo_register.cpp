@@ -41,16 +41,34 @@ void check_ppo(const PpoConfig& p, const config::RunConfig&, const config::Check
                   "names none (set the command, or remove the key)");
   }
   // The correction's keys, which would do nothing on the synchronous schedule (defaults pass).
-  if (!p.async.emulate) {
-    const AsyncConfig defaults;
-    if (p.async.correction != defaults.correction)
+  const AsyncConfig defaults;
+  const auto& a = p.async;
+  if (!a.one_step_off()) {
+    if (a.correction != defaults.correction)
       checks.fail("ppo.async.correction",
-                  "applies to the one-step-off schedule: set ppo.async.emulate: true, or "
-                  "remove the key (a synchronous batch is its own weights')");
-    if (p.async.is_cap != defaults.is_cap)
+                  "applies to the one-step-off schedule: set ppo.async.rollout_ranks or ppo.async.emulate: true, "
+                  "or remove the key (a synchronous batch is its own weights')");
+    if (a.is_cap != defaults.is_cap)
       checks.fail("ppo.async.is_cap",
-                  "applies to the one-step-off schedule: set ppo.async.emulate: true, or "
-                  "remove the key");
+                  "applies to the one-step-off schedule: set ppo.async.rollout_ranks or ppo.async.emulate: true, "
+                  "or remove the key");
+  }
+  if (a.check_weights && a.rollout_ranks == 0)
+    checks.fail("ppo.async.check_weights",
+                "compares the weights rollout ranks sample with; set ppo.async.rollout_ranks");
+  if (a.rollout_ranks > 0) {
+    if (a.emulate)
+      checks.fail("ppo.async.emulate",
+                  "runs the one-step-off schedule without rollout ranks (its oracle); with ppo.async.rollout_ranks "
+                  "the schedule runs on them: set one of the two");
+    if (p.dynamic_sampling)
+      checks.fail("ppo.dynamic_sampling",
+                  "draws more rounds once a rollout is scored, which the trainers do after the rollout ranks have "
+                  "moved on; it is not available with ppo.async.rollout_ranks");
+    if (!p.critic_from.empty() && a.correction == OffPolicyCorrection::kBypass)
+      checks.fail("ppo.async.correction",
+                  "bypass keeps the values of the weights that sampled a batch, and a separate critic "
+                  "(ppo.critic_from) stays on the training ranks; use truncated_is, which recomputes them");
   }
   checks.model_folder("ppo.reference", p.reference);
   checks.model_folder("ppo.reward.model", p.reward.model);
@@ -85,6 +103,8 @@ void register_ppo_objective() {
   reads.insert(reads.end(), {"data.template", "data.on_error", "train.fused_loss", "eval.generate_samples",
                              "eval.max_new_tokens", "eval.table_rows"});
   register_objective<PpoObjective>("ppo", reads);
+  register_side_ranks("ppo", "ppo.async.rollout_ranks",
+                      [](const config::RunConfig& cfg) { return ppo_config(cfg).async.rollout_ranks; });
 }
 
 }  // namespace anvil::train

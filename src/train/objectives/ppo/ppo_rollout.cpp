@@ -13,7 +13,10 @@ void RowCodec::put(const RolloutRow& r, double* out) const {
   out[1] = static_cast<double>(r.response.size());
   out[2] = r.ended ? 1 : 0;
   out[3] = r.score;
-  double* p = out + 4;
+  out[4] = static_cast<double>(r.answer.size());
+  out[5] = r.env_reward;
+  out[6] = static_cast<double>(r.turns);
+  double* p = out + 7;
   for (size_t i = 0; i < r.prompt.size(); ++i) p[i] = static_cast<double>(r.prompt[i]);
   p += max_prompt;
   for (size_t i = 0; i < r.response.size(); ++i) {
@@ -23,6 +26,7 @@ void RowCodec::put(const RolloutRow& r, double* out) const {
     p[3 * max_response + i] = r.values.empty() ? 0 : r.values[i];
     p[4 * max_response + i] = r.is_appended(i) ? 1 : 0;
   }
+  for (size_t i = 0; i < r.answer.size(); ++i) p[5 * max_response + i] = static_cast<double>(r.answer[i]);
 }
 
 RolloutRow RowCodec::get(const double* in) const {
@@ -30,7 +34,10 @@ RolloutRow RowCodec::get(const double* in) const {
   const auto np = static_cast<size_t>(in[0]), nr = static_cast<size_t>(in[1]);
   r.ended = in[2] != 0;
   r.score = in[3];
-  const double* p = in + 4;
+  const auto na = static_cast<size_t>(in[4]);
+  r.env_reward = in[5];
+  r.turns = static_cast<int64_t>(in[6]);
+  const double* p = in + 7;
   for (size_t i = 0; i < np; ++i) r.prompt.push_back(static_cast<int64_t>(p[i]));
   p += max_prompt;
   for (size_t i = 0; i < nr; ++i) {
@@ -40,6 +47,7 @@ RolloutRow RowCodec::get(const double* in) const {
     r.values.push_back(static_cast<float>(p[3 * max_response + i]));
     r.appended.push_back(p[4 * max_response + i] != 0 ? 1 : 0);
   }
+  for (size_t i = 0; i < na; ++i) r.answer.push_back(static_cast<int64_t>(p[5 * max_response + i]));
   if (std::none_of(r.appended.begin(), r.appended.end(), [](uint8_t a) { return a != 0; })) r.appended.clear();
   return r;
 }

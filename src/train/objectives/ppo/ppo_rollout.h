@@ -26,19 +26,19 @@ struct RolloutRow {
   /// ppo.async (one-step-off): each response token's truncated importance
   /// weight, min(pi_prox / pi_behaviour, is_cap); empty = 1.
   std::vector<float> is_weight;
-  // Known to the rank that generated the row only (not exchanged):
+  // Multi-turn rollouts, for scoring (on the ranks that score the row):
   std::vector<int64_t> answer;  // the last assistant turn, without its end of turn
   double env_reward = 0;        // the environment's reward at done
   int64_t turns = 1;            // assistant turns taken
   bool is_appended(size_t j) const { return !appended.empty() && appended[j] != 0; }
 };
 
-/// Packs rows into doubles for the exchange between ranks (all_sum of
-/// zero-filled slots): lengths, ended, score, tokens, log-probs, values and
-/// the appended marks.
+/// Packs rows into doubles for the exchanges between ranks (fixed-width
+/// slots): lengths, ended, score, tokens, log-probs, values, the appended
+/// marks and an episode's answer, reward and turns.
 struct RowCodec {
   int64_t max_prompt, max_response;
-  int64_t width() const { return 4 + max_prompt + max_response * 5; }
+  int64_t width() const { return 7 + max_prompt + max_response * 6; }
   void put(const RolloutRow& r, double* out) const;
   RolloutRow get(const double* in) const;
 };

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -32,6 +33,7 @@ using rewards::ResponseRewards;
 struct RolloutPrompt {
   const chat::PromptSample* sample;
   int64_t global_index;
+  data::SampleRef ref{};  // where it is in data.train (rollout ranks are told it)
 };
 
 /// (B, R) log-probabilities of `tokens` at the (B, R, C) hidden states
@@ -40,6 +42,11 @@ struct RolloutPrompt {
 /// each position's entropy too (no grad).
 at::Tensor token_logps(models::CausalLM& model, const at::Tensor& sel, const at::Tensor& tokens, double temperature,
                        bool fused, at::Tensor* entropy = nullptr);
+
+/// The seed of iteration `iteration`'s rollout: its rows' seeds derive from it.
+inline uint64_t iteration_seed(int64_t run_seed, int64_t iteration) {
+  return static_cast<uint64_t>(run_seed) * 0x2545F4914F6CDD1Dull + static_cast<uint64_t>(iteration);
+}
 
 struct PpoObjective::State {
   config::RunConfig cfg;
@@ -65,10 +72,21 @@ struct PpoObjective::State {
   std::chrono::steady_clock::time_point learn_start;
   std::unique_ptr<generation::Decoder> decoder;  // the rollouts' (and eval's), kept from one to the next
   const models::CausalLM* decoded = nullptr;     // the model it decodes
-  /// ppo.async.emulate: the batch the next iteration trains, sampled by this
-  /// iteration's weights before its update (saved with each checkpoint).
+  /// ppo.async: the batch the next iteration trains, sampled by this
+  /// iteration's weights before its update, and its sampling metrics (logged
+  /// when it trains); saved with each checkpoint.
   std::vector<RolloutRow> in_flight;
   int64_t in_flight_iteration = -1;  // the iteration whose weights sampled it
+  Metrics in_flight_metrics;
+  /// ppo.async.rollout_ranks, on the training ranks: the launch (ranks
+  /// [trainers, world) sample), and the batch they are sampling.
+  std::shared_ptr<distributed::Communicator> world;
+  int64_t trainers = 0;
+  bool requested = false;  // a batch is being sampled, not yet received
+  std::vector<RolloutPrompt> requested_prompts;
+  int64_t weights_version = -1;           // the last weights sent: the step they are after
+  std::map<int64_t, uint64_t> sent_hash;  // ppo.async.check_weights: version -> hash of what was sent
+  Metrics received_timing;                // the last hand-off's time/ metrics, logged with the next iteration
 
   State(const config::RunConfig& c, const tokenizer::Tokenizer& t) : cfg(c), ppo(ppo_config(cfg)), tok(t) {}
 
@@ -122,6 +140,31 @@ struct PpoObjective::State {
   at::Tensor values(models::CausalLM& policy, const at::Tensor& ids, const at::Tensor& pos, const at::Tensor& sel);
   /// The rollout: prompts drawn, responses sampled and scored, rows exchanged.
   std::vector<RolloutRow> collect(Engine& engine, uint64_t seed, Metrics& m);
+  /// A rollout's prompts_per_rollout prompts, drawn from the prompt stream.
+  std::vector<RolloutPrompt> draw();
+  /// The prompts of `all` that rank `rank` of `ranks` samples (a contiguous share).
+  std::vector<RolloutPrompt> share(const std::vector<RolloutPrompt>& all, int64_t rank, int64_t ranks) const;
+  /// `mine` sampled (samples_per_prompt each) by `policy` (whole), with the
+  /// behaviour log-probs and, with `values`, the value head's values.
+  std::vector<RolloutRow> sample_share(models::CausalLM& policy, const std::vector<RolloutPrompt>& mine, uint64_t seed,
+                                       bool values, Metrics& m);
+  /// The reference log-probs and scores of this rank's `local` rows (of
+  /// `mine`), then every rank's rows in rank order (a collective).
+  std::vector<RolloutRow> score_share(Engine& engine, const std::vector<RolloutPrompt>& mine,
+                                      std::vector<RolloutRow> local, Metrics& m);
+  /// rollout_ranks: asks the rollout ranks for batch `iteration` (its prompts
+  /// drawn here); with `send_weights`, sends them the current weights first,
+  /// those of iteration `weights_of` (else they keep the last ones sent).
+  void request(Engine& engine, int64_t iteration, int64_t weights_of, bool send_weights);
+  /// rollout_ranks: the rows of the batch requested, as the rollout ranks
+  /// send them (not scored); the hand-off's times into received_timing.
+  std::vector<RolloutRow> receive_rows(Engine& engine);
+  /// rollout_ranks: the batch requested, once the rollout ranks send it,
+  /// scored; its sampling metrics into `m`, the hand-off's times into
+  /// received_timing.
+  std::vector<RolloutRow> receive(Engine& engine, Metrics& m);
+  /// rollout_ranks: receive() into the batch in flight and its metrics.
+  void receive_in_flight(Engine& engine);
   /// ppo.dynamic_sampling: keeps the groups of `first` whose scores differ
   /// and collects more rounds until prompts_per_rollout such groups are in
   /// (at most dynamic_sampling_max_rounds rounds; then dropped groups fill).

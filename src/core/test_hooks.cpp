@@ -1,4 +1,4 @@
-#include "train/test_hooks.h"
+#include "core/test_hooks.h"
 
 #include <chrono>
 #include <csignal>
@@ -9,7 +9,7 @@
 #include "anvil/core/error.h"
 #include "core/logging.h"
 
-namespace anvil::train::test_hooks {
+namespace anvil::test_hooks {
 namespace {
 
 const char* env(const char* name) {
@@ -55,16 +55,16 @@ const StepSignals& signals_at_step() {
     const std::string spec(v);
     const auto colon = spec.find(':');
     const auto bad = [&] {
-      return ConfigError(
-          concat("ANVIL_TEST_SIGNALS_AT_STEP: expected STEP:SIG[,SIG...] with SIG INT or TERM, got \"", spec, "\""));
+      return ConfigError(concat(
+          "ANVIL_TEST_SIGNALS_AT_STEP: expected STEP:SIG[,SIG...] with SIG INT, TERM or KILL, got \"", spec, "\""));
     };
     if (colon == std::string::npos) throw bad();
     out.step = count("ANVIL_TEST_SIGNALS_AT_STEP", spec.substr(0, colon), "STEP:SIG[,SIG...]");
     std::stringstream ss(spec.substr(colon + 1));
     std::string sig;
     while (std::getline(ss, sig, ',')) {
-      if (sig != "INT" && sig != "TERM") throw bad();
-      out.signals.push_back(sig == "TERM" ? SIGTERM : SIGINT);
+      if (sig != "INT" && sig != "TERM" && sig != "KILL") throw bad();
+      out.signals.push_back(sig == "TERM" ? SIGTERM : sig == "KILL" ? SIGKILL : SIGINT);
     }
     if (out.signals.empty()) throw bad();
     return out;
@@ -119,4 +119,24 @@ bool emulate_cuda_graphs() {
   return on;
 }
 
-}  // namespace anvil::train::test_hooks
+RolloutFault rollout_fault() {
+  RolloutFault out;
+  const char* v = env("ANVIL_TEST_ROLLOUT_FAULT");
+  if (!v) return out;
+  const std::string spec(v);
+  const auto colon = spec.find(':');
+  const auto what = colon == std::string::npos ? std::string() : spec.substr(colon + 1);
+  if (what != "hang" && what != "kill")
+    throw ConfigError(
+        concat("ANVIL_TEST_ROLLOUT_FAULT: expected ITERATION:hang or ITERATION:kill, got \"", spec, "\""));
+  out.iteration = count("ANVIL_TEST_ROLLOUT_FAULT", spec.substr(0, colon), "ITERATION:hang or ITERATION:kill");
+  out.kill = what == "kill";
+  return out;
+}
+
+bool rollout_perturb() {
+  const char* v = env("ANVIL_TEST_ROLLOUT_PERTURB");
+  return v && count("ANVIL_TEST_ROLLOUT_PERTURB", v, "0 or 1") != 0;
+}
+
+}  // namespace anvil::test_hooks

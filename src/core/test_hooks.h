@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace anvil::train::test_hooks {
+namespace anvil::test_hooks {
 
 /// ANVIL_TEST_NONFINITE="loss@3,grad@5": step 3's loss (on rank 0 only, so
 /// the ranks must agree through the reduction) and step 5's gradients (on
@@ -20,10 +20,10 @@ namespace anvil::train::test_hooks {
 /// "grad"; empty when unset.
 std::map<int64_t, std::string> nonfinite_steps();
 
-/// ANVIL_TEST_SIGNALS_AT_STEP=STEP:SIG[,SIG...], SIG INT or TERM: the loop
-/// raises the signals, in order, once STEP steps are done, as the next one
-/// begins (a real pair of signals from outside races the save the first one
-/// starts). step -1 when unset.
+/// ANVIL_TEST_SIGNALS_AT_STEP=STEP:SIG[,SIG...], SIG INT, TERM or KILL: the
+/// loop raises the signals, in order, once STEP steps are done, as the next
+/// one begins (a real pair of signals from outside races the save the first
+/// one starts; KILL is kill -9 at a known point). step -1 when unset.
 struct StepSignals {
   int64_t step = -1;
   std::vector<int> signals;
@@ -53,4 +53,18 @@ void before_resume_unit(size_t unit, size_t units);
 /// step's function and a "replay" calls it (train.cuda_graphs on the CPU).
 bool emulate_cuda_graphs();
 
-}  // namespace anvil::train::test_hooks
+/// ANVIL_TEST_ROLLOUT_FAULT=I:hang or I:kill: a rollout rank
+/// (ppo.async.rollout_ranks) asked for the batch of iteration I sleeps
+/// instead of sending it (the trainers' watchdog must end the run), or raises
+/// SIGKILL once it has sampled it. iteration -1 when unset.
+struct RolloutFault {
+  int64_t iteration = -1;
+  bool kill = false;
+};
+RolloutFault rollout_fault();
+
+/// ANVIL_TEST_ROLLOUT_PERTURB=1: a rollout rank changes the first weight it
+/// receives by 1e-3 after receiving it (ppo.async.check_weights must notice).
+bool rollout_perturb();
+
+}  // namespace anvil::test_hooks

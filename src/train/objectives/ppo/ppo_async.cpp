@@ -1,0 +1,297 @@
+// ppo.async.rollout_ranks: the one-step-off schedule with the sampling on
+// ranks of their own (docs/algorithms.md, "One-step-off-policy training").
+//
+// Every hand-off is a blocking collective over the whole launch, at a fixed
+// point of the schedule, so a run is as deterministic as ppo.async.emulate on
+// the training ranks alone, which is its oracle:
+//   before iteration i, the trainers send a command (the batch's iteration and
+//     its prompts) and the weights after update i - 1: a broadcast of the
+//     command, of the list of parameters sent, then of each parameter from
+//     trainer k % T (its whole value, cast to dist.param_dtype);
+//   the rollout ranks sample batch i + 1 while the trainers train batch i;
+//   at the end of iteration i, each rollout rank broadcasts its rows; the
+//     trainers score them as a colocated rollout is scored and hold the batch
+//     in flight (it is saved with a checkpoint).
+// The first iteration samples two batches with the same weights; a resumed
+// run sends every parameter again. The rows' per-sample seeds make the tokens
+// independent of which rank samples them.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <thread>
+
+#include "anvil/core/error.h"
+#include "core/logging.h"
+#include "distributed/comm.h"
+#include "train/objectives/ppo/ppo_state.h"
+#include "core/test_hooks.h"
+
+namespace anvil::train {
+namespace {
+
+enum Command : int64_t { kStop = 0, kSample = 1 };
+// The command: what, the batch's iteration, the weights' version (the iteration whose weights they are),
+// parameters sent, parameters the trainers' model has; then (dataset, index, global index) per prompt.
+constexpr int64_t kCommand = 5;
+// A rollout rank's rows follow a header: seconds sampling, tokens sampled, seconds waiting for the trainers,
+// the weights' hash (two 32-bit halves) and version.
+constexpr int64_t kHeader = 6;
+
+at::ScalarType param_dtype(const config::RunConfig& cfg) {
+  switch (cfg.dist.param_dtype) {
+    case config::Dtype::kBFloat16:
+      return at::kBFloat16;
+    case config::Dtype::kFloat16:
+      return at::kHalf;
+    default:
+      return at::kFloat;
+  }
+}
+
+/// FNV-1a over the bytes of `tensors` (64-bit words, then the tail).
+uint64_t weights_hash(const std::vector<at::Tensor>& tensors) {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& t : tensors) {
+    const auto c = t.detach().cpu().contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
+    const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, bytes + i, 8);
+      h = (h ^ w) * 1099511628211ull;
+    }
+    for (; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+/// A rollout rank's part of the trainers' weights broadcasts: `sent` parameters of `params` (their list first).
+void receive_weights(const SideContext& ctx, std::vector<at::Tensor>& params, int64_t sent, bool perturb) {
+  torch::NoGradGuard no_grad;
+  const auto& world = ctx.world;
+  auto list = at::empty({2 * sent}, at::TensorOptions(at::kLong).device(ctx.device));
+  world->broadcast(list, 0, "the list of weights sent to the rollout ranks");
+  list = list.cpu().contiguous();
+  for (int64_t k = 0; k < sent; ++k) {
+    const auto index = list.data_ptr<int64_t>()[2 * k], numel = list.data_ptr<int64_t>()[2 * k + 1];
+    if (index < 0 || index >= static_cast<int64_t>(params.size()) ||
+        params[static_cast<size_t>(index)].numel() != numel)
+      throw ConfigError(concat("ppo.async.rollout_ranks: the trainers send parameter ", index, " of ", numel,
+                               " values, which rank ", world->rank(), "'s model does not have"));
+    auto& p = params[static_cast<size_t>(index)];
+    auto buf = at::empty({numel}, p.options());
+    world->broadcast(buf, static_cast<int>(k % ctx.trainers), "the weights sent to the rollout ranks");
+    p.detach().view({-1}).copy_(buf);
+    if (perturb && k == 0) p.detach().view({-1})[0].add_(1e-3);  // test hook: ppo.async.check_weights must see it
+  }
+}
+
+}  // namespace
+
+void PpoObjective::State::request(Engine& engine, int64_t iteration, int64_t weights_of, bool send_weights) {
+  const int64_t P = ppo.prompts_per_rollout;
+  requested_prompts = draw();
+  auto& model = engine.model();
+  std::vector<at::Tensor> params;
+  for (const auto& p : model.named_parameters()) params.push_back(p.value());
+  // The first weights a rollout rank gets are every parameter (those the run does not train too); later
+  // ones are the trained parameters alone (a LoRA run's adapters).
+  std::vector<int64_t> sent;
+  if (send_weights)
+    for (size_t k = 0; k < params.size(); ++k)
+      if (weights_version < 0 || params[k].requires_grad()) sent.push_back(static_cast<int64_t>(k));
+  auto command = at::zeros({kCommand + 3 * P}, at::kLong);
+  auto* c = command.data_ptr<int64_t>();
+  c[0] = kSample;
+  c[1] = iteration;
+  c[2] = send_weights ? weights_of : weights_version;
+  c[3] = static_cast<int64_t>(sent.size());
+  c[4] = static_cast<int64_t>(params.size());
+  for (int64_t g = 0; g < P; ++g) {
+    const auto& p = requested_prompts[static_cast<size_t>(g)];
+    c[kCommand + 3 * g] = p.ref.dataset;
+    c[kCommand + 3 * g + 1] = p.ref.index;
+    c[kCommand + 3 * g + 2] = p.global_index;
+  }
+  const auto device = engine.device();
+  world->broadcast(command.to(device), 0, "the rollout ranks' command");
+  if (send_weights) {
+    torch::NoGradGuard no_grad;
+    auto whole = engine.gathered();
+    const auto dtype = param_dtype(cfg);
+    auto list = at::empty({2 * static_cast<int64_t>(sent.size())}, at::kLong);
+    for (size_t k = 0; k < sent.size(); ++k) {
+      list.data_ptr<int64_t>()[2 * k] = sent[k];
+      list.data_ptr<int64_t>()[2 * k + 1] = params[static_cast<size_t>(sent[k])].numel();
+    }
+    world->broadcast(list.to(device), 0, "the list of weights sent to the rollout ranks");
+    int64_t bytes = 0;
+    for (size_t k = 0; k < sent.size(); ++k) {
+      const auto& p = params[static_cast<size_t>(sent[k])];
+      const int root = static_cast<int>(static_cast<int64_t>(k) % trainers);
+      // Spread over the trainers: each sends every trainers-th parameter (all of them hold it whole here).
+      auto t = ranks.rank == root ? p.detach().to(dtype).contiguous().view({-1})
+                                  : at::empty({p.numel()}, p.options().dtype(dtype));
+      world->broadcast(t, root, "the weights sent to the rollout ranks");
+      bytes += t.numel() * static_cast<int64_t>(t.element_size());
+    }
+    weights_version = weights_of;
+    received_timing["rollout/weights_sent_bytes"] = static_cast<double>(bytes);
+    if (ppo.async.check_weights) {
+      std::vector<at::Tensor> cast;
+      for (const auto& p : params) cast.push_back(p.detach().to(dtype));
+      sent_hash[weights_version] = weights_hash(cast);
+    }
+  }
+  requested = true;
+}
+
+std::vector<RolloutRow> PpoObjective::State::receive_rows(Engine& engine) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t P = ppo.prompts_per_rollout, K = ppo.samples_per_prompt;
+  const int64_t R = world->world_size() - trainers;
+  const RowCodec codec{cfg.data.max_length, ppo.max_new_tokens};
+  const int64_t per = P / R * K;
+  std::vector<RolloutRow> rows;
+  double rollout_s = 0, tokens = 0, waited = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    const int root = static_cast<int>(trainers + r);
+    auto buf = at::empty({kHeader + per * codec.width()}, at::TensorOptions(at::kDouble).device(engine.device()));
+    world->broadcast(buf, root, concat("the rows of rollout rank ", root));
+    buf = buf.cpu().contiguous();
+    const double* h = buf.data_ptr<double>();
+    rollout_s = std::max(rollout_s, h[0]);
+    tokens += h[1];
+    waited = std::max(waited, h[2]);
+    if (ppo.async.check_weights) {
+      const auto version = static_cast<int64_t>(h[5]);
+      const uint64_t hash = (static_cast<uint64_t>(h[3]) << 32) | static_cast<uint64_t>(h[4]);
+      const auto it = sent_hash.find(version);
+      if (it == sent_hash.end() || it->second != hash)
+        throw Error(
+            concat("ppo.async.check_weights: rollout rank ", root, " sampled with weights of version ", version,
+                   " whose hash (", hash, ") is not that of the weights the trainers sent",
+                   it == sent_hash.end() ? std::string(" (no such version was sent)") : concat(" (", it->second, ")")));
+    }
+    for (int64_t i = 0; i < per; ++i) rows.push_back(codec.get(h + kHeader + i * codec.width()));
+  }
+  // Hashes of versions no batch will be sampled with again.
+  while (!sent_hash.empty() && sent_hash.begin()->first < weights_version) sent_hash.erase(sent_hash.begin());
+  received_timing["time/wait_rollout_s"] = seconds_since(t0);
+  received_timing["time/rollout_s"] = rollout_s;
+  if (rollout_s > 0) received_timing["rollout/tokens_per_s"] = tokens / rollout_s;
+  received_timing["time/wait_train_s"] = waited;
+  requested = false;
+  return rows;
+}
+
+std::vector<RolloutRow> PpoObjective::State::receive(Engine& engine, Metrics& m) {
+  auto rows = receive_rows(engine);
+  // Scored as a colocated rollout is: each trainer its share, then every trainer gets every row.
+  const int64_t per = ppo.prompts_per_rollout / ranks.world * ppo.samples_per_prompt;
+  const auto first = rows.begin() + ranks.rank * per;
+  std::vector<RolloutRow> local(std::make_move_iterator(first), std::make_move_iterator(first + per));
+  return score_share(engine, share(requested_prompts, ranks.rank, ranks.world), std::move(local), m);
+}
+
+void PpoObjective::finish(Engine& engine) {
+  auto& s = *s_;
+  if (!s.world) return;
+  if (s.requested) (void)s.receive_rows(engine);  // a batch no iteration will train
+  auto command = at::zeros({kCommand + 3 * s.ppo.prompts_per_rollout}, at::kLong);
+  command.data_ptr<int64_t>()[0] = kStop;
+  s.world->broadcast(command.to(engine.device()), 0, "the rollout ranks' command");
+}
+
+void PpoObjective::serve(models::CausalLM& model, const SideContext& ctx) {
+  auto& s = *s_;
+  const auto& world = ctx.world;
+  const int64_t T = ctx.trainers, R = world->world_size() - T, me = world->rank() - T;
+  const int64_t P = s.ppo.prompts_per_rollout;
+  if (P % R != 0)
+    throw ConfigError(concat("ppo.prompts_per_rollout: ", P, " prompts do not divide among ", R,
+                             " rollout ranks (ppo.async.rollout_ranks)"));
+  // What sampling needs of the policy: the value head (its values are the behaviour's; a separate critic
+  // stays with the trainers), and the environment program for multi-turn rollouts.
+  const bool values = s.value_head && s.ppo.critic_from.empty();
+  if (values && !model.has_head("value")) model.add_head("value", 1);
+  model.to(ctx.device, param_dtype(s.cfg));
+  if (!s.ppo.environment.command.empty() && !s.environment)
+    s.environment =
+        std::make_unique<rewards::EnvironmentProgram>(s.ppo.environment.command, s.ppo.environment.timeout_s);
+  std::vector<at::Tensor> params = model.parameters();
+  const RowCodec codec{s.cfg.data.max_length, s.ppo.max_new_tokens};
+  const int64_t per = P / R * s.ppo.samples_per_prompt;
+  log::info("ppo.async.rollout_ranks: rank ", world->rank(), " samples ", P / R, " prompts of each rollout for the ", T,
+            " training ranks");
+  auto idle_since = std::chrono::steady_clock::now();
+  int64_t version = -1;
+  bool perturb = test_hooks::rollout_perturb();
+  for (;;) {
+    auto command = at::empty({kCommand + 3 * P}, at::TensorOptions(at::kLong).device(ctx.device));
+    world->broadcast(command, 0, "the rollout ranks' command");
+    command = command.cpu().contiguous();
+    const auto* c = command.data_ptr<int64_t>();
+    const double waited = seconds_since(idle_since);
+    if (c[0] == kStop) return;
+    const int64_t iteration = c[1], sent = c[3];
+    if (c[4] != static_cast<int64_t>(params.size()))
+      throw ConfigError(concat("ppo.async.rollout_ranks: the trainers' model has ", c[4], " parameters, rank ",
+                               world->rank(), "'s ", params.size(),
+                               "; every rank builds the same model from the same config"));
+    if (sent > 0) {
+      receive_weights(ctx, params, sent, perturb);
+      perturb = false;
+      version = c[2];
+    }
+    std::vector<RolloutPrompt> all;
+    for (int64_t g = 0; g < P; ++g) {
+      const auto dataset = c[kCommand + 3 * g], index = c[kCommand + 3 * g + 1];
+      all.push_back({&(*s.data.train[static_cast<size_t>(dataset)])[index],
+                     c[kCommand + 3 * g + 2],
+                     {static_cast<int32_t>(dataset), index}});
+    }
+    Metrics m;
+    const auto rows =
+        s.sample_share(model, s.share(all, me, R), iteration_seed(s.cfg.train.seed, iteration), values, m);
+    auto buf = at::zeros({kHeader + per * codec.width()}, at::kDouble);
+    double* h = buf.data_ptr<double>();
+    h[0] = m["time/rollout_s"];
+    for (const auto& r : rows) h[1] += static_cast<double>(r.response.size());
+    h[2] = waited;
+    if (s.ppo.async.check_weights) {
+      const auto hash = weights_hash(params);
+      h[3] = static_cast<double>(hash >> 32);
+      h[4] = static_cast<double>(hash & 0xffffffffull);
+    }
+    h[5] = static_cast<double>(version);
+    for (size_t i = 0; i < rows.size(); ++i) codec.put(rows[i], h + kHeader + static_cast<int64_t>(i) * codec.width());
+    if (const auto fault = test_hooks::rollout_fault(); fault.iteration == iteration) {
+      log::warn("test hook: rollout rank ", world->rank(), fault.kill ? " is killed" : " hangs",
+                " instead of sending the batch of iteration ", iteration);
+      if (fault.kill) std::raise(SIGKILL);
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(60));
+    }
+    idle_since = std::chrono::steady_clock::now();
+    buf = buf.to(ctx.device);
+    for (int64_t r = 0; r < R; ++r) {
+      const int root = static_cast<int>(T + r);
+      if (root == world->rank()) {
+        world->broadcast(buf, root, concat("the rows of rollout rank ", root));
+      } else {  // another rollout rank's rows, which this one does not need
+        auto other = at::empty_like(buf);
+        world->broadcast(other, root, concat("the rows of rollout rank ", root));
+      }
+    }
+  }
+}
+
+}  // namespace anvil::train
