@@ -303,6 +303,17 @@ class PlainEngine final : public EngineImpl {
       p->copy_(v);
     }
   }
+  std::vector<std::vector<std::string>> parameter_units() override {
+    std::vector<std::string> names;
+    for (const auto& p : model_->named_parameters()) names.push_back(p.key());
+    return {names};
+  }
+  std::vector<at::Tensor> unit_parameters(size_t u) override {
+    TORCH_CHECK(u == 0, "unit_parameters: a plain engine has one unit, got ", u);
+    std::vector<at::Tensor> out;
+    for (const auto& p : model_->parameters()) out.push_back(p.detach());
+    return out;
+  }
   std::map<std::string, at::Tensor> get_parameters(const std::vector<std::string>& names) override {
     auto params = model_->named_parameters();
     std::map<std::string, at::Tensor> out;
@@ -462,6 +473,23 @@ class ShardedEngine final : public EngineImpl {
       for (const auto& p : sharded_->layouts()[u].params)
         if (p.name == name) return {u, &p};
     TORCH_CHECK(false, who, ": the model has no parameter \"", name, "\"");
+  }
+  std::vector<std::vector<std::string>> parameter_units() override {
+    std::vector<std::vector<std::string>> out;
+    for (const auto& layout : sharded_->layouts()) {
+      out.emplace_back();
+      for (const auto& p : layout.params) out.back().push_back(p.name);
+    }
+    return out;
+  }
+  std::vector<at::Tensor> unit_parameters(size_t u) override {
+    const auto& layouts = sharded_->layouts();
+    TORCH_CHECK(u < layouts.size(), "unit_parameters: the model has ", layouts.size(), " units, got ", u);
+    at::NoGradGuard no_grad;
+    const auto flat = sharded_->gather_master(u);
+    std::vector<at::Tensor> out;
+    for (const auto& p : layouts[u].params) out.push_back(flat.narrow(0, p.offset, p.numel).view(p.shape));
+    return out;
   }
   std::map<std::string, at::Tensor> get_parameters(const std::vector<std::string>& names) override {
     std::map<size_t, std::vector<const distributed::FlatParam*>> by_unit;  // gathered in unit order on every rank

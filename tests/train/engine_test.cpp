@@ -75,6 +75,23 @@ class RecordingObjective final : public Objective {
     ++counter_;
     events().push_back(concat("after_step ", step));
     if (!freeze_) return;
+    // Engine::parameter_units / unit_parameters (plain, and sharded with a frozen unit): every parameter in
+    // one unit, each unit's values the masters get_parameters gives.
+    std::vector<std::string> seen;
+    const auto units = engine.parameter_units();
+    for (size_t u = 0; u < units.size(); ++u) {
+      const auto values = engine.unit_parameters(u);
+      const auto masters = engine.get_parameters(units[u]);
+      ASSERT_EQ(values.size(), units[u].size());
+      for (size_t j = 0; j < values.size(); ++j)
+        EXPECT_TRUE(values[j].to(at::kFloat).equal(masters.at(units[u][j]).to(at::kFloat))) << units[u][j];
+      seen.insert(seen.end(), units[u].begin(), units[u].end());
+    }
+    std::vector<std::string> names;
+    for (const auto& p : engine.model().named_parameters()) names.push_back(p.key());
+    std::sort(seen.begin(), seen.end());
+    std::sort(names.begin(), names.end());
+    EXPECT_EQ(seen, names);
     auto whole = engine.gathered();  // sharded weights are whole only inside this scope
     for (const auto& p : engine.model().named_parameters())
       if (!trains(p.key())) EXPECT_TRUE(p.value().equal(initial_.at(p.key()))) << p.key() << " moved at " << step;

@@ -40,6 +40,15 @@ class Engine {
   /// master values in a sharded or mixed-precision run; a collective there),
   /// on the engine's device.
   virtual std::map<std::string, at::Tensor> get_parameters(const std::vector<std::string>& names) = 0;
+  /// The policy's parameter names (HF names, heads.* included) grouped as a
+  /// sharded run gathers them: its units in order (a block, the root, a
+  /// frozen unit); one group holding every parameter on a plain engine.
+  virtual std::vector<std::vector<std::string>> parameter_units() = 0;
+  /// Unit `u`'s parameters (parameter_units()[u], in that order), whole: the
+  /// float32 masters in a sharded run (a frozen unit's in dist.param_dtype),
+  /// gathering that unit alone; the parameters themselves (detached) on a
+  /// plain engine. A collective in a sharded run: every rank calls it alike.
+  virtual std::vector<at::Tensor> unit_parameters(size_t u) = 0;
   /// Keeps the full weights gathered on every rank while it lives (eval,
   /// generation); nothing to do on a plain engine. Not reentrant.
   class Gathered {

@@ -361,7 +361,7 @@ std::vector<RolloutRow> PpoObjective::State::score_share(Engine& engine, const s
   if (reference) {
     forward_logps(*reference, local, true, false);
   } else {  // LoRA: the base model is the policy with its adapters off
-    auto whole = engine.gathered();
+    auto blocks = engine.evaluating();
     models::LoraDisabled base(engine.model());
     forward_logps(engine.model(), local, true, false);
   }
@@ -544,7 +544,7 @@ void PpoObjective::State::correct_off_policy(Engine& engine, std::vector<Rollout
   std::vector<std::vector<float>> behaviour;
   for (auto& r : rows) behaviour.push_back(r.old_logp);
   {
-    auto whole = engine.gathered();
+    auto blocks = engine.evaluating();                       // under full_shard a block at a time, as an evaluation
     forward_logps(engine.model(), rows, false, value_head);  // the proximal log-probs (and values)
   }
   double sum = 0, top = 0, clipped = 0, n = 0;

@@ -5,9 +5,10 @@
 // point of the schedule, so a run is as deterministic as ppo.async.emulate on
 // the training ranks alone, which is its oracle:
 //   before iteration i, the trainers send a command (the batch's iteration and
-//     its prompts) and the weights after update i - 1: a broadcast of the
-//     command, of the list of parameters sent, then of each parameter from
-//     trainer k % T (its whole value, cast to dist.param_dtype);
+//     its prompts) and the weights after update i - 1 unit by unit, as the
+//     engine gathers them (Engine::unit_parameters: one unit whole at a time):
+//     per unit a count and a list of the parameters sent, then each
+//     parameter, the k-th from trainer k mod T (cast to dist.param_dtype);
 //   the rollout ranks sample batch i + 1 while the trainers train batch i;
 //   at the end of iteration i, each rollout rank broadcasts its rows; the
 //     trainers score them as a colocated rollout is scored and hold the batch
@@ -21,6 +22,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include "anvil/core/error.h"
@@ -34,7 +36,7 @@ namespace {
 
 enum Command : int64_t { kStop = 0, kSample = 1 };
 // The command: what, the batch's iteration, the weights' version (the iteration whose weights they are),
-// parameters sent, parameters the trainers' model has; then (dataset, index, global index) per prompt.
+// whether weights follow, parameters the trainers' model has; then (dataset, index, global index) per prompt.
 constexpr int64_t kCommand = 5;
 // A rollout rank's rows follow a header: seconds sampling, tokens sampled, seconds waiting for the trainers,
 // the weights' hash (two 32-bit halves) and version.
@@ -51,46 +53,57 @@ at::ScalarType param_dtype(const config::RunConfig& cfg) {
   }
 }
 
-/// FNV-1a over the bytes of `tensors` (64-bit words, then the tail).
-uint64_t weights_hash(const std::vector<at::Tensor>& tensors) {
+/// FNV-1a over a tensor's bytes (64-bit words, then the tail).
+uint64_t tensor_hash(const at::Tensor& t) {
+  const auto c = t.detach().cpu().contiguous();
+  const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
+  const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
   uint64_t h = 1469598103934665603ull;
-  for (const auto& t : tensors) {
-    const auto c = t.detach().cpu().contiguous();
-    const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
-    const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      uint64_t w;
-      std::memcpy(&w, bytes + i, 8);
-      h = (h ^ w) * 1099511628211ull;
-    }
-    for (; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, bytes + i, 8);
+    h = (h ^ w) * 1099511628211ull;
   }
+  for (; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
   return h;
 }
+
+/// A model's weights' hash: parameter k's tensor_hash times 2k + 1, summed (mod 2^64), so that the
+/// parameters may be hashed in any order (the trainers' units, the rollout rank's model order).
+uint64_t weight_term(int64_t k, const at::Tensor& t) { return tensor_hash(t) * (2 * static_cast<uint64_t>(k) + 1); }
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-/// A rollout rank's part of the trainers' weights broadcasts: `sent` parameters of `params` (their list first).
-void receive_weights(const SideContext& ctx, std::vector<at::Tensor>& params, int64_t sent, bool perturb) {
+/// A rollout rank's part of the trainers' weights broadcasts: unit by unit, a header (how many
+/// parameters of the unit follow; 0 ends), their (index, numel) list, then each parameter, the k-th sent
+/// from trainer k mod trainers.
+void receive_weights(const SideContext& ctx, std::vector<at::Tensor>& params, bool perturb) {
   torch::NoGradGuard no_grad;
   const auto& world = ctx.world;
-  auto list = at::empty({2 * sent}, at::TensorOptions(at::kLong).device(ctx.device));
-  world->broadcast(list, 0, "the list of weights sent to the rollout ranks");
-  list = list.cpu().contiguous();
-  for (int64_t k = 0; k < sent; ++k) {
-    const auto index = list.data_ptr<int64_t>()[2 * k], numel = list.data_ptr<int64_t>()[2 * k + 1];
-    if (index < 0 || index >= static_cast<int64_t>(params.size()) ||
-        params[static_cast<size_t>(index)].numel() != numel)
-      throw ConfigError(concat("ppo.async.rollout_ranks: the trainers send parameter ", index, " of ", numel,
-                               " values, which rank ", world->rank(), "'s model does not have"));
-    auto& p = params[static_cast<size_t>(index)];
-    auto buf = at::empty({numel}, p.options());
-    world->broadcast(buf, static_cast<int>(k % ctx.trainers), "the weights sent to the rollout ranks");
-    p.detach().view({-1}).copy_(buf);
-    if (perturb && k == 0) p.detach().view({-1})[0].add_(1e-3);  // test hook: ppo.async.check_weights must see it
+  const auto longs = at::TensorOptions(at::kLong).device(ctx.device);
+  for (int64_t k = 0;;) {
+    auto header = at::empty({1}, longs);
+    world->broadcast(header, 0, "the weights sent to the rollout ranks (a unit's count)");
+    const auto n = header.cpu().item<int64_t>();
+    if (n == 0) return;
+    auto list = at::empty({2 * n}, longs);
+    world->broadcast(list, 0, "the weights sent to the rollout ranks (a unit's list)");
+    list = list.cpu().contiguous();
+    for (int64_t j = 0; j < n; ++j, ++k) {
+      const auto index = list.data_ptr<int64_t>()[2 * j], numel = list.data_ptr<int64_t>()[2 * j + 1];
+      if (index < 0 || index >= static_cast<int64_t>(params.size()) ||
+          params[static_cast<size_t>(index)].numel() != numel)
+        throw ConfigError(concat("ppo.async.rollout_ranks: the trainers send parameter ", index, " of ", numel,
+                                 " values, which rank ", world->rank(), "'s model does not have"));
+      auto& p = params[static_cast<size_t>(index)];
+      auto buf = at::empty({numel}, p.options());
+      world->broadcast(buf, static_cast<int>(k % ctx.trainers), "the weights sent to the rollout ranks");
+      p.detach().view({-1}).copy_(buf);
+      if (perturb && k == 0) p.detach().view({-1})[0].add_(1e-3);  // test hook: ppo.async.check_weights must see it
+    }
   }
 }
 
@@ -99,22 +112,22 @@ void receive_weights(const SideContext& ctx, std::vector<at::Tensor>& params, in
 void PpoObjective::State::request(Engine& engine, int64_t iteration, int64_t weights_of, bool send_weights) {
   const int64_t P = ppo.prompts_per_rollout;
   requested_prompts = draw();
-  auto& model = engine.model();
-  std::vector<at::Tensor> params;
-  for (const auto& p : model.named_parameters()) params.push_back(p.value());
-  // The first weights a rollout rank gets are every parameter (those the run does not train too); later
-  // ones are the trained parameters alone (a LoRA run's adapters).
-  std::vector<int64_t> sent;
-  if (send_weights)
-    for (size_t k = 0; k < params.size(); ++k)
-      if (weights_version < 0 || params[k].requires_grad()) sent.push_back(static_cast<int64_t>(k));
+  // Which parameters go: every one the first time a rollout rank gets weights (those the run does not train
+  // too), later the trained ones alone (a LoRA run's adapters).
+  std::map<std::string, int64_t> index;
+  std::map<std::string, bool> trained;
+  for (const auto& p : engine.model().named_parameters()) {
+    trained[p.key()] = p.value().requires_grad();
+    index.emplace(p.key(), static_cast<int64_t>(index.size()));
+  }
+  const bool every = weights_version < 0;
   auto command = at::zeros({kCommand + 3 * P}, at::kLong);
   auto* c = command.data_ptr<int64_t>();
   c[0] = kSample;
   c[1] = iteration;
   c[2] = send_weights ? weights_of : weights_version;
-  c[3] = static_cast<int64_t>(sent.size());
-  c[4] = static_cast<int64_t>(params.size());
+  c[3] = send_weights ? 1 : 0;
+  c[4] = static_cast<int64_t>(index.size());
   for (int64_t g = 0; g < P; ++g) {
     const auto& p = requested_prompts[static_cast<size_t>(g)];
     c[kCommand + 3 * g] = p.ref.dataset;
@@ -123,34 +136,47 @@ void PpoObjective::State::request(Engine& engine, int64_t iteration, int64_t wei
   }
   const auto device = engine.device();
   world->broadcast(command.to(device), 0, "the rollout ranks' command");
-  if (send_weights) {
-    torch::NoGradGuard no_grad;
-    auto whole = engine.gathered();
-    const auto dtype = param_dtype(cfg);
-    auto list = at::empty({2 * static_cast<int64_t>(sent.size())}, at::kLong);
-    for (size_t k = 0; k < sent.size(); ++k) {
-      list.data_ptr<int64_t>()[2 * k] = sent[k];
-      list.data_ptr<int64_t>()[2 * k + 1] = params[static_cast<size_t>(sent[k])].numel();
+  if (!send_weights) {
+    requested = true;
+    return;
+  }
+  // Unit by unit, as the engine gathers them: one unit whole at a time on a trainer.
+  torch::NoGradGuard no_grad;
+  const auto dtype = param_dtype(cfg);
+  const bool check = ppo.async.check_weights;
+  const auto units = engine.parameter_units();
+  int64_t bytes = 0, k = 0;
+  uint64_t hash = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    std::vector<size_t> go;
+    for (size_t j = 0; j < units[u].size(); ++j)
+      if (every || trained.at(units[u][j])) go.push_back(j);
+    if (go.empty() && !check) continue;
+    const auto values = engine.unit_parameters(u);
+    if (check)
+      for (size_t j = 0; j < values.size(); ++j) hash += weight_term(index.at(units[u][j]), values[j].to(dtype));
+    if (go.empty()) continue;
+    auto list = at::empty({2 * static_cast<int64_t>(go.size())}, at::kLong);
+    for (size_t i = 0; i < go.size(); ++i) {
+      list.data_ptr<int64_t>()[2 * i] = index.at(units[u][go[i]]);
+      list.data_ptr<int64_t>()[2 * i + 1] = values[go[i]].numel();
     }
-    world->broadcast(list.to(device), 0, "the list of weights sent to the rollout ranks");
-    int64_t bytes = 0;
-    for (size_t k = 0; k < sent.size(); ++k) {
-      const auto& p = params[static_cast<size_t>(sent[k])];
-      const int root = static_cast<int>(static_cast<int64_t>(k) % trainers);
-      // Spread over the trainers: each sends every trainers-th parameter (all of them hold it whole here).
-      auto t = ranks.rank == root ? p.detach().to(dtype).contiguous().view({-1})
-                                  : at::empty({p.numel()}, p.options().dtype(dtype));
+    world->broadcast(at::full({1}, static_cast<int64_t>(go.size()), at::kLong).to(device), 0,
+                     "the weights sent to the rollout ranks (a unit's count)");
+    world->broadcast(list.to(device), 0, "the weights sent to the rollout ranks (a unit's list)");
+    for (const auto j : go) {
+      // Spread over the trainers: each sends every trainers-th parameter (all of them hold the unit here).
+      const int root = static_cast<int>(k++ % trainers);
+      auto t = ranks.rank == root ? values[j].to(dtype).contiguous().view({-1})
+                                  : at::empty({values[j].numel()}, values[j].options().dtype(dtype));
       world->broadcast(t, root, "the weights sent to the rollout ranks");
       bytes += t.numel() * static_cast<int64_t>(t.element_size());
     }
-    weights_version = weights_of;
-    received_timing["rollout/weights_sent_bytes"] = static_cast<double>(bytes);
-    if (ppo.async.check_weights) {
-      std::vector<at::Tensor> cast;
-      for (const auto& p : params) cast.push_back(p.detach().to(dtype));
-      sent_hash[weights_version] = weights_hash(cast);
-    }
   }
+  world->broadcast(at::zeros({1}, at::kLong).to(device), 0, "the weights sent to the rollout ranks (a unit's count)");
+  weights_version = weights_of;
+  received_timing["rollout/weights_sent_bytes"] = static_cast<double>(bytes);
+  if (check) sent_hash[weights_version] = hash;
   requested = true;
 }
 
@@ -242,13 +268,13 @@ void PpoObjective::serve(models::CausalLM& model, const SideContext& ctx) {
     const auto* c = command.data_ptr<int64_t>();
     const double waited = seconds_since(idle_since);
     if (c[0] == kStop) return;
-    const int64_t iteration = c[1], sent = c[3];
+    const int64_t iteration = c[1];
     if (c[4] != static_cast<int64_t>(params.size()))
       throw ConfigError(concat("ppo.async.rollout_ranks: the trainers' model has ", c[4], " parameters, rank ",
                                world->rank(), "'s ", params.size(),
                                "; every rank builds the same model from the same config"));
-    if (sent > 0) {
-      receive_weights(ctx, params, sent, perturb);
+    if (c[3] != 0) {
+      receive_weights(ctx, params, perturb);
       perturb = false;
       version = c[2];
     }
@@ -268,7 +294,8 @@ void PpoObjective::serve(models::CausalLM& model, const SideContext& ctx) {
     for (const auto& r : rows) h[1] += static_cast<double>(r.response.size());
     h[2] = waited;
     if (s.ppo.async.check_weights) {
-      const auto hash = weights_hash(params);
+      uint64_t hash = 0;
+      for (size_t k = 0; k < params.size(); ++k) hash += weight_term(static_cast<int64_t>(k), params[k]);
       h[3] = static_cast<double>(hash >> 32);
       h[4] = static_cast<double>(hash & 0xffffffffull);
     }
