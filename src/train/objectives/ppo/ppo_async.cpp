@@ -27,9 +27,9 @@
 
 #include "anvil/core/error.h"
 #include "core/logging.h"
+#include "core/test_hooks.h"
 #include "distributed/comm.h"
 #include "train/objectives/ppo/ppo_state.h"
-#include "core/test_hooks.h"
 
 namespace anvil::train {
 namespace {
@@ -281,6 +281,12 @@ void PpoObjective::serve(models::CausalLM& model, const SideContext& ctx) {
     std::vector<RolloutPrompt> all;
     for (int64_t g = 0; g < P; ++g) {
       const auto dataset = c[kCommand + 3 * g], index = c[kCommand + 3 * g + 1];
+      if (dataset < 0 || dataset >= static_cast<int64_t>(s.data.train.size()) || index < 0 ||
+          index >= static_cast<int64_t>(s.data.train[static_cast<size_t>(dataset)]->size()))
+        throw ConfigError(concat("ppo.async.rollout_ranks: the trainers ask rank ", world->rank(), " for sample ",
+                                 index, " of data.train[", dataset,
+                                 "], which its data does not have; every rank "
+                                 "reads the same data.train"));
       all.push_back({&(*s.data.train[static_cast<size_t>(dataset)])[index],
                      c[kCommand + 3 * g + 2],
                      {static_cast<int32_t>(dataset), index}});
