@@ -27,6 +27,7 @@
 #include "anvil/train/trainer.h"
 #include "checkpoint/saved_parameters.h"
 #include "train/checkpoint_writer.h"
+#include "train/trained_parameters.h"
 #include "io/trainer_state.h"
 
 namespace anvil::train {
@@ -48,31 +49,6 @@ int64_t optimizer_bytes(torch::optim::Optimizer& opt) {
 
 /// The fused AdamW behind `opt`, or null (torch's unfused AdamW).
 optim::FusedAdamW* fused_adamw(torch::optim::Optimizer& opt) { return dynamic_cast<optim::FusedAdamW*>(&opt); }
-
-using Trains = std::function<bool(const std::string&)>;
-
-/// The parameters `trains` accepts, those weight decay applies to first;
-/// the others are frozen here.
-struct TrainedParameters {
-  std::vector<at::Tensor> all;  // in the model's order
-  std::vector<at::Tensor> decayed, not_decayed;
-};
-TrainedParameters trained_parameters(models::CausalLM& model, const Trains& trains, const std::string& who,
-                                     const config::OptimizerConfig& opt) {
-  const auto exempt = optim::no_decay_parameters(opt, model);
-  const std::unordered_set<std::string> no_decay(exempt.begin(), exempt.end());
-  TrainedParameters out;
-  for (auto& p : model.named_parameters()) {
-    if (trains(p.key())) {
-      out.all.push_back(p.value());
-      (no_decay.count(p.key()) ? out.not_decayed : out.decayed).push_back(p.value());
-    } else {
-      p.value().set_requires_grad(false);
-    }
-  }
-  if (out.all.empty()) throw ConfigError(concat(who, " trains none of the model's parameters"));
-  return out;
-}
 
 /// Where a model's state comes from on resume: a run's checkpoint (`resumed`
 /// receives its trainer state) or a companion's folder in it (`resumed` null).
@@ -762,19 +738,6 @@ class ShardedEngine final : public EngineImpl {
   BackgroundSaves saves_;  // last: its thread reads the model until joined
 };
 
-}  // namespace
-
-namespace {
-/// PEFT's print_trainable_parameters line.
-void log_trainable(models::CausalLM& model, const Trains& trains) {
-  int64_t all = 0, trained = 0;
-  for (const auto& p : model.named_parameters()) {
-    all += p.value().numel();
-    if (trains(p.key())) trained += p.value().numel();
-  }
-  const double pct = 100.0 * static_cast<double>(trained) / static_cast<double>(std::max<int64_t>(all, 1));
-  log::info("lora: trainable params: ", trained, " || all params: ", all, " || trainable%: ", pct);
-}
 }  // namespace
 
 EngineStart make_engine(const config::RunConfig& cfg, std::shared_ptr<models::CausalLM> model,

@@ -540,62 +540,6 @@ std::vector<RolloutRow> PpoObjective::State::sample(Engine& engine, int64_t iter
   return rows;
 }
 
-void PpoObjective::State::correct_off_policy(Engine& engine, std::vector<RolloutRow>& rows, Metrics& m) {
-  std::vector<std::vector<float>> behaviour;
-  for (auto& r : rows) behaviour.push_back(r.old_logp);
-  {
-    auto blocks = engine.evaluating();                       // under full_shard a block at a time, as an evaluation
-    forward_logps(engine.model(), rows, false, value_head);  // the proximal log-probs (and values)
-  }
-  double sum = 0, top = 0, clipped = 0, n = 0;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    auto& r = rows[i];
-    const auto len = static_cast<int64_t>(r.response.size());
-    if (len == 0) continue;  // nothing generated: no token to weigh
-    const auto prox = at::from_blob(r.old_logp.data(), {len}, at::kFloat).to(at::kDouble);
-    const auto behav = at::from_blob(behaviour[i].data(), {len}, at::kFloat).to(at::kDouble);
-    auto mask = at::ones({len}, at::kDouble);
-    for (int64_t j = 0; j < len; ++j)
-      if (r.is_appended(static_cast<size_t>(j))) mask[j] = 0;
-    const auto w = truncated_is_weights(prox, behav, mask, ppo.async.is_cap);
-    r.is_weight.assign(static_cast<size_t>(len), 1.f);
-    const auto* wp = w.data_ptr<double>();
-    for (int64_t j = 0; j < len; ++j) r.is_weight[static_cast<size_t>(j)] = static_cast<float>(wp[j]);
-    sum += w.sum().item<double>();
-    top = std::max(top, w.max().item<double>());
-    clipped += ((at::exp(prox - behav) > ppo.async.is_cap).to(at::kDouble) * mask).sum().item<double>();
-    n += mask.sum().item<double>();
-  }
-  if (n > 0) {
-    m["rollout/is_weight_mean"] = sum / n;
-    m["rollout/is_weight_max"] = top;
-    m["rollout/is_weight_clipfrac"] = clipped / n;
-  }
-}
-
-namespace {
-/// Moves the metrics of `from` that describe a batch (not a time or a speed) into `batch`.
-void move_batch_metrics(Metrics& from, Metrics& batch) {
-  for (auto it = from.begin(); it != from.end();) {
-    const auto& k = it->first;
-    if (k.rfind("time/", 0) == 0 || k.find("_per_s") != std::string::npos) {
-      ++it;
-      continue;
-    }
-    batch[k] = it->second;
-    it = from.erase(it);
-  }
-}
-}  // namespace
-
-void PpoObjective::State::receive_in_flight(Engine& engine) {
-  Metrics got;
-  in_flight = receive(engine, got);
-  in_flight_metrics.clear();
-  move_batch_metrics(got, in_flight_metrics);
-  for (auto& [k, v] : got) received_timing[k] = v;
-}
-
 Metrics PpoObjective::before_iteration(Engine& engine, int64_t iteration, int64_t step) {
   (void)step;
   auto& s = *s_;

@@ -43,6 +43,9 @@ struct RolloutPrompt {
 at::Tensor token_logps(models::CausalLM& model, const at::Tensor& sel, const at::Tensor& tokens, double temperature,
                        bool fused, at::Tensor* entropy = nullptr);
 
+/// Moves the metrics of `from` that describe a batch (not a time or a speed) into `batch`.
+void move_batch_metrics(Metrics& from, Metrics& batch);
+
 /// The seed of iteration `iteration`'s rollout: its rows' seeds derive from it.
 inline uint64_t iteration_seed(int64_t run_seed, int64_t iteration) {
   return static_cast<uint64_t>(run_seed) * 0x2545F4914F6CDD1Dull + static_cast<uint64_t>(iteration);
