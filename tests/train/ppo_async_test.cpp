@@ -187,9 +187,10 @@ TEST(PpoRuns, RolloutRanksMatchTheEmulationAndResumeAfterAKill) {
 }
 
 // PPO with a separate critic (ppo.critic_from: it stays on the training ranks,
-// which recompute the values) and multi-turn tool rollouts (the environment
-// program runs on the rollout rank): 2 + 1 ranks log what the one-process
-// emulation logs. Launches and keys that cannot work are refused by name.
+// which recompute the values), PPO with the value head under bypass (the
+// rollout rank's values are used), and multi-turn tool rollouts (the
+// environment program runs on the rollout rank): 2 + 1 ranks log what the
+// one-process emulation logs. Launches and keys that cannot work are refused by name.
 TEST(PpoRuns, RolloutRanksRunACriticAndToolEpisodesAsTheEmulation) {
   ASSERT_TRUE(stdfs::exists(fixture_checkpoint())) << "run QuickstartLearning first (ctest fixture)";
   TempDir dir;
@@ -202,6 +203,13 @@ TEST(PpoRuns, RolloutRanksRunACriticAndToolEpisodesAsTheEmulation) {
       << log;
   EXPECT_GE(expect_same_metrics(dir / "ppo_emulated", dir / "ppo_three", 1e-5, "ppo with a critic"), 12 * 10);
   expect_same_in_flight(dir / "ppo_emulated", dir / "ppo_three", 12, 1e-4);
+
+  // The value head (no critic) under bypass: the rollout rank's values are the behaviour's, used as they are.
+  const std::string bypass = " ppo.async.correction=bypass train.max_steps=8";
+  ASSERT_EQ(trainer(dir / "head_emulated", ppo, "ppo.async.emulate=true" + bypass, "", &log), 0) << log;
+  ASSERT_EQ(trainer(dir / "head_three", ppo, "ppo.async.rollout_ranks=1" + bypass, anvil::testing::mpirun(3), &log), 0)
+      << log;
+  EXPECT_GE(expect_same_metrics(dir / "head_emulated", dir / "head_three", 1e-5, "value head, bypass"), 8 * 10);
 
   // Two-turn episodes: a tool message after the first turn, the reward at the second.
   anvil::testing::write_text(dir / "env.py",

@@ -111,35 +111,26 @@ void receive_weights(const SideContext& ctx, std::vector<at::Tensor>& params, bo
 }  // namespace
 
 void PpoObjective::State::correct_off_policy(Engine& engine, std::vector<RolloutRow>& rows, Metrics& m) {
-  std::vector<std::vector<float>> behaviour;
-  for (auto& r : rows) behaviour.push_back(r.old_logp);
+  const auto behaviour = generated_tokens(rows).logp;  // N x A: the log-probs of the weights that sampled them
   {
     auto blocks = engine.evaluating();                       // under full_shard a block at a time, as an evaluation
     forward_logps(engine.model(), rows, false, value_head);  // the proximal log-probs (and values)
   }
-  double sum = 0, top = 0, clipped = 0, n = 0;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    auto& r = rows[i];
-    const auto len = static_cast<int64_t>(r.response.size());
-    if (len == 0) continue;  // nothing generated: no token to weigh
-    const auto prox = at::from_blob(r.old_logp.data(), {len}, at::kFloat).to(at::kDouble);
-    const auto behav = at::from_blob(behaviour[i].data(), {len}, at::kFloat).to(at::kDouble);
-    auto mask = at::ones({len}, at::kDouble);
-    for (int64_t j = 0; j < len; ++j)
-      if (r.is_appended(static_cast<size_t>(j))) mask[j] = 0;
-    const auto w = truncated_is_weights(prox, behav, mask, ppo.async.is_cap);
-    r.is_weight.assign(static_cast<size_t>(len), 1.f);
-    const auto* wp = w.data_ptr<double>();
-    for (int64_t j = 0; j < len; ++j) r.is_weight[static_cast<size_t>(j)] = static_cast<float>(wp[j]);
-    sum += w.sum().item<double>();
-    top = std::max(top, w.max().item<double>());
-    clipped += ((at::exp(prox - behav) > ppo.async.is_cap).to(at::kDouble) * mask).sum().item<double>();
-    n += mask.sum().item<double>();
+  const auto g = generated_tokens(rows);
+  const auto w = truncated_is_weights(g.logp, behaviour, g.mask, ppo.async.is_cap).contiguous();
+  const auto* wp = w.data_ptr<double>();
+  const auto A = static_cast<size_t>(w.size(1));
+  for (size_t i = 0; i < rows.size(); ++i) {  // back in their places; 0 at the tokens an environment appended
+    rows[i].is_weight.assign(rows[i].response.size(), 0.f);
+    for (size_t j = 0; j < g.places[i].size(); ++j)
+      rows[i].is_weight[static_cast<size_t>(g.places[i][j])] = static_cast<float>(wp[i * A + j]);
   }
+  const double n = g.mask.sum().item<double>();
   if (n > 0) {
-    m["rollout/is_weight_mean"] = sum / n;
-    m["rollout/is_weight_max"] = top;
-    m["rollout/is_weight_clipfrac"] = clipped / n;
+    m["rollout/is_weight_mean"] = w.sum().item<double>() / n;
+    m["rollout/is_weight_max"] = w.max().item<double>();
+    m["rollout/is_weight_clipfrac"] =
+        ((at::exp(g.logp - behaviour) > ppo.async.is_cap).to(at::kDouble) * g.mask).sum().item<double>() / n;
   }
 }
 
