@@ -16,6 +16,7 @@
 
 #include "anvil/models/causal_lm.h"
 #include "models/lora.h"
+#include "models/tensor_parallel.h"
 
 namespace anvil::models::layers {
 
@@ -26,7 +27,7 @@ struct RMSNormOptions {
 };
 
 /// y = w * x / sqrt(mean(x^2) + eps), computed in float32 (LlamaRMSNorm).
-class RMSNormImpl : public torch::nn::Module {
+class RMSNormImpl : public torch::nn::Module, public ParallelPartialGradient {
  public:
   explicit RMSNormImpl(const RMSNormOptions& o);
   at::Tensor forward(const at::Tensor& x);
@@ -53,13 +54,19 @@ class DenseImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Dense);
 
-/// Dense that can carry a LoRA adapter (models/lora.h).
-class LinearImpl : public DenseImpl, public LoraLayer {
+/// Dense that can carry a LoRA adapter (models/lora.h) and be split by
+/// tensor parallelism (models/tensor_parallel.h).
+class LinearImpl : public DenseImpl, public LoraLayer, public ParallelLinear {
  public:
   using DenseImpl::DenseImpl;
-  at::Tensor forward(const at::Tensor& x) { return with_adapter(x, DenseImpl::forward(x), is_training()); }
+  at::Tensor forward(const at::Tensor& x) {
+    auto y =
+        parallel_forward(x, bias, [&](const at::Tensor& in, const at::Tensor& b) { return at::linear(in, weight, b); });
+    return with_adapter(x, y, is_training());
+  }
   int64_t in_features() const override { return options.in_features(); }
   int64_t out_features() const override { return options.out_features(); }
+  int64_t output_dim() const override { return 0; }
   void add_to_weight(const at::Tensor& delta_out_in) override;
 };
 TORCH_MODULE(Linear);
@@ -147,6 +154,12 @@ at::Tensor layer_norm(const LayerNorm& ln, const at::Tensor& x);
 /// kernels::glu for silu and GELU's tanh approximation while
 /// kernels::fused_ops(), else ATen's composition.
 at::Tensor gated_activation(const at::Tensor& gate, const at::Tensor& up, const std::string& name);
+
+/// (B, T, H * d) -> (B, T, H, d), H read from the tensor (under tensor
+/// parallelism a rank holds a share of a layer's heads).
+inline at::Tensor split_heads(const at::Tensor& x, int64_t d) {
+  return x.view({x.size(0), x.size(1), x.size(-1) / d, d});
+}
 
 /// Positions for `args`: args.position_ids (B, T), or past .. past + T - 1 as
 /// (1, T), which broadcasts over the batch.

@@ -32,7 +32,7 @@ at::Tensor GemmaRMSNormImpl::forward(const at::Tensor& x) {
   // As HF's Gemma2RMSNorm: in float32, times (1 + w), cast back.
   auto h = x.to(at::kFloat);
   h = h * at::rsqrt(h.pow(2).mean(-1, true) + eps);
-  return (h * (1.0 + weight.to(at::kFloat))).to(x.scalar_type());
+  return (h * (1.0 + parallel_weight(weight).to(at::kFloat))).to(x.scalar_type());
 }
 
 GemmaAttentionImpl::GemmaAttentionImpl(const GemmaOptions& o, int64_t layer)
@@ -53,10 +53,9 @@ GemmaAttentionImpl::GemmaAttentionImpl(const GemmaOptions& o, int64_t layer)
 
 at::Tensor GemmaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                        const ForwardArgs& args, size_t layer) {
-  const auto B = x.size(0), T = x.size(1);
-  auto q = q_proj(x).view({B, T, n_heads, head_dim});
-  auto k = k_proj(x).view({B, T, n_kv_heads, head_dim});
-  auto v = v_proj(x).view({B, T, n_kv_heads, head_dim}).transpose(1, 2);
+  auto q = layers::split_heads(q_proj(x), head_dim);
+  auto k = layers::split_heads(k_proj(x), head_dim);
+  auto v = layers::split_heads(v_proj(x), head_dim).transpose(1, 2);
   if (q_norm) q = q_norm(q), k = k_norm(k);  // Gemma 3: per head, before RoPE
   q = layers::apply_rope(q.transpose(1, 2), cos, sin);
   k = layers::apply_rope(k.transpose(1, 2), cos, sin);

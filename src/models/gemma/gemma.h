@@ -81,7 +81,7 @@ struct GemmaOptions {
 };
 
 /// Gemma's RMSNorm: x / rms(x) * (1 + w) in float32, cast back; w starts at 0.
-class GemmaRMSNormImpl : public torch::nn::Module {
+class GemmaRMSNormImpl : public torch::nn::Module, public ParallelPartialGradient {
  public:
   GemmaRMSNormImpl(int64_t dim, double eps);
   at::Tensor forward(const at::Tensor& x);

@@ -22,7 +22,11 @@ Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features) {
 at::Tensor Conv1DImpl::forward(const at::Tensor& x) {
   auto out_shape = x.sizes().vec();
   out_shape.back() = weight.size(1);
-  return with_adapter(x, at::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(out_shape), is_training());
+  auto y = parallel_forward(x, bias, [&](const at::Tensor& in, const at::Tensor& b) {
+    auto flat = in.reshape({-1, in.size(-1)});
+    return (b.defined() ? at::addmm(b, flat, weight) : at::mm(flat, weight)).view(out_shape);
+  });
+  return with_adapter(x, y, is_training());
 }
 
 void Conv1DImpl::add_to_weight(const at::Tensor& delta_out_in) {
@@ -39,11 +43,12 @@ AttentionImpl::AttentionImpl(const GPT2Options& o)
       attn_pdrop(o.attn_pdrop()) {}
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x, const ForwardArgs& args, size_t layer) {
-  const auto B = x.size(0), T = x.size(1), D = n_embd / n_head;
-  auto qkv = c_attn(x).split(n_embd, -1);                   // 3 x (B, T, C)
-  auto q = qkv[0].view({B, T, n_head, D}).transpose(1, 2);  // (B, H, T, D)
-  auto k = qkv[1].view({B, T, n_head, D}).transpose(1, 2);
-  auto v = qkv[2].view({B, T, n_head, D}).transpose(1, 2);
+  const auto D = n_embd / n_head;
+  // Heads from the local tensor: under tensor parallelism a rank holds a share of them.
+  auto qkv = c_attn(x).chunk(3, -1);                        // 3 x (B, T, C)
+  auto q = layers::split_heads(qkv[0], D).transpose(1, 2);  // (B, H, T, D)
+  auto k = layers::split_heads(qkv[1], D).transpose(1, 2);
+  auto v = layers::split_heads(qkv[2], D).transpose(1, 2);
   auto y = layers::attention(q, k, v, args, layer, is_training() ? attn_pdrop : 0.0);  // (B, T, C)
   return resid_dropout(c_proj(y));
 }

@@ -56,12 +56,13 @@ struct GPT2Options {
 
 /// HF's Conv1D: y = x @ W + b with W stored as (in, out); it can carry a
 /// LoRA adapter (PEFT's fan_in_fan_out layout: A (r, in), B (out, r)).
-class Conv1DImpl : public torch::nn::Module, public LoraLayer {
+class Conv1DImpl : public torch::nn::Module, public LoraLayer, public ParallelLinear {
  public:
   Conv1DImpl(int64_t in_features, int64_t out_features);
   at::Tensor forward(const at::Tensor& x);
   int64_t in_features() const override { return weight.size(0); }
   int64_t out_features() const override { return weight.size(1); }
+  int64_t output_dim() const override { return 1; }
   void add_to_weight(const at::Tensor& delta_out_in) override;
   at::Tensor weight, bias;
 };

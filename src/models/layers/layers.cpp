@@ -181,12 +181,13 @@ at::Tensor LayerNormImpl::forward(const at::Tensor& x) {
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
-  if (x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat)
-    return at::rms_norm(x, {options.dim()}, weight, options.eps());  // one fused kernel
+  const auto w = parallel_weight(weight);
+  if (x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat)
+    return at::rms_norm(x, {options.dim()}, w, options.eps());  // one fused kernel
   // HF: normalise in float32, cast back, then scale in the input dtype.
   auto h = x.to(at::kFloat);
   h = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + options.eps());
-  return weight * h.to(x.scalar_type());
+  return w * h.to(x.scalar_type());
 }
 
 at::Tensor rope_inv_freq(const RopeOptions& o, bool long_context) {

@@ -38,17 +38,20 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaOptions& o, int64_t layer)
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                        const ForwardArgs& args, size_t layer) {
-  const auto B = x.size(0), T = x.size(1);
   at::Tensor q, k, v;
+  // Head counts from the local tensor: under tensor parallelism a rank holds a share of the heads.
   if (qkv_proj) {  // Phi-3: q, k, v rows of one projection
-    auto parts = qkv_proj(x).split_with_sizes({n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim}, -1);
-    q = parts[0].view({B, T, n_heads, head_dim});
-    k = parts[1].view({B, T, n_kv_heads, head_dim});
-    v = parts[2].view({B, T, n_kv_heads, head_dim});
+    auto qkv = qkv_proj(x);
+    const auto width = qkv.size(-1), all = n_heads + 2 * n_kv_heads;  // every rank holds the same share of each
+    const auto kv = width * n_kv_heads / all;
+    auto parts = qkv.split_with_sizes({width - 2 * kv, kv, kv}, -1);
+    q = layers::split_heads(parts[0], head_dim);
+    k = layers::split_heads(parts[1], head_dim);
+    v = layers::split_heads(parts[2], head_dim);
   } else {
-    q = q_proj(x).view({B, T, n_heads, head_dim});
-    k = k_proj(x).view({B, T, n_kv_heads, head_dim});
-    v = v_proj(x).view({B, T, n_kv_heads, head_dim});
+    q = layers::split_heads(q_proj(x), head_dim);
+    k = layers::split_heads(k_proj(x), head_dim);
+    v = layers::split_heads(v_proj(x), head_dim);
   }
   if (q_norm) q = q_norm(q), k = k_norm(k);  // per head, before RoPE (Qwen3)
   q = q.transpose(1, 2);                     // (B, H, T, D)

@@ -23,10 +23,10 @@ NeoXAttentionImpl::NeoXAttentionImpl(const NeoXOptions& o)
 
 at::Tensor NeoXAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                       const ForwardArgs& args, size_t layer) {
-  const auto B = x.size(0), T = x.size(1);
-  // Per head, the fused projection holds [q_h, k_h, v_h] side by side.
-  auto qkv = query_key_value(x).view({B, T, n_heads, 3 * head_dim}).transpose(1, 2);  // (B, H, T, 3D)
-  auto parts = qkv.chunk(3, -1);                                                      // 3 x (B, H, T, D)
+  // Per head, the fused projection holds [q_h, k_h, v_h] side by side (the heads this rank holds under tensor
+  // parallelism).
+  auto qkv = layers::split_heads(query_key_value(x), 3 * head_dim).transpose(1, 2);  // (B, H, T, 3D)
+  auto parts = qkv.chunk(3, -1);                                                     // 3 x (B, H, T, D)
   auto q = layers::apply_rope(parts[0], cos, sin);
   auto k = layers::apply_rope(parts[1], cos, sin);
   return dense(layers::attention(q, k, parts[2], args, layer, is_training() ? dropout : 0.0));

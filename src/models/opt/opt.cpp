@@ -36,8 +36,7 @@ struct Attention : torch::nn::Module {
     out_proj = register_module("out_proj", linear(o.hidden_size(), o.hidden_size(), o.enable_bias()));
   }
   at::Tensor forward(const at::Tensor& x, const ForwardArgs& args, size_t layer) {
-    const auto B = x.size(0), T = x.size(1);
-    auto split = [&](const at::Tensor& t) { return t.view({B, T, heads, head_dim}).transpose(1, 2); };
+    auto split = [&](const at::Tensor& t) { return layers::split_heads(t, head_dim).transpose(1, 2); };
     // HF scales q after its bias; attention() scales by 1/sqrt(head_dim) the same way.
     auto y = layers::attention(split(q_proj(x)), split(k_proj(x)), split(v_proj(x)), args, layer,
                                is_training() ? dropout : 0.0);

@@ -1,0 +1,59 @@
+#pragma once
+// Tensor parallelism installed from outside the model, as sharding is: the
+// family's plan (models/tensor_parallel.h) names each block layer's style;
+// apply_tensor_parallel() cuts those weights to this rank's share and gives
+// the layers the group's collectives (Megatron's identity / all-reduce
+// pairs as autograd functions). Every other parameter (norms, embeddings,
+// the LM head, MoE experts) stays whole on every rank of the group, so the
+// logits are whole and everything downstream of the forward is unchanged.
+// FSDP then shards the shares over the data-parallel group (distributed/mesh.h).
+// docs/distributed.md.
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "distributed/comm.h"
+#include "models/tensor_parallel.h"
+
+namespace anvil::models {
+class CausalLM;
+}
+
+namespace anvil::distributed {
+
+/// How one parameter is cut: dimension `dim` of its whole shape holds the
+/// fused `parts` back to back; each part is cut evenly across the group and
+/// rank t holds the t-th piece of every part, concatenated.
+struct ParallelShard {
+  int64_t dim = 0;
+  std::vector<int64_t> parts;
+};
+
+/// Rank `rank` of `size`'s share of `whole`.
+at::Tensor share_of(const at::Tensor& whole, const ParallelShard& cut, int64_t rank, int64_t size);
+/// The whole tensor from every rank's share, in rank order (share_of's inverse).
+at::Tensor whole_from_shares(const std::vector<at::Tensor>& shares, const ParallelShard& cut);
+
+/// The layers' view of a tensor-parallel group over `comm` (the autograd
+/// functions of models::TensorParallelGroup).
+std::shared_ptr<models::TensorParallelGroup> tensor_parallel_group(std::shared_ptr<Communicator> comm);
+
+/// Cuts `model`'s block layers to this rank's share across `comm` per the
+/// family's plan and installs the group on them; returns each cut
+/// parameter's ParallelShard by name (empty on a group of one rank, which
+/// changes nothing). The model must hold its whole parameters (before
+/// sharding, none deferred). Throws ConfigError naming `key` when the group's
+/// size does not divide a layer's heads or features, when the model has
+/// LoRA adapters, or when its config has dropout (the ranks of a group would
+/// draw different masks: there is no per-rank generator yet).
+std::map<std::string, ParallelShard> apply_tensor_parallel(models::CausalLM& model, std::shared_ptr<Communicator> comm,
+                                                           const std::string& key = "dist.tensor_parallel");
+
+/// Collective over `comm` (the group): the whole tensor from this rank's share.
+at::Tensor gather_whole(const at::Tensor& share, const ParallelShard& cut, Communicator& comm);
+
+}  // namespace anvil::distributed

@@ -1,0 +1,125 @@
+#pragma once
+// Tensor parallelism as the model's layers see it (Shoeybi et al. 2019,
+// Megatron-LM): a block's linear layer may hold a share of its weight, cut
+// from outside the model (distributed/tensor_parallel.h) as sharding is.
+//
+//   column-parallel  the layer's output features are split: rank t holds
+//                    rows t*n/tp .. (t+1)*n/tp of each fused part of the
+//                    weight (and bias); its input is the whole activation
+//                    (identity forward, gradient summed over the group).
+//   row-parallel     the input features are split: rank t holds those
+//                    columns; the partial products are summed over the
+//                    group (all-reduce forward, identity backward), then the
+//                    whole bias is added once.
+//
+// A column-parallel projection feeding a row-parallel one (q/k/v -> o,
+// gate/up -> down) needs no collective between them: a rank's heads or MLP
+// features stay local, and the family's forward reads its head counts from
+// the local tensor. What the plan does not name (norms, embeddings, the LM
+// head, MoE experts) stays whole on every rank.
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace anvil::models {
+
+class CausalLM;
+
+/// The collectives of a tensor-parallel group of ranks, as a layer calls them.
+class TensorParallelGroup {
+ public:
+  virtual ~TensorParallelGroup() = default;
+  virtual int64_t size() const = 0;
+  virtual int64_t rank() const = 0;
+  /// A column-parallel layer's input: identity forward, gradient summed
+  /// over the group backward (Megatron's copy_to_tensor_model_parallel_region).
+  virtual at::Tensor enter(const at::Tensor& x) const = 0;
+  /// A row-parallel layer's partial output: summed over the group forward,
+  /// identity backward (reduce_from_tensor_model_parallel_region).
+  virtual at::Tensor reduce(const at::Tensor& y) const = 0;
+};
+
+/// kPartialGradient: a weight that stays whole on every rank but sees only
+/// the rank's share of the activations (Qwen3's and Gemma 3's per-head q/k
+/// norms): its gradient is summed over the group.
+enum class ParallelStyle { kReplicated, kColumn, kRow, kPartialGradient };
+
+/// A linear layer of a transformer block that tensor parallelism can split
+/// (layers::Linear, gpt2::Conv1D).
+class ParallelLinear {
+ public:
+  virtual ~ParallelLinear() = default;
+  /// The weight's dimension of output features: 0 for (out, in), 1 for
+  /// Conv1D's (in, out).
+  virtual int64_t output_dim() const = 0;
+
+  ParallelStyle parallel_style() const { return tp_group_ ? style_ : ParallelStyle::kReplicated; }
+  const TensorParallelGroup* parallel_group() const { return tp_group_.get(); }
+  /// Installed by distributed::apply_tensor_parallel once the weight is cut.
+  void set_parallel(std::shared_ptr<const TensorParallelGroup> group, ParallelStyle style) {
+    tp_group_ = std::move(group);
+    style_ = style;
+  }
+
+ protected:
+  /// The layer's output from `linear(input, bias)` (the local product, with
+  /// the bias when given): the group's collectives around it as the style
+  /// says; without a group, linear(x, bias).
+  template <class Linear>
+  at::Tensor parallel_forward(const at::Tensor& x, const at::Tensor& bias, Linear&& linear) const {
+    switch (parallel_style()) {
+      case ParallelStyle::kColumn:
+        return linear(tp_group_->enter(x), bias);
+      case ParallelStyle::kRow: {
+        auto y = tp_group_->reduce(linear(x, at::Tensor()));
+        return bias.defined() ? y + bias : y;
+      }
+      default:
+        return linear(x, bias);
+    }
+  }
+
+ private:
+  std::shared_ptr<const TensorParallelGroup> tp_group_;
+  ParallelStyle style_ = ParallelStyle::kReplicated;
+};
+
+/// A layer of kPartialGradient style (layers::RMSNorm, Gemma's RMSNorm): its
+/// weight passes through the group's enter(), whose backward sums the
+/// gradient over the group.
+class ParallelPartialGradient {
+ public:
+  virtual ~ParallelPartialGradient() = default;
+  void set_parallel(std::shared_ptr<const TensorParallelGroup> group) { tp_group_ = std::move(group); }
+
+ protected:
+  at::Tensor parallel_weight(const at::Tensor& w) const { return tp_group_ ? tp_group_->enter(w) : w; }
+
+ private:
+  std::shared_ptr<const TensorParallelGroup> tp_group_;
+};
+
+/// Where a family's block layer splits: `name` below the block's prefix
+/// ("self_attn.q_proj"), its style, and for a column-parallel layer the
+/// sizes of its fused parts along the output features (each split on its
+/// own: Phi-3's qkv_proj is q, k, v; GPT-2's c_attn three of n_embd; one
+/// part otherwise) and the granule each part splits in (a head's width for
+/// attention projections: whole heads per rank). A row-parallel layer's
+/// input features split in `granule`s as one part.
+struct ParallelRule {
+  std::string name;
+  ParallelStyle style = ParallelStyle::kReplicated;
+  std::vector<int64_t> parts;
+  int64_t granule = 1;
+  /// What a granule is, for refusals ("key/value heads").
+  std::string unit;
+};
+
+/// The rules of `model`'s family (every family Anvil has; MoE experts stay
+/// whole). Throws ConfigError for a family without a plan.
+std::vector<ParallelRule> tensor_parallel_plan(const CausalLM& model);
+
+}  // namespace anvil::models
