@@ -51,6 +51,11 @@ class Communicator {
   /// `t` <- rank `root`'s `t`.
   virtual void broadcast(const at::Tensor& t, int root, const std::string& what) = 0;
   virtual void barrier(const std::string& what) = 0;
+  /// Point to point, one exchange: `send` to rank `dst` while `recv` (of the
+  /// same size and dtype) is filled from rank `src`; blocks until both are
+  /// done. A ring passes blocks with dst = rank + 1, src = rank - 1 (ring
+  /// attention's keys and values); dst = src = rank copies.
+  virtual void send_recv(const at::Tensor& send, int dst, const at::Tensor& recv, int src, const std::string& what) = 0;
   /// A communicator over the ranks that pass the same `color`, numbered in
   /// the order of `key` (MPI_Comm_split): HSDP's shard and replica groups.
   /// A collective: every rank calls it, in the same order.

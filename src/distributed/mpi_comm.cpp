@@ -165,6 +165,21 @@ class MpiCommunicator final : public Communicator, public std::enable_shared_fro
     check(MPI_Barrier(comm_), "barrier");
   }
 
+  void send_recv(const at::Tensor& send, int dst, const at::Tensor& recv, int src, const std::string& what) override {
+    check_cpu(send, "send_recv");
+    check_cpu(recv, "send_recv");
+    TORCH_CHECK(send.numel() == recv.numel() && send.scalar_type() == recv.scalar_type(),
+                "mpi send_recv: the tensors sent and received must have the same size and dtype");
+    TORCH_CHECK(dst >= 0 && dst < world_ && src >= 0 && src < world_, "mpi send_recv: peers ", dst, " and ", src,
+                " in a group of ", world_);
+    std::lock_guard<std::mutex> lock(*mu_);
+    Watchdog::Scope scope(*watchdog_, "send_recv", what);
+    const auto type = mpi_type(send.scalar_type());
+    check(MPI_Sendrecv(send.data_ptr(), count(send), type, dst, /*sendtag=*/0, recv.data_ptr(), count(recv), type, src,
+                       /*recvtag=*/0, comm_, MPI_STATUS_IGNORE),
+          "send_recv");
+  }
+
   std::shared_ptr<Communicator> split(int color, int key, const std::string& what) override {
     MPI_Comm sub = MPI_COMM_NULL;
     {

@@ -98,6 +98,23 @@ class NcclCommunicator final : public Communicator {
     pg_->barrier()->wait();
   }
 
+  /// The send and the receive in one NCCL group (ProcessGroupNCCL's coalescing), so a ring of ranks that all
+  /// send first cannot deadlock. Compiled, never run on a GPU yet.
+  void send_recv(const at::Tensor& send, int dst, const at::Tensor& recv, int src, const std::string& what) override {
+    TORCH_CHECK(send.numel() == recv.numel() && send.scalar_type() == recv.scalar_type(),
+                "nccl send_recv: the tensors sent and received must have the same size and dtype");
+    Watchdog::Scope scope(*watchdog_, "send_recv", what);
+    if (dst == rank_ && src == rank_) {
+      recv.copy_(send);
+      return;
+    }
+    std::vector<at::Tensor> out{send}, in{recv};
+    pg_->startCoalescing();
+    pg_->send(out, dst, /*tag=*/0);
+    pg_->recv(in, src, /*tag=*/0);
+    pg_->endCoalescing()->wait();
+  }
+
   /// A new ProcessGroupNCCL over the ranks of `color`, rendezvousing through this group's store under a prefix
   /// of its own (torch.distributed.new_group's way); every rank learns the groups from an all-gather of
   /// (color, key). Compiled, never run on a GPU yet (HSDP, docs/distributed.md).

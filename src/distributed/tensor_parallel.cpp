@@ -45,6 +45,41 @@ struct ReduceFunction : public torch::autograd::Function<ReduceFunction> {
   static variable_list backward(AutogradContext*, variable_list grad) { return {grad[0], at::Tensor()}; }
 };
 
+/// vocab_parallel_cross_entropy's function: inputs the logits' shard, the targets, the group and ignore_index.
+struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallelCrossEntropy> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets, int64_t handle,
+                            int64_t ignore_index) {
+    auto& comm = *reinterpret_cast<Communicator*>(handle);
+    const int64_t n = logits.size(0), width = logits.size(1), tp = comm.world_size();
+    const auto z = logits.to(at::kFloat);
+    // The row max over every rank's columns: an all-gather of each rank's (all-reduce has no max here).
+    const auto mine = std::get<0>(z.max(1)).contiguous();
+    auto all = at::empty({tp * n}, mine.options());
+    comm.all_gather(all, mine, "vocab-parallel cross entropy: row maxima").wait();
+    const auto m = std::get<0>(all.view({tp, n}).max(0));
+    const auto e = (z - m.unsqueeze(1)).exp();
+    const auto local = targets - comm.rank() * width;
+    const auto valid = targets != ignore_index;
+    const auto here = (local >= 0) & (local < width) & valid;
+    const auto index = at::where(here, local, at::zeros_like(local)).unsqueeze(1);
+    const auto target_logit = z.gather(1, index).squeeze(1) * here.to(at::kFloat);
+    auto sums = at::stack({e.sum(1), target_logit}).contiguous();  // (2, N): one all-reduce for both
+    comm.all_reduce_sum(sums, "vocab-parallel cross entropy: sums of exponentials and target logits");
+    const auto loss = (sums[0].log() + m - sums[1]) * valid.to(at::kFloat);
+    ctx->save_for_backward({e / sums[0].unsqueeze(1), index, here, valid});
+    ctx->saved_data["dtype"] = static_cast<int64_t>(logits.scalar_type());
+    return loss;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    auto g = saved[0].clone();  // softmax over this rank's columns
+    g.scatter_add_(1, saved[1], -saved[2].to(at::kFloat).unsqueeze(1));
+    g.mul_((grad[0].to(at::kFloat) * saved[3].to(at::kFloat)).unsqueeze(1));
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    return {g.to(dtype), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 class Group final : public models::TensorParallelGroup {
  public:
   explicit Group(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) {}
@@ -162,6 +197,14 @@ std::map<std::string, ParallelShard> apply_tensor_parallel(models::CausalLM& mod
     layer->set_parallel(group, rule->style);
   }
   return cuts;
+}
+
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
+                                        std::shared_ptr<Communicator> comm, int64_t ignore_index) {
+  TORCH_CHECK(logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0),
+              "vocab_parallel_cross_entropy: logits (N, V / tp) and targets (N), got ", logits.sizes(), " and ",
+              targets.sizes());
+  return VocabParallelCrossEntropy::apply(logits, targets, reinterpret_cast<int64_t>(comm.get()), ignore_index);
 }
 
 at::Tensor gather_whole(const at::Tensor& share, const ParallelShard& cut, Communicator& comm) {

@@ -53,6 +53,17 @@ std::shared_ptr<models::TensorParallelGroup> tensor_parallel_group(std::shared_p
 std::map<std::string, ParallelShard> apply_tensor_parallel(models::CausalLM& model, std::shared_ptr<Communicator> comm,
                                                            const std::string& key = "dist.tensor_parallel");
 
+/// Cross entropy of logits whose vocabulary is split across `comm`'s ranks
+/// (Megatron's vocab-parallel cross entropy): `logits` (N, V / tp) are this
+/// rank's columns [rank * V / tp, (rank + 1) * V / tp), `targets` (N) global
+/// ids. Per row, log(sum_v exp(z_v)) - z_target from the row's max (an
+/// all-gather of each rank's), sum of exponentials and target logit (one
+/// all-reduce of both); rows whose target is `ignore_index` give 0. Returns
+/// (N) float32 losses. The backward needs no collective: each rank's
+/// softmax columns minus the target's one-hot, times the row's gradient.
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
+                                        std::shared_ptr<Communicator> comm, int64_t ignore_index = -100);
+
 /// Collective over `comm` (the group): the whole tensor from this rank's share.
 at::Tensor gather_whole(const at::Tensor& share, const ParallelShard& cut, Communicator& comm);
 

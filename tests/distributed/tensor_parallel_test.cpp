@@ -5,15 +5,19 @@
 // parallel groups of a 2 x 2 mesh, gives the logits and gradients of the whole model in one process.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <tuple>
 #include <filesystem>
 #include <string>
 
 #include "anvil/config/config.h"
 #include "anvil/core/error.h"
 #include "anvil/models/registry.h"
+#include "distributed/context_parallel.h"
 #include "distributed/env.h"
 #include "distributed/mesh.h"
 #include "distributed/tensor_parallel.h"
@@ -124,6 +128,77 @@ TEST(TensorParallelShares, AVirtualMeshOfColumnThenRowEqualsThePlainLinears) {
   EXPECT_TRUE(at::allclose(sum + b2.detach(), want.detach(), 1e-5, 1e-5));
 }
 
+TEST(ContextParallel, HeadAndTailChunksRoundTripAndBadLengthsAreRefused) {
+  // 16 positions over cp 2: four chunks of 4; rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2.
+  EXPECT_TRUE(context_parallel_positions(16, 0, 2).equal(at::tensor({0, 1, 2, 3, 12, 13, 14, 15}, at::kLong)));
+  EXPECT_TRUE(context_parallel_positions(16, 1, 2).equal(at::tensor({4, 5, 6, 7, 8, 9, 10, 11}, at::kLong)));
+  const auto x = at::randn({3, 24, 5});
+  for (const int64_t cp : {1, 2, 3, 4}) {
+    std::vector<at::Tensor> shares;
+    for (int64_t r = 0; r < cp; ++r) shares.push_back(context_parallel_share(x, r, cp));
+    EXPECT_TRUE(context_parallel_whole(shares).equal(x)) << cp;
+    // Causal work balances: every rank's positions sum to the same.
+    for (int64_t r = 1; r < cp; ++r)
+      EXPECT_EQ(context_parallel_positions(24, r, cp).sum().item<int64_t>(),
+                context_parallel_positions(24, 0, cp).sum().item<int64_t>());
+  }
+  EXPECT_EQ(error_of([] { context_parallel_positions(20, 0, 4, "data.max_length"); }),
+            "data.max_length: rows of 20 positions do not split into 2 x 4 chunks (context parallelism gives each "
+            "rank a head and a tail chunk); expected a multiple of 8");
+}
+
+// Ring attention on a virtual mesh: each context-parallel rank's queries attend to every rank's key/value block
+// in ring order (its own first), the partial outputs merged by their log-sum-exp; the shares put together are
+// ATen's causal attention over the whole row, forward and backward, also with a sliding window.
+TEST(ContextParallel, RingMergeOfKeyBlocksEqualsFullAttention) {
+  at::manual_seed(5);
+  const int64_t B = 2, H = 3, T = 16, D = 8, cp = 2;
+  for (const int64_t window : {0, 5}) {
+    SCOPED_TRACE(window);
+    auto q = at::randn({B, H, T, D}).requires_grad_(), k = at::randn({B, H, T, D}).requires_grad_();
+    auto v = at::randn({B, H, T, D}).requires_grad_();
+    const auto pos = at::arange(T, at::kLong);
+    auto allowed = pos.unsqueeze(1) >= pos.unsqueeze(0);
+    if (window > 0) allowed = allowed & (pos.unsqueeze(1) - pos.unsqueeze(0) < window);
+    const auto want = at::scaled_dot_product_attention(q, k, v, allowed);
+    const auto w = at::randn(want.sizes());
+    const auto grads = torch::autograd::grad({(want * w).sum()}, {q, k, v});
+    std::vector<at::Tensor> outs;
+    for (int64_t r = 0; r < cp; ++r) {
+      const auto qr = context_parallel_share(q, r, cp, 2);
+      const auto pq = context_parallel_positions(T, r, cp);
+      at::Tensor out, lse;
+      for (int64_t step = 0; step < cp; ++step) {
+        const int64_t s = (r - step + cp) % cp;  // the block the ring has brought
+        const auto pk = context_parallel_positions(T, s, cp);
+        auto mask = pq.unsqueeze(1) >= pk.unsqueeze(0);
+        if (window > 0) mask = mask & (pq.unsqueeze(1) - pk.unsqueeze(0) < window);
+        auto [o, l] =
+            attention_block(qr, context_parallel_share(k, s, cp, 2), context_parallel_share(v, s, cp, 2), mask);
+        if (step == 0) {
+          out = o, lse = l;
+        } else {
+          std::tie(out, lse) = merge_attention(out, lse, o, l);
+        }
+      }
+      outs.push_back(out);
+    }
+    const auto got = context_parallel_whole(outs, 2);
+    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-5)) << (got - want).abs().max().item<double>();
+    const auto ring_grads = torch::autograd::grad({(got * w).sum()}, {q, k, v});
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_TRUE(at::allclose(ring_grads[i], grads[i], 1e-5, 1e-5))
+          << i << " " << (ring_grads[i] - grads[i]).abs().max().item<double>();
+  }
+  // A query no block lets attend: output 0, log-sum-exp -inf.
+  const auto q = at::randn({1, 1, 2, 4}), k = at::randn({1, 1, 3, 4});
+  auto none = at::ones({2, 3}, at::kBool);
+  none[0].fill_(false);
+  const auto [o, l] = attention_block(q, k, k, none);
+  EXPECT_TRUE(o[0][0][0].eq(0).all().item<bool>());
+  EXPECT_TRUE(std::isinf(l[0][0][0].item<float>()));
+}
+
 std::shared_ptr<models::CausalLM> build_flavor(const std::string& flavor, const std::vector<std::string>& extra = {}) {
   const auto src = anvil::testing::source_dir();
   auto overrides = extra;
@@ -195,13 +270,45 @@ void expect_matches_whole(const std::string& flavor, const std::shared_ptr<Commu
   EXPECT_LE(relative_difference(split->forward(ids, padded), whole->forward(ids, padded)), 1e-5);
 }
 
+// The vocabulary-parallel cross entropy over this rank's group: ATen's cross entropy of the whole logits, per row
+// and in the gradient of each rank's columns, in float32 and bfloat16, with ignored rows.
+void expect_vocab_parallel_cross_entropy(const std::shared_ptr<Communicator>& tp, int64_t data) {
+  at::manual_seed(40 + data);
+  const int64_t N = 7, V = 10;
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    auto whole = (at::randn({N, V}) * 4).to(dtype).requires_grad_();
+    auto targets = at::randint(V, {N}, at::kLong);
+    targets[2] = -100;
+    const auto want = at::cross_entropy_loss(whole.to(at::kFloat), targets, {}, at::Reduction::None, -100);
+    const auto w = at::randn({N});
+    (want * w).sum().backward();
+    const ParallelShard columns{1, {}};
+    auto share = share_of(whole.detach(), columns, tp->rank(), tp->world_size()).requires_grad_();
+    const auto got = vocab_parallel_cross_entropy(share, targets, tp);
+    EXPECT_EQ(got.scalar_type(), at::kFloat);
+    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-5)) << got << want;
+    (got * w).sum().backward();
+    EXPECT_EQ(share.grad().scalar_type(), dtype);
+    const auto expected = share_of(whole.grad(), columns, tp->rank(), tp->world_size());
+    EXPECT_TRUE(at::allclose(share.grad().to(at::kFloat), expected.to(at::kFloat), 1e-5, 1e-5))
+        << share.grad() << expected;
+  }
+}
+
 void run_rank() {
   at::set_num_threads(1);
   auto world = make_communicator(discover_from_environment(), at::kCPU, {});
   const auto n = world->world_size();
+  // A ring: every rank sends its rank to the next and receives the previous one's.
+  const int me = world->rank();
+  auto received = at::zeros({3}, at::kLong);
+  world->send_recv(at::full({3}, me, at::kLong), (me + 1) % n, received, (me + n - 1) % n, "ring test");
+  EXPECT_TRUE(received.eq((me + n - 1) % n).all().item<bool>());
   const Mesh mesh(world, {2, 1});
   ASSERT_EQ(mesh.tp->world_size(), 2);
   ASSERT_EQ(mesh.dp->world_size(), n / 2);
+  expect_vocab_parallel_cross_entropy(mesh.tp, mesh.at.dp);
   for (const auto& flavor : anvil::testing::debug_flavors()) expect_matches_whole(flavor, mesh.tp, mesh.at.dp);
   if (n == 2) {
     // Refused by key: LoRA adapters, dropout.
