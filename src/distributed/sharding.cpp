@@ -165,6 +165,7 @@ struct ShardedModel::Unit {
   at::Tensor master;                         // float32 (shard), the optimizer's parameter
   at::Tensor whole;                          // param_dtype (padded); the module's parameters are views of it
   at::Tensor local;                          // cpu_offload: the shard in param_dtype on the device
+  at::Tensor cut;  // tensor parallelism: 1 where the master shard's element is of a cut parameter, else 0
   bool resident = true;
   bool needs_reduce = false;
   // An all-gather in flight (a prefetch): its work and its input.
@@ -211,6 +212,12 @@ ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_
   // Hybrid sharding: replica groups of consecutive ranks shard within themselves (no_shard replicates anyway).
   if (options_.strategy == Sharding::NoShard) options_.replicate = 1;
   group_ = comm_;
+  if (options_.data_parallel) {
+    if (options_.replicate > 1)
+      throw ConfigError("dist.replicate: hybrid sharding with tensor parallelism is not supported yet; set 1");
+    TORCH_CHECK(options_.tensor_parallel, "ShardedModel: a data-parallel group without a tensor-parallel one");
+    group_ = options_.data_parallel;
+  }
   if (options_.replicate > 1) {
     const int64_t all = comm_->world_size(), r = comm_->rank();
     if (all % options_.replicate != 0)
@@ -337,6 +344,15 @@ void ShardedModel::build_unit(std::unique_ptr<Unit> unit, UnitLayout layout, boo
     u.master = to_master_home(flat.narrow(0, rank * u.shard, u.shard).clone());
   if (offload_ && !u.frozen) u.local = u.master.to(device_, options_.param_dtype);
   if (!u.frozen) u.master.mutable_grad() = at::zeros_like(u.master);
+  if (!u.frozen && options_.tensor_parallel) {  // which of the master shard's elements belong to cut parameters
+    const int64_t begin = sharded ? rank * u.shard : 0;
+    u.cut = at::zeros({u.master.numel()}, at::TensorOptions().dtype(at::kDouble).device(u.master.device()));
+    for (const auto& fp : l.params) {
+      if (!options_.tensor_parallel_cuts.count(fp.name)) continue;
+      const int64_t b = std::max(fp.offset, begin), e = std::min(fp.offset + fp.numel, begin + u.master.numel());
+      if (e > b) u.cut.narrow(0, b - begin, e - b).fill_(1.0);
+    }
+  }
   for (size_t k = 0; k < u.params.size(); ++k) {
     const auto& fp = l.params[k];
     u.params[k].set_data(u.whole.narrow(0, fp.offset, fp.numel).view(fp.shape));
@@ -355,6 +371,7 @@ void ShardedModel::build_from_source(Unit& unit, const UnitLayout& layout) {
   // full_shard over a model built without storage: this rank's shard straight from the source, range by
   // range; the whole buffer gets memory only when gathered. Real parameters among them (a score head, LoRA
   // adapters) are rank 0's, as in the constructor.
+  TORCH_CHECK(!options_.tensor_parallel, "ShardedModel: tensor parallelism needs the model's weights (none deferred)");
   const int64_t rank = group_->rank();
   const auto device = unit.params.front().device();
   const int64_t begin = std::min<int64_t>(rank * unit.shard, unit.numel);
@@ -677,7 +694,21 @@ at::Tensor ShardedModel::clip_grad_norm_on_device(double max_norm) {
   std::vector<at::Tensor> squares;
   for (const auto& n : at::_foreach_norm(grads, 2, at::kDouble)) squares.push_back(n.square());
   auto sq = at::stack(squares).sum().view({1}).to(device_);  // offloaded gradients: summed on the host
+  if (options_.tensor_parallel) {
+    // (cut, whole) squares: the cut parameters' shares differ across the tensor-parallel group and add up; the
+    // whole ones are the same on every rank of it and count once.
+    auto cut = at::zeros({1}, sq.options());
+    for (auto& u : units_)
+      if (u->cut.defined() && u->master.grad().defined())
+        cut += (u->master.grad().to(at::kDouble).square() * u->cut).sum().to(device_);
+    sq = at::cat({cut, sq - cut});
+  }
   if (options_.strategy != Sharding::NoShard) group_->all_reduce_sum(sq, "gradient norm");
+  if (options_.tensor_parallel) {
+    auto cut = sq.narrow(0, 0, 1).contiguous();
+    options_.tensor_parallel->all_reduce_sum(cut, "gradient norm over the tensor-parallel group");
+    sq = (cut + sq.narrow(0, 1, 1)).view({1});
+  }
   const auto total = sq.sqrt().reshape({});
   if (max_norm > 0) {
     const auto coef =

@@ -38,6 +38,7 @@
 #include <c10/util/Exception.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_set>
@@ -45,6 +46,7 @@
 #include <vector>
 
 #include "distributed/comm.h"
+#include "distributed/tensor_parallel.h"
 #include "anvil/models/causal_lm.h"
 
 namespace anvil::distributed {
@@ -79,6 +81,15 @@ struct ShardingOptions {
   /// and the groups hold the same shards (reduced gradients all-reduced
   /// across them). 1 = one group of every rank.
   int64_t replicate = 1;
+  /// Tensor parallelism (distributed/tensor_parallel.h, distributed/mesh.h):
+  /// the model's block layers are already cut across `tensor_parallel`'s
+  /// ranks (`tensor_parallel_cuts`, apply_tensor_parallel's result, by
+  /// parameter name). The strategy then shards over `data_parallel` (the
+  /// ranks that hold the same shares) instead of every rank, and the
+  /// gradient norm counts the cut parameters' squares on every rank of the
+  /// group and the whole ones' once. Needs replicate 1.
+  std::shared_ptr<Communicator> tensor_parallel, data_parallel;
+  std::map<std::string, ParallelShard> tensor_parallel_cuts;
   /// A trained model's parameters the run trains (empty: all). The others
   /// (LoRA's base, ILQL's target heads) form frozen units of their own beside
   /// each block's and the root's trained one: a frozen unit holds its shard in
@@ -156,8 +167,8 @@ class ShardedModel : public models::ShardedParameters {
   models::CausalLM& model() { return *model_; }
   /// Every rank of the run (barriers, who writes what).
   Communicator& comm() { return *comm_; }
-  /// The ranks this rank shards with: comm() unless hybrid sharding; shard
-  /// ranges, shard files and gathers are this group's.
+  /// The ranks this rank shards with: comm() unless hybrid sharding or
+  /// tensor parallelism; shard ranges, shard files and gathers are this group's.
   Communicator& shard_comm() { return *group_; }
   /// Hybrid sharding: which replica group this rank is in, and how many there are.
   int64_t replica() const { return comm_->rank() / group_->world_size(); }

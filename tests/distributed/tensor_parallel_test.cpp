@@ -20,6 +20,7 @@
 #include "distributed/context_parallel.h"
 #include "distributed/env.h"
 #include "distributed/mesh.h"
+#include "distributed/sharding.h"
 #include "distributed/tensor_parallel.h"
 #include "models/init.h"
 #include "models/lora.h"
@@ -296,6 +297,46 @@ void expect_vocab_parallel_cross_entropy(const std::shared_ptr<Communicator>& tp
   }
 }
 
+// FSDP over the data-parallel group of a tensor-parallel model: each data-parallel rank's batch through the
+// sharded shares gives the whole model's gradients summed over those batches (in every rank's master shards) and
+// their norm, the cut parameters' squares counted over the tensor-parallel group and the whole ones' once.
+void expect_sharded_over_the_rest(const Mesh& mesh, distributed::Sharding strategy) {
+  SCOPED_TRACE(to_string(strategy));
+  auto whole = build_flavor("qwen3-debug");  // per-head q/k norms: gradients summed over the group
+  auto split = models::clone_model(*whole);
+  const auto cuts = apply_tensor_parallel(*split, mesh.tp);
+  const int64_t dp = mesh.dp->world_size(), B = 2, T = 8;
+  std::vector<at::Tensor> batches;
+  at::manual_seed(77);
+  for (int64_t d = 0; d < dp; ++d) batches.push_back(at::randint(61, {B, T}, at::kLong));
+  const auto weights = at::randn({B, T, 61});
+  for (const auto& ids : batches) (whole->forward(ids) * weights).sum().backward();
+  double sq = 0;
+  for (const auto& p : whole->parameters()) sq += p.grad().to(at::kDouble).square().sum().item<double>();
+  ShardingOptions so;
+  so.strategy = strategy;
+  so.tensor_parallel = mesh.tp, so.data_parallel = mesh.dp, so.tensor_parallel_cuts = cuts;
+  ShardedModel sharded(split, mesh.world, so);
+  EXPECT_EQ(sharded.shard_comm().world_size(), dp);
+  sharded.begin_step();
+  sharded.set_grad_sync(true);
+  (split->forward(batches[static_cast<size_t>(mesh.at.dp)]) * weights).sum().backward();
+  sharded.finish_backward();
+  const double norm = sharded.clip_grad_norm_on_device(0).item<double>();
+  EXPECT_NEAR(norm, std::sqrt(sq), 1e-5 * std::sqrt(sq));
+  auto want = whole->named_parameters();
+  for (size_t u = 0; u < sharded.layouts().size(); ++u) {
+    const auto grads = sharded.gather_master(u, sharded.master_parameters()[u].grad());
+    for (const auto& p : sharded.layouts()[u].params) {
+      const auto got = grads.narrow(0, p.offset, p.numel).view(p.shape);
+      const auto cut = cuts.find(p.name);
+      const auto& g = want[p.name].grad();
+      const auto expected = cut == cuts.end() ? g : share_of(g, cut->second, mesh.tp->rank(), mesh.tp->world_size());
+      EXPECT_LE(relative_difference(got, expected), 1e-5) << p.name;
+    }
+  }
+}
+
 void run_rank() {
   at::set_num_threads(1);
   auto world = make_communicator(discover_from_environment(), at::kCPU, {});
@@ -309,6 +350,7 @@ void run_rank() {
   ASSERT_EQ(mesh.tp->world_size(), 2);
   ASSERT_EQ(mesh.dp->world_size(), n / 2);
   expect_vocab_parallel_cross_entropy(mesh.tp, mesh.at.dp);
+  for (const auto strategy : {Sharding::FullShard, Sharding::NoShard}) expect_sharded_over_the_rest(mesh, strategy);
   for (const auto& flavor : anvil::testing::debug_flavors()) expect_matches_whole(flavor, mesh.tp, mesh.at.dp);
   if (n == 2) {
     // Refused by key: LoRA adapters, dropout.
