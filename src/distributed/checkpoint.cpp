@@ -75,7 +75,7 @@ void gather_hf_model(ShardedSave& s, ShardedModel& model, bool consolidated) {
     const auto saved = checkpoint::saved_parameters(model.model());
     std::vector<size_t> with_files;  // units with weights to write, the same list on every rank
     for (size_t u = 0; u < masters.size(); ++u)
-      for (const auto& p : model.layouts()[u].params)
+      for (const auto& p : model.whole_layouts()[u].params)
         if (saved(p.name) && !checkpoint::is_head_parameter(p.name)) {
           with_files.push_back(u);
           break;
@@ -83,14 +83,14 @@ void gather_hf_model(ShardedSave& s, ShardedModel& model, bool consolidated) {
     nlohmann::json weight_map = nlohmann::json::object();
     int64_t total = 0;
     for (size_t u = 0; u < masters.size(); ++u) {
-      const auto flat = model.gather_master(u);
+      const auto flat = model.to_whole_layout(u, model.gather_master(u));
       const auto it = std::find(with_files.begin(), with_files.end(), u);
       const auto file = it == with_files.end() ? std::string()
                                                : concat("model-", five(it - with_files.begin() + 1), "-of-",
                                                         five(static_cast<int64_t>(with_files.size())), ".safetensors");
       io::TensorMap tensors;
       const bool owner = static_cast<int64_t>(u) % s.world == s.rank;
-      for (const auto& p : model.layouts()[u].params) {
+      for (const auto& p : model.whole_layouts()[u].params) {
         if (!saved(p.name)) continue;
         const auto view = flat.narrow(0, p.offset, p.numel).view(p.shape);
         if (checkpoint::is_head_parameter(p.name)) {  // small: one file, by rank 0 (root and root.frozen hold heads)
@@ -106,9 +106,9 @@ void gather_hf_model(ShardedSave& s, ShardedModel& model, bool consolidated) {
     if (s.rank == 0) s.index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
   } else if (consolidated) {
     for (size_t u = 0; u < masters.size(); ++u) {
-      const auto flat = model.gather_master(u);
+      const auto flat = model.to_whole_layout(u, model.gather_master(u));
       if (s.rank != 0) continue;
-      for (const auto& p : model.layouts()[u].params)
+      for (const auto& p : model.whole_layouts()[u].params)
         s.whole.emplace(p.name, flat.narrow(0, p.offset, p.numel).view(p.shape));
     }
   }
@@ -121,7 +121,7 @@ nlohmann::json shards_metadata(const ShardedSave& s, ShardedModel& model, torch:
   if (const auto trained = model.trained_master_parameters(); !trained.empty())
     if (auto* st = optim::adamw_state(optimizer, trained.front())) adam_step = st->step();
   nlohmann::json units = nlohmann::json::array();
-  for (const auto& l : model.layouts()) {
+  for (const auto& l : model.whole_layouts()) {
     nlohmann::json params = nlohmann::json::array();
     for (const auto& p : l.params) params.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}});
     units.push_back({{"name", l.name}, {"numel", l.numel}, {"params", params}});
@@ -131,8 +131,8 @@ nlohmann::json shards_metadata(const ShardedSave& s, ShardedModel& model, torch:
   nlohmann::json ranges = nlohmann::json::array();
   for (int64_t r = 0; r < shards; ++r) {
     nlohmann::json range = nlohmann::json::array();
-    for (size_t u = 0; u < model.layouts().size(); ++u) {
-      const int64_t numel = model.layouts()[u].numel;
+    for (size_t u = 0; u < model.whole_layouts().size(); ++u) {
+      const int64_t numel = model.whole_layouts()[u].numel;
       if (!sharded) {
         range.push_back({0, numel});
         continue;
@@ -147,6 +147,8 @@ nlohmann::json shards_metadata(const ShardedSave& s, ShardedModel& model, torch:
           {"strategy", to_string(model.options().strategy)},
           {"world_size", s.world},
           {"replicate", model.replicas()},
+          // Informational: the units above are the whole model's, whatever the mesh that wrote them.
+          {"tensor_parallel", model.tensor_parallel() ? model.tensor_parallel()->world_size() : 1},
           {"optimizer_step", adam_step},
           {"units", units},
           {"shards", ranges}};
@@ -178,7 +180,27 @@ ShardedSave prepare_sharded_save(const stdfs::path& output_dir, ShardedModel& mo
   const int64_t shards = sharded ? model.shard_comm().world_size() : 1;
   const int64_t shard_rank = model.shard_comm().rank();
   const auto masters = model.master_parameters();
-  if (model.replica() == 0 && shard_rank < shards) {
+  if (auto* tp = model.tensor_parallel()) {
+    // Tensor parallelism: the files hold the whole model's units, cut over the shard group as a run without it
+    // would cut them (the ranges shards_metadata gives), written by the ranks of tensor-parallel rank 0; each unit
+    // is made whole (gathered over both groups) one at a time.
+    const bool writes = tp->rank() == 0;
+    if (writes) s.shard_file = shard_file(s.tmp, shard_rank, shards);
+    for (size_t u = 0; u < masters.size(); ++u) {
+      const auto& whole = model.whole_layouts()[u];
+      const int64_t per = sharded ? (whole.numel + shards - 1) / shards : whole.numel;
+      const int64_t b = std::min(shard_rank * per, whole.numel), e = std::min(b + per, whole.numel);
+      auto keep = [&](const std::string& key, const at::Tensor& shard) {
+        const auto values = model.to_whole_layout(u, model.gather_master(u, shard));
+        if (writes && e > b) s.shard.emplace(whole.name + key, values.narrow(0, b, e - b).cpu());
+      };
+      keep(".param", masters[u]);
+      if (auto* st = optim::adamw_state(optimizer, masters[u])) {
+        keep(".exp_avg", st->exp_avg().to(at::kFloat));
+        keep(".exp_avg_sq", st->exp_avg_sq().to(at::kFloat));
+      }
+    }
+  } else if (model.replica() == 0 && shard_rank < shards) {
     s.shard_file = shard_file(s.tmp, shard_rank, shards);
     for (size_t u = 0; u < masters.size(); ++u) {
       const auto [b, e] = model.shard_range(u);
@@ -278,12 +300,15 @@ checkpoint::ModelState gather_consolidated(ShardedModel& model, torch::optim::Op
   out.model = &model.model();
   out.dtype = at::kFloat;
   for (size_t u = 0; u < masters.size(); ++u) {
-    const auto flat = model.gather_master(u);
+    const auto flat = model.to_whole_layout(u, model.gather_master(u));
     auto* st = optim::adamw_state(optimizer, masters[u]);  // every rank has stepped, or none
     at::Tensor m1, m2;
-    if (st) m1 = model.gather_master(u, st->exp_avg()), m2 = model.gather_master(u, st->exp_avg_sq());
+    if (st) {
+      m1 = model.to_whole_layout(u, model.gather_master(u, st->exp_avg()).to(at::kFloat));
+      m2 = model.to_whole_layout(u, model.gather_master(u, st->exp_avg_sq()).to(at::kFloat));
+    }
     if (!lead) continue;
-    for (const auto& p : model.layouts()[u].params) {
+    for (const auto& p : model.whole_layouts()[u].params) {
       if (omit.count(p.name)) continue;
       auto part = [&](const at::Tensor& t) { return t.narrow(0, p.offset, p.numel).view(p.shape); };
       out.weights.emplace(p.name, part(flat));
@@ -385,7 +410,7 @@ io::TrainerState load_sharded_checkpoint(const stdfs::path& dir, ShardedModel& m
                                          const std::function<void(size_t, size_t)>& before_unit) {
   const auto j = io::read_trainer_state(dir);
   const auto meta = read_meta(dir);
-  const auto& layouts = model.layouts();
+  const auto& layouts = model.whole_layouts();  // the files' (the whole model's under tensor parallelism)
   const auto& units = meta["units"];
   const auto meta_path = (dir / "sharding.json").string();
   if (units.size() != layouts.size())
@@ -410,13 +435,20 @@ io::TrainerState load_sharded_checkpoint(const stdfs::path& dir, ShardedModel& m
     const auto& name = layouts[u].name;
     const auto [b, e] = model.shard_range(u);
     const auto shard = masters[u].numel();
-    model.load_unit_shard(u, files.read(u, name + ".param", b, e, shard, true));
+    // Tensor parallelism: the whole unit is read and this rank's shares of it cut (one unit at a time).
+    const bool whole = model.tensor_parallel() != nullptr;
+    auto read = [&](const std::string& key, bool required) {
+      if (!whole) return files.read(u, name + key, b, e, shard, required);
+      const auto n = layouts[u].numel;
+      return model.slice_for_rank(u, model.from_whole_layout(u, files.read(u, name + key, 0, n, n, required)));
+    };
+    model.load_unit_shard(u, read(".param", true));
     if (adam_step == 0 || layouts[u].frozen) continue;
     auto st = std::make_unique<torch::optim::AdamWParamState>();
     st->step(adam_step);
     const auto moments = optim::moment_dtype(optimizer, masters[u]);
-    st->exp_avg(files.read(u, name + ".exp_avg", b, e, shard, false).to(masters[u].device(), moments));
-    st->exp_avg_sq(files.read(u, name + ".exp_avg_sq", b, e, shard, false).to(masters[u].device(), moments));
+    st->exp_avg(read(".exp_avg", false).to(masters[u].device(), moments));
+    st->exp_avg_sq(read(".exp_avg_sq", false).to(masters[u].device(), moments));
     optimizer.state()[masters[u].unsafeGetTensorImpl()] = std::move(st);
   }
   // The same rank's generators when the world size matches; otherwise the
@@ -444,8 +476,9 @@ void import_optimizer_state(ShardedModel& model, torch::optim::Optimizer& per_pa
         throw CheckpointError(concat("optimizer state: parameter \"", fp.name, "\" has taken ", st->step(),
                                      " steps, others of ", layout.name, " ", step));
       step = st->step();
-      m1.narrow(0, fp.offset, fp.numel).copy_(st->exp_avg().reshape(-1));
-      m2.narrow(0, fp.offset, fp.numel).copy_(st->exp_avg_sq().reshape(-1));
+      // A parameter tensor parallelism cut after the optimizer read it: its moments are cut alike.
+      m1.narrow(0, fp.offset, fp.numel).copy_(model.share_of_whole(fp.name, st->exp_avg()).reshape(-1));
+      m2.narrow(0, fp.offset, fp.numel).copy_(model.share_of_whole(fp.name, st->exp_avg_sq()).reshape(-1));
     }
     if (step < 0) continue;  // never stepped
     auto st = std::make_unique<torch::optim::AdamWParamState>();

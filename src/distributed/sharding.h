@@ -189,6 +189,22 @@ class ShardedModel : public models::ShardedParameters {
   at::Device master_device() const { return offload_ ? at::Device(at::kCPU) : device_; }
   bool offloaded() const { return offload_; }
   const std::vector<UnitLayout>& layouts() const { return layouts_; }
+  /// The units as the whole model lays them out: under tensor parallelism the
+  /// cut parameters' whole shapes (and the offsets that follow), which
+  /// checkpoints use so that they do not depend on the mesh; layouts()
+  /// otherwise.
+  const std::vector<UnitLayout>& whole_layouts() const { return tensor_parallel_ ? whole_layouts_ : layouts_; }
+  /// Collective over the tensor-parallel group: unit `u`'s flat values in
+  /// layouts() order (numel() elements, float32) -> whole_layouts()'s. The
+  /// input itself without tensor parallelism.
+  at::Tensor to_whole_layout(size_t u, const at::Tensor& flat);
+  /// The inverse, no collective: this rank's shares of whole_layouts()'s flat values.
+  at::Tensor from_whole_layout(size_t u, const at::Tensor& whole) const;
+  /// This rank's share of parameter `name`'s whole tensor (the tensor itself
+  /// unless tensor parallelism cuts it).
+  at::Tensor share_of_whole(const std::string& name, const at::Tensor& whole) const;
+  /// The tensor-parallel group, or null.
+  Communicator* tensor_parallel() const { return options_.tensor_parallel.get(); }
   /// This rank's elements [begin, end) of unit `u`'s flat parameters (clipped
   /// to the unit's size, so the last ranks may hold fewer or none).
   std::pair<int64_t, int64_t> shard_range(size_t u) const;
@@ -286,6 +302,8 @@ class ShardedModel : public models::ShardedParameters {
   at::Device device_{at::kCPU};
   bool offload_ = false;
   std::vector<UnitLayout> layouts_;
+  bool tensor_parallel_ = false;
+  std::vector<UnitLayout> whole_layouts_;     // tensor parallelism: layouts_ with whole shapes
   std::vector<std::unique_ptr<Unit>> units_;  // layouts() order: per slot, the trained unit then the frozen one
   std::vector<std::vector<Unit*>> slots_;     // blocks 0..L-1, then the root: each slot's units
   std::vector<Unit*>& root() { return slots_.back(); }

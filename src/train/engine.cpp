@@ -388,9 +388,10 @@ class ShardedEngine final : public EngineImpl {
  public:
   ShardedEngine(const config::RunConfig& cfg, std::shared_ptr<models::CausalLM> model,
                 std::shared_ptr<distributed::Communicator> comm, const Trains& trains, const std::string& who,
-                const ResumeFrom& resume)
+                const ResumeFrom& resume, std::shared_ptr<distributed::Mesh> mesh = nullptr)
       : model_(model),
         comm_(comm),
+        data_(comm),
         device_(model->parameters().front().device()),
         sharding_(config::kShardings.name(cfg.dist.sharding)),
         param_dtype_(config::kDtypes.name(cfg.dist.param_dtype)),
@@ -415,6 +416,15 @@ class ShardedEngine final : public EngineImpl {
     if (!any) throw ConfigError(concat(who, " trains none of the model's parameters"));
     auto options = sharding_options(cfg);
     options.trains = trains;
+    // Tensor parallelism: the blocks' layers cut across the mesh's tensor-parallel group (after a plain
+    // checkpoint was read into the whole model), sharded over its data-parallel group.
+    if (mesh && mesh->tp->world_size() > 1) {
+      options.tensor_parallel = mesh->tp;
+      options.data_parallel = mesh->dp;
+      options.tensor_parallel_cuts = distributed::apply_tensor_parallel(*model, mesh->tp);
+      data_ = mesh->dp;
+      tensor_parallel_ = mesh->tp->world_size();
+    }
     sharded_ = std::make_unique<distributed::ShardedModel>(model, comm, options);
     optimizer_ = optim::make_optimizer(cfg.optimizer, sharded_->trained_master_parameters());
     if (plain)
@@ -427,15 +437,18 @@ class ShardedEngine final : public EngineImpl {
 
   models::CausalLM& model() override { return *model_; }
   at::Device device() const override { return device_; }
-  int64_t rank() const override { return comm_->rank(); }
-  int64_t world_size() const override { return comm_->world_size(); }
+  /// The data-parallel rank and size (the world's, without tensor parallelism).
+  int64_t rank() const override { return data_->rank(); }
+  int64_t world_size() const override { return data_->world_size(); }
   std::string describe() const override {
     return concat(
         comm_->world_size(), " rank(s), ", comm_->backend(), ", ", sharding_,
         param_dtype_ != "float32" ? ", " + param_dtype_ : std::string(), sharded_->offloaded() ? ", cpu_offload" : "",
         sharded_->replicas() > 1
             ? concat(", hybrid: ", sharded_->replicas(), " replicas of ", sharded_->shard_comm().world_size(), " ranks")
-            : std::string());
+            : std::string(),
+        tensor_parallel_ > 1 ? concat(", tensor parallel ", tensor_parallel_, " x data parallel ", data_->world_size())
+                             : std::string());
   }
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
   std::vector<at::Tensor> gradients() override {
@@ -445,8 +458,8 @@ class ShardedEngine final : public EngineImpl {
   }
   /// The unit and flat place of parameter `name`.
   std::pair<size_t, const distributed::FlatParam*> locate(const std::string& name, const char* who) const {
-    for (size_t u = 0; u < sharded_->layouts().size(); ++u)
-      for (const auto& p : sharded_->layouts()[u].params)
+    for (size_t u = 0; u < sharded_->whole_layouts().size(); ++u)
+      for (const auto& p : sharded_->whole_layouts()[u].params)
         if (p.name == name) return {u, &p};
     TORCH_CHECK(false, who, ": the model has no parameter \"", name, "\"");
   }
@@ -459,10 +472,10 @@ class ShardedEngine final : public EngineImpl {
     return out;
   }
   std::vector<at::Tensor> unit_parameters(size_t u) override {
-    const auto& layouts = sharded_->layouts();
+    const auto& layouts = sharded_->whole_layouts();
     TORCH_CHECK(u < layouts.size(), "unit_parameters: the model has ", layouts.size(), " units, got ", u);
     at::NoGradGuard no_grad;
-    const auto flat = sharded_->gather_master(u);
+    const auto flat = sharded_->to_whole_layout(u, sharded_->gather_master(u));
     std::vector<at::Tensor> out;
     for (const auto& p : layouts[u].params) out.push_back(flat.narrow(0, p.offset, p.numel).view(p.shape));
     return out;
@@ -476,7 +489,7 @@ class ShardedEngine final : public EngineImpl {
     std::map<std::string, at::Tensor> out;
     at::NoGradGuard no_grad;
     for (const auto& [u, list] : by_unit) {
-      const auto flat = sharded_->gather_master(u);
+      const auto flat = sharded_->to_whole_layout(u, sharded_->gather_master(u));
       for (const auto* p : list) out.emplace(p->name, flat.narrow(0, p->offset, p->numel).view(p->shape).clone());
     }
     return out;
@@ -493,9 +506,9 @@ class ShardedEngine final : public EngineImpl {
     wait_for_save_copy();
     at::NoGradGuard no_grad;
     for (const auto& [u, list] : by_unit) {
-      auto flat = sharded_->gather_master(u).clone();
+      auto flat = sharded_->to_whole_layout(u, sharded_->gather_master(u)).clone();
       for (const auto& [p, v] : list) flat.narrow(0, p->offset, p->numel).copy_(v.reshape(-1));
-      sharded_->load_unit(u, flat);
+      sharded_->load_unit(u, sharded_->from_whole_layout(u, flat));
     }
   }
 
@@ -656,6 +669,8 @@ class ShardedEngine final : public EngineImpl {
  private:
   std::shared_ptr<models::CausalLM> model_;
   std::shared_ptr<distributed::Communicator> comm_;
+  std::shared_ptr<distributed::Communicator> data_;  // the ranks data is split over: comm_, or the mesh's dp
+  int64_t tensor_parallel_ = 1;
   at::Device device_;
   /// Elements [offset, offset + numel) of unit `unit`'s master shard.
   struct Slice {
@@ -743,11 +758,11 @@ class ShardedEngine final : public EngineImpl {
 EngineStart make_engine(const config::RunConfig& cfg, std::shared_ptr<models::CausalLM> model,
                         std::shared_ptr<distributed::Communicator> comm, const Objective& objective,
                         const std::optional<std::filesystem::path>& resume_from,
-                        const std::vector<CompanionModel>& companions) {
+                        const std::vector<CompanionModel>& companions, std::shared_ptr<distributed::Mesh> mesh) {
   EngineStart out;
   auto build = [&](std::shared_ptr<models::CausalLM> m, const config::RunConfig& c, const Trains& trains,
                    const std::string& who, const ResumeFrom& resume) -> std::unique_ptr<EngineImpl> {
-    if (comm) return std::make_unique<ShardedEngine>(c, std::move(m), comm, trains, who, resume);
+    if (comm) return std::make_unique<ShardedEngine>(c, std::move(m), comm, trains, who, resume, mesh);
     return std::make_unique<PlainEngine>(c, std::move(m), trains, who, resume);
   };
   // With LoRA adapters, only they (and heads: a reward model's score, PPO's

@@ -12,6 +12,7 @@
 #include "train/step_engine.h"
 #include "anvil/train/objective.h"
 #include "distributed/comm.h"
+#include "distributed/mesh.h"
 #include "distributed/sharding.h"
 #include "io/trainer_state.h"
 
@@ -31,11 +32,13 @@ struct EngineStart {
 /// Builds the engine for `model` (already on its device): sharded when
 /// `comm` is set, plain otherwise. The optimizer covers the parameters
 /// `objective.trains()`; the others are frozen (requires_grad false). The
-/// `companions` (RunContext::train) train beside it. Restores `resume_from`
+/// `companions` (RunContext::train) train beside it. With `mesh` (dist.tensor_parallel), the model's blocks
+/// are cut across its tensor-parallel group and sharded over its data-parallel one. Restores `resume_from`
 /// (a plain or a sharded checkpoint) when given, companions included.
 EngineStart make_engine(const config::RunConfig& cfg, std::shared_ptr<models::CausalLM> model,
                         std::shared_ptr<distributed::Communicator> comm, const Objective& objective,
                         const std::optional<std::filesystem::path>& resume_from,
-                        const std::vector<CompanionModel>& companions = {});
+                        const std::vector<CompanionModel>& companions = {},
+                        std::shared_ptr<distributed::Mesh> mesh = nullptr);
 
 }  // namespace anvil::train

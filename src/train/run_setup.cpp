@@ -311,17 +311,27 @@ RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
   r.comm = make_comm(cfg, proc, r.device, r.latest);
   r.lead = !r.comm || r.comm->rank() == 0;
   split_roles(cfg, r);
-  r.ranks.world = r.comm ? r.comm->world_size() : 1;
-  r.ranks.rank = r.comm ? r.comm->rank() : 0;
+  if (cfg.dist.tensor_parallel > 1) {
+    if (!r.comm)
+      throw ConfigError(concat("dist.tensor_parallel: ", cfg.dist.tensor_parallel,
+                               " splits each block across that many ranks, and this run has 1; launch with mpirun -np, "
+                               "torchrun --nproc-per-node or srun --ntasks"));
+    r.mesh = std::make_shared<distributed::Mesh>(r.comm, distributed::MeshShape{cfg.dist.tensor_parallel, 1});
+  }
+  // Data is split over the data-parallel ranks: every rank, or the mesh's data-parallel group (the ranks of a
+  // tensor-parallel group read the same rows).
+  const auto data = r.mesh ? r.mesh->dp : r.comm;
+  r.ranks.world = data ? data->world_size() : 1;
+  r.ranks.rank = data ? data->rank() : 0;
   if (!r.lead) log::configure(log::Level::warn);  // one rank reports
-  if (r.comm && r.ranks.world > 1) {
-    r.ranks.sum = [comm = r.comm, device = r.device](std::vector<double>& v) {
+  if (data && r.ranks.world > 1) {
+    r.ranks.sum = [comm = data, device = r.device](std::vector<double>& v) {
       auto t = at::tensor(v, at::kDouble).to(device);
       comm->all_reduce_sum(t, "step or evaluation statistics");
       t = t.cpu().contiguous();
       std::copy(t.data_ptr<double>(), t.data_ptr<double>() + v.size(), v.begin());
     };
-    r.ranks.gather = [comm = r.comm, device = r.device](const std::vector<double>& mine, std::vector<double>& all) {
+    r.ranks.gather = [comm = data, device = r.device](const std::vector<double>& mine, std::vector<double>& all) {
       const auto in = at::tensor(mine, at::kDouble).to(device);
       auto out = at::empty({in.numel() * comm->world_size()}, in.options());
       comm->all_gather(out, in, "rollout rows").wait();
@@ -353,7 +363,8 @@ RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
   // full_shard over several ranks reads each rank's ranges of the folder's weights into its shards, unless
   // a plain checkpoint (read into the whole model first) is resumed.
   std::optional<at::Device> deferred_on;
-  if (r.comm && cfg.dist.sharding == config::Sharding::kFullShard &&
+  // Tensor parallelism cuts the whole model (each rank builds it, then keeps its shares).
+  if (r.comm && cfg.dist.sharding == config::Sharding::kFullShard && !r.mesh &&
       (!r.latest || distributed::is_sharded_checkpoint(*r.latest)))
     deferred_on = r.device;
   r.model = build_model(cfg, *r.tok, deferred_on);
@@ -449,7 +460,9 @@ void print_plan(RunSetup& r, const config::RunConfig& cfg) {
          << " (the first micro-batch holds " << first.num_tokens << " tokens and " << first.num_targets << " "
          << r.objective->target_unit() << ")\n";
   }
-  plan << describe(held_against(plan_memory(*r.model, cfg, world), r.device)) << "  resume: "
+  plan << (r.mesh ? std::string("  memory: not modelled under dist.tensor_parallel yet\n")
+                  : describe(held_against(plan_memory(*r.model, cfg, world), r.device)))
+       << "  resume: "
        << (r.latest ? concat("continues ", r.latest->string()) : std::string("starts fresh in ") + r.out_dir.string())
        << "\n";
   for (const auto& p : programs) plan << "  program: " << p << "\n";
@@ -466,6 +479,10 @@ std::string format_number(double x, int precision) {
 
 void print_memory_plan(const config::RunConfig& cfg, int64_t world) {
   if (world < 1) throw ConfigError(concat("--world-size: expected a positive number of ranks, got ", world));
+  if (cfg.dist.tensor_parallel > 1)
+    throw ConfigError(concat("dist.tensor_parallel: ", cfg.dist.tensor_parallel,
+                             ": trainer --plan-memory does not model tensor parallelism yet; plan with "
+                             "dist.tensor_parallel=1"));
   const auto tok = build_tokenizer(cfg);
   // The folder's model without its weights (read: config.json, the tensors' shapes), or the config's.
   auto model = build_model(cfg, *tok, cfg.model.from.empty() ? std::nullopt : std::optional<at::Device>(at::kCPU),

@@ -11,6 +11,7 @@
 
 #include "anvil/config/config.h"
 #include "distributed/comm.h"
+#include "distributed/mesh.h"
 #include "anvil/models/causal_lm.h"
 #include "anvil/tokenizer/tokenizer.h"
 #include "anvil/train/objective.h"
@@ -24,6 +25,9 @@ struct RunSetup {
   std::optional<std::filesystem::path> latest;  // the checkpoint it continues (or evaluates)
   at::Device device = at::kCPU;
   std::shared_ptr<distributed::Communicator> comm;  // set for sharded runs (over the training ranks)
+  /// dist.tensor_parallel > 1: the mesh over `comm` (data is split over its
+  /// data-parallel group; the engine cuts the model across its tensor-parallel one).
+  std::shared_ptr<distributed::Mesh> mesh;
   /// Where the algorithm keeps ranks apart from training (side_ranks): the
   /// whole launch, whose ranks [0, trainers) train; `side` on the others.
   std::shared_ptr<distributed::Communicator> world;

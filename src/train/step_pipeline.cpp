@@ -128,13 +128,16 @@ QueuedStep StepPipeline::queue(int64_t step, const std::vector<Batch>& batches, 
   }
   q.norm = engine_.clip_grad_norm_on_device(cfg_.train.grad_clip);
   auto loss = q.stats.loss_tensor.to(q.norm.device(), at::kDouble).reshape({});
-  if (run_.ranks.world > 1) {
+  if (run_.ranks.world > 1 || run_.mesh) {  // a tensor-parallel group shares its stop flag too
     // One reduction on the device for the loss, the stop flag and the objective's sums, read with the
     // step: every rank then takes the same decisions (overlapped, the stop one step later than on one process).
     std::vector<at::Tensor> parts = {loss, at::full({}, stop_now ? 1.0 : 0.0, loss.options())};
     for (const auto& [key, t] : q.stats.sums) parts.push_back(t.to(loss.device(), at::kDouble).reshape({}));
     q.reduced = at::stack(parts);
     run_.comm->all_reduce_sum(q.reduced, "step statistics");
+    // Over every rank, so a stop reaches each; the ranks of a tensor-parallel group hold the same statistics,
+    // counted once (a power of two divides exactly).
+    if (run_.mesh) q.reduced.div_(static_cast<double>(run_.mesh->layout.tp()));
     loss = q.reduced[0];
   } else {
     stop_ = stop_ || stop_now;

@@ -18,6 +18,7 @@
 #include "anvil/core/error.h"
 #include "anvil/models/registry.h"
 #include "distributed/context_parallel.h"
+#include "distributed/dist_runs.h"
 #include "distributed/env.h"
 #include "distributed/mesh.h"
 #include "distributed/sharding.h"
@@ -390,6 +391,71 @@ TEST(TensorParallelRanks, EveryFamilyGivesTheWholeModelsLogitsAndGradientsOnTwoA
         &log);
     EXPECT_EQ(rc, 0) << ranks << " ranks:\n" << log;
   }
+}
+
+// The trainer under dist.tensor_parallel (GPT-2, 4 blocks, 20 steps; dist_runs.h): tp 2 on 2 ranks and tp 2 x
+// full_shard 2 on 4 train as one process does (loss, gradient norm, eval loss within 1e-5; the HF folder the same
+// model); its checkpoints hold the whole model's units, so a resume on the same mesh repeats the run bit for bit
+// and one on another mesh (one process, tp 2 alone) continues it within 1e-5; a plain checkpoint continues under
+// tp 2. Launches the mesh cannot take are refused by key.
+TEST(TensorParallelRuns, TrainLikeOneProcessAndResumeOnAnyMesh) {
+  anvil::testing::TempDir dir;
+  const auto cfg = dir / "run.yaml";
+  anvil::testing::write_text(cfg, kRun);
+  const auto plain_dir = dir / "plain", mesh_dir = dir / "tp2-fsdp2";
+  train(cfg, plain_dir, 0);
+  const auto plain = read_metrics(plain_dir / "metrics.jsonl");
+  std::string log;
+  train(cfg, dir / "tp2", 2, "dist.tensor_parallel=2", &log);
+  EXPECT_NE(log.find("no_shard, tensor parallel 2 x data parallel 1"), std::string::npos) << log;
+  expect_close_losses(plain, read_metrics(dir / "tp2" / "metrics.jsonl"), 1, 20, 1e-5, "tp 2");
+  const std::string mesh = "dist.tensor_parallel=2 dist.sharding=full_shard";
+  train(cfg, mesh_dir, 4, mesh, &log);
+  EXPECT_NE(log.find("full_shard, tensor parallel 2 x data parallel 2"), std::string::npos) << log;
+  const auto straight = read_metrics(mesh_dir / "metrics.jsonl");
+  ASSERT_EQ(straight.size(), 20u);
+  expect_close_losses(plain, straight, 1, 20, 1e-5, "tp 2 x full_shard 2");
+  // The HF folder is the whole model; the shards are the data-parallel group's two, of whole units.
+  EXPECT_LE(max_param_diff(plain_dir / "checkpoint-20" / "model.safetensors", mesh_dir / "checkpoint-20"), 1e-5);
+  const auto meta = nlohmann::json::parse(anvil::testing::read_text(mesh_dir / "checkpoint-20" / "sharding.json"));
+  EXPECT_EQ(meta["tensor_parallel"], 2);
+  EXPECT_EQ(meta["shards"].size(), 2u);
+  const auto resume = [&](const stdfs::path& from, const std::string& name, int ranks, const std::string& extra) {
+    const auto out = dir / name;
+    stdfs::create_directories(out);
+    stdfs::copy(from / "checkpoint-10", out / "checkpoint-10", stdfs::copy_options::recursive);
+    train(cfg, out, ranks, extra);
+    return read_metrics(out / "metrics.jsonl");
+  };
+  const auto again = resume(mesh_dir, "same-mesh", 4, mesh);
+  ASSERT_EQ(again.size(), 10u);
+  for (int64_t s = 11; s <= 20; ++s) {
+    EXPECT_EQ(again.at(s)["loss"].get<double>(), straight.at(s)["loss"].get<double>()) << "step " << s;
+    EXPECT_EQ(again.at(s)["grad_norm"].get<double>(), straight.at(s)["grad_norm"].get<double>()) << "step " << s;
+  }
+  EXPECT_EQ(again.at(20)["eval/loss"].get<double>(), straight.at(20)["eval/loss"].get<double>());
+  expect_close_losses(straight, resume(mesh_dir, "to-plain", 0, ""), 11, 20, 1e-5, "tp 2 x full_shard 2 -> plain");
+  expect_close_losses(straight, resume(mesh_dir, "to-tp2", 2, "dist.tensor_parallel=2"), 11, 20, 1e-5,
+                      "tp 2 x full_shard 2 -> tp 2");
+  expect_close_losses(plain, resume(plain_dir, "plain-to-tp2", 2, "dist.tensor_parallel=2"), 11, 20, 1e-5,
+                      "plain -> tp 2");
+  // Refused by key.
+  const auto refused = [&](int ranks, const std::string& extra) {
+    std::string out;
+    EXPECT_NE(anvil::testing::run("cd " + anvil::testing::source_dir() + " && " + anvil::testing::mpirun(ranks) +
+                                      anvil::testing::trainer_bin() + " --config " + cfg.string() +
+                                      " output_dir=" + (dir / "refused").string() + " " + extra + " 2>&1",
+                                  &out),
+              0);
+    return out;
+  };
+  EXPECT_NE(refused(0, "dist.tensor_parallel=2")
+                .find("dist.tensor_parallel: 2 splits each block across that many "
+                      "ranks, and this run has 1"),
+            std::string::npos);
+  EXPECT_NE(refused(3, "dist.tensor_parallel=2")
+                .find("dist.tensor_parallel (2) x dist.context_parallel (1) must divide the world size, 3 ranks"),
+            std::string::npos);
 }
 
 }  // namespace

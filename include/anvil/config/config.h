@@ -553,6 +553,7 @@ struct DistConfig {
   bool consolidated_checkpoints = true;
   bool cpu_offload = false;
   int64_t replicate = 1;
+  int64_t tensor_parallel = 1;
 
   template <class V>
   void visit(V& v) {
@@ -585,6 +586,12 @@ struct DistConfig {
             "Hybrid sharding (HSDP): the ranks form this many replica groups of world_size / replicate consecutive "
             "ranks; dist.sharding applies within a group (one node's GPUs, say) and the groups hold the same shards, "
             "their reduced gradients all-reduced across groups. 1 = shard over every rank. docs/distributed.md.",
+            changeable_on_resume(positive()));
+    v.field("tensor_parallel", tensor_parallel,
+            "Tensor parallelism (Megatron's column/row-parallel layers): each transformer block's attention heads "
+            "and MLP features are split across groups of this many consecutive ranks (one node's GPUs), and "
+            "dist.sharding applies over the world / tensor_parallel ranks that hold the same shares. 1 = off. sft "
+            "and pretrain so far; the checkpoints are independent of it. docs/distributed.md.",
             changeable_on_resume(positive()));
     v.field("cpu_offload", cpu_offload,
             "full_shard only: each unit's float32 master shard, its gradient and AdamW's moments live in host "
