@@ -181,18 +181,17 @@ ShardedSave prepare_sharded_save(const stdfs::path& output_dir, ShardedModel& mo
   const int64_t shard_rank = model.shard_comm().rank();
   const auto masters = model.master_parameters();
   if (auto* tp = model.tensor_parallel()) {
-    // Tensor parallelism: the files hold the whole model's units, cut over the shard group as a run without it
-    // would cut them (the ranges shards_metadata gives), written by the ranks of tensor-parallel rank 0; each unit
-    // is made whole (gathered over both groups) one at a time.
-    const bool writes = tp->rank() == 0;
-    if (writes) s.shard_file = shard_file(s.tmp, shard_rank, shards);
+    // Tensor parallelism: the files hold the whole model's units, each unit made whole (gathered over both
+    // groups) one at a time and cut over every rank, which writes one shard of it (the ranges shards_metadata
+    // gives for W shards): a rank keeps 1/W of the state, whatever the strategy.
+    s.shard_file = shard_file(s.tmp, s.rank, s.world);
     for (size_t u = 0; u < masters.size(); ++u) {
       const auto& whole = model.whole_layouts()[u];
-      const int64_t per = sharded ? (whole.numel + shards - 1) / shards : whole.numel;
-      const int64_t b = std::min(shard_rank * per, whole.numel), e = std::min(b + per, whole.numel);
+      const int64_t per = (whole.numel + s.world - 1) / s.world;
+      const int64_t b = std::min(s.rank * per, whole.numel), e = std::min(b + per, whole.numel);
       auto keep = [&](const std::string& key, const at::Tensor& shard) {
         const auto values = model.to_whole_layout(u, model.gather_master(u, shard));
-        if (writes && e > b) s.shard.emplace(whole.name + key, values.narrow(0, b, e - b).cpu());
+        if (e > b) s.shard.emplace(whole.name + key, values.narrow(0, b, e - b).clone().cpu());
       };
       keep(".param", masters[u]);
       if (auto* st = optim::adamw_state(optimizer, masters[u])) {
@@ -219,7 +218,8 @@ ShardedSave prepare_sharded_save(const stdfs::path& output_dir, ShardedModel& mo
   if (s.rank != 0) return s;
   s.tokenizer = tokenizer;
   s.run_config_yaml = run_config_yaml;
-  s.meta = shards_metadata(s, model, optimizer, sharded, shards);
+  s.meta = model.tensor_parallel() ? shards_metadata(s, model, optimizer, true, s.world)
+                                   : shards_metadata(s, model, optimizer, sharded, shards);
   return s;
 }
 

@@ -165,7 +165,8 @@ struct ShardedModel::Unit {
   at::Tensor master;                         // float32 (shard), the optimizer's parameter
   at::Tensor whole;                          // param_dtype (padded); the module's parameters are views of it
   at::Tensor local;                          // cpu_offload: the shard in param_dtype on the device
-  at::Tensor cut;  // tensor parallelism: 1 where the master shard's element is of a cut parameter, else 0
+  // Tensor parallelism: the master shard's ranges (begin, length) that hold cut parameters.
+  std::vector<std::pair<int64_t, int64_t>> cut;
   bool resident = true;
   bool needs_reduce = false;
   // An all-gather in flight (a prefetch): its work and its input.
@@ -363,11 +364,10 @@ void ShardedModel::build_unit(std::unique_ptr<Unit> unit, UnitLayout layout, boo
   if (!u.frozen) u.master.mutable_grad() = at::zeros_like(u.master);
   if (!u.frozen && options_.tensor_parallel) {  // which of the master shard's elements belong to cut parameters
     const int64_t begin = sharded ? rank * u.shard : 0;
-    u.cut = at::zeros({u.master.numel()}, at::TensorOptions().dtype(at::kDouble).device(u.master.device()));
     for (const auto& fp : l.params) {
       if (!options_.tensor_parallel_cuts.count(fp.name)) continue;
       const int64_t b = std::max(fp.offset, begin), e = std::min(fp.offset + fp.numel, begin + u.master.numel());
-      if (e > b) u.cut.narrow(0, b - begin, e - b).fill_(1.0);
+      if (e > b) u.cut.emplace_back(b - begin, e - b);
     }
   }
   for (size_t k = 0; k < u.params.size(); ++k) {
@@ -753,8 +753,9 @@ at::Tensor ShardedModel::clip_grad_norm_on_device(double max_norm) {
     // whole ones are the same on every rank of it and count once.
     auto cut = at::zeros({1}, sq.options());
     for (auto& u : units_)
-      if (u->cut.defined() && u->master.grad().defined())
-        cut += (u->master.grad().to(at::kDouble).square() * u->cut).sum().to(device_);
+      if (u->master.grad().defined())
+        for (const auto& [b, n] : u->cut)
+          cut += u->master.grad().narrow(0, b, n).to(at::kDouble).square().sum().to(device_);
     sq = at::cat({cut, sq - cut});
   }
   if (options_.strategy != Sharding::NoShard) group_->all_reduce_sum(sq, "gradient norm");

@@ -562,7 +562,9 @@ TrainResult run_training(const config::RunConfig& given, const RunOptions& optio
   host_peaks().begin("train");
   auto result = TrainLoop(cfg, run, *start.engine, start.resumed).run();
   host_peaks().end("train");
-  host_peaks().write(run.out_dir / "host_memory" / concat("rank-", run.ranks.rank, ".json"));
+  // By the launch's rank (the ranks of a tensor-parallel group share a data-parallel one).
+  const auto rank = run.mesh ? run.comm->rank() : run.ranks.rank;
+  host_peaks().write(run.out_dir / "host_memory" / concat("rank-", rank, ".json"));
   return result;
 }
 
