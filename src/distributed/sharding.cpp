@@ -281,20 +281,8 @@ ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_
   }
   if (options_.tensor_parallel) {  // the whole model's shapes of the cut parameters
     tensor_parallel_ = true;
-    const int64_t tp = options_.tensor_parallel->world_size();
-    for (const auto& l : layouts_) {
-      UnitLayout w = l;
-      w.numel = 0;
-      for (auto& p : w.params) {
-        if (const auto it = options_.tensor_parallel_cuts.find(p.name); it != options_.tensor_parallel_cuts.end()) {
-          p.shape[static_cast<size_t>(it->second.dim)] *= tp;
-          p.numel *= tp;
-        }
-        p.offset = w.numel;
-        w.numel += p.numel;
-      }
-      whole_layouts_.push_back(std::move(w));
-    }
+    whole_layouts_ =
+        whole_unit_layouts(layouts_, options_.tensor_parallel_cuts, options_.tensor_parallel->world_size());
   }
   model_->parameter_source.reset();  // every parameter is now a view of a unit's buffer; the files close
   model_->sharded_parameters = this;
@@ -362,14 +350,8 @@ void ShardedModel::build_unit(std::unique_ptr<Unit> unit, UnitLayout layout, boo
     u.master = to_master_home(flat.narrow(0, rank * u.shard, u.shard).clone());
   if (offload_ && !u.frozen) u.local = u.master.to(device_, options_.param_dtype);
   if (!u.frozen) u.master.mutable_grad() = at::zeros_like(u.master);
-  if (!u.frozen && options_.tensor_parallel) {  // which of the master shard's elements belong to cut parameters
-    const int64_t begin = sharded ? rank * u.shard : 0;
-    for (const auto& fp : l.params) {
-      if (!options_.tensor_parallel_cuts.count(fp.name)) continue;
-      const int64_t b = std::max(fp.offset, begin), e = std::min(fp.offset + fp.numel, begin + u.master.numel());
-      if (e > b) u.cut.emplace_back(b - begin, e - b);
-    }
-  }
+  if (!u.frozen && options_.tensor_parallel)
+    u.cut = cut_ranges(l, options_.tensor_parallel_cuts, sharded ? rank * u.shard : 0, u.master.numel());
   for (size_t k = 0; k < u.params.size(); ++k) {
     const auto& fp = l.params[k];
     u.params[k].set_data(u.whole.narrow(0, fp.offset, fp.numel).view(fp.shape));
@@ -483,43 +465,6 @@ at::Tensor ShardedModel::gather_master(size_t u, const at::Tensor& shard) {
   auto whole = unit_buffer(unit.padded, shard.options().device(device_));
   group_->all_gather(whole, shard.to(device_).contiguous(), concat("master values of ", layouts_[u].name)).wait();
   return whole.narrow(0, 0, unit.numel).to(at::kFloat);  // a frozen unit's param_dtype values, as float32
-}
-
-at::Tensor ShardedModel::to_whole_layout(size_t u, const at::Tensor& flat) {
-  if (!tensor_parallel_) return flat;
-  const auto& local = layouts_.at(u);
-  const auto& whole = whole_layouts_.at(u);
-  TORCH_CHECK(flat.numel() == local.numel, "to_whole_layout: expected ", local.numel, " elements for ", local.name);
-  auto out = at::empty({whole.numel}, flat.options());
-  for (size_t k = 0; k < local.params.size(); ++k) {
-    const auto& p = local.params[k];
-    auto part = flat.narrow(0, p.offset, p.numel).view(p.shape);
-    if (const auto it = options_.tensor_parallel_cuts.find(p.name); it != options_.tensor_parallel_cuts.end())
-      part = gather_whole(part.contiguous(), it->second, *options_.tensor_parallel);
-    out.narrow(0, whole.params[k].offset, whole.params[k].numel).copy_(part.reshape(-1));
-  }
-  return out;
-}
-
-at::Tensor ShardedModel::from_whole_layout(size_t u, const at::Tensor& flat) const {
-  if (!tensor_parallel_) return flat;
-  const auto& local = layouts_.at(u);
-  const auto& whole = whole_layouts_.at(u);
-  TORCH_CHECK(flat.numel() == whole.numel, "from_whole_layout: expected ", whole.numel, " elements for ", whole.name);
-  auto out = at::empty({local.numel}, flat.options());
-  for (size_t k = 0; k < local.params.size(); ++k) {
-    const auto& p = whole.params[k];
-    const auto part = share_of_whole(p.name, flat.narrow(0, p.offset, p.numel).view(p.shape));
-    out.narrow(0, local.params[k].offset, local.params[k].numel).copy_(part.reshape(-1));
-  }
-  return out;
-}
-
-at::Tensor ShardedModel::share_of_whole(const std::string& name, const at::Tensor& whole) const {
-  if (!tensor_parallel_) return whole;
-  const auto it = options_.tensor_parallel_cuts.find(name);
-  if (it == options_.tensor_parallel_cuts.end()) return whole;
-  return share_of(whole, it->second, options_.tensor_parallel->rank(), options_.tensor_parallel->world_size());
 }
 
 void ShardedModel::load_unit(size_t u, const at::Tensor& values) { load_unit_shard(u, slice_for_rank(u, values)); }

@@ -155,6 +155,17 @@ struct MemoryBytes {
   int64_t offloaded = 0;
 };
 
+/// `local` (a tensor-parallel model's units) with the cut parameters' whole
+/// shapes across `tp` ranks and the offsets that follow.
+std::vector<UnitLayout> whole_unit_layouts(const std::vector<UnitLayout>& local,
+                                           const std::map<std::string, ParallelShard>& cuts, int64_t tp);
+
+/// The ranges (begin, length) of elements [begin, begin + length) of a unit
+/// that hold parameters `cuts` names, relative to `begin`.
+std::vector<std::pair<int64_t, int64_t>> cut_ranges(const UnitLayout& layout,
+                                                    const std::map<std::string, ParallelShard>& cuts, int64_t begin,
+                                                    int64_t length);
+
 class ShardedModel : public models::ShardedParameters {
  public:
   /// Flattens `model`'s parameters (rank 0's values win: they are broadcast)

@@ -781,6 +781,17 @@ TEST_F(DistRuns, AHungRankMakesTheOthersExitWithAClearErrorWithinTheTimeout) {
       << o.log;
 }
 
+// Under tensor parallelism the survivor waits in its group's collective (nearly every collective of a step is
+// one: the layers' all-reduces and the gradient norm's), and the watchdog names that group.
+TEST_F(DistRuns, AHungRankOfATensorParallelGroupIsNamedByTheWatchdog) {
+  const auto o = fail_rank_one(cfg(), *dir_ / "hung-tp", SIGSTOP, "dist.tensor_parallel=2");
+  EXPECT_NE(o.rc, 0);
+  EXPECT_LT(o.seconds, 4 + 15) << o.log;
+  EXPECT_NE(o.log.find("rank 0 of 2: mpi (tensor parallel) all_reduce (tensor parallel"), std::string::npos) << o.log;
+  EXPECT_NE(o.log.find("did not complete within 4 s (dist.timeout_s): another rank died, hangs"), std::string::npos)
+      << o.log;
+}
+
 TEST_F(DistRuns, AKilledRankEndsTheRun) {
   const auto o = fail_rank_one(cfg(), *dir_ / "killed", SIGKILL);
   EXPECT_NE(o.rc, 0);
