@@ -264,6 +264,38 @@ void split_roles(const config::RunConfig& cfg, RunSetup& r) {
   r.comm = !r.side && sharded_run(cfg, r.trainers, r.latest) ? group : nullptr;
 }
 
+/// The mesh of dist.tensor_parallel, and the ranks data is split over (RankContext): every training rank, or
+/// the mesh's data-parallel group (the ranks of a tensor-parallel group read the same rows).
+void set_data_ranks(const config::RunConfig& cfg, RunSetup& r) {
+  if (cfg.dist.tensor_parallel > 1) {
+    if (!r.comm)
+      throw ConfigError(concat("dist.tensor_parallel: ", cfg.dist.tensor_parallel,
+                               " splits each block across that many ranks, and this run has 1; launch with mpirun -np, "
+                               "torchrun --nproc-per-node or srun --ntasks"));
+    r.mesh = std::make_shared<distributed::Mesh>(r.comm, distributed::MeshShape{cfg.dist.tensor_parallel, 1});
+  }
+  // Data is split over the data-parallel ranks: every rank, or the mesh's data-parallel group (the ranks of a
+  // tensor-parallel group read the same rows).
+  const auto data = r.mesh ? r.mesh->dp : r.comm;
+  r.ranks.world = data ? data->world_size() : 1;
+  r.ranks.rank = data ? data->rank() : 0;
+  if (data && r.ranks.world > 1) {
+    r.ranks.sum = [comm = data, device = r.device](std::vector<double>& v) {
+      auto t = at::tensor(v, at::kDouble).to(device);
+      comm->all_reduce_sum(t, "step or evaluation statistics");
+      t = t.cpu().contiguous();
+      std::copy(t.data_ptr<double>(), t.data_ptr<double>() + v.size(), v.begin());
+    };
+    r.ranks.gather = [comm = data, device = r.device](const std::vector<double>& mine, std::vector<double>& all) {
+      const auto in = at::tensor(mine, at::kDouble).to(device);
+      auto out = at::empty({in.numel() * comm->world_size()}, in.options());
+      comm->all_gather(out, in, "rollout rows").wait();
+      out = out.cpu().contiguous();
+      all.assign(out.data_ptr<double>(), out.data_ptr<double>() + out.numel());
+    };
+  }
+}
+
 /// One chat format from data to checkpoint: data.template, else the one
 /// recorded with model.from (else with the tokenizer's folder); the
 /// checkpoints record it. Returns the template's name.
@@ -311,34 +343,8 @@ RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
   r.comm = make_comm(cfg, proc, r.device, r.latest);
   r.lead = !r.comm || r.comm->rank() == 0;
   split_roles(cfg, r);
-  if (cfg.dist.tensor_parallel > 1) {
-    if (!r.comm)
-      throw ConfigError(concat("dist.tensor_parallel: ", cfg.dist.tensor_parallel,
-                               " splits each block across that many ranks, and this run has 1; launch with mpirun -np, "
-                               "torchrun --nproc-per-node or srun --ntasks"));
-    r.mesh = std::make_shared<distributed::Mesh>(r.comm, distributed::MeshShape{cfg.dist.tensor_parallel, 1});
-  }
-  // Data is split over the data-parallel ranks: every rank, or the mesh's data-parallel group (the ranks of a
-  // tensor-parallel group read the same rows).
-  const auto data = r.mesh ? r.mesh->dp : r.comm;
-  r.ranks.world = data ? data->world_size() : 1;
-  r.ranks.rank = data ? data->rank() : 0;
   if (!r.lead) log::configure(log::Level::warn);  // one rank reports
-  if (data && r.ranks.world > 1) {
-    r.ranks.sum = [comm = data, device = r.device](std::vector<double>& v) {
-      auto t = at::tensor(v, at::kDouble).to(device);
-      comm->all_reduce_sum(t, "step or evaluation statistics");
-      t = t.cpu().contiguous();
-      std::copy(t.data_ptr<double>(), t.data_ptr<double>() + v.size(), v.begin());
-    };
-    r.ranks.gather = [comm = data, device = r.device](const std::vector<double>& mine, std::vector<double>& all) {
-      const auto in = at::tensor(mine, at::kDouble).to(device);
-      auto out = at::empty({in.numel() * comm->world_size()}, in.options());
-      comm->all_gather(out, in, "rollout rows").wait();
-      out = out.cpu().contiguous();
-      all.assign(out.data_ptr<double>(), out.data_ptr<double>() + out.numel());
-    };
-  }
+  set_data_ranks(cfg, r);
 
   // train.micro_batch_size: auto: one micro-batch per rank of the step's whole batch, which the loop halves on
   // every rank when a step runs out of device memory on any (the ranks agree before each collective:
