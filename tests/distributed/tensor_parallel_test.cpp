@@ -397,7 +397,8 @@ TEST(TensorParallelRanks, EveryFamilyGivesTheWholeModelsLogitsAndGradientsOnTwoA
 // full_shard 2 on 4 train as one process does (loss, gradient norm, eval loss within 1e-5; the HF folder the same
 // model); its checkpoints hold the whole model's units, so a resume on the same mesh repeats the run bit for bit
 // and one on another mesh (one process, tp 2 alone) continues it within 1e-5; a plain checkpoint continues under
-// tp 2. Launches the mesh cannot take are refused by key.
+// tp 2; anvil export reads its checkpoints; activation checkpointing changes nothing. Launches the mesh cannot
+// take are refused by key.
 TEST(TensorParallelRuns, TrainLikeOneProcessAndResumeOnAnyMesh) {
   anvil::testing::TempDir dir;
   const auto cfg = dir / "run.yaml";
@@ -417,6 +418,18 @@ TEST(TensorParallelRuns, TrainLikeOneProcessAndResumeOnAnyMesh) {
   expect_close_losses(plain, straight, 1, 20, 1e-5, "tp 2 x full_shard 2");
   // The HF folder is the whole model; the shards are every rank's, of whole units.
   EXPECT_LE(max_param_diff(plain_dir / "checkpoint-20" / "model.safetensors", mesh_dir / "checkpoint-20"), 1e-5);
+  // anvil export reads its shards into the same whole model.
+  std::string exported;
+  EXPECT_EQ(anvil::testing::run(anvil::testing::cli_bin() + " export --checkpoint " +
+                                    (mesh_dir / "checkpoint-20").string() + " --output " + (dir / "export").string(),
+                                &exported),
+            0)
+      << exported;
+  EXPECT_LE(max_param_diff(plain_dir / "checkpoint-20" / "model.safetensors", dir / "export"), 1e-5);
+  // Activation checkpointing replays the groups' all-reduces in the backward: the same run.
+  train(cfg, dir / "tp2-ac", 2, "dist.tensor_parallel=2 train.activation_checkpointing=true");
+  expect_close_losses(read_metrics(dir / "tp2" / "metrics.jsonl"), read_metrics(dir / "tp2-ac" / "metrics.jsonl"), 1,
+                      20, 1e-6, "tp 2 with activation checkpointing");
   const auto meta = nlohmann::json::parse(anvil::testing::read_text(mesh_dir / "checkpoint-20" / "sharding.json"));
   EXPECT_EQ(meta["tensor_parallel"], 2);
   EXPECT_EQ(meta["shards"].size(), 4u);
