@@ -26,13 +26,17 @@ distributed::ShardingOptions sharding_options(const config::RunConfig& cfg) {
 FrozenModel RunContext::freeze(std::shared_ptr<models::CausalLM> model) const {
   TORCH_CHECK(model != nullptr, "RunContext::freeze: no model");
   // A model built without storage (a clone of a deferred policy) is read into its shards under full_shard,
-  // else whole.
-  if (!comm || !full_shard()) models::materialize_deferred(*model);
+  // else whole; whole under tensor parallelism too, which cuts it once it has its values.
+  const bool tensor_parallel = sharding && sharding->tensor_parallel && sharding->tensor_parallel->world_size() > 1;
+  if (!comm || !full_shard() || tensor_parallel) models::materialize_deferred(*model);
   model->to(device);
   model->eval();
   for (auto& p : model->parameters()) p.set_requires_grad(false);
   if (!comm) return FrozenModel(std::move(model), nullptr);
   auto so = sharding ? *sharding : distributed::ShardingOptions{};
+  // Under tensor parallelism its blocks are cut across the group as the policy's are, then sharded over the
+  // data-parallel ranks.
+  if (tensor_parallel) so.tensor_parallel_cuts = distributed::apply_tensor_parallel(*model, so.tensor_parallel);
   so.frozen = true;
   so.activation_checkpointing = false;  // nothing is saved for a backward
   so.agree_on_out_of_memory = false;    // its forwards are no step's to split
@@ -42,6 +46,10 @@ FrozenModel RunContext::freeze(std::shared_ptr<models::CausalLM> model) const {
 
 bool RunContext::full_shard() const { return sharding && sharding->strategy == distributed::Sharding::FullShard; }
 
+std::shared_ptr<distributed::Communicator> RunContext::data_comm() const {
+  return sharding && sharding->data_parallel ? sharding->data_parallel : comm;
+}
+
 std::shared_ptr<models::CausalLM> RunContext::train(const std::string& name, std::shared_ptr<models::CausalLM> model,
                                                     double lr) const {
   TORCH_CHECK(model != nullptr, "RunContext::train: no model");
@@ -50,6 +58,10 @@ std::shared_ptr<models::CausalLM> RunContext::train(const std::string& name, std
   for (const auto& c : *companions)
     if (c.name == name) throw ConfigError(concat("RunContext::train: a model named \"", name, "\" is trained already"));
   if (!(lr > 0)) throw ConfigError(concat("RunContext::train: ", name, "'s learning rate must be > 0, got ", lr));
+  if (sharding && sharding->tensor_parallel && sharding->tensor_parallel->world_size() > 1)
+    throw ConfigError(concat("dist.tensor_parallel: ", sharding->tensor_parallel->world_size(),
+                             ": a model trained beside the policy (", name,
+                             ") is not supported under tensor parallelism yet; set dist.tensor_parallel: 1"));
   if (!comm || !full_shard()) models::materialize_deferred(*model);
   model->to(device);
   model->train();

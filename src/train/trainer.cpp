@@ -523,7 +523,11 @@ TrainResult run_training(const config::RunConfig& given, const RunOptions& optio
   ctx.comm = run.comm;
   ctx.world = run.world;
   ctx.trainers = run.trainers;
-  ctx.sharding = std::make_shared<const distributed::ShardingOptions>(sharding_options(cfg));
+  {
+    auto so = sharding_options(cfg);
+    if (run.mesh) so.tensor_parallel = run.mesh->tp, so.data_parallel = run.mesh->dp;  // frozen models cut alike
+    ctx.sharding = std::make_shared<const distributed::ShardingOptions>(std::move(so));
+  }
   if (models::has_deferred(*run.model) && run.objective->prepare_reads_weights()) {
     // An objective that reads the weights in prepare() gets them whole, as one process would.
     log::info("model: built whole on every rank: the ", cfg.algorithm,

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <tuple>
 #include <filesystem>
+#include <set>
 #include <string>
 
 #include "anvil/config/config.h"
@@ -23,6 +24,7 @@
 #include "distributed/mesh.h"
 #include "distributed/sharding.h"
 #include "distributed/tensor_parallel.h"
+#include "io/safetensors.h"
 #include "models/init.h"
 #include "models/lora.h"
 #include "test_util.h"
@@ -497,6 +499,155 @@ TEST(TensorParallelRuns, TrainLikeOneProcessAndResumeOnAnyMesh) {
             std::string::npos);
   EXPECT_NE(refused(3, "dist.tensor_parallel=2")
                 .find("dist.tensor_parallel (2) x dist.context_parallel (1) must divide the world size, 3 ranks"),
+            std::string::npos);
+}
+
+// The other objectives under dist.tensor_parallel (GPT-2, 2 blocks, 6 steps): the reward model's
+// score head and DPO's and KTO's frozen references (cut across the group as the policy is, then sharded over the
+// data-parallel ranks) log every statistic one process logs within 1e-5. DPO's precomputed reference splits its
+// batches over the data-parallel ranks (a tensor-parallel group runs them together): its cache is one process's
+// within 1e-5. GRPO (4 steps) samples the tokens one process samples. What is not there yet is refused by key.
+TEST(TensorParallelRuns, RewardDpoKtoAndGrpoTrainLikeOneProcess) {
+  anvil::testing::TempDir dir;
+  const auto config = [&](const std::string& algorithm, const std::string& data) {
+    const auto path = dir / (algorithm + ".yaml");
+    anvil::testing::write_text(path, "algorithm: " + algorithm + R"(
+model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4, dropout: 0.0}
+tokenizer: {path: data/tokenizer.model}
+data: {train: [{path: data/)" + data + R"(_train.jsonl}], eval: [{path: data/)" +
+                                         data + R"(_eval.jsonl}]}
+optimizer: {lr: 3.0e-3}
+train: {max_steps: 6, micro_batch_size: 2, global_batch_size: 8, eval_every: 3, save_every: 0, log_every: 1000, threads: 1}
+eval: {batch_size: 8, max_batches: 2, generate_samples: 0}
+)");
+    return path;
+  };
+  // Every numeric statistic of every step (not the speed, time and memory ones), within 1e-5 of max(|value|, 1)
+  // (GRPO's importance weights within 1e-4).
+  const auto expect_compared = [](const stdfs::path& a_dir, const stdfs::path& b_dir, size_t steps,
+                                  const std::string& what) {
+    const auto a = read_metrics(a_dir / "metrics.jsonl"), b = read_metrics(b_dir / "metrics.jsonl");
+    ASSERT_EQ(a.size(), steps) << what;
+    ASSERT_EQ(b.size(), steps) << what;
+    double worst = 0, share = 0;
+    std::string closest;
+    int compared = 0;
+    for (const auto& [step, m] : a)
+      for (const auto& [key, v] : m.items()) {
+        if (!v.is_number() || key == "tokens_per_s" || key.rfind("memory/", 0) == 0 || key.rfind("time/", 0) == 0 ||
+            key.find("per_s") != std::string::npos)
+          continue;
+        ASSERT_TRUE(b.at(step).contains(key)) << what << ": step " << step << " lacks " << key;
+        const double x = v.get<double>(), y = b.at(step)[key].get<double>();
+        // KL terms and margins are differences of log-probs near 0; an importance weight is the exp of one, so
+        // the log-probs' round-off (1e-6 of |log p|, up to ~7 here) moves it by up to 1e-5 of itself.
+        const bool weight = key.find("is_weight") != std::string::npos;
+        const double bound = (weight ? 1e-4 : 1e-5) * std::max(1.0, std::abs(x));
+        EXPECT_LE(std::abs(x - y), bound) << what << ", step " << step << ", " << key;
+        if (x != 0) worst = std::max(worst, std::abs(x - y) / std::abs(x));
+        if (std::abs(x - y) / bound > share) share = std::abs(x - y) / bound, closest = concat("step ", step, " ", key);
+        ++compared;
+      }
+    EXPECT_GT(compared, static_cast<int>(steps) * 5) << what;
+    std::cout << "[dist] " << what << ": " << compared << " values, largest relative difference " << worst
+              << ", the closest at " << share << " of its bound (" << closest << ")\n";
+  };
+  const auto expect_same = [&](const stdfs::path& a_dir, const stdfs::path& b_dir, const std::string& what) {
+    expect_compared(a_dir, b_dir, 6, what);
+  };
+  const std::string tp2 = "dist.tensor_parallel=2", mesh = "dist.tensor_parallel=2 dist.sharding=full_shard";
+  std::string log;
+  // The reward model: its score head stays whole on every rank of the group.
+  const auto reward = config("reward", "pref");
+  train(reward, dir / "reward-1", 0, "train.save_every=6");
+  train(reward, dir / "reward-tp2", 2, tp2, &log);
+  EXPECT_NE(log.find("tensor parallel 2 x data parallel 1"), std::string::npos) << log;
+  expect_same(dir / "reward-1", dir / "reward-tp2", "reward, tp 2");
+  // DPO: the reference is cut and sharded like the policy.
+  const auto dpo = config("dpo", "pref");
+  train(dpo, dir / "dpo-1", 0);
+  train(dpo, dir / "dpo-mesh", 4, mesh, &log);
+  EXPECT_NE(log.find("parameter bytes on this rank: tensor parallel 2 x full_shard over 2 ranks"), std::string::npos)
+      << log;
+  expect_same(dir / "dpo-1", dir / "dpo-mesh", "dpo, tp 2 x full_shard 2");
+  // Its precomputed reference: the batches split over the 2 data-parallel ranks.
+  train(dpo, dir / "dpo-cached-1", 0, "dpo.precompute_reference=true");
+  train(dpo, dir / "dpo-cached-mesh", 4, mesh + " dpo.precompute_reference=true", &log);
+  EXPECT_NE(log.find("(split over 2 ranks)"), std::string::npos) << log;
+  const auto want = io::load_safetensors(dir / "dpo-cached-1" / "reference_logps.safetensors"),
+             got = io::load_safetensors(dir / "dpo-cached-mesh" / "reference_logps.safetensors");
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, t] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    EXPECT_LE((got.at(name) - t).abs().max().item<double>(), 1e-5 * t.abs().max().item<double>()) << name;
+  }
+  expect_same(dir / "dpo-cached-1", dir / "dpo-cached-mesh", "dpo with a precomputed reference, tp 2 x full_shard 2");
+  // KTO: unpaired completions, its KL rows and reference under tp 2.
+  const auto kto = config("kto", "dpo");
+  train(kto, dir / "kto-1", 0);
+  train(kto, dir / "kto-tp2", 2, tp2);
+  expect_same(dir / "kto-1", dir / "kto-tp2", "kto, tp 2");
+  // GRPO, scored by the reward model above (cut across the group too): under tp 2 x full_shard 2 the ranks
+  // sample the tokens one process samples, with the same seeds, and log its values within 1e-5. With
+  // ppo.async.emulate the batch sampled for the next step is in each checkpoint: the same prompts and responses,
+  // scores and behaviour log-probs within 1e-5.
+  const auto grpo = dir / "grpo.yaml";
+  anvil::testing::write_text(grpo, R"(algorithm: ppo
+model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4, dropout: 0.0}
+tokenizer: {path: data/tokenizer.model}
+data: {train: [{path: data/sft_train.jsonl}], eval: [{path: data/sft_eval.jsonl}], max_length: 24}
+optimizer: {lr: 3.0e-3}
+train: {max_steps: 4, micro_batch_size: 4, global_batch_size: 8, save_every: 2, eval_every: 4, log_every: 1000, threads: 1, seed: 7}
+ppo: {advantage: grpo, prompts_per_rollout: 4, samples_per_prompt: 4, ppo_epochs: 1, max_new_tokens: 6, kl_coef: 0.04,
+      reward: {model: )" + (dir / "reward-1" / "checkpoint-6").string() +
+                                       R"(}, async: {emulate: true}}
+eval: {batch_size: 8, generate_samples: 4, max_new_tokens: 6, table_rows: 0}
+)");
+  train(grpo, dir / "grpo-1", 0);
+  train(grpo, dir / "grpo-mesh", 4, mesh, &log);
+  expect_compared(dir / "grpo-1", dir / "grpo-mesh", 4, "grpo, tp 2 x full_shard 2");
+  for (const int step : {2, 4}) {
+    const auto in_flight = [&](const stdfs::path& run) {
+      return nlohmann::json::parse(anvil::testing::read_text(run / ("checkpoint-" + std::to_string(step)) /
+                                                             "trainer_state.json"))["objective"]["in_flight"]["rows"];
+    };
+    const auto x = in_flight(dir / "grpo-1"), y = in_flight(dir / "grpo-mesh");
+    ASSERT_EQ(x.size(), 16u) << "step " << step;
+    ASSERT_EQ(y.size(), x.size()) << "step " << step;
+    double worst = 0;
+    std::set<double> scores;  // the reward model tells the samples apart, so the groups' advantages are not 0
+    size_t tokens = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      scores.insert(x[i]["score"].get<double>());
+      tokens += x[i]["response"].size();
+      EXPECT_EQ(x[i]["prompt"], y[i]["prompt"]) << "step " << step << ", row " << i;
+      EXPECT_EQ(x[i]["response"], y[i]["response"]) << "step " << step << ", row " << i;
+      const double a = x[i]["score"].get<double>(), b = y[i]["score"].get<double>();
+      EXPECT_LE(std::abs(a - b), 1e-5 * std::abs(a) + 1e-6) << "step " << step << ", row " << i;
+      const auto p = x[i]["old_logp"].get<std::vector<double>>(), q = y[i]["old_logp"].get<std::vector<double>>();
+      ASSERT_EQ(p.size(), q.size());
+      for (size_t j = 0; j < p.size(); ++j)
+        worst = std::max(worst, std::abs(p[j] - q[j]) / std::max(1.0, std::abs(p[j])));
+    }
+    EXPECT_LE(worst, 1e-5) << "behaviour log-probs, checkpoint-" << step;
+    EXPECT_GT(scores.size(), 4u) << "step " << step;
+    EXPECT_GT(tokens, 16u * 3) << "step " << step;
+  }
+  // What is not there yet is refused by key.
+  const auto refused = [&](const stdfs::path& cfg, const std::string& extra) {
+    std::string out;
+    EXPECT_NE(anvil::testing::run("cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() +
+                                      " --config " + cfg.string() + " output_dir=" + (dir / "refused").string() + " " +
+                                      tp2 + " " + extra + " 2>&1",
+                                  &out),
+              0);
+    return out;
+  };
+  EXPECT_NE(refused(dpo, "algorithm=distill").find("algorithm distill needs dist.tensor_parallel: 1"),
+            std::string::npos);
+  EXPECT_NE(refused(grpo, "ppo.async.rollout_ranks=1")
+                .find("ppo.async.rollout_ranks: sampling on rollout ranks of their own is not supported under tensor "
+                      "parallelism (dist.tensor_parallel: 2) yet"),
             std::string::npos);
 }
 

@@ -590,8 +590,9 @@ struct DistConfig {
     v.field("tensor_parallel", tensor_parallel,
             "Tensor parallelism (Megatron's column/row-parallel layers): each transformer block's attention heads "
             "and MLP features are split across groups of this many consecutive ranks (one node's GPUs), and "
-            "dist.sharding applies over the world / tensor_parallel ranks that hold the same shares. 1 = off. sft "
-            "and pretrain so far; the checkpoints are independent of it. docs/distributed.md.",
+            "dist.sharding applies over the world / tensor_parallel ranks that hold the same shares. 1 = off. sft, "
+            "pretrain, reward, dpo, kto and ppo (GRPO, RLOO, REINFORCE++; not its rollout ranks, environment "
+            "or separate critic) so far; the checkpoints are independent of it. docs/distributed.md.",
             changeable_on_resume(positive()));
     v.field("cpu_offload", cpu_offload,
             "full_shard only: each unit's float32 master shard, its gradient and AdamW's moments live in host "

@@ -152,6 +152,11 @@ struct RunContext {
   std::shared_ptr<const distributed::ShardingOptions> sharding;
   /// Whether the run shards every parameter (dist.sharding: full_shard).
   bool full_shard() const;
+  /// The ranks that split the data among themselves (what a forward split
+  /// among ranks, a reference's log-prob cache, divides over): `comm`, or
+  /// under dist.tensor_parallel its data-parallel group, since the ranks of a
+  /// tensor-parallel group run the same rows together. Null on one process.
+  std::shared_ptr<distributed::Communicator> data_comm() const;
   /// Every rank of the launch, when the algorithm keeps some apart from
   /// training (register_side_ranks): ranks [0, trainers) train over `comm`,
   /// the others run Objective::serve(). Null otherwise.
@@ -159,8 +164,10 @@ struct RunContext {
   int64_t trainers = 0;
 
   /// Holds `model` (on any device; it is moved to `device`) frozen, sharded
-  /// like the policy in a sharded run. Every rank must call it, in the same
-  /// order, with the same architecture (rank 0's values are kept).
+  /// like the policy in a sharded run: under dist.tensor_parallel its blocks
+  /// are cut across the tensor-parallel group as the policy's are. Every rank
+  /// must call it, in the same order, with the same architecture (rank 0's
+  /// values are kept).
   FrozenModel freeze(std::shared_ptr<models::CausalLM> model) const;
   /// freeze() as a function, for what is built below train/ (a reward source).
   models::FreezeFn freeze_fn() const {
@@ -169,7 +176,8 @@ struct RunContext {
 
   /// Trains `model` beside the policy (CompanionModel), from Objective::prepare;
   /// returns it, moved to `device`. `name` (a-z, 0-9, _) names its checkpoint
-  /// folder and metrics. Every rank must call it, in the same order.
+  /// folder and metrics. Every rank must call it, in the same order. Refused
+  /// (ConfigError) under dist.tensor_parallel so far.
   std::shared_ptr<models::CausalLM> train(const std::string& name, std::shared_ptr<models::CausalLM> model,
                                           double lr) const;
   /// The models train() registered, for make_engine.

@@ -467,7 +467,7 @@ std::vector<at::Tensor> KtoObjective::example_sums(const std::vector<std::shared
   const auto bs = cfg_.eval.batch_size;
   for (const auto& ds : sets) {
     auto sums = at::zeros({ds->size()}, at::kFloat);
-    const ForwardSplit split(ctx.comm, (ds->size() + bs - 1) / bs, ctx.device);
+    const ForwardSplit split(ctx.data_comm(), (ds->size() + bs - 1) / bs, ctx.device);
     if (split.split()) split_over_ = split.world();
     for (int64_t i = 0, k = 0; i < ds->size(); i += bs, ++k) {
       if (!split.runs(k)) continue;
@@ -488,7 +488,7 @@ at::Tensor KtoObjective::kl_row_sums(const std::vector<std::shared_ptr<const Kto
                                      const RunContext& ctx) {
   const auto total = static_cast<int64_t>(refs.size());
   auto out = at::zeros({total}, at::kFloat);
-  const ForwardSplit split(ctx.comm, (total + batch_size - 1) / batch_size, ctx.device);
+  const ForwardSplit split(ctx.data_comm(), (total + batch_size - 1) / batch_size, ctx.device);
   if (split.split()) split_over_ = split.world();
   for (int64_t i = 0, k = 0; i < total; i += batch_size, ++k) {
     if (!split.runs(k)) continue;

@@ -26,6 +26,7 @@
 #include "anvil/core/error.h"
 #include "core/device.h"
 #include "distributed/comm.h"
+#include "distributed/sharding.h"
 #include "core/logging.h"
 #include "anvil/chat/chat.h"
 #include "data/datasets.h"
@@ -159,6 +160,8 @@ void PpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
   if (model.has_score_head())
     throw ConfigError("model.from: algorithm ppo trains a policy (a causal LM), but the model is a reward model");
   s_->ranks = ranks_;
+  if (ctx.sharding && ctx.sharding->tensor_parallel && ctx.sharding->tensor_parallel->world_size() > 1)
+    s_->tensor_parallel = ctx.sharding->tensor_parallel;
   if (!s_->ppo.environment.command.empty() && !s_->environment) {
     s_->environment =
         std::make_unique<rewards::EnvironmentProgram>(s_->ppo.environment.command, s_->ppo.environment.timeout_s);
@@ -340,6 +343,27 @@ std::vector<RolloutRow> PpoObjective::State::collect(Engine& engine, uint64_t se
   return score_share(engine, mine, std::move(local), m);
 }
 
+namespace {
+
+/// Every rank of `group` takes its first rank's `scores` and per-source `parts`.
+void agree_on_scores(distributed::Communicator& group, const at::Device& device, std::vector<double>& scores,
+                     std::vector<std::vector<double>>& parts) {
+  std::vector<double> flat(scores);
+  for (const auto& p : parts) flat.insert(flat.end(), p.begin(), p.end());
+  auto t = at::tensor(flat, at::kDouble).to(device);
+  group.broadcast(t, 0, "tensor parallel: the rollout's scores");
+  t = t.cpu().contiguous();
+  const auto* v = t.data_ptr<double>();
+  std::copy(v, v + scores.size(), scores.begin());
+  v += scores.size();
+  for (auto& p : parts) {
+    std::copy(v, v + p.size(), p.begin());
+    v += p.size();
+  }
+}
+
+}  // namespace
+
 std::vector<RolloutRow> PpoObjective::State::score_share(Engine& engine, const std::vector<RolloutPrompt>& mine,
                                                          std::vector<RolloutRow> local, Metrics& m) {
   const int64_t P = ppo.prompts_per_rollout, K = ppo.samples_per_prompt, W = ranks.world;
@@ -368,7 +392,10 @@ std::vector<RolloutRow> PpoObjective::State::score_share(Engine& engine, const s
   {
     auto whole = rewards->gathered();
     std::vector<std::vector<double>> parts;
-    const auto scores = score(mine, local, K, &parts);
+    auto scores = score(mine, local, K, &parts);
+    // The ranks of a tensor-parallel group sampled the same rows; a reward program need not score them alike
+    // (a judge that samples), so the group takes its first rank's scores.
+    if (tensor_parallel) agree_on_scores(*tensor_parallel, engine.device(), scores, parts);
     for (size_t i = 0; i < local.size(); ++i) local[i].score = scores[i];
     // Each source's unweighted scores over the whole rollout (TRL's rewards/<name>/mean and std).
     const auto names = rewards->names();

@@ -10,7 +10,7 @@ namespace anvil::train {
 
 namespace {
 
-void check_ppo(const PpoConfig& p, const config::RunConfig&, const config::Checks& checks) {
+void check_ppo(const PpoConfig& p, const config::RunConfig& cfg, const config::Checks& checks) {
   const auto& r = p.reward;
   const bool single =
       !r.model.empty() || !r.command.empty() || !r.exact_match.empty() || !r.regex.empty() || !r.function.empty();
@@ -76,6 +76,17 @@ void check_ppo(const PpoConfig& p, const config::RunConfig&, const config::Check
   if (!p.critic_from.empty() && p.advantage != Advantage::kGae)
     checks.fail("ppo.critic_from",
                 concat("advantage ", kAdvantages.name(p.advantage), " has no critic; a separate critic serves gae"));
+  // Under tensor parallelism the ranks of a group sample together; what they cannot share yet is refused.
+  if (const auto T = cfg.dist.tensor_parallel; T > 1) {
+    const auto refuse = [&](const std::string& key, const std::string& what) {
+      checks.fail(key, concat(what, " is not supported under tensor parallelism (dist.tensor_parallel: ", T,
+                              ") yet; set dist.tensor_parallel: 1"));
+    };
+    if (p.async.rollout_ranks > 0) refuse("ppo.async.rollout_ranks", "sampling on rollout ranks of their own");
+    if (!p.environment.command.empty())
+      refuse("ppo.environment.command", "a multi-turn rollout with an environment program");
+    if (!p.critic_from.empty()) refuse("ppo.critic_from", "a critic trained beside the policy");
+  }
 }
 
 }  // namespace

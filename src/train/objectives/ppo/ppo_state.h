@@ -19,6 +19,7 @@
 #include "anvil/train/ppo.h"
 #include "data/datasets.h"
 #include "data/mixture.h"
+#include "distributed/comm.h"
 #include "rewards/environment.h"
 #include "train/objectives/lm_data.h"
 #include "train/objectives/ppo/ppo_metrics.h"
@@ -66,6 +67,8 @@ struct PpoObjective::State {
   const chat::ChatTemplate* chat = nullptr;                  // renders the environment's messages
   bool value_head = false;                                   // advantage gae: values from a head or a critic
   std::shared_ptr<models::CausalLM> critic;  // ppo.critic_from: trained beside the policy (RunContext::train)
+  // dist.tensor_parallel: the group whose ranks sample and score the same rows together (null without it).
+  std::shared_ptr<distributed::Communicator> tensor_parallel;
   double kl_coef = 0;
   RunningMoments moments;
   double rollout_kl = 0;     // mean summed KL of the last rollout, for the controller

@@ -521,12 +521,14 @@ void DpoObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
   }
   auto reference = load_reference(path, "dpo.reference", model);
   s_->reference = ctx.freeze(std::move(reference));
+  const auto tp = ctx.comm ? ctx.comm->world_size() / ctx.data_comm()->world_size() : 1;
   log::info("dpo: reference model from ", path.empty() ? std::string("the initial weights") : path,
             dpo_config(s_->cfg).precompute_reference
                 ? std::string(" (precomputing its log-probs)")
                 : concat(" (kept in memory, ", s_->reference.parameter_bytes(), " parameter bytes",
                          s_->reference.sharded() && ctx.full_shard()
-                             ? concat(" on this rank: full_shard over ", ctx.comm->world_size(), " ranks")
+                             ? concat(" on this rank: ", tp > 1 ? concat("tensor parallel ", tp, " x ") : std::string(),
+                                      "full_shard over ", ctx.data_comm()->world_size(), " ranks")
                              : std::string(),
                          ")"));
   if (dpo_config(s_->cfg).precompute_reference) s_->precompute(ctx);
@@ -560,7 +562,7 @@ void DpoObjective::State::precompute(const RunContext& ctx) {
     const auto refs = all_refs(sets);
     const auto bs = static_cast<size_t>(cfg.eval.batch_size);
     // Several ranks each score every world-th batch and the caches are summed (train/forward_split.h).
-    const ForwardSplit split(ctx.comm, static_cast<int64_t>((refs.size() + bs - 1) / bs), ctx.device);
+    const ForwardSplit split(ctx.data_comm(), static_cast<int64_t>((refs.size() + bs - 1) / bs), ctx.device);
     if (split.split()) world = split.world();
     int64_t k = 0;
     for_each_batch(sets, refs, cfg.eval.batch_size, pad_id, [&](const Batch& b) {
