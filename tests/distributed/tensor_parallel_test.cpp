@@ -506,8 +506,9 @@ TEST(TensorParallelRuns, TrainLikeOneProcessAndResumeOnAnyMesh) {
 // score head and DPO's and KTO's frozen references (cut across the group as the policy is, then sharded over the
 // data-parallel ranks) log every statistic one process logs within 1e-5. DPO's precomputed reference splits its
 // batches over the data-parallel ranks (a tensor-parallel group runs them together): its cache is one process's
-// within 1e-5. GRPO (4 steps) samples the tokens one process samples. What is not there yet is refused by key.
-TEST(TensorParallelRuns, RewardDpoKtoAndGrpoTrainLikeOneProcess) {
+// within 1e-5. GRPO (4 steps) samples the tokens one process samples, and on-policy distillation (the teacher
+// sampling too) trains as one process does. What is not there yet is refused by key.
+TEST(TensorParallelRuns, EveryOtherObjectiveTrainsLikeOneProcess) {
   anvil::testing::TempDir dir;
   const auto config = [&](const std::string& algorithm, const std::string& data) {
     const auto path = dir / (algorithm + ".yaml");
@@ -565,7 +566,7 @@ eval: {batch_size: 8, max_batches: 2, generate_samples: 0}
   expect_same(dir / "reward-1", dir / "reward-tp2", "reward, tp 2");
   // DPO: the reference is cut and sharded like the policy.
   const auto dpo = config("dpo", "pref");
-  train(dpo, dir / "dpo-1", 0);
+  train(dpo, dir / "dpo-1", 0, "train.save_every=6");
   train(dpo, dir / "dpo-mesh", 4, mesh, &log);
   EXPECT_NE(log.find("parameter bytes on this rank: tensor parallel 2 x full_shard over 2 ranks"), std::string::npos)
       << log;
@@ -633,6 +634,22 @@ eval: {batch_size: 8, generate_samples: 4, max_new_tokens: 6, table_rows: 0}
     EXPECT_GT(scores.size(), 4u) << "step " << step;
     EXPECT_GT(tokens, 16u * 3) << "step " << step;
   }
+  // On-policy distillation from the DPO run's policy, with the teacher sampling the off-policy steps' responses
+  // (seq_kd): both models cut across the group, generating on it.
+  const auto distill = dir / "distill.yaml";
+  anvil::testing::write_text(distill, R"(algorithm: distill
+model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4, dropout: 0.0}
+tokenizer: {path: data/tokenizer.model}
+data: {train: [{path: data/sft_train.jsonl}], eval: [{path: data/sft_eval.jsonl}], max_length: 24}
+optimizer: {lr: 3.0e-3}
+train: {max_steps: 6, micro_batch_size: 2, global_batch_size: 8, save_every: 0, eval_every: 3, log_every: 1000, threads: 1}
+distill: {teacher: )" + (dir / "dpo-1" / "checkpoint-6").string() +
+                                          R"(, lmbda: 0.5, beta: 0.3, seq_kd: true, max_new_tokens: 6}
+eval: {batch_size: 8, generate_samples: 4, max_new_tokens: 6, table_rows: 0}
+)");
+  train(distill, dir / "distill-1", 0);
+  train(distill, dir / "distill-tp2", 2, tp2);
+  expect_same(dir / "distill-1", dir / "distill-tp2", "distill, tp 2");
   // What is not there yet is refused by key.
   const auto refused = [&](const stdfs::path& cfg, const std::string& extra) {
     std::string out;
@@ -643,8 +660,7 @@ eval: {batch_size: 8, generate_samples: 4, max_new_tokens: 6, table_rows: 0}
               0);
     return out;
   };
-  EXPECT_NE(refused(dpo, "algorithm=distill").find("algorithm distill needs dist.tensor_parallel: 1"),
-            std::string::npos);
+  EXPECT_NE(refused(dpo, "algorithm=ilql").find("algorithm ilql needs dist.tensor_parallel: 1"), std::string::npos);
   EXPECT_NE(refused(grpo, "ppo.async.rollout_ranks=1")
                 .find("ppo.async.rollout_ranks: sampling on rollout ranks of their own is not supported under tensor "
                       "parallelism (dist.tensor_parallel: 2) yet"),
