@@ -105,13 +105,6 @@ void check_training(const RunConfig& c, const FlatConfig& flat, const Fail& fail
     fail("dist.replicate", concat("replicates shards across groups of ranks; set dist.sharding: full_shard or "
                                   "shard_grad_op (it is no_shard, which replicates everything already)"));
   if (c.dist.tensor_parallel > 1) {
-    // Not yet: ilql (its target heads). ppo refuses its own keys (rollout ranks, an environment, a critic) in
-    // its section's check.
-    static const std::set<std::string> kTensorParallel = {"sft", "pretrain", "reward", "dpo", "kto", "ppo", "distill"};
-    if (!kTensorParallel.count(c.algorithm))
-      fail("dist.tensor_parallel",
-           concat("tensor parallelism trains sft, pretrain, reward, dpo, kto, ppo and distill so far; algorithm ",
-                  c.algorithm, " needs dist.tensor_parallel: 1"));
     if (c.dist.replicate > 1)
       fail("dist.tensor_parallel", "hybrid sharding (dist.replicate > 1) with tensor parallelism is not supported yet");
     if (c.lora.r > 0 || !c.model.lora_from.empty())

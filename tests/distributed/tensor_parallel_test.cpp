@@ -510,18 +510,26 @@ TEST(TensorParallelRuns, TrainLikeOneProcessAndResumeOnAnyMesh) {
 // sampling too) trains as one process does. What is not there yet is refused by key.
 TEST(TensorParallelRuns, EveryOtherObjectiveTrainsLikeOneProcess) {
   anvil::testing::TempDir dir;
-  const auto config = [&](const std::string& algorithm, const std::string& data) {
+  // A run's config: the model, tokenizer, data/<data>_train.jsonl and _eval.jsonl (and `data_keys`), the
+  // optimizer, then `rest`.
+  const auto write_config = [&](const std::string& algorithm, const std::string& data, const std::string& data_keys,
+                                const std::string& rest) {
     const auto path = dir / (algorithm + ".yaml");
     anvil::testing::write_text(path, "algorithm: " + algorithm + R"(
 model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4, dropout: 0.0}
 tokenizer: {path: data/tokenizer.model}
-data: {train: [{path: data/)" + data + R"(_train.jsonl}], eval: [{path: data/)" +
-                                         data + R"(_eval.jsonl}]}
+data: {train: [{path: data/)" + data + "_train.jsonl}], eval: [{path: data/" +
+                                         data + "_eval.jsonl}]" + data_keys + R"(}
 optimizer: {lr: 3.0e-3}
-train: {max_steps: 6, micro_batch_size: 2, global_batch_size: 8, eval_every: 3, save_every: 0, log_every: 1000, threads: 1}
+)" + rest);
+    return path;
+  };
+  const auto config = [&](const std::string& algorithm, const std::string& data) {
+    return write_config(
+        algorithm, data, "",
+        R"(train: {max_steps: 6, micro_batch_size: 2, global_batch_size: 8, eval_every: 3, save_every: 0, log_every: 1000, threads: 1}
 eval: {batch_size: 8, max_batches: 2, generate_samples: 0}
 )");
-    return path;
   };
   // Every numeric statistic of every step (not the speed, time and memory ones), within 1e-5 of max(|value|, 1)
   // (GRPO's importance weights within 1e-4).
@@ -592,16 +600,12 @@ eval: {batch_size: 8, max_batches: 2, generate_samples: 0}
   // sample the tokens one process samples, with the same seeds, and log its values within 1e-5. With
   // ppo.async.emulate the batch sampled for the next step is in each checkpoint: the same prompts and responses,
   // scores and behaviour log-probs within 1e-5.
-  const auto grpo = dir / "grpo.yaml";
-  anvil::testing::write_text(grpo, R"(algorithm: ppo
-model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4, dropout: 0.0}
-tokenizer: {path: data/tokenizer.model}
-data: {train: [{path: data/sft_train.jsonl}], eval: [{path: data/sft_eval.jsonl}], max_length: 24}
-optimizer: {lr: 3.0e-3}
-train: {max_steps: 4, micro_batch_size: 4, global_batch_size: 8, save_every: 2, eval_every: 4, log_every: 1000, threads: 1, seed: 7}
+  const auto grpo = write_config(
+      "ppo", "sft", ", max_length: 24",
+      R"(train: {max_steps: 4, micro_batch_size: 4, global_batch_size: 8, save_every: 2, eval_every: 4, log_every: 1000, threads: 1, seed: 7}
 ppo: {advantage: grpo, prompts_per_rollout: 4, samples_per_prompt: 4, ppo_epochs: 1, max_new_tokens: 6, kl_coef: 0.04,
-      reward: {model: )" + (dir / "reward-1" / "checkpoint-6").string() +
-                                       R"(}, async: {emulate: true}}
+      reward: {model: )" +
+          (dir / "reward-1" / "checkpoint-6").string() + R"(}, async: {emulate: true}}
 eval: {batch_size: 8, generate_samples: 4, max_new_tokens: 6, table_rows: 0}
 )");
   train(grpo, dir / "grpo-1", 0);
@@ -636,15 +640,11 @@ eval: {batch_size: 8, generate_samples: 4, max_new_tokens: 6, table_rows: 0}
   }
   // On-policy distillation from the DPO run's policy, with the teacher sampling the off-policy steps' responses
   // (seq_kd): both models cut across the group, generating on it.
-  const auto distill = dir / "distill.yaml";
-  anvil::testing::write_text(distill, R"(algorithm: distill
-model: {family: gpt2, max_position_embeddings: 32, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 4, dropout: 0.0}
-tokenizer: {path: data/tokenizer.model}
-data: {train: [{path: data/sft_train.jsonl}], eval: [{path: data/sft_eval.jsonl}], max_length: 24}
-optimizer: {lr: 3.0e-3}
-train: {max_steps: 6, micro_batch_size: 2, global_batch_size: 8, save_every: 0, eval_every: 3, log_every: 1000, threads: 1}
-distill: {teacher: )" + (dir / "dpo-1" / "checkpoint-6").string() +
-                                          R"(, lmbda: 0.5, beta: 0.3, seq_kd: true, max_new_tokens: 6}
+  const auto distill = write_config(
+      "distill", "sft", ", max_length: 24",
+      R"(train: {max_steps: 6, micro_batch_size: 2, global_batch_size: 8, save_every: 0, eval_every: 3, log_every: 1000, threads: 1}
+distill: {teacher: )" +
+          (dir / "dpo-1" / "checkpoint-6").string() + R"(, lmbda: 0.5, beta: 0.3, seq_kd: true, max_new_tokens: 6}
 eval: {batch_size: 8, generate_samples: 4, max_new_tokens: 6, table_rows: 0}
 )");
   train(distill, dir / "distill-1", 0);
@@ -660,7 +660,8 @@ eval: {batch_size: 8, generate_samples: 4, max_new_tokens: 6, table_rows: 0}
               0);
     return out;
   };
-  EXPECT_NE(refused(dpo, "algorithm=ilql").find("algorithm ilql needs dist.tensor_parallel: 1"), std::string::npos);
+  EXPECT_NE(refused(dpo, "algorithm=ilql").find("dist.tensor_parallel: not read by algorithm ilql (read by "),
+            std::string::npos);
   EXPECT_NE(refused(grpo, "ppo.async.rollout_ranks=1")
                 .find("ppo.async.rollout_ranks: sampling on rollout ranks of their own is not supported under tensor "
                       "parallelism (dist.tensor_parallel: 2) yet"),

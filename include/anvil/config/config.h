@@ -590,10 +590,10 @@ struct DistConfig {
     v.field("tensor_parallel", tensor_parallel,
             "Tensor parallelism (Megatron's column/row-parallel layers): each transformer block's attention heads "
             "and MLP features are split across groups of this many consecutive ranks (one node's GPUs), and "
-            "dist.sharding applies over the world / tensor_parallel ranks that hold the same shares. 1 = off. sft, "
-            "pretrain, reward, dpo, kto, ppo (GRPO, RLOO, REINFORCE++; not its rollout ranks, environment or "
-            "separate critic) and distill so far; the checkpoints are independent of it. docs/distributed.md.",
-            changeable_on_resume(positive()));
+            "dist.sharding applies over the world / tensor_parallel ranks that hold the same shares. 1 = off. ppo: "
+            "not with its rollout ranks, environment or separate critic. The checkpoints are independent of it. "
+            "docs/distributed.md.",
+            read_if_declared(changeable_on_resume(positive()), 1));
     v.field("cpu_offload", cpu_offload,
             "full_shard only: each unit's float32 master shard, its gradient and AdamW's moments live in host "
             "memory (pinned on CUDA) and the fused CPU AdamW steps them; the device keeps the dist.param_dtype "

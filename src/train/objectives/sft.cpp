@@ -431,7 +431,8 @@ void register_lm_objectives() {
   auto sft = config::dataset_keys({"eval_fraction", "prompt_field", "response_field", "token_dtype"});
   sft.insert(sft.end(), {"data.template", "data.split_turns", "data.on_overflow", "data.on_error", "data.packing",
                          "data.pad_to_multiple_of", "train.fused_loss", "train.loss_chunk_size", "eval.max_batches",
-                         "eval.generate_samples", "eval.max_new_tokens", "eval.table_rows", "train.num_train_epochs"});
+                         "eval.generate_samples", "eval.max_new_tokens", "eval.table_rows", "train.num_train_epochs",
+                         "dist.tensor_parallel"});
   register_objective(
       "sft",
       [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat) {
@@ -439,8 +440,9 @@ void register_lm_objectives() {
       },
       sft);
   auto pretrain = config::dataset_keys({"eval_fraction", "token_dtype"});
-  pretrain.insert(pretrain.end(), {"data.packing", "data.pad_to_multiple_of", "train.fused_loss",
-                                   "train.loss_chunk_size", "eval.max_batches", "train.num_train_epochs"});
+  pretrain.insert(pretrain.end(),
+                  {"data.packing", "data.pad_to_multiple_of", "train.fused_loss", "train.loss_chunk_size",
+                   "eval.max_batches", "train.num_train_epochs", "dist.tensor_parallel"});
   register_objective(
       "pretrain",
       [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat) {

@@ -348,7 +348,7 @@ void register_distill_objective() {
   auto reads = config::dataset_keys({"eval_fraction", "prompt_field", "response_field", "token_dtype"});
   reads.insert(reads.end(),
                {"data.template", "data.on_overflow", "data.on_error", "eval.max_batches", "eval.generate_samples",
-                "eval.max_new_tokens", "eval.table_rows", "train.num_train_epochs"});
+                "eval.max_new_tokens", "eval.table_rows", "train.num_train_epochs", "dist.tensor_parallel"});
   register_objective<DistillObjective>("distill", reads);
 }
 

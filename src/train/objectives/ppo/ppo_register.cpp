@@ -112,7 +112,7 @@ void register_ppo_objective() {
                                        {"kl_coef", "ppo.kl_coef"}});
   auto reads = config::dataset_keys({"eval_fraction", "prompt_field"});
   reads.insert(reads.end(), {"data.template", "data.on_error", "train.fused_loss", "eval.generate_samples",
-                             "eval.max_new_tokens", "eval.table_rows"});
+                             "eval.max_new_tokens", "eval.table_rows", "dist.tensor_parallel"});
   register_objective<PpoObjective>("ppo", reads);
   register_side_ranks("ppo", "ppo.async.rollout_ranks",
                       [](const config::RunConfig& cfg) { return ppo_config(cfg).async.rollout_ranks; });

@@ -733,17 +733,17 @@ void register_preference_objectives() {
   config::register_section<RewardConfig>("reward", "Reward-model training (algorithm: reward).", "reward");
   config::register_section<DpoConfig>("dpo", "Direct preference optimisation (algorithm: dpo).", "dpo", check_dpo);
   auto reward = config::dataset_keys({"eval_fraction", "prompt_field"});
-  reward.insert(reward.end(),
-                {"data.template", "data.on_overflow", "data.on_error", "eval.max_batches", "train.num_train_epochs"});
+  reward.insert(reward.end(), {"data.template", "data.on_overflow", "data.on_error", "eval.max_batches",
+                               "train.num_train_epochs", "dist.tensor_parallel"});
   register_objective<RewardObjective>("reward", reward);
   register_objective<DpoObjective>("dpo", dpo_reads());
 }
 
 std::vector<std::string> dpo_reads() {
   auto keys = config::dataset_keys({"eval_fraction", "prompt_field"});
-  keys.insert(keys.end(),
-              {"data.template", "data.on_overflow", "data.on_error", "train.fused_loss", "eval.max_batches",
-               "eval.generate_samples", "eval.max_new_tokens", "eval.table_rows", "train.num_train_epochs"});
+  keys.insert(keys.end(), {"data.template", "data.on_overflow", "data.on_error", "train.fused_loss", "eval.max_batches",
+                           "eval.generate_samples", "eval.max_new_tokens", "eval.table_rows", "train.num_train_epochs",
+                           "dist.tensor_parallel"});
   return keys;
 }
 
