@@ -110,6 +110,13 @@ void check_training(const RunConfig& c, const FlatConfig& flat, const Fail& fail
     if (c.lora.r > 0 || !c.model.lora_from.empty())
       fail("dist.tensor_parallel", "tensor parallelism with LoRA adapters is not supported yet");
   }
+  if (c.dist.context_parallel > 1) {
+    if (c.dist.replicate > 1)
+      fail("dist.context_parallel",
+           "hybrid sharding (dist.replicate > 1) with context parallelism is not supported yet");
+    if (c.lora.r > 0 || !c.model.lora_from.empty())
+      fail("dist.context_parallel", "context parallelism with LoRA adapters is not supported yet");
+  }
   if (c.dist.cpu_offload && c.dist.sharding != Sharding::kFullShard)
     fail("dist.cpu_offload", concat("offloads the shards of full_shard; set dist.sharding: full_shard (it is ",
                                     kShardings.name(c.dist.sharding), ")"));

@@ -1,11 +1,14 @@
 #include "distributed/context_parallel.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 #include <limits>
 
 #include "anvil/core/error.h"
+#include "distributed/comm.h"
+#include "models/context_parallel.h"
 
 namespace anvil::distributed {
 
@@ -57,6 +60,79 @@ std::pair<at::Tensor, at::Tensor> merge_attention(const at::Tensor& out_a, const
   const auto base = at::where(seen, lse, at::zeros_like(lse));  // unseen: both weights exp(-inf) = 0
   const auto wa = (lse_a - base).exp().unsqueeze(-1), wb = (lse_b - base).exp().unsqueeze(-1);
   return {(out_a.to(at::kFloat) * wa + out_b.to(at::kFloat) * wb).to(out_a.scalar_type()), lse};
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+/// The gather of GroupShare: all-gather of the shares, put in row order; backward, a reduce-scatter of the
+/// gradient: each rank receives the sum over the group of its own slots' rows. Inputs: the share, the group (by
+/// address: it lives as long as the run's mesh, past any graph), the inverse order of the gathered slots and the
+/// gathered slots themselves (every rank's, in rank order).
+struct GatherFunction : public torch::autograd::Function<GatherFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t handle, const at::Tensor& order,
+                            const at::Tensor& gathered) {
+    auto& comm = *reinterpret_cast<Communicator*>(handle);
+    ctx->saved_data["comm"] = handle;
+    ctx->saved_data["gathered"] = gathered;
+    const auto in = x.contiguous();
+    const int64_t cp = comm.world_size();
+    auto out = at::empty({cp * in.numel()}, in.options());
+    comm.all_gather(out, in, "context parallel: keys and values").wait();
+    auto sizes = in.sizes().vec();
+    sizes.insert(sizes.begin(), cp);                                      // (cp, B, H, T_share, D)
+    return at::cat(out.view(sizes).unbind(0), 2).index_select(2, order);  // (B, H, T, D) in row order
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    auto& comm = *reinterpret_cast<Communicator*>(ctx->saved_data["comm"].toInt());
+    const auto& g = grad[0];  // (B, H, T, D)
+    const int64_t cp = comm.world_size(), B = g.size(0), H = g.size(1), T = g.size(2), D = g.size(3);
+    // Rank r's slots' rows side by side, rank by rank: (cp, B, H, T_share, D), flat.
+    const auto by_rank = g.index_select(2, ctx->saved_data["gathered"].toTensor())
+                             .view({B, H, cp, T / cp, D})
+                             .permute({2, 0, 1, 3, 4})
+                             .contiguous();
+    auto mine = at::empty({B, H, T / cp, D}, g.options());
+    comm.reduce_scatter_sum(mine, by_rank.view({-1}), "context parallel: gradients of keys and values").wait();
+    return {mine, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+class GroupShare final : public models::ContextShare {
+ public:
+  GroupShare(std::shared_ptr<Communicator> comm, int64_t length, const at::Device& device) : comm_(std::move(comm)) {
+    const int64_t cp = comm_->world_size();
+    slots_ = context_parallel_positions(length, comm_->rank(), cp, "dist.context_parallel").to(device);
+    // The gathered shares, in rank order, hold these slots: their inverse puts the row in order.
+    std::vector<at::Tensor> all;
+    for (int64_t r = 0; r < cp; ++r) all.push_back(context_parallel_positions(length, r, cp));
+    gathered_ = at::cat(all).to(device);
+    order_ = at::argsort(gathered_, /*stable=*/true);
+  }
+  const at::Tensor& slots() const override { return slots_; }
+  at::Tensor gather(const at::Tensor& x) const override {
+    return GatherFunction::apply(x, reinterpret_cast<int64_t>(comm_.get()), order_, gathered_);
+  }
+  int64_t max_over_group(int64_t value) const override {
+    const auto mine = at::full({1}, value, slots_.options());
+    auto all = at::empty({comm_->world_size()}, mine.options());
+    comm_->all_gather(all, mine, "context parallel: the row's furthest position").wait();
+    return all.max().item<int64_t>();
+  }
+
+ private:
+  std::shared_ptr<Communicator> comm_;
+  at::Tensor slots_, gathered_, order_;
+};
+
+}  // namespace
+
+std::shared_ptr<const models::ContextShare> context_share(std::shared_ptr<Communicator> cp, int64_t length,
+                                                          const at::Device& device) {
+  TORCH_CHECK(cp, "context_share: no group");
+  return std::make_shared<GroupShare>(std::move(cp), length, device);
 }
 
 }  // namespace anvil::distributed

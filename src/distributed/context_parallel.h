@@ -10,11 +10,18 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+namespace anvil::models {
+class ContextShare;
+}
+
 namespace anvil::distributed {
+
+class Communicator;
 
 /// The positions (int64, ascending) of a row of `length` that rank `rank` of
 /// `cp` holds. Throws ConfigError naming `key` when 2 * cp does not divide
@@ -41,5 +48,13 @@ std::pair<at::Tensor, at::Tensor> attention_block(const at::Tensor& q, const at:
 /// and output 0.
 std::pair<at::Tensor, at::Tensor> merge_attention(const at::Tensor& out_a, const at::Tensor& lse_a,
                                                   const at::Tensor& out_b, const at::Tensor& lse_b);
+
+/// This rank's share of rows of `length` positions across the context-parallel
+/// group `cp` for models::ForwardArgs::context: its slots on `device`, and
+/// keys and values gathered from the group (an all-gather forward; backward,
+/// a reduce-scatter: the gradient of this rank's positions summed over the
+/// group).
+std::shared_ptr<const models::ContextShare> context_share(std::shared_ptr<Communicator> cp, int64_t length,
+                                                          const at::Device& device);
 
 }  // namespace anvil::distributed

@@ -50,6 +50,8 @@ Mesh::Mesh(std::shared_ptr<Communicator> world_comm, const MeshShape& shape)
   tp = world->split(static_cast<int>(layout.group(r, "tp").front()), static_cast<int>(at.tp), "tensor parallel");
   cp = world->split(static_cast<int>(layout.group(r, "cp").front()), static_cast<int>(at.cp), "context parallel");
   dp = world->split(static_cast<int>(layout.group(r, "dp").front()), static_cast<int>(at.dp), "data parallel");
+  // The ranks holding the same tensor-parallel share: every rank of the same tp coordinate, ordered as the world.
+  shard = layout.cp() == 1 ? dp : world->split(static_cast<int>(at.tp), static_cast<int>(r), "fsdp (data x context)");
 }
 
 }  // namespace anvil::distributed

@@ -58,12 +58,17 @@ class MeshLayout {
 };
 
 /// The mesh with its communicators, each a split of the run's (every rank
-/// creates every group, in the same order: tp, cp, dp).
+/// creates every group, in the same order: tp, cp, dp, then shard when cp >
+/// 1). `shard` is what FSDP shards the tensor-parallel share over and sums
+/// gradients over: the dp x cp ranks of the same tp coordinate (torchtitan's
+/// dp_shard_cp), since the ranks of a context-parallel group hold the same
+/// parameters and each the gradient of its share of the rows; `dp` when cp
+/// is 1.
 struct Mesh {
   Mesh(std::shared_ptr<Communicator> world, const MeshShape& shape);
   MeshLayout layout;
   MeshCoordinates at;
-  std::shared_ptr<Communicator> world, tp, cp, dp;
+  std::shared_ptr<Communicator> world, tp, cp, dp, shard;
 };
 
 }  // namespace anvil::distributed

@@ -418,13 +418,15 @@ class ShardedEngine final : public EngineImpl {
     options.trains = trains;
     // Tensor parallelism: the blocks' layers cut across the mesh's tensor-parallel group (after a plain
     // checkpoint was read into the whole model), sharded over its data-parallel group.
+    // Context parallelism: the ranks of a group hold the same parameters and each its share of the rows'
+    // gradient, so FSDP shards over them too (the mesh's shard group) and data splits over its dp group.
     if (mesh && mesh->tp->world_size() > 1) {
       options.tensor_parallel = mesh->tp;
-      options.data_parallel = mesh->dp;
+      options.data_parallel = mesh->shard;
       options.tensor_parallel_cuts = distributed::apply_tensor_parallel(*model, mesh->tp);
-      data_ = mesh->dp;
       tensor_parallel_ = mesh->tp->world_size();
     }
+    if (mesh) data_ = mesh->dp, context_parallel_ = mesh->cp->world_size();
     sharded_ = std::make_unique<distributed::ShardedModel>(model, comm, options);
     optimizer_ = optim::make_optimizer(cfg.optimizer, sharded_->trained_master_parameters());
     if (plain)
@@ -447,8 +449,9 @@ class ShardedEngine final : public EngineImpl {
         sharded_->replicas() > 1
             ? concat(", hybrid: ", sharded_->replicas(), " replicas of ", sharded_->shard_comm().world_size(), " ranks")
             : std::string(),
-        tensor_parallel_ > 1 ? concat(", tensor parallel ", tensor_parallel_, " x data parallel ", data_->world_size())
-                             : std::string());
+        tensor_parallel_ > 1 ? concat(", tensor parallel ", tensor_parallel_) : std::string(),
+        context_parallel_ > 1 ? concat(", context parallel ", context_parallel_) : std::string(),
+        tensor_parallel_ * context_parallel_ > 1 ? concat(" x data parallel ", data_->world_size()) : std::string());
   }
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
   std::vector<at::Tensor> gradients() override {
@@ -670,7 +673,7 @@ class ShardedEngine final : public EngineImpl {
   std::shared_ptr<models::CausalLM> model_;
   std::shared_ptr<distributed::Communicator> comm_;
   std::shared_ptr<distributed::Communicator> data_;  // the ranks data is split over: comm_, or the mesh's dp
-  int64_t tensor_parallel_ = 1;
+  int64_t tensor_parallel_ = 1, context_parallel_ = 1;
   at::Device device_;
   /// Elements [offset, offset + numel) of unit `unit`'s master shard.
   struct Slice {

@@ -267,15 +267,20 @@ void split_roles(const config::RunConfig& cfg, RunSetup& r) {
 /// The mesh of dist.tensor_parallel, and the ranks data is split over (RankContext): every training rank, or
 /// the mesh's data-parallel group (the ranks of a tensor-parallel group read the same rows).
 void set_data_ranks(const config::RunConfig& cfg, RunSetup& r) {
-  if (cfg.dist.tensor_parallel > 1) {
-    if (!r.comm)
-      throw ConfigError(concat("dist.tensor_parallel: ", cfg.dist.tensor_parallel,
-                               " splits each block across that many ranks, and this run has 1; launch with mpirun -np, "
-                               "torchrun --nproc-per-node or srun --ntasks"));
-    r.mesh = std::make_shared<distributed::Mesh>(r.comm, distributed::MeshShape{cfg.dist.tensor_parallel, 1});
+  if (cfg.dist.tensor_parallel > 1 || cfg.dist.context_parallel > 1) {
+    if (!r.comm) {
+      const bool tp = cfg.dist.tensor_parallel > 1;
+      throw ConfigError(concat(tp ? "dist.tensor_parallel: " : "dist.context_parallel: ",
+                               tp ? cfg.dist.tensor_parallel : cfg.dist.context_parallel, " splits each ",
+                               tp ? "block" : "row",
+                               " across that many ranks, and this run has 1; launch with "
+                               "mpirun -np, torchrun --nproc-per-node or srun --ntasks"));
+    }
+    r.mesh = std::make_shared<distributed::Mesh>(
+        r.comm, distributed::MeshShape{cfg.dist.tensor_parallel, cfg.dist.context_parallel});
   }
   // Data is split over the data-parallel ranks: every rank, or the mesh's data-parallel group (the ranks of a
-  // tensor-parallel group read the same rows).
+  // tensor- or context-parallel group read the same rows).
   const auto data = r.mesh ? r.mesh->dp : r.comm;
   r.ranks.world = data ? data->world_size() : 1;
   r.ranks.rank = data ? data->rank() : 0;
@@ -383,6 +388,14 @@ RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
   if (data_cfg.data.max_length > r.model->max_positions())
     throw ConfigError(concat("data.max_length: ", data_cfg.data.max_length, " exceeds the model's ",
                              r.model->max_positions(), " positions"));
+  // Packed rows are data.max_length long, and context parallelism cuts each into 2 x cp chunks (unpacked rows
+  // are padded to a multiple).
+  if (const int64_t cp = cfg.dist.context_parallel; cp > 1 && cfg.data.packing && data_cfg.data.max_length % (2 * cp))
+    throw ConfigError(concat("data.max_length: packed rows of ", data_cfg.data.max_length,
+                             " positions do not split into 2 x dist.context_parallel = ", 2 * cp,
+                             " chunks (each rank of a context-parallel group holds a head and a tail chunk); "
+                             "expected a multiple of ",
+                             2 * cp));
   // The chat format is resolved (and recorded with the tokenizer) for an
   // algorithm that reads data.template, as it declared when it registered;
   // plain for the others. The objective gets the object, built here once.
@@ -466,7 +479,7 @@ void print_plan(RunSetup& r, const config::RunConfig& cfg) {
          << " (the first micro-batch holds " << first.num_tokens << " tokens and " << first.num_targets << " "
          << r.objective->target_unit() << ")\n";
   }
-  plan << (r.mesh ? std::string("  memory: not modelled under dist.tensor_parallel yet\n")
+  plan << (r.mesh ? std::string("  memory: not modelled under dist.tensor_parallel or dist.context_parallel yet\n")
                   : describe(held_against(plan_memory(*r.model, cfg, world), r.device)))
        << "  resume: "
        << (r.latest ? concat("continues ", r.latest->string()) : std::string("starts fresh in ") + r.out_dir.string())
@@ -489,6 +502,10 @@ void print_memory_plan(const config::RunConfig& cfg, int64_t world) {
     throw ConfigError(concat("dist.tensor_parallel: ", cfg.dist.tensor_parallel,
                              ": trainer --plan-memory does not model tensor parallelism yet; plan with "
                              "dist.tensor_parallel=1"));
+  if (cfg.dist.context_parallel > 1)
+    throw ConfigError(concat("dist.context_parallel: ", cfg.dist.context_parallel,
+                             ": trainer --plan-memory does not model context parallelism yet; plan with "
+                             "dist.context_parallel=1"));
   const auto tok = build_tokenizer(cfg);
   // The folder's model without its weights (read: config.json, the tensors' shapes), or the config's.
   auto model = build_model(cfg, *tok, cfg.model.from.empty() ? std::nullopt : std::optional<at::Device>(at::kCPU),

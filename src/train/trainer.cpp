@@ -502,7 +502,9 @@ TrainResult run_training(const config::RunConfig& given, const RunOptions& optio
   // From here on, the length and warmup as resolved (config.yaml keeps the keys as given).
   const auto cfg = resolve_length(given, run);
   if (run.lead && !options.dry_run && run.mesh)
-    log::info("memory plan: not modelled under dist.tensor_parallel yet (the step's figures are measured)");
+    log::info(
+        "memory plan: not modelled under dist.tensor_parallel or dist.context_parallel yet (the step's "
+        "figures are measured)");
   else if (run.lead && !options.dry_run)
     log::info("memory plan\n", describe(held_against(plan_memory(*run.model, cfg, run.ranks.world), run.device)));
   if (options.dry_run) {
@@ -525,9 +527,11 @@ TrainResult run_training(const config::RunConfig& given, const RunOptions& optio
   ctx.trainers = run.trainers;
   {
     auto so = sharding_options(cfg);
-    if (run.mesh) so.tensor_parallel = run.mesh->tp, so.data_parallel = run.mesh->dp;  // frozen models cut alike
+    if (run.mesh && run.mesh->layout.tp() > 1)  // frozen models cut alike
+      so.tensor_parallel = run.mesh->tp, so.data_parallel = run.mesh->dp;
     ctx.sharding = std::make_shared<const distributed::ShardingOptions>(std::move(so));
   }
+  if (run.mesh && run.mesh->layout.cp() > 1) ctx.context_comm = run.mesh->cp;
   if (models::has_deferred(*run.model) && run.objective->prepare_reads_weights()) {
     // An objective that reads the weights in prepare() gets them whole, as one process would.
     log::info("model: built whole on every rank: the ", cfg.algorithm,

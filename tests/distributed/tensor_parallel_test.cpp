@@ -26,6 +26,7 @@
 #include "distributed/tensor_parallel.h"
 #include "io/safetensors.h"
 #include "models/init.h"
+#include "models/layers.h"
 #include "models/lora.h"
 #include "test_util.h"
 
@@ -340,6 +341,62 @@ void expect_sharded_over_the_rest(const Mesh& mesh, distributed::Sharding strate
   }
 }
 
+// One flavor under context parallelism on this rank's group of `mesh` (tensor-parallel too when its tp group has
+// several ranks): each rank runs its head and tail chunks of padded rows (their mask) and of packed rows (the
+// documents' mask), attention gathering the group's keys and values; its logits are the whole model's at those
+// positions and the gradients summed over the group the whole model's (a rank's share under tensor parallelism).
+void expect_context_parallel_matches_whole(const std::string& flavor, const Mesh& mesh) {
+  SCOPED_TRACE(flavor + ", context parallel");
+  auto whole =
+      build_flavor(flavor, flavor == "gemma3_text-debug" ? std::vector<std::string>{"model.num_key_value_heads=2"}
+                                                         : std::vector<std::string>{});
+  auto split = models::clone_model(*whole);
+  whole->train(), split->train();
+  std::map<std::string, ParallelShard> cuts;
+  if (mesh.tp->world_size() > 1) cuts = apply_tensor_parallel(*split, mesh.tp);
+  at::manual_seed(300 + mesh.at.dp);
+  const int64_t B = 2, T = 8, cp = mesh.cp->world_size();
+  const auto ids = at::randint(61, {B, T}, at::kLong);
+  // Row 0 left-padded by 3; row 1 packs documents of 3 and 5 tokens (a window of 4 binds across chunks).
+  models::ForwardArgs padded;
+  auto mask = at::ones({B, T}, at::kBool);
+  mask.index_put_({0, at::indexing::Slice(0, 3)}, false);
+  padded.position_ids = (mask.to(at::kLong).cumsum(1) - 1).clamp_min(0);
+  padded.attention_mask = (at::ones({T, T}, at::kBool).tril().unsqueeze(0) & mask.unsqueeze(1)).unsqueeze(1);
+  models::ForwardArgs packed;
+  const auto docs = at::tensor({0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}, at::kLong).view({B, T});
+  packed.position_ids = at::tensor({0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, 7}, at::kLong).view({B, T});
+  packed.attention_mask = models::layers::document_causal_mask(docs);
+  const auto slots = context_parallel_positions(T, mesh.cp->rank(), cp);
+  const auto weights = at::randn({B, T, 61});
+  for (auto* args : {&padded, &packed}) {
+    for (auto& p : whole->parameters()) p.mutable_grad() = at::Tensor();
+    for (auto& p : split->parameters()) p.mutable_grad() = at::Tensor();
+    models::ForwardArgs mine;
+    mine.context = context_share(mesh.cp, T, at::kCPU);
+    mine.position_ids = args->position_ids.index_select(1, slots);
+    mine.attention_mask = args->attention_mask.index_select(2, slots);
+    const auto want = whole->forward(ids, *args);
+    const auto got = split->forward(ids.index_select(1, slots), mine);
+    EXPECT_LE(relative_difference(got.detach(), want.detach().index_select(1, slots)), 1e-5);
+    (want * weights).sum().backward();
+    (got * weights.index_select(1, slots)).sum().backward();
+    auto whole_params = whole->named_parameters();
+    for (const auto& p : split->named_parameters()) {
+      const auto& w = whole_params[p.key()];
+      // A mixture's expert that no token of a rank's share chose has no gradient there (every rank still joins
+      // the sum): zero.
+      const auto grad_of = [](const at::Tensor& t) { return t.grad().defined() ? t.grad() : at::zeros_like(t); };
+      auto sum = grad_of(p.value()).contiguous().clone();
+      mesh.cp->all_reduce_sum(sum, "test: gradients over the context-parallel group");
+      const auto cut = cuts.find(p.key());
+      const auto expected =
+          cut == cuts.end() ? grad_of(w) : share_of(grad_of(w), cut->second, mesh.tp->rank(), mesh.tp->world_size());
+      EXPECT_LE(relative_difference(sum, expected), 1e-5) << p.key();
+    }
+  }
+}
+
 void run_rank() {
   at::set_num_threads(1);
   auto world = make_communicator(discover_from_environment(), at::kCPU, {});
@@ -355,6 +412,10 @@ void run_rank() {
   expect_vocab_parallel_cross_entropy(mesh.tp, mesh.at.dp);
   for (const auto strategy : {Sharding::FullShard, Sharding::NoShard}) expect_sharded_over_the_rest(mesh, strategy);
   for (const auto& flavor : anvil::testing::debug_flavors()) expect_matches_whole(flavor, mesh.tp, mesh.at.dp);
+  // Context parallelism: cp 2 on 2 ranks, tp 2 x cp 2 on 4.
+  const Mesh context(world, {n == 2 ? 1 : 2, 2});
+  ASSERT_EQ(context.cp->world_size(), 2);
+  for (const auto& flavor : anvil::testing::debug_flavors()) expect_context_parallel_matches_whole(flavor, context);
   if (n == 2) {
     // Refused by key: LoRA adapters, dropout.
     auto lora = build_flavor("llama-debug");

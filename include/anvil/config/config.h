@@ -554,6 +554,7 @@ struct DistConfig {
   bool cpu_offload = false;
   int64_t replicate = 1;
   int64_t tensor_parallel = 1;
+  int64_t context_parallel = 1;
 
   template <class V>
   void visit(V& v) {
@@ -593,6 +594,13 @@ struct DistConfig {
             "dist.sharding applies over the world / tensor_parallel ranks that hold the same shares. 1 = off. ppo: "
             "not with its rollout ranks, environment or separate critic. The checkpoints are independent of it. "
             "docs/distributed.md.",
+            read_if_declared(changeable_on_resume(positive()), 1));
+    v.field("context_parallel", context_parallel,
+            "Context parallelism for long rows: each row's positions are cut into 2 x context_parallel chunks and "
+            "rank i of a group of this many ranks (inside dist.tensor_parallel's groups) holds chunks i and "
+            "2 x context_parallel - 1 - i; attention gathers the group's keys and values. Packed rows need a "
+            "data.max_length that divides by 2 x context_parallel (unpacked rows are padded to it). dist.sharding "
+            "applies over world / tensor_parallel ranks. 1 = off. docs/distributed.md.",
             read_if_declared(changeable_on_resume(positive()), 1));
     v.field("cpu_offload", cpu_offload,
             "full_shard only: each unit's float32 master shard, its gradient and AdamW's moments live in host "

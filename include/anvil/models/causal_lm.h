@@ -79,6 +79,11 @@ struct PackedDocuments {
   bool defined() const { return doc_ids.defined(); }
 };
 
+/// A rank's share of every row under context parallelism
+/// (dist.context_parallel; src/models/context_parallel.h): which positions
+/// of the row it holds and how attention gathers the rest's keys and values.
+class ContextShare;
+
 /// Inputs beyond the token ids. Defaults mean: positions continue after the
 /// cache, causal attention over every cached and new token.
 struct ForwardArgs {
@@ -100,6 +105,11 @@ struct ForwardArgs {
   /// a choice nor as probability mass, as transformers' load_balancing_loss_func
   /// treats the model's attention_mask. Undefined = every token counts.
   at::Tensor token_mask;
+  /// Set by the trainer under context parallelism: the ids are this rank's
+  /// share of each row (position_ids its global positions, attention_mask
+  /// (B, 1, T_share, T) when given) and attention runs over the whole row's
+  /// keys and values. No cache with it.
+  std::shared_ptr<const ContextShare> context;
 };
 
 /// Token ids the model's config.json records.

@@ -157,6 +157,10 @@ struct RunContext {
   /// under dist.tensor_parallel its data-parallel group, since the ranks of a
   /// tensor-parallel group run the same rows together. Null on one process.
   std::shared_ptr<distributed::Communicator> data_comm() const;
+  /// Under dist.context_parallel: the ranks that split each row's positions
+  /// among themselves (models::ForwardArgs::context), which read the same
+  /// rows. Null otherwise.
+  std::shared_ptr<distributed::Communicator> context_comm;
   /// Every rank of the launch, when the algorithm keeps some apart from
   /// training (register_side_ranks): ranks [0, trainers) train over `comm`,
   /// the others run Objective::serve(). Null otherwise.

@@ -42,10 +42,15 @@ at::Tensor fused_lm_loss_sum(models::CausalLM& model, const at::Tensor& hidden, 
 struct LmLossOptions {
   bool fused = true;
   int64_t chunk = 0;
+  /// dist.context_parallel (RunContext::context_comm): each rank of the group
+  /// runs its share of every row's positions and returns its share of the sum.
+  std::shared_ptr<distributed::Communicator> context;
 };
 
 /// The summed loss of an LM batch (input_ids, labels and, when packed,
-/// position_ids + doc_ids for the block-diagonal mask).
+/// position_ids + doc_ids for the block-diagonal mask). Under context
+/// parallelism (o.context) this rank's share of it: rows are padded to a
+/// multiple of 2 x the group's size and cut (distributed/context_parallel.h).
 at::Tensor lm_batch_loss_sum(models::CausalLM& model, const Batch& batch, const LmLossOptions& o = {});
 
 /// What an LmObjective trains on. sft: prompt + response samples (JSONL, or

@@ -6,6 +6,7 @@
 #include "kernels/layer_norm.h"
 #include "kernels/rope.h"
 #include "kernels/glu.h"
+#include "models/context_parallel.h"
 #include "models/init.h"
 
 #include <ATen/ATen.h>
@@ -332,11 +333,14 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_new, const at::Ten
   const int64_t B = q.size(0), Hq = q.size(1), T = q.size(2), D = q.size(3);
   TORCH_CHECK(Hq % k_new.size(1) == 0, "key/value heads must divide query heads");
   at::Tensor given_mask = args.attention_mask;
-  if (args.documents.defined() && !args.cache && !given_mask.defined()) {
+  // Context parallelism: this rank's queries over the whole row's keys and values, masked by row slots.
+  const auto* share = args.context.get();
+  TORCH_CHECK(!share || !args.cache, "attention: context parallelism runs whole rows, without a KV cache");
+  if (args.documents.defined() && !args.cache && !given_mask.defined() && !share) {
     if (auto y = packed_flash_attention(q, k_new, v_new, args.documents, o)) return *y;
     given_mask = document_causal_mask(args.documents.doc_ids);
   }
-  at::Tensor k = k_new, v = v_new;
+  at::Tensor k = share ? share->gather(k_new) : k_new, v = share ? share->gather(v_new) : v_new;
   const int64_t past = args.cache ? args.cache->length : 0;
   if (args.cache) std::tie(k, v) = args.cache->update(layer, k_new, v_new);
   const bool gqa = k.size(1) != Hq;
@@ -344,6 +348,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_new, const at::Ten
   const auto idx = q.options().dtype(at::kLong);
   // Query slot i: past + i, or the cache's slot when the positions live on the device.
   const auto query_slots = [&] {
+    if (share) return share->slots().unsqueeze(1);
     return (args.cache && args.cache->slots.defined() ? args.cache->slots.to(at::kLong) : at::arange(T, idx) + past)
         .unsqueeze(1);
   };
@@ -358,7 +363,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_new, const at::Ten
     mask = given_mask.defined() ? given_mask.logical_and(band) : band;
   } else if (given_mask.defined()) {
     mask = given_mask;
-  } else if (past == 0 || T == 1) {
+  } else if (!share && (past == 0 || T == 1)) {
     causal = past == 0 && T > 1;  // one new token sees everything cached
   } else {
     mask = at::arange(S, idx).unsqueeze(0) <= query_slots();  // query i (past + i) sees keys 0 .. past + i

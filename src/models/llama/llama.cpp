@@ -4,6 +4,7 @@
 #include <torch/nn/functional/linear.h>
 
 #include "../hf_config_reader.h"
+#include "models/context_parallel.h"
 #include "models/init.h"
 
 namespace anvil::models::llama {
@@ -140,7 +141,8 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& input_ids, const ForwardArg
   if (long_inv_freq.defined()) {
     // LongRoPE (HF longrope_frequency_update): the long factors once the
     // batch's furthest position passes the pretraining context, per call.
-    const int64_t last = args.position_ids.defined() ? pos.max().item<int64_t>() : past + T - 1;
+    int64_t last = args.position_ids.defined() ? pos.max().item<int64_t>() : past + T - 1;
+    if (args.context) last = args.context->max_over_group(last);  // the whole row's, over its ranks' shares
     if (last + 1 > rope.original_max_positions()) {
       if (long_inv_freq.device() != input_ids.device()) long_inv_freq = long_inv_freq.to(input_ids.device());
       freq = long_inv_freq;

@@ -11,6 +11,8 @@
 #include "core/device.h"
 #include "core/logging.h"
 #include "data/token_shards.h"
+#include "distributed/comm.h"
+#include "distributed/context_parallel.h"
 #include "anvil/generation/generate.h"
 #include "anvil/checkpoint/hf_model.h"
 #include "anvil/models/registry.h"
@@ -80,19 +82,24 @@ at::Tensor causal_lm_loss_sum(const at::Tensor& logits, const at::Tensor& labels
   return at::cross_entropy_loss(shift_logits, shift_labels, {}, at::Reduction::Sum, chat::kIgnoreIndex);
 }
 
-at::Tensor fused_lm_loss_sum(models::CausalLM& model, const at::Tensor& hidden, const at::Tensor& labels,
-                             int64_t chunk) {
+namespace {
+
+/// The fused loss of hidden states (B, T, C) against the targets of their positions (B, T), on the host.
+at::Tensor fused_targets_loss_sum(models::CausalLM& model, const at::Tensor& hidden, const at::Tensor& targets,
+                                  int64_t chunk) {
   const auto C = hidden.size(-1);
-  const auto shifted = next_token_targets(labels, chat::kIgnoreIndex).reshape({-1});
+  const auto shifted = targets.reshape({-1});
   auto h = hidden.reshape({-1, C});
   auto y = shifted;
   // Rows without a target (prompts, padding) are not projected: found where
   // the labels are (the batch's are on the host, so no device sync), and
-  // skipped only when they are worth an index_select.
-  if (!labels.is_cuda()) {
+  // skipped only when they are worth an index_select. A share of rows without a target (a context-parallel
+  // rank's chunks of a prompt) keeps them: its zero loss must still reach the model in the backward, whose
+  // collectives every rank of the group runs.
+  if (!targets.is_cuda()) {
     const auto valid = shifted.ne(chat::kIgnoreIndex);
     const int64_t n = valid.sum().item<int64_t>();
-    if (n < shifted.size(0) * 9 / 10) {
+    if (n > 0 && n < shifted.size(0) * 9 / 10) {
       const auto rows = valid.nonzero().squeeze(1);
       h = h.index_select(0, to_device(rows, hidden.device()));
       y = shifted.index_select(0, rows);
@@ -105,7 +112,62 @@ at::Tensor fused_lm_loss_sum(models::CausalLM& model, const at::Tensor& hidden, 
   return fused_linear_cross_entropy(h, head.weight, head.bias, to_device(y, hidden.device()), o);
 }
 
+/// lm_batch_loss_sum under context parallelism: each row padded to a multiple of 2 x cp positions (padding
+/// predicts nothing and, after every real token, is seen by none), the targets taken on the whole row (a
+/// position predicts the next one, which may sit on another rank), then this rank's share of positions run with
+/// their global positions, attention gathering the group's keys and values (models/context_parallel.h).
+at::Tensor context_parallel_loss_sum(models::CausalLM& model, const Batch& batch, const LmLossOptions& o) {
+  TORCH_CHECK(model.num_experts() == 0, "context parallelism: a mixture of experts is refused at setup");
+  const auto device = model.parameters().front().device();
+  const int64_t cp = o.context->world_size();
+  auto ids = batch.tensors.at("input_ids");
+  auto targets = next_token_targets(batch.tensors.at("labels"), chat::kIgnoreIndex);
+  const int64_t B = ids.size(0), T = ids.size(1), length = (T + 2 * cp - 1) / (2 * cp) * (2 * cp);
+  const auto pad = [&](const at::Tensor& t, int64_t value) {
+    return length == T ? t : at::cat({t, at::full({B, length - T}, value, t.options())}, 1);
+  };
+  const auto docs = batch.tensors.find("doc_ids");
+  at::Tensor doc_ids, positions;
+  // The padding's positions stay within the row's (what Phi-3's longrope reads is the row's furthest position).
+  if (docs != batch.tensors.end()) {
+    doc_ids = pad(docs->second, -1);
+    positions = pad(batch.tensors.at("position_ids"), 0);
+  } else {
+    positions = at::arange(length, ids.options()).clamp_max(T - 1).unsqueeze(0).expand({B, length});
+  }
+  ids = pad(ids, 0);
+  targets = pad(targets, chat::kIgnoreIndex);
+  const auto slots = distributed::context_parallel_positions(length, o.context->rank(), cp, "data.max_length");
+  models::ForwardArgs args;
+  args.context = distributed::context_share(o.context, length, device);
+  const auto share = [&](const at::Tensor& t) { return t.index_select(1, slots); };
+  args.position_ids = to_device(share(positions).contiguous(), device);
+  if (doc_ids.defined()) {
+    // Packed documents: query slot i sees key slot j <= i of its own document, over the whole row.
+    const auto mine = share(doc_ids);
+    const auto same = mine.unsqueeze(2).eq(doc_ids.unsqueeze(1));                              // (B, T_share, T)
+    const auto causal = at::arange(length, ids.options()).unsqueeze(0) <= slots.unsqueeze(1);  // (T_share, T)
+    args.attention_mask = to_device(same.logical_and(causal).unsqueeze(1), device);
+  }
+  const auto mine_ids = to_device(share(ids), device);
+  const auto mine_targets = share(targets);
+  if (o.fused && model.final_logit_softcap() == 0)
+    return fused_targets_loss_sum(model, model.hidden_states(mine_ids, args), mine_targets, o.chunk);
+  const auto logits = model.forward(mine_ids, args);
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
+                                to_device(mine_targets, device).reshape({-1}), {}, at::Reduction::Sum,
+                                chat::kIgnoreIndex);
+}
+
+}  // namespace
+
+at::Tensor fused_lm_loss_sum(models::CausalLM& model, const at::Tensor& hidden, const at::Tensor& labels,
+                             int64_t chunk) {
+  return fused_targets_loss_sum(model, hidden, next_token_targets(labels, chat::kIgnoreIndex), chunk);
+}
+
 at::Tensor lm_batch_loss_sum(models::CausalLM& model, const Batch& batch, const LmLossOptions& o) {
+  if (o.context && o.context->world_size() > 1) return context_parallel_loss_sum(model, batch, o);
   const auto device = model.parameters().front().device();
   auto ids = to_device(batch.tensors.at("input_ids"), device);
   const auto& labels = batch.tensors.at("labels");
@@ -354,11 +416,19 @@ std::string LmObjective::name() const { return s_->name; }
 
 BatchSource& LmObjective::train_source() { return *s_->source; }
 
-void LmObjective::prepare(models::CausalLM& model, const RunContext&) {
+void LmObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
   if (model.has_score_head())
     throw ConfigError(concat("model.from: algorithm ", s_->name,
                              " trains a language model, but the model is a reward model (it has a score head and no "
                              "LM head); start from a causal LM"));
+  if (ctx.context_comm && ctx.context_comm->world_size() > 1) {
+    // A router's load-balancing statistics are a micro-batch's; a share of its positions would give others.
+    if (model.num_experts() > 0)
+      throw ConfigError(concat("dist.context_parallel: ", ctx.context_comm->world_size(),
+                               " with a mixture of experts (", model.num_experts(),
+                               " experts) is not supported yet; set dist.context_parallel: 1"));
+    s_->loss.context = ctx.context_comm;
+  }
 }
 
 at::Tensor LmObjective::loss_sum(models::CausalLM& model, const Batch& batch, Sums&) {
@@ -401,6 +471,11 @@ EvalResult LmObjective::evaluate(models::CausalLM& model) {
       sums[0] += loss;
       sums[1] += static_cast<double>(b.num_targets);
     }
+    if (s_->loss.context) {  // each rank of a context-parallel group summed its share of the rows' positions
+      auto t = at::tensor({sums[0]}, at::kDouble).to(model.parameters().front().device());
+      s_->loss.context->all_reduce_sum(t, "evaluation loss over the context-parallel group");
+      sums[0] = t.item<double>();
+    }
     if (split) ranks_.all_sum(sums);
     r.metrics["eval/loss"] = sums[0] / std::max(1.0, sums[1]);
   }
@@ -432,7 +507,7 @@ void register_lm_objectives() {
   sft.insert(sft.end(), {"data.template", "data.split_turns", "data.on_overflow", "data.on_error", "data.packing",
                          "data.pad_to_multiple_of", "train.fused_loss", "train.loss_chunk_size", "eval.max_batches",
                          "eval.generate_samples", "eval.max_new_tokens", "eval.table_rows", "train.num_train_epochs",
-                         "dist.tensor_parallel"});
+                         "dist.tensor_parallel", "dist.context_parallel"});
   register_objective(
       "sft",
       [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat) {
@@ -442,7 +517,7 @@ void register_lm_objectives() {
   auto pretrain = config::dataset_keys({"eval_fraction", "token_dtype"});
   pretrain.insert(pretrain.end(),
                   {"data.packing", "data.pad_to_multiple_of", "train.fused_loss", "train.loss_chunk_size",
-                   "eval.max_batches", "train.num_train_epochs", "dist.tensor_parallel"});
+                   "eval.max_batches", "train.num_train_epochs", "dist.tensor_parallel", "dist.context_parallel"});
   register_objective(
       "pretrain",
       [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat) {
