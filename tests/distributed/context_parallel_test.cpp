@@ -89,13 +89,7 @@ TEST(ContextParallelRuns, TrainLikeOneProcessOnEveryMeshAndResumeOnOne) {
   }
   // Refused by key.
   const auto refused = [&](int ranks, const std::string& extra) {
-    std::string out;
-    EXPECT_NE(anvil::testing::run("cd " + anvil::testing::source_dir() + " && " + anvil::testing::mpirun(ranks) +
-                                      anvil::testing::trainer_bin() + " --config " + cfg.string() +
-                                      " output_dir=" + (dir / "refused").string() + " " + extra + " 2>&1",
-                                  &out),
-              0);
-    return out;
+    return refused_run(cfg, dir / "refused", ranks, extra);
   };
   EXPECT_NE(refused(0, "dist.context_parallel=2")
                 .find("dist.context_parallel: 2 splits each row across that many "

@@ -45,6 +45,18 @@ inline int train(const stdfs::path& cfg, const stdfs::path& out, int ranks, cons
   return rc;
 }
 
+/// Runs the trainer on `ranks` processes expecting it to fail (output into `out`); returns what it printed.
+inline std::string refused_run(const stdfs::path& cfg, const stdfs::path& out, int ranks, const std::string& extra) {
+  std::string o;
+  EXPECT_NE(anvil::testing::run("cd " + anvil::testing::source_dir() + " && " + mpirun(ranks) +
+                                    anvil::testing::trainer_bin() + " --config " + cfg.string() +
+                                    " output_dir=" + out.string() + " " + extra + " 2>&1",
+                                &o),
+            0)
+      << extra;
+  return o;
+}
+
 inline std::map<int64_t, nlohmann::json> read_metrics(const stdfs::path& path) {
   std::map<int64_t, nlohmann::json> out;
   std::ifstream in(path);
