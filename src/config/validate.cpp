@@ -110,6 +110,10 @@ void check_training(const RunConfig& c, const FlatConfig& flat, const Fail& fail
     if (c.lora.r > 0 || !c.model.lora_from.empty())
       fail("dist.tensor_parallel", "tensor parallelism with LoRA adapters is not supported yet");
   }
+  if (c.dist.sequence_parallel && c.dist.tensor_parallel < 2)
+    fail("dist.sequence_parallel", concat("splits the positions across a tensor-parallel group; set "
+                                          "dist.tensor_parallel to 2 or more (it is ",
+                                          c.dist.tensor_parallel, ")"));
   if (c.dist.context_parallel > 1) {
     if (c.dist.replicate > 1)
       fail("dist.context_parallel",

@@ -45,6 +45,109 @@ struct ReduceFunction : public torch::autograd::Function<ReduceFunction> {
   static variable_list backward(AutogradContext*, variable_list grad) { return {grad[0], at::Tensor()}; }
 };
 
+// Sequence parallelism: rows of T positions split into `size` parts of P = ceil(T / size) (models/tensor_parallel.h).
+
+int64_t part_length(int64_t length, int64_t size) { return (length + size - 1) / size; }
+
+/// (B, T, ...) -> (B, size * P, ...), zeros after T.
+at::Tensor padded(const at::Tensor& x, int64_t length, int64_t size) {
+  const int64_t total = part_length(length, size) * size;
+  if (total == x.size(1)) return x;
+  auto sizes = x.sizes().vec();
+  sizes[1] = total - x.size(1);
+  return at::cat({x, at::zeros(sizes, x.options())}, 1);
+}
+
+enum SequenceOp : int64_t { kKeepMine, kGather, kReduceScatter };
+
+/// One of the three moves of a sequence-parallel activation over `comm`: kKeepMine (B, T, ...) -> (B, P, ...) this
+/// rank's positions; kGather (B, P, ...) -> (B, T, ...) every rank's; kReduceScatter (B, T, ...) partial sums ->
+/// (B, P, ...) this rank's positions of their sum.
+at::Tensor sequence_op(SequenceOp op, const at::Tensor& x, int64_t length, Communicator& comm, const char* what) {
+  const int64_t size = comm.world_size(), P = part_length(length, size), B = x.size(0);
+  auto rest = x.sizes().slice(2).vec();
+  auto part_sizes = rest;
+  part_sizes.insert(part_sizes.begin(), {B, P});
+  if (op == kKeepMine) return padded(x, length, size).narrow(1, comm.rank() * P, P).contiguous();
+  if (op == kGather) {
+    const auto in = x.contiguous();
+    auto all = at::empty({size * in.numel()}, in.options());
+    comm.all_gather(all, in.view(-1), what).wait();
+    auto by_rank = rest;
+    by_rank.insert(by_rank.begin(), {size, B, P});
+    auto whole = rest;
+    whole.insert(whole.begin(), {B, size * P});
+    return all.view(by_rank).movedim(0, 1).reshape(whole).narrow(1, 0, length).contiguous();
+  }
+  auto by_rank = rest;
+  by_rank.insert(by_rank.begin(), {B, size, P});
+  const auto in = padded(x, length, size).reshape(by_rank).movedim(1, 0).contiguous();
+  auto out = at::empty(part_sizes, x.options());
+  comm.reduce_scatter_sum(out, in.view(-1), what).wait();
+  return out;
+}
+
+/// An autograd function of two sequence moves, forward and backward; inputs: the activation, the group (by address)
+/// and the rows' length.
+template <SequenceOp Forward, SequenceOp Backward>
+struct SequenceFunction : public torch::autograd::Function<SequenceFunction<Forward, Backward>> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t comm, int64_t length) {
+    ctx->saved_data["comm"] = comm;
+    ctx->saved_data["length"] = length;
+    return sequence_op(Forward, x, length, *reinterpret_cast<Communicator*>(comm), "sequence parallel: activations");
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    return {sequence_op(Backward, grad[0], ctx->saved_data["length"].toInt(), *comm_of(ctx),
+                        "sequence parallel: gradients"),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+/// (..., in) x w: w (out, in) when output_dim is 0, Conv1D's (in, out) when 1; plus b when defined.
+at::Tensor apply_weight(const at::Tensor& in, const at::Tensor& w, const at::Tensor& b, int64_t output_dim) {
+  if (output_dim == 0) return at::linear(in, w, b);
+  auto out_shape = in.sizes().vec();
+  out_shape.back() = w.size(1);
+  const auto flat = in.reshape({-1, in.size(-1)});
+  return (b.defined() ? at::addmm(b, flat, w) : at::mm(flat, w)).view(out_shape);
+}
+
+/// models::TensorParallelGroup::gathered_linear's function. Inputs: this rank's positions x, their gather `whole`
+/// (made by the caller, so layers reading the same input share it; not saved), the weight and bias (empty for
+/// none), the group (by address), the rows' length and the weight's output dimension.
+struct GatheredLinearFunction : public torch::autograd::Function<GatheredLinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& whole, const at::Tensor& w,
+                            const at::Tensor& b, int64_t comm, int64_t length, int64_t output_dim) {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["comm"] = comm;
+    ctx->saved_data["length"] = length;
+    ctx->saved_data["output_dim"] = output_dim;
+    const bool bias = b.numel() > 0;  // an empty tensor for none: a function's inputs must be defined
+    ctx->saved_data["bias"] = bias;
+    return apply_weight(whole, w, bias ? b : at::Tensor(), output_dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &w = saved[1];
+    auto& comm = *comm_of(ctx);
+    const int64_t length = ctx->saved_data["length"].toInt();
+    const bool out_first = ctx->saved_data["output_dim"].toInt() == 0;
+    const auto whole = sequence_op(kGather, x, length, comm, "sequence parallel: a column-parallel input, again");
+    const auto g = grad[0].contiguous();
+    const auto g2 = g.view({-1, g.size(-1)}), h2 = whole.reshape({-1, whole.size(-1)});
+    const auto gw = out_first ? g2.t().mm(h2) : h2.t().mm(g2);
+    const auto gin = at::matmul(g, out_first ? w : w.t());
+    const auto gb = ctx->saved_data["bias"].toBool() ? g2.sum(0) : at::Tensor();
+    return {sequence_op(kReduceScatter, gin, length, comm, "sequence parallel: a column-parallel input's gradient"),
+            at::Tensor(),
+            gw,
+            gb,
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
+  }
+};
+
 /// vocab_parallel_cross_entropy's function: inputs the logits' shard, the targets, the group and ignore_index.
 struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallelCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets, int64_t handle,
@@ -86,15 +189,49 @@ class Group final : public models::TensorParallelGroup {
   int64_t size() const override { return comm_->world_size(); }
   int64_t rank() const override { return comm_->rank(); }
   at::Tensor enter(const at::Tensor& x) const override {
-    return at::GradMode::is_enabled() && x.requires_grad() ? EnterFunction::apply(x, handle()) : x;
+    if (auto* scope = models::SequenceScope::current()) {
+      if (grad(x)) return SequenceFunction<kGather, kReduceScatter>::apply(x, handle(), scope->length());
+      return sequence_op(kGather, x, scope->length(), *comm_, "sequence parallel: activations");
+    }
+    return grad(x) ? EnterFunction::apply(x, handle()) : x;
   }
   at::Tensor reduce(const at::Tensor& y) const override {
-    if (at::GradMode::is_enabled() && y.requires_grad()) return ReduceFunction::apply(y, handle());
+    if (auto* scope = models::SequenceScope::current()) {
+      if (grad(y)) return SequenceFunction<kReduceScatter, kGather>::apply(y, handle(), scope->length());
+      return sequence_op(kReduceScatter, y, scope->length(), *comm_, "sequence parallel: a row-parallel output");
+    }
+    if (grad(y)) return ReduceFunction::apply(y, handle());
     return summed(y, *comm_, "tensor parallel: a row-parallel layer's output");
+  }
+  at::Tensor gathered_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                             int64_t output_dim) const override {
+    auto* scope = models::SequenceScope::current();
+    TORCH_CHECK(scope, "gathered_linear: outside a sequence-parallel scope");
+    auto whole = scope->remembered(x);
+    if (!whole.defined()) {
+      whole = sequence_op(kGather, x.detach(), scope->length(), *comm_, "sequence parallel: a column-parallel input");
+      scope->remember(x, whole);
+    }
+    if (!at::GradMode::is_enabled() || !(x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad())))
+      return apply_weight(whole, w, b, output_dim);
+    return GatheredLinearFunction::apply(x, whole, w, b.defined() ? b : at::empty({0}, w.options()), handle(),
+                                         scope->length(), output_dim);
+  }
+  at::Tensor sum_gradient(const at::Tensor& w) const override {
+    return grad(w) ? EnterFunction::apply(w, handle()) : w;
+  }
+  at::Tensor scatter_sequence(const at::Tensor& x, int64_t length) const override {
+    if (grad(x)) return SequenceFunction<kKeepMine, kGather>::apply(x, handle(), length);
+    return sequence_op(kKeepMine, x, length, *comm_, "");
+  }
+  at::Tensor gather_sequence(const at::Tensor& x, int64_t length) const override {
+    if (grad(x)) return SequenceFunction<kGather, kKeepMine>::apply(x, handle(), length);
+    return sequence_op(kGather, x, length, *comm_, "sequence parallel: the blocks' output");
   }
 
  private:
   int64_t handle() const { return reinterpret_cast<int64_t>(comm_.get()); }
+  static bool grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
   std::shared_ptr<Communicator> comm_;
 };
 
@@ -143,8 +280,52 @@ std::shared_ptr<models::TensorParallelGroup> tensor_parallel_group(std::shared_p
   return std::make_shared<Group>(std::move(comm));
 }
 
+namespace {
+
+/// apply_tensor_parallel's sequence-parallel part, once the layers are cut: the blocks' norms sum their gradients
+/// over the group; what would see a share of the positions without that is refused.
+void install_sequence_parallel(models::CausalLM& model, const std::shared_ptr<models::TensorParallelGroup>& group,
+                               const std::vector<std::string>& prefixes,
+                               const std::map<std::string, ParallelShard>& cuts) {
+  const char* key = "dist.sequence_parallel";
+  if (model.num_experts() > 0)
+    throw ConfigError(concat(key, ": sequence parallelism with a mixture-of-experts model (", model.family(), ", ",
+                             model.num_experts(),
+                             " experts: their routers and load-balancing statistics would see a share of the "
+                             "positions) is not supported yet; set dist.sequence_parallel: false"));
+  const auto in_block = [&](const std::string& name) {
+    for (const auto& prefix : prefixes)
+      if (name.rfind(prefix, 0) == 0) return true;
+    return false;
+  };
+  std::map<std::string, torch::nn::Module*> modules;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    modules[item.key()] = item.value().get();
+    if (!in_block(item.key())) continue;
+    if (auto* norm = dynamic_cast<models::ParallelPartialGradient*>(item.value().get());
+        norm && !norm->has_parallel_group())
+      norm->set_parallel(group, /*sequence_only=*/true);
+  }
+  for (const auto& p : model.named_parameters()) {
+    const auto& name = p.key();
+    if (!in_block(name) || cuts.count(name)) continue;
+    const auto dot = name.rfind('.');
+    auto* owner = modules[name.substr(0, dot)];
+    if (dynamic_cast<models::ParallelPartialGradient*>(owner)) continue;
+    const auto* linear = dynamic_cast<models::ParallelLinear*>(owner);
+    if (linear && linear->parallel_style() == models::ParallelStyle::kRow && name.substr(dot + 1) == "bias") continue;
+    throw ConfigError(concat(key, ": ", name, " would see a share of the positions but is neither cut by the ",
+                             model.family(),
+                             " family's tensor-parallel plan nor a norm's or a row-parallel layer's "
+                             "bias; sequence parallelism does not support it; set dist.sequence_parallel: false"));
+  }
+  model.sequence_parallel = group;
+}
+
+}  // namespace
+
 std::map<std::string, ParallelShard> apply_tensor_parallel(models::CausalLM& model, std::shared_ptr<Communicator> comm,
-                                                           const std::string& key) {
+                                                           const std::string& key, bool sequence_parallel) {
   std::map<std::string, ParallelShard> cuts;
   const int64_t tp = comm->world_size(), rank = comm->rank();
   if (tp == 1) return cuts;
@@ -196,6 +377,7 @@ std::map<std::string, ParallelShard> apply_tensor_parallel(models::CausalLM& mod
     }
     layer->set_parallel(group, rule->style);
   }
+  if (sequence_parallel) install_sequence_parallel(model, group, prefixes, cuts);
   return cuts;
 }
 

@@ -3,7 +3,8 @@
 // family's plan (models/tensor_parallel.h) names each block layer's style;
 // apply_tensor_parallel() cuts those weights to this rank's share and gives
 // the layers the group's collectives (Megatron's identity / all-reduce
-// pairs as autograd functions). Every other parameter (norms, embeddings,
+// pairs as autograd functions; with sequence parallelism, all-gather /
+// reduce-scatter along the sequence). Every other parameter (norms, embeddings,
 // the LM head, MoE experts) stays whole on every rank of the group, so the
 // logits are whole and everything downstream of the forward is unchanged.
 // FSDP then shards the shares over the data-parallel group (distributed/mesh.h).
@@ -50,8 +51,14 @@ std::shared_ptr<models::TensorParallelGroup> tensor_parallel_group(std::shared_p
 /// size does not divide a layer's heads or features, when the model has
 /// LoRA adapters, or when its config has dropout (the ranks of a group would
 /// draw different masks: there is no per-rank generator yet).
+/// With `sequence_parallel` the model's blocks also split their activations'
+/// positions over the group (CausalLM::sequence_parallel): every norm inside
+/// a block sums its weights' gradient over the group; a block parameter that
+/// is neither cut, a norm's nor a row-parallel layer's bias, and MoE
+/// families, are refused naming dist.sequence_parallel.
 std::map<std::string, ParallelShard> apply_tensor_parallel(models::CausalLM& model, std::shared_ptr<Communicator> comm,
-                                                           const std::string& key = "dist.tensor_parallel");
+                                                           const std::string& key = "dist.tensor_parallel",
+                                                           bool sequence_parallel = false);
 
 /// Cross entropy of logits whose vocabulary is split across `comm`'s ranks
 /// (Megatron's vocab-parallel cross entropy): `logits` (N, V / tp) are this

@@ -60,8 +60,8 @@ class LinearImpl : public DenseImpl, public LoraLayer, public ParallelLinear {
  public:
   using DenseImpl::DenseImpl;
   at::Tensor forward(const at::Tensor& x) {
-    auto y =
-        parallel_forward(x, bias, [&](const at::Tensor& in, const at::Tensor& b) { return at::linear(in, weight, b); });
+    auto y = parallel_forward(x, weight, bias,
+                              [&](const at::Tensor& in, const at::Tensor& b) { return at::linear(in, weight, b); });
     return with_adapter(x, y, is_training());
   }
   int64_t in_features() const override { return options.in_features(); }
@@ -83,10 +83,13 @@ class EmbeddingImpl : public torch::nn::Module {
 TORCH_MODULE(Embedding);
 
 /// torch::nn::LayerNorm (unit weight, zero bias), deferrable as Dense.
-class LayerNormImpl : public torch::nn::Module {
+class LayerNormImpl : public torch::nn::Module, public ParallelPartialGradient {
  public:
   explicit LayerNormImpl(const torch::nn::LayerNormOptions& o);
   at::Tensor forward(const at::Tensor& x);
+  /// weight and bias as the forward reads them (models/tensor_parallel.h).
+  at::Tensor weight_for_forward() const { return parallel_weight(weight); }
+  at::Tensor bias_for_forward() const { return parallel_weight(bias); }
   torch::nn::LayerNormOptions options;
   at::Tensor weight, bias;
 };
@@ -201,8 +204,9 @@ inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::
 }
 
 /// Calls `block(x)` through the runner installed in `args`, if any.
-inline at::Tensor run_block(const ForwardArgs& args, size_t layer, const at::Tensor& x, const BlockFn& block) {
-  return args.block_runner && *args.block_runner ? (*args.block_runner)(layer, x, block) : block(x);
-}
+/// Under ForwardArgs::sequence, block 0's input is cut to this rank's
+/// positions first, the block runs inside a SequenceScope, and the last
+/// block's output is gathered whole again.
+at::Tensor run_block(const ForwardArgs& args, size_t layer, const at::Tensor& x, const BlockFn& block);
 
 }  // namespace anvil::models::layers

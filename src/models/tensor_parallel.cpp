@@ -21,7 +21,26 @@ ParallelRule row(std::string name, int64_t granule, std::string unit) {
   return {std::move(name), ParallelStyle::kRow, {}, granule, std::move(unit)};
 }
 
+thread_local SequenceScope* innermost = nullptr;
+
 }  // namespace
+
+SequenceScope::SequenceScope(int64_t length) : length_(length), outer_(innermost) { innermost = this; }
+SequenceScope::~SequenceScope() { innermost = outer_; }
+SequenceScope* SequenceScope::current() { return innermost; }
+
+at::Tensor SequenceScope::remembered(const at::Tensor& x) const {
+  // The input is held, so its address cannot be reused by another tensor while remembered.
+  if (input_.defined() && input_.unsafeGetTensorImpl() == x.unsafeGetTensorImpl() && x._version() == version_)
+    return gathered_;
+  return {};
+}
+
+void SequenceScope::remember(const at::Tensor& x, const at::Tensor& gathered) {
+  input_ = x;
+  gathered_ = gathered;
+  version_ = x._version();
+}
 
 std::vector<ParallelRule> tensor_parallel_plan(const CausalLM& model) {
   const auto family = model.family();

@@ -40,6 +40,57 @@ class TensorParallelGroup {
   /// A row-parallel layer's partial output: summed over the group forward,
   /// identity backward (reduce_from_tensor_model_parallel_region).
   virtual at::Tensor reduce(const at::Tensor& y) const = 0;
+  /// A weight whole on every rank that sees only the rank's share of the
+  /// activations: identity forward, gradient summed over the group.
+  virtual at::Tensor sum_gradient(const at::Tensor& w) const = 0;
+
+  // Sequence parallelism (Korthikanti et al. 2022): inside a SequenceScope
+  // the activations between a row-parallel and the next column-parallel
+  // layer are (B, P, C), this rank's P = ceil(T / size) positions of the
+  // rows' T (the last rank's tail padded with zeros). enter() then
+  // all-gathers them along the sequence (backward: reduce-scatter) and
+  // reduce() reduce-scatters (backward: all-gather).
+
+  /// Inside a SequenceScope, a column-parallel layer on (B, P, C) input
+  /// `x`: linear(all-gather of x, w, b) (w (out, in) when `output_dim` is 0,
+  /// Conv1D's (in, out) when 1), keeping only x for the backward, which
+  /// gathers it again for w's gradient and reduce-scatters x's (Megatron's
+  /// column-parallel linear under sequence_parallel).
+  virtual at::Tensor gathered_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                                     int64_t output_dim) const = 0;
+  /// (B, T, C) the same on every rank -> (B, P, C) this rank's positions;
+  /// backward all-gathers the gradient (Megatron's scatter_to_sequence_parallel_region).
+  virtual at::Tensor scatter_sequence(const at::Tensor& x, int64_t length) const = 0;
+  /// (B, P, C) -> (B, T, C) the whole rows; the backward keeps this rank's
+  /// positions of the gradient, which must be the same on every rank (what
+  /// follows runs alike on every rank of the group).
+  virtual at::Tensor gather_sequence(const at::Tensor& x, int64_t length) const = 0;
+};
+
+/// While alive on a thread, the tensor-parallel layers' activations there are
+/// split along the sequence (rows of `length` positions): the blocks of a
+/// forward with ForwardArgs::sequence run inside one (layers::run_block,
+/// and again when activation checkpointing recomputes them). It remembers
+/// the last input gathered, so q, k and v (or gate and up) share one
+/// gather in the forward.
+class SequenceScope {
+ public:
+  explicit SequenceScope(int64_t length);
+  ~SequenceScope();
+  SequenceScope(const SequenceScope&) = delete;
+  SequenceScope& operator=(const SequenceScope&) = delete;
+  /// The innermost scope of this thread, or null.
+  static SequenceScope* current();
+  int64_t length() const { return length_; }
+  /// `gathered` for `x` when x was the last input gathered, else undefined.
+  at::Tensor remembered(const at::Tensor& x) const;
+  void remember(const at::Tensor& x, const at::Tensor& gathered);
+
+ private:
+  int64_t length_;
+  SequenceScope* outer_;
+  at::Tensor input_, gathered_;
+  int64_t version_ = 0;
 };
 
 /// kPartialGradient: a weight that stays whole on every rank but sees only
@@ -65,17 +116,21 @@ class ParallelLinear {
   }
 
  protected:
-  /// The layer's output from `linear(input, bias)` (the local product, with
-  /// the bias when given): the group's collectives around it as the style
-  /// says; without a group, linear(x, bias).
+  /// The layer's output from `linear(input, bias)` (the local product of
+  /// `weight`, with the bias when given): the group's collectives around it
+  /// as the style says; without a group, linear(x, bias).
   template <class Linear>
-  at::Tensor parallel_forward(const at::Tensor& x, const at::Tensor& bias, Linear&& linear) const {
+  at::Tensor parallel_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                              Linear&& linear) const {
     switch (parallel_style()) {
       case ParallelStyle::kColumn:
+        if (SequenceScope::current()) return tp_group_->gathered_linear(x, weight, bias, output_dim());
         return linear(tp_group_->enter(x), bias);
       case ParallelStyle::kRow: {
         auto y = tp_group_->reduce(linear(x, at::Tensor()));
-        return bias.defined() ? y + bias : y;
+        if (!bias.defined()) return y;
+        // Under sequence parallelism the bias meets only this rank's positions.
+        return y + (SequenceScope::current() ? tp_group_->sum_gradient(bias) : bias);
       }
       default:
         return linear(x, bias);
@@ -87,19 +142,30 @@ class ParallelLinear {
   ParallelStyle style_ = ParallelStyle::kReplicated;
 };
 
-/// A layer of kPartialGradient style (layers::RMSNorm, Gemma's RMSNorm): its
-/// weight passes through the group's enter(), whose backward sums the
-/// gradient over the group.
+/// A norm whose weights stay whole on every rank of a group while the rank
+/// sees a share of the activations (layers::RMSNorm, layers::LayerNorm,
+/// Gemma's RMSNorm): its weights pass through the group's sum_gradient().
+/// Always for a kPartialGradient layer (a share of the heads); with
+/// `sequence_only`, inside a SequenceScope only (a block's norms under
+/// sequence parallelism: a share of the positions).
 class ParallelPartialGradient {
  public:
   virtual ~ParallelPartialGradient() = default;
-  void set_parallel(std::shared_ptr<const TensorParallelGroup> group) { tp_group_ = std::move(group); }
+  void set_parallel(std::shared_ptr<const TensorParallelGroup> group, bool sequence_only = false) {
+    tp_group_ = std::move(group);
+    sequence_only_ = sequence_only;
+  }
+  bool has_parallel_group() const { return tp_group_ != nullptr; }
 
  protected:
-  at::Tensor parallel_weight(const at::Tensor& w) const { return tp_group_ ? tp_group_->enter(w) : w; }
+  at::Tensor parallel_weight(const at::Tensor& w) const {
+    if (!tp_group_ || !w.defined() || (sequence_only_ && !SequenceScope::current())) return w;
+    return tp_group_->sum_gradient(w);
+  }
 
  private:
   std::shared_ptr<const TensorParallelGroup> tp_group_;
+  bool sequence_only_ = false;
 };
 
 /// Where a family's block layer splits: `name` below the block's prefix

@@ -423,7 +423,8 @@ class ShardedEngine final : public EngineImpl {
     if (mesh && mesh->tp->world_size() > 1) {
       options.tensor_parallel = mesh->tp;
       options.data_parallel = mesh->shard;
-      options.tensor_parallel_cuts = distributed::apply_tensor_parallel(*model, mesh->tp);
+      options.tensor_parallel_cuts =
+          distributed::apply_tensor_parallel(*model, mesh->tp, "dist.tensor_parallel", cfg.dist.sequence_parallel);
       tensor_parallel_ = mesh->tp->world_size();
     }
     if (mesh) data_ = mesh->dp, context_parallel_ = mesh->cp->world_size();
@@ -449,7 +450,9 @@ class ShardedEngine final : public EngineImpl {
         sharded_->replicas() > 1
             ? concat(", hybrid: ", sharded_->replicas(), " replicas of ", sharded_->shard_comm().world_size(), " ranks")
             : std::string(),
-        tensor_parallel_ > 1 ? concat(", tensor parallel ", tensor_parallel_) : std::string(),
+        tensor_parallel_ > 1
+            ? concat(", tensor parallel ", tensor_parallel_, model_->sequence_parallel ? " (sequence parallel)" : "")
+            : std::string(),
         context_parallel_ > 1 ? concat(", context parallel ", context_parallel_) : std::string(),
         tensor_parallel_ * context_parallel_ > 1 ? concat(" x data parallel ", data_->world_size()) : std::string());
   }

@@ -223,21 +223,32 @@ double relative_difference(const at::Tensor& a, const at::Tensor& b) {
 }
 
 // One flavor on this rank's tensor-parallel group: logits of padded and of packed rows, and the gradients of a
-// loss over them, against the whole model here. `data` picks the inputs (different per data-parallel rank).
-void expect_matches_whole(const std::string& flavor, const std::shared_ptr<Communicator>& tp, int64_t data) {
-  SCOPED_TRACE(flavor);
+// loss over them, against the whole model here. `data` picks the inputs (different per data-parallel rank). With
+// `sequence`, sequence parallelism too, on rows of 7 positions (the last rank's part padded); a mixture of
+// experts is refused by key then.
+void expect_matches_whole(const std::string& flavor, const std::shared_ptr<Communicator>& tp, int64_t data,
+                          bool sequence = false) {
+  SCOPED_TRACE(flavor + (sequence ? ", sequence parallel" : ""));
   // Gemma 3's debug flavor has one key/value head (refused below): two here.
   auto whole =
       build_flavor(flavor, flavor == "gemma3_text-debug" ? std::vector<std::string>{"model.num_key_value_heads=2"}
                                                          : std::vector<std::string>{});
   auto split = models::clone_model(*whole);
   whole->train(), split->train();
-  const auto cuts = apply_tensor_parallel(*split, tp);
+  if (sequence && whole->num_experts() > 0) {
+    EXPECT_NE(error_of([&] {
+                apply_tensor_parallel(*split, tp, "dist.tensor_parallel", true);
+              }).find("dist.sequence_parallel: sequence parallelism with a mixture-of-experts model"),
+              std::string::npos);
+    return;
+  }
+  const auto cuts = apply_tensor_parallel(*split, tp, "dist.tensor_parallel", sequence);
   ASSERT_FALSE(cuts.empty());
+  ASSERT_EQ(split->sequence_parallel != nullptr, sequence);
   at::manual_seed(100 + data);
-  const int64_t B = 2, T = 8;
+  const int64_t B = 2, T = sequence ? 7 : 8;
   const auto ids = at::randint(61, {B, T}, at::kLong);
-  // Row 0 left-padded by 3; row 1 packs documents of 3 and 5 tokens.
+  // Row 0 left-padded by 3; row 1 packs documents of 3 and 5 (or 4) tokens.
   models::ForwardArgs padded;
   auto mask = at::ones({B, T}, at::kBool);
   mask.index_put_({0, at::indexing::Slice(0, 3)}, false);
@@ -245,8 +256,10 @@ void expect_matches_whole(const std::string& flavor, const std::shared_ptr<Commu
   const auto causal = at::ones({T, T}, at::kBool).tril();
   padded.attention_mask = (causal.unsqueeze(0) & mask.unsqueeze(1)).unsqueeze(1);
   models::ForwardArgs packed;
-  packed.documents.doc_ids = at::tensor({0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}, at::kLong).view({B, T});
-  packed.position_ids = at::tensor({0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, 7}, at::kLong).view({B, T});
+  packed.documents.doc_ids =
+      at::tensor({0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}, at::kLong).view({B, 8}).narrow(1, 0, T);
+  packed.position_ids =
+      at::tensor({0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, 7}, at::kLong).view({B, 8}).narrow(1, 0, T);
   const auto weights = at::randn({B, T, 61});
   for (auto* args : {&padded, &packed}) {
     for (auto& p : whole->parameters()) p.mutable_grad() = at::Tensor();
@@ -345,15 +358,17 @@ void expect_sharded_over_the_rest(const Mesh& mesh, distributed::Sharding strate
 // several ranks): each rank runs its head and tail chunks of padded rows (their mask) and of packed rows (the
 // documents' mask), attention gathering the group's keys and values; its logits are the whole model's at those
 // positions and the gradients summed over the group the whole model's (a rank's share under tensor parallelism).
-void expect_context_parallel_matches_whole(const std::string& flavor, const Mesh& mesh) {
-  SCOPED_TRACE(flavor + ", context parallel");
+// With `sequence`, the tensor-parallel group splits each share's positions too (sequence parallelism).
+void expect_context_parallel_matches_whole(const std::string& flavor, const Mesh& mesh, bool sequence = false) {
+  SCOPED_TRACE(flavor + ", context parallel" + (sequence ? ", sequence parallel" : ""));
   auto whole =
       build_flavor(flavor, flavor == "gemma3_text-debug" ? std::vector<std::string>{"model.num_key_value_heads=2"}
                                                          : std::vector<std::string>{});
+  if (sequence && whole->num_experts() > 0) return;  // refused (expect_matches_whole)
   auto split = models::clone_model(*whole);
   whole->train(), split->train();
   std::map<std::string, ParallelShard> cuts;
-  if (mesh.tp->world_size() > 1) cuts = apply_tensor_parallel(*split, mesh.tp);
+  if (mesh.tp->world_size() > 1) cuts = apply_tensor_parallel(*split, mesh.tp, "dist.tensor_parallel", sequence);
   at::manual_seed(300 + mesh.at.dp);
   const int64_t B = 2, T = 8, cp = mesh.cp->world_size();
   const auto ids = at::randint(61, {B, T}, at::kLong);
@@ -411,11 +426,17 @@ void run_rank() {
   ASSERT_EQ(mesh.dp->world_size(), n / 2);
   expect_vocab_parallel_cross_entropy(mesh.tp, mesh.at.dp);
   for (const auto strategy : {Sharding::FullShard, Sharding::NoShard}) expect_sharded_over_the_rest(mesh, strategy);
-  for (const auto& flavor : anvil::testing::debug_flavors()) expect_matches_whole(flavor, mesh.tp, mesh.at.dp);
-  // Context parallelism: cp 2 on 2 ranks, tp 2 x cp 2 on 4.
+  for (const auto& flavor : anvil::testing::debug_flavors()) {
+    expect_matches_whole(flavor, mesh.tp, mesh.at.dp);
+    expect_matches_whole(flavor, mesh.tp, mesh.at.dp, /*sequence=*/true);
+  }
+  // Context parallelism: cp 2 on 2 ranks, tp 2 x cp 2 on 4 (with and without sequence parallelism).
   const Mesh context(world, {n == 2 ? 1 : 2, 2});
   ASSERT_EQ(context.cp->world_size(), 2);
-  for (const auto& flavor : anvil::testing::debug_flavors()) expect_context_parallel_matches_whole(flavor, context);
+  for (const auto& flavor : anvil::testing::debug_flavors()) {
+    expect_context_parallel_matches_whole(flavor, context);
+    if (n == 4) expect_context_parallel_matches_whole(flavor, context, /*sequence=*/true);
+  }
   if (n == 2) {
     // Refused by key: LoRA adapters, dropout.
     auto lora = build_flavor("llama-debug");
@@ -493,6 +514,12 @@ TEST(TensorParallelRuns, TrainLikeOneProcessAndResumeOnAnyMesh) {
   train(cfg, dir / "tp2-ac", 2, "dist.tensor_parallel=2 train.activation_checkpointing=true");
   expect_close_losses(read_metrics(dir / "tp2" / "metrics.jsonl"), read_metrics(dir / "tp2-ac" / "metrics.jsonl"), 1,
                       20, 1e-6, "tp 2 with activation checkpointing");
+  // Sequence parallelism (with activation checkpointing: its recomputation runs split too): one process's run.
+  train(cfg, dir / "tp2-sp", 2,
+        "dist.tensor_parallel=2 dist.sequence_parallel=true train.activation_checkpointing=true", &log);
+  EXPECT_NE(log.find("tensor parallel 2 (sequence parallel) x data parallel 1"), std::string::npos) << log;
+  expect_close_losses(plain, read_metrics(dir / "tp2-sp" / "metrics.jsonl"), 1, 20, 1e-5,
+                      "tp 2, sequence parallel, activation checkpointing");
   const auto meta = nlohmann::json::parse(anvil::testing::read_text(mesh_dir / "checkpoint-20" / "sharding.json"));
   EXPECT_EQ(meta["tensor_parallel"], 2);
   EXPECT_EQ(meta["shards"].size(), 4u);
@@ -530,6 +557,10 @@ TEST(TensorParallelRuns, TrainLikeOneProcessAndResumeOnAnyMesh) {
     expect_close_losses(read_metrics(dir / "qwen3-plain" / "metrics.jsonl"),
                         read_metrics(dir / "qwen3-mesh" / "metrics.jsonl"), 1, 8, 1e-5,
                         "qwen3, packed rows, tp 2 x full_shard 2");
+    train(qcfg, dir / "qwen3-mesh-sp", 4, packed + " " + mesh + " dist.sequence_parallel=true");
+    expect_close_losses(read_metrics(dir / "qwen3-plain" / "metrics.jsonl"),
+                        read_metrics(dir / "qwen3-mesh-sp" / "metrics.jsonl"), 1, 8, 1e-5,
+                        "qwen3, packed rows, tp 2 x full_shard 2, sequence parallel");
   }
   // Memory per rank, measured: with blocks that dominate the model (hidden 256: the cut layers hold 97% of the
   // parameters), tp 2 holds
@@ -544,6 +575,22 @@ TEST(TensorParallelRuns, TrainLikeOneProcessAndResumeOnAnyMesh) {
   std::cout << "[dist] tp 2 / dp 2 per rank: parameter bytes " << params << ", step tensor peak " << peak << "\n";
   EXPECT_LT(params, 0.55);
   EXPECT_LT(peak, 0.6);
+  // Sequence parallelism: the activations a step holds (its tensor peak above the state it keeps) shrink further,
+  // the norms' inputs, the residuals and the column-parallel layers' saved inputs split over the group's positions
+  // (measured 0.84: what stays whole is what tensor parallelism splits already, heads and MLP features).
+  const std::string rows = wide +
+                           " dist.tensor_parallel=2 data.packing=true data.max_length=128 "
+                           "model.max_position_embeddings=128 train.micro_batch_size=8 train.global_batch_size=8";
+  train(cfg, dir / "rows-tp2", 2, rows);
+  train(cfg, dir / "rows-tp2-sp", 2, rows + " dist.sequence_parallel=true");
+  const auto activations = [&](const char* run) {
+    const auto m = read_metrics(dir / run / "metrics.jsonl").at(4);
+    return m["memory/cpu_peak_bytes"].get<double>() - m["memory/cpu_allocated_bytes"].get<double>();
+  };
+  const double sp = activations("rows-tp2-sp") / activations("rows-tp2");
+  std::cout << "[dist] tp 2 sequence parallel / tp 2, a step's activations per rank: " << sp << " ("
+            << activations("rows-tp2-sp") / 1e6 << " MB / " << activations("rows-tp2") / 1e6 << " MB)\n";
+  EXPECT_LT(sp, 0.9);
   // Refused by key.
   const auto refused = [&](int ranks, const std::string& extra) {
     return refused_run(cfg, dir / "refused", ranks, extra);
@@ -551,6 +598,10 @@ TEST(TensorParallelRuns, TrainLikeOneProcessAndResumeOnAnyMesh) {
   EXPECT_NE(refused(0, "dist.tensor_parallel=2")
                 .find("dist.tensor_parallel: 2 splits each block across that many "
                       "ranks, and this run has 1"),
+            std::string::npos);
+  EXPECT_NE(refused(0, "dist.sequence_parallel=true")
+                .find("dist.sequence_parallel: splits the positions across a tensor-parallel group; set "
+                      "dist.tensor_parallel to 2 or more (it is 1)"),
             std::string::npos);
   EXPECT_NE(refused(3, "dist.tensor_parallel=2")
                 .find("dist.tensor_parallel (2) x dist.context_parallel (1) must divide the world size, 3 ranks"),

@@ -555,6 +555,7 @@ struct DistConfig {
   int64_t replicate = 1;
   int64_t tensor_parallel = 1;
   int64_t context_parallel = 1;
+  bool sequence_parallel = false;
 
   template <class V>
   void visit(V& v) {
@@ -602,6 +603,14 @@ struct DistConfig {
             "data.max_length that divides by 2 x context_parallel (unpacked rows are padded to it). dist.sharding "
             "applies over world / tensor_parallel ranks. 1 = off. docs/distributed.md.",
             read_if_declared(changeable_on_resume(positive()), 1));
+    v.field("sequence_parallel", sequence_parallel,
+            "With dist.tensor_parallel > 1: sequence parallelism (Korthikanti et al. 2022, Megatron's "
+            "sequence_parallel): between the column- and row-parallel layers the residual stream, its norms and "
+            "their activations are split along the sequence across the tensor-parallel group (all-gather before "
+            "a column-parallel layer, reduce-scatter after a row-parallel one instead of all-reduces), so each rank "
+            "holds 1/tensor_parallel of them. Training and scoring forwards only (generation with a KV cache runs "
+            "plain tensor parallelism). Not with MoE families. docs/distributed.md.",
+            changeable_on_resume());
     v.field("cpu_offload", cpu_offload,
             "full_shard only: each unit's float32 master shard, its gradient and AdamW's moments live in host "
             "memory (pinned on CUDA) and the fused CPU AdamW steps them; the device keeps the dist.param_dtype "

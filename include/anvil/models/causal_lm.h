@@ -83,6 +83,7 @@ struct PackedDocuments {
 /// (dist.context_parallel; src/models/context_parallel.h): which positions
 /// of the row it holds and how attention gathers the rest's keys and values.
 class ContextShare;
+class TensorParallelGroup;
 
 /// Inputs beyond the token ids. Defaults mean: positions continue after the
 /// cache, causal attention over every cached and new token.
@@ -110,6 +111,15 @@ struct ForwardArgs {
   /// (B, 1, T_share, T) when given) and attention runs over the whole row's
   /// keys and values. No cache with it.
   std::shared_ptr<const ContextShare> context;
+  /// Set by CausalLM::hidden_states under sequence parallelism
+  /// (CausalLM::sequence_parallel) for a forward without a cache: the blocks
+  /// run on this rank's part of the `length` positions (the group's ranks
+  /// split them), from block 0 to block `blocks` - 1 (layers::run_block).
+  struct SequenceSplit {
+    const TensorParallelGroup* group = nullptr;
+    int64_t length = 0;
+    int64_t blocks = 0;
+  } sequence;
 };
 
 /// Token ids the model's config.json records.
@@ -151,10 +161,12 @@ class CausalLM : public torch::nn::Module {
   at::Tensor hidden_states(const at::Tensor& input_ids, const ForwardArgs& args) {
     if (forward_begin_) forward_begin_();
     const bool route = router_stats_ && !args.router && at::GradMode::is_enabled();
-    if ((!block_runner_ || args.block_runner) && !route) return forward_hidden(input_ids, args);
+    const bool split = sequence_parallel && !args.cache && !args.sequence.group;
+    if ((!block_runner_ || args.block_runner) && !route && !split) return forward_hidden(input_ids, args);
     auto a = args;
     if (!a.block_runner && block_runner_) a.block_runner = &block_runner_;
     if (route) a.router = router_stats_;
+    if (split) a.sequence = {sequence_parallel.get(), input_ids.size(1), num_layers()};
     return forward_hidden(input_ids, a);
   }
   /// The LM head: logits = hidden W^T + b (bias undefined when the family has none).
@@ -307,6 +319,10 @@ class CausalLM : public torch::nn::Module {
   /// Set while the model's parameters are sharded (distributed::ShardedModel):
   /// what makes them whole, for whoever needs them so (generation).
   ShardedParameters* sharded_parameters = nullptr;
+  /// Set by distributed::apply_tensor_parallel under dist.sequence_parallel:
+  /// the tensor-parallel group whose ranks split the positions of the blocks'
+  /// activations in forwards without a cache (models/tensor_parallel.h).
+  std::shared_ptr<const TensorParallelGroup> sequence_parallel;
 
  protected:
   /// The family's forward to the final hidden states; blocks run through

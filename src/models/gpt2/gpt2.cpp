@@ -20,9 +20,10 @@ Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features) {
 }
 
 at::Tensor Conv1DImpl::forward(const at::Tensor& x) {
-  auto out_shape = x.sizes().vec();
-  out_shape.back() = weight.size(1);
-  auto y = parallel_forward(x, bias, [&](const at::Tensor& in, const at::Tensor& b) {
+  auto y = parallel_forward(x, weight, bias, [&](const at::Tensor& in, const at::Tensor& b) {
+    // The input's shape, not x's: under sequence parallelism a column-parallel input is gathered first.
+    auto out_shape = in.sizes().vec();
+    out_shape.back() = weight.size(1);
     auto flat = in.reshape({-1, in.size(-1)});
     return (b.defined() ? at::addmm(b, flat, weight) : at::mm(flat, weight)).view(out_shape);
   });

@@ -178,7 +178,7 @@ LayerNormImpl::LayerNormImpl(const torch::nn::LayerNormOptions& o) : options(o) 
 }
 
 at::Tensor LayerNormImpl::forward(const at::Tensor& x) {
-  return at::layer_norm(x, options.normalized_shape(), weight, bias, options.eps());
+  return at::layer_norm(x, options.normalized_shape(), weight_for_forward(), bias_for_forward(), options.eps());
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
@@ -248,9 +248,26 @@ at::Tensor activation(const at::Tensor& x, const std::string& name) {
 
 at::Tensor layer_norm(const LayerNorm& ln, const at::Tensor& x) {
   const auto& shape = ln->options.normalized_shape();
-  if (!kernels::fused_ops() || !ln->weight.defined() || shape.size() != 1)
-    return at::layer_norm(x, shape, ln->weight, ln->bias, ln->options.eps());  // the module's forward
-  return kernels::layer_norm(x, ln->weight, ln->bias, ln->options.eps());
+  const auto w = ln->weight_for_forward(), b = ln->bias_for_forward();
+  if (!kernels::fused_ops() || !w.defined() || shape.size() != 1)
+    return at::layer_norm(x, shape, w, b, ln->options.eps());  // the module's forward
+  return kernels::layer_norm(x, w, b, ln->options.eps());
+}
+
+at::Tensor run_block(const ForwardArgs& args, size_t layer, const at::Tensor& x, const BlockFn& block) {
+  const auto run = [&](const at::Tensor& in, const BlockFn& f) {
+    return args.block_runner && *args.block_runner ? (*args.block_runner)(layer, in, f) : f(in);
+  };
+  const auto& split = args.sequence;
+  if (!split.group) return run(x, block);
+  const int64_t length = split.length;
+  // The scope is entered inside the block function, so a recomputation in backward runs in one too.
+  const BlockFn scoped = [block, length](const at::Tensor& in) {
+    SequenceScope scope(length);
+    return block(in);
+  };
+  auto y = run(layer == 0 ? split.group->scatter_sequence(x, length) : x, scoped);
+  return static_cast<int64_t>(layer) + 1 == split.blocks ? split.group->gather_sequence(y, length) : y;
 }
 
 at::Tensor gated_activation(const at::Tensor& gate, const at::Tensor& up, const std::string& name) {
