@@ -6,7 +6,7 @@
 #
 # usage: bash bench/gpu/run.sh [--smoke] [--no-build] [SECTION...]
 #   sections (default: all): check  correctness first: src/kernels/ against ATen (bench_kernels, with
-#                                   timings), tiny models on the device against the CPU, bf16
+#                                   timings), the mesh's NCCL groups and their collectives (bench_mesh), tiny models on the device against the CPU, bf16
 #                                   against float32, one-rank full_shard against plain, background saves
 #                                   against saves at once, resume bit for bit, greedy tokens and logits
 #                                   against the CPU and transformers (PASS/FAIL lines; exit status 1 on a FAIL)
@@ -139,14 +139,15 @@ if ((BUILD_IT)); then
     -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DTORCH_CUDA_ARCH_LIST="${ARCH:0:1}.${ARCH:1}" \
     ${NCCL_H:+-DANVIL_NCCL_INCLUDE_DIR=$(dirname "$NCCL_H")} >"$W/cmake.log" 2>&1 ||
     { tail -n 30 "$W/cmake.log"; exit 1; }
-  cmake --build "$BUILD" -j "$(nproc)" --target trainer anvil_cli bench_generate bench_kernels >"$W/build.log" 2>&1 ||
+  cmake --build "$BUILD" -j "$(nproc)" --target trainer anvil_cli bench_generate bench_kernels bench_mesh \
+    >"$W/build.log" 2>&1 ||
     { tail -n 40 "$W/build.log"; exit 1; }
   stamp "built"
 elif [[ -d /tmp/anvil-deps ]]; then
   export LD_LIBRARY_PATH=/tmp/anvil-deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 TRAINER=$BUILD/bin/trainer
-for b in "$TRAINER" "$BUILD/bin/anvil" "$BUILD/bin/bench_generate" "$BUILD/bin/bench_kernels"; do
+for b in "$TRAINER" "$BUILD/bin/anvil" "$BUILD/bin/bench_generate" "$BUILD/bin/bench_kernels" "$BUILD/bin/bench_mesh"; do
   [[ -x $b ]] || { echo "bench/gpu/run.sh: $b is missing (build it, or drop --no-build)" >&2; exit 1; }
 done
 
@@ -216,6 +217,14 @@ sec_check() {
   grep -E '^(PASS|FAIL) ' "$W/kernels.txt" | tee -a "$OUTD/checks.txt"
   grep '^{' "$W/kernels.txt" | tee "$OUTD/kernels.jsonl"
   grep -qE '^(PASS|FAIL|\{)' "$W/kernels.txt" || { echo "bench_kernels failed:"; tail -n 15 "$W/kernels.txt"; }
+  # The mesh's groups (tensor, context and data parallel) split from the world: on CUDA a ProcessGroupNCCL
+  # each, one rank; every collective tensor, sequence and context parallelism run, forward and backward,
+  # against the same computation without them (bench/mesh.cpp).
+  local mesh_env=()
+  [[ $DEVICE == cuda ]] && mesh_env=(RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29519)
+  timeout 120 env "${mesh_env[@]}" "$BUILD/bin/bench_mesh" --device "$DEVICE" >"$W/mesh.txt" 2>&1 || FAILED=1
+  grep -E '^(PASS|FAIL) ' "$W/mesh.txt" | tee -a "$OUTD/checks.txt"
+  grep -qE '^PASS ' "$W/mesh.txt" || { echo "FAIL bench_mesh:"; tail -n 15 "$W/mesh.txt"; } | tee -a "$OUTD/checks.txt"
   few=(train.max_steps=20)
   for m in $DBG_GPT2 $DBG_LLAMA; do
     n=$(basename "$m" .yaml)
