@@ -114,6 +114,10 @@ void check_training(const RunConfig& c, const FlatConfig& flat, const Fail& fail
     fail("dist.sequence_parallel", concat("splits the positions across a tensor-parallel group; set "
                                           "dist.tensor_parallel to 2 or more (it is ",
                                           c.dist.tensor_parallel, ")"));
+  if (c.dist.vocab_parallel && c.dist.tensor_parallel < 2)
+    fail("dist.vocab_parallel", concat("splits the vocabulary across a tensor-parallel group; set "
+                                       "dist.tensor_parallel to 2 or more (it is ",
+                                       c.dist.tensor_parallel, ")"));
   if (c.dist.context_parallel > 1) {
     if (c.dist.replicate > 1)
       fail("dist.context_parallel",
@@ -295,6 +299,7 @@ bool is_off(const Key& key) {
   if (!key.off) return false;
   if (const auto* i = std::get_if<int64_t>(&key.value)) return static_cast<double>(*i) == *key.off;
   if (const auto* x = std::get_if<double>(&key.value)) return *x == *key.off;
+  if (const auto* b = std::get_if<bool>(&key.value)) return (*b ? 1.0 : 0.0) == *key.off;
   return false;
 }
 

@@ -8,6 +8,7 @@
 #include "anvil/core/error.h"
 #include "anvil/models/causal_lm.h"
 #include "models/init.h"
+#include "models/layers.h"
 #include "models/lora.h"
 
 namespace anvil::distributed {
@@ -148,38 +149,127 @@ struct GatheredLinearFunction : public torch::autograd::Function<GatheredLinearF
   }
 };
 
+/// Per row of z (n, V / size): float32 logits of this rank's vocabulary columns, the log of the sum of
+/// exponentials over every rank's columns and the target's logit (0 on the ranks that do not hold it), through one
+/// all-gather (the rows' maxima) and one all-reduce over `comm` (Megatron's vocab-parallel cross entropy).
+struct VocabRows {
+  at::Tensor lse, target_logit, index, here, valid;
+};
+VocabRows vocab_rows(const at::Tensor& z, const at::Tensor& targets, Communicator& comm, int64_t ignore_index) {
+  const int64_t n = z.size(0), width = z.size(1), tp = comm.world_size();
+  // The row max over every rank's columns: an all-gather of each rank's (all-reduce has no max here).
+  const auto mine = std::get<0>(z.max(1)).contiguous();
+  auto all = at::empty({tp * n}, mine.options());
+  comm.all_gather(all, mine, "vocab-parallel cross entropy: row maxima").wait();
+  const auto m = std::get<0>(all.view({tp, n}).max(0));
+  const auto local = targets - comm.rank() * width;
+  VocabRows r;
+  r.valid = targets != ignore_index;
+  r.here = (local >= 0) & (local < width) & r.valid;
+  r.index = at::where(r.here, local, at::zeros_like(local)).unsqueeze(1);
+  const auto target_logit = z.gather(1, r.index).squeeze(1) * r.here.to(at::kFloat);
+  auto sums = at::stack({(z - m.unsqueeze(1)).exp().sum(1), target_logit}).contiguous();  // one all-reduce for both
+  comm.all_reduce_sum(sums, "vocab-parallel cross entropy: sums of exponentials and target logits");
+  r.lse = sums[0].log() + m;
+  r.target_logit = sums[1];
+  return r;
+}
+
+/// The cross entropy's gradient with respect to this rank's logits z: softmax over every rank's columns (from the
+/// rows' lse) minus the target's one-hot where this rank holds it, times `scale` per row (0 for ignored rows).
+at::Tensor vocab_rows_gradient(const at::Tensor& z, const VocabRows& r, const at::Tensor& scale) {
+  auto g = (z - r.lse.unsqueeze(1)).exp();
+  g.scatter_add_(1, r.index, -r.here.to(at::kFloat).unsqueeze(1));
+  return g.mul_((scale * r.valid.to(at::kFloat)).unsqueeze(1));
+}
+
 /// vocab_parallel_cross_entropy's function: inputs the logits' shard, the targets, the group and ignore_index.
 struct VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallelCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets, int64_t handle,
                             int64_t ignore_index) {
-    auto& comm = *reinterpret_cast<Communicator*>(handle);
-    const int64_t n = logits.size(0), width = logits.size(1), tp = comm.world_size();
     const auto z = logits.to(at::kFloat);
-    // The row max over every rank's columns: an all-gather of each rank's (all-reduce has no max here).
-    const auto mine = std::get<0>(z.max(1)).contiguous();
-    auto all = at::empty({tp * n}, mine.options());
-    comm.all_gather(all, mine, "vocab-parallel cross entropy: row maxima").wait();
-    const auto m = std::get<0>(all.view({tp, n}).max(0));
-    const auto e = (z - m.unsqueeze(1)).exp();
-    const auto local = targets - comm.rank() * width;
-    const auto valid = targets != ignore_index;
-    const auto here = (local >= 0) & (local < width) & valid;
-    const auto index = at::where(here, local, at::zeros_like(local)).unsqueeze(1);
-    const auto target_logit = z.gather(1, index).squeeze(1) * here.to(at::kFloat);
-    auto sums = at::stack({e.sum(1), target_logit}).contiguous();  // (2, N): one all-reduce for both
-    comm.all_reduce_sum(sums, "vocab-parallel cross entropy: sums of exponentials and target logits");
-    const auto loss = (sums[0].log() + m - sums[1]) * valid.to(at::kFloat);
-    ctx->save_for_backward({e / sums[0].unsqueeze(1), index, here, valid});
+    const auto r = vocab_rows(z, targets, *reinterpret_cast<Communicator*>(handle), ignore_index);
+    ctx->save_for_backward({z, r.lse, r.index, r.here, r.valid});
     ctx->saved_data["dtype"] = static_cast<int64_t>(logits.scalar_type());
-    return loss;
+    return (r.lse - r.target_logit) * r.valid.to(at::kFloat);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    const auto saved = ctx->get_saved_variables();
-    auto g = saved[0].clone();  // softmax over this rank's columns
-    g.scatter_add_(1, saved[1], -saved[2].to(at::kFloat).unsqueeze(1));
-    g.mul_((grad[0].to(at::kFloat) * saved[3].to(at::kFloat)).unsqueeze(1));
+    const auto s = ctx->get_saved_variables();
+    VocabRows r;
+    r.lse = s[1], r.index = s[2], r.here = s[3], r.valid = s[4];
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
-    return {g.to(dtype), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {vocab_rows_gradient(s[0], r, grad[0].to(at::kFloat)).to(dtype), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+/// models::TensorParallelGroup::vocab_parallel_loss_sum's function. Inputs: the hidden states (N, C), this rank's
+/// head rows and bias (empty for none), the targets, the group (by address), the rows per chunk and ignore_index.
+/// Saves no logits: the backward recomputes each chunk's.
+struct VocabParallelLossFunction : public torch::autograd::Function<VocabParallelLossFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& w, const at::Tensor& b,
+                            const at::Tensor& targets, int64_t handle, int64_t chunk, int64_t ignore_index) {
+    auto& comm = *reinterpret_cast<Communicator*>(handle);
+    const int64_t n = h.size(0);
+    auto total = at::zeros({}, h.options().dtype(at::kFloat));
+    for (int64_t row = 0; row < n; row += chunk) {
+      const auto len = std::min(chunk, n - row);
+      const auto z = at::linear(h.narrow(0, row, len), w, b.numel() ? b : at::Tensor()).to(at::kFloat);
+      const auto r = vocab_rows(z, targets.narrow(0, row, len), comm, ignore_index);
+      total += ((r.lse - r.target_logit) * r.valid.to(at::kFloat)).sum();
+    }
+    ctx->save_for_backward({h, w, b, targets});
+    ctx->saved_data["comm"] = handle;
+    ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["ignore"] = ignore_index;
+    return total;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto s = ctx->get_saved_variables();
+    const auto &h = s[0], &w = s[1], &b = s[2], &targets = s[3];
+    auto& comm = *comm_of(ctx);
+    const int64_t n = h.size(0), chunk = ctx->saved_data["chunk"].toInt(), ignore = ctx->saved_data["ignore"].toInt();
+    const bool bias = b.numel() > 0;
+    auto dh = at::empty_like(h);
+    auto dw = at::zeros(w.sizes(), w.options().dtype(at::kFloat));
+    auto db = at::zeros({w.size(0)}, dw.options());
+    const auto scale = grad[0].to(at::kFloat);
+    for (int64_t row = 0; row < n; row += chunk) {
+      const auto len = std::min(chunk, n - row);
+      const auto hc = h.narrow(0, row, len);
+      const auto z = at::linear(hc, w, bias ? b : at::Tensor()).to(at::kFloat);
+      // The forward's statistics again (the same collectives, in the same order on every rank of the group).
+      const auto r = vocab_rows(z, targets.narrow(0, row, len), comm, ignore);
+      const auto dz = vocab_rows_gradient(z, r, scale.expand({len}));
+      dh.narrow(0, row, len).copy_(dz.to(w.scalar_type()).mm(w));
+      dw.add_(dz.t().mm(hc.to(at::kFloat)));
+      db.add_(dz.sum(0));
+    }
+    // Every rank's columns depend on the whole hidden states: their gradient is the sum of the ranks' parts.
+    comm.all_reduce_sum(dh, "vocab-parallel cross entropy: the hidden states' gradient");
+    return {dh,           dw.to(w.scalar_type()), bias ? db.to(b.scalar_type()) : at::Tensor(),
+            at::Tensor(), at::Tensor(),           at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+/// (..., V / size) -> (..., V): every rank's columns in rank order; backward, this rank's columns.
+at::Tensor gather_columns_of(const at::Tensor& x, Communicator& comm) {
+  const auto in = x.contiguous();
+  auto all = at::empty({comm.world_size() * in.numel()}, in.options());
+  comm.all_gather(all, in.view(-1), "vocab parallel: logits").wait();
+  auto sizes = in.sizes().vec();
+  sizes.insert(sizes.begin(), comm.world_size());
+  return at::cat(all.view(sizes).unbind(0), -1);
+}
+struct ColumnsFunction : public torch::autograd::Function<ColumnsFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t handle) {
+    ctx->saved_data["comm"] = handle;
+    ctx->saved_data["width"] = x.size(-1);
+    return gather_columns_of(x, *reinterpret_cast<Communicator*>(handle));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const int64_t width = ctx->saved_data["width"].toInt();
+    return {grad[0].narrow(-1, comm_of(ctx)->rank() * width, width).contiguous(), at::Tensor()};
   }
 };
 
@@ -216,6 +306,17 @@ class Group final : public models::TensorParallelGroup {
       return apply_weight(whole, w, b, output_dim);
     return GatheredLinearFunction::apply(x, whole, w, b.defined() ? b : at::empty({0}, w.options()), handle(),
                                          scope->length(), output_dim);
+  }
+  at::Tensor gather_columns(const at::Tensor& x) const override {
+    return grad(x) ? ColumnsFunction::apply(x, handle()) : gather_columns_of(x, *comm_);
+  }
+  at::Tensor vocab_parallel_loss_sum(const at::Tensor& h, const at::Tensor& w, const at::Tensor& b,
+                                     const at::Tensor& targets, int64_t chunk, int64_t ignore_index) const override {
+    TORCH_CHECK(h.dim() == 2 && targets.dim() == 1 && targets.size(0) == h.size(0),
+                "vocab_parallel_loss_sum: hidden states (N, C) and targets (N), got ", h.sizes(), " and ",
+                targets.sizes());
+    return VocabParallelLossFunction::apply(h, w, b.defined() ? b : at::empty({0}, w.options()), targets, handle(),
+                                            chunk > 0 ? chunk : std::max<int64_t>(h.size(0), 1), ignore_index);
   }
   at::Tensor sum_gradient(const at::Tensor& w) const override {
     return grad(w) ? EnterFunction::apply(w, handle()) : w;
@@ -322,10 +423,45 @@ void install_sequence_parallel(models::CausalLM& model, const std::shared_ptr<mo
   model.sequence_parallel = group;
 }
 
+/// apply_tensor_parallel's vocabulary-parallel part: the input embedding's rows and an untied LM head's cut across
+/// the group (rank t holds rows [t V / T, (t + 1) V / T)), the embedding looking up its own rows.
+void install_vocab_parallel(models::CausalLM& model, const std::shared_ptr<models::TensorParallelGroup>& group,
+                            int64_t rank, int64_t tp, std::map<std::string, ParallelShard>& cuts) {
+  const char* key = "dist.vocab_parallel";
+  const int64_t V = model.vocab_size();
+  if (V % tp != 0)
+    throw ConfigError(concat(key, ": ", tp, " ranks do not divide the vocabulary of ", V,
+                             " tokens; choose a tensor-parallel size that divides it or set dist.vocab_parallel: "
+                             "false"));
+  const auto token = model.token_embedding_parameter();
+  std::vector<std::string> names{token};
+  for (const auto& n : model.lm_head_parameters()) names.push_back(n);
+  auto params = model.named_parameters();
+  const ParallelShard rows{0, {}};
+  for (const auto& name : names) {
+    auto* p = params.find(name);
+    TORCH_CHECK(p != nullptr && p->dim() >= 1 && p->size(0) == V, "apply_tensor_parallel: no parameter ", name, " of ",
+                V, " vocabulary rows");
+    TORCH_CHECK(!models::is_deferred(*p), "apply_tensor_parallel: ", name, " has no weights yet");
+    p->set_data(share_of(*p, rows, rank, tp));
+    cuts[name] = rows;
+  }
+  const auto module = token.substr(0, token.rfind('.'));
+  models::layers::EmbeddingImpl* embedding = nullptr;
+  for (const auto& item : model.named_modules("", /*include_self=*/false))
+    if (item.key() == module) embedding = dynamic_cast<models::layers::EmbeddingImpl*>(item.value().get());
+  if (embedding == nullptr)
+    throw ConfigError(concat(key, ": the ", model.family(), " family's input embedding ", module,
+                             " is not a layers::Embedding, which vocabulary parallelism splits"));
+  embedding->set_vocab_parallel(group, rank * (V / tp));
+  model.vocab_parallel = group;
+}
+
 }  // namespace
 
 std::map<std::string, ParallelShard> apply_tensor_parallel(models::CausalLM& model, std::shared_ptr<Communicator> comm,
-                                                           const std::string& key, bool sequence_parallel) {
+                                                           const std::string& key, bool sequence_parallel,
+                                                           bool vocab_parallel) {
   std::map<std::string, ParallelShard> cuts;
   const int64_t tp = comm->world_size(), rank = comm->rank();
   if (tp == 1) return cuts;
@@ -378,6 +514,7 @@ std::map<std::string, ParallelShard> apply_tensor_parallel(models::CausalLM& mod
     layer->set_parallel(group, rule->style);
   }
   if (sequence_parallel) install_sequence_parallel(model, group, prefixes, cuts);
+  if (vocab_parallel) install_vocab_parallel(model, group, rank, tp, cuts);
   return cuts;
 }
 

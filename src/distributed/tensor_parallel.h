@@ -4,9 +4,10 @@
 // apply_tensor_parallel() cuts those weights to this rank's share and gives
 // the layers the group's collectives (Megatron's identity / all-reduce
 // pairs as autograd functions; with sequence parallelism, all-gather /
-// reduce-scatter along the sequence). Every other parameter (norms, embeddings,
-// the LM head, MoE experts) stays whole on every rank of the group, so the
-// logits are whole and everything downstream of the forward is unchanged.
+// reduce-scatter along the sequence). Every other parameter (norms, MoE
+// experts, and unless vocabulary parallelism cuts their rows the embedding
+// and the LM head) stays whole on every rank of the group, so the logits
+// are whole and everything downstream of the forward is unchanged.
 // FSDP then shards the shares over the data-parallel group (distributed/mesh.h).
 // docs/distributed.md.
 
@@ -56,9 +57,12 @@ std::shared_ptr<models::TensorParallelGroup> tensor_parallel_group(std::shared_p
 /// a block sums its weights' gradient over the group; a block parameter that
 /// is neither cut, a norm's nor a row-parallel layer's bias, and MoE
 /// families, are refused naming dist.sequence_parallel.
+/// With `vocab_parallel`, the input embedding's and an untied LM head's
+/// vocabulary rows are cut too (CausalLM::vocab_parallel); a vocabulary the
+/// group's size does not divide is refused naming dist.vocab_parallel.
 std::map<std::string, ParallelShard> apply_tensor_parallel(models::CausalLM& model, std::shared_ptr<Communicator> comm,
                                                            const std::string& key = "dist.tensor_parallel",
-                                                           bool sequence_parallel = false);
+                                                           bool sequence_parallel = false, bool vocab_parallel = false);
 
 /// Cross entropy of logits whose vocabulary is split across `comm`'s ranks
 /// (Megatron's vocab-parallel cross entropy): `logits` (N, V / tp) are this

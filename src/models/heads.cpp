@@ -26,7 +26,12 @@ void CausalLM::add_score_head(double init_std) {
 
 at::Tensor CausalLM::logits(const at::Tensor& hidden) {
   const auto head = output_head();
-  auto out = layers::lm_head(hidden, head.weight, head.bias);
+  // Vocabulary parallelism: this rank's rows of the head, a column-parallel layer (its input's gradient summed
+  // over the group), then every rank's columns.
+  auto out =
+      vocab_parallel
+          ? vocab_parallel->gather_columns(layers::lm_head(vocab_parallel->enter(hidden), head.weight, head.bias))
+          : layers::lm_head(hidden, head.weight, head.bias);
   if (const double cap = final_logit_softcap(); cap > 0) out = at::tanh(out / cap) * cap;
   return out;
 }

@@ -77,8 +77,20 @@ class EmbeddingImpl : public torch::nn::Module {
   explicit EmbeddingImpl(const torch::nn::EmbeddingOptions& o);
   EmbeddingImpl(int64_t n, int64_t dim) : EmbeddingImpl(torch::nn::EmbeddingOptions(n, dim)) {}
   at::Tensor forward(const at::Tensor& ids);
+  /// Vocabulary parallelism (installed by distributed::apply_tensor_parallel
+  /// once the weight holds rows [first, first + rows)): an id of another
+  /// rank's rows looks up zeros, and the rows are summed over the group
+  /// (Megatron's VocabParallelEmbedding).
+  void set_vocab_parallel(std::shared_ptr<const TensorParallelGroup> group, int64_t first) {
+    vocab_group_ = std::move(group);
+    first_row_ = first;
+  }
   torch::nn::EmbeddingOptions options;
   at::Tensor weight;
+
+ private:
+  std::shared_ptr<const TensorParallelGroup> vocab_group_;
+  int64_t first_row_ = 0;
 };
 TORCH_MODULE(Embedding);
 

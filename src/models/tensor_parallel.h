@@ -58,6 +58,20 @@ class TensorParallelGroup {
   /// column-parallel linear under sequence_parallel).
   virtual at::Tensor gathered_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
                                      int64_t output_dim) const = 0;
+  /// Vocabulary parallelism: (..., V / size) logits of this rank's
+  /// vocabulary rows -> (..., V) every rank's, in rank order; the backward
+  /// keeps this rank's columns (what follows runs alike on every rank).
+  virtual at::Tensor gather_columns(const at::Tensor& x) const = 0;
+  /// The summed cross entropy of hidden states h (N, C) against `targets`
+  /// (N, global ids; `ignore_index` counts 0) for an LM head whose rows w
+  /// (V / size, C) and bias b (or undefined) are this rank's share of the
+  /// vocabulary: a float32 scalar, the same on every rank. `chunk` rows at a
+  /// time (<= 0: all), each chunk's row maxima, sums of exponentials and
+  /// target logits reduced over the group; no logits are kept for the
+  /// backward (recomputed there, a chunk at a time), and h's gradient is
+  /// summed over the group.
+  virtual at::Tensor vocab_parallel_loss_sum(const at::Tensor& h, const at::Tensor& w, const at::Tensor& b,
+                                             const at::Tensor& targets, int64_t chunk, int64_t ignore_index) const = 0;
   /// (B, T, C) the same on every rank -> (B, P, C) this rank's positions;
   /// backward all-gathers the gradient (Megatron's scatter_to_sequence_parallel_region).
   virtual at::Tensor scatter_sequence(const at::Tensor& x, int64_t length) const = 0;

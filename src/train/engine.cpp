@@ -423,8 +423,8 @@ class ShardedEngine final : public EngineImpl {
     if (mesh && mesh->tp->world_size() > 1) {
       options.tensor_parallel = mesh->tp;
       options.data_parallel = mesh->shard;
-      options.tensor_parallel_cuts =
-          distributed::apply_tensor_parallel(*model, mesh->tp, "dist.tensor_parallel", cfg.dist.sequence_parallel);
+      options.tensor_parallel_cuts = distributed::apply_tensor_parallel(
+          *model, mesh->tp, "dist.tensor_parallel", cfg.dist.sequence_parallel, cfg.dist.vocab_parallel);
       tensor_parallel_ = mesh->tp->world_size();
     }
     if (mesh) data_ = mesh->dp, context_parallel_ = mesh->cp->world_size();
@@ -451,7 +451,8 @@ class ShardedEngine final : public EngineImpl {
             ? concat(", hybrid: ", sharded_->replicas(), " replicas of ", sharded_->shard_comm().world_size(), " ranks")
             : std::string(),
         tensor_parallel_ > 1
-            ? concat(", tensor parallel ", tensor_parallel_, model_->sequence_parallel ? " (sequence parallel)" : "")
+            ? concat(", tensor parallel ", tensor_parallel_, model_->sequence_parallel ? " (sequence parallel)" : "",
+                     model_->vocab_parallel ? " (vocabulary parallel)" : "")
             : std::string(),
         context_parallel_ > 1 ? concat(", context parallel ", context_parallel_) : std::string(),
         tensor_parallel_ * context_parallel_ > 1 ? concat(" x data parallel ", data_->world_size()) : std::string());

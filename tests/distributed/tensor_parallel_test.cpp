@@ -204,14 +204,15 @@ TEST(ContextParallel, RingMergeOfKeyBlocksEqualsFullAttention) {
   EXPECT_TRUE(std::isinf(l[0][0][0].item<float>()));
 }
 
-std::shared_ptr<models::CausalLM> build_flavor(const std::string& flavor, const std::vector<std::string>& extra = {}) {
+std::shared_ptr<models::CausalLM> build_flavor(const std::string& flavor, const std::vector<std::string>& extra = {},
+                                               int64_t vocab = 61) {
   const auto src = anvil::testing::source_dir();
   auto overrides = extra;
   overrides.push_back("output_dir=unused");
   auto cfg =
       config::load_config({src + "/configs/quickstart.yaml", src + "/configs/models/" + flavor + ".yaml"}, overrides);
   auto mc = cfg.model;
-  mc.vocab_size = 61;
+  mc.vocab_size = vocab;
   at::manual_seed(17);
   return models::family_by_name(mc.family).from_config(mc);
 }
@@ -286,6 +287,59 @@ void expect_matches_whole(const std::string& flavor, const std::shared_ptr<Commu
   // Under no_grad (evaluation, generation) the same logits.
   at::NoGradGuard no_grad;
   EXPECT_LE(relative_difference(split->forward(ids, padded), whole->forward(ids, padded)), 1e-5);
+}
+
+// One flavor with a vocabulary of 62 rows split over this rank's tensor-parallel group too (the input embedding
+// and an untied LM head): the logits gathered from the ranks' columns are the whole model's, the loss of the
+// ranks' columns over chunks of rows is ATen's cross entropy of them, and every gradient the whole model's (a
+// cut parameter's share).
+void expect_vocab_parallel_matches_whole(const std::string& flavor, const std::shared_ptr<Communicator>& tp,
+                                         int64_t data) {
+  SCOPED_TRACE(flavor + ", vocabulary parallel");
+  auto whole = build_flavor(flavor,
+                            flavor == "gemma3_text-debug" ? std::vector<std::string>{"model.num_key_value_heads=2"}
+                                                          : std::vector<std::string>{},
+                            62);
+  auto split = models::clone_model(*whole);
+  whole->train(), split->train();
+  const auto cuts = apply_tensor_parallel(*split, tp, "dist.tensor_parallel", false, /*vocab_parallel=*/true);
+  ASSERT_TRUE(split->vocab_parallel != nullptr);
+  ASSERT_TRUE(cuts.count(split->token_embedding_parameter()));
+  for (const auto& head : split->lm_head_parameters()) EXPECT_TRUE(cuts.count(head)) << head;
+  at::manual_seed(500 + data);
+  const int64_t B = 2, T = 8, V = 62;
+  const auto ids = at::randint(V, {B, T}, at::kLong);
+  auto targets = at::randint(V, {B * T}, at::kLong);
+  targets.index_put_({at::indexing::Slice(0, 3)}, -100);
+  const auto weights = at::randn({B, T, V});
+  const auto want_logits = whole->forward(ids, models::ForwardArgs{});
+  const auto got_logits = split->forward(ids, models::ForwardArgs{});
+  EXPECT_LE(relative_difference(got_logits.detach(), want_logits.detach()), 1e-5);
+  auto want = (want_logits * weights).sum(), got = (got_logits * weights).sum();
+  if (whole->final_logit_softcap() == 0) {  // soft-capped logits take the plain loss (objectives/sft.cpp)
+    want = want + at::cross_entropy_loss(want_logits.reshape({-1, V}), targets, {}, at::Reduction::Sum, -100);
+    const auto head = split->output_head();
+    const auto hidden = split->hidden_states(ids, models::ForwardArgs{});
+    const auto loss =
+        split->vocab_parallel->vocab_parallel_loss_sum(hidden.reshape({B * T, -1}), head.weight, head.bias, targets,
+                                                       /*chunk=*/5, -100);
+    got = got + loss;
+  }
+  EXPECT_LE(relative_difference(got.detach(), want.detach()), 1e-5);
+  want.backward();
+  got.backward();
+  auto whole_params = whole->named_parameters();
+  for (const auto& p : split->named_parameters()) {
+    const auto& w = whole_params[p.key()];
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    const auto cut = cuts.find(p.key());
+    const auto expected = cut == cuts.end() ? w.grad() : share_of(w.grad(), cut->second, tp->rank(), tp->world_size());
+    EXPECT_LE(relative_difference(p.value().grad(), expected), 1e-5) << p.key();
+  }
+  // Generation's forwards, under no_grad: the same logits.
+  at::NoGradGuard no_grad;
+  EXPECT_LE(relative_difference(split->forward(ids, models::ForwardArgs{}), whole->forward(ids, models::ForwardArgs{})),
+            1e-5);
 }
 
 // The vocabulary-parallel cross entropy over this rank's group: ATen's cross entropy of the whole logits, per row
@@ -429,6 +483,7 @@ void run_rank() {
   for (const auto& flavor : anvil::testing::debug_flavors()) {
     expect_matches_whole(flavor, mesh.tp, mesh.at.dp);
     expect_matches_whole(flavor, mesh.tp, mesh.at.dp, /*sequence=*/true);
+    expect_vocab_parallel_matches_whole(flavor, mesh.tp, mesh.at.dp);
   }
   // Context parallelism: cp 2 on 2 ranks, tp 2 x cp 2 on 4 (with and without sequence parallelism).
   const Mesh context(world, {n == 2 ? 1 : 2, 2});
@@ -447,6 +502,9 @@ void run_rank() {
     EXPECT_EQ(error_of([&] { apply_tensor_parallel(*mqa, mesh.tp); }),
               "dist.tensor_parallel: 2 ranks do not divide the 1 key/value heads of model.layers.0.self_attn.k_proj; "
               "choose a tensor-parallel size that divides them");
+    EXPECT_EQ(error_of([&] { apply_tensor_parallel(*build_flavor("llama-debug"), mesh.tp, "", false, true); }),
+              "dist.vocab_parallel: 2 ranks do not divide the vocabulary of 61 tokens; choose a tensor-parallel size "
+              "that divides it or set dist.vocab_parallel: false");
     auto dropout = build_flavor("gpt2-debug", {"model.dropout=0.1"});
     EXPECT_NE(error_of([&] { apply_tensor_parallel(*dropout, mesh.tp); })
                   .find("dist.tensor_parallel: tensor parallelism with dropout (the model's attn_pdrop is 0.1) is not "
@@ -520,6 +578,18 @@ TEST(TensorParallelRuns, TrainLikeOneProcessAndResumeOnAnyMesh) {
   EXPECT_NE(log.find("tensor parallel 2 (sequence parallel) x data parallel 1"), std::string::npos) << log;
   expect_close_losses(plain, read_metrics(dir / "tp2-sp" / "metrics.jsonl"), 1, 20, 1e-5,
                       "tp 2, sequence parallel, activation checkpointing");
+  // Vocabulary parallelism (the tied embedding's 326 rows cut in two; the loss on each rank's logit columns), with
+  // sequence parallelism: one process's run; its checkpoint is the whole model's (continued by one process below).
+  train(cfg, dir / "tp2-vp", 2, "dist.tensor_parallel=2 dist.vocab_parallel=true dist.sequence_parallel=true", &log);
+  EXPECT_NE(log.find("tensor parallel 2 (sequence parallel) (vocabulary parallel) x data parallel 1"),
+            std::string::npos)
+      << log;
+  expect_close_losses(plain, read_metrics(dir / "tp2-vp" / "metrics.jsonl"), 1, 20, 1e-5,
+                      "tp 2, vocabulary and sequence parallel");
+  // A rank holds half the embedding's 326 x 32 float32 rows less.
+  const double vp_saves = read_metrics(dir / "tp2" / "metrics.jsonl").at(1)["memory/parameter_bytes"].get<double>() -
+                          read_metrics(dir / "tp2-vp" / "metrics.jsonl").at(1)["memory/parameter_bytes"].get<double>();
+  EXPECT_EQ(vp_saves, 163 * 32 * 4);
   const auto meta = nlohmann::json::parse(anvil::testing::read_text(mesh_dir / "checkpoint-20" / "sharding.json"));
   EXPECT_EQ(meta["tensor_parallel"], 2);
   EXPECT_EQ(meta["shards"].size(), 4u);
@@ -542,6 +612,8 @@ TEST(TensorParallelRuns, TrainLikeOneProcessAndResumeOnAnyMesh) {
                       "tp 2 x full_shard 2 -> tp 2");
   expect_close_losses(plain, resume(plain_dir, "plain-to-tp2", 2, "dist.tensor_parallel=2"), 11, 20, 1e-5,
                       "plain -> tp 2");
+  expect_close_losses(plain, resume(dir / "tp2-vp", "vp-to-plain", 0, ""), 11, 20, 1e-5,
+                      "tp 2, vocabulary parallel -> plain");
   // LLaMA's layout with Qwen3's per-head q/k norms, grouped-query heads and packed rows, tp 2 x full_shard 2.
   {
     std::string qwen3 = kRun;
@@ -598,6 +670,10 @@ TEST(TensorParallelRuns, TrainLikeOneProcessAndResumeOnAnyMesh) {
   EXPECT_NE(refused(0, "dist.tensor_parallel=2")
                 .find("dist.tensor_parallel: 2 splits each block across that many "
                       "ranks, and this run has 1"),
+            std::string::npos);
+  EXPECT_NE(refused(0, "dist.vocab_parallel=true")
+                .find("dist.vocab_parallel: splits the vocabulary across a tensor-parallel group; set "
+                      "dist.tensor_parallel to 2 or more (it is 1)"),
             std::string::npos);
   EXPECT_NE(refused(0, "dist.sequence_parallel=true")
                 .find("dist.sequence_parallel: splits the positions across a tensor-parallel group; set "
@@ -767,6 +843,8 @@ eval: {batch_size: 8, generate_samples: 4, max_new_tokens: 6, table_rows: 0}
     return out;
   };
   EXPECT_NE(refused(dpo, "algorithm=ilql").find("dist.tensor_parallel: not read by algorithm ilql (read by "),
+            std::string::npos);
+  EXPECT_NE(refused(dpo, "dist.vocab_parallel=true").find("dist.vocab_parallel: not read by algorithm dpo (read by "),
             std::string::npos);
   EXPECT_NE(refused(grpo, "ppo.async.rollout_ranks=1")
                 .find("ppo.async.rollout_ranks: sampling on rollout ranks of their own is not supported under tensor "

@@ -556,6 +556,7 @@ struct DistConfig {
   int64_t tensor_parallel = 1;
   int64_t context_parallel = 1;
   bool sequence_parallel = false;
+  bool vocab_parallel = false;
 
   template <class V>
   void visit(V& v) {
@@ -611,6 +612,14 @@ struct DistConfig {
             "holds 1/tensor_parallel of them. Training and scoring forwards only (generation with a KV cache runs "
             "plain tensor parallelism). Not with MoE families. docs/distributed.md.",
             changeable_on_resume());
+    v.field("vocab_parallel", vocab_parallel,
+            "With dist.tensor_parallel > 1: the input embedding and the LM head are split by vocabulary rows across "
+            "the tensor-parallel group (Megatron's vocab-parallel embedding and cross entropy): each rank holds "
+            "vocab_size / tensor_parallel rows, and the training loss runs on each rank's logit columns a chunk of "
+            "rows at a time, the row maxima, sums of exponentials and target logits reduced over the group. The "
+            "vocabulary size must divide by tensor_parallel. Evaluation and generation gather the logits. "
+            "docs/distributed.md.",
+            read_if_declared(changeable_on_resume(), 0));
     v.field("cpu_offload", cpu_offload,
             "full_shard only: each unit's float32 master shard, its gradient and AdamW's moments live in host "
             "memory (pinned on CUDA) and the fused CPU AdamW steps them; the device keeps the dist.param_dtype "

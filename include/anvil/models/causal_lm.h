@@ -323,6 +323,13 @@ class CausalLM : public torch::nn::Module {
   /// the tensor-parallel group whose ranks split the positions of the blocks'
   /// activations in forwards without a cache (models/tensor_parallel.h).
   std::shared_ptr<const TensorParallelGroup> sequence_parallel;
+  /// Set by distributed::apply_tensor_parallel under dist.vocab_parallel: the
+  /// group whose rank t holds rows [t V / T, (t + 1) V / T) of the input
+  /// embedding and the LM head; logits() gathers the columns, and the fused
+  /// training loss runs on each rank's (models/tensor_parallel.h).
+  std::shared_ptr<const TensorParallelGroup> vocab_parallel;
+  /// The input embedding's parameter name ("transformer.wte.weight").
+  std::string token_embedding_parameter() const { return embedding_parameter(); }
 
  protected:
   /// The family's forward to the final hidden states; blocks run through

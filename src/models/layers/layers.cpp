@@ -164,7 +164,15 @@ EmbeddingImpl::EmbeddingImpl(const torch::nn::EmbeddingOptions& o) : options(o) 
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) {
   TORCH_CHECK(!options.max_norm(), "layers::Embedding: max_norm is not supported");
-  return at::embedding(weight, ids, options.padding_idx().value_or(-1), options.scale_grad_by_freq(), options.sparse());
+  if (!vocab_group_)
+    return at::embedding(weight, ids, options.padding_idx().value_or(-1), options.scale_grad_by_freq(),
+                         options.sparse());
+  const int64_t rows = weight.size(0), pad = options.padding_idx().value_or(-1) - first_row_;
+  const auto local = ids - first_row_;
+  const auto mine = (local >= 0) & (local < rows);
+  const auto e = at::embedding(weight, local.masked_fill(mine.logical_not(), 0), pad >= 0 && pad < rows ? pad : -1,
+                               options.scale_grad_by_freq(), options.sparse());
+  return vocab_group_->reduce(e * mine.unsqueeze(-1).to(e.scalar_type()));
 }
 
 LayerNormImpl::LayerNormImpl(const torch::nn::LayerNormOptions& o) : options(o) {

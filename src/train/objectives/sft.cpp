@@ -13,6 +13,7 @@
 #include "data/token_shards.h"
 #include "distributed/comm.h"
 #include "distributed/context_parallel.h"
+#include "models/tensor_parallel.h"
 #include "anvil/generation/generate.h"
 #include "anvil/checkpoint/hf_model.h"
 #include "anvil/models/registry.h"
@@ -106,6 +107,9 @@ at::Tensor fused_targets_loss_sum(models::CausalLM& model, const at::Tensor& hid
     }
   }
   const auto head = model.output_head();
+  if (model.vocab_parallel)  // the head's vocabulary rows split over the tensor-parallel group
+    return model.vocab_parallel->vocab_parallel_loss_sum(h, head.weight, head.bias, to_device(y, hidden.device()),
+                                                         chunk, chat::kIgnoreIndex);
   FusedLossOptions o;
   o.chunk = chunk;
   o.ignore_index = chat::kIgnoreIndex;
@@ -507,7 +511,7 @@ void register_lm_objectives() {
   sft.insert(sft.end(), {"data.template", "data.split_turns", "data.on_overflow", "data.on_error", "data.packing",
                          "data.pad_to_multiple_of", "train.fused_loss", "train.loss_chunk_size", "eval.max_batches",
                          "eval.generate_samples", "eval.max_new_tokens", "eval.table_rows", "train.num_train_epochs",
-                         "dist.tensor_parallel", "dist.context_parallel"});
+                         "dist.tensor_parallel", "dist.context_parallel", "dist.vocab_parallel"});
   register_objective(
       "sft",
       [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat) {
@@ -515,9 +519,9 @@ void register_lm_objectives() {
       },
       sft);
   auto pretrain = config::dataset_keys({"eval_fraction", "token_dtype"});
-  pretrain.insert(pretrain.end(),
-                  {"data.packing", "data.pad_to_multiple_of", "train.fused_loss", "train.loss_chunk_size",
-                   "eval.max_batches", "train.num_train_epochs", "dist.tensor_parallel", "dist.context_parallel"});
+  pretrain.insert(pretrain.end(), {"data.packing", "data.pad_to_multiple_of", "train.fused_loss",
+                                   "train.loss_chunk_size", "eval.max_batches", "train.num_train_epochs",
+                                   "dist.tensor_parallel", "dist.context_parallel", "dist.vocab_parallel"});
   register_objective(
       "pretrain",
       [](const config::RunConfig& cfg, const tokenizer::Tokenizer& tok, const chat::ChatTemplate& chat) {
