@@ -28,7 +28,10 @@
 #include "data/jsonl.h"
 #include "data/token_shards.h"
 #include "distributed/checkpoint.h"
+#include "distributed/comm.h"
+#include "distributed/env.h"
 #include "distributed/sharding.h"
+#include "distributed/tensor_parallel.h"
 #include "anvil/checkpoint/hf_model.h"
 #include "checkpoint/peft.h"
 #include "models/lora.h"
@@ -91,6 +94,21 @@ std::shared_ptr<anvil::models::CausalLM> load_language_model(const std::string& 
                                            " with a score head, no LM head); score it with anvil score"));
   where.apply(*model);
   return model;
+}
+
+/// --tensor-parallel T: the T ranks of this launch (mpirun, torchrun or srun) each keep a share of every block
+/// (Megatron's tensor parallelism, docs/distributed.md); they decode the same prompts with the same seeds, so the
+/// tokens are one process's. Returns the group (null for T = 1).
+std::shared_ptr<anvil::distributed::Communicator> split_across_ranks(anvil::models::CausalLM& model, int64_t tp) {
+  if (tp <= 1) return nullptr;
+  const auto proc = anvil::distributed::discover_from_environment();
+  if (proc.world_size != tp)
+    throw anvil::ConfigError(
+        anvil::concat("--tensor-parallel: ", tp, " splits each block across that many ranks, and this launch has ",
+                      proc.world_size, "; start it as mpirun -np ", tp, " (or torchrun --nproc-per-node ", tp, ")"));
+  auto comm = anvil::distributed::make_communicator(proc, model.parameters().front().device(), {});
+  anvil::distributed::apply_tensor_parallel(model, comm, "--tensor-parallel");
+  return comm;
 }
 
 /// --ilql-beta: sample an ILQL checkpoint with advantage-shaped scores.
@@ -182,8 +200,14 @@ void report_cut_reply(const std::vector<int64_t>& prompt, const std::vector<int6
 
 int cmd_generate(const std::string& model_dir, const std::vector<std::string>& prompts, const std::string& input,
                  const std::string& output, anvil::generation::SamplingOptions opt, bool eos_given, bool chat,
-                 const ChatFormatFlags& format, double ilql_beta, bool truncate_left, const Placement& where) {
-  auto model = load_language_model(model_dir, where);
+                 const ChatFormatFlags& format, double ilql_beta, bool truncate_left, const Placement& where,
+                 int64_t tensor_parallel) {
+  auto place = where;  // each rank of a tensor-parallel launch on its own GPU
+  if (tensor_parallel > 1 && place.device == "cuda")
+    place.device = anvil::concat("cuda:", anvil::distributed::discover_from_environment().local_rank);
+  auto model = load_language_model(model_dir, place);
+  const auto group = split_across_ranks(*model, tensor_parallel);
+  const bool writes = !group || group->rank() == 0;  // rank 0 writes what every rank decoded
   use_ilql_heads(*model, model_dir, ilql_beta, opt);
   if (!eos_given) opt.eos_id = model->special_tokens.eos;
   if (!input.empty()) {  // ids in, ids out
@@ -194,7 +218,7 @@ int cmd_generate(const std::string& model_dir, const std::vector<std::string>& p
     auto outs = anvil::generation::generate(*model, ids, opt);
     for (size_t i = 0; i < ids.size(); ++i)
       report_cut_reply(ids[i], outs[i], model->max_positions(), opt, anvil::concat(input, ": entry ", i));
-    anvil::fs::write_file_atomic(output, nlohmann::json(outs).dump() + "\n");
+    if (writes) anvil::fs::write_file_atomic(output, nlohmann::json(outs).dump() + "\n");
     return 0;
   }
   auto tok = anvil::tokenizer::load_tokenizer_from_model_dir(model_dir);
@@ -221,7 +245,8 @@ int cmd_generate(const std::string& model_dir, const std::vector<std::string>& p
   for (size_t i = 0; i < prompts.size(); ++i) {
     report_cut_reply(ids[i], outs[i], model->max_positions(), opt, anvil::concat("--prompt ", i + 1));
     if (chat && !outs[i].empty() && outs[i].back() == opt.eos_id) outs[i].pop_back();
-    std::cout << nlohmann::json({{"prompt", prompts[i]}, {"generated", tok->decode(outs[i])}}).dump() << "\n";
+    if (writes)
+      std::cout << nlohmann::json({{"prompt", prompts[i]}, {"generated", tok->decode(outs[i])}}).dump() << "\n";
   }
   return 0;
 }
@@ -517,6 +542,7 @@ Command add_generate(CLI::App& app) {
     SamplingFlags sampling;
     Placement where;
     CLI::Option* eos = nullptr;
+    int64_t tensor_parallel = 1;
   };
   auto f = std::make_shared<Flags>();
   auto* gen = app.add_subcommand("generate", "Continue prompts (token ids or text) with a model folder");
@@ -540,6 +566,11 @@ Command add_generate(CLI::App& app) {
   gen->add_option("--system", f->fmt.system, "With --chat: a system turn before each prompt")->needs(gchat);
   f->sampling.add(gen);
   add_placement(gen, f->where);
+  gen->add_option("--tensor-parallel", f->tensor_parallel,
+                  "Split each block across the ranks of an mpirun/torchrun launch of this many (Megatron's tensor "
+                  "parallelism); rank 0 writes the output")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   return {gen, [f] {
             for (auto& p : f->prompts) {  // a typed "\n" is a newline
               std::string out;
@@ -552,7 +583,7 @@ Command add_generate(CLI::App& app) {
             const bool eos_given = f->eos->count() > 0;
             if (eos_given) opt.eos_id = f->eos_id;
             return cmd_generate(f->model_dir, f->prompts, f->in, f->out, opt, eos_given, f->chat, f->fmt,
-                                f->sampling.ilql_beta, f->sampling.truncate_left, f->where);
+                                f->sampling.ilql_beta, f->sampling.truncate_left, f->where, f->tensor_parallel);
           }};
 }
 

@@ -572,6 +572,35 @@ TEST(TensorParallelRuns, TrainLikeOneProcessAndResumeOnAnyMesh) {
   train(cfg, dir / "tp2-ac", 2, "dist.tensor_parallel=2 train.activation_checkpointing=true");
   expect_close_losses(read_metrics(dir / "tp2" / "metrics.jsonl"), read_metrics(dir / "tp2-ac" / "metrics.jsonl"), 1,
                       20, 1e-6, "tp 2 with activation checkpointing");
+  // anvil generate on 2 ranks of a tensor-parallel launch: one process's tokens, greedy and sampled; rank 0 writes.
+  {
+    const auto ids = dir / "ids.json";
+    anvil::testing::write_text(ids, "[[5, 17, 42], [7, 8, 9, 10, 11]]");
+    const auto generate = [&](int ranks, const std::string& out, const std::string& extra) {
+      std::string o;
+      const auto cmd = (ranks ? mpirun(ranks) : std::string()) + anvil::testing::cli_bin() + " generate --model " +
+                       (plain_dir / "checkpoint-20").string() + " --input " + ids.string() + " --output " +
+                       (dir / out).string() + " --max-new-tokens 8 --eos-id -1 " + extra + " 2>&1";
+      EXPECT_EQ(anvil::testing::run(cmd, &o), 0) << cmd << "\n" << o;
+      return o;
+    };
+    for (const std::string sampling : {"", "--temperature 1.0 --seed 3"}) {
+      generate(0, "one.json", sampling);
+      generate(2, "tp2.json", "--tensor-parallel 2 " + sampling);
+      const auto one = anvil::testing::read_text(dir / "one.json");
+      EXPECT_EQ(anvil::testing::read_text(dir / "tp2.json"), one) << sampling;
+      EXPECT_EQ(nlohmann::json::parse(one)[1].size(), 8u) << one;
+    }
+    std::string o;
+    EXPECT_NE(anvil::testing::run(anvil::testing::cli_bin() + " generate --model " +
+                                      (plain_dir / "checkpoint-20").string() + " --input " + ids.string() +
+                                      " --output " + (dir / "x.json").string() + " --tensor-parallel 2 2>&1",
+                                  &o),
+              0);
+    EXPECT_NE(o.find("--tensor-parallel: 2 splits each block across that many ranks, and this launch has 1"),
+              std::string::npos)
+        << o;
+  }
   // Sequence parallelism (with activation checkpointing: its recomputation runs split too): one process's run.
   train(cfg, dir / "tp2-sp", 2,
         "dist.tensor_parallel=2 dist.sequence_parallel=true train.activation_checkpointing=true", &log);
