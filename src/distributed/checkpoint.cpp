@@ -180,7 +180,7 @@ ShardedSave prepare_sharded_save(const stdfs::path& output_dir, ShardedModel& mo
   const int64_t shards = sharded ? model.shard_comm().world_size() : 1;
   const int64_t shard_rank = model.shard_comm().rank();
   const auto masters = model.master_parameters();
-  if (auto* tp = model.tensor_parallel()) {
+  if (model.tensor_parallel() != nullptr) {
     // Tensor parallelism: the files hold the whole model's units, each unit made whole (gathered over both
     // groups) one at a time and cut over every rank, which writes one shard of it (the ranges shards_metadata
     // gives for W shards): a rank keeps 1/W of the state, whatever the strategy.

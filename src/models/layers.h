@@ -196,8 +196,9 @@ struct AttentionOptions {
 
 /// The block-diagonal causal mask of packed rows: doc_ids (B, T) int64 ->
 /// (B, 1, T, T) bool, true where query i may attend key j (same document,
-/// j <= i).
-at::Tensor document_causal_mask(const at::Tensor& doc_ids);
+/// j <= i). With `query_slots` (T_q) the rows of those positions only,
+/// (B, 1, T_q, T): a context-parallel share's queries over the whole row.
+at::Tensor document_causal_mask(const at::Tensor& doc_ids, const at::Tensor& query_slots = {});
 
 /// Scaled dot-product attention of new queries q (B, Hq, T, D) over the
 /// cached and new keys/values k, v (B, Hkv, T, D) with Hkv dividing Hq; stores

@@ -310,11 +310,17 @@ at::Tensor positions(const ForwardArgs& args, int64_t batch, int64_t seq, const 
   return at::arange(past, past + seq, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0);
 }
 
-at::Tensor document_causal_mask(const at::Tensor& doc_ids) {
+at::Tensor document_causal_mask(const at::Tensor& doc_ids, const at::Tensor& query_slots) {
   const auto T = doc_ids.size(1);
-  auto same = doc_ids.unsqueeze(2).eq(doc_ids.unsqueeze(1));                  // (B, T, T)
-  auto causal = at::ones({T, T}, doc_ids.options().dtype(at::kBool)).tril();  // (T, T)
-  return same.logical_and(causal).unsqueeze(1);                               // (B, 1, T, T)
+  if (!query_slots.defined()) {
+    auto same = doc_ids.unsqueeze(2).eq(doc_ids.unsqueeze(1));                  // (B, T, T)
+    auto causal = at::ones({T, T}, doc_ids.options().dtype(at::kBool)).tril();  // (T, T)
+    return same.logical_and(causal).unsqueeze(1);                               // (B, 1, T, T)
+  }
+  const auto slots = query_slots.to(doc_ids.device());
+  const auto same = doc_ids.index_select(1, slots).unsqueeze(2).eq(doc_ids.unsqueeze(1));  // (B, T_q, T)
+  const auto causal = at::arange(T, slots.options()).unsqueeze(0) <= slots.unsqueeze(1);   // (T_q, T)
+  return same.logical_and(causal).unsqueeze(1);                                            // (B, 1, T_q, T)
 }
 
 namespace {

@@ -146,13 +146,8 @@ at::Tensor context_parallel_loss_sum(models::CausalLM& model, const Batch& batch
   args.context = distributed::context_share(o.context, length, device);
   const auto share = [&](const at::Tensor& t) { return t.index_select(1, slots); };
   args.position_ids = to_device(share(positions).contiguous(), device);
-  if (doc_ids.defined()) {
-    // Packed documents: query slot i sees key slot j <= i of its own document, over the whole row.
-    const auto mine = share(doc_ids);
-    const auto same = mine.unsqueeze(2).eq(doc_ids.unsqueeze(1));                              // (B, T_share, T)
-    const auto causal = at::arange(length, ids.options()).unsqueeze(0) <= slots.unsqueeze(1);  // (T_share, T)
-    args.attention_mask = to_device(same.logical_and(causal).unsqueeze(1), device);
-  }
+  if (doc_ids.defined())  // packed documents: query slot i sees key slot j <= i of its own document, over the row
+    args.attention_mask = to_device(models::layers::document_causal_mask(doc_ids, slots), device);
   const auto mine_ids = to_device(share(ids), device);
   const auto mine_targets = share(targets);
   if (o.fused && model.final_logit_softcap() == 0)
