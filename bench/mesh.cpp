@@ -7,7 +7,8 @@
 // usage: bench_mesh [--device cuda|cpu]   (launch as rank 0 of 1: RANK=0 WORLD_SIZE=1 LOCAL_RANK=0
 //                                          MASTER_ADDR=127.0.0.1 MASTER_PORT=<free port>)
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/cuda.h>
 
 #include <cstring>
 #include <iostream>
