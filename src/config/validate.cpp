@@ -104,12 +104,8 @@ void check_training(const RunConfig& c, const FlatConfig& flat, const Fail& fail
   if (c.dist.replicate > 1 && c.dist.sharding == Sharding::kNoShard)
     fail("dist.replicate", concat("replicates shards across groups of ranks; set dist.sharding: full_shard or "
                                   "shard_grad_op (it is no_shard, which replicates everything already)"));
-  if (c.dist.tensor_parallel > 1) {
-    if (c.dist.replicate > 1)
-      fail("dist.tensor_parallel", "hybrid sharding (dist.replicate > 1) with tensor parallelism is not supported yet");
-    if (c.lora.r > 0 || !c.model.lora_from.empty())
-      fail("dist.tensor_parallel", "tensor parallelism with LoRA adapters is not supported yet");
-  }
+  if (c.dist.tensor_parallel > 1 && (c.lora.r > 0 || !c.model.lora_from.empty()))
+    fail("dist.tensor_parallel", "tensor parallelism with LoRA adapters is not supported yet");
   if (c.dist.sequence_parallel && c.dist.tensor_parallel < 2)
     fail("dist.sequence_parallel", concat("splits the positions across a tensor-parallel group; set "
                                           "dist.tensor_parallel to 2 or more (it is ",
@@ -118,13 +114,8 @@ void check_training(const RunConfig& c, const FlatConfig& flat, const Fail& fail
     fail("dist.vocab_parallel", concat("splits the vocabulary across a tensor-parallel group; set "
                                        "dist.tensor_parallel to 2 or more (it is ",
                                        c.dist.tensor_parallel, ")"));
-  if (c.dist.context_parallel > 1) {
-    if (c.dist.replicate > 1)
-      fail("dist.context_parallel",
-           "hybrid sharding (dist.replicate > 1) with context parallelism is not supported yet");
-    if (c.lora.r > 0 || !c.model.lora_from.empty())
-      fail("dist.context_parallel", "context parallelism with LoRA adapters is not supported yet");
-  }
+  if (c.dist.context_parallel > 1 && (c.lora.r > 0 || !c.model.lora_from.empty()))
+    fail("dist.context_parallel", "context parallelism with LoRA adapters is not supported yet");
   if (c.dist.cpu_offload && c.dist.sharding != Sharding::kFullShard)
     fail("dist.cpu_offload", concat("offloads the shards of full_shard; set dist.sharding: full_shard (it is ",
                                     kShardings.name(c.dist.sharding), ")"));

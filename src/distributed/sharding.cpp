@@ -214,19 +214,21 @@ ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_
   if (options_.strategy == Sharding::NoShard) options_.replicate = 1;
   group_ = comm_;
   if (options_.data_parallel) {
-    if (options_.replicate > 1)
-      throw ConfigError("dist.replicate: hybrid sharding with tensor parallelism is not supported yet; set 1");
     TORCH_CHECK(options_.tensor_parallel, "ShardedModel: a data-parallel group without a tensor-parallel one");
     group_ = options_.data_parallel;
   }
   if (options_.replicate > 1) {
-    const int64_t all = comm_->world_size(), r = comm_->rank();
+    // The replica groups split the ranks that hold the same parameters: every rank, or under tensor parallelism
+    // those of one tensor-parallel share (each share's ranks then form replica groups of their own).
+    const auto parent = group_;
+    const int64_t all = parent->world_size(), r = parent->rank();
     if (all % options_.replicate != 0)
-      throw ConfigError(
-          concat("dist.replicate: ", options_.replicate, " replica groups do not divide the ", all, " ranks evenly"));
+      throw ConfigError(concat("dist.replicate: ", options_.replicate, " replica groups do not divide the ", all,
+                               options_.data_parallel ? " ranks that hold each tensor-parallel share" : " ranks",
+                               " evenly"));
     const int64_t per = all / options_.replicate;
-    group_ = comm_->split(static_cast<int>(r / per), static_cast<int>(r), concat("shard group ", r / per));
-    replicas_ = comm_->split(static_cast<int>(r % per), static_cast<int>(r), concat("replicas of shard ", r % per));
+    group_ = parent->split(static_cast<int>(r / per), static_cast<int>(r), concat("shard group ", r / per));
+    replicas_ = parent->split(static_cast<int>(r % per), static_cast<int>(r), concat("replicas of shard ", r % per));
   }
   // A model built without storage (models/init.h): under full_shard each rank reads its ranges below; the
   // other strategies keep whole parameters anyway.
@@ -369,8 +371,7 @@ bool ShardedModel::stays_whole(const Unit& u) const {
 void ShardedModel::build_from_source(Unit& unit, const UnitLayout& layout) {
   // full_shard over a model built without storage: this rank's shard straight from the source, range by
   // range; the whole buffer gets memory only when gathered. Real parameters among them (a score head, LoRA
-  // adapters) are rank 0's, as in the constructor.
-  TORCH_CHECK(!options_.tensor_parallel, "ShardedModel: tensor parallelism needs the model's weights (none deferred)");
+  // adapters, under tensor parallelism the cut layers' shares, read when cut) are rank 0's, as in the constructor.
   const int64_t rank = group_->rank();
   const auto device = unit.params.front().device();
   const int64_t begin = std::min<int64_t>(rank * unit.shard, unit.numel);
@@ -393,6 +394,8 @@ void ShardedModel::build_from_source(Unit& unit, const UnitLayout& layout) {
     master.narrow(0, lo - begin, hi - lo).copy_(values.reshape(-1));
   }
   unit.master = unit.frozen ? master.to(dtype) : to_master_home(master);
+  if (!unit.frozen && options_.tensor_parallel)
+    unit.cut = cut_ranges(layout, options_.tensor_parallel_cuts, rank * unit.shard, unit.master.numel());
   if (offload_ && !unit.frozen) unit.local = unit.master.to(device_, options_.param_dtype);
   if (!unit.frozen) unit.master.mutable_grad() = at::zeros_like(unit.master);
   // The whole buffer's memory, never touched, only while the views are cut (they check their storage's

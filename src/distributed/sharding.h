@@ -87,7 +87,9 @@ struct ShardingOptions {
   /// parameter name). The strategy then shards over `data_parallel` (the
   /// ranks that hold the same shares) instead of every rank, and the
   /// gradient norm counts the cut parameters' squares on every rank of the
-  /// group and the whole ones' once. Needs replicate 1.
+  /// group and the whole ones' once. With replicate > 1 the replica groups
+  /// split `data_parallel` (its ranks in groups of data_parallel / replicate
+  /// consecutive ones).
   std::shared_ptr<Communicator> tensor_parallel, data_parallel;
   std::map<std::string, ParallelShard> tensor_parallel_cuts;
   /// A trained model's parameters the run trains (empty: all). The others

@@ -350,6 +350,15 @@ void refuse_dropout(const nlohmann::json& c, const std::string& key) {
                                "model.dropout: 0"));
 }
 
+/// A parameter's whole values: its own, or for one built without storage (models/init.h) the model's source's, read
+/// now, one parameter at a time: a rank of a model read rank by rank never holds more of the whole model than the
+/// parameter it is cutting.
+at::Tensor whole_values(const models::CausalLM& model, const std::string& name, const at::Tensor& p) {
+  if (!models::is_deferred(p)) return p;
+  TORCH_CHECK(model.parameter_source, "apply_tensor_parallel: ", name, " has no weights and the model no source");
+  return model.parameter_source->read(name, 0, p.numel()).view(p.sizes()).to(p.device(), at::kFloat);
+}
+
 }  // namespace
 
 at::Tensor share_of(const at::Tensor& whole, const ParallelShard& cut, int64_t rank, int64_t size) {
@@ -442,8 +451,7 @@ void install_vocab_parallel(models::CausalLM& model, const std::shared_ptr<model
     auto* p = params.find(name);
     TORCH_CHECK(p != nullptr && p->dim() >= 1 && p->size(0) == V, "apply_tensor_parallel: no parameter ", name, " of ",
                 V, " vocabulary rows");
-    TORCH_CHECK(!models::is_deferred(*p), "apply_tensor_parallel: ", name, " has no weights yet");
-    p->set_data(share_of(*p, rows, rank, tp));
+    p->set_data(share_of(whole_values(model, name, *p), rows, rank, tp));
     cuts[name] = rows;
   }
   const auto module = token.substr(0, token.rfind('.'));
@@ -491,7 +499,6 @@ std::map<std::string, ParallelShard> apply_tensor_parallel(models::CausalLM& mod
     TORCH_CHECK(layer != nullptr, "tensor parallel plan: ", name, " is not a linear layer that splits");
     auto params = item.value()->named_parameters(/*recurse=*/false);
     auto& weight = params["weight"];
-    TORCH_CHECK(!models::is_deferred(weight), "apply_tensor_parallel: ", name, " has no weights yet");
     const bool column = rule->style == models::ParallelStyle::kColumn;
     const int64_t dim = column ? layer->output_dim() : 1 - layer->output_dim();
     ParallelShard cut{dim, column ? rule->parts : std::vector<int64_t>{}};
@@ -503,12 +510,12 @@ std::map<std::string, ParallelShard> apply_tensor_parallel(models::CausalLM& mod
         throw ConfigError(concat(key, ": ", tp, " ranks do not divide the ", part / rule->granule, " ", rule->unit,
                                  " of ", name, parts.size() > 1 ? " (a fused part)" : "",
                                  "; choose a tensor-parallel size that divides them"));
-    weight.set_data(share_of(weight, cut, rank, tp));
+    weight.set_data(share_of(whole_values(model, name + ".weight", weight), cut, rank, tp));
     cuts[name + ".weight"] = cut;
     if (column && params.contains("bias") && params["bias"].defined()) {
       auto& bias = params["bias"];
       const ParallelShard bias_cut{0, cut.parts};
-      bias.set_data(share_of(bias, bias_cut, rank, tp));
+      bias.set_data(share_of(whole_values(model, name + ".bias", bias), bias_cut, rank, tp));
       cuts[name + ".bias"] = bias_cut;
     }
     layer->set_parallel(group, rule->style);

@@ -25,10 +25,10 @@ distributed::ShardingOptions sharding_options(const config::RunConfig& cfg) {
 
 FrozenModel RunContext::freeze(std::shared_ptr<models::CausalLM> model) const {
   TORCH_CHECK(model != nullptr, "RunContext::freeze: no model");
-  // A model built without storage (a clone of a deferred policy) is read into its shards under full_shard,
-  // else whole; whole under tensor parallelism too, which cuts it once it has its values.
+  // A model built without storage (a clone of a deferred policy) is read into its shards under full_shard
+  // (under tensor parallelism the cut layers' shares when cut), else whole.
   const bool tensor_parallel = sharding && sharding->tensor_parallel && sharding->tensor_parallel->world_size() > 1;
-  if (!comm || !full_shard() || tensor_parallel) models::materialize_deferred(*model);
+  if (!comm || !full_shard()) models::materialize_deferred(*model);
   model->to(device);
   model->eval();
   for (auto& p : model->parameters()) p.set_requires_grad(false);

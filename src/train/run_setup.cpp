@@ -372,10 +372,10 @@ RunSetup setup_run(const config::RunConfig& cfg, const RunOptions& options) {
   torch::manual_seed(static_cast<uint64_t>(cfg.train.seed));
   r.tok = build_tokenizer(cfg);
   // full_shard over several ranks reads each rank's ranges of the folder's weights into its shards, unless
-  // a plain checkpoint (read into the whole model first) is resumed.
+  // a plain checkpoint (read into the whole model first) is resumed. Under tensor parallelism the cut layers'
+  // shares are read one parameter at a time when cut (distributed::apply_tensor_parallel), the rest as ranges.
   std::optional<at::Device> deferred_on;
-  // Tensor parallelism cuts the whole model (each rank builds it, then keeps its shares).
-  if (r.comm && cfg.dist.sharding == config::Sharding::kFullShard && !r.mesh &&
+  if (r.comm && cfg.dist.sharding == config::Sharding::kFullShard &&
       (!r.latest || distributed::is_sharded_checkpoint(*r.latest)))
     deferred_on = r.device;
   r.model = build_model(cfg, *r.tok, deferred_on);
