@@ -98,7 +98,8 @@ void tensor_parallel(const std::shared_ptr<Communicator>& tp, const at::Device& 
         "vocabulary-parallel cross entropy = ATen's, forward and backward");
 }
 
-/// The context-parallel gather of keys and values over a group of one: the row itself, and its gradient.
+/// The context-parallel gather of keys and values over a group of one: the row itself, and its gradient; ring
+/// attention over it.
 void context_parallel(const std::shared_ptr<Communicator>& cp, const at::Device& device) {
   const auto share = context_share(cp, 8, device);
   auto kv = at::randn({2, 3, 8, 4}, at::TensorOptions().device(device)).requires_grad_();
@@ -106,6 +107,20 @@ void context_parallel(const std::shared_ptr<Communicator>& cp, const at::Device&
   (whole * 2).sum().backward();
   check(share->slots().numel() == 8 && same(whole.detach(), kv.detach()) && same(kv.grad(), at::full_like(kv, 2)),
         "context parallel group: keys and values gathered, gradients reduce-scattered");
+  // Ring mode (dist.context_parallel_mode: ring) over the group of one: a causal row with grouped key/value heads
+  // against ATen's attention, output and the gradients of q, k and v.
+  const auto ring = context_share(cp, 8, device, /*ring=*/true);
+  const auto opts = at::TensorOptions().device(device);
+  auto q = at::randn({2, 4, 8, 8}, opts).requires_grad_(), k = at::randn({2, 2, 8, 8}, opts).requires_grad_();
+  auto v = at::randn({2, 2, 8, 8}, opts).requires_grad_();
+  const auto got = ring->ring_attention(q, k, v, at::Tensor(), 0, 0.0, 0.0);
+  const auto causal = at::ones({8, 8}, opts.dtype(at::kBool)).tril();
+  const auto want = at::scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), causal);
+  const auto w = at::randn(want.sizes(), opts);
+  const auto wg = torch::autograd::grad({(want * w).sum()}, {q, k, v});
+  const auto gg = torch::autograd::grad({(got * w).sum()}, {q, k, v});
+  check(same(got.detach(), want.detach()) && same(gg[0], wg[0]) && same(gg[1], wg[1]) && same(gg[2], wg[2]),
+        "context parallel group, ring mode: ring attention and its backward");
 }
 
 }  // namespace

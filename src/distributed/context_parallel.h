@@ -53,8 +53,15 @@ std::pair<at::Tensor, at::Tensor> merge_attention(const at::Tensor& out_a, const
 /// group `cp` for models::ForwardArgs::context: its slots on `device`, and
 /// keys and values gathered from the group (an all-gather forward; backward,
 /// a reduce-scatter: the gradient of this rank's positions summed over the
-/// group).
+/// group). With `ring`, attention runs ring_attention instead: rank r sends
+/// the share it holds to rank r + 1 and receives rank r - 1's, cp - 1 times,
+/// attending to each share as it arrives (attention_block) and merging
+/// (merge_attention); backward recomputes each share's scores from the saved
+/// log-sum-exp (flash attention's backward) while the shares travel the ring
+/// again with their key/value gradients, which a last step returns to their
+/// owners. A rank holds its own share and one travelling share, never the
+/// whole row's keys and values.
 std::shared_ptr<const models::ContextShare> context_share(std::shared_ptr<Communicator> cp, int64_t length,
-                                                          const at::Device& device);
+                                                          const at::Device& device, bool ring = false);
 
 }  // namespace anvil::distributed

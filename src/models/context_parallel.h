@@ -6,7 +6,9 @@
 // attention of a rank's queries needs every position's keys and values, which
 // the share gathers from the group (all-gather first, as torchtitan's
 // allgather mode: keys and values gathered after the rotary embedding, and
-// the masks built from global positions).
+// the masks built from global positions), or, in ring mode
+// (dist.context_parallel_mode: ring), attention passes the shares of keys and
+// values around the group and merges each share's partial attention.
 
 #include <ATen/core/Tensor.h>
 
@@ -25,6 +27,19 @@ class ContextShare {
   /// The largest of every rank's `value` (a collective): what depends on the
   /// whole row, as Phi-3's longrope choice on its furthest position.
   virtual int64_t max_over_group(int64_t value) const = 0;
+  /// Ring mode: attention calls ring_attention instead of gathering.
+  virtual bool ring() const = 0;
+  /// Ring attention of this rank's queries q (B, Hq, T_share, D) over the
+  /// whole row, its keys and values k, v (B, Hkv, T_share, D) passed around
+  /// the group a share at a time: (B, Hq, T_share, D). Query slot i sees key
+  /// slot j when j <= i and, with `sliding_window` W > 0 shorter than the
+  /// row, j > i - W; and, where `given_mask` (broadcastable to (B, 1, T_share,
+  /// T), over the whole row's keys, true = may attend) is defined, only where
+  /// it allows (it is then the whole rule when no window binds). `scale` 0:
+  /// 1 / sqrt(D); `softcap` > 0: Gemma 2's cap * tanh(score / cap).
+  virtual at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& given_mask, int64_t sliding_window, double scale,
+                                    double softcap) const = 0;
 };
 
 }  // namespace anvil::models

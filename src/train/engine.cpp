@@ -428,6 +428,7 @@ class ShardedEngine final : public EngineImpl {
       tensor_parallel_ = mesh->tp->world_size();
     }
     if (mesh) data_ = mesh->dp, context_parallel_ = mesh->cp->world_size();
+    ring_ = cfg.dist.context_parallel_mode == config::ContextParallelMode::kRing;
     sharded_ = std::make_unique<distributed::ShardedModel>(model, comm, options);
     optimizer_ = optim::make_optimizer(cfg.optimizer, sharded_->trained_master_parameters());
     if (plain)
@@ -454,7 +455,8 @@ class ShardedEngine final : public EngineImpl {
             ? concat(", tensor parallel ", tensor_parallel_, model_->sequence_parallel ? " (sequence parallel)" : "",
                      model_->vocab_parallel ? " (vocabulary parallel)" : "")
             : std::string(),
-        context_parallel_ > 1 ? concat(", context parallel ", context_parallel_) : std::string(),
+        context_parallel_ > 1 ? concat(", context parallel ", context_parallel_, ring_ ? " (ring)" : "")
+                              : std::string(),
         tensor_parallel_ * context_parallel_ > 1 ? concat(" x data parallel ", data_->world_size()) : std::string());
   }
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
@@ -678,6 +680,7 @@ class ShardedEngine final : public EngineImpl {
   std::shared_ptr<distributed::Communicator> comm_;
   std::shared_ptr<distributed::Communicator> data_;  // the ranks data is split over: comm_, or the mesh's dp
   int64_t tensor_parallel_ = 1, context_parallel_ = 1;
+  bool ring_ = false;  // dist.context_parallel_mode: ring
   at::Device device_;
   /// Elements [offset, offset + numel) of unit `unit`'s master shard.
   struct Slice {

@@ -18,15 +18,15 @@ if ! OUT=$OUTD BUILD=$BUILD PYTHON=$SRC/.venv/bin/python bash bench/gpu/run.sh -
 fi
 T=$OUTD/table.md
 fail=0
-# The check section's 53 comparisons (on the CPU: bench_kernels' 4 of the loss and 8 of rope, glu
+# The check section's 54 comparisons (on the CPU: bench_kernels' 4 of the loss and 8 of rope, glu
 # (silu and GELU-tanh gates) and layer_norm against ATen in double, its chi-square test of the sampler and 2 of packed attention in
-# bf16 against float32; bench_mesh's 8 (the mesh's groups of one process and their collectives); the other 30
+# bf16 against float32; bench_mesh's 9 (the mesh's groups of one process, their collectives and ring attention); the other 30
 # CPU against CPU, which must pass, trivially but for the two overlapped-step-reads checks, which compare two
 # ways of running on the same device).
 n=$(grep -c '^PASS ' "$OUTD/checks.txt")
-[[ $n == 53 ]] || { echo "expected 53 PASS lines from the checks, got $n"; fail=1; }
+[[ $n == 54 ]] || { echo "expected 54 PASS lines from the checks, got $n"; fail=1; }
 m=$(grep -c '^PASS mesh: ' "$OUTD/checks.txt")
-[[ $m == 8 ]] || { echo "expected 8 PASS lines from bench_mesh, got $m"; fail=1; }
+[[ $m == 9 ]] || { echo "expected 9 PASS lines from bench_mesh, got $m"; fail=1; }
 row() { # a table row matching the regex, with a number in the tokens/s column
   grep -qE "^\| $1 \| [0-9][0-9,]* \|" "$T" || { echo "no row matching: $1"; fail=1; }
 }

@@ -3,9 +3,11 @@
 // values. Padded SFT rows (GPT-2) at cp 2, cp 2 x full_shard 2 and tp 2 x cp 2, and packed rows of a Mistral (its
 // window crossing the chunks) at cp 2, train as one process does: per-step loss, gradient norm and eval loss within
 // 1e-5, the final weights within 1e-5. Its checkpoints hold whole parameters (the ranks of a group hold the same ones),
-// so one process continues a cp 2 x full_shard 2 run within 1e-5. Launches the mesh cannot take are refused by key. The
-// model-level checks, every family's logits and gradients on cp 2 and tp 2 x cp 2, are TensorParallelRanks'
-// (tensor_parallel_test.cpp).
+// so one process continues a cp 2 x full_shard 2 run within 1e-5. Ring attention (dist.context_parallel_mode: ring)
+// trains the same runs, alone and with tensor and sequence parallelism, and holds less than the all-gather at rows
+// of 1024; hybrid sharding splits the 4 ranks into 2 replica groups. Launches the mesh cannot take are refused by
+// key. The model-level checks, every family's logits and gradients on cp 2, tp 2 x cp 2 and (ring) cp 4, are
+// TensorParallelRanks' (tensor_parallel_test.cpp).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -45,6 +47,14 @@ TEST(ContextParallelRuns, TrainLikeOneProcessOnEveryMeshAndResumeOnOne) {
   check("cp2-fsdp2", 4, fsdp, "full_shard, context parallel 2 x data parallel 2");
   check("tp2-cp2", 4, "dist.context_parallel=2 dist.tensor_parallel=2",
         "no_shard, tensor parallel 2, context parallel 2 x data parallel 1");
+  // Ring attention: the key/value shares passed around the group instead of gathered; with tensor and sequence
+  // parallelism on 4 ranks; hybrid sharding, each replica group a context-parallel pair.
+  const std::string ring = "dist.context_parallel=2 dist.context_parallel_mode=ring";
+  check("cp2-ring", 2, ring, "no_shard, context parallel 2 (ring) x data parallel 1");
+  check("tp2-cp2-ring", 4, ring + " dist.tensor_parallel=2 dist.sequence_parallel=true",
+        "no_shard, tensor parallel 2 (sequence parallel), context parallel 2 (ring) x data parallel 1");
+  check("cp2-hsdp", 4, fsdp + " dist.replicate=2",
+        "full_shard, hybrid: 2 replicas of 2 ranks, context parallel 2 x data parallel 2");
   // One process continues the cp 2 x full_shard 2 run from its step-3 checkpoint.
   {
     const auto out = dir / "to-plain";
@@ -69,6 +79,10 @@ TEST(ContextParallelRuns, TrainLikeOneProcessOnEveryMeshAndResumeOnOne) {
     train(mcfg, dir / "mistral-cp2", 2, packed + " dist.context_parallel=2");
     expect_close_losses(read_metrics(dir / "mistral-plain" / "metrics.jsonl"),
                         read_metrics(dir / "mistral-cp2" / "metrics.jsonl"), 1, 6, 1e-5, "mistral, packed rows, cp 2");
+    train(mcfg, dir / "mistral-cp2-ring", 2, packed + " " + ring);
+    expect_close_losses(read_metrics(dir / "mistral-plain" / "metrics.jsonl"),
+                        read_metrics(dir / "mistral-cp2-ring" / "metrics.jsonl"), 1, 6, 1e-5,
+                        "mistral, packed rows, cp 2, ring");
   }
   // Memory per rank, measured: rows of 1024 packed positions, 2 ranks each holding one row (data parallel) or half
   // of two (cp 2): the step's CPU tensor peak (the small state plus the activations, attention's scores the
@@ -86,6 +100,14 @@ TEST(ContextParallelRuns, TrainLikeOneProcessOnEveryMeshAndResumeOnOne) {
     const double peak = cp2["memory/cpu_peak_bytes"].get<double>() / dp2["memory/cpu_peak_bytes"].get<double>();
     std::cout << "[dist] cp 2 / dp 2 per rank, rows of 1024: step tensor peak " << peak << "\n";
     EXPECT_LT(peak, 0.65);
+    // Ring mode holds its own share and one passing share of keys and values, never the whole row's.
+    train(cfg, dir / "long-cp2-ring", 2, rows + " " + ring);
+    const auto cp2_ring = read_metrics(dir / "long-cp2-ring" / "metrics.jsonl").at(2);
+    EXPECT_NEAR(cp2_ring["loss"].get<double>(), dp2["loss"].get<double>(), 1e-5 * dp2["loss"].get<double>());
+    const double ring_peak =
+        cp2_ring["memory/cpu_peak_bytes"].get<double>() / dp2["memory/cpu_peak_bytes"].get<double>();
+    std::cout << "[dist] cp 2 ring / dp 2 per rank, rows of 1024: step tensor peak " << ring_peak << "\n";
+    EXPECT_LT(ring_peak, peak);
   }
   // Refused by key.
   const auto refused = [&](int ranks, const std::string& extra) {
@@ -102,6 +124,10 @@ TEST(ContextParallelRuns, TrainLikeOneProcessOnEveryMeshAndResumeOnOne) {
   EXPECT_NE(
       refused(0, "algorithm=dpo dist.context_parallel=2").find("dist.context_parallel: not read by algorithm dpo"),
       std::string::npos);
+  EXPECT_NE(refused(2, ring + " model.dropout=0.1")
+                .find("dist.context_parallel_mode: ring attention has no attention dropout (the model's attn_pdrop is "
+                      "0.1); set model.dropout: 0 or dist.context_parallel_mode: allgather"),
+            std::string::npos);
 }
 
 }  // namespace

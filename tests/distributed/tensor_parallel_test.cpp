@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <tuple>
@@ -223,6 +224,37 @@ double relative_difference(const at::Tensor& a, const at::Tensor& b) {
   return ((a - b).abs().max() / b.abs().max().clamp_min(1.0)).item<double>();
 }
 
+// Ring attention (dist.context_parallel_mode: ring) through the layers' attention on a group of one rank (the
+// ring has one share; the mpirun tests below run 2 ranks): the output and the gradients of q, k and v equal the
+// attention without context parallelism, causal or through a packed row's document mask, with grouped key/value
+// heads, a sliding window, a scale and Gemma 2's soft cap.
+TEST(ContextParallel, RingAttentionOfOneRankIsTheLayersAttention) {
+  at::manual_seed(6);
+  const auto one = make_communicator(ProcessInfo{}, at::kCPU, {});
+  const int64_t B = 2, Hq = 4, Hkv = 2, T = 8, D = 8;
+  const auto docs = at::tensor({0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}, at::kLong).view({B, T});
+  for (const bool packed : {false, true})
+    for (const int64_t window : {0, 3})
+      for (const double softcap : {0.0, 5.0}) {
+        SCOPED_TRACE(::testing::Message() << "packed " << packed << ", window " << window << ", cap " << softcap);
+        models::layers::AttentionOptions o;
+        o.sliding_window = window, o.softcap = softcap, o.scale = softcap > 0 ? 0.3 : 0.0;
+        auto q = at::randn({B, Hq, T, D}).requires_grad_(), k = at::randn({B, Hkv, T, D}).requires_grad_();
+        auto v = at::randn({B, Hkv, T, D}).requires_grad_();
+        models::ForwardArgs plain, ring;
+        if (packed) plain.attention_mask = models::layers::document_causal_mask(docs);
+        ring.attention_mask = plain.attention_mask;
+        ring.context = context_share(one, T, at::kCPU, /*ring=*/true);
+        const auto want = models::layers::attention(q, k, v, plain, 0, o);
+        const auto got = models::layers::attention(q, k, v, ring, 0, o);
+        EXPECT_LE(relative_difference(got, want), 1e-6);
+        const auto w = at::randn(want.sizes());
+        const auto wg = torch::autograd::grad({(want * w).sum()}, {q, k, v});
+        const auto gg = torch::autograd::grad({(got * w).sum()}, {q, k, v});
+        for (size_t i = 0; i < 3; ++i) EXPECT_LE(relative_difference(gg[i], wg[i]), 1e-5) << "q, k, v"[3 * i];
+      }
+}
+
 // One flavor on this rank's tensor-parallel group: logits of padded and of packed rows, and the gradients of a
 // loss over them, against the whole model here. `data` picks the inputs (different per data-parallel rank). With
 // `sequence`, sequence parallelism too, on rows of 7 positions (the last rank's part padded); a mixture of
@@ -413,8 +445,9 @@ void expect_sharded_over_the_rest(const Mesh& mesh, distributed::Sharding strate
 // documents' mask), attention gathering the group's keys and values; its logits are the whole model's at those
 // positions and the gradients summed over the group the whole model's (a rank's share under tensor parallelism).
 // With `sequence`, the tensor-parallel group splits each share's positions too (sequence parallelism).
-void expect_context_parallel_matches_whole(const std::string& flavor, const Mesh& mesh, bool sequence = false) {
-  SCOPED_TRACE(flavor + ", context parallel" + (sequence ? ", sequence parallel" : ""));
+void expect_context_parallel_matches_whole(const std::string& flavor, const Mesh& mesh, bool sequence = false,
+                                           bool ring = false) {
+  SCOPED_TRACE(flavor + ", context parallel" + (sequence ? ", sequence parallel" : "") + (ring ? ", ring" : ""));
   auto whole =
       build_flavor(flavor, flavor == "gemma3_text-debug" ? std::vector<std::string>{"model.num_key_value_heads=2"}
                                                          : std::vector<std::string>{});
@@ -442,7 +475,7 @@ void expect_context_parallel_matches_whole(const std::string& flavor, const Mesh
     for (auto& p : whole->parameters()) p.mutable_grad() = at::Tensor();
     for (auto& p : split->parameters()) p.mutable_grad() = at::Tensor();
     models::ForwardArgs mine;
-    mine.context = context_share(mesh.cp, T, at::kCPU);
+    mine.context = context_share(mesh.cp, T, at::kCPU, ring);
     mine.position_ids = args->position_ids.index_select(1, slots);
     mine.attention_mask = args->attention_mask.index_select(2, slots);
     const auto want = whole->forward(ids, *args);
@@ -485,12 +518,18 @@ void run_rank() {
     expect_matches_whole(flavor, mesh.tp, mesh.at.dp, /*sequence=*/true);
     expect_vocab_parallel_matches_whole(flavor, mesh.tp, mesh.at.dp);
   }
-  // Context parallelism: cp 2 on 2 ranks, tp 2 x cp 2 on 4 (with and without sequence parallelism).
+  // Context parallelism: cp 2 on 2 ranks, tp 2 x cp 2 on 4 (with and without sequence parallelism), keys and
+  // values all-gathered or passed around the ring; cp 4 on 4 ranks in ring mode (three passes each way).
   const Mesh context(world, {n == 2 ? 1 : 2, 2});
   ASSERT_EQ(context.cp->world_size(), 2);
   for (const auto& flavor : anvil::testing::debug_flavors()) {
-    expect_context_parallel_matches_whole(flavor, context);
-    if (n == 4) expect_context_parallel_matches_whole(flavor, context, /*sequence=*/true);
+    for (const bool ring : {false, true}) expect_context_parallel_matches_whole(flavor, context, false, ring);
+    if (n == 4) expect_context_parallel_matches_whole(flavor, context, /*sequence=*/true, /*ring=*/true);
+  }
+  if (n == 4) {
+    const Mesh ring4(world, {1, 4});
+    for (const auto& flavor : anvil::testing::debug_flavors())
+      expect_context_parallel_matches_whole(flavor, ring4, false, /*ring=*/true);
   }
   if (n == 2) {
     // Refused by key: LoRA adapters, dropout.
@@ -639,6 +678,19 @@ TEST(TensorParallelRuns, TrainLikeOneProcessAndResumeOnAnyMesh) {
   expect_close_losses(straight, resume(mesh_dir, "to-plain", 0, ""), 11, 20, 1e-5, "tp 2 x full_shard 2 -> plain");
   expect_close_losses(straight, resume(mesh_dir, "to-tp2", 2, "dist.tensor_parallel=2"), 11, 20, 1e-5,
                       "tp 2 x full_shard 2 -> tp 2");
+  // Hybrid sharding with tensor parallelism: each tensor-parallel share's 2 ranks form 2 replica groups (of one
+  // rank: the test's world is 4), their gradients all-reduced across them; it continues the run within 1e-5.
+  {
+    const auto out = dir / "to-hsdp";
+    stdfs::create_directories(out);
+    stdfs::copy(mesh_dir / "checkpoint-10", out / "checkpoint-10", stdfs::copy_options::recursive);
+    train(cfg, out, 4, mesh + " dist.replicate=2", &log);
+    EXPECT_NE(log.find("full_shard, hybrid: 2 replicas of 1 ranks, tensor parallel 2 x data parallel 2"),
+              std::string::npos)
+        << log;
+    expect_close_losses(straight, read_metrics(out / "metrics.jsonl"), 11, 20, 1e-5,
+                        "tp 2 x full_shard 2 -> tp 2 x 2 replicas");
+  }
   expect_close_losses(plain, resume(plain_dir, "plain-to-tp2", 2, "dist.tensor_parallel=2"), 11, 20, 1e-5,
                       "plain -> tp 2");
   expect_close_losses(plain, resume(dir / "tp2-vp", "vp-to-plain", 0, ""), 11, 20, 1e-5,
@@ -676,6 +728,21 @@ TEST(TensorParallelRuns, TrainLikeOneProcessAndResumeOnAnyMesh) {
   std::cout << "[dist] tp 2 / dp 2 per rank: parameter bytes " << params << ", step tensor peak " << peak << "\n";
   EXPECT_LT(params, 0.55);
   EXPECT_LT(peak, 0.6);
+  // Loading under tp 2 x full_shard 2 never builds the whole model: the cut layers' parameters are drawn one at a
+  // time as they are cut, the rest as each rank's ranges. Every rank's CPU tensor peak while loading, against a
+  // rank that builds the whole model (no_shard).
+  train(cfg, dir / "wide-mesh", 4, wide + " " + mesh + " train.micro_batch_size=1");
+  const auto load_peak = [&](const char* run, int rank) {
+    const auto j = nlohmann::json::parse(
+        anvil::testing::read_text(dir / run / "host_memory" / ("rank-" + std::to_string(rank) + ".json")));
+    return j["phases"]["load"]["tensor_peak_bytes"].get<double>();
+  };
+  double most = 0;
+  for (int r = 0; r < 4; ++r) most = std::max(most, load_peak("wide-mesh", r));
+  const double load = most / load_peak("wide-dp2", 0);
+  std::cout << "[dist] tp 2 x full_shard 2 / no_shard, loading per rank: tensor peak " << load << " (" << most / 1e6
+            << " MB / " << load_peak("wide-dp2", 0) / 1e6 << " MB)\n";
+  EXPECT_LT(load, 0.4);
   // Sequence parallelism: the activations a step holds (its tensor peak above the state it keeps) shrink further,
   // the norms' inputs, the residuals and the column-parallel layers' saved inputs split over the group's positions
   // (measured 0.84: what stays whole is what tensor parallelism splits already, heads and MLP features).

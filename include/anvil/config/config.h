@@ -543,6 +543,10 @@ inline const Choices<Sharding> kShardings{
 /// dist.backend: the collective library.
 enum class Backend { kAuto, kNccl, kMpi };
 inline const Choices<Backend> kBackends{{"auto", Backend::kAuto}, {"nccl", Backend::kNccl}, {"mpi", Backend::kMpi}};
+/// dist.context_parallel_mode: how attention reaches the keys and values of the other ranks' positions.
+enum class ContextParallelMode { kAllGather, kRing };
+inline const Choices<ContextParallelMode> kContextParallelModes{{"allgather", ContextParallelMode::kAllGather},
+                                                                {"ring", ContextParallelMode::kRing}};
 
 struct DistConfig {
   Sharding sharding = Sharding::kNoShard;
@@ -555,6 +559,7 @@ struct DistConfig {
   int64_t replicate = 1;
   int64_t tensor_parallel = 1;
   int64_t context_parallel = 1;
+  ContextParallelMode context_parallel_mode = ContextParallelMode::kAllGather;
   bool sequence_parallel = false;
   bool vocab_parallel = false;
 
@@ -604,6 +609,14 @@ struct DistConfig {
             "data.max_length that divides by 2 x context_parallel (unpacked rows are padded to it). dist.sharding "
             "applies over world / tensor_parallel ranks. 1 = off. docs/distributed.md.",
             read_if_declared(changeable_on_resume(positive()), 1));
+    enum_field(v, "context_parallel_mode", context_parallel_mode,
+               "With dist.context_parallel > 1: allgather (each layer gathers the group's keys and values, then "
+               "attends; backward reduce-scatters their gradients: torchtitan's allgather) or ring (ring attention, "
+               "Liu et al. 2023: the key/value shares pass around the group, each rank attending to one share at a "
+               "time and merging the partial outputs by their log-sum-exp; backward recomputes each block and "
+               "passes the key/value gradients around with them, so a rank never holds more than two shares of "
+               "keys and values). The same result within float round-off. docs/distributed.md.",
+               kContextParallelModes, changeable_on_resume(kContextParallelModes.rule()));
     v.field("sequence_parallel", sequence_parallel,
             "With dist.tensor_parallel > 1: sequence parallelism (Korthikanti et al. 2022, Megatron's "
             "sequence_parallel): between the column- and row-parallel layers the residual stream, its norms and "

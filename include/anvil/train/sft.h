@@ -45,6 +45,9 @@ struct LmLossOptions {
   /// dist.context_parallel (RunContext::context_comm): each rank of the group
   /// runs its share of every row's positions and returns its share of the sum.
   std::shared_ptr<distributed::Communicator> context;
+  /// dist.context_parallel_mode: ring: attention passes the group's keys and
+  /// values around it instead of gathering them (same result).
+  bool context_ring = false;
 };
 
 /// The summed loss of an LM batch (input_ids, labels and, when packed,

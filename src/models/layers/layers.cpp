@@ -371,6 +371,11 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k_new, const at::Ten
     if (auto y = packed_flash_attention(q, k_new, v_new, args.documents, o)) return *y;
     given_mask = document_causal_mask(args.documents.doc_ids);
   }
+  if (share && share->ring()) {  // keys and values pass around the group (dist.context_parallel_mode: ring)
+    TORCH_CHECK(o.dropout == 0, "attention: ring attention has no attention dropout");
+    const auto y = share->ring_attention(q, k_new, v_new, given_mask, o.sliding_window, o.scale, o.softcap);
+    return y.transpose(1, 2).reshape({B, T, Hq * D});
+  }
   at::Tensor k = share ? share->gather(k_new) : k_new, v = share ? share->gather(v_new) : v_new;
   const int64_t past = args.cache ? args.cache->length : 0;
   if (args.cache) std::tie(k, v) = args.cache->update(layer, k_new, v_new);

@@ -143,7 +143,7 @@ at::Tensor context_parallel_loss_sum(models::CausalLM& model, const Batch& batch
   targets = pad(targets, chat::kIgnoreIndex);
   const auto slots = distributed::context_parallel_positions(length, o.context->rank(), cp, "data.max_length");
   models::ForwardArgs args;
-  args.context = distributed::context_share(o.context, length, device);
+  args.context = distributed::context_share(o.context, length, device, o.context_ring);
   const auto share = [&](const at::Tensor& t) { return t.index_select(1, slots); };
   args.position_ids = to_device(share(positions).contiguous(), device);
   if (doc_ids.defined())  // packed documents: query slot i sees key slot j <= i of its own document, over the row
@@ -403,6 +403,7 @@ LmObjective::LmObjective(const config::RunConfig& cfg, const tokenizer::Tokenize
   s_->pad_id = tok.padding_id();
   s_->loss.fused = cfg.train.fused_loss;
   s_->loss.chunk = cfg.train.loss_chunk_size;
+  s_->loss.context_ring = cfg.dist.context_parallel_mode == config::ContextParallelMode::kRing;
   if (!cfg.train.fused_loss && cfg.train.loss_chunk_size > 0)
     throw ConfigError("train.loss_chunk_size: chunks are the fused loss's; set train.fused_loss: true or remove it");
   o.pad_id = s_->pad_id;
@@ -426,6 +427,12 @@ void LmObjective::prepare(models::CausalLM& model, const RunContext& ctx) {
       throw ConfigError(concat("dist.context_parallel: ", ctx.context_comm->world_size(),
                                " with a mixture of experts (", model.num_experts(),
                                " experts) is not supported yet; set dist.context_parallel: 1"));
+    if (s_->loss.context_ring)  // ring attention merges exact partial softmaxes: no dropout of the probabilities
+      for (const char* key : {"attn_pdrop", "attention_dropout"})
+        if (const auto c = model.hf_config(); c.contains(key) && c[key].is_number() && c[key].get<double>() > 0)
+          throw ConfigError(concat("dist.context_parallel_mode: ring attention has no attention dropout (the model's ",
+                                   key, " is ", c[key].get<double>(),
+                                   "); set model.dropout: 0 or dist.context_parallel_mode: allgather"));
     s_->loss.context = ctx.context_comm;
   }
 }
