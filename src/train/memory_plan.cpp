@@ -11,6 +11,7 @@
 #include "core/device.h"
 #include "distributed/sharding.h"
 #include "models/lora.h"
+#include "models/tensor_parallel.h"
 
 namespace anvil::train {
 namespace {
@@ -53,10 +54,16 @@ double number_of(const nlohmann::json& c, std::initializer_list<const char*> key
 /// activation and the product (4). A mixture of experts counts its top-k
 /// experts per token. tests/distributed/sharding_test.cpp checks the sum
 /// against the counted peak of GPT-2 and LLaMA steps within 10 %.
+/// Under tensor parallelism (tp > 1) a rank keeps 1/tp of what lives between a column- and a row-parallel layer
+/// (the heads' q, k, v and output, the MLP's intermediates) and, with sequence parallelism (`sequence`), 1/tp of
+/// the norms' and residuals' too. `kv` is the elements per token of a layer's keys and values (what context
+/// parallelism's all-gather holds whole); `ring` what ring attention's backward holds at once beside them, for
+/// one layer: keys and values repeated for the query heads, the gradients of q, k and v (a share's and the
+/// running sums, float32), and the key/value share and its gradients in transit.
 struct ActivationCounts {
-  double layer = 0, outside = 0;
+  double layer = 0, outside = 0, kv = 0, ring = 0;
 };
-ActivationCounts activation_counts(const nlohmann::json& c, double h, double s) {
+ActivationCounts activation_counts(const nlohmann::json& c, double h, double s, double tp = 1, bool sequence = false) {
   const std::string type = c.value("model_type", std::string());
   const bool layer_norm = type == "gpt2" || type == "gpt_neox" || type == "opt";
   const bool gated = !layer_norm;
@@ -67,11 +74,39 @@ ActivationCounts activation_counts(const nlohmann::json& c, double h, double s) 
   if (const double k = number_of(c, {"num_experts_per_tok"}, 0); k > 0)
     inter = k * number_of(c, {"moe_intermediate_size"}, inter);
   const double norms = type.rfind("gemma", 0) == 0 ? 4 : 2;  // Gemma's pre and post norms
+  const double split = sequence ? tp : 1;
   ActivationCounts a;
-  a.layer = norms * (layer_norm ? 2 : 3) * h + (heads + 2 * kv_heads) * head_dim + h + (gated ? 4 : 2) * inter;
-  if (number_of(c, {"attn_logit_softcapping"}, 0) > 0) a.layer += 3 * heads * s;
-  a.outside = 4 * h + (gated ? 2 : 1) * inter;
+  a.layer = norms * (layer_norm ? 2 : 3) * h / split +
+            ((heads + 2 * kv_heads) * head_dim + heads * head_dim + (gated ? 4 : 2) * inter) / tp;
+  if (number_of(c, {"attn_logit_softcapping"}, 0) > 0) a.layer += 3 * heads * s / tp;
+  a.outside = 4 * h + (gated ? 2 : 1) * inter / tp;
+  a.kv = 2 * kv_heads * head_dim / tp;
+  a.ring = (6 * heads + 8 * kv_heads) * head_dim / tp;
   return a;
+}
+
+/// The parameters dist.tensor_parallel cuts (1/tp of each per rank): the block layers its family's plan makes
+/// column- or row-parallel (a column-parallel layer's bias too) and, with dist.vocab_parallel, the input embedding
+/// and an untied LM head (distributed/tensor_parallel.h).
+std::unordered_set<std::string> cut_parameters(const models::CausalLM& model, bool vocab_parallel) {
+  std::unordered_set<std::string> cut;
+  const auto plan = models::tensor_parallel_plan(model);
+  std::vector<std::string> prefixes;
+  for (int64_t i = 0; i < model.num_layers(); ++i) prefixes.push_back(model.block_prefix(i) + ".");
+  for (const auto& item : model.named_modules("", /*include_self=*/false))
+    for (const auto& prefix : prefixes)
+      if (item.key().rfind(prefix, 0) == 0)
+        for (const auto& rule : plan)
+          if (item.key().substr(prefix.size()) == rule.name &&
+              (rule.style == models::ParallelStyle::kColumn || rule.style == models::ParallelStyle::kRow)) {
+            cut.insert(item.key() + ".weight");
+            if (rule.style == models::ParallelStyle::kColumn) cut.insert(item.key() + ".bias");
+          }
+  if (vocab_parallel) {
+    cut.insert(model.token_embedding_parameter());
+    for (const auto& name : model.lm_head_parameters()) cut.insert(name);
+  }
+  return cut;
 }
 
 }  // namespace
@@ -88,6 +123,11 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
   bool lora = false;
   for (const auto& item : model.named_parameters(/*recurse=*/true))
     lora = lora || models::is_lora_parameter(item.key());
+  // Tensor parallelism: each rank holds its share of the cut parameters, whole ones beside them.
+  const int64_t tp = std::max<int64_t>(cfg.dist.tensor_parallel, 1),
+                cp = std::max<int64_t>(cfg.dist.context_parallel, 1);
+  p.tensor_parallel = tp, p.context_parallel = cp;
+  const auto cut = tp > 1 ? cut_parameters(model, cfg.dist.vocab_parallel) : std::unordered_set<std::string>{};
   std::unordered_set<const void*> seen;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;  // tied
@@ -97,8 +137,10 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
         u = static_cast<size_t>(i);
         break;
       }
-    units[u] += item.value().numel();
-    if (lora && !models::lora_trains(item.key())) frozen[u] += item.value().numel();
+    const int64_t n = cut.count(item.key()) ? item.value().numel() / tp : item.value().numel();
+    units[u] += n;
+    p.parameters_whole += item.value().numel();
+    if (lora && !models::lora_trains(item.key())) frozen[u] += n;
   }
   for (const auto n : units) p.parameters += n;
   p.root = units[root];
@@ -110,9 +152,11 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
   p.strategy = sharded_run ? std::string(config::kShardings.name(cfg.dist.sharding)) : std::string("none");
   const bool shards_state = sharded_run && cfg.dist.sharding != config::Sharding::kNoShard;
   int64_t per_rank = 0, frozen_per_rank = 0;  // master elements; frozen units' elements
-  // Hybrid sharding shards within groups of world / dist.replicate ranks.
+  // FSDP shards over the ranks that hold the same tensor-parallel share (world / tp, context-parallel ranks
+  // included), hybrid sharding within groups of those / dist.replicate.
+  const int64_t holders = std::max<int64_t>(p.world / tp, 1);
   const int64_t group =
-      cfg.dist.replicate > 1 && p.world % cfg.dist.replicate == 0 ? p.world / cfg.dist.replicate : p.world;
+      cfg.dist.replicate > 1 && holders % cfg.dist.replicate == 0 ? holders / cfg.dist.replicate : holders;
   for (size_t u = 0; u < units.size(); ++u) {
     // A sharded run keeps frozen parameters in units of their own (distributed/sharding.h).
     const int64_t f = frozen[u], t = units[u] - f;
@@ -120,7 +164,7 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
     frozen_per_rank += shards_state ? shard_of(f, group) : f;
     p.frozen_parameters += f;
   }
-  if (shards_state) p.replicas = p.world / group;
+  if (shards_state) p.replicas = holders / group;
   const double pb = dtype_bytes(cfg.dist.param_dtype), rb = dtype_bytes(cfg.dist.reduce_dtype);
   p.masters = 4.0 * static_cast<double>(per_rank);
   p.gradients = p.masters;
@@ -153,15 +197,26 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
 
   // Activations of one micro-batch: what Anvil's layers keep for the backward, per token (activation_counts).
   const double s = static_cast<double>(cfg.data.max_length > 0 ? cfg.data.max_length : model.max_positions());
-  // train.micro_batch_size: auto starts from the step's whole batch per rank.
+  // train.micro_batch_size: auto starts from the step's whole batch per data-parallel rank.
   const int64_t micro = cfg.train.micro_batch_size == config::TrainConfig::kAutoMicroBatch
-                            ? std::max<int64_t>(1, cfg.train.global_batch_size / p.world)
+                            ? std::max<int64_t>(1, cfg.train.global_batch_size / std::max<int64_t>(holders / cp, 1))
                             : cfg.train.micro_batch_size;
-  const double tokens = s * static_cast<double>(micro), h = static_cast<double>(model.hidden_size());
-  const auto counts = activation_counts(model.hf_config(), h, s);
+  // Context parallelism: a rank runs 1/cp of each row's positions.
+  const double rows = static_cast<double>(micro), tokens = s * rows / static_cast<double>(cp),
+               h = static_cast<double>(model.hidden_size());
+  const bool sequence = tp > 1 && cfg.dist.sequence_parallel;
+  const auto counts = activation_counts(model.hf_config(), h, s, static_cast<double>(tp), sequence);
+  const double between = sequence ? h / static_cast<double>(tp) : h;  // a layer's input, a checkpoint keeps
   p.activations = pb * tokens *
-                  (cfg.train.activation_checkpointing ? static_cast<double>(L) * h + counts.layer + 4.0 * h
+                  (cfg.train.activation_checkpointing ? static_cast<double>(L) * between + counts.layer + 4.0 * h
                                                       : static_cast<double>(L) * counts.layer + counts.outside);
+  // The all-gather mode holds each layer's keys and values of the whole row for its backward (ring mode only the
+  // rank's share, counted above).
+  if (cp > 1 && cfg.dist.context_parallel_mode == config::ContextParallelMode::kAllGather)
+    p.activations += pb * s * rows * counts.kv * (cfg.train.activation_checkpointing ? 1.0 : static_cast<double>(L)) *
+                     (1.0 - 1.0 / static_cast<double>(cp));
+  else if (cp > 1)
+    p.activations += 4.0 * tokens * counts.ring;
   // The loss's logits: (b, s, V) float32, unless the fused head computes them a chunk at a time.
   if (!cfg.train.fused_loss) p.activations += 4.0 * tokens * static_cast<double>(model.vocab_size());
   return p;
@@ -177,8 +232,12 @@ MemoryPlan held_against(MemoryPlan plan, const c10::Device& device) {
 std::string describe(const MemoryPlan& p) {
   std::ostringstream os;
   os << "  memory per rank (" << p.world << " rank(s), " << (p.strategy == "none" ? "one process" : p.strategy)
-     << (p.replicas > 1 ? concat(" in ", p.replicas, " replica groups") : std::string()) << "; " << p.parameters
-     << " parameters): " << bytes_str(p.step_peak()) << " at a step\n"
+     << (p.replicas > 1 ? concat(" in ", p.replicas, " replica groups") : std::string())
+     << (p.tensor_parallel > 1 ? concat(", tensor parallel ", p.tensor_parallel) : std::string())
+     << (p.context_parallel > 1 ? concat(", context parallel ", p.context_parallel) : std::string()) << "; "
+     << p.parameters_whole << " parameters"
+     << (p.tensor_parallel > 1 ? concat(", ", p.parameters, " in a rank's tensor-parallel share") : std::string())
+     << "): " << bytes_str(p.step_peak()) << " at a step\n"
      << "    state" << (p.offload ? ", in host memory (dist.cpu_offload)" : "") << ": " << bytes_str(p.state())
      << " (float32 masters " << bytes_str(p.masters) << ", gradients " << bytes_str(p.gradients) << ", AdamW moments "
      << bytes_str(p.moments) << ")\n";

@@ -20,7 +20,9 @@ namespace anvil::train {
 
 struct MemoryPlan {
   int64_t world = 1;
-  int64_t parameters = 0;     // the model's, each tied one once
+  int64_t tensor_parallel = 1, context_parallel = 1;  // dist.tensor_parallel, dist.context_parallel
+  int64_t parameters_whole = 0;                       // the model's, each tied one once
+  int64_t parameters = 0;     // of them, a rank's tensor-parallel share (all of them without tensor parallelism)
   int64_t largest_block = 0;  // elements of the largest transformer block
   int64_t root = 0;           // elements outside the blocks (final norm, heads; the embeddings when not apart)
   int64_t embeddings = 0;     // the input embeddings' unit (untied embeddings: sharding gathers them apart)

@@ -479,8 +479,7 @@ void print_plan(RunSetup& r, const config::RunConfig& cfg) {
          << " (the first micro-batch holds " << first.num_tokens << " tokens and " << first.num_targets << " "
          << r.objective->target_unit() << ")\n";
   }
-  plan << (r.mesh ? std::string("  memory: not modelled under dist.tensor_parallel or dist.context_parallel yet\n")
-                  : describe(held_against(plan_memory(*r.model, cfg, world), r.device)))
+  plan << describe(held_against(plan_memory(*r.model, cfg, r.comm ? r.comm->world_size() : 1), r.device))
        << "  resume: "
        << (r.latest ? concat("continues ", r.latest->string()) : std::string("starts fresh in ") + r.out_dir.string())
        << "\n";
@@ -498,14 +497,8 @@ std::string format_number(double x, int precision) {
 
 void print_memory_plan(const config::RunConfig& cfg, int64_t world) {
   if (world < 1) throw ConfigError(concat("--world-size: expected a positive number of ranks, got ", world));
-  if (cfg.dist.tensor_parallel > 1)
-    throw ConfigError(concat("dist.tensor_parallel: ", cfg.dist.tensor_parallel,
-                             ": trainer --plan-memory does not model tensor parallelism yet; plan with "
-                             "dist.tensor_parallel=1"));
-  if (cfg.dist.context_parallel > 1)
-    throw ConfigError(concat("dist.context_parallel: ", cfg.dist.context_parallel,
-                             ": trainer --plan-memory does not model context parallelism yet; plan with "
-                             "dist.context_parallel=1"));
+  // A mesh the world cannot take is refused by key, as a launch of that size would be.
+  distributed::MeshLayout(world, distributed::MeshShape{cfg.dist.tensor_parallel, cfg.dist.context_parallel});
   const auto tok = build_tokenizer(cfg);
   // The folder's model without its weights (read: config.json, the tensors' shapes), or the config's.
   auto model = build_model(cfg, *tok, cfg.model.from.empty() ? std::nullopt : std::optional<at::Device>(at::kCPU),

@@ -501,12 +501,9 @@ TrainResult run_training(const config::RunConfig& given, const RunOptions& optio
   auto run = setup_run(given, options);
   // From here on, the length and warmup as resolved (config.yaml keeps the keys as given).
   const auto cfg = resolve_length(given, run);
-  if (run.lead && !options.dry_run && run.mesh)
-    log::info(
-        "memory plan: not modelled under dist.tensor_parallel or dist.context_parallel yet (the step's "
-        "figures are measured)");
-  else if (run.lead && !options.dry_run)
-    log::info("memory plan\n", describe(held_against(plan_memory(*run.model, cfg, run.ranks.world), run.device)));
+  if (run.lead && !options.dry_run)  // over every training rank (a mesh's too: the plan divides them)
+    log::info("memory plan\n",
+              describe(held_against(plan_memory(*run.model, cfg, run.comm ? run.comm->world_size() : 1), run.device)));
   if (options.dry_run) {
     if (run.lead) print_plan(run, cfg);
     return {};

@@ -253,7 +253,9 @@ TEST_F(DistRuns, PlanMemoryMatchesWhatTheRunsHold) {
 // most bytes CPU tensors held at once in a step (memory/cpu_peak_bytes, the
 // counting CPU allocator of core/host_memory.h), within 10 %, on runs whose
 // activations are most of the step: GPT-2 and a grouped-query LLaMA on one
-// process, with activation checkpointing, and under full_shard on 2 ranks.
+// process, with activation checkpointing, under full_shard on 2 ranks, and on
+// 2 ranks of tensor parallelism (with and without sequence parallelism) and of
+// context parallelism (all-gather and ring).
 TEST(MemoryPlan, TheStepFigureMatchesTheCountedPeakOfCpuTensors) {
   TempDir dir;
   anvil::testing::write_text(dir / "run.yaml", R"(
@@ -272,7 +274,12 @@ logging: {level: warn}
       {0, "model.num_hidden_layers=6 train.activation_checkpointing=true"},
       {0, llama},
       {0, llama + " train.activation_checkpointing=true"},
-      {2, llama + " dist.sharding=full_shard train.global_batch_size=16"}};
+      {2, llama + " dist.sharding=full_shard train.global_batch_size=16"},
+      // A mesh on 2 ranks: tensor parallelism (with sequence parallelism), context parallelism (all-gather, ring).
+      {2, llama + " dist.tensor_parallel=2"},
+      {2, llama + " dist.tensor_parallel=2 dist.sequence_parallel=true"},
+      {2, llama + " dist.context_parallel=2"},
+      {2, llama + " dist.context_parallel=2 dist.context_parallel_mode=ring"}};
   for (size_t i = 0; i < runs.size(); ++i) {
     const auto& [ranks, extra] = runs[i];
     SCOPED_TRACE(extra + " on " + std::to_string(std::max(ranks, 1)) + " rank(s)");
