@@ -213,19 +213,14 @@ ShardedModel::ShardedModel(std::shared_ptr<models::CausalLM> model, std::shared_
   // Hybrid sharding: replica groups of consecutive ranks shard within themselves (no_shard replicates anyway).
   if (options_.strategy == Sharding::NoShard) options_.replicate = 1;
   group_ = comm_;
-  if (options_.data_parallel) {
-    TORCH_CHECK(options_.tensor_parallel, "ShardedModel: a data-parallel group without a tensor-parallel one");
-    group_ = options_.data_parallel;
-  }
+  TORCH_CHECK(!options_.data_parallel || options_.tensor_parallel, "ShardedModel: a data-parallel group alone");
+  if (options_.data_parallel) group_ = options_.data_parallel;
   if (options_.replicate > 1) {
-    // The replica groups split the ranks that hold the same parameters: every rank, or under tensor parallelism
-    // those of one tensor-parallel share (each share's ranks then form replica groups of their own).
-    const auto parent = group_;
+    const auto parent = group_;  // the ranks that hold the same parameters: all, or one tensor-parallel share's
     const int64_t all = parent->world_size(), r = parent->rank();
     if (all % options_.replicate != 0)
       throw ConfigError(concat("dist.replicate: ", options_.replicate, " replica groups do not divide the ", all,
-                               options_.data_parallel ? " ranks that hold each tensor-parallel share" : " ranks",
-                               " evenly"));
+                               options_.data_parallel ? " ranks that hold each tensor-parallel share" : " ranks"));
     const int64_t per = all / options_.replicate;
     group_ = parent->split(static_cast<int>(r / per), static_cast<int>(r), concat("shard group ", r / per));
     replicas_ = parent->split(static_cast<int>(r % per), static_cast<int>(r), concat("replicas of shard ", r % per));
@@ -371,7 +366,7 @@ bool ShardedModel::stays_whole(const Unit& u) const {
 void ShardedModel::build_from_source(Unit& unit, const UnitLayout& layout) {
   // full_shard over a model built without storage: this rank's shard straight from the source, range by
   // range; the whole buffer gets memory only when gathered. Real parameters among them (a score head, LoRA
-  // adapters, under tensor parallelism the cut layers' shares, read when cut) are rank 0's, as in the constructor.
+  // adapters, the tensor-parallel cut layers' shares) are rank 0's, as in the constructor.
   const int64_t rank = group_->rank();
   const auto device = unit.params.front().device();
   const int64_t begin = std::min<int64_t>(rank * unit.shard, unit.numel);

@@ -109,6 +109,36 @@ std::unordered_set<std::string> cut_parameters(const models::CausalLM& model, bo
   return cut;
 }
 
+/// One micro-batch's activations on a rank (`data` data-parallel ranks; tensor parallelism tp, context
+/// parallelism cp): what Anvil's layers keep for the backward, per token (activation_counts), in `pb`-byte elements.
+double activation_bytes(const models::CausalLM& model, const config::RunConfig& cfg, int64_t data, int64_t tp,
+                        int64_t cp, double pb) {
+  const auto L = static_cast<double>(model.num_layers());
+  const double s = static_cast<double>(cfg.data.max_length > 0 ? cfg.data.max_length : model.max_positions());
+  // train.micro_batch_size: auto starts from the step's whole batch per data-parallel rank.
+  const int64_t micro = cfg.train.micro_batch_size == config::TrainConfig::kAutoMicroBatch
+                            ? std::max<int64_t>(1, cfg.train.global_batch_size / data)
+                            : cfg.train.micro_batch_size;
+  // Context parallelism: a rank runs 1/cp of each row's positions.
+  const double rows = static_cast<double>(micro), tokens = s * rows / static_cast<double>(cp),
+               h = static_cast<double>(model.hidden_size());
+  const bool sequence = tp > 1 && cfg.dist.sequence_parallel;
+  const auto counts = activation_counts(model.hf_config(), h, s, static_cast<double>(tp), sequence);
+  const double between = sequence ? h / static_cast<double>(tp) : h;  // a layer's input, a checkpoint keeps
+  const bool checkpointed = cfg.train.activation_checkpointing;
+  double bytes =
+      pb * tokens * (checkpointed ? L * between + counts.layer + 4.0 * h : L * counts.layer + counts.outside);
+  // The all-gather mode holds each layer's keys and values of the whole row for its backward (ring mode only the
+  // rank's share, counted above, and one layer's buffers in its backward).
+  if (cp > 1 && cfg.dist.context_parallel_mode == config::ContextParallelMode::kAllGather)
+    bytes += pb * s * rows * counts.kv * (checkpointed ? 1.0 : L) * (1.0 - 1.0 / static_cast<double>(cp));
+  else if (cp > 1)
+    bytes += 4.0 * tokens * counts.ring;
+  // The loss's logits: (b, s, V) float32, unless the fused head computes them a chunk at a time.
+  if (!cfg.train.fused_loss) bytes += 4.0 * tokens * static_cast<double>(model.vocab_size());
+  return bytes;
+}
+
 }  // namespace
 
 MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& cfg, int64_t world) {
@@ -195,30 +225,8 @@ MemoryPlan plan_memory(const models::CausalLM& model, const config::RunConfig& c
       cfg.eval.generate_samples > 0 || cfg.algorithm == "ppo" || cfg.algorithm == "ilql" || cfg.algorithm == "distill";
   if (p.strategy == "full_shard" && generates) p.generation = pb * static_cast<double>(p.parameters);
 
-  // Activations of one micro-batch: what Anvil's layers keep for the backward, per token (activation_counts).
-  const double s = static_cast<double>(cfg.data.max_length > 0 ? cfg.data.max_length : model.max_positions());
-  // train.micro_batch_size: auto starts from the step's whole batch per data-parallel rank.
-  const int64_t micro = cfg.train.micro_batch_size == config::TrainConfig::kAutoMicroBatch
-                            ? std::max<int64_t>(1, cfg.train.global_batch_size / std::max<int64_t>(holders / cp, 1))
-                            : cfg.train.micro_batch_size;
-  // Context parallelism: a rank runs 1/cp of each row's positions.
-  const double rows = static_cast<double>(micro), tokens = s * rows / static_cast<double>(cp),
-               h = static_cast<double>(model.hidden_size());
-  const bool sequence = tp > 1 && cfg.dist.sequence_parallel;
-  const auto counts = activation_counts(model.hf_config(), h, s, static_cast<double>(tp), sequence);
-  const double between = sequence ? h / static_cast<double>(tp) : h;  // a layer's input, a checkpoint keeps
-  p.activations = pb * tokens *
-                  (cfg.train.activation_checkpointing ? static_cast<double>(L) * between + counts.layer + 4.0 * h
-                                                      : static_cast<double>(L) * counts.layer + counts.outside);
-  // The all-gather mode holds each layer's keys and values of the whole row for its backward (ring mode only the
-  // rank's share, counted above).
-  if (cp > 1 && cfg.dist.context_parallel_mode == config::ContextParallelMode::kAllGather)
-    p.activations += pb * s * rows * counts.kv * (cfg.train.activation_checkpointing ? 1.0 : static_cast<double>(L)) *
-                     (1.0 - 1.0 / static_cast<double>(cp));
-  else if (cp > 1)
-    p.activations += 4.0 * tokens * counts.ring;
-  // The loss's logits: (b, s, V) float32, unless the fused head computes them a chunk at a time.
-  if (!cfg.train.fused_loss) p.activations += 4.0 * tokens * static_cast<double>(model.vocab_size());
+  // Activations of one micro-batch, on the ranks of each data-parallel one (holders / cp of them).
+  p.activations = activation_bytes(model, cfg, std::max<int64_t>(holders / cp, 1), tp, cp, pb);
   return p;
 }
 
