@@ -11,7 +11,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "io/safetensors.h"
 #include "test_util.h"
@@ -118,6 +121,30 @@ inline double max_param_diff(const stdfs::path& a, const stdfs::path& b) {
     worst = std::max(worst, (t.to(at::kDouble) - tb.at(name).to(at::kDouble)).abs().max().item<double>());
   }
   return worst;
+}
+
+/// The bytes a `trainer --plan-memory` text gives after `label` ("float32 masters "), or -1 (a failure) without it.
+inline double plan_bytes(const std::string& text, const std::string& label) {
+  const auto at = text.find(label);
+  EXPECT_NE(at, std::string::npos) << label << " in\n" << text;
+  if (at == std::string::npos) return -1.0;
+  std::istringstream in(text.substr(at + label.size()));
+  double v = 0;
+  std::string unit;
+  in >> v >> unit;
+  return v * (unit == "GB" ? 1e9 : unit == "MB" ? 1e6 : 1e3);
+}
+
+/// The state figures of `plan` (a --plan-memory text) against what a run's metrics at a step hold, within 10 %.
+inline void expect_plan_holds(const std::string& plan, const nlohmann::json& metrics, const std::string& what) {
+  for (const auto& [label, key] : std::vector<std::pair<std::string, std::string>>{
+           {"float32 masters ", "memory/parameter_bytes"},
+           {"gradients ", "memory/gradient_bytes"},
+           {"AdamW moments ", "memory/optimizer_bytes"},
+           {"whole parameters held at once in a step: ", "memory/peak_gathered_parameter_bytes"}}) {
+    const double planned = plan_bytes(plan, label), held = metrics[key].get<double>();
+    EXPECT_NEAR(planned, held, 0.1 * held) << what << ", " << key << "\n" << plan;
+  }
 }
 
 }  // namespace anvil::distributed

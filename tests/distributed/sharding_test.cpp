@@ -216,16 +216,6 @@ TEST_F(DistRuns, FullShardHoldsAboutOneNthOfTheStatePerRank) {
 // above hold per rank (their memory/ metrics count the tensors): the state
 // by kind and the whole parameters a step gathers at once, within 10 %.
 TEST_F(DistRuns, PlanMemoryMatchesWhatTheRunsHold) {
-  const auto bytes_after = [](const std::string& text, const std::string& label) {
-    const auto at = text.find(label);
-    EXPECT_NE(at, std::string::npos) << label << " in\n" << text;
-    if (at == std::string::npos) return -1.0;
-    std::istringstream in(text.substr(at + label.size()));
-    double v = 0;
-    std::string unit;
-    in >> v >> unit;
-    return v * (unit == "GB" ? 1e9 : unit == "MB" ? 1e6 : 1e3);
-  };
   for (const int ranks : {2, 3}) {
     std::string plan;
     ASSERT_EQ(anvil::testing::run("cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() +
@@ -237,14 +227,7 @@ TEST_F(DistRuns, PlanMemoryMatchesWhatTheRunsHold) {
     const auto m =
         read_metrics(run("full_shard-" + std::to_string(ranks), ranks, "dist.sharding=full_shard") / "metrics.jsonl")
             .at(20);
-    for (const auto& [label, key] : std::vector<std::pair<std::string, std::string>>{
-             {"float32 masters ", "memory/parameter_bytes"},
-             {"gradients ", "memory/gradient_bytes"},
-             {"AdamW moments ", "memory/optimizer_bytes"},
-             {"whole parameters held at once in a step: ", "memory/peak_gathered_parameter_bytes"}}) {
-      const double planned = bytes_after(plan, label), held = m[key].get<double>();
-      EXPECT_NEAR(planned, held, 0.1 * held) << ranks << " ranks, " << key << "\n" << plan;
-    }
+    expect_plan_holds(plan, m, std::to_string(ranks) + " ranks");
   }
 }
 

@@ -597,6 +597,18 @@ TEST(TensorParallelRuns, TrainLikeOneProcessAndResumeOnAnyMesh) {
   const auto straight = read_metrics(mesh_dir / "metrics.jsonl");
   ASSERT_EQ(straight.size(), 20u);
   expect_close_losses(plain, straight, 1, 20, 1e-5, "tp 2 x full_shard 2");
+  // trainer --plan-memory's state figures for that mesh are what its ranks hold (a rank's tensor-parallel share,
+  // sharded over the 2 ranks that hold it).
+  {
+    std::string plan;
+    ASSERT_EQ(anvil::testing::run("cd " + anvil::testing::source_dir() + " && " + anvil::testing::trainer_bin() +
+                                      " --config " + cfg.string() + " output_dir=" + (dir / "unused").string() + " " +
+                                      mesh + " --plan-memory --world-size 4",
+                                  &plan),
+              0)
+        << plan;
+    expect_plan_holds(plan, straight.at(20), "tp 2 x full_shard 2");
+  }
   // The HF folder is the whole model; the shards are every rank's, of whole units.
   EXPECT_LE(max_param_diff(plain_dir / "checkpoint-20" / "model.safetensors", mesh_dir / "checkpoint-20"), 1e-5);
   // anvil export reads its shards into the same whole model.
