@@ -455,8 +455,7 @@ class ShardedEngine final : public EngineImpl {
             ? concat(", tensor parallel ", tensor_parallel_, model_->sequence_parallel ? " (sequence parallel)" : "",
                      model_->vocab_parallel ? " (vocabulary parallel)" : "")
             : std::string(),
-        context_parallel_ > 1 ? concat(", context parallel ", context_parallel_, ring_ ? " (ring)" : "")
-                              : std::string(),
+        context_parallel_ > 1 ? concat(", context parallel ", context_parallel_, ring_ ? " (ring)" : "") : "",
         tensor_parallel_ * context_parallel_ > 1 ? concat(" x data parallel ", data_->world_size()) : std::string());
   }
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
